@@ -1,0 +1,75 @@
+"""The ``slurm-tpu`` command: parse, call one library function, render, exit.
+
+Exit codes (like diff(1)): 0 success; 1 a --check found a difference; 2 an error
+(one line on stderr naming what, which and what to do) or a usage mistake.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import SlurmTpuError
+
+EXIT_DIFFERS = 1
+EXIT_ERROR = 2
+
+
+class _Group(click.Group):
+    """A group that turns our errors into one line and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SlurmTpuError as exc:
+            click.echo(f"slurm-tpu: error: {exc}", err=True)
+            ctx.exit(EXIT_ERROR)
+        except KeyboardInterrupt:
+            click.echo("slurm-tpu: interrupted", err=True)
+            ctx.exit(130)
+
+
+class Obj:
+    """Per-invocation state: the --config path and the config, loaded once."""
+
+    def __init__(self, config_path: str | None):
+        self.config_path = config_path
+        self._config = None
+
+    @property
+    def config(self):  # -> Config, imported lazily to keep start-up small
+        if self._config is None:
+            from ..config import load_config
+
+            self._config = load_config(self.config_path)
+        return self._config
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="slurm-tpu")
+@click.option("--config", "config_path", metavar="FILE", envvar="SLURM_TPU_CONFIG",
+              help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None) -> None:
+    """Make Edge TPUs and GPUs allocatable, isolated Slurm resources.
+
+    \b
+    Admin:  detect, gres-conf, node-conf, udev-rules
+    Hooks:  udev-event (run by udev)
+    """
+    ctx.obj = Obj(config_path)
+
+
+from . import inventory  # noqa: E402,F401  (registers the commands)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    main(prog_name="slurm-tpu")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(run())

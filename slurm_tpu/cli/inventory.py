@@ -1,0 +1,202 @@
+"""Admin commands: detect, gres-conf, node-conf, udev-rules."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sys
+
+import click
+
+from ..errors import SlurmTpuError
+from ..model import Inventory
+from . import EXIT_DIFFERS, Obj, main
+
+pass_obj = click.make_pass_decorator(Obj)
+
+
+def _node_name(obj: Obj, node: str | None) -> str:
+    return node or obj.config.node_name or socket.gethostname().split(".")[0]
+
+
+def _inventory() -> Inventory:
+    from ..detect import detect_inventory
+
+    return detect_inventory()
+
+
+def _status(accelerator) -> str:
+    if not accelerator.usable:
+        return f"UNUSABLE: {accelerator.reason}"
+    notes = ["ok"]
+    details = accelerator.details
+    if details.get("slow_link"):
+        notes.append(f"USB {details['usb_speed_mbps']} Mbit/s link: about 3x slower than USB 3")
+    if details.get("firmware_loaded") is False:
+        notes.append("firmware not loaded yet")
+    if details.get("temperature_c") is not None:
+        notes.append(f"{details['temperature_c']:.1f} C")
+    if details.get("memory_bytes"):
+        notes.append(f"{details['memory_bytes'] / 2**30:.0f} GiB")
+    return ", ".join(notes)
+
+
+def format_table(inventory: Inventory) -> str:
+    """The human-readable ``detect`` table."""
+    if not len(inventory):
+        return "No Edge TPUs or GPUs found on this node.\n"
+    rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
+    for a in inventory:
+        rows.append((a.identity, a.kind.value, a.model, a.primary_node or "-",
+                     "-" if a.numa_node is None else str(a.numa_node), _status(a)))
+    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5]
+             for row in rows]
+    usable = len(inventory.usable())
+    lines.append(f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable")
+    return "\n".join(lines) + "\n"
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print the inventory as JSON.")
+def detect(as_json: bool) -> None:
+    """List this node's Edge TPUs and GPUs (through libudev)."""
+    inventory = _inventory()
+    if as_json:
+        click.echo(json.dumps({"online_cpus": inventory.online_cpus, "accelerators": inventory.to_json()},
+                              indent=2))
+    else:
+        click.echo(format_table(inventory), nl=False)
+
+
+def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool, check: bool) -> None:
+    """Print, diff, check or write a node's managed block (see files.py)."""
+    from ..files import merge_block, read_text, render_block, unified_diff, write_if_changed
+
+    if output is None:
+        if diff or check:
+            raise click.UsageError("--diff and --check compare against a file: add --output FILE")
+        click.echo(render_block(kind, node, body), nl=False)
+        return
+    old = read_text(output)
+    new = merge_block(old, kind, node, body, path=output)
+    if diff:
+        click.echo(unified_diff(old, new, output), nl=False)
+    if check:
+        if old != new:
+            changed = sum(1 for line in unified_diff(old, new, output).splitlines()
+                          if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+            click.echo(f"slurm-tpu: {output} differs from this node's hardware ({changed} line(s)); "
+                       f"rerun without --check to update it", err=True)
+            sys.exit(EXIT_DIFFERS)
+        return
+    if diff:
+        return
+    result = write_if_changed(output, new)
+    if result.changed:
+        backup = f" (previous version in {result.backup})" if result.backup else ""
+        click.echo(f"wrote {output}{backup}", err=True)
+    else:
+        click.echo(f"{output} is up to date", err=True)
+
+
+_output_options = [
+    click.option("--node", metavar="NAME", help="Slurm NodeName (default: config node_name, else short hostname)."),
+    click.option("--output", "-o", metavar="FILE",
+                 help="Update this node's block in FILE (atomic, with a .slurm-tpu.bak backup; "
+                      "other lines are kept). Default: print to stdout."),
+    click.option("--diff", is_flag=True, help="Show what would change in --output FILE; write nothing."),
+    click.option("--check", is_flag=True,
+                 help="Exit 1 if --output FILE differs from the hardware; write nothing (for health checks)."),
+]
+
+
+def _with_output_options(func):
+    for option in reversed(_output_options):
+        func = option(func)
+    return func
+
+
+@main.command("gres-conf")
+@_with_output_options
+@pass_obj
+def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool) -> None:
+    """Render gres.conf lines for this node's usable accelerators.
+
+    Edge TPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
+    USB re-enumeration and unplugging; writing --output creates them (as root).
+    """
+    from ..locks.slots import ensure_slot
+    from ..model import Kind
+    from ..render import render_gres_conf, slot_path
+
+    config = obj.config
+    inventory = _inventory()
+    name = _node_name(obj, node)
+    if output and not (diff or check):
+        # The file must never name a path that does not exist: slurmd would exit.
+        for accelerator in inventory.usable(Kind.EDGETPU):
+            ensure_slot(os.path.dirname(slot_path(config, accelerator)), accelerator.identity,
+                        accelerator.primary_node or "")
+    _emit_block("gres", name, render_gres_conf(inventory, config, name), output, diff, check)
+
+
+@main.command("node-conf")
+@_with_output_options
+@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
+              help="Extra NodeName attribute, e.g. --set NodeAddr=10.0.0.5 (repeatable).")
+@click.option("--slurmd", metavar="PATH", help="slurmd binary for `slurmd -C` (default: found on PATH or /usr/sbin).")
+@click.option("--no-hardware", is_flag=True, help="Leave out CPUs/RealMemory (do not run slurmd -C).")
+@pass_obj
+def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool,
+              settings: tuple[str, ...], slurmd: str | None, no_hardware: bool) -> None:
+    """Render this node's slurm.conf NodeName line (hardware, Gres=, Feature=)."""
+    from ..render import render_node_line
+    from ..slurm.commands import slurmd_hardware
+
+    extra = {}
+    for setting in settings:
+        key, sep, value = setting.partition("=")
+        if not sep or not key or not value or any(c.isspace() for c in setting):
+            raise click.BadParameter(f"'{setting}' is not KEY=VALUE", param_hint="--set")
+        extra[key] = value
+    hardware = None
+    if not no_hardware:
+        try:
+            hardware = slurmd_hardware(slurmd)
+        except SlurmTpuError as exc:
+            raise type(exc)(f"{exc} (or pass --no-hardware to leave CPUs/RealMemory out)",
+                            getattr(exc, "command", "slurmd")) from exc
+    name = _node_name(obj, node)
+    line = render_node_line(_inventory(), obj.config, name, hardware, extra)
+    _emit_block("node", name, line, output, diff, check)
+
+
+@main.command("udev-rules")
+@click.option("--output", "-o", metavar="FILE",
+              help="Write the rules file (atomic, with backup; e.g. /etc/udev/rules.d/60-slurm-tpu.rules).")
+@click.option("--run-program", metavar="PATH",
+              help="Absolute path udev runs for device events (default: config udev.run_program, "
+                   "else this slurm-tpu).")
+@pass_obj
+def udev_rules(obj: Obj, output: str | None, run_program: str | None) -> None:
+    """Render udev rules: idle ownership and the device-event hook."""
+    from ..files import write_if_changed
+    from ..render import render_udev_rules
+
+    program = run_program or obj.config.udev_run_program or _this_program()
+    if not os.path.isabs(program):
+        raise click.BadParameter(f"'{program}' must be an absolute path (udev has no PATH)",
+                                 param_hint="--run-program")
+    text = render_udev_rules(obj.config, program)
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    result = write_if_changed(output, text)
+    click.echo(f"wrote {output}" if result.changed else f"{output} is up to date", err=True)
+
+
+def _this_program() -> str:
+    candidate = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "slurm-tpu")
+    return candidate if os.path.exists(candidate) else os.path.abspath(sys.argv[0])

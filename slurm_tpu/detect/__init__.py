@@ -1,0 +1,26 @@
+"""Detection: a udev/sysfs snapshot turned into an :class:`~slurm_tpu.model.Inventory`."""
+
+from __future__ import annotations
+
+from ..model import Inventory
+from .coral import find_edgetpus
+from .gpu import find_gpus
+from .snapshot import Snapshot, take_snapshot
+
+
+def inventory_from_snapshot(snapshot: Snapshot) -> Inventory:
+    """Classify a snapshot: Edge TPUs first, then GPUs (pure, no I/O)."""
+    return Inventory(tuple(find_edgetpus(snapshot) + find_gpus(snapshot)), online_cpus=snapshot.online_cpus)
+
+
+def detect_inventory(use_nvml: bool = True) -> Inventory:
+    """Detect this node's accelerators through libudev (and NVML when present)."""
+    inventory = inventory_from_snapshot(take_snapshot())
+    if use_nvml:
+        from .nvml import enrich_with_nvml
+
+        inventory = enrich_with_nvml(inventory)
+    return inventory
+
+
+__all__ = ["detect_inventory", "inventory_from_snapshot", "take_snapshot", "Snapshot"]

@@ -1,0 +1,55 @@
+"""Optional NVML enrichment (nvidia-ml-py): memory, UUID and the marketing name.
+
+Never required: without the package or the driver library, the inventory is
+returned unchanged.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from ..model import Accelerator, Inventory
+
+
+def _nvml() -> Any | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # noqa: BLE001 - missing package, library or driver: all mean "no NVML"
+        return None
+
+
+def enrich_with_nvml(inventory: Inventory) -> Inventory:
+    """Add NVML facts to usable NVIDIA GPUs, when NVML can be initialised."""
+    if not any(a.vendor == "NVIDIA" and a.bus.value == "pci" and a.usable for a in inventory):
+        return inventory
+    nvml = _nvml()
+    if nvml is None:
+        return inventory
+    enriched: list[Accelerator] = []
+    try:
+        for accelerator in inventory:
+            if accelerator.vendor != "NVIDIA" or accelerator.bus.value != "pci" or not accelerator.usable:
+                enriched.append(accelerator)
+                continue
+            try:
+                handle = nvml.nvmlDeviceGetHandleByPciBusId(accelerator.bus_address)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
+                name = nvml.nvmlDeviceGetName(handle)
+                uuid = nvml.nvmlDeviceGetUUID(handle)
+            except Exception:  # noqa: BLE001 - one GPU NVML cannot see keeps its sysfs facts
+                enriched.append(accelerator)
+                continue
+            name = name.decode() if isinstance(name, bytes) else name
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            details = dict(accelerator.details, memory_bytes=memory, uuid=uuid, nvml=True)
+            enriched.append(dataclasses.replace(accelerator, model=name, details=details))
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return Inventory(tuple(enriched), online_cpus=inventory.online_cpus)

@@ -1,0 +1,1 @@
+"""Device ownership and leases: slot nodes, the lease ledger, ownership changes."""

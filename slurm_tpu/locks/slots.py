@@ -1,0 +1,74 @@
+"""Slot nodes: the stable device paths gres.conf names for Edge TPUs.
+
+A slot is a character device node ``<slot_dir>/<identity>``, root:root 0600, made
+with the major:minor of the device's current node. It is re-pointed (atomically,
+by mknod + rename) whenever udev reports the device again, and never deleted on
+unplug: slurmd must never find a ``File=`` path missing. Nobody opens a slot; the
+runtime opens the real node, whose ownership the lease hooks manage.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+from ..errors import DeviceError
+
+_IDENTITY = re.compile(r"^(usb|pci|platform)-[A-Za-z0-9:._-]+$")
+
+
+def check_identity(identity: str) -> str:
+    """Return ``identity`` if it is a well-formed accelerator identity, else raise."""
+    if not _IDENTITY.match(identity) or ".." in identity:
+        raise DeviceError(f"'{identity}' is not an accelerator identity (e.g. usb-2-1.3, pci-0000:03:00.0)",
+                          identity)
+    return identity
+
+
+def _ensure_dir(slot_dir: str) -> None:
+    try:
+        info = os.lstat(slot_dir)
+    except FileNotFoundError:
+        os.makedirs(slot_dir, mode=0o755, exist_ok=True)
+        return
+    if not stat.S_ISDIR(info.st_mode):
+        # A planted symlink or file here must not redirect our mknod/rename.
+        raise DeviceError(f"slot directory {slot_dir} is not a plain directory; remove it", slot_dir)
+
+
+def ensure_slot(slot_dir: str, identity: str, device_node: str) -> bool:
+    """Make ``<slot_dir>/<identity>`` a node with ``device_node``'s major:minor.
+
+    Returns True when the slot was created or re-pointed, False when it was right.
+    """
+    check_identity(identity)
+    _ensure_dir(slot_dir)
+    try:
+        source = os.stat(device_node)
+    except OSError as exc:
+        raise DeviceError(f"{identity}: cannot stat its device node {device_node}: {exc.strerror}",
+                          identity) from exc
+    if not stat.S_ISCHR(source.st_mode):
+        raise DeviceError(f"{identity}: {device_node} is not a character device", identity)
+    path = os.path.join(slot_dir, identity)
+    try:
+        current = os.lstat(path)
+        if (stat.S_ISCHR(current.st_mode) and current.st_rdev == source.st_rdev
+                and stat.S_IMODE(current.st_mode) == 0o600 and current.st_uid == 0):
+            return False
+    except FileNotFoundError:
+        pass
+    tmp = os.path.join(slot_dir, f".{identity}.{os.getpid()}")
+    try:
+        os.mknod(tmp, stat.S_IFCHR | 0o600, source.st_rdev)
+        os.chmod(tmp, 0o600)  # umask may have narrowed or the old mode lingered
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise DeviceError(f"{identity}: cannot create slot node {path}: {exc.strerror} "
+                          "(slot nodes need root)", identity) from exc
+    return True

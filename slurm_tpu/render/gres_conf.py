@@ -1,0 +1,74 @@
+"""gres.conf lines for a node's accelerators.
+
+Edge TPUs are named by their *slot node*, ``<slot_dir>/<identity>``: a character
+device node that slurm-tpu keeps for every configured TPU and never deletes. A
+USB stick's own ``/dev/bus/usb/BBB/DDD`` changes each time its firmware loads and
+vanishes when it is unplugged, and slurmd exits fatally 20 s after a ``File=``
+path disappears; the slot node survives both. The udev hook re-points it at the
+stick's current node on every add event. GPU nodes (``/dev/nvidiaN``, DRM render
+nodes) are created by their drivers and stay put, so GPUs use them directly.
+"""
+
+from __future__ import annotations
+
+from ..config import Config
+from ..model import Accelerator, Inventory, Kind, slug
+
+
+def slot_path(config: Config, accelerator: Accelerator) -> str:
+    """The stable slot node of an Edge TPU."""
+    return f"{config.slot_dir.rstrip('/')}/{accelerator.identity}"
+
+
+def gres_file(config: Config, accelerator: Accelerator) -> str:
+    """The path gres.conf names for this accelerator."""
+    if accelerator.kind == Kind.EDGETPU:
+        return slot_path(config, accelerator)
+    assert accelerator.primary_node, accelerator.identity  # only usable devices are rendered
+    return accelerator.primary_node
+
+
+def gres_type(config: Config, accelerator: Accelerator) -> str:
+    """The GRES type: the configured TPU type per bus, or the GPU model's slug."""
+    if accelerator.kind == Kind.EDGETPU:
+        return config.tpu_types[accelerator.bus.value]
+    model = slug(accelerator.model)
+    if model.startswith("nvidia_") and len(model) > len("nvidia_"):
+        model = model[len("nvidia_"):]
+    return config.gpu_types.get(model, model)
+
+
+def gres_name(config: Config, accelerator: Accelerator) -> str:
+    """The GRES name: ``tpu`` or ``gpu`` unless the config renames them."""
+    return config.tpu_gres_name if accelerator.kind == Kind.EDGETPU else config.gpu_gres_name
+
+
+def _cores(accelerator: Accelerator, all_cpus: str | None) -> str:
+    # Only a strict subset of the node's CPUs is worth telling the scheduler about.
+    cpus = accelerator.local_cpus
+    if accelerator.kind != Kind.GPU or not cpus or cpus == all_cpus:
+        return ""
+    return f" Cores={cpus}"
+
+
+def render_gres_conf(inventory: Inventory, config: Config, node_name: str) -> str:
+    """gres.conf lines for ``node_name`` (no block markers; see files.py).
+
+    Unusable devices are left out, each with a comment giving the reason, so slurmd
+    is never told about a device it cannot use.
+    """
+    lines = []
+    for accelerator in inventory:
+        if not accelerator.usable:
+            continue
+        lines.append(
+            f"NodeName={node_name} Name={gres_name(config, accelerator)} "
+            f"Type={gres_type(config, accelerator)} File={gres_file(config, accelerator)}"
+            f"{_cores(accelerator, inventory.online_cpus)}"
+        )
+    for accelerator in inventory:
+        if not accelerator.usable:
+            lines.append(f"# not configured: {accelerator.identity} ({accelerator.model}): {accelerator.reason}")
+    if not lines:
+        lines.append(f"# no accelerators found on {node_name}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,54 @@
+"""The slurm.conf NodeName line: hardware facts, Gres= and Feature=."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from ..config import Config
+from ..model import Inventory, Kind, slug
+from .gres_conf import gres_name, gres_type
+
+# slurmd -C facts we carry into the NodeName line, in slurm.conf's usual order.
+HARDWARE_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
+
+
+def node_gres(inventory: Inventory, config: Config) -> str:
+    """``Gres=`` value: ``name:type:count`` per (name, type), in inventory order."""
+    counts: dict[tuple[str, str], int] = {}
+    for accelerator in inventory.usable():
+        key = (gres_name(config, accelerator), gres_type(config, accelerator))
+        counts[key] = counts.get(key, 0) + 1
+    return ",".join(f"{name}:{kind}:{count}" for (name, kind), count in counts.items())
+
+
+def node_features(inventory: Inventory, config: Config) -> list[str]:
+    """Node features: the configured TPU/GPU features, TPU types, GPU vendors and types."""
+    features: list[str] = []
+    tpus, gpus = inventory.usable(Kind.EDGETPU), inventory.usable(Kind.GPU)
+    if tpus:
+        features += config.tpu_features
+        features += [gres_type(config, a) for a in tpus]
+    if gpus:
+        features += config.gpu_features
+        for accelerator in gpus:
+            features += [slug(accelerator.vendor), gres_type(config, accelerator)]
+    return list(dict.fromkeys(features))  # de-duplicate, keep order
+
+
+def render_node_line(inventory: Inventory, config: Config, node_name: str,
+                     hardware: Mapping[str, str] | None = None,
+                     extra: Mapping[str, str] | None = None) -> str:
+    """One NodeName line; ``hardware`` from ``slurmd -C``, ``extra`` from --set."""
+    parts = [f"NodeName={node_name}"]
+    for key in HARDWARE_KEYS:
+        if hardware and key in hardware:
+            parts.append(f"{key}={hardware[key]}")
+    for key, value in (extra or {}).items():
+        parts.append(f"{key}={value}")
+    gres = node_gres(inventory, config)
+    if gres:
+        parts.append(f"Gres={gres}")
+    features = node_features(inventory, config)
+    if features:
+        parts.append(f"Feature={','.join(features)}")
+    return " ".join(parts) + "\n"

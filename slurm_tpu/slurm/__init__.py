@@ -1,0 +1,1 @@
+"""Everything that talks to Slurm: command runners and pure parsers of their output."""
