@@ -66,6 +66,16 @@ class Accelerator:
         """The device node a runtime opens (first of ``device_nodes``)."""
         return self.device_nodes[0] if self.device_nodes else None
 
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Accelerator":
+        """Inverse of :meth:`to_json` (raises KeyError/ValueError on bad input)."""
+        fields = {k: v for k, v in data.items() if k != "vendor_product"}
+        fields["kind"] = Kind(fields["kind"])
+        fields["bus"] = Bus(fields["bus"])
+        fields["device_nodes"] = tuple(fields.get("device_nodes") or ())
+        fields["details"] = dict(fields.get("details") or {})
+        return cls(**fields)
+
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (enums as their values)."""
         data = asdict(self)
@@ -102,9 +112,15 @@ class Inventory:
                 return accelerator
         return None
 
-    def to_json(self) -> list[dict[str, Any]]:
-        """A JSON-ready list."""
-        return [a.to_json() for a in self.accelerators]
+    def to_json(self) -> dict[str, Any]:
+        """The JSON document ``slurm-tpu detect --json`` prints."""
+        return {"online_cpus": self.online_cpus, "accelerators": [a.to_json() for a in self.accelerators]}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> "Inventory":
+        """Inverse of :meth:`to_json` (raises KeyError/TypeError/ValueError on bad input)."""
+        return cls(tuple(Accelerator.from_json(item) for item in data["accelerators"]),
+                   online_cpus=data.get("online_cpus"))
 
 
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9]+")

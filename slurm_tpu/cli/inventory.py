@@ -20,10 +20,22 @@ def _node_name(obj: Obj, node: str | None) -> str:
     return node or obj.config.node_name or socket.gethostname().split(".")[0]
 
 
-def _inventory() -> Inventory:
-    from ..detect import detect_inventory
+def _inventory(saved: str | None = None) -> Inventory:
+    """Detect this node's hardware, or load a saved ``detect --json`` document."""
+    if saved is None:
+        from ..detect import detect_inventory
 
-    return detect_inventory()
+        return detect_inventory()
+    from ..errors import SlurmTpuError
+
+    try:
+        with open(saved, encoding="utf-8") as handle:
+            return Inventory.from_json(json.load(handle))
+    except OSError as exc:
+        raise SlurmTpuError(f"cannot read inventory {saved}: {exc.strerror}") from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SlurmTpuError(f"inventory {saved} is not the output of `slurm-tpu detect --json` "
+                            f"({type(exc).__name__}: {exc}); regenerate it") from exc
 
 
 def _status(accelerator) -> str:
@@ -64,8 +76,7 @@ def detect(as_json: bool) -> None:
     """List this node's Edge TPUs and GPUs (through libudev)."""
     inventory = _inventory()
     if as_json:
-        click.echo(json.dumps({"online_cpus": inventory.online_cpus, "accelerators": inventory.to_json()},
-                              indent=2))
+        click.echo(json.dumps(inventory.to_json(), indent=2))
     else:
         click.echo(format_table(inventory), nl=False)
 
@@ -109,6 +120,9 @@ _output_options = [
     click.option("--diff", is_flag=True, help="Show what would change in --output FILE; write nothing."),
     click.option("--check", is_flag=True,
                  help="Exit 1 if --output FILE differs from the hardware; write nothing (for health checks)."),
+    click.option("--inventory", "saved", metavar="FILE",
+                 help="Use a saved `slurm-tpu detect --json` document instead of detecting "
+                      "(e.g. to generate another node's lines centrally)."),
 ]
 
 
@@ -121,7 +135,10 @@ def _with_output_options(func):
 @main.command("gres-conf")
 @_with_output_options
 @pass_obj
-def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool) -> None:
+@click.option("--no-slots", is_flag=True,
+              help="Do not create slot nodes (when writing a file for another node).")
+def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool,
+              saved: str | None, no_slots: bool) -> None:
     """Render gres.conf lines for this node's usable accelerators.
 
     Edge TPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
@@ -132,9 +149,9 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
     from ..render import render_gres_conf, slot_path
 
     config = obj.config
-    inventory = _inventory()
+    inventory = _inventory(saved)
     name = _node_name(obj, node)
-    if output and not (diff or check):
+    if output and not (diff or check or no_slots):
         # The file must never name a path that does not exist: slurmd would exit.
         for accelerator in inventory.usable(Kind.EDGETPU):
             ensure_slot(os.path.dirname(slot_path(config, accelerator)), accelerator.identity,
@@ -150,7 +167,7 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
 @click.option("--no-hardware", is_flag=True, help="Leave out CPUs/RealMemory (do not run slurmd -C).")
 @pass_obj
 def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool,
-              settings: tuple[str, ...], slurmd: str | None, no_hardware: bool) -> None:
+              saved: str | None, settings: tuple[str, ...], slurmd: str | None, no_hardware: bool) -> None:
     """Render this node's slurm.conf NodeName line (hardware, Gres=, Feature=)."""
     from ..render import render_node_line
     from ..slurm.commands import slurmd_hardware
@@ -169,7 +186,7 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
             raise type(exc)(f"{exc} (or pass --no-hardware to leave CPUs/RealMemory out)",
                             getattr(exc, "command", "slurmd")) from exc
     name = _node_name(obj, node)
-    line = render_node_line(_inventory(), obj.config, name, hardware, extra)
+    line = render_node_line(_inventory(saved), obj.config, name, hardware, extra)
     _emit_block("node", name, line, output, diff, check)
 
 

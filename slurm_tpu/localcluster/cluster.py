@@ -1,0 +1,391 @@
+"""LocalCluster: configure, start, drive and stop a one-machine Slurm cluster."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Mapping, Sequence
+
+from ..slurm.parse import parse_key_values
+from .hardware import detect_under_umockdev, materialize
+
+
+@dataclass(frozen=True)
+class NodeSpec:
+    """One compute node: its name and, optionally, a umockdev hardware description."""
+
+    name: str
+    umockdev: str | None = None
+    cpus: int = 2
+    real_memory_mb: int = 1000
+
+
+@dataclass
+class Hooks:
+    """Prolog/Epilog/TaskProlog programs (absolute paths) for slurm.conf."""
+
+    prolog: str | None = None
+    epilog: str | None = None
+    task_prolog: str | None = None
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets, ports = [], []
+    for _ in range(count):
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.bind(("127.0.0.1", 0))
+        sockets.append(sock)
+        ports.append(sock.getsockname()[1])
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+@dataclass
+class LocalCluster:
+    """A real slurmctld + ``slurmd -N`` cluster under ``base`` on 127.0.0.1.
+
+    ``hooks`` names Prolog/Epilog/TaskProlog programs; each is wrapped so that it
+    runs with ``SLURM_TPU_CONFIG`` pointing at its node's config (state and slot
+    directories under the node's own directory), chosen by Slurm's
+    ``SLURMD_NODENAME``.
+    """
+
+    base: str
+    nodes: Sequence[NodeSpec]
+    hooks: Hooks = field(default_factory=Hooks)
+    name: str = "stpu"
+    slurm_conf_extra: Sequence[str] = ()
+    node_config_extra: Mapping[str, object] = field(default_factory=dict)
+    python: str = sys.executable
+
+    # ---- paths -----------------------------------------------------------------
+    def path(self, *parts: str) -> str:
+        """A path under the cluster's base directory."""
+        return os.path.join(self.base, *parts)
+
+    @property
+    def slurm_conf(self) -> str:
+        return self.path("etc", "slurm.conf")
+
+    @property
+    def gres_conf(self) -> str:
+        return self.path("etc", "gres.conf")
+
+    def node_dir(self, node: str) -> str:
+        """Where a node's simulated devices, slot nodes, state and config live."""
+        return self.path("nodes", node)
+
+    def node_config(self, node: str) -> str:
+        return os.path.join(self.node_dir(node), "config.yaml")
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        """Environment for Slurm client commands talking to this cluster."""
+        env = dict(os.environ)
+        env["SLURM_CONF"] = self.slurm_conf
+        env.update(extra or {})
+        return env
+
+    @property
+    def slurm_tpu(self) -> list[str]:
+        """How to run our own CLI from the same Python."""
+        return [self.python, "-m", "slurm_tpu.cli"]
+
+    # ---- configuration ---------------------------------------------------------
+    def configure(self) -> None:
+        """Write munge key, per-node hardware and configs, gres.conf and slurm.conf."""
+        for sub in ("etc", "state", "spool", "log", "run", "munge", "hooks", "nodes"):
+            os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
+        os.chmod(self.base, 0o755)
+        self._configure_munge()
+        for stale in (self.gres_conf, self.path("etc", "nodes.conf")):
+            if os.path.exists(stale):
+                os.unlink(stale)
+        ports = _free_ports(len(self.nodes) + 1)
+        self.ctld_port = ports[0]
+        minor = 0
+        for spec, port in zip(self.nodes, ports[1:]):
+            minor = self._configure_node(spec, port, minor)
+        with open(self.path("etc", "cluster.json"), "w", encoding="utf-8") as handle:
+            json.dump({"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes]}, handle)
+        self._write_hook_wrappers()
+        self._write_slurm_conf()
+
+    def _configure_munge(self) -> None:
+        key = self.path("munge", "munge.key")
+        if not os.path.exists(key):
+            with open(key, "wb") as handle:
+                handle.write(os.urandom(1024))
+        shutil.chown(self.path("munge"), "munge", "munge")
+        shutil.chown(key, "munge", "munge")
+        os.chmod(key, 0o400)
+        os.chmod(self.path("munge"), 0o755)  # clients must reach the socket
+
+    def _configure_node(self, spec: NodeSpec, port: int, minor: int) -> int:
+        directory = self.node_dir(spec.name)
+        if os.path.isdir(directory):
+            shutil.rmtree(directory)
+        os.makedirs(directory, mode=0o755)
+        config = {
+            "version": 1,
+            "node_name": spec.name,
+            "devices": {"slot_dir": os.path.join(directory, "slots")},
+            "state_dir": os.path.join(directory, "state"),
+        }
+        for key, value in self.node_config_extra.items():  # e.g. {"devices": {...}} merged shallowly
+            if isinstance(value, dict) and isinstance(config.get(key), dict):
+                config[key] = {**config[key], **value}  # type: ignore[dict-item]
+            else:
+                config[key] = value
+        import yaml
+
+        with open(self.node_config(spec.name), "w", encoding="utf-8") as handle:
+            yaml.safe_dump(config, handle)
+        inventory_file = os.path.join(directory, "inventory.json")
+        if spec.umockdev:
+            inventory = detect_under_umockdev(spec.umockdev, self.slurm_tpu)
+            inventory = materialize(inventory, os.path.join(directory, "dev"), minor)
+            minor += sum(len(a.device_nodes) for a in inventory)
+        else:
+            from ..model import Inventory
+
+            inventory = Inventory()
+        with open(inventory_file, "w", encoding="utf-8") as handle:
+            json.dump(inventory.to_json(), handle, indent=2)
+        env = dict(os.environ, SLURM_TPU_CONFIG=self.node_config(spec.name))
+        common = ["--inventory", inventory_file, "--node", spec.name]
+        self._run([*self.slurm_tpu, "gres-conf", *common, "--output", self.gres_conf], env)
+        self._run([*self.slurm_tpu, "node-conf", *common, "--output", self.path("etc", "nodes.conf"),
+                   "--no-hardware", "--set", f"NodeHostname={socket.gethostname()}",
+                   "--set", "NodeAddr=127.0.0.1", "--set", f"Port={port}",
+                   "--set", f"CPUs={spec.cpus}", "--set", f"RealMemory={spec.real_memory_mb}"], env)
+        return minor
+
+    def _write_hook_wrappers(self) -> None:
+        self.hook_paths: dict[str, str] = {}
+        for kind in ("prolog", "epilog", "task_prolog"):
+            program = getattr(self.hooks, kind)
+            if not program:
+                continue
+            wrapper = self.path("hooks", kind)
+            # SLURMD_NODENAME is set by slurmd (not by the job): it picks the node's config.
+            with open(wrapper, "w", encoding="utf-8") as handle:
+                handle.write("#!/bin/sh\n"
+                             f'SLURM_TPU_CONFIG="{self.path("nodes")}/$SLURMD_NODENAME/config.yaml"\n'
+                             "export SLURM_TPU_CONFIG\n"
+                             f'exec "{program}" "$@"\n')
+            os.chmod(wrapper, 0o755)
+            self.hook_paths[kind] = wrapper
+
+    def _write_slurm_conf(self) -> None:
+        host = socket.gethostname()
+        lines = [
+            f"# Generated by slurm_tpu.localcluster for {self.base}",
+            f"ClusterName={self.name}",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={self.ctld_port}",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.path('munge', 'munge.socket')}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            f"StateSaveLocation={self.path('state')}",
+            f"SlurmdSpoolDir={self.path('spool')}/%n",
+            f"SlurmctldPidFile={self.path('run', 'slurmctld.pid')}",
+            f"SlurmdPidFile={self.path('run')}/slurmd-%n.pid",
+            f"SlurmctldLogFile={self.path('log', 'slurmctld.log')}",
+            f"SlurmdLogFile={self.path('log')}/slurmd-%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={self.path('log', 'jobcomp.txt')}",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_CPU",
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=sched_interval=1,bf_interval=1",
+            "GresTypes=tpu,gpu",
+            "MpiDefault=none",
+            "ReturnToService=2",
+            "MinJobAge=600",
+            "KillWait=2",
+            "SlurmdParameters=config_overrides",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=60",
+            "InactiveLimit=0",
+            "MessageTimeout=20",
+        ]
+        if "prolog" in self.hook_paths:
+            lines.append(f"Prolog={self.hook_paths['prolog']}")
+        if "epilog" in self.hook_paths:
+            lines.append(f"Epilog={self.hook_paths['epilog']}")
+        if "task_prolog" in self.hook_paths:
+            lines.append(f"TaskProlog={self.hook_paths['task_prolog']}")
+        lines += list(self.slurm_conf_extra)
+        lines.append(f"Include {self.path('etc', 'nodes.conf')}")
+        names = ",".join(n.name for n in self.nodes)
+        lines.append(f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP")
+        with open(self.slurm_conf, "w", encoding="utf-8") as handle:
+            handle.write("\n".join(lines) + "\n")
+
+    # ---- processes -------------------------------------------------------------
+    def _pidfile(self, name: str) -> str:
+        return self.path("run", f"{name}.launcher.pid")
+
+    def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
+        log = open(self.path("log", f"{name}.out"), "ab")
+        if user:
+            argv = ["runuser", "-u", user, "--", *argv]
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                   env=self.env(), start_new_session=True, close_fds=True)
+        log.close()
+        with open(self._pidfile(name), "w", encoding="utf-8") as handle:
+            handle.write(str(process.pid))
+
+    def running_pids(self) -> dict[str, int]:
+        """Daemons this cluster started that are still alive, by name."""
+        pids = {}
+        run_dir = self.path("run")
+        if not os.path.isdir(run_dir):
+            return pids
+        for entry in os.listdir(run_dir):
+            if entry.endswith(".launcher.pid"):
+                try:
+                    with open(os.path.join(run_dir, entry), encoding="utf-8") as handle:
+                        pid = int(handle.read().strip())
+                except (OSError, ValueError):
+                    continue
+                if _pid_alive(pid):
+                    pids[entry[: -len(".launcher.pid")]] = pid
+        return pids
+
+    def start(self, timeout: float = 90.0) -> None:
+        """Start munged, slurmctld and every slurmd; wait until all nodes are up."""
+        socket_path = self.path("munge", "munge.socket")
+        self._spawn("munged", ["munged", "--foreground", f"--socket={socket_path}",
+                               f"--key-file={self.path('munge', 'munge.key')}",
+                               f"--pid-file={self.path('munge', 'munged.pid')}",
+                               f"--log-file={self.path('munge', 'munged.log')}",
+                               f"--seed-file={self.path('munge', 'munged.seed')}"], user="munge")
+        self._wait(lambda: os.path.exists(socket_path), 20, "munged did not create its socket")
+        self._spawn("slurmctld", [shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-i"])
+        slurmd = shutil.which("slurmd") or "/usr/sbin/slurmd"
+        for spec in self.nodes:
+            self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
+        self._wait(self._all_nodes_up, timeout, "nodes did not come up")
+
+    def _all_nodes_up(self) -> bool:
+        try:
+            states = self.node_states()
+        except RuntimeError:
+            return False
+        return len(states) == len(self.nodes) and all(
+            s.split("+")[0] in ("IDLE", "MIXED", "ALLOCATED") for s in states.values())
+
+    def _wait(self, predicate, timeout: float, what: str) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if predicate():
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"{what} within {timeout:g} s; see logs in {self.path('log')}")
+
+    def stop(self) -> None:
+        """Stop every daemon this cluster started (by its recorded pid)."""
+        pids = self.running_pids()
+        order = sorted(pids, key=lambda n: (n == "munged", n == "slurmctld"))  # slurmd first, munge last
+        for name in order:
+            try:
+                os.killpg(pids[name], signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids.values()):
+            time.sleep(0.2)
+        for pid in pids.values():
+            if _pid_alive(pid):
+                try:
+                    os.killpg(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for name in pids:
+            try:
+                os.unlink(self._pidfile(name))
+            except OSError:
+                pass
+
+    # ---- driving ---------------------------------------------------------------
+    def _run(self, argv: list[str], env: Mapping[str, str] | None = None, user: str | None = None,
+             check: bool = True, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+        if user:
+            argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.slurm_conf}", *argv]
+        completed = subprocess.run(argv, capture_output=True, text=True, env=dict(env or self.env()),
+                                   timeout=timeout, check=False, input=input, cwd="/")
+        if check and completed.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({completed.returncode}): "
+                               f"{(completed.stderr or completed.stdout).strip()}")
+        return completed
+
+    def command(self, argv: Sequence[str], user: str | None = None, check: bool = True,
+                timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+        """Run a Slurm client command (sbatch, scontrol, ...) against this cluster."""
+        return self._run(list(argv), user=user, check=check, timeout=timeout, input=input)
+
+    def sbatch(self, args: Sequence[str], script: str, user: str | None = None) -> int:
+        """Submit ``script`` (text) with ``args``; return the job id."""
+        out = self.command(["sbatch", "--parsable", "--chdir=/tmp", *args], user=user, input=script).stdout
+        return int(out.strip().split(";")[0])
+
+    def node_states(self) -> dict[str, str]:
+        """Node name -> state (``IDLE``, ``DOWN+DRAIN``...) from scontrol."""
+        out = self._run(["scontrol", "-o", "show", "node"], check=False, timeout=20)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr.strip())
+        states = {}
+        for line in out.stdout.splitlines():
+            fields = parse_key_values(line)
+            if "NodeName" in fields:
+                states[fields["NodeName"]] = fields.get("State", "")
+        return states
+
+    def show_node(self, node: str) -> str:
+        """``scontrol show node`` text of one node."""
+        return self.command(["scontrol", "show", "node", node]).stdout
+
+    def job_state(self, job_id: int) -> str:
+        """The job's state (PENDING, RUNNING, COMPLETED...), '' if unknown."""
+        out = self.command(["scontrol", "-o", "show", "job", str(job_id)], check=False)
+        return parse_key_values(out.stdout).get("JobState", "")
+
+    def wait_for_jobs(self, job_ids: Sequence[int], timeout: float = 120) -> dict[int, str]:
+        """Wait until every job has finished; return their final states."""
+        final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+                 "DEADLINE", "PREEMPTED")
+        deadline = time.monotonic() + timeout
+        states: dict[int, str] = {}
+        while time.monotonic() < deadline:
+            states = {job: self.job_state(job) for job in job_ids}
+            if all(s in final for s in states.values()):
+                return states
+            time.sleep(0.5)
+        raise RuntimeError(f"jobs not finished within {timeout:g} s: {states}")
