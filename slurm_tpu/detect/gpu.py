@@ -14,6 +14,18 @@ def _is_display(device: SysDevice) -> bool:
     return device.attributes.get("class", "").lower().startswith("0x03")
 
 
+def hwdb_model(name: str) -> str:
+    """The marketing name in a PCI database name: ``Navi 21 [Radeon RX 6800/6800 XT]`` -> ``Radeon RX 6800``.
+
+    hwdb names put the chip codename first and the product in brackets, with
+    variants split by ``/``; the first variant makes a readable GRES type.
+    """
+    if "[" in name and "]" in name:
+        inner = name[name.index("[") + 1:name.rindex("]")]
+        return inner.split("/")[0].strip() or name
+    return name
+
+
 def _int(text: str | None) -> int | None:
     try:
         return int(text) if text else None
@@ -27,7 +39,7 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
     found = []
     for device in devices:
         proc = snapshot.nvidia_proc.get(device.sys_name.lower(), {})
-        model = proc.get("Model") or device.properties.get("ID_MODEL_FROM_DATABASE") \
+        model = proc.get("Model") or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", "")) \
             or f"NVIDIA GPU {device.attributes.get('device', '?')}"
         details: dict[str, object] = {"uuid": proc.get("GPU UUID") or None}
         nodes: tuple[str, ...] = ()
@@ -57,7 +69,8 @@ def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     render = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
     cards = [d.device_node for d in drm if d.sys_name.startswith("card") and d.device_node
              and "-" not in d.sys_name]  # card0-DP-1 and such are connectors
-    model = device.attributes.get("product_name") or device.properties.get("ID_MODEL_FROM_DATABASE") \
+    model = device.attributes.get("product_name") \
+        or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", "")) \
         or f"{vendor} GPU {device.attributes.get('device', '?')}"
     vram = _int(device.attributes.get("mem_info_vram_total"))
     details = {"memory_bytes": vram, "unique_id": device.attributes.get("unique_id") or None}
