@@ -21,23 +21,29 @@ def slurm_tpu_argv() -> list[str]:
 
 
 def run_cli(args: list[str], hardware: str | None = None, env: dict | None = None,
-            timeout: float = 60) -> subprocess.CompletedProcess:
-    """Run ``slurm-tpu ARGS`` (inside ``hardware``'s umockdev testbed if given)."""
+            timeout: float = 60, extra: bool = True, prefix: list[str] | None = None
+            ) -> subprocess.CompletedProcess:
+    """Run ``slurm-tpu ARGS`` (inside ``hardware``'s umockdev testbed if given).
+
+    ``extra=False`` leaves out the node's ``.extra/`` files (/proc, driver nodes);
+    ``prefix`` is put before everything (e.g. an ``unshare`` wrapper).
+    """
     argv = slurm_tpu_argv() + list(args)
     if hardware is not None:
         device = HARDWARE / f"{hardware}.umockdev"
-        extra = HARDWARE / f"{hardware}.extra"
+        extra_dir = HARDWARE / f"{hardware}.extra" if extra else HARDWARE / "no-such-extra"
         argv = ["umockdev-run", "--device", str(device), "--",
-                sys.executable, str(TESTS / "testbed.py"), str(extra), "--", *argv]
+                sys.executable, str(TESTS / "testbed.py"), str(extra_dir), "--", *argv]
+    argv = list(prefix or []) + argv
     full_env = dict(os.environ)
     full_env.pop("SLURM_TPU_CONFIG", None)
     full_env.update(env or {})
     return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
 
 
-def detect_json(hardware: str, env: dict | None = None) -> dict:
+def detect_json(hardware: str, env: dict | None = None, extra: bool = True) -> dict:
     """``slurm-tpu detect --json`` on a described node, parsed."""
-    result = run_cli(["detect", "--json"], hardware, env)
+    result = run_cli(["detect", "--json"], hardware, env, extra=extra)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
 

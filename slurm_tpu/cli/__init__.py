@@ -61,6 +61,8 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     Hooks:  udev-event (run by udev)
     """
     ctx.obj = Obj(config_path)
+    if ctx.invoked_subcommand is not None and not ctx.resilient_parsing:
+        ctx.obj.config  # a broken config is reported by every command, not just some
 
 
 from . import inventory  # noqa: E402,F401  (registers the commands)

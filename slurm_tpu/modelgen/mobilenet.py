@@ -53,10 +53,11 @@ class _Builder:
         self.width = width
         self.n = 0
 
-    def _weights(self, name: str, shape: tuple[int, ...], fan_in: int, in_scale: float) -> tuple[int, float]:
+    def _weights(self, name: str, shape: tuple[int, ...], fan_in: int, gain: float = 1.8) -> tuple[int, float]:
         # Gain chosen so each layer's pre-activation has a spread of a few units:
-        # ReLU6 neither saturates nor dies, so outputs depend on the input.
-        w = self.rng.normal(0.0, 1.8 / np.sqrt(fan_in), size=shape).astype(np.float32)
+        # ReLU6 neither saturates nor dies (checked layer by layer), so outputs
+        # depend on the input.
+        w = self.rng.normal(0.0, gain / np.sqrt(fan_in), size=shape).astype(np.float32)
         q, quant = _quantize_weights(w)
         return self.g.tensor(name, shape, np.uint8, quant, q), quant.scale[0]
 
@@ -64,7 +65,7 @@ class _Builder:
         self.n += 1
         _, h, w, in_ch = self.g.shape(x)
         weights, w_scale = self._weights(f"conv{self.n}/weights", (out_ch, kernel, kernel, in_ch),
-                                         kernel * kernel * in_ch, in_scale)
+                                         kernel * kernel * in_ch)
         bias = _bias(self.g, f"conv{self.n}/bias", self.rng.uniform(0.2, 1.0, out_ch), in_scale, w_scale)
         out = self.g.tensor(f"conv{self.n}/out", (1, -(-h // stride), -(-w // stride), out_ch), np.uint8, _ACT_Q)
         self.g.op(tflite.BuiltinOperator.CONV_2D, [x, weights, bias], [out], *conv2d_options(stride, _RELU6))
@@ -73,7 +74,7 @@ class _Builder:
     def depthwise(self, x: int, in_scale: float, stride: int) -> int:
         self.n += 1
         _, h, w, ch = self.g.shape(x)
-        weights, w_scale = self._weights(f"dw{self.n}/weights", (1, 3, 3, ch), 9, in_scale)
+        weights, w_scale = self._weights(f"dw{self.n}/weights", (1, 3, 3, ch), 9)
         bias = _bias(self.g, f"dw{self.n}/bias", self.rng.uniform(0.2, 1.0, ch), in_scale, w_scale)
         out = self.g.tensor(f"dw{self.n}/out", (1, -(-h // stride), -(-w // stride), ch), np.uint8, _ACT_Q)
         self.g.op(tflite.BuiltinOperator.DEPTHWISE_CONV_2D, [x, weights, bias], [out],
@@ -91,7 +92,8 @@ class _Builder:
         _, h, _, c = g.shape(x)
         pooled = g.tensor("pool/out", (1, 1, 1, c), np.uint8, _ACT_Q)
         g.op(tflite.BuiltinOperator.AVERAGE_POOL_2D, [x], [pooled], *average_pool_options(h))
-        weights, w_scale = self._weights("logits/weights", (CLASSES, c), c, _ACT_Q.scale[0])
+        # A smaller gain for the logits keeps them inside their uint8 range (no ties at 255).
+        weights, w_scale = self._weights("logits/weights", (CLASSES, c), c, gain=0.5)
         bias = _bias(g, "logits/bias", self.rng.normal(0, 0.5, CLASSES), _ACT_Q.scale[0], w_scale)
         logits = g.tensor("logits", (1, CLASSES), np.uint8, _LOGIT_Q)
         g.op(tflite.BuiltinOperator.FULLY_CONNECTED, [pooled, weights, bias], [logits],

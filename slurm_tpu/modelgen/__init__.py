@@ -1,0 +1,47 @@
+"""Build the project's own .tflite models, labels and images (no TensorFlow, no downloads).
+
+``python -m slurm_tpu.modelgen --out DIR`` writes:
+
+- ``classifier.tflite`` + ``classifier_labels.txt``: uint8 FC+SOFTMAX, top-1 = brightest
+  of nine image regions (see :mod:`.classifier`);
+- ``classifier_segment_{0,1}_of_2.tflite``: the same model split for a 2-TPU pipeline;
+- ``classifier_edgetpu.tflite``: the same shape with an ``edgetpu-custom-op`` body;
+- ``mobilenet_v1_224_quant.tflite`` + ``mobilenet_labels.txt``: MobileNet-v1-shaped uint8;
+- ``images/``: generated PNGs with a known answer, ``images/expected.csv``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from . import classifier, images, mobilenet
+
+__all__ = ["write_models", "classifier", "mobilenet", "images"]
+
+
+def write_models(out: Path, image_count: int = 18, mobilenet_width: float = 1.0) -> dict[str, Path]:
+    """Write every model, label file and ``image_count`` images under ``out``; returns the paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {
+        "classifier": out / "classifier.tflite",
+        "classifier_labels": out / "classifier_labels.txt",
+        "classifier_edgetpu": out / "classifier_edgetpu.tflite",
+        "mobilenet": out / "mobilenet_v1_224_quant.tflite",
+        "mobilenet_labels": out / "mobilenet_labels.txt",
+        "images": out / "images",
+    }
+    paths["classifier"].write_bytes(classifier.build_classifier())
+    paths["classifier_labels"].write_text("\n".join(classifier.LABELS) + "\n")
+    paths["classifier_edgetpu"].write_bytes(classifier.build_fake_edgetpu_classifier())
+    for i, segment in enumerate(classifier.build_classifier_segments()):
+        key = f"classifier_segment_{i}"
+        paths[key] = out / f"classifier_segment_{i}_of_2.tflite"
+        paths[key].write_bytes(segment)
+    paths["mobilenet"].write_bytes(mobilenet.build_mobilenet(mobilenet_width))
+    paths["mobilenet_labels"].write_text("\n".join(mobilenet.labels()) + "\n")
+    if image_count:
+        written = images.write_images(paths["images"], image_count)
+        (paths["images"] / "expected.csv").write_text(
+            "".join(f"{p.name},{label}\n" for p, label in written))
+    return paths
