@@ -160,7 +160,7 @@ class LocalCluster:
             yaml.safe_dump(config, handle)
         inventory_file = os.path.join(directory, "inventory.json")
         if spec.umockdev:
-            inventory = detect_under_umockdev(spec.umockdev, self.slurm_tpu)
+            inventory = detect_under_umockdev(spec.umockdev, self.slurm_tpu, self.python)
             inventory = materialize(inventory, os.path.join(directory, "dev"), minor)
             minor += sum(len(a.device_nodes) for a in inventory)
         else:

@@ -15,10 +15,16 @@ from ..model import Inventory
 EXPERIMENTAL_MAJOR = 240
 
 
-def detect_under_umockdev(umockdev_file: str, slurm_tpu: list[str]) -> Inventory:
-    """Run the real ``slurm-tpu detect --json`` against a umockdev testbed."""
+def detect_under_umockdev(umockdev_file: str, slurm_tpu: list[str], python: str) -> Inventory:
+    """Run the real ``slurm-tpu detect --json`` against a umockdev testbed.
+
+    Files that no udev device announces (NVIDIA procfs, driver-made nodes) are
+    taken from ``<name>.extra/`` beside the umockdev file when it exists.
+    """
+    extra = os.path.splitext(umockdev_file)[0] + ".extra"
     completed = subprocess.run(
-        ["umockdev-run", "--device", umockdev_file, "--", *slurm_tpu, "detect", "--json"],
+        ["umockdev-run", "--device", umockdev_file, "--", python, "-m", "slurm_tpu.localcluster.testbed",
+         extra, "--", *slurm_tpu, "detect", "--json"],
         capture_output=True, text=True, timeout=60, check=False,
     )
     if completed.returncode != 0:

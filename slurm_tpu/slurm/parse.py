@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from typing import Iterator
+
 
 def parse_key_values(line: str) -> dict[str, str]:
     """``A=1 B=two`` -> {"A": "1", "B": "two"} (tokens without '=' are skipped)."""
@@ -19,3 +23,237 @@ def parse_slurmd_c(text: str) -> dict[str, str]:
         if line.startswith("NodeName="):
             return parse_key_values(line)
     return {}
+
+
+# ---- hostlists -------------------------------------------------------------------
+
+def expand_hostlist(expression: str) -> list[str]:
+    """``n[1-3,5],gpu01`` -> [n1, n2, n3, n5, gpu01] (leading zeros kept: ``[01-02]``).
+
+    Also expands device ranges in gres.conf ``File=`` (``/dev/nvidia[0-1]``).
+    Raises ValueError on malformed brackets.
+    """
+    names: list[str] = []
+    for part in _split_top_level(expression):
+        names.extend(_expand_one(part))
+    return names
+
+
+def _split_top_level(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        if char == "[":
+            depth += 1
+        elif char == "]":
+            depth -= 1
+            if depth < 0:
+                raise ValueError(f"unbalanced ']' in '{text}'")
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    if depth:
+        raise ValueError(f"unbalanced '[' in '{text}'")
+    parts.append(current)
+    return [p for p in parts if p]
+
+
+def _expand_one(text: str) -> list[str]:
+    start = text.find("[")
+    if start < 0:
+        return [text]
+    end = text.index("]", start)
+    prefix, body, rest = text[:start], text[start + 1:end], text[end + 1:]
+    values: list[str] = []
+    for item in body.split(","):
+        low, sep, high = item.partition("-")
+        if not low.isdigit() or (sep and not high.isdigit()):
+            raise ValueError(f"bad range '{item}' in '{text}'")
+        if not sep:
+            values.append(low)
+            continue
+        width = len(low) if low.startswith("0") else 0
+        if int(high) < int(low) or int(high) - int(low) > 100000:
+            raise ValueError(f"bad range '{item}' in '{text}'")
+        values.extend(str(n).zfill(width) for n in range(int(low), int(high) + 1))
+    return [prefix + value + tail for value in values for tail in _expand_one(rest)]
+
+
+# ---- a job's GRES on one node --------------------------------------------------
+
+@dataclass(frozen=True)
+class GresAlloc:
+    """One ``name:type:count(IDX:...)`` item of a job's per-node GRES detail."""
+
+    name: str
+    type: str | None
+    count: int
+    indices: tuple[int, ...]
+
+
+_GRES_ITEM = re.compile(r"^(?P<name>[^:(]+)(?::(?P<type>[^:(]+))?(?::(?P<count>\d+))?"
+                        r"\(IDX:(?P<idx>[0-9,\-]*|N/A)\)$")
+
+
+def parse_gres_detail(text: str) -> list[GresAlloc]:
+    """``tpu:edgetpu_usb:1(IDX:0),gpu:1(IDX:0-1)`` -> [GresAlloc...].
+
+    Items without an ``(IDX:...)`` part (count-only GRES) are returned with no
+    indices. Raises ValueError on anything else.
+    """
+    items = []
+    for token in _split_top_level_parens(text):
+        match = _GRES_ITEM.match(token)
+        if not match:
+            name, _, rest = token.partition(":")
+            if "(" in token or not name:
+                raise ValueError(f"cannot parse GRES item '{token}'")
+            parts = rest.split(":") if rest else []
+            count = int(parts[-1]) if parts and parts[-1].isdigit() else 1
+            kind = parts[0] if parts and not parts[0].isdigit() else None
+            items.append(GresAlloc(name, kind, count, ()))
+            continue
+        idx = match.group("idx")
+        indices = tuple(int(i) for i in expand_hostlist(f"[{idx}]")) if idx and idx != "N/A" else ()
+        count = int(match.group("count")) if match.group("count") else len(indices)
+        items.append(GresAlloc(match.group("name"), match.group("type"), count, indices))
+    return items
+
+
+def _split_top_level_parens(text: str) -> list[str]:
+    parts, depth, current = [], 0, ""
+    for char in text:
+        depth += (char == "(") - (char == ")")
+        if char == "," and depth == 0:
+            parts.append(current)
+            current = ""
+        else:
+            current += char
+    parts.append(current)
+    return [p.strip() for p in parts if p.strip()]
+
+
+def parse_squeue_job_json(text: str, job_id: int, node: str) -> list[GresAlloc] | None:
+    """A job's GRES on ``node`` from ``squeue --json -j JOB``.
+
+    JSON, unlike ``scontrol show job -d`` text, cannot be forged by a job name
+    or comment holding a newline and a fake ``GRES=...(IDX:n)`` line. Returns None
+    when the job or the node is not in the document (job gone or not on this node).
+    """
+    import json
+
+    document = json.loads(text)
+    for job in document.get("jobs", ()):
+        if int(job.get("job_id", -1)) != job_id:
+            continue
+        resources = job.get("job_resources") or {}
+        hosts = [entry.get("nodename") for entry in resources.get("allocated_nodes") or ()]
+        details = job.get("gres_detail") or []
+        if node not in hosts:
+            return None
+        position = hosts.index(node)
+        if position >= len(details):
+            return []
+        return parse_gres_detail(details[position])
+    return None
+
+
+# ---- gres.conf and slurm.conf -----------------------------------------------------
+
+@dataclass(frozen=True)
+class GresConfRecord:
+    """One gres.conf line for a node: ``Name=tpu Type=edgetpu_usb File=...``."""
+
+    name: str
+    type: str | None
+    files: tuple[str, ...]
+    count: int
+    by_name_line: bool  # a line starting with Name= (slurmd lists these before NodeName= lines)
+    line: int
+
+
+def _config_lines(text: str) -> Iterator[tuple[int, str]]:
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.split("#", 1)[0].strip()
+        if line:
+            yield number, line
+
+
+def _keys(line: str) -> dict[str, str]:
+    return {key.lower(): value for key, value in parse_key_values(line).items()}
+
+
+def _matches_node(expression: str | None, node: str) -> bool:
+    if expression is None:
+        return True
+    try:
+        return node in expand_hostlist(expression)
+    except ValueError:
+        return False
+
+
+def parse_gres_conf(text: str, node: str) -> list[GresConfRecord]:
+    """The gres.conf records that apply to ``node``, in file order.
+
+    Lines naming other nodes are skipped; ``File=`` ranges are expanded.
+    ``Include`` is not followed (the caller reads included files if needed).
+    """
+    records = []
+    for number, line in _config_lines(text):
+        fields = _keys(line)
+        if "name" not in fields or not _matches_node(fields.get("nodename"), node):
+            continue
+        files: tuple[str, ...] = ()
+        if "file" in fields:
+            files = tuple(expand_hostlist(fields["file"]))
+        count = len(files) if files else int(fields.get("count", "1").rstrip("KMGkmg") or 1)
+        if "count" in fields and files and fields["count"].isdigit():
+            count = min(count, int(fields["count"]))
+        records.append(GresConfRecord(fields["name"], fields.get("type"), files, count,
+                                      by_name_line=not line.lower().startswith("nodename="), line=number))
+    return records
+
+
+def parse_node_gres(text: str, node: str) -> list[tuple[str, str | None, int]] | None:
+    """(name, type, count) of ``node``'s slurm.conf ``Gres=``, in written order.
+
+    None when no NodeName line names the node (e.g. configless, or an Include
+    the caller has not read). ``NodeName=DEFAULT`` Gres= applies to later lines.
+    """
+    default: str | None = None
+    found: str | None = None
+    seen = False
+    for _, line in _config_lines(text):
+        if not line.lower().startswith("nodename="):
+            continue
+        fields = _keys(line)
+        if fields["nodename"].upper() == "DEFAULT":
+            default = fields.get("gres", default)
+            continue
+        if _matches_node(fields["nodename"], node):
+            seen = True
+            found = fields.get("gres", default)
+    if not seen:
+        return None
+    result = []
+    for item in (found or "").split(","):
+        if not item or item.lower() == "(null)":
+            continue
+        parts = item.split(":")
+        count_text = parts[-1] if len(parts) > 1 and parts[-1][:1].isdigit() else "1"
+        count = int(re.sub(r"[^0-9].*$", "", count_text) or 1)
+        kind = parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1][:1].isdigit()) else None
+        result.append((parts[0], kind, count))
+    return result
+
+
+def include_paths(text: str, base_dir: str) -> list[str]:
+    """Files named by ``Include``/``include`` lines (relative to ``base_dir``)."""
+    paths = []
+    for _, line in _config_lines(text):
+        keyword, _, rest = line.partition(" ")
+        if keyword.lower() == "include" and rest.strip():
+            path = rest.strip()
+            paths.append(path if path.startswith("/") else f"{base_dir}/{path}")
+    return paths

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from conftest import run_cli
+from helpers import run_cli
 
 
 def assert_one_line_error(result, *words):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from conftest import detect_json, run_cli
+from helpers import detect_json, run_cli
 
 
 def by_identity(document: dict) -> dict[str, dict]:

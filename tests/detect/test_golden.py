@@ -10,7 +10,7 @@ import os
 
 import pytest
 
-from conftest import TESTS, run_cli
+from helpers import TESTS, run_cli
 
 GOLDEN = TESTS / "golden"
 

@@ -1,0 +1,199 @@
+"""The lease ledger: one file per leased device under ``<state_dir>/leases/``.
+
+A lease is taken by creating ``leases/<identity>`` exclusively (a finished temp
+file ``link()``-ed into place), so two prologs can never both hold a device and
+a crash leaves a whole lease or none. Each lease records the job, its user, the
+device nodes it was given and the job's whole allocation on this node, so the
+epilog and the task-prolog never need to ask Slurm. ``audit.log`` gets one JSON
+line per acquire/release/reclaim/reenumerate, for the stress test and for
+accounting.
+
+Read-modify-write sequences that span the ledger and device ownership (release
+vs. a udev re-enumeration, reclaim vs. a late epilog) run under one ``flock`` on
+``<state_dir>/.lock``; they take milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Iterator
+
+from . import statedir
+
+LEASES = "leases"
+AUDIT = "audit.log"
+LOCK = ".lock"
+VERSION = 1
+
+
+@dataclass(frozen=True)
+class Lease:
+    """One device held by one job on this node."""
+
+    identity: str
+    job_id: int
+    uid: int
+    kind: str = "edgetpu"
+    user: str = ""
+    start: float = 0.0
+    device_nodes: tuple[str, ...] = ()
+    allocation: tuple[str, ...] = ()  # all identities of the job on this node, in Slurm's order
+    node: str = ""
+    prolog_pid: int = 0
+    prolog_start: int = 0  # /proc/<pid>/stat start time, to tell a reused pid apart
+    version: int = VERSION
+
+    def to_bytes(self) -> bytes:
+        data = asdict(self)
+        data["device_nodes"] = list(self.device_nodes)
+        data["allocation"] = list(self.allocation)
+        return (json.dumps(data, sort_keys=True) + "\n").encode()
+
+    @classmethod
+    def from_bytes(cls, identity: str, raw: bytes) -> "Lease":
+        """Parse a lease file; raises ValueError when it is not one."""
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("identity") != identity:
+            raise ValueError("identity does not match the file name")
+        return cls(identity=identity, job_id=int(data["job_id"]), uid=int(data["uid"]),
+                   kind=str(data.get("kind", "edgetpu")), user=str(data.get("user", "")),
+                   start=float(data.get("start", 0.0)),
+                   device_nodes=tuple(str(n) for n in data.get("device_nodes", ())),
+                   allocation=tuple(str(i) for i in data.get("allocation", ())),
+                   node=str(data.get("node", "")), prolog_pid=int(data.get("prolog_pid", 0)),
+                   prolog_start=int(data.get("prolog_start", 0)), version=int(data.get("version", VERSION)))
+
+
+@dataclass(frozen=True)
+class BadLease:
+    """A file in leases/ that is not a readable lease (it is reclaimable)."""
+
+    identity: str
+    reason: str
+    job_id: int = -1
+    uid: int = -1
+    device_nodes: tuple[str, ...] = field(default_factory=tuple)
+
+
+class Ledger:
+    """The open state directory: leases, audit log and the state lock."""
+
+    def __init__(self, state_dir: str, create: bool = True, require_root: bool = True):
+        self.state_dir = state_dir
+        self.dir_fd = statedir.open_dir(state_dir, create=create, require_root=require_root)
+        try:
+            self.leases_fd = statedir.open_dir(LEASES, create=create, parent_fd=self.dir_fd,
+                                               require_root=require_root)
+        except statedir.StateDirError as exc:
+            os.close(self.dir_fd)
+            raise statedir.StateDirError(str(exc).replace(LEASES, os.path.join(state_dir, LEASES), 1),
+                                         os.path.join(state_dir, LEASES)) from exc
+        self._lock_fd: int | None = None
+
+    def close(self) -> None:
+        for fd in (self.leases_fd, self.dir_fd, self._lock_fd):
+            if fd is not None:
+                os.close(fd)
+        self._lock_fd = None
+
+    def __enter__(self) -> "Ledger":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ---- locking ---------------------------------------------------------------
+    def lock(self) -> "Ledger":
+        """Take the state lock (blocking); released by :meth:`unlock` or close()."""
+        import fcntl
+
+        if self._lock_fd is None:
+            self._lock_fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                                    dir_fd=self.dir_fd)
+        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
+        return self
+
+    def unlock(self) -> None:
+        import fcntl
+
+        if self._lock_fd is not None:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+
+    # ---- leases ----------------------------------------------------------------
+    def read(self, identity: str) -> Lease | BadLease | None:
+        """The lease on ``identity``, a BadLease if unreadable, None if free."""
+        try:
+            raw = statedir.read_file(self.leases_fd, identity, limit=65536)
+        except statedir.StateDirError as exc:
+            return BadLease(identity, str(exc))
+        if raw is None:
+            return None
+        try:
+            return Lease.from_bytes(identity, raw)
+        except (ValueError, KeyError, TypeError) as exc:
+            return BadLease(identity, f"unreadable lease ({exc})")
+
+    def claim(self, lease: Lease) -> bool:
+        """Atomically create the lease; False when the device is already leased."""
+        return statedir.create_exclusive(self.leases_fd, lease.identity, lease.to_bytes())
+
+    def drop(self, identity: str) -> bool:
+        """Remove the lease file on ``identity`` (whoever holds it)."""
+        return statedir.remove(self.leases_fd, identity)
+
+    def names(self) -> list[str]:
+        """Lease file names (temp files left by a crash are skipped)."""
+        return sorted(n for n in os.listdir(self.leases_fd) if not n.startswith("."))
+
+    def all(self) -> Iterator[Lease | BadLease]:
+        for name in self.names():
+            lease = self.read(name)
+            if lease is not None:
+                yield lease
+
+    def of_job(self, job_id: int) -> list[Lease]:
+        """The job's leases on this node, in its allocation order."""
+        mine = [lease for lease in self.all() if isinstance(lease, Lease) and lease.job_id == job_id]
+        order = mine[0].allocation if mine else ()
+        rank = {identity: i for i, identity in enumerate(order)}
+        return sorted(mine, key=lambda lease: (rank.get(lease.identity, len(rank)), lease.identity))
+
+    def sweep_temps(self) -> int:
+        """Remove temp files of processes that died between write and link."""
+        removed = 0
+        for name in os.listdir(self.leases_fd):
+            if name.startswith(".") and name.endswith(".tmp"):
+                try:
+                    pid = int(name.rsplit(".", 2)[-2])
+                except ValueError:
+                    continue
+                if not os.path.exists(f"/proc/{pid}"):
+                    removed += statedir.remove(self.leases_fd, name)
+        return removed
+
+    # ---- audit -----------------------------------------------------------------
+    def audit(self, event: str, **fields: Any) -> None:
+        """Append one audit record (never raises: the audit log must not fail a job)."""
+        record = {"t": round(time.time(), 6), "event": event, **fields}
+        try:
+            statedir.append_line(self.dir_fd, AUDIT, (json.dumps(record, sort_keys=True) + "\n").encode())
+        except (OSError, statedir.StateDirError):
+            pass
+
+
+def process_start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat (clock ticks since boot), 0 if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return 0
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = data[data.rfind(b")") + 2:].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return 0

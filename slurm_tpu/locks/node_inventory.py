@@ -1,0 +1,90 @@
+"""The node-local inventory file ``<state_dir>/inventory.json``.
+
+Hooks read this instead of running detection (pyudev is slow to import and
+would run on every job). It has the shape of ``slurm-tpu detect --json``;
+``slurm-tpu gres-conf --output`` writes it and ``slurm-tpu udev-event`` updates a
+device's node path when a USB stick re-enumerates. It is the *only* source of
+device node paths the hooks will chown: never gres.conf, never job input.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from . import statedir
+
+FILE_NAME = "inventory.json"
+
+
+@dataclass(frozen=True)
+class KnownDevice:
+    """What a hook needs to know about one accelerator (no model import)."""
+
+    identity: str
+    kind: str  # "edgetpu" or "gpu"
+    bus: str  # "usb", "pci", "platform"
+    device_nodes: tuple[str, ...]
+
+    @property
+    def primary_node(self) -> str | None:
+        return self.device_nodes[0] if self.device_nodes else None
+
+
+def parse_inventory(document: Mapping[str, Any]) -> dict[str, KnownDevice]:
+    """identity -> KnownDevice from a ``detect --json`` document (usable devices only)."""
+    devices: dict[str, KnownDevice] = {}
+    for item in document.get("accelerators", ()):
+        if not item.get("usable", True):
+            continue
+        nodes = tuple(str(n) for n in item.get("device_nodes") or ())
+        devices[str(item["identity"])] = KnownDevice(str(item["identity"]), str(item["kind"]),
+                                                     str(item["bus"]), nodes)
+    return devices
+
+
+def save(dir_fd: int, document: Mapping[str, Any]) -> None:
+    """Write the inventory document atomically (world-readable: task-prologs read it)."""
+    statedir.write_atomic(dir_fd, FILE_NAME, (json.dumps(document, indent=1) + "\n").encode())
+
+
+def load_document(dir_fd: int) -> dict[str, Any] | None:
+    """The raw document, or None when the node has no inventory file yet."""
+    data = statedir.read_file(dir_fd, FILE_NAME)
+    if data is None:
+        return None
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise statedir.StateDirError(f"{FILE_NAME} in the state directory is not JSON ({exc}); "
+                                     "rerun `slurm-tpu gres-conf --output ...` to rewrite it", FILE_NAME) from exc
+    if not isinstance(document, dict) or not isinstance(document.get("accelerators"), list):
+        raise statedir.StateDirError(f"{FILE_NAME} in the state directory is not a `slurm-tpu detect --json` "
+                                     "document; rerun `slurm-tpu gres-conf --output ...`", FILE_NAME)
+    return document
+
+
+def load(dir_fd: int) -> dict[str, KnownDevice]:
+    """identity -> KnownDevice; {} when there is no inventory file."""
+    document = load_document(dir_fd)
+    return parse_inventory(document) if document else {}
+
+
+def set_device_nodes(dir_fd: int, identity: str, nodes: tuple[str, ...]) -> bool:
+    """Record a device's new node path(s). True when the file changed.
+
+    The caller holds the state lock (see ledger.StateLock) so two udev events
+    cannot lose each other's update.
+    """
+    document = load_document(dir_fd)
+    if document is None:
+        return False
+    for item in document["accelerators"]:
+        if item.get("identity") == identity:
+            if tuple(item.get("device_nodes") or ()) == nodes:
+                return False
+            item["device_nodes"] = list(nodes)
+            save(dir_fd, document)
+            return True
+    return False

@@ -1,0 +1,96 @@
+"""Changing who owns an accelerator's device node, safely.
+
+Only character device nodes are touched, and never through a symlink: the node
+is opened with ``O_PATH | O_NOFOLLOW`` (which neither opens the device nor
+follows a link), checked with ``fstat`` and then changed through
+``/proc/self/fd/N``, so the file that was checked is the file that is changed
+even if someone swaps the path in between.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import dataclass
+
+from ..errors import DeviceError
+
+_O_PATH = getattr(os, "O_PATH", 0o10000000)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """A device node's current owner and mode (for tests and `leases`)."""
+
+    path: str
+    uid: int
+    gid: int
+    mode: int
+    rdev: int
+
+
+def _open_char_device(path: str, identity: str) -> int:
+    if not os.path.isabs(path):
+        raise DeviceError(f"{identity}: device node '{path}' is not an absolute path; "
+                          "fix the inventory (slurm-tpu gres-conf --output)", identity)
+    try:
+        fd = os.open(path, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise DeviceError(f"{identity}: device node {path} is missing (device unplugged or "
+                          "re-enumerated?)", identity) from None
+    except OSError as exc:
+        raise DeviceError(f"{identity}: cannot open device node {path}: {exc.strerror}", identity) from exc
+    info = os.fstat(fd)
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISCHR(info.st_mode):
+        os.close(fd)
+        raise DeviceError(f"{identity}: {path} is not a character device node; refusing to change "
+                          "its ownership (check the inventory file)", identity)
+    return fd
+
+
+def set_owner(path: str, identity: str, uid: int, gid: int, mode: int) -> bool:
+    """Make ``path`` (a char device) ``uid:gid`` with ``mode``; -1 keeps uid/gid.
+
+    Returns True when something changed. Raises DeviceError when the node is
+    missing or not a character device.
+    """
+    fd = _open_char_device(path, identity)
+    try:
+        info = os.fstat(fd)
+        target_uid = info.st_uid if uid < 0 else uid
+        target_gid = info.st_gid if gid < 0 else gid
+        if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (target_uid, target_gid, mode):
+            return False
+        proc = f"/proc/self/fd/{fd}"
+        # Narrow the mode before handing the node to the new owner, so no moment
+        # exists where the new owner has it with the old (maybe wider) mode.
+        os.chmod(proc, mode & stat.S_IMODE(info.st_mode))
+        os.chown(proc, target_uid, target_gid)
+        os.chmod(proc, mode)
+        return True
+    except OSError as exc:
+        raise DeviceError(f"{identity}: cannot change ownership of {path}: {exc.strerror} "
+                          "(the hooks must run as root)", identity) from exc
+    finally:
+        os.close(fd)
+
+
+def node_state(path: str) -> NodeState | None:
+    """The node's owner/mode, or None when missing or not a char device."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    if not stat.S_ISCHR(info.st_mode):
+        return None
+    return NodeState(path, info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode), info.st_rdev)
+
+
+def resolve_ids(owner: str, group: str) -> tuple[int, int]:
+    """Numeric uid/gid for the idle owner and group (names or numbers)."""
+    import grp
+    import pwd
+
+    uid = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
+    gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
+    return uid, gid

@@ -1,0 +1,173 @@
+"""Safe file operations inside the root-owned state directory (/run/slurm-tpu).
+
+Everything here works relative to an open directory descriptor with
+``O_NOFOLLOW``: a symlink planted in the state directory (or in place of it) is
+refused, never followed, so root hooks cannot be tricked into writing, reading
+or chowning something outside it. Writes are atomic (temp file + rename, or
+temp file + ``link()`` for an exclusive create) so a crash leaves either the old
+or the new file, never half of one.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+
+from ..errors import SlurmTpuError
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class StateDirError(SlurmTpuError):
+    """The state directory (or a file in it) is unsafe or unreadable."""
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path
+
+
+def _check_dir(fd: int, path: str, require_root: bool) -> None:
+    info = os.fstat(fd)
+    if not stat.S_ISDIR(info.st_mode):
+        raise StateDirError(f"{path} is not a directory; remove it (slurm-tpu recreates it)", path)
+    # Only root may write here: anyone else could plant leases or links.
+    if require_root and (info.st_uid != 0 or info.st_mode & 0o022):
+        raise StateDirError(f"{path} must be owned by root and not group/world-writable "
+                            f"(uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); "
+                            "fix its ownership or remove it", path)
+
+
+def open_dir(path: str, create: bool = False, parent_fd: int | None = None,
+             require_root: bool = True) -> int:
+    """Open a directory without following a symlink at its last component.
+
+    ``parent_fd`` opens ``path`` relative to an already-checked directory.
+    ``create`` makes it (mode 0755) when missing. Returns a descriptor the caller
+    closes. Raises :class:`StateDirError` for symlinks, files, or unsafe owners.
+    """
+    shown = path
+    for attempt in range(2):
+        try:
+            fd = os.open(path, _DIR_FLAGS, dir_fd=parent_fd)
+            break
+        except FileNotFoundError:
+            if not create or attempt:
+                raise StateDirError(f"{shown} does not exist", shown) from None
+            try:
+                if parent_fd is None:
+                    os.makedirs(path, mode=0o755, exist_ok=True)
+                else:
+                    os.mkdir(path, mode=0o755, dir_fd=parent_fd)
+            except FileExistsError:
+                pass
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                raise StateDirError(f"{shown} is a symlink or not a directory; refusing to use it "
+                                    "(remove it, slurm-tpu recreates it)", shown) from exc
+            raise StateDirError(f"cannot open {shown}: {exc.strerror}", shown) from exc
+    try:
+        _check_dir(fd, shown, require_root)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
+    """A regular file's bytes, or None when it does not exist. Symlinks are refused."""
+    try:
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise StateDirError(f"{name} in the state directory is a symlink; refusing to read it", name) from exc
+        raise StateDirError(f"cannot read {name} in the state directory: {exc.strerror}", name) from exc
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StateDirError(f"{name} in the state directory is not a regular file", name)
+        chunks = []
+        size = 0
+        while True:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise StateDirError(f"{name} in the state directory is larger than {limit} bytes", name)
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _write_temp(dir_fd: int, name: str, data: bytes, mode: int) -> str:
+    tmp = f".{name}.{os.getpid()}.tmp"
+    try:
+        os.unlink(tmp, dir_fd=dir_fd)  # left by an earlier process with our pid
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
+                 dir_fd=dir_fd)
+    try:
+        os.fchmod(fd, mode)  # umask must not narrow what readers (task-prolog) need
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+        os.fsync(fd)
+    except BaseException:
+        os.close(fd)
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
+    os.close(fd)
+    return tmp
+
+
+def write_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None:
+    """Replace ``name`` with ``data`` atomically (rename never follows a link at ``name``)."""
+    tmp = _write_temp(dir_fd, name, data, mode)
+    try:
+        os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        os.unlink(tmp, dir_fd=dir_fd)
+        raise
+
+
+def create_exclusive(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> bool:
+    """Create ``name`` holding ``data`` only if nothing (not even a symlink) is there.
+
+    The content is complete before the name appears (``link()`` of a finished
+    temp file), so a reader or a crash never sees a half-written file. Returns
+    False when ``name`` already exists.
+    """
+    tmp = _write_temp(dir_fd, name, data, mode)
+    try:
+        os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        os.unlink(tmp, dir_fd=dir_fd)
+
+
+def remove(dir_fd: int, name: str) -> bool:
+    """Unlink ``name`` (a link itself, never its target); False if it was gone."""
+    try:
+        os.unlink(name, dir_fd=dir_fd)
+        return True
+    except FileNotFoundError:
+        return False
+
+
+def append_line(dir_fd: int, name: str, line: bytes, mode: int = 0o644) -> None:
+    """Append one line with a single O_APPEND write (atomic between writers)."""
+    fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
+                 mode,
+                 dir_fd=dir_fd)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise StateDirError(f"{name} in the state directory is not a regular file", name)
+        os.write(fd, line)
+    finally:
+        os.close(fd)

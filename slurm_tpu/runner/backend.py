@@ -1,0 +1,311 @@
+"""The one module that touches a TFLite runtime or libedgetpu.
+
+Runtimes, in order of preference: LiteRT (``ai_edge_litert``, the default
+dependency) then ``tflite_runtime`` (same Interpreter API; frozen at 2.14, needs
+numpy<2). ``SLURM_TPU_RUNTIME=litert|tflite-runtime`` forces one.
+
+Edge TPUs are opened through libedgetpu's C API, by sysfs/device path:
+``edgetpu_create_delegate(type, path, options, n)``. We do *not* use the external
+delegate ABI (``load_delegate(lib, {"device": "usb:N"})``) because its ``N`` is a
+position in libedgetpu's own enumeration, which shifts whenever another USB stick
+loads its firmware: "usb:0" can be another job's TPU. The Interpreter (LiteRT and
+tflite-runtime alike, see their interpreter.py) only needs, of each object in
+``experimental_delegates``, a ``_get_native_delegate_pointer()`` returning the
+``TfLiteDelegate*``, and keeps those objects alive until its native interpreter is
+gone; that is exactly what pycoral's ``make_interpreter`` relies on too. So
+:class:`EdgeTpuDelegate` wraps the raw pointer and frees it with
+``edgetpu_free_delegate`` only after the interpreter has been destroyed.
+pycoral is therefore not needed at all; when present it changes nothing.
+
+GPUs go through LiteRT's CompiledModel API with ``HardwareAccelerator.GPU`` (WebGPU
+over Vulkan), which raises when no adapter can be set up.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import tempfile
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .errors import GpuError, LibEdgeTpuError, ModelError, RuntimeMissingError
+from .spec import TensorSpec
+
+RUNTIME_ENV = "SLURM_TPU_RUNTIME"
+LIBEDGETPU_ENV = "SLURM_TPU_LIBEDGETPU"
+DEBUG_ENV = "SLURM_TPU_DEBUG"
+_RUNTIME_MODULES = {"litert": "ai_edge_litert.interpreter", "tflite-runtime": "tflite_runtime.interpreter"}
+_LIBEDGETPU_DEFAULT = "libedgetpu.so.1"
+
+
+# -- runtime selection ---------------------------------------------------------------
+
+def _import_interpreter_module(name: str):
+    import importlib
+
+    return importlib.import_module(_RUNTIME_MODULES[name])
+
+
+def select_runtime(preferred: str | None = None) -> str:
+    """The runtime to use: ``preferred``, else $SLURM_TPU_RUNTIME, else the first importable."""
+    preferred = preferred or os.environ.get(RUNTIME_ENV) or None
+    if preferred is not None and preferred not in _RUNTIME_MODULES:
+        raise RuntimeMissingError(f"unknown runtime '{preferred}' (from --runtime or {RUNTIME_ENV}): "
+                                  f"use one of {', '.join(_RUNTIME_MODULES)}")
+    errors = []
+    for name in [preferred] if preferred else list(_RUNTIME_MODULES):
+        try:
+            _import_interpreter_module(name)
+            return name
+        except ImportError as exc:  # tflite-runtime under numpy 2 also lands here
+            errors.append(f"{name}: {exc}".splitlines()[0])
+    raise RuntimeMissingError("no TFLite runtime could be imported (" + "; ".join(errors) +
+                              "): pip install 'slurm-tpu[infer]' (ai-edge-litert)")
+
+
+def runtime_version(name: str) -> str:
+    from importlib import metadata
+
+    dist = {"litert": "ai-edge-litert", "tflite-runtime": "tflite-runtime"}[name]
+    try:
+        return metadata.version(dist)
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+@contextlib.contextmanager
+def native_stderr_captured() -> Iterator[list[str]]:
+    """Collect what native code writes to fd 2 meanwhile (LiteRT logs INFO lines there).
+
+    The CLI promises one-line errors; the runtime's chatter would break that. The
+    captured lines are handed to the caller (to quote the relevant one in an
+    error) and replayed when $SLURM_TPU_DEBUG is set. Process-wide: call from one
+    thread at a time (engines are opened sequentially).
+    """
+    lines: list[str] = []
+    try:
+        saved = os.dup(2)
+    except OSError:  # no fd 2 at all: nothing to capture
+        yield lines
+        return
+    with tempfile.TemporaryFile() as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield lines
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            text = sink.read().decode("utf-8", "replace")
+            lines.extend(line for line in text.splitlines() if line.strip())
+            if os.environ.get(DEBUG_ENV) and text:
+                os.write(2, text.encode())
+
+
+def _spec_from_details(d: dict) -> TensorSpec:
+    scale, zero = d.get("quantization", (0.0, 0))
+    return TensorSpec(d["name"], tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]),
+                      float(scale), int(zero))
+
+
+# -- libedgetpu ----------------------------------------------------------------------
+
+class _Device(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("path", ctypes.c_char_p)]
+
+
+class _Option(ctypes.Structure):
+    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
+
+
+_TYPES = {"pci": 0, "usb": 1}  # enum edgetpu_device_type: EDGETPU_APEX_PCI, EDGETPU_APEX_USB
+_TYPE_NAMES = {v: k for k, v in _TYPES.items()}
+
+
+class EdgeTpuLibrary:
+    """libedgetpu.so.1 (or a compatible library) loaded with ctypes."""
+
+    def __init__(self, path: str | None = None):
+        self.path = path or os.environ.get(LIBEDGETPU_ENV) or _LIBEDGETPU_DEFAULT
+        try:
+            lib = ctypes.CDLL(self.path)
+        except OSError as exc:
+            reason = str(exc).split(": ")[-1]
+            raise LibEdgeTpuError(
+                f"cannot load the Edge TPU runtime {self.path} ({reason}): install libedgetpu1-std "
+                f"from Coral's apt repository, or point --libedgetpu / {LIBEDGETPU_ENV} at it",
+                self.path) from None
+        try:
+            lib.edgetpu_list_devices.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
+            lib.edgetpu_list_devices.restype = ctypes.POINTER(_Device)
+            lib.edgetpu_free_devices.argtypes = [ctypes.POINTER(_Device)]
+            lib.edgetpu_free_devices.restype = None
+            lib.edgetpu_create_delegate.argtypes = [ctypes.c_int, ctypes.c_char_p,
+                                                    ctypes.POINTER(_Option), ctypes.c_size_t]
+            lib.edgetpu_create_delegate.restype = ctypes.c_void_p
+            lib.edgetpu_free_delegate.argtypes = [ctypes.c_void_p]
+            lib.edgetpu_free_delegate.restype = None
+        except AttributeError as exc:
+            raise LibEdgeTpuError(f"{self.path} lacks libedgetpu's C API ({exc}): "
+                                  "it is not libedgetpu.so.1, or a very old one", self.path) from None
+        self._lib = lib
+
+    def list_devices(self) -> list[tuple[str, str]]:
+        """(type, path) of every Edge TPU libedgetpu can see, in its own order."""
+        count = ctypes.c_size_t(0)
+        devices = self._lib.edgetpu_list_devices(ctypes.byref(count))
+        try:
+            return [(_TYPE_NAMES.get(devices[i].type, str(devices[i].type)),
+                     devices[i].path.decode()) for i in range(count.value)]
+        finally:
+            if devices:
+                self._lib.edgetpu_free_devices(devices)
+
+    def create_delegate(self, device_type: str, path: str,
+                        options: dict[str, str] | None = None) -> "EdgeTpuDelegate | None":
+        """A delegate bound to the device at ``path``; None when libedgetpu cannot open it."""
+        options = options or {}
+        array = (_Option * max(len(options), 1))()
+        for i, (key, value) in enumerate(options.items()):
+            array[i] = _Option(key.encode(), str(value).encode())
+        pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), array, len(options))
+        return EdgeTpuDelegate(self, pointer) if pointer else None
+
+    def _free(self, pointer: int) -> None:
+        self._lib.edgetpu_free_delegate(pointer)
+
+
+class EdgeTpuDelegate:
+    """A ``TfLiteDelegate*`` from edgetpu_create_delegate, shaped like the runtimes' Delegate.
+
+    The interpreter stores this object in its ``_delegates`` and drops it after its
+    native interpreter (see Interpreter.__del__), so freeing in ``close``/``__del__``
+    never pulls the delegate from under a live interpreter.
+    """
+
+    def __init__(self, library: EdgeTpuLibrary, pointer: int):
+        self._library: EdgeTpuLibrary | None = library
+        self._pointer = pointer
+
+    def _get_native_delegate_pointer(self) -> int:
+        return self._pointer
+
+    def close(self) -> None:
+        if self._library is not None:
+            self._library._free(self._pointer)
+            self._library = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+# -- engines -------------------------------------------------------------------------
+
+class InterpreterEngine:
+    """A model in a TFLite Interpreter (CPU, or CPU + Edge TPU delegate)."""
+
+    def __init__(self, model_path: str, label: str, runtime: str, num_threads: int,
+                 delegate: EdgeTpuDelegate | None = None):
+        self.label = label
+        self.runtime = runtime
+        module = _import_interpreter_module(runtime)
+        delegates = [delegate] if delegate is not None else None
+        with native_stderr_captured() as log:
+            try:
+                interpreter = module.Interpreter(model_path=model_path, num_threads=num_threads,
+                                                 experimental_delegates=delegates)
+                interpreter.allocate_tensors()
+            except (ValueError, RuntimeError) as exc:
+                error = exc
+            else:
+                error = None
+        if error is not None:
+            if delegate is not None:
+                delegate.close()
+            raise ModelError(_interpreter_failure(model_path, str(error), log), model_path)
+        self._interpreter = interpreter
+        self._delegate = delegate
+        ins, outs = interpreter.get_input_details(), interpreter.get_output_details()
+        self.inputs = [_spec_from_details(d) for d in ins]
+        self.outputs = [_spec_from_details(d) for d in outs]
+        self._in_index = [d["index"] for d in ins]
+        self._out_index = [d["index"] for d in outs]
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        interpreter = self._interpreter
+        for index, value in zip(self._in_index, inputs):
+            interpreter.set_tensor(index, value)
+        interpreter.invoke()  # releases the GIL: other engines and decoders run meanwhile
+        return [interpreter.get_tensor(index) for index in self._out_index]  # get_tensor copies
+
+    def close(self) -> None:
+        # Interpreter first, then the delegate it points into, then (by the caller) the lock.
+        self._interpreter = None
+        if self._delegate is not None:
+            self._delegate.close()
+            self._delegate = None
+
+
+def _interpreter_failure(model_path: str, message: str, log: list[str]) -> str:
+    text = " ".join([message] + log)
+    if "edgetpu-custom-op" in text:
+        return (f"model {model_path} needs the Edge TPU but the Edge TPU runtime did not take its "
+                "edgetpu-custom-op: check that libedgetpu matches the compiler version")
+    first = next((line for line in [message] + log if "ERROR" in line or "rror" in line), message)
+    return f"cannot load model {model_path}: {first.strip().splitlines()[0][:200]}"
+
+
+class GpuEngine:
+    """A model compiled for the GPU by LiteRT's CompiledModel (WebGPU over Vulkan)."""
+
+    def __init__(self, model_path: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]):
+        self.label = "gpu"
+        self.runtime = "litert"
+        try:
+            from ai_edge_litert.compiled_model import CompiledModel
+            from ai_edge_litert.hardware_accelerator import HardwareAccelerator
+        except ImportError as exc:
+            raise GpuError(f"GPU inference needs ai-edge-litert's CompiledModel ({exc}): "
+                           "pip install 'slurm-tpu[infer]'", "gpu") from None
+        with native_stderr_captured() as log:
+            try:
+                model = CompiledModel.from_file(model_path, hardware_accel=HardwareAccelerator.GPU)
+                in_buffers = model.create_input_buffers(0)
+                out_buffers = model.create_output_buffers(0)
+            except Exception as exc:  # the wrapper raises RuntimeError with a multi-line trace
+                error = exc
+            else:
+                error = None
+        if error is not None:
+            raise GpuError("the GPU could not be set up by LiteRT's GPU accelerator (WebGPU over Vulkan: "
+                           f"{_gpu_reason(log)}): install libvulkan1 and the GPU's Vulkan driver, "
+                           "or pass --fallback cpu", "gpu")
+        self._model = model
+        self._in, self._out = in_buffers, out_buffers
+        self.inputs, self.outputs = list(inputs), list(outputs)
+        self._sizes = [int(np.prod(o.shape)) for o in self.outputs]
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        for buffer, value in zip(self._in, inputs):
+            buffer.write(np.ascontiguousarray(value))
+        self._model.run_by_index(0, self._in, self._out)
+        return [buffer.read(size, spec.dtype).reshape(spec.shape)
+                for buffer, size, spec in zip(self._out, self._sizes, self.outputs)]
+
+    def close(self) -> None:
+        self._in = self._out = []
+        if getattr(self, "_model", None) is not None:
+            self._model.close()
+            self._model = None
+
+
+def _gpu_reason(log: list[str]) -> str:
+    """The most telling line of LiteRT/Dawn's log about why no GPU was set up."""
+    for needle in ("Couldn't load Vulkan", "No adapters", "Failed to initialize", "ERROR"):
+        for line in log:
+            if needle in line:
+                return line.split("] ")[-1].strip().rstrip(".")[:160]
+    return "no usable GPU adapter"

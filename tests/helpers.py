@@ -1,0 +1,49 @@
+"""Shared test helpers: running the real CLI, optionally inside a umockdev testbed.
+
+Import with ``from helpers import ...`` (never import from a conftest: several exist).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+TESTS = Path(__file__).resolve().parent
+HARDWARE = TESTS / "hardware"
+REPO = TESTS.parent
+
+
+def slurm_tpu_argv() -> list[str]:
+    """The CLI, run by the same Python as the tests."""
+    return [sys.executable, "-m", "slurm_tpu.cli"]
+
+
+def run_cli(args: list[str], hardware: str | None = None, env: dict | None = None,
+            timeout: float = 60, extra: bool = True, prefix: list[str] | None = None
+            ) -> subprocess.CompletedProcess:
+    """Run ``slurm-tpu ARGS`` (inside ``hardware``'s umockdev testbed if given).
+
+    ``extra=False`` leaves out the node's ``.extra/`` files (/proc, driver nodes);
+    ``prefix`` is put before everything (e.g. an ``unshare`` wrapper).
+    """
+    argv = slurm_tpu_argv() + list(args)
+    if hardware is not None:
+        device = HARDWARE / f"{hardware}.umockdev"
+        extra_dir = HARDWARE / f"{hardware}.extra" if extra else HARDWARE / "no-such-extra"
+        argv = ["umockdev-run", "--device", str(device), "--",
+                sys.executable, "-m", "slurm_tpu.localcluster.testbed", str(extra_dir), "--", *argv]
+    argv = list(prefix or []) + argv
+    full_env = dict(os.environ)
+    full_env.pop("SLURM_TPU_CONFIG", None)
+    full_env.update(env or {})
+    return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+
+
+def detect_json(hardware: str, env: dict | None = None, extra: bool = True) -> dict:
+    """``slurm-tpu detect --json`` on a described node, parsed."""
+    result = run_cli(["detect", "--json"], hardware, env, extra=extra)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
