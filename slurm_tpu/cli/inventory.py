@@ -156,6 +156,10 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
         for accelerator in inventory.usable(Kind.EDGETPU):
             ensure_slot(os.path.dirname(slot_path(config, accelerator)), accelerator.identity,
                         accelerator.primary_node or "")
+        # The hooks read this node-local copy instead of detecting on every job.
+        from ..locks.node_inventory import write_state_inventory
+
+        write_state_inventory(config.state_dir, inventory.to_json())
     _emit_block("gres", name, render_gres_conf(inventory, config, name), output, diff, check)
 
 

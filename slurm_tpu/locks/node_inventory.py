@@ -88,3 +88,16 @@ def set_device_nodes(dir_fd: int, identity: str, nodes: tuple[str, ...]) -> bool
             save(dir_fd, document)
             return True
     return False
+
+
+def write_state_inventory(state_dir: str, document: Mapping[str, Any]) -> None:
+    """Create the state directory if needed and (re)write its inventory file."""
+    import os
+
+    from . import statedir as _statedir
+
+    fd = _statedir.open_dir(state_dir, create=True)
+    try:
+        save(fd, document)
+    finally:
+        os.close(fd)

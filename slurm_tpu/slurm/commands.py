@@ -42,7 +42,11 @@ def run(argv: list[str], timeout: float = 10.0) -> str:
         raise SlurmCommandError(f"cannot run {argv[0]}: {exc.strerror}", command) from exc
     if completed.returncode != 0:
         detail = (completed.stderr or completed.stdout).strip().splitlines()
-        last = detail[-1] if detail else f"exit status {completed.returncode}"
+        if completed.returncode < 0:
+            status = f"killed by signal {-completed.returncode}"
+        else:
+            status = f"exit status {completed.returncode}"
+        last = detail[-1] if detail else status
         raise SlurmCommandError(f"{command} failed: {last}", command, completed.stderr)
     return completed.stdout
 

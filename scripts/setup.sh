@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Install what slurm-tpu, its tests and its demo need on a Debian machine (as root):
+# Debian's Slurm, munge, umockdev, a C compiler, and a venv (.venv) with the package.
+# Safe to re-run: it installs only what is missing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3-venv util-linux passwd)
+missing=()
+for package in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get update -qq
+    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+# Debian starts munge/slurm services on install where systemd runs; our tests and
+# demo start their own daemons on their own sockets and ports, so leave those be.
+
+PYTHON=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+    "$PYTHON" -m venv .venv
+fi
+log=$(mktemp)
+if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[infer,test]'; } >"$log" 2>&1; then
+    cat "$log" >&2
+    echo "setup: pip install failed (output above)" >&2
+    exit 1
+fi
+rm -f "$log"
+echo "setup: ready ($(.venv/bin/slurm-tpu --version))"

@@ -1,0 +1,82 @@
+"""What every hook needs: the job from the environment, the config, messages."""
+
+from __future__ import annotations
+
+import os
+import sys
+from dataclasses import dataclass
+from typing import Mapping
+
+from ..config import Config
+
+TAG = "slurm-tpu"
+
+
+class HookError(Exception):
+    """A hook cannot do its work; the message is the one line to log."""
+
+
+def say(message: str, error: bool = True) -> None:
+    """One line to stderr (slurmd logs it) and to syslog (the admin's trail)."""
+    line = f"{TAG}: {message}"
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except OSError:
+        pass
+    try:
+        import syslog
+
+        syslog.openlog(TAG, syslog.LOG_PID, syslog.LOG_DAEMON)
+        syslog.syslog(syslog.LOG_ERR if error else syslog.LOG_INFO, message)
+    except OSError:
+        pass
+
+
+def load_hook_config() -> Config:
+    """The site config; yaml is imported only when a config file exists.
+
+    Hooks run under ``python3 -I -S`` for a fast start, which leaves
+    site-packages (and so PyYAML) off sys.path: add it only when it is needed.
+    """
+    from ..config import load_config
+
+    try:
+        return load_config()
+    except ImportError:
+        import site
+
+        site.main()
+        return load_config()
+
+
+@dataclass(frozen=True)
+class JobContext:
+    """The job a prolog/epilog/task-prolog runs for, from Slurm's environment."""
+
+    job_id: int
+    uid: int | None
+    user: str
+    node: str
+
+
+def _number(environ: Mapping[str, str], name: str, required: bool) -> int | None:
+    text = environ.get(name, "")
+    if not text:
+        if required:
+            raise HookError(f"{name} is not set: run this as Slurm's Prolog/Epilog/TaskProlog")
+        return None
+    if not text.isdigit() or len(text) > 10:
+        raise HookError(f"{name}={text[:40]!r} is not a number; refusing to lease devices for it "
+                        "(check slurmd's environment)")
+    return int(text)
+
+
+def job_from_env(environ: Mapping[str, str], config: Config, need_uid: bool = True) -> JobContext:
+    """Parse SLURM_JOB_ID / SLURM_JOB_UID / SLURMD_NODENAME (set by slurmd, not the job)."""
+    job_id = _number(environ, "SLURM_JOB_ID", True)
+    uid = _number(environ, "SLURM_JOB_UID", need_uid)
+    node = environ.get("SLURMD_NODENAME") or config.node_name or os.uname().nodename.split(".")[0]
+    user = environ.get("SLURM_JOB_USER", "")
+    assert job_id is not None
+    return JobContext(job_id, uid, user if user.isprintable() else "", node)

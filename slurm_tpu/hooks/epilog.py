@@ -1,0 +1,65 @@
+"""Epilog (root, on each node at job end): verify, restore idle ownership, drop leases.
+
+Idempotent: a second run, or a run for a job with no lease, changes nothing.
+When a process survives holding a device, or a device vanished during the job,
+the node is drained with a reason starting ``slurm-tpu:`` (one scontrol call,
+only in that case).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Mapping
+
+from .context import HookError, job_from_env, load_hook_config, say
+
+
+def drain(node: str, reason: str) -> bool:
+    """Drain ``node`` with ``reason`` (argument list: no shell sees it)."""
+    from ..errors import SlurmCommandError
+    from ..slurm.commands import find_program, run
+
+    try:
+        run([find_program("scontrol"), "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+        return True
+    except SlurmCommandError as exc:
+        say(f"epilog: cannot drain {node}: {exc}")
+        return False
+
+
+def run(environ: Mapping[str, str]) -> int:
+    from ..locks import node_inventory
+    from ..locks.ledger import Ledger
+    from . import leasing
+
+    config = load_hook_config()
+    job = job_from_env(environ, config, need_uid=False)
+    try:
+        ledger = Ledger(config.state_dir, create=False)
+    except Exception:
+        if not os.path.lexists(config.state_dir):
+            return 0  # never leased anything on this node
+        raise
+    with ledger:
+        if not ledger.of_job(job.job_id):
+            return 0
+        known = node_inventory.load(ledger.dir_fd)
+        problems = leasing.release(ledger, job.job_id, known, config)
+    if not problems:
+        return 0
+    reason = "slurm-tpu: " + "; ".join(problems)
+    say(f"epilog: {reason}")
+    # Our own reason is more useful than Slurm's generic "Epilog error".
+    return 0 if drain(job.node, reason[:400]) else 1
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    """Entry point for epilog/slurm-tpu-epilog."""
+    environ = os.environ if environ is None else environ
+    try:
+        return run(environ)
+    except HookError as exc:
+        say(f"epilog: {exc}")
+    except Exception as exc:
+        say(f"epilog: job {environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
+    return 1

@@ -1,0 +1,108 @@
+"""The udev hook (``slurm-tpu udev-event``, run by udev as root on device events).
+
+udev gives ACTION, DEVPATH, DEVNAME and SUBSYSTEM in the environment. For an
+accelerator the inventory knows:
+
+* add/change/bind: re-point its slot node at the new node, record the new node
+  in the inventory file, and if a job leases the device, hand the *new* node to
+  the job's user at once, within the event, so the job never sees "permission
+  denied" on its own device after a USB re-enumeration (firmware load, reset).
+* remove: record that the device has no node (the epilog then drains the node
+  if a job held it).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Mapping
+
+from .context import HookError, load_hook_config, say
+
+
+def identity_for(environ: Mapping[str, str]) -> str | None:
+    """The stable identity of the event's device, or None if it is not ours.
+
+    USB: ``usb-`` + the topology path (DEVPATH's last component). PCIe Edge TPU
+    (``apex``) and DRM nodes: ``pci-`` + the PCI address two levels up.
+    """
+    from ..locks.slots import check_identity
+
+    devpath = environ.get("DEVPATH", "")
+    subsystem = environ.get("SUBSYSTEM", "")
+    parts = [p for p in devpath.split("/") if p]
+    if not parts:
+        return None
+    if subsystem == "usb" and environ.get("DEVTYPE", "usb_device") == "usb_device":
+        candidate = "usb-" + parts[-1]
+    elif subsystem in ("apex", "drm") and len(parts) >= 3:
+        candidate = "pci-" + parts[-3]
+    else:
+        return None
+    try:
+        return check_identity(candidate)
+    except Exception:
+        return None
+
+
+def _char_node(path: str) -> bool:
+    try:
+        return stat.S_ISCHR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def run(environ: Mapping[str, str]) -> int:
+    from ..locks import node_inventory, ownership
+    from ..locks.ledger import Lease, Ledger
+    from ..locks.slots import ensure_slot
+
+    action = environ.get("ACTION", "")
+    identity = identity_for(environ)
+    if identity is None:
+        return 0
+    config = load_hook_config()
+    with Ledger(config.state_dir) as ledger:
+        ledger.lock()
+        known = node_inventory.load(ledger.dir_fd)
+        device = known.get(identity)
+        if device is None:
+            return 0  # not configured on this node (gres-conf has not been run for it)
+        if action == "remove":
+            if node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
+                ledger.audit("remove", identity=identity)
+            return 0
+        if action not in ("add", "change", "bind"):
+            return 0
+        devname = os.path.normpath(environ.get("DEVNAME", ""))
+        if not os.path.isabs(devname) or not _char_node(devname):
+            raise HookError(f"udev-event: {identity}: DEVNAME {devname!r} is not a character device node")
+        if device.kind == "edgetpu":
+            ensure_slot(config.slot_dir, identity, devname)
+        nodes = (devname,) if device.kind == "edgetpu" else device.device_nodes
+        changed = node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
+        lease = ledger.read(identity)
+        if isinstance(lease, Lease):
+            for node in nodes:
+                ownership.set_owner(node, identity, lease.uid, -1, config.lease_mode)
+            ledger.audit("reenumerate", identity=identity, job_id=lease.job_id, uid=lease.uid,
+                         nodes=list(nodes), changed=changed)
+        else:
+            uid, gid = ownership.resolve_ids(config.idle.owner, config.idle.group)
+            for node in nodes:
+                ownership.set_owner(node, identity, uid, gid, config.idle.mode)
+            if changed:
+                ledger.audit("reenumerate", identity=identity, nodes=list(nodes))
+    return 0
+
+
+def main(environ: Mapping[str, str] | None = None) -> int:
+    """Entry point (``slurm-tpu udev-event``)."""
+    environ = os.environ if environ is None else environ
+    try:
+        return run(environ)
+    except HookError as exc:
+        say(str(exc))
+    except Exception as exc:
+        say(f"udev-event: {environ.get('DEVPATH', '?')}: {type(exc).__name__}: {exc}")
+    return 1

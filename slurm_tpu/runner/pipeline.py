@@ -1,0 +1,209 @@
+"""Keep the device busy: decode ahead in a thread pool, dispatch to free engines, keep order.
+
+- ``decode_ordered``: a thread pool decodes/preprocesses up to ``lookahead`` inputs
+  ahead of the device (a bounded window, so memory stays flat on a million images);
+  results come out in input order.
+- ``infer_ordered``: one engine runs inline (no thread hop on the hot path); several
+  engines each get a thread pulling from one bounded queue (whichever is free takes
+  the next input) and a reorder buffer restores input order; ``chain=True`` instead
+  runs engine i on the output of engine i-1 (a model split in segments), each stage
+  in its own thread so N segments work on N inputs at once.
+TFLite's invoke() releases the GIL, so these threads really overlap.
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Callable, Iterable, Iterator, Sequence
+
+import numpy as np
+
+from ..errors import SlurmTpuError
+from .spec import Engine
+
+
+@dataclass
+class Item:
+    """One input on its way through: decoded tensors, then outputs, or an error."""
+
+    seq: int
+    key: str
+    inputs: list[np.ndarray] | None = None
+    outputs: list[np.ndarray] | None = None
+    error: str | None = None
+
+
+def decode_ordered(keys: Iterable[str], load: Callable[[str], list[np.ndarray]],
+                   threads: int = 2, lookahead: int = 16) -> Iterator[Item]:
+    """Decode inputs in a pool; per-input errors (our SlurmTpuError) become ``Item.error``."""
+    def task(seq: int, key: str) -> Item:
+        try:
+            return Item(seq, key, inputs=load(key))
+        except SlurmTpuError as exc:
+            return Item(seq, key, error=str(exc))
+
+    pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="decode")
+    window: collections.deque[Future[Item]] = collections.deque()
+    try:
+        for seq, key in enumerate(keys):
+            window.append(pool.submit(task, seq, key))
+            if len(window) >= lookahead:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+    finally:
+        for future in window:
+            future.cancel()
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+_DONE = object()
+
+
+class _Failure:
+    def __init__(self, exc: BaseException):
+        self.exc = exc
+
+
+def _run(engine: Engine, item: Item) -> Item:
+    if item.error is None:
+        item.outputs = engine.run(item.inputs or [])
+        item.inputs = None
+    return item
+
+
+def infer_ordered(engines: Sequence[Engine], items: Iterable[Item], chain: bool = False,
+                  depth: int = 8) -> Iterator[Item]:
+    """Run every item, yielding them in input order with ``outputs`` (or ``error``) set."""
+    if len(engines) == 1:
+        for item in items:
+            yield _run(engines[0], item)
+        return
+    if chain:
+        yield from _chain(engines, items, depth)
+    else:
+        yield from _pool(engines, items, depth)
+
+
+def _feed(items: Iterable[Item], out: "queue.Queue[object]", stop: threading.Event, copies: int) -> None:
+    try:
+        for item in items:
+            while not stop.is_set():
+                try:
+                    out.put(item, timeout=0.1)
+                    break
+                except queue.Full:
+                    continue
+            if stop.is_set():
+                return
+    except BaseException as exc:  # decoding crashed: let the consumer raise it
+        out.put(_Failure(exc))
+    for _ in range(copies):
+        out.put(_DONE)
+
+
+def _pool(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iterator[Item]:
+    work: queue.Queue[object] = queue.Queue(maxsize=depth * len(engines))
+    done: queue.Queue[object] = queue.Queue()
+    stop = threading.Event()
+
+    def worker(engine: Engine) -> None:
+        while True:
+            item = work.get()
+            if item is _DONE or stop.is_set():
+                done.put(_DONE)
+                return
+            if isinstance(item, _Failure):
+                done.put(item)
+                continue
+            try:
+                done.put(_run(engine, item))  # type: ignore[arg-type]
+            except BaseException as exc:
+                done.put(_Failure(exc))
+
+    threads = [threading.Thread(target=_feed, args=(items, work, stop, len(engines)), daemon=True)]
+    threads += [threading.Thread(target=worker, args=(e,), daemon=True, name=f"engine-{i}")
+                for i, e in enumerate(engines)]
+    for t in threads:
+        t.start()
+    pending: dict[int, Item] = {}
+    next_seq, finished = 0, 0
+    try:
+        while finished < len(engines):
+            got = done.get()
+            if got is _DONE:
+                finished += 1
+                continue
+            if isinstance(got, _Failure):
+                raise got.exc
+            pending[got.seq] = got  # type: ignore[union-attr]
+            while next_seq in pending:
+                yield pending.pop(next_seq)
+                next_seq += 1
+        for seq in sorted(pending):  # only if sequence numbers had gaps
+            yield pending.pop(seq)
+    finally:
+        _shutdown(stop, [work], threads, len(engines))
+
+
+def _chain(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iterator[Item]:
+    queues: list[queue.Queue[object]] = [queue.Queue(maxsize=depth) for _ in range(len(engines) + 1)]
+    stop = threading.Event()
+
+    def stage(engine: Engine, inbox: "queue.Queue[object]", outbox: "queue.Queue[object]", last: bool) -> None:
+        while True:
+            item = inbox.get()
+            if item is _DONE or isinstance(item, _Failure) or stop.is_set():
+                outbox.put(item if not stop.is_set() else _DONE)
+                return
+            try:
+                _run(engine, item)  # type: ignore[arg-type]
+                if not last and item.error is None:  # type: ignore[union-attr]
+                    item.inputs, item.outputs = item.outputs, None  # type: ignore[union-attr]
+                outbox.put(item)
+            except BaseException as exc:
+                outbox.put(_Failure(exc))
+                return
+
+    threads = [threading.Thread(target=_feed, args=(items, queues[0], stop, 1), daemon=True)]
+    threads += [threading.Thread(target=stage, args=(e, queues[i], queues[i + 1], i == len(engines) - 1),
+                                 daemon=True, name=f"segment-{i}") for i, e in enumerate(engines)]
+    for t in threads:
+        t.start()
+    try:
+        while True:
+            got = queues[-1].get()
+            if got is _DONE:
+                return
+            if isinstance(got, _Failure):
+                raise got.exc
+            yield got  # type: ignore[misc]
+    finally:
+        _shutdown(stop, queues, threads, 1)
+
+
+def _shutdown(stop: threading.Event, queues: list["queue.Queue[object]"],
+              threads: list[threading.Thread], copies: int) -> None:
+    """Stop early (consumer gone or failed): unblock every thread, then wait for them."""
+    stop.set()
+    for q in queues:
+        _drain(q)
+        for _ in range(copies):
+            try:
+                q.put_nowait(_DONE)
+            except queue.Full:
+                pass
+    for t in threads:
+        t.join(timeout=5)
+
+
+def _drain(q: "queue.Queue[object]") -> None:
+    try:
+        while True:
+            q.get_nowait()
+    except queue.Empty:
+        pass

@@ -1,0 +1,184 @@
+"""Open a model on the job's devices: policy (which errors, which warnings) + ordering.
+
+The order matters and is the reason this module exists: lock the device, create its
+delegate by path, build the interpreter; on close, the reverse (interpreter, then
+delegate, then lock), so no other process can grab a TPU that is still in use.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from ..errors import DeviceError
+from . import backend
+from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
+from .errors import GpuError, ModelError, UsageError
+from .lock import DeviceLock
+from .modelinfo import ModelInfo, read_model_info
+from .spec import Engine
+
+Warn = Callable[[str], None]
+_log = logging.getLogger("slurm_tpu.runner")
+
+
+@dataclass
+class OpenOptions:
+    """How to open a model; every field has a sensible default for a Slurm job."""
+
+    device: Sequence[str] = ()  # --device values; empty: from the job's environment
+    libedgetpu: str | None = None  # else $SLURM_TPU_LIBEDGETPU, else libedgetpu.so.1
+    fallback: str | None = None  # "cpu": run on the CPU when the GPU cannot be set up
+    num_threads: int | None = None  # CPU threads per interpreter; default: CPUs / engines
+    runtime: str | None = None  # "litert" | "tflite-runtime"; default: the first importable
+
+
+@dataclass
+class EngineSet:
+    """Open engines (one per device, or per segment) and the locks that guard them."""
+
+    engines: list[Engine]
+    devices: list[Device]
+    runtime: str
+    load_seconds: float
+    models: list[ModelInfo]
+    _locks: list[DeviceLock] = field(default_factory=list)
+
+    def close(self) -> None:
+        for engine in reversed(self.engines):
+            engine.close()
+        for lock in reversed(self._locks):
+            lock.release()
+        self.engines, self._locks = [], []
+
+    def __enter__(self) -> "EngineSet":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _cpu_threads(engines: int) -> int:
+    try:
+        cpus = len(os.sched_getaffinity(0))  # what Slurm's cgroup/affinity gave us
+    except AttributeError:  # not Linux
+        cpus = os.cpu_count() or 1
+    return max(1, cpus // max(engines, 1))
+
+
+class _Opener:
+    def __init__(self, options: OpenOptions, warn: Warn):
+        self.options = options
+        self.warn = warn
+        self.runtime = backend.select_runtime(options.runtime)
+        self.library: backend.EdgeTpuLibrary | None = None
+        self.locks: list[DeviceLock] = []
+        self.engines: list[Engine] = []
+
+    def threads(self, engines: int) -> int:
+        return self.options.num_threads or _cpu_threads(engines)
+
+    def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
+        if device.kind == EDGETPU:
+            engine = self._open_edgetpu(model, device, threads, environ)
+        elif device.kind == GPU:
+            engine = self._open_gpu(model, threads)
+        else:
+            engine = backend.InterpreterEngine(model.path, CPU, self.runtime, threads)
+        self.engines.append(engine)
+        return engine
+
+    def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int,
+                      environ: Mapping[str, str]) -> Engine:
+        if self.library is None:
+            self.library = backend.EdgeTpuLibrary(self.options.libedgetpu)
+        lock = DeviceLock(device.identity, environ)
+        delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "")
+        if delegate is None:
+            lock.release()
+            seen = ", ".join(f"{t}:{p}" for t, p in self.library.list_devices()) or "none"
+            raise DeviceError(f"libedgetpu cannot open Edge TPU {device.identity} at "
+                              f"{device.edgetpu_type}:{device.path} (it sees: {seen}): check the device "
+                              "with 'slurm-tpu detect' and that the job owns it", device.identity)
+        self.locks.append(lock)
+        return backend.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
+
+    def _open_gpu(self, model: ModelInfo, threads: int) -> Engine:
+        try:
+            return backend.GpuEngine(model.path, model.inputs, model.outputs)
+        except GpuError as exc:
+            if self.options.fallback != CPU:
+                raise
+            self.warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
+            return backend.InterpreterEngine(model.path, CPU, self.runtime, threads)
+
+    def abort(self) -> None:
+        for engine in reversed(self.engines):
+            engine.close()
+        for lock in reversed(self.locks):
+            lock.release()
+
+
+def _check_model_fits(model: ModelInfo, devices: list[Device], warn: Warn) -> None:
+    kind = devices[0].kind
+    if model.is_edgetpu and kind != EDGETPU:
+        raise ModelError(f"model {model.path} is compiled for the Edge TPU (contains edgetpu-custom-op) "
+                         f"but this job has no Edge TPU ({kind} only): submit with --gres=tpu:1, or "
+                         "pass --device usb:PATH|pci:PATH", model.path)
+    if kind == EDGETPU and not model.is_edgetpu:
+        warn(f"model {model.path} is not compiled for the Edge TPU (no edgetpu-custom-op): it runs on "
+             "the CPU; compile it with edgetpu_compiler to use the TPU")
+
+
+def open_engines(model_path: str, options: OpenOptions | None = None,
+                 environ: Mapping[str, str] = os.environ, warn: Warn = _log.warning) -> EngineSet:
+    """One engine per device the job was given (or --device named)."""
+    options = options or OpenOptions()
+    model = read_model_info(model_path)
+    devices = resolve_devices(options.device, environ)
+    _check_model_fits(model, devices, warn)
+    started = time.perf_counter()
+    opener = _Opener(options, warn)
+    threads = opener.threads(len(devices))
+    try:
+        for device in devices:
+            opener.open(model, device, threads, environ)
+    except BaseException:
+        opener.abort()
+        raise
+    return EngineSet(opener.engines, devices, opener.runtime, time.perf_counter() - started,
+                     [model], opener.locks)
+
+
+def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = None,
+                  environ: Mapping[str, str] = os.environ, warn: Warn = _log.warning) -> EngineSet:
+    """Segment i of a model split by ``edgetpu_compiler --num_segments`` on device i.
+
+    On the CPU (no TPU allocated) every segment gets its own CPU interpreter, which
+    keeps the pipeline testable anywhere.
+    """
+    options = options or OpenOptions()
+    models = [read_model_info(p) for p in segment_paths]
+    devices = resolve_devices(options.device, environ)
+    kind = devices[0].kind
+    if kind == EDGETPU and len(devices) < len(models):
+        raise UsageError(f"{len(models)} model segments need {len(models)} Edge TPUs but this job has "
+                         f"{len(devices)}: submit with --gres=tpu:{len(models)}")
+    if kind != EDGETPU:
+        devices = [devices[0]] * len(models)
+    for model, device in zip(models, devices):
+        _check_model_fits(model, [device], warn)
+    started = time.perf_counter()
+    opener = _Opener(options, warn)
+    threads = opener.threads(len(models))
+    try:
+        for model, device in zip(models, devices):
+            opener.open(model, device, threads, environ)
+    except BaseException:
+        opener.abort()
+        raise
+    return EngineSet(opener.engines, devices[:len(models)], opener.runtime,
+                     time.perf_counter() - started, models, opener.locks)
