@@ -275,11 +275,17 @@ class GpuEngine:
                 model = CompiledModel.from_file(model_path, hardware_accel=HardwareAccelerator.GPU)
                 in_buffers = model.create_input_buffers(0)
                 out_buffers = model.create_output_buffers(0)
-            except Exception as exc:  # the wrapper raises RuntimeError with a multi-line trace
-                error = exc
+            except Exception:  # the wrapper raises RuntimeError with a multi-line trace
+                failed = True
             else:
-                error = None
-        if error is not None:
+                failed = False
+            if failed:
+                # Destroy the half-built LiteRT environment now, while its log goes to the
+                # capture; otherwise its teardown prints INFO lines at interpreter exit.
+                import gc
+
+                gc.collect()
+        if failed:
             raise GpuError("the GPU could not be set up by LiteRT's GPU accelerator (WebGPU over Vulkan: "
                            f"{_gpu_reason(log)}): install libvulkan1 and the GPU's Vulkan driver, "
                            "or pass --fallback cpu", "gpu")
@@ -307,5 +313,6 @@ def _gpu_reason(log: list[str]) -> str:
     for needle in ("Couldn't load Vulkan", "No adapters", "Failed to initialize", "ERROR"):
         for line in log:
             if needle in line:
-                return line.split("] ")[-1].strip().rstrip(".")[:160]
+                reason = line.split("] ")[-1].strip().rstrip(".")
+                return reason.removeprefix("Warning: ")[:160]
     return "no usable GPU adapter"

@@ -1,0 +1,137 @@
+"""``slurm-tpu infer``: run a TFLite model on the job's Edge TPU, GPU or CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from . import main
+
+EXIT_SOME_FAILED = 1
+
+
+def _warn(message: str) -> None:
+    click.echo(f"slurm-tpu: warning: {message}", err=True)
+
+
+def _is_batch(inputs: tuple[str, ...], output: str | None) -> bool:
+    from ..runner.preprocess import is_input_file
+
+    if output or len(inputs) != 1:
+        return True
+    only = inputs[0]
+    return only.startswith("@") or os.path.isdir(only) or not is_input_file(only)
+
+
+@main.command("infer")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.argument("inputs", nargs=-1)
+@click.option("--labels", "labels", metavar="FILE", help="Labels: one per line, or '<index> <label>' lines.")
+@click.option("-k", "--top-k", default=1, show_default=True, type=click.IntRange(1), help="Classes to report.")
+@click.option("-t", "--threshold", default=0.0, show_default=True, type=float, help="Minimum score to report.")
+@click.option("-c", "--count", default=5, show_default=True, type=click.IntRange(1),
+              help="Single input: inferences to time (the first includes the Edge TPU model upload).")
+@click.option("--json", "as_json", is_flag=True, help="Single input / benchmark: print JSON.")
+@click.option("-o", "--output", metavar="FILE",
+              help="Batch results file (JSONL, or CSV by suffix); resumed if it exists. %A/%a: array job/task id.")
+@click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), help="Results format (default: by suffix).")
+@click.option("--raw", is_flag=True, help="Write dequantized outputs instead of classes (non-classifier models).")
+@click.option("--device", "devices", multiple=True, metavar="DEV",
+              help="Override: identity (usb-2-1.3), usb:PATH, pci:PATH, cpu or gpu; repeat or comma-separate.")
+@click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
+              help="libedgetpu.so.1 to use (env SLURM_TPU_LIBEDGETPU).")
+@click.option("--fallback", type=click.Choice(["cpu"]), help="Run on the CPU when the GPU cannot be set up.")
+@click.option("--runtime", type=click.Choice(["litert", "tflite-runtime"]), envvar="SLURM_TPU_RUNTIME",
+              help="TFLite runtime (default: LiteRT if installed, else tflite-runtime).")
+@click.option("--threads", type=click.IntRange(1), help="CPU threads per interpreter (default: CPUs / devices).")
+@click.option("--segment", "segments", multiple=True, metavar="FILE",
+              help="Further segments of a model split by edgetpu_compiler --num_segments (MODEL is segment 0).")
+@click.option("--shard-index", type=click.IntRange(0), help="This task's share (default: from SLURM_ARRAY_TASK_*).")
+@click.option("--shard-count", type=click.IntRange(1), help="Number of shares.")
+@click.option("--decode-threads", type=click.IntRange(1), help="Threads decoding inputs ahead of the device.")
+@click.option("--input-mean", type=float, help="Image normalisation mean (as pycoral's --input_mean).")
+@click.option("--input-std", type=float, help="Image normalisation std (as pycoral's --input_std).")
+@click.option("--progress-interval", default=30.0, show_default=True, type=float,
+              help="Seconds between progress lines when stderr is not a terminal.")
+@click.option("--no-progress", is_flag=True, help="No progress output.")
+@click.option("--benchmark", "bench", is_flag=True, help="Benchmark: load time, latency p50/p90/p99, throughput.")
+@click.option("--iterations", default=100, show_default=True, type=click.IntRange(1), help="Benchmark iterations.")
+def infer(model: str, inputs: tuple[str, ...], labels: str | None, top_k: int, threshold: float, count: int,
+          as_json: bool, output: str | None, fmt: str | None, raw: bool, devices: tuple[str, ...],
+          libedgetpu: str | None, fallback: str | None, runtime: str | None, threads: int | None,
+          segments: tuple[str, ...], shard_index: int | None, shard_count: int | None,
+          decode_threads: int | None, input_mean: float | None, input_std: float | None,
+          progress_interval: float, no_progress: bool, bench: bool, iterations: int) -> None:
+    """Run MODEL on INPUTS (images, .npy, directories, globs, @list files) on this job's device.
+
+    \b
+    One input:  pycoral-style timing and 'label: score' lines (or --json).
+    Batch:      one result line per input in --output, resumable, sharded over array tasks.
+    Benchmark:  --benchmark [INPUT] times the model on the device.
+    """
+    from ..runner import OpenOptions, Runner
+    from ..runner.errors import UsageError
+    from ..runner.inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
+    from ..runner.preprocess import Normalization
+    from ..runner.progress import Progress
+    from ..runner.results import format_for
+
+    if (shard_index is None) != (shard_count is None):
+        raise UsageError("--shard-index and --shard-count go together")
+    if not inputs and not bench:
+        raise UsageError("no inputs: give image/.npy files, a directory, a glob or @list (or --benchmark)")
+    batch = not bench and _is_batch(inputs, output)
+    keys: list[str] = []
+    if batch:
+        # List and shard before opening the device: a bad input path fails in milliseconds.
+        keys = list_inputs(inputs)
+        share = (shard_index, shard_count) if shard_count is not None else shard_from_environment(os.environ)
+        if share is not None:
+            if shard_count is not None and share[0] >= share[1]:  # type: ignore[operator]
+                raise UsageError(f"--shard-index {shard_index} must be below --shard-count {shard_count}")
+            keys = shard(keys, *share)  # type: ignore[arg-type]
+    options = OpenOptions(device=devices, libedgetpu=libedgetpu, fallback=fallback,
+                          num_threads=threads, runtime=runtime)
+    model_files = [model, *segments]
+    with Runner(model_files if segments else model, labels, options, warn=_warn,
+                normalization=Normalization(input_mean, input_std)) as runner:
+        if bench:
+            result = runner.benchmark(iterations, inputs[0] if inputs else None)
+            click.echo(json.dumps(result.as_dict(), indent=2) if as_json else result.table(), nl=as_json)
+        elif batch:
+            out = expand_output_pattern(output, os.environ) if output else None
+            progress = Progress(len(keys), sys.stderr, progress_interval, enabled=not no_progress)
+            summary = runner.run_batch(keys, out, format_for(out or "", fmt), top_k, threshold, raw,
+                                       decode_threads, progress, expand=False,
+                                       stdout_write=lambda s: click.echo(s, nl=False))
+            if summary.errors:
+                click.echo(f"slurm-tpu: {summary.errors} of {summary.processed} inputs failed; "
+                           f"see the error fields in {out or 'the output'}", err=True)
+                sys.exit(EXIT_SOME_FAILED)
+        else:
+            _single(runner, inputs[0], count, top_k, threshold, as_json)
+
+
+def _single(runner, path: str, count: int, top_k: int, threshold: float, as_json: bool) -> None:
+    classes, times = runner.classify_timed(path, count, top_k, threshold)
+    if as_json:
+        click.echo(json.dumps({
+            "input": path, "devices": runner.device_labels, "runtime": runner.engine_set.runtime,
+            "load_ms": round(runner.engine_set.load_seconds * 1000, 3),
+            "first_ms": round(times[0], 3), "times_ms": [round(t, 3) for t in times[1:]],
+            "classes": [{"index": c.index, "label": c.label, "score": round(c.score, 6)} for c in classes],
+        }))
+        return
+    # The layout of pycoral's examples/classify_image.py, so existing job scripts keep parsing it.
+    click.echo("----INFERENCE TIME----")
+    if runner.on_edgetpu:
+        click.echo("Note: The first inference on Edge TPU is slow because it includes loading the "
+                   "model into Edge TPU memory.")
+    for t in times:
+        click.echo(f"{t:.1f}ms")
+    click.echo("-------RESULTS--------")
+    for c in classes:
+        click.echo(f"{c.label}: {c.score:.5f}")
