@@ -4,7 +4,8 @@
 average pool, FULLY_CONNECTED to 1001 classes (background + 1000, like the
 published quantized MobileNets) and SOFTMAX. Weights are seeded random numbers,
 scaled so that activations stay inside their ReLU6 quantization range; the model
-classifies nothing meaningful, but it has the shape, size and cost of the real one
+classifies nothing meaningful (its scores vary with the input, its top-1 hardly:
+deep random networks map most inputs alike), but it has the shape, size and cost of the real one
 (about 570 M multiply-adds at width 1.0), which is what throughput work needs.
 Building it takes well under a second and is byte-for-byte deterministic.
 """
@@ -29,6 +30,7 @@ _INPUT_Q = Quant.per_tensor(1 / 128, 128)
 _LOGIT_Q = Quant.per_tensor(16 / 255, 128)
 _SCORE_Q = Quant.per_tensor(1 / 256, 0)
 _RELU6 = tflite.ActivationFunctionType.RELU6
+LOGIT_GAIN = 1.0
 
 
 def _quantize_weights(w: np.ndarray) -> tuple[np.ndarray, Quant]:
@@ -92,9 +94,14 @@ class _Builder:
         _, h, _, c = g.shape(x)
         pooled = g.tensor("pool/out", (1, 1, 1, c), np.uint8, _ACT_Q)
         g.op(tflite.BuiltinOperator.AVERAGE_POOL_2D, [x], [pooled], *average_pool_options(h))
-        # A smaller gain for the logits keeps them inside their uint8 range (no ties at 255).
-        weights, w_scale = self._weights("logits/weights", (CLASSES, c), c, gain=0.5)
-        bias = _bias(g, "logits/bias", self.rng.normal(0, 0.5, CLASSES), _ACT_Q.scale[0], w_scale)
+        # Pooled features share a large common part (every channel's mean activation);
+        # rows summing to zero cancel it, so the logits follow what differs between
+        # inputs rather than always crowning the same class.
+        w = self.rng.normal(0.0, LOGIT_GAIN / np.sqrt(c), size=(CLASSES, c)).astype(np.float32)
+        w -= w.mean(axis=1, keepdims=True)
+        q, quant = _quantize_weights(w)
+        weights, w_scale = g.tensor("logits/weights", (CLASSES, c), np.uint8, quant, q), quant.scale[0]
+        bias = _bias(g, "logits/bias", np.zeros(CLASSES), _ACT_Q.scale[0], w_scale)
         logits = g.tensor("logits", (1, CLASSES), np.uint8, _LOGIT_Q)
         g.op(tflite.BuiltinOperator.FULLY_CONNECTED, [pooled, weights, bias], [logits],
              *fully_connected_options())

@@ -122,15 +122,18 @@ class _Opener:
             lock.release()
 
 
-def _check_model_fits(model: ModelInfo, devices: list[Device], warn: Warn) -> None:
+def _check_model_fits(model: ModelInfo, devices: list[Device]) -> list[str]:
+    """Raise when the model cannot run on these devices; return warnings to emit once opened
+    (a failing run then prints only its error, on one line)."""
     kind = devices[0].kind
     if model.is_edgetpu and kind != EDGETPU:
         raise ModelError(f"model {model.path} is compiled for the Edge TPU (contains edgetpu-custom-op) "
                          f"but this job has no Edge TPU ({kind} only): submit with --gres=tpu:1, or "
                          "pass --device usb:PATH|pci:PATH", model.path)
     if kind == EDGETPU and not model.is_edgetpu:
-        warn(f"model {model.path} is not compiled for the Edge TPU (no edgetpu-custom-op): it runs on "
-             "the CPU; compile it with edgetpu_compiler to use the TPU")
+        return [f"model {model.path} is not compiled for the Edge TPU (no edgetpu-custom-op): it runs on "
+             "the CPU; compile it with edgetpu_compiler to use the TPU"]
+    return []
 
 
 def open_engines(model_path: str, options: OpenOptions | None = None,
@@ -139,7 +142,7 @@ def open_engines(model_path: str, options: OpenOptions | None = None,
     options = options or OpenOptions()
     model = read_model_info(model_path)
     devices = resolve_devices(options.device, environ)
-    _check_model_fits(model, devices, warn)
+    warnings = _check_model_fits(model, devices)
     started = time.perf_counter()
     opener = _Opener(options, warn)
     threads = opener.threads(len(devices))
@@ -149,6 +152,8 @@ def open_engines(model_path: str, options: OpenOptions | None = None,
     except BaseException:
         opener.abort()
         raise
+    for message in warnings:
+        warn(message)
     return EngineSet(opener.engines, devices, opener.runtime, time.perf_counter() - started,
                      [model], opener.locks)
 
@@ -169,8 +174,7 @@ def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = No
                          f"{len(devices)}: submit with --gres=tpu:{len(models)}")
     if kind != EDGETPU:
         devices = [devices[0]] * len(models)
-    for model, device in zip(models, devices):
-        _check_model_fits(model, [device], warn)
+    warnings = list(dict.fromkeys(w for m, d in zip(models, devices) for w in _check_model_fits(m, [d])))
     started = time.perf_counter()
     opener = _Opener(options, warn)
     threads = opener.threads(len(models))
@@ -180,5 +184,7 @@ def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = No
     except BaseException:
         opener.abort()
         raise
+    for message in warnings:
+        warn(message)
     return EngineSet(opener.engines, devices[:len(models)], opener.runtime,
                      time.perf_counter() - started, models, opener.locks)

@@ -1,0 +1,76 @@
+"""Fixtures for the runner tests: generated models, the libedgetpu double, a CLI runner."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from edgetpu_double.build import build_double
+from slurm_tpu.modelgen import write_models
+
+# Device and job variables a developer's shell (or a CI job inside Slurm) may carry.
+_SCRUB = ("SLURM_TPU_", "SLURM_ARRAY_", "CUDA_VISIBLE_DEVICES", "EDGETPU_DOUBLE_", "SLURM_JOB_ID")
+
+USB_A = "/sys/bus/usb/devices/2-1.3"
+USB_B = "/sys/bus/usb/devices/2-1.4"
+
+
+@pytest.fixture(scope="session")
+def models(tmp_path_factory) -> dict[str, Path]:
+    return write_models(tmp_path_factory.mktemp("models"), image_count=18)
+
+
+@pytest.fixture(scope="session")
+def libedgetpu_double(tmp_path_factory) -> Path:
+    try:
+        return build_double(tmp_path_factory.mktemp("double"))
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+@pytest.fixture
+def clean_env(tmp_path, monkeypatch) -> dict[str, str]:
+    """os.environ without device/job variables, with a private lock directory."""
+    for key in list(os.environ):
+        if key.startswith(_SCRUB):
+            monkeypatch.delenv(key)
+    monkeypatch.setenv("SLURM_TPU_LOCK_DIR", str(tmp_path / "locks"))
+    return dict(os.environ)
+
+
+@pytest.fixture
+def tpu_env(clean_env, libedgetpu_double, tmp_path) -> dict[str, str]:
+    """A job that was given the USB Edge TPU at 2-1.4 (the double sees 2-1.3 and 2-1.4)."""
+    env = dict(clean_env)
+    env.update({
+        "SLURM_TPU_DEVICES": "usb-2-1.4",
+        "SLURM_TPU_EDGETPU_PATHS": f"usb:{USB_B}",
+        "SLURM_TPU_LIBEDGETPU": str(libedgetpu_double),
+        "EDGETPU_DOUBLE_DEVICES": f"usb:{USB_A},usb:{USB_B}",
+        "EDGETPU_DOUBLE_LOG": str(tmp_path / "double.log"),
+    })
+    return env
+
+
+def double_log(env: dict[str, str]) -> list[dict[str, str]]:
+    """The double's log as dicts: {'call': 'create', 'type': 'usb', 'path': ..., 'pid': ...}."""
+    path = Path(env["EDGETPU_DOUBLE_LOG"])
+    if not path.exists():
+        return []
+    entries = []
+    for line in path.read_text().splitlines():
+        call, *fields = line.split(" ")
+        entry = {"call": call}
+        entry.update(f.split("=", 1) for f in fields)
+        entries.append(entry)
+    return entries
+
+
+def run_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
+    """``slurm-tpu ARGS`` in a fresh process, as a job script would run it."""
+    return subprocess.run([sys.executable, "-c", "from slurm_tpu.cli import run; run()", *map(str, args)],
+                          env=env, capture_output=True, text=True, timeout=timeout)
