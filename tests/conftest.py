@@ -1,6 +1,53 @@
-"""Test-suite root: makes tests/helpers.py importable as ``helpers``."""
+"""Test-suite root: shared fixtures; makes tests/helpers.py importable as ``helpers``.
 
+``cluster_factory`` starts real local Slurm clusters (munge, slurmctld, slurmd -N).
+"""
+
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+NEEDS = ("slurmctld", "slurmd", "munged", "umockdev-run")
+
+
+def require_slurm() -> None:
+    """Skip unless we are root and Debian's Slurm, munge and umockdev are installed."""
+    if os.geteuid() != 0:
+        pytest.skip("starting Slurm daemons needs root")
+    missing = [p for p in NEEDS if not (shutil.which(p) or os.path.exists(f"/usr/sbin/{p}"))]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (run .ci/run or apt-get install slurm-wlm munge umockdev)")
+
+
+@pytest.fixture(scope="module")
+def cluster_factory():
+    """Build, start and (always) stop LocalClusters for one test module.
+
+    The base directory is world-traversable (0755, not pytest's 0700 tmp dirs):
+    munged runs as ``munge`` and jobs run as the tests' unix users.
+    """
+    require_slurm()
+    from slurm_tpu.localcluster import LocalCluster
+
+    started = []
+
+    def make(nodes, **kwargs):
+        base = tempfile.mkdtemp(prefix="slurm-tpu-test-", dir="/tmp")
+        os.chmod(base, 0o755)
+        cluster = LocalCluster(base=base, nodes=nodes, **kwargs)
+        started.append(cluster)
+        cluster.configure()
+        cluster.start()
+        return cluster
+
+    yield make
+    for cluster in started:
+        cluster.stop()
+        if not os.environ.get("SLURM_TPU_KEEP_CLUSTER"):
+            shutil.rmtree(cluster.base, ignore_errors=True)

@@ -31,8 +31,9 @@ def run_cli(args: list[str], hardware: str | None = None, env: dict | None = Non
     """
     argv = slurm_tpu_argv() + list(args)
     if hardware is not None:
-        device = HARDWARE / f"{hardware}.umockdev"
-        extra_dir = HARDWARE / f"{hardware}.extra" if extra else HARDWARE / "no-such-extra"
+        # A name from tests/hardware/, or a path to a .umockdev file.
+        device = Path(hardware) if str(hardware).endswith(".umockdev") else HARDWARE / f"{hardware}.umockdev"
+        extra_dir = device.with_suffix(".extra") if extra else HARDWARE / "no-such-extra"
         argv = ["umockdev-run", "--device", str(device), "--",
                 sys.executable, "-m", "slurm_tpu.localcluster.testbed", str(extra_dir), "--", *argv]
     argv = list(prefix or []) + argv

@@ -68,6 +68,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 from . import inventory  # noqa: E402,F401  (registers the commands)
 from . import infer  # noqa: E402,F401  (registers `infer`)
 from . import hooks  # noqa: E402,F401  (leases, udev-event)
+from . import ops  # noqa: E402,F401  (health, watch, metrics, report)
 
 
 def run() -> None:

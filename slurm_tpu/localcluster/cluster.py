@@ -34,6 +34,8 @@ class Hooks:
     prolog: str | None = None
     epilog: str | None = None
     task_prolog: str | None = None
+    health: str | None = None  # HealthCheckProgram
+    health_interval: int = 0  # HealthCheckInterval, seconds
 
 
 def _free_ports(count: int) -> list[int]:
@@ -180,7 +182,7 @@ class LocalCluster:
 
     def _write_hook_wrappers(self) -> None:
         self.hook_paths: dict[str, str] = {}
-        for kind in ("prolog", "epilog", "task_prolog"):
+        for kind in ("prolog", "epilog", "task_prolog", "health"):
             program = getattr(self.hooks, kind)
             if not program:
                 continue
@@ -189,7 +191,8 @@ class LocalCluster:
             with open(wrapper, "w", encoding="utf-8") as handle:
                 handle.write("#!/bin/sh\n"
                              f'SLURM_TPU_CONFIG="{self.path("nodes")}/$SLURMD_NODENAME/config.yaml"\n'
-                             "export SLURM_TPU_CONFIG\n"
+                             f'SLURM_CONF="{self.slurm_conf}"\n'
+                             "export SLURM_TPU_CONFIG SLURM_CONF\n"
                              f'exec "{program}" "$@"\n')
             os.chmod(wrapper, 0o755)
             self.hook_paths[kind] = wrapper
@@ -241,6 +244,10 @@ class LocalCluster:
             lines.append(f"Epilog={self.hook_paths['epilog']}")
         if "task_prolog" in self.hook_paths:
             lines.append(f"TaskProlog={self.hook_paths['task_prolog']}")
+        if "health" in self.hook_paths:
+            lines += [f"HealthCheckProgram={self.hook_paths['health']}",
+                      f"HealthCheckInterval={self.hooks.health_interval or 60}",
+                      "HealthCheckNodeState=ANY"]
         lines += list(self.slurm_conf_extra)
         lines.append(f"Include {self.path('etc', 'nodes.conf')}")
         names = ",".join(n.name for n in self.nodes)

@@ -1,0 +1,1 @@
+"""Operations: node health (drain/resume), the hotplug watcher, metrics, accounting."""

@@ -1,0 +1,106 @@
+"""Node health: compare the live hardware with what the node was configured with.
+
+Pure functions only. The reference is the node's configured inventory
+(``<state_dir>/inventory.json``, written with gres.conf by ``gres-conf --output``):
+a configured device that is missing, unusable, or at/above its first thermal trip
+point makes the node unhealthy.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Iterable, Mapping
+
+from ..model import Inventory
+
+REASON_PREFIX = "slurm-tpu:"
+# Slurm stores reasons of any length, but sinfo/squeue users read them on one line.
+MAX_REASON = 200
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason a configured device cannot serve jobs."""
+
+    identity: str
+    message: str
+
+
+def find_problems(configured: Iterable[str], live: Inventory) -> list[Problem]:
+    """Problems of the configured identities in the live inventory, in a stable order."""
+    problems = []
+    for identity in sorted(configured):
+        accelerator = live.by_identity(identity)
+        if accelerator is None:
+            problems.append(Problem(identity, f"{identity} missing"))
+            continue
+        if not accelerator.usable:
+            problems.append(Problem(identity, f"{identity} unusable ({accelerator.reason})"))
+            continue
+        temperature = accelerator.details.get("temperature_c")
+        trips = accelerator.details.get("trip_points_c") or []
+        if temperature is not None and trips and temperature >= trips[0]:
+            problems.append(Problem(identity, f"{identity} at {temperature:.1f} C, above its {trips[0]:.0f} C trip point"))
+    return problems
+
+
+def drain_reason(problems: Iterable[Problem]) -> str:
+    """The Slurm drain reason for these problems (starts with ``slurm-tpu:``)."""
+    text = f"{REASON_PREFIX} " + "; ".join(p.message for p in problems)
+    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+
+
+class Action(enum.Enum):
+    """What the health check does to the node."""
+
+    NOTHING = "nothing"
+    DRAIN = "drain"
+    RESUME = "resume"
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    reason: str = ""
+    why: str = ""
+
+
+def decide(state: str, reason: str, problems: list[Problem]) -> Decision:
+    """Drain/resume policy: never override a drain that is not ours.
+
+    ``state`` is Slurm's node state (``IDLE+DRAIN``, ``MIXED``...), ``reason`` the
+    node's current reason without Slurm's ``[user@time]`` suffix.
+    """
+    drained = "DRAIN" in state.upper()
+    ours = reason.startswith(REASON_PREFIX)
+    if problems:
+        wanted = drain_reason(problems)
+        if drained and not ours:
+            return Decision(Action.NOTHING, why=f"node already drained by someone else ({reason or 'no reason'}); left alone")
+        if drained and reason == wanted:
+            return Decision(Action.NOTHING, reason=wanted, why="already drained for this reason")
+        return Decision(Action.DRAIN, reason=wanted, why="unhealthy")
+    if drained and ours:
+        return Decision(Action.RESUME, why="healthy again; resuming the drain slurm-tpu made")
+    return Decision(Action.NOTHING, why="healthy")
+
+
+def parse_node_state(text: str) -> Mapping[str, str]:
+    """State and Reason from multi-line ``scontrol show node NAME`` output.
+
+    The Reason line runs to the end of the line (it may hold spaces); Slurm appends
+    `` [user@time]``, which is cut off here.
+    """
+    state, reason = "", ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        if line.startswith("Reason="):
+            reason = line[len("Reason="):]
+            if reason.endswith("]") and " [" in reason:
+                reason = reason[: reason.rindex(" [")]
+        else:
+            for token in line.split():
+                if token.startswith("State="):
+                    state = token[len("State="):]
+    return {"state": state, "reason": reason}

@@ -1,0 +1,67 @@
+"""``slurm-tpu health``: detect, compare, and drain or resume this node in Slurm.
+
+Runs as Slurm's HealthCheckProgram (as root, every HealthCheckInterval seconds).
+One ``scontrol show node`` query, at most one ``scontrol update``.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+
+from ..config import Config
+from ..model import Bus, Inventory
+from ..slurm.commands import find_program, run
+from .health import Action, Decision, Problem, decide, find_problems, parse_node_state
+
+
+@dataclass(frozen=True)
+class HealthResult:
+    node: str
+    configured: tuple[str, ...]
+    problems: tuple[Problem, ...]
+    decision: Decision
+    applied: bool
+
+
+def configured_identities(config: Config) -> tuple[str, ...]:
+    """Identities this node was configured with (its state-dir inventory)."""
+    from ..locks import node_inventory, statedir
+
+    try:
+        fd = statedir.open_dir(config.state_dir)
+    except statedir.StateDirError:
+        return ()
+    try:
+        return tuple(node_inventory.load(fd))
+    finally:
+        os.close(fd)
+
+
+def _detect() -> Inventory:
+    from ..detect import detect_inventory
+
+    return detect_inventory(use_nvml=False)
+
+
+def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True) -> HealthResult:
+    """Find problems and bring the node's Slurm state in line with them."""
+    configured = configured_identities(config)
+    problems = find_problems(configured, _detect()) if configured else []
+    # A USB stick re-enumerating (firmware load, port reset) is absent for a moment:
+    # look again before calling it missing.
+    if any(p.message.endswith(" missing") and p.identity.startswith(f"{Bus.USB.value}-") for p in problems):
+        time.sleep(grace)
+        problems = find_problems(configured, _detect())
+    scontrol = find_program("scontrol")
+    current = parse_node_state(run([scontrol, "show", "node", node]))
+    decision = decide(current["state"], current["reason"], problems)
+    applied = False
+    if apply and decision.action == Action.DRAIN:
+        run([scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={decision.reason}"])
+        applied = True
+    elif apply and decision.action == Action.RESUME:
+        run([scontrol, "update", f"NodeName={node}", "State=RESUME"])
+        applied = True
+    return HealthResult(node, configured, tuple(problems), decision, applied)
