@@ -165,6 +165,7 @@ class Runner:
         todo = [k for k in keys if k not in writer.done]
         skipped = len(keys) - len(todo)
         progress = progress or Progress(len(todo), enabled=False)
+        progress.total, progress.skipped = len(todo), skipped
         processed = errors = 0
         threads = decode_threads or max(1, min(4, _cpus()))
         try:

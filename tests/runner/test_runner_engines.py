@@ -1,0 +1,84 @@
+"""The pipeline and the libedgetpu double, in-process, on real interpreters."""
+
+from __future__ import annotations
+
+import ctypes
+
+import numpy as np
+import pytest
+
+from conftest import USB_A, USB_B, double_log
+from slurm_tpu.modelgen import images
+from slurm_tpu.runner import OpenOptions, Runner
+from slurm_tpu.runner.backend import EdgeTpuLibrary, InterpreterEngine
+from slurm_tpu.runner.errors import DeviceBusyError
+from slurm_tpu.runner.lock import DeviceLock
+from slurm_tpu.runner.pipeline import Item, infer_ordered
+
+
+def _items(n: int) -> list[Item]:
+    return [Item(i, f"k{i}", inputs=[images.bright_region_image(i % 9, 24, seed=i)[None]]) for i in range(n)]
+
+
+def test_several_engines_keep_input_order(models):
+    engines = [InterpreterEngine(str(models["classifier"]), f"cpu{i}", "litert", 1) for i in range(3)]
+    try:
+        out = list(infer_ordered(engines, _items(200)))
+    finally:
+        for e in engines:
+            e.close()
+    assert [item.seq for item in out] == list(range(200))
+    assert [int(np.argmax(item.outputs[0])) for item in out] == [i % 9 for i in range(200)]
+
+
+def test_chain_of_segments_matches_the_whole_model(models):
+    whole = InterpreterEngine(str(models["classifier"]), "cpu", "litert", 1)
+    chain = [InterpreterEngine(str(models[f"classifier_segment_{i}"]), "cpu", "litert", 1) for i in (0, 1)]
+    expected = [whole.run(item.inputs)[0] for item in _items(50)]
+    got = list(infer_ordered(chain, _items(50), chain=True))
+    assert [item.seq for item in got] == list(range(50))
+    for item, want in zip(got, expected):
+        np.testing.assert_array_equal(item.outputs[0], want)
+
+
+def test_error_items_pass_through_untouched(models):
+    engine = InterpreterEngine(str(models["classifier"]), "cpu", "litert", 1)
+    items = _items(3)
+    items[1] = Item(1, "bad", error="input bad is broken")
+    out = list(infer_ordered([engine, engine], items))
+    assert [i.error for i in out] == [None, "input bad is broken", None]
+
+
+def test_double_lists_devices_in_the_order_it_is_given(libedgetpu_double, monkeypatch):
+    monkeypatch.setenv("EDGETPU_DOUBLE_DEVICES", f"usb:{USB_B},pci:/dev/apex_0,usb:{USB_A}")
+    lib = EdgeTpuLibrary(str(libedgetpu_double))
+    assert lib.list_devices() == [("usb", USB_B), ("pci", "/dev/apex_0"), ("usb", USB_A)]
+    assert lib.create_delegate("usb", "/sys/bus/usb/devices/9-9") is None
+
+
+def test_why_not_usb_index_the_same_index_names_another_device(libedgetpu_double, tpu_env, monkeypatch):
+    """The external-delegate ABI's "usb:N" follows libedgetpu's enumeration order."""
+    from ai_edge_litert.interpreter import load_delegate
+
+    for key, value in tpu_env.items():
+        monkeypatch.setenv(key, value)
+    opened = []
+    for order in (f"usb:{USB_A},usb:{USB_B}", f"usb:{USB_B},usb:{USB_A}"):
+        monkeypatch.setenv("EDGETPU_DOUBLE_DEVICES", order)
+        delegate = load_delegate(str(libedgetpu_double), {"device": "usb:1"})
+        del delegate
+        opened.append([e["path"] for e in double_log(tpu_env) if e["call"] == "create"][-1])
+    assert opened == [USB_B, USB_A]
+
+
+def test_runner_api_on_the_double_releases_device_and_lock(models, tpu_env, monkeypatch):
+    for key, value in tpu_env.items():  # the double reads its list from the real environment
+        monkeypatch.setenv(key, value)
+    with Runner(str(models["classifier"]), environ=tpu_env, warn=lambda m: None,
+                options=OpenOptions(libedgetpu=tpu_env["SLURM_TPU_LIBEDGETPU"])) as runner:
+        assert runner.on_edgetpu and runner.device_labels == ["edgetpu usb-2-1.4"]
+        with pytest.raises(DeviceBusyError, match="in use by pid"):
+            DeviceLock("usb-2-1.4", tpu_env)
+        assert runner.classify(images.bright_region_image(8, 24)[None])[0].index == 8
+    assert [e["call"] for e in double_log(tpu_env)] == ["create", "free"]
+    DeviceLock("usb-2-1.4", tpu_env).release()  # free again once the runner closed
