@@ -167,7 +167,7 @@ class Runner:
         progress = progress or Progress(len(todo), enabled=False)
         progress.total, progress.skipped = len(todo), skipped
         processed = errors = 0
-        threads = decode_threads or max(1, min(4, _cpus()))
+        threads = decode_threads or self._decode_threads()
         try:
             decoded = decode_ordered(todo, self.load, threads=threads,
                                      lookahead=max(8, 4 * threads * len(self.engine_set.engines)))
@@ -180,6 +180,18 @@ class Runner:
             writer.close()
             progress.close()
         return BatchSummary(len(keys), skipped, processed, errors, time.perf_counter() - started)
+
+    def _decode_threads(self) -> int:
+        """Decoders to run ahead of the device.
+
+        A CPU interpreter already uses every core with XNNPACK's statically split
+        work, so extra decoders only make its threads wait for each other: one
+        decoder fills the gaps. An Edge TPU or GPU leaves the CPU idle during
+        invoke(): then decode on several cores.
+        """
+        if all(e.label == "cpu" for e in self.engine_set.engines):
+            return 1
+        return max(1, min(4, _cpus()))
 
     # -- benchmark -----------------------------------------------------------------------
 
