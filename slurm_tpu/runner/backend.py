@@ -261,8 +261,11 @@ def _interpreter_failure(model_path: str, message: str, log: list[str]) -> str:
 class GpuEngine:
     """A model compiled for the GPU by LiteRT's CompiledModel (WebGPU over Vulkan)."""
 
-    def __init__(self, model_path: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]):
-        self.label = "gpu"
+    def __init__(self, model_path: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                 accelerator: str = "gpu"):
+        # accelerator="cpu" runs the very same CompiledModel path on LiteRT's CPU
+        # accelerator: how tests exercise this class on machines without a GPU.
+        self.label = accelerator
         self.runtime = "litert"
         try:
             from ai_edge_litert.compiled_model import CompiledModel
@@ -272,7 +275,8 @@ class GpuEngine:
                            "pip install 'slurm-tpu[infer]'", "gpu") from None
         with native_stderr_captured() as log:
             try:
-                model = CompiledModel.from_file(model_path, hardware_accel=HardwareAccelerator.GPU)
+                accel = HardwareAccelerator.GPU if accelerator == "gpu" else HardwareAccelerator.CPU
+                model = CompiledModel.from_file(model_path, hardware_accel=accel)
                 in_buffers = model.create_input_buffers(0)
                 out_buffers = model.create_output_buffers(0)
             except Exception:  # the wrapper raises RuntimeError with a multi-line trace
@@ -302,10 +306,15 @@ class GpuEngine:
                 for buffer, size, spec in zip(self._out, self._sizes, self.outputs)]
 
     def close(self) -> None:
-        self._in = self._out = []
-        if getattr(self, "_model", None) is not None:
-            self._model.close()
-            self._model = None
+        # LiteRT logs its environment's teardown on fd 2; keep it off the user's terminal.
+        import gc
+
+        with native_stderr_captured():
+            self._in = self._out = []
+            if getattr(self, "_model", None) is not None:
+                self._model.close()
+                self._model = None
+            gc.collect()
 
 
 def _gpu_reason(log: list[str]) -> str:

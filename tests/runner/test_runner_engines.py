@@ -82,3 +82,43 @@ def test_runner_api_on_the_double_releases_device_and_lock(models, tpu_env, monk
         assert runner.classify(images.bright_region_image(8, 24)[None])[0].index == 8
     assert [e["call"] for e in double_log(tpu_env)] == ["create", "free"]
     DeviceLock("usb-2-1.4", tpu_env).release()  # free again once the runner closed
+
+
+def test_tflite_runtime_backend_when_that_is_what_is_installed(models, tpu_env):
+    """tflite-runtime (numpy<2) in its own venv, as bench_runner_runtimes.py creates it."""
+    import subprocess
+    from pathlib import Path
+
+    python = Path("/tmp/venv-tflite-runtime/bin/python")
+    if not python.exists():
+        pytest.skip("no tflite-runtime venv (run bench/bench_runner_runtimes.py to create it)")
+    repo = Path(__file__).resolve().parents[2]
+    code = ("from slurm_tpu.runner import Runner\n"
+            f"r = Runner({str(models['classifier'])!r}, warn=lambda m: None)\n"
+            f"print(r.engine_set.runtime, r.device_labels[0], r.classify({str(models['images'] / 'img_00007.png')!r})[0].index)")
+    env = dict(tpu_env, PYTHONPATH=str(repo))
+    env.pop("SLURM_TPU_RUNTIME", None)
+    out = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    # No LiteRT in that venv: the runner picked tflite-runtime, and the by-path delegate worked there too.
+    assert out.stdout.split() == ["tflite-runtime", "edgetpu", "usb-2-1.4", "7"]
+    assert [e["call"] for e in double_log(tpu_env)] == ["create", "free"]
+
+
+def test_compiled_model_engine_matches_the_interpreter(models):
+    """GpuEngine's CompiledModel path (buffers in, run, buffers out) on LiteRT's CPU accelerator."""
+    from slurm_tpu.runner.backend import GpuEngine
+    from slurm_tpu.runner.modelinfo import read_model_info
+
+    info = read_model_info(models["mobilenet"])
+    compiled = GpuEngine(str(models["mobilenet"]), info.inputs, info.outputs, accelerator="cpu")
+    interpreter = InterpreterEngine(str(models["mobilenet"]), "cpu", "litert", 1)
+    try:
+        for seed in range(3):
+            image = np.random.default_rng(seed).integers(0, 256, (1, 224, 224, 3), dtype=np.uint8)
+            got, want = compiled.run([image])[0], interpreter.run([image])[0]
+            assert got.shape == want.shape == (1, 1001) and got.dtype == np.uint8
+            assert np.abs(got.astype(int) - want.astype(int)).max() <= 1
+    finally:
+        compiled.close()
+        interpreter.close()
