@@ -14,13 +14,13 @@ pass_obj = click.make_pass_decorator(Obj)
 
 
 def _rows(obj: Obj) -> list[dict]:
+    import os
+
     from ..hooks.leasing import holder_alive
     from ..locks import node_inventory, ownership
     from ..locks.ledger import BadLease, Ledger
 
     config = obj.config
-    import os
-
     if not os.path.lexists(config.state_dir):
         return []
     rows = []

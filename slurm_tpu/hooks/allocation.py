@@ -1,9 +1,11 @@
 """Which of this node's accelerators Slurm gave a job, in Slurm's order.
 
 Slurm 22.05 tells the prolog nothing about a ``tpu`` GRES, so the prolog asks
-once (pyslurm when an importable build matches the running Slurm, otherwise
-``squeue --json -j JOB``; JSON because ``scontrol show job -d`` text can be
-forged by a job name holding a newline and a fake ``GRES=...(IDX:n)`` line),
+once: pyslurm when an importable build matches the running Slurm, otherwise
+``scontrol show job -d JOB`` (about 8 ms). That text can be forged by a job name
+holding a newline and a fake ``Nodes=.. GRES=...(IDX:n)`` line, but Slurm's own
+line is always there too: two lines for this node mean forgery, and only then a
+second query asks ``squeue --json`` (about 20 ms, unforgeable). The prolog
 turns each ``IDX`` into a gres.conf ``File=`` path exactly as slurmd numbers
 them (see ``slurm.gres_index``), and that path into an identity: for Edge TPUs
 the file must be ``<slot_dir>/<identity>``, for GPUs a node the inventory lists.
@@ -13,12 +15,17 @@ gres.conf or the job.
 
 from __future__ import annotations
 
-import os
-from typing import Mapping, Sequence
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping, Sequence
 
-from ..config import Config
-from ..locks.node_inventory import KnownDevice
-from ..slurm.parse import GresAlloc
+    from ..locks.node_inventory import KnownDevice
+    from ..slurm.jobdetail import GresAlloc
+    from .settings import HookSettings
+
+import os
+
 from .context import HookError
 
 
@@ -34,6 +41,18 @@ def _read(path: str) -> str | None:
             return handle.read(4 << 20)
     except OSError:
         return None
+
+
+def slurm_conf_files(path: str, depth: int = 0) -> list[str]:
+    """slurm.conf and the files it Includes (their versions key the hooks' snapshot)."""
+    from ..slurm.parse import include_paths
+
+    files = [path]
+    if depth < 3:
+        for included in include_paths(_read(path) or "", os.path.dirname(path)):
+            if "*" not in included:
+                files.extend(slurm_conf_files(included, depth + 1))
+    return files
 
 
 def _slurm_conf_text(path: str, depth: int = 0) -> str:
@@ -70,13 +89,16 @@ def _query_pyslurm(job_id: int, node: str) -> list[GresAlloc] | None:
     Used only when pyslurm is importable *and* was built for the libslurm it
     loaded (same major.minor), since a mismatched build can misread structs.
     """
-    import importlib.util
+    import sys
 
-    if importlib.util.find_spec("pyslurm") is None:
+    # A plain stat per sys.path entry: importlib.util costs ~5 ms per job. Under
+    # the hooks' `python3 -IS` only the stdlib directories are searched, so a site
+    # that wants this path installs pyslurm there (dist-packages is not searched).
+    if not any(os.path.exists(os.path.join(entry or ".", "pyslurm")) for entry in sys.path):
         return None
     try:
         import pyslurm  # type: ignore[import-not-found]
-        from ..slurm.parse import expand_hostlist, parse_gres_detail
+        from ..slurm.jobdetail import expand_hostlist, parse_gres_detail
 
         built = tuple(str(pyslurm.version()).split(".")[:2])
         loaded = tuple(str(part) for part in pyslurm.slurm_api_version()[:2])
@@ -97,31 +119,37 @@ def _query_pyslurm(job_id: int, node: str) -> list[GresAlloc] | None:
 
 
 def query_job_gres(job_id: int, node: str) -> list[GresAlloc] | None:
-    """The job's GRES on this node: one Slurm query. None if Slurm does not list it here."""
+    """The job's GRES on this node. None if Slurm does not list the job on this node."""
     from ..errors import SlurmCommandError
-    from ..slurm.commands import find_program, run
-    from ..slurm.parse import parse_squeue_job_json
+    from ..slurm import spawn
+    from ..slurm.jobdetail import ForgedOutputError, parse_scontrol_job_detail
 
     via_pyslurm = _query_pyslurm(job_id, node)
     if via_pyslurm is not None:
         return via_pyslurm
     try:
-        text = run([find_program("squeue"), "--json", "-j", str(job_id)], timeout=20)
-        return parse_squeue_job_json(text, job_id, node)
+        text = spawn.run([spawn.find("scontrol"), "show", "job", "-d", str(job_id)])
+        try:
+            return parse_scontrol_job_detail(text, node)
+        except ForgedOutputError:
+            from ..slurm.parse import parse_squeue_job_json
+
+            text = spawn.run([spawn.find("squeue"), "--json", "-j", str(job_id)])
+            return parse_squeue_job_json(text, job_id, node)
     except SlurmCommandError as exc:
         raise HookError(f"job {job_id}: cannot ask Slurm for its devices: {exc}") from exc
     except ValueError as exc:
-        raise HookError(f"job {job_id}: cannot parse squeue --json output ({exc})") from exc
+        raise HookError(f"job {job_id}: cannot parse Slurm's answer ({exc})") from exc
 
 
-def resolve(job_id: int, allocs: Sequence[GresAlloc], index: Mapping[str, list[tuple[str | None, str | None]]],
-            known: Mapping[str, KnownDevice], config: Config) -> list[KnownDevice]:
+def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) -> list[KnownDevice]:
     """The job's devices on this node, in allocation order (pure).
 
     Raises HookError (the node cannot serve the job) when an index has no
     device, names a path that is no known device, or disagrees with its type.
     """
-    slot_dir = os.path.normpath(config.slot_dir)
+    index, known = settings.index, settings.devices
+    slot_dir = os.path.normpath(settings.slot_dir)
     devices: list[KnownDevice] = []
     for alloc in allocs:
         if alloc.name not in index:
@@ -138,7 +166,7 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], index: Mapping[str, list[t
             if alloc.type and kind and alloc.type.lower() != kind.lower():
                 raise HookError(f"job {job_id}: {alloc.name} IDX {idx} is type {alloc.type} in Slurm but "
                                 f"{kind} in gres.conf; slurm.conf Gres= and gres.conf disagree")
-            device = _device_for(path, alloc.name, config, slot_dir, known)
+            device = _device_for(path, alloc.name == settings.tpu_name, slot_dir, known)
             if device is None:
                 raise HookError(f"job {job_id}: gres.conf names {path!r} for {alloc.name} IDX {idx}, which "
                                 "is not a device this node's inventory knows; fix gres.conf "
@@ -148,12 +176,12 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], index: Mapping[str, list[t
     return devices
 
 
-def _device_for(path: str | None, name: str, config: Config, slot_dir: str,
+def _device_for(path: str | None, is_tpu: bool, slot_dir: str,
                 known: Mapping[str, KnownDevice]) -> KnownDevice | None:
     if not path:
         return None
     path = os.path.normpath(path)
-    if name == config.tpu_gres_name:
+    if is_tpu:
         if os.path.dirname(path) != slot_dir:
             return None
         device = known.get(os.path.basename(path))

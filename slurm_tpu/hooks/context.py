@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import sys
-from dataclasses import dataclass
-from typing import Mapping
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping
 
-from ..config import Config
+import sys
 
 TAG = "slurm-tpu"
 
@@ -33,7 +33,7 @@ def say(message: str, error: bool = True) -> None:
         pass
 
 
-def load_hook_config() -> Config:
+def load_hook_config():  # -> Config
     """The site config; yaml is imported only when a config file exists.
 
     Hooks run under ``python3 -I -S`` for a fast start, which leaves
@@ -50,14 +50,13 @@ def load_hook_config() -> Config:
         return load_config()
 
 
-@dataclass(frozen=True)
 class JobContext:
     """The job a prolog/epilog/task-prolog runs for, from Slurm's environment."""
 
-    job_id: int
-    uid: int | None
-    user: str
-    node: str
+    __slots__ = ("job_id", "uid", "user", "node")
+
+    def __init__(self, job_id: int, uid: int | None, user: str, node: str):
+        self.job_id, self.uid, self.user, self.node = job_id, uid, user, node
 
 
 def _number(environ: Mapping[str, str], name: str, required: bool) -> int | None:
@@ -72,11 +71,16 @@ def _number(environ: Mapping[str, str], name: str, required: bool) -> int | None
     return int(text)
 
 
-def job_from_env(environ: Mapping[str, str], config: Config, need_uid: bool = True) -> JobContext:
-    """Parse SLURM_JOB_ID / SLURM_JOB_UID / SLURMD_NODENAME (set by slurmd, not the job)."""
+def node_from_env(environ: Mapping[str, str]) -> str | None:
+    """SLURMD_NODENAME (slurmd sets it for hooks and tasks), if valid."""
+    node = environ.get("SLURMD_NODENAME", "")
+    return node if node and node.isprintable() and " " not in node and "/" not in node else None
+
+
+def job_from_env(environ: Mapping[str, str], node: str, need_uid: bool = True) -> JobContext:
+    """Parse SLURM_JOB_ID / SLURM_JOB_UID (set by slurmd, not the job)."""
     job_id = _number(environ, "SLURM_JOB_ID", True)
     uid = _number(environ, "SLURM_JOB_UID", need_uid)
-    node = environ.get("SLURMD_NODENAME") or config.node_name or os.uname().nodename.split(".")[0]
     user = environ.get("SLURM_JOB_USER", "")
     assert job_id is not None
     return JobContext(job_id, uid, user if user.isprintable() else "", node)

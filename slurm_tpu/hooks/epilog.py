@@ -9,42 +9,37 @@ only in that case).
 from __future__ import annotations
 
 import os
-from typing import Mapping
 
-from .context import HookError, job_from_env, load_hook_config, say
+from .context import HookError, job_from_env, node_from_env, say
 
 
 def drain(node: str, reason: str) -> bool:
     """Drain ``node`` with ``reason`` (argument list: no shell sees it)."""
     from ..errors import SlurmCommandError
-    from ..slurm.commands import find_program, run
+    from ..slurm import spawn
 
     try:
-        run([find_program("scontrol"), "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+        spawn.run([spawn.find("scontrol"), "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
         return True
     except SlurmCommandError as exc:
         say(f"epilog: cannot drain {node}: {exc}")
         return False
 
 
-def run(environ: Mapping[str, str]) -> int:
-    from ..locks import node_inventory
+def run(environ) -> int:
     from ..locks.ledger import Ledger
-    from . import leasing
+    from . import envfile, leasing, settings as hook_settings
 
-    config = load_hook_config()
-    job = job_from_env(environ, config, need_uid=False)
-    try:
-        ledger = Ledger(config.state_dir, create=False)
-    except Exception:
-        if not os.path.lexists(config.state_dir):
-            return 0  # never leased anything on this node
-        raise
-    with ledger:
+    node = node_from_env(environ)
+    settings = hook_settings.load(environ, node, create=False)
+    job = job_from_env(environ, settings.node, need_uid=False)
+    if not os.path.lexists(settings.state_dir):
+        return 0  # never leased anything on this node
+    with Ledger(settings.state_dir) as ledger:
+        envfile.remove(ledger, job.job_id)
         if not ledger.of_job(job.job_id):
             return 0
-        known = node_inventory.load(ledger.dir_fd)
-        problems = leasing.release(ledger, job.job_id, known, config)
+        problems = leasing.release(ledger, job.job_id, settings)
     if not problems:
         return 0
     reason = "slurm-tpu: " + "; ".join(problems)
@@ -53,7 +48,7 @@ def run(environ: Mapping[str, str]) -> int:
     return 0 if drain(job.node, reason[:400]) else 1
 
 
-def main(environ: Mapping[str, str] | None = None) -> int:
+def main(environ=None) -> int:
     """Entry point for epilog/slurm-tpu-epilog."""
     environ = os.environ if environ is None else environ
     try:

@@ -9,15 +9,21 @@ gives the device to (see :func:`holder_alive`).
 
 from __future__ import annotations
 
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable
+
+    from ..locks.node_inventory import KnownDevice
+    from .context import JobContext
+    from .settings import HookSettings
+
 import os
 import time
-from typing import Iterable, Mapping
 
-from ..config import Config
 from ..locks import ownership, processes
 from ..locks.ledger import BadLease, Lease, Ledger, process_start_time
-from ..locks.node_inventory import KnownDevice
-from .context import HookError, JobContext
+from .context import HookError
 
 # How long a prolog waits for another job's lease to go (its epilog may be
 # running right now) before declaring the device held by a live job.
@@ -54,31 +60,29 @@ def _rdevs(nodes: Iterable[str]) -> list[int]:
     return rdevs
 
 
-def restore_idle(device: KnownDevice | None, config: Config) -> list[str]:
+def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str]:
     """Give the device's current nodes back to the idle owner; returns problems."""
     if device is None:
         return []
-    uid, gid = ownership.resolve_ids(config.idle.owner, config.idle.group)
     problems = []
     for node in device.device_nodes:
         try:
-            ownership.set_owner(node, device.identity, uid, gid, config.idle.mode)
+            ownership.set_owner(node, device.identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
         except Exception as exc:  # DeviceError, OSError: report, keep going
             problems.append(str(exc))
     return problems
 
 
-def reclaim(ledger: Ledger, lease: Lease | BadLease, known: Mapping[str, KnownDevice], config: Config,
-            by_job: int | None) -> None:
+def reclaim(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, by_job: int | None) -> None:
     """Drop a lease whose job is gone: idle ownership first, then the file."""
-    problems = restore_idle(known.get(lease.identity), config)
+    problems = restore_idle(settings.devices.get(lease.identity), settings)
     ledger.drop(lease.identity)
     ledger.audit("reclaim", identity=lease.identity, job_id=lease.job_id, uid=lease.uid, by_job=by_job,
                  problems=problems or None)
 
 
-def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], known: Mapping[str, KnownDevice],
-            config: Config, wait_s: float = LIVE_HOLDER_WAIT_S) -> list[Lease]:
+def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], settings: HookSettings,
+            wait_s: float = LIVE_HOLDER_WAIT_S) -> list[Lease]:
     """Lease every device for the job and hand its nodes to the job's user.
 
     All or nothing: on failure the leases taken here are rolled back and
@@ -93,12 +97,12 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], known: 
             lease = Lease(identity=device.identity, job_id=job.job_id, uid=job.uid, kind=device.kind,
                           user=job.user, start=round(time.time(), 6), device_nodes=device.device_nodes,
                           allocation=allocation, node=job.node, prolog_pid=me, prolog_start=my_start)
-            _claim(ledger, lease, device, known, config, wait_s)
+            _claim(ledger, lease, device, settings, wait_s)
             taken.append(lease)
             ledger.lock()
             try:
                 for node in device.device_nodes:
-                    ownership.set_owner(node, device.identity, job.uid, -1, config.lease_mode)
+                    ownership.set_owner(node, device.identity, job.uid, -1, settings.lease_mode)
                 if not device.device_nodes:
                     raise HookError(f"job {job.job_id}: {device.identity} has no device node (unplugged?); "
                                     "replug it or drain the node")
@@ -110,7 +114,7 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], known: 
         ledger.lock()
         try:
             for lease in taken:
-                restore_idle(known.get(lease.identity), config)
+                restore_idle(settings.devices.get(lease.identity), settings)
                 ledger.drop(lease.identity)
                 ledger.audit("rollback", identity=lease.identity, job_id=job.job_id, uid=job.uid)
         finally:
@@ -121,8 +125,7 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], known: 
     return taken
 
 
-def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, known: Mapping[str, KnownDevice],
-           config: Config, wait_s: float) -> None:
+def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSettings, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     while True:
         ledger.lock()
@@ -144,7 +147,7 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, known: Mapping[str
                     raise HookError(f"job {lease.job_id}: {device.identity} still has a stale lease of ended "
                                     f"job {holder.job_id} and pid {pid} keeps it open; kill it, then resume "
                                     "the node")
-                reclaim(ledger, holder, known, config, by_job=lease.job_id)
+                reclaim(ledger, holder, settings, by_job=lease.job_id)
                 continue
         finally:
             ledger.unlock()
@@ -155,8 +158,7 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, known: Mapping[str
         time.sleep(0.1)
 
 
-def release(ledger: Ledger, job_id: int, known: Mapping[str, KnownDevice], config: Config,
-            wait_s: float = SURVIVOR_WAIT_S) -> list[str]:
+def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S) -> list[str]:
     """Release the job's leases; returns problems that should drain the node.
 
     A device still open by a process keeps its lease (the node gets drained,
@@ -169,7 +171,7 @@ def release(ledger: Ledger, job_id: int, known: Mapping[str, KnownDevice], confi
     try:
         leases = ledger.of_job(job_id)
         for lease in leases:
-            device = known.get(lease.identity)
+            device = settings.devices.get(lease.identity)
             present = [n for n in (device.device_nodes if device else ()) if ownership.node_state(n)]
             if not present:
                 ledger.drop(lease.identity)
@@ -189,7 +191,7 @@ def release(ledger: Ledger, job_id: int, known: Mapping[str, KnownDevice], confi
                 problems.append(f"pid {pids} of job {job_id} still holds {lease.identity}; kill it, then "
                                 "resume the node")
                 continue
-            failed = restore_idle(device, config)
+            failed = restore_idle(device, settings)
             if failed:
                 problems.extend(failed)
                 continue

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Mapping
-
-from .context import HookError, load_hook_config, say
+from .context import HookError, node_from_env, say
 
 
 def identity_for(environ: Mapping[str, str]) -> str | None:
@@ -56,13 +54,14 @@ def run(environ: Mapping[str, str]) -> int:
     from ..locks import node_inventory, ownership
     from ..locks.ledger import Lease, Ledger
     from ..locks.slots import ensure_slot
+    from . import settings as hook_settings
 
     action = environ.get("ACTION", "")
     identity = identity_for(environ)
     if identity is None:
         return 0
-    config = load_hook_config()
-    with Ledger(config.state_dir) as ledger:
+    settings = hook_settings.rebuild(environ, node_from_env(environ))  # rare event: always the full config
+    with Ledger(settings.state_dir) as ledger:
         ledger.lock()
         known = node_inventory.load(ledger.dir_fd)
         device = known.get(identity)
@@ -78,19 +77,18 @@ def run(environ: Mapping[str, str]) -> int:
         if not os.path.isabs(devname) or not _char_node(devname):
             raise HookError(f"udev-event: {identity}: DEVNAME {devname!r} is not a character device node")
         if device.kind == "edgetpu":
-            ensure_slot(config.slot_dir, identity, devname)
+            ensure_slot(settings.slot_dir, identity, devname)
         nodes = (devname,) if device.kind == "edgetpu" else device.device_nodes
         changed = node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
         lease = ledger.read(identity)
         if isinstance(lease, Lease):
             for node in nodes:
-                ownership.set_owner(node, identity, lease.uid, -1, config.lease_mode)
+                ownership.set_owner(node, identity, lease.uid, -1, settings.lease_mode)
             ledger.audit("reenumerate", identity=identity, job_id=lease.job_id, uid=lease.uid,
                          nodes=list(nodes), changed=changed)
         else:
-            uid, gid = ownership.resolve_ids(config.idle.owner, config.idle.group)
             for node in nodes:
-                ownership.set_owner(node, identity, uid, gid, config.idle.mode)
+                ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
             if changed:
                 ledger.audit("reenumerate", identity=identity, nodes=list(nodes))
     return 0

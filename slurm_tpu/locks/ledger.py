@@ -15,67 +15,122 @@ vs. a udev re-enumeration, reclaim vs. a late epilog) run under one ``flock`` on
 
 from __future__ import annotations
 
-import json
 import os
 import time
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
 
 from . import statedir
 
 LEASES = "leases"
 AUDIT = "audit.log"
 LOCK = ".lock"
+JOBS = "jobs"  # <job>.env: the task-prolog's export lines, written by the prolog
 VERSION = 1
+_INT_FIELDS = ("job_id", "uid", "prolog_pid", "prolog_start", "version")
+_LIST_FIELDS = ("device_nodes", "allocation")
 
 
-@dataclass(frozen=True)
+def json_line(record: dict) -> str:
+    """One JSON object on one line, for str/int/float/bool/None/list values.
+
+    Hand-rolled so hooks need not import ``json`` (which drags in ``re``) per job.
+    """
+    def value(item: object) -> str:
+        if item is None or isinstance(item, bool):
+            return {None: "null", True: "true", False: "false"}[item]
+        if isinstance(item, (int, float)):
+            return repr(item)
+        if isinstance(item, (list, tuple)):
+            return "[" + ", ".join(value(i) for i in item) + "]"
+        text = str(item)
+        out = ['"']
+        for char in text:
+            if char in '"\\':
+                out.append("\\" + char)
+            elif ord(char) < 0x20:
+                out.append(f"\\u{ord(char):04x}")
+            else:
+                out.append(char)
+        out.append('"')
+        return "".join(out)
+
+    return "{" + ", ".join(f"{value(k)}: {value(v)}" for k, v in sorted(record.items())) + "}"
+
+
 class Lease:
-    """One device held by one job on this node."""
+    """One device held by one job on this node.
 
-    identity: str
-    job_id: int
-    uid: int
-    kind: str = "edgetpu"
-    user: str = ""
-    start: float = 0.0
-    device_nodes: tuple[str, ...] = ()
-    allocation: tuple[str, ...] = ()  # all identities of the job on this node, in Slurm's order
-    node: str = ""
-    prolog_pid: int = 0
-    prolog_start: int = 0  # /proc/<pid>/stat start time, to tell a reused pid apart
-    version: int = VERSION
+    Stored as ``key<TAB>value`` lines (lists comma-separated; identities and
+    inventory paths never hold commas, tabs or newlines).
+    """
+
+    __slots__ = ("identity", "job_id", "uid", "kind", "user", "start", "device_nodes", "allocation", "node",
+                 "prolog_pid", "prolog_start", "version")
+
+    def __init__(self, identity: str, job_id: int, uid: int, kind: str = "edgetpu", user: str = "",
+                 start: float = 0.0, device_nodes: tuple[str, ...] = (), allocation: tuple[str, ...] = (),
+                 node: str = "", prolog_pid: int = 0, prolog_start: int = 0, version: int = VERSION):
+        self.identity, self.job_id, self.uid, self.kind, self.user = identity, job_id, uid, kind, user
+        self.start, self.device_nodes, self.allocation, self.node = start, tuple(device_nodes), tuple(allocation), node
+        # prolog_start: /proc/<pid>/stat start time, to tell a reused pid apart.
+        self.prolog_pid, self.prolog_start, self.version = prolog_pid, prolog_start, version
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Lease) and self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        return f"Lease({self.identity!r}, job {self.job_id}, uid {self.uid})"
 
     def to_bytes(self) -> bytes:
-        data = asdict(self)
-        data["device_nodes"] = list(self.device_nodes)
-        data["allocation"] = list(self.allocation)
-        return (json.dumps(data, sort_keys=True) + "\n").encode()
+        lines = []
+        for name in self.__slots__:
+            item = getattr(self, name)
+            text = ",".join(item) if name in _LIST_FIELDS else str(item)
+            if "\n" in text or "\t" in text:
+                raise ValueError(f"lease field {name} holds a tab or newline")
+            lines.append(f"{name}\t{text}")
+        return ("\n".join(lines) + "\n").encode()
 
     @classmethod
     def from_bytes(cls, identity: str, raw: bytes) -> "Lease":
         """Parse a lease file; raises ValueError when it is not one."""
-        data = json.loads(raw)
-        if not isinstance(data, dict) or data.get("identity") != identity:
+        fields = {}
+        for line in raw.decode("utf-8", "strict").split("\n"):
+            if line:
+                key, sep, text = line.partition("\t")
+                if not sep:
+                    raise ValueError(f"bad line {line[:40]!r}")
+                fields[key] = text
+        if fields.get("identity") != identity:
             raise ValueError("identity does not match the file name")
-        return cls(identity=identity, job_id=int(data["job_id"]), uid=int(data["uid"]),
-                   kind=str(data.get("kind", "edgetpu")), user=str(data.get("user", "")),
-                   start=float(data.get("start", 0.0)),
-                   device_nodes=tuple(str(n) for n in data.get("device_nodes", ())),
-                   allocation=tuple(str(i) for i in data.get("allocation", ())),
-                   node=str(data.get("node", "")), prolog_pid=int(data.get("prolog_pid", 0)),
-                   prolog_start=int(data.get("prolog_start", 0)), version=int(data.get("version", VERSION)))
+        kwargs: dict = {}
+        for name in cls.__slots__:
+            if name not in fields:
+                if name in ("identity", "job_id", "uid"):
+                    raise ValueError(f"missing {name}")
+                continue
+            text = fields[name]
+            if name in _INT_FIELDS:
+                kwargs[name] = int(text)
+            elif name == "start":
+                kwargs[name] = float(text)
+            elif name in _LIST_FIELDS:
+                kwargs[name] = tuple(t for t in text.split(",") if t)
+            else:
+                kwargs[name] = text
+        return cls(**kwargs)
 
 
-@dataclass(frozen=True)
 class BadLease:
     """A file in leases/ that is not a readable lease (it is reclaimable)."""
 
-    identity: str
-    reason: str
-    job_id: int = -1
-    uid: int = -1
-    device_nodes: tuple[str, ...] = field(default_factory=tuple)
+    __slots__ = ("identity", "reason", "job_id", "uid", "device_nodes")
+
+    def __init__(self, identity: str, reason: str):
+        self.identity, self.reason = identity, reason
+        self.job_id, self.uid, self.device_nodes = -1, -1, ()
 
 
 class Ledger:
@@ -175,11 +230,11 @@ class Ledger:
         return removed
 
     # ---- audit -----------------------------------------------------------------
-    def audit(self, event: str, **fields: Any) -> None:
+    def audit(self, event: str, **fields: object) -> None:
         """Append one audit record (never raises: the audit log must not fail a job)."""
         record = {"t": round(time.time(), 6), "event": event, **fields}
         try:
-            statedir.append_line(self.dir_fd, AUDIT, (json.dumps(record, sort_keys=True) + "\n").encode())
+            statedir.append_line(self.dir_fd, AUDIT, (json_line(record) + "\n").encode())
         except (OSError, statedir.StateDirError):
             pass
 

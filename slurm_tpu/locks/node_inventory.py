@@ -9,30 +9,38 @@ device node paths the hooks will chown: never gres.conf, never job input.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
-from typing import Any, Mapping
-
 from . import statedir
 
 FILE_NAME = "inventory.json"
 
 
-@dataclass(frozen=True)
 class KnownDevice:
     """What a hook needs to know about one accelerator (no model import)."""
 
-    identity: str
-    kind: str  # "edgetpu" or "gpu"
-    bus: str  # "usb", "pci", "platform"
-    device_nodes: tuple[str, ...]
+    __slots__ = ("identity", "kind", "bus", "device_nodes")
+
+    def __init__(self, identity: str, kind: str, bus: str, device_nodes: tuple[str, ...]):
+        self.identity = identity
+        self.kind = kind  # "edgetpu" or "gpu"
+        self.bus = bus  # "usb", "pci", "platform"
+        self.device_nodes = tuple(device_nodes)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KnownDevice) and (self.identity, self.kind, self.bus, self.device_nodes) == (
+            other.identity, other.kind, other.bus, other.device_nodes)
+
+    def __hash__(self) -> int:
+        return hash((self.identity, self.device_nodes))
+
+    def __repr__(self) -> str:
+        return f"KnownDevice({self.identity!r}, {self.kind!r}, {self.bus!r}, {self.device_nodes!r})"
 
     @property
     def primary_node(self) -> str | None:
         return self.device_nodes[0] if self.device_nodes else None
 
 
-def parse_inventory(document: Mapping[str, Any]) -> dict[str, KnownDevice]:
+def parse_inventory(document: Mapping[str, object]) -> dict[str, KnownDevice]:
     """identity -> KnownDevice from a ``detect --json`` document (usable devices only)."""
     devices: dict[str, KnownDevice] = {}
     for item in document.get("accelerators", ()):
@@ -44,13 +52,17 @@ def parse_inventory(document: Mapping[str, Any]) -> dict[str, KnownDevice]:
     return devices
 
 
-def save(dir_fd: int, document: Mapping[str, Any]) -> None:
+def save(dir_fd: int, document: Mapping[str, object]) -> None:
     """Write the inventory document atomically (world-readable: task-prologs read it)."""
+    import json
+
     statedir.write_atomic(dir_fd, FILE_NAME, (json.dumps(document, indent=1) + "\n").encode())
 
 
-def load_document(dir_fd: int) -> dict[str, Any] | None:
+def load_document(dir_fd: int) -> dict[str, object] | None:
     """The raw document, or None when the node has no inventory file yet."""
+    import json
+
     data = statedir.read_file(dir_fd, FILE_NAME)
     if data is None:
         return None
@@ -90,7 +102,7 @@ def set_device_nodes(dir_fd: int, identity: str, nodes: tuple[str, ...]) -> bool
     return False
 
 
-def write_state_inventory(state_dir: str, document: Mapping[str, Any]) -> None:
+def write_state_inventory(state_dir: str, document: Mapping[str, object]) -> None:
     """Create the state directory if needed and (re)write its inventory file."""
     import os
 

@@ -11,22 +11,18 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
-
 from ..errors import DeviceError
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 
 
-@dataclass(frozen=True)
 class NodeState:
     """A device node's current owner and mode (for tests and `leases`)."""
 
-    path: str
-    uid: int
-    gid: int
-    mode: int
-    rdev: int
+    __slots__ = ("path", "uid", "gid", "mode", "rdev")
+
+    def __init__(self, path: str, uid: int, gid: int, mode: int, rdev: int):
+        self.path, self.uid, self.gid, self.mode, self.rdev = path, uid, gid, mode, rdev
 
 
 def _open_char_device(path: str, identity: str) -> int:

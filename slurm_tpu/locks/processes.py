@@ -13,7 +13,10 @@ Two questions, both answered by scanning /proc (milliseconds on a compute node):
 from __future__ import annotations
 
 import os
-from typing import Iterable
+
+TYPE_CHECKING = False  # typing itself costs the hooks milliseconds per job
+if TYPE_CHECKING:
+    from typing import Iterable
 
 
 def _pids() -> list[int]:
@@ -23,8 +26,10 @@ def _pids() -> list[int]:
 def holders(rdevs: Iterable[int], uid: int | None = None) -> dict[int, int]:
     """pid -> rdev for processes with one of the character devices ``rdevs`` open.
 
-    ``uid`` limits the scan to that user's processes (and root's): with the node
-    at mode 0600 nobody else can have opened it after the lease began.
+    ``uid`` limits the scan to that user's processes: with the node at mode 0600
+    only they (or root, which Slurm never runs a job's tasks as unless the job is
+    root's) can have opened it after the lease began; this keeps the epilog from
+    walking every daemon's descriptors on every job.
     """
     wanted = set(rdevs)
     found: dict[int, int] = {}
@@ -39,7 +44,7 @@ def holders(rdevs: Iterable[int], uid: int | None = None) -> dict[int, int]:
                 owner = os.stat(f"/proc/{pid}").st_uid
             except OSError:
                 continue
-            if owner not in (uid, 0):
+            if owner != uid:
                 continue
         fd_dir = f"/proc/{pid}/fd"
         try:

@@ -74,8 +74,16 @@ def open_dir(path: str, create: bool = False, parent_fd: int | None = None,
     return fd
 
 
+def check_name(name: str) -> str:
+    """``name`` if it is a plain file name (no '/', not '.' or '..'), else StateDirError."""
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
+        raise StateDirError(f"'{name}' is not a plain file name in the state directory", name)
+    return name
+
+
 def read_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
     """A regular file's bytes, or None when it does not exist. Symlinks are refused."""
+    check_name(name)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
@@ -103,7 +111,7 @@ def read_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
 
 
 def _write_temp(dir_fd: int, name: str, data: bytes, mode: int) -> str:
-    tmp = f".{name}.{os.getpid()}.tmp"
+    tmp = f".{check_name(name)}.{os.getpid()}.tmp"
     try:
         os.unlink(tmp, dir_fd=dir_fd)  # left by an earlier process with our pid
     except FileNotFoundError:
@@ -153,6 +161,7 @@ def create_exclusive(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> 
 
 def remove(dir_fd: int, name: str) -> bool:
     """Unlink ``name`` (a link itself, never its target); False if it was gone."""
+    check_name(name)
     try:
         os.unlink(name, dir_fd=dir_fd)
         return True
@@ -162,6 +171,7 @@ def remove(dir_fd: int, name: str) -> bool:
 
 def append_line(dir_fd: int, name: str, line: bytes, mode: int = 0o644) -> None:
     """Append one line with a single O_APPEND write (atomic between writers)."""
+    check_name(name)
     fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
                  mode,
                  dir_fd=dir_fd)

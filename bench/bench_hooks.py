@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Job throughput with the slurm-tpu hooks versus ``/bin/true`` hooks.
+
+One real local cluster (node n1 with two simulated Edge TPUs). Rounds of trivial
+``--gres=tpu:1`` jobs (a job array) alternate between the two hook sets, so
+machine noise hits both alike; the hooks are switched by a mode file that the
+timing wrappers read, not by reconfiguring Slurm. Every hook run is timed inside
+its wrapper (bash ``$EPOCHREALTIME``) to report median prolog/epilog wall time.
+
+    sudo /tmp/venv/bin/python bench/bench_hooks.py [--jobs-per-round 25] [--rounds 4]
+
+Prints one JSON document; ``ratio`` = throughput(slurm-tpu) / throughput(/bin/true).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from slurm_tpu.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: E402
+
+HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
+HOOKS = {"prolog": "prolog/slurm-tpu-prolog", "epilog": "epilog/slurm-tpu-epilog",
+         "task_prolog": "prolog/slurm-tpu-task-prolog"}
+
+WRAPPER = """#!/bin/bash
+# Timing wrapper: run the slurm-tpu hook or /bin/true, as the mode file says.
+read -r mode < "{mode_file}"
+start=$EPOCHREALTIME
+if [ "$mode" = hooks ]; then "{hook}"; rc=$?; else /bin/true; rc=$?; fi
+end=$EPOCHREALTIME
+[ "{kind}" = task_prolog ] || echo "$mode {kind} $start $end $rc" >> "{times}"
+exit $rc
+"""
+
+
+def make_wrappers(directory: str, mode_file: str, times: str) -> Hooks:
+    paths = {}
+    for kind, hook in HOOKS.items():
+        path = os.path.join(directory, f"timed-{kind}")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write(WRAPPER.format(mode_file=mode_file, hook=os.path.join(REPO, hook), kind=kind,
+                                        times=times))
+        os.chmod(path, 0o755)
+        paths[kind] = path
+    return Hooks(**paths)
+
+
+def run_round(cluster: LocalCluster, jobs: int) -> float:
+    """Submit one array of ``jobs`` trivial TPU jobs; seconds until all have ended."""
+    start = time.monotonic()
+    array = cluster.sbatch([f"--array=0-{jobs - 1}", "--gres=tpu:1", "-o", "/dev/null", "-e", "/dev/null"],
+                           "#!/bin/sh\ntrue\n")
+    while True:
+        out = cluster.command(["squeue", "-h", "-r", "-j", str(array), "-t", "PD,CF,R,CG", "-o", "%i"],
+                              check=False).stdout
+        if not out.strip():
+            return time.monotonic() - start
+        time.sleep(0.05)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs-per-round", type=int, default=25)
+    parser.add_argument("--rounds", type=int, default=4, help="rounds per hook set (interleaved)")
+    parser.add_argument("--keep", action="store_true", help="keep the cluster directory")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench_hooks: must run as root (it starts Slurm daemons)", file=sys.stderr)
+        return 2
+    base = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/tmp")
+    os.chmod(base, 0o755)
+    mode_file, times = os.path.join(base, "mode"), os.path.join(base, "hook-times.txt")
+    with open(mode_file, "w", encoding="utf-8") as handle:
+        handle.write("true\n")
+    cluster = LocalCluster(base=base, nodes=[NodeSpec("n1", HARDWARE)],
+                           hooks=make_wrappers(base, mode_file, times))
+    results: dict[str, list[float]] = {"true": [], "hooks": []}
+    try:
+        cluster.configure()
+        cluster.start()
+        run_round(cluster, 4)  # warm-up: first jobs pay for cold caches
+        for _ in range(args.rounds):
+            for mode in ("true", "hooks") if len(results["true"]) % 2 == 0 else ("hooks", "true"):
+                with open(mode_file, "w", encoding="utf-8") as handle:
+                    handle.write(mode + "\n")
+                results[mode].append(run_round(cluster, args.jobs_per_round))
+        states = cluster.node_states()
+        leases = subprocess.run([*cluster.slurm_tpu, "leases", "--json"], capture_output=True, text=True,
+                                env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"))).stdout
+    finally:
+        cluster.stop()
+    durations: dict[str, list[float]] = {}
+    failures = 0
+    with open(times, encoding="utf-8") as handle:
+        for line in handle:
+            mode, kind, start, end, rc = line.split()
+            failures += rc != "0"
+            durations.setdefault(f"{mode}_{kind}", []).append((float(end) - float(start)) * 1000)
+    jobs = args.jobs_per_round * args.rounds
+    throughput = {mode: jobs / sum(seconds) for mode, seconds in results.items()}
+    report = {
+        "jobs_per_hook_set": jobs,
+        "round_seconds": {mode: [round(s, 2) for s in seconds] for mode, seconds in results.items()},
+        "jobs_per_second": {mode: round(value, 2) for mode, value in throughput.items()},
+        "ratio": round(throughput["hooks"] / throughput["true"], 3),
+        "median_ms": {key: round(statistics.median(values), 1) for key, values in sorted(durations.items())},
+        "hook_failures": failures,
+        "node_states_after": states,
+        "leases_left": json.loads(leases or "[]"),
+    }
+    print(json.dumps(report, indent=2))
+    if not args.keep:
+        shutil.rmtree(base, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""Helpers for the isolation tests (imported as ``from support import ...``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+OPEN_PROBE = """
+import errno, os, sys
+try:
+    os.close(os.open(sys.argv[1], os.O_RDWR | os.O_NONBLOCK))
+    print("OPENED")
+except OSError as exc:
+    print(errno.errorcode.get(exc.errno, str(exc.errno)))
+"""
+
+
+def open_as(user: str, path: str) -> str:
+    """Try to open a device node as ``user`` from a plain shell: 'EACCES', 'ENXIO', 'OPENED'...
+
+    The simulated nodes use an experimental major with no driver, so a permitted
+    open() fails with ENXIO *after* the permission check: EACCES means the kernel
+    refused the user, anything else means the user got past the permissions.
+    """
+    done = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-I", "-c", OPEN_PROBE, path],
+                          capture_output=True, text=True, timeout=30)
+    return done.stdout.strip() or done.stderr.strip()
+
+
+def owner(path: str) -> tuple[int, int, int]:
+    """(uid, gid, mode) of a node, not following links."""
+    info = os.lstat(path)
+    return info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)
+
+
+def state_dir(cluster, node: str) -> str:
+    return os.path.join(cluster.node_dir(node), "state")
+
+
+def inventory(cluster, node: str) -> dict[str, list[str]]:
+    """identity -> device nodes, from the node's state inventory file."""
+    with open(os.path.join(state_dir(cluster, node), "inventory.json"), encoding="utf-8") as handle:
+        document = json.load(handle)
+    return {a["identity"]: a["device_nodes"] for a in document["accelerators"]}
+
+
+def audit(cluster, node: str) -> list[dict]:
+    path = os.path.join(state_dir(cluster, node), "audit.log")
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def leases(cluster, node: str) -> list[dict]:
+    """`slurm-tpu leases --json` on the node."""
+    done = subprocess.run([*cluster.slurm_tpu, "leases", "--json"], capture_output=True, text=True,
+                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node)), timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def wait_until(predicate, timeout: float = 60, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def hook_env(cluster, node: str, job_id: int, uid: int | None = None, **extra: str) -> dict[str, str]:
+    """The environment slurmd gives a Prolog/Epilog for a job on ``node``."""
+    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_JOB_ID": str(job_id), "SLURMD_NODENAME": node,
+           "SLURM_CONF": cluster.slurm_conf, "SLURM_TPU_CONFIG": cluster.node_config(node)}
+    if uid is not None:
+        env["SLURM_JOB_UID"] = str(uid)
+    env.update(extra)
+    return env
+
+
+def run_hook(kind: str, env: dict[str, str]) -> subprocess.CompletedProcess:
+    """Run prolog/epilog/task-prolog exactly as Slurm would (the executable, this env)."""
+    program = {"prolog": "prolog/slurm-tpu-prolog", "epilog": "epilog/slurm-tpu-epilog",
+               "task-prolog": "prolog/slurm-tpu-task-prolog"}[kind]
+    return subprocess.run([os.path.join(REPO, program)], env=env, capture_output=True, text=True, timeout=60)
+
+
+def udev_event(cluster, node: str, **env: str) -> subprocess.CompletedProcess:
+    """Run `slurm-tpu udev-event` as udev would, for the node's config."""
+    full = {"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": cluster.node_config(node), "SLURMD_NODENAME": node,
+            "SLURM_CONF": cluster.slurm_conf, **env}
+    return subprocess.run([*cluster.slurm_tpu, "udev-event"], env=full, capture_output=True, text=True,
+                          timeout=60, cwd=REPO)
+
+
+def no_overlaps(records: list[dict]) -> dict[str, int]:
+    """Check audit records: per device, acquire/release strictly alternate. Returns leases per device."""
+    holder: dict[str, int | None] = {}
+    count: dict[str, int] = {}
+    for record in sorted(records, key=lambda r: r["t"]):
+        identity, event = record.get("identity"), record["event"]
+        if event == "acquire":
+            assert holder.get(identity) is None, f"{identity} leased to job {record['job_id']} while job " \
+                                                 f"{holder.get(identity)} held it"
+            holder[identity] = record["job_id"]
+            count[identity] = count.get(identity, 0) + 1
+        elif event == "reclaim" and holder.get(identity) is None:
+            pass  # a lease whose prolog died before auditing it (or a planted one)
+        elif event in ("release", "reclaim", "rollback"):
+            assert holder.get(identity) == record["job_id"], f"{event} of {identity} by job {record['job_id']} " \
+                                                             f"but holder was {holder.get(identity)}"
+            holder[identity] = None
+    assert all(h is None for h in holder.values()), f"leases never released: {holder}"
+    return count

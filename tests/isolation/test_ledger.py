@@ -1,0 +1,173 @@
+"""The lease ledger and device ownership on real files (mknod'd nodes, real processes)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+
+import pytest
+
+from slurm_tpu.errors import DeviceError
+from slurm_tpu.hooks.context import JobContext
+from slurm_tpu.hooks import leasing
+from slurm_tpu.hooks.settings import HookSettings
+from slurm_tpu.locks import ownership, statedir
+from slurm_tpu.locks.ledger import BadLease, Lease, Ledger
+from slurm_tpu.locks.node_inventory import KnownDevice
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod/chown need root")
+
+
+@pytest.fixture
+def state(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    return str(tmp_path / "state")
+
+
+def lease(identity="usb-2-1.3", job=1, uid=1000):
+    return Lease(identity=identity, job_id=job, uid=uid, allocation=(identity,), start=1.0)
+
+
+def test_claim_is_exclusive_and_complete(state):
+    with Ledger(state) as ledger:
+        assert ledger.claim(lease(job=1))
+        assert not ledger.claim(lease(job=2))
+        held = ledger.read("usb-2-1.3")
+        assert isinstance(held, Lease) and held.job_id == 1
+        assert ledger.names() == ["usb-2-1.3"]  # no temp file left behind
+        assert ledger.drop("usb-2-1.3") and not ledger.drop("usb-2-1.3")
+        assert ledger.read("usb-2-1.3") is None
+
+
+def test_racing_processes_never_share_a_lease(state):
+    """Eight real processes race for one device 30 times: exactly one wins each round."""
+    Ledger(state).close()
+    script = (
+        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "from slurm_tpu.locks.ledger import Lease, Ledger\n"
+        "wins = 0\n"
+        "with Ledger(sys.argv[2]) as l:\n"
+        "    for r in range(30):\n"
+        "        wins += l.claim(Lease(identity=f'usb-1-{r}', job_id=int(sys.argv[3]), uid=0))\n"
+        "print(wins)\n")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    procs = [subprocess.Popen([sys.executable, "-c", script, repo, state, str(job)], stdout=subprocess.PIPE,
+                              text=True) for job in range(1, 9)]
+    wins = sum(int(p.communicate()[0]) for p in procs)
+    assert wins == 30
+    with Ledger(state) as ledger:
+        assert len(ledger.names()) == 30
+
+
+def test_symlinked_state_dir_is_refused(tmp_path):
+    os.chmod(tmp_path, 0o755)
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "state").symlink_to(target)
+    with pytest.raises(statedir.StateDirError, match="symlink"):
+        Ledger(str(tmp_path / "state"))
+    assert list(target.iterdir()) == []
+
+
+def test_planted_symlinks_inside_the_state_dir_are_not_followed(state, tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("precious\n")
+    with Ledger(state) as ledger:
+        os.symlink(victim, os.path.join(state, "audit.log"))
+        os.symlink(victim, os.path.join(state, "leases", "usb-2-1.3"))
+        assert not ledger.claim(lease())  # the link occupies the name; it is not written through
+        assert isinstance(ledger.read("usb-2-1.3"), BadLease)
+        ledger.audit("acquire", identity="usb-2-1.3")  # silently skipped, never written through
+        with pytest.raises(statedir.StateDirError):
+            statedir.write_atomic(ledger.dir_fd, "inventory.json/..", b"x")
+    assert victim.read_text() == "precious\n"
+
+
+def test_world_writable_state_dir_is_refused(state):
+    os.makedirs(state, mode=0o755)
+    os.chmod(state, 0o777)
+    with pytest.raises(statedir.StateDirError, match="writable"):
+        Ledger(state)
+
+
+@needs_root
+def test_set_owner_changes_only_char_devices(tmp_path):
+    node = tmp_path / "apex_0"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 200))
+    assert ownership.set_owner(str(node), "pci-x", 1234, -1, 0o600)
+    info = os.lstat(node)
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (1234, 0o600)
+    assert not ownership.set_owner(str(node), "pci-x", 1234, -1, 0o600)  # already right
+    plain = tmp_path / "shadow"
+    plain.write_text("secret")
+    link = tmp_path / "link"
+    link.symlink_to(node)
+    for bad in (plain, link, tmp_path / "missing"):
+        with pytest.raises(DeviceError):
+            ownership.set_owner(str(bad), "pci-x", 1234, -1, 0o666)
+    assert os.lstat(plain).st_uid == 0 and stat.S_IMODE(os.lstat(plain).st_mode) != 0o666
+    assert os.stat(node).st_uid == 1234  # the link's target was not touched through the link
+
+
+@needs_root
+def test_acquire_release_roundtrip_and_idempotent_release(state, tmp_path):
+    node = tmp_path / "bus-002-005"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 201))
+    device = KnownDevice("usb-2-1.3", "edgetpu", "usb", (str(node),))
+    settings = HookSettings(state, devices={device.identity: device})
+    job = JobContext(job_id=41, uid=4321, user="alice", node="n1")
+    with Ledger(state) as ledger:
+        taken = leasing.acquire(ledger, job, [device], settings)
+        assert [t.identity for t in taken] == ["usb-2-1.3"]
+        assert os.stat(node).st_uid == 4321
+        # Another job is refused while job 41's prolog (this process) is alive.
+        other = JobContext(job_id=42, uid=555, user="bob", node="n1")
+        with pytest.raises(leasing.HookError, match="held by live job 41"):
+            leasing.acquire(ledger, other, [device], settings, wait_s=0.3)
+        assert os.stat(node).st_uid == 4321
+        assert leasing.release(ledger, 41, settings) == []
+        assert os.stat(node).st_uid == 0 and ledger.names() == []
+        assert leasing.release(ledger, 41, settings) == []  # second epilog: no-op
+    events = [json.loads(line)["event"] for line in open(os.path.join(state, "audit.log"))]
+    assert events == ["acquire", "release"]
+
+
+@needs_root
+def test_stale_lease_of_a_dead_job_is_reclaimed(state, tmp_path):
+    node = tmp_path / "apex_0"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 202))
+    os.chown(node, 777, -1)
+    device = KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(node),))
+    settings = HookSettings(state, devices={device.identity: device})
+    with Ledger(state) as ledger:
+        # A lease written by a prolog (pid 1 never matches its recorded start time) of a job with no slurmstepd.
+        assert ledger.claim(Lease(identity=device.identity, job_id=999999, uid=777, prolog_pid=1, prolog_start=5))
+        leasing.acquire(ledger, JobContext(7, 4321, "alice", "n1"), [device], settings, wait_s=0.2)
+        held = ledger.read(device.identity)
+        assert isinstance(held, Lease) and held.job_id == 7
+    assert os.stat(node).st_uid == 4321
+    events = [json.loads(line) for line in open(os.path.join(state, "audit.log"))]
+    assert [(e["event"], e["job_id"]) for e in events] == [("reclaim", 999999), ("acquire", 7)]
+
+
+@needs_root
+def test_epilog_keeps_the_lease_while_a_process_holds_the_device(state, tmp_path):
+    node = tmp_path / "null-like"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/full").st_rdev)  # openable, rarely held
+    device = KnownDevice("usb-9-1", "edgetpu", "usb", (str(node),))
+    settings = HookSettings(state, devices={device.identity: device})
+    with Ledger(state) as ledger:
+        leasing.acquire(ledger, JobContext(8, 0, "root", "n1"), [device], settings)
+        holder = subprocess.Popen(["sleep", "30"], stdin=open(node, "rb"))
+        try:
+            problems = leasing.release(ledger, 8, settings, wait_s=0.3)
+            assert problems and str(holder.pid) in problems[0]
+            assert ledger.names() == ["usb-9-1"]
+        finally:
+            holder.kill()
+            holder.wait()
+        assert leasing.release(ledger, 8, settings) == []
+        assert ledger.names() == []
