@@ -312,8 +312,10 @@ class GpuEngine:
         with native_stderr_captured():
             self._in = self._out = []
             if getattr(self, "_model", None) is not None:
+                environment = self._model.environment
                 self._model.close()
                 self._model = None
+                environment.close()  # the accelerators go with it, logging as they go
             gc.collect()
 
 

@@ -42,10 +42,10 @@ def test_chain_of_segments_matches_the_whole_model(models):
 
 
 def test_error_items_pass_through_untouched(models):
-    engine = InterpreterEngine(str(models["classifier"]), "cpu", "litert", 1)
+    engines = [InterpreterEngine(str(models["classifier"]), "cpu", "litert", 1) for _ in range(2)]
     items = _items(3)
     items[1] = Item(1, "bad", error="input bad is broken")
-    out = list(infer_ordered([engine, engine], items))
+    out = list(infer_ordered(engines, items))
     assert [i.error for i in out] == [None, "input bad is broken", None]
 
 
