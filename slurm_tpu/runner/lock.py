@@ -15,18 +15,38 @@ import re
 from pathlib import Path
 from typing import Mapping
 
+from ..errors import DeviceError
 from .errors import DeviceBusyError
 
 LOCK_DIR_ENV = "SLURM_TPU_LOCK_DIR"
 
 
-def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
-    """$SLURM_TPU_LOCK_DIR, else $XDG_RUNTIME_DIR/slurm-tpu, else /tmp/slurm-tpu-<uid>."""
+def _candidates(environ: Mapping[str, str]) -> list[Path]:
     if environ.get(LOCK_DIR_ENV):
-        return Path(environ[LOCK_DIR_ENV])
+        return [Path(environ[LOCK_DIR_ENV])]
+    found = []
     if environ.get("XDG_RUNTIME_DIR"):
-        return Path(environ["XDG_RUNTIME_DIR"]) / "slurm-tpu"
-    return Path(f"/tmp/slurm-tpu-{os.getuid()}")
+        # Often inherited from the login node's session: /run/user/UID may not exist here.
+        found.append(Path(environ["XDG_RUNTIME_DIR"]) / "slurm-tpu")
+    found.append(Path(f"/tmp/slurm-tpu-{os.getuid()}"))
+    return found
+
+
+def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
+    """$SLURM_TPU_LOCK_DIR, else $XDG_RUNTIME_DIR/slurm-tpu, else /tmp/slurm-tpu-<uid>:
+    the first that exists (or can be made) and belongs to us."""
+    problems = []
+    for path in _candidates(environ):
+        try:
+            path.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if path.stat().st_uid != os.getuid():
+                problems.append(f"{path} belongs to uid {path.stat().st_uid}")
+                continue
+            return path
+        except OSError as exc:
+            problems.append(f"{path}: {exc.strerror}")
+    raise DeviceError(f"no usable lock directory ({'; '.join(problems)}): set {LOCK_DIR_ENV} "
+                      "to a private writable directory", "-")
 
 
 def lock_path(identity: str, environ: Mapping[str, str] = os.environ) -> Path:
@@ -40,9 +60,13 @@ class DeviceLock:
     def __init__(self, identity: str, environ: Mapping[str, str] = os.environ):
         self.identity = identity
         self.path = lock_path(identity, environ)
-        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         # No O_TRUNC: the holder's pid must stay readable for the loser.
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as exc:
+            raise DeviceError(f"cannot open the lock file {self.path} for Edge TPU {identity} "
+                              f"({exc.strerror}): set {LOCK_DIR_ENV} to a private writable directory",
+                              identity) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

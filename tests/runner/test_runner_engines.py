@@ -122,3 +122,13 @@ def test_compiled_model_engine_matches_the_interpreter(models):
     finally:
         compiled.close()
         interpreter.close()
+
+
+def test_lock_dir_skips_a_runtime_dir_that_cannot_be_made(tmp_path, monkeypatch):
+    from slurm_tpu.runner.lock import lock_dir
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")  # a file where a directory should go: mkdir fails
+    env = {"XDG_RUNTIME_DIR": str(blocker / "run")}
+    assert lock_dir(env) == lock_dir({})  # fell back to /tmp/slurm-tpu-<uid>
+    assert lock_dir({"XDG_RUNTIME_DIR": str(tmp_path)}) == tmp_path / "slurm-tpu"
