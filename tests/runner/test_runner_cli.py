@@ -214,3 +214,11 @@ def test_error_inconsistent_job_environment(models, clean_env):
     env = dict(clean_env, SLURM_TPU_DEVICES="usb-2-1.3,usb-2-1.4", SLURM_TPU_EDGETPU_PATHS=f"usb:{USB_A}")
     assert "inconsistent" in _one_line_error(run_cli(["infer", models["classifier"],
                                                       models["images"] / "img_00001.png"], env))
+
+
+def test_error_edgetpu_model_the_runtime_does_not_take(models, tpu_env):
+    """An Edge TPU model whose custom op no delegate claims (the double claims nothing)."""
+    line = _one_line_error(run_cli(["infer", models["classifier_edgetpu"], models["images"] / "img_00001.png"],
+                                   tpu_env))
+    assert "did not take its edgetpu-custom-op" in line
+    assert [e["call"] for e in double_log(tpu_env)] == ["create", "free"]  # opened, then released cleanly
