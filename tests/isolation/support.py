@@ -28,7 +28,7 @@ def open_as(user: str, path: str) -> str:
     open() fails with ENXIO *after* the permission check: EACCES means the kernel
     refused the user, anything else means the user got past the permissions.
     """
-    done = subprocess.run(["runuser", "-u", user, "--", sys.executable, "-I", "-c", OPEN_PROBE, path],
+    done = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-I", "-c", OPEN_PROBE, path],
                           capture_output=True, text=True, timeout=30)
     return done.stdout.strip() or done.stderr.strip()
 

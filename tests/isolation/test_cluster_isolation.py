@@ -1,0 +1,217 @@
+"""Per-job device isolation against a real local Slurm cluster.
+
+One cluster for the module: n1 with two Edge TPUs (a USB stick and a PCIe card,
+two GRES types), n2 with a GPU (leased too: devices.isolate_gpus), n3 plain,
+n4 with one USB stick. gres.conf and the NodeName lines come from the project's
+own gres-conf/node-conf; Prolog/Epilog/TaskProlog are the project's hooks.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from conftest import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
+from support import audit, inventory, leases, no_overlaps, open_as, owner, run_hook, hook_env, wait_until
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require_root_and_slurm()
+    from slurm_tpu.localcluster.cluster import NodeSpec
+
+    nodes = [NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev")),
+             NodeSpec("n2", os.path.join(HARDWARE, "n2_gpu.umockdev")),
+             NodeSpec("n3"),
+             NodeSpec("n4", os.path.join(HARDWARE, "n4_one_tpu.umockdev"))]
+    started = make_cluster(nodes, node_config_extra={"devices": {"isolate_gpus": True}})
+    yield started
+    finish_cluster(started)
+
+
+def out(cluster, name: str) -> str:
+    return os.path.join(cluster.base, "out", name)
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8") as handle:
+        return handle.read()
+
+
+HOLD = """#!/bin/sh
+echo "$SLURM_TPU_DEVICES" > {out}/{tag}.devices
+echo "$SLURM_TPU_EDGETPU_PATHS" > {out}/{tag}.paths
+echo "$SLURM_TPU_GPUS" > {out}/{tag}.gpus
+hostname > /dev/null
+touch {out}/{tag}.started
+i=0
+while [ ! -e {out}/{tag}.stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done
+"""
+
+PROBE = """#!/bin/sh
+python3 -I -c '
+import errno, os, sys
+try:
+    os.close(os.open(sys.argv[1], os.O_RDWR | os.O_NONBLOCK)); print("OPENED")
+except OSError as exc:
+    print(errno.errorcode.get(exc.errno, exc.errno))
+' "$(cat {target})" > {out}/{tag}.probe
+"""
+
+
+def hold(cluster, user: str, tag: str, args: list[str]) -> int:
+    job = cluster.sbatch([*args, "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
+                         HOLD.format(out=os.path.join(cluster.base, "out"), tag=tag), user=user)
+    wait_until(lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(job) not in
+               ("PENDING", "RUNNING", "CONFIGURING", ""), 60, f"job {job} to start")
+    return job
+
+
+def release(cluster, tag: str, job: int) -> str:
+    open(out(cluster, f"{tag}.stop"), "w").close()
+    return cluster.wait_for_jobs([job], timeout=60)[job]
+
+
+def test_user_b_cannot_open_user_a_device_and_env_names_exactly_it(cluster, users):
+    alice, bob = users["stpu_alice"], users["stpu_bob"]
+    nodes = inventory(cluster, "n1")
+    job_a = hold(cluster, "stpu_alice", "a1", ["-w", "n1", "--gres=tpu:edgetpu_usb:1"])
+    try:
+        assert read(out(cluster, "a1.devices")).strip() == "usb-2-1.3"
+        assert read(out(cluster, "a1.paths")).strip() == "usb:/sys/bus/usb/devices/2-1.3"
+        usb_node = nodes["usb-2-1.3"][0]
+        pci_node = nodes["pci-0000:03:00.0"][0]
+        assert owner(usb_node) == (alice, 0, 0o600)
+        assert owner(pci_node) == (0, 0, 0o600)  # the other TPU stays idle
+        held = {row["identity"]: row for row in leases(cluster, "n1")}
+        assert held["usb-2-1.3"]["job_id"] == job_a and held["usb-2-1.3"]["uid"] == alice
+        # From a plain shell: bob is refused by the kernel, alice gets past the permission check.
+        assert open_as("stpu_bob", usb_node) == "EACCES"
+        assert open_as("stpu_alice", usb_node) == "ENXIO"  # permitted; no driver behind the fake node
+        assert open_as("stpu_alice", pci_node) == "EACCES"  # not hers
+        # From bob's own job on the same node (he gets the other TPU).
+        target = out(cluster, "target")
+        with open(target, "w", encoding="utf-8") as handle:
+            handle.write(usb_node)
+        job_b = cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"],
+                               PROBE.format(target=target, out=os.path.join(cluster.base, "out"), tag="b1"),
+                               user="stpu_bob")
+        assert cluster.wait_for_jobs([job_b], timeout=60)[job_b] == "COMPLETED"
+        assert read(out(cluster, "b1.probe")).strip() == "EACCES"
+    finally:
+        state = release(cluster, "a1", job_a)
+    assert state == "COMPLETED"
+    assert owner(usb_node) == (0, 0, 0o600)  # back to the idle policy
+    assert open_as("stpu_alice", usb_node) == "EACCES"
+    assert leases(cluster, "n1") == []
+    events = [e for e in audit(cluster, "n1") if e["job_id"] in (job_a, job_b)]
+    assert {(e["event"], e["job_id"], e["identity"]) for e in events} == {
+        ("acquire", job_a, "usb-2-1.3"), ("release", job_a, "usb-2-1.3"),
+        ("acquire", job_b, "pci-0000:03:00.0"), ("release", job_b, "pci-0000:03:00.0")}
+    assert not os.listdir(os.path.join(cluster.node_dir("n1"), "state", "jobs"))
+
+
+def test_gpu_is_leased_like_a_tpu_when_configured(cluster, users):
+    gpu_nodes = inventory(cluster, "n2")["pci-0000:0a:00.0"]
+    job = hold(cluster, "stpu_bob", "g1", ["-w", "n2", "--gres=gpu:1"])
+    try:
+        assert read(out(cluster, "g1.gpus")).strip() == "pci-0000:0a:00.0"
+        assert read(out(cluster, "g1.devices")).strip() == ""  # no TPU: empty, not inherited
+        for node in gpu_nodes:
+            assert owner(node) == (users["stpu_bob"], 0, 0o600)
+            assert open_as("stpu_alice", node) == "EACCES"
+    finally:
+        assert release(cluster, "g1", job) == "COMPLETED"
+    for node in gpu_nodes:
+        assert owner(node) == (0, 0, 0o600)
+
+
+def test_job_without_gres_gets_no_device_and_no_inherited_variables(cluster, users):
+    script = "#!/bin/sh\necho \"[$SLURM_TPU_DEVICES][${SLURM_TPU_EDGETPU_PATHS-unset}]\" > " + out(cluster, "plain.env")
+    job = cluster.sbatch(["-w", "n1", "-o", "/dev/null", "--export=ALL,SLURM_TPU_DEVICES=usb-2-1.3"], script,
+                         user="stpu_alice")
+    assert cluster.wait_for_jobs([job], timeout=60)[job] == "COMPLETED"
+    assert read(out(cluster, "plain.env")).strip() == "[][unset]"
+    assert all(owner(n[0]) == (0, 0, 0o600) for n in inventory(cluster, "n1").values())
+
+
+SEED = """#!/bin/sh
+start=$(date +%s.%N)
+sleep 1.5
+echo "$SLURM_JOB_ID $SLURMD_NODENAME ${{SLURM_TPU_DEVICES:--}} $start $(date +%s.%N)" > {out}/seed.$SLURM_JOB_ID
+"""
+
+
+def _intervals(cluster, jobs):
+    rows = []
+    for job in jobs:
+        job_id, node, device, start, end = read(out(cluster, f"seed.{job}")).split()
+        rows.append((float(start), float(end), node, device))
+    return rows
+
+
+def _max_concurrent(rows, key=lambda row: True) -> int:
+    points = sorted([(s, 1) for s, e, *rest in rows if key((s, e, *rest))] +
+                    [(e, -1) for s, e, *rest in rows if key((s, e, *rest))], key=lambda p: (p[0], p[1]))
+    best = current = 0
+    for _, delta in points:
+        current += delta
+        best = max(best, current)
+    return best
+
+
+def test_seed_experiment_one_tpu_serial_two_tpus_pairwise_plain_jobs_spread(cluster, users):
+    script = SEED.format(out=os.path.join(cluster.base, "out"))
+    one = [cluster.sbatch(["-w", "n4", "--gres=tpu:1", "-o", "/dev/null"], script, user="stpu_alice")
+           for _ in range(5)]
+    two = [cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"], script,
+                          user=("stpu_alice", "stpu_bob")[i % 2]) for i in range(5)]
+    plain = [cluster.sbatch(["-o", "/dev/null"], script, user="stpu_bob") for _ in range(6)]
+    states = cluster.wait_for_jobs(one + two + plain, timeout=180)
+    assert set(states.values()) == {"COMPLETED"}, states
+    serial = _intervals(cluster, one)
+    assert {device for *_, device in serial} == {"usb-2-1.3"}
+    assert _max_concurrent(serial) == 1  # one TPU: strictly one after another
+    pairs = _intervals(cluster, two)
+    assert _max_concurrent(pairs) <= 2
+    assert {device for *_, device in pairs} == {"usb-2-1.3", "pci-0000:03:00.0"}
+    for device in ("usb-2-1.3", "pci-0000:03:00.0"):
+        assert _max_concurrent(pairs, key=lambda row, d=device: row[3] == d) == 1  # never shared
+    plain_nodes = {node for _, _, node, _ in _intervals(cluster, plain)}
+    assert len(plain_nodes) >= 3, plain_nodes  # spread over the cluster meanwhile
+    for node in ("n1", "n4"):
+        no_overlaps(audit(cluster, node))
+        assert leases(cluster, node) == []
+
+
+def test_second_epilog_and_epilog_without_lease_are_no_ops(cluster, users):
+    job = hold(cluster, "stpu_alice", "e1", ["-w", "n4", "--gres=tpu:1"])
+    assert release(cluster, "e1", job) == "COMPLETED"
+    before = audit(cluster, "n4")
+    usb = inventory(cluster, "n4")["usb-2-1.3"][0]
+    for job_id in (job, 999999):
+        done = run_hook("epilog", hook_env(cluster, "n4", job_id, users["stpu_alice"]))
+        assert done.returncode == 0 and done.stderr == ""
+    assert audit(cluster, "n4") == before
+    assert owner(usb) == (0, 0, 0o600)
+    assert cluster.node_states()["n4"] == "IDLE"
+
+
+def test_task_prolog_prints_only_the_jobs_own_lines(cluster, users):
+    job = hold(cluster, "stpu_alice", "t1", ["-w", "n1", "--gres=tpu:2"])
+    try:
+        devices = read(out(cluster, "t1.devices")).strip().split(",")
+        assert sorted(devices) == ["pci-0000:03:00.0", "usb-2-1.3"]
+        # Allocation order (Slurm's IDX order: slurm.conf Gres= lists edgetpu_usb first).
+        assert devices == ["usb-2-1.3", "pci-0000:03:00.0"]
+        mine = run_hook("task-prolog", hook_env(cluster, "n1", job))
+        other = run_hook("task-prolog", hook_env(cluster, "n1", job + 1000))
+        hostile = run_hook("task-prolog", hook_env(cluster, "n1", 0, SLURM_JOB_ID="1;id"))
+    finally:
+        assert release(cluster, "t1", job) == "COMPLETED"
+    assert "export SLURM_TPU_DEVICES=usb-2-1.3,pci-0000:03:00.0\n" in mine.stdout
+    assert other.stdout.startswith("unset SLURM_TPU_DEVICES") and hostile.stdout == other.stdout
+    assert mine.returncode == other.returncode == hostile.returncode == 0
