@@ -1,0 +1,55 @@
+"""Stress: 300 short TPU jobs from two users on one two-TPU node.
+
+The audit log must show, per device, strictly alternating acquire/release (no
+overlapping leases) and every lease released; the node ends idle and undrained.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from conftest import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
+from support import audit, inventory, leases, no_overlaps, owner
+
+pytestmark = pytest.mark.slurm
+
+JOBS_PER_USER = 150
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    require_root_and_slurm()
+    from slurm_tpu.localcluster.cluster import NodeSpec
+
+    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
+    yield started
+    finish_cluster(started)
+
+
+def test_300_jobs_from_two_users_never_share_a_device(cluster, users):
+    script = "#!/bin/sh\ntest -n \"$SLURM_TPU_DEVICES\"\n"  # fails the job if the env is missing
+    for user in ("stpu_alice", "stpu_bob"):
+        cluster.sbatch([f"--array=0-{JOBS_PER_USER - 1}", "-w", "n1", "--gres=tpu:1", "-o", "/dev/null",
+                              "-e", "/dev/null"], script, user=user)
+    final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
+    deadline = time.monotonic() + 480
+    while time.monotonic() < deadline:
+        out = cluster.command(["squeue", "-h", "-r", "-t", "all", "-o", "%i %T"]).stdout.split("\n")
+        states = [line.split()[1] for line in out if line.strip()]
+        if len(states) >= 2 * JOBS_PER_USER and all(s in final for s in states):
+            break
+        time.sleep(1)
+    assert states.count("COMPLETED") == 2 * JOBS_PER_USER, {s: states.count(s) for s in set(states)}
+    records = audit(cluster, "n1")
+    per_device = no_overlaps(records)
+    assert sum(per_device.values()) == 2 * JOBS_PER_USER
+    assert set(per_device) == {"usb-2-1.3", "pci-0000:03:00.0"}
+    uids = {r["uid"] for r in records if r["event"] == "acquire"}
+    assert uids == {users["stpu_alice"], users["stpu_bob"]}
+    assert not [r for r in records if r["event"] in ("reclaim", "rollback", "survivor")]
+    assert leases(cluster, "n1") == []
+    for nodes in inventory(cluster, "n1").values():
+        assert owner(nodes[0]) == (0, 0, 0o600)
+    assert cluster.node_states()["n1"] == "IDLE"
