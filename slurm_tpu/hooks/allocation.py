@@ -118,7 +118,25 @@ def _query_pyslurm(job_id: int, node: str) -> list[GresAlloc] | None:
         return None
 
 
-def query_job_gres(job_id: int, node: str) -> list[GresAlloc] | None:
+def _piped_answer(job_id: int, environ: Mapping[str, str] | None) -> str | None:
+    """The ``scontrol show job -d`` text prolog/slurm-tpu-prolog piped in, if any.
+
+    The sh entry point starts the query concurrently with Python's start-up and
+    says so with SLURM_TPU_JOB_ON_STDIN=<job id> (slurmd's hook environment is
+    not job-controlled). Empty output means scontrol failed: ask again below.
+    """
+    if environ is None or environ.get("SLURM_TPU_JOB_ON_STDIN") != str(job_id):
+        return None
+    import sys
+
+    try:
+        text = sys.stdin.read(4 << 20)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return None
+    return text if text.strip() else None
+
+
+def query_job_gres(job_id: int, node: str, environ: Mapping[str, str] | None = None) -> list[GresAlloc] | None:
     """The job's GRES on this node. None if Slurm does not list the job on this node."""
     from ..errors import SlurmCommandError
     from ..slurm import spawn
@@ -128,7 +146,9 @@ def query_job_gres(job_id: int, node: str) -> list[GresAlloc] | None:
     if via_pyslurm is not None:
         return via_pyslurm
     try:
-        text = spawn.run([spawn.find("scontrol"), "show", "job", "-d", str(job_id)])
+        text = _piped_answer(job_id, environ)
+        if text is None:
+            text = spawn.run([spawn.find("scontrol"), "show", "job", "-d", str(job_id)])
         try:
             return parse_scontrol_job_detail(text, node)
         except ForgedOutputError:

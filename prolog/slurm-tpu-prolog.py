@@ -1,0 +1,22 @@
+#!/usr/bin/python3 -IS
+"""Slurm Prolog= worker (root): lease the job's accelerators; run by prolog/slurm-tpu-prolog.
+
+Thin entry point into slurm_tpu.hooks.prolog. Runs isolated (-I) and without
+site-packages (-S) so start-up stays in the milliseconds; site-packages are
+added only if slurm_tpu is not next to this file or a config file needs PyYAML.
+"""
+import os
+import sys
+
+_ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+if os.path.isfile(os.path.join(_ROOT, "slurm_tpu", "__init__.py")):
+    sys.path.insert(0, _ROOT)
+try:
+    from slurm_tpu.hooks.prolog import main
+except ImportError:  # installed as a package: look in site-packages too
+    import site
+
+    site.main()
+    from slurm_tpu.hooks.prolog import main
+
+sys.exit(main())
