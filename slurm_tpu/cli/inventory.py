@@ -144,22 +144,18 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
     Edge TPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
     USB re-enumeration and unplugging; writing --output creates them (as root).
     """
-    from ..locks.slots import ensure_slot
-    from ..model import Kind
-    from ..render import render_gres_conf, slot_path
+    from ..render import render_gres_conf
 
     config = obj.config
     inventory = _inventory(saved)
     name = _node_name(obj, node)
     if output and not (diff or check or no_slots):
-        # The file must never name a path that does not exist: slurmd would exit.
-        for accelerator in inventory.usable(Kind.EDGETPU):
-            ensure_slot(os.path.dirname(slot_path(config, accelerator)), accelerator.identity,
-                        accelerator.primary_node or "")
-        # The hooks read this node-local copy instead of detecting on every job.
-        from ..locks.node_inventory import write_state_inventory
+        # Slot nodes first: the file must never name a path that does not exist
+        # (slurmd would exit). The hooks read the state-dir copy of the inventory
+        # instead of detecting on every job.
+        from ..ops.configure import prepare_node_state
 
-        write_state_inventory(config.state_dir, inventory.to_json())
+        prepare_node_state(config, inventory)
     _emit_block("gres", name, render_gres_conf(inventory, config, name), output, diff, check)
 
 

@@ -50,3 +50,46 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     detail = result.decision.reason or result.decision.why
     click.echo(f"{result.node}: {len(result.configured)} configured accelerator(s), "
                f"{len(result.problems)} problem(s); {verb}: {detail}")
+
+
+@main.command()
+@click.option("--node", metavar="NAME", help="Slurm NodeName (default: config node_name, else short hostname).")
+@click.option("--gres-conf", "gres_conf", metavar="FILE", default="/etc/slurm/gres.conf", show_default=True,
+              help="gres.conf holding this node's slurm-tpu block.")
+@click.option("--node-conf", "node_conf", metavar="FILE",
+              help="File holding this node's NodeName block (from node-conf --output); its Gres=/Feature= "
+                   "are kept in line too.")
+@click.option("--stop-command", metavar="COMMAND", default="systemctl stop slurmd", show_default=True,
+              help="Stops this node's slurmd (split like a shell would, run without one).")
+@click.option("--start-command", metavar="COMMAND", default="systemctl start slurmd", show_default=True,
+              help="Starts this node's slurmd.")
+@click.option("--controller-command", metavar="COMMAND", default="",
+              help="Restarts slurmctld, needed when a GRES count changes (e.g. 'ssh ctl systemctl restart "
+                   "slurmctld'). Without it the node stays drained with a reason saying what to restart, "
+                   "and `slurm-tpu health` resumes it once slurmctld reports the new GRES.")
+@click.option("--files-only", is_flag=True, help="Only rewrite the files; never drain or restart.")
+@click.option("--settle", type=float, default=5.0, show_default=True, metavar="SECONDS",
+              help="Quiet time after the last udev event before acting (covers USB re-enumeration).")
+@click.option("--duration", type=float, metavar="SECONDS", help="Stop after this long (default: run forever).")
+@pass_obj
+def watch(obj: Obj, node: str | None, gres_conf: str, node_conf: str | None, stop_command: str,
+          start_command: str, controller_command: str, files_only: bool, settle: float,
+          duration: float | None) -> None:
+    """Follow udev hotplug events and keep gres.conf and Slurm in line with the hardware.
+
+    A USB re-enumeration (the same stick back under its topology path) changes
+    nothing. A real plug/unplug regenerates this node's gres.conf block (slot nodes
+    first, so it never names a missing path) and NodeName line, then drains the
+    node, waits for its accelerator jobs, restarts slurmd (and slurmctld when the
+    GRES count changed and --controller-command is given) and resumes the node.
+    """
+    import shlex
+
+    from ..ops.restart import RestartCommands
+    from ..ops.watch import Watcher
+
+    commands = None if files_only else RestartCommands(
+        shlex.split(stop_command), shlex.split(start_command), shlex.split(controller_command))
+    watcher = Watcher(obj.config, node or obj.config.node_name or socket.gethostname().split(".")[0],
+                      gres_conf, node_conf, commands, settle=settle)
+    watcher.run(stop_after=duration)

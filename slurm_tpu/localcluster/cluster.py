@@ -99,8 +99,12 @@ class LocalCluster:
         return os.path.join(self.node_dir(node), "config.yaml")
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
-        """Environment for Slurm client commands talking to this cluster."""
-        env = dict(os.environ)
+        """Environment for Slurm client commands talking to this cluster.
+
+        A umockdev preload is never passed on: the daemons and commands must see
+        the real machine (slurmd reading a fake sysfs crashes in hwloc).
+        """
+        env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "UMOCKDEV_DIR")}
         env["SLURM_CONF"] = self.slurm_conf
         env.update(extra or {})
         return env
@@ -300,6 +304,41 @@ class LocalCluster:
         for spec in self.nodes:
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
+
+    @classmethod
+    def load(cls, base: str) -> "LocalCluster":
+        """The cluster configured earlier under ``base`` (for stop/restart from another process)."""
+        with open(os.path.join(base, "etc", "cluster.json"), encoding="utf-8") as handle:
+            saved = json.load(handle)
+        cluster = cls(base=base, nodes=[NodeSpec(name) for name in saved["nodes"]])
+        cluster.ctld_port = saved["ctld_port"]
+        return cluster
+
+    def _stop_daemon(self, name: str) -> None:
+        pid = self.running_pids().get(name)
+        if not pid:
+            return
+        os.killpg(pid, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        while _pid_alive(pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if _pid_alive(pid):
+            os.killpg(pid, signal.SIGKILL)
+
+    def stop_slurmd(self, node: str) -> None:
+        """Stop one node's slurmd."""
+        self._stop_daemon(f"slurmd-{node}")
+
+    def start_slurmd(self, node: str) -> None:
+        """Start one node's slurmd (no wait: the controller may be restarting)."""
+        self._spawn(f"slurmd-{node}", [shutil.which("slurmd") or "/usr/sbin/slurmd", "-D", "-N", node])
+
+    def restart_slurmctld(self, timeout: float = 60) -> None:
+        """Restart the controller (it re-reads slurm.conf, new GRES counts included)."""
+        self._stop_daemon("slurmctld")
+        self._spawn("slurmctld", [shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D"])
+        self._wait(lambda: self._run(["scontrol", "ping"], check=False, timeout=10).returncode == 0,
+                   timeout, "slurmctld did not come back")
 
     def _all_nodes_up(self) -> bool:
         try:

@@ -9,12 +9,16 @@ point makes the node unhealthy.
 from __future__ import annotations
 
 import enum
+import re
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
 from ..model import Inventory
 
 REASON_PREFIX = "slurm-tpu:"
+# The watcher's drain while a GRES count change waits for daemon restarts: health
+# resumes it only once slurmctld reports the GRES the hardware now has.
+HOLD_PREFIX = f"{REASON_PREFIX} accelerators changed"
 # Slurm stores reasons of any length, but sinfo/squeue users read them on one line.
 MAX_REASON = 200
 
@@ -66,14 +70,21 @@ class Decision:
     why: str = ""
 
 
-def decide(state: str, reason: str, problems: list[Problem]) -> Decision:
+def decide(state: str, reason: str, problems: list[Problem], controller_gres: str | None = None,
+           expected_gres: str | None = None) -> Decision:
     """Drain/resume policy: never override a drain that is not ours.
 
     ``state`` is Slurm's node state (``IDLE+DRAIN``, ``MIXED``...), ``reason`` the
-    node's current reason without Slurm's ``[user@time]`` suffix.
+    node's current reason without Slurm's ``[user@time]`` suffix. A watcher hold
+    (:data:`HOLD_PREFIX`) is resumed only when ``controller_gres`` (what slurmctld
+    reports) equals ``expected_gres`` (what the configured hardware renders to).
     """
     drained = "DRAIN" in state.upper()
     ours = reason.startswith(REASON_PREFIX)
+    if drained and reason.startswith(HOLD_PREFIX):
+        if problems or controller_gres is None or strip_affinity(controller_gres) != (expected_gres or "(null)"):
+            return Decision(Action.NOTHING, reason=reason, why="waiting for slurmctld/slurmd restarts")
+        return Decision(Action.RESUME, why="slurmctld now reports the new GRES; resuming")
     if problems:
         wanted = drain_reason(problems)
         if drained and not ours:
@@ -86,13 +97,18 @@ def decide(state: str, reason: str, problems: list[Problem]) -> Decision:
     return Decision(Action.NOTHING, why="healthy")
 
 
+def strip_affinity(gres: str) -> str:
+    """``gpu:a100:2(S:0-1),tpu:x:1`` -> ``gpu:a100:2,tpu:x:1`` (Slurm's socket annotations)."""
+    return re.sub(r"\(S:[^)]*\)", "", gres)
+
+
 def parse_node_state(text: str) -> Mapping[str, str]:
-    """State and Reason from multi-line ``scontrol show node NAME`` output.
+    """State, Reason and Gres from multi-line ``scontrol show node NAME`` output.
 
     The Reason line runs to the end of the line (it may hold spaces); Slurm appends
     `` [user@time]``, which is cut off here.
     """
-    state, reason = "", ""
+    state, reason, gres = "", "", ""
     for raw in text.splitlines():
         line = raw.strip()
         if line.startswith("Reason="):
@@ -103,4 +119,6 @@ def parse_node_state(text: str) -> Mapping[str, str]:
             for token in line.split():
                 if token.startswith("State="):
                     state = token[len("State="):]
-    return {"state": state, "reason": reason}
+                elif token.startswith("Gres="):
+                    gres = token[len("Gres="):]
+    return {"state": state, "reason": reason, "gres": gres}

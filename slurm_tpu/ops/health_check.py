@@ -25,18 +25,22 @@ class HealthResult:
     applied: bool
 
 
-def configured_identities(config: Config) -> tuple[str, ...]:
-    """Identities this node was configured with (its state-dir inventory)."""
+def configured_inventory(config: Config) -> Inventory:
+    """The usable accelerators this node was configured with (its state-dir inventory)."""
     from ..locks import node_inventory, statedir
 
     try:
         fd = statedir.open_dir(config.state_dir)
     except statedir.StateDirError:
-        return ()
+        return Inventory()
     try:
-        return tuple(node_inventory.load(fd))
+        document = node_inventory.load_document(fd)
     finally:
         os.close(fd)
+    if not document:
+        return Inventory()
+    inventory = Inventory.from_json(document)
+    return Inventory(tuple(inventory.usable()), online_cpus=inventory.online_cpus)
 
 
 def _detect() -> Inventory:
@@ -47,7 +51,8 @@ def _detect() -> Inventory:
 
 def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True) -> HealthResult:
     """Find problems and bring the node's Slurm state in line with them."""
-    configured = configured_identities(config)
+    configured_devices = configured_inventory(config)
+    configured = tuple(a.identity for a in configured_devices)
     problems = find_problems(configured, _detect()) if configured else []
     # A USB stick re-enumerating (firmware load, port reset) is absent for a moment:
     # look again before calling it missing.
@@ -56,7 +61,10 @@ def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True
         problems = find_problems(configured, _detect())
     scontrol = find_program("scontrol")
     current = parse_node_state(run([scontrol, "show", "node", node]))
-    decision = decide(current["state"], current["reason"], problems)
+    from ..render import node_gres
+
+    decision = decide(current["state"], current["reason"], problems, current["gres"],
+                      node_gres(configured_devices, config))
     applied = False
     if apply and decision.action == Action.DRAIN:
         run([scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={decision.reason}"])

@@ -44,9 +44,20 @@ def test_long_reasons_are_cut():
 def test_parse_scontrol_show_node():
     text = """NodeName=n1 Arch=x86_64 CoresPerSocket=1
    CPUAlloc=0 CPUEfctv=2 CPUTot=2 CPULoad=0.00
+   Gres=tpu:edgetpu_usb:2,gpu:a100:1(S:0-1)
    State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
    Reason=slurm-tpu: usb-2-1.3 missing; pci-x at 91.0 C [root@2026-11-22T02:30:00]
 """
-    assert parse_node_state(text) == {"state": "IDLE+DRAIN",
+    assert parse_node_state(text) == {"state": "IDLE+DRAIN", "gres": "tpu:edgetpu_usb:2,gpu:a100:1(S:0-1)",
                                       "reason": "slurm-tpu: usb-2-1.3 missing; pci-x at 91.0 C"}
-    assert parse_node_state("NodeName=n2\n   State=MIXED ThreadsPerCore=1\n") == {"state": "MIXED", "reason": ""}
+    assert parse_node_state("NodeName=n2\n   State=MIXED ThreadsPerCore=1\n") == {
+        "state": "MIXED", "reason": "", "gres": ""}
+
+
+def test_watcher_hold_is_resumed_only_when_the_controller_has_the_new_gres():
+    hold = "slurm-tpu: accelerators changed; restart slurmctld, then slurmd on n1, to apply Gres=tpu:x:2"
+    assert decide("IDLE+DRAIN", hold, [], "tpu:x:1", "tpu:x:2").action == Action.NOTHING
+    assert decide("IDLE+DRAIN", hold, [], "tpu:x:2", "tpu:x:2").action == Action.RESUME
+    assert decide("IDLE+DRAIN", hold, [], "gpu:a:1(S:0-1)", "gpu:a:1").action == Action.RESUME
+    assert decide("IDLE+DRAIN", hold, [Problem("a", "a missing")], "tpu:x:2", "tpu:x:2").action == Action.NOTHING
+    assert decide("IDLE+DRAIN", hold, [], "(null)", "").action == Action.RESUME

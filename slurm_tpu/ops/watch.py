@@ -1,0 +1,144 @@
+"""``slurm-tpu watch``: follow udev events and keep Slurm's view of the node right.
+
+Events come in bursts (a firmware load is a remove and an add; a flaky hub can
+send dozens), so nothing is done per event: each relevant event restarts a
+settle timer, and only when the node has been quiet for ``settle`` seconds is the
+hardware detected and compared with the configured inventory. A USB stick that
+re-enumerated (firmware load, port reset) is back under the same identity by
+then, so it changes nothing; a real unplug/plug changes the set of identities
+and triggers exactly one regeneration, however many events led to it.
+"""
+
+from __future__ import annotations
+
+import select
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+from ..config import Config
+from ..model import Inventory
+from .restart import RestartCommands
+
+CORAL_USB_PRODUCTS = ("1a6e/89a/", "18d1/9302/")
+WATCHED_SUBSYSTEMS = ("usb", "apex", "pci", "drm")
+
+
+def relevant(subsystem: str, properties: dict[str, str]) -> bool:
+    """Whether a udev event can change the node's accelerators."""
+    if subsystem == "usb":
+        return properties.get("DEVTYPE") == "usb_device" and \
+            properties.get("PRODUCT", "").startswith(CORAL_USB_PRODUCTS)
+    return subsystem in WATCHED_SUBSYSTEMS
+
+
+@dataclass
+class SettleTimer:
+    """Debounce: due once ``settle`` seconds passed since the last relevant event."""
+
+    settle: float
+    last_event: float | None = None
+    events: int = 0
+
+    def add(self, now: float) -> None:
+        self.last_event = now
+        self.events += 1
+
+    def remaining(self, now: float) -> float | None:
+        """Seconds until due (0 when due), or None when nothing is pending."""
+        if self.last_event is None:
+            return None
+        return max(0.0, self.last_event + self.settle - now)
+
+    def reset(self) -> int:
+        events, self.last_event, self.events = self.events, None, 0
+        return events
+
+
+def configured_ids(document: dict[str, Any] | None) -> set[str]:
+    """Usable identities in a saved inventory document."""
+    if not document:
+        return set()
+    return {a["identity"] for a in document.get("accelerators", ()) if a.get("usable", True)}
+
+
+@dataclass
+class Watcher:
+    """The watch loop's state and actions (I/O is injected for clarity and tests)."""
+
+    config: Config
+    node: str
+    gres_conf: str
+    node_conf: str | None
+    commands: "RestartCommands | None"  # None: only rewrite the files
+    settle: float = 5.0
+    log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+    regenerations: int = 0
+
+    def _load_configured(self) -> dict[str, Any] | None:
+        import os
+
+        from ..locks import node_inventory, statedir
+
+        try:
+            fd = statedir.open_dir(self.config.state_dir)
+        except statedir.StateDirError:
+            return None
+        try:
+            return node_inventory.load_document(fd)
+        finally:
+            os.close(fd)
+
+    def sync(self, events: int) -> bool:
+        """Detect, compare with the configured inventory, regenerate on a real change."""
+        from ..detect import detect_inventory
+        from ..render import node_gres
+        from .configure import configure_node, prepare_node_state
+        from .restart import apply_hardware_change
+
+        live: Inventory = detect_inventory(use_nvml=False)
+        document = self._load_configured()
+        before = configured_ids(document)
+        after = {a.identity for a in live.usable()}
+        if before == after:
+            # Same devices; nodes may have moved (re-enumeration): refresh slots and state.
+            prepare_node_state(self.config, live)
+            self.log(f"slurm-tpu watch: {events} event(s), accelerators unchanged "
+                     f"({len(after)} configured); no configuration change")
+            return False
+        added, removed = sorted(after - before), sorted(before - after)
+        result = configure_node(self.config, live, self.node, self.gres_conf, self.node_conf)
+        self.regenerations += 1
+        self.log(f"slurm-tpu watch: {events} event(s); added {added or 'none'}, removed {removed or 'none'}; "
+                 f"regenerated {self.gres_conf} (Gres={result.new_gres or 'none'})")
+        old_gres = node_gres(Inventory.from_json(document), self.config) if document else ""
+        if result.changed and self.commands is not None:
+            if apply_hardware_change(self.node, old_gres != result.new_gres, self.commands,
+                                     result.new_gres, self.log):
+                self.log(f"slurm-tpu watch: {self.node} restarted with the new configuration and resumed")
+        return True
+
+    def run(self, stop_after: float | None = None) -> None:
+        """Follow udev until interrupted (or for ``stop_after`` seconds)."""
+        import pyudev
+
+        context = pyudev.Context()
+        monitor = pyudev.Monitor.from_netlink(context)
+        for subsystem in WATCHED_SUBSYSTEMS:
+            monitor.filter_by(subsystem)
+        monitor.start()
+        timer = SettleTimer(self.settle)
+        started = time.monotonic()
+        self.log(f"slurm-tpu watch: following udev for node {self.node} (settle {self.settle:g} s)")
+        self.sync(0)  # bring things in line with hardware that changed while we were not running
+        while stop_after is None or time.monotonic() - started < stop_after:
+            remaining = timer.remaining(time.monotonic())
+            timeout = 1.0 if remaining is None else min(1.0, remaining)
+            readable, _, _ = select.select([monitor], [], [], timeout)
+            if readable:
+                while (device := monitor.poll(timeout=0)) is not None:
+                    if relevant(device.subsystem or "", dict(device.properties)):
+                        timer.add(time.monotonic())
+            if timer.remaining(time.monotonic()) == 0:
+                self.sync(timer.reset())
