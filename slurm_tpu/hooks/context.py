@@ -33,21 +33,27 @@ def say(message: str, error: bool = True) -> None:
         pass
 
 
-def load_hook_config():  # -> Config
-    """The site config; yaml is imported only when a config file exists.
+def load_hook_config(environ: Mapping[str, str]):  # -> Config
+    """The site config named by the hook's environment (or the default path).
 
-    Hooks run under ``python3 -I -S`` for a fast start, which leaves
-    site-packages (and so PyYAML) off sys.path: add it only when it is needed.
+    yaml is imported only when a config file exists. Hooks run under
+    ``python3 -I -S`` for a fast start, which leaves site-packages (and so
+    PyYAML) off sys.path: add it only when it is needed.
     """
-    from ..config import load_config
+    import os
 
+    from ..config import DEFAULT_PATH, ENV_VAR, Config, load_config
+
+    path = environ.get(ENV_VAR) or DEFAULT_PATH
+    if path == DEFAULT_PATH and not os.path.exists(path):
+        return Config()
     try:
-        return load_config()
+        return load_config(path)
     except ImportError:
         import site
 
         site.main()
-        return load_config()
+        return load_config(path)
 
 
 class JobContext:

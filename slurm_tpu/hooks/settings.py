@@ -195,7 +195,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     from .context import load_hook_config
 
     cfg = config_path(environ)
-    config = load_hook_config()
+    config = load_hook_config(environ)
     node = node or config.node_name or os.uname().nodename.split(".")[0]
     settings = HookSettings(config.state_dir, config.slot_dir, config.lease_mode, 0, 0, config.idle.mode,
                             config.isolate_gpus, config.tpu_gres_name, config.gpu_gres_name, node)
