@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3-venv util-linux passwd)
+# python3-gi + gir1.2-umockdev-1.0: the watcher tests drive real uevents through UMockdev's GObject API.
+APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3-venv util-linux passwd
+              python3-gi gir1.2-umockdev-1.0)
 missing=()
 for package in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
