@@ -18,6 +18,7 @@ from . import backend
 from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
+from .meter import MeteredEngine, report_usage
 from .modelinfo import ModelInfo, read_model_info
 from .spec import Engine
 
@@ -46,8 +47,15 @@ class EngineSet:
     load_seconds: float
     models: list[ModelInfo]
     _locks: list[DeviceLock] = field(default_factory=list)
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Count every inference per device, whichever mode drives the engines.
+        self.engines = [MeteredEngine(e, d.identity) for e, d in zip(self.engines, self.devices)]
 
     def close(self) -> None:
+        if self.engines:
+            report_usage(self.engines, self.environ)  # type: ignore[arg-type]
         for engine in reversed(self.engines):
             engine.close()
         for lock in reversed(self._locks):
@@ -155,7 +163,7 @@ def open_engines(model_path: str, options: OpenOptions | None = None,
     for message in warnings:
         warn(message)
     return EngineSet(opener.engines, devices, opener.runtime, time.perf_counter() - started,
-                     [model], opener.locks)
+                     [model], opener.locks, environ)
 
 
 def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = None,
@@ -187,4 +195,4 @@ def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = No
     for message in warnings:
         warn(message)
     return EngineSet(opener.engines, devices[:len(models)], opener.runtime,
-                     time.perf_counter() - started, models, opener.locks)
+                     time.perf_counter() - started, models, opener.locks, environ)
