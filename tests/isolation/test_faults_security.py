@@ -26,18 +26,18 @@ USB_DEVPATH = "/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1.3"
 
 KILLER = """#!/bin/sh
 # Test-only Prolog: normally the real prolog; with {marker} present, start it, wait
-# until it has leased a device for this job, then SIGKILL it.
+# until it has leased a device for this job, then SIGKILL its process group.
 real={real}
 if [ -e {marker} ]; then
     rm -f {marker}
-    "$real" & pid=$!
+    setsid "$real" & pid=$!  # own process group: killed whole, as slurmd kills a prolog
     leases="$(dirname "$SLURM_TPU_CONFIG")/state/leases"
     i=0
     while [ $i -lt 500 ]; do
         if grep -qs "^job_id	$SLURM_JOB_ID\\$" "$leases"/*; then break; fi
         sleep 0.01; i=$((i+1))
     done
-    kill -KILL $pid
+    kill -KILL -$pid
     wait $pid
     exit 137
 fi
