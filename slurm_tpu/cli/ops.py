@@ -93,3 +93,112 @@ def watch(obj: Obj, node: str | None, gres_conf: str, node_conf: str | None, sto
     watcher = Watcher(obj.config, node or obj.config.node_name or socket.gethostname().split(".")[0],
                       gres_conf, node_conf, commands, settle=settle)
     watcher.run(stop_after=duration)
+
+
+def _metrics_text(obj: Obj, node: str) -> str:
+    import time
+
+    from ..detect import detect_inventory
+    from ..ops.health_check import configured_inventory
+    from ..ops.metrics import render_metrics
+    from ..ops.node_state import audit_records, current_leases, default_audit_log
+
+    config = obj.config
+    return render_metrics(node, configured_inventory(config), detect_inventory(use_nvml=False),
+                          current_leases(config), audit_records([default_audit_log(config)]), time.time())
+
+
+@main.command()
+@click.option("--node", metavar="NAME", help="Node label (default: config node_name, else short hostname).")
+@click.option("--output", "-o", metavar="FILE",
+              help="Write atomically to FILE (e.g. node_exporter's textfile directory, *.prom) instead of stdout.")
+@click.option("--listen", metavar="[HOST:]PORT",
+              help="Serve /metrics over HTTP instead (each scrape detects afresh); Ctrl-C stops.")
+@pass_obj
+def metrics(obj: Obj, node: str | None, output: str | None, listen: str | None) -> None:
+    """Prometheus metrics: devices present/healthy/leased, temperature, jobs, inferences.
+
+    Inference counts and times come from the runner, through the epilog's usage
+    records in the audit log.
+    """
+    name = node or obj.config.node_name or socket.gethostname().split(".")[0]
+    if listen:
+        from ..ops.metrics_server import serve
+
+        host, _, port = listen.rpartition(":")
+        if not port.isdigit():
+            raise click.BadParameter(f"'{listen}' is not [HOST:]PORT", param_hint="--listen")
+        serve(host or "127.0.0.1", int(port), lambda: _metrics_text(obj, name))
+        return
+    text = _metrics_text(obj, name)
+    if output:
+        from ..files import write_if_changed
+
+        write_if_changed(output, text)
+    else:
+        click.echo(text, nl=False)
+
+
+def _parse_time(value: str | None, option: str) -> float | None:
+    """ISO date/time (local time) or a relative age: 90m, 24h, 7d."""
+    import datetime
+    import time
+
+    if value is None:
+        return None
+    units = {"m": 60, "h": 3600, "d": 86400}
+    if value[-1:] in units and value[:-1].isdigit():
+        return time.time() - int(value[:-1]) * units[value[-1]]
+    try:
+        return datetime.datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        raise click.BadParameter(f"'{value}' is neither a date (2026-11-01, 2026-11-01T08:00) "
+                                 "nor an age (90m, 24h, 7d)", param_hint=option) from None
+
+
+@main.command()
+@click.option("--by", type=click.Choice(["user", "device", "job"]), default="user", show_default=True,
+              help="Group the totals by.")
+@click.option("--since", metavar="WHEN", help="Start of the period: a date/time or an age (24h, 7d).")
+@click.option("--until", metavar="WHEN", help="End of the period (default: now).")
+@click.option("--audit", "audit_logs", multiple=True, metavar="FILE",
+              help="Audit log(s) to read (repeatable, e.g. collected from several nodes). "
+                   "Default: <state_dir>/audit.log of this node.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_obj
+def report(obj: Obj, by: str, since: str | None, until: str | None, audit_logs: tuple[str, ...],
+           as_json: bool) -> None:
+    """Accelerator use per user, device or job: leases, lease time, inferences, mean latency."""
+    import pwd
+    import time
+
+    from ..ops.accounting import summarize
+    from ..ops.node_state import audit_records, default_audit_log
+
+    def user_name(uid: int) -> str:
+        try:
+            return pwd.getpwuid(uid).pw_name
+        except KeyError:
+            return str(uid)
+
+    start, end = _parse_time(since, "--since"), _parse_time(until, "--until")
+    paths = list(audit_logs) or [default_audit_log(obj.config)]
+    missing = [p for p in audit_logs if not os.path.exists(p)]
+    if missing:
+        raise click.BadParameter(f"{missing[0]} does not exist", param_hint="--audit")
+    groups = summarize(audit_records(paths), by, start, end, time.time(), user_name)
+    if as_json:
+        click.echo(json.dumps({key: totals.to_json() for key, totals in groups.items()}, indent=2))
+        return
+    if not groups:
+        click.echo("no accelerator leases in this period")
+        return
+    header = (by.upper(), "JOBS", "LEASE TIME", "INFERENCES", "MEAN LATENCY")
+    rows = [header]
+    for key, totals in groups.items():
+        data = totals.to_json()
+        latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
+        rows.append((key, str(data["jobs"]), f"{data['lease_seconds']:.1f} s", str(data["inferences"]), latency))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))

@@ -1,0 +1,123 @@
+"""slurm-tpu metrics: real detection (umockdev), a real state dir, the official parser."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from helpers import HARDWARE, detect_json, run_cli
+
+
+@pytest.fixture
+def node_state(tmp_path):
+    """A root-owned state dir as `gres-conf --output` and the hooks leave it on big_node."""
+    if os.geteuid() != 0:
+        pytest.skip("the state directory must be root-owned")
+    state = tempfile.mkdtemp(prefix="slurm-tpu-state-")
+    os.chmod(state, 0o755)
+    (tmp_path / "inv.json").write_text(json.dumps(detect_json("big_node")))
+    config = tmp_path / "config.yaml"
+    config.write_text(f"version: 1\nnode_name: big\nstate_dir: {state}\ndevices: {{slot_dir: {tmp_path}/slots}}\n")
+    result = run_cli(["--config", str(config), "gres-conf", "--inventory", str(tmp_path / "inv.json"),
+                      "--no-slots", "--output", str(tmp_path / "gres.conf")])
+    assert result.returncode == 0, result.stderr
+    from slurm_tpu.locks.node_inventory import write_state_inventory
+    from slurm_tpu.locks.ledger import Lease, Ledger
+
+    write_state_inventory(state, json.loads((tmp_path / "inv.json").read_text()))
+    with Ledger(state) as ledger:
+        assert ledger.claim(Lease("pci-0000:04:00.0", 77, 1001, start=time.time()))
+    events = [
+        {"event": "acquire", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "t": 1000.0},
+        {"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": 250, "seconds": 2.5,
+         "t": 1010.0},
+        {"event": "release", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "t": 1012.0},
+        {"event": "acquire", "identity": "usb-2-1", "job_id": 71, "uid": 1002, "t": 1020.0},
+        {"event": "release", "identity": "usb-2-1", "job_id": 71, "uid": 1002, "t": 1023.0},
+    ]
+    with open(os.path.join(state, "audit.log"), "a") as handle:
+        handle.writelines(json.dumps(e) + "\n" for e in events)
+    yield config
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def samples(text: str) -> dict[tuple[str, str], float]:
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[(sample.name, sample.labels.get("identity", ""))] = sample.value
+    return found
+
+
+def test_metrics_parse_and_report_the_node(node_state):
+    result = run_cli(["--config", str(node_state), "metrics"], "big_node")
+    assert result.returncode == 0, result.stderr
+    values = samples(result.stdout)
+    assert values[("slurm_tpu_device_present", "usb-2-1")] == 1
+    assert values[("slurm_tpu_device_healthy", "pci-0000:05:00.0")] == 1
+    assert values[("slurm_tpu_device_leased", "pci-0000:04:00.0")] == 1
+    assert values[("slurm_tpu_device_leased", "usb-2-1")] == 0
+    assert values[("slurm_tpu_device_temperature_celsius", "pci-0000:03:00.0")] == 45.25
+    assert values[("slurm_tpu_device_jobs_total", "usb-2-1")] == 2
+    assert values[("slurm_tpu_device_lease_seconds_total", "usb-2-1")] == 15.0
+    assert values[("slurm_tpu_device_inferences_total", "usb-2-1")] == 250
+    assert values[("slurm_tpu_device_inference_seconds_total", "usb-2-1")] == 2.5
+    assert sum(1 for (name, _) in values if name == "slurm_tpu_device_present") == 10
+
+
+def test_missing_and_hot_devices_are_unhealthy(node_state, tmp_path):
+    hot = tmp_path / "hot.umockdev"
+    text = (HARDWARE / "big_node.umockdev").read_text().replace("A: temp=44000", "A: temp=91500")
+    # ...and the USB 3 stick unplugged: drop its block.
+    blocks = [b for b in text.split("\n\n") if "usb2/2-1\n" not in b + "\n"]
+    hot.write_text("\n\n".join(blocks))
+    shutil.copytree(HARDWARE / "big_node.extra", tmp_path / "hot.extra")
+    values = samples(run_cli(["--config", str(node_state), "metrics"], str(hot)).stdout)
+    assert values[("slurm_tpu_device_present", "usb-2-1")] == 0
+    assert values[("slurm_tpu_device_healthy", "usb-2-1")] == 0
+    assert values[("slurm_tpu_device_healthy", "pci-0000:05:00.0")] == 0
+    assert values[("slurm_tpu_device_temperature_celsius", "pci-0000:05:00.0")] == 91.5
+    assert values[("slurm_tpu_device_healthy", "pci-0000:03:00.0")] == 1
+
+
+def test_metrics_over_http(node_state):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = subprocess.Popen([sys.executable, "-m", "slurm_tpu.cli", "--config", str(node_state), "metrics",
+                               "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE)
+    try:
+        deadline, body = time.monotonic() + 20, ""
+        while time.monotonic() < deadline and not body:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
+                    assert response.headers["Content-Type"].startswith("text/plain; version=0.0.4")
+                    body = response.read().decode()
+            except OSError:
+                time.sleep(0.2)
+        assert ("slurm_tpu_device_leased", "pci-0000:04:00.0") in samples(body)  # no hardware: from the state
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+
+
+def test_report_from_the_audit_log(node_state):
+    result = run_cli(["--config", str(node_state), "report", "--by", "device", "--json"])
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["usb-2-1"]["jobs"] == 2 and data["usb-2-1"]["inferences"] == 250
+    assert data["usb-2-1"]["mean_latency_ms"] == 10.0
+    table = run_cli(["--config", str(node_state), "report", "--by", "job"]).stdout
+    assert table.splitlines()[0].split() == ["JOB", "JOBS", "LEASE", "TIME", "INFERENCES", "MEAN", "LATENCY"]
+    bad = run_cli(["--config", str(node_state), "report", "--since", "yesterday"])
+    assert bad.returncode == 2 and "neither a date" in bad.stderr
