@@ -57,8 +57,10 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     """Make Edge TPUs and GPUs allocatable, isolated Slurm resources.
 
     \b
-    Admin:  detect, gres-conf, node-conf, udev-rules
-    Hooks:  udev-event (run by udev)
+    Set up a node:  detect, gres-conf, node-conf, udev-rules
+    Operate:        health, watch, metrics, report, leases
+    In jobs:        infer
+    Run by udev:    udev-event
     """
     ctx.obj = Obj(config_path)
     if ctx.invoked_subcommand is not None and not ctx.resilient_parsing:
