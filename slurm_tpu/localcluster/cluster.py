@@ -77,6 +77,7 @@ class LocalCluster:
     slurm_conf_extra: Sequence[str] = ()
     node_config_extra: Mapping[str, object] = field(default_factory=dict)
     python: str = sys.executable
+    partition_extra: Sequence[str] = ()  # e.g. ("LLN=YES",): appended to the one PartitionName line
 
     # ---- paths -----------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -255,7 +256,8 @@ class LocalCluster:
         lines += list(self.slurm_conf_extra)
         lines.append(f"Include {self.path('etc', 'nodes.conf')}")
         names = ",".join(n.name for n in self.nodes)
-        lines.append(f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP")
+        lines.append(" ".join([f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP",
+                               *self.partition_extra]))
         with open(self.slurm_conf, "w", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
 
