@@ -14,18 +14,23 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Sequence
 
+import os
+
 from ..locks import statedir
 from ..locks.ledger import JOBS
 
 
 def render(leases, settings) -> str:
     """The export lines for a job's leases (in allocation order)."""
-    devices_var, paths_var, gpus_var = settings.env_names
+    devices_var, paths_var, gpus_var, usage_var = settings.env_names
     tpus = [lease.identity for lease in leases if lease.kind != "gpu"]
     gpus = [lease.identity for lease in leases if lease.kind == "gpu"]
     paths = [settings.tpu_paths[identity] for identity in tpus]
     lines = [f"export {devices_var}={','.join(tpus)}", f"export {paths_var}={','.join(paths)}",
              f"export {gpus_var}={','.join(gpus)}" if gpus else f"unset {gpus_var}"]
+    usage_dir = f"{settings.state_dir}/usage"
+    if os.path.isdir(usage_dir):
+        lines.append(f"export {usage_var}={usage_dir}")
     return "\n".join(lines) + "\n"
 
 
@@ -34,14 +39,10 @@ def write(ledger, job_id: int, leases, settings) -> None:
     try:
         statedir.write_atomic(fd, f"{job_id}.env", render(leases, settings).encode(), mode=0o644)
     finally:
-        import os
-
         os.close(fd)
 
 
 def remove(ledger, job_id: int) -> None:
-    import os
-
     try:
         fd = statedir.open_dir(JOBS, parent_fd=ledger.dir_fd)
     except statedir.StateDirError:

@@ -22,7 +22,7 @@ from ..locks import statedir
 from ..locks.node_inventory import KnownDevice
 
 SNAPSHOT = "hooks.snapshot"
-FORMAT = "slurm-tpu hooks snapshot 1"
+FORMAT = "slurm-tpu hooks snapshot 2"
 DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
 DEFAULT_STATE_DIR = "/run/slurm-tpu"
 
@@ -189,7 +189,7 @@ def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
 
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf."""
-    from .. import jobenv
+    from .. import jobenv, usage
     from ..locks import node_inventory, ownership
     from . import allocation
     from .context import load_hook_config
@@ -211,7 +211,9 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         return settings  # no state directory: nothing was ever leased here
     try:
         settings.devices = node_inventory.load(fd)
-        settings.env_names = (jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS)
+        settings.env_names = (jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, usage.USAGE_DIR_ENV)
+        if os.geteuid() == 0:
+            os.close(usage.ensure_usage_dir(fd))  # the runner's drop box (see usage.py)
         for device in settings.devices.values():
             if device.kind == "edgetpu":
                 try:

@@ -215,3 +215,30 @@ def test_task_prolog_prints_only_the_jobs_own_lines(cluster, users):
     assert "export SLURM_TPU_DEVICES=usb-2-1.3,pci-0000:03:00.0\n" in mine.stdout
     assert other.stdout.startswith("unset SLURM_TPU_DEVICES") and hostile.stdout == other.stdout
     assert mine.returncode == other.returncode == hostile.returncode == 0
+
+
+# What the runner drops (slurm_tpu/usage.py's file name and JSON). Written here with
+# an O_PATH directory descriptor: usage.write_usage opens the 1733 drop directory
+# O_RDONLY, which a non-root job is refused (EACCES); reported to its owner.
+USAGE_JOB = """#!/bin/sh
+/usr/bin/python3 -I -c '
+import json, os
+job = int(os.environ["SLURM_JOB_ID"])
+directory = os.open(os.environ["SLURM_TPU_USAGE_DIR"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+for identity in os.environ["SLURM_TPU_DEVICES"].split(","):
+    record = {{"job_id": job, "identity": identity, "inferences": 7, "seconds": 0.25, "energy_j": None}}
+    fd = os.open(f"{{job}}.{{identity}}.{{os.getpid()}}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
+                 0o644, dir_fd=directory)
+    os.write(fd, json.dumps(record).encode())
+'
+"""
+
+
+def test_runner_usage_records_reach_the_audit_log(cluster, users):
+    job = cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", out(cluster, "usage.err")],
+                         USAGE_JOB.format(), user="stpu_alice")
+    assert cluster.wait_for_jobs([job], timeout=60)[job] == "COMPLETED", read(out(cluster, "usage.err"))
+    usage = [e for e in audit(cluster, "n1") if e["event"] == "usage" and e["job_id"] == job]
+    assert len(usage) == 1 and usage[0]["inferences"] == 7 and usage[0]["uid"] == users["stpu_alice"]
+    assert not [n for n in os.listdir(os.path.join(cluster.node_dir("n1"), "state", "usage"))
+                if n.startswith(f"{job}.")]

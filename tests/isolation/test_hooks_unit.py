@@ -71,7 +71,8 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     assert done.returncode == 0
     assert done.stdout == ("export SLURM_TPU_DEVICES=usb-2-1.3\n"
                            "export SLURM_TPU_EDGETPU_PATHS=usb:/sys/bus/usb/devices/2-1.3\n")
-    unset = "unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n"
+    unset = ("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n"
+             "unset SLURM_TPU_USAGE_DIR\n")
     for job in ("13", "12/../12", "12;id", ""):
         assert task_prolog({**base, "SLURM_JOB_ID": job}).stdout == unset
     os.symlink(state / "jobs" / "12.env", state / "jobs" / "14.env")
