@@ -308,3 +308,54 @@ def test_gres_conf_naming_etc_shadow_is_refused(cluster, users, tmp_path):
         assert stop(cluster, "x1", job) == "COMPLETED"
     assert _fingerprint("/etc/shadow") == shadow
     assert_idle_and_consistent(cluster)
+
+
+SURVIVOR_JOB = """#!/bin/sh
+# Leave a daemon (double fork, own session: it escapes Slurm's process tracking)
+# that keeps the job's device open after the job ends.
+/usr/bin/python3 -I -c '
+import os, sys, time
+if os.fork(): sys.exit(0)
+os.setsid()
+if os.fork(): sys.exit(0)
+fd = os.open(sys.argv[1], os.O_RDWR)
+open(sys.argv[2], "w").write(str(os.getpid()))
+time.sleep(120)
+' {node} {pidfile}
+while [ ! -s {pidfile} ]; do sleep 0.1; done
+"""
+
+
+def test_surviving_holder_drains_the_node_and_keeps_the_lease(cluster, users):
+    usb = inventory(cluster, "n1")[USB][0]
+    rdev = os.lstat(usb).st_rdev
+    # Point the stick's node at a real driver (/dev/full's numbers) so it can be held open.
+    os.unlink(usb)
+    os.mknod(usb, stat.S_IFCHR | 0o600, os.stat("/dev/full").st_rdev)
+    assert udev_event(cluster, "n1", ACTION="add", DEVPATH=USB_DEVPATH, DEVNAME=usb, SUBSYSTEM="usb").returncode == 0
+    pidfile = outp(cluster, "survivor.pid")
+    job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null", "-e", "/dev/null"],
+                         SURVIVOR_JOB.format(node=usb, pidfile=pidfile), user="stpu_alice")
+    survivor = None
+    try:
+        cluster.wait_for_jobs([job], timeout=60)
+        survivor = int(open(pidfile).read())
+        wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
+        reason = drain_reason(cluster)
+        assert reason.startswith("slurm-tpu:") and f"pid {survivor}" in reason and USB in reason
+        held = {row["identity"]: row for row in leases(cluster, "n1")}
+        assert held[USB]["job_id"] == job  # still leased: the device is not free
+        assert owner(usb)[0] == users["stpu_alice"]
+    finally:
+        if survivor:
+            os.kill(survivor, 9)
+    # Once the survivor is gone the next job reclaims the lease.
+    resume(cluster)
+    nxt = hold(cluster, "stpu_bob", "sv2", ["-w", "n1", "--gres=tpu:edgetpu_usb:1"])
+    assert owner(usb) == (users["stpu_bob"], 0, 0o600)
+    assert stop(cluster, "sv2", nxt) == "COMPLETED"
+    assert any(e["event"] == "reclaim" and e["job_id"] == job for e in audit(cluster, "n1"))
+    assert_idle_and_consistent(cluster)
+    os.unlink(usb)
+    os.mknod(usb, stat.S_IFCHR | 0o600, rdev)
+    assert udev_event(cluster, "n1", ACTION="add", DEVPATH=USB_DEVPATH, DEVNAME=usb, SUBSYSTEM="usb").returncode == 0
