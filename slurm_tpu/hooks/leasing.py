@@ -136,8 +136,9 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
             if holder is None:
                 continue  # released between our claim and read: try again
             if isinstance(holder, Lease) and holder.job_id == lease.job_id:
-                # The same job again (a requeued job keeps its id): take it over.
-                ledger.drop(lease.identity)
+                # The same job again (a requeued job keeps its id, and its first
+                # prolog may have died): close the old lease in the audit, retake it.
+                reclaim(ledger, holder, settings, by_job=lease.job_id)
                 continue
             why = holder_alive(holder)
             if why is None:
