@@ -1,0 +1,174 @@
+"""``python -m slurm_tpu.demo [run|status|stop] [options]``: the local demo cluster.
+
+    run     (default) start or reuse the demo cluster, run the seeds' experiment and a
+            batch job, print the timeline; the cluster keeps running
+    status  is the demo cluster running?
+    stop    stop the demo cluster's daemons (--purge: also delete its directory and
+            the job user)
+
+Exit status: 0 when everything ran and every check held, 1 when a job failed or a
+check did not hold (the cluster stays up for a look), 2 on an error (one line).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import shutil
+import subprocess
+import sys
+import time
+from typing import NoReturn
+
+from .errors import DemoError
+from .layout import DEFAULT_BASE, DEFAULT_USER, Layout
+
+PREFIX = "slurm-tpu demo"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, not usage + line
+        print(f"{PREFIX}: error: {message} (see --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="python -m slurm_tpu.demo", description=__doc__.split("\n\n")[0],
+                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    parser.add_argument("action", nargs="?", default="run", choices=("run", "status", "stop"))
+    parser.add_argument("--base", default=os.environ.get("SLURM_TPU_DEMO_BASE", DEFAULT_BASE),
+                        help=f"the demo's directory (default {DEFAULT_BASE}, env SLURM_TPU_DEMO_BASE)")
+    parser.add_argument("--user", default=DEFAULT_USER, help=f"unprivileged user the jobs run as (default {DEFAULT_USER})")
+    parser.add_argument("--images", type=int, default=300, help="images for the batch job (default 300)")
+    parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the jobs (default 300)")
+    parser.add_argument("--purge", action="store_true", help="stop: also delete the directory and the job user")
+    return parser
+
+
+def _say(line: str = "") -> None:
+    print(line, flush=True)
+
+
+def run(layout: Layout, user: str, images: int, timeout: float) -> int:
+    from . import experiment, lifecycle, preflight, provision, report
+    from .records import parse_audit, parse_jobcomp, select
+
+    if not 20 <= images <= 5000:
+        raise DemoError(f"--images {images}: give 20 to 5000")
+    if timeout <= 0:
+        raise DemoError(f"--timeout {timeout:g}: give a positive number of seconds")
+    preflight.require_root()
+    preflight.require_tools()
+    preflight.check_base(layout.base)
+    preflight.refuse_foreign_slurm(layout.slurm_conf)
+    _say(report.INTRO)
+    _say()
+    began = time.monotonic()
+    provision.ensure_user(user)
+    cluster, reused = lifecycle.ensure_cluster(layout, _say)
+    how = "reused the running cluster" if reused else "detected, configured and started"
+    _say(f"[1/4] cluster in {layout.base}: {how} ({time.monotonic() - began:.1f} s)")
+    for line in report.cluster_lines(layout):
+        _say(line)
+    provision.job_side_slurm_tpu(layout, user)
+    provision.build_libedgetpu_double(layout)
+    provision.make_models(layout, images)
+    provision.make_shared_dirs(layout)
+    devices = lifecycle.double_devices(layout)
+    provision.write_env_file(layout, devices)
+    env = provision.job_environment(layout, devices, user)
+
+    submitted = experiment.submit_experiment(layout, user, env, images)
+    _say(f"[2/4] submitted as user {user}: {len(submitted.tpu)} x jobs/classify_tpu.sbatch (--gres=tpu:1), "
+         f"{len(submitted.plain)} x jobs/classify_cpu.sbatch,")
+    _say(f"      jobs/batch_array.sbatch --array=0-{submitted.array_tasks - 1} over {images} images")
+    seconds = experiment.wait_for(layout, env, submitted, timeout)
+    with open(layout.jobcomp, encoding="utf-8") as handle:
+        jobs = select(parse_jobcomp(handle.read()), submitted.all_ids)
+    failed = [j for j in jobs if j.state != "COMPLETED"]
+    states = f"all {len(jobs)} COMPLETED" if not failed else \
+        f"{len(failed)} of {len(jobs)} did not complete: " + ", ".join(f"{j.job_id} {j.state} ({j.exit_code})"
+                                                                         for j in failed)
+    _say(f"      finished in {seconds:.1f} s: {states}")
+    leases = []
+    for node in report.NODES:
+        try:
+            with open(layout.audit_log(node.name), encoding="utf-8") as handle:
+                leases += parse_audit(handle.read(), node.name)
+        except FileNotFoundError:
+            pass
+    lines, checks = report.timeline_lines(layout, submitted, jobs, leases)
+    _say("[3/4] timeline (seconds since the first job started)")
+    for line in lines:
+        _say("  " + line)
+    for check in checks:
+        _say(f"  {'ok  ' if check.ok else 'FAIL'}  {check.text}")
+    _say("[4/4] batch job")
+    for line in report.batch_lines(layout, submitted, jobs, leases):
+        _say("  " + line)
+    _say()
+    for line in report.next_steps(layout, user):
+        _say(line)
+    bad = len(failed) + sum(not c.ok for c in checks)
+    if bad:
+        print(f"{PREFIX}: {len(failed)} job(s) failed and {sum(not c.ok for c in checks)} check(s) did not hold; "
+              f"job output is in {layout.out}, daemon logs in {layout.path('log')}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def status(layout: Layout) -> int:
+    from .lifecycle import make_cluster
+
+    pids = make_cluster(layout).running_pids() if os.path.isdir(layout.base) else {}
+    if not pids:
+        _say(f"the demo cluster in {layout.base} is not running (start it: ./demo.sh)")
+        return 1
+    _say(f"the demo cluster in {layout.base} is running: " + ", ".join(f"{n} ({p})" for n, p in sorted(pids.items())))
+    _say(f"use it: . {layout.env_file}; sinfo; squeue")
+    return 0
+
+
+def stop(layout: Layout, purge: bool, user: str) -> int:
+    from .lifecycle import stop_own_daemons
+    from .preflight import check_base, require_root
+
+    require_root()
+    check_base(layout.base)
+    if os.path.isdir(layout.base):
+        stop_own_daemons(layout)
+        _say(f"stopped the demo cluster in {layout.base}")
+    else:
+        _say(f"no demo cluster in {layout.base}")
+    if purge:
+        shutil.rmtree(layout.base, ignore_errors=True)
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            entry = None
+        if entry is not None and 0 < entry.pw_uid < 1000:  # a system account, as the demo makes them
+            subprocess.run(["userdel", "--remove", user], capture_output=True)
+        _say(f"removed {layout.base}" + (f" and user {user}" if entry is not None else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    layout = Layout(os.path.abspath(args.base) if os.path.isabs(args.base) else args.base)
+    try:
+        if args.action == "status":
+            return status(layout)
+        if args.action == "stop":
+            return stop(layout, args.purge, args.user)
+        return run(layout, args.user, args.images, args.timeout)
+    except DemoError as exc:
+        print(f"{PREFIX}: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"{PREFIX}: interrupted; the cluster may be half-started: ./demo.sh stop", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,105 @@
+"""The seeds' experiment and a batch job, submitted with the scripts in jobs/.
+
+As on the seeds' Raspberry Pi cluster: inference jobs that need a TPU and plain jobs
+that do not, all submitted at once by an ordinary user; plus an array job that
+classifies a few hundred images over the cluster's TPUs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import asdict, dataclass
+from typing import Mapping, Sequence
+
+from .errors import DemoError
+from .layout import JOBS_DIR, Layout
+from .records import parse_jobcomp, select
+
+TPU_JOBS = 5  # the seeds ran five
+PLAIN_JOBS = 8
+PLAIN_CPUS = 2  # CPU inference with two threads: eight such jobs need every node, as on the seeds' Pis
+ARRAY_TASKS = 4
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """Job ids of one demo run, by kind (the array job's id for the batch)."""
+
+    tpu: list[int]
+    plain: list[int]
+    batch: int
+    array_tasks: int
+    images: int
+    user: str
+    submitted_at: float
+
+    @property
+    def all_ids(self) -> list[int]:
+        return [*self.tpu, *self.plain, self.batch]
+
+    @property
+    def expected_records(self) -> int:
+        return len(self.tpu) + len(self.plain) + self.array_tasks
+
+
+def sbatch(layout: Layout, user: str, env: Mapping[str, str], args: Sequence[str], script: str,
+           script_args: Sequence[str]) -> int:
+    """Submit ``jobs/<script>`` as ``user`` with exactly ``env``; the job id."""
+    argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+            shutil.which("sbatch") or "/usr/bin/sbatch", "--parsable", f"--chdir={layout.out}", *args,
+            str(JOBS_DIR / script), *script_args]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
+    if done.returncode != 0:
+        raise DemoError(f"sbatch jobs/{script} failed: {done.stderr.strip() or done.stdout.strip()}")
+    return int(done.stdout.strip().split(";")[0])
+
+
+def submit_experiment(layout: Layout, user: str, env: Mapping[str, str], images: int) -> Submitted:
+    """Submit the TPU jobs, the plain jobs and the batch array, in that order."""
+    def image(i: int) -> str:
+        return os.path.join(layout.images, f"img_{i % images:05d}.png")
+
+    started = time.time()
+    tpu = [sbatch(layout, user, env, [], "classify_tpu.sbatch", [layout.classifier, image(i), layout.labels])
+           for i in range(TPU_JOBS)]
+    plain = [sbatch(layout, user, env, [f"--cpus-per-task={PLAIN_CPUS}"], "classify_cpu.sbatch",
+                    [layout.classifier, image(TPU_JOBS + i), layout.labels]) for i in range(PLAIN_JOBS)]
+    batch = sbatch(layout, user, env, [f"--array=0-{ARRAY_TASKS - 1}"], "batch_array.sbatch",
+                   [layout.classifier, layout.images, layout.results, layout.labels])
+    submitted = Submitted(tpu, plain, batch, ARRAY_TASKS, images, user, started)
+    os.makedirs(layout.runs, exist_ok=True)
+    with open(os.path.join(layout.runs, "last.json"), "w", encoding="utf-8") as handle:
+        json.dump(asdict(submitted), handle)
+    return submitted
+
+
+def _queued(env: Mapping[str, str]) -> set[int]:
+    done = subprocess.run([shutil.which("squeue") or "/usr/bin/squeue", "-h", "-o", "%F"], env=dict(env),
+                          capture_output=True, text=True, timeout=30)
+    if done.returncode != 0:
+        raise DemoError(f"squeue failed: {done.stderr.strip()}")
+    return {int(v) for v in done.stdout.split() if v.isdigit()}
+
+
+def wait_for(layout: Layout, env: Mapping[str, str], submitted: Submitted, timeout: float = 300) -> float:
+    """Wait until every job has left the queue and is in jobcomp; the seconds it took."""
+    deadline = time.monotonic() + timeout
+    while _queued(env) & set(submitted.all_ids):
+        if time.monotonic() > deadline:
+            raise DemoError(f"jobs still queued after {timeout:g} s: see squeue (. {layout.env_file}; squeue)")
+        time.sleep(0.5)
+    while True:
+        try:
+            with open(layout.jobcomp, encoding="utf-8") as handle:
+                found = select(parse_jobcomp(handle.read()), submitted.all_ids)
+        except FileNotFoundError:
+            found = []
+        if len(found) >= submitted.expected_records:
+            return time.time() - submitted.submitted_at
+        if time.monotonic() > deadline:
+            raise DemoError(f"only {len(found)} of {submitted.expected_records} jobs are in {layout.jobcomp}")
+        time.sleep(0.3)

@@ -1,0 +1,160 @@
+"""What the demo's jobs need besides Slurm: a user, a runnable slurm-tpu, libedgetpu, models.
+
+Everything lives under the base directory except the job user (a system account
+with a home directory, so that ``su - USER`` gives a newcomer an ordinary shell).
+"""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+from .errors import DemoError
+from .layout import DOUBLE_SOURCE, Layout
+
+_USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
+_CHECK_IMPORTS = "import slurm_tpu.cli, slurm_tpu.runner, numpy, ai_edge_litert"
+
+
+def ensure_user(name: str) -> bool:
+    """Create the unprivileged job user if missing; True when it was created now."""
+    if not _USER_NAME.match(name):
+        raise DemoError(f"--user {name!r}: not a valid user name (lower-case letters, digits, '_' or '-')")
+    try:
+        entry = pwd.getpwnam(name)
+    except KeyError:
+        done = subprocess.run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{name}",
+                               "--shell", "/bin/sh", "--user-group", name], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise DemoError(f"cannot create the job user {name}: {done.stderr.strip()}") from None
+        return True
+    if entry.pw_uid == 0:
+        raise DemoError(f"--user {name} is root: the demo's jobs run as an unprivileged user")
+    return False
+
+
+def _runs_as(user: str, argv: list[str]) -> bool:
+    done = subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, cwd="/",
+                          timeout=120)
+    return done.returncode == 0
+
+
+def _write_script(path: str, python: str) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(f"#!{python}\n# The demo's slurm-tpu, runnable by every job user.\n"
+                     "import sys\nfrom slurm_tpu.cli import run\nsys.exit(run())\n")
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, path)
+
+
+def job_side_slurm_tpu(layout: Layout, user: str) -> str:
+    """``<base>/bin/slurm-tpu``, a slurm-tpu that the job user can run; returns its path.
+
+    The checkout's venv is used as it is when the job user can run its Python. A
+    venv built on a Python under a private directory (pyenv in /root) cannot be run
+    by other users; then a venv of the system's python3 of the same version is made
+    under the base directory that reads the checkout venv's packages.
+    """
+    os.makedirs(layout.bin, mode=0o755, exist_ok=True)
+    script = os.path.join(layout.bin, "slurm-tpu")
+    if _runs_as(user, [sys.executable, "-c", _CHECK_IMPORTS]):
+        _write_script(script, sys.executable)
+        return script
+    version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    system_python = shutil.which(f"python{version}", path="/usr/bin:/usr/local/bin")
+    if not system_python:
+        raise DemoError(f"job user {user} cannot run {sys.executable} (is it under a private directory such as "
+                        f"/root?) and there is no system python{version} to use instead: rebuild the venv with "
+                        "a system Python (rm -rf .venv; PYTHON=/usr/bin/python3 scripts/setup.sh)")
+    venv = layout.path("runtime")
+    if not os.path.exists(os.path.join(venv, "bin", "python")):
+        subprocess.run([system_python, "-m", "venv", "--without-pip", venv], check=True, capture_output=True)
+    site_dirs = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
+    purelib = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
+                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    with open(os.path.join(purelib, "slurm_tpu_checkout.pth"), "w", encoding="utf-8") as handle:
+        handle.write("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in site_dirs) + "\n")
+    python = os.path.join(venv, "bin", "python")
+    if not _runs_as(user, [python, "-c", _CHECK_IMPORTS]):
+        raise DemoError(f"job user {user} cannot import slurm-tpu from {site_dirs[0]} (is the checkout under a "
+                        "private directory?): clone slurm-tpu somewhere world-readable, e.g. /opt/slurm-tpu")
+    _write_script(script, python)
+    return script
+
+
+def build_libedgetpu_double(layout: Layout) -> str:
+    """Compile the project's libedgetpu test double into ``<base>/lib`` (once)."""
+    target = layout.libedgetpu
+    if os.path.exists(target) and os.path.getmtime(target) >= os.path.getmtime(DOUBLE_SOURCE):
+        return target
+    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    cc = shutil.which("gcc") or shutil.which("cc") or "gcc"
+    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", target + ".tmp", str(DOUBLE_SOURCE)],
+                          capture_output=True, text=True)
+    if done.returncode != 0:
+        raise DemoError(f"cannot compile {DOUBLE_SOURCE}: {done.stderr.strip().splitlines()[-1:]}")
+    os.chmod(target + ".tmp", 0o755)
+    os.replace(target + ".tmp", target)
+    return target
+
+
+def make_models(layout: Layout, images: int) -> None:
+    """The generated classifier, labels and ``images`` test images (kept when already there)."""
+    expected = os.path.join(layout.images, "expected.csv")
+    if os.path.exists(layout.classifier) and os.path.exists(expected):
+        with open(expected, encoding="utf-8") as handle:
+            if sum(1 for _ in handle) == images:
+                return
+    from ..modelgen import write_models
+
+    shutil.rmtree(layout.models, ignore_errors=True)
+    write_models(layout.models, image_count=images)
+    for root, dirs, files in os.walk(layout.models):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+
+
+def make_shared_dirs(layout: Layout) -> None:
+    """Job output and results directories every job user can write (sticky, like /tmp)."""
+    for directory in (layout.out, layout.results):
+        os.makedirs(directory, exist_ok=True)
+        os.chmod(directory, 0o1777)
+
+
+def write_env_file(layout: Layout, double_devices: str) -> None:
+    """``<base>/env.sh``: what a shell needs to use the demo cluster."""
+    text = f"""# The slurm-tpu demo cluster. Use it from any shell:  . {layout.env_file}
+export SLURM_CONF={layout.slurm_conf}
+export PATH={layout.bin}:$PATH
+export SLURM_TPU_DEMO={layout.base}
+# This machine has no Edge TPU: libedgetpu is the project's test double. It opens
+# only the devices listed here (the demo's simulated ones) and runs models on the CPU.
+export SLURM_TPU_LIBEDGETPU={layout.libedgetpu}
+export EDGETPU_DOUBLE_DEVICES={double_devices}
+"""
+    with open(layout.env_file + ".tmp", "w", encoding="utf-8") as handle:
+        handle.write(text)
+    os.chmod(layout.env_file + ".tmp", 0o644)
+    os.replace(layout.env_file + ".tmp", layout.env_file)
+
+
+def job_environment(layout: Layout, double_devices: str, user: str) -> dict[str, str]:
+    """The environment the demo submits with: what env.sh gives a user's shell."""
+    try:
+        home = pwd.getpwnam(user).pw_dir
+    except KeyError:
+        home = layout.out
+    return {
+        "PATH": f"{layout.bin}:/usr/local/bin:/usr/bin:/bin",
+        "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C.UTF-8",
+        "SLURM_CONF": layout.slurm_conf, "SLURM_TPU_DEMO": layout.base,
+        "SLURM_TPU_LIBEDGETPU": layout.libedgetpu, "EDGETPU_DOUBLE_DEVICES": double_devices,
+    }

@@ -1,0 +1,145 @@
+"""What the demo prints: the cluster, the timeline and its checks, the batch, what next."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import string
+from typing import Sequence
+
+from .experiment import Submitted
+from .layout import JOBS_DIR, NODES, Layout
+from .records import JobRecord, Lease
+from .timeline import Check, build_lanes, check_run, nice_step, render
+
+INTRO = """\
+slurm-tpu demo: a real Slurm cluster on this machine (slurmctld + 4 slurmd on 127.0.0.1)
+  The accelerators are simulated at the hardware boundary only: umockdev describes each
+  node's devices, the real `slurm-tpu detect` finds them through libudev, and real device
+  nodes stand in for them. There is no Edge TPU here: "TPU" inference runs through the
+  project's test-double libedgetpu, which runs the model on this machine's CPU."""
+
+_DONE = re.compile(r"done: (\d+)/(\d+) inputs .*?, ([\d.]+)/s")
+
+
+def node_devices(layout: Layout) -> dict[str, list[str]]:
+    """Node -> its Edge TPU identities (from the inventory detect produced for it)."""
+    result = {}
+    for node in NODES:
+        with open(os.path.join(layout.node_dir(node.name), "inventory.json"), encoding="utf-8") as handle:
+            accelerators = json.load(handle)["accelerators"]
+        result[node.name] = [a["identity"] for a in accelerators if a["kind"] == "edgetpu"]
+    return result
+
+
+def cluster_lines(layout: Layout) -> list[str]:
+    """One line per node: its generated Gres= and what the node has."""
+    gres = {}
+    with open(layout.path("etc", "nodes.conf"), encoding="utf-8") as handle:
+        for line in handle:
+            if line.startswith("NodeName="):
+                fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
+                gres[fields["NodeName"]] = fields.get("Gres", "-")
+    width = max(len(n.name) for n in NODES)
+    return [f"  {n.name:{width}}  Gres={gres.get(n.name, '-'):22}  {n.summary}" for n in NODES]
+
+
+def symbols_for(submitted: Submitted, jobs: Sequence[JobRecord]) -> dict[int, str]:
+    """A, B... for TPU jobs, a, b... for plain jobs, 0, 1... for array tasks."""
+    symbols = {job: string.ascii_uppercase[i % 26] for i, job in enumerate(submitted.tpu)}
+    symbols.update({job: string.ascii_lowercase[i % 26] for i, job in enumerate(submitted.plain)})
+    for job in jobs:
+        if job.array_job_id == submitted.batch and job.array_task_id is not None:
+            symbols[job.job_id] = string.digits[job.array_task_id % 10]
+    return symbols
+
+
+def _span(ids: Sequence[int]) -> str:
+    return f"{min(ids)}-{max(ids)}" if len(ids) > 1 else str(ids[0])
+
+
+def timeline_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord], leases: Sequence[Lease],
+                   columns: int = 56) -> tuple[list[str], list[Check]]:
+    """The chart, its legend, and the checks."""
+    devices = node_devices(layout)
+    symbols = symbols_for(submitted, jobs)
+    mine = [l for l in leases if l.job_id in symbols]
+    starts = [j.start for j in jobs if j.start is not None] + [l.start for l in mine]
+    ends = [j.end for j in jobs if j.end is not None] + [l.end for l in mine if l.end is not None]
+    t0 = min(starts)
+    step = nice_step(max(ends) - t0, columns)
+    lanes = build_lanes(jobs, mine, devices, symbols, step)
+    columns = min(columns, int((max(ends) - t0) / step) + 2)
+    lines = render(lanes, t0, step, columns)
+    lines.append(f"A-{symbols[submitted.tpu[-1]]} classify_tpu jobs {_span(submitted.tpu)} (--gres=tpu:1), "
+                 f"a-{symbols[submitted.plain[-1]]} classify_cpu jobs {_span(submitted.plain)} (no GRES), "
+                 f"0-{submitted.array_tasks - 1} batch_array {submitted.batch} tasks")
+    lines.append(f"one column = {step:g} s. Device lanes: lease held, prolog to epilog (hooks' audit log);")
+    lines.append("cpu lanes: jobs without a device, Slurm's start to end in whole seconds (jobcomp)")
+    by_id = {j.job_id: j for j in jobs}
+    tpu_jobs = [by_id[i] for i in submitted.tpu if i in by_id]
+    tpu_jobs += [j for j in jobs if j.array_job_id == submitted.batch]
+    plain_jobs = [by_id[i] for i in submitted.plain if i in by_id]
+    return lines, check_run(tpu_jobs, plain_jobs, mine, devices)
+
+
+def merge_batch(layout: Layout, submitted: Submitted) -> tuple[str, int, int]:
+    """Merge the array tasks' result files; (merged file, lines, lines whose top-1 is the known answer)."""
+    expected = {}
+    with open(os.path.join(layout.images, "expected.csv"), encoding="utf-8") as handle:
+        for line in handle:
+            name, _, label = line.strip().partition(",")
+            expected[name] = label
+    records = []
+    for path in sorted(glob.glob(os.path.join(layout.results, f"batch-{submitted.batch}_*.jsonl"))):
+        with open(path, encoding="utf-8") as handle:
+            records += [json.loads(line) for line in handle if line.strip()]
+    records.sort(key=lambda r: r.get("input", ""))
+    merged = os.path.join(layout.results, f"batch-{submitted.batch}.jsonl")
+    with open(merged, "w", encoding="utf-8") as handle:
+        handle.writelines(json.dumps(r) + "\n" for r in records)
+    right = sum(1 for r in records if r.get("classes") and
+                r["classes"][0].get("label") == expected.get(os.path.basename(r.get("input", ""))))
+    return merged, len(records), right
+
+
+def batch_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord], leases: Sequence[Lease]) -> list[str]:
+    tasks = [j for j in jobs if j.array_job_id == submitted.batch]
+    held = [l for l in leases if l.job_id in {t.job_id for t in tasks} and l.end is not None]
+    merged, count, right = merge_batch(layout, submitted)
+    rates = []
+    for task in tasks:
+        out = os.path.join(layout.out, f"batch-tpu-{submitted.batch}_{task.array_task_id}.out")
+        try:
+            with open(out, encoding="utf-8", errors="replace") as handle:
+                found = _DONE.findall(handle.read())
+        except OSError:
+            found = []
+        if found:
+            rates.append(float(found[-1][2]))
+    wall = (max(l.end for l in held) - min(l.start for l in held)) if held else 0.0  # type: ignore[type-var]
+    devices = len({(l.node, l.identity) for l in held})
+    lines = [f"{count} images, {len(tasks)} array tasks on {devices} Edge TPUs: {wall:.1f} s from first lease to "
+             f"last release",
+             f"= {count / wall if wall else 0:.0f} images/s including job start-up"]
+    if rates:
+        lines[-1] += (f"; inside the jobs {min(rates):.0f}-{max(rates):.0f} images/s per task "
+                      "(on the CPU, via the double)")
+    lines.append(f"results: {merged}")
+    lines.append(f"  {count} lines; top-1 is the generator's known answer for {right}/{count}")
+    return lines
+
+
+def next_steps(layout: Layout, user: str) -> list[str]:
+    return [
+        f"The cluster keeps running. Use it as any user (an unprivileged one: su - {user}):",
+        f"  . {layout.env_file}; M=$SLURM_TPU_DEMO/models",
+        "  sinfo -N -o '%N %t %G %f'; squeue",
+        "  srun --gres=tpu:1 slurm-tpu infer $M/classifier.tflite $M/images/img_00004.png --labels "
+        "$M/classifier_labels.txt",
+        f"  cd ~ && sbatch {JOBS_DIR}/classify_tpu.sbatch $M/classifier.tflite $M/images/img_00001.png",
+        f"Job scripts: {JOBS_DIR}/   Logs: {layout.path('log')}/   Job output: {layout.out}/",
+        "Stop it: ./demo.sh stop   (re-running ./demo.sh reuses it)",
+    ]
