@@ -42,6 +42,8 @@ class Config:
     gpu_features: tuple[str, ...] = ("gpu",)
     slot_dir: str = "/dev/slurm-tpu"
     state_dir: str = "/run/slurm-tpu"
+    # The configured inventory, kept across reboots (/run and /dev are tmpfs).
+    inventory_file: str = "/var/lib/slurm-tpu/inventory.json"
     idle: Ownership = Ownership()
     lease_mode: int = 0o600
     isolate_gpus: bool = False
@@ -69,6 +71,7 @@ _SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "devices.lease.mode": ((str, int), "mode of a leased node, owned by the job's user"),
     "devices.isolate_gpus": (bool, "lease GPUs too (clusters without cgroup devices)"),
     "state_dir": (str, "lease ledger directory"),
+    "inventory_file": (str, "persistent copy of the configured inventory (restored at boot)"),
     "udev.run_program": (str, "absolute path of slurm-tpu for udev RUN+="),
 }
 
@@ -140,7 +143,7 @@ def parse_config(data: Any, where: str = "config") -> Config:
         group=flat.get("devices.idle.group", defaults.idle.group),
         mode=_parse_mode(flat.get("devices.idle.mode", "0600"), "devices.idle.mode", where),
     )
-    for key in ("devices.slot_dir", "state_dir", "udev.run_program"):
+    for key in ("devices.slot_dir", "state_dir", "inventory_file", "udev.run_program"):
         if key in flat and not os.path.isabs(flat[key]):
             raise ConfigError(f"{where}: '{key}' must be an absolute path, not {flat[key]!r}", key=key)
     return Config(
@@ -153,6 +156,7 @@ def parse_config(data: Any, where: str = "config") -> Config:
         gpu_features=text_list("features.gpu", defaults.gpu_features),
         slot_dir=flat.get("devices.slot_dir", defaults.slot_dir),
         state_dir=flat.get("state_dir", defaults.state_dir),
+        inventory_file=flat.get("inventory_file", defaults.inventory_file),
         idle=idle,
         lease_mode=_parse_mode(flat.get("devices.lease.mode", "0600"), "devices.lease.mode", where),
         isolate_gpus=flat.get("devices.isolate_gpus", defaults.isolate_gpus),

@@ -57,7 +57,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     """Make Edge TPUs and GPUs allocatable, isolated Slurm resources.
 
     \b
-    Set up a node:  detect, gres-conf, node-conf, udev-rules
+    Set up a node:  detect, gres-conf, node-conf, udev-rules, boot
     Operate:        health, watch, metrics, report, leases
     In jobs:        infer
     Run by udev:    udev-event

@@ -202,3 +202,21 @@ def report(obj: Obj, by: str, since: str | None, until: str | None, audit_logs: 
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
         click.echo("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
+
+
+@main.command()
+@pass_obj
+def boot(obj: Obj) -> None:
+    """Restore slot nodes and the hooks' inventory after a reboot (before slurmd starts).
+
+    Run it as slurmd's ExecStartPre (see gres_conf/README.md). A configured
+    accelerator absent at boot gets an inert placeholder slot so slurmd starts;
+    the health check then drains the node for it.
+    """
+    from ..detect import detect_inventory
+    from ..ops.boot import restore_node_state
+
+    result = restore_node_state(obj.config, detect_inventory(use_nvml=False))
+    absent = f"; absent: {', '.join(result.absent)} (placeholder slots)" if result.absent else ""
+    click.echo(f"slurm-tpu boot: {len(result.present)} of {result.configured} configured accelerator(s) "
+               f"present{absent}")

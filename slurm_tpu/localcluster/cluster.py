@@ -155,6 +155,7 @@ class LocalCluster:
             "node_name": spec.name,
             "devices": {"slot_dir": os.path.join(directory, "slots")},
             "state_dir": os.path.join(directory, "state"),
+            "inventory_file": os.path.join(directory, "configured-inventory.json"),
         }
         for key, value in self.node_config_extra.items():  # e.g. {"devices": {...}} merged shallowly
             if isinstance(value, dict) and isinstance(config.get(key), dict):

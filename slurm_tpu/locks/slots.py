@@ -37,6 +37,37 @@ def _ensure_dir(slot_dir: str) -> None:
         raise DeviceError(f"slot directory {slot_dir} is not a plain directory; remove it", slot_dir)
 
 
+# An inert placeholder: char 0:0 reaches no driver (open gives ENXIO). Used for a
+# configured device that is absent at boot, so slurmd still finds every File=.
+PLACEHOLDER_RDEV = os.makedev(0, 0)
+
+
+def _make_slot(slot_dir: str, identity: str, rdev: int) -> None:
+    path = os.path.join(slot_dir, identity)
+    tmp = os.path.join(slot_dir, f".{identity}.{os.getpid()}")
+    try:
+        os.mknod(tmp, stat.S_IFCHR | 0o600, rdev)
+        os.chmod(tmp, 0o600)  # umask may have narrowed or the old mode lingered
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise DeviceError(f"{identity}: cannot create slot node {path}: {exc.strerror} "
+                          "(slot nodes need root)", identity) from exc
+
+
+def ensure_placeholder_slot(slot_dir: str, identity: str) -> bool:
+    """Make sure ``<slot_dir>/<identity>`` exists; create an inert node if not. True if created."""
+    check_identity(identity)
+    _ensure_dir(slot_dir)
+    if os.path.lexists(os.path.join(slot_dir, identity)):
+        return False
+    _make_slot(slot_dir, identity, PLACEHOLDER_RDEV)
+    return True
+
+
 def ensure_slot(slot_dir: str, identity: str, device_node: str) -> bool:
     """Make ``<slot_dir>/<identity>`` a node with ``device_node``'s major:minor.
 
@@ -59,16 +90,5 @@ def ensure_slot(slot_dir: str, identity: str, device_node: str) -> bool:
             return False
     except FileNotFoundError:
         pass
-    tmp = os.path.join(slot_dir, f".{identity}.{os.getpid()}")
-    try:
-        os.mknod(tmp, stat.S_IFCHR | 0o600, source.st_rdev)
-        os.chmod(tmp, 0o600)  # umask may have narrowed or the old mode lingered
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise DeviceError(f"{identity}: cannot create slot node {path}: {exc.strerror} "
-                          "(slot nodes need root)", identity) from exc
+    _make_slot(slot_dir, identity, source.st_rdev)
     return True

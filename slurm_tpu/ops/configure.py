@@ -18,7 +18,10 @@ from ..slurm.parse import parse_key_values
 
 
 def prepare_node_state(config: Config, inventory: Inventory) -> None:
-    """Create/re-point slot nodes for usable Edge TPUs and save the state inventory."""
+    """Create/re-point slot nodes for usable Edge TPUs, save the state inventory and
+    its persistent copy (restored by ``slurm-tpu boot`` after a reboot)."""
+    import json
+
     from ..locks.node_inventory import write_state_inventory
     from ..locks.slots import ensure_slot
 
@@ -26,6 +29,8 @@ def prepare_node_state(config: Config, inventory: Inventory) -> None:
         ensure_slot(os.path.dirname(slot_path(config, accelerator)), accelerator.identity,
                     accelerator.primary_node or "")
     write_state_inventory(config.state_dir, inventory.to_json())
+    os.makedirs(os.path.dirname(config.inventory_file), mode=0o755, exist_ok=True)
+    write_if_changed(config.inventory_file, json.dumps(inventory.to_json(), indent=1) + "\n")
 
 
 def update_node_line(line: str, inventory: Inventory, config: Config) -> str:
