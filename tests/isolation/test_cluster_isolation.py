@@ -242,3 +242,34 @@ def test_runner_usage_records_reach_the_audit_log(cluster, users):
     assert len(usage) == 1 and usage[0]["inferences"] == 7 and usage[0]["uid"] == users["stpu_alice"]
     assert not [n for n in os.listdir(os.path.join(cluster.node_dir("n1"), "state", "usage"))
                 if n.startswith(f"{job}.")]
+
+
+def test_two_node_job_gets_one_lease_per_node_and_each_task_its_nodes_device(cluster, users):
+    result = out(cluster, "multi.txt")
+    script = "#!/bin/sh\nsrun -l sh -c 'echo $SLURMD_NODENAME $SLURM_TPU_DEVICES' > " + result + "\n"
+    job = cluster.sbatch(["-N2", "-w", "n1,n4", "--ntasks-per-node=1", "--gres=tpu:edgetpu_usb:1", "-o",
+                          "/dev/null", "-e", out(cluster, "multi.err")], script, user="stpu_bob")
+    assert cluster.wait_for_jobs([job], timeout=90)[job] == "COMPLETED", read(out(cluster, "multi.err"))
+    lines = sorted(line.split(": ", 1)[1].split() for line in read(result).splitlines())
+    assert lines == [["n1", "usb-2-1.3"], ["n4", "usb-2-1.3"]]
+    for node in ("n1", "n4"):
+        acquired = [e for e in audit(cluster, node) if e["event"] == "acquire" and e["job_id"] == job]
+        assert [(e["identity"], e["uid"]) for e in acquired] == [("usb-2-1.3", users["stpu_bob"])]
+        assert leases(cluster, node) == []
+
+
+def test_leases_command_shows_who_holds_what(cluster, users):
+    import subprocess
+
+    job = hold(cluster, "stpu_alice", "l1", ["-w", "n1", "--gres=tpu:edgetpu_pci:1"])
+    try:
+        table = subprocess.run([*cluster.slurm_tpu, "leases"], capture_output=True, text=True, timeout=60,
+                               env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"))).stdout
+        row = [line for line in table.splitlines() if line.startswith("pci-0000:03:00.0")]
+        assert len(row) == 1 and str(job) in row[0] and "stpu_alice" in row[0] and "running" in row[0]
+        assert "usb-2-1.3" not in table
+    finally:
+        assert release(cluster, "l1", job) == "COMPLETED"
+    idle = subprocess.run([*cluster.slurm_tpu, "leases"], capture_output=True, text=True, timeout=60,
+                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"))).stdout
+    assert idle.startswith("No accelerator is leased")
