@@ -4,7 +4,8 @@ A lease is taken by creating ``leases/<identity>`` exclusively (a finished temp
 file ``link()``-ed into place), so two prologs can never both hold a device and
 a crash leaves a whole lease or none. Each lease records the job, its user, the
 device nodes it was given and the job's whole allocation on this node, so the
-epilog and the task-prolog never need to ask Slurm. ``audit.log`` gets one JSON
+epilog never needs to ask Slurm (the task-prolog reads ``jobs/<job>.env``, which
+the prolog writes from the same leases). ``audit.log`` gets one JSON
 line per acquire/release/reclaim/reenumerate, for the stress test and for
 accounting.
 

@@ -53,7 +53,7 @@ def parse_inventory(document: Mapping[str, object]) -> dict[str, KnownDevice]:
 
 
 def save(dir_fd: int, document: Mapping[str, object]) -> None:
-    """Write the inventory document atomically (world-readable: task-prologs read it)."""
+    """Write the inventory document atomically (world-readable, like ``slurm-tpu detect``)."""
     import json
 
     statedir.write_atomic(dir_fd, FILE_NAME, (json.dumps(document, indent=1) + "\n").encode())
