@@ -10,5 +10,8 @@
 # Options go to `python -m slurm_tpu.demo` (see ./demo.sh --help).
 set -euo pipefail
 cd "$(dirname "$0")"
-scripts/setup.sh >&2
+case "${1:-run}" in
+    status|stop) [ -x .venv/bin/python ] || scripts/setup.sh >&2 ;;  # no installing just to stop
+    *) scripts/setup.sh >&2 ;;
+esac
 exec .venv/bin/python -m slurm_tpu.demo "$@"

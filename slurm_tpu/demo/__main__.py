@@ -58,6 +58,7 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
         raise DemoError(f"--images {images}: give 20 to 5000")
     if timeout <= 0:
         raise DemoError(f"--timeout {timeout:g}: give a positive number of seconds")
+    provision.check_user(user)
     preflight.require_root()
     preflight.require_tools()
     preflight.check_base(layout.base)
@@ -80,9 +81,10 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     env = provision.job_environment(layout, devices, user)
 
     submitted = experiment.submit_experiment(layout, user, env, images)
-    _say(f"[2/4] submitted as user {user}: {len(submitted.tpu)} x jobs/classify_tpu.sbatch (--gres=tpu:1), "
-         f"{len(submitted.plain)} x jobs/classify_cpu.sbatch,")
-    _say(f"      jobs/batch_array.sbatch --array=0-{submitted.array_tasks - 1} over {images} images")
+    _say(f"[2/4] submitted as {user}, with the scripts in jobs/: {len(submitted.tpu)} x classify_tpu.sbatch "
+         "(--gres=tpu:1),")
+    _say(f"      {len(submitted.plain)} x classify_cpu.sbatch (-c {experiment.PLAIN_CPUS}), "
+         f"batch_array.sbatch --array=0-{submitted.array_tasks - 1} over {images} images")
     seconds = experiment.wait_for(layout, env, submitted, timeout)
     with open(layout.jobcomp, encoding="utf-8") as handle:
         jobs = select(parse_jobcomp(handle.read()), submitted.all_ids)

@@ -32,10 +32,10 @@ class DemoNode:
 
 
 NODES: tuple[DemoNode, ...] = (
-    DemoNode("node-usb", "node-usb.umockdev", "1 Coral USB Accelerator (on a USB 2 port, like the seeds' Pi)"),
+    DemoNode("node-usb", "node-usb.umockdev", "1 Coral USB Accelerator, on USB 2 like the seeds' Pi"),
     DemoNode("node-pcie", "node-pcie.umockdev", "2 Coral PCIe Accelerators"),
     DemoNode("node-gpu", "node-gpu.umockdev", "1 NVIDIA Tesla T4"),
-    DemoNode("node-plain", "node-plain.umockdev", "no accelerator (a USB mouse, which detect ignores)"),
+    DemoNode("node-plain", "node-plain.umockdev", "no accelerator (a USB mouse: detect ignores it)"),
 )
 
 # LLN: the least-loaded node first, so plain jobs spread over the cluster as on the

@@ -80,6 +80,9 @@ def running_slurm_daemons(proc: str = "/proc") -> list[SlurmDaemon]:
                 name = handle.read().strip()
             if name not in SLURM_DAEMONS:
                 continue
+            with open(os.path.join(proc, entry, "stat"), encoding="utf-8") as handle:
+                if handle.read().rsplit(")", 1)[-1].split()[0] in ("Z", "X"):
+                    continue  # a zombie runs nothing (its parent has yet to reap it)
             argv = _read_nul_separated(os.path.join(proc, entry, "cmdline"))
             environ = dict(item.partition("=")[::2] for item in
                            _read_nul_separated(os.path.join(proc, entry, "environ")))
@@ -124,7 +127,7 @@ def foreign_slurm(own_conf: str, daemons: Iterable[SlurmDaemon], ports: set[int]
     """Why another Slurm counts as running, or None."""
     for daemon in daemons:
         if classify(daemon, own_conf) == "foreign":
-            return f"{daemon.name} pid {daemon.pid} (config {daemon.config})"
+            return f"{daemon.name} pid {daemon.pid}, config {daemon.config}"
     busy = sorted(set(DEFAULT_PORTS) & ports)
     if busy:
         return f"something listens on Slurm's default port {busy[0]}"

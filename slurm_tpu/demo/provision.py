@@ -21,20 +21,28 @@ _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 _CHECK_IMPORTS = "import slurm_tpu.cli, slurm_tpu.runner, numpy, ai_edge_litert"
 
 
-def ensure_user(name: str) -> bool:
-    """Create the unprivileged job user if missing; True when it was created now."""
+def check_user(name: str) -> None:
+    """The job user's name is valid and, if the user exists, it is not root."""
     if not _USER_NAME.match(name):
         raise DemoError(f"--user {name!r}: not a valid user name (lower-case letters, digits, '_' or '-')")
     try:
-        entry = pwd.getpwnam(name)
+        if pwd.getpwnam(name).pw_uid == 0:
+            raise DemoError(f"--user {name} is root: the demo's jobs run as an unprivileged user")
+    except KeyError:
+        pass
+
+
+def ensure_user(name: str) -> bool:
+    """Create the unprivileged job user if missing; True when it was created now."""
+    check_user(name)
+    try:
+        pwd.getpwnam(name)
     except KeyError:
         done = subprocess.run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{name}",
                                "--shell", "/bin/sh", "--user-group", name], capture_output=True, text=True)
         if done.returncode != 0:
             raise DemoError(f"cannot create the job user {name}: {done.stderr.strip()}") from None
         return True
-    if entry.pw_uid == 0:
-        raise DemoError(f"--user {name} is root: the demo's jobs run as an unprivileged user")
     return False
 
 

@@ -43,7 +43,8 @@ def cluster_lines(layout: Layout) -> list[str]:
                 fields = dict(f.split("=", 1) for f in line.split() if "=" in f)
                 gres[fields["NodeName"]] = fields.get("Gres", "-")
     width = max(len(n.name) for n in NODES)
-    return [f"  {n.name:{width}}  Gres={gres.get(n.name, '-'):22}  {n.summary}" for n in NODES]
+    gres_width = max(len(g) for g in gres.values()) if gres else 1
+    return [f"  {n.name:{width}}  Gres={gres.get(n.name, '-'):{gres_width}}  {n.summary}" for n in NODES]
 
 
 def symbols_for(submitted: Submitted, jobs: Sequence[JobRecord]) -> dict[int, str]:
@@ -74,8 +75,8 @@ def timeline_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecor
     columns = min(columns, int((max(ends) - t0) / step) + 2)
     lines = render(lanes, t0, step, columns)
     lines.append(f"A-{symbols[submitted.tpu[-1]]} classify_tpu jobs {_span(submitted.tpu)} (--gres=tpu:1), "
-                 f"a-{symbols[submitted.plain[-1]]} classify_cpu jobs {_span(submitted.plain)} (no GRES), "
-                 f"0-{submitted.array_tasks - 1} batch_array {submitted.batch} tasks")
+                 f"a-{symbols[submitted.plain[-1]]} classify_cpu jobs {_span(submitted.plain)} (no GRES),")
+    lines.append(f"0-{submitted.array_tasks - 1} tasks of batch_array job {submitted.batch} (--gres=tpu:1 each)")
     lines.append(f"one column = {step:g} s. Device lanes: lease held, prolog to epilog (hooks' audit log);")
     lines.append("cpu lanes: jobs without a device, Slurm's start to end in whole seconds (jobcomp)")
     by_id = {j.job_id: j for j in jobs}
@@ -122,11 +123,11 @@ def batch_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord],
     wall = (max(l.end for l in held) - min(l.start for l in held)) if held else 0.0  # type: ignore[type-var]
     devices = len({(l.node, l.identity) for l in held})
     lines = [f"{count} images, {len(tasks)} array tasks on {devices} Edge TPUs: {wall:.1f} s from first lease to "
-             f"last release",
-             f"= {count / wall if wall else 0:.0f} images/s including job start-up"]
+             f"last release,",
+             f"  {count / wall if wall else 0:.0f} images/s including job start-up"]
     if rates:
         lines[-1] += (f"; inside the jobs {min(rates):.0f}-{max(rates):.0f} images/s per task "
-                      "(on the CPU, via the double)")
+                      "(on the CPU)")
     lines.append(f"results: {merged}")
     lines.append(f"  {count} lines; top-1 is the generator's known answer for {right}/{count}")
     return lines
@@ -137,9 +138,10 @@ def next_steps(layout: Layout, user: str) -> list[str]:
         f"The cluster keeps running. Use it as any user (an unprivileged one: su - {user}):",
         f"  . {layout.env_file}; M=$SLURM_TPU_DEMO/models",
         "  sinfo -N -o '%N %t %G %f'; squeue",
-        "  srun --gres=tpu:1 slurm-tpu infer $M/classifier.tflite $M/images/img_00004.png --labels "
-        "$M/classifier_labels.txt",
+        "  srun --gres=tpu:1 slurm-tpu infer $M/classifier.tflite $M/images/img_00004.png \\",
+        "      --labels $M/classifier_labels.txt",
         f"  cd ~ && sbatch {JOBS_DIR}/classify_tpu.sbatch $M/classifier.tflite $M/images/img_00001.png",
-        f"Job scripts: {JOBS_DIR}/   Logs: {layout.path('log')}/   Job output: {layout.out}/",
+        f"Job scripts: {JOBS_DIR}/",
+        f"Job output: {layout.out}/   Logs: {layout.path('log')}/",
         "Stop it: ./demo.sh stop   (re-running ./demo.sh reuses it)",
     ]

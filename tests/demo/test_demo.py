@@ -1,0 +1,385 @@
+"""The main job, end to end: ``python -m slurm_tpu.demo`` on a real local cluster, then
+every script in jobs/ against that cluster, then re-run, refusal and stop.
+
+What the demo printed is not trusted: the timeline's properties are checked here
+from Slurm's own job records (jobcomp) and the hooks' lease audit, parsed afresh.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import stat
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from conftest import require_slurm
+
+from slurm_tpu.demo.experiment import sbatch
+from slurm_tpu.demo.layout import JOBS_DIR, Layout
+from slurm_tpu.demo.provision import job_environment
+
+pytestmark = pytest.mark.slurm
+REPO = Path(__file__).resolve().parents[2]
+USER = "stpu_demo"
+IMAGES = 300
+TPUS = {"node-usb": 1, "node-pcie": 2}
+NODES = ("node-usb", "node-pcie", "node-gpu", "node-plain")
+
+
+def run_demo(*args: str, timeout: float = 420) -> subprocess.CompletedProcess:
+    """What demo.sh runs after scripts/setup.sh."""
+    return subprocess.run([sys.executable, "-m", "slurm_tpu.demo", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def demo():
+    require_slurm()
+    if not (shutil.which("gcc") or shutil.which("cc")):
+        pytest.skip("no C compiler for the libedgetpu double")
+    user_existed = subprocess.run(["id", "-u", USER], capture_output=True).returncode == 0
+    base = tempfile.mkdtemp(prefix="slurm-tpu-demo-test-", dir="/tmp")
+    started = time.monotonic()
+    done = run_demo("run", "--base", base, "--user", USER, "--images", str(IMAGES))
+    done.seconds = time.monotonic() - started
+    yield done, Layout(base)
+    run_demo("stop", "--base", base, "--user", USER, *([] if user_existed else ["--purge"]))
+    if not os.environ.get("SLURM_TPU_KEEP_CLUSTER"):
+        shutil.rmtree(base, ignore_errors=True)
+
+
+# -- Slurm's records, parsed here (not with the demo's own parser) ------------------------
+
+def jobcomp(layout: Layout) -> list[dict]:
+    with open(layout.jobcomp, encoding="utf-8") as handle:
+        return [dict(re.findall(r"(\w+)=(\S*)", line)) for line in handle if line.startswith("JobId=")]
+
+
+def epoch(stamp: str) -> float:
+    return time.mktime(time.strptime(stamp, "%Y-%m-%dT%H:%M:%S"))
+
+
+def audit(layout: Layout, node: str) -> list[dict]:
+    path = layout.audit_log(node)
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8") as handle:
+        return [json.loads(line) for line in handle if line.strip()]
+
+
+def held(layout: Layout) -> list[tuple[str, str, int, float, float]]:
+    """(node, identity, job, acquired, released) for every finished lease."""
+    leases = []
+    for node in NODES:
+        acquired = {}
+        for event in audit(layout, node):
+            key = (event.get("identity"), event.get("job_id"))
+            if event["event"] == "acquire":
+                acquired[key] = event["t"]
+            elif event["event"] in ("release", "reclaim", "rollback") and key in acquired:
+                leases.append((node, key[0], key[1], acquired.pop(key), event["t"]))
+        assert not acquired, f"leases never released on {node}: {acquired}"
+    return leases
+
+
+def peak(intervals) -> int:
+    points = sorted([(e, -1) for s, e in intervals] + [(s, 1) for s, e in intervals])
+    best = now = 0
+    for _, delta in points:
+        now += delta
+        best = max(best, now)
+    return best
+
+
+def inventory(layout: Layout, node: str) -> dict[str, list[str]]:
+    with open(os.path.join(layout.node_dir(node), "inventory.json"), encoding="utf-8") as handle:
+        return {a["identity"]: a["device_nodes"] for a in json.load(handle)["accelerators"]}
+
+
+def finished(layout: Layout, job_id: int, timeout: float = 120) -> list[dict]:
+    """The job's jobcomp records once it (all its array tasks) finished."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = [r for r in jobcomp(layout) if job_id in (int(r["JobId"]), int(r.get("ArrayJobId") or 0))]
+        queued = subprocess.run(["squeue", "-h", "-o", "%F"], capture_output=True, text=True,
+                                env=dict(os.environ, SLURM_CONF=layout.slurm_conf)).stdout.split()
+        if records and str(job_id) not in queued:
+            return records
+        time.sleep(0.3)
+    raise AssertionError(f"job {job_id} did not finish within {timeout:g} s")
+
+
+def read(path: str) -> str:
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read()
+
+
+def expected_label(layout: Layout, image: str) -> str:
+    for line in read(os.path.join(layout.images, "expected.csv")).splitlines():
+        name, _, label = line.partition(",")
+        if name == os.path.basename(image):
+            return label
+    raise KeyError(image)
+
+
+# -- the demo run --------------------------------------------------------------------------
+
+def test_demo_runs_to_completion_quickly_with_short_output(demo):
+    done, layout = demo
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == ""
+    lines = done.stdout.replace(layout.base, "/tmp/slurm-tpu-demo").splitlines()
+    assert len(lines) <= 60 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
+    assert "test-double libedgetpu" in done.stdout  # it says plainly that there is no real TPU
+    assert done.seconds < 120, f"demo took {done.seconds:.0f} s"
+
+
+def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
+    _, layout = demo
+    records = jobcomp(layout)
+    by_name: dict[str, list[dict]] = {}
+    for record in records:
+        by_name.setdefault(record["Name"], []).append(record)
+    assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4}
+    assert {(r["JobState"], r["ExitCode"]) for r in records} == {("COMPLETED", "0:0")}
+    assert all(r["UserId"].startswith(USER + "(") for r in records)
+    tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"]
+    assert {r["NodeList"] for r in tpu_jobs} <= set(TPUS)  # TPU jobs only on TPU nodes
+    leases = held(layout)
+    for record in tpu_jobs:  # each on exactly one device of its own node
+        mine = [lease for lease in leases if lease[2] == int(record["JobId"])]
+        assert len(mine) == 1 and mine[0][0] == record["NodeList"], (record["JobId"], mine)
+        assert mine[0][1] in inventory(layout, record["NodeList"])
+    for node, count in TPUS.items():  # never more at once than the node has TPUs
+        assert peak([(s, e) for n, _, _, s, e in leases if n == node]) <= count
+        for identity in inventory(layout, node):  # and never one device for two jobs
+            assert peak([(s, e) for n, i, _, s, e in leases if (n, i) == (node, identity)]) <= 1
+    assert peak([(epoch(r["StartTime"]), epoch(r["EndTime"])) for r in tpu_jobs if r["NodeList"] == "node-usb"]) <= 1
+    plain = by_name["classify-cpu"]
+    assert not {int(r["JobId"]) for r in plain} & {lease[2] for lease in leases}  # plain jobs hold no device
+    assert len({r["NodeList"] for r in plain}) >= 3, [r["NodeList"] for r in plain]  # spread over the cluster
+
+
+def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
+    _, layout = demo
+    array = {r["ArrayJobId"] for r in jobcomp(layout) if r["Name"] == "batch-tpu"}
+    assert len(array) == 1
+    shards = sorted(Path(layout.results).glob(f"batch-{array.pop()}_*.jsonl"))
+    assert len(shards) == 4
+    rows = [json.loads(line) for shard in shards for line in shard.read_text().splitlines()]
+    names = [os.path.basename(r["input"]) for r in rows]
+    assert len(names) == IMAGES and len(set(names)) == IMAGES
+    assert all(r["classes"][0]["label"] == expected_label(layout, r["input"]) for r in rows)
+
+
+def test_devices_are_idle_again_and_nobody_holds_a_lease(demo):
+    _, layout = demo
+    for node in TPUS:
+        for identity, nodes in inventory(layout, node).items():
+            info = os.stat(nodes[0])
+            assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o600), identity
+        leases = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "leases", "--json"], capture_output=True,
+                                text=True, env=dict(os.environ, SLURM_TPU_CONFIG=os.path.join(
+                                    layout.node_dir(node), "config.yaml")))
+        assert leases.returncode == 0 and json.loads(leases.stdout) == [], leases.stderr
+
+
+# -- the job scripts in jobs/, against the demo cluster ----------------------------------
+
+def submit(layout: Layout, script: str, *args: str, options: tuple[str, ...] = (), **env: str) -> int:
+    devices = read(layout.env_file).split("EDGETPU_DOUBLE_DEVICES=")[1].split()[0]
+    return sbatch(layout, USER, {**job_environment(layout, devices, USER), **env}, options, script, args)
+
+
+def test_classify_tpu_job_runs_on_the_device_it_was_leased(demo):
+    _, layout = demo
+    image = os.path.join(layout.images, "img_00007.png")
+    job = submit(layout, "classify_tpu.sbatch", layout.classifier, image, layout.labels)
+    [record] = finished(layout, job)
+    assert (record["JobState"], record["NodeList"]) in {("COMPLETED", n) for n in TPUS}
+    [lease] = [lease for lease in held(layout) if lease[2] == job]
+    output = read(os.path.join(layout.out, f"classify-tpu-{job}.out"))
+    assert f"job {job} on {record['NodeList']}: Edge TPU {lease[1]}\n" in output
+    assert output.rstrip().endswith(f"{expected_label(layout, image)}: 0.99609")
+
+
+def test_classify_gpu_job_fails_cleanly_without_a_gpu_and_falls_back_when_asked(demo):
+    _, layout = demo
+    image = os.path.join(layout.images, "img_00002.png")
+    strict = submit(layout, "classify_gpu.sbatch", layout.classifier, image, layout.labels)
+    [record] = finished(layout, strict)
+    assert (record["JobState"], record["ExitCode"], record["NodeList"]) == ("FAILED", "2:0", "node-gpu")
+    output = read(os.path.join(layout.out, f"classify-gpu-{strict}.out")).splitlines()
+    assert output[0] == f"job {strict} on node-gpu: GPU 0"  # Slurm gave it the (simulated) GPU
+    errors = [line for line in output if line.startswith("slurm-tpu: error:")]
+    assert len(errors) == 1 and "GPU could not be set up" in errors[0] and "--fallback cpu" in errors[0]
+    assert errors[0] == output[-1]
+    lenient = submit(layout, "classify_gpu.sbatch", layout.classifier, image, layout.labels, GPU_FALLBACK="cpu")
+    [record] = finished(layout, lenient)
+    assert (record["JobState"], record["NodeList"]) == ("COMPLETED", "node-gpu")
+    output = read(os.path.join(layout.out, f"classify-gpu-{lenient}.out"))
+    assert "falling back to the CPU" in output
+    assert output.rstrip().endswith(f"{expected_label(layout, image)}: 0.99609")
+
+
+def test_classify_cpu_job_gets_no_device(demo):
+    _, layout = demo
+    image = os.path.join(layout.images, "img_00003.png")
+    job = submit(layout, "classify_cpu.sbatch", layout.classifier, image, layout.labels)
+    [record] = finished(layout, job)
+    assert record["JobState"] == "COMPLETED"
+    assert job not in {lease[2] for lease in held(layout)}
+    output = read(os.path.join(layout.out, f"classify-cpu-{job}.out"))
+    assert output.rstrip().endswith(f"{expected_label(layout, image)}: 0.99609") and "warning" not in output
+
+
+def test_batch_array_job_with_another_array_size_covers_every_image(demo, tmp_path):
+    _, layout = demo
+    results = tempfile.mkdtemp(dir=layout.results)
+    os.chmod(results, 0o1777)
+    job = submit(layout, "batch_array.sbatch", layout.classifier, layout.images, results, layout.labels,
+                 options=("--array=0-1",))
+    records = finished(layout, job)
+    assert sorted(int(r["ArrayTaskId"]) for r in records) == [0, 1]
+    assert {r["JobState"] for r in records} == {"COMPLETED"} and {r["NodeList"] for r in records} <= set(TPUS)
+    rows = [json.loads(line) for f in Path(results).glob(f"batch-{job}_*.jsonl") for line in f.read_text().splitlines()]
+    assert sorted(os.path.basename(r["input"]) for r in rows) == sorted(
+        f for f in os.listdir(layout.images) if f.endswith(".png"))
+    assert all(r["classes"][0]["label"] == expected_label(layout, r["input"]) for r in rows)
+
+
+def test_multi_tpu_job_opens_both_of_its_devices_and_only_those(demo):
+    _, layout = demo
+    log = os.path.join(layout.out, "double-multi.log")
+    open(log, "w").close()
+    os.chmod(log, 0o666)
+    results = os.path.join(layout.results, "multi.jsonl")
+    job = submit(layout, "multi_tpu.sbatch", layout.classifier, layout.images, results, layout.labels,
+                 EDGETPU_DOUBLE_LOG=log)
+    [record] = finished(layout, job)
+    assert (record["JobState"], record["NodeList"]) == ("COMPLETED", "node-pcie")
+    mine = sorted(lease[1] for lease in held(layout) if lease[2] == job)
+    assert mine == sorted(inventory(layout, "node-pcie"))
+    opened = sorted(line.split()[2] for line in read(log).splitlines() if line.startswith("create "))
+    assert opened == sorted(f"path={inventory(layout, 'node-pcie')[i][0]}" for i in mine)
+    rows = [json.loads(line) for line in read(results).splitlines()]
+    assert len(rows) == IMAGES and all(r["classes"][0]["label"] == expected_label(layout, r["input"]) for r in rows)
+
+
+def test_interactive_srun_recipe_prints_the_result_to_the_terminal(demo):
+    _, layout = demo
+    image = os.path.join(layout.images, "img_00005.png")
+    devices = read(layout.env_file).split("EDGETPU_DOUBLE_DEVICES=")[1].split()[0]
+    env = job_environment(layout, devices, USER)
+    done = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                           str(JOBS_DIR / "interactive.sh"), layout.classifier, image, "--labels", layout.labels],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.rstrip().endswith(f"{expected_label(layout, image)}: 0.99609")
+    deadline = time.monotonic() + 30
+    while not [r for r in jobcomp(layout) if r["Name"] == "interactive-tpu"] and time.monotonic() < deadline:
+        time.sleep(0.2)
+    [record] = [r for r in jobcomp(layout) if r["Name"] == "interactive-tpu"]
+    finished(layout, int(record["JobId"]))  # srun returns before the epilog gives the TPU back
+    assert record["JobState"] == "COMPLETED" and record["NodeList"] in TPUS
+    assert [lease[0] for lease in held(layout) if lease[2] == int(record["JobId"])] == [record["NodeList"]]
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in JOBS_DIR.iterdir()))
+def test_every_job_script_says_its_usage_in_one_line_without_arguments(script):
+    done = subprocess.run(["sh", str(JOBS_DIR / script)], capture_output=True, text=True, timeout=30,
+                          env={"PATH": "/usr/bin:/bin"})
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith("usage: ")
+
+
+# -- re-run, refusal, bad input, stop -------------------------------------------------------
+
+def daemon_pids(layout: Layout) -> dict[str, str]:
+    run = Path(layout.path("run"))
+    return {p.name: p.read_text() for p in run.glob("*.launcher.pid")}
+
+
+def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
+    _, layout = demo
+    before, last_job = daemon_pids(layout), max(int(r["JobId"]) for r in jobcomp(layout))
+    again = run_demo("--base", layout.base, "--user", USER, "--images", str(IMAGES))
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
+    new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
+    assert len(new) == 17 and {r["JobState"] for r in new} == {"COMPLETED"}
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_refuses_while_a_slurm_it_did_not_create_runs_and_leaves_it_alone(demo, tmp_path):
+    _, layout = demo
+    os.chmod(tmp_path, 0o755)
+    conf = tmp_path / "slurm.conf"
+    conf.write_text(f"ClusterName=site\nSlurmctldHost=localhost\nSlurmctldPort={_free_port()}\n"
+                    f"StateSaveLocation={tmp_path}\nSlurmctldLogFile={tmp_path}/ctld.log\n"
+                    f"SlurmctldPidFile={tmp_path}/ctld.pid\nProctrackType=proctrack/linuxproc\n"
+                    "NodeName=s1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=s1 Default=YES\n")
+    site = subprocess.Popen([shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-f", str(conf)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        time.sleep(1)
+        assert site.poll() is None, "the stand-in site slurmctld did not stay up"
+        before = daemon_pids(layout)
+        done = run_demo("--base", layout.base, "--user", USER)
+        assert done.returncode == 2 and done.stdout == ""
+        assert done.stderr.count("\n") == 1
+        assert f"a Slurm this demo did not create is running (slurmctld pid {site.pid}, config {conf})" in done.stderr
+        assert site.poll() is None and daemon_pids(layout) == before  # neither touched
+    finally:
+        site.send_signal(signal.SIGKILL)
+        site.wait(timeout=10)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--images", "5"], "--images 5: give 20 to 5000"),
+    (["--timeout", "0"], "--timeout 0: give a positive number of seconds"),
+    (["--user", "Bad Name!"], "not a valid user name"),
+    (["--user", "root"], "is root"),
+    (["sideways"], "invalid choice: 'sideways'"),
+    (["--base", "relative"], "give an absolute path"),
+])
+def test_bad_input_gets_one_line_and_exit_2(demo, args, message):
+    _, layout = demo
+    if "--base" not in args:
+        args = ["--base", layout.base, *args]
+    done = run_demo(*args)
+    assert done.returncode == 2 and done.stdout == "", done.stdout
+    assert done.stderr.count("\n") == 1 and message in done.stderr, done.stderr
+
+
+def test_base_that_is_not_the_demos_is_refused(tmp_path):
+    require_slurm()
+    (tmp_path / "notes.txt").write_text("mine")
+    done = run_demo("--base", str(tmp_path))
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "was not made by the demo" in done.stderr and (tmp_path / "notes.txt").read_text() == "mine"
+
+
+def test_stop_stops_every_demo_daemon_and_status_says_so(demo):
+    _, layout = demo
+    pids = [int(p) for p in daemon_pids(layout).values()]
+    assert run_demo("status", "--base", layout.base).returncode == 0
+    done = run_demo("stop", "--base", layout.base)
+    assert done.returncode == 0 and "stopped" in done.stdout
+    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    status = run_demo("status", "--base", layout.base)
+    assert status.returncode == 1 and "not running" in status.stdout
