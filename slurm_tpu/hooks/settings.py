@@ -22,7 +22,8 @@ from ..locks import statedir
 from ..locks.node_inventory import KnownDevice
 
 SNAPSHOT = "hooks.snapshot"
-FORMAT = "slurm-tpu hooks snapshot 2"
+QUERY_MARKER = "prolog.query"
+FORMAT = "slurm-tpu hooks snapshot 3"
 DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
 DEFAULT_STATE_DIR = "/run/slurm-tpu"
 
@@ -227,6 +228,11 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         # Only a root hook writes; a file changed while we read it is not snapshotted.
         if os.geteuid() == 0 and all(file_key(p) == k for p, k in keys_before.items()):
             statedir.write_atomic(fd, SNAPSHOT, settings.to_text().encode())
+            # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early.
+            if settings.leasable_names():
+                statedir.write_atomic(fd, QUERY_MARKER, b"")
+            else:
+                statedir.remove(fd, QUERY_MARKER)
     finally:
         os.close(fd)
     return settings

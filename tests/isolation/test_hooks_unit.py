@@ -50,8 +50,10 @@ def test_snapshot_is_used_until_a_source_changes(node):
     with open(tmp_path / "gres.conf", "a", encoding="utf-8") as handle:
         handle.write("NodeName=n2 Name=tpu Type=edgetpu_pci File=/dev/x\n")
     assert hook_settings.load(env, "n1").index["tpu"][0][0] == "edgetpu_usb"
-    # Another node name never uses n1's snapshot.
+    assert (tmp_path / "state" / hook_settings.QUERY_MARKER).exists()  # n1 has a TPU: query early
+    # Another node name never uses n1's snapshot; with nothing to lease, no early query.
     assert hook_settings.load(env, "n9").index == {}
+    assert not (tmp_path / "state" / hook_settings.QUERY_MARKER).exists()
 
 
 def task_prolog(env):
