@@ -35,7 +35,7 @@ def make_cluster(layout: Layout) -> LocalCluster:
 def fingerprint() -> str:
     """Everything that shapes the cluster: a running one with another fingerprint is restarted."""
     digest = hashlib.sha256(json.dumps([FORMAT, sys.executable, str(REPO), list(PARTITION_EXTRA),
-                                        [vars(n) for n in NODES]]).encode())
+                                        [(n.name, n.hardware, n.cpus, n.real_memory_mb) for n in NODES]]).encode())
     for node in NODES:
         with open(node.hardware_path, "rb") as handle:
             digest.update(handle.read())

@@ -15,7 +15,7 @@ import sys
 import sysconfig
 
 from .errors import DemoError
-from .layout import DOUBLE_SOURCE, Layout
+from .layout import DOUBLE_SOURCE, JOBS_DIR, Layout
 
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 _CHECK_IMPORTS = "import slurm_tpu.cli, slurm_tpu.runner, numpy, ai_edge_litert"
@@ -143,6 +143,7 @@ def write_env_file(layout: Layout, double_devices: str) -> None:
 export SLURM_CONF={layout.slurm_conf}
 export PATH={layout.bin}:$PATH
 export SLURM_TPU_DEMO={layout.base}
+export SLURM_TPU_JOBS={JOBS_DIR}
 # This machine has no Edge TPU: libedgetpu is the project's test double. It opens
 # only the devices listed here (the demo's simulated ones) and runs models on the CPU.
 export SLURM_TPU_LIBEDGETPU={layout.libedgetpu}
@@ -163,6 +164,6 @@ def job_environment(layout: Layout, double_devices: str, user: str) -> dict[str,
     return {
         "PATH": f"{layout.bin}:/usr/local/bin:/usr/bin:/bin",
         "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C.UTF-8",
-        "SLURM_CONF": layout.slurm_conf, "SLURM_TPU_DEMO": layout.base,
+        "SLURM_CONF": layout.slurm_conf, "SLURM_TPU_DEMO": layout.base, "SLURM_TPU_JOBS": str(JOBS_DIR),
         "SLURM_TPU_LIBEDGETPU": layout.libedgetpu, "EDGETPU_DOUBLE_DEVICES": double_devices,
     }

@@ -140,7 +140,7 @@ def next_steps(layout: Layout, user: str) -> list[str]:
         "  sinfo -N -o '%N %t %G %f'; squeue",
         "  srun --gres=tpu:1 slurm-tpu infer $M/classifier.tflite $M/images/img_00004.png \\",
         "      --labels $M/classifier_labels.txt",
-        f"  cd ~ && sbatch {JOBS_DIR}/classify_tpu.sbatch $M/classifier.tflite $M/images/img_00001.png",
+        "  cd ~ && sbatch $SLURM_TPU_JOBS/classify_tpu.sbatch $M/classifier.tflite $M/images/img_00001.png",
         f"Job scripts: {JOBS_DIR}/",
         f"Job output: {layout.out}/   Logs: {layout.path('log')}/",
         "Stop it: ./demo.sh stop   (re-running ./demo.sh reuses it)",
