@@ -302,6 +302,30 @@ def test_every_job_script_says_its_usage_in_one_line_without_arguments(script):
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("usage: ")
 
 
+def readme_block(heading: str) -> str:
+    """The first ```sh block after ``heading`` in README.md."""
+    text = (REPO / "README.md").read_text()
+    after = text[text.index(heading):]
+    start = after.index("```sh\n") + len("```sh\n")
+    return after[start:after.index("\n```", start)] + "\n"
+
+
+def test_readme_user_walkthrough_works_as_written(demo, tmp_path):
+    """A new user's commands from README.md, verbatim (only the demo's directory differs)."""
+    _, layout = demo
+    script = readme_block("### Try it as a user").replace("/tmp/slurm-tpu-demo", layout.base)
+    script = script.replace("\nsqueue ", "\nwhile squeue -h | grep -q .; do sleep 0.5; done; squeue ")
+    home = tempfile.mkdtemp(dir=layout.out)
+    shutil.chown(home, USER)
+    done = subprocess.run(["runuser", "-u", USER, "--", "bash", "-e", "-c", script], capture_output=True,
+                          text=True, timeout=180, cwd=home)
+    assert done.returncode == 0, done.stdout + done.stderr
+    mine = read(next(str(p) for p in Path(home).glob("my-job-*.out")))
+    assert re.match(r"my Edge TPU: (usb-1-1\.3 on node-usb|pci-0000:0[12]:00\.0 on node-pcie)\n", mine), mine
+    assert mine.rstrip().endswith("top-right: 0.99609")  # img_00002: the known answer
+    assert "center: 0.99609" in done.stdout  # the srun line, straight to the terminal
+
+
 # -- re-run, refusal, bad input, stop -------------------------------------------------------
 
 def daemon_pids(layout: Layout) -> dict[str, str]:
