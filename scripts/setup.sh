@@ -5,9 +5,11 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# python3-gi + gir1.2-umockdev-1.0: the watcher tests drive real uevents through UMockdev's GObject API.
-APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3-venv util-linux passwd
-              python3-gi gir1.2-umockdev-1.0)
+# python3 + python3-yaml: the Slurm hooks run under Debian's /usr/bin/python3 -IS (stdlib,
+# plus PyYAML when a config file exists). python3-gi + gir1.2-umockdev-1.0: the watcher
+# tests drive real uevents through UMockdev's GObject API.
+APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3 python3-venv python3-yaml
+              util-linux passwd python3-gi gir1.2-umockdev-1.0)
 missing=()
 for package in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")

@@ -47,7 +47,8 @@ def write_usage(directory: str, record: UsageRecord) -> str | None:
         return None
     data = json.dumps(asdict(record)).encode()
     try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        # O_PATH: the 1733 directory grants the job write+search, not read.
+        dir_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError:
         return None
     try:

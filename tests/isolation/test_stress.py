@@ -53,3 +53,38 @@ def test_300_jobs_from_two_users_never_share_a_device(cluster, users):
     for nodes in inventory(cluster, "n1").values():
         assert owner(nodes[0]) == (0, 0, 0o600)
     assert cluster.node_states()["n1"] == "IDLE"
+
+
+def test_report_totals_match_the_audit_log(cluster, users):
+    """slurm-tpu report on the stress run agrees with sums taken straight from the audit log."""
+    import json
+    import subprocess
+
+    records = audit(cluster, "n1")
+    assert records, "the stress test above must have run first"
+    started: dict[tuple[str, int], dict] = {}
+    expected: dict[str, dict] = {}
+    for event in records:
+        key = (event.get("identity"), event.get("job_id"))
+        if event["event"] == "acquire":
+            started[key] = event
+        elif event["event"] == "release" and key in started:
+            acquire = started.pop(key)
+            name = next(n for n, uid in users.items() if uid == acquire["uid"])
+            totals = expected.setdefault(name, {"jobs": set(), "seconds": 0.0})
+            totals["jobs"].add(acquire["job_id"])
+            totals["seconds"] += event["t"] - acquire["t"]
+    assert not started
+    audit_log = os.path.join(cluster.node_dir("n1"), "state", "audit.log")
+    result = subprocess.run([*cluster.slurm_tpu, "report", "--by", "user", "--json", "--audit", audit_log],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"stpu_alice", "stpu_bob"}
+    for name, totals in expected.items():
+        assert report[name]["jobs"] == len(totals["jobs"]) == JOBS_PER_USER
+        assert report[name]["leases"] == JOBS_PER_USER
+        assert report[name]["lease_seconds"] == pytest.approx(totals["seconds"], abs=0.01)
+    by_device = json.loads(subprocess.run([*cluster.slurm_tpu, "report", "--by", "device", "--json", "--audit",
+                                           audit_log], capture_output=True, text=True, timeout=60).stdout)
+    assert sum(d["leases"] for d in by_device.values()) == 2 * JOBS_PER_USER
