@@ -23,7 +23,15 @@ fi
 # Debian starts munge/slurm services on install where systemd runs; our tests and
 # demo start their own daemons on their own sockets and ports, so leave those be.
 
-PYTHON=${PYTHON:-python3}
+# Debian's interpreter, not one under a private home (pyenv in /root): the jobs' users
+# run `slurm-tpu infer` from this venv, so its interpreter must be theirs to execute.
+PYTHON=${PYTHON:-/usr/bin/python3}
+[ -x "$PYTHON" ] || PYTHON=python3
+want_home=$(dirname "$(readlink -f "$(command -v "$PYTHON")")")
+if [ -f .venv/pyvenv.cfg ] && ! grep -qx "home = $want_home" .venv/pyvenv.cfg; then
+    echo "setup: rebuilding .venv with $PYTHON"
+    rm -rf .venv
+fi
 if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi

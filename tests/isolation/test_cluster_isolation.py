@@ -221,9 +221,9 @@ def test_task_prolog_prints_only_the_jobs_own_lines(cluster, users):
     assert mine.returncode == other.returncode == hostile.returncode == 0
 
 
-# What the runner drops (slurm_tpu/usage.py's file name and JSON). Written here with
-# an O_PATH directory descriptor: usage.write_usage opens the 1733 drop directory
-# O_RDONLY, which a non-root job is refused (EACCES); reported to its owner.
+# What the runner drops (slurm_tpu/usage.py's file name and JSON), written by hand
+# with Debian's python3 so this tests the epilog side alone; the real runner's path
+# is covered end to end by tests/ops/test_usage_cluster.py.
 USAGE_JOB = """#!/bin/sh
 /usr/bin/python3 -I -c '
 import json, os

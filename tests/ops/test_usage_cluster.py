@@ -1,0 +1,73 @@
+"""Accounting end to end: a job's real `slurm-tpu infer` on its leased TPU shows up in `report`.
+
+runner (job user) -> usage record in the drop directory -> epilog (root) -> audit log
+-> `slurm-tpu report` and `slurm-tpu metrics`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, TESTS
+
+pytestmark = pytest.mark.slurm
+USER = "stpu_carol"
+
+
+@pytest.fixture(scope="module")
+def setup(cluster_factory):
+    from slurm_tpu.localcluster import NodeSpec
+    from slurm_tpu.localcluster.cluster import Hooks
+    from slurm_tpu.modelgen import write_models
+
+    sys.path.insert(0, str(TESTS))
+    from edgetpu_double.build import build_double
+
+    shared = Path(tempfile.mkdtemp(prefix="slurm-tpu-usage-", dir="/tmp"))
+    os.chmod(shared, 0o755)
+    models = write_models(shared / "models", image_count=3)
+    (shared / "double").mkdir()
+    double = build_double(shared / "double")
+    made = subprocess.run(["id", "-u", USER], capture_output=True).returncode != 0
+    if made:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group", USER], check=True)
+    hooks = Hooks(prolog=str(REPO / "prolog" / "slurm-tpu-prolog"), epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
+                  task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"))
+    cluster = cluster_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))],
+                              hooks=hooks)
+    yield cluster, models, double
+    if made:
+        subprocess.run(["userdel", USER], capture_output=True)
+
+
+def test_inferences_of_a_job_reach_report_and_metrics(setup):
+    cluster, models, double = setup
+    script = f"""#!/bin/sh
+export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:/sys/bus/usb/devices/2-1.3
+exec {sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']}/img_00001.png -c 12
+"""
+    out_dir = os.path.join(cluster.base, "out")
+    os.makedirs(out_dir, exist_ok=True)
+    os.chmod(out_dir, 0o1777)  # the job's user writes its stderr here
+    err = os.path.join(out_dir, "job.err")
+    job = cluster.sbatch(["--gres=tpu:1", "-o", "/dev/null", "-e", err], script, user=USER)
+    assert cluster.wait_for_jobs([job], timeout=90)[job] == "COMPLETED", open(err).read()
+    env = dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"))
+    report = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "report", "--by", "job", "--json"],
+                            capture_output=True, text=True, env=env, timeout=60)
+    assert report.returncode == 0, report.stderr
+    row = json.loads(report.stdout)[str(job)]
+    assert row["inferences"] == 12 and row["leases"] == 1 and row["mean_latency_ms"] > 0
+    by_user = json.loads(subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "report", "--json"],
+                                        capture_output=True, text=True, env=env, timeout=60).stdout)
+    assert by_user[USER]["inferences"] == 12
+    metrics = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "metrics"], capture_output=True, text=True,
+                             env=env, timeout=60).stdout
+    assert 'slurm_tpu_device_inferences_total{node="n1",identity="usb-2-1.3"} 12' in metrics
