@@ -18,11 +18,9 @@ NEEDS = ("slurmctld", "slurmd", "munged", "umockdev-run")
 
 def require_slurm() -> None:
     """Skip unless we are root and Debian's Slurm, munge and umockdev are installed."""
-    if os.geteuid() != 0:
-        pytest.skip("starting Slurm daemons needs root")
-    missing = [p for p in NEEDS if not (shutil.which(p) or os.path.exists(f"/usr/sbin/{p}"))]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)} (run .ci/run or apt-get install slurm-wlm munge umockdev)")
+    from helpers import require_root_and
+
+    require_root_and(NEEDS, "Slurm daemons")
 
 
 @pytest.fixture(scope="module")

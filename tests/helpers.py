@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -48,3 +49,14 @@ def detect_json(hardware: str, env: dict | None = None, extra: bool = True) -> d
     result = run_cli(["detect", "--json"], hardware, env, extra=extra)
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def require_root_and(programs: tuple[str, ...], why: str) -> None:
+    """Skip the test unless we are root and every program is installed."""
+    import pytest
+
+    if os.geteuid() != 0:
+        pytest.skip(f"needs root ({why})")
+    missing = [p for p in programs if not (shutil.which(p) or os.path.exists(f"/usr/sbin/{p}"))]
+    if missing:
+        pytest.skip(f"not installed: {', '.join(missing)} (scripts/setup.sh installs them)")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..model import Accelerator, Bus, Kind
-from .snapshot import Snapshot, SysDevice
+from .snapshot import Snapshot, SysDevice, accelerator_from
 
 USB_BOOTLOADER = ("1a6e", "089a")  # Global Unichip: waiting for its firmware
 USB_RUNTIME = ("18d1", "9302")  # Google: firmware loaded
@@ -36,22 +36,18 @@ def usb_edgetpu(device: SysDevice) -> Accelerator | None:
     usable, reason = True, ""
     if not device.device_node:
         usable, reason = False, f"USB device {device.sys_name} has no device node under /dev/bus/usb"
-    return Accelerator(
+    return accelerator_from(
+        device,
         identity=f"usb-{device.sys_name}",
         kind=Kind.EDGETPU,
         bus=Bus.USB,
-        bus_address=device.sys_name,
         vendor_id=ids[0],
         product_id=ids[1],
         vendor="Google" if firmware_loaded else "Global Unichip",
         model="Coral USB Accelerator",
-        sys_path=device.sys_path,
         device_nodes=(device.device_node,) if device.device_node else (),
         usable=usable,
         reason=reason,
-        driver=device.driver,
-        numa_node=device.numa_node,
-        local_cpus=device.local_cpus,
         details=details,
     )
 
@@ -89,22 +85,18 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
             nodes = (class_device.device_node,)
         else:
             usable, reason = False, f"apex device {class_device.sys_name} has no /dev node"
-    return Accelerator(
+    return accelerator_from(
+        device,
         identity=f"pci-{device.sys_name}",
         kind=Kind.EDGETPU,
         bus=Bus.PCI,
-        bus_address=device.sys_name,
         vendor_id=PCI_ID[0][2:],
         product_id=PCI_ID[1][2:],
         vendor="Global Unichip",
         model="Coral PCIe Accelerator",
-        sys_path=device.sys_path,
         device_nodes=nodes,
         usable=usable,
         reason=reason,
-        driver=device.driver,
-        numa_node=device.numa_node,
-        local_cpus=device.local_cpus,
         details=details,
     )
 

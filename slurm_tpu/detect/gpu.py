@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..model import Accelerator, Bus, Kind
-from .snapshot import TEGRA_GPU_COMPATIBLE, Snapshot, SysDevice
+from .snapshot import TEGRA_GPU_COMPATIBLE, Snapshot, SysDevice, accelerator_from
 
 NVIDIA, AMD, INTEL = "0x10de", "0x1002", "0x8086"
 _VENDOR_NAMES = {NVIDIA: "NVIDIA", AMD: "AMD", INTEL: "Intel"}
@@ -84,22 +84,18 @@ def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
 
 def _gpu(device: SysDevice, vendor: str, model: str, nodes: tuple[str, ...], usable: bool,
          reason: str, details: dict[str, object]) -> Accelerator:
-    return Accelerator(
+    return accelerator_from(
+        device,
         identity=f"pci-{device.sys_name}",
         kind=Kind.GPU,
         bus=Bus.PCI,
-        bus_address=device.sys_name,
         vendor_id=device.attributes.get("vendor", "")[2:],
         product_id=device.attributes.get("device", "")[2:],
         vendor=vendor,
         model=model,
-        sys_path=device.sys_path,
         device_nodes=nodes,
         usable=usable,
         reason=reason,
-        driver=device.driver,
-        numa_node=device.numa_node,
-        local_cpus=device.local_cpus,
         details=details,
     )
 
@@ -116,20 +112,18 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
         usable, reason = False, f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
     elif not nodes:
         reason = f"integrated GPU {device.sys_name} has no device node (/dev/nvhost-gpu or a render node)"
-    return Accelerator(
+    return accelerator_from(
+        device,
         identity=f"platform-{device.sys_name}",
         kind=Kind.GPU,
         bus=Bus.PLATFORM,
-        bus_address=device.sys_name,
         vendor_id="10de",
         product_id="",
         vendor="NVIDIA",
         model=f"Tegra {chip}",
-        sys_path=device.sys_path,
         device_nodes=tuple(nodes),
         usable=usable,
         reason=reason,
-        driver=device.driver,
         details={"compatible": compatible, "integrated": True},
     )
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..errors import DetectionError
+from ..model import Accelerator
 
 # Vendors whose PCI devices we look at: Coral (Global Unichip), NVIDIA, AMD, Intel.
 PCI_VENDORS = {"0x1ac1", "0x10de", "0x1002", "0x8086"}
@@ -206,3 +207,11 @@ def take_snapshot(subsystems: Iterable[str] = ("usb", "pci", "apex", "drm", "pla
             raise DetectionError(f"cannot enumerate {subsystem} devices through udev: {exc}") from exc
     return Snapshot(devices=devices, nvidia_proc=_read_nvidia_proc(), dev_entries=_dev_entries(),
                     online_cpus=_online_cpus())
+
+
+def accelerator_from(device: SysDevice, **fields: Any) -> Accelerator:
+    """An Accelerator whose sysfs path, bus address, driver and CPU affinity come
+    from ``device``; ``fields`` gives the rest (identity, kind, bus, model...)."""
+    fields.setdefault("bus_address", device.sys_name)
+    return Accelerator(sys_path=device.sys_path, driver=device.driver, numa_node=device.numa_node,
+                       local_cpus=device.local_cpus, **fields)

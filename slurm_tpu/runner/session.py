@@ -123,6 +123,23 @@ class _Opener:
             self.warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
             return backend.InterpreterEngine(model.path, CPU, self.runtime, threads)
 
+    def open_all(self, pairs: Sequence[tuple[ModelInfo, Device]], environ: Mapping[str, str],
+                 warnings: Sequence[str]) -> None:
+        """Open every (model, device) pair, or none: a failure closes what was opened.
+
+        The warnings are emitted only once every device opened, so a failing run
+        prints its one error line and nothing else.
+        """
+        threads = self.threads(len(pairs))
+        try:
+            for model, device in pairs:
+                self.open(model, device, threads, environ)
+        except BaseException:
+            self.abort()
+            raise
+        for message in warnings:
+            self.warn(message)
+
     def abort(self) -> None:
         for engine in reversed(self.engines):
             engine.close()
@@ -153,15 +170,7 @@ def open_engines(model_path: str, options: OpenOptions | None = None,
     warnings = _check_model_fits(model, devices)
     started = time.perf_counter()
     opener = _Opener(options, warn)
-    threads = opener.threads(len(devices))
-    try:
-        for device in devices:
-            opener.open(model, device, threads, environ)
-    except BaseException:
-        opener.abort()
-        raise
-    for message in warnings:
-        warn(message)
+    opener.open_all([(model, device) for device in devices], environ, warnings)
     return EngineSet(opener.engines, devices, opener.runtime, time.perf_counter() - started,
                      [model], opener.locks, environ)
 
@@ -185,14 +194,6 @@ def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = No
     warnings = list(dict.fromkeys(w for m, d in zip(models, devices) for w in _check_model_fits(m, [d])))
     started = time.perf_counter()
     opener = _Opener(options, warn)
-    threads = opener.threads(len(models))
-    try:
-        for model, device in zip(models, devices):
-            opener.open(model, device, threads, environ)
-    except BaseException:
-        opener.abort()
-        raise
-    for message in warnings:
-        warn(message)
+    opener.open_all(list(zip(models, devices)), environ, warnings)
     return EngineSet(opener.engines, devices[:len(models)], opener.runtime,
                      time.perf_counter() - started, models, opener.locks, environ)

@@ -16,11 +16,9 @@ NEEDS = ("slurmctld", "slurmd", "munged", "umockdev-run", "useradd", "runuser")
 
 
 def require_root_and_slurm() -> None:
-    if os.geteuid() != 0:
-        pytest.skip("needs root (Slurm daemons, useradd, chown)")
-    missing = [p for p in NEEDS if not (shutil.which(p) or os.path.exists(f"/usr/sbin/{p}"))]
-    if missing:
-        pytest.skip(f"not installed: {', '.join(missing)}")
+    from helpers import require_root_and
+
+    require_root_and(NEEDS, "Slurm daemons, useradd, chown")
 
 
 @pytest.fixture(scope="session")
