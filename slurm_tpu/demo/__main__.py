@@ -72,6 +72,7 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     _say(f"[1/4] cluster in {layout.base}: {how} ({time.monotonic() - began:.1f} s)")
     for line in report.cluster_lines(layout):
         _say(line)
+    _say(f"  per node: detect (umockdev) -> gres-conf, node-conf -> {layout.path('etc')}/{{gres,nodes}}.conf")
     provision.job_side_slurm_tpu(layout, user)
     provision.build_libedgetpu_double(layout)
     provision.make_models(layout, images)
@@ -157,7 +158,7 @@ def stop(layout: Layout, purge: bool, user: str) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    layout = Layout(os.path.abspath(args.base) if os.path.isabs(args.base) else args.base)
+    layout = Layout(args.base)
     try:
         if args.action == "status":
             return status(layout)

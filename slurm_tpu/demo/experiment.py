@@ -77,18 +77,32 @@ def submit_experiment(layout: Layout, user: str, env: Mapping[str, str], images:
     return submitted
 
 
-def _queued(env: Mapping[str, str]) -> set[int]:
-    done = subprocess.run([shutil.which("squeue") or "/usr/bin/squeue", "-h", "-o", "%F"], env=dict(env),
+def _queued(env: Mapping[str, str]) -> dict[int, str]:
+    """Queued or running jobs (array tasks under their array job's id) -> squeue's reason."""
+    done = subprocess.run([shutil.which("squeue") or "/usr/bin/squeue", "-h", "-o", "%F|%r"], env=dict(env),
                           capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise DemoError(f"squeue failed: {done.stderr.strip()}")
-    return {int(v) for v in done.stdout.split() if v.isdigit()}
+    queued = {}
+    for line in done.stdout.splitlines():
+        job, _, reason = line.partition("|")
+        if job.isdigit():
+            queued[int(job)] = reason
+    return queued
 
 
 def wait_for(layout: Layout, env: Mapping[str, str], submitted: Submitted, timeout: float = 300) -> float:
     """Wait until every job has left the queue and is in jobcomp; the seconds it took."""
     deadline = time.monotonic() + timeout
-    while _queued(env) & set(submitted.all_ids):
+    while True:
+        mine = {job: reason for job, reason in _queued(env).items() if job in submitted.all_ids}
+        if not mine:
+            break
+        held = {job: reason for job, reason in mine.items() if "held" in reason.lower()}
+        if held:  # a failed Prolog requeues and holds the job: waiting would not help
+            job, reason = next(iter(held.items()))
+            raise DemoError(f"job {job} is held ({reason}): a hook failed; see {layout.path('log')}/slurmd-*.log "
+                            "and `scontrol show node` for the drain reason")
         if time.monotonic() > deadline:
             raise DemoError(f"jobs still queued after {timeout:g} s: see squeue (. {layout.env_file}; squeue)")
         time.sleep(0.5)

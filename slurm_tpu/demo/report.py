@@ -69,6 +69,8 @@ def timeline_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecor
     mine = [l for l in leases if l.job_id in symbols]
     starts = [j.start for j in jobs if j.start is not None] + [l.start for l in mine]
     ends = [j.end for j in jobs if j.end is not None] + [l.end for l in mine if l.end is not None]
+    if not starts or not ends:
+        return ["no job of this run started"], check_run([], [], [], devices)
     t0 = min(starts)
     step = nice_step(max(ends) - t0, columns)
     lanes = build_lanes(jobs, mine, devices, symbols, step)
