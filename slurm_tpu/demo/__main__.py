@@ -19,10 +19,14 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
 from .errors import DemoError
 from .layout import DEFAULT_BASE, DEFAULT_USER, Layout
+
+if TYPE_CHECKING:
+    from .experiment import Submitted
+    from .records import JobRecord, Lease
 
 PREFIX = "slurm-tpu demo"
 
@@ -50,9 +54,9 @@ def _say(line: str = "") -> None:
     print(line, flush=True)
 
 
-def run(layout: Layout, user: str, images: int, timeout: float) -> int:
-    from . import experiment, lifecycle, preflight, provision, report
-    from .records import parse_audit, parse_jobcomp, select
+def _preflight(layout: Layout, user: str, images: int, timeout: float) -> None:
+    """Everything that can refuse, before anything is printed or changed."""
+    from . import preflight, provision
 
     if not 20 <= images <= 5000:
         raise DemoError(f"--images {images}: give 20 to 5000")
@@ -63,23 +67,53 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     preflight.require_tools()
     preflight.check_base(layout.base)
     preflight.refuse_foreign_slurm(layout.slurm_conf)
-    _say(report.INTRO)
-    _say()
-    began = time.monotonic()
-    provision.ensure_user(user)
-    cluster, reused = lifecycle.ensure_cluster(layout, _say)
-    how = "reused the running cluster" if reused else "detected, configured and started"
-    _say(f"[1/4] cluster in {layout.base}: {how} ({time.monotonic() - began:.1f} s)")
-    for line in report.cluster_lines(layout):
-        _say(line)
-    _say(f"  per node: detect (umockdev) -> gres-conf, node-conf -> {layout.path('etc')}/{{gres,nodes}}.conf")
+
+
+def _provision(layout: Layout, user: str, images: int) -> dict[str, str]:
+    """What the jobs need beside Slurm; returns the environment they are submitted with."""
+    from . import lifecycle, provision
+
     provision.job_side_slurm_tpu(layout, user)
     provision.build_libedgetpu_double(layout)
     provision.make_models(layout, images)
     provision.make_shared_dirs(layout)
     devices = lifecycle.double_devices(layout)
     provision.write_env_file(layout, devices)
-    env = provision.job_environment(layout, devices, user)
+    return provision.job_environment(layout, devices, user)
+
+
+def _collect(layout: Layout, submitted: Submitted) -> tuple[list[JobRecord], list[Lease]]:
+    """This run's job records (jobcomp) and every node's leases (audit logs)."""
+    from .layout import NODES
+    from .records import parse_audit, parse_jobcomp, select
+
+    with open(layout.jobcomp, encoding="utf-8") as handle:
+        jobs = select(parse_jobcomp(handle.read()), submitted.all_ids)
+    leases = []
+    for node in NODES:
+        try:
+            with open(layout.audit_log(node.name), encoding="utf-8") as handle:
+                leases += parse_audit(handle.read(), node.name)
+        except FileNotFoundError:
+            pass
+    return jobs, leases
+
+
+def run(layout: Layout, user: str, images: int, timeout: float) -> int:
+    from . import experiment, lifecycle, provision, report
+
+    _preflight(layout, user, images, timeout)
+    _say(report.INTRO)
+    _say()
+    began = time.monotonic()
+    provision.ensure_user(user)
+    _, reused = lifecycle.ensure_cluster(layout, _say)
+    how = "reused the running cluster" if reused else "detected, configured and started"
+    _say(f"[1/4] cluster in {layout.base}: {how} ({time.monotonic() - began:.1f} s)")
+    for line in report.cluster_lines(layout):
+        _say(line)
+    _say(f"  per node: detect (umockdev) -> gres-conf, node-conf -> {layout.path('etc')}/{{gres,nodes}}.conf")
+    env = _provision(layout, user, images)
 
     submitted = experiment.submit_experiment(layout, user, env, images)
     _say(f"[2/4] submitted as {user}, with the scripts in jobs/: {len(submitted.tpu)} x classify_tpu.sbatch "
@@ -87,20 +121,12 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     _say(f"      {len(submitted.plain)} x classify_cpu.sbatch (-c {experiment.PLAIN_CPUS}), "
          f"batch_array.sbatch --array=0-{submitted.array_tasks - 1} over {images} images")
     seconds = experiment.wait_for(layout, env, submitted, timeout)
-    with open(layout.jobcomp, encoding="utf-8") as handle:
-        jobs = select(parse_jobcomp(handle.read()), submitted.all_ids)
+    jobs, leases = _collect(layout, submitted)
     failed = [j for j in jobs if j.state != "COMPLETED"]
-    states = f"all {len(jobs)} COMPLETED" if not failed else \
-        f"{len(failed)} of {len(jobs)} did not complete: " + ", ".join(f"{j.job_id} {j.state} ({j.exit_code})"
-                                                                         for j in failed)
+    states = f"all {len(jobs)} COMPLETED" if not failed else f"{len(failed)} of {len(jobs)} did not complete: " + \
+        ", ".join(f"{j.job_id} {j.state} ({j.exit_code})" for j in failed)
     _say(f"      finished in {seconds:.1f} s: {states}")
-    leases = []
-    for node in report.NODES:
-        try:
-            with open(layout.audit_log(node.name), encoding="utf-8") as handle:
-                leases += parse_audit(handle.read(), node.name)
-        except FileNotFoundError:
-            pass
+
     lines, checks = report.timeline_lines(layout, submitted, jobs, leases)
     _say("[3/4] timeline (seconds since the first job started)")
     for line in lines:
@@ -113,9 +139,9 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     _say()
     for line in report.next_steps(layout, user):
         _say(line)
-    bad = len(failed) + sum(not c.ok for c in checks)
-    if bad:
-        print(f"{PREFIX}: {len(failed)} job(s) failed and {sum(not c.ok for c in checks)} check(s) did not hold; "
+    broken = sum(not c.ok for c in checks)
+    if failed or broken:
+        print(f"{PREFIX}: {len(failed)} job(s) failed and {broken} check(s) did not hold; "
               f"job output is in {layout.out}, daemon logs in {layout.path('log')}", file=sys.stderr)
         return 1
     return 0
