@@ -10,6 +10,10 @@
 # Options go to `python -m slurm_tpu.demo` (see ./demo.sh --help).
 set -euo pipefail
 cd "$(dirname "$0")"
+if [ "$(id -u)" != 0 ]; then
+    echo "demo.sh: run it as root (sudo ./demo.sh): it installs packages and starts Slurm daemons" >&2
+    exit 2
+fi
 case "${1:-run}" in
     status|stop) [ -x .venv/bin/python ] || scripts/setup.sh >&2 ;;  # no installing just to stop
     *) scripts/setup.sh >&2 ;;
