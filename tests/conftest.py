@@ -13,14 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-NEEDS = ("slurmctld", "slurmd", "munged", "umockdev-run")
-
-
-def require_slurm() -> None:
-    """Skip unless we are root and Debian's Slurm, munge and umockdev are installed."""
-    from helpers import require_root_and
-
-    require_root_and(NEEDS, "Slurm daemons")
+from helpers import require_slurm  # noqa: E402  (after the sys.path insert)
 
 
 @pytest.fixture(scope="module")

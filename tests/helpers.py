@@ -60,3 +60,8 @@ def require_root_and(programs: tuple[str, ...], why: str) -> None:
     missing = [p for p in programs if not (shutil.which(p) or os.path.exists(f"/usr/sbin/{p}"))]
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)} (scripts/setup.sh installs them)")
+
+
+def require_slurm() -> None:
+    """Skip unless we are root and Debian's Slurm, munge and umockdev are installed."""
+    require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run"), "Slurm daemons")

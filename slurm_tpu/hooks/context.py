@@ -90,3 +90,18 @@ def job_from_env(environ: Mapping[str, str], node: str, need_uid: bool = True) -
     user = environ.get("SLURM_JOB_USER", "")
     assert job_id is not None
     return JobContext(job_id, uid, user if user.isprintable() else "", node)
+
+
+def run_guarded(name: str, run, environ) -> int:
+    """Run a hook's ``run(environ)``; any failure becomes one line and exit status 1.
+
+    Slurm drains the node on a failing prolog/epilog; the line says why, never a
+    traceback (SlurmTpuError, OSError... included).
+    """
+    try:
+        return run(environ)
+    except HookError as exc:
+        say(f"{name}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
+        say(f"{name}: job {environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
+    return 1

@@ -9,11 +9,6 @@ the job environment contract, see ``slurm_tpu.jobenv``), and
 
 from __future__ import annotations
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Sequence
-
 import os
 
 from ..locks import statedir

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .context import HookError, job_from_env, node_from_env, say
+from .context import job_from_env, node_from_env, run_guarded, say
 
 
 def drain(node: str, reason: str) -> bool:
@@ -50,11 +50,4 @@ def run(environ) -> int:
 
 def main(environ=None) -> int:
     """Entry point for epilog/slurm-tpu-epilog."""
-    environ = os.environ if environ is None else environ
-    try:
-        return run(environ)
-    except HookError as exc:
-        say(f"epilog: {exc}")
-    except Exception as exc:
-        say(f"epilog: job {environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
-    return 1
+    return run_guarded("epilog", run, os.environ if environ is None else environ)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .context import HookError, job_from_env, node_from_env, say
+from .context import HookError, job_from_env, node_from_env, run_guarded
 
 
 def run(environ) -> int:
@@ -42,11 +42,4 @@ def run(environ) -> int:
 
 def main(environ=None) -> int:
     """Entry point for prolog/slurm-tpu-prolog."""
-    environ = os.environ if environ is None else environ
-    try:
-        return run(environ)
-    except HookError as exc:
-        say(f"prolog: {exc}")
-    except Exception as exc:  # SlurmTpuError, OSError...: one line, never a traceback
-        say(f"prolog: job {environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
-    return 1
+    return run_guarded("prolog", run, os.environ if environ is None else environ)

@@ -18,7 +18,7 @@ import stat
 from .context import HookError, node_from_env, say
 
 
-def identity_for(environ: Mapping[str, str]) -> str | None:
+def identity_for(environ: dict[str, str]) -> str | None:
     """The stable identity of the event's device, or None if it is not ours.
 
     USB: ``usb-`` + the topology path (DEVPATH's last component). PCIe Edge TPU
@@ -50,7 +50,7 @@ def _char_node(path: str) -> bool:
         return False
 
 
-def run(environ: Mapping[str, str]) -> int:
+def run(environ: dict[str, str]) -> int:
     from ..locks import node_inventory, ownership
     from ..locks.ledger import Lease, Ledger
     from ..locks.slots import ensure_slot
@@ -94,7 +94,7 @@ def run(environ: Mapping[str, str]) -> int:
     return 0
 
 
-def main(environ: Mapping[str, str] | None = None) -> int:
+def main(environ: dict[str, str] | None = None) -> int:
     """Entry point (``slurm-tpu udev-event``)."""
     environ = os.environ if environ is None else environ
     try:

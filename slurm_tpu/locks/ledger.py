@@ -21,6 +21,11 @@ import time
 
 from . import statedir
 
+# Annotations only: importing typing costs the hooks milliseconds per job.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterator
+
 LEASES = "leases"
 AUDIT = "audit.log"
 LOCK = ".lock"

@@ -40,7 +40,7 @@ class KnownDevice:
         return self.device_nodes[0] if self.device_nodes else None
 
 
-def parse_inventory(document: Mapping[str, object]) -> dict[str, KnownDevice]:
+def parse_inventory(document: dict[str, object]) -> dict[str, KnownDevice]:
     """identity -> KnownDevice from a ``detect --json`` document (usable devices only)."""
     devices: dict[str, KnownDevice] = {}
     for item in document.get("accelerators", ()):
@@ -52,7 +52,7 @@ def parse_inventory(document: Mapping[str, object]) -> dict[str, KnownDevice]:
     return devices
 
 
-def save(dir_fd: int, document: Mapping[str, object]) -> None:
+def save(dir_fd: int, document: dict[str, object]) -> None:
     """Write the inventory document atomically (world-readable, like ``slurm-tpu detect``)."""
     import json
 
@@ -102,7 +102,7 @@ def set_device_nodes(dir_fd: int, identity: str, nodes: tuple[str, ...]) -> bool
     return False
 
 
-def write_state_inventory(state_dir: str, document: Mapping[str, object]) -> None:
+def write_state_inventory(state_dir: str, document: dict[str, object]) -> None:
     """Create the state directory if needed and (re)write its inventory file."""
     import os
 

@@ -15,7 +15,7 @@ import select
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 from ..config import Config
 from ..model import Inventory

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import require_slurm
+from helpers import require_slurm
 
 from slurm_tpu.demo.experiment import sbatch
 from slurm_tpu.demo.layout import JOBS_DIR, Layout

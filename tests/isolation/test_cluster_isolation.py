@@ -9,10 +9,9 @@ own gres-conf/node-conf; Prolog/Epilog/TaskProlog are the project's hooks.
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
-from conftest import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
+from support import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
 from support import audit, inventory, leases, no_overlaps, open_as, owner, run_hook, hook_env, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -76,7 +75,7 @@ def release(cluster, tag: str, job: int) -> str:
 
 
 def test_user_b_cannot_open_user_a_device_and_env_names_exactly_it(cluster, users):
-    alice, bob = users["stpu_alice"], users["stpu_bob"]
+    alice = users["stpu_alice"]
     nodes = inventory(cluster, "n1")
     job_a = hold(cluster, "stpu_alice", "a1", ["-w", "n1", "--gres=tpu:edgetpu_usb:1"])
     try:

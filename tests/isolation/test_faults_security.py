@@ -15,7 +15,7 @@ import stat
 import subprocess
 
 import pytest
-from conftest import HARDWARE, REPO, finish_cluster, make_cluster, require_root_and_slurm
+from support import HARDWARE, REPO, finish_cluster, make_cluster, require_root_and_slurm
 from support import (audit, hook_env, inventory, leases, no_overlaps, open_as, owner, run_hook, udev_event,
                      wait_until)
 

@@ -9,7 +9,7 @@ import shutil
 import tempfile
 
 import pytest
-from conftest import HARDWARE, REPO, require_root_and_slurm
+from support import HARDWARE, REPO, require_root_and_slurm
 from support import inventory, owner, wait_until
 
 pytestmark = pytest.mark.slurm

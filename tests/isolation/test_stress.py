@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from conftest import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
+from support import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
 from support import audit, inventory, leases, no_overlaps, owner
 
 pytestmark = pytest.mark.slurm

@@ -3,20 +3,17 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from edgetpu_double.build import build_double
+from runner_support import USB_A, USB_B
 from slurm_tpu.modelgen import write_models
 
 # Device and job variables a developer's shell (or a CI job inside Slurm) may carry.
 _SCRUB = ("SLURM_TPU_", "SLURM_ARRAY_", "CUDA_VISIBLE_DEVICES", "EDGETPU_DOUBLE_", "SLURM_JOB_ID")
 
-USB_A = "/sys/bus/usb/devices/2-1.3"
-USB_B = "/sys/bus/usb/devices/2-1.4"
 
 
 @pytest.fixture(scope="session")
@@ -54,23 +51,3 @@ def tpu_env(clean_env, libedgetpu_double, tmp_path) -> dict[str, str]:
         "EDGETPU_DOUBLE_LOG": str(tmp_path / "double.log"),
     })
     return env
-
-
-def double_log(env: dict[str, str]) -> list[dict[str, str]]:
-    """The double's log as dicts: {'call': 'create', 'type': 'usb', 'path': ..., 'pid': ...}."""
-    path = Path(env["EDGETPU_DOUBLE_LOG"])
-    if not path.exists():
-        return []
-    entries = []
-    for line in path.read_text().splitlines():
-        call, *fields = line.split(" ")
-        entry = {"call": call}
-        entry.update(f.split("=", 1) for f in fields)
-        entries.append(entry)
-    return entries
-
-
-def run_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
-    """``slurm-tpu ARGS`` in a fresh process, as a job script would run it."""
-    return subprocess.run([sys.executable, "-c", "from slurm_tpu.cli import run; run()", *map(str, args)],
-                          env=env, capture_output=True, text=True, timeout=timeout)

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from runner_support import run_cli
 from slurm_tpu.modelgen import images
 from slurm_tpu.runner.errors import UsageError
 from slurm_tpu.runner.inputs import expand_output_pattern, list_inputs, shard, shard_from_environment

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import USB_A, USB_B, double_log, run_cli
+from runner_support import USB_A, USB_B, double_log, run_cli
 
 
 def _one_line_error(result: subprocess.CompletedProcess) -> str:

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import ctypes
 
 import numpy as np
 import pytest
 
-from conftest import USB_A, USB_B, double_log
+from runner_support import USB_A, USB_B, double_log
 from slurm_tpu.modelgen import images
 from slurm_tpu.runner import OpenOptions, Runner
 from slurm_tpu.runner.backend import EdgeTpuLibrary, InterpreterEngine

@@ -8,7 +8,7 @@ import stat
 
 import pytest
 
-from conftest import run_cli
+from runner_support import run_cli
 from slurm_tpu.usage import UsageRecord, collect_usage, ensure_usage_dir, write_usage
 
 
