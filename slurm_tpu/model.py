@@ -94,6 +94,8 @@ class Inventory:
     # The node's online CPU list (sysfs cpu/online), to tell a device's local CPUs
     # apart from "all of them".
     online_cpus: str | None = None
+    # CPU id -> Slurm core index (SMT siblings share one); {} when topology is unknown.
+    core_of_cpu: dict[int, int] = field(default_factory=dict)
 
     def __iter__(self) -> Iterator[Accelerator]:
         return iter(self.accelerators)
@@ -114,13 +116,16 @@ class Inventory:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document ``slurm-tpu detect --json`` prints."""
-        return {"online_cpus": self.online_cpus, "accelerators": [a.to_json() for a in self.accelerators]}
+        return {"online_cpus": self.online_cpus,
+                "core_of_cpu": {str(cpu): core for cpu, core in sorted(self.core_of_cpu.items())},
+                "accelerators": [a.to_json() for a in self.accelerators]}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> "Inventory":
         """Inverse of :meth:`to_json` (raises KeyError/TypeError/ValueError on bad input)."""
         return cls(tuple(Accelerator.from_json(item) for item in data["accelerators"]),
-                   online_cpus=data.get("online_cpus"))
+                   online_cpus=data.get("online_cpus"),
+                   core_of_cpu={int(cpu): int(core) for cpu, core in (data.get("core_of_cpu") or {}).items()})
 
 
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9]+")

@@ -52,4 +52,4 @@ def enrich_with_nvml(inventory: Inventory) -> Inventory:
             nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
-    return Inventory(tuple(enriched), online_cpus=inventory.online_cpus)
+    return dataclasses.replace(inventory, accelerators=tuple(enriched))

@@ -56,6 +56,8 @@ class Snapshot:
     nvidia_proc: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
     dev_entries: frozenset[str] = frozenset()
     online_cpus: str | None = None
+    # CPU id -> (physical package id, core id), from sysfs topology; {} if unreadable.
+    cpu_topology: Mapping[int, tuple[int, int]] = field(default_factory=dict)
 
     def of_subsystem(self, subsystem: str) -> list[SysDevice]:
         """Devices of one subsystem, sorted by sysfs path."""
@@ -194,6 +196,27 @@ def _online_cpus() -> str | None:
         return None
 
 
+def _cpu_topology() -> dict[int, tuple[int, int]]:
+    topology: dict[int, tuple[int, int]] = {}
+    root = "/sys/devices/system/cpu"
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return topology
+    for name in names:
+        if not (name.startswith("cpu") and name[3:].isdigit()):
+            continue
+        try:
+            with open(f"{root}/{name}/topology/physical_package_id", encoding="ascii") as handle:
+                package = int(handle.read())
+            with open(f"{root}/{name}/topology/core_id", encoding="ascii") as handle:
+                core = int(handle.read())
+        except (OSError, ValueError):
+            continue  # offline CPUs have no topology
+        topology[int(name[3:])] = (package, core)
+    return topology
+
+
 def take_snapshot(subsystems: Iterable[str] = ("usb", "pci", "apex", "drm", "platform")) -> Snapshot:
     """Enumerate udev devices of interest into a :class:`Snapshot`."""
     context = _load_pyudev()
@@ -206,7 +229,7 @@ def take_snapshot(subsystems: Iterable[str] = ("usb", "pci", "apex", "drm", "pla
         except OSError as exc:
             raise DetectionError(f"cannot enumerate {subsystem} devices through udev: {exc}") from exc
     return Snapshot(devices=devices, nvidia_proc=_read_nvidia_proc(), dev_entries=_dev_entries(),
-                    online_cpus=_online_cpus())
+                    online_cpus=_online_cpus(), cpu_topology=_cpu_topology())
 
 
 def accelerator_from(device: SysDevice, **fields: Any) -> Accelerator:

@@ -53,4 +53,4 @@ def materialize(inventory: Inventory, dev_root: str, minor_start: int = 0) -> In
             minor += 1
             nodes.append(target)
         accelerators.append(replace(accelerator, device_nodes=tuple(nodes)))
-    return Inventory(tuple(accelerators), online_cpus=inventory.online_cpus)
+    return replace(inventory, accelerators=tuple(accelerators))

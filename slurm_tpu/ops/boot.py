@@ -56,5 +56,5 @@ def restore_node_state(config: Config, live: Inventory) -> BootResult:
         # Current node paths where the device is here; the configured ones otherwise.
         restored.append(dataclasses.replace(accelerator, device_nodes=now.device_nodes)
                         if now is not None and now.device_nodes else accelerator)
-    write_state_inventory(config.state_dir, Inventory(tuple(restored), configured.online_cpus).to_json())
+    write_state_inventory(config.state_dir, dataclasses.replace(configured, accelerators=tuple(restored)).to_json())
     return BootResult(len(configured.usable()), tuple(present), tuple(absent))

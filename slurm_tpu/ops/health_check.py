@@ -6,6 +6,7 @@ One ``scontrol show node`` query, at most one ``scontrol update``.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ def configured_inventory(config: Config) -> Inventory:
     if not document:
         return Inventory()
     inventory = Inventory.from_json(document)
-    return Inventory(tuple(inventory.usable()), online_cpus=inventory.online_cpus)
+    return dataclasses.replace(inventory, accelerators=tuple(inventory.usable()))
 
 
 def _detect() -> Inventory:

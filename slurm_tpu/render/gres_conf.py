@@ -12,6 +12,7 @@ nodes) are created by their drivers and stay put, so GPUs use them directly.
 from __future__ import annotations
 
 from ..config import Config
+from ..cpulist import format_cpu_list, parse_cpu_list
 from ..model import Accelerator, Inventory, Kind, slug
 
 
@@ -43,12 +44,25 @@ def gres_name(config: Config, accelerator: Accelerator) -> str:
     return config.tpu_gres_name if accelerator.kind == Kind.EDGETPU else config.gpu_gres_name
 
 
-def _cores(accelerator: Accelerator, all_cpus: str | None) -> str:
-    # Only a strict subset of the node's CPUs is worth telling the scheduler about.
-    cpus = accelerator.local_cpus
-    if accelerator.kind != Kind.GPU or not cpus or cpus == all_cpus:
+def _cores(accelerator: Accelerator, inventory: Inventory) -> str:
+    """`` Cores=...`` in Slurm's core indices, or '' when the device is near every core.
+
+    sysfs gives the device's local *CPUs*; with SMT those are thread ids, which
+    Slurm would reject as core numbers, so they are mapped through the topology.
+    """
+    if accelerator.kind != Kind.GPU or not accelerator.local_cpus:
         return ""
-    return f" Cores={cpus}"
+    try:
+        cpus = parse_cpu_list(accelerator.local_cpus)
+        online = parse_cpu_list(inventory.online_cpus)
+    except ValueError:
+        return ""  # an unreadable list: leave affinity out rather than guess
+    mapping = inventory.core_of_cpu
+    cores = {mapping.get(cpu, cpu) for cpu in cpus} if mapping else set(cpus)
+    every = set(mapping.values()) if mapping else set(online)
+    if not cores or (every and cores >= every):
+        return ""
+    return f" Cores={format_cpu_list(cores)}"
 
 
 def render_gres_conf(inventory: Inventory, config: Config, node_name: str) -> str:
@@ -64,7 +78,7 @@ def render_gres_conf(inventory: Inventory, config: Config, node_name: str) -> st
         lines.append(
             f"NodeName={node_name} Name={gres_name(config, accelerator)} "
             f"Type={gres_type(config, accelerator)} File={gres_file(config, accelerator)}"
-            f"{_cores(accelerator, inventory.online_cpus)}"
+            f"{_cores(accelerator, inventory)}"
         )
     for accelerator in inventory:
         if not accelerator.usable:
