@@ -74,3 +74,19 @@ def test_explicit_missing_file_is_an_error(tmp_path):
 def test_top_level_must_be_a_mapping():
     with pytest.raises(ConfigError, match="must be a mapping"):
         parse_config(["version", 1])
+
+
+def test_readme_example_config_is_valid():
+    """The README's example is the reference admins copy: it must load as written."""
+    import re
+    from pathlib import Path
+
+    import yaml
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme.split("### Configuration file", 1)[1]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S)
+    assert block, "README's Configuration file section has no yaml example"
+    config = parse_config(yaml.safe_load(block.group(1)), where="README.md")
+    assert config.inventory_file == "/var/lib/slurm-tpu/inventory.json"
+    assert config.gpu_types == {"a100_sxm4_80gb": "a100"}
