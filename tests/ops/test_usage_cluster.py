@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -45,6 +46,7 @@ def setup(cluster_factory):
     yield cluster, models, double
     if made:
         subprocess.run(["userdel", USER], capture_output=True)
+    shutil.rmtree(shared, ignore_errors=True)
 
 
 def test_inferences_of_a_job_reach_report_and_metrics(setup):
