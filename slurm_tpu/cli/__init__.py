@@ -39,6 +39,15 @@ class Obj:
         self.config_path = config_path
         self._config = None
 
+    def node_name(self, node: str | None, from_slurmd: bool = False) -> str:
+        """--node, else (for commands slurmd runs) $SLURMD_NODENAME, else the config's
+        node_name, else the short hostname."""
+        import os
+        import socket
+
+        slurmd = os.environ.get("SLURMD_NODENAME") if from_slurmd else None
+        return node or slurmd or self.config.node_name or socket.gethostname().split(".")[0]
+
     @property
     def config(self):  # -> Config, imported lazily to keep start-up small
         if self._config is None:

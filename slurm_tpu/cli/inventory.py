@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
 
 import click
@@ -14,10 +13,6 @@ from ..model import Inventory
 from . import EXIT_DIFFERS, Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
-
-
-def _node_name(obj: Obj, node: str | None) -> str:
-    return node or obj.config.node_name or socket.gethostname().split(".")[0]
 
 
 def _inventory(saved: str | None = None) -> Inventory:
@@ -148,7 +143,7 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
 
     config = obj.config
     inventory = _inventory(saved)
-    name = _node_name(obj, node)
+    name = obj.node_name(node)
     if output and not (diff or check or no_slots):
         # Slot nodes first: the file must never name a path that does not exist
         # (slurmd would exit). The hooks read the state-dir copy of the inventory
@@ -185,7 +180,7 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
         except SlurmTpuError as exc:
             raise type(exc)(f"{exc} (or pass --no-hardware to leave CPUs/RealMemory out)",
                             getattr(exc, "command", "slurmd")) from exc
-    name = _node_name(obj, node)
+    name = obj.node_name(node)
     line = render_node_line(_inventory(saved), obj.config, name, hardware, extra)
     _emit_block("node", name, line, output, diff, check)
 

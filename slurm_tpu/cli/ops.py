@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 
 import click
 
 from . import Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
-
-
-def node_name(obj: Obj, node: str | None) -> str:
-    """--node, else slurmd's SLURMD_NODENAME, else the config's node_name, else the short hostname."""
-    return (node or os.environ.get("SLURMD_NODENAME") or obj.config.node_name
-            or socket.gethostname().split(".")[0])
 
 
 @main.command()
@@ -36,7 +29,7 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     """
     from ..ops.health_check import check_node
 
-    result = check_node(obj.config, node_name(obj, node), grace=grace, apply=not dry_run)
+    result = check_node(obj.config, obj.node_name(node, from_slurmd=True), grace=grace, apply=not dry_run)
     if as_json:
         click.echo(json.dumps({
             "node": result.node, "configured": list(result.configured),
@@ -90,8 +83,7 @@ def watch(obj: Obj, node: str | None, gres_conf: str, node_conf: str | None, sto
 
     commands = None if files_only else RestartCommands(
         shlex.split(stop_command), shlex.split(start_command), shlex.split(controller_command))
-    watcher = Watcher(obj.config, node or obj.config.node_name or socket.gethostname().split(".")[0],
-                      gres_conf, node_conf, commands, settle=settle)
+    watcher = Watcher(obj.config, obj.node_name(node), gres_conf, node_conf, commands, settle=settle)
     watcher.run(stop_after=duration)
 
 
@@ -121,7 +113,7 @@ def metrics(obj: Obj, node: str | None, output: str | None, listen: str | None) 
     Inference counts and times come from the runner, through the epilog's usage
     records in the audit log.
     """
-    name = node or obj.config.node_name or socket.gethostname().split(".")[0]
+    name = obj.node_name(node)
     if listen:
         from ..ops.metrics_server import serve
 

@@ -11,7 +11,7 @@ import os
 from dataclasses import dataclass
 
 from ..config import Config
-from ..files import merge_block, read_text, write_if_changed
+from ..files import block_markers, merge_block, read_text, write_if_changed
 from ..model import Inventory, Kind
 from ..render import node_features, node_gres, render_gres_conf, slot_path
 from ..slurm.parse import parse_key_values
@@ -46,14 +46,14 @@ def update_node_line(line: str, inventory: Inventory, config: Config) -> str:
 
 
 def _node_block_line(text: str, node: str) -> str | None:
-    begin = f"# BEGIN slurm-tpu node {node} "
+    begin, end = block_markers("node", node)
     inside = False
     for line in text.splitlines():
         if line.startswith(begin):
             inside = True
-        elif inside and line.startswith(f"NodeName={node} ") or inside and line == f"NodeName={node}":
+        elif inside and (line == f"NodeName={node}" or line.startswith(f"NodeName={node} ")):
             return line
-        elif line.startswith("# END slurm-tpu "):
+        elif line == end:
             inside = False
     return None
 

@@ -7,7 +7,6 @@ One ``scontrol show node`` query, at most one ``scontrol update``.
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 from dataclasses import dataclass
 
@@ -28,16 +27,9 @@ class HealthResult:
 
 def configured_inventory(config: Config) -> Inventory:
     """The usable accelerators this node was configured with (its state-dir inventory)."""
-    from ..locks import node_inventory, statedir
+    from .node_state import configured_document
 
-    try:
-        fd = statedir.open_dir(config.state_dir)
-    except statedir.StateDirError:
-        return Inventory()
-    try:
-        document = node_inventory.load_document(fd)
-    finally:
-        os.close(fd)
+    document = configured_document(config)
     if not document:
         return Inventory()
     inventory = Inventory.from_json(document)

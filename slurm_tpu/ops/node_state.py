@@ -28,6 +28,20 @@ def default_audit_log(config: Config) -> str:
     return os.path.join(config.state_dir, AUDIT)
 
 
+def configured_document(config: Config) -> dict | None:
+    """The node's configured inventory (state dir, `detect --json` shape); None if absent."""
+    from ..locks import node_inventory
+
+    try:
+        fd = statedir.open_dir(config.state_dir)
+    except statedir.StateDirError:
+        return None
+    try:
+        return node_inventory.load_document(fd)
+    finally:
+        os.close(fd)
+
+
 def current_leases(config: Config) -> dict[str, int]:
     """identity -> job id of the leases held now ({} without a state directory)."""
     from ..locks.ledger import Lease, Ledger

@@ -76,29 +76,16 @@ class Watcher:
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
     regenerations: int = 0
 
-    def _load_configured(self) -> dict[str, Any] | None:
-        import os
-
-        from ..locks import node_inventory, statedir
-
-        try:
-            fd = statedir.open_dir(self.config.state_dir)
-        except statedir.StateDirError:
-            return None
-        try:
-            return node_inventory.load_document(fd)
-        finally:
-            os.close(fd)
-
     def sync(self, events: int) -> bool:
         """Detect, compare with the configured inventory, regenerate on a real change."""
         from ..detect import detect_inventory
         from ..render import node_gres
         from .configure import configure_node, prepare_node_state
+        from .node_state import configured_document
         from .restart import apply_hardware_change
 
         live: Inventory = detect_inventory(use_nvml=False)
-        document = self._load_configured()
+        document = configured_document(self.config)
         before = configured_ids(document)
         after = {a.identity for a in live.usable()}
         if before == after:
