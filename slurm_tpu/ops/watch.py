@@ -74,7 +74,6 @@ class Watcher:
     commands: "RestartCommands | None"  # None: only rewrite the files
     settle: float = 5.0
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
-    regenerations: int = 0
 
     def sync(self, events: int) -> bool:
         """Detect, compare with the configured inventory, regenerate on a real change."""
@@ -96,7 +95,6 @@ class Watcher:
             return False
         added, removed = sorted(after - before), sorted(before - after)
         result = configure_node(self.config, live, self.node, self.gres_conf, self.node_conf)
-        self.regenerations += 1
         self.log(f"slurm-tpu watch: {events} event(s); added {added or 'none'}, removed {removed or 'none'}; "
                  f"regenerated {self.gres_conf} (Gres={result.new_gres or 'none'})")
         old_gres = node_gres(Inventory.from_json(document), self.config) if document else ""
