@@ -213,8 +213,6 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     try:
         settings.devices = node_inventory.load(fd)
         settings.env_names = (jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, usage.USAGE_DIR_ENV)
-        if os.geteuid() == 0:
-            os.close(usage.ensure_usage_dir(fd))  # the runner's drop box (see usage.py)
         for device in settings.devices.values():
             if device.kind == "edgetpu":
                 try:

@@ -220,31 +220,30 @@ def test_task_prolog_prints_only_the_jobs_own_lines(cluster, users):
     assert mine.returncode == other.returncode == hostile.returncode == 0
 
 
-# What the runner drops (slurm_tpu/usage.py's file name and JSON), written by hand
-# with Debian's python3 so this tests the epilog side alone; the real runner's path
-# is covered end to end by tests/ops/test_usage_cluster.py.
+# What the runner writes (slurm_tpu/usage.py's file name and JSON), written by hand
+# with Debian's python3 so this tests the prolog/epilog side alone; the real runner's
+# path is covered end to end by tests/ops/test_usage_cluster.py.
 USAGE_JOB = """#!/bin/sh
 /usr/bin/python3 -I -c '
 import json, os
-job = int(os.environ["SLURM_JOB_ID"])
-directory = os.open(os.environ["SLURM_TPU_USAGE_DIR"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+box = os.environ["SLURM_TPU_USAGE_DIR"]
 for identity in os.environ["SLURM_TPU_DEVICES"].split(","):
-    record = {{"job_id": job, "identity": identity, "inferences": 7, "seconds": 0.25, "energy_j": None}}
-    fd = os.open(f"{{job}}.{{identity}}.{{os.getpid()}}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                 0o644, dir_fd=directory)
-    os.write(fd, json.dumps(record).encode())
-'
+    with open(os.path.join(box, identity + ".json"), "w") as handle:
+        json.dump({{"version": 1, "inferences": 7, "seconds": 0.25, "energy_j": None}}, handle)
+print(os.stat(box).st_uid, oct(os.stat(box).st_mode & 0o7777))
+' > {out}
 """
 
 
 def test_runner_usage_records_reach_the_audit_log(cluster, users):
     job = cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", out(cluster, "usage.err")],
-                         USAGE_JOB.format(), user="stpu_alice")
+                         USAGE_JOB.format(out=out(cluster, "usage.box")), user="stpu_alice")
     assert cluster.wait_for_jobs([job], timeout=60)[job] == "COMPLETED", read(out(cluster, "usage.err"))
+    assert read(out(cluster, "usage.box")).split() == [str(users["stpu_alice"]), "0o700"]  # the job's own box
     usage = [e for e in audit(cluster, "n1") if e["event"] == "usage" and e["job_id"] == job]
     assert len(usage) == 1 and usage[0]["inferences"] == 7 and usage[0]["uid"] == users["stpu_alice"]
-    assert not [n for n in os.listdir(os.path.join(cluster.node_dir("n1"), "state", "usage"))
-                if n.startswith(f"{job}.")]
+    box = os.path.join(cluster.node_dir("n1"), "state", "job-usage", str(job))
+    assert not os.path.lexists(box) and box not in open("/proc/self/mounts").read()  # unmounted, removed
 
 
 def test_two_node_job_gets_one_lease_per_node_and_each_task_its_nodes_device(cluster, users):
