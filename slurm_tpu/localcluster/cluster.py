@@ -382,6 +382,18 @@ class LocalCluster:
                 os.unlink(self._pidfile(name))
             except OSError:
                 pass
+        self._unmount_leftovers()
+
+    def _unmount_leftovers(self) -> None:
+        """Detach mounts under the base (jobs' usage boxes whose epilog never ran)."""
+        prefix = self.base.rstrip("/") + "/"
+        try:
+            with open("/proc/self/mounts", encoding="utf-8") as handle:
+                points = [line.split()[1] for line in handle if len(line.split()) > 1]
+        except OSError:
+            return
+        for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
+            subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
 
     # ---- driving ---------------------------------------------------------------
     def _run(self, argv: list[str], env: Mapping[str, str] | None = None, user: str | None = None,
