@@ -165,8 +165,9 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
             assert peak([(s, e) for n, i, _, s, e in leases if (n, i) == (node, identity)]) <= 1
     assert peak([(epoch(r["StartTime"]), epoch(r["EndTime"])) for r in tpu_jobs if r["NodeList"] == "node-usb"]) <= 1
     plain = by_name["classify-cpu"]
-    assert not {int(r["JobId"]) for r in plain} & {lease[2] for lease in leases}  # plain jobs hold no device
-    assert len({r["NodeList"] for r in plain}) >= 3, [r["NodeList"] for r in plain]  # spread over the cluster
+    # Plain jobs hold no device. Where they ran is Slurm's choice, not checked: LLN
+    # spreads them only while they overlap, and CPU jobs this short often do not.
+    assert not {int(r["JobId"]) for r in plain} & {lease[2] for lease in leases}
 
 
 def test_batch_array_classified_every_image_once_with_the_known_answer(demo):

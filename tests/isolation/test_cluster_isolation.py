@@ -144,6 +144,24 @@ echo "$SLURM_JOB_ID $SLURMD_NODENAME ${{SLURM_TPU_DEVICES:--}} $start $(date +%s
 """
 
 
+# A plain job taking a whole node (-c 2 of its 2 CPUs) that waits until all PLAIN of
+# them run at once. Slurm never gives one CPU to two jobs, so PLAIN such jobs running
+# together are on PLAIN different nodes: a spread Slurm guarantees, not one that
+# depends on how fast earlier jobs finished. (If Slurm cannot run them together the
+# jobs time out and fail, and the test says so.)
+PLAIN = 4  # every node, the plain n3 included (its prolog is checked below)
+PLAIN_SEED = """#!/bin/sh
+start=$(date +%s.%N)
+touch {out}/plain-up.$SLURM_JOB_ID
+i=0
+while [ $(ls {out} | grep -c '^plain-up\\.') -lt {count} ]; do
+    i=$((i+1)); [ $i -lt 1200 ] || exit 3
+    sleep 0.1
+done
+echo "$SLURM_JOB_ID $SLURMD_NODENAME ${{SLURM_TPU_DEVICES:--}} $start $(date +%s.%N)" > {out}/seed.$SLURM_JOB_ID
+"""
+
+
 def _intervals(cluster, jobs):
     rows = []
     for job in jobs:
@@ -168,7 +186,8 @@ def test_seed_experiment_one_tpu_serial_two_tpus_pairwise_plain_jobs_spread(clus
            for _ in range(5)]
     two = [cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"], script,
                           user=("stpu_alice", "stpu_bob")[i % 2]) for i in range(5)]
-    plain = [cluster.sbatch(["-o", "/dev/null"], script, user="stpu_bob") for _ in range(6)]
+    plain_script = PLAIN_SEED.format(out=os.path.join(cluster.base, "out"), count=PLAIN)
+    plain = [cluster.sbatch(["-c", "2", "-o", "/dev/null"], plain_script, user="stpu_bob") for _ in range(PLAIN)]
     states = cluster.wait_for_jobs(one + two + plain, timeout=180)
     assert set(states.values()) == {"COMPLETED"}, states
     serial = _intervals(cluster, one)
@@ -179,8 +198,9 @@ def test_seed_experiment_one_tpu_serial_two_tpus_pairwise_plain_jobs_spread(clus
     assert {device for *_, device in pairs} == {"usb-2-1.3", "pci-0000:03:00.0"}
     for device in ("usb-2-1.3", "pci-0000:03:00.0"):
         assert _max_concurrent(pairs, key=lambda row, d=device: row[3] == d) == 1  # never shared
-    plain_nodes = {node for _, _, node, _ in _intervals(cluster, plain)}
-    assert len(plain_nodes) >= 3, plain_nodes  # spread over the cluster meanwhile
+    plain_rows = _intervals(cluster, plain)
+    assert len({node for _, _, node, _ in plain_rows}) == PLAIN  # whole-node jobs, all at once
+    assert {device for *_, device in plain_rows} == {"-"}  # and no device for any of them
     for node in ("n1", "n4"):
         no_overlaps(audit(cluster, node))
         assert leases(cluster, node) == []
