@@ -361,7 +361,11 @@ def test_refuses_while_a_slurm_it_did_not_create_runs_and_leaves_it_alone(demo, 
     site = subprocess.Popen([shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-f", str(conf)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 30  # up once it says so in its log (and still running then)
+        while "Running as primary controller" not in (read(f"{tmp_path}/ctld.log") if os.path.exists(
+                f"{tmp_path}/ctld.log") else ""):
+            assert site.poll() is None and time.monotonic() < deadline, "the stand-in site slurmctld did not come up"
+            time.sleep(0.1)
         assert site.poll() is None, "the stand-in site slurmctld did not stay up"
         before = daemon_pids(layout)
         done = run_demo("--base", layout.base, "--user", USER)
