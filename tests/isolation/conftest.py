@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
 
-from support import USERS, require_root_and_slurm
+from support import HARDWARE, USERS, finish_cluster, make_cluster, require_root_and_slurm
 
 
 @pytest.fixture(scope="session")
@@ -22,3 +23,14 @@ def users():
     yield uids
     for name in made:
         subprocess.run(["userdel", name], capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def one_node_two_tpus():
+    """A cluster of one node, n1 with a USB stick and a PCIe card, and the project's hooks (per module)."""
+    require_root_and_slurm()
+    from slurm_tpu.localcluster.cluster import NodeSpec
+
+    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
+    yield started
+    finish_cluster(started)

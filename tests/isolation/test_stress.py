@@ -10,7 +10,6 @@ import os
 import time
 
 import pytest
-from support import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
 from support import audit, inventory, leases, no_overlaps, owner
 
 pytestmark = pytest.mark.slurm
@@ -19,13 +18,8 @@ JOBS_PER_USER = 150
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import NodeSpec
-
-    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
-    yield started
-    finish_cluster(started)
+def cluster(one_node_two_tpus):
+    return one_node_two_tpus
 
 
 @pytest.fixture(scope="module")

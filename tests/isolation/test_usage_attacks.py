@@ -16,8 +16,7 @@ import stat
 import subprocess
 
 import pytest
-from support import HARDWARE, audit, finish_cluster, leases, make_cluster, no_overlaps, require_root_and_slurm
-from support import wait_until
+from support import audit, inventory, leases, no_overlaps, owner, wait_until
 
 from slurm_tpu.usage import BOX_BYTES, BOX_INODES
 
@@ -26,13 +25,8 @@ USB, PCI = "usb-2-1.3", "pci-0000:03:00.0"
 
 
 @pytest.fixture(scope="module")
-def cluster():
-    require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import NodeSpec
-
-    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
-    yield started
-    finish_cluster(started)
+def cluster(one_node_two_tpus):
+    return one_node_two_tpus
 
 
 def out(cluster, name: str) -> str:
@@ -191,8 +185,6 @@ def test_absurd_numbers_change_only_the_attackers_records(cluster, users):
 def test_a_prolog_failing_after_the_lease_gives_the_devices_and_the_box_back(cluster, users):
     """The env file is written after the lease: when that fails (here: `jobs` is not a
     directory, as on a broken state filesystem) the lease is rolled back with it."""
-    from support import inventory, owner
-
     jobs = os.path.join(state(cluster), "jobs")
     os.makedirs(jobs, exist_ok=True)
     os.rename(jobs, jobs + ".away")
