@@ -65,3 +65,11 @@ def require_root_and(programs: tuple[str, ...], why: str) -> None:
 def require_slurm() -> None:
     """Skip unless we are root and Debian's Slurm, munge and umockdev are installed."""
     require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run"), "Slurm daemons")
+
+
+def first_job_id() -> int:
+    """A FirstJobId for a test cluster, above the fake ids tests use (<= 999999) and unlike
+    any other cluster's on this machine (see LocalCluster.first_job_id)."""
+    import random
+
+    return random.randrange(1_000_000, 60_000_000, 1000)

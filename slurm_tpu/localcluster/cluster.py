@@ -93,6 +93,10 @@ class LocalCluster:
     node_config_extra: Mapping[str, object] = field(default_factory=dict)
     python: str = sys.executable
     partition_extra: Sequence[str] = ()  # e.g. ("LLN=YES",): appended to the one PartitionName line
+    # Slurm's FirstJobId. Tests give each cluster its own range: the hooks tell a live job
+    # by its `slurmstepd: [<job>.<step>]` processes, so a stray slurmstepd of another
+    # cluster on the same machine with the same (small) job id would look like ours.
+    first_job_id: int = 1
 
     # ---- paths -----------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -258,6 +262,7 @@ class LocalCluster:
             "SlurmdTimeout=60",
             "InactiveLimit=0",
             "MessageTimeout=20",
+            f"FirstJobId={self.first_job_id}",
         ]
         if "prolog" in self.hook_paths:
             lines.append(f"Prolog={self.hook_paths['prolog']}")

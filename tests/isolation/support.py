@@ -34,6 +34,9 @@ def make_cluster(nodes, **kwargs):
     hooks = kwargs.pop("hooks", None) or Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
                                                epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
                                                task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"))
+    from helpers import first_job_id
+
+    kwargs.setdefault("first_job_id", first_job_id())
     cluster = LocalCluster(base=base, nodes=nodes, hooks=hooks, **kwargs)
     try:
         cluster.configure()

@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
+    from helpers import first_job_id
     from slurm_tpu.localcluster.cluster import Hooks, LocalCluster, NodeSpec
 
     base = tempfile.mkdtemp(prefix="slurm-tpu-idx-", dir="/tmp")
@@ -27,7 +28,8 @@ def cluster():
     started = LocalCluster(base=base, nodes=[NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))],
                            hooks=Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
                                        epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")))
+                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")),
+                           first_job_id=first_job_id())
     started.configure()
     nodes_conf = started.path("etc", "nodes.conf")
     with open(nodes_conf, encoding="utf-8") as handle:
