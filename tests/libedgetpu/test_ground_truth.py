@@ -9,32 +9,20 @@ changes when another stick changes mode, which is why the runner never passes ``
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from helpers import HARDWARE, REPO, merge_umockdev, real_libedgetpu, require_root_and
+from helpers import HARDWARE, REPO, merge_umockdev
+from libedgetpu_support import run_probe, stick_behind_a_hub_without_descriptors
 
-PROBE = Path(__file__).with_name("probe.py")
 ISOLATION_HARDWARE = REPO / "tests" / "isolation" / "hardware"
 DEMO_HARDWARE = REPO / "demo" / "hardware"
 
 
 def probe(description: Path, library: str) -> dict:
     """Our inventory, the exported paths and the library's list on one described node."""
-    done = subprocess.run(["umockdev-run", "--device", str(description), "--", sys.executable, str(PROBE), library],
-                          capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout)
-
-
-@pytest.fixture(scope="module")
-def library() -> str:
-    require_root_and(("umockdev-run",), "umockdev testbeds")
-    return real_libedgetpu()
+    return run_probe("probe.py", description, [library])
 
 
 def two_sticks(tmp_path: Path, *files: str) -> Path:
@@ -105,11 +93,6 @@ def test_without_hub_descriptors_libusb_shortens_the_path(library, tmp_path):
     """Why every hub above a stick carries descriptors: without them libusb cannot link the
     stick to its hub, and the real library reports 2-1.3 as 2-3 (a path that names
     nothing in sysfs). `slurm-tpu detect --check-runtime` reports exactly this disagreement."""
-    text = (HARDWARE / "usb_stick_after.umockdev").read_text()
-    hub_block = next(b for b in text.split("\n\n") if b.startswith("P: /devices/pci0000:00/0000:00:14.0/usb2/2-1\n"))
-    stripped = text.replace(hub_block, "\n".join(l for l in hub_block.splitlines() if not l.startswith("H: ")))
-    path = tmp_path / "hub_without_descriptors.umockdev"
-    path.write_text(stripped)
-    seen = probe(path, library)
+    seen = probe(stick_behind_a_hub_without_descriptors(tmp_path), library)
     assert seen["exported"] == {"usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3"}
     assert seen["listed"] == ["usb:/sys/bus/usb/devices/2-3"]
