@@ -14,12 +14,14 @@ HERE = Path(__file__).resolve().parent
 
 
 def in_testbed(description: Path | str, argv: list[str], env: dict[str, str] | None = None,
-               timeout: float = 120) -> subprocess.CompletedProcess:
-    """Run ``argv`` inside a umockdev testbed of ``description`` (real libudev, libusb, sysfs)."""
+               timeout: float = 120, user: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` inside a umockdev testbed of ``description`` (real libudev, libusb, sysfs),
+    as ``user`` when given (the testbed is then theirs)."""
     full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_TPU_", "SLURM_JOB"))}
     full_env.update(env or {})
-    return subprocess.run(["umockdev-run", "--device", str(description), "--", *argv], capture_output=True,
-                          text=True, timeout=timeout, env=full_env, cwd=REPO)
+    prefix = ["runuser", "-u", user, "--"] if user else []
+    return subprocess.run([*prefix, "umockdev-run", "--device", str(description), "--", *argv],
+                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
 
 
 def run_probe(script: str, description: Path | str, args: list[str], env: dict[str, str] | None = None) -> dict:
