@@ -139,3 +139,14 @@ def check_runtime(inventory: Inventory, library_path: str | None = None,
     listed = library.list_devices()
     findings = compare(inventory, listed) + _access_findings(inventory, environ)
     return RuntimeCheck(library.path, library.version(), tuple(f"{t}:{p}" for t, p in listed), tuple(findings))
+
+
+def installed_version(library_path: str | None = None) -> str | None:
+    """edgetpu_version() of the libedgetpu jobs would load; None when none can be loaded."""
+    from ..runner.backend import EdgeTpuLibrary
+    from ..runner.errors import LibEdgeTpuError
+
+    try:
+        return EdgeTpuLibrary(library_path).version()
+    except LibEdgeTpuError:
+        return None

@@ -48,6 +48,7 @@ class EngineSet:
     models: list[ModelInfo]
     _locks: list[DeviceLock] = field(default_factory=list)
     environ: Mapping[str, str] = field(default_factory=dict)
+    edgetpu_version: str | None = None  # edgetpu_version() when an Edge TPU was opened
 
     def __post_init__(self) -> None:
         # Count every inference per device, whichever mode drives the engines.
@@ -144,6 +145,9 @@ class _Opener:
         for message in warnings:
             self.warn(message)
 
+    def edgetpu_version(self) -> str | None:
+        return self.library.version() if self.library is not None else None
+
     def abort(self) -> None:
         for engine in reversed(self.engines):
             engine.close()
@@ -176,7 +180,7 @@ def open_engines(model_path: str, options: OpenOptions | None = None,
     opener = _Opener(options, warn)
     opener.open_all([(model, device) for device in devices], environ, warnings)
     return EngineSet(opener.engines, devices, opener.runtime, time.perf_counter() - started,
-                     [model], opener.locks, environ)
+                     [model], opener.locks, environ, opener.edgetpu_version())
 
 
 def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = None,
@@ -200,4 +204,4 @@ def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = No
     opener = _Opener(options, warn)
     opener.open_all(list(zip(models, devices)), environ, warnings)
     return EngineSet(opener.engines, devices[:len(models)], opener.runtime,
-                     time.perf_counter() - started, models, opener.locks, environ)
+                     time.perf_counter() - started, models, opener.locks, environ, opener.edgetpu_version())
