@@ -1,22 +1,22 @@
 #!/usr/bin/env bash
 # Build the REAL Coral Edge TPU runtime (libedgetpu.so.1) from the source bundle in
 # ../shared/libedgetpu (or $SLURM_TPU_LIBEDGETPU_SRC), once per bundle: the result is cached
-# under /var/cache/slurm-tpu/libedgetpu/<hash of the bundle and its build.sh>/, so a re-run
-# costs one hash. The tests that are about what libedgetpu itself does (enumeration, error
+# under /var/cache/slurm-tpu/libedgetpu/<hash of the bundle, its build.sh and this script>/,
+# so a re-run costs one hash. The tests that are about what libedgetpu itself does (enumeration, error
 # paths, version) find it through the link build/libedgetpu/libedgetpu.so.1; without it
-# they skip with that reason. Called by scripts/setup.sh; needs root on a fresh machine
-# (build.sh apt-installs its build packages unless SKIP_APT=1).
+# they skip with that reason. Called by scripts/setup.sh, which installs the library's
+# runtime packages; needs root on a fresh machine (build.sh apt-installs its build
+# packages unless SKIP_APT=1).
 #
 # Exit status 0 also when the bundle is absent (a checkout without ../shared): it says so
 # and the real-library tests skip.
 set -euo pipefail
-cd "$(dirname "$0")/.."
+SELF=$(realpath "$0")
+cd "$(dirname "$SELF")/.."
 
 SRC_DIR=${SLURM_TPU_LIBEDGETPU_SRC:-../shared/libedgetpu}
 CACHE_ROOT=${SLURM_TPU_LIBEDGETPU_CACHE:-/var/cache/slurm-tpu/libedgetpu}
 LINK=build/libedgetpu/libedgetpu.so.1
-# What the built library needs at run time (Debian bookworm names).
-RUNTIME_PACKAGES=(libusb-1.0-0 libabsl20220623 libflatbuffers2)
 
 bundle=$SRC_DIR/libedgetpu-src-bundle.tar.xz
 if [ ! -f "$bundle" ] || [ ! -f "$SRC_DIR/build.sh" ]; then
@@ -26,19 +26,8 @@ if [ ! -f "$bundle" ] || [ ! -f "$SRC_DIR/build.sh" ]; then
     exit 0
 fi
 
-missing=()
-for package in "${RUNTIME_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "setup: installing ${missing[*]} (libedgetpu's runtime libraries)"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-fi
-
 # The key covers the sources and the recipe: a new bundle, build.sh or this script builds again.
-key=$(cat "$bundle" "$SRC_DIR/build.sh" "$0" | sha256sum | cut -c1-16)
+key=$(cat "$bundle" "$SRC_DIR/build.sh" "$SELF" | sha256sum | cut -c1-16)
 cached=$CACHE_ROOT/$key/libedgetpu.so.1
 mkdir -p "$CACHE_ROOT"
 chmod 0755 "$CACHE_ROOT" "$(dirname "$CACHE_ROOT")"
@@ -49,7 +38,7 @@ flock 9
 if [ ! -f "$cached" ]; then
     echo "setup: building the real libedgetpu from $bundle (about 1-2 minutes on 2 cores)"
     # A fixed scratch path: libedgetpu's log lines carry their source path (__FILE__),
-    # so the same bundle gives the same library bytes on every machine.
+    # so the same bundle and packages give the same library bytes on every machine.
     work=$CACHE_ROOT/.build
     log=$CACHE_ROOT/.build.log
     rm -rf "$work"
