@@ -48,3 +48,12 @@ def stick_behind_a_hub_without_descriptors(tmp_path: Path) -> Path:
     path = tmp_path / "hub_without_descriptors.umockdev"
     path.write_text("\n\n".join(blocks))
     return path
+
+
+def library_version(path: str) -> str:
+    """edgetpu_version() straight from the library (plain ctypes, not our binding)."""
+    import ctypes
+
+    function = ctypes.CDLL(path).edgetpu_version
+    function.restype = ctypes.c_char_p
+    return function().decode()

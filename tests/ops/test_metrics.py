@@ -83,7 +83,8 @@ def test_metrics_report_the_real_libedgetpu_version(node_state, tmp_path):
                 if f.name == "slurm_tpu_edgetpu_runtime_info"]
     assert family.type == "gauge"  # text format 0.0.4 has no info type: a constant-1 gauge
     [sample] = family.samples
-    assert sample.labels["version"] == "BuildLabel(COMPILER=12.2.0,DATE=Mar 14 2024,TIME=15:58:56), RuntimeVersion(14)"
+    assert sample.labels["version"].startswith("BuildLabel(COMPILER=")
+    assert sample.labels["version"].endswith("RuntimeVersion(14)")
     assert sample.value == 1
     # A node without libedgetpu has no such series (rather than an empty version).
     none = run_cli(["--config", str(node_state), "metrics", "--libedgetpu", str(tmp_path / "none.so.1")], "big_node")
