@@ -133,9 +133,6 @@ def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[
     with Runner(model_files if segments else model, labels, options, warn=_warn,
                 normalization=Normalization(input_mean, input_std), task=task, fast_resize=fast_resize,
                 keep_aspect_ratio=keep_aspect_ratio) as runner:
-        if runner.task_reason != "--task":
-            click.echo(f"slurm-tpu: task: {runner.task.name} (recognised from the model's outputs; "
-                       "--task overrides)", err=True)
         task_options = runner.options(top_k, threshold)
         if bench:
             result = runner.benchmark(iterations, inputs[0] if inputs else None)
@@ -144,6 +141,11 @@ def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[
             out = expand_output_pattern(output, os.environ) if output else None
             if annotate_dir:
                 runner.check_annotate(annotate_dir, keys)
+            if runner.task_reason != "--task" and not no_progress:
+                # Said in the job's log next to the progress lines; a single input's printout
+                # (and its --json "task") shows the task by itself.
+                click.echo(f"slurm-tpu: task: {runner.task.name} (recognised from the model's outputs; "
+                           "--task overrides)", err=True)
             progress = Progress(len(keys), sys.stderr, progress_interval, enabled=not no_progress)
             summary = runner.run_batch(keys, out, format_for(out or "", fmt), task_options, decode_threads,
                                        progress, expand=False, stdout_write=lambda s: click.echo(s, nl=False),

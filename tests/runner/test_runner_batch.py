@@ -18,7 +18,11 @@ from runner_support import run_cli
 from slurm_tpu.modelgen import images
 from slurm_tpu.runner.errors import UsageError
 from slurm_tpu.runner.inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
-from slurm_tpu.runner.results import ResultWriter
+from slurm_tpu.runner.errors import InputError
+from slurm_tpu.runner.results import Layout, ResultWriter
+from slurm_tpu.runner.tasks import TaskOptions
+from slurm_tpu.runner.tasks.classify import Classify
+from slurm_tpu.runner.tasks.detect import Detect
 
 
 def _keys(path: Path) -> list[str]:
@@ -112,11 +116,36 @@ def test_killed_run_resumes_to_the_same_file(models, clean_env, many_images, tmp
 def test_torn_last_line_is_cut_and_redone(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"input":"a","classes":[]}\n{"input":"b","classes":[]}\n{"input":"c","cla')
-    with ResultWriter(str(path), "jsonl", 1) as writer:
+    with ResultWriter(str(path), Layout("jsonl", Classify(), TaskOptions())) as writer:
         assert writer.done == {"a", "b"}
         writer.write({"input": "c", "classes": []})
     assert path.read_text().splitlines()[2] == '{"input":"c","classes":[]}'
     assert len(path.read_text().splitlines()) == 3
+
+
+def test_csv_resume_redoes_the_last_input_whole(tmp_path):
+    """Detection CSV has a row per object: a kill between rows of one input must not
+    leave that input counted as done with objects missing."""
+    path = tmp_path / "r.csv"
+    header = "input,id,label,score,xmin,ymin,xmax,ymax,error\n"
+    a = "a,0,red,0.9,1,2,3,4,\n"
+    b_first_row = "b,1,green,0.8,5,6,7,8,\n"  # b had two objects; the second row was lost
+    path.write_text(header + a + b_first_row)
+    b_rows = [{"id": 1, "label": "green", "score": 0.8, "bbox": [5, 6, 7, 8]},
+              {"id": 2, "label": "blue", "score": 0.7, "bbox": [9, 9, 9, 9]}]
+    with ResultWriter(str(path), Layout("csv", Detect(), TaskOptions())) as writer:
+        assert writer.done == {"a"}
+        writer.write({"input": "b", "objects": b_rows})
+    assert path.read_text() == header + a + b_first_row + "b,2,blue,0.7,9,9,9,9,\n"
+
+
+def test_one_writer_per_results_file(tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    layout = Layout("jsonl", Classify(), TaskOptions())
+    with ResultWriter(path, layout):
+        with pytest.raises(InputError, match="another process .* %t"):
+            ResultWriter(path, layout)
+    ResultWriter(path, layout).close()  # free again once the first is closed
 
 
 def test_resume_skips_inputs_already_done(models, clean_env, tmp_path):
