@@ -119,9 +119,10 @@ def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[
         raise UsageError("no inputs: give image/.npy files, a directory, a glob or @list (or --benchmark)")
     batch = not bench and _is_batch(inputs, output)
     keys: list[str] = []
+    listed: list[str] = []
     if batch:
         # List and shard before opening the device: a bad input path fails in milliseconds.
-        keys = list_inputs(inputs)
+        keys = listed = list_inputs(inputs)
         share = (shard_index, shard_count) if shard_count is not None else shard_from_environment(os.environ)
         if share is not None:
             if shard_count is not None and share[0] >= share[1]:  # type: ignore[operator]
@@ -140,7 +141,7 @@ def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[
         elif batch:
             out = expand_output_pattern(output, os.environ) if output else None
             if annotate_dir:
-                runner.check_annotate(annotate_dir, keys)
+                runner.check_annotate(annotate_dir, listed)  # all shares: names must not collide across tasks
             if runner.task_reason != "--task" and not no_progress:
                 # Said in the job's log next to the progress lines; a single input's printout
                 # (and its --json "task") shows the task by itself.

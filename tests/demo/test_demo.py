@@ -149,7 +149,8 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
     by_name: dict[str, list[dict]] = {}
     for record in records:
         by_name.setdefault(record["Name"], []).append(record)
-    assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4}
+    assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4,
+                                                              "step-tpu": 1}
     assert {(r["JobState"], r["ExitCode"]) for r in records} == {("COMPLETED", "0:0")}
     assert all(r["UserId"].startswith(USER + "(") for r in records)
     tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"]
@@ -167,6 +168,22 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
     plain = by_name["classify-cpu"]
     assert not {int(r["JobId"]) for r in plain} & {lease[2] for lease in leases}  # plain jobs hold no device
     assert len({r["NodeList"] for r in plain}) >= 3, [r["NodeList"] for r in plain]  # spread over the cluster
+
+
+def test_detection_step_over_two_nodes_found_every_scene_once_and_drew_them(demo):
+    done, layout = demo
+    (record,) = [r for r in jobcomp(layout) if r["Name"] == "step-tpu"]
+    assert sorted(record["NodeList"].strip("node-[]").split(",")) == ["pcie", "usb"], record["NodeList"]
+    shares = sorted(glob.glob(os.path.join(layout.results, f"step-{record['JobId']}-*.jsonl")))
+    assert len(shares) == 2
+    rows = [json.loads(line) for path in shares for line in open(path, encoding="utf-8")]
+    expected = json.load(open(os.path.join(layout.models, "scenes", "expected.json"), encoding="utf-8"))
+    assert sorted(os.path.basename(r["input"]) for r in rows) == sorted(expected)
+    for row in rows:
+        assert sorted((o["id"], o["bbox"]) for o in row["objects"]) == \
+            sorted((o[0], o[1:]) for o in expected[os.path.basename(row["input"])]["objects"])
+    (line,) = [line for line in done.stdout.splitlines() if line.strip().startswith("annotated: ")]
+    assert os.path.isfile(line.split()[1])
 
 
 def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
