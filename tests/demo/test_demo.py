@@ -7,6 +7,7 @@ from Slurm's own job records (jobcomp) and the hooks' lease audit, parsed afresh
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -173,7 +174,7 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
 def test_detection_step_over_two_nodes_found_every_scene_once_and_drew_them(demo):
     done, layout = demo
     (record,) = [r for r in jobcomp(layout) if r["Name"] == "step-tpu"]
-    assert sorted(record["NodeList"].strip("node-[]").split(",")) == ["pcie", "usb"], record["NodeList"]
+    assert sorted(record["NodeList"].split(",")) == ["node-pcie", "node-usb"], record["NodeList"]
     shares = sorted(glob.glob(os.path.join(layout.results, f"step-{record['JobId']}-*.jsonl")))
     assert len(shares) == 2
     rows = [json.loads(line) for path in shares for line in open(path, encoding="utf-8")]
