@@ -358,7 +358,7 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert again.returncode == 0, again.stdout + again.stderr
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
-    assert len(new) == 17 and {r["JobState"] for r in new} == {"COMPLETED"}
+    assert len(new) == 18 and {r["JobState"] for r in new} == {"COMPLETED"}  # 17 + the detection step
 
 
 def _free_port() -> int:
