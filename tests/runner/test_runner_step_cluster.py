@@ -62,8 +62,14 @@ export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{USB}
 
 
 def _infer(models, out: Path, output: str) -> str:
-    """One srun line: every task runs infer on the whole directory, logging the double per node."""
-    return (f"srun sh -c 'EDGETPU_DOUBLE_LOG={out}/double-$SLURM_JOB_ID-$SLURMD_NODENAME.log exec "
+    """One srun line: every task runs infer on the whole directory, logging the double per node.
+
+    The runner's per-user TPU lock lives in /tmp, one per machine; the simulated nodes
+    share this machine and both call their TPU usb-2-1.3, so each node gets its own lock
+    directory, as real nodes have their own /tmp.
+    """
+    return (f"srun sh -c 'EDGETPU_DOUBLE_LOG={out}/double-$SLURM_JOB_ID-$SLURMD_NODENAME.log "
+            f"SLURM_TPU_LOCK_DIR={out}/locks-$SLURMD_NODENAME exec "
             f"{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']} "
             f"-o {out}/{output} --no-progress'")
 
