@@ -133,8 +133,12 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
         _say("  " + line)
     for check in checks:
         _say(f"  {'ok  ' if check.ok else 'FAIL'}  {check.text}")
-    _say("[4/4] batch job")
+    _say("[4/4] batch jobs")
     for line in report.batch_lines(layout, submitted, jobs, leases):
+        _say("  " + line)
+    detection = experiment.submit_detection(layout, user, env)
+    experiment.wait_for_job(env, detection, timeout)
+    for line in report.detection_lines(layout, detection):
         _say("  " + line)
     _say()
     for line in report.next_steps(layout, user):

@@ -117,3 +117,33 @@ def wait_for(layout: Layout, env: Mapping[str, str], submitted: Submitted, timeo
         if time.monotonic() > deadline:
             raise DemoError(f"only {len(found)} of {submitted.expected_records} jobs are in {layout.jobcomp}")
         time.sleep(0.3)
+
+
+DETECT_NODES = 2  # one step, one task per node, each on its node's Edge TPU
+
+
+def submit_detection(layout: Layout, user: str, env: Mapping[str, str]) -> int:
+    """After the experiment: one detection step over two nodes (jobs/step_across_nodes.sbatch),
+    on the generated scenes, drawing its boxes into ``results/annotated``."""
+    models = layout.models
+    return sbatch(layout, user, env, [f"--nodes={DETECT_NODES}"], "step_across_nodes.sbatch",
+                  [os.path.join(models, "detector.tflite"), os.path.join(models, "scenes"), layout.results,
+                   os.path.join(models, "detector_labels.txt"), "--annotate", annotated_dir(layout)])
+
+
+def annotated_dir(layout: Layout) -> str:
+    return os.path.join(layout.results, "annotated")
+
+
+def wait_for_job(env: Mapping[str, str], job: int, timeout: float = 120) -> None:
+    """Wait until ``job`` has left the queue (held: a hook failed, say so at once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reason = _queued(env).get(job)
+        if reason is None:
+            return
+        if "held" in reason.lower():
+            raise DemoError(f"job {job} is held ({reason}): a hook failed; see the slurmd logs")
+        if time.monotonic() > deadline:
+            raise DemoError(f"job {job} still queued after {timeout:g} s: see squeue")
+        time.sleep(0.5)
