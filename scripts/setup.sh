@@ -42,4 +42,9 @@ if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m p
     exit 1
 fi
 rm -f "$log"
+# Slurm 25.11 (source build in /opt, cached) and pyslurm for it, beside Debian's 22.05:
+# SLURM_TPU_WITH_SLURM25=1 scripts/setup.sh (CI does; see scripts/build-slurm.sh).
+if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then
+    scripts/build-slurm.sh --pyslurm
+fi
 echo "setup: ready ($(.venv/bin/slurm-tpu --version))"

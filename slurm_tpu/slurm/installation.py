@@ -78,10 +78,10 @@ def _pair(bin_dir: str | None, sbin_dir: str | None) -> tuple[str, ...]:
     return (bin_dir, sbin_dir) if bin_dir != sbin_dir else (bin_dir,)
 
 
-def _exe(pid: int) -> str | None:
-    """The executable of a root-owned process (None if not root's or unreadable)."""
+def _exe(pid: int, root_only: bool = True) -> str | None:
+    """The executable of a (root-owned) process (None if not root's or unreadable)."""
     try:
-        if os.stat(f"/proc/{pid}").st_uid != 0:
+        if root_only and os.stat(f"/proc/{pid}").st_uid != 0:
             return None
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
@@ -92,7 +92,7 @@ def _exe(pid: int) -> str | None:
 
 
 def _stat_fields(pid: int) -> tuple[str, int] | None:
-    """(comm, parent pid) from /proc/PID/stat."""
+    """(comm, parent pid) from /proc/PID/stat; None for a zombie (it runs nothing)."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read(512).decode("utf-8", "replace")
@@ -100,7 +100,7 @@ def _stat_fields(pid: int) -> tuple[str, int] | None:
         return None
     start, end = data.find("("), data.rfind(")")
     rest = data[end + 2:].split(" ")
-    if start < 0 or end < 0 or len(rest) < 2 or not rest[1].isdigit():
+    if start < 0 or end < 0 or len(rest) < 2 or not rest[1].isdigit() or rest[0] in ("Z", "X"):
         return None
     return data[start + 1:end], int(rest[1])
 
@@ -122,36 +122,42 @@ def ancestor_daemon(levels: int = 4) -> tuple[int, str] | None:
     return None
 
 
+def daemon_config(argv: list[str], environ, default: str = DEBIAN_CONF) -> str:
+    """The slurm.conf a daemon reads: ``-f FILE``, else ``$SLURM_CONF``, else its compiled-in default."""
+    for i, arg in enumerate(argv):
+        if arg == "-f" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("-f") and len(arg) > 2:
+            return arg[2:]
+    return environ.get("SLURM_CONF") or default
+
+
+def _nul_separated(path: str) -> list[str]:
+    with open(path, "rb") as handle:
+        return [os.fsdecode(part) for part in handle.read().split(b"\0") if part]
+
+
 def _daemon_conf(pid: int, exe: str) -> str:
-    """The slurm.conf a daemon reads: ``-f FILE``, else its $SLURM_CONF, else its compiled-in default."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as handle:
-            argv = handle.read().split(b"\0")
-        for i, arg in enumerate(argv):
-            if arg == b"-f" and i + 1 < len(argv):
-                return os.fsdecode(argv[i + 1])
-            if arg.startswith(b"-f") and len(arg) > 2:
-                return os.fsdecode(arg[2:])
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            for item in handle.read().split(b"\0"):
-                if item.startswith(b"SLURM_CONF="):
-                    return os.fsdecode(item[len(b"SLURM_CONF="):])
-    except OSError:
-        pass
     prefix = os.path.dirname(os.path.dirname(exe))
-    return DEBIAN_CONF if prefix in ("/usr", "/") else f"{prefix}/etc/slurm.conf"
+    default = DEBIAN_CONF if prefix in ("/usr", "/") else f"{prefix}/etc/slurm.conf"
+    try:
+        argv = _nul_separated(f"/proc/{pid}/cmdline")
+        environ = dict(item.partition("=")[::2] for item in _nul_separated(f"/proc/{pid}/environ"))
+    except OSError:
+        return default
+    return daemon_config(argv, environ, default)
 
 
-def running_daemons(names: tuple[str, ...] = DAEMONS, proc: str = "/proc") -> list[tuple[int, str, str, str]]:
-    """(pid, name, executable, slurm.conf) of every running root-owned Slurm daemon named in ``names``."""
+def running_daemons(names: tuple[str, ...] = DAEMONS, root_only: bool = True) -> list[tuple[int, str, str, str]]:
+    """(pid, name, executable, slurm.conf) of every running (root-owned) Slurm daemon named in ``names``."""
     found = []
-    for entry in os.listdir(proc):
+    for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
         fields = _stat_fields(int(entry))
         if fields is None or fields[0] not in names:
             continue
-        exe = _exe(int(entry))
+        exe = _exe(int(entry), root_only)
         if exe:
             found.append((int(entry), fields[0], exe, _daemon_conf(int(entry), exe)))
     return found

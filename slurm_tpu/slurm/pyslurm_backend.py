@@ -63,14 +63,18 @@ def load(slurm: Slurm) -> "PySlurm":
     """pyslurm, initialised for this Slurm; PyslurmUnavailable when it does not match."""
     conf = _slurm_conf(slurm)
     daemons = _daemon_version(slurm)
+    import sys
+
     previous = os.environ.get("PYSLURM_DISABLE_AUTO_INIT")
     os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
+    flags = sys.getdlopenflags()  # pyslurm sets RTLD_GLOBAL|RTLD_DEEPBIND for the whole process
     try:
         import pyslurm  # type: ignore[import-not-found]
     except ImportError as exc:
         raise PyslurmUnavailable(f"pyslurm is not installed ({exc}); for Slurm {daemons}: "
                                  f"pip install 'pyslurm=={'.'.join(_major_minor(daemons))}.*'") from exc
     finally:
+        sys.setdlopenflags(flags)
         if previous is None:
             os.environ.pop("PYSLURM_DISABLE_AUTO_INIT", None)
         else:
