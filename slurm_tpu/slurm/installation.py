@@ -248,12 +248,15 @@ def sbin_dir(environ=None) -> str:
     return find(environ, use_path=False).sbin_dir
 
 
-def version_of(program: str) -> str | None:
-    """``25.11.7`` from ``slurmd -V`` / ``scontrol --version`` (None if it cannot say)."""
+def version_of(program: str, environ=None) -> str | None:
+    """``25.11.7`` from ``slurmd -V`` / ``scontrol -V`` (None if it cannot say).
+
+    A client wants a slurm.conf even for -V: pass the environment naming it.
+    """
     from .spawn import run
 
     try:
-        out = run([program, "-V"], timeout=10)
+        out = run([program, "-V"], None if environ is None else dict(environ), timeout=10)
     except SlurmCommandError:
         return None
     words = out.split()
@@ -273,7 +276,7 @@ def version_mismatch(installation: Installation, program: str, environ=None) -> 
         daemon = found[1] if found else None
     if daemon is None:
         return None
-    client_version, daemon_version = version_of(program), version_of(daemon)
+    client_version, daemon_version = version_of(program, environ), version_of(daemon, environ)
     if not client_version or not daemon_version or client_version == daemon_version:
         return None
     return (f"Slurm client {os.path.basename(program)} {client_version} ({program}) cannot talk to the "

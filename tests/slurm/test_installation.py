@@ -113,8 +113,9 @@ def test_client_and_daemons_of_different_releases_are_named_in_one_line(cluster_
         pytest.skip(f"needs both Debian's Slurm and {SOURCE_BUILD} (scripts/build-slurm.sh)")
     cluster = cluster_factory([NodeSpec("n1")])
     ours = installation.version_of(cluster.slurm.program("slurmd"))
-    theirs = installation.version_of(installation.from_prefix(other).program("scontrol"))
     env = {"SLURM_CONF": cluster.slurm_conf, **installation.environment(installation.from_prefix(other))}
+    theirs = installation.version_of(installation.from_prefix(other).program("scontrol"), env)
+    assert ours and theirs and ours != theirs
     # health takes its config from the cluster's node, its Slurm from the environment: the wrong one.
     done = run_cli(["--config", cluster.node_config("n1"), "health", "--node", "n1"], env=env)
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
