@@ -1,9 +1,10 @@
 """Which way ops commands talk to Slurm: scontrol (``commands.Slurm``) or pyslurm.
 
-Measured on Slurm 25.11 (``bench/bench_slurm_backends.py``): importing pyslurm
-costs more than the scontrol calls it replaces in a short-lived process (the
-prolog, one ``slurm-tpu health`` run), and less than them in a long-running one
-(the watcher, which polls node state and jobs while it waits). So ``auto`` uses
+Measured on Slurm 25.11 (``bench/bench_slurm_backends.py``, 2 cores): importing
+pyslurm costs more than the scontrol calls it replaces in a short-lived process
+(the prolog's query 30 ms with scontrol vs 60 ms; one ``slurm-tpu health`` run
+92 vs 112 ms), and less in a long-running one (20 node-state polls in the
+watcher: 125 vs 73 ms). So ``auto`` uses
 pyslurm for the watcher when it matches the running Slurm, and scontrol
 elsewhere; ``pyslurm`` uses it everywhere in ops (and fails loudly when it does
 not match); ``scontrol`` never. The hooks always use scontrol.
