@@ -58,9 +58,9 @@ class Installation:
             candidate = f"{directory}/{name}"
             if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
                 return candidate
-        raise SlurmCommandError(f"{name} not found in {', '.join(self.dirs)} (Slurm chosen by {self.found_by}): "
-                                f"install Slurm's {name} or set slurm.bin_dir/slurm.sbin_dir "
-                                f"(or {BIN_ENV}/{SBIN_ENV})", name)
+        raise SlurmCommandError(f"{name} not found in {', '.join(self.dirs)} (Slurm taken from {self.found_by}): "
+                                f"install Slurm's {name}, or name its directories in slurm.bin_dir/sbin_dir "
+                                f"({BIN_ENV}/_SBIN)", name)
 
     def __repr__(self) -> str:
         return f"Installation({self.dirs!r}, found_by={self.found_by!r})"
@@ -243,9 +243,12 @@ def _find(env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons) -> Inst
     return Installation(USUAL_DIRS, "default directories")
 
 
-def sbin_dir(environ=None) -> str:
-    """Slurm's sbin directory (slurmd, slurmstepd) as this node runs it. Standard library only."""
-    return find(environ, use_path=False).sbin_dir
+def sbin_dir(environ=None, configured: str | None = None) -> str:
+    """Slurm's sbin directory (slurmd, slurmstepd) as this node runs it (``configured``: slurm.sbin_dir).
+
+    Standard library only: for root code that must recognise Slurm's own processes.
+    """
+    return find(environ, None, configured, use_path=False).sbin_dir
 
 
 def version_of(program: str, environ=None) -> str | None:

@@ -46,7 +46,7 @@ def test_bad_settings_are_one_clear_line(tmp_path):
     with pytest.raises(SlurmCommandError, match="not an absolute directory"):
         installation.find({installation.BIN_ENV: "opt/slurm/bin"})
     empty = installation.find({installation.BIN_ENV: str(tmp_path)})
-    with pytest.raises(SlurmCommandError, match=f"squeue not found in {tmp_path}.*slurm.bin_dir"):
+    with pytest.raises(SlurmCommandError, match=f"squeue not found in {tmp_path}.*slurm.bin_dir/sbin_dir"):
         empty.program("squeue")
 
 
