@@ -42,7 +42,7 @@ fi
 echo "build-slurm: $("$PREFIX/sbin/slurmd" -V) in $PREFIX"
 
 if [ "$with_pyslurm" = 1 ]; then
-    installed=$(.venv/bin/python -m pip show pyslurm 2>/dev/null | sed -n 's/^Version: //p')
+    installed=$(.venv/bin/python -m pip show pyslurm 2>/dev/null | sed -n "s/^Version: //p" || true)
     if [ "$installed" != "$PYSLURM_VERSION" ]; then
         echo "build-slurm: building pyslurm $PYSLURM_VERSION against $PREFIX (about 3 min)"
         log=$(mktemp)
