@@ -50,4 +50,10 @@ rm -f "$log"
 # and cached; the tests about what libedgetpu itself does use it (see tests/hardware/README.md).
 scripts/build-libedgetpu.sh
 
+# Slurm 25.11 (source build in /opt, cached) and pyslurm for it, beside Debian's 22.05:
+# SLURM_TPU_WITH_SLURM25=1 scripts/setup.sh (CI does; see scripts/build-slurm.sh).
+if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then
+    scripts/build-slurm.sh --pyslurm
+fi
+
 echo "setup: ready ($(.venv/bin/slurm-tpu --version))"

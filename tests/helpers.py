@@ -62,6 +62,24 @@ def require_root_and(programs: tuple[str, ...], why: str) -> None:
         pytest.skip(f"not installed: {', '.join(missing)} (scripts/setup.sh installs them)")
 
 
+TEST_SLURM_ENV = "SLURM_TPU_TEST_SLURM"
+
+
+def use_test_slurm() -> None:
+    """Make this process and its children use the Slurm under $SLURM_TPU_TEST_SLURM (a prefix), if set."""
+    prefix = os.environ.get(TEST_SLURM_ENV)
+    if not prefix:
+        return
+    from slurm_tpu.slurm import installation
+
+    install = installation.from_prefix(prefix)
+    if not os.access(os.path.join(install.sbin_dir, "slurmd"), os.X_OK):
+        raise SystemExit(f"{TEST_SLURM_ENV}={prefix}: no {install.sbin_dir}/slurmd; build it first "
+                         "(scripts/build-slurm.sh)")
+    os.environ.update(installation.environment(install))
+    os.environ["PATH"] = ":".join([*install.dirs, os.environ.get("PATH", "/usr/bin:/bin")])
+
+
 def require_slurm() -> None:
     """Skip unless we are root and Debian's Slurm, munge and umockdev are installed."""
     require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run"), "Slurm daemons")

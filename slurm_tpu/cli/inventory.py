@@ -170,14 +170,15 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
 @_with_output_options
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Extra NodeName attribute, e.g. --set NodeAddr=10.0.0.5 (repeatable).")
-@click.option("--slurmd", metavar="PATH", help="slurmd binary for `slurmd -C` (default: found on PATH or /usr/sbin).")
+@click.option("--slurmd", metavar="PATH",
+              help="slurmd binary for `slurmd -C` (default: the node's Slurm, see slurm.sbin_dir in the config).")
 @click.option("--no-hardware", is_flag=True, help="Leave out CPUs/RealMemory (do not run slurmd -C).")
 @pass_obj
 def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool,
               saved: str | None, settings: tuple[str, ...], slurmd: str | None, no_hardware: bool) -> None:
     """Render this node's slurm.conf NodeName line (hardware, Gres=, Feature=)."""
     from ..render import render_node_line
-    from ..slurm.commands import slurmd_hardware
+    from ..slurm.commands import Slurm
 
     extra = {}
     for setting in settings:
@@ -188,7 +189,7 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
     hardware = None
     if not no_hardware:
         try:
-            hardware = slurmd_hardware(slurmd)
+            hardware = Slurm.for_config(obj.config).hardware(slurmd)
         except SlurmTpuError as exc:
             raise type(exc)(f"{exc} (or pass --no-hardware to leave CPUs/RealMemory out)",
                             getattr(exc, "command", "slurmd")) from exc

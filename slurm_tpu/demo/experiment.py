@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
+from ..slurm import installation
 from .errors import DemoError
 from .layout import JOBS_DIR, Layout
 from .records import parse_jobcomp, select
@@ -50,7 +50,7 @@ def sbatch(layout: Layout, user: str, env: Mapping[str, str], args: Sequence[str
            script_args: Sequence[str]) -> int:
     """Submit ``jobs/<script>`` as ``user`` with exactly ``env``; the job id."""
     argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-            shutil.which("sbatch") or "/usr/bin/sbatch", "--parsable", f"--chdir={layout.out}", *args,
+            installation.find(use_daemons=False).program("sbatch"), "--parsable", f"--chdir={layout.out}", *args,
             str(JOBS_DIR / script), *script_args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
     if done.returncode != 0:
@@ -79,7 +79,7 @@ def submit_experiment(layout: Layout, user: str, env: Mapping[str, str], images:
 
 def _queued(env: Mapping[str, str]) -> dict[int, str]:
     """Queued or running jobs (array tasks under their array job's id) -> squeue's reason."""
-    done = subprocess.run([shutil.which("squeue") or "/usr/bin/squeue", "-h", "-o", "%F|%r"], env=dict(env),
+    done = subprocess.run([installation.find(use_daemons=False).program("squeue"), "-h", "-o", "%F|%r"], env=dict(env),
                           capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise DemoError(f"squeue failed: {done.stderr.strip()}")
