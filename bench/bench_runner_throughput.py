@@ -2,8 +2,8 @@
 """(a) Batch throughput: the runner vs a minimal hand-written interpreter loop.
 
 Same model (the generated MobileNet-v1-shaped uint8 model), same JPEG inputs, same
-runtime (LiteRT) and thread count, same work per image (decode, resize to 224x224,
-invoke, top-3, one JSON line appended to a file). Rounds alternate A/B so machine
+runtime (LiteRT) and thread count, same work per image (decode, resize to 224x224 with
+LANCZOS as pycoral's classify_image.py, invoke, top-3, one JSON line appended to a file). Rounds alternate A/B so machine
 noise hits both; model loading is outside the timed region for both. Prints the
 median images/s of each and ratio = runner / hand loop (goal >= 0.95).
 
@@ -15,16 +15,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from slurm_tpu.modelgen import images, mobilenet  # noqa: E402
+from runner_ab import interleaved, report  # noqa: E402
 from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
 
 
@@ -38,7 +38,7 @@ def hand_loop(interpreter, paths: list[str], out_path: str) -> None:
     with open(out_path, "w") as out:
         for path in paths:
             with Image.open(path) as im:
-                pixels = np.asarray(im.convert("RGB").resize((224, 224), Image.BILINEAR), dtype=np.uint8)
+                pixels = np.asarray(im.convert("RGB").resize((224, 224), Image.LANCZOS), dtype=np.uint8)
             interpreter.set_tensor(inp, pixels[np.newaxis])
             interpreter.invoke()
             scores = (interpreter.get_tensor(outp["index"])[0].astype(np.float32) - zero) * scale
@@ -67,26 +67,17 @@ def main() -> None:
     hand_loop(interpreter, paths[:10], str(work / "warm.jsonl"))  # warm both paths
     runner.run_batch(paths[:10], str(work / "warm2.jsonl"), expand=False)
 
-    rates: dict[str, list[float]] = {"runner": [], "hand": []}
-    for r in range(args.rounds):
-        for name in (("runner", "hand") if r % 2 == 0 else ("hand", "runner")):
-            out = work / f"{name}-{r}.jsonl"
-            start = time.perf_counter()
-            if name == "runner":
-                runner.run_batch(paths, str(out), top_k=3, expand=False)
-            else:
-                hand_loop(interpreter, paths, str(out))
-            rates[name].append(len(paths) / (time.perf_counter() - start))
-            assert sum(1 for _ in out.open()) == len(paths)
+    rates = interleaved(args.rounds, work, {
+        "runner": lambda out: runner.run_batch(paths, out, options=runner.options(top_k=3), expand=False),
+        "hand": lambda out: hand_loop(interpreter, paths, out),
+    }, len(paths), lambda out: _check(out, len(paths), lambda rec: True))
     runner.close()
-    a, b = statistics.median(rates["runner"]), statistics.median(rates["hand"])
-    ratio = a / b
-    print(json.dumps({"images": len(paths), "rounds": args.rounds, "threads": threads,
-                      "runner_per_s": round(a, 1), "hand_loop_per_s": round(b, 1), "ratio": round(ratio, 3),
-                      "runner_rounds": [round(x, 1) for x in rates["runner"]],
-                      "hand_rounds": [round(x, 1) for x in rates["hand"]]}, indent=2))
-    verdict = "PASS" if ratio >= 0.95 else "FAIL"
-    print(f"{verdict}: runner batch throughput is {ratio:.2f}x the hand-written loop (goal >= 0.95)")
+    report(rates, "batch throughput", 0.95, images=len(paths), rounds=args.rounds, threads=threads)
+
+
+def _check(out: Path, count: int, good) -> None:
+    records = [json.loads(line) for line in out.open()]
+    assert len(records) == count and all(good(rec) for rec in records), out
 
 
 if __name__ == "__main__":

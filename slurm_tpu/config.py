@@ -48,6 +48,11 @@ class Config:
     lease_mode: int = 0o600
     isolate_gpus: bool = False
     udev_run_program: str | None = None
+    # Where Slurm's programs are (None: found as slurm/installation.py says).
+    slurm_bin_dir: str | None = None
+    slurm_sbin_dir: str | None = None
+    # How ops commands talk to Slurm: "auto" (pyslurm where it pays and matches), "scontrol", "pyslurm".
+    slurm_backend: str = "auto"
     path: str | None = None  # where it was loaded from, for messages
 
 
@@ -73,7 +78,11 @@ _SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "state_dir": (str, "lease ledger directory"),
     "inventory_file": (str, "persistent copy of the configured inventory (restored at boot)"),
     "udev.run_program": (str, "absolute path of slurm-tpu for udev RUN+="),
+    "slurm.bin_dir": (str, "Slurm's client programs (scontrol, squeue); default: beside the running slurmd"),
+    "slurm.sbin_dir": (str, "Slurm's daemons (slurmd, slurmstepd); default: the running slurmd's directory"),
+    "slurm.backend": (str, "auto, scontrol or pyslurm: how health and the watcher talk to Slurm"),
 }
+SLURM_BACKENDS = ("auto", "scontrol", "pyslurm")
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -143,7 +152,11 @@ def parse_config(data: Any, where: str = "config") -> Config:
         group=flat.get("devices.idle.group", defaults.idle.group),
         mode=_parse_mode(flat.get("devices.idle.mode", "0600"), "devices.idle.mode", where),
     )
-    for key in ("devices.slot_dir", "state_dir", "inventory_file", "udev.run_program"):
+    if flat.get("slurm.backend", "auto") not in SLURM_BACKENDS:
+        raise ConfigError(f"{where}: 'slurm.backend' must be one of {', '.join(SLURM_BACKENDS)}, "
+                          f"not {flat['slurm.backend']!r}", key="slurm.backend")
+    for key in ("devices.slot_dir", "state_dir", "inventory_file", "udev.run_program", "slurm.bin_dir",
+                "slurm.sbin_dir"):
         if key in flat and not os.path.isabs(flat[key]):
             raise ConfigError(f"{where}: '{key}' must be an absolute path, not {flat[key]!r}", key=key)
     return Config(
@@ -161,6 +174,9 @@ def parse_config(data: Any, where: str = "config") -> Config:
         lease_mode=_parse_mode(flat.get("devices.lease.mode", "0600"), "devices.lease.mode", where),
         isolate_gpus=flat.get("devices.isolate_gpus", defaults.isolate_gpus),
         udev_run_program=flat.get("udev.run_program"),
+        slurm_bin_dir=flat.get("slurm.bin_dir"),
+        slurm_sbin_dir=flat.get("slurm.sbin_dir"),
+        slurm_backend=flat.get("slurm.backend", defaults.slurm_backend),
         path=None if where == "config" else where,
     )
 

@@ -42,6 +42,10 @@ class SlurmCommandError(SlurmTpuError):
         self.stderr = stderr
 
 
+class SlurmVersionError(SlurmCommandError):
+    """A Slurm client of one release talked to daemons of another (the message names both)."""
+
+
 class DeviceError(SlurmTpuError):
     """A specific accelerator is missing, busy or unusable."""
 

@@ -1,6 +1,11 @@
 """Test-suite root: shared fixtures; makes tests/helpers.py importable as ``helpers``.
 
 ``cluster_factory`` starts real local Slurm clusters (munge, slurmctld, slurmd -N).
+``SLURM_TPU_TEST_SLURM=/opt/slurm-25.11`` (a Slurm install prefix) runs every
+cluster test against that Slurm instead of Debian's: the clusters' daemons and
+clients and every slurm-tpu command the tests run take their Slurm from it
+(through ``SLURM_TPU_SLURM_BIN``/``SBIN``); the hooks find it as they would on
+a real node, from the slurmd that runs them.
 """
 
 import os
@@ -13,7 +18,18 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import first_job_id, require_slurm  # noqa: E402  (after the sys.path insert)
+from helpers import first_job_id, require_slurm, use_test_slurm  # noqa: E402  (after the sys.path insert)
+
+use_test_slurm()
+
+
+def pytest_report_header(config):
+    from slurm_tpu.slurm import installation
+
+    install = installation.find(use_daemons=False)
+    version = installation.version_of(install.program("slurmd")) if os.path.exists(
+        f"{install.sbin_dir}/slurmd") else "not installed"
+    return f"slurm: {version} from {', '.join(install.dirs)} ({install.found_by})"
 
 
 @pytest.fixture(scope="module")

@@ -62,6 +62,24 @@ def require_root_and(programs: tuple[str, ...], why: str) -> None:
         pytest.skip(f"not installed: {', '.join(missing)} (scripts/setup.sh installs them)")
 
 
+TEST_SLURM_ENV = "SLURM_TPU_TEST_SLURM"
+
+
+def use_test_slurm() -> None:
+    """Make this process and its children use the Slurm under $SLURM_TPU_TEST_SLURM (a prefix), if set."""
+    prefix = os.environ.get(TEST_SLURM_ENV)
+    if not prefix:
+        return
+    from slurm_tpu.slurm import installation
+
+    install = installation.from_prefix(prefix)
+    if not os.access(os.path.join(install.sbin_dir, "slurmd"), os.X_OK):
+        raise SystemExit(f"{TEST_SLURM_ENV}={prefix}: no {install.sbin_dir}/slurmd; build it first "
+                         "(scripts/build-slurm.sh)")
+    os.environ.update(installation.environment(install))
+    os.environ["PATH"] = ":".join([*install.dirs, os.environ.get("PATH", "/usr/bin:/bin")])
+
+
 def require_slurm() -> None:
     """Skip unless we are root and Debian's Slurm, munge and umockdev are installed."""
     require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run"), "Slurm daemons")
@@ -73,3 +91,28 @@ def first_job_id() -> int:
     import random
 
     return random.randrange(1_000_000, 60_000_000, 1000)
+
+
+def merge_umockdev(*files: str | Path) -> str:
+    """One umockdev description of several files' devices (a device named twice, such as
+    the root hub above two sticks, is kept once: the first file's block)."""
+    blocks: dict[str, str] = {}
+    for file in files:
+        for block in Path(file).read_text().split("\n\n"):
+            block = block.strip()
+            if block:
+                blocks.setdefault(block.splitlines()[0], block)
+    return "\n\n".join(blocks.values()) + "\n"
+
+
+REAL_LIBEDGETPU = REPO / "build" / "libedgetpu" / "libedgetpu.so.1"
+
+
+def real_libedgetpu() -> str:
+    """The real libedgetpu.so.1 that scripts/setup.sh built, else skip the test saying why."""
+    import pytest
+
+    if not REAL_LIBEDGETPU.exists():
+        pytest.skip(f"the real libedgetpu is not built ({REAL_LIBEDGETPU.relative_to(REPO)} is missing): "
+                    "run scripts/setup.sh with the source bundle in ../shared/libedgetpu")
+    return str(REAL_LIBEDGETPU)

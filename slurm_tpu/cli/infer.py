@@ -26,19 +26,37 @@ def _is_batch(inputs: tuple[str, ...], output: str | None) -> bool:
     return only.startswith("@") or os.path.isdir(only) or not is_input_file(only)
 
 
-@main.command("infer")
-@click.argument("model", type=click.Path(dir_okay=False))
-@click.argument("inputs", nargs=-1)
-@click.option("--labels", "labels", metavar="FILE", help="Labels: one per line, or '<index> <label>' lines.")
-@click.option("-k", "--top-k", default=1, show_default=True, type=click.IntRange(1), help="Classes to report.")
-@click.option("-t", "--threshold", default=0.0, show_default=True, type=float, help="Minimum score to report.")
+@main.command("infer", context_settings={"max_content_width": 100})
+@click.argument("args", nargs=-1, metavar="MODEL INPUTS...")
+@click.option("-m", "--model", "model_option", metavar="FILE",
+              help="The model (as pycoral's examples); else the first argument.")
+@click.option("-i", "--input", "input_options", multiple=True, metavar="PATH",
+              help="An input (as pycoral's examples); repeatable, adds to INPUTS.")
+@click.option("--task", type=click.Choice(["auto", "classify", "detect", "segment", "raw"]), default="auto",
+              show_default=True, help="What the outputs mean; auto recognises it from the model's outputs "
+              "(TFLite_Detection_PostProcess -> detect, one [1,N] -> classify, [1,H,W(,C)] -> segment).")
+@click.option("-l", "--labels", "labels", metavar="FILE", help="Labels: one per line, or '<id> <label>' lines.")
+@click.option("-k", "--top-k", "--top_k", "top_k", default=1, show_default=True, type=click.IntRange(1),
+              help="Classify: classes to report.")
+@click.option("-t", "--threshold", type=float,
+              help="Minimum score to report (default: 0.4 for detect, as detect_image.py; else 0).")
 @click.option("-c", "--count", default=5, show_default=True, type=click.IntRange(1),
               help="Single input: inferences to time (the first includes the Edge TPU model upload).")
 @click.option("--json", "as_json", is_flag=True, help="Single input / benchmark: print JSON.")
 @click.option("-o", "--output", metavar="FILE",
-              help="Batch results file (JSONL, or CSV by suffix); resumed if it exists. %A/%a: array job/task id.")
+              help="Batch results file (JSONL, or CSV by suffix); resumed if it exists. sbatch patterns: "
+              "%j job, %t task, %N node, %n node index, %s step, %A/%a array job/task, %u user, %x job name. "
+              "(detect_image.py's -o FILE, the annotated image, is --annotate DIR here.)")
 @click.option("--format", "fmt", type=click.Choice(["jsonl", "csv"]), help="Results format (default: by suffix).")
-@click.option("--raw", is_flag=True, help="Write dequantized outputs instead of classes (non-classifier models).")
+@click.option("--annotate", "annotate_dir", metavar="DIR",
+              help="Write a copy of each image input with its results drawn (detect: boxes and labels; "
+              "classify: labels; segment: the colour mask) as DIR/<name>.png.")
+@click.option("--raw", is_flag=True, help="Same as --task raw: dequantized outputs.")
+@click.option("--fast-resize", is_flag=True,
+              help="Decode JPEGs at reduced scale and resize BILINEAR: faster, but inputs (and scores) differ "
+              "from pycoral's LANCZOS.")
+@click.option("--keep-aspect-ratio", "--keep_aspect_ratio", "keep_aspect_ratio", is_flag=True,
+              help="Segment: pad instead of stretching (as semantic_segmentation.py); detect always pads.")
 @click.option("--device", "devices", multiple=True, metavar="DEV",
               help="Override: identity (usb-2-1.3), usb:PATH, pci:PATH, cpu or gpu; repeat or comma-separate.")
 @click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
@@ -49,28 +67,36 @@ def _is_batch(inputs: tuple[str, ...], output: str | None) -> bool:
 @click.option("--threads", type=click.IntRange(1), help="CPU threads per interpreter (default: CPUs / devices).")
 @click.option("--segment", "segments", multiple=True, metavar="FILE",
               help="Further segments of a model split by edgetpu_compiler --num_segments (MODEL is segment 0).")
-@click.option("--shard-index", type=click.IntRange(0), help="This task's share (default: from SLURM_ARRAY_TASK_*).")
+@click.option("--shard-index", type=click.IntRange(0),
+              help="This process's share (default: from SLURM_ARRAY_TASK_* and the step's SLURM_PROCID).")
 @click.option("--shard-count", type=click.IntRange(1), help="Number of shares.")
 @click.option("--decode-threads", type=click.IntRange(1), help="Threads decoding inputs ahead of the device.")
-@click.option("--input-mean", type=float, help="Image normalisation mean (as pycoral's --input_mean).")
-@click.option("--input-std", type=float, help="Image normalisation std (as pycoral's --input_std).")
+@click.option("-a", "--input-mean", "--input_mean", "input_mean", type=float,
+              help="Image normalisation mean (as pycoral's --input_mean; default: the model's quantization).")
+@click.option("-s", "--input-std", "--input_std", "input_std", type=float,
+              help="Image normalisation std (as pycoral's --input_std).")
 @click.option("--progress-interval", default=30.0, show_default=True, type=float,
               help="Seconds between progress lines when stderr is not a terminal.")
 @click.option("--no-progress", is_flag=True, help="No progress output.")
 @click.option("--benchmark", "bench", is_flag=True, help="Benchmark: load time, latency p50/p90/p99, throughput.")
 @click.option("--iterations", default=100, show_default=True, type=click.IntRange(1), help="Benchmark iterations.")
-def infer(model: str, inputs: tuple[str, ...], labels: str | None, top_k: int, threshold: float, count: int,
-          as_json: bool, output: str | None, fmt: str | None, raw: bool, devices: tuple[str, ...],
-          libedgetpu: str | None, fallback: str | None, runtime: str | None, threads: int | None,
-          segments: tuple[str, ...], shard_index: int | None, shard_count: int | None,
-          decode_threads: int | None, input_mean: float | None, input_std: float | None,
-          progress_interval: float, no_progress: bool, bench: bool, iterations: int) -> None:
+def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[str, ...], task: str,
+          labels: str | None, top_k: int, threshold: float | None, count: int, as_json: bool,
+          output: str | None, fmt: str | None, annotate_dir: str | None, raw: bool, fast_resize: bool,
+          keep_aspect_ratio: bool, devices: tuple[str, ...], libedgetpu: str | None, fallback: str | None,
+          runtime: str | None, threads: int | None, segments: tuple[str, ...], shard_index: int | None,
+          shard_count: int | None, decode_threads: int | None, input_mean: float | None,
+          input_std: float | None, progress_interval: float, no_progress: bool, bench: bool,
+          iterations: int) -> None:
     """Run MODEL on INPUTS (images, .npy, directories, globs, @list files) on this job's device.
 
     \b
-    One input:  pycoral-style timing and 'label: score' lines (or --json).
-    Batch:      one result line per input in --output, resumable, sharded over array tasks.
+    One input:  pycoral-style timing and result lines (or --json):
+                classify 'label: score', detect 'label: score (xmin, ymin, xmax, ymax)'.
+    Batch:      one record per input in --output, resumable, sharded over array tasks
+                and over the tasks of a step (srun -N 4 --ntasks-per-node=1 ...).
     Benchmark:  --benchmark [INPUT] times the model on the device.
+    pycoral's classify_image.py/detect_image.py flags work as they are (-m -i -l -k -t -c -a -s).
     """
     from ..runner import OpenOptions, Runner
     from ..runner.errors import UsageError
@@ -79,15 +105,24 @@ def infer(model: str, inputs: tuple[str, ...], labels: str | None, top_k: int, t
     from ..runner.progress import Progress
     from ..runner.results import format_for
 
+    model = model_option or (args[0] if args else None)
+    inputs = tuple(args[0 if model_option else 1:]) + input_options
+    if model is None:
+        raise UsageError("no model: give MODEL (or -m/--model) before the inputs")
+    if raw:
+        if task not in ("auto", "raw"):
+            raise UsageError(f"--raw contradicts --task {task}")
+        task = "raw"
     if (shard_index is None) != (shard_count is None):
         raise UsageError("--shard-index and --shard-count go together")
     if not inputs and not bench:
         raise UsageError("no inputs: give image/.npy files, a directory, a glob or @list (or --benchmark)")
     batch = not bench and _is_batch(inputs, output)
     keys: list[str] = []
+    listed: list[str] = []
     if batch:
         # List and shard before opening the device: a bad input path fails in milliseconds.
-        keys = list_inputs(inputs)
+        keys = listed = list_inputs(inputs)
         share = (shard_index, shard_count) if shard_count is not None else shard_from_environment(os.environ)
         if share is not None:
             if shard_count is not None and share[0] >= share[1]:  # type: ignore[operator]
@@ -97,41 +132,64 @@ def infer(model: str, inputs: tuple[str, ...], labels: str | None, top_k: int, t
                           num_threads=threads, runtime=runtime)
     model_files = [model, *segments]
     with Runner(model_files if segments else model, labels, options, warn=_warn,
-                normalization=Normalization(input_mean, input_std)) as runner:
+                normalization=Normalization(input_mean, input_std), task=task, fast_resize=fast_resize,
+                keep_aspect_ratio=keep_aspect_ratio) as runner:
+        task_options = runner.options(top_k, threshold)
         if bench:
             result = runner.benchmark(iterations, inputs[0] if inputs else None)
             click.echo(json.dumps(result.as_dict(), indent=2) if as_json else result.table(), nl=as_json)
         elif batch:
             out = expand_output_pattern(output, os.environ) if output else None
+            if annotate_dir:
+                runner.check_annotate(annotate_dir, listed)  # all shares: names must not collide across tasks
+            if runner.task_reason != "--task" and not no_progress:
+                # Said in the job's log next to the progress lines; a single input's printout
+                # (and its --json "task") shows the task by itself.
+                click.echo(f"slurm-tpu: task: {runner.task.name} (recognised from the model's outputs; "
+                           "--task overrides)", err=True)
             progress = Progress(len(keys), sys.stderr, progress_interval, enabled=not no_progress)
-            summary = runner.run_batch(keys, out, format_for(out or "", fmt), top_k, threshold, raw,
-                                       decode_threads, progress, expand=False,
-                                       stdout_write=lambda s: click.echo(s, nl=False))
+            summary = runner.run_batch(keys, out, format_for(out or "", fmt), task_options, decode_threads,
+                                       progress, expand=False, stdout_write=lambda s: click.echo(s, nl=False),
+                                       annotate_dir=annotate_dir)
             if summary.errors:
                 click.echo(f"slurm-tpu: {summary.errors} of {summary.processed} inputs failed; "
                            f"see the error fields in {out or 'the output'}", err=True)
                 sys.exit(EXIT_SOME_FAILED)
         else:
-            _single(runner, inputs[0], count, top_k, threshold, as_json)
+            _single(runner, inputs[0], count, task_options, as_json, annotate_dir)
 
 
-def _single(runner, path: str, count: int, top_k: int, threshold: float, as_json: bool) -> None:
-    classes, times = runner.classify_timed(path, count, top_k, threshold)
+def _single(runner, path: str, count: int, options, as_json: bool, annotate_dir: str | None) -> None:
+    from ..runner.api import annotated_path
+
+    result, times = runner.run_timed(path, count, options)
+    task = runner.task
+    annotated = None
+    if annotate_dir:
+        runner.check_annotate(annotate_dir, [path])
+        annotated = annotated_path(annotate_dir, path)
+        task.annotate(path, result, annotated)
     if as_json:
-        click.echo(json.dumps({
-            "input": path, "devices": runner.device_labels, "runtime": runner.engine_set.runtime,
+        record = {
+            "input": path, "task": task.name, "devices": runner.device_labels, "runtime": runner.engine_set.runtime,
             "load_ms": round(runner.engine_set.load_seconds * 1000, 3),
             "first_ms": round(times[0], 3), "times_ms": [round(t, 3) for t in times[1:]],
-            "classes": [{"index": c.index, "label": c.label, "score": round(c.score, 6)} for c in classes],
-        }))
+            **task.record(result),
+        }
+        if annotated:
+            record["annotated"] = annotated
+        click.echo(json.dumps(record))
         return
-    # The layout of pycoral's examples/classify_image.py, so existing job scripts keep parsing it.
+    # The layout of pycoral's examples (classify_image.py, detect_image.py), so existing job
+    # scripts keep parsing it.
     click.echo("----INFERENCE TIME----")
     if runner.on_edgetpu:
         click.echo("Note: The first inference on Edge TPU is slow because it includes loading the "
                    "model into Edge TPU memory.")
     for t in times:
-        click.echo(f"{t:.1f}ms")
+        click.echo(task.time_format.format(t))
     click.echo("-------RESULTS--------")
-    for c in classes:
-        click.echo(f"{c.label}: {c.score:.5f}")
+    for line in task.lines(result):
+        click.echo(line)
+    if annotated:
+        click.echo(f"Please check {annotated}")  # semantic_segmentation.py's pointer to its picture

@@ -66,11 +66,23 @@ def format_table(inventory: Inventory) -> str:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the inventory as JSON.")
-def detect(as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the inventory (or the runtime check) as JSON.")
+@click.option("--check-runtime", is_flag=True,
+              help="Also ask libedgetpu which Edge TPUs it sees (it lists, never opens) and report where it "
+                   "disagrees with this inventory; exit 1 when it does.")
+@click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
+              help="libedgetpu.so.1 for --check-runtime (env SLURM_TPU_LIBEDGETPU; default: the system's).")
+def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
     """List this node's Edge TPUs and GPUs (through libudev)."""
     inventory = _inventory()
-    if as_json:
+    if check_runtime:
+        from ..ops.edgetpu_runtime import check_runtime as run_check
+
+        check = run_check(inventory, libedgetpu)
+        click.echo(json.dumps(check.as_dict(), indent=2) if as_json else check.text(), nl=as_json)
+        if not check.agrees:
+            sys.exit(EXIT_DIFFERS)
+    elif as_json:
         click.echo(json.dumps(inventory.to_json(), indent=2))
     else:
         click.echo(format_table(inventory), nl=False)
@@ -158,14 +170,15 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
 @_with_output_options
 @click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
               help="Extra NodeName attribute, e.g. --set NodeAddr=10.0.0.5 (repeatable).")
-@click.option("--slurmd", metavar="PATH", help="slurmd binary for `slurmd -C` (default: found on PATH or /usr/sbin).")
+@click.option("--slurmd", metavar="PATH",
+              help="slurmd binary for `slurmd -C` (default: the node's Slurm, see slurm.sbin_dir in the config).")
 @click.option("--no-hardware", is_flag=True, help="Leave out CPUs/RealMemory (do not run slurmd -C).")
 @pass_obj
 def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool,
               saved: str | None, settings: tuple[str, ...], slurmd: str | None, no_hardware: bool) -> None:
     """Render this node's slurm.conf NodeName line (hardware, Gres=, Feature=)."""
     from ..render import render_node_line
-    from ..slurm.commands import slurmd_hardware
+    from ..slurm.commands import Slurm
 
     extra = {}
     for setting in settings:
@@ -176,7 +189,7 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
     hardware = None
     if not no_hardware:
         try:
-            hardware = slurmd_hardware(slurmd)
+            hardware = Slurm.for_config(obj.config).hardware(slurmd)
         except SlurmTpuError as exc:
             raise type(exc)(f"{exc} (or pass --no-hardware to leave CPUs/RealMemory out)",
                             getattr(exc, "command", "slurmd")) from exc

@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--images", type=int, default=300, help="images for the batch job (default 300)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the jobs (default 300)")
     parser.add_argument("--purge", action="store_true", help="stop: also delete the directory and the job user")
+    parser.add_argument("--slurm", metavar="PREFIX", default=os.environ.get("SLURM_TPU_DEMO_SLURM"),
+                        help="run the cluster on the Slurm installed under PREFIX, e.g. /opt/slurm-25.11 "
+                             "(scripts/build-slurm.sh); default: Debian's (env SLURM_TPU_DEMO_SLURM)")
     return parser
 
 
@@ -133,8 +136,12 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
         _say("  " + line)
     for check in checks:
         _say(f"  {'ok  ' if check.ok else 'FAIL'}  {check.text}")
-    _say("[4/4] batch job")
+    _say("[4/4] batch jobs")
     for line in report.batch_lines(layout, submitted, jobs, leases):
+        _say("  " + line)
+    detection = experiment.submit_detection(layout, user, env)
+    experiment.wait_for_job(env, detection, timeout)
+    for line in report.detection_lines(layout, detection):
         _say("  " + line)
     _say()
     for line in report.next_steps(layout, user):
@@ -182,10 +189,24 @@ def stop(layout: Layout, purge: bool, user: str) -> int:
     return 0
 
 
+def use_slurm(prefix: str) -> None:
+    """Make the demo (its cluster, its jobs, the hooks' commands) use the Slurm under ``prefix``."""
+    from ..slurm import installation
+
+    install = installation.from_prefix(prefix) if os.path.isabs(prefix) else None
+    if install is None or not os.access(os.path.join(install.sbin_dir, "slurmd"), os.X_OK):
+        raise DemoError(f"--slurm {prefix}: no sbin/slurmd under it; give a Slurm install prefix such as "
+                        "/opt/slurm-25.11 (build it with scripts/build-slurm.sh)")
+    os.environ.update(installation.environment(install))
+    os.environ["PATH"] = ":".join([*install.dirs, os.environ.get("PATH", "/usr/bin:/bin")])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     layout = Layout(args.base)
     try:
+        if args.slurm:
+            use_slurm(args.slurm)
         if args.action == "status":
             return status(layout)
         if args.action == "stop":

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
+from ..slurm import installation
 from .errors import DemoError
 from .layout import JOBS_DIR, Layout
 from .records import parse_jobcomp, select
@@ -50,7 +50,7 @@ def sbatch(layout: Layout, user: str, env: Mapping[str, str], args: Sequence[str
            script_args: Sequence[str]) -> int:
     """Submit ``jobs/<script>`` as ``user`` with exactly ``env``; the job id."""
     argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-            shutil.which("sbatch") or "/usr/bin/sbatch", "--parsable", f"--chdir={layout.out}", *args,
+            installation.find(use_daemons=False).program("sbatch"), "--parsable", f"--chdir={layout.out}", *args,
             str(JOBS_DIR / script), *script_args]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
     if done.returncode != 0:
@@ -79,7 +79,7 @@ def submit_experiment(layout: Layout, user: str, env: Mapping[str, str], images:
 
 def _queued(env: Mapping[str, str]) -> dict[int, str]:
     """Queued or running jobs (array tasks under their array job's id) -> squeue's reason."""
-    done = subprocess.run([shutil.which("squeue") or "/usr/bin/squeue", "-h", "-o", "%F|%r"], env=dict(env),
+    done = subprocess.run([installation.find(use_daemons=False).program("squeue"), "-h", "-o", "%F|%r"], env=dict(env),
                           capture_output=True, text=True, timeout=30)
     if done.returncode != 0:
         raise DemoError(f"squeue failed: {done.stderr.strip()}")
@@ -117,3 +117,33 @@ def wait_for(layout: Layout, env: Mapping[str, str], submitted: Submitted, timeo
         if time.monotonic() > deadline:
             raise DemoError(f"only {len(found)} of {submitted.expected_records} jobs are in {layout.jobcomp}")
         time.sleep(0.3)
+
+
+DETECT_NODES = 2  # one step, one task per node, each on its node's Edge TPU
+
+
+def submit_detection(layout: Layout, user: str, env: Mapping[str, str]) -> int:
+    """After the experiment: one detection step over two nodes (jobs/step_across_nodes.sbatch),
+    on the generated scenes, drawing its boxes into ``results/annotated``."""
+    models = layout.models
+    return sbatch(layout, user, env, [f"--nodes={DETECT_NODES}"], "step_across_nodes.sbatch",
+                  [os.path.join(models, "detector.tflite"), os.path.join(models, "scenes"), layout.results,
+                   os.path.join(models, "detector_labels.txt"), "--annotate", annotated_dir(layout)])
+
+
+def annotated_dir(layout: Layout) -> str:
+    return os.path.join(layout.results, "annotated")
+
+
+def wait_for_job(env: Mapping[str, str], job: int, timeout: float = 120) -> None:
+    """Wait until ``job`` has left the queue (held: a hook failed, say so at once)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        reason = _queued(env).get(job)
+        if reason is None:
+            return
+        if "held" in reason.lower():
+            raise DemoError(f"job {job} is held ({reason}): a hook failed; see the slurmd logs")
+        if time.monotonic() > deadline:
+            raise DemoError(f"job {job} still queued after {timeout:g} s: see squeue")
+        time.sleep(0.5)

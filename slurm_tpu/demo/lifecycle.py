@@ -14,6 +14,7 @@ from typing import Callable
 
 from ..jobenv import libedgetpu_path
 from ..localcluster.cluster import Hooks, LocalCluster, NodeSpec
+from ..slurm import installation
 from .errors import DemoError
 from .layout import NODES, PARTITION_EXTRA, REPO, Layout
 from .preflight import classify, running_slurm_daemons
@@ -34,7 +35,8 @@ def make_cluster(layout: Layout) -> LocalCluster:
 
 def fingerprint() -> str:
     """Everything that shapes the cluster: a running one with another fingerprint is restarted."""
-    digest = hashlib.sha256(json.dumps([FORMAT, sys.executable, str(REPO), list(PARTITION_EXTRA),
+    slurm = list(installation.find(use_daemons=False).dirs)  # another Slurm release: another cluster
+    digest = hashlib.sha256(json.dumps([FORMAT, sys.executable, str(REPO), list(PARTITION_EXTRA), slurm,
                                         [(n.name, n.hardware, n.cpus, n.real_memory_mb) for n in NODES]]).encode())
     for node in NODES:
         with open(node.hardware_path, "rb") as handle:

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import sysconfig
 
+from ..slurm import installation
 from .errors import DemoError
 from .layout import DOUBLE_SOURCE, JOBS_DIR, Layout
 
@@ -141,7 +142,7 @@ def write_env_file(layout: Layout, double_devices: str) -> None:
     """``<base>/env.sh``: what a shell needs to use the demo cluster."""
     text = f"""# The slurm-tpu demo cluster. Use it from any shell:  . {layout.env_file}
 export SLURM_CONF={layout.slurm_conf}
-export PATH={layout.bin}:$PATH
+export PATH={":".join([layout.bin, *installation.find(use_daemons=False).dirs])}:$PATH
 export SLURM_TPU_DEMO={layout.base}
 export SLURM_TPU_JOBS={JOBS_DIR}
 # This machine has no Edge TPU: libedgetpu is the project's test double. It opens
@@ -162,7 +163,8 @@ def job_environment(layout: Layout, double_devices: str, user: str) -> dict[str,
     except KeyError:
         home = layout.out
     return {
-        "PATH": f"{layout.bin}:/usr/local/bin:/usr/bin:/bin",
+        # The cluster's own Slurm clients first: a job calling srun/squeue must not get another release's.
+        "PATH": ":".join([layout.bin, *installation.find(use_daemons=False).dirs, "/usr/local/bin:/usr/bin:/bin"]),
         "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C.UTF-8",
         "SLURM_CONF": layout.slurm_conf, "SLURM_TPU_DEMO": layout.base, "SLURM_TPU_JOBS": str(JOBS_DIR),
         "SLURM_TPU_LIBEDGETPU": layout.libedgetpu, "EDGETPU_DOUBLE_DEVICES": double_devices,

@@ -147,3 +147,22 @@ def next_steps(layout: Layout, user: str) -> list[str]:
         f"Job output: {layout.out}/   Logs: {layout.path('log')}/",
         "Stop it: ./demo.sh stop   (re-running ./demo.sh reuses it)",
     ]
+
+
+def detection_lines(layout: Layout, job: int) -> list[str]:
+    """What the detection step found: per task, objects in how many scenes, and one picture."""
+    records = []
+    tasks = sorted(glob.glob(os.path.join(layout.results, f"step-{job}-*.jsonl")))
+    for path in tasks:
+        with open(path, encoding="utf-8") as handle:
+            records += [json.loads(line) for line in handle if line.strip()]
+    if not records:
+        return [f"detection job {job} wrote no results (see {layout.out}/step-tpu-{job}.out)"]
+    objects = sum(len(r.get("objects", [])) for r in records)
+    drawn = sorted(r["annotated"] for r in records if r.get("objects") and r.get("annotated"))
+    lines = [f"detection: job {job}, one srun step, {len(tasks)} tasks on {len(tasks)} nodes' Edge TPUs: "
+             f"{objects} objects in {len(records)} scenes",
+             f"  results: {layout.results}/step-{job}-<task>.jsonl"]
+    if drawn:
+        lines.append(f"  annotated: {drawn[0]} (and {len(drawn) - 1} more)")
+    return lines

@@ -1,11 +1,11 @@
 """Which of this node's accelerators Slurm gave a job, in Slurm's order.
 
-Slurm 22.05 tells the prolog nothing about a ``tpu`` GRES, so the prolog asks
-once: pyslurm when an importable build matches the running Slurm, otherwise
-``scontrol show job -d JOB`` (about 8 ms). That text can be forged by a job name
-holding a newline and a fake ``Nodes=.. GRES=...(IDX:n)`` line, but Slurm's own
-line is always there too: two lines for this node mean forgery, and only then a
-second query asks ``squeue --json`` (about 20 ms, unforgeable). The prolog
+Slurm tells the prolog nothing about a ``tpu`` GRES (22.05 and 25.11 alike), so
+the prolog asks ``scontrol show job -d JOB`` (about 8 ms; pyslurm's 45 ms import
+would cost more than the query). That text can be forged by a job name holding
+newlines; the parser (``slurm.jobdetail``) tells an array's sibling tasks from a
+forgery, and only a forgery costs a second query, ``squeue --json`` (about 20 ms,
+unforgeable). The prolog
 turns each ``IDX`` into a gres.conf ``File=`` path exactly as slurmd numbers
 them (see ``slurm.gres_index``), and that path into an identity: for Edge TPUs
 the file must be ``<slot_dir>/<identity>``, for GPUs a node the inventory lists.
@@ -83,49 +83,17 @@ def gres_index(node: str, names: Sequence[str], environ: Mapping[str, str]
             if any(r.name == name for r in records)}
 
 
-def _query_pyslurm(job_id: int, node: str) -> list[GresAlloc] | None:
-    """The job's GRES on ``node`` via pyslurm, or None when pyslurm is unusable here.
-
-    Used only when pyslurm is importable *and* was built for the libslurm it
-    loaded (same major.minor), since a mismatched build can misread structs.
-    """
-    import sys
-
-    # A plain stat per sys.path entry: importlib.util costs ~5 ms per job. Under
-    # the hooks' `python3 -IS` only the stdlib directories are searched, so a site
-    # that wants this path installs pyslurm there (dist-packages is not searched).
-    if not any(os.path.exists(os.path.join(entry or ".", "pyslurm")) for entry in sys.path):
-        return None
-    try:
-        import pyslurm  # type: ignore[import-not-found]
-        from ..slurm.jobdetail import expand_hostlist, parse_gres_detail
-
-        built = tuple(str(pyslurm.version()).split(".")[:2])
-        loaded = tuple(str(part) for part in pyslurm.slurm_api_version()[:2])
-        if built != loaded:
-            return None
-        info = pyslurm.job().find_id(str(job_id))
-        if not info:
-            return None
-        record = info[0] if isinstance(info, list) else info
-        hosts = expand_hostlist(record.get("nodes") or "")
-        details = record.get("gres_detail") or []
-        if node not in hosts:
-            return []
-        position = hosts.index(node)
-        return parse_gres_detail(details[position]) if position < len(details) else []
-    except Exception:  # any pyslurm surprise: fall back to the command
-        return None
-
-
-def _piped_answer(job_id: int, environ: Mapping[str, str] | None) -> str | None:
+def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None) -> str | None:
     """The ``scontrol show job -d`` text prolog/slurm-tpu-prolog piped in, if any.
 
     The sh entry point starts the query concurrently with Python's start-up and
-    says so with SLURM_TPU_JOB_ON_STDIN=<job id> (slurmd's hook environment is
-    not job-controlled). Empty output means scontrol failed: ask again below.
+    says so with SLURM_TPU_JOB_ON_STDIN=<job id> and SLURM_TPU_SCONTROL=<the
+    scontrol it ran> (slurmd's hook environment is not job-controlled). An answer
+    from another scontrol than ours (Slurm moved since the snapshot named it) or
+    empty output (scontrol failed) is not used: ask again below.
     """
-    if environ is None or environ.get("SLURM_TPU_JOB_ON_STDIN") != str(job_id):
+    if environ is None or environ.get("SLURM_TPU_JOB_ON_STDIN") != str(job_id) \
+            or environ.get("SLURM_TPU_SCONTROL") != scontrol:
         return None
     import sys
 
@@ -136,26 +104,14 @@ def _piped_answer(job_id: int, environ: Mapping[str, str] | None) -> str | None:
     return text if text.strip() else None
 
 
-def query_job_gres(job_id: int, node: str, environ: Mapping[str, str] | None = None) -> list[GresAlloc] | None:
+def query_job_gres(job_id: int, node: str, settings: HookSettings,
+                   environ: Mapping[str, str]) -> list[GresAlloc] | None:
     """The job's GRES on this node. None if Slurm does not list the job on this node."""
     from ..errors import SlurmCommandError
-    from ..slurm import spawn
-    from ..slurm.jobdetail import ForgedOutputError, parse_scontrol_job_detail
 
-    via_pyslurm = _query_pyslurm(job_id, node)
-    if via_pyslurm is not None:
-        return via_pyslurm
+    slurm = settings.slurm(environ)
     try:
-        text = _piped_answer(job_id, environ)
-        if text is None:
-            text = spawn.run([spawn.find("scontrol"), "show", "job", "-d", str(job_id)])
-        try:
-            return parse_scontrol_job_detail(text, node)
-        except ForgedOutputError:
-            from ..slurm.parse import parse_squeue_job_json
-
-            text = spawn.run([spawn.find("squeue"), "--json", "-j", str(job_id)])
-            return parse_squeue_job_json(text, job_id, node)
+        return slurm.job_gres(job_id, node, _piped_answer(job_id, slurm.program("scontrol"), environ))
     except SlurmCommandError as exc:
         raise HookError(f"job {job_id}: cannot ask Slurm for its devices: {exc}") from exc
     except ValueError as exc:

@@ -13,13 +13,12 @@ import os
 from .context import job_from_env, node_from_env, run_guarded, say
 
 
-def drain(node: str, reason: str) -> bool:
+def drain(node: str, reason: str, settings, environ) -> bool:
     """Drain ``node`` with ``reason`` (argument list: no shell sees it)."""
     from ..errors import SlurmCommandError
-    from ..slurm import spawn
 
     try:
-        spawn.run([spawn.find("scontrol"), "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}"])
+        settings.slurm(environ).drain(node, reason)
         return True
     except SlurmCommandError as exc:
         say(f"epilog: cannot drain {node}: {exc}")
@@ -49,7 +48,7 @@ def run(environ) -> int:
     reason = "slurm-tpu: " + "; ".join(problems)
     say(f"epilog: {reason}")
     # Our own reason is more useful than Slurm's generic "Epilog error".
-    return 0 if drain(job.node, reason[:400]) else 1
+    return 0 if drain(job.node, reason[:400], settings, environ) else 1
 
 
 def main(environ=None) -> int:

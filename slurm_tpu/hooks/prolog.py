@@ -23,7 +23,7 @@ def run(environ) -> int:
     names = settings.leasable_names()
     if not names:
         return 0  # nothing to lease on this node: no Slurm query at all
-    allocs = allocation.query_job_gres(job.job_id, job.node, environ)
+    allocs = allocation.query_job_gres(job.job_id, job.node, settings, environ)
     if not allocs:
         return 0
     devices = allocation.resolve(job.job_id, allocs, settings)

@@ -23,7 +23,7 @@ from ..locks.node_inventory import KnownDevice
 
 SNAPSHOT = "hooks.snapshot"
 QUERY_MARKER = "prolog.query"
-FORMAT = "slurm-tpu hooks snapshot 3"
+FORMAT = "slurm-tpu hooks snapshot 4"
 DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
 DEFAULT_STATE_DIR = "/run/slurm-tpu"
 
@@ -32,7 +32,8 @@ class HookSettings:
     """Config values, this node's devices and its GRES index, as the hooks use them."""
 
     __slots__ = ("state_dir", "slot_dir", "lease_mode", "idle_uid", "idle_gid", "idle_mode", "isolate_gpus",
-                 "tpu_name", "gpu_name", "node", "devices", "index", "sources", "env_names", "tpu_paths")
+                 "tpu_name", "gpu_name", "node", "devices", "index", "sources", "env_names", "tpu_paths",
+                 "slurm_bin_dir", "slurm_sbin_dir")
 
     def __init__(self, state_dir: str, slot_dir: str = "/dev/slurm-tpu", lease_mode: int = 0o600,
                  idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = 0o600, isolate_gpus: bool = False,
@@ -50,6 +51,17 @@ class HookSettings:
         # need not import it: variable names, and libedgetpu's "type:path" per TPU.
         self.env_names: tuple[str, ...] = ()
         self.tpu_paths: dict[str, str] = {}
+        # The config's slurm.bin_dir/sbin_dir ("" when unset: slurm/installation.py decides).
+        self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
+
+    def slurm(self, environ):  # -> slurm.commands.Slurm
+        """The Slurm gateway for a hook: no PATH (slurmd gives hooks none, and a job must not choose)."""
+        from ..slurm import installation
+        from ..slurm.commands import Slurm
+
+        install = installation.find(environ, self.slurm_bin_dir or None, self.slurm_sbin_dir or None,
+                                    use_path=False)
+        return Slurm(install, environ)
 
     def leasable_names(self) -> list[str]:
         """GRES names whose devices this node leases (tpu; gpu with isolate_gpus)."""
@@ -68,7 +80,8 @@ class HookSettings:
             lines.append(f"src\t{path}\t{key}")
         lines.append("set\t" + "\t".join([self.state_dir, self.slot_dir, str(self.lease_mode), str(self.idle_uid),
                                           str(self.idle_gid), str(self.idle_mode), str(int(self.isolate_gpus)),
-                                          self.tpu_name, self.gpu_name, self.node]))
+                                          self.tpu_name, self.gpu_name, self.node, self.slurm_bin_dir,
+                                          self.slurm_sbin_dir]))
         for device in self.devices.values():
             lines.append("dev\t" + "\t".join([device.identity, device.kind, device.bus, *device.device_nodes]))
         lines.append("env\t" + "\t".join(self.env_names))
@@ -93,7 +106,7 @@ class HookSettings:
             tag = fields[0]
             if tag == "src" and len(fields) == 3:
                 sources[fields[1]] = fields[2]
-            elif tag == "set" and len(fields) == 11:
+            elif tag == "set" and len(fields) == 13:
                 settings = fields[1:]
             elif tag == "dev" and len(fields) >= 4:
                 devices[fields[1]] = KnownDevice(fields[1], fields[2], fields[3], tuple(fields[4:]))
@@ -111,6 +124,7 @@ class HookSettings:
         result = cls(s[0], s[1], int(s[2]), int(s[3]), int(s[4]), int(s[5]), s[6] == "1", s[7], s[8], s[9],
                      devices, index, sources)
         result.env_names, result.tpu_paths = env_names, tpu_paths
+        result.slurm_bin_dir, result.slurm_sbin_dir = s[10], s[11]
         return result
 
 
@@ -188,6 +202,21 @@ def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
     return [cfg, os.path.join(state_dir, "inventory.json"), slurm_conf, gres_conf]
 
 
+def edgetpu_paths(devices: dict[str, KnownDevice]) -> dict[str, str]:
+    """identity -> "type:path" as SLURM_TPU_EDGETPU_PATHS carries it, per leasable Edge TPU."""
+    from .. import jobenv
+
+    paths = {}
+    for device in devices.values():
+        if device.kind == "edgetpu":
+            try:
+                kind, path = jobenv.libedgetpu_path(device.identity, device.primary_node)
+            except ValueError:
+                continue  # a PCIe TPU without its node: the prolog refuses it anyway
+            paths[device.identity] = f"{kind}:{path}"
+    return paths
+
+
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf."""
     from .. import jobenv, usage
@@ -201,6 +230,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     settings = HookSettings(config.state_dir, config.slot_dir, config.lease_mode, 0, 0, config.idle.mode,
                             config.isolate_gpus, config.tpu_gres_name, config.gpu_gres_name, node)
     settings.idle_uid, settings.idle_gid = ownership.resolve_ids(config.idle.owner, config.idle.group)
+    settings.slurm_bin_dir, settings.slurm_sbin_dir = config.slurm_bin_dir or "", config.slurm_sbin_dir or ""
     paths = _source_paths(cfg, config.state_dir, environ)
     paths += allocation.slurm_conf_files(paths[2])[1:]
     keys_before = {path: file_key(path) for path in paths}
@@ -213,24 +243,30 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     try:
         settings.devices = node_inventory.load(fd)
         settings.env_names = (jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, usage.USAGE_DIR_ENV)
-        for device in settings.devices.values():
-            if device.kind == "edgetpu":
-                try:
-                    kind, path = jobenv.libedgetpu_path(device.identity, device.primary_node)
-                except ValueError:
-                    continue  # a PCIe TPU without its node: the prolog refuses it anyway
-                settings.tpu_paths[device.identity] = f"{kind}:{path}"
+        settings.tpu_paths = edgetpu_paths(settings.devices)
         names = [config.tpu_gres_name] + ([config.gpu_gres_name] if config.isolate_gpus else [])
         settings.index = allocation.gres_index(node, names, environ)
         settings.sources = keys_before
         # Only a root hook writes; a file changed while we read it is not snapshotted.
         if os.geteuid() == 0 and all(file_key(p) == k for p, k in keys_before.items()):
             statedir.write_atomic(fd, SNAPSHOT, settings.to_text().encode())
-            # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early.
-            if settings.leasable_names():
-                statedir.write_atomic(fd, QUERY_MARKER, b"")
+            # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early, and
+            # with which scontrol (sh cannot read /proc/PID/exe without forking).
+            scontrol = _scontrol_for_sh(settings, environ) if settings.leasable_names() else None
+            if scontrol:
+                statedir.write_atomic(fd, QUERY_MARKER, scontrol.encode() + b"\n")
             else:
                 statedir.remove(fd, QUERY_MARKER)
     finally:
         os.close(fd)
     return settings
+
+
+def _scontrol_for_sh(settings: HookSettings, environ) -> str | None:
+    """The scontrol the sh prolog starts early (None: let the Python side ask)."""
+    from ..errors import SlurmCommandError
+
+    try:
+        return settings.slurm(environ).program("scontrol")
+    except SlurmCommandError:
+        return None

@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
+from ..errors import SlurmCommandError
+from ..slurm import installation
 from ..slurm.parse import parse_key_values
 from .hardware import detect_under_umockdev, materialize
 
@@ -93,10 +95,19 @@ class LocalCluster:
     node_config_extra: Mapping[str, object] = field(default_factory=dict)
     python: str = sys.executable
     partition_extra: Sequence[str] = ()  # e.g. ("LLN=YES",): appended to the one PartitionName line
+    # Which Slurm runs the cluster: a prefix (/opt/slurm-25.11), else SLURM_TPU_SLURM_BIN/SBIN, PATH or /usr.
+    slurm_prefix: str | None = None
     # Slurm's FirstJobId. Tests give each cluster its own range: the hooks tell a live job
     # by its `slurmstepd: [<job>.<step>]` processes, so a stray slurmstepd of another
     # cluster on the same machine with the same (small) job id would look like ours.
     first_job_id: int = 1
+
+    @property
+    def slurm(self) -> installation.Installation:
+        """The Slurm installation the daemons and client commands come from."""
+        if self.slurm_prefix:
+            return installation.from_prefix(self.slurm_prefix)
+        return installation.find(use_daemons=False)
 
     # ---- paths -----------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -126,6 +137,9 @@ class LocalCluster:
         """
         env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "UMOCKDEV_DIR")}
         env["SLURM_CONF"] = self.slurm_conf
+        # Clients of the daemons' own release, for a shell and for slurm-tpu's own commands.
+        env["PATH"] = ":".join([*self.slurm.dirs, env.get("PATH", "/usr/bin:/bin")])
+        env.update(installation.environment(self.slurm))
         env.update(extra or {})
         return env
 
@@ -150,7 +164,8 @@ class LocalCluster:
         for spec, port in zip(self.nodes, ports[1:]):
             minor = self._configure_node(spec, port, minor)
         with open(self.path("etc", "cluster.json"), "w", encoding="utf-8") as handle:
-            json.dump({"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes]}, handle)
+            json.dump({"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes],
+                       "slurm_prefix": self.slurm_prefix}, handle)
         self._write_hook_wrappers()
         self._write_slurm_conf()
 
@@ -329,8 +344,8 @@ class LocalCluster:
                                f"--log-file={self.path('munge', 'munged.log')}",
                                f"--seed-file={self.path('munge', 'munged.seed')}"], user="munge")
         self._wait(lambda: os.path.exists(socket_path), 20, "munged did not create its socket")
-        self._spawn("slurmctld", [shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-i"])
-        slurmd = shutil.which("slurmd") or "/usr/sbin/slurmd"
+        self._spawn("slurmctld", [self.slurm.program("slurmctld"), "-D", "-i"])
+        slurmd = self.slurm.program("slurmd")
         for spec in self.nodes:
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
@@ -340,7 +355,8 @@ class LocalCluster:
         """The cluster configured earlier under ``base`` (for stop/restart from another process)."""
         with open(os.path.join(base, "etc", "cluster.json"), encoding="utf-8") as handle:
             saved = json.load(handle)
-        cluster = cls(base=base, nodes=[NodeSpec(name) for name in saved["nodes"]])
+        cluster = cls(base=base, nodes=[NodeSpec(name) for name in saved["nodes"]],
+                      slurm_prefix=saved.get("slurm_prefix"))
         cluster.ctld_port = saved["ctld_port"]
         return cluster
 
@@ -361,12 +377,12 @@ class LocalCluster:
 
     def start_slurmd(self, node: str) -> None:
         """Start one node's slurmd (no wait: the controller may be restarting)."""
-        self._spawn(f"slurmd-{node}", [shutil.which("slurmd") or "/usr/sbin/slurmd", "-D", "-N", node])
+        self._spawn(f"slurmd-{node}", [self.slurm.program("slurmd"), "-D", "-N", node])
 
     def restart_slurmctld(self, timeout: float = 60) -> None:
         """Restart the controller (it re-reads slurm.conf, new GRES counts included)."""
         self._stop_daemon("slurmctld")
-        self._spawn("slurmctld", [shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D"])
+        self._spawn("slurmctld", [self.slurm.program("slurmctld"), "-D"])
         self._wait(lambda: self._run(["scontrol", "ping"], check=False, timeout=10).returncode == 0,
                    timeout, "slurmctld did not come back")
 
@@ -425,6 +441,11 @@ class LocalCluster:
     # ---- driving ---------------------------------------------------------------
     def _run(self, argv: list[str], env: Mapping[str, str] | None = None, user: str | None = None,
              check: bool = True, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+        if "/" not in argv[0]:  # sbatch, scontrol...: the cluster's own release
+            try:
+                argv = [self.slurm.program(argv[0]), *argv[1:]]
+            except SlurmCommandError:
+                pass  # not one of Slurm's programs: found on PATH
         if user:
             argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.slurm_conf}", *argv]
         completed = subprocess.run(argv, capture_output=True, text=True, env=dict(env or self.env()),

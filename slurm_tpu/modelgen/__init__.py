@@ -7,16 +7,23 @@
 - ``classifier_segment_{0,1}_of_2.tflite``: the same model split for a 2-TPU pipeline;
 - ``classifier_edgetpu.tflite``: the same shape with an ``edgetpu-custom-op`` body;
 - ``mobilenet_v1_224_quant.tflite`` + ``mobilenet_labels.txt``: MobileNet-v1-shaped uint8;
-- ``images/``: generated PNGs with a known answer, ``images/expected.csv``.
+- ``detector.tflite`` + ``detector_labels.txt``: SSD-style, ending in
+  ``TFLite_Detection_PostProcess``; finds red/green/blue objects (see :mod:`.detector`);
+- ``segmenter.tflite`` (per-pixel logits) and ``segmenter_argmax.tflite`` (class map) +
+  ``segmenter_labels.txt``: per-pixel colour classes (see :mod:`.segmenter`);
+- ``images/``: generated PNGs with a known answer, ``images/expected.csv``;
+- ``scenes/``: images of coloured objects of several sizes, ``scenes/expected.json``
+  (each scene's size and objects as (class id, xmin, ymin, xmax, ymax) in pixels).
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
-from . import classifier, images, mobilenet
+from . import classifier, detector, images, mobilenet, segmenter
 
-__all__ = ["write_models", "classifier", "mobilenet", "images"]
+__all__ = ["write_models", "classifier", "detector", "mobilenet", "segmenter", "images"]
 
 
 def write_models(out: Path, image_count: int = 18, mobilenet_width: float = 1.0) -> dict[str, Path]:
@@ -30,6 +37,12 @@ def write_models(out: Path, image_count: int = 18, mobilenet_width: float = 1.0)
         "mobilenet": out / "mobilenet_v1_224_quant.tflite",
         "mobilenet_labels": out / "mobilenet_labels.txt",
         "images": out / "images",
+        "detector": out / "detector.tflite",
+        "detector_labels": out / "detector_labels.txt",
+        "segmenter": out / "segmenter.tflite",
+        "segmenter_argmax": out / "segmenter_argmax.tflite",
+        "segmenter_labels": out / "segmenter_labels.txt",
+        "scenes": out / "scenes",
     }
     paths["classifier"].write_bytes(classifier.build_classifier())
     paths["classifier_labels"].write_text("\n".join(classifier.LABELS) + "\n")
@@ -40,6 +53,15 @@ def write_models(out: Path, image_count: int = 18, mobilenet_width: float = 1.0)
         paths[key].write_bytes(segment)
     paths["mobilenet"].write_bytes(mobilenet.build_mobilenet(mobilenet_width))
     paths["mobilenet_labels"].write_text("\n".join(mobilenet.labels()) + "\n")
+    paths["detector"].write_bytes(detector.build_detector())
+    paths["detector_labels"].write_text(detector.label_lines())
+    paths["segmenter"].write_bytes(segmenter.build_segmenter())
+    paths["segmenter_argmax"].write_bytes(segmenter.build_segmenter(argmax=True))
+    paths["segmenter_labels"].write_text("\n".join(segmenter.LABELS) + "\n")
+    scenes = images.write_scenes(paths["scenes"])
+    (paths["scenes"] / "expected.json").write_text(json.dumps(
+        {p.name: {"size": [s.width, s.height], "objects": [list(o) for o in s.objects]} for p, s in scenes},
+        indent=1) + "\n")
     if image_count:
         written = images.write_images(paths["images"], image_count)
         (paths["images"] / "expected.csv").write_text(

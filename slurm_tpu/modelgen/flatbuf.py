@@ -2,7 +2,8 @@
 
 Only what our generated models need: one subgraph, constant buffers, per-tensor
 (or per-channel) quantization, builtin operators with their options and custom
-operators (to produce a model that *looks* compiled for the Edge TPU).
+operators with FlexBuffer options (``edgetpu-custom-op`` for a model that *looks*
+compiled for the Edge TPU; ``TFLite_Detection_PostProcess`` for SSD detectors).
 The schema comes from the ``tflite`` package (generated flatbuffer code).
 """
 
@@ -21,6 +22,7 @@ _TENSOR_TYPES = {
     np.dtype(np.int32): tflite.TensorType.INT32,
     np.dtype(np.uint8): tflite.TensorType.UINT8,
     np.dtype(np.int8): tflite.TensorType.INT8,
+    np.dtype(np.int64): tflite.TensorType.INT64,
 }
 
 OptionsWriter = Callable[[flatbuffers.Builder], int]
@@ -55,6 +57,7 @@ class _Op:
     outputs: list[int]
     options_type: int
     options: OptionsWriter | None
+    custom_options: bytes | None = None  # a custom operator's FlexBuffer
 
 
 @dataclass
@@ -101,10 +104,11 @@ class Graph:
         self._ops.append(_Op(self._opcode(builtin, None), list(inputs), list(outputs),
                              options_type, options))
 
-    def custom_op(self, name: str, inputs: Sequence[int], outputs: Sequence[int]) -> None:
-        """Append a custom operator (e.g. ``edgetpu-custom-op``)."""
+    def custom_op(self, name: str, inputs: Sequence[int], outputs: Sequence[int],
+                  options: bytes | None = None) -> None:
+        """Append a custom operator (e.g. ``edgetpu-custom-op``); ``options`` is its FlexBuffer."""
         self._ops.append(_Op(self._opcode(tflite.BuiltinOperator.CUSTOM, name), list(inputs),
-                             list(outputs), 0, None))
+                             list(outputs), 0, None, options))
 
     # -- serialisation -------------------------------------------------------------
 
@@ -156,6 +160,7 @@ class Graph:
         ops = []
         for o in self._ops:
             options = o.options(b) if o.options else None
+            custom = b.CreateByteVector(o.custom_options) if o.custom_options else None
             ins = int_vector(tflite.OperatorStartInputsVector, o.inputs)
             outs = int_vector(tflite.OperatorStartOutputsVector, o.outputs)
             tflite.OperatorStart(b)
@@ -165,6 +170,9 @@ class Graph:
             if options is not None:
                 tflite.OperatorAddBuiltinOptionsType(b, o.options_type)
                 tflite.OperatorAddBuiltinOptions(b, options)
+            if custom is not None:
+                tflite.OperatorAddCustomOptions(b, custom)
+                tflite.OperatorAddCustomOptionsFormat(b, tflite.CustomOptionsFormat.FLEXBUFFERS)
             ops.append(tflite.OperatorEnd(b))
 
         def table_vector(start: Callable[[flatbuffers.Builder, int], None], items: list[int]) -> int:
@@ -267,3 +275,23 @@ def average_pool_options(size: int) -> tuple[int, OptionsWriter]:
         tflite.Pool2DOptionsAddFilterHeight(b, size)
         return tflite.Pool2DOptionsEnd(b)
     return tflite.BuiltinOptions.Pool2DOptions, write
+
+
+def reshape_options(new_shape: Sequence[int]) -> tuple[int, OptionsWriter]:
+    def write(b: flatbuffers.Builder) -> int:
+        tflite.ReshapeOptionsStartNewShapeVector(b, len(new_shape))
+        for d in reversed(new_shape):
+            b.PrependInt32(int(d))
+        shape = b.EndVector()
+        tflite.ReshapeOptionsStart(b)
+        tflite.ReshapeOptionsAddNewShape(b, shape)
+        return tflite.ReshapeOptionsEnd(b)
+    return tflite.BuiltinOptions.ReshapeOptions, write
+
+
+def arg_max_options(output_type: int = tflite.TensorType.INT32) -> tuple[int, OptionsWriter]:
+    def write(b: flatbuffers.Builder) -> int:
+        tflite.ArgMaxOptionsStart(b)
+        tflite.ArgMaxOptionsAddOutputType(b, output_type)
+        return tflite.ArgMaxOptionsEnd(b)
+    return tflite.BuiltinOptions.ArgMaxOptions, write

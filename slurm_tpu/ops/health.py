@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import re
 from dataclasses import dataclass
-from typing import Iterable, Mapping
+from typing import Iterable
 
 from ..model import Inventory
 
@@ -100,25 +100,3 @@ def decide(state: str, reason: str, problems: list[Problem], controller_gres: st
 def strip_affinity(gres: str) -> str:
     """``gpu:a100:2(S:0-1),tpu:x:1`` -> ``gpu:a100:2,tpu:x:1`` (Slurm's socket annotations)."""
     return re.sub(r"\(S:[^)]*\)", "", gres)
-
-
-def parse_node_state(text: str) -> Mapping[str, str]:
-    """State, Reason and Gres from multi-line ``scontrol show node NAME`` output.
-
-    The Reason line runs to the end of the line (it may hold spaces); Slurm appends
-    `` [user@time]``, which is cut off here.
-    """
-    state, reason, gres = "", "", ""
-    for raw in text.splitlines():
-        line = raw.strip()
-        if line.startswith("Reason="):
-            reason = line[len("Reason="):]
-            if reason.endswith("]") and " [" in reason:
-                reason = reason[: reason.rindex(" [")]
-        else:
-            for token in line.split():
-                if token.startswith("State="):
-                    state = token[len("State="):]
-                elif token.startswith("Gres="):
-                    gres = token[len("Gres="):]
-    return {"state": state, "reason": reason, "gres": gres}

@@ -1,7 +1,8 @@
 """``slurm-tpu health``: detect, compare, and drain or resume this node in Slurm.
 
 Runs as Slurm's HealthCheckProgram (as root, every HealthCheckInterval seconds).
-One ``scontrol show node`` query, at most one ``scontrol update``.
+One node-state query, at most one drain or resume (``scontrol``, or pyslurm when
+``slurm.backend: pyslurm``; see ``slurm/backend.py`` for why not by default).
 """
 
 from __future__ import annotations
@@ -12,8 +13,8 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..model import Bus, Inventory
-from ..slurm.commands import find_program, run
-from .health import Action, Decision, Problem, decide, find_problems, parse_node_state
+from ..slurm.backend import open_backend
+from .health import Action, Decision, Problem, decide, find_problems
 
 
 @dataclass(frozen=True)
@@ -52,17 +53,17 @@ def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True
     if any(p.message.endswith(" missing") and p.identity.startswith(f"{Bus.USB.value}-") for p in problems):
         time.sleep(grace)
         problems = find_problems(configured, _detect())
-    scontrol = find_program("scontrol")
-    current = parse_node_state(run([scontrol, "show", "node", node]))
+    slurm = open_backend(config, "health")
+    current = slurm.node_state(node)
     from ..render import node_gres
 
     decision = decide(current["state"], current["reason"], problems, current["gres"],
                       node_gres(configured_devices, config))
     applied = False
     if apply and decision.action == Action.DRAIN:
-        run([scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={decision.reason}"])
+        slurm.drain(node, decision.reason)
         applied = True
     elif apply and decision.action == Action.RESUME:
-        run([scontrol, "update", f"NodeName={node}", "State=RESUME"])
+        slurm.resume(node)
         applied = True
     return HealthResult(node, configured, tuple(problems), decision, applied)

@@ -16,14 +16,13 @@ is not resumed), and nothing is restarted while a job on the node holds a GRES.
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
 from ..errors import SlurmCommandError
-from ..slurm.commands import find_program, run
-from .health import HOLD_PREFIX, REASON_PREFIX, parse_node_state
+from ..slurm.backend import SlurmBackend
+from .health import HOLD_PREFIX, REASON_PREFIX
 
 CHANGE_REASON = f"{REASON_PREFIX} accelerators changed; restarting slurmd"
 
@@ -37,36 +36,30 @@ class RestartCommands:
     restart_controller: Sequence[str] = ()
 
 
-def jobs_with_gres(node: str, squeue: str) -> list[str]:
-    """Ids of running/completing jobs on ``node`` that asked for a GRES."""
-    out = run([squeue, "-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i %b"])
-    jobs = []
-    for line in out.splitlines():
-        job, _, gres = line.strip().partition(" ")
-        if job and gres.strip() not in ("", "N/A", "(null)"):
-            jobs.append(job)
-    return jobs
-
-
 def _run_command(argv: Sequence[str], node: str) -> None:
+    """Run an admin's restart command (found on PATH, run without a shell)."""
+    import shutil
+
+    from ..slurm.spawn import run
+
+    if not argv:
+        return
     try:
-        subprocess.run(list(argv), check=True, timeout=120, capture_output=True)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired, OSError) as exc:
-        stderr = getattr(exc, "stderr", b"") or b""
-        detail = stderr.decode(errors="replace").strip().splitlines()[-1:] or [str(exc)]
-        raise SlurmCommandError(f"{' '.join(argv)} failed: {detail[0]}; {node} stays drained", argv[0]) from exc
+        run([shutil.which(argv[0]) or argv[0], *argv[1:]], timeout=120)
+    except SlurmCommandError as exc:
+        raise SlurmCommandError(f"{exc}; {node} stays drained", argv[0], exc.stderr) from exc
 
 
-def apply_hardware_change(node: str, count_changed: bool, commands: RestartCommands, new_gres: str,
-                          log: Callable[[str], None], wait_timeout: float = 3600, poll: float = 2.0) -> bool:
+def apply_hardware_change(slurm: SlurmBackend, node: str, count_changed: bool, commands: RestartCommands,
+                          new_gres: str, log: Callable[[str], None], wait_timeout: float = 3600,
+                          poll: float = 2.0) -> bool:
     """Make Slurm use the regenerated files. True when the node serves jobs again."""
-    scontrol, squeue = find_program("scontrol"), find_program("squeue")
-    current = parse_node_state(run([scontrol, "show", "node", node]))
+    current = slurm.node_state(node)
     admin_drained = "DRAIN" in current["state"] and not current["reason"].startswith(REASON_PREFIX)
     if not admin_drained:
-        run([scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={CHANGE_REASON}"])
+        slurm.drain(node, CHANGE_REASON)
     deadline = time.monotonic() + wait_timeout
-    while (busy := jobs_with_gres(node, squeue)):
+    while (busy := slurm.jobs_with_gres(node)):
         if time.monotonic() > deadline:
             raise SlurmCommandError(f"{node}: accelerator jobs {', '.join(busy)} still running after "
                                     f"{wait_timeout:g} s; slurmd not restarted (node stays drained)", "squeue")
@@ -76,29 +69,28 @@ def apply_hardware_change(node: str, count_changed: bool, commands: RestartComma
         hold = (f"{HOLD_PREFIX}; restart slurmctld, then slurmd on {node}, "
                 f"to apply Gres={new_gres or '(none)'}")
         if not admin_drained:
-            run([scontrol, "update", f"NodeName={node}", "State=DRAIN", f"Reason={hold}"])
+            slurm.drain(node, hold)
         log(f"slurm-tpu watch: {hold} (no --controller-command given)")
         return False
     _run_command(commands.stop_slurmd, node)
     if count_changed:
         _run_command(commands.restart_controller, node)
     _run_command(commands.start_slurmd, node)
-    _wait_responding(node, scontrol)
+    _wait_responding(slurm, node)
     if not admin_drained:
-        now = parse_node_state(run([scontrol, "show", "node", node]))
-        if now["reason"].startswith(REASON_PREFIX):
-            run([scontrol, "update", f"NodeName={node}", "State=RESUME"])
+        if slurm.node_state(node)["reason"].startswith(REASON_PREFIX):
+            slurm.resume(node)
     return not admin_drained
 
 
-def _wait_responding(node: str, scontrol: str, timeout: float = 120) -> None:
+def _wait_responding(slurm: SlurmBackend, node: str, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         try:
-            state = parse_node_state(run([scontrol, "show", "node", node]))["state"]
+            state = slurm.node_state(node)["state"]
         except SlurmCommandError:  # the controller may still be starting
             state = ""
         if state and not any(bad in state for bad in ("DOWN", "NOT_RESPONDING", "UNKNOWN")):
             return
         time.sleep(1)
-    raise SlurmCommandError(f"{node} did not come back within {timeout:g} s after the restart", scontrol)
+    raise SlurmCommandError(f"{node} did not come back within {timeout:g} s after the restart", "slurmd")

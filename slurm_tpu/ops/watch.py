@@ -74,6 +74,15 @@ class Watcher:
     commands: "RestartCommands | None"  # None: only rewrite the files
     settle: float = 5.0
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
+    _slurm: Any = None
+
+    def slurm(self):  # -> SlurmBackend
+        """The watcher's way to Slurm, opened once (a long-running process: pyslurm pays here)."""
+        if self._slurm is None:
+            from ..slurm.backend import open_backend
+
+            self._slurm = open_backend(self.config, "watch")
+        return self._slurm
 
     def sync(self, events: int) -> bool:
         """Detect, compare with the configured inventory, regenerate on a real change."""
@@ -99,7 +108,7 @@ class Watcher:
                  f"regenerated {self.gres_conf} (Gres={result.new_gres or 'none'})")
         old_gres = node_gres(Inventory.from_json(document), self.config) if document else ""
         if result.changed and self.commands is not None:
-            if apply_hardware_change(self.node, old_gres != result.new_gres, self.commands,
+            if apply_hardware_change(self.slurm(), self.node, old_gres != result.new_gres, self.commands,
                                      result.new_gres, self.log):
                 self.log(f"slurm-tpu watch: {self.node} restarted with the new configuration and resumed")
         return True

@@ -1,9 +1,13 @@
-"""Which inputs a run covers: listing (directory, glob, list file) and array-job sharding."""
+"""Which inputs a run covers: listing (directory, glob, list file), sharding over array
+tasks and the tasks of a job step, and sbatch-style patterns in the output name."""
 
 from __future__ import annotations
 
+import getpass
 import glob
 import os
+import re
+import socket
 from pathlib import Path
 from typing import Mapping, Sequence, TypeVar
 
@@ -65,7 +69,7 @@ def shard(items: Sequence[T], index: int, count: int) -> list[T]:
     return list(items[index::count])
 
 
-def shard_from_environment(environ: Mapping[str, str]) -> tuple[int, int] | None:
+def array_share(environ: Mapping[str, str]) -> tuple[int, int] | None:
     """(index, count) for a Slurm array task, or None outside array jobs.
 
     ``SLURM_ARRAY_TASK_ID`` is not an index: arrays may start anywhere (``--array=5-9``)
@@ -91,16 +95,78 @@ def shard_from_environment(environ: Mapping[str, str]) -> tuple[int, int] | None
     return index, count
 
 
+def step_share(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """(SLURM_PROCID, tasks) for a task of a job step with several tasks (``srun -n 4 ...``).
+
+    Keyed on ``SLURM_STEP_NUM_TASKS``, which srun sets for the tasks of a step: a batch
+    script has ``SLURM_NTASKS`` (the job's --ntasks) and ``SLURM_PROCID=0`` too, but it is
+    one process, and must not take a quarter of the inputs because the job asked for 4.
+    """
+    if "SLURM_STEP_NUM_TASKS" not in environ or "SLURM_PROCID" not in environ:
+        return None
+    try:
+        tasks, rank = int(environ["SLURM_STEP_NUM_TASKS"]), int(environ["SLURM_PROCID"])
+    except ValueError:
+        raise UsageError("SLURM_STEP_NUM_TASKS/SLURM_PROCID are not numbers: pass --shard-index and "
+                         "--shard-count") from None
+    if tasks <= 1:
+        return None
+    if not 0 <= rank < tasks:
+        raise UsageError(f"SLURM_PROCID {rank} is not below SLURM_STEP_NUM_TASKS {tasks}: pass "
+                         "--shard-index and --shard-count")
+    return rank, tasks
+
+
+def shard_from_environment(environ: Mapping[str, str]) -> tuple[int, int] | None:
+    """This process's share of the inputs under Slurm: array task x step task.
+
+    Shares combine: array index ``a`` of ``A`` and step task ``t`` of ``T`` take share
+    ``a * T + t`` of ``A * T``, so an array of multi-task steps still covers every input
+    exactly once. None outside arrays and multi-task steps.
+    """
+    array, step = array_share(environ), step_share(environ)
+    if array is None and step is None:
+        return None
+    a_index, a_count = array or (0, 1)
+    t_index, t_count = step or (0, 1)
+    return a_index * t_count + t_index, a_count * t_count
+
+
+_PATTERN = re.compile(r"%(\d*)([AaJjNnstux%])")
+
+
+def output_pattern_values(environ: Mapping[str, str]) -> dict[str, str]:
+    """What sbatch's filename patterns stand for in this process (see ``man sbatch``)."""
+    job = environ.get("SLURM_JOB_ID", "0")
+    step = environ.get("SLURM_STEP_ID")
+    node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    try:
+        user = environ.get("SLURM_JOB_USER") or getpass.getuser()
+    except (KeyError, OSError):  # no passwd entry for this uid
+        user = str(os.getuid())
+    return {
+        "A": environ.get("SLURM_ARRAY_JOB_ID") or job,  # array master job id
+        "a": environ.get("SLURM_ARRAY_TASK_ID", "0"),  # array task id
+        "j": job,
+        "J": f"{job}.{step}" if step is not None else job,  # job id.step id
+        "N": node,  # this task's node (sbatch: the first node; here each task its own)
+        "n": environ.get("SLURM_NODEID", "0"),  # node index in the job
+        "s": step if step is not None else "batch",
+        "t": environ.get("SLURM_PROCID", "0"),  # task rank in the step
+        "u": user,
+        "x": environ.get("SLURM_JOB_NAME", ""),
+        "%": "%",
+    }
+
+
 def expand_output_pattern(path: str, environ: Mapping[str, str]) -> str:
-    """sbatch-style ``%A`` (array job id) and ``%a`` (array task id) in --output; ``%%`` is %."""
-    job = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID", "0")
-    task = environ.get("SLURM_ARRAY_TASK_ID", "0")
-    out, i = [], 0
-    while i < len(path):
-        if path[i] == "%" and i + 1 < len(path) and path[i + 1] in "Aa%":
-            out.append({"A": job, "a": task, "%": "%"}[path[i + 1]])
-            i += 2
-        else:
-            out.append(path[i])
-            i += 1
-    return "".join(out)
+    """sbatch-style patterns in --output: ``%A %a %J %j %N %n %s %t %u %x`` and ``%%``; a
+    number after % zero-pads numeric values (``%3t`` -> ``007``). Others are kept as written."""
+    values = output_pattern_values(environ)
+
+    def substitute(match: re.Match) -> str:
+        width, key = match.group(1), match.group(2)
+        value = values[key]
+        return value.zfill(int(width)) if width and value.isdigit() else value
+
+    return _PATTERN.sub(substitute, path)

@@ -18,7 +18,7 @@ import queue
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -35,14 +35,17 @@ class Item:
     inputs: list[np.ndarray] | None = None
     outputs: list[np.ndarray] | None = None
     error: str | None = None
+    meta: Any = None  # what the loader knows about the input (e.g. its image geometry)
 
 
-def decode_ordered(keys: Iterable[str], load: Callable[[str], list[np.ndarray]],
+def decode_ordered(keys: Iterable[str], load: Callable[[str], tuple[list[np.ndarray], Any]],
                    threads: int = 2, lookahead: int = 16) -> Iterator[Item]:
-    """Decode inputs in a pool; per-input errors (our SlurmTpuError) become ``Item.error``."""
+    """Decode inputs in a pool (``load`` gives the tensors and their ``meta``); per-input
+    errors (our SlurmTpuError) become ``Item.error``."""
     def task(seq: int, key: str) -> Item:
         try:
-            return Item(seq, key, inputs=load(key))
+            inputs, meta = load(key)
+            return Item(seq, key, inputs=inputs, meta=meta)
         except SlurmTpuError as exc:
             return Item(seq, key, error=str(exc))
 

@@ -1,15 +1,34 @@
 """Turn an input file into the model's input tensor: images (Pillow) and .npy arrays.
 
-Image convention (as pycoral's classify_image.py): a uint8 model whose input
-quantization already encodes the normalisation gets the raw pixels; with an explicit
-mean/std, pixels become ``(p - mean) / (std * scale) + zero_point``. int8 models get
-``p - 128``; float models ``(p - mean) / std`` (default mean = std = 127.5, i.e. [-1, 1]).
+Images are prepared the way pycoral's examples do it, so that scores match Coral's
+documented ones bit for bit:
+
+- ``classify_image.py``: ``Image.open(f).convert('RGB').resize(size, Image.ANTIALIAS)``,
+  i.e. LANCZOS from the fully decoded image, stretched to the input size;
+- ``detect_image.py`` (``keep_aspect=True``): ``common.set_resized_input``: scale to fit
+  the input keeping the aspect ratio (``scale = min(W / w, H / h)``, sizes truncated
+  with ``int``), LANCZOS, paste at the top-left of a zero tensor; the scale maps boxes
+  back to the original image.
+
+``fast=True`` (``--fast-resize``) decodes JPEGs at a reduced scale (Pillow's draft
+mode) and resizes with BILINEAR: several times cheaper for big photos, but the input
+tensor differs from pycoral's and so can the scores (by up to 0.1 on Coral's
+MobileNets): opt-in only.
+
+Pixel values (uint8 models, as classify_image.py): with no ``--input-mean``/``--input-std``
+the raw pixels go in (the model's input quantization is trusted to encode the
+normalisation, true of Coral's models); with them, pycoral's formula exactly:
+raw pixels when ``scale * std == 1`` and ``mean == zero_point``, else
+``(p - mean) / (std * scale) + zero_point``, clipped to [0, 255] and truncated to
+uint8. int8 models get ``p - 128``; float models ``(p - mean) / std`` (default mean =
+std = 127.5, i.e. [-1, 1]).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 
@@ -18,12 +37,40 @@ from .spec import TensorSpec
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm"})
 NPY_SUFFIX = ".npy"
+_PYCORAL_TOLERANCE = 1e-5  # classify_image.py's test for "input needs no preprocessing"
 
 
 @dataclass(frozen=True)
 class Normalization:
     mean: float | None = None
     std: float | None = None
+
+
+@dataclass(frozen=True)
+class Resize:
+    """How an image becomes the input's size."""
+
+    keep_aspect: bool = False  # pycoral's set_resized_input: fit, pad right/bottom with zeros
+    fast: bool = False  # JPEG draft decoding + BILINEAR (changes the tensor: opt-in)
+
+
+@dataclass(frozen=True)
+class Geometry:
+    """Where the source image went in the input tensor: what post-processing needs to map
+    results back (boxes, masks). All sizes are (width, height)."""
+
+    input: tuple[int, int] | None = None  # the input tensor's; None: not an image input
+    size: tuple[int, int] | None = None  # the source image's (a .npy: the input's)
+    scale: tuple[float, float] = (1.0, 1.0)  # pycoral's resize ratio (x, y): input px per source px
+    resized: tuple[int, int] | None = None  # the image inside the input tensor (less when padded)
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """An input tensor and the geometry of its source."""
+
+    tensor: np.ndarray  # [1, H, W, C] (or the .npy's shape)
+    geometry: Geometry = Geometry()
 
 
 def is_input_file(path: str) -> bool:
@@ -41,9 +88,19 @@ def image_size(spec: TensorSpec) -> tuple[int, int, int]:
 
 def pixels_to_tensor(pixels: np.ndarray, spec: TensorSpec, norm: Normalization = Normalization()) -> np.ndarray:
     """[H, W, C] uint8 pixels -> [1, H, W, C] tensor of the spec's dtype."""
-    if spec.dtype == np.uint8 and norm.mean is None and norm.std is None:
-        return pixels[np.newaxis]
-    if spec.dtype == np.int8 and norm.mean is None and norm.std is None:
+    explicit = norm.mean is not None or norm.std is not None
+    if spec.dtype == np.uint8:
+        if not explicit:
+            return pixels[np.newaxis]
+        mean = 128.0 if norm.mean is None else norm.mean  # classify_image.py's defaults
+        std = 128.0 if norm.std is None else norm.std
+        scale, zero = (spec.scale, spec.zero_point) if spec.quantized else (1.0, 0)
+        if abs(scale * std - 1) < _PYCORAL_TOLERANCE and abs(mean - zero) < _PYCORAL_TOLERANCE:
+            return pixels[np.newaxis]
+        normalized = (pixels - mean) / (std * scale) + zero  # float64, as numpy does it in pycoral
+        np.clip(normalized, 0, 255, out=normalized)
+        return normalized.astype(np.uint8)[np.newaxis]
+    if spec.dtype == np.int8 and not explicit:
         return (pixels.astype(np.int16) - 128).astype(np.int8)[np.newaxis]
     mean = 127.5 if norm.mean is None else norm.mean
     std = 127.5 if norm.std is None else norm.std
@@ -55,26 +112,59 @@ def pixels_to_tensor(pixels: np.ndarray, spec: TensorSpec, norm: Normalization =
     return real.astype(spec.dtype)[np.newaxis]
 
 
-def load_image(path: str, spec: TensorSpec, norm: Normalization = Normalization()) -> np.ndarray:
-    """Decode, convert and resize an image file to the model's input."""
+def fitted_size(source: tuple[int, int], target: tuple[int, int]) -> tuple[tuple[int, int], float]:
+    """set_resized_input's arithmetic: the (width, height) a ``source`` image is scaled to
+    inside a ``target`` input keeping its aspect ratio, and the scale."""
+    scale = min(target[0] / source[0], target[1] / source[1])
+    # At least one pixel: a 1000x1 strip would otherwise resize to nothing (pycoral fails there).
+    return (max(1, int(source[0] * scale)), max(1, int(source[1] * scale))), scale
+
+
+def _decode(path: str, mode: str, draft: Callable[[tuple[int, int]], tuple[int, int]] | None):
+    """The image at ``path`` in ``mode`` and its original (width, height). ``draft`` (fast
+    path only) gives, from the original size, the size the image will be resized to."""
     from PIL import Image, UnidentifiedImageError
 
-    height, width, channels = image_size(spec)
     try:
         with Image.open(path) as image:
-            # JPEG can decode straight at a reduced scale: much cheaper for big photos.
-            image.draft("RGB" if channels == 3 else "L", (width, height))
-            image = image.convert("RGB" if channels == 3 else "L")
-            if image.size != (width, height):
-                image = image.resize((width, height), Image.BILINEAR)
-            pixels = np.asarray(image, dtype=np.uint8)
+            size = image.size
+            if draft is not None:
+                # JPEG can decode straight at a reduced scale: much cheaper for big photos.
+                image.draft(mode, draft(size))
+            return image.convert(mode), size
     except FileNotFoundError:
         raise InputError(f"input {path} does not exist", path) from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise InputError(f"input {path} is not a readable image ({type(exc).__name__})", path) from None
-    if channels == 1:
-        pixels = pixels[:, :, np.newaxis]
-    return pixels_to_tensor(pixels, spec, norm)
+
+
+def _resize(image, size: tuple[int, int], fast: bool):
+    from PIL import Image
+
+    if image.size == size:
+        return image
+    return image.resize(size, Image.BILINEAR if fast else Image.LANCZOS)
+
+
+def load_image(path: str, spec: TensorSpec, norm: Normalization = Normalization(),
+               resize: Resize = Resize()) -> Prepared:
+    """Decode, convert and resize an image file to the model's input (see the module doc)."""
+    height, width, channels = image_size(spec)
+    mode = "RGB" if channels == 3 else "L"
+    if not resize.keep_aspect:
+        image, size = _decode(path, mode, (lambda _: (width, height)) if resize.fast else None)
+        pixels = np.asarray(_resize(image, (width, height), resize.fast), dtype=np.uint8)
+        if channels == 1:
+            pixels = pixels[:, :, np.newaxis]
+        return Prepared(pixels_to_tensor(pixels, spec, norm),
+                        Geometry((width, height), size, (width / size[0], height / size[1]), (width, height)))
+    fit = (lambda size: fitted_size(size, (width, height))[0]) if resize.fast else None
+    image, size = _decode(path, mode, fit)
+    (w, h), scale = fitted_size(size, (width, height))
+    pixels = np.asarray(_resize(image, (w, h), resize.fast), dtype=np.uint8).reshape(h, w, channels)
+    tensor = np.zeros(spec.shape, dtype=spec.dtype)  # set_resized_input: tensor.fill(0), then paste
+    tensor[0, :h, :w] = pixels_to_tensor(pixels, spec, norm)[0]
+    return Prepared(tensor, Geometry((width, height), size, (scale, scale), (w, h)))
 
 
 def load_npy(path: str, spec: TensorSpec) -> np.ndarray:
@@ -100,8 +190,14 @@ def load_npy(path: str, spec: TensorSpec) -> np.ndarray:
     raise InputError(f"input {path} has dtype {array.dtype}, the model wants {spec.dtype}", path)
 
 
-def load_input(path: str, spec: TensorSpec, norm: Normalization = Normalization()) -> np.ndarray:
-    """The tensor for one input file, by its suffix."""
+def load_input(path: str, spec: TensorSpec, norm: Normalization = Normalization(),
+               resize: Resize = Resize()) -> Prepared:
+    """The prepared input for one file, by its suffix. A .npy array is taken as the
+    input tensor itself: its "image" is the input, at scale 1."""
     if path.lower().endswith(NPY_SUFFIX):
-        return load_npy(path, spec)
-    return load_image(path, spec, norm)
+        tensor = load_npy(path, spec)
+        if len(spec.shape) == 4:
+            size = (spec.shape[2], spec.shape[1])
+            return Prepared(tensor, Geometry(size, size, (1.0, 1.0), size))
+        return Prepared(tensor)
+    return load_image(path, spec, norm, resize)

@@ -1,15 +1,17 @@
 """Resumable result files (JSONL or CSV): whole lines, appended, flushed one by one.
 
-Crash safety: each result is one ``write(2)`` of one complete line on an O_APPEND
+Crash safety: each input's result is one ``write(2)`` of complete lines on an O_APPEND
 descriptor, so a killed run leaves complete lines plus at most one torn last line
-(a line without its newline). On restart the torn tail is cut off, the inputs named
-by the complete lines are skipped, and the run continues where it stopped: the
-finished file is the same as an uninterrupted run's.
+(a line without its newline). On restart the torn tail is cut off (and, in CSV, where
+one input can own several rows, the last input's rows too), the inputs named by the
+remaining lines are skipped, and the run continues where it stopped: the finished
+file is the same as an uninterrupted run's.
 """
 
 from __future__ import annotations
 
 import csv
+import fcntl
 import io
 import json
 import os
@@ -17,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import InputError
+from .tasks import Task, TaskOptions
 
 JSONL, CSV = "jsonl", "csv"
 
@@ -27,32 +30,31 @@ def format_for(path: str, explicit: str | None = None) -> str:
     return CSV if path.lower().endswith(".csv") else JSONL
 
 
-def _csv_header(top_k: int) -> list[str]:
-    """Classification: label/score per rank; raw mode (top_k 0): the outputs as JSON."""
-    header = ["input"]
-    for rank in range(1, top_k + 1):
-        header += [f"label{rank}", f"score{rank}"]
-    if not top_k:
-        header.append("outputs")
-    return header + ["error"]
+class Layout:
+    """How one run's records become lines: the format and, for CSV, the task's columns."""
+
+    def __init__(self, fmt: str, task: Task, options: TaskOptions):
+        self.fmt, self.task, self.options = fmt, task, options
+        self.columns = ["input", *task.csv_columns(options), "error"]
+
+    def header(self) -> str:
+        return _csv_line(self.columns)
+
+    def render(self, record: dict[str, Any]) -> str:
+        """One input's result as whole lines (newlines included): one JSON line, or its CSV
+        rows (one per object for detection; an input with none gets a row of its own)."""
+        if self.fmt == JSONL:
+            return json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
+        width = len(self.columns) - 2
+        rows = [] if "error" in record else self.task.csv_rows(record, self.options)
+        if not rows:
+            rows = [[""] * width]
+        return "".join(_csv_line([record["input"], *row, record.get("error", "")]) for row in rows)
 
 
-def render_line(record: dict[str, Any], fmt: str, top_k: int) -> str:
-    """One result as one line (newline included)."""
-    if fmt == JSONL:
-        return json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
-    row: list[Any] = [record["input"]]
-    classes = record.get("classes", [])
-    for rank in range(top_k):
-        if rank < len(classes):
-            row += [classes[rank]["label"], classes[rank]["score"]]
-        else:
-            row += ["", ""]
-    if not top_k:
-        row.append(json.dumps(record["outputs"]) if "outputs" in record else "")
-    row.append(record.get("error", ""))
+def _csv_line(values: list[Any]) -> str:
     buffer = io.StringIO()
-    csv.writer(buffer, lineterminator="\n").writerow(row)
+    csv.writer(buffer, lineterminator="\n").writerow(values)
     return buffer.getvalue()
 
 
@@ -71,8 +73,8 @@ def _key_of(line: str, fmt: str) -> str | None:
 class ResultWriter:
     """Appends result lines to ``path``; ``done`` holds the inputs already there."""
 
-    def __init__(self, path: str, fmt: str, top_k: int):
-        self.path, self.fmt, self.top_k = path, fmt, top_k
+    def __init__(self, path: str, layout: Layout):
+        self.path, self.layout, self.fmt = path, layout, layout.fmt
         self.done: set[str] = set()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -80,6 +82,15 @@ class ResultWriter:
         except OSError as exc:
             raise InputError(f"results file {path} cannot be opened ({exc.strerror}): check --output",
                              path) from None
+        try:
+            # One writer per file: two tasks of a step (or array) given the same name would
+            # cut each other's lines on resume. The lock goes with the descriptor.
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(self._fd)
+            raise InputError(f"results file {path} is being written by another process (another task of "
+                             "this job step or array?): give each task its own file with %t (task) or "
+                             "%a (array task) in --output", path) from None
         self._recover()
 
     def _recover(self) -> None:
@@ -93,16 +104,29 @@ class ResultWriter:
         lines = data.decode("utf-8", "replace").splitlines()
         if self.fmt == CSV:
             if not lines:
-                os.write(self._fd, (",".join(_csv_header(self.top_k)) + "\n").encode())
-            else:
-                lines = lines[1:]  # header
+                os.write(self._fd, self.layout.header().encode())
+                return
+            lines = lines[1:]  # header
+            # One input may own several rows (one per object), written by one write(2);
+            # a write cut short by a kill could leave some of them. Redo the last input
+            # whole: drop its rows (the file then equals an uninterrupted run's).
+            last = _key_of(lines[-1], CSV) if lines else None
+            keep = len(lines)
+            while keep and _key_of(lines[keep - 1], CSV) == last:
+                keep -= 1
+            if keep < len(lines):
+                cut = sum(len(line.encode("utf-8")) + 1 for line in lines[keep:])
+                os.ftruncate(self._fd, end - cut)
+                lines = lines[:keep]
         for line in lines:
             key = _key_of(line, self.fmt)
             if key is not None:
                 self.done.add(key)
 
     def write(self, record: dict[str, Any]) -> None:
-        os.write(self._fd, render_line(record, self.fmt, self.top_k).encode("utf-8"))
+        data = self.layout.render(record).encode("utf-8")
+        while data:  # one write(2) for regular files; loop only if the kernel wrote less
+            data = data[os.write(self._fd, data):]
 
     def close(self) -> None:
         if self._fd >= 0:

@@ -1,58 +1,124 @@
-"""The one place that runs Slurm programs: absolute paths, argument lists, timeouts."""
+"""The gateway to Slurm's commands: every Slurm program slurm-tpu runs goes through here.
+
+Programs come from one installation (``installation.py``), run as argument
+lists with a timeout (``spawn.py``); a failure raises SlurmCommandError whose
+message ends with the command's last stderr line, or, when the client is another
+release than the daemons, one line naming both versions. Light enough for the
+hooks: no subprocess, re or json at import.
+"""
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping
 
-from ..errors import SlurmCommandError
+    from ..config import Config
+    from .jobdetail import GresAlloc
+    from .parse import NodeState
 
-# Debian installs daemons in /usr/sbin, which is not on every PATH (udev, cron).
-_SEARCH_DIRS = ("/usr/sbin", "/usr/bin", "/usr/local/sbin", "/usr/local/bin")
-
-
-def find_program(name: str, explicit: str | None = None) -> str:
-    """The absolute path of a Slurm program, or a SlurmCommandError saying where we looked."""
-    if explicit:
-        if os.path.isfile(explicit) and os.access(explicit, os.X_OK):
-            return os.path.abspath(explicit)
-        raise SlurmCommandError(f"{explicit} is not an executable file: check the path", explicit)
-    found = shutil.which(name)
-    if found:
-        return os.path.abspath(found)
-    for directory in _SEARCH_DIRS:
-        candidate = os.path.join(directory, name)
-        if os.path.isfile(candidate) and os.access(candidate, os.X_OK):
-            return candidate
-    raise SlurmCommandError(
-        f"{name} not found (looked in PATH and {', '.join(_SEARCH_DIRS)}): install Slurm's {name}",
-        name,
-    )
+from ..errors import SlurmCommandError, SlurmVersionError
+from . import installation as _installation
+from .spawn import run as _spawn
 
 
-def run(argv: list[str], timeout: float = 10.0) -> str:
-    """Run a Slurm command (argv[0] absolute), returning stdout; raise on failure."""
-    command = " ".join(argv)
-    try:
-        completed = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
-    except subprocess.TimeoutExpired as exc:
-        raise SlurmCommandError(f"{command} did not finish in {timeout:g} s", command) from exc
-    except OSError as exc:
-        raise SlurmCommandError(f"cannot run {argv[0]}: {exc.strerror}", command) from exc
-    if completed.returncode != 0:
-        detail = (completed.stderr or completed.stdout).strip().splitlines()
-        if completed.returncode < 0:
-            status = f"killed by signal {-completed.returncode}"
-        else:
-            status = f"exit status {completed.returncode}"
-        last = detail[-1] if detail else status
-        raise SlurmCommandError(f"{command} failed: {last}", command, completed.stderr)
-    return completed.stdout
+class Slurm:
+    """Slurm's command-line tools, from one installation."""
 
+    name = "scontrol"
 
-def slurmd_hardware(slurmd: str | None = None) -> dict[str, str]:
-    """This node's CPU and memory facts from ``slurmd -C``."""
-    from .parse import parse_slurmd_c
+    def __init__(self, install: _installation.Installation | None = None, environ: Mapping[str, str] | None = None,
+                 timeout: float = 20.0):
+        import os
 
-    return parse_slurmd_c(run([find_program("slurmd", slurmd), "-C"]))
+        self.environ = os.environ if environ is None else environ
+        self.install = install or _installation.find(self.environ)
+        self.timeout = timeout
+
+    @classmethod
+    def for_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> "Slurm":
+        """The gateway for an admin command: env override, config keys, running slurmd, PATH, defaults."""
+        return cls(_installation.find(environ, config.slurm_bin_dir, config.slurm_sbin_dir), environ)
+
+    def program(self, name: str) -> str:
+        """Absolute path of a Slurm program of this installation."""
+        return self.install.program(name)
+
+    def run(self, name: str, *args: str, timeout: float | None = None) -> str:
+        """stdout of Slurm program ``name`` with ``args``; SlurmCommandError (or SlurmVersionError)."""
+        program = self.program(name)
+        try:
+            return _spawn([program, *args], dict(self.environ), self.timeout if timeout is None else timeout)
+        except SlurmCommandError as exc:
+            mismatch = _installation.version_mismatch(self.install, program, self.environ)
+            if mismatch:
+                raise SlurmVersionError(mismatch, program, exc.stderr) from exc
+            raise
+
+    # ---- jobs --------------------------------------------------------------------
+    def job_gres(self, job_id: int, node: str, answer: str | None = None) -> list[GresAlloc] | None:
+        """Job ``job_id``'s GRES on ``node`` (None: not on the node). ``answer``: a ``show job -d`` already run.
+
+        One ``scontrol show job -d`` in the usual case; a second, narrowed to the
+        job alone, when other tasks of its array share the node; ``squeue --json``
+        only when the text was forged (see ``jobdetail.parse_scontrol_job_detail``).
+        ValueError when Slurm's answer cannot be parsed.
+        """
+        from .jobdetail import ForgedOutputError, SiblingsOnNode, parse_scontrol_job_detail
+
+        text = self.job_detail(str(job_id)) if answer is None else answer
+        try:
+            try:
+                return parse_scontrol_job_detail(text, node, job_id)
+            except SiblingsOnNode as siblings:
+                return parse_scontrol_job_detail(self.job_detail(siblings.selector), node, job_id, narrowed=True)
+        except ForgedOutputError:
+            from .parse import parse_squeue_job_json
+
+            return parse_squeue_job_json(self.squeue_json(job_id), job_id, node)
+
+    def job_detail(self, selector: str) -> str:
+        """``scontrol show job -d SELECTOR`` (``123``, ``123_4`` an array task, ``123+1`` a het component)."""
+        return self.run("scontrol", "show", "job", "-d", selector)
+
+    def squeue_json(self, job_id: int) -> str:
+        """``squeue --json -j JOB`` (22.05 ignores -j and lists every job)."""
+        return self.run("squeue", "--json", "-j", str(job_id))
+
+    def jobs_with_gres(self, node: str) -> list[str]:
+        """Ids of running/completing jobs on ``node`` that asked for a GRES."""
+        out = self.run("squeue", "-h", "-w", node, "-t", "RUNNING,COMPLETING", "-o", "%i %b")
+        jobs = []
+        for line in out.splitlines():
+            job, _, gres = line.strip().partition(" ")
+            if job and gres.strip() not in ("", "N/A", "(null)"):
+                jobs.append(job)
+        return jobs
+
+    # ---- nodes -------------------------------------------------------------------
+    def node_state(self, node: str) -> NodeState:
+        """State, reason and GRES of ``node`` (``scontrol -o show node``)."""
+        from .parse import parse_node_state
+
+        return parse_node_state(self.run("scontrol", "-o", "show", "node", node))
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain ``node`` with ``reason`` (an argument, never seen by a shell)."""
+        self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
+
+    def resume(self, node: str) -> None:
+        """Return a drained ``node`` to service."""
+        self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+
+    def hardware(self, slurmd: str | None = None) -> dict[str, str]:
+        """This node's CPU and memory facts from ``slurmd -C`` (``slurmd``: an explicit binary)."""
+        import os
+
+        from .parse import parse_slurmd_c
+
+        if not slurmd:
+            return parse_slurmd_c(self.run("slurmd", "-C"))
+        if not (os.path.isfile(slurmd) and os.access(slurmd, os.X_OK)):
+            raise SlurmCommandError(f"{slurmd} is not an executable file: check the path", slurmd)
+        return parse_slurmd_c(_spawn([os.path.abspath(slurmd), "-C"], dict(self.environ), self.timeout))

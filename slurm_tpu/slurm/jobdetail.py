@@ -8,7 +8,18 @@ from __future__ import annotations
 
 
 class ForgedOutputError(ValueError):
-    """scontrol output holds more than one detail line for the node (a job string forged one)."""
+    """scontrol output that only a forged job string explains: ask again in JSON."""
+
+
+class SiblingsOnNode(Exception):
+    """Other tasks of the job's array (or components of its het job) also have lines for the node.
+
+    ``selector`` (``123_4``, ``123+1``) asks ``scontrol show job -d`` for the job alone.
+    """
+
+    def __init__(self, selector: str):
+        super().__init__(selector)
+        self.selector = selector
 
 
 class GresAlloc:
@@ -126,32 +137,83 @@ def parse_gres_detail(text: str) -> list[GresAlloc]:
     return items
 
 
-def parse_scontrol_job_detail(text: str, node: str) -> list[GresAlloc] | None:
-    """The job's GRES on ``node`` from ``scontrol show job -d JOB`` text.
+def _header(line: str) -> dict[str, str]:
+    """``JobId=5 ArrayJobId=5 ArrayTaskId=2 JobName=...`` -> fields before JobName (Slurm's own text)."""
+    fields = {}
+    for token in line.split(" "):
+        key, sep, value = token.partition("=")
+        if key == "JobName" or not sep:
+            break
+        fields[key] = value
+    return fields
 
-    Per-node detail lines look like ``Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:x:1(IDX:0)``.
-    A job name, comment or path holding a newline can forge such a line, but
-    cannot remove Slurm's own: so more than one line covering ``node`` means
-    forged output and raises ForgedOutputError (the caller asks again in JSON).
-    None when no line covers the node (job not on this node).
+
+def _covers(line: str, node: str) -> bool:
+    hosts = line[len("Nodes="):].split(" ", 1)[0]
+    try:
+        return node in expand_hostlist(hosts)
+    except ValueError:
+        return True  # unparseable: treat as a possible forgery of ours
+
+
+def parse_scontrol_job_detail(text: str, node: str, job_id: int, narrowed: bool = False) -> list[GresAlloc] | None:
+    """Job ``job_id``'s GRES on ``node`` from ``scontrol show job -d`` text (22.05 and 25.11 alike).
+
+    The text is a list of records, each starting with a ``JobId=`` line; per-node
+    detail lines look like ``     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:x:1(IDX:0)``.
+    Asked for an array's master id, Slurm lists every task of the array, and for
+    a heterogeneous job's leader every component: their lines belong to records
+    with other JobIds and are not the job's. But a job name (or 25.11's
+    ``SubmitLine=``) holding newlines can forge lines *and whole records*: a fake
+    ``JobId=`` line moves Slurm's own detail line into a fake record (captured in
+    tests/slurm/captured/*/show_job_d_forged.txt). What a forger cannot change is
+    the first line (Slurm prints the job asked for first, and its JobId/ArrayTaskId
+    /HetJobOffset come before the name) nor remove Slurm's own detail line. Hence:
+
+    - the job's record (the first) with one line for ``node`` and no line for
+      ``node`` anywhere else: that line is Slurm's (a forged record before it
+      would have taken Slurm's line with it);
+    - lines for ``node`` in other records too: when the first line says the job is
+      array task T (or het component O) raise SiblingsOnNode with the selector
+      ``JOB_T`` (``JOB+O``) that lists the job alone; otherwise ForgedOutputError;
+    - ``narrowed`` (the text answers such a selector): any other record, or more
+      than one line for ``node``, is ForgedOutputError.
+
+    ForgedOutputError means: ask again in JSON, which cannot be forged. None when
+    the job has no line for ``node`` (not on this node).
     """
-    found: list[str] = []
+    records: list[tuple[dict[str, str], list[str]]] = []
     for line in text.splitlines():
-        stripped = line.strip()
-        if not stripped.startswith("Nodes=") or " CPU_IDs=" not in stripped:
+        if line.startswith("JobId="):
+            records.append((_header(line), []))
             continue
-        hosts = stripped[len("Nodes="):].split(" ", 1)[0]
-        try:
-            covers = node in expand_hostlist(hosts)
-        except ValueError:
-            covers = True  # unparseable: treat as a possible forgery of ours
-        if covers:
-            found.append(stripped)
-    if len(found) > 1:
-        raise ForgedOutputError(f"{len(found)} detail lines cover node {node}")
-    if not found:
+        stripped = line.strip()
+        if stripped.startswith("Nodes=") and " CPU_IDs=" in stripped and _covers(stripped, node):
+            if not records:
+                raise ForgedOutputError(f"a detail line for {node} before any JobId= line")
+            records[-1][1].append(stripped)
+    if not records:
         return None
-    for token in found[0].split(" "):
+    first = records[0][0]
+    if first.get("JobId") != str(job_id):
+        raise ForgedOutputError(f"scontrol listed job {first.get('JobId')} first, not {job_id}")
+    if sum(1 for header, _ in records if header.get("JobId") == str(job_id)) > 1:
+        raise ForgedOutputError(f"more than one JobId={job_id} record")
+    own = records[0][1]
+    if len(own) > 1:
+        raise ForgedOutputError(f"{len(own)} detail lines of job {job_id} cover node {node}")
+    if narrowed and len(records) > 1:
+        raise ForgedOutputError(f"{len(records)} records for a single job or task")
+    if any(lines for _, lines in records[1:]):
+        task, offset = first.get("ArrayTaskId", ""), first.get("HetJobOffset", "")
+        if first.get("ArrayJobId") == str(job_id) and task.isdigit():
+            raise SiblingsOnNode(f"{job_id}_{task}")
+        if first.get("HetJobId") == str(job_id) and offset.isdigit():
+            raise SiblingsOnNode(f"{job_id}+{offset}")
+        raise ForgedOutputError(f"detail lines for {node} in records of other jobs")
+    if not own:
+        return None
+    for token in own[0].split(" "):
         if token.startswith("GRES="):
             return parse_gres_detail(token[len("GRES="):])
     return []

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Mapping
 
 
 def parse_key_values(line: str) -> dict[str, str]:
@@ -27,25 +27,43 @@ def parse_slurmd_c(text: str) -> dict[str, str]:
 
 # ---- hostlists and a job's GRES (light, shared with the prolog) ---------------------
 
-from .jobdetail import (ForgedOutputError, GresAlloc, expand_hostlist, parse_gres_detail,  # noqa: E402,F401
-                        parse_scontrol_job_detail)
+from .jobdetail import (ForgedOutputError, GresAlloc, SiblingsOnNode, expand_hostlist,  # noqa: E402,F401
+                        parse_gres_detail, parse_scontrol_job_detail)
+
+
+def _json_number(value: object) -> int | None:
+    """A JSON number as 22.05 writes it (``5``) or 25.11 does (``{"set": true, "number": 5}``)."""
+    if isinstance(value, dict):
+        value = value.get("number") if value.get("set", True) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _allocated_hosts(resources: dict) -> list[str]:
+    """Node names in allocation order: 25.11 ``nodes.allocation[].name``, 22.05 ``allocated_nodes[].nodename``."""
+    nodes = resources.get("nodes")
+    if isinstance(nodes, dict):  # data_parser v0.0.4x (24.05+)
+        return [str(entry.get("name")) for entry in nodes.get("allocation") or ()]
+    return [str(entry.get("nodename")) for entry in resources.get("allocated_nodes") or ()]
 
 
 def parse_squeue_job_json(text: str, job_id: int, node: str) -> list[GresAlloc] | None:
-    """A job's GRES on ``node`` from ``squeue --json -j JOB``.
+    """A job's GRES on ``node`` from ``squeue --json -j JOB`` (22.05 and 25.11 layouts).
 
     JSON, unlike ``scontrol show job -d`` text, cannot be forged by a job name
-    or comment holding a newline and a fake ``GRES=...(IDX:n)`` line. Returns None
-    when the job or the node is not in the document (job gone or not on this node).
+    or comment holding a newline and a fake ``GRES=...(IDX:n)`` line. Array tasks
+    and het components are separate entries, told apart by ``job_id``. Returns
+    None when the job or the node is not in the document (job gone or not on this
+    node). Raises ValueError on a document of neither layout.
     """
     import json
 
     document = json.loads(text)
-    for job in document.get("jobs", ()):
-        if int(job.get("job_id", -1)) != job_id:
+    if not isinstance(document, dict) or not isinstance(document.get("jobs"), list):
+        raise ValueError("squeue --json output has no 'jobs' list")
+    for job in document["jobs"]:
+        if _json_number(job.get("job_id")) != job_id:
             continue
-        resources = job.get("job_resources") or {}
-        hosts = [entry.get("nodename") for entry in resources.get("allocated_nodes") or ()]
+        hosts = _allocated_hosts(job.get("job_resources") or {})
         details = job.get("gres_detail") or []
         if node not in hosts:
             return None
@@ -54,6 +72,35 @@ def parse_squeue_job_json(text: str, job_id: int, node: str) -> list[GresAlloc] 
             return []
         return parse_gres_detail(details[position])
     return None
+
+
+# ---- nodes ------------------------------------------------------------------------
+
+NodeState = Mapping[str, str]
+
+
+def parse_node_state(text: str) -> NodeState:
+    """State, Reason and Gres from ``scontrol show node NAME`` (multi-line or ``-o``).
+
+    The reason runs to the end of its line (it may hold spaces; Slurm prints it
+    last, in both layouts and releases); Slurm's `` [user@time]`` is cut off.
+    """
+    state, reason, gres = "", "", ""
+    for raw in text.splitlines():
+        line = raw.strip()
+        head, sep, tail = line.partition(" Reason=")
+        if line.startswith("Reason="):
+            head, tail, sep = "", line[len("Reason="):], "Reason="
+        if sep:
+            reason = tail
+            if reason.endswith("]") and " [" in reason:
+                reason = reason[: reason.rindex(" [")]
+        for token in head.split():
+            if token.startswith("State="):
+                state = token[len("State="):]
+            elif token.startswith("Gres="):
+                gres = token[len("Gres="):]
+    return {"state": state, "reason": reason, "gres": gres}
 
 
 # ---- gres.conf and slurm.conf -----------------------------------------------------

@@ -1,8 +1,10 @@
-"""Run a Slurm program from a hook: argument list, absolute path, timeout, light.
+"""The one way slurm-tpu runs a program: argument list, absolute path, timeout, light.
 
 ``subprocess`` costs the prolog several milliseconds of imports on every job
 (threading, selectors, signal...); ``os.posix_spawn`` plus a pipe does the
-same job here. No shell is involved, so job-controlled strings are inert.
+same job here, for the hooks and the admin commands alike. No shell is
+involved, so job-controlled strings are inert. Which Slurm program to run is
+``installation.py``'s business; ``commands.py`` puts the two together.
 """
 
 from __future__ import annotations
@@ -12,21 +14,12 @@ import time
 
 from ..errors import SlurmCommandError
 
-SEARCH_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
-
-
-def find(name: str) -> str:
-    """The absolute path of ``name`` in the usual Slurm directories (not $PATH: hooks
-    run with slurmd's environment, and a job cannot plant a program there)."""
-    for directory in SEARCH_DIRS:
-        candidate = f"{directory}/{name}"
-        if os.access(candidate, os.X_OK):
-            return candidate
-    raise SlurmCommandError(f"{name} not found in {', '.join(SEARCH_DIRS)}: install Slurm's {name}", name)
-
 
 def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 20.0) -> str:
-    """stdout of ``argv`` (argv[0] absolute); SlurmCommandError on failure or timeout."""
+    """stdout of ``argv`` (argv[0] absolute); SlurmCommandError on failure or timeout.
+
+    The error's message ends with the last line of stderr; ``.stderr`` holds all of it.
+    """
     import select
 
     command = " ".join(argv)

@@ -7,6 +7,7 @@ from Slurm's own job records (jobcomp) and the hooks' lease audit, parsed afresh
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -149,7 +150,8 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
     by_name: dict[str, list[dict]] = {}
     for record in records:
         by_name.setdefault(record["Name"], []).append(record)
-    assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4}
+    assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4,
+                                                              "step-tpu": 1}
     assert {(r["JobState"], r["ExitCode"]) for r in records} == {("COMPLETED", "0:0")}
     assert all(r["UserId"].startswith(USER + "(") for r in records)
     tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"]
@@ -168,6 +170,22 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
     # Plain jobs hold no device. Where they ran is Slurm's choice, not checked: LLN
     # spreads them only while they overlap, and CPU jobs this short often do not.
     assert not {int(r["JobId"]) for r in plain} & {lease[2] for lease in leases}
+
+
+def test_detection_step_over_two_nodes_found_every_scene_once_and_drew_them(demo):
+    done, layout = demo
+    (record,) = [r for r in jobcomp(layout) if r["Name"] == "step-tpu"]
+    assert sorted(record["NodeList"].split(",")) == ["node-pcie", "node-usb"], record["NodeList"]
+    shares = sorted(glob.glob(os.path.join(layout.results, f"step-{record['JobId']}-*.jsonl")))
+    assert len(shares) == 2
+    rows = [json.loads(line) for path in shares for line in open(path, encoding="utf-8")]
+    expected = json.load(open(os.path.join(layout.models, "scenes", "expected.json"), encoding="utf-8"))
+    assert sorted(os.path.basename(r["input"]) for r in rows) == sorted(expected)
+    for row in rows:
+        assert sorted((o["id"], o["bbox"]) for o in row["objects"]) == \
+            sorted((o[0], o[1:]) for o in expected[os.path.basename(row["input"])]["objects"])
+    (line,) = [line for line in done.stdout.splitlines() if line.strip().startswith("annotated: ")]
+    assert os.path.isfile(line.split()[1])
 
 
 def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
@@ -352,7 +370,7 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert again.returncode == 0, again.stdout + again.stderr
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
-    assert len(new) == 17 and {r["JobState"] for r in new} == {"COMPLETED"}
+    assert len(new) == 18 and {r["JobState"] for r in new} == {"COMPLETED"}  # 17 + the detection step
 
 
 def _free_port() -> int:

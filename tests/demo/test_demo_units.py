@@ -12,6 +12,7 @@ from slurm_tpu.demo import preflight
 from slurm_tpu.demo.errors import DemoError
 from slurm_tpu.demo.records import Lease, parse_audit, parse_jobcomp, select
 from slurm_tpu.demo.timeline import build_lanes, check_run, max_overlap, nice_step, render
+from slurm_tpu.slurm import installation
 
 # Captured from the demo cluster's jobcomp/filetxt (Slurm 22.05.8): a plain job, an array task.
 JOBCOMP = """\
@@ -109,10 +110,10 @@ def test_chart_draws_device_lanes_and_packs_cpu_jobs_into_as_few_lanes_as_overla
 
 
 def test_daemon_config_comes_from_dash_f_then_environment_then_default():
-    assert preflight.daemon_config(["slurmctld", "-D", "-f", "/x.conf"], {"SLURM_CONF": "/y"}) == "/x.conf"
-    assert preflight.daemon_config(["slurmd", "-f/z.conf"], {}) == "/z.conf"
-    assert preflight.daemon_config(["slurmd", "-N", "n1"], {"SLURM_CONF": "/y"}) == "/y"
-    assert preflight.daemon_config(["slurmd"], {}) == "/etc/slurm/slurm.conf"
+    assert installation.daemon_config(["slurmctld", "-D", "-f", "/x.conf"], {"SLURM_CONF": "/y"}) == "/x.conf"
+    assert installation.daemon_config(["slurmd", "-f/z.conf"], {}) == "/z.conf"
+    assert installation.daemon_config(["slurmd", "-N", "n1"], {"SLURM_CONF": "/y"}) == "/y"
+    assert installation.daemon_config(["slurmd"], {}) == "/etc/slurm/slurm.conf"
 
 
 def test_own_and_other_local_clusters_are_not_foreign_but_anything_else_is(tmp_path):

@@ -122,6 +122,8 @@ def hook_env(cluster, node: str, job_id: int, uid: int | None = None, **extra: s
     """The environment slurmd gives a Prolog/Epilog for a job on ``node``."""
     env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_JOB_ID": str(job_id), "SLURMD_NODENAME": node,
            "SLURM_CONF": cluster.slurm_conf, "SLURM_TPU_CONFIG": cluster.node_config(node)}
+    # Not run by slurmd, the hook cannot take Slurm from its parent: name the tests' Slurm (if not Debian's).
+    env.update({k: v for k, v in os.environ.items() if k in ("SLURM_TPU_SLURM_BIN", "SLURM_TPU_SLURM_SBIN")})
     if uid is not None:
         env["SLURM_JOB_UID"] = str(uid)
     env.update(extra)

@@ -289,6 +289,37 @@ def test_job_name_with_shell_metacharacters_and_a_forged_gres_line(cluster, user
     assert_idle_and_consistent(cluster)
 
 
+def test_a_job_name_forging_a_whole_record_gets_slurms_device(cluster, users):
+    """A fake ``JobId=`` line moves Slurm's own detail line into a fake record (seen on 22.05 and 25.11)."""
+    name = ("split\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_pci:1(IDX:1)\n"
+            "JobId=77777 ArrayJobId=77777 ArrayTaskId=1 JobName=x")
+    job = hold(cluster, "stpu_alice", "r1", ["-w", "n1", "--gres=tpu:edgetpu_usb:1"], name=name)
+    try:
+        assert open(outp(cluster, "r1.devices")).read().strip() == USB
+        assert owner(inventory(cluster, "n1")[PCI][0]) == (0, 0, 0o600)
+    finally:
+        assert stop(cluster, "r1", job) == "COMPLETED"
+    assert_idle_and_consistent(cluster)
+
+
+def test_array_tasks_sharing_a_node_each_get_their_own_device(cluster, users):
+    """The task that runs under the array's id sees its siblings' lines too: they are not a forgery."""
+    script = HOLD.format(o=os.path.join(cluster.base, "out"), t="a$SLURM_ARRAY_TASK_ID")
+    array = cluster.sbatch(["--array=0-1", "-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", "/dev/null"],
+                           script, user="stpu_alice")
+    try:
+        wait_until(lambda: all(os.path.exists(outp(cluster, f"a{t}.started")) for t in (0, 1)), 60,
+                   f"both tasks of array {array} to start")
+        devices = {open(outp(cluster, f"a{t}.devices")).read().strip() for t in (0, 1)}
+        assert devices == {USB, PCI}
+    finally:
+        for t in (0, 1):
+            open(outp(cluster, f"a{t}.stop"), "w").close()
+        wait_until(lambda: not cluster.command(["squeue", "-h", "-j", str(array)], check=False).stdout.strip(),
+                   60, f"array {array} to end")
+    assert_idle_and_consistent(cluster)
+
+
 def test_gres_conf_naming_etc_shadow_is_refused(cluster, users, tmp_path):
     os.chmod(tmp_path, 0o755)
     with open(cluster.slurm_conf, encoding="utf-8") as handle:

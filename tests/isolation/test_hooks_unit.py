@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 
 import pytest
@@ -27,11 +28,13 @@ def node(tmp_path):
     state = tmp_path / "state"
     config = tmp_path / "config.yaml"
     config.write_text(f"version: 1\nstate_dir: '{state}'  # quoted, with a comment\n"
-                      f"devices:\n  slot_dir: {tmp_path}/slots\n")
+                      f"devices:\n  slot_dir: {tmp_path}/slots\nslurm:\n  bin_dir: {tmp_path}/bin\n")
     (tmp_path / "slurm.conf").write_text(SLURM)
     (tmp_path / "gres.conf").write_text(GRES.format(slots=tmp_path / "slots"))
     node_inventory.write_state_inventory(str(state), INVENTORY)
     env = {"SLURM_TPU_CONFIG": str(config), "SLURM_CONF": str(tmp_path / "slurm.conf"), "SLURMD_NODENAME": "n1"}
+    os.makedirs(tmp_path / "bin")
+    shutil.copy("/bin/true", tmp_path / "bin" / "scontrol")  # only its path matters to the snapshot
     return tmp_path, env
 
 
@@ -50,7 +53,9 @@ def test_snapshot_is_used_until_a_source_changes(node):
     with open(tmp_path / "gres.conf", "a", encoding="utf-8") as handle:
         handle.write("NodeName=n2 Name=tpu Type=edgetpu_pci File=/dev/x\n")
     assert hook_settings.load(env, "n1").index["tpu"][0][0] == "edgetpu_usb"
-    assert (tmp_path / "state" / hook_settings.QUERY_MARKER).exists()  # n1 has a TPU: query early
+    # n1 has a TPU: the sh prolog queries early, with the scontrol named in the marker (the config's here).
+    marker = tmp_path / "state" / hook_settings.QUERY_MARKER
+    assert marker.read_text() == f"{tmp_path}/bin/scontrol\n"
     # Another node name never uses n1's snapshot; with nothing to lease, no early query.
     assert hook_settings.load(env, "n9").index == {}
     assert not (tmp_path / "state" / hook_settings.QUERY_MARKER).exists()

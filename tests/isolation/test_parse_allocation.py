@@ -59,17 +59,18 @@ JobId=1 JobName=evil
 
 def test_scontrol_detail_lines_and_forgery_detection():
     honest = SCONTROL_FORGED.replace("     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_usb:1(IDX:3)\n", "", 1)
-    assert parse_scontrol_job_detail(honest, "n1") == [GresAlloc("tpu", "edgetpu_usb", 1, (2,))]
-    assert parse_scontrol_job_detail(honest, "n2") is None
+    assert parse_scontrol_job_detail(honest, "n1", 1) == [GresAlloc("tpu", "edgetpu_usb", 1, (2,))]
+    assert parse_scontrol_job_detail(honest, "n2", 1) is None
     with pytest.raises(ForgedOutputError):
-        parse_scontrol_job_detail(SCONTROL_FORGED, "n1")
+        parse_scontrol_job_detail(SCONTROL_FORGED, "n1", 1)
     # A forged line for a node range that covers ours is caught as well.
     ranged = honest.replace("JobName=evil", "JobName=evil\n     Nodes=n[0-3] CPU_IDs=0 Mem=0 GRES=tpu:1(IDX:1)")
     with pytest.raises(ForgedOutputError):
-        parse_scontrol_job_detail(ranged, "n1")
-    multi = "   Nodes=n[1-2] CPU_IDs=0-1 Mem=0 GRES=tpu:edgetpu_pci:2(IDX:0-1)\n   Nodes=n3 CPU_IDs=0 Mem=0 GRES=\n"
-    assert parse_scontrol_job_detail(multi, "n2") == [GresAlloc("tpu", "edgetpu_pci", 2, (0, 1))]
-    assert parse_scontrol_job_detail(multi, "n3") == []
+        parse_scontrol_job_detail(ranged, "n1", 1)
+    multi = ("JobId=1 JobName=m\n   Nodes=n[1-2] CPU_IDs=0-1 Mem=0 GRES=tpu:edgetpu_pci:2(IDX:0-1)\n"
+             "   Nodes=n3 CPU_IDs=0 Mem=0 GRES=\n")
+    assert parse_scontrol_job_detail(multi, "n2", 1) == [GresAlloc("tpu", "edgetpu_pci", 2, (0, 1))]
+    assert parse_scontrol_job_detail(multi, "n3", 1) == []
 
 
 def test_squeue_json_is_not_fooled_by_a_forged_job_name():

@@ -54,7 +54,8 @@ def test_300_jobs_from_two_users_never_share_a_device(cluster, users, stress_run
     assert leases(cluster, "n1") == []
     for nodes in inventory(cluster, "n1").values():
         assert owner(nodes[0]) == (0, 0, 0o600)
-    assert cluster.node_states()["n1"] == "IDLE"
+    # Idle and not drained; 25.11's backfill may leave its PLANNED flag for a moment (IDLE+PLANNED).
+    assert cluster.node_states()["n1"] in ("IDLE", "IDLE+PLANNED")
 
 
 def test_report_totals_match_the_audit_log(cluster, users, stress_run):

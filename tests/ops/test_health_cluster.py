@@ -17,8 +17,7 @@ import pytest
 from helpers import HARDWARE, run_cli
 from slurm_tpu.localcluster import NodeSpec
 from slurm_tpu.localcluster.cluster import Hooks
-from slurm_tpu.ops.health import parse_node_state
-from slurm_tpu.slurm.parse import parse_key_values
+from slurm_tpu.slurm.parse import parse_key_values, parse_node_state
 
 pytestmark = pytest.mark.slurm
 INTERVAL = 3

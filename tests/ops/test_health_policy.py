@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from slurm_tpu.model import Accelerator, Bus, Inventory, Kind
-from slurm_tpu.ops.health import Action, Problem, decide, drain_reason, find_problems, parse_node_state
+from slurm_tpu.ops.health import Action, Problem, decide, drain_reason, find_problems
+from slurm_tpu.slurm.parse import parse_node_state
 
 
 def tpu(identity: str, usable: bool = True, temperature: float | None = None) -> Accelerator:

@@ -12,10 +12,11 @@ import sys
 
 import pytest
 
-from helpers import HARDWARE, run_cli
+from helpers import HARDWARE, merge_umockdev, run_cli
 from slurm_tpu.localcluster import NodeSpec
 from slurm_tpu.localcluster.hardware import materialize
-from slurm_tpu.ops.health import HOLD_PREFIX, parse_node_state
+from slurm_tpu.ops.health import HOLD_PREFIX
+from slurm_tpu.slurm.parse import parse_node_state
 
 pytestmark = pytest.mark.slurm
 
@@ -27,12 +28,9 @@ def test_count_change_is_held_until_the_controller_knows(cluster_factory, tmp_pa
     from slurm_tpu.ops.restart import RestartCommands, apply_hardware_change
 
     cluster = cluster_factory([NodeSpec("n1", str(HARDWARE / "usb_stick_after.umockdev"))])
-    monkeypatch.setenv("SLURM_CONF", cluster.slurm_conf)  # apply_hardware_change runs scontrol here
     # The node now has a second stick: detect it (real libudev), make its nodes real.
     both = tmp_path / "two_sticks.umockdev"
-    first = (HARDWARE / "usb_stick_after.umockdev").read_text().strip()
-    second = (HARDWARE / "usb_second_stick.umockdev").read_text().split("\n\n", 1)[1]
-    both.write_text(first + "\n\n" + second)
+    both.write_text(merge_umockdev(HARDWARE / "usb_stick_after.umockdev", HARDWARE / "usb_second_stick.umockdev"))
     detected = run_cli(["detect", "--json"], str(both))
     assert detected.returncode == 0, detected.stderr
     live = materialize(Inventory.from_json(json.loads(detected.stdout)),
@@ -44,7 +42,10 @@ def test_count_change_is_held_until_the_controller_knows(cluster_factory, tmp_pa
     commands = RestartCommands([*manage, "stop-slurmd", cluster.base, "n1"],
                                [*manage, "start-slurmd", cluster.base, "n1"], ())
     logged: list[str] = []
-    assert apply_hardware_change("n1", True, commands, result.new_gres, logged.append) is False
+    from slurm_tpu.slurm.commands import Slurm
+
+    assert apply_hardware_change(Slurm(environ=cluster.env()), "n1", True, commands, result.new_gres,
+                                 logged.append) is False
     state = parse_node_state(cluster.show_node("n1"))
     assert "DRAIN" in state["state"] and state["reason"].startswith(HOLD_PREFIX)
     assert "restart slurmctld, then slurmd on n1, to apply Gres=tpu:edgetpu_usb:2" in state["reason"]

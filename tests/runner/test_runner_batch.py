@@ -18,7 +18,11 @@ from runner_support import run_cli
 from slurm_tpu.modelgen import images
 from slurm_tpu.runner.errors import UsageError
 from slurm_tpu.runner.inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
-from slurm_tpu.runner.results import ResultWriter
+from slurm_tpu.runner.errors import InputError
+from slurm_tpu.runner.results import Layout, ResultWriter
+from slurm_tpu.runner.tasks import TaskOptions
+from slurm_tpu.runner.tasks.classify import Classify
+from slurm_tpu.runner.tasks.detect import Detect
 
 
 def _keys(path: Path) -> list[str]:
@@ -112,11 +116,36 @@ def test_killed_run_resumes_to_the_same_file(models, clean_env, many_images, tmp
 def test_torn_last_line_is_cut_and_redone(tmp_path):
     path = tmp_path / "r.jsonl"
     path.write_text('{"input":"a","classes":[]}\n{"input":"b","classes":[]}\n{"input":"c","cla')
-    with ResultWriter(str(path), "jsonl", 1) as writer:
+    with ResultWriter(str(path), Layout("jsonl", Classify(), TaskOptions())) as writer:
         assert writer.done == {"a", "b"}
         writer.write({"input": "c", "classes": []})
     assert path.read_text().splitlines()[2] == '{"input":"c","classes":[]}'
     assert len(path.read_text().splitlines()) == 3
+
+
+def test_csv_resume_redoes_the_last_input_whole(tmp_path):
+    """Detection CSV has a row per object: a kill between rows of one input must not
+    leave that input counted as done with objects missing."""
+    path = tmp_path / "r.csv"
+    header = "input,id,label,score,xmin,ymin,xmax,ymax,error\n"
+    a = "a,0,red,0.9,1,2,3,4,\n"
+    b_first_row = "b,1,green,0.8,5,6,7,8,\n"  # b had two objects; the second row was lost
+    path.write_text(header + a + b_first_row)
+    b_rows = [{"id": 1, "label": "green", "score": 0.8, "bbox": [5, 6, 7, 8]},
+              {"id": 2, "label": "blue", "score": 0.7, "bbox": [9, 9, 9, 9]}]
+    with ResultWriter(str(path), Layout("csv", Detect(), TaskOptions())) as writer:
+        assert writer.done == {"a"}
+        writer.write({"input": "b", "objects": b_rows})
+    assert path.read_text() == header + a + b_first_row + "b,2,blue,0.7,9,9,9,9,\n"
+
+
+def test_one_writer_per_results_file(tmp_path):
+    path = str(tmp_path / "r.jsonl")
+    layout = Layout("jsonl", Classify(), TaskOptions())
+    with ResultWriter(path, layout):
+        with pytest.raises(InputError, match="another process .* %t"):
+            ResultWriter(path, layout)
+    ResultWriter(path, layout).close()  # free again once the first is closed
 
 
 def test_resume_skips_inputs_already_done(models, clean_env, tmp_path):
@@ -168,3 +197,44 @@ def test_list_inputs_orders_and_validates(models, tmp_path):
     assert listed == sorted(listed) and len(listed) == 18
     with pytest.raises(Exception, match="matches no files"):
         list_inputs([str(tmp_path / "*.jpg")])
+
+
+# -- multi-task steps -------------------------------------------------------------------------
+
+def test_step_and_array_shares_combine():
+    step = {"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "1"}
+    assert shard_from_environment(step) == (1, 2)
+    array = {"SLURM_ARRAY_TASK_ID": "1", "SLURM_ARRAY_TASK_COUNT": "2", "SLURM_ARRAY_TASK_MIN": "0"}
+    assert shard_from_environment({**array, **step}) == (3, 4)  # array index 1 x 2 tasks + rank 1
+    # A batch script: SLURM_NTASKS=4 and SLURM_PROCID=0 but one process: no step share.
+    assert shard_from_environment({"SLURM_NTASKS": "4", "SLURM_PROCID": "0"}) is None
+    assert shard_from_environment({"SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}) is None
+    with pytest.raises(UsageError, match="SLURM_PROCID 2"):
+        shard_from_environment({"SLURM_STEP_NUM_TASKS": "2", "SLURM_PROCID": "2"})
+
+
+def test_sbatch_output_patterns():
+    env = {"SLURM_JOB_ID": "41", "SLURM_STEP_ID": "0", "SLURM_PROCID": "3", "SLURMD_NODENAME": "n2",
+           "SLURM_NODEID": "1", "SLURM_JOB_USER": "alice", "SLURM_JOB_NAME": "det"}
+    assert expand_output_pattern("%x-%j.%s-%N-%n-%t-%4t-%J-%u-%q-%%t", env) == \
+        "det-41.0-n2-1-3-0003-41.0-alice-%q-%t"
+    assert expand_output_pattern("%s", {"SLURM_JOB_ID": "5"}) == "batch"
+
+
+def test_step_tasks_times_array_tasks_cover_every_input_once(models, clean_env, tmp_path):
+    """Simulated environments of a 2-task array whose tasks each run a 2-task step."""
+    for array_task in (0, 1):
+        for rank in (0, 1):
+            env = dict(clean_env, SLURM_JOB_ID=str(50 + array_task), SLURM_ARRAY_JOB_ID="50",
+                       SLURM_ARRAY_TASK_ID=str(array_task), SLURM_ARRAY_TASK_COUNT="2",
+                       SLURM_ARRAY_TASK_MIN="0", SLURM_STEP_NUM_TASKS="2", SLURM_PROCID=str(rank),
+                       SLURMD_NODENAME=f"n{rank + 1}")
+            r = run_cli(["infer", models["classifier"], models["images"], "-o", tmp_path / "r_%A_%a_%t_%N.jsonl"],
+                        env)
+            assert r.returncode == 0, r.stderr
+    files = sorted(tmp_path.glob("r_50_*.jsonl"))
+    assert [f.name for f in files] == ["r_50_0_0_n1.jsonl", "r_50_0_1_n2.jsonl", "r_50_1_0_n1.jsonl",
+                                       "r_50_1_1_n2.jsonl"]
+    keys = [k for f in files for k in _keys(f)]
+    assert sorted(keys) == [str(p) for p in sorted(models["images"].glob("*.png"))]
+    assert all(_keys(f) for f in files)

@@ -1,0 +1,287 @@
+"""Where Slurm's programs are: one answer for the hooks, health, the watcher, the demo and tests.
+
+A node may carry two Slurm installations (Debian's 22.05 in /usr, a site build in
+/opt/slurm-25.11). Client and daemons must be the same release (a 22.05 scontrol
+gets "Unspecified error" from a 25.11 slurmctld), so every Slurm program
+slurm-tpu runs comes from the directories chosen here, first answer wins:
+
+1. ``SLURM_TPU_SLURM_BIN`` / ``SLURM_TPU_SLURM_SBIN`` (environment);
+2. the config's ``slurm.bin_dir`` / ``slurm.sbin_dir``;
+3. the slurmd (or slurmstepd) this process runs under: the hooks and the
+   HealthCheckProgram are its children, and slurmd gives them no PATH;
+4. the running slurmd or slurmctld (root's) that reads the same slurm.conf;
+5. ``PATH`` (commands an admin runs; never for the root hooks);
+6. /usr/bin, /usr/sbin, /usr/local/bin, /usr/local/sbin.
+
+Given only one of bin/sbin, the other is its sibling (``<prefix>/sbin`` for
+``<prefix>/bin``) when that exists. Only root-owned daemons count in 3 and 4: a
+user's process named ``slurmd`` must never choose what root runs.
+
+Standard library only (``os``) and cheap: the prolog imports it on every job.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..errors import SlurmCommandError
+
+BIN_ENV = "SLURM_TPU_SLURM_BIN"
+SBIN_ENV = "SLURM_TPU_SLURM_SBIN"
+USUAL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
+DAEMONS = ("slurmd", "slurmstepd", "slurmctld")
+# Debian's compiled-in slurm.conf; a source build's is <prefix>/etc/slurm.conf.
+DEBIAN_CONF = "/etc/slurm/slurm.conf"
+
+
+class Installation:
+    """The directories Slurm programs are taken from, and how they were chosen."""
+
+    __slots__ = ("dirs", "found_by", "daemon")
+
+    def __init__(self, dirs: tuple[str, ...], found_by: str, daemon: str | None = None):
+        self.dirs = dirs  # searched in order for any program
+        self.found_by = found_by  # for messages: "SLURM_TPU_SLURM_BIN", "slurmd pid 42", ...
+        self.daemon = daemon  # the running daemon's executable, when that is how it was found
+
+    @property
+    def bin_dir(self) -> str:
+        return self.dirs[0]
+
+    @property
+    def sbin_dir(self) -> str:
+        return self.dirs[1] if len(self.dirs) > 1 else self.dirs[0]
+
+    def program(self, name: str) -> str:
+        """The absolute path of Slurm program ``name``; SlurmCommandError saying where we looked."""
+        for directory in self.dirs:
+            candidate = f"{directory}/{name}"
+            if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
+                return candidate
+        raise SlurmCommandError(f"{name} not found in {', '.join(self.dirs)} (Slurm taken from {self.found_by}): "
+                                f"install Slurm's {name}, or name its directories in slurm.bin_dir/sbin_dir "
+                                f"({BIN_ENV}/_SBIN)", name)
+
+    def __repr__(self) -> str:
+        return f"Installation({self.dirs!r}, found_by={self.found_by!r})"
+
+
+def _pair(bin_dir: str | None, sbin_dir: str | None) -> tuple[str, ...]:
+    """(bin, sbin), the missing one being the other's sibling when it exists."""
+    if bin_dir and not sbin_dir:
+        sibling = os.path.join(os.path.dirname(bin_dir.rstrip("/")), "sbin")
+        sbin_dir = sibling if os.path.isdir(sibling) else bin_dir
+    elif sbin_dir and not bin_dir:
+        sibling = os.path.join(os.path.dirname(sbin_dir.rstrip("/")), "bin")
+        bin_dir = sibling if os.path.isdir(sibling) else sbin_dir
+    assert bin_dir and sbin_dir
+    return (bin_dir, sbin_dir) if bin_dir != sbin_dir else (bin_dir,)
+
+
+def _exe(pid: int, root_only: bool = True) -> str | None:
+    """The executable of a (root-owned) process (None if not root's or unreadable)."""
+    try:
+        if root_only and os.stat(f"/proc/{pid}").st_uid != 0:
+            return None
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return None
+    if exe.endswith(" (deleted)"):  # upgraded in place: the directory is still the one it came from
+        exe = exe[: -len(" (deleted)")]
+    return exe if exe.startswith("/") else None
+
+
+def _stat_fields(pid: int) -> tuple[str, int] | None:
+    """(comm, parent pid) from /proc/PID/stat; None for a zombie (it runs nothing)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read(512).decode("utf-8", "replace")
+    except OSError:
+        return None
+    start, end = data.find("("), data.rfind(")")
+    rest = data[end + 2:].split(" ")
+    if start < 0 or end < 0 or len(rest) < 2 or not rest[1].isdigit() or rest[0] in ("Z", "X"):
+        return None
+    return data[start + 1:end], int(rest[1])
+
+
+def ancestor_daemon(levels: int = 4) -> tuple[int, str] | None:
+    """(pid, executable) of the root slurmd/slurmstepd this process runs under, if any."""
+    pid = os.getppid()
+    for _ in range(levels):
+        if pid <= 1:
+            return None
+        fields = _stat_fields(pid)
+        if fields is None:
+            return None
+        comm, parent = fields
+        if comm in DAEMONS:
+            exe = _exe(pid)
+            return (pid, exe) if exe else None
+        pid = parent
+    return None
+
+
+def daemon_config(argv: list[str], environ, default: str = DEBIAN_CONF) -> str:
+    """The slurm.conf a daemon reads: ``-f FILE``, else ``$SLURM_CONF``, else its compiled-in default."""
+    for i, arg in enumerate(argv):
+        if arg == "-f" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("-f") and len(arg) > 2:
+            return arg[2:]
+    return environ.get("SLURM_CONF") or default
+
+
+def _nul_separated(path: str) -> list[str]:
+    with open(path, "rb") as handle:
+        return [os.fsdecode(part) for part in handle.read().split(b"\0") if part]
+
+
+def _daemon_conf(pid: int, exe: str) -> str:
+    prefix = os.path.dirname(os.path.dirname(exe))
+    default = DEBIAN_CONF if prefix in ("/usr", "/") else f"{prefix}/etc/slurm.conf"
+    try:
+        argv = _nul_separated(f"/proc/{pid}/cmdline")
+        environ = dict(item.partition("=")[::2] for item in _nul_separated(f"/proc/{pid}/environ"))
+    except OSError:
+        return default
+    return daemon_config(argv, environ, default)
+
+
+def running_daemons(names: tuple[str, ...] = DAEMONS, root_only: bool = True) -> list[tuple[int, str, str, str]]:
+    """(pid, name, executable, slurm.conf) of every running (root-owned) Slurm daemon named in ``names``."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        if fields is None or fields[0] not in names:
+            continue
+        exe = _exe(int(entry), root_only)
+        if exe:
+            found.append((int(entry), fields[0], exe, _daemon_conf(int(entry), exe)))
+    return found
+
+
+def _same_file(a: str, b: str) -> bool:
+    return os.path.realpath(a) == os.path.realpath(b)
+
+
+def daemon_for_conf(slurm_conf: str | None) -> tuple[int, str] | None:
+    """(pid, executable) of a running slurmd/slurmctld reading ``slurm_conf`` (None: the default).
+
+    None when there is none, or several from different installations (no guessing).
+    """
+    matches = []
+    for pid, _, exe, conf in running_daemons(("slurmd", "slurmctld")):
+        if (slurm_conf is None and conf in (DEBIAN_CONF, f"{os.path.dirname(os.path.dirname(exe))}/etc/slurm.conf")) \
+                or (slurm_conf is not None and _same_file(conf, slurm_conf)):
+            matches.append((pid, exe))
+    if len({os.path.dirname(exe) for _, exe in matches}) != 1:
+        return None
+    return matches[0]
+
+
+def _from_daemon(pid: int, exe: str, how: str) -> Installation:
+    sbin = os.path.dirname(exe)
+    return Installation(_pair(None, sbin), f"{how} {os.path.basename(exe)} pid {pid} ({exe})", exe)
+
+
+_CACHE: dict[tuple, Installation] = {}
+
+
+def find(environ=None, bin_dir: str | None = None, sbin_dir: str | None = None,
+         use_path: bool = True, use_daemons: bool = True) -> Installation:
+    """The Slurm installation to use (see the module docstring for the order).
+
+    ``bin_dir``/``sbin_dir`` are the config's ``slurm.*`` keys; ``use_path`` is
+    False for the root hooks; ``use_daemons`` False for whoever starts daemons
+    (a local cluster). Cached per process and arguments.
+    """
+    environ = os.environ if environ is None else environ
+    env_bin, env_sbin = environ.get(BIN_ENV) or None, environ.get(SBIN_ENV) or None
+    conf = environ.get("SLURM_CONF") or None
+    path = environ.get("PATH", "") if use_path else None
+    key = (env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons)
+    cached = _CACHE.get(key)
+    if cached is None:
+        cached = _CACHE[key] = _find(env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons)
+    return cached
+
+
+def from_prefix(prefix: str) -> Installation:
+    """``<prefix>/bin`` and ``<prefix>/sbin`` (a source build's ``--prefix``; /usr for Debian's)."""
+    if not os.path.isabs(prefix):
+        raise SlurmCommandError(f"Slurm prefix {prefix!r} is not an absolute directory", prefix)
+    return Installation(_pair(f"{prefix.rstrip('/') or ''}/bin", f"{prefix.rstrip('/') or ''}/sbin"),
+                        f"prefix {prefix}")
+
+
+def environment(install: Installation) -> dict[str, str]:
+    """Variables that make child processes (slurm-tpu itself included) use ``install``."""
+    return {BIN_ENV: install.bin_dir, SBIN_ENV: install.sbin_dir}
+
+
+def _find(env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons) -> Installation:
+    for given, where in (((env_bin, env_sbin), f"{BIN_ENV}/{SBIN_ENV}"),
+                         ((bin_dir, sbin_dir), "config slurm.bin_dir/slurm.sbin_dir")):
+        for directory in given:
+            if directory and not os.path.isabs(directory):
+                raise SlurmCommandError(f"{where}: {directory!r} is not an absolute directory", directory)
+        if given[0] or given[1]:
+            return Installation(_pair(*given), where)
+    if use_daemons:
+        daemon = ancestor_daemon()
+        if daemon is not None:
+            return _from_daemon(*daemon, "parent")
+        daemon = daemon_for_conf(conf)
+        if daemon is not None:
+            return _from_daemon(*daemon, "running")
+    for directory in (path or "").split(":"):
+        if directory.startswith("/") and os.access(f"{directory}/scontrol", os.X_OK):
+            return Installation(_pair(directory, None), f"PATH ({directory})")
+    return Installation(USUAL_DIRS, "default directories")
+
+
+def sbin_dir(environ=None, configured: str | None = None) -> str:
+    """Slurm's sbin directory (slurmd, slurmstepd) as this node runs it (``configured``: slurm.sbin_dir).
+
+    Standard library only: for root code that must recognise Slurm's own processes.
+    """
+    return find(environ, None, configured, use_path=False).sbin_dir
+
+
+def version_of(program: str, environ=None) -> str | None:
+    """``25.11.7`` from ``slurmd -V`` / ``scontrol -V`` (None if it cannot say).
+
+    A client wants a slurm.conf even for -V: pass the environment naming it.
+    """
+    from .spawn import run
+
+    try:
+        out = run([program, "-V"], None if environ is None else dict(environ), timeout=10)
+    except SlurmCommandError:
+        return None
+    words = out.split()
+    return words[-1] if words and words[-1][:1].isdigit() else None
+
+
+def version_mismatch(installation: Installation, program: str, environ=None) -> str | None:
+    """One line naming both versions when ``program`` (a client) and the daemons differ, else None.
+
+    The daemon is the one the installation was found from, else the running
+    slurmd/slurmctld for our slurm.conf. Only asked after a command failed.
+    """
+    environ = os.environ if environ is None else environ
+    daemon = installation.daemon
+    if daemon is None:
+        found = daemon_for_conf(environ.get("SLURM_CONF") or None)
+        daemon = found[1] if found else None
+    if daemon is None:
+        return None
+    client_version, daemon_version = version_of(program, environ), version_of(daemon, environ)
+    if not client_version or not daemon_version or client_version == daemon_version:
+        return None
+    return (f"Slurm client {os.path.basename(program)} {client_version} ({program}) cannot talk to the "
+            f"daemons' Slurm {daemon_version} ({daemon}): point slurm-tpu at the daemons' Slurm with "
+            f"slurm.bin_dir (config) or {BIN_ENV}")
