@@ -70,6 +70,7 @@ class DeviceQueue:
         self._threads = [threading.Thread(target=self._work, args=(list(device),), daemon=True,
                                           name=f"device-{i}") for i, device in enumerate(engines)]
         self._closing = False
+        self._producing = threading.Lock()
         self._mean_seconds = 0.0  # a running mean of inference time, for Retry-After
 
     def start(self) -> None:
@@ -88,26 +89,19 @@ class DeviceQueue:
 
     def submit(self, model: int, inputs: Sequence[np.ndarray]) -> Inference:
         """Queue one inference of model ``model``; raises :class:`Overloaded` when full or closing."""
-        if self._closing:
-            raise Overloaded("the server is shutting down", 1)
-        inference = Inference(model, inputs)
-        try:
-            self._queue.put_nowait(inference)
-        except queue.Full:
-            raise Overloaded(f"all {self.capacity} queue places are taken: retry later",
-                             self.retry_after()) from None
-        return inference
+        return self.submit_all(model, [inputs])[0]
 
     def submit_all(self, model: int, instances: Sequence[Sequence[np.ndarray]]) -> list[Inference]:
-        """Queue several inferences, all or none (a full queue cancels those already queued)."""
-        queued: list[Inference] = []
-        try:
-            for inputs in instances:
-                queued.append(self.submit(model, inputs))
-        except Overloaded:
+        """Queue several inferences, all or none: raises :class:`Overloaded` unless every one fits."""
+        with self._producing:  # producers one at a time: the places counted stay free until put
+            if self._closing:
+                raise Overloaded("the server is shutting down", 1)
+            if self._queue.qsize() + len(instances) > self.capacity:
+                raise Overloaded(f"{self._queue.qsize()} of {self.capacity} queue places are taken and the request "
+                                 f"needs {len(instances)}: retry later", self.retry_after())
+            queued = [Inference(model, inputs) for inputs in instances]
             for inference in queued:
-                inference.cancelled = True
-            raise
+                self._queue.put_nowait(inference)
         return queued
 
     def _work(self, engines: list[Engine]) -> None:
@@ -133,7 +127,8 @@ class DeviceQueue:
 
     def close(self, timeout: float | None = None) -> None:
         """Run what is queued, then stop the workers (wait at most ``timeout`` s for them)."""
-        self._closing = True
+        with self._producing:
+            self._closing = True
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             for _ in self._threads:  # waits while full: the workers are emptying it

@@ -84,6 +84,7 @@ class ServeHTTPServer(ThreadingHTTPServer):
 
 class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one connection carries many requests
+    default_request_version = "HTTP/1.1"  # errors about unparsable request lines get a status line too
     disable_nagle_algorithm = True  # headers and body go out at once, no 40 ms delayed-ACK stall
     server_version = "slurm-tpu-serve"
     server: ServeHTTPServer

@@ -158,7 +158,9 @@ def check_image_size(data: bytes, what: str) -> None:
     try:
         with Image.open(io.BytesIO(data)) as image:
             width, height = image.size
-    except (UnidentifiedImageError, OSError, ValueError, Image.DecompressionBombError) as exc:
+    except Image.DecompressionBombError:
+        raise InputError(f"{what} declares more than {MAX_IMAGE_PIXELS} pixels: scale it down", what) from None
+    except (UnidentifiedImageError, OSError, ValueError) as exc:
         raise InputError(f"{what} is not a readable image ({type(exc).__name__}): send JPEG/PNG bytes or a .npy "
                          "array", what) from None
     if width * height > MAX_IMAGE_PIXELS:
