@@ -63,7 +63,7 @@ class Server:
         except OSError as exc:
             raise UsageError(f"cannot listen on {listen.host or '*'}:{listen.port} ({exc.strerror}): choose "
                              "another --port (0 picks a free one)") from None
-        self._thread = threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.5},
+        self._thread = threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.2},
                                         daemon=True, name="http-accept")
         self.stopped = False
 
