@@ -486,3 +486,23 @@ def wait_for(predicate, what: str, timeout: float = 30) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         time.sleep(0.01)
+
+
+def test_several_models_share_the_jobs_tpu_under_one_lock(models, tpu_process):
+    from runner_support import double_log
+    from slurm_tpu.runner.errors import DeviceBusyError
+    from slurm_tpu.runner.lock import DeviceLock
+
+    server = start_server([(str(models["classifier"]), "c"), (str(models["detector"]), "d")], {}, tpu_process)
+    try:
+        creates = [e for e in double_log(tpu_process) if e["call"] == "create"]
+        assert [e["path"] for e in creates] == [USB_B, USB_B]  # one delegate per model, the same device
+        with pytest.raises(DeviceBusyError):  # held once, by this process: another process is refused
+            DeviceLock("usb-2-1.4", tpu_process)
+        client = Client(server)
+        assert client.json("POST", "/v1/models/c:classify", body=(models["images"] / "img_00005.png").read_bytes()
+                           )[1]["devices"] == ["edgetpu usb-2-1.4"]
+        scene = sorted(models["scenes"].glob("*.png"))[-1]
+        assert client.json("POST", "/v1/models/d:detect", body=scene.read_bytes())[0] == 200
+    finally:
+        server.stop(5)
