@@ -228,6 +228,12 @@ def test_oversized_and_unsized_bodies_are_refused_before_they_are_read(served):
     unauthorized = f"POST /v1/models/classifier:classify HTTP/1.1\r\nHost: x\r\nContent-Length: {limit}\r\n\r\n"
     assert raw_exchange(server.port, unauthorized.encode()).startswith(b"HTTP/1.1 401")
     assert raw_exchange(server.port, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
+    # A refused POST whose body was not read closes the connection: the body is never taken
+    # for the next request (here a pipelined GET that must not be answered).
+    pipelined = (f"POST /v1/models/nope:predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
+                 "Content-Length: 25\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n").encode()
+    answer = raw_exchange(server.port, pipelined)
+    assert answer.startswith(b"HTTP/1.1 404") and answer.count(b"HTTP/1.1") == 1 and b"Connection: close" in answer
 
 
 def test_metrics_are_prometheus_text(served):

@@ -108,6 +108,7 @@ class _Handler(BaseHTTPRequestHandler):
         path, _, query = self.path.partition("?")
         route: Route | None = None
         held = 0
+        consumed = method != "POST"  # whether the connection is past this request's body
         if not app.begin():
             self._refuse(RequestError(503, "the server is shutting down", retry_after=1), close=True)
             return
@@ -123,11 +124,12 @@ class _Handler(BaseHTTPRequestHandler):
                     held = 0
                     raise RequestError(503, "the server holds too many request bodies: retry later", retry_after=1)
                 body = self._read_body(held)
+                consumed = True
             response = app.dispatch(route, body, self.headers.get("Content-Type", ""), query)
             self._send(response)
         except RequestError as exc:
-            # A refused request's body may be unread: only a closed connection stays in sync.
-            self._refuse(exc, close=exc.status in (401, 411, 413) or self.close_connection)
+            # A body left unread would be taken for the next request: close the connection then.
+            self._refuse(exc, close=not consumed or exc.status == 401 or self.close_connection)
             response = None
         except (ConnectionError, TimeoutError):
             self.close_connection = True
