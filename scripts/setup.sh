@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install what slurm-tpu, its tests and its demo need on a Debian machine (as root):
-# Debian's Slurm, munge, umockdev, a C compiler, and a venv (.venv) with the package.
+# Debian's Slurm, munge, umockdev, a C compiler, a venv (.venv) with the package, and the
+# real libedgetpu built from ../shared/libedgetpu when that bundle is there.
 # Safe to re-run: it installs only what is missing.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -10,6 +11,8 @@ cd "$(dirname "$0")/.."
 # tests drive real uevents through UMockdev's GObject API.
 APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3 python3-venv python3-yaml
               util-linux passwd python3-gi gir1.2-umockdev-1.0)
+# What the real libedgetpu built below needs at run time (its build packages: build.sh).
+APT_PACKAGES+=(libusb-1.0-0 libabsl20220623 libflatbuffers2)
 missing=()
 for package in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -42,4 +45,9 @@ if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m p
     exit 1
 fi
 rm -f "$log"
+
+# The real Coral runtime (libedgetpu.so.1) from ../shared/libedgetpu, built once per bundle
+# and cached; the tests about what libedgetpu itself does use it (see tests/hardware/README.md).
+scripts/build-libedgetpu.sh
+
 echo "setup: ready ($(.venv/bin/slurm-tpu --version))"

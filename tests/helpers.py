@@ -65,3 +65,28 @@ def require_root_and(programs: tuple[str, ...], why: str) -> None:
 def require_slurm() -> None:
     """Skip unless we are root and Debian's Slurm, munge and umockdev are installed."""
     require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run"), "Slurm daemons")
+
+
+def merge_umockdev(*files: str | Path) -> str:
+    """One umockdev description of several files' devices (a device named twice, such as
+    the root hub above two sticks, is kept once: the first file's block)."""
+    blocks: dict[str, str] = {}
+    for file in files:
+        for block in Path(file).read_text().split("\n\n"):
+            block = block.strip()
+            if block:
+                blocks.setdefault(block.splitlines()[0], block)
+    return "\n\n".join(blocks.values()) + "\n"
+
+
+REAL_LIBEDGETPU = REPO / "build" / "libedgetpu" / "libedgetpu.so.1"
+
+
+def real_libedgetpu() -> str:
+    """The real libedgetpu.so.1 that scripts/setup.sh built, else skip the test saying why."""
+    import pytest
+
+    if not REAL_LIBEDGETPU.exists():
+        pytest.skip(f"the real libedgetpu is not built ({REAL_LIBEDGETPU.relative_to(REPO)} is missing): "
+                    "run scripts/setup.sh with the source bundle in ../shared/libedgetpu")
+    return str(REAL_LIBEDGETPU)

@@ -66,11 +66,23 @@ def format_table(inventory: Inventory) -> str:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print the inventory as JSON.")
-def detect(as_json: bool) -> None:
+@click.option("--json", "as_json", is_flag=True, help="Print the inventory (or the runtime check) as JSON.")
+@click.option("--check-runtime", is_flag=True,
+              help="Also ask libedgetpu which Edge TPUs it sees (it lists, never opens) and report where it "
+                   "disagrees with this inventory; exit 1 when it does.")
+@click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
+              help="libedgetpu.so.1 for --check-runtime (env SLURM_TPU_LIBEDGETPU; default: the system's).")
+def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
     """List this node's Edge TPUs and GPUs (through libudev)."""
     inventory = _inventory()
-    if as_json:
+    if check_runtime:
+        from ..ops.edgetpu_runtime import check_runtime as run_check
+
+        check = run_check(inventory, libedgetpu)
+        click.echo(json.dumps(check.as_dict(), indent=2) if as_json else check.text(), nl=as_json)
+        if not check.agrees:
+            sys.exit(EXIT_DIFFERS)
+    elif as_json:
         click.echo(json.dumps(inventory.to_json(), indent=2))
     else:
         click.echo(format_table(inventory), nl=False)

@@ -87,17 +87,19 @@ def watch(obj: Obj, node: str | None, gres_conf: str, node_conf: str | None, sto
     watcher.run(stop_after=duration)
 
 
-def _metrics_text(obj: Obj, node: str) -> str:
+def _metrics_text(obj: Obj, node: str, libedgetpu: str | None) -> str:
     import time
 
     from ..detect import detect_inventory
+    from ..ops.edgetpu_runtime import installed_version
     from ..ops.health_check import configured_inventory
     from ..ops.metrics import render_metrics
     from ..ops.node_state import audit_records, current_leases, default_audit_log
 
     config = obj.config
     return render_metrics(node, configured_inventory(config), detect_inventory(use_nvml=False),
-                          current_leases(config), audit_records([default_audit_log(config)]), time.time())
+                          current_leases(config), audit_records([default_audit_log(config)]), time.time(),
+                          installed_version(libedgetpu))
 
 
 @main.command()
@@ -106,9 +108,12 @@ def _metrics_text(obj: Obj, node: str) -> str:
               help="Write atomically to FILE (e.g. node_exporter's textfile directory, *.prom) instead of stdout.")
 @click.option("--listen", metavar="[HOST:]PORT",
               help="Serve /metrics over HTTP instead (each scrape detects afresh); Ctrl-C stops.")
+@click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
+              help="libedgetpu.so.1 whose version to report (env SLURM_TPU_LIBEDGETPU; default: the system's).")
 @pass_obj
-def metrics(obj: Obj, node: str | None, output: str | None, listen: str | None) -> None:
-    """Prometheus metrics: devices present/healthy/leased, temperature, jobs, inferences.
+def metrics(obj: Obj, node: str | None, output: str | None, listen: str | None, libedgetpu: str | None) -> None:
+    """Prometheus metrics: devices present/healthy/leased, temperature, jobs, inferences,
+    and the version of the node's libedgetpu.
 
     Inference counts and times come from the runner, through the epilog's usage
     records in the audit log.
@@ -120,9 +125,9 @@ def metrics(obj: Obj, node: str | None, output: str | None, listen: str | None) 
         host, _, port = listen.rpartition(":")
         if not port.isdigit():
             raise click.BadParameter(f"'{listen}' is not [HOST:]PORT", param_hint="--listen")
-        serve(host or "127.0.0.1", int(port), lambda: _metrics_text(obj, name))
+        serve(host or "127.0.0.1", int(port), lambda: _metrics_text(obj, name, libedgetpu))
         return
-    text = _metrics_text(obj, name)
+    text = _metrics_text(obj, name, libedgetpu)
     if output:
         from ..files import write_if_changed
 

@@ -188,6 +188,21 @@ def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
     return [cfg, os.path.join(state_dir, "inventory.json"), slurm_conf, gres_conf]
 
 
+def edgetpu_paths(devices: dict[str, KnownDevice]) -> dict[str, str]:
+    """identity -> "type:path" as SLURM_TPU_EDGETPU_PATHS carries it, per leasable Edge TPU."""
+    from .. import jobenv
+
+    paths = {}
+    for device in devices.values():
+        if device.kind == "edgetpu":
+            try:
+                kind, path = jobenv.libedgetpu_path(device.identity, device.primary_node)
+            except ValueError:
+                continue  # a PCIe TPU without its node: the prolog refuses it anyway
+            paths[device.identity] = f"{kind}:{path}"
+    return paths
+
+
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf."""
     from .. import jobenv, usage
@@ -215,13 +230,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         settings.env_names = (jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, usage.USAGE_DIR_ENV)
         if os.geteuid() == 0:
             os.close(usage.ensure_usage_dir(fd))  # the runner's drop box (see usage.py)
-        for device in settings.devices.values():
-            if device.kind == "edgetpu":
-                try:
-                    kind, path = jobenv.libedgetpu_path(device.identity, device.primary_node)
-                except ValueError:
-                    continue  # a PCIe TPU without its node: the prolog refuses it anyway
-                settings.tpu_paths[device.identity] = f"{kind}:{path}"
+        settings.tpu_paths = edgetpu_paths(settings.devices)
         names = [config.tpu_gres_name] + ([config.gpu_gres_name] if config.isolate_gpus else [])
         settings.index = allocation.gres_index(node, names, environ)
         settings.sources = keys_before

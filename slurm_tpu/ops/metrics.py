@@ -38,8 +38,9 @@ class _Family:
 
 
 def render_metrics(node: str, configured: Inventory, live: Inventory, leased: dict[str, int],
-                   records: Iterable[LeaseRecord], now: float) -> str:
-    """The exposition text. ``leased``: identity -> job id of current leases."""
+                   records: Iterable[LeaseRecord], now: float, edgetpu_version: str | None = None) -> str:
+    """The exposition text. ``leased``: identity -> job id of current leases;
+    ``edgetpu_version``: edgetpu_version() of the node's libedgetpu, if it has one."""
     present = _Family("slurm_tpu_device_present", "gauge", "1 if a configured accelerator is present on the node")
     healthy = _Family("slurm_tpu_device_healthy", "gauge", "1 if a configured accelerator is present, usable and "
                                                            "below its thermal trip point")
@@ -76,5 +77,10 @@ def render_metrics(node: str, configured: Inventory, live: Inventory, leased: di
         lease_seconds.add(short, lease_s)
         inferences.add(short, count)
         inference_seconds.add(short, infer_s)
+    # The usual *_info pattern: a constant 1 whose labels carry the version.
+    runtime = _Family("slurm_tpu_edgetpu_runtime_info", "gauge", "libedgetpu on the node, by its edgetpu_version()")
+    if edgetpu_version:
+        runtime.add({"node": node, "version": edgetpu_version}, 1.0)
     families = (present, healthy, leased_g, temperature, jobs, lease_seconds, inferences, inference_seconds)
-    return "\n".join(f.render() for f in families if f.samples or f.kind == "gauge") + "\n"
+    text = "\n".join(f.render() for f in families if f.samples or f.kind == "gauge")
+    return text + ("\n" + runtime.render() if runtime.samples else "") + "\n"

@@ -261,7 +261,8 @@ class Runner:
         """Latency and throughput on the first device (the whole chain when segmented)."""
         inputs = self.load(source) if source else random_inputs(self.input_specs)
         engine = _Chain(self) if self.segmented else self.engine_set.engines[0]
-        return benchmark(engine, inputs, iterations, self.engine_set.load_seconds, self.engine_set.runtime)
+        return benchmark(engine, inputs, iterations, self.engine_set.load_seconds, self.engine_set.runtime,
+                         self.engine_set.edgetpu_version)
 
     def close(self) -> None:
         self.engine_set.close()

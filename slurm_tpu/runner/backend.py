@@ -151,7 +151,20 @@ class EdgeTpuLibrary:
         except AttributeError as exc:
             raise LibEdgeTpuError(f"{self.path} lacks libedgetpu's C API ({exc}): "
                                   "it is not libedgetpu.so.1, or a very old one", self.path) from None
+        # Both exist in every libedgetpu release; a library without them still runs models.
+        self._version = getattr(lib, "edgetpu_version", None)
+        if self._version is not None:
+            self._version.argtypes, self._version.restype = [], ctypes.c_char_p
+        self._verbosity = getattr(lib, "edgetpu_verbosity", None)
+        if self._verbosity is not None:
+            self._verbosity.argtypes, self._verbosity.restype = [ctypes.c_int], None
         self._lib = lib
+
+    def version(self) -> str | None:
+        """edgetpu_version(): "BuildLabel(COMPILER=...,DATE=...), RuntimeVersion(14)"."""
+        if self._version is None:
+            return None
+        return (self._version() or b"").decode("utf-8", "replace") or None
 
     def list_devices(self) -> list[tuple[str, str]]:
         """(type, path) of every Edge TPU libedgetpu can see, in its own order."""
@@ -164,18 +177,49 @@ class EdgeTpuLibrary:
             if devices:
                 self._lib.edgetpu_free_devices(devices)
 
-    def create_delegate(self, device_type: str, path: str,
-                        options: dict[str, str] | None = None) -> "EdgeTpuDelegate | None":
-        """A delegate bound to the device at ``path``; None when libedgetpu cannot open it."""
+    def create_delegate(self, device_type: str, path: str, options: dict[str, str] | None = None,
+                        log: list[str] | None = None) -> "EdgeTpuDelegate | None":
+        """A delegate bound to the device at ``path``; None when libedgetpu cannot open it.
+
+        With ``log``, libedgetpu's own messages during the attempt are appended to it:
+        the library says why an open failed only on stderr and only with its verbosity
+        raised, so both are done for this one call (see :func:`libedgetpu_reason`).
+        """
         options = options or {}
         array = (_Option * max(len(options), 1))()
         for i, (key, value) in enumerate(options.items()):
             array[i] = _Option(key.encode(), str(value).encode())
-        pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), array, len(options))
+        if log is None or self._verbosity is None:
+            pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), array, len(options))
+        else:
+            with native_stderr_captured() as lines:
+                self._verbosity(1)
+                try:
+                    pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), array,
+                                                                len(options))
+                finally:
+                    self._verbosity(0)  # quiet again before the model runs
+            log.extend(lines)
         return EdgeTpuDelegate(self, pointer) if pointer else None
 
     def _free(self, pointer: int) -> None:
         self._lib.edgetpu_free_delegate(pointer)
+
+
+def libedgetpu_reason(log: list[str], path: str) -> str | None:
+    """libedgetpu's own reason for failing to open ``path``, from its verbose log.
+
+    The line looks like ``I <file>:<line>] Failed to open device [Apex (USB)] at
+    [/sys/bus/usb/devices/2-1.3]: Unknown: USB error -1 [GetDeviceDescriptor]``.
+    """
+    marker = f"at [{path}]: "
+    for line in reversed(log):
+        if "Failed to open device" in line and marker in line:
+            return line.split(marker, 1)[1].strip()
+    for line in reversed(log):  # another library's wording: its last complaint
+        if "rror" in line or "ailed" in line:
+            return line.split("] ", 1)[-1].strip()[:200]
+    return None
 
 
 class EdgeTpuDelegate:

@@ -23,6 +23,7 @@ class BenchResult:
     p99_ms: float
     mean_ms: float
     throughput_per_s: float
+    edgetpu_version: str | None = None  # edgetpu_version() of the libedgetpu used, on an Edge TPU
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -33,6 +34,8 @@ class BenchResult:
                 ("iterations", str(self.iterations)), ("latency p50", f"{self.p50_ms:.2f} ms"),
                 ("latency p90", f"{self.p90_ms:.2f} ms"), ("latency p99", f"{self.p99_ms:.2f} ms"),
                 ("mean", f"{self.mean_ms:.2f} ms"), ("throughput", f"{self.throughput_per_s:.1f} inferences/s")]
+        if self.edgetpu_version:
+            rows.insert(2, ("libedgetpu", self.edgetpu_version))
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows) + "\n"
 
@@ -59,7 +62,7 @@ def percentile(sorted_ms: Sequence[float], q: float) -> float:
 
 
 def benchmark(engine: Engine, inputs: Sequence[np.ndarray], iterations: int, load_seconds: float,
-              runtime: str) -> BenchResult:
+              runtime: str, edgetpu_version: str | None = None) -> BenchResult:
     """Time ``iterations`` inferences after the first one (reported apart)."""
     started = time.perf_counter()
     engine.run(inputs)
@@ -75,4 +78,4 @@ def benchmark(engine: Engine, inputs: Sequence[np.ndarray], iterations: int, loa
     return BenchResult(engine.label, runtime, load_seconds * 1000, first * 1000, iterations,
                        percentile(latencies, 50), percentile(latencies, 90), percentile(latencies, 99),
                        float(np.mean(latencies)) if latencies else 0.0,
-                       iterations / total if total > 0 else 0.0)
+                       iterations / total if total > 0 else 0.0, edgetpu_version)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from ..errors import DeviceError
-from . import backend
+from . import backend, edgetpu_faults
 from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
@@ -48,6 +48,7 @@ class EngineSet:
     models: list[ModelInfo]
     _locks: list[DeviceLock] = field(default_factory=list)
     environ: Mapping[str, str] = field(default_factory=dict)
+    edgetpu_version: str | None = None  # edgetpu_version() when an Edge TPU was opened
 
     def __post_init__(self) -> None:
         # Count every inference per device, whichever mode drives the engines.
@@ -104,15 +105,19 @@ class _Opener:
                       environ: Mapping[str, str]) -> Engine:
         if self.library is None:
             self.library = backend.EdgeTpuLibrary(self.options.libedgetpu)
+        # Never ask libedgetpu to open what it does not list: on a USB path it cannot
+        # enumerate it retries for about 25 s before giving up.
+        listed = self.library.list_devices()
+        if (device.edgetpu_type, device.path) not in listed:
+            raise DeviceError(edgetpu_faults.absent_message(device, listed), device.identity)
         lock = self._held.get(device.identity) or DeviceLock(device.identity, environ)
-        delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "")
+        log: list[str] = []
+        delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
         if delegate is None:
             if device.identity not in self._held:
                 lock.release()
-            seen = ", ".join(f"{t}:{p}" for t, p in self.library.list_devices()) or "none"
-            raise DeviceError(f"libedgetpu cannot open Edge TPU {device.identity} at "
-                              f"{device.edgetpu_type}:{device.path} (it sees: {seen}): check the device "
-                              "with 'slurm-tpu detect' and that the job owns it", device.identity)
+            reason = backend.libedgetpu_reason(log, device.path or "")
+            raise DeviceError(edgetpu_faults.open_failure_message(device, reason), device.identity)
         if device.identity not in self._held:
             self._held[device.identity] = lock
             self.locks.append(lock)
@@ -144,6 +149,9 @@ class _Opener:
             raise
         for message in warnings:
             self.warn(message)
+
+    def edgetpu_version(self) -> str | None:
+        return self.library.version() if self.library is not None else None
 
     def abort(self) -> None:
         for engine in reversed(self.engines):
@@ -177,7 +185,7 @@ def open_engines(model_path: str, options: OpenOptions | None = None,
     opener = _Opener(options, warn)
     opener.open_all([(model, device) for device in devices], environ, warnings)
     return EngineSet(opener.engines, devices, opener.runtime, time.perf_counter() - started,
-                     [model], opener.locks, environ)
+                     [model], opener.locks, environ, opener.edgetpu_version())
 
 
 def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = None,
@@ -201,7 +209,7 @@ def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = No
     opener = _Opener(options, warn)
     opener.open_all(list(zip(models, devices)), environ, warnings)
     return EngineSet(opener.engines, devices[:len(models)], opener.runtime,
-                     time.perf_counter() - started, models, opener.locks, environ)
+                     time.perf_counter() - started, models, opener.locks, environ, opener.edgetpu_version())
 
 
 def open_models(model_paths: Sequence[str], options: OpenOptions | None = None,
@@ -219,4 +227,4 @@ def open_models(model_paths: Sequence[str], options: OpenOptions | None = None,
     opener = _Opener(options, warn)
     opener.open_all(pairs, environ, warnings, concurrent=len(devices))  # one inference per device at a time
     return EngineSet(opener.engines, [d for _, d in pairs], opener.runtime, time.perf_counter() - started,
-                     models, opener.locks, environ)
+                     models, opener.locks, environ, opener.edgetpu_version())

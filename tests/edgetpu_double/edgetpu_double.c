@@ -3,7 +3,8 @@
  *
  * It exports what the runner uses of the real library: the C API
  * (edgetpu_list_devices / edgetpu_free_devices / edgetpu_create_delegate /
- * edgetpu_free_delegate) and the TFLite external-delegate ABI
+ * edgetpu_free_delegate / edgetpu_version; not edgetpu_verbosity, which the runner
+ * treats as optional) and the TFLite external-delegate ABI
  * (tflite_plugin_create_delegate / tflite_plugin_destroy_delegate).
  *
  * Honest by construction:
@@ -104,6 +105,9 @@ struct edgetpu_device *edgetpu_list_devices(size_t *num_devices) {
 }
 
 void edgetpu_free_devices(struct edgetpu_device *dev) { free(dev); }
+
+/* Says plainly what it is: `infer --benchmark` and `metrics` print this string. */
+const char *edgetpu_version(void) { return "slurm-tpu test double of libedgetpu (no Edge TPU)"; }
 
 static TfLiteDelegate *make_delegate(const char *type, const char *path, const char *options) {
   DoubleDelegate *d = calloc(1, sizeof *d);

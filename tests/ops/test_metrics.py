@@ -15,7 +15,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import HARDWARE, detect_json, run_cli
+from helpers import HARDWARE, detect_json, real_libedgetpu, run_cli
 
 
 @pytest.fixture
@@ -73,6 +73,22 @@ def test_metrics_parse_and_report_the_node(node_state):
     assert values[("slurm_tpu_device_inferences_total", "usb-2-1")] == 250
     assert values[("slurm_tpu_device_inference_seconds_total", "usb-2-1")] == 2.5
     assert sum(1 for (name, _) in values if name == "slurm_tpu_device_present") == 10
+
+
+def test_metrics_report_the_real_libedgetpu_version(node_state, tmp_path):
+    library = real_libedgetpu()
+    result = run_cli(["--config", str(node_state), "metrics", "--libedgetpu", library], "big_node")
+    assert result.returncode == 0, result.stderr
+    [family] = [f for f in text_string_to_metric_families(result.stdout)
+                if f.name == "slurm_tpu_edgetpu_runtime_info"]
+    assert family.type == "gauge"  # text format 0.0.4 has no info type: a constant-1 gauge
+    [sample] = family.samples
+    assert sample.labels["version"].startswith("BuildLabel(COMPILER=")
+    assert sample.labels["version"].endswith("RuntimeVersion(14)")
+    assert sample.value == 1
+    # A node without libedgetpu has no such series (rather than an empty version).
+    none = run_cli(["--config", str(node_state), "metrics", "--libedgetpu", str(tmp_path / "none.so.1")], "big_node")
+    assert none.returncode == 0 and "slurm_tpu_edgetpu_runtime_info" not in none.stdout
 
 
 def test_missing_and_hot_devices_are_unhealthy(node_state, tmp_path):

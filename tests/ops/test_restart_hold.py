@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from helpers import HARDWARE, run_cli
+from helpers import HARDWARE, merge_umockdev, run_cli
 from slurm_tpu.localcluster import NodeSpec
 from slurm_tpu.localcluster.hardware import materialize
 from slurm_tpu.ops.health import HOLD_PREFIX, parse_node_state
@@ -30,9 +30,7 @@ def test_count_change_is_held_until_the_controller_knows(cluster_factory, tmp_pa
     monkeypatch.setenv("SLURM_CONF", cluster.slurm_conf)  # apply_hardware_change runs scontrol here
     # The node now has a second stick: detect it (real libudev), make its nodes real.
     both = tmp_path / "two_sticks.umockdev"
-    first = (HARDWARE / "usb_stick_after.umockdev").read_text().strip()
-    second = (HARDWARE / "usb_second_stick.umockdev").read_text().split("\n\n", 1)[1]
-    both.write_text(first + "\n\n" + second)
+    both.write_text(merge_umockdev(HARDWARE / "usb_stick_after.umockdev", HARDWARE / "usb_second_stick.umockdev"))
     detected = run_cli(["detect", "--json"], str(both))
     assert detected.returncode == 0, detected.stderr
     live = materialize(Inventory.from_json(json.loads(detected.stdout)),

@@ -1,0 +1,152 @@
+"""``slurm-tpu detect --check-runtime``: what libedgetpu sees against our inventory.
+
+The first thing to run when a job says "Failed to load delegate" or "libedgetpu cannot
+open": every Edge TPU detection found should be in ``edgetpu_list_devices()`` at the
+very path the task-prolog exports (``jobenv.libedgetpu_path``), and libedgetpu should
+list nothing else. It only *lists*: opening a USB stick resets it, which would kill a
+job that is using it.
+
+Disagreements and what they mean:
+- in our inventory, not listed: USB - libusb cannot enumerate it (unreadable sysfs
+  descriptors, a hub above it libusb cannot read); PCIe - no ``/sys/class/apex`` entry;
+- unusable in our inventory: the reason detection gives (no driver bound, no node);
+- listed, not in our inventory: a USB path naming no stick in sysfs means libusb placed
+  a stick behind a hub it could not read at a shortened port path;
+- inside a job, a device the job was given that this user cannot open: the prolog did
+  not hand it over (or the udev rules took it back).
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from dataclasses import asdict, dataclass
+from typing import Mapping, Sequence
+
+from .. import jobenv
+from ..model import Inventory, Kind
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One Edge TPU, as we and libedgetpu see it."""
+
+    identity: str | None  # None: only libedgetpu knows it
+    path: str | None  # "type:path" as libedgetpu names it
+    ok: bool
+    message: str
+
+
+@dataclass(frozen=True)
+class RuntimeCheck:
+    library: str
+    version: str | None
+    listed: tuple[str, ...]  # "type:path", in libedgetpu's order
+    findings: tuple[Finding, ...]
+
+    @property
+    def agrees(self) -> bool:
+        return all(f.ok for f in self.findings)
+
+    def as_dict(self) -> dict:
+        return {"library": self.library, "version": self.version, "listed": list(self.listed),
+                "agrees": self.agrees, "findings": [asdict(f) for f in self.findings]}
+
+    def text(self) -> str:
+        lines = [f"libedgetpu: {self.library} ({self.version or 'no edgetpu_version()'})"]
+        lines += [f"{'ok' if f.ok else 'PROBLEM'}: {f.message}" for f in self.findings]
+        if not self.findings:
+            lines.append("ok: no Edge TPU here, and libedgetpu lists none")
+        problems = sum(not f.ok for f in self.findings)
+        lines.append("libedgetpu and slurm-tpu agree" if not problems
+                     else f"{problems} problem(s), see the PROBLEM lines")
+        return "\n".join(lines) + "\n"
+
+
+def _not_listed(identity: str, device_type: str, path: str) -> str:
+    if device_type == "usb":
+        name = path.rsplit("/", 1)[-1]
+        return (f"{identity}: in sysfs at {path} but libedgetpu does not list it: libusb cannot enumerate it; "
+                f"check that {path}/descriptors and those of every hub above it are readable "
+                f"(lsusb -t should show {name})")
+    return (f"{identity}: {path} exists but libedgetpu does not list it: it looks in /sys/class/apex; check "
+            "that the apex driver created the device (lsmod | grep apex; dmesg | grep apex)")
+
+
+def compare(inventory: Inventory, listed: Sequence[tuple[str, str]]) -> list[Finding]:
+    """Our Edge TPUs against libedgetpu's list (pure: no I/O)."""
+    seen = [f"{t}:{p}" for t, p in listed]
+    findings, expected = [], set()
+    for accelerator in inventory:
+        if accelerator.kind != Kind.EDGETPU:
+            continue
+        identity = accelerator.identity
+        if not accelerator.usable:
+            findings.append(Finding(identity, None, False, f"{identity}: not usable: {accelerator.reason}"))
+            continue
+        try:
+            device_type, path = jobenv.libedgetpu_path(identity, accelerator.primary_node)
+        except ValueError as exc:
+            findings.append(Finding(identity, None, False, str(exc)))
+            continue
+        where = f"{device_type}:{path}"
+        expected.add(where)
+        if where in seen:
+            findings.append(Finding(identity, where, True, f"{identity}: libedgetpu lists it at {where}"))
+        else:
+            findings.append(Finding(identity, where, False, _not_listed(identity, device_type, path)))
+    for where in seen:
+        if where not in expected:
+            findings.append(Finding(None, where, False, (
+                f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
+                "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
+                "otherwise detection missed it (run 'slurm-tpu detect')")))
+    return findings
+
+
+def _access_findings(inventory: Inventory, environ: Mapping[str, str]) -> list[Finding]:
+    """Inside a job, as its user: can this user open the nodes of the job's Edge TPUs?"""
+    if os.geteuid() == 0:
+        return []
+    try:
+        handles = jobenv.parse_environment(environ)
+    except ValueError as exc:
+        return [Finding(None, None, False, f"this job's environment: {exc}")]
+    findings = []
+    for handle in handles:
+        accelerator = inventory.by_identity(handle.identity)
+        for node in accelerator.device_nodes if accelerator is not None else ():
+            if os.access(node, os.R_OK | os.W_OK):
+                continue
+            try:
+                info = os.stat(node)
+                how = f"owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
+            except OSError as exc:
+                how = exc.strerror or "cannot stat"
+            findings.append(Finding(handle.identity, f"{handle.device_type}:{handle.path}", False, (
+                f"{handle.identity}: this job's user cannot open {node} ({how}): the node's slurm-tpu prolog "
+                "did not hand it over, or a udev rule took it back; check the prolog's log, and the installed "
+                "udev rules against 'slurm-tpu udev-rules'")))
+    return findings
+
+
+def check_runtime(inventory: Inventory, library_path: str | None = None,
+                  environ: Mapping[str, str] = os.environ) -> RuntimeCheck:
+    """Load libedgetpu (raises LibEdgeTpuError with one line if it cannot), list, compare."""
+    from ..runner.backend import EdgeTpuLibrary
+
+    library = EdgeTpuLibrary(library_path)
+    listed = library.list_devices()
+    findings = compare(inventory, listed) + _access_findings(inventory, environ)
+    return RuntimeCheck(library.path, library.version(), tuple(f"{t}:{p}" for t, p in listed), tuple(findings))
+
+
+def installed_version(library_path: str | None = None) -> str | None:
+    """edgetpu_version() of the libedgetpu jobs would load; None when none can be loaded."""
+    from ..runner.backend import EdgeTpuLibrary
+    from ..runner.errors import LibEdgeTpuError
+
+    try:
+        return EdgeTpuLibrary(library_path).version()
+    except LibEdgeTpuError:
+        return None

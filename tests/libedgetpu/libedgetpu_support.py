@@ -1,0 +1,59 @@
+"""Helpers for the tests of the real libedgetpu (``from libedgetpu_support import ...``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import REPO
+
+HERE = Path(__file__).resolve().parent
+
+
+def in_testbed(description: Path | str, argv: list[str], env: dict[str, str] | None = None,
+               timeout: float = 120, user: str | None = None) -> subprocess.CompletedProcess:
+    """Run ``argv`` inside a umockdev testbed of ``description`` (real libudev, libusb, sysfs),
+    as ``user`` when given (the testbed is then theirs)."""
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_TPU_", "SLURM_JOB"))}
+    full_env.update(env or {})
+    prefix = ["runuser", "-u", user, "--"] if user else []
+    return subprocess.run([*prefix, "umockdev-run", "--device", str(description), "--", *argv],
+                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+
+
+def run_probe(script: str, description: Path | str, args: list[str], env: dict[str, str] | None = None) -> dict:
+    """One of this folder's probe scripts in a testbed; its JSON answer."""
+    done = in_testbed(description, [sys.executable, str(HERE / script), *args], env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def slurm_tpu(*args: str) -> list[str]:
+    """The CLI, run by the tests' Python."""
+    return [sys.executable, "-m", "slurm_tpu.cli", *args]
+
+
+def stick_behind_a_hub_without_descriptors(tmp_path: Path) -> Path:
+    """usb_stick_after with its hub (2-1) stripped of descriptors: the stick is in sysfs
+    at 2-1.3, but libusb cannot link it to its hub and reports it as 2-3."""
+    from helpers import HARDWARE
+
+    hub = "P: /devices/pci0000:00/0000:00:14.0/usb2/2-1\n"
+    blocks = [block if not block.startswith(hub) else
+              "\n".join(line for line in block.splitlines() if not line.startswith("H: "))
+              for block in (HARDWARE / "usb_stick_after.umockdev").read_text().split("\n\n")]
+    path = tmp_path / "hub_without_descriptors.umockdev"
+    path.write_text("\n\n".join(blocks))
+    return path
+
+
+def library_version(path: str) -> str:
+    """edgetpu_version() straight from the library (plain ctypes, not our binding)."""
+    import ctypes
+
+    function = ctypes.CDLL(path).edgetpu_version
+    function.restype = ctypes.c_char_p
+    return function().decode()

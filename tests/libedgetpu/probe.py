@@ -1,0 +1,40 @@
+"""Run inside a umockdev testbed: our view of the node and the real libedgetpu's, as JSON.
+
+``python probe.py LIBEDGETPU`` prints one JSON object:
+  inventory  what ``slurm-tpu detect`` finds (real libudev),
+  exported   SLURM_TPU_EDGETPU_PATHS as the task-prolog would export it for a job that
+             leased every usable Edge TPU (the hooks' own code: settings.edgetpu_paths,
+             envfile.render, then the runner's jobenv.parse_environment),
+  listed     edgetpu_list_devices() of the library, in its order, as "type:path".
+"""
+
+import json
+import sys
+from types import SimpleNamespace
+
+from slurm_tpu import jobenv
+from slurm_tpu.detect import detect_inventory
+from slurm_tpu.hooks import envfile
+from slurm_tpu.hooks.settings import edgetpu_paths
+from slurm_tpu.locks.node_inventory import parse_inventory
+from slurm_tpu.runner.backend import EdgeTpuLibrary
+
+
+def main() -> None:
+    document = detect_inventory(use_nvml=False).to_json()
+    known = parse_inventory(document)
+    settings = SimpleNamespace(env_names=(jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, "UNUSED"),
+                               tpu_paths=edgetpu_paths(known), state_dir="/nonexistent")
+    leases = [SimpleNamespace(identity=i, kind="edgetpu") for i in settings.tpu_paths]
+    environ = dict(line.removeprefix("export ").split("=", 1)
+                   for line in envfile.render(leases, settings).splitlines() if line.startswith("export "))
+    handles = jobenv.parse_environment(environ)
+    print(json.dumps({
+        "inventory": document,
+        "exported": {h.identity: f"{h.device_type}:{h.path}" for h in handles},
+        "listed": [f"{t}:{p}" for t, p in EdgeTpuLibrary(sys.argv[1]).list_devices()],
+    }))
+
+
+if __name__ == "__main__":
+    main()
