@@ -151,8 +151,9 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
     for record in records:
         by_name.setdefault(record["Name"], []).append(record)
     assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4,
-                                                              "step-tpu": 1}
-    assert {(r["JobState"], r["ExitCode"]) for r in records} == {("COMPLETED", "0:0")}
+                                                              "step-tpu": 1, "serve-tpu": 1, "serve-client": 1}
+    assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] != "serve-tpu"} == {("COMPLETED", "0:0")}
+    assert by_name["serve-tpu"][0]["JobState"] == "CANCELLED"  # a server runs until scancel
     assert all(r["UserId"].startswith(USER + "(") for r in records)
     tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"]
     assert {r["NodeList"] for r in tpu_jobs} <= set(TPUS)  # TPU jobs only on TPU nodes
@@ -185,6 +186,22 @@ def test_detection_step_over_two_nodes_found_every_scene_once_and_drew_them(demo
             sorted((o[0], o[1:]) for o in expected[os.path.basename(row["input"])]["objects"])
     (line,) = [line for line in done.stdout.splitlines() if line.strip().startswith("annotated: ")]
     assert os.path.isfile(line.split()[1])
+
+
+def test_served_model_answered_another_node_and_stopped_cleanly_on_scancel(demo):
+    done, layout = demo
+    (server,) = [r for r in jobcomp(layout) if r["Name"] == "serve-tpu"]
+    (client,) = [r for r in jobcomp(layout) if r["Name"] == "serve-client"]
+    assert (server["NodeList"], client["NodeList"]) == ("node-usb", "node-plain")
+    answers = [line.split(": ", 1) for line in done.stdout.splitlines() if re.match(r"\s+img_\d+\.png: ", line)]
+    assert [(name.strip(), label.split()[0]) for name, label in answers] == \
+        [(f"img_{i:05d}.png", expected_label(layout, f"img_{i:05d}.png")) for i in range(3)]
+    log = open(os.path.join(layout.out, f"serve-tpu-{server['JobId']}.out"), encoding="utf-8").read()
+    assert "SIGTERM: stopping" in log and "devices released" in log and "cut off" not in log, log
+    job = int(server["JobId"])
+    assert [n for n, _, j, _, _ in held(layout) if j == job] == ["node-usb"]  # its TPU leased, then released
+    assert not os.path.exists(os.path.join(os.path.expanduser(f"~{USER}"), ".slurm-tpu", "serve",
+                                           f"{job}.json"))
 
 
 def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
@@ -358,7 +375,8 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert again.returncode == 0, again.stdout + again.stderr
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
-    assert len(new) == 18 and {r["JobState"] for r in new} == {"COMPLETED"}  # 17 + the detection step
+    states = sorted((r["Name"] == "serve-tpu", r["JobState"]) for r in new)  # 17 + detection + client, + server
+    assert states == [(False, "COMPLETED")] * 19 + [(True, "CANCELLED")]
 
 
 def _free_port() -> int:
