@@ -23,7 +23,7 @@ from ..locks.node_inventory import KnownDevice
 
 SNAPSHOT = "hooks.snapshot"
 QUERY_MARKER = "prolog.query"
-FORMAT = "slurm-tpu hooks snapshot 3"
+FORMAT = "slurm-tpu hooks snapshot 4"
 DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
 DEFAULT_STATE_DIR = "/run/slurm-tpu"
 
@@ -32,7 +32,8 @@ class HookSettings:
     """Config values, this node's devices and its GRES index, as the hooks use them."""
 
     __slots__ = ("state_dir", "slot_dir", "lease_mode", "idle_uid", "idle_gid", "idle_mode", "isolate_gpus",
-                 "tpu_name", "gpu_name", "node", "devices", "index", "sources", "env_names", "tpu_paths")
+                 "tpu_name", "gpu_name", "node", "devices", "index", "sources", "env_names", "tpu_paths",
+                 "revoke", "holder_scan_s", "sysfs_root")
 
     def __init__(self, state_dir: str, slot_dir: str = "/dev/slurm-tpu", lease_mode: int = 0o600,
                  idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = 0o600, isolate_gpus: bool = False,
@@ -50,6 +51,8 @@ class HookSettings:
         # need not import it: variable names, and libedgetpu's "type:path" per TPU.
         self.env_names: tuple[str, ...] = ()
         self.tpu_paths: dict[str, str] = {}
+        # Revocation at job end (slurm_tpu/locks/revoke.py) and the holder scan's time box.
+        self.revoke, self.holder_scan_s, self.sysfs_root = True, 2.0, "/sys"
 
     def leasable_names(self) -> list[str]:
         """GRES names whose devices this node leases (tpu; gpu with isolate_gpus)."""
@@ -68,7 +71,8 @@ class HookSettings:
             lines.append(f"src\t{path}\t{key}")
         lines.append("set\t" + "\t".join([self.state_dir, self.slot_dir, str(self.lease_mode), str(self.idle_uid),
                                           str(self.idle_gid), str(self.idle_mode), str(int(self.isolate_gpus)),
-                                          self.tpu_name, self.gpu_name, self.node]))
+                                          self.tpu_name, self.gpu_name, self.node, str(int(self.revoke)),
+                                          repr(self.holder_scan_s), self.sysfs_root]))
         for device in self.devices.values():
             lines.append("dev\t" + "\t".join([device.identity, device.kind, device.bus, *device.device_nodes]))
         lines.append("env\t" + "\t".join(self.env_names))
@@ -93,7 +97,7 @@ class HookSettings:
             tag = fields[0]
             if tag == "src" and len(fields) == 3:
                 sources[fields[1]] = fields[2]
-            elif tag == "set" and len(fields) == 11:
+            elif tag == "set" and len(fields) == 14:
                 settings = fields[1:]
             elif tag == "dev" and len(fields) >= 4:
                 devices[fields[1]] = KnownDevice(fields[1], fields[2], fields[3], tuple(fields[4:]))
@@ -111,6 +115,7 @@ class HookSettings:
         result = cls(s[0], s[1], int(s[2]), int(s[3]), int(s[4]), int(s[5]), s[6] == "1", s[7], s[8], s[9],
                      devices, index, sources)
         result.env_names, result.tpu_paths = env_names, tpu_paths
+        result.revoke, result.holder_scan_s, result.sysfs_root = s[10] == "1", float(s[11]), s[12]
         return result
 
 
@@ -201,6 +206,8 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     settings = HookSettings(config.state_dir, config.slot_dir, config.lease_mode, 0, 0, config.idle.mode,
                             config.isolate_gpus, config.tpu_gres_name, config.gpu_gres_name, node)
     settings.idle_uid, settings.idle_gid = ownership.resolve_ids(config.idle.owner, config.idle.group)
+    settings.revoke, settings.holder_scan_s = config.revoke, config.holder_scan_seconds
+    settings.sysfs_root = config.sysfs_root
     paths = _source_paths(cfg, config.state_dir, environ)
     paths += allocation.slurm_conf_files(paths[2])[1:]
     keys_before = {path: file_key(path) for path in paths}
@@ -227,12 +234,29 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         settings.sources = keys_before
         # Only a root hook writes; a file changed while we read it is not snapshotted.
         if os.geteuid() == 0 and all(file_key(p) == k for p, k in keys_before.items()):
-            statedir.write_atomic(fd, SNAPSHOT, settings.to_text().encode())
-            # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early.
-            if settings.leasable_names():
-                statedir.write_atomic(fd, QUERY_MARKER, b"")
-            else:
-                statedir.remove(fd, QUERY_MARKER)
+            _write_snapshot(fd, settings)
     finally:
         os.close(fd)
     return settings
+
+
+def _write_snapshot(fd: int, settings: HookSettings) -> None:
+    statedir.write_atomic(fd, SNAPSHOT, settings.to_text().encode())
+    # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early.
+    if settings.leasable_names():
+        statedir.write_atomic(fd, QUERY_MARKER, b"")
+    else:
+        statedir.remove(fd, QUERY_MARKER)
+
+
+def store_snapshot(state_fd: int, settings: HookSettings) -> None:
+    """Rewrite the snapshot after the caller changed the inventory file it holds the lock on.
+
+    ``settings`` must already carry the change (udev_event: a re-enumerated
+    device's new node); only the inventory file's key is renewed, so any other
+    source that changed meanwhile still sends the next hook down the slow path.
+    """
+    inventory = os.path.join(settings.state_dir, "inventory.json")
+    if inventory in settings.sources and os.geteuid() == 0:
+        settings.sources[inventory] = file_key(inventory)
+        _write_snapshot(state_fd, settings)
