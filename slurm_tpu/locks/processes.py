@@ -110,28 +110,31 @@ def _holds(pid: int, wanted: set[int], filesystems: set[int], deadline: float) -
     """'fd', 'mmap' or '' for one process; None when the deadline passed mid-way."""
     fd_dir = f"/proc/{pid}/fd"
     try:
-        fds = os.listdir(fd_dir)
+        fds = [f"{fd_dir}/{fd}" for fd in os.listdir(fd_dir)]
     except OSError:
         return ""  # gone, or a kernel thread
-    for count, fd in enumerate(fds):
+    found = _any_device(fds, wanted, deadline)
+    if found is None:
+        return None
+    if found:
+        return "fd"
+    mapped = [f"/proc/{pid}/map_files/{span}" for span in _maps_candidates(pid, filesystems)]
+    found = _any_device(mapped, wanted, deadline)
+    return None if found is None else ("mmap" if found else "")
+
+
+def _any_device(paths: list[str], wanted: set[int], deadline: float) -> bool | None:
+    """Whether one of ``paths`` (magic links in /proc) is a char device in ``wanted``; None past the deadline."""
+    for count, path in enumerate(paths):
         if count % _CHECK_EVERY == _CHECK_EVERY - 1 and time.monotonic() >= deadline:
             return None
         try:
-            info = os.stat(f"{fd_dir}/{fd}")
+            info = os.stat(path)
         except OSError:
             continue
         if info.st_rdev in wanted and (info.st_mode & _S_IFMT) == _S_IFCHR:
-            return "fd"
-    for count, span in enumerate(_maps_candidates(pid, filesystems)):
-        if count % _CHECK_EVERY == _CHECK_EVERY - 1 and time.monotonic() >= deadline:
-            return None
-        try:
-            info = os.stat(f"/proc/{pid}/map_files/{span}")
-        except OSError:
-            continue
-        if info.st_rdev in wanted and (info.st_mode & _S_IFMT) == _S_IFCHR:
-            return "mmap"
-    return ""
+            return True
+    return False
 
 
 # ---- job steps ---------------------------------------------------------------------

@@ -187,3 +187,24 @@ def no_overlaps(records: list[dict]) -> dict[str, int]:
             holder[identity] = None
     assert all(h is None for h in holder.values()), f"leases never released: {holder}"
     return count
+
+
+def drain_reason(cluster, node: str = "n1") -> str:
+    """The node's Reason= in `scontrol show node` ('' when none)."""
+    for token in cluster.show_node(node).splitlines():
+        token = token.strip()
+        if token.startswith("Reason="):
+            return token[len("Reason="):]
+    return ""
+
+
+def resume(cluster, node: str = "n1") -> None:
+    cluster.command(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+    wait_until(lambda: cluster.node_states()[node] in ("IDLE", "MIXED"), 60, f"{node} to resume")
+
+
+def clear_lease(cluster, identity: str, node: str = "n1") -> subprocess.CompletedProcess:
+    """`slurm-tpu leases --clear IDENTITY` on the node, as the admin would run it."""
+    return subprocess.run([*cluster.slurm_tpu, "leases", "--clear", identity], capture_output=True, text=True,
+                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node),
+                                   SLURM_CONF=cluster.slurm_conf), timeout=60)

@@ -16,8 +16,8 @@ import subprocess
 
 import pytest
 from support import HARDWARE, REPO, finish_cluster, make_cluster, require_root_and_slurm
-from support import (audit, hook_env, inventory, leases, no_overlaps, open_as, owner, run_hook, udev_event,
-                     wait_until)
+from support import (audit, clear_lease, drain_reason, hook_env, inventory, leases, no_overlaps, open_as, owner,
+                     resume, run_hook, udev_event, wait_until)
 
 pytestmark = pytest.mark.slurm
 
@@ -96,19 +96,6 @@ def assert_idle_and_consistent(cluster):
         for node in nodes:
             assert owner(node) == (0, 0, 0o600), node
     no_overlaps(audit(cluster, "n1"))
-
-
-def resume(cluster):
-    cluster.command(["scontrol", "update", "NodeName=n1", "State=RESUME"], check=False)
-    wait_until(lambda: cluster.node_states()["n1"] in ("IDLE", "MIXED"), 60, "n1 to resume")
-
-
-def drain_reason(cluster) -> str:
-    for token in cluster.show_node("n1").splitlines():
-        token = token.strip()
-        if token.startswith("Reason="):
-            return token[len("Reason="):]
-    return ""
 
 
 def test_prolog_killed_half_way_is_reclaimed_by_the_next_job(cluster, users):
@@ -368,8 +355,3 @@ def test_surviving_holder_drains_the_node_and_clearing_restores_idle_at_once(clu
     os.mknod(pci, stat.S_IFCHR | 0o600, rdev)
 
 
-def clear_lease(cluster, identity: str) -> subprocess.CompletedProcess:
-    """`slurm-tpu leases --clear IDENTITY` on n1, as the admin would run it."""
-    return subprocess.run([*cluster.slurm_tpu, "leases", "--clear", identity], capture_output=True, text=True,
-                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"),
-                                   SLURM_CONF=cluster.slurm_conf), timeout=60)

@@ -18,7 +18,8 @@ import subprocess
 
 import pytest
 from support import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
-from support import audit, inventory, leases, no_overlaps, open_as, owner, settle, udev_event, wait_until
+from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, open_as, owner, resume, settle
+from support import udev_event, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -63,25 +64,6 @@ def hold(cluster, user: str, tag: str, gres: str, body: str = "") -> int:
 def stop(cluster, tag: str, job: int) -> str:
     open(out(cluster, f"{tag}.stop"), "w").close()
     return cluster.wait_for_jobs([job], timeout=60)[job]
-
-
-def drain_reason(cluster) -> str:
-    for token in cluster.show_node("n1").splitlines():
-        token = token.strip()
-        if token.startswith("Reason="):
-            return token[len("Reason="):]
-    return ""
-
-
-def resume(cluster) -> None:
-    cluster.command(["scontrol", "update", "NodeName=n1", "State=RESUME"], check=False)
-    wait_until(lambda: cluster.node_states()["n1"] in ("IDLE", "MIXED"), 60, "n1 to resume")
-
-
-def clear_lease(cluster, identity: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*cluster.slurm_tpu, "leases", "--clear", identity], capture_output=True, text=True,
-                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"),
-                                   SLURM_CONF=cluster.slurm_conf), timeout=60)
 
 
 def assert_idle_and_consistent(cluster) -> None:
