@@ -119,25 +119,32 @@ def _filesystems(nodes: Iterable[str], settings: HookSettings, identity: str) ->
     return found
 
 
-def _unrevocable_holders(ledger: Ledger, identity: str, job_id: int, device: KnownDevice, present: list[str],
+def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownDevice, present: list[str],
                          settings: HookSettings, wait_s: float) -> str | None:
     """Why a device that cannot be revoked is not free yet, or None when it is."""
+    identity, job_id = lease.identity, lease.job_id
     rdevs, filesystems = _rdevs(present), _filesystems(present, settings, identity)
-    scan = processes.scan_holders(rdevs, filesystems, settings.holder_scan_s)
+    skip_root = lease.uid != 0  # a user's fd reaches a root process only if root software takes it
+
+    def scan() -> processes.Scan:
+        return processes.scan_holders(rdevs, filesystems, settings.holder_scan_s, skip_root)
+
+    found = scan()
     deadline = time.monotonic() + wait_s
-    while scan.complete and scan.holders and time.monotonic() < deadline:
+    while found.complete and found.holders and time.monotonic() < deadline:
         ledger.unlock()  # the job's last processes may be exiting right now
         time.sleep(0.1)
         ledger.lock()
-        scan = processes.scan_holders(rdevs, filesystems, settings.holder_scan_s)
-    if not scan.complete:
-        ledger.audit("scan-incomplete", identity=identity, job_id=job_id, scanned=scan.scanned, total=scan.total)
+        found = scan()
+    if not found.complete:
+        ledger.audit("scan-incomplete", identity=identity, job_id=job_id, scanned=found.scanned,
+                     total=found.total)
         return (f"holder scan of {identity} after job {job_id} could not finish within "
-                f"{settings.holder_scan_s:g} s ({scan.scanned} of {scan.total} processes): a process with very "
-                "many open files may hide a holder; find it, then resume the node")
-    if scan.holders:
-        pids = ",".join(str(p) for p in sorted(scan.holders))
-        how = "/".join(sorted(set(scan.holders.values())))
+                f"{settings.holder_scan_s:g} s ({found.scanned} of {found.total} processes): a process with "
+                "very many open files may hide a holder; find it, then resume the node")
+    if found.holders:
+        pids = ",".join(str(p) for p in sorted(found.holders))
+        how = "/".join(sorted(set(found.holders.values())))
         ledger.audit("survivor", identity=identity, job_id=job_id, pids=pids, how=how)
         return f"pid {pids} still holds {identity} ({how}) after job {job_id}; kill it, then resume the node"
     if device.kind == "edgetpu" and device.bus == "pci":
@@ -175,7 +182,9 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
         return problems
     assert device is not None
     if settings.revoke and revoke.revocable(device.kind, device.bus):
-        # Phase first: the udev events of the disconnect must find it revoking.
+        # Phase first: the udev events of the disconnect must find it revoking; the
+        # nodes it had tell udev_event the old device's events from the new one's.
+        lease.device_nodes = tuple(present)
         _set_phase(ledger, lease, REVOKING)
         try:
             devnum = revoke.disconnect_usb(settings.sysfs_root, identity)
@@ -189,7 +198,7 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
         # No usb_device in sysfs: nothing is left whose fds could work. Release now.
         why = None
     else:
-        why = _unrevocable_holders(ledger, identity, job_id, device, present, settings, wait_s)
+        why = _unrevocable_holders(ledger, lease, device, present, settings, wait_s)
     if why is not None:
         _set_phase(ledger, lease, KEPT)
         return [why]
@@ -333,7 +342,8 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
             raise HookError(f"job {lease.job_id}: {device.identity} is held by live job {holder.job_id} "
                             f"(uid {holder.uid}: {why}); Slurm allocated it twice or the ledger is wrong: "
                             "check `slurm-tpu leases` on this node")
-        time.sleep(0.1)
+        # A stick coming back after revocation is the common wait: look often.
+        time.sleep(0.02 if isinstance(holder, Lease) and holder.phase == REVOKING else 0.1)
 
 
 def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSettings, job_id: int) -> None:

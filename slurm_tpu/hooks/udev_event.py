@@ -63,7 +63,8 @@ def run(environ: dict[str, str]) -> int:
     identity = identity_for(environ)
     if identity is None:
         return 0
-    settings = hook_settings.rebuild(environ, node_from_env(environ))  # rare event: always the full config
+    # Every job on a revoked USB stick brings two events: the snapshot when current.
+    settings = hook_settings.load(environ, node_from_env(environ))
     with Ledger(settings.state_dir) as ledger:
         ledger.lock()
         known = node_inventory.load(ledger.dir_fd)
@@ -73,6 +74,8 @@ def run(environ: dict[str, str]) -> int:
         if action == "remove":
             if node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
                 ledger.audit("remove", identity=identity)
+                settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, ())
+                hook_settings.store_snapshot(ledger.dir_fd, settings)
             return 0
         if action not in ("add", "change", "bind"):
             return 0
@@ -84,14 +87,15 @@ def run(environ: dict[str, str]) -> int:
         nodes = (devname,) if device.kind == "edgetpu" else device.device_nodes
         changed = node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
         lease = ledger.read(identity)
-        if isinstance(lease, Lease) and lease.phase == REVOKING:
+        if isinstance(lease, Lease) and lease.phase == REVOKING and devname not in lease.device_nodes:
             # The stick is back after the epilog power-cycled its port (every fd on
             # the old usb_device is dead): finish that release with idle ownership.
             for node in nodes:
                 ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
             ledger.drop(identity)
-            ledger.audit("release", identity=identity, job_id=lease.job_id, uid=lease.uid, nodes=list(nodes),
-                         revoked=True)
+            # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
+            ledger.audit("release" if lease.job_id >= 0 else "reclaim", identity=identity, job_id=lease.job_id,
+                         uid=lease.uid, nodes=list(nodes), revoked=True)
         elif isinstance(lease, Lease) and lease.phase == HELD:
             for node in nodes:
                 ownership.set_owner(node, identity, lease.uid, -1, settings.lease_mode)

@@ -74,12 +74,15 @@ def _maps_candidates(pid: int, filesystems: set[int]) -> list[str]:
     return found
 
 
-def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: float) -> Scan:
+def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: float,
+                 skip_root: bool = False) -> Scan:
     """Every process (any uid) with one of the char devices ``rdevs`` open or mapped.
 
     ``filesystems``: st_dev of the filesystems that hold the device's nodes (see
     :func:`_maps_candidates`). Stops after ``budget_s`` seconds with
-    ``complete=False``.
+    ``complete=False``. ``skip_root`` leaves out root's processes (for a user's
+    job: root daemons such as nvidia-persistenced keep GPUs open all the time,
+    and no user can make a root process hold an fd it does not accept).
     """
     result = Scan()
     wanted = set(rdevs)
@@ -97,6 +100,12 @@ def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: flo
         result.scanned += 1
         if pid == me:
             continue
+        if skip_root:
+            try:
+                if os.stat(f"/proc/{pid}").st_uid == 0:
+                    continue
+            except OSError:
+                continue
         how = _holds(pid, wanted, file_systems, deadline)
         if how is None:
             result.complete = False

@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from ..config import Config
+from ..errors import SlurmTpuError
 from ..model import Bus, Inventory
 from ..slurm.commands import find_program, run
 from .health import Action, Decision, Problem, decide, find_problems, parse_node_state
@@ -68,7 +69,10 @@ def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
 def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True) -> HealthResult:
     """Find problems and bring the node's Slurm state in line with them."""
     if apply:
-        clear_kept_leases(config)
+        try:
+            clear_kept_leases(config)
+        except (SlurmTpuError, OSError):
+            pass  # the ledger's own problem; the epilog and `slurm-tpu leases` report it
     configured_devices = configured_inventory(config)
     configured = tuple(a.identity for a in configured_devices)
     problems = find_problems(configured, _detect()) if configured else []

@@ -44,10 +44,19 @@ def sys_root(cluster) -> str:
     return os.path.join(cluster.node_dir("n1"), "sys")
 
 
-def as_user(user: str, script: str, *args: str) -> subprocess.Popen:
-    """A process of ``user`` started from a plain shell: outside Slurm, outside any job."""
-    return subprocess.Popen(["runuser", "-u", user, "--", "/usr/bin/python3", "-I", "-c", script, *args],
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def as_user(user: str, argv: list[str], **kwargs) -> subprocess.Popen:
+    """A process of ``user`` outside Slurm and outside any job (as from a login shell).
+
+    Started directly as the user (not through runuser, which would stay in
+    between), so killing it kills the process that holds what it holds.
+    """
+    return subprocess.Popen(argv, user=user, group=user, extra_groups=[], cwd="/", **kwargs)
+
+
+def python_as(user: str, script: str, *args: str, **kwargs) -> subprocess.Popen:
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    kwargs.setdefault("stdout", subprocess.DEVNULL)
+    return as_user(user, ["/usr/bin/python3", "-I", "-c", script, *args], **kwargs)
 
 
 def hold(cluster, user: str, tag: str, gres: str, body: str = "") -> int:
@@ -123,8 +132,9 @@ while True:
         answer = "OK"
     except OSError as exc:
         answer = errno.errorcode[exc.errno]
-    with open(request + ".result", "w") as handle:
+    with open(request + ".tmp", "w") as handle:
         handle.write(answer)
+    os.rename(request + ".tmp", request + ".result")  # whole, or not there
     number += 1
 """
 
@@ -143,7 +153,7 @@ os.close(fd)
 def test_fd_passed_over_scm_rights_is_dead_before_the_next_job_gets_the_stick(cluster, users):
     master, pty = usb_on_a_pty(cluster)
     prefix, sock = out(cluster, "recv"), out(cluster, "recv.sock")
-    receiver = as_user("stpu_alice", RECEIVER, sock, prefix)
+    receiver = python_as("stpu_alice", RECEIVER, sock, prefix)
     try:
         wait_until(lambda: os.path.exists(prefix + ".ready"), 30, "the receiver to listen")
         job = hold(cluster, "stpu_alice", "smuggle", "tpu:edgetpu_usb:1", SMUGGLE.format(node=pty, sock=sock))
@@ -188,15 +198,16 @@ for fd in held:
         working += 1
     except OSError:
         pass
-with open(prefix + ".result", "w") as handle:
+with open(prefix + ".tmp", "w") as handle:
     handle.write(f"{len(held)} {working}")
+os.rename(prefix + ".tmp", prefix + ".result")  # whole, or not there
 """
 
 
 def test_fds_opened_in_any_window_are_dead_before_the_next_job_gets_the_stick(cluster, users):
     master, pty = usb_on_a_pty(cluster)
     prefix = out(cluster, "racer")
-    racer = as_user("stpu_alice", RACER, pty, prefix)
+    racer = python_as("stpu_alice", RACER, pty, prefix)
     try:
         job = hold(cluster, "stpu_alice", "race", "tpu:edgetpu_usb:1")
         # While alice's job owns the stick her racer gets fds; it keeps opening through the epilog.
@@ -311,8 +322,8 @@ def set_scan_budget(cluster, seconds: float | None) -> None:
 def test_a_flood_of_decoy_fds_drains_with_its_reason_instead_of_stretching_the_epilog(cluster, users):
     node = inventory(cluster, "n1")[PCI][0]
     set_scan_budget(cluster, 0.05)
-    decoys = [subprocess.Popen(["runuser", "-u", "stpu_alice", "--", "/usr/bin/python3", "-I", "-c", DECOYS],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(10)]
+    decoys = [python_as("stpu_alice", DECOYS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+              for _ in range(10)]
     try:
         for decoy in decoys:
             assert decoy.stdout.readline().strip() == "ready"  # ~20000 fds each: far more than 50 ms of stats
@@ -350,7 +361,7 @@ time.sleep(120)
 def test_pci_fd_in_flight_is_caught_by_the_drivers_count_of_writers(cluster, users):
     node, rdev = pci_node_on(cluster, "/dev/full")
     sock, ready = out(cluster, "inflight.sock"), out(cluster, "inflight.ready")
-    sink = as_user("stpu_alice", NEVER_READS, sock, ready)
+    sink = python_as("stpu_alice", NEVER_READS, sock, ready)
     count = os.path.join(sys_root(cluster), "class", "apex", os.path.basename(node), "write_open_count")
     try:
         wait_until(lambda: os.path.exists(ready), 30, "the sink to listen")
@@ -384,11 +395,10 @@ def test_a_user_process_titled_slurmstepd_does_not_keep_a_stale_lease_alive(clus
         assert ledger.claim(Lease(identity=PCI, job_id=63, uid=users["stpu_alice"], prolog_pid=1, prolog_start=1,
                                   device_nodes=(node,)))
     os.chown(node, users["stpu_alice"], -1)
-    forged = subprocess.Popen(["runuser", "-u", "stpu_alice", "--", "bash", "-c",
-                               "exec -a 'slurmstepd: [63.batch]' sleep 120"])
+    forged = as_user("stpu_alice", ["bash", "-c", "exec -a 'slurmstepd: [63.batch]' sleep 120"])
     try:
-        wait_until(lambda: open(f"/proc/{forged.pid}/cmdline", "rb").read().startswith(b"slurmstepd: [63.")
-                   or _child_titled(forged.pid), 30, "the forged title")
+        wait_until(lambda: open(f"/proc/{forged.pid}/cmdline", "rb").read().startswith(b"slurmstepd: [63."),
+                   30, "the forged title")
         row = {r["identity"]: r for r in leases(cluster, "n1")}[PCI]
         assert row["state"].startswith("stale")
         job = hold(cluster, "stpu_bob", "forged", "tpu:edgetpu_pci:1")
@@ -399,19 +409,4 @@ def test_a_user_process_titled_slurmstepd_does_not_keep_a_stale_lease_alive(clus
         forged.wait()
     assert any(e["event"] == "reclaim" and e["job_id"] == 63 for e in audit(cluster, "n1"))
     assert_idle_and_consistent(cluster)
-
-
-def _child_titled(pid: int) -> bool:
-    """runuser may fork before exec: look one level down too."""
-    try:
-        children = open(f"/proc/{pid}/task/{pid}/children").read().split()
-    except OSError:
-        return False
-    for child in children:
-        try:
-            if open(f"/proc/{child}/cmdline", "rb").read().startswith(b"slurmstepd: [63."):
-                return True
-        except OSError:
-            continue
-    return False
 
