@@ -85,7 +85,7 @@ def held(layout: Layout) -> list[tuple[str, str, int, float, float]]:
             key = (event.get("identity"), event.get("job_id"))
             if event["event"] == "acquire":
                 acquired[key] = event["t"]
-            elif event["event"] in ("release", "reclaim", "rollback") and key in acquired:
+            elif event["event"] in ("revoke", "release", "reclaim", "clear", "rollback") and key in acquired:
                 leases.append((node, key[0], key[1], acquired.pop(key), event["t"]))
         assert not acquired, f"leases never released on {node}: {acquired}"
     return leases
