@@ -59,7 +59,8 @@ safe, so the driver's own count is checked instead:
   read-only fd smuggled out of a job is a residual, read-only exposure.
 
 GPUs: not revoked (the NVIDIA driver offers no per-fd revocation); the
-ownership change and the holder scan are all there is.
+ownership change and the holder scan are all there is. Hailo (hailo_pci) is not
+leased by this version; its driver would need the same reading first.
 
 ``sysfs_root`` is a parameter so tests can point it at a materialized testbed.
 """
