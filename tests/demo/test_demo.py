@@ -86,7 +86,7 @@ def held(layout: Layout) -> list[tuple[str, str, int, float, float]]:
             key = (event.get("identity"), event.get("job_id"))
             if event["event"] == "acquire":
                 acquired[key] = event["t"]
-            elif event["event"] in ("release", "reclaim", "rollback") and key in acquired:
+            elif event["event"] in ("revoke", "release", "reclaim", "clear", "rollback") and key in acquired:
                 leases.append((node, key[0], key[1], acquired.pop(key), event["t"]))
         assert not acquired, f"leases never released on {node}: {acquired}"
     return leases
@@ -219,13 +219,23 @@ def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
 def test_devices_are_idle_again_and_nobody_holds_a_lease(demo):
     _, layout = demo
     for node in TPUS:
-        for identity, nodes in inventory(layout, node).items():
+        def leases() -> list[dict]:
+            done = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "leases", "--json"], capture_output=True,
+                                  text=True, env=dict(os.environ, SLURM_TPU_CONFIG=os.path.join(
+                                      layout.node_dir(node), "config.yaml")))
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        # A USB stick revoked at its last job's end is released once it is back (udev-event).
+        deadline = time.monotonic() + 60
+        while any(row.get("phase") == "revoking" for row in leases()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert leases() == []
+        with open(os.path.join(layout.node_dir(node), "state", "inventory.json"), encoding="utf-8") as handle:
+            current = {a["identity"]: a["device_nodes"] for a in json.load(handle)["accelerators"]}
+        for identity, nodes in current.items():  # the nodes as they are now (a revoked stick has a new one)
             info = os.stat(nodes[0])
             assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o600), identity
-        leases = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "leases", "--json"], capture_output=True,
-                                text=True, env=dict(os.environ, SLURM_TPU_CONFIG=os.path.join(
-                                    layout.node_dir(node), "config.yaml")))
-        assert leases.returncode == 0 and json.loads(leases.stdout) == [], leases.stderr
 
 
 # -- the job scripts in jobs/, against the demo cluster ----------------------------------

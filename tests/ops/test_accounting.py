@@ -47,3 +47,12 @@ def test_period_clips_lease_time():
     assert window["usb-1-2"].to_json()["lease_seconds"] == 12.0  # job 2: 108-120
     late = summarize(records(), "job", since=126.5, until=None, now=130.0)
     assert list(late) == ["4"]
+
+
+def test_a_revoked_usb_lease_ends_at_its_revocation_not_when_the_stick_is_back():
+    events = [{"event": "acquire", "identity": "usb-1-1", "job_id": 7, "uid": 1001, "t": 200.0},
+              {"event": "revoke", "identity": "usb-1-1", "job_id": 7, "uid": 1001, "devnum": 5, "t": 204.0},
+              {"event": "remove", "identity": "usb-1-1", "t": 204.1},
+              {"event": "release", "identity": "usb-1-1", "job_id": 7, "uid": 1001, "revoked": True, "t": 205.5}]
+    found = lease_records(read_events(json.dumps(e) for e in events))
+    assert [(r.job_id, r.start, r.end) for r in found] == [(7, 200.0, 204.0)]
