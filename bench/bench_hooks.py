@@ -7,7 +7,13 @@ machine noise hits both alike; the hooks are switched by a mode file that the
 timing wrappers read, not by reconfiguring Slurm. Every hook run is timed inside
 its wrapper (bash ``$EPOCHREALTIME``) to report median prolog/epilog wall time.
 
-    sudo /tmp/venv/bin/python bench/bench_hooks.py [--jobs-per-round 25] [--rounds 4]
+    sudo /tmp/venv/bin/python bench/bench_hooks.py [--jobs-per-round 25] [--rounds 4] [--no-revoke]
+
+With revocation on (the default), every job on the USB stick ends with its port
+power-cycled; the emulated USB core (slurm_tpu/localcluster/usbcore.py) and the
+udev hook bring it back, and the next job on that stick waits for that in its
+prolog. The emulated core is no measure of real hardware (a real stick takes
+about a second to re-enumerate); what this measures is the hooks' own cost.
 
 Prints one JSON document; ``ratio`` = throughput(slurm-tpu) / throughput(/bin/true).
 """
@@ -75,6 +81,8 @@ def main() -> int:
     parser.add_argument("--jobs-per-round", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=6, help="rounds per hook set (interleaved)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster directory")
+    parser.add_argument("--no-revoke", action="store_true",
+                        help="devices.revoke: false (no USB port power-cycle at job end), to measure its cost")
     parser.add_argument("--user", default=BENCH_USER,
                         help=f"submit as this user (created and removed if it is {BENCH_USER}); 'root' for root")
     args = parser.parse_args()
@@ -92,7 +100,8 @@ def main() -> int:
     os.chmod(tmpfs, 0o755)
     cluster = LocalCluster(base=base, nodes=[NodeSpec("n1", HARDWARE)],
                            hooks=make_wrappers(base, mode_file, times),
-                           node_config_extra={"state_dir": os.path.join(tmpfs, "state")})
+                           node_config_extra={"state_dir": os.path.join(tmpfs, "state"),
+                                              "devices": {"revoke": not args.no_revoke}})
     results: dict[str, list[float]] = {"true": [], "hooks": []}
     user = None if args.user == "root" else args.user
     made_user = False
@@ -127,6 +136,7 @@ def main() -> int:
     report = {
         "jobs_per_hook_set": jobs,
         "user": args.user,
+        "revoke": not args.no_revoke,
         "round_seconds": {mode: [round(s, 2) for s in seconds] for mode, seconds in results.items()},
         "jobs_per_second": {mode: round(value, 2) for mode, value in throughput.items()},
         "ratio": round(throughput["hooks"] / throughput["true"], 3),

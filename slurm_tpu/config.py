@@ -47,6 +47,14 @@ class Config:
     idle: Ownership = Ownership()
     lease_mode: int = 0o600
     isolate_gpus: bool = False
+    # At job end, make every fd of the job's devices useless (USB: the hub port is
+    # power-cycled, see slurm_tpu/locks/revoke.py); false keeps ownership-only isolation.
+    revoke: bool = True
+    # Wall-clock budget of one holder scan (every process's fds and mappings); a scan
+    # that cannot finish in it drains the node instead of stretching the epilog.
+    holder_scan_seconds: float = 2.0
+    # Where sysfs is mounted (tests point it at a materialized testbed).
+    sysfs_root: str = "/sys"
     udev_run_program: str | None = None
     # Where Slurm's programs are (None: found as slurm/installation.py says).
     slurm_bin_dir: str | None = None
@@ -75,6 +83,9 @@ _SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "devices.idle.mode": ((str, int), "mode of idle accelerator nodes, e.g. '0600'"),
     "devices.lease.mode": ((str, int), "mode of a leased node, owned by the job's user"),
     "devices.isolate_gpus": (bool, "lease GPUs too (clusters without cgroup devices)"),
+    "devices.revoke": (bool, "at job end make every open fd of a USB Edge TPU useless (port power-cycle)"),
+    "devices.holder_scan_seconds": ((int, float), "time box of the epilog's scan for processes holding a device"),
+    "sysfs_root": (str, "where sysfs is mounted (default /sys)"),
     "state_dir": (str, "lease ledger directory"),
     "inventory_file": (str, "persistent copy of the configured inventory (restored at boot)"),
     "udev.run_program": (str, "absolute path of slurm-tpu for udev RUN+="),
@@ -155,8 +166,12 @@ def parse_config(data: Any, where: str = "config") -> Config:
     if flat.get("slurm.backend", "auto") not in SLURM_BACKENDS:
         raise ConfigError(f"{where}: 'slurm.backend' must be one of {', '.join(SLURM_BACKENDS)}, "
                           f"not {flat['slurm.backend']!r}", key="slurm.backend")
+    scan_s = flat.get("devices.holder_scan_seconds", defaults.holder_scan_seconds)
+    if not 0 < scan_s <= 60:
+        raise ConfigError(f"{where}: 'devices.holder_scan_seconds' must be more than 0 and at most 60, not "
+                          f"{scan_s!r}", key="devices.holder_scan_seconds")
     for key in ("devices.slot_dir", "state_dir", "inventory_file", "udev.run_program", "slurm.bin_dir",
-                "slurm.sbin_dir"):
+                "slurm.sbin_dir", "sysfs_root"):
         if key in flat and not os.path.isabs(flat[key]):
             raise ConfigError(f"{where}: '{key}' must be an absolute path, not {flat[key]!r}", key=key)
     return Config(
@@ -173,6 +188,9 @@ def parse_config(data: Any, where: str = "config") -> Config:
         idle=idle,
         lease_mode=_parse_mode(flat.get("devices.lease.mode", "0600"), "devices.lease.mode", where),
         isolate_gpus=flat.get("devices.isolate_gpus", defaults.isolate_gpus),
+        revoke=flat.get("devices.revoke", defaults.revoke),
+        holder_scan_seconds=float(scan_s),
+        sysfs_root=flat.get("sysfs_root", defaults.sysfs_root),
         udev_run_program=flat.get("udev.run_program"),
         slurm_bin_dir=flat.get("slurm.bin_dir"),
         slurm_sbin_dir=flat.get("slurm.sbin_dir"),

@@ -68,7 +68,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     \b
     Set up a node:  detect, gres-conf, node-conf, udev-rules, boot
     Operate:        health, watch, metrics, report, leases
-    In jobs:        infer
+    In jobs:        infer, serve
     Run by udev:    udev-event
     """
     ctx.obj = Obj(config_path)
@@ -78,6 +78,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
 
 from . import inventory  # noqa: E402,F401  (registers the commands)
 from . import infer  # noqa: E402,F401  (registers `infer`)
+from . import serve  # noqa: E402,F401  (registers `serve`)
 from . import hooks  # noqa: E402,F401  (leases, udev-event)
 from . import ops  # noqa: E402,F401  (health, watch, metrics, report)
 

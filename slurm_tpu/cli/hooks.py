@@ -18,7 +18,7 @@ def _rows(obj: Obj) -> list[dict]:
 
     from ..hooks.leasing import holder_alive
     from ..locks import node_inventory, ownership
-    from ..locks.ledger import BadLease, Ledger
+    from ..locks.ledger import KEPT, REVOKING, BadLease, Ledger
 
     config = obj.config
     if not os.path.lexists(config.state_dir):
@@ -37,18 +37,52 @@ def _rows(obj: Obj) -> list[dict]:
                 row.update(user="", start=None, state=f"bad: {lease.reason}")
             else:
                 alive = holder_alive(lease)
+                if lease.phase == KEPT:
+                    state = f"kept (its epilog found a problem; fix it, then `slurm-tpu leases --clear {lease.identity}`)"
+                elif lease.phase == REVOKING:
+                    state = "revoking (" + (alive or "the device did not come back; replug it") + ")"
+                else:
+                    state = "running" if alive else "stale (job gone; reclaimed by the next prolog)"
                 row.update(user=lease.user, start=lease.start, kind=lease.kind,
-                           allocation=list(lease.allocation),
-                           state="running" if alive else "stale (job gone; reclaimed by the next prolog)")
+                           allocation=list(lease.allocation), phase=lease.phase, state=state)
             rows.append(row)
     return rows
 
 
+def _clear(identity: str) -> None:
+    """End the stale lease on ``identity`` now: take it away, revoke, check, idle ownership."""
+    import os
+
+    from ..hooks import leasing, settings as hook_settings
+    from ..locks.ledger import Ledger
+
+    settings = hook_settings.rebuild(dict(os.environ))
+    with Ledger(settings.state_dir, create=False) as ledger:
+        outcomes = leasing.clear(ledger, settings, identity)
+    if not outcomes:
+        click.echo(f"{identity}: no lease on this node; nothing to clear", err=True)
+        sys.exit(EXIT_ERROR)
+    for name, outcome in outcomes:
+        if outcome == "cleared":
+            click.echo(f"{name}: cleared; idle ownership restored")
+        elif outcome == "revoking":
+            click.echo(f"{name}: revoked (port power-cycled); udev restores idle ownership when it is back")
+        else:
+            click.echo(f"{name}: not cleared: {outcome}", err=True)
+            sys.exit(EXIT_ERROR)
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the leases as JSON.")
+@click.option("--clear", "clear_identity", metavar="IDENTITY",
+              help="End the stale lease on IDENTITY now (after its holder was killed): revoke, check, "
+                   "and give the device back to its idle owner. A running job's lease is refused.")
 @pass_obj
-def leases(obj: Obj, as_json: bool) -> None:
+def leases(obj: Obj, as_json: bool, clear_identity: str | None) -> None:
     """Show which job holds which accelerator on this node (the lease ledger)."""
+    if clear_identity:
+        _clear(clear_identity)
+        return
     rows = _rows(obj)
     if as_json:
         click.echo(json.dumps(rows, indent=2))

@@ -78,6 +78,11 @@ def _is_batch(inputs: tuple[str, ...], output: str | None) -> bool:
 @click.option("--progress-interval", default=30.0, show_default=True, type=float,
               help="Seconds between progress lines when stderr is not a terminal.")
 @click.option("--no-progress", is_flag=True, help="No progress output.")
+@click.option("--server", metavar="JOBID|HOST:PORT",
+              help="Send the inputs to 'slurm-tpu serve' in that job (MODEL: the served name) instead of "
+              "opening a device here.")
+@click.option("--in-flight", default=8, show_default=True, type=click.IntRange(1, 256),
+              help="With --server: requests in flight at once.")
 @click.option("--benchmark", "bench", is_flag=True, help="Benchmark: load time, latency p50/p90/p99, throughput.")
 @click.option("--iterations", default=100, show_default=True, type=click.IntRange(1), help="Benchmark iterations.")
 def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[str, ...], task: str,
@@ -86,8 +91,8 @@ def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[
           keep_aspect_ratio: bool, devices: tuple[str, ...], libedgetpu: str | None, fallback: str | None,
           runtime: str | None, threads: int | None, segments: tuple[str, ...], shard_index: int | None,
           shard_count: int | None, decode_threads: int | None, input_mean: float | None,
-          input_std: float | None, progress_interval: float, no_progress: bool, bench: bool,
-          iterations: int) -> None:
+          input_std: float | None, progress_interval: float, no_progress: bool, server: str | None,
+          in_flight: int, bench: bool, iterations: int) -> None:
     """Run MODEL on INPUTS (images, .npy, directories, globs, @list files) on this job's device.
 
     \b
@@ -97,6 +102,7 @@ def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[
                 and over the tasks of a step (srun -N 4 --ntasks-per-node=1 ...).
     Benchmark:  --benchmark [INPUT] times the model on the device.
     pycoral's classify_image.py/detect_image.py flags work as they are (-m -i -l -k -t -c -a -s).
+    Remote:     --server JOBID sends them to 'slurm-tpu serve' in that job (MODEL: its served name).
     """
     from ..runner import OpenOptions, Runner
     from ..runner.errors import UsageError
@@ -128,6 +134,17 @@ def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[
             if shard_count is not None and share[0] >= share[1]:  # type: ignore[operator]
                 raise UsageError(f"--shard-index {shard_index} must be below --shard-count {shard_count}")
             keys = shard(keys, *share)  # type: ignore[arg-type]
+    if server:
+        local_only = {"--labels": labels, "--annotate": annotate_dir, "--device": devices, "--segment": segments,
+                      "--fallback": fallback, "--threads": threads, "--benchmark": bench, "--fast-resize": fast_resize,
+                      "--keep-aspect-ratio": keep_aspect_ratio, "--input-mean": input_mean is not None,
+                      "--input-std": input_std is not None}
+        given = [flag for flag, value in local_only.items() if value]
+        if given:
+            raise UsageError(f"{', '.join(given)}: set at the server ('slurm-tpu serve'), not with --server")
+        _remote(server, model, inputs[0] if not batch else None, keys, task, top_k, threshold, count, as_json,
+                output, fmt, in_flight, Progress(len(keys), sys.stderr, progress_interval, enabled=not no_progress))
+        return
     options = OpenOptions(device=devices, libedgetpu=libedgetpu, fallback=fallback,
                           num_threads=threads, runtime=runtime)
     model_files = [model, *segments]
@@ -193,3 +210,46 @@ def _single(runner, path: str, count: int, options, as_json: bool, annotate_dir:
         click.echo(line)
     if annotated:
         click.echo(f"Please check {annotated}")  # semantic_segmentation.py's pointer to its picture
+
+
+def _remote(target: str, model: str, single: str | None, keys: list[str], task: str, top_k: int,
+            threshold: float | None, count: int, as_json: bool, output: str | None, fmt: str | None,
+            in_flight: int, progress) -> None:
+    """``infer --server``: the same inputs and outputs as local inference, answered by a server."""
+    from ..runner.api import _StdoutWriter
+    from ..runner.inputs import expand_output_pattern
+    from ..runner.results import Layout, ResultWriter, format_for
+    from ..runner.serve.client import (RemoteModel, ServeClient, model_name, resolve_target, result_fields, timed,
+                                       write_remote_batch)
+    from ..runner.tasks import TaskOptions
+
+    client = ServeClient(resolve_target(target))
+    try:
+        remote = RemoteModel(client, model_name(model), task)
+        options = {"top_k": top_k, "threshold": threshold}
+        if single is not None:
+            record, times = timed(remote, single, count, options)
+            if as_json:
+                click.echo(json.dumps({"input": single, "task": remote.task.name, "devices": record.get("devices", []),
+                                       "runtime": record.get("runtime", ""), "server": client.url,
+                                       "first_ms": round(times[0], 3), "times_ms": [round(t, 3) for t in times[1:]],
+                                       **result_fields(record)}))
+                return
+            click.echo(f"----ROUND TRIP TIME ({client.url})----")
+            for t in times:
+                click.echo(remote.task.time_format.format(t))
+            click.echo("-------RESULTS--------")
+            for line in record.get("lines", []):  # the task's own printout, made by the server
+                click.echo(line)
+            return
+        out = expand_output_pattern(output, os.environ) if output else None
+        layout = Layout(format_for(out or "", fmt), remote.task, TaskOptions(top_k=top_k, threshold=threshold))
+        writer = ResultWriter(out, layout) if out else _StdoutWriter(layout, lambda s: click.echo(s, nl=False))
+        processed, errors = write_remote_batch(remote, keys, writer, options, in_flight, progress)
+        if errors:
+            click.echo(f"slurm-tpu: {errors} of {processed} inputs failed; see the error fields in "
+                       f"{out or 'the output'}", err=True)
+            sys.exit(EXIT_SOME_FAILED)
+    finally:
+        client.close()
+

@@ -5,8 +5,9 @@ small heterogeneous cluster like the seeds' (a controller and four nodes: one US
 Edge TPU, two PCIe Edge TPUs, a GPU, a plain node), detects each node's hardware
 through real libudev under umockdev, starts real munge/slurmctld/slurmd with the
 generated gres.conf and the project's hooks, runs the seeds' experiment and a
-batch array job with the scripts in ``jobs/``, prints what happened from Slurm's
-own records, and leaves the cluster running.
+batch array job with the scripts in ``jobs/``, serves a model from one node's TPU to
+a client on another, prints what happened from Slurm's own records, and leaves the
+cluster running.
 
 Modules, one concern each:
 

@@ -143,6 +143,8 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     experiment.wait_for_job(env, detection, timeout)
     for line in report.detection_lines(layout, detection):
         _say("  " + line)
+    for line in report.serve_lines(experiment.serve_and_query(layout, user, env)):
+        _say("  " + line)
     _say()
     for line in report.next_steps(layout, user):
         _say(line)

@@ -147,3 +147,44 @@ def wait_for_job(env: Mapping[str, str], job: int, timeout: float = 120) -> None
         if time.monotonic() > deadline:
             raise DemoError(f"job {job} still queued after {timeout:g} s: see squeue")
         time.sleep(0.5)
+
+
+SERVE_NODE, CLIENT_NODE = "node-usb", "node-plain"  # the server on a TPU node, its client elsewhere
+SERVE_IMAGES = 3
+
+
+@dataclass(frozen=True)
+class Served:
+    """The serving step: the server's job, what the client on another node printed, the server's log."""
+
+    job: int
+    client_output: str
+    log: str
+
+
+def serve_and_query(layout: Layout, user: str, env: Mapping[str, str], timeout: float = 120) -> Served:
+    """Serve the classifier from ``SERVE_NODE``'s Edge TPU (jobs/serve.sbatch), send it a few
+    images with ``slurm-tpu infer --server`` from a step on ``CLIENT_NODE``, then scancel it."""
+    job = sbatch(layout, user, env, [f"--nodelist={SERVE_NODE}"], "serve.sbatch", [layout.classifier, layout.labels])
+    log = os.path.join(layout.out, f"serve-tpu-{job}.out")
+    address = os.path.join(env["HOME"], ".slurm-tpu", "serve", f"{job}.json")
+    deadline = time.monotonic() + timeout
+    while not os.path.exists(address):  # written once the server listens
+        if job not in _queued(env) or time.monotonic() > deadline:
+            raise DemoError(f"the serve job {job} did not publish its address: see {log}")
+        time.sleep(0.3)
+    images = [os.path.join(layout.images, f"img_{i:05d}.png") for i in range(SERVE_IMAGES)]
+    srun = shutil.which("srun") or "/usr/bin/srun"
+    argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), srun,
+            f"--nodelist={CLIENT_NODE}", "--job-name=serve-client", f"--chdir={layout.out}", "slurm-tpu", "infer",
+            "--server", str(job), "classifier", *images, "--no-progress"]
+    try:
+        client = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd="/")
+    finally:
+        subprocess.run(["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
+                        shutil.which("scancel") or "/usr/bin/scancel", str(job)], capture_output=True, timeout=60)
+    if client.returncode != 0:
+        raise DemoError(f"infer --server {job} from {CLIENT_NODE} failed: {client.stderr.strip()}")
+    wait_for_job(env, job, timeout)
+    with open(log, encoding="utf-8") as handle:
+        return Served(job, client.stdout, handle.read())

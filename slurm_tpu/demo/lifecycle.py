@@ -19,7 +19,7 @@ from .errors import DemoError
 from .layout import NODES, PARTITION_EXTRA, REPO, Layout
 from .preflight import classify, running_slurm_daemons
 
-FORMAT = 1  # bump when the demo's cluster layout changes: a running old one is restarted
+FORMAT = 2  # bump when the demo's cluster layout changes: a running old one is restarted
 _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 
 

@@ -9,7 +9,7 @@ import re
 import string
 from typing import Sequence
 
-from .experiment import Submitted
+from .experiment import CLIENT_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
 from .layout import JOBS_DIR, NODES, Layout
 from .records import JobRecord, Lease
 from .timeline import Check, build_lanes, check_run, nice_step, render
@@ -165,4 +165,18 @@ def detection_lines(layout: Layout, job: int) -> list[str]:
              f"  results: {layout.results}/step-{job}-<task>.jsonl"]
     if drawn:
         lines.append(f"  annotated: {drawn[0]} (and {len(drawn) - 1} more)")
+    return lines
+
+
+def serve_lines(served: Served) -> list[str]:
+    """The serving step: where the server ran, what the client on another node got, how it stopped."""
+    lines = [f"serve: job {served.job} holds the classifier on {SERVE_NODE}'s Edge TPU (jobs/serve.sbatch);",
+             f"  from {CLIENT_NODE}: slurm-tpu infer --server {served.job} classifier <{SERVE_IMAGES} images>"]
+    for line in served.client_output.splitlines():
+        record = json.loads(line)
+        best = record.get("classes", [{}])[0]
+        lines.append(f"    {os.path.basename(record['input'])}: {best.get('label', record.get('error'))} "
+                     f"{best.get('score', '')}")
+    stopped = [line for line in served.log.splitlines() if "devices released" in line]
+    lines.append("  scancel: " + (stopped[-1].split(": ", 1)[-1] if stopped else "no clean stop in the job's log"))
     return lines

@@ -5,6 +5,14 @@ to the job's user and dropped only *after* idle ownership is back, so a hook
 killed at any point leaves a lease that covers every non-idle node. A lease whose
 job no longer runs on this node is then reclaimed by the next prolog that Slurm
 gives the device to (see :func:`holder_alive`).
+
+Ending a lease (:func:`end_lease`: epilog, reclaim, ``slurm-tpu leases --clear``)
+goes: ownership away first (root 0600: nobody can open it any more), then
+revocation (every fd anybody still holds is made useless, see
+slurm_tpu/locks/revoke.py), then the check, then idle ownership. A revoked USB
+stick re-enumerates; its lease stays in phase ``revoking`` until udev reports it
+back and slurm_tpu/hooks/udev_event.py finishes the release, so the epilog
+itself never waits for the hardware.
 """
 
 from __future__ import annotations
@@ -21,8 +29,8 @@ if TYPE_CHECKING:
 import os
 import time
 
-from ..locks import ownership, processes
-from ..locks.ledger import BadLease, Lease, Ledger, process_start_time
+from ..locks import ownership, processes, revoke
+from ..locks.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
 from .context import HookError
 
 # How long a prolog waits for another job's lease to go (its epilog may be
@@ -30,18 +38,27 @@ from .context import HookError
 LIVE_HOLDER_WAIT_S = 10.0
 # How long an epilog waits for the job's last processes to close the device.
 SURVIVOR_WAIT_S = 3.0
+# How long a revoked USB stick may take to re-enumerate before its lease counts
+# as stale (a real stick is back in about a second).
+REENUMERATE_S = 10.0
 
 
 def holder_alive(lease: Lease | BadLease) -> str | None:
-    """Why the lease's job still runs on this node, or None when it does not.
+    """Why the lease's job (or its revocation) still runs on this node, or None when it does not.
 
     Cheap and local, no Slurm query: the job is alive while one of its
-    ``slurmstepd: [job.step]`` processes exists (every step, batch included, runs
-    under one) or while the prolog that took the lease still runs (it runs before
-    any slurmstepd). A job Slurm has finished has neither; its epilog may still
-    be running, and it releases the lease under the same lock as a reclaim.
+    slurmstepd processes exists (every step, batch included, runs under one;
+    see processes.job_step_pids) or while the prolog that took the lease still
+    runs (it runs before any slurmstepd). A job Slurm has finished has neither;
+    its epilog may still be running, and it releases the lease under the same
+    lock as a reclaim. A revoked USB stick is busy until it is back.
     """
-    if isinstance(lease, BadLease):
+    if isinstance(lease, BadLease) or lease.phase == KEPT:
+        return None
+    if lease.phase == REVOKING:
+        age = time.time() - lease.phase_since
+        if age < REENUMERATE_S:
+            return f"it is re-enumerating after its revocation {age:.1f} s ago"
         return None
     if processes.process_alive(lease.prolog_pid, lease.prolog_start):
         return f"its prolog (pid {lease.prolog_pid}) is still running"
@@ -73,12 +90,163 @@ def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str
     return problems
 
 
-def reclaim(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, by_job: int | None) -> None:
-    """Drop a lease whose job is gone: idle ownership first, then the file."""
-    problems = restore_idle(settings.devices.get(lease.identity), settings)
-    ledger.drop(lease.identity)
-    ledger.audit("reclaim", identity=lease.identity, job_id=lease.job_id, uid=lease.uid, by_job=by_job,
-                 problems=problems or None)
+def take_away(nodes: Iterable[str], identity: str) -> list[str]:
+    """Make the nodes root:root 0600 (no new opens by anyone else); returns problems."""
+    problems = []
+    for node in nodes:
+        try:
+            ownership.set_owner(node, identity, 0, 0, 0o600)
+        except Exception as exc:  # DeviceError, OSError
+            problems.append(str(exc))
+    return problems
+
+
+def _set_phase(ledger: Ledger, lease: Lease | BadLease, phase: str) -> None:
+    if isinstance(lease, BadLease):  # unreadable: replace it by a readable one of nobody's
+        lease = Lease(identity=lease.identity, job_id=-1, uid=-1)
+    lease.phase, lease.phase_since = phase, round(time.time(), 6)
+    ledger.rewrite(lease)
+
+
+def _filesystems(nodes: Iterable[str], settings: HookSettings, identity: str) -> set[int]:
+    """st_dev of every filesystem holding one of the device's nodes (see processes.scan_holders)."""
+    found = set()
+    for path in (*nodes, os.path.join(settings.slot_dir, identity), "/dev"):
+        try:
+            found.add(os.lstat(path).st_dev)
+        except OSError:
+            pass
+    return found
+
+
+def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownDevice, present: list[str],
+                         settings: HookSettings, wait_s: float) -> str | None:
+    """Why a device that cannot be revoked is not free yet, or None when it is."""
+    identity, job_id = lease.identity, lease.job_id
+    rdevs, filesystems = _rdevs(present), _filesystems(present, settings, identity)
+    skip_root = lease.uid != 0  # a user's fd reaches a root process only if root software takes it
+
+    def scan() -> processes.Scan:
+        return processes.scan_holders(rdevs, filesystems, settings.holder_scan_s, skip_root)
+
+    found = scan()
+    deadline = time.monotonic() + wait_s
+    while found.complete and found.holders and time.monotonic() < deadline:
+        ledger.unlock()  # the job's last processes may be exiting right now
+        time.sleep(0.1)
+        ledger.lock()
+        found = scan()
+    if not found.complete:
+        ledger.audit("scan-incomplete", identity=identity, job_id=job_id, scanned=found.scanned,
+                     total=found.total)
+        return (f"holder scan of {identity} after job {job_id} could not finish within "
+                f"{settings.holder_scan_s:g} s ({found.scanned} of {found.total} processes): a process with "
+                "very many open files may hide a holder; find it, then resume the node")
+    if found.holders:
+        pids = ",".join(str(p) for p in sorted(found.holders))
+        how = "/".join(sorted(set(found.holders.values())))
+        ledger.audit("survivor", identity=identity, job_id=job_id, pids=pids, how=how)
+        return f"pid {pids} still holds {identity} ({how}) after job {job_id}; kill it, then resume the node"
+    if device.kind == "edgetpu" and device.bus == "pci":
+        writers = sum(revoke.gasket_writers(settings.sysfs_root, node) or 0 for node in present)
+        if writers:
+            ledger.audit("survivor", identity=identity, job_id=job_id, writers=writers)
+            return (f"the apex driver counts {writers} writable fd(s) on {identity} still open after job {job_id} "
+                    "that no process shows (passed over a Unix socket?); close them (or reboot), then resume "
+                    "the node")
+    return None
+
+
+def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, event: str,
+              by_job: int | None = None, wait_s: float = 0.0) -> list[str]:
+    """Take the device away from the lease's job, revoke, check, give it back; returns problems.
+
+    Called with the state lock held. ``event`` names the audit record
+    (release, reclaim, clear). A problem keeps the lease (phase ``kept``, the
+    node root 0600) so nobody else gets a device that is not free.
+    """
+    identity, job_id = lease.identity, lease.job_id
+    device = settings.devices.get(identity)
+    present = [n for n in (device.device_nodes if device else ()) if ownership.node_state(n)]
+    if not present:
+        if isinstance(lease, Lease) and lease.phase == REVOKING and event == "release":
+            return []  # a second epilog run while the stick re-enumerates: udev finishes it
+        ledger.drop(identity)
+        ledger.audit(event, identity=identity, job_id=job_id, uid=lease.uid, by_job=by_job, vanished=True)
+        if event != "release":
+            return []
+        return [f"{identity} vanished during job {job_id}; check the device and its cable, then resume the node"]
+    problems = take_away(present, identity)
+    if problems:
+        _set_phase(ledger, lease, KEPT)
+        return problems
+    assert device is not None
+    if settings.revoke and revoke.revocable(device.kind, device.bus):
+        # Phase first: the udev events of the disconnect must find it revoking; the
+        # nodes it had tell udev_event the old device's events from the new one's.
+        lease.device_nodes = tuple(present)
+        _set_phase(ledger, lease, REVOKING)
+        try:
+            devnum = revoke.disconnect_usb(settings.sysfs_root, identity)
+        except revoke.RevokeError as exc:
+            _set_phase(ledger, lease, KEPT)
+            ledger.audit("revoke-failed", identity=identity, job_id=job_id, uid=lease.uid, error=str(exc))
+            return [str(exc)]
+        if devnum is not None:
+            ledger.audit("revoke", identity=identity, job_id=job_id, uid=lease.uid, devnum=devnum, by_job=by_job)
+            return []  # every fd on it is dead; udev_event releases it once it is back
+        # No usb_device in sysfs: nothing is left whose fds could work. Release now.
+        why = None
+    else:
+        why = _unrevocable_holders(ledger, lease, device, present, settings, wait_s)
+    if why is not None:
+        _set_phase(ledger, lease, KEPT)
+        return [why]
+    problems = restore_idle(device, settings)
+    if problems:
+        _set_phase(ledger, lease, KEPT)
+        return problems
+    ledger.drop(identity)
+    ledger.audit(event, identity=identity, job_id=job_id, uid=lease.uid, by_job=by_job)
+    return []
+
+
+def reclaim(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, by_job: int | None) -> list[str]:
+    """End a lease whose job is gone (see :func:`end_lease`); returns problems."""
+    return end_lease(ledger, lease, settings, "reclaim", by_job=by_job)
+
+
+def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -> list[tuple[str, str]]:
+    """End stale leases now (admin ``leases --clear``, health check): (identity, outcome) pairs.
+
+    ``identity`` None clears every lease an epilog kept (phase ``kept``) or that
+    is unreadable; naming one clears any stale lease on it. A live job's lease is
+    never touched. The outcome is ``cleared``, ``revoking`` (udev restores idle
+    ownership when the stick is back) or the problem that keeps it.
+    """
+    outcomes = []
+    ledger.lock()
+    try:
+        for lease in list(ledger.all()):
+            if identity is not None and lease.identity != identity:
+                continue
+            if identity is None and isinstance(lease, Lease) and lease.phase != KEPT:
+                continue
+            why = holder_alive(lease)
+            if why is not None:
+                outcomes.append((lease.identity, f"job {lease.job_id} is not over ({why}); left alone"))
+                continue
+            problems = end_lease(ledger, lease, settings, "clear")
+            after = ledger.read(lease.identity)
+            if problems:
+                outcomes.append((lease.identity, "; ".join(problems)))
+            elif isinstance(after, Lease) and after.phase == REVOKING:
+                outcomes.append((lease.identity, "revoking"))
+            else:
+                outcomes.append((lease.identity, "cleared"))
+    finally:
+        ledger.unlock()
+    return outcomes
 
 
 def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], settings: HookSettings,
@@ -101,6 +269,7 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
             taken.append(lease)
             ledger.lock()
             try:
+                device = _current_nodes(ledger, device, lease)
                 for node in device.device_nodes:
                     ownership.set_owner(node, device.identity, job.uid, -1, settings.lease_mode)
                 if not device.device_nodes:
@@ -130,6 +299,25 @@ def roll_back(ledger: Ledger, job: JobContext, leases: list[Lease], settings: Ho
         ledger.unlock()
 
 
+def _current_nodes(ledger: Ledger, device: KnownDevice, lease: Lease) -> KnownDevice:
+    """The device with its nodes as the inventory has them now.
+
+    The settings snapshot was read before this prolog waited: a USB stick revoked
+    at the previous job's end has re-enumerated since (new node, recorded by
+    udev_event). Only then is the inventory file read again.
+    """
+    if device.device_nodes and all(ownership.node_state(n) for n in device.device_nodes):
+        return device
+    from ..locks import node_inventory
+
+    fresh = node_inventory.load(ledger.dir_fd).get(device.identity)
+    if fresh is None or fresh.device_nodes == device.device_nodes:
+        return device
+    lease.device_nodes = fresh.device_nodes
+    ledger.rewrite(lease)
+    return fresh
+
+
 def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSettings, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     while True:
@@ -140,70 +328,50 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
             holder = ledger.read(lease.identity)
             if holder is None:
                 continue  # released between our claim and read: try again
-            if isinstance(holder, Lease) and holder.job_id == lease.job_id:
+            if isinstance(holder, Lease) and holder.job_id == lease.job_id and holder.phase == HELD:
                 # The same job again (a requeued job keeps its id, and its first
                 # prolog may have died): close the old lease in the audit, retake it.
-                reclaim(ledger, holder, settings, by_job=lease.job_id)
+                _reclaim_or_fail(ledger, holder, settings, lease.job_id)
                 continue
             why = holder_alive(holder)
             if why is None:
-                users = processes.holders(_rdevs(device.device_nodes))
-                if users:
-                    pid = next(iter(users))
-                    raise HookError(f"job {lease.job_id}: {device.identity} still has a stale lease of ended "
-                                    f"job {holder.job_id} and pid {pid} keeps it open; kill it, then resume "
-                                    "the node")
-                reclaim(ledger, holder, settings, by_job=lease.job_id)
+                _reclaim_or_fail(ledger, holder, settings, lease.job_id)
                 continue
         finally:
             ledger.unlock()
         if time.monotonic() >= deadline:
+            if isinstance(holder, Lease) and holder.phase == REVOKING:
+                raise HookError(f"job {lease.job_id}: {device.identity} did not come back after its port was "
+                                f"power-cycled at the end of job {holder.job_id}; replug it (or set "
+                                "devices.revoke: false if its hub cannot switch port power), then resume the node")
             raise HookError(f"job {lease.job_id}: {device.identity} is held by live job {holder.job_id} "
                             f"(uid {holder.uid}: {why}); Slurm allocated it twice or the ledger is wrong: "
                             "check `slurm-tpu leases` on this node")
-        time.sleep(0.1)
+        # A stick coming back after revocation is the common wait: look often.
+        time.sleep(0.02 if isinstance(holder, Lease) and holder.phase == REVOKING else 0.1)
+
+
+def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSettings, job_id: int) -> None:
+    problems = reclaim(ledger, holder, settings, by_job=job_id)
+    if problems:
+        raise HookError(f"job {job_id}: {holder.identity} still has a stale lease of ended job {holder.job_id}: "
+                        f"{problems[0]}")
 
 
 def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S) -> list[str]:
-    """Release the job's leases; returns problems that should drain the node.
+    """End the job's leases (see :func:`end_lease`); returns problems that should drain the node.
 
-    A device still open by a process keeps its lease (the node gets drained,
-    and the next prolog reclaims it once the process is gone); a device that
-    vanished loses its lease (nothing is left to protect).
+    A device that could not be revoked and is still open keeps its lease (phase
+    ``kept``, root 0600): the node gets drained, and the next prolog, the health
+    check or ``slurm-tpu leases --clear`` gives it back once the holder is gone.
     """
     problems: list[str] = []
-    deadline = time.monotonic() + wait_s
     ledger.lock()
     try:
         leases = ledger.of_job(job_id)
         # Usage records are collected by the epilog before this, outside the lock (hooks/jobusage.py).
         for lease in leases:
-            device = settings.devices.get(lease.identity)
-            present = [n for n in (device.device_nodes if device else ()) if ownership.node_state(n)]
-            if not present:
-                ledger.drop(lease.identity)
-                ledger.audit("release", identity=lease.identity, job_id=job_id, uid=lease.uid, vanished=True)
-                problems.append(f"{lease.identity} vanished during job {job_id}; check the device and "
-                                "its cable, then resume the node")
-                continue
-            users = processes.holders(_rdevs(present), uid=lease.uid)
-            while users and time.monotonic() < deadline:
-                ledger.unlock()
-                time.sleep(0.1)
-                ledger.lock()
-                users = processes.holders(_rdevs(present), uid=lease.uid)
-            if users:
-                pids = ",".join(str(p) for p in sorted(users))
-                ledger.audit("survivor", identity=lease.identity, job_id=job_id, uid=lease.uid, pids=pids)
-                problems.append(f"pid {pids} of job {job_id} still holds {lease.identity}; kill it, then "
-                                "resume the node")
-                continue
-            failed = restore_idle(device, settings)
-            if failed:
-                problems.extend(failed)
-                continue
-            ledger.drop(lease.identity)
-            ledger.audit("release", identity=lease.identity, job_id=job_id, uid=lease.uid)
+            problems.extend(end_lease(ledger, lease, settings, "release", wait_s=wait_s))
     finally:
         ledger.unlock()
     return problems

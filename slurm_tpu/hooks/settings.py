@@ -23,7 +23,7 @@ from ..locks.node_inventory import KnownDevice
 
 SNAPSHOT = "hooks.snapshot"
 QUERY_MARKER = "prolog.query"
-FORMAT = "slurm-tpu hooks snapshot 4"
+FORMAT = "slurm-tpu hooks snapshot 5"
 DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
 DEFAULT_STATE_DIR = "/run/slurm-tpu"
 
@@ -33,7 +33,7 @@ class HookSettings:
 
     __slots__ = ("state_dir", "slot_dir", "lease_mode", "idle_uid", "idle_gid", "idle_mode", "isolate_gpus",
                  "tpu_name", "gpu_name", "node", "devices", "index", "sources", "env_names", "tpu_paths",
-                 "slurm_bin_dir", "slurm_sbin_dir")
+                 "slurm_bin_dir", "slurm_sbin_dir", "revoke", "holder_scan_s", "sysfs_root")
 
     def __init__(self, state_dir: str, slot_dir: str = "/dev/slurm-tpu", lease_mode: int = 0o600,
                  idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = 0o600, isolate_gpus: bool = False,
@@ -53,6 +53,8 @@ class HookSettings:
         self.tpu_paths: dict[str, str] = {}
         # The config's slurm.bin_dir/sbin_dir ("" when unset: slurm/installation.py decides).
         self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
+        # Revocation at job end (slurm_tpu/locks/revoke.py) and the holder scan's time box.
+        self.revoke, self.holder_scan_s, self.sysfs_root = True, 2.0, "/sys"
 
     def slurm(self, environ):  # -> slurm.commands.Slurm
         """The Slurm gateway for a hook: no PATH (slurmd gives hooks none, and a job must not choose)."""
@@ -81,7 +83,8 @@ class HookSettings:
         lines.append("set\t" + "\t".join([self.state_dir, self.slot_dir, str(self.lease_mode), str(self.idle_uid),
                                           str(self.idle_gid), str(self.idle_mode), str(int(self.isolate_gpus)),
                                           self.tpu_name, self.gpu_name, self.node, self.slurm_bin_dir,
-                                          self.slurm_sbin_dir]))
+                                          self.slurm_sbin_dir, str(int(self.revoke)), repr(self.holder_scan_s),
+                                          self.sysfs_root]))
         for device in self.devices.values():
             lines.append("dev\t" + "\t".join([device.identity, device.kind, device.bus, *device.device_nodes]))
         lines.append("env\t" + "\t".join(self.env_names))
@@ -106,7 +109,7 @@ class HookSettings:
             tag = fields[0]
             if tag == "src" and len(fields) == 3:
                 sources[fields[1]] = fields[2]
-            elif tag == "set" and len(fields) == 13:
+            elif tag == "set" and len(fields) == 16:
                 settings = fields[1:]
             elif tag == "dev" and len(fields) >= 4:
                 devices[fields[1]] = KnownDevice(fields[1], fields[2], fields[3], tuple(fields[4:]))
@@ -125,6 +128,7 @@ class HookSettings:
                      devices, index, sources)
         result.env_names, result.tpu_paths = env_names, tpu_paths
         result.slurm_bin_dir, result.slurm_sbin_dir = s[10], s[11]
+        result.revoke, result.holder_scan_s, result.sysfs_root = s[12] == "1", float(s[13]), s[14]
         return result
 
 
@@ -231,6 +235,8 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
                             config.isolate_gpus, config.tpu_gres_name, config.gpu_gres_name, node)
     settings.idle_uid, settings.idle_gid = ownership.resolve_ids(config.idle.owner, config.idle.group)
     settings.slurm_bin_dir, settings.slurm_sbin_dir = config.slurm_bin_dir or "", config.slurm_sbin_dir or ""
+    settings.revoke, settings.holder_scan_s = config.revoke, config.holder_scan_seconds
+    settings.sysfs_root = config.sysfs_root
     paths = _source_paths(cfg, config.state_dir, environ)
     paths += allocation.slurm_conf_files(paths[2])[1:]
     keys_before = {path: file_key(path) for path in paths}
@@ -249,14 +255,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         settings.sources = keys_before
         # Only a root hook writes; a file changed while we read it is not snapshotted.
         if os.geteuid() == 0 and all(file_key(p) == k for p, k in keys_before.items()):
-            statedir.write_atomic(fd, SNAPSHOT, settings.to_text().encode())
-            # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early, and
-            # with which scontrol (sh cannot read /proc/PID/exe without forking).
-            scontrol = _scontrol_for_sh(settings, environ) if settings.leasable_names() else None
-            if scontrol:
-                statedir.write_atomic(fd, QUERY_MARKER, scontrol.encode() + b"\n")
-            else:
-                statedir.remove(fd, QUERY_MARKER)
+            _write_snapshot(fd, settings, environ)
     finally:
         os.close(fd)
     return settings
@@ -270,3 +269,27 @@ def _scontrol_for_sh(settings: HookSettings, environ) -> str | None:
         return settings.slurm(environ).program("scontrol")
     except SlurmCommandError:
         return None
+
+
+def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
+    statedir.write_atomic(fd, SNAPSHOT, settings.to_text().encode())
+    # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early, and
+    # with which scontrol (sh cannot read /proc/PID/exe without forking).
+    scontrol = _scontrol_for_sh(settings, environ) if settings.leasable_names() else None
+    if scontrol:
+        statedir.write_atomic(fd, QUERY_MARKER, scontrol.encode() + b"\n")
+    else:
+        statedir.remove(fd, QUERY_MARKER)
+
+
+def store_snapshot(state_fd: int, settings: HookSettings, environ) -> None:
+    """Rewrite the snapshot after the caller changed the inventory file it holds the lock on.
+
+    ``settings`` must already carry the change (udev_event: a re-enumerated
+    device's new node); only the inventory file's key is renewed, so any other
+    source that changed meanwhile still sends the next hook down the slow path.
+    """
+    inventory = os.path.join(settings.state_dir, "inventory.json")
+    if inventory in settings.sources and os.geteuid() == 0:
+        settings.sources[inventory] = file_key(inventory)
+        _write_snapshot(state_fd, settings, environ)

@@ -7,6 +7,9 @@ accelerator the inventory knows:
   in the inventory file, and if a job leases the device, hand the *new* node to
   the job's user at once, within the event, so the job never sees "permission
   denied" on its own device after a USB re-enumeration (firmware load, reset).
+  If the lease is being revoked (the epilog power-cycled the port, see
+  slurm_tpu/locks/revoke.py), this event is the stick coming back: it gets idle
+  ownership and the lease is dropped, ending the release.
 * remove: record that the device has no node (the epilog then drains the node
   if a job held it).
 """
@@ -52,7 +55,7 @@ def _char_node(path: str) -> bool:
 
 def run(environ: dict[str, str]) -> int:
     from ..locks import node_inventory, ownership
-    from ..locks.ledger import Lease, Ledger
+    from ..locks.ledger import HELD, REVOKING, Lease, Ledger
     from ..locks.slots import ensure_slot
     from . import settings as hook_settings
 
@@ -60,7 +63,8 @@ def run(environ: dict[str, str]) -> int:
     identity = identity_for(environ)
     if identity is None:
         return 0
-    settings = hook_settings.rebuild(environ, node_from_env(environ))  # rare event: always the full config
+    # Every job on a revoked USB stick brings two events: the snapshot when current.
+    settings = hook_settings.load(environ, node_from_env(environ))
     with Ledger(settings.state_dir) as ledger:
         ledger.lock()
         known = node_inventory.load(ledger.dir_fd)
@@ -70,6 +74,8 @@ def run(environ: dict[str, str]) -> int:
         if action == "remove":
             if node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
                 ledger.audit("remove", identity=identity)
+                settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, ())
+                hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
             return 0
         if action not in ("add", "change", "bind"):
             return 0
@@ -81,16 +87,34 @@ def run(environ: dict[str, str]) -> int:
         nodes = (devname,) if device.kind == "edgetpu" else device.device_nodes
         changed = node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
         lease = ledger.read(identity)
-        if isinstance(lease, Lease):
+        if isinstance(lease, Lease) and lease.phase == REVOKING and devname not in lease.device_nodes:
+            # The stick is back after the epilog power-cycled its port (every fd on
+            # the old usb_device is dead): finish that release with idle ownership.
+            for node in nodes:
+                ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
+            ledger.drop(identity)
+            # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
+            ledger.audit("release" if lease.job_id >= 0 else "reclaim", identity=identity, job_id=lease.job_id,
+                         uid=lease.uid, nodes=list(nodes), revoked=True)
+        elif isinstance(lease, Lease) and lease.phase == HELD:
             for node in nodes:
                 ownership.set_owner(node, identity, lease.uid, -1, settings.lease_mode)
             ledger.audit("reenumerate", identity=identity, job_id=lease.job_id, uid=lease.uid,
                          nodes=list(nodes), changed=changed)
+        elif lease is not None:
+            # Kept by an epilog, or unreadable: not free, and not the job's any more.
+            for node in nodes:
+                ownership.set_owner(node, identity, 0, 0, 0o600)
+            ledger.audit("reenumerate", identity=identity, job_id=lease.job_id, nodes=list(nodes), changed=changed)
         else:
             for node in nodes:
                 ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
             if changed:
                 ledger.audit("reenumerate", identity=identity, nodes=list(nodes))
+        if changed:
+            # Keep the hooks' snapshot current, or the next prolog rereads the YAML config.
+            settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, nodes)
+            hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
     return 0
 
 

@@ -16,7 +16,7 @@ from typing import Mapping, Sequence
 from ..errors import SlurmCommandError
 from ..slurm import installation
 from ..slurm.parse import parse_key_values
-from .hardware import detect_under_umockdev, materialize
+from .hardware import detect_under_umockdev, materialize, materialize_sysfs
 
 
 @dataclass(frozen=True)
@@ -190,6 +190,7 @@ class LocalCluster:
             "devices": {"slot_dir": os.path.join(directory, "slots")},
             "state_dir": os.path.join(directory, "state"),
             "inventory_file": os.path.join(directory, "configured-inventory.json"),
+            "sysfs_root": os.path.join(directory, "sys"),  # the hooks' revocation writes here
         }
         for key, value in self.node_config_extra.items():  # e.g. {"devices": {...}} merged shallowly
             if isinstance(value, dict) and isinstance(config.get(key), dict):
@@ -204,6 +205,7 @@ class LocalCluster:
         if spec.umockdev:
             inventory = detect_under_umockdev(spec.umockdev, self.slurm_tpu, self.python)
             inventory = materialize(inventory, os.path.join(directory, "dev"), minor)
+            materialize_sysfs(inventory, os.path.join(directory, "sys"))
             minor += sum(len(a.device_nodes) for a in inventory)
         else:
             from ..model import Inventory
@@ -348,7 +350,18 @@ class LocalCluster:
         slurmd = self.slurm.program("slurmd")
         for spec in self.nodes:
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
+            self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
+
+    def _start_usbcore(self, node: str) -> None:
+        """The emulated USB core (usbcore.py) for a node with USB Edge TPUs: the kernel's side of revocation."""
+        directory = self.node_dir(node)
+        if not os.path.isdir(os.path.join(directory, "sys", "bus", "usb", "devices")):
+            return
+        self._spawn(f"usbcore-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}",
+                                        f"SLURMD_NODENAME={node}", self.python, "-m", "slurm_tpu.localcluster.usbcore",
+                                        os.path.join(directory, "sys"), os.path.join(directory, "dev"), "--",
+                                        *self.slurm_tpu, "udev-event"])
 
     @classmethod
     def load(cls, base: str) -> "LocalCluster":

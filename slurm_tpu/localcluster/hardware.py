@@ -54,3 +54,66 @@ def materialize(inventory: Inventory, dev_root: str, minor_start: int = 0) -> In
             nodes.append(target)
         accelerators.append(replace(accelerator, device_nodes=tuple(nodes)))
     return replace(inventory, accelerators=tuple(accelerators))
+
+
+def _usb_hub_and_port(port_path: str) -> tuple[str, str, int]:
+    """``2-1.3`` -> (hub device ``2-1``, its interface ``2-1:1.0``, port 3); ``2-1`` -> (``usb2``, ``2-0:1.0``, 1)."""
+    if "." in port_path:
+        hub, _, number = port_path.rpartition(".")
+        return hub, f"{hub}:1.0", int(number)
+    bus, _, number = port_path.partition("-")
+    return f"usb{bus}", f"{bus}-0:1.0", int(number)
+
+
+def usb_sysfs_device(sys_root: str, port_path: str, busnum: int, devnum: int, devname: str) -> str:
+    """Create (or recreate) a USB device in a materialized sysfs; returns its DEVPATH.
+
+    The layout follows the kernel's: ``bus/usb/devices/<port path>`` links to the
+    device directory (``busnum``, ``devnum``, ``uevent`` with DEVNAME), whose
+    ``port`` link names the hub port device (``<hub>-port<N>/disable``,
+    drivers/usb/core/port.c). The hub port survives a disconnect; the device
+    directory does not.
+    """
+    hub, interface, number = _usb_hub_and_port(port_path)
+    hub_dir = os.path.join(sys_root, "devices", "emulated-usb", hub)
+    port_dir = os.path.join(hub_dir, interface, f"{hub}-port{number}")
+    os.makedirs(port_dir, exist_ok=True)
+    disable = os.path.join(port_dir, "disable")
+    if not os.path.exists(disable):
+        with open(disable, "w", encoding="ascii") as handle:
+            handle.write("0\n")
+    device = os.path.join(hub_dir, port_path)
+    os.makedirs(device, exist_ok=True)
+    for name, value in (("busnum", busnum), ("devnum", devnum), ("uevent", f"DEVNAME={devname}")):
+        with open(os.path.join(device, name), "w", encoding="ascii") as handle:
+            handle.write(f"{value}\n")
+    link = os.path.join(device, "port")
+    if not os.path.lexists(link):
+        os.symlink(os.path.relpath(port_dir, device), link)
+    bus_dir = os.path.join(sys_root, "bus", "usb", "devices")
+    os.makedirs(bus_dir, exist_ok=True)
+    bus_link = os.path.join(bus_dir, port_path)
+    if not os.path.lexists(bus_link):
+        os.symlink(os.path.relpath(device, bus_dir), bus_link)
+    return "/" + os.path.relpath(device, sys_root)
+
+
+def materialize_sysfs(inventory: Inventory, sys_root: str) -> None:
+    """The sysfs the hooks' revocation reads and writes, for ``inventory``'s Edge TPUs.
+
+    USB sticks get their device directory and hub port (see usb_sysfs_device);
+    PCIe apex devices get ``class/apex/apex_N/write_open_count`` (0: no driver
+    here counts open files, see slurm_tpu/locks/revoke.py).
+    """
+    for accelerator in inventory:
+        if accelerator.kind.value != "edgetpu" or not accelerator.device_nodes:
+            continue
+        node = accelerator.device_nodes[0]
+        if accelerator.bus.value == "usb":
+            parts = node.rstrip("/").split("/")
+            usb_sysfs_device(sys_root, accelerator.identity[len("usb-"):], int(parts[-2]), int(parts[-1]), node)
+        elif accelerator.bus.value == "pci":
+            directory = os.path.join(sys_root, "class", "apex", os.path.basename(node))
+            os.makedirs(directory, exist_ok=True)
+            with open(os.path.join(directory, "write_open_count"), "w", encoding="ascii") as handle:
+                handle.write("0\n")

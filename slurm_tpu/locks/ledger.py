@@ -31,6 +31,7 @@ AUDIT = "audit.log"
 LOCK = ".lock"
 JOBS = "jobs"  # <job>.env: the task-prolog's export lines, written by the prolog
 VERSION = 1
+HELD, REVOKING, KEPT = "held", "revoking", "kept"  # Lease.phase
 _INT_FIELDS = ("job_id", "uid", "prolog_pid", "prolog_start", "version")
 _LIST_FIELDS = ("device_nodes", "allocation")
 
@@ -70,15 +71,20 @@ class Lease:
     """
 
     __slots__ = ("identity", "job_id", "uid", "kind", "user", "start", "device_nodes", "allocation", "node",
-                 "prolog_pid", "prolog_start", "version")
+                 "prolog_pid", "prolog_start", "version", "phase", "phase_since")
 
     def __init__(self, identity: str, job_id: int, uid: int, kind: str = "edgetpu", user: str = "",
                  start: float = 0.0, device_nodes: tuple[str, ...] = (), allocation: tuple[str, ...] = (),
-                 node: str = "", prolog_pid: int = 0, prolog_start: int = 0, version: int = VERSION):
+                 node: str = "", prolog_pid: int = 0, prolog_start: int = 0, version: int = VERSION,
+                 phase: str = HELD, phase_since: float = 0.0):
         self.identity, self.job_id, self.uid, self.kind, self.user = identity, job_id, uid, kind, user
         self.start, self.device_nodes, self.allocation, self.node = start, tuple(device_nodes), tuple(allocation), node
         # prolog_start: /proc/<pid>/stat start time, to tell a reused pid apart.
         self.prolog_pid, self.prolog_start, self.version = prolog_pid, prolog_start, version
+        # HELD while the job may use it; REVOKING from the moment its end began a USB
+        # disconnect until udev reports the re-enumerated device; KEPT when its end
+        # found a problem (a holder, a scan that could not finish) and kept it.
+        self.phase, self.phase_since = phase, phase_since
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in self.__slots__}
@@ -120,7 +126,7 @@ class Lease:
             text = fields[name]
             if name in _INT_FIELDS:
                 kwargs[name] = int(text)
-            elif name == "start":
+            elif name in ("start", "phase_since"):
                 kwargs[name] = float(text)
             elif name in _LIST_FIELDS:
                 kwargs[name] = tuple(t for t in text.split(",") if t)
@@ -200,6 +206,10 @@ class Ledger:
     def claim(self, lease: Lease) -> bool:
         """Atomically create the lease; False when the device is already leased."""
         return statedir.create_exclusive(self.leases_fd, lease.identity, lease.to_bytes())
+
+    def rewrite(self, lease: Lease) -> None:
+        """Replace the lease file (its phase changed) atomically."""
+        statedir.write_atomic(self.leases_fd, lease.identity, lease.to_bytes())
 
     def drop(self, identity: str) -> bool:
         """Remove the lease file on ``identity`` (whoever holds it)."""

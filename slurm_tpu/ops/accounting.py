@@ -1,7 +1,9 @@
 """Accounting from the lease ledger's audit log: who used which accelerator, how much.
 
 Pure functions over audit events (JSON lines written by the hooks):
-``acquire`` opens a lease; ``release``, ``reclaim`` or ``rollback`` closes it;
+``acquire`` opens a lease; ``revoke`` (the job's fds on it are dead: a USB
+stick's release then follows once it is back), ``release``, ``reclaim``,
+``clear`` or ``rollback`` closes it;
 ``usage`` (written by the epilog from the runner's records) adds inference
 counts, inference time and energy to the job's lease on that device.
 
@@ -20,7 +22,7 @@ from typing import Iterable, Iterator
 
 from ..usage import checked
 
-CLOSING = ("release", "reclaim", "rollback")
+CLOSING = ("revoke", "release", "reclaim", "clear", "rollback")
 
 
 @dataclass

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ..config import Config
+from ..errors import SlurmTpuError
 from ..model import Bus, Inventory
 from ..slurm.backend import open_backend
 from .health import Action, Decision, Problem, decide, find_problems
@@ -43,8 +44,36 @@ def _detect() -> Inventory:
     return detect_inventory(use_nvml=False)
 
 
+def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
+    """End the leases an epilog kept (a holder survived) whose holder is gone now.
+
+    The device goes back to its idle owner at once, not at the next job's
+    prolog: an admin who killed the holder and resumed the node leaves nothing
+    owned by the previous job's user. Only as root, and only when leases exist.
+    """
+    import os
+
+    from ..hooks import leasing, settings as hook_settings
+    from ..locks.ledger import Ledger
+
+    leases_dir = os.path.join(config.state_dir, "leases")
+    if os.geteuid() != 0 or not os.path.isdir(leases_dir) or not os.listdir(leases_dir):
+        return []
+    environ = dict(os.environ)
+    if config.path:
+        environ["SLURM_TPU_CONFIG"] = config.path
+    settings = hook_settings.rebuild(environ, config.node_name)
+    with Ledger(settings.state_dir, create=False) as ledger:
+        return leasing.clear(ledger, settings)
+
+
 def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True) -> HealthResult:
     """Find problems and bring the node's Slurm state in line with them."""
+    if apply:
+        try:
+            clear_kept_leases(config)
+        except (SlurmTpuError, OSError):
+            pass  # the ledger's own problem; the epilog and `slurm-tpu leases` report it
     configured_devices = configured_inventory(config)
     configured = tuple(a.identity for a in configured_devices)
     problems = find_problems(configured, _detect()) if configured else []

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable
 
 import numpy as np
 
@@ -120,11 +120,14 @@ def fitted_size(source: tuple[int, int], target: tuple[int, int]) -> tuple[tuple
     return (max(1, int(source[0] * scale)), max(1, int(source[1] * scale))), scale
 
 
-def _decode(path: str, mode: str, draft: Callable[[tuple[int, int]], tuple[int, int]] | None):
-    """The image at ``path`` in ``mode`` and its original (width, height). ``draft`` (fast
-    path only) gives, from the original size, the size the image will be resized to."""
+def _decode(path: str | BinaryIO, mode: str, draft: Callable[[tuple[int, int]], tuple[int, int]] | None,
+            name: str | None = None):
+    """The image at ``path`` (or in a file object, called ``name`` in errors) in ``mode``
+    and its original (width, height). ``draft`` (fast path only) gives, from the original
+    size, the size the image will be resized to."""
     from PIL import Image, UnidentifiedImageError
 
+    path_name = name or str(path)
     try:
         with Image.open(path) as image:
             size = image.size
@@ -133,9 +136,9 @@ def _decode(path: str, mode: str, draft: Callable[[tuple[int, int]], tuple[int, 
                 image.draft(mode, draft(size))
             return image.convert(mode), size
     except FileNotFoundError:
-        raise InputError(f"input {path} does not exist", path) from None
+        raise InputError(f"input {path_name} does not exist", path_name) from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise InputError(f"input {path} is not a readable image ({type(exc).__name__})", path) from None
+        raise InputError(f"input {path_name} is not a readable image ({type(exc).__name__})", path_name) from None
 
 
 def _resize(image, size: tuple[int, int], fast: bool):
@@ -146,20 +149,21 @@ def _resize(image, size: tuple[int, int], fast: bool):
     return image.resize(size, Image.BILINEAR if fast else Image.LANCZOS)
 
 
-def load_image(path: str, spec: TensorSpec, norm: Normalization = Normalization(),
-               resize: Resize = Resize()) -> Prepared:
-    """Decode, convert and resize an image file to the model's input (see the module doc)."""
+def load_image(path: str | BinaryIO, spec: TensorSpec, norm: Normalization = Normalization(),
+               resize: Resize = Resize(), name: str | None = None) -> Prepared:
+    """Decode, convert and resize an image file (or file object, called ``name`` in
+    errors) to the model's input (see the module doc)."""
     height, width, channels = image_size(spec)
     mode = "RGB" if channels == 3 else "L"
     if not resize.keep_aspect:
-        image, size = _decode(path, mode, (lambda _: (width, height)) if resize.fast else None)
+        image, size = _decode(path, mode, (lambda _: (width, height)) if resize.fast else None, name)
         pixels = np.asarray(_resize(image, (width, height), resize.fast), dtype=np.uint8)
         if channels == 1:
             pixels = pixels[:, :, np.newaxis]
         return Prepared(pixels_to_tensor(pixels, spec, norm),
                         Geometry((width, height), size, (width / size[0], height / size[1]), (width, height)))
     fit = (lambda size: fitted_size(size, (width, height))[0]) if resize.fast else None
-    image, size = _decode(path, mode, fit)
+    image, size = _decode(path, mode, fit, name)
     (w, h), scale = fitted_size(size, (width, height))
     pixels = np.asarray(_resize(image, (w, h), resize.fast), dtype=np.uint8).reshape(h, w, channels)
     tensor = np.zeros(spec.shape, dtype=spec.dtype)  # set_resized_input: tensor.fill(0), then paste
@@ -168,18 +172,23 @@ def load_image(path: str, spec: TensorSpec, norm: Normalization = Normalization(
 
 
 def load_npy(path: str, spec: TensorSpec) -> np.ndarray:
-    """A .npy array as the model's input: the batch dimension may be omitted; float
-    arrays are quantized for quantized models."""
+    """A .npy array as the model's input (see :func:`conform_array`)."""
     try:
         array = np.load(path, allow_pickle=False)
     except FileNotFoundError:
         raise InputError(f"input {path} does not exist", path) from None
     except (OSError, ValueError) as exc:
         raise InputError(f"input {path} is not a readable .npy file ({exc})", path) from None
+    return conform_array(array, spec, path)
+
+
+def conform_array(array: np.ndarray, spec: TensorSpec, name: str) -> np.ndarray:
+    """An array as the model's input, as .npy inputs are taken: the batch dimension may be
+    omitted; float arrays are quantized for quantized models (errors name ``name``)."""
     if array.shape == tuple(spec.shape[1:]):
         array = array[np.newaxis]
     if array.shape != tuple(spec.shape):
-        raise InputError(f"input {path} has shape {array.shape}, the model wants {tuple(spec.shape)}", path)
+        raise InputError(f"input {name} has shape {array.shape}, the model wants {tuple(spec.shape)}", name)
     if array.dtype == spec.dtype:
         return array
     if np.issubdtype(array.dtype, np.floating) and spec.quantized:
@@ -187,7 +196,7 @@ def load_npy(path: str, spec: TensorSpec) -> np.ndarray:
         return np.clip(np.round(array / spec.scale + spec.zero_point), info.min, info.max).astype(spec.dtype)
     if np.can_cast(array.dtype, spec.dtype, casting="same_kind"):
         return array.astype(spec.dtype)
-    raise InputError(f"input {path} has dtype {array.dtype}, the model wants {spec.dtype}", path)
+    raise InputError(f"input {name} has dtype {array.dtype}, the model wants {spec.dtype}", name)
 
 
 def load_input(path: str, spec: TensorSpec, norm: Normalization = Normalization(),

@@ -86,6 +86,7 @@ class _Opener:
         self.library: backend.EdgeTpuLibrary | None = None
         self.locks: list[DeviceLock] = []
         self.engines: list[Engine] = []
+        self._held: dict[str, DeviceLock] = {}  # identity -> its lock: several models may share a device
 
     def threads(self, engines: int) -> int:
         return self.options.num_threads or _cpu_threads(engines)
@@ -109,14 +110,17 @@ class _Opener:
         listed = self.library.list_devices()
         if (device.edgetpu_type, device.path) not in listed:
             raise DeviceError(edgetpu_faults.absent_message(device, listed), device.identity)
-        lock = DeviceLock(device.identity, environ)
+        lock = self._held.get(device.identity) or DeviceLock(device.identity, environ)
         log: list[str] = []
         delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
         if delegate is None:
-            lock.release()
+            if device.identity not in self._held:
+                lock.release()
             reason = backend.libedgetpu_reason(log, device.path or "")
             raise DeviceError(edgetpu_faults.open_failure_message(device, reason), device.identity)
-        self.locks.append(lock)
+        if device.identity not in self._held:
+            self._held[device.identity] = lock
+            self.locks.append(lock)
         return backend.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
 
     def _open_gpu(self, model: ModelInfo, threads: int) -> Engine:
@@ -129,13 +133,14 @@ class _Opener:
             return backend.InterpreterEngine(model.path, CPU, self.runtime, threads)
 
     def open_all(self, pairs: Sequence[tuple[ModelInfo, Device]], environ: Mapping[str, str],
-                 warnings: Sequence[str]) -> None:
+                 warnings: Sequence[str], concurrent: int | None = None) -> None:
         """Open every (model, device) pair, or none: a failure closes what was opened.
 
-        The warnings are emitted only once every device opened, so a failing run
-        prints its one error line and nothing else.
+        ``concurrent``: how many engines will run at once (default: all), which shares
+        out the CPU threads. The warnings are emitted only once every device opened,
+        so a failing run prints its one error line and nothing else.
         """
-        threads = self.threads(len(pairs))
+        threads = self.threads(concurrent or len(pairs))
         try:
             for model, device in pairs:
                 self.open(model, device, threads, environ)
@@ -205,3 +210,21 @@ def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = No
     opener.open_all(list(zip(models, devices)), environ, warnings)
     return EngineSet(opener.engines, devices[:len(models)], opener.runtime,
                      time.perf_counter() - started, models, opener.locks, environ, opener.edgetpu_version())
+
+
+def open_models(model_paths: Sequence[str], options: OpenOptions | None = None,
+                environ: Mapping[str, str] = os.environ, warn: Warn = _log.warning) -> EngineSet:
+    """Several models on every device the job was given (``slurm-tpu serve``): one lock per
+    device, one engine per (model, device), model-major: the engines of model i are
+    ``engines[i * D:(i + 1) * D]`` for D devices. Edge TPU models compiled together
+    (``edgetpu_compiler a.tflite b.tflite``) share a device's parameter cache."""
+    options = options or OpenOptions()
+    models = [read_model_info(p) for p in model_paths]
+    devices = resolve_devices(options.device, environ)
+    warnings = list(dict.fromkeys(w for m in models for w in _check_model_fits(m, devices)))
+    pairs = [(model, device) for model in models for device in devices]
+    started = time.perf_counter()
+    opener = _Opener(options, warn)
+    opener.open_all(pairs, environ, warnings, concurrent=len(devices))  # one inference per device at a time
+    return EngineSet(opener.engines, [d for _, d in pairs], opener.runtime, time.perf_counter() - started,
+                     models, opener.locks, environ, opener.edgetpu_version())

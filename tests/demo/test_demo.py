@@ -86,7 +86,7 @@ def held(layout: Layout) -> list[tuple[str, str, int, float, float]]:
             key = (event.get("identity"), event.get("job_id"))
             if event["event"] == "acquire":
                 acquired[key] = event["t"]
-            elif event["event"] in ("release", "reclaim", "rollback") and key in acquired:
+            elif event["event"] in ("revoke", "release", "reclaim", "clear", "rollback") and key in acquired:
                 leases.append((node, key[0], key[1], acquired.pop(key), event["t"]))
         assert not acquired, f"leases never released on {node}: {acquired}"
     return leases
@@ -151,8 +151,9 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
     for record in records:
         by_name.setdefault(record["Name"], []).append(record)
     assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4,
-                                                              "step-tpu": 1}
-    assert {(r["JobState"], r["ExitCode"]) for r in records} == {("COMPLETED", "0:0")}
+                                                              "step-tpu": 1, "serve-tpu": 1, "serve-client": 1}
+    assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] != "serve-tpu"} == {("COMPLETED", "0:0")}
+    assert by_name["serve-tpu"][0]["JobState"] == "CANCELLED"  # a server runs until scancel
     assert all(r["UserId"].startswith(USER + "(") for r in records)
     tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"]
     assert {r["NodeList"] for r in tpu_jobs} <= set(TPUS)  # TPU jobs only on TPU nodes
@@ -188,6 +189,22 @@ def test_detection_step_over_two_nodes_found_every_scene_once_and_drew_them(demo
     assert os.path.isfile(line.split()[1])
 
 
+def test_served_model_answered_another_node_and_stopped_cleanly_on_scancel(demo):
+    done, layout = demo
+    (server,) = [r for r in jobcomp(layout) if r["Name"] == "serve-tpu"]
+    (client,) = [r for r in jobcomp(layout) if r["Name"] == "serve-client"]
+    assert (server["NodeList"], client["NodeList"]) == ("node-usb", "node-plain")
+    answers = [line.split(": ", 1) for line in done.stdout.splitlines() if re.match(r"\s+img_\d+\.png: ", line)]
+    assert [(name.strip(), label.split()[0]) for name, label in answers] == \
+        [(f"img_{i:05d}.png", expected_label(layout, f"img_{i:05d}.png")) for i in range(3)]
+    log = open(os.path.join(layout.out, f"serve-tpu-{server['JobId']}.out"), encoding="utf-8").read()
+    assert "SIGTERM: stopping" in log and "devices released" in log and "cut off" not in log, log
+    job = int(server["JobId"])
+    assert [n for n, _, j, _, _ in held(layout) if j == job] == ["node-usb"]  # its TPU leased, then released
+    assert not os.path.exists(os.path.join(os.path.expanduser(f"~{USER}"), ".slurm-tpu", "serve",
+                                           f"{job}.json"))
+
+
 def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
     _, layout = demo
     array = {r["ArrayJobId"] for r in jobcomp(layout) if r["Name"] == "batch-tpu"}
@@ -203,13 +220,23 @@ def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
 def test_devices_are_idle_again_and_nobody_holds_a_lease(demo):
     _, layout = demo
     for node in TPUS:
-        for identity, nodes in inventory(layout, node).items():
+        def leases() -> list[dict]:
+            done = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "leases", "--json"], capture_output=True,
+                                  text=True, env=dict(os.environ, SLURM_TPU_CONFIG=os.path.join(
+                                      layout.node_dir(node), "config.yaml")))
+            assert done.returncode == 0, done.stderr
+            return json.loads(done.stdout)
+
+        # A USB stick revoked at its last job's end is released once it is back (udev-event).
+        deadline = time.monotonic() + 60
+        while any(row.get("phase") == "revoking" for row in leases()) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert leases() == []
+        with open(os.path.join(layout.node_dir(node), "state", "inventory.json"), encoding="utf-8") as handle:
+            current = {a["identity"]: a["device_nodes"] for a in json.load(handle)["accelerators"]}
+        for identity, nodes in current.items():  # the nodes as they are now (a revoked stick has a new one)
             info = os.stat(nodes[0])
             assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o600), identity
-        leases = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "leases", "--json"], capture_output=True,
-                                text=True, env=dict(os.environ, SLURM_TPU_CONFIG=os.path.join(
-                                    layout.node_dir(node), "config.yaml")))
-        assert leases.returncode == 0 and json.loads(leases.stdout) == [], leases.stderr
 
 
 # -- the job scripts in jobs/, against the demo cluster ----------------------------------
@@ -370,7 +397,8 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert again.returncode == 0, again.stdout + again.stderr
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
-    assert len(new) == 18 and {r["JobState"] for r in new} == {"COMPLETED"}  # 17 + the detection step
+    states = sorted((r["Name"] == "serve-tpu", r["JobState"]) for r in new)  # 17 + detection + client, + server
+    assert states == [(False, "COMPLETED")] * 19 + [(True, "CANCELLED")]
 
 
 def _free_port() -> int:

@@ -85,8 +85,34 @@ def state_dir(cluster, node: str) -> str:
     return os.path.join(cluster.node_dir(node), "state")
 
 
-def inventory(cluster, node: str) -> dict[str, list[str]]:
-    """identity -> device nodes, from the node's state inventory file."""
+def revoking(cluster, node: str) -> list[str]:
+    """Devices whose lease is in phase ``revoking`` (a USB stick re-enumerating after its job)."""
+    directory = os.path.join(state_dir(cluster, node), "leases")
+    found = []
+    for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        try:
+            with open(os.path.join(directory, name), encoding="utf-8") as handle:
+                if "\nphase\trevoking\n" in "\n" + handle.read():
+                    found.append(name)
+        except OSError:
+            continue
+    return found
+
+
+def settle(cluster, node: str, timeout: float = 60) -> None:
+    """Wait until every revoked USB stick is back and its release finished (udev_event ends it).
+
+    Slurm reports a job COMPLETED when its epilog has power-cycled the port; the
+    stick comes back (and the lease goes) asynchronously, through the emulated
+    USB core and the udev hook.
+    """
+    wait_until(lambda: not revoking(cluster, node), timeout, f"revoked devices on {node} to come back")
+
+
+def inventory(cluster, node: str, settled: bool = True) -> dict[str, list[str]]:
+    """identity -> device nodes, from the node's state inventory file (after :func:`settle`)."""
+    if settled:
+        settle(cluster, node)
     with open(os.path.join(state_dir(cluster, node), "inventory.json"), encoding="utf-8") as handle:
         document = json.load(handle)
     return {a["identity"]: a["device_nodes"] for a in document["accelerators"]}
@@ -100,8 +126,10 @@ def audit(cluster, node: str) -> list[dict]:
         return [json.loads(line) for line in handle if line.strip()]
 
 
-def leases(cluster, node: str) -> list[dict]:
-    """`slurm-tpu leases --json` on the node."""
+def leases(cluster, node: str, settled: bool = True) -> list[dict]:
+    """`slurm-tpu leases --json` on the node (after :func:`settle`)."""
+    if settled:
+        settle(cluster, node)
     done = subprocess.run([*cluster.slurm_tpu, "leases", "--json"], capture_output=True, text=True,
                           env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node)), timeout=60)
     assert done.returncode == 0, done.stderr
@@ -156,11 +184,32 @@ def no_overlaps(records: list[dict]) -> dict[str, int]:
                                                  f"{holder.get(identity)} held it"
             holder[identity] = record["job_id"]
             count[identity] = count.get(identity, 0) + 1
-        elif event == "reclaim" and holder.get(identity) is None:
+        elif event in ("reclaim", "clear") and holder.get(identity) is None:
             pass  # a lease whose prolog died before auditing it (or a planted one)
-        elif event in ("release", "reclaim", "rollback"):
+        elif event in ("release", "reclaim", "rollback", "clear"):
             assert holder.get(identity) == record["job_id"], f"{event} of {identity} by job {record['job_id']} " \
                                                              f"but holder was {holder.get(identity)}"
             holder[identity] = None
     assert all(h is None for h in holder.values()), f"leases never released: {holder}"
     return count
+
+
+def drain_reason(cluster, node: str = "n1") -> str:
+    """The node's Reason= in `scontrol show node` ('' when none)."""
+    for token in cluster.show_node(node).splitlines():
+        token = token.strip()
+        if token.startswith("Reason="):
+            return token[len("Reason="):]
+    return ""
+
+
+def resume(cluster, node: str = "n1") -> None:
+    cluster.command(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
+    wait_until(lambda: cluster.node_states()[node] in ("IDLE", "MIXED"), 60, f"{node} to resume")
+
+
+def clear_lease(cluster, identity: str, node: str = "n1") -> subprocess.CompletedProcess:
+    """`slurm-tpu leases --clear IDENTITY` on the node, as the admin would run it."""
+    return subprocess.run([*cluster.slurm_tpu, "leases", "--clear", identity], capture_output=True, text=True,
+                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node),
+                                   SLURM_CONF=cluster.slurm_conf), timeout=60)

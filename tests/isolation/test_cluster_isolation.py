@@ -103,12 +103,14 @@ def test_user_b_cannot_open_user_a_device_and_env_names_exactly_it(cluster, user
     finally:
         state = release(cluster, "a1", job_a)
     assert state == "COMPLETED"
+    assert leases(cluster, "n1") == []  # waits for the revoked stick to come back
+    assert not os.path.lexists(usb_node)  # revoked: that usb_device and its node are gone
+    usb_node = inventory(cluster, "n1")["usb-2-1.3"][0]  # the re-enumerated stick's node
     assert owner(usb_node) == (0, 0, 0o600)  # back to the idle policy
     assert open_as("stpu_alice", usb_node) == "EACCES"
-    assert leases(cluster, "n1") == []
-    events = [e for e in audit(cluster, "n1") if e["job_id"] in (job_a, job_b)]
+    events = [e for e in audit(cluster, "n1") if e.get("job_id") in (job_a, job_b)]
     assert {(e["event"], e["job_id"], e["identity"]) for e in events} == {
-        ("acquire", job_a, "usb-2-1.3"), ("release", job_a, "usb-2-1.3"),
+        ("acquire", job_a, "usb-2-1.3"), ("revoke", job_a, "usb-2-1.3"), ("release", job_a, "usb-2-1.3"),
         ("acquire", job_b, "pci-0000:03:00.0"), ("release", job_b, "pci-0000:03:00.0")}
     assert not os.listdir(os.path.join(cluster.node_dir("n1"), "state", "jobs"))
 

@@ -157,7 +157,8 @@ def test_stale_lease_of_a_dead_job_is_reclaimed(state, tmp_path):
 def test_epilog_keeps_the_lease_while_a_process_holds_the_device(state, tmp_path):
     node = tmp_path / "null-like"
     os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/full").st_rdev)  # openable, rarely held
-    device = KnownDevice("usb-9-1", "edgetpu", "usb", (str(node),))
+    # A PCIe TPU: it cannot be revoked (see locks/revoke.py), so a holder keeps the lease.
+    device = KnownDevice("pci-0000:09:00.0", "edgetpu", "pci", (str(node),))
     settings = HookSettings(state, devices={device.identity: device})
     with Ledger(state) as ledger:
         leasing.acquire(ledger, JobContext(8, 0, "root", "n1"), [device], settings)
@@ -165,7 +166,9 @@ def test_epilog_keeps_the_lease_while_a_process_holds_the_device(state, tmp_path
         try:
             problems = leasing.release(ledger, 8, settings, wait_s=0.3)
             assert problems and str(holder.pid) in problems[0]
-            assert ledger.names() == ["usb-9-1"]
+            assert ledger.names() == [device.identity]
+            assert ledger.read(device.identity).phase == "kept"
+            assert os.stat(node).st_uid == 0  # taken away even though it is kept
         finally:
             holder.kill()
             holder.wait()

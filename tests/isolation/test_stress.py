@@ -70,7 +70,7 @@ def test_report_totals_match_the_audit_log(cluster, users, stress_run):
         key = (event.get("identity"), event.get("job_id"))
         if event["event"] == "acquire":
             started[key] = event
-        elif event["event"] == "release" and key in started:
+        elif event["event"] in ("revoke", "release") and key in started:  # a USB lease ends at its revocation
             acquire = started.pop(key)
             name = next(n for n, uid in users.items() if uid == acquire["uid"])
             totals = expected.setdefault(name, {"jobs": set(), "seconds": 0.0})

@@ -72,3 +72,12 @@ def test_absurd_numbers_already_in_an_audit_log_are_skipped_not_fatal():
     totals = summarize(found, "user", None, None, now=130.0, user_name=str)
     assert totals["1001"].to_json()["inferences"] == 40
     json.dumps({k: t.to_json() for k, t in totals.items()}, allow_nan=False)  # strict JSON out
+
+
+def test_a_revoked_usb_lease_ends_at_its_revocation_not_when_the_stick_is_back():
+    events = [{"event": "acquire", "identity": "usb-1-1", "job_id": 7, "uid": 1001, "t": 200.0},
+              {"event": "revoke", "identity": "usb-1-1", "job_id": 7, "uid": 1001, "devnum": 5, "t": 204.0},
+              {"event": "remove", "identity": "usb-1-1", "t": 204.1},
+              {"event": "release", "identity": "usb-1-1", "job_id": 7, "uid": 1001, "revoked": True, "t": 205.5}]
+    found = lease_records(read_events(json.dumps(e) for e in events))
+    assert [(r.job_id, r.start, r.end) for r in found] == [(7, 200.0, 204.0)]

@@ -1,0 +1,237 @@
+"""The per-job secret and the address file that hands it to the job's owner, and no one else.
+
+Any user can reach any node's ports, so the server's only protection is a token: 32
+random bytes made at start-up, required on every request as ``Authorization: Bearer
+<token>`` and compared in constant time (:func:`hmac.compare_digest`).
+
+The server writes its address and the token to ``~/.slurm-tpu/serve/<jobid>.json``
+(:func:`address_path`). Both directories are the user's own, mode 0700, opened without
+following symlinks and checked with ``fstat`` after opening (not before: no check/act
+race); the file is created under a temporary name with ``O_CREAT | O_EXCL |
+O_NOFOLLOW`` and mode 0600, then renamed into place, so a reader never sees half a
+file and a planted link is replaced, never written through. Readers
+(:func:`read_address`) apply the same checks and refuse a file that others could read.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import os
+import secrets
+import stat
+from dataclasses import asdict, dataclass
+from typing import Mapping
+
+from ..errors import UsageError
+from ...errors import SlurmTpuError
+
+TOKEN_BYTES = 32
+SCHEME = "Bearer"
+DIR_PARTS = (".slurm-tpu", "serve")
+TOKEN_ENV = "SLURM_TPU_SERVE_TOKEN"  # a client's token when it has no address file (host:port)
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class AddressFileError(SlurmTpuError):
+    """The address file cannot be written, found or trusted."""
+
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path
+
+
+@dataclass(frozen=True)
+class Address:
+    """Where a job's server listens and the token it wants (the address file's content)."""
+
+    job_id: str
+    url: str  # http://host:port
+    token: str
+    node: str = ""
+    pid: int = 0
+
+    @property
+    def host_port(self) -> str:
+        return self.url.split("://", 1)[-1].rstrip("/")
+
+
+def new_token() -> str:
+    """A fresh secret (URL-safe text, 256 bits)."""
+    return secrets.token_urlsafe(TOKEN_BYTES)
+
+
+def token_matches(header: str | None, token: str) -> bool:
+    """Whether an ``Authorization`` header carries ``token`` (constant time in the token)."""
+    if not header:
+        return False
+    scheme, _, value = header.strip().partition(" ")
+    if scheme.lower() != SCHEME.lower():
+        return False
+    return hmac.compare_digest(value.strip().encode("utf-8", "replace"), token.encode())
+
+
+def serve_dir(environ: Mapping[str, str] = os.environ) -> str:
+    """``$HOME/.slurm-tpu/serve``."""
+    home = environ.get("HOME") or os.path.expanduser("~")
+    return os.path.join(home, *DIR_PARTS)
+
+
+def address_path(job_id: str, environ: Mapping[str, str] = os.environ) -> str:
+    return os.path.join(serve_dir(environ), f"{job_id}.json")
+
+
+def _check_job_id(job_id: str) -> None:
+    # The id names a file: digits (and an array task's _N) only, never a path.
+    if not job_id or not job_id.replace("_", "").isdigit():
+        raise UsageError(f"job id '{job_id}' is not a Slurm job id (digits, or ARRAYID_TASK)")
+
+
+def _own_private_dir(parent_fd: int, name: str, path: str, create: bool) -> int:
+    """Open ``name`` under ``parent_fd`` as a directory of ours, mode 0700; its fd."""
+    if create:
+        try:
+            os.mkdir(name, 0o700, dir_fd=parent_fd)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise AddressFileError(f"cannot create {path} ({exc.strerror}): check that your home "
+                                   "directory is writable on this node", path) from None
+    try:
+        fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        raise AddressFileError(f"{path} does not exist", path) from None
+    except OSError as exc:
+        raise AddressFileError(f"cannot open {path} ({exc.strerror}): it must be a directory of yours, "
+                               "not a symlink", path) from None
+    info = os.fstat(fd)
+    if info.st_uid != os.getuid():
+        os.close(fd)
+        raise AddressFileError(f"{path} belongs to uid {info.st_uid}, not to you: remove it", path)
+    if stat.S_IMODE(info.st_mode) != 0o700:
+        if not create:
+            os.close(fd)
+            raise AddressFileError(f"{path} has mode {stat.S_IMODE(info.st_mode):o}: others may see your "
+                                   "server's token; chmod 700 it", path)
+        os.fchmod(fd, 0o700)
+    return fd
+
+
+def _open_serve_dir(environ: Mapping[str, str], create: bool) -> int:
+    home = os.path.dirname(os.path.dirname(serve_dir(environ)))
+    try:
+        home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # $HOME itself may be a link
+    except OSError as exc:
+        raise AddressFileError(f"home directory {home} cannot be opened ({exc.strerror}): set HOME to a "
+                               "private directory of yours", home) from None
+    try:
+        top = _own_private_dir(home_fd, DIR_PARTS[0], os.path.join(home, DIR_PARTS[0]), create)
+    finally:
+        os.close(home_fd)
+    try:
+        return _own_private_dir(top, DIR_PARTS[1], serve_dir(environ), create)
+    finally:
+        os.close(top)
+
+
+def write_address(address: Address, environ: Mapping[str, str] = os.environ) -> str:
+    """Publish ``address`` to ``~/.slurm-tpu/serve/<jobid>.json`` (0600, atomically); its path."""
+    _check_job_id(address.job_id)
+    path = address_path(address.job_id, environ)
+    dir_fd = _open_serve_dir(environ, create=True)
+    temporary = f".{address.job_id}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+    try:
+        try:
+            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dir_fd)
+        except OSError as exc:
+            raise AddressFileError(f"cannot create the address file in {serve_dir(environ)} ({exc.strerror})",
+                                   path) from None
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(asdict(address), handle)
+                handle.write("\n")
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.rename(temporary, f"{address.job_id}.json", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        except BaseException:
+            try:
+                os.unlink(temporary, dir_fd=dir_fd)
+            except OSError:
+                pass
+            raise
+    finally:
+        os.close(dir_fd)
+    return path
+
+
+def remove_address(address: Address, environ: Mapping[str, str] = os.environ) -> None:
+    """Remove the address file if it is still this server's (a requeued job may have replaced it)."""
+    try:
+        current = read_address(address.job_id, environ)
+    except SlurmTpuError:
+        return
+    if current.token != address.token:
+        return
+    try:
+        dir_fd = _open_serve_dir(environ, create=False)
+    except SlurmTpuError:
+        return
+    try:
+        os.unlink(f"{address.job_id}.json", dir_fd=dir_fd)
+    except OSError:
+        pass
+    finally:
+        os.close(dir_fd)
+
+
+def read_address(job_id: str, environ: Mapping[str, str] = os.environ) -> Address:
+    """The address file of job ``job_id`` (yours, 0600, no links), or an error saying why not."""
+    _check_job_id(job_id)
+    path = address_path(job_id, environ)
+    try:
+        dir_fd = _open_serve_dir(environ, create=False)
+    except AddressFileError as exc:
+        raise AddressFileError(f"no server address for job {job_id} ({exc}): is 'slurm-tpu serve' running in "
+                               "that job, as you?", path) from None
+    try:
+        fd = os.open(f"{job_id}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+    except FileNotFoundError:
+        raise AddressFileError(f"no server address for job {job_id} ({path} does not exist): is 'slurm-tpu "
+                               "serve' running in that job (squeue -j), and did it start?", path) from None
+    except OSError as exc:
+        raise AddressFileError(f"cannot open {path} ({exc.strerror})", path) from None
+    finally:
+        os.close(dir_fd)
+    with os.fdopen(fd, "rb") as handle:
+        info = os.fstat(handle.fileno())
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise AddressFileError(f"{path} is not a private file of yours (mode 0600): not trusted", path)
+        raw = handle.read(65536)
+    try:
+        data = json.loads(raw)
+        return Address(str(data["job_id"]), str(data["url"]), str(data["token"]), str(data.get("node", "")),
+                       int(data.get("pid", 0)))
+    except (ValueError, KeyError, TypeError):
+        raise AddressFileError(f"{path} is not a server address file (JSON with job_id, url, token)", path) \
+            from None
+
+
+def find_address(host_port: str, environ: Mapping[str, str] = os.environ) -> Address | None:
+    """The address file of yours that names ``host:port``, if any."""
+    try:
+        dir_fd = _open_serve_dir(environ, create=False)
+    except SlurmTpuError:
+        return None
+    try:
+        names = [n for n in os.listdir(dir_fd) if n.endswith(".json")]
+    finally:
+        os.close(dir_fd)
+    for name in sorted(names):
+        try:
+            address = read_address(name[:-len(".json")], environ)
+        except SlurmTpuError:
+            continue
+        if address.host_port == host_port:
+            return address
+    return None

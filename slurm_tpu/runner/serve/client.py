@@ -1,0 +1,271 @@
+"""The client of ``slurm-tpu serve``: ``slurm-tpu infer --server JOBID|HOST:PORT ...``.
+
+The target is a job id (its address file, ``~/.slurm-tpu/serve/<jobid>.json``, gives
+the URL and token) or ``host:port`` (the token from a matching address file of yours,
+else ``$SLURM_TPU_SERVE_TOKEN``). Inputs, outputs and batch options are those of local
+inference: each input file's bytes go to the model's task endpoint and the record
+that comes back is written as ``slurm-tpu infer`` writes it (JSONL/CSV, resumable,
+sharded). Several requests are in flight at once over keep-alive connections (one
+per thread), so the server's queue stays fed; a 503 is retried after its
+Retry-After.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable, Iterator, Mapping, Sequence
+from urllib.parse import quote, urlencode, urlsplit
+
+import numpy as np
+
+from ...errors import SlurmTpuError
+from ..errors import InputError
+from ..spec import TensorSpec
+from ..tasks import Task, choose_task
+from .auth import TOKEN_ENV, Address, find_address, read_address
+from .models import default_name
+
+RETRIES = 5  # answers 503 (overloaded) before giving up on an input
+
+
+class ServerError(SlurmTpuError):
+    """The server cannot be reached, refuses us, or does not serve the model."""
+
+    def __init__(self, message: str, url: str):
+        super().__init__(message)
+        self.url = url
+
+
+def resolve_target(target: str, environ: Mapping[str, str] = os.environ) -> Address:
+    """``JOBID`` or ``HOST:PORT`` -> the address and token to use."""
+    if target.replace("_", "").isdigit():
+        return read_address(target, environ)
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise ServerError(f"--server {target}: give a job id or HOST:PORT", target)
+    found = find_address(target, environ)
+    if found is not None:
+        return found
+    token = environ.get(TOKEN_ENV, "")
+    if not token:
+        raise ServerError(f"no token for {target}: none of your address files (~/.slurm-tpu/serve/) names it; "
+                          f"use --server JOBID, or set {TOKEN_ENV}", target)
+    return Address("", f"http://{target}", token)
+
+
+def model_name(value: str) -> str:
+    """The served name for MODEL as given to ``infer``: a name, or a .tflite path (its default name)."""
+    return default_name(value) if value.endswith(".tflite") else value
+
+
+class ServeClient:
+    """Requests to one server; each thread keeps its own keep-alive connection."""
+
+    def __init__(self, address: Address, timeout: float = 120.0):
+        self.address = address
+        parts = urlsplit(address.url)
+        if parts.scheme != "http" or not parts.hostname:
+            raise ServerError(f"server URL {address.url} is not http://HOST:PORT", address.url)
+        self._host, self._port = parts.hostname, parts.port or 80
+        self._timeout = timeout
+        self._local = threading.local()
+
+    @property
+    def url(self) -> str:
+        return self.address.url
+
+    def _connection(self) -> http.client.HTTPConnection:
+        connection = getattr(self._local, "connection", None)
+        if connection is None:
+            connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            self._local.connection = connection
+        return connection
+
+    def _drop(self) -> None:
+        connection = getattr(self._local, "connection", None)
+        if connection is not None:
+            connection.close()
+            self._local.connection = None
+
+    def request(self, method: str, path: str, body: bytes = b"", content_type: str = "application/octet-stream"
+                ) -> tuple[int, bytes, Mapping[str, str]]:
+        """Status, body and headers; reconnects once when a kept-alive connection was closed, and
+        waits out 503s (at most RETRIES times)."""
+        headers = {"Authorization": f"Bearer {self.address.token}"}
+        if method == "POST":
+            headers["Content-Type"] = content_type
+        for attempt in range(RETRIES + 1):
+            status, data, answer = self._once(method, path, body, headers)
+            if status != 503 or attempt == RETRIES:
+                return status, data, answer
+            time.sleep(min(30.0, float(answer.get("Retry-After", "1") or 1)))
+        raise AssertionError("unreachable")
+
+    def _once(self, method: str, path: str, body: bytes, headers: dict[str, str]):
+        for retry in (False, True):
+            connection = self._connection()
+            try:
+                connection.request(method, path, body=body if method == "POST" else None, headers=headers)
+                response = connection.getresponse()
+                data = response.read()
+                answer = {k: v for k, v in response.getheaders()}
+                if response.will_close:
+                    self._drop()
+                return response.status, data, answer
+            except (ConnectionError, http.client.HTTPException, OSError) as exc:
+                self._drop()
+                # A keep-alive connection the server closed meanwhile fails on first use: retry once.
+                if retry or isinstance(exc, (ConnectionRefusedError, TimeoutError, socket.gaierror)):
+                    raise ServerError(f"cannot reach the server at {self.url} ({exc.__class__.__name__}: {exc}): "
+                                      "has its job ended? (squeue)", self.url) from None
+        raise AssertionError("unreachable")
+
+    def json(self, method: str, path: str, body: bytes = b"", content_type: str = "application/json") -> Any:
+        """A JSON answer; a refusal of the whole request (401, 404, 5xx) is a ServerError."""
+        status, data, _ = self.request(method, path, body, content_type)
+        payload = _decode(data, self.url)
+        if status != 200:
+            raise ServerError(f"the server at {self.url} answered {status}: {_message(payload)}", self.url)
+        return payload
+
+    def metadata(self, model: str) -> dict[str, Any]:
+        return self.json("GET", f"/v1/models/{quote(model, safe='')}/metadata")
+
+    def task(self, model: str, task: str, data: bytes, what: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """One input's record from a task endpoint; a refusal of the input itself is an InputError."""
+        query = urlencode({k: v for k, v in options.items() if v is not None})
+        path = f"/v1/models/{quote(model, safe='')}:{task}" + (f"?{query}" if query else "")
+        status, body, _ = self.request("POST", path, data)
+        payload = _decode(body, self.url)
+        if status in (400, 413):
+            raise InputError(f"input {what}: the server refused it ({_message(payload)})", what)
+        if status != 200:
+            raise ServerError(f"the server at {self.url} answered {status} for {what}: {_message(payload)}",
+                              self.url)
+        return payload
+
+    def close(self) -> None:
+        self._drop()
+
+
+def _decode(data: bytes, url: str) -> Any:
+    try:
+        return json.loads(data)
+    except ValueError:
+        raise ServerError(f"the server at {url} did not answer JSON: is that a slurm-tpu server?", url) from None
+
+
+def _message(payload: Any) -> str:
+    return str(payload.get("error", payload)) if isinstance(payload, dict) else str(payload)
+
+
+def _specs(signature: Mapping[str, Any]) -> list[TensorSpec]:
+    """Output specs from TF Serving metadata (names, shapes; dtype only as far as tasks need)."""
+    specs = []
+    for name, info in signature.items():
+        shape = tuple(int(d["size"]) for d in info["tensor_shape"]["dim"])
+        dtype = {"DT_UINT8": np.uint8, "DT_INT8": np.int8, "DT_INT32": np.int32}.get(info["dtype"], np.float32)
+        specs.append(TensorSpec(name, shape, np.dtype(dtype)))
+    return specs
+
+
+class RemoteModel:
+    """A served model as the client sees it: its name, task and devices."""
+
+    def __init__(self, client: ServeClient, name: str, task: str):
+        self.client = client
+        self.name = name
+        metadata = client.metadata(name)
+        extra = metadata.get("metadata", {}).get("slurm_tpu", {})
+        signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        self.devices: list[str] = list(extra.get("devices", []))
+        self.runtime: str = extra.get("runtime", "")
+        served_task = extra.get("task", "raw")
+        self.task: Task = choose_task(served_task if task == "auto" else task, _specs(signature["outputs"]),
+                                      frozenset(), name)[0]
+
+    def infer(self, path: str, options: Mapping[str, Any]) -> dict[str, Any]:
+        """The record for one input file (without its ``input`` field)."""
+        try:
+            with open(path, "rb") as handle:
+                data = handle.read()
+        except FileNotFoundError:
+            raise InputError(f"input {path} does not exist", path) from None
+        except OSError as exc:
+            raise InputError(f"input {path} cannot be read ({exc.strerror})", path) from None
+        return self.client.task(self.name, self.task.name, data, path, options)
+
+
+class _Fatal(Exception):
+    """Carries a ServerError through the pipeline's per-input error handling."""
+
+    def __init__(self, error: ServerError):
+        super().__init__(str(error))
+        self.error = error
+
+
+def remote_records(model: RemoteModel, keys: Sequence[str], options: Mapping[str, Any],
+                   in_flight: int) -> Iterator[dict[str, Any]]:
+    """Every input's record, in input order, ``in_flight`` requests at a time. An input the
+    server refuses gets an ``error`` record; a server that fails altogether raises ServerError."""
+    from ..pipeline import decode_ordered
+
+    def load(key: str) -> tuple[list[np.ndarray], dict[str, Any]]:
+        try:
+            return [], model.infer(key, options)
+        except ServerError as exc:
+            raise _Fatal(exc) from None
+
+    try:
+        for item in decode_ordered(keys, load, threads=in_flight, lookahead=2 * in_flight):
+            if item.error is not None:
+                yield {"input": item.key, "error": item.error}
+            else:
+                yield {"input": item.key, **item.meta}
+    except _Fatal as fatal:
+        raise fatal.error from None
+
+
+def timed(model: RemoteModel, path: str, count: int, options: Mapping[str, Any],
+          clock: Callable[[], float] = time.perf_counter) -> tuple[dict[str, Any], list[float]]:
+    """One input sent ``count`` times: its record and each round trip in ms."""
+    times, record = [], {}
+    for _ in range(max(1, count)):
+        started = clock()
+        record = model.infer(path, options)
+        times.append((clock() - started) * 1000)
+    return record, times
+
+
+# Per-request details the server adds to a task's record, not part of the result itself.
+SERVER_FIELDS = ("task", "devices", "runtime", "times_ms", "lines")
+
+
+def result_fields(record: Mapping[str, Any]) -> dict[str, Any]:
+    """A served record without the per-request details: what ``slurm-tpu infer`` writes per input."""
+    return {k: v for k, v in record.items() if k not in SERVER_FIELDS}
+
+
+def write_remote_batch(model: RemoteModel, keys: Sequence[str], writer, options: Mapping[str, Any],
+                       in_flight: int, progress) -> tuple[int, int]:
+    """Every input not yet in ``writer`` (a resumable results file, or stdout) through the
+    server, in order; (processed, failed)."""
+    todo = [k for k in keys if k not in writer.done]
+    progress.total, progress.skipped = len(todo), len(keys) - len(todo)
+    processed = errors = 0
+    try:
+        for record in remote_records(model, todo, options, in_flight):
+            writer.write(result_fields(record))
+            failed = "error" in record
+            errors += failed
+            processed += 1
+            progress.update(1, int(failed))
+    finally:
+        writer.close()
+        progress.close()
+    return processed, errors

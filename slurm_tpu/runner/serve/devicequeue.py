@@ -1,0 +1,143 @@
+"""Requests to devices: one bounded queue, one worker thread per device.
+
+An Edge TPU runs one inference at a time and two processes on one TPU is a crash, so
+the server owns each device through exactly one thread: the device's worker. Every
+worker pulls from one shared queue, so with several devices whichever is free takes
+the next inference (requests spread over the devices), and a device never runs two
+inferences at once. The queue is bounded: when it is full, :meth:`DeviceQueue.submit`
+raises :class:`Overloaded` at once (the HTTP layer answers 503 with Retry-After)
+instead of letting memory grow with the backlog.
+"""
+
+from __future__ import annotations
+
+import math
+import queue
+import threading
+import time
+from typing import Sequence
+
+import numpy as np
+
+from ..spec import Engine
+
+_STOP = object()
+
+
+class Overloaded(Exception):
+    """The queue is full (or closing): try again after ``retry_after`` seconds."""
+
+    def __init__(self, message: str, retry_after: int):
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class Inference:
+    """One queued inference and, once done, its outputs (or the error it raised)."""
+
+    __slots__ = ("model", "inputs", "outputs", "error", "device", "seconds", "cancelled", "_done")
+
+    def __init__(self, model: int, inputs: Sequence[np.ndarray]):
+        self.model = model
+        self.inputs = inputs
+        self.outputs: list[np.ndarray] | None = None
+        self.error: BaseException | None = None
+        self.device = ""  # the label of the device that ran it
+        self.seconds = 0.0  # time in the engine
+        self.cancelled = False
+        self._done = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> list[np.ndarray]:
+        """The outputs; raises what the engine raised, or TimeoutError."""
+        if not self._done.wait(timeout):
+            self.cancelled = True  # a worker that reaches it skips it
+            raise TimeoutError(f"no device ran the inference within {timeout:g} s")
+        if self.error is not None:
+            raise self.error
+        assert self.outputs is not None
+        return self.outputs
+
+
+class DeviceQueue:
+    """Workers for ``engines[d][m]`` (device d, model m), fed from one queue of ``capacity``."""
+
+    def __init__(self, engines: Sequence[Sequence[Engine]], capacity: int):
+        if capacity < 1:
+            raise ValueError("queue capacity must be at least 1")
+        self._engines = engines
+        self._queue: queue.Queue[object] = queue.Queue(maxsize=capacity)
+        self.capacity = capacity
+        self._threads = [threading.Thread(target=self._work, args=(list(device),), daemon=True,
+                                          name=f"device-{i}") for i, device in enumerate(engines)]
+        self._closing = False
+        self._producing = threading.Lock()
+        self._mean_seconds = 0.0  # a running mean of inference time, for Retry-After
+
+    def start(self) -> None:
+        for thread in self._threads:
+            thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Inferences waiting for a device."""
+        return self._queue.qsize()
+
+    def retry_after(self) -> int:
+        """Seconds after which a full queue has likely drained (at least 1)."""
+        backlog = self.capacity * self._mean_seconds / max(1, len(self._threads))
+        return max(1, math.ceil(backlog))
+
+    def submit(self, model: int, inputs: Sequence[np.ndarray]) -> Inference:
+        """Queue one inference of model ``model``; raises :class:`Overloaded` when full or closing."""
+        return self.submit_all(model, [inputs])[0]
+
+    def submit_all(self, model: int, instances: Sequence[Sequence[np.ndarray]]) -> list[Inference]:
+        """Queue several inferences, all or none: raises :class:`Overloaded` unless every one fits."""
+        with self._producing:  # producers one at a time: the places counted stay free until put
+            if self._closing:
+                raise Overloaded("the server is shutting down", 1)
+            if self._queue.qsize() + len(instances) > self.capacity:
+                raise Overloaded(f"{self._queue.qsize()} of {self.capacity} queue places are taken and the request "
+                                 f"needs {len(instances)}: retry later", self.retry_after())
+            queued = [Inference(model, inputs) for inputs in instances]
+            for inference in queued:
+                self._queue.put_nowait(inference)
+        return queued
+
+    def _work(self, engines: list[Engine]) -> None:
+        while True:
+            item = self._queue.get()
+            if item is _STOP:
+                return
+            assert isinstance(item, Inference)
+            if item.cancelled:
+                item._done.set()
+                continue
+            engine = engines[item.model]
+            started = time.perf_counter()
+            try:
+                item.outputs = engine.run(item.inputs)
+            except BaseException as exc:  # reported to the request, never kills the worker
+                item.error = exc
+            item.seconds = time.perf_counter() - started
+            item.device = engine.label
+            item.inputs = ()
+            self._mean_seconds += (item.seconds - self._mean_seconds) * 0.05
+            item._done.set()
+
+    def close(self, timeout: float | None = None) -> None:
+        """Run what is queued, then stop the workers (wait at most ``timeout`` s for them)."""
+        with self._producing:
+            self._closing = True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            for _ in self._threads:  # waits while full: the workers are emptying it
+                self._queue.put(_STOP, timeout=None if deadline is None else max(0.0, deadline - time.monotonic()))
+        except queue.Full:
+            return  # a device that does not finish; its daemon thread goes with the process
+        for thread in self._threads:
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+    @property
+    def alive(self) -> bool:
+        return all(t.is_alive() for t in self._threads)

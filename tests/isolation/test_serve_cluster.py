@@ -1,0 +1,142 @@
+"""`slurm-tpu serve` as a real Slurm job on a leased Edge TPU (real slurmctld/slurmd, the
+project's hooks, real users stpu_alice and stpu_bob).
+
+The libedgetpu test double stands in for the TPU silicon (the model runs on the CPU
+behind a real lease). Every wait is on an observable event: the address file, the job
+state, the hooks' audit log.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import pytest
+from support import HARDWARE, audit, finish_cluster, make_cluster, require_root_and_slurm, wait_until
+
+pytestmark = pytest.mark.slurm
+TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ALICE, BOB = "stpu_alice", "stpu_bob"
+USB = "/sys/bus/usb/devices/2-1.3"
+
+SERVE_JOB = """#!/bin/sh
+export HOME={home} SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{usb}
+exec {python} -m slurm_tpu.cli serve {model}=classifier -l {labels} --host 127.0.0.1 --drain-timeout 1
+"""
+
+PREDICT = """
+import base64, json, sys, urllib.request
+address = json.load(open(sys.argv[1]))
+body = json.dumps({"instances": [{"b64": base64.b64encode(open(p, "rb").read()).decode()} for p in sys.argv[2:]]})
+request = urllib.request.Request(address["url"] + "/v1/models/classifier:predict", data=body.encode(),
+                                 headers={"Authorization": "Bearer " + address["token"]})
+print(urllib.request.urlopen(request, timeout=30).read().decode())
+"""
+
+
+@pytest.fixture(scope="module")
+def setup(users):
+    require_root_and_slurm()
+    from slurm_tpu.localcluster.cluster import NodeSpec
+    from slurm_tpu.modelgen import write_models
+
+    sys.path.insert(0, TESTS)
+    from edgetpu_double.build import build_double
+
+    shared = tempfile.mkdtemp(prefix="slurm-tpu-serve-", dir="/tmp")
+    os.chmod(shared, 0o755)
+    models = write_models(os.path.join(shared, "models"), image_count=6)
+    os.makedirs(os.path.join(shared, "double"))
+    double = build_double(os.path.join(shared, "double"))
+    homes = {}
+    for user in (ALICE, BOB):
+        homes[user] = os.path.join(shared, f"home-{user}")
+        os.makedirs(homes[user], mode=0o700)
+        os.chown(homes[user], users[user], users[user])
+    cluster = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n4_one_tpu.umockdev"))])
+    yield cluster, models, double, homes
+    finish_cluster(cluster)
+    subprocess.run(["rm", "-rf", shared], check=False)
+
+
+def as_user(user: str, home: str, argv: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={home}", *argv], capture_output=True,
+                          text=True, timeout=120, cwd="/")
+
+
+def slurm_tpu(*args: str) -> list[str]:
+    return [sys.executable, "-m", "slurm_tpu.cli", *map(str, args)]
+
+
+def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup, users):
+    cluster, models, double, homes = setup
+    out = os.path.join(cluster.base, "out")
+    log = os.path.join(out, "serve.out")
+    job = cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
+                         SERVE_JOB.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
+                                          model=models["classifier"], labels=models["classifier_labels"]),
+                         user=ALICE)
+    address_file = os.path.join(homes[ALICE], ".slurm-tpu", "serve", f"{job}.json")
+    wait_until(lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING",
+                                                                                      "CONFIGURING", ""),
+               90, f"job {job} to publish its address")
+    assert os.path.exists(address_file), open(log).read()
+    assert os.stat(address_file).st_mode & 0o777 == 0o600 and os.stat(address_file).st_uid == users[ALICE]
+    address = json.load(open(address_file))
+    host_port = address["url"].split("://")[1]
+    assert address["url"] in open(log).read() and address["token"] not in open(log).read()
+
+    # The owner's client answers as local inference does (same model, same inputs).
+    remote, local = os.path.join(out, "remote.jsonl"), os.path.join(out, "local.jsonl")
+    done = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", models["images"], "-k", "2",
+                                                  "-o", remote, "--no-progress"))
+    assert done.returncode == 0, done.stderr
+    local_run = subprocess.run(slurm_tpu("infer", models["classifier"], models["images"], "-k", "2", "-o", local,
+                                         "-l", models["classifier_labels"], "--no-progress"),
+                               capture_output=True, text=True, timeout=120,
+                               env={k: v for k, v in os.environ.items() if not k.startswith("SLURM")})
+    assert local_run.returncode == 0, local_run.stderr
+    assert open(remote).read() == open(local).read()
+    image = os.path.join(models["images"], "img_00002.png")
+    single = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image, "--json", "-c", "1"))
+    local_single = subprocess.run(slurm_tpu("infer", models["classifier"], image, "-l", models["classifier_labels"],
+                                            "--json", "-c", "1"), capture_output=True, text=True, timeout=120)
+    assert json.loads(single.stdout)["classes"] == json.loads(local_single.stdout)["classes"]
+    assert json.loads(single.stdout)["devices"] == ["edgetpu usb-2-1.3"]
+
+    # TF Serving's :predict from a plain urllib script.
+    predicted = as_user(ALICE, homes[ALICE], [sys.executable, "-c", PREDICT, address_file, image])
+    assert predicted.returncode == 0, predicted.stderr
+    scores = json.loads(predicted.stdout)["predictions"][0]
+    assert scores.index(max(scores)) == 2
+
+    # Bob knows host and port: no token, a guessed token, Alice's file, his own client: all refused.
+    url = f"http://{host_port}/v1/models/classifier"
+    for extra in ([], ["-H", "Authorization: Bearer " + base64.urlsafe_b64encode(os.urandom(32)).decode()]):
+        code = as_user(BOB, homes[BOB], ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", *extra, url])
+        assert code.stdout == "401"
+    assert as_user(BOB, homes[BOB], ["cat", address_file]).returncode != 0
+    stolen = as_user(BOB, homes[BOB], slurm_tpu("infer", "--server", job, "classifier", image))
+    assert stolen.returncode == 2 and f"no server address for job {job}" in stolen.stderr
+
+    # What the server counted, before it goes.
+    metrics = subprocess.run(["curl", "-s", "-H", f"Authorization: Bearer {address['token']}",
+                              f"http://{host_port}/metrics"], capture_output=True, text=True, timeout=30).stdout
+    inferences = int(next(line.split()[-1] for line in metrics.splitlines()
+                          if line.startswith("slurm_tpu_serve_inferences_total{")))
+    assert inferences == 6 + 1 + 1  # the batch, the single input, the predict
+
+    cluster.command(["scancel", str(job)], user=ALICE)
+    released = wait_until(lambda: [e for e in audit(cluster, "n1") if e["job_id"] == job and e["event"] == "release"],
+                          60, f"the epilog to release job {job}'s TPU")
+    assert [e["identity"] for e in released] == ["usb-2-1.3"]
+    text = open(log).read()
+    assert "SIGTERM: stopping" in text and "devices released" in text and "cut off" not in text, text
+    assert not os.path.exists(address_file)
+    usage = [e for e in audit(cluster, "n1") if e["job_id"] == job and e["event"] == "usage"]
+    assert [(e["identity"], e["inferences"]) for e in usage] == [("usb-2-1.3", inferences)]
+    assert cluster.job_state(job) == "CANCELLED"

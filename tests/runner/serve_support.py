@@ -1,0 +1,106 @@
+"""Helpers for the serve tests (``from serve_support import ...``): a server on loopback, requests."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from typing import Any, Mapping, Sequence
+
+from slurm_tpu.runner.serve.app import Limits
+from slurm_tpu.runner.serve.models import ModelArg, Preparation, open_served
+from slurm_tpu.runner.serve.server import Listen, Server
+from slurm_tpu.runner.session import OpenOptions
+
+
+def start_server(models: Sequence[tuple[str, str]], labels: Mapping[str, str], environ: Mapping[str, str],
+                 limits: Limits = Limits(), wrap=None) -> Server:
+    """Open (path, name) models on the environment's devices and serve them on 127.0.0.1.
+
+    ``wrap(engine) -> engine`` wraps every engine (to gate or observe the devices)."""
+    engine_set, served = open_served([ModelArg(p, n) for p, n in models], labels, OpenOptions(), Preparation(),
+                                     environ, lambda message: None)
+    if wrap is not None:
+        for model in served:
+            model.engines = [wrap(e) for e in model.engines]
+    server = Server(served, Listen("127.0.0.1", 0), limits, runtime=engine_set.runtime, engine_set=engine_set)
+    server.start()
+    return server
+
+
+class Client:
+    """One keep-alive connection with the server's token (or another)."""
+
+    def __init__(self, server: Server, token: str | None = "", timeout: float = 60):
+        self.port = server.port
+        self.token = server.token if token == "" else token
+        self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+                ) -> tuple[int, dict[str, str], bytes]:
+        sent = dict(headers or {})
+        if self.token is not None:
+            sent.setdefault("Authorization", f"Bearer {self.token}")
+        try:
+            self.connection.request(method, path, body=body, headers=sent)
+            response = self.connection.getresponse()
+            data = response.read()
+        except (ConnectionError, http.client.HTTPException):
+            self.connection.close()
+            raise
+        if response.will_close:
+            self.connection.close()
+        return response.status, dict(response.getheaders()), data
+
+    def json(self, method: str, path: str, payload: Any = None, body: bytes | None = None,
+             headers: Mapping[str, str] | None = None) -> tuple[int, Any]:
+        if payload is not None:
+            body = json.dumps(payload).encode()
+            headers = {"Content-Type": "application/json", **(headers or {})}
+        status, _, data = self.request(method, path, body, headers)
+        return status, json.loads(data)
+
+    def close(self) -> None:
+        self.connection.close()
+
+
+def raw_exchange(port: int, data: bytes, timeout: float = 30) -> bytes:
+    """Send bytes on a fresh connection and read until the server closes it."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
+        sock.sendall(data)
+        chunks = []
+        while True:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+
+
+class GatedEngine:
+    """An engine that holds each inference until released: a device kept busy on purpose, to
+    observe queueing deterministically. Counts inferences running at once (must stay <= 1)."""
+
+    def __init__(self, engine):
+        self._engine = engine
+        self.label, self.inputs, self.outputs = engine.label, engine.inputs, engine.outputs
+        self.entered = threading.Semaphore(0)  # released once per inference that started
+        self.gate = threading.Semaphore(0)  # one release lets one inference finish
+        self.running = 0
+        self.most_at_once = 0
+        self._lock = threading.Lock()
+
+    def run(self, inputs):
+        with self._lock:
+            self.running += 1
+            self.most_at_once = max(self.most_at_once, self.running)
+        self.entered.release()
+        self.gate.acquire()
+        try:
+            return self._engine.run(inputs)
+        finally:
+            with self._lock:
+                self.running -= 1
+
+    def __getattr__(self, name):
+        return getattr(self._engine, name)
