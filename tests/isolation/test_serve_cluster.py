@@ -131,12 +131,12 @@ def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup,
     assert inferences == 6 + 1 + 1  # the batch, the single input, the predict
 
     cluster.command(["scancel", str(job)], user=ALICE)
-    released = wait_until(lambda: [e for e in audit(cluster, "n1") if e["job_id"] == job and e["event"] == "release"],
+    released = wait_until(lambda: [e for e in audit(cluster, "n1") if e.get("job_id") == job and e["event"] == "release"],
                           60, f"the epilog to release job {job}'s TPU")
     assert [e["identity"] for e in released] == ["usb-2-1.3"]
     text = open(log).read()
     assert "SIGTERM: stopping" in text and "devices released" in text and "cut off" not in text, text
     assert not os.path.exists(address_file)
-    usage = [e for e in audit(cluster, "n1") if e["job_id"] == job and e["event"] == "usage"]
+    usage = [e for e in audit(cluster, "n1") if e.get("job_id") == job and e["event"] == "usage"]
     assert [(e["identity"], e["inferences"]) for e in usage] == [("usb-2-1.3", inferences)]
     assert cluster.job_state(job) == "CANCELLED"
