@@ -10,7 +10,7 @@ import os
 import time
 
 import pytest
-from support import audit, inventory, leases, no_overlaps, owner
+from support import audit, inventory, leases, no_overlaps, owner, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -38,6 +38,9 @@ def stress_run(cluster, users) -> list[str]:
         if len(states) >= 2 * JOBS_PER_USER and all(s in final for s in states):
             break
         time.sleep(1)
+    # A job is over for Slurm once its epilog ran; a USB stick's lease ends only when the
+    # stick is back from its revocation (udev), moments later: wait for that event.
+    wait_until(lambda: leases(cluster, "n1") == [], 60, "the last leases to end")
     return states
 
 
