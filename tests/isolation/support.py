@@ -81,6 +81,15 @@ def owner(path: str) -> tuple[int, int, int]:
     return info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)
 
 
+# The two Edge TPUs of hardware/n1_two_tpus.umockdev (the one_node_two_tpus fixture).
+USB, PCI = "usb-2-1.3", "pci-0000:03:00.0"
+
+
+def out(cluster, name: str) -> str:
+    """A file in the cluster's job output directory (mode 1777: every test user writes there)."""
+    return os.path.join(cluster.base, "out", name)
+
+
 def state_dir(cluster, node: str) -> str:
     return os.path.join(cluster.node_dir(node), "state")
 
