@@ -10,10 +10,10 @@ import subprocess
 import tempfile
 import time
 
+from helpers import USERS  # noqa: F401  (the users the ``users`` fixture makes)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware")
-USERS = ("stpu_alice", "stpu_bob")
 NEEDS = ("slurmctld", "slurmd", "munged", "umockdev-run", "useradd", "runuser")
 
 
