@@ -77,6 +77,12 @@ def unified_diff(old: str, new: str, path: str) -> str:
                                         fromfile=path, tofile=f"{path} (generated)"))
 
 
+def changed_lines(old: str, new: str, path: str) -> int:
+    """How many lines going from ``old`` to ``new`` adds or removes (0: the same text)."""
+    return sum(1 for line in unified_diff(old, new, path).splitlines()
+               if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+
+
 @dataclass(frozen=True)
 class WriteResult:
     """What :func:`write_if_changed` did."""
@@ -86,10 +92,12 @@ class WriteResult:
     backup: str | None = None
 
 
-def write_if_changed(path: str, content: str, mode: int = 0o644) -> WriteResult:
+def write_if_changed(path: str, content: str, mode: int = 0o644, backup: bool = True) -> WriteResult:
     """Atomically replace ``path`` with ``content``, keeping a backup of the old file.
 
-    Nothing is written when the content is already there. The new file is written
+    Nothing is written when the content is already there. ``backup=False`` keeps
+    no copy (a file the caller wrote itself before: its backup, if any, is the
+    admin's original and must not be overwritten). The new file is written
     to a temporary file in the same directory, flushed and renamed over the target,
     so a reader sees the old or the new file, never half of one.
     """
@@ -98,12 +106,12 @@ def write_if_changed(path: str, content: str, mode: int = 0o644) -> WriteResult:
     if exists and old == content:
         return WriteResult(path, changed=False)
     directory = os.path.dirname(os.path.abspath(path))
-    backup = None
+    backup_path = None
     tmp_path = None
     try:
-        if exists:
-            backup = path + BACKUP_SUFFIX
-            shutil.copy2(path, backup)
+        if exists and backup:
+            backup_path = path + BACKUP_SUFFIX
+            shutil.copy2(path, backup_path)
         fd, tmp_path = tempfile.mkstemp(prefix=".slurm-tpu.", dir=directory)
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(content)
@@ -122,4 +130,4 @@ def write_if_changed(path: str, content: str, mode: int = 0o644) -> WriteResult:
                 os.unlink(tmp_path)
             except OSError:
                 pass
-    return WriteResult(path, changed=True, backup=backup)
+    return WriteResult(path, changed=True, backup=backup_path)

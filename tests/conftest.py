@@ -1,6 +1,7 @@
 """Test-suite root: shared fixtures; makes tests/helpers.py importable as ``helpers``.
 
-``cluster_factory`` starts real local Slurm clusters (munge, slurmctld, slurmd -N).
+``cluster_factory`` starts real local Slurm clusters (munge, slurmctld, slurmd -N);
+``users`` makes the tests' real unix users.
 ``SLURM_TPU_TEST_SLURM=/opt/slurm-25.11`` (a Slurm install prefix) runs every
 cluster test against that Slurm instead of Debian's: the clusters' daemons and
 clients and every slurm-tpu command the tests run take their Slurm from it
@@ -10,6 +11,7 @@ a real node, from the slurmd that runs them.
 
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -18,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import first_job_id, require_slurm, use_test_slurm  # noqa: E402  (after the sys.path insert)
+from helpers import USERS, first_job_id, require_slurm, use_test_slurm  # noqa: E402  (after the sys.path insert)
 
 use_test_slurm()
 
@@ -59,3 +61,20 @@ def cluster_factory():
         cluster.stop()
         if not os.environ.get("SLURM_TPU_KEEP_CLUSTER"):
             shutil.rmtree(cluster.base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def users():
+    """Two real unix users, created for the tests and removed afterwards: name -> uid."""
+    from helpers import require_root_and
+
+    require_root_and(("useradd", "userdel", "runuser"), "real unix users")
+    made = []
+    for name in USERS:
+        if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
+            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group", name], check=True)
+            made.append(name)
+    uids = {name: int(subprocess.run(["id", "-u", name], capture_output=True, text=True).stdout) for name in USERS}
+    yield uids
+    for name in made:
+        subprocess.run(["userdel", name], capture_output=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 TESTS = Path(__file__).resolve().parent
 HARDWARE = TESTS / "hardware"
 REPO = TESTS.parent
+USERS = ("stpu_alice", "stpu_bob")  # real unix users of the cluster tests (the ``users`` fixture)
 
 
 def slurm_tpu_argv() -> list[str]:

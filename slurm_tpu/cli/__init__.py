@@ -66,6 +66,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     """Make Edge TPUs and GPUs allocatable, isolated Slurm resources.
 
     \b
+    Install a node: install, doctor, uninstall
     Set up a node:  detect, gres-conf, node-conf, udev-rules, boot
     Operate:        health, watch, metrics, report, leases
     In jobs:        infer, serve
@@ -81,6 +82,7 @@ from . import infer  # noqa: E402,F401  (registers `infer`)
 from . import serve  # noqa: E402,F401  (registers `serve`)
 from . import hooks  # noqa: E402,F401  (leases, udev-event)
 from . import ops  # noqa: E402,F401  (health, watch, metrics, report)
+from . import node  # noqa: E402,F401  (install, uninstall, doctor)
 
 
 def run() -> None:

@@ -90,7 +90,7 @@ def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
 
 def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool, check: bool) -> None:
     """Print, diff, check or write a node's managed block (see files.py)."""
-    from ..files import merge_block, read_text, render_block, unified_diff, write_if_changed
+    from ..files import changed_lines, merge_block, read_text, render_block, unified_diff, write_if_changed
 
     if output is None:
         if diff or check:
@@ -103,8 +103,7 @@ def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool,
         click.echo(unified_diff(old, new, output), nl=False)
     if check:
         if old != new:
-            changed = sum(1 for line in unified_diff(old, new, output).splitlines()
-                          if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+            changed = changed_lines(old, new, output)
             click.echo(f"slurm-tpu: {output} differs from this node's hardware ({changed} line(s)); "
                        f"rerun without --check to update it", err=True)
             sys.exit(EXIT_DIFFERS)
@@ -210,7 +209,9 @@ def udev_rules(obj: Obj, output: str | None, run_program: str | None) -> None:
     from ..files import write_if_changed
     from ..render import render_udev_rules
 
-    program = run_program or obj.config.udev_run_program or _this_program()
+    from ..ops.node_files import this_program
+
+    program = run_program or obj.config.udev_run_program or this_program()
     if not os.path.isabs(program):
         raise click.BadParameter(f"'{program}' must be an absolute path (udev has no PATH)",
                                  param_hint="--run-program")
@@ -220,8 +221,3 @@ def udev_rules(obj: Obj, output: str | None, run_program: str | None) -> None:
         return
     result = write_if_changed(output, text)
     click.echo(f"wrote {output}" if result.changed else f"{output} is up to date", err=True)
-
-
-def _this_program() -> str:
-    candidate = os.path.join(os.path.dirname(os.path.abspath(sys.executable)), "slurm-tpu")
-    return candidate if os.path.exists(candidate) else os.path.abspath(sys.argv[0])

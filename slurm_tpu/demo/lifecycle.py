@@ -25,9 +25,10 @@ _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 
 def make_cluster(layout: Layout) -> LocalCluster:
     """The demo's LocalCluster object (nothing is started or written)."""
-    hooks = Hooks(prolog=str(REPO / "prolog" / "slurm-tpu-prolog"),
-                  epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
-                  task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"))
+    from ..ops.node_files import node_file
+
+    hooks = Hooks(prolog=node_file("prolog", "slurm-tpu-prolog"), epilog=node_file("epilog", "slurm-tpu-epilog"),
+                  task_prolog=node_file("prolog", "slurm-tpu-task-prolog"))
     nodes = [NodeSpec(n.name, n.hardware_path, n.cpus, n.real_memory_mb) for n in NODES]
     return LocalCluster(base=layout.base, nodes=nodes, hooks=hooks, name="tpudemo", python=sys.executable,
                         partition_extra=PARTITION_EXTRA)

@@ -101,6 +101,10 @@ class LocalCluster:
     # by its `slurmstepd: [<job>.<step>]` processes, so a stray slurmstepd of another
     # cluster on the same machine with the same (small) job id would look like ours.
     first_job_id: int = 1
+    # One node whose hooks find their config by themselves (installed by `slurm-tpu install
+    # --sysconfdir`, which writes its path into them): the node's config is written to this
+    # file and slurm.conf names the hooks directly, as on a real node, not per-node wrappers.
+    config_file: str | None = None
 
     @property
     def slurm(self) -> installation.Installation:
@@ -127,7 +131,7 @@ class LocalCluster:
         return self.path("nodes", node)
 
     def node_config(self, node: str) -> str:
-        return os.path.join(self.node_dir(node), "config.yaml")
+        return self.config_file or os.path.join(self.node_dir(node), "config.yaml")
 
     def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment for Slurm client commands talking to this cluster.
@@ -151,6 +155,8 @@ class LocalCluster:
     # ---- configuration ---------------------------------------------------------
     def configure(self) -> None:
         """Write munge key, per-node hardware and configs, gres.conf and slurm.conf."""
+        if self.config_file and len(self.nodes) != 1:
+            raise ValueError("config_file serves one node; several nodes need per-node hook wrappers")
         for sub in ("etc", "state", "spool", "log", "run", "munge", "hooks", "nodes"):
             os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
         os.chmod(self.base, 0o755)
@@ -227,6 +233,9 @@ class LocalCluster:
         for kind in ("prolog", "epilog", "task_prolog", "health"):
             program = getattr(self.hooks, kind)
             if not program:
+                continue
+            if self.config_file:  # the hooks know their config: name them as a real node would
+                self.hook_paths[kind] = program
                 continue
             wrapper = self.path("hooks", kind)
             # SLURMD_NODENAME is set by slurmd (not by the job): it picks the node's config.

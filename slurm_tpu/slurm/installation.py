@@ -32,6 +32,8 @@ USUAL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
 DAEMONS = ("slurmd", "slurmstepd", "slurmctld")
 # Debian's compiled-in slurm.conf; a source build's is <prefix>/etc/slurm.conf.
 DEBIAN_CONF = "/etc/slurm/slurm.conf"
+# Slurm releases the test suite runs against (major.minor); `slurm-tpu doctor` names others.
+TESTED_RELEASES = ("22.05", "25.11")
 
 
 class Installation:
@@ -161,6 +163,21 @@ def running_daemons(names: tuple[str, ...] = DAEMONS, root_only: bool = True) ->
         if exe:
             found.append((int(entry), fields[0], exe, _daemon_conf(int(entry), exe)))
     return found
+
+
+def slurm_conf(environ=None) -> str:
+    """The slurm.conf this node uses: ``$SLURM_CONF``, else the one the running slurmd/slurmctld
+    (root's) reads when they all read one, else Debian's default."""
+    environ = os.environ if environ is None else environ
+    if environ.get("SLURM_CONF"):
+        return environ["SLURM_CONF"]
+    confs = {conf for _, _, _, conf in running_daemons(("slurmd", "slurmctld"))}
+    return confs.pop() if len(confs) == 1 else DEBIAN_CONF
+
+
+def is_tested_release(version: str) -> bool:
+    """Whether ``version`` (``25.11.7``) is a release the test suite runs against."""
+    return ".".join(version.split(".")[:2]) in TESTED_RELEASES
 
 
 def _same_file(a: str, b: str) -> bool:

@@ -201,3 +201,38 @@ def include_paths(text: str, base_dir: str) -> list[str]:
             path = rest.strip()
             paths.append(path if path.startswith("/") else f"{base_dir}/{path}")
     return paths
+
+
+def parse_slurm_conf_options(text: str) -> dict[str, str]:
+    """slurm.conf's options (``Prolog``, ``GresTypes``...) keyed in lower case, last one wins.
+
+    NodeName, PartitionName, NodeSet and DownNodes lines and Include lines are not
+    options and are skipped (``Include`` is not followed: pass the text of the
+    included files appended if they matter).
+    """
+    options: dict[str, str] = {}
+    for _, line in _config_lines(text):
+        head = line.split("=", 1)[0].lower()
+        if head in ("nodename", "partitionname", "nodeset", "downnodes") or line.lower().startswith("include "):
+            continue
+        options.update(_keys(line))
+    return options
+
+
+def node_line_fields(text: str, node: str) -> dict[str, str] | None:
+    """The attributes of ``node``'s NodeName line (``NodeName=DEFAULT`` values under them), keys as written.
+
+    None when no line names the node.
+    """
+    default: dict[str, str] = {}
+    found: dict[str, str] | None = None
+    for _, line in _config_lines(text):
+        if not line.lower().startswith("nodename="):
+            continue
+        fields = parse_key_values(line)
+        name = next(value for key, value in fields.items() if key.lower() == "nodename")
+        if name.upper() == "DEFAULT":
+            default.update(fields)
+        elif _matches_node(name, node):
+            found = {**default, **fields}
+    return found

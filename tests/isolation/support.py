@@ -10,10 +10,10 @@ import subprocess
 import tempfile
 import time
 
+from helpers import USERS  # noqa: F401  (the users the ``users`` fixture makes)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware")
-USERS = ("stpu_alice", "stpu_bob")
 NEEDS = ("slurmctld", "slurmd", "munged", "umockdev-run", "useradd", "runuser")
 
 
@@ -45,6 +45,19 @@ def make_cluster(nodes, **kwargs):
         cluster.stop()
         raise
     return cluster
+
+
+def one_node_two_tpus():
+    """For a module's ``cluster`` fixture (``yield from``): one node, n1, with a USB stick
+    and a PCIe card (hardware/n1_two_tpus.umockdev) and the project's hooks."""
+    require_root_and_slurm()
+    from slurm_tpu.localcluster.cluster import NodeSpec
+
+    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
+    try:
+        yield started
+    finally:
+        finish_cluster(started)
 
 
 def finish_cluster(cluster) -> None:

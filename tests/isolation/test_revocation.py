@@ -17,6 +17,7 @@ import stat
 import subprocess
 
 import pytest
+from support import one_node_two_tpus
 from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, open_as, owner, resume, settle
 from support import PCI, USB, out, udev_event, wait_until
 
@@ -25,8 +26,8 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture(scope="module")
-def cluster(one_node_two_tpus):
-    return one_node_two_tpus
+def cluster():
+    yield from one_node_two_tpus()
 
 
 def sys_root(cluster) -> str:

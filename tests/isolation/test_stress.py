@@ -10,6 +10,7 @@ import os
 import time
 
 import pytest
+from support import one_node_two_tpus
 from support import audit, inventory, leases, no_overlaps, owner, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -18,8 +19,8 @@ JOBS_PER_USER = 150
 
 
 @pytest.fixture(scope="module")
-def cluster(one_node_two_tpus):
-    return one_node_two_tpus
+def cluster():
+    yield from one_node_two_tpus()
 
 
 @pytest.fixture(scope="module")

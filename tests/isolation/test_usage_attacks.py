@@ -16,6 +16,7 @@ import stat
 import subprocess
 
 import pytest
+from support import one_node_two_tpus
 from support import PCI, USB, audit, inventory, leases, no_overlaps, out, owner, state_dir, wait_until
 
 from slurm_tpu.usage import BOX_BYTES, BOX_INODES
@@ -24,8 +25,8 @@ pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture(scope="module")
-def cluster(one_node_two_tpus):
-    return one_node_two_tpus
+def cluster():
+    yield from one_node_two_tpus()
 
 
 def state(cluster) -> str:

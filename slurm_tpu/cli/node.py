@@ -1,0 +1,141 @@
+"""Node set-up commands: install, uninstall, doctor."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import click
+
+from . import EXIT_DIFFERS, Obj, main
+
+pass_obj = click.make_pass_decorator(Obj)
+
+_layout_options = [
+    click.option("--prefix", default="/usr/local", show_default=True, metavar="DIR",
+                 help="The hooks go to DIR/libexec/slurm-tpu (root-owned; slurm.conf names them there)."),
+    click.option("--sysconfdir", default="/etc", show_default=True, metavar="DIR",
+                 help="udev rules, systemd units and the slurm-tpu config go under DIR (udev and systemd "
+                      "read only /etc; another DIR is for staging and tests)."),
+]
+_slurm_conf_option = click.option(
+    "--slurm-conf", metavar="FILE",
+    help="The node's slurm.conf (default: $SLURM_CONF, else the running slurmd's, else /etc/slurm/slurm.conf).")
+
+
+def layout_options(func):
+    """--prefix and --sysconfdir (install, uninstall and doctor must agree on them)."""
+    for option in reversed(_layout_options):
+        func = option(func)
+    return func
+
+
+def _layout(prefix: str, sysconfdir: str):
+    from ..ops.install import Layout
+
+    return Layout(prefix, sysconfdir)
+
+
+def _slurm_conf(given: str | None) -> str:
+    from ..slurm.installation import slurm_conf
+
+    return given or slurm_conf()
+
+
+@main.command()
+@layout_options
+@click.option("--dry-run", is_flag=True, help="Print what would be done; change nothing.")
+@_slurm_conf_option
+@pass_obj
+def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: str | None) -> None:
+    """Put this node's pieces in place (as root): hooks, udev rules, systemd units, config skeleton.
+
+    \b
+    DIR/libexec/slurm-tpu/   Prolog, Epilog, TaskProlog, HealthCheckProgram (root's,
+                             run by this Python with -I -S)
+    SYSCONFDIR/udev/rules.d/60-slurm-tpu.rules        (then udev is reloaded)
+    SYSCONFDIR/systemd/system/slurm-tpu-*, slurmd.service.d/slurm-tpu.conf
+    SYSCONFDIR/slurm-tpu/config.yaml                  (only if there is none)
+
+    Then prints the slurm.conf lines still to add (or says they are there).
+    Running it again changes only what differs; `slurm-tpu uninstall` undoes it.
+    """
+    from ..ops.install import install as run_install, layout_config
+
+    layout = _layout(prefix, sysconfdir)
+    config = layout_config(layout, obj.config_path)
+    conf = _slurm_conf(slurm_conf)
+    prefix_word = "would: " if dry_run else ""
+    result = run_install(layout, config, conf, dry_run, say=lambda line: click.echo(prefix_word + line))
+    if result.missing_lines:
+        where = conf if result.slurm_conf_read else f"slurm.conf ({conf} cannot be read here)"
+        click.echo(f"\nAdd to {where} on every node and the controller, then `scontrol reconfigure`:")
+        for line in result.missing_lines:
+            click.echo(f"  {line}")
+    else:
+        click.echo(f"\n{conf} has slurm-tpu's lines.")
+    gres_dir = os.path.dirname(conf)
+    click.echo(f"Then, on this node: slurm-tpu gres-conf --output {gres_dir}/gres.conf; "
+               f"slurm-tpu node-conf --output {gres_dir}/nodes.conf; slurm-tpu doctor")
+
+
+
+@main.command()
+@layout_options
+@click.option("--purge", is_flag=True, help="Also remove the config install wrote (kept by default).")
+@click.option("--dry-run", is_flag=True, help="Print what would be done; change nothing.")
+def uninstall(prefix: str, sysconfdir: str, purge: bool, dry_run: bool) -> None:
+    """Undo `slurm-tpu install` exactly (from its manifest), keeping the config unless --purge.
+
+    Files install replaced get their previous version back; files changed since
+    install are left in place and named. Remove slurm-tpu's lines from slurm.conf first.
+    """
+    from ..ops.install import uninstall as run_uninstall
+
+    prefix_word = "would: " if dry_run else ""
+    kept = run_uninstall(_layout(prefix, sysconfdir), purge, dry_run, say=lambda line: click.echo(prefix_word + line))
+    for line in kept:
+        click.echo(f"kept {line}")
+
+
+
+@main.command()
+@layout_options
+@_slurm_conf_option
+@click.option("--node", metavar="NAME", help="Slurm NodeName (default: config node_name, else short hostname).")
+@click.option("--inventory", "saved", metavar="FILE",
+              help="Check against a saved `slurm-tpu detect --json` document instead of detecting.")
+@click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
+              help="The libedgetpu.so.1 jobs load (env SLURM_TPU_LIBEDGETPU; default: the system's).")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+@pass_obj
+def doctor(obj: Obj, prefix: str, sysconfdir: str, slurm_conf: str | None, node: str | None, saved: str | None,
+           libedgetpu: str | None, as_json: bool) -> None:
+    """Check this node end to end; one line per check, each problem with its fix.
+
+    slurm.conf names slurm-tpu's hooks (installed, root's, not writable by others);
+    GresTypes; gres.conf block and NodeName Gres=/Feature= against the hardware;
+    udev rules installed and applied (idle devices root 0600); the state directory;
+    the hooks import slurm-tpu under python -I -S; slurmd is a tested release;
+    libedgetpu, a TFLite runtime and Vulkan where the node has TPUs/GPUs; munge.
+    Exit 0 only when every check passes (1: problems). Root or not.
+    """
+    from ..ops.doctor import Node, as_json as findings_json, diagnose
+    from ..ops.install import layout_config
+    from .inventory import _inventory
+
+    layout = _layout(prefix, sysconfdir)
+    config = layout_config(layout, obj.config_path)
+    name = node or config.node_name or obj.node_name(None)
+    findings = diagnose(Node(config, layout, _slurm_conf(slurm_conf), name, _inventory(saved), libedgetpu))
+    if as_json:
+        click.echo(json.dumps(findings_json(findings), indent=2))
+    else:
+        for finding in findings:
+            click.echo(finding.line())
+        problems = sum(not f.ok for f in findings)
+        click.echo(f"{problems} problem(s)" if problems else f"all {len(findings)} checks pass")
+    if not all(f.ok for f in findings):
+        sys.exit(EXIT_DIFFERS)
+

@@ -1,0 +1,471 @@
+"""``slurm-tpu doctor``: check one node end to end, one line per problem with its fix.
+
+For the admin whose job just failed with "Prolog error" or "Failed to load
+delegate". Each check is a function returning :class:`Finding` s; a check that
+does not apply to this node (no GPU: no Vulkan) returns nothing. The checks
+reuse what the rest of slurm-tpu knows: the Slurm gateway for programs and
+slurm.conf, the renderers for gres.conf/NodeName/udev rules (as ``--check``),
+the hooks' own state-directory rules, the runner's runtime loaders.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Mapping
+
+from .. import __version__
+from ..config import Config
+from ..model import Inventory, Kind
+from .install import SLURM_HOOKS, Layout
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One checked fact: ``ok``, or a problem and what to do about it."""
+
+    check: str
+    ok: bool
+    message: str
+    fix: str = ""
+
+    def line(self) -> str:
+        if self.ok:
+            return f"ok    {self.check}: {self.message}"
+        return f"FAIL  {self.check}: {self.message}; fix: {self.fix}"
+
+
+@dataclass
+class Node:
+    """What the checks look at: the site's choices, where things are, and the node's hardware."""
+
+    config: Config
+    layout: Layout
+    slurm_conf: str
+    node: str
+    inventory: Inventory
+    libedgetpu: str | None = None
+    environ: Mapping[str, str] = field(default_factory=lambda: os.environ)
+
+    @property
+    def gres_conf(self) -> str:
+        return os.path.join(os.path.dirname(self.slurm_conf), "gres.conf")
+
+    def slurm_conf_text(self) -> str | None:
+        """slurm.conf with its Include files appended; None when slurm.conf cannot be read."""
+        from ..hooks.allocation import slurm_conf_files
+
+        texts = []
+        for index, path in enumerate(slurm_conf_files(self.slurm_conf)):
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    texts.append(handle.read())
+            except OSError:
+                if index == 0:
+                    return None
+        return "\n".join(texts)
+
+    def options(self) -> dict[str, str]:
+        from ..slurm.parse import parse_slurm_conf_options
+
+        return parse_slurm_conf_options(self.slurm_conf_text() or "")
+
+
+def _mode(info: os.stat_result) -> str:
+    return f"{stat.S_IMODE(info.st_mode):04o}"
+
+
+def _unsafe(path: str) -> str | None:
+    """Why root must not run/import ``path`` (not root's, or writable by others), else None."""
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        return f"{path}: {exc.strerror}"
+    if info.st_uid != 0 or info.st_mode & 0o022:
+        return f"{path} is uid {info.st_uid} mode {_mode(info)}"
+    return None
+
+
+# ---- slurm.conf and the hooks -----------------------------------------------------------
+
+def check_slurm_conf(node: Node) -> list[Finding]:
+    if node.slurm_conf_text() is None:
+        return [Finding("slurm.conf", False, f"cannot read {node.slurm_conf}",
+                        "pass --slurm-conf FILE (or set SLURM_CONF) to the node's slurm.conf")]
+    return [Finding("slurm.conf", True, node.slurm_conf)]
+
+
+def check_hooks(node: Node) -> list[Finding]:
+    """slurm.conf names our Prolog/Epilog/TaskProlog/HealthCheckProgram; they exist, root's, not writable."""
+    options = node.options()
+    findings = []
+    for option in SLURM_HOOKS:
+        ours = node.layout.hook(option)
+        named = [p for p in options.get(option.lower(), "").split(",") if p]
+        if ours not in named:
+            now = f"names {','.join(named)}" if named else "has no such line"
+            findings.append(Finding("hooks", False, f"slurm.conf {option}= {now}, not slurm-tpu's {ours}",
+                                    f"set {option}={ours} in {node.slurm_conf}, then scontrol reconfigure"))
+            continue
+        if not os.path.lexists(ours):
+            findings.append(Finding("hooks", False, f"{option} {ours} is missing",
+                                    f"slurm-tpu install --prefix {node.layout.prefix}"))
+            continue
+        info = os.lstat(ours)
+        if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o100:
+            findings.append(Finding("hooks", False, f"{option} {ours} is not an executable file",
+                                    f"slurm-tpu install --prefix {node.layout.prefix}"))
+        elif info.st_uid != 0 or info.st_mode & 0o022:
+            findings.append(Finding("hooks", False,
+                                    f"{option} {ours} is uid {info.st_uid} mode {_mode(info)}: whoever can write "
+                                    "it runs code as root on every job",
+                                    f"chown root:root {ours} && chmod 0755 {ours}"))
+    directory = _unsafe(node.layout.hooks_dir)
+    if directory and os.path.isdir(node.layout.hooks_dir):
+        findings.append(Finding("hooks", False, f"hooks directory {directory}",
+                                f"chown root:root {node.layout.hooks_dir} && chmod 0755 {node.layout.hooks_dir}"))
+    return findings or [Finding("hooks", True, f"{', '.join(SLURM_HOOKS)} are slurm-tpu's in "
+                                               f"{node.layout.hooks_dir}, root's, not writable by others")]
+
+
+def check_gres_types(node: Node) -> list[Finding]:
+    """GresTypes lists tpu, and gpu where the node has GPUs."""
+    names = [node.config.tpu_gres_name]
+    if node.inventory.usable(Kind.GPU):
+        names.append(node.config.gpu_gres_name)
+    have = [t.strip() for t in node.options().get("grestypes", "").split(",") if t.strip()]
+    lacking = [n for n in names if n not in have]
+    if lacking:
+        return [Finding("GresTypes", False, f"slurm.conf GresTypes={','.join(have)} lacks {','.join(lacking)}",
+                        f"set GresTypes={','.join(dict.fromkeys(have + lacking))} in {node.slurm_conf} and "
+                        "restart slurmctld and slurmd")]
+    return [Finding("GresTypes", True, ",".join(have))]
+
+
+def check_gres_conf(node: Node) -> list[Finding]:
+    """This node's gres.conf block is what ``gres-conf --check`` expects."""
+    from ..files import changed_lines, merge_block, read_text
+    from ..render import render_gres_conf
+
+    old = read_text(node.gres_conf)
+    new = merge_block(old, "gres", node.node, render_gres_conf(node.inventory, node.config, node.node),
+                      node.gres_conf)
+    if old != new:
+        return [Finding("gres.conf", False, f"{node.gres_conf} differs from {node.node}'s hardware "
+                                            f"({changed_lines(old, new, node.gres_conf)} line(s))",
+                        f"slurm-tpu gres-conf --output {node.gres_conf}, then restart slurmd")]
+    return [Finding("gres.conf", True, f"{node.node}'s block in {node.gres_conf} matches the hardware")]
+
+
+def check_node_line(node: Node) -> list[Finding]:
+    """The node's NodeName line has the Gres= and Feature= ``node-conf`` writes."""
+    from ..render import node_features, node_gres
+    from ..slurm.parse import node_line_fields
+
+    fields = node_line_fields(node.slurm_conf_text() or "", node.node)
+    if fields is None:
+        return [Finding("NodeName", False, f"no NodeName line for {node.node} in {node.slurm_conf} or its Includes",
+                        f"slurm-tpu node-conf --output {os.path.dirname(node.slurm_conf)}/nodes.conf and "
+                        "Include it from slurm.conf")]
+    want_gres, want_features = node_gres(node.inventory, node.config), node_features(node.inventory, node.config)
+    have_gres = fields.get("Gres", "")
+    have_features = [f for f in fields.get("Feature", fields.get("Features", "")).split(",") if f]
+    wrong = []
+    if have_gres != want_gres:
+        wrong.append(f"Gres={have_gres or '(none)'}, the hardware gives Gres={want_gres or '(none)'}")
+    if set(have_features) != set(want_features):
+        wrong.append(f"Feature={','.join(have_features) or '(none)'}, the hardware gives "
+                     f"Feature={','.join(want_features) or '(none)'}")
+    if wrong:
+        return [Finding("NodeName", False, f"NodeName={node.node} has " + "; ".join(wrong),
+                        "slurm-tpu node-conf --output FILE (the file holding the line), then restart "
+                        "slurmctld and slurmd")]
+    return [Finding("NodeName", True, f"Gres={want_gres or '(none)'} Feature={','.join(want_features) or '(none)'}")]
+
+
+# ---- udev and the state directory ---------------------------------------------------------
+
+def check_udev_rules(node: Node) -> list[Finding]:
+    """The installed rules are the ones this config renders."""
+    from ..files import read_text
+    from ..render.udev_rules import render_udev_rules
+    from .node_files import this_program
+
+    path = node.layout.udev_rules
+    want = render_udev_rules(node.config, node.config.udev_run_program or this_program())
+    if not os.path.exists(path):
+        return [Finding("udev rules", False, f"{path} is missing", f"slurm-tpu install --sysconfdir "
+                                                                   f"{node.layout.sysconfdir}")]
+    if read_text(path) != want:
+        return [Finding("udev rules", False, f"{path} differs from what this config renders",
+                        f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}")]
+    return [Finding("udev rules", True, path)]
+
+
+def _managed_nodes(node: Node) -> list[tuple[str, str]]:
+    """(identity, device node) of the accelerators the udev rules own while idle."""
+    nodes = []
+    for accelerator in node.inventory.usable():
+        if accelerator.kind == Kind.EDGETPU:
+            nodes += [(accelerator.identity, path) for path in accelerator.device_nodes]
+        elif node.config.isolate_gpus:
+            nodes += [(accelerator.identity, path) for path in accelerator.device_nodes
+                      if os.path.basename(path).startswith("renderD")]
+    return nodes
+
+
+def check_udev_loaded(node: Node) -> list[Finding]:
+    """Idle devices really have the rules' ownership (root 0600 by default)."""
+    import grp
+    import pwd
+
+    from .node_state import current_leases
+
+    idle = node.config.idle
+    try:
+        want = (pwd.getpwnam(idle.owner).pw_uid, grp.getgrnam(idle.group).gr_gid, idle.mode)
+    except KeyError as exc:
+        return [Finding("udev loaded", False, f"devices.idle names an unknown user or group ({exc})",
+                        "fix devices.idle in the slurm-tpu config")]
+    leased = set(current_leases(node.config))
+    findings, checked = [], 0
+    for identity, path in _managed_nodes(node):
+        if identity in leased:
+            continue
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue  # a missing device is the health check's business
+        checked += 1
+        if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) != want:
+            findings.append(Finding("udev loaded", False,
+                                    f"idle {identity} {path} is uid {info.st_uid} gid {info.st_gid} mode "
+                                    f"{_mode(info)}, the rules give {idle.owner}:{idle.group} {idle.mode:04o}: "
+                                    "udev has not applied slurm-tpu's rules (or a later rule overrides them)",
+                                    "udevadm control --reload && udevadm trigger --action=change "
+                                    "--subsystem-match=usb --subsystem-match=apex"))
+    return findings or [Finding("udev loaded", True, f"{checked} idle device node(s) are "
+                                                     f"{idle.owner}:{idle.group} {idle.mode:04o}")]
+
+
+def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
+    """(problem, fix) for the hooks' state directory; the one place that knows its layout.
+
+    The hooks refuse a state directory (or leases/, jobs/) that is not root's or is
+    group/world-writable (``statedir.open_dir``); the task-prolog, running as the
+    job's user, must be able to pass through it and jobs/ to read its env file.
+    """
+    from ..locks import statedir
+
+    fix = "chown root:root {0} && chmod 0755 {0}"
+    try:
+        fd = statedir.open_dir(state_dir)
+    except statedir.StateDirError as exc:
+        if not os.path.lexists(state_dir):
+            return [(f"state directory {state_dir} does not exist",
+                     "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after a reboot)")]
+        return [(str(exc), fix.format(state_dir))]
+    problems = []
+    try:
+        if not os.fstat(fd).st_mode & 0o001:
+            problems.append((f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) "
+                             "cannot reach jobs/", fix.format(state_dir)))
+        for name, traversable in (("leases", False), ("jobs", True)):
+            path = os.path.join(state_dir, name)
+            if not os.path.lexists(path):
+                continue
+            try:
+                sub = statedir.open_dir(name, parent_fd=fd)
+            except statedir.StateDirError as exc:
+                problems.append((f"{path}: {exc}", fix.format(path)))
+                continue
+            if traversable and not os.fstat(sub).st_mode & 0o001:
+                problems.append((f"{path} is mode {_mode(os.fstat(sub))}: the task-prolog cannot read it",
+                                 fix.format(path)))
+            os.close(sub)
+    finally:
+        os.close(fd)
+    return problems
+
+
+def check_state_dir(node: Node) -> list[Finding]:
+    problems = state_dir_problems(node.config.state_dir)
+    return [Finding("state dir", False, problem, fix) for problem, fix in problems] or \
+        [Finding("state dir", True, f"{node.config.state_dir} root's, mode 0755-like")]
+
+
+# ---- the hooks' Python ---------------------------------------------------------------------
+
+_IMPORT_PROBE = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import slurm_tpu, slurm_tpu.hooks.prolog, slurm_tpu.hooks.epilog
+print(slurm_tpu.__version__)
+print(slurm_tpu.__file__)
+"""
+
+
+def _hook_python(path: str) -> tuple[str, str] | None:
+    """(interpreter, directory holding slurm_tpu) a Python hook runs with, as its own lines say."""
+    import ast
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            lines = handle.read(8192).splitlines()
+    except OSError:
+        return None
+    if not lines or not lines[0].startswith("#!") or "python" not in lines[0]:
+        return None
+    root = os.path.dirname(os.path.dirname(os.path.realpath(path)))  # a checkout's hook
+    for line in lines:
+        if line.startswith("_ROOT = "):
+            value = line[len("_ROOT = "):].split("  #", 1)[0].strip()
+            try:
+                root = ast.literal_eval(value)
+            except (ValueError, SyntaxError):
+                pass
+    return lines[0][2:].split()[0], root
+
+
+def check_hooks_import(node: Node) -> list[Finding]:
+    """The Python hooks import slurm-tpu under ``-I -S`` (no site-packages), this very version,
+    from files only root can change."""
+    from .install import HOOK_FILES
+
+    findings, probed = [], set()
+    fix = f"slurm-tpu install --prefix {node.layout.prefix} (with the slurm-tpu jobs and health use)"
+    for _, name, _ in HOOK_FILES:
+        found = _hook_python(os.path.join(node.layout.hooks_dir, name))
+        if found is None or found in probed:
+            continue  # not a Python hook, or missing (check_hooks says so), or probed already
+        probed.add(found)
+        python, root = found
+        try:
+            done = subprocess.run([python, "-I", "-S", "-c", _IMPORT_PROBE, root], capture_output=True,
+                                  text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+            out, err, code = done.stdout.splitlines(), done.stderr.strip(), done.returncode
+        except OSError as exc:
+            out, err, code = [], str(exc), -1
+        if code != 0 or len(out) < 2:
+            last = err.splitlines()[-1] if err else f"exit status {code}"
+            findings.append(Finding("hooks import", False, f"{name}: {python} -I -S cannot import slurm_tpu from "
+                                    f"{root}: {last}", fix))
+            continue
+        if out[0] != __version__:
+            findings.append(Finding("hooks import", False, f"{name} imports slurm-tpu {out[0]} ({out[1]}), "
+                                    f"this is {__version__}", fix))
+        package = os.path.dirname(out[1])
+        unsafe = [why for why in (_unsafe(python), _unsafe(root), _unsafe(package)) if why]
+        if unsafe:
+            findings.append(Finding("hooks import", False, f"{name} runs as root with code others can change: "
+                                    + "; ".join(unsafe), "install slurm-tpu where only root can write"))
+    if not probed:
+        return []  # no Python hook installed: check_hooks says so
+    return findings or [Finding("hooks import", True, f"slurm-tpu {__version__} under "
+                                                      f"{', '.join(sorted({p for p, _ in probed}))} -I -S")]
+
+
+# ---- Slurm, runtimes, munge -----------------------------------------------------------------
+
+def check_slurmd_version(node: Node) -> list[Finding]:
+    from ..errors import SlurmCommandError
+    from ..slurm.commands import Slurm
+    from ..slurm.installation import TESTED_RELEASES, is_tested_release, version_of
+
+    try:
+        slurmd = Slurm.for_config(node.config, node.environ).program("slurmd")
+    except SlurmCommandError as exc:
+        return [Finding("slurmd", False, str(exc).split(":", 1)[0], "install Slurm's slurmd, or name its "
+                        "directory in slurm.sbin_dir")]
+    version = version_of(slurmd, node.environ)
+    tested = " and ".join(f"{release}.x" for release in TESTED_RELEASES)
+    if version is None:
+        return [Finding("slurmd", False, f"{slurmd} -V does not say its version", f"check {slurmd}")]
+    if not is_tested_release(version):
+        return [Finding("slurmd", False, f"{slurmd} is Slurm {version}, which slurm-tpu is not tested with "
+                                         f"({tested})", f"run Slurm {tested}, or test this release first")]
+    return [Finding("slurmd", True, f"{slurmd} is Slurm {version}")]
+
+
+def check_runtimes(node: Node) -> list[Finding]:
+    """libedgetpu where the node has Edge TPUs; a TFLite runtime where it has any; Vulkan for GPUs."""
+    tpus, gpus = node.inventory.usable(Kind.EDGETPU), node.inventory.usable(Kind.GPU)
+    findings = []
+    extras = "pip install 'slurm-tpu[infer]' into the environment slurm-tpu runs from"
+    try:
+        from ..runner import backend
+        from ..runner.errors import RuntimeMissingError
+    except ImportError as exc:
+        if tpus or gpus:
+            findings.append(Finding("TFLite runtime", False, f"the inference modules cannot load ({exc})", extras))
+        return findings
+    if tpus:
+        from ..runner.errors import LibEdgeTpuError
+
+        try:
+            library = backend.EdgeTpuLibrary(node.libedgetpu)
+            findings.append(Finding("libedgetpu", True, f"{library.path} ({library.version() or 'no version'})"))
+        except LibEdgeTpuError as exc:
+            message, _, fix = str(exc).partition(": install")
+            findings.append(Finding("libedgetpu", False, message, f"install{fix}" if fix else
+                                    "install libedgetpu1-std from Coral's apt repository"))
+    if tpus or gpus:
+        try:
+            name = backend.select_runtime()
+            findings.append(Finding("TFLite runtime", True, f"{name} {backend.runtime_version(name)}"))
+        except RuntimeMissingError as exc:
+            findings.append(Finding("TFLite runtime", False, str(exc).split("): ")[0] + ")", extras))
+    if gpus:
+        import ctypes
+
+        try:
+            ctypes.CDLL("libvulkan.so.1")
+            findings.append(Finding("Vulkan", True, "libvulkan.so.1 loads"))
+        except OSError as exc:
+            findings.append(Finding("Vulkan", False, f"libvulkan.so.1 cannot be loaded ({exc}): LiteRT's GPU "
+                                                     "path needs it", "apt install libvulkan1 and the GPU's "
+                                                                      "Vulkan driver"))
+    return findings
+
+
+def check_munge(node: Node) -> list[Finding]:
+    """``munge -n | unmunge`` through the socket slurm.conf's AuthInfo names."""
+    socket = ""
+    for item in node.options().get("authinfo", "").split(","):
+        key, _, value = item.partition("=")
+        if key.strip() == "socket":
+            socket = value.strip()
+    extra = [f"--socket={socket}"] if socket else []
+    fix = "start munged (systemctl start munge) with the cluster's /etc/munge/munge.key"
+    try:
+        credential = subprocess.run(["munge", "-n", *extra], capture_output=True, text=True, timeout=20)
+        if credential.returncode == 0:
+            decoded = subprocess.run(["unmunge", *extra], input=credential.stdout, capture_output=True,
+                                     text=True, timeout=20)
+            error = "" if decoded.returncode == 0 else decoded.stderr.strip()
+        else:
+            error = credential.stderr.strip()
+    except OSError as exc:
+        error = f"{exc.strerror}: install munge"
+    if error:
+        return [Finding("munge", False, f"munge -n | unmunge fails: {error.splitlines()[-1]}", fix)]
+    return [Finding("munge", True, f"munge -n | unmunge works{' via ' + socket if socket else ''}")]
+
+
+CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
+    check_slurm_conf, check_hooks, check_gres_types, check_gres_conf, check_node_line, check_udev_rules,
+    check_udev_loaded, check_state_dir, check_hooks_import, check_slurmd_version, check_runtimes, check_munge)
+
+
+def diagnose(node: Node) -> list[Finding]:
+    """Every check's findings, in order."""
+    findings = []
+    for check in CHECKS:
+        findings += check(node)
+    return findings
+
+
+def as_json(findings: list[Finding]) -> dict:
+    return {"ok": all(f.ok for f in findings), "findings": [asdict(f) for f in findings]}

@@ -1,0 +1,439 @@
+"""``slurm-tpu install`` / ``uninstall``: put a node's pieces in place, and take exactly them away.
+
+What a node needs besides the package (``node_files.py`` finds the shipped files):
+
+- the hooks, copied to a fixed root-owned directory (``<prefix>/libexec/slurm-tpu``)
+  so slurm.conf never names a path inside a virtualenv; the Python ones run under
+  the interpreter slurm-tpu was installed with, ``-I -S``, and import the package
+  from the directory pip put it in (written into the copy: no site-packages scan,
+  so a job start stays in the milliseconds);
+- ``slurm-tpu-health``: Slurm runs HealthCheckProgram without arguments;
+- the udev rules (``<sysconfdir>/udev/rules.d``), then udev reloaded;
+- the systemd units and slurmd's drop-in (``<sysconfdir>/systemd/system``);
+- a config skeleton (``<sysconfdir>/slurm-tpu/config.yaml``) when there is none.
+
+Every run is idempotent (unchanged files are not rewritten) and records in a
+manifest what it created, and what it replaced (with the backup it made), so
+``uninstall`` removes exactly that, restores what was there before, and keeps the
+config unless asked (``--purge``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass, field
+
+from .. import __version__
+from ..config import DEFAULT_PATH as DEFAULT_CONFIG, Config
+from ..errors import SlurmTpuError
+from ..files import read_text, write_if_changed
+from . import node_files
+
+MANIFEST = "install-manifest.json"
+MANIFEST_FORMAT = 1
+# slurm.conf option -> the installed program it names.
+SLURM_HOOKS = {"Prolog": "slurm-tpu-prolog", "Epilog": "slurm-tpu-epilog",
+               "TaskProlog": "slurm-tpu-task-prolog", "HealthCheckProgram": "slurm-tpu-health"}
+# (shipped directory, name, mode) of the hook files copied into the hooks directory.
+HOOK_FILES = (("prolog", "slurm-tpu-prolog", 0o755), ("prolog", "slurm-tpu-prolog.py", 0o755),
+              ("prolog", "slurm-tpu-lib.sh", 0o644), ("prolog", "slurm-tpu-task-prolog", 0o755),
+              ("epilog", "slurm-tpu-epilog", 0o755))
+HEALTH_PROGRAM = "slurm-tpu-health"
+# (shipped name, installed path under <sysconfdir>/systemd/system).
+SYSTEMD_FILES = (("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
+                 ("slurm-tpu-metrics.service", "slurm-tpu-metrics.service"),
+                 ("slurm-tpu-metrics.timer", "slurm-tpu-metrics.timer"),
+                 ("slurmd-slurm-tpu.conf", "slurmd.service.d/slurm-tpu.conf"))
+_MARK = "  # set by slurm-tpu install"
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where ``install`` puts things: hooks under ``prefix``, udev/systemd/config under ``sysconfdir``."""
+
+    prefix: str = "/usr/local"
+    sysconfdir: str = "/etc"
+
+    def __post_init__(self) -> None:
+        for name in ("prefix", "sysconfdir"):
+            value = getattr(self, name)
+            if not os.path.isabs(value):
+                raise SlurmTpuError(f"--{name} {value!r} must be an absolute directory")
+            object.__setattr__(self, name, os.path.normpath(value))
+
+    @property
+    def hooks_dir(self) -> str:
+        return os.path.join(self.prefix, "libexec", "slurm-tpu")
+
+    def hook(self, option: str) -> str:
+        """The installed program slurm.conf's ``option`` (Prolog, Epilog, ...) should name."""
+        return os.path.join(self.hooks_dir, SLURM_HOOKS[option])
+
+    @property
+    def manifest(self) -> str:
+        return os.path.join(self.hooks_dir, MANIFEST)
+
+    @property
+    def udev_rules(self) -> str:
+        from ..render.udev_rules import RULES_NAME
+
+        return os.path.join(self.sysconfdir, "udev", "rules.d", RULES_NAME)
+
+    @property
+    def systemd_dir(self) -> str:
+        return os.path.join(self.sysconfdir, "systemd", "system")
+
+    @property
+    def config_file(self) -> str:
+        return os.path.join(self.sysconfdir, "slurm-tpu", "config.yaml")
+
+    @property
+    def is_system(self) -> bool:
+        """Whether udev and systemd read what is installed here (then they are reloaded)."""
+        return self.sysconfdir == "/etc"
+
+
+def layout_config(layout: Layout, explicit: str | None) -> Config:
+    """The config install/doctor use: ``explicit`` (--config or $SLURM_TPU_CONFIG), else the layout's file."""
+    from ..config import load_config
+
+    if explicit or os.path.exists(layout.config_file):
+        return load_config(explicit or layout.config_file)
+    return Config()
+
+
+# ---- what the files say ------------------------------------------------------------------
+
+def installed_hook_text(text: str, name: str, python: str, package_root: str, config_file: str) -> str:
+    """A shipped hook as installed: its interpreter, where ``slurm_tpu`` is, and (if not the default)
+    which config it reads. The rest of the script is the shipped one, byte for byte."""
+    lines = text.splitlines(keepends=True)
+    python_hook = lines[0].startswith("#!") and "python" in lines[0]
+    if python_hook:
+        if any(c.isspace() for c in python) or len(python) > 120:
+            raise SlurmTpuError(f"cannot write {python!r} into a #! line (spaces, or longer than 120 characters): "
+                                "install slurm-tpu into a virtualenv with a short path without spaces")
+        lines[0] = f"#!{python} -IS\n"
+        roots = [i for i, line in enumerate(lines) if line.startswith("_ROOT = ")]
+        if len(roots) != 1:
+            raise SlurmTpuError(f"shipped hook {name} has {len(roots)} '_ROOT = ' lines, not 1: "
+                                "this slurm-tpu package is broken; reinstall it")
+        insert = [f"_ROOT = {package_root!r}{_MARK}\n"]
+        if config_file != DEFAULT_CONFIG:
+            insert.append(f"os.environ.setdefault(\"SLURM_TPU_CONFIG\", {config_file!r}){_MARK}\n")
+        lines[roots[0]:roots[0] + 1] = insert
+    elif config_file != DEFAULT_CONFIG and lines and lines[0].startswith("#!"):
+        lines.insert(1, f"SLURM_TPU_CONFIG=${{SLURM_TPU_CONFIG:-{shlex.quote(config_file)}}}; "
+                        f"export SLURM_TPU_CONFIG{_MARK}\n")
+    return "".join(lines)
+
+
+def health_program_text(python: str, config_file: str) -> str:
+    """The HealthCheckProgram wrapper: Slurm passes no arguments, so this adds ``health``."""
+    config = "" if config_file == DEFAULT_CONFIG else \
+        f"SLURM_TPU_CONFIG=${{SLURM_TPU_CONFIG:-{shlex.quote(config_file)}}}; export SLURM_TPU_CONFIG\n"
+    return ("#!/bin/sh\n"
+            "# Slurm HealthCheckProgram= (root, every HealthCheckInterval seconds; Slurm passes no\n"
+            "# arguments): `slurm-tpu health` of the installation that wrote this file.\n"
+            f"# Written by slurm-tpu install {__version__}.\n"
+            f"{config}exec {shlex.quote(python)} -I -m slurm_tpu.cli health\n")
+
+
+def unit_text(shipped: str, program: str, slurm_conf_dir: str) -> str:
+    """A shipped systemd file with this installation's paths filled in."""
+    return shipped.replace("@SLURM_TPU@", program).replace("@SLURM_CONF_DIR@", slurm_conf_dir)
+
+
+CONFIG_SKELETON = """\
+# slurm-tpu site config (written by `slurm-tpu install`; every key is optional).
+# After a change: slurm-tpu install (udev rules), slurm-tpu gres-conf --output ...,
+# slurm-tpu doctor. Unknown keys are rejected, so a typo never passes silently.
+version: 1
+# node_name: n1                    # Slurm NodeName (default: the short hostname)
+# state_dir: /run/slurm-tpu        # the hooks' lease ledger (root-owned)
+# gres:
+#   tpu_name: tpu
+#   gpu_name: gpu
+# devices:
+#   slot_dir: /dev/slurm-tpu
+#   idle: {owner: root, group: root, mode: "0600"}
+#   lease: {mode: "0600"}
+#   isolate_gpus: false            # lease GPUs too (clusters without cgroup devices)
+# slurm:
+#   bin_dir: /usr/bin              # default: beside the running slurmd
+"""
+
+
+def gres_types(config: Config) -> str:
+    """GresTypes= value: our GRES names."""
+    return f"{config.tpu_gres_name},{config.gpu_gres_name}"
+
+
+def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
+    """The option lines of the shipped slurm.conf snippet, filled in (``Prolog=...``)."""
+    text = node_files.read_node_file("gres_conf", "slurm.conf.snippet")
+    text = text.replace("@HOOKS_DIR@", layout.hooks_dir).replace("@GRES_TYPES@", gres_types(config))
+    return [line for line in text.splitlines() if line and not line.startswith("#")]
+
+
+def missing_slurm_conf_lines(wanted: list[str], options: dict[str, str]) -> list[str]:
+    """The lines of ``wanted`` that slurm.conf's ``options`` (lower-case keys) lack.
+
+    Prolog/Epilog and GresTypes are lists in Slurm: ours must be among them;
+    HealthCheckInterval/NodeState may hold any site value; the rest must match.
+    """
+    missing = []
+    for line in wanted:
+        key, _, value = line.partition("=")
+        have = options.get(key.lower())
+        if have is None:
+            missing.append(line)
+        elif key in ("Prolog", "Epilog", "GresTypes"):
+            if not set(value.split(",")) <= set(have.split(",")):
+                missing.append(line)
+        elif key not in ("HealthCheckInterval", "HealthCheckNodeState") and have != value:
+            missing.append(line)
+    return missing
+
+
+# ---- the plan ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class FileSpec:
+    path: str
+    content: str
+    mode: int
+    config: bool = False  # written only when absent; kept by uninstall unless --purge
+
+
+def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[FileSpec]:
+    """Every file ``install`` writes, with its content."""
+    from ..render.udev_rules import render_udev_rules
+
+    python, root = node_files.interpreter(), node_files.package_root()
+    program = node_files.this_program()
+    files = [FileSpec(os.path.join(layout.hooks_dir, name),
+                      installed_hook_text(node_files.read_node_file(directory, name), name, python, root,
+                                          layout.config_file), mode)
+             for directory, name, mode in HOOK_FILES]
+    files.append(FileSpec(os.path.join(layout.hooks_dir, HEALTH_PROGRAM),
+                          health_program_text(python, layout.config_file), 0o755))
+    files.append(FileSpec(layout.udev_rules, render_udev_rules(config, config.udev_run_program or program), 0o644))
+    for shipped, target in SYSTEMD_FILES:
+        files.append(FileSpec(os.path.join(layout.systemd_dir, target),
+                              unit_text(node_files.read_node_file("gres_conf", shipped), program, slurm_conf_dir),
+                              0o644))
+    files.append(FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True))
+    return files
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass
+class Manifest:
+    """What an install did: directories it created, files it wrote and what was there before.
+
+    Each file entry: ``path``, ``sha256`` (what was written), ``before`` ("absent",
+    "same": an identical file was already there, or the backup path of the file it
+    replaced) and ``config``.
+    """
+
+    layout: Layout
+    dirs: list[str] = field(default_factory=list)
+    files: dict[str, dict] = field(default_factory=dict)
+
+    @classmethod
+    def load(cls, layout: Layout) -> "Manifest | None":
+        try:
+            with open(layout.manifest, encoding="utf-8") as handle:
+                data = json.load(handle)
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise SlurmTpuError(f"install manifest {layout.manifest} is unreadable ({exc}): "
+                                "remove it and the files it listed by hand") from exc
+        if data.get("format") != MANIFEST_FORMAT:
+            raise SlurmTpuError(f"install manifest {layout.manifest} has format {data.get('format')!r}, "
+                                f"this slurm-tpu reads {MANIFEST_FORMAT}: uninstall with the version that wrote it")
+        return cls(layout, list(data["dirs"]), {entry["path"]: entry for entry in data["files"]})
+
+    def text(self) -> str:
+        return json.dumps({"format": MANIFEST_FORMAT, "slurm_tpu": __version__, "prefix": self.layout.prefix,
+                           "sysconfdir": self.layout.sysconfdir, "dirs": self.dirs,
+                           "files": list(self.files.values())}, indent=1) + "\n"
+
+
+def _make_dirs(path: str, manifest: Manifest, dry_run: bool, say) -> None:
+    """Create ``path`` and missing parents (root 0755), recording each one created."""
+    missing = []
+    while not os.path.isdir(path):
+        missing.append(path)
+        path = os.path.dirname(path)
+    for directory in reversed(missing):
+        say(f"create directory {directory}")
+        if not dry_run:
+            os.mkdir(directory, 0o755)
+            os.chmod(directory, 0o755)  # mkdir's mode is cut by the umask
+        if directory not in manifest.dirs:
+            manifest.dirs.append(directory)
+
+
+def _settle(path: str, mode: int) -> None:
+    """Root's, with ``mode``: hooks run as root, and whoever can write them is root."""
+    os.chown(path, 0, 0, follow_symlinks=False)
+    os.chmod(path, mode)
+
+
+def _install_file(spec: FileSpec, manifest: Manifest, dry_run: bool, say) -> None:
+    previous = manifest.files.get(spec.path)
+    exists = os.path.lexists(spec.path)
+    if spec.config and exists:
+        say(f"keep {spec.path} (the site's config)")
+        return
+    old = read_text(spec.path) if exists and not os.path.islink(spec.path) else None
+    if old == spec.content:
+        info = os.stat(spec.path)
+        if (info.st_uid, info.st_gid, info.st_mode & 0o7777) != (0, 0, spec.mode):
+            say(f"fix owner/mode of {spec.path} (root:root {spec.mode:04o})")
+            if not dry_run:
+                _settle(spec.path, spec.mode)
+        else:
+            say(f"unchanged {spec.path}")
+        if previous is None:  # an identical file was there before: not ours to remove
+            manifest.files[spec.path] = {"path": spec.path, "sha256": _sha256(spec.content), "before": "same",
+                                         "config": spec.config}
+        return
+    say(f"{'replace' if exists else 'write'} {spec.path}")
+    if dry_run:
+        return
+    # A file an earlier install wrote is replaced without a backup: the backup (if
+    # any) holds what was there before the first install, which uninstall restores.
+    ours = previous is not None and previous["before"] != "same"
+    if exists and os.path.islink(spec.path):
+        os.unlink(spec.path)
+    result = write_if_changed(spec.path, spec.content, spec.mode, backup=not ours)
+    _settle(spec.path, spec.mode)
+    manifest.files[spec.path] = {"path": spec.path, "sha256": _sha256(spec.content),
+                                 "before": previous["before"] if ours else (result.backup or "absent"),
+                                 "config": spec.config}
+
+
+def _run_quietly(argv: list[str]) -> str | None:
+    """None when ``argv`` succeeded, else its last error line."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return str(exc)
+    if done.returncode == 0:
+        return None
+    lines = (done.stderr or done.stdout).strip().splitlines()
+    return lines[-1] if lines else f"exit status {done.returncode}"
+
+
+def reload_services(layout: Layout, config: Config, dry_run: bool, say) -> None:
+    """Make udev and systemd read what changed (only for the system's own directories)."""
+    if not layout.is_system:
+        say(f"udev and systemd not reloaded: {layout.sysconfdir} is not /etc, which they read")
+        return
+    steps = []
+    if os.path.exists("/run/udev/control"):
+        subsystems = ["--subsystem-match=usb", "--subsystem-match=apex"]
+        if config.isolate_gpus:
+            subsystems.append("--subsystem-match=drm")
+        steps += [["udevadm", "control", "--reload"], ["udevadm", "trigger", "--action=change", *subsystems]]
+    else:
+        say("udev is not running here: the rules apply when it starts")
+    if os.path.isdir("/run/systemd/system"):
+        steps.append(["systemctl", "daemon-reload"])
+    for argv in steps:
+        say(" ".join(argv))
+        if not dry_run:
+            error = _run_quietly(argv)
+            if error:
+                say(f"  failed: {error}")
+
+
+@dataclass(frozen=True)
+class InstallResult:
+    layout: Layout
+    slurm_conf: str
+    missing_lines: tuple[str, ...]  # what slurm.conf still needs
+    slurm_conf_read: bool
+
+
+def install(layout: Layout, config: Config, slurm_conf: str, dry_run: bool = False, say=print) -> InstallResult:
+    """Put this node's pieces in place (see the module docstring); idempotent."""
+    from ..slurm.parse import parse_slurm_conf_options
+
+    if not dry_run and os.geteuid() != 0:
+        raise SlurmTpuError("slurm-tpu install must run as root: the hooks run as root and must be root's "
+                            "(or add --dry-run to see what it would do)")
+    manifest = Manifest.load(layout) or Manifest(layout)
+    for spec in planned_files(layout, config, os.path.dirname(slurm_conf)):
+        _make_dirs(os.path.dirname(spec.path), manifest, dry_run, say)
+        _install_file(spec, manifest, dry_run, say)
+    if not dry_run:
+        write_if_changed(layout.manifest, manifest.text(), 0o644, backup=False)
+        _settle(layout.manifest, 0o644)
+    reload_services(layout, config, dry_run, say)
+    wanted = slurm_conf_lines(layout, config)
+    try:
+        with open(slurm_conf, encoding="utf-8") as handle:
+            options = parse_slurm_conf_options(handle.read())
+        read = True
+    except OSError:
+        options, read = {}, False
+    return InstallResult(layout, slurm_conf, tuple(missing_slurm_conf_lines(wanted, options)), read)
+
+
+def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=print) -> list[str]:
+    """Undo what the manifest says install did; returns what was left in place (with why)."""
+    if not dry_run and os.geteuid() != 0:
+        raise SlurmTpuError("slurm-tpu uninstall must run as root (or add --dry-run)")
+    manifest = Manifest.load(layout)
+    if manifest is None:
+        raise SlurmTpuError(f"nothing to uninstall: no {layout.manifest} (slurm-tpu install writes it; "
+                            "check --prefix)")
+    kept = []
+    for entry in reversed(list(manifest.files.values())):
+        path, before = entry["path"], entry["before"]
+        if before == "same":
+            continue  # it was there before install: not ours to remove
+        if entry["config"] and not purge:
+            kept.append(f"{path} (the site's config; uninstall --purge removes it)")
+            continue
+        current = read_text(path) if os.path.isfile(path) and not os.path.islink(path) else None
+        if current is not None and _sha256(current) != entry["sha256"] and not entry["config"]:
+            kept.append(f"{path} (changed since slurm-tpu install wrote it; remove it by hand)")
+            continue
+        if before == "absent":
+            say(f"remove {path}")
+            if not dry_run and os.path.lexists(path):
+                os.unlink(path)
+        else:
+            say(f"restore {path} from {before}")
+            if not dry_run:
+                os.replace(before, path)
+    say(f"remove {layout.manifest}")
+    if not dry_run:
+        os.unlink(layout.manifest)
+    for directory in reversed(manifest.dirs):
+        if dry_run:
+            say(f"remove directory {directory} (if empty)")
+            continue
+        try:
+            os.rmdir(directory)
+            say(f"remove directory {directory}")
+        except FileNotFoundError:
+            pass
+        except OSError:
+            kept.append(f"{directory} (not empty)")
+    reload_services(layout, Config(), dry_run, say)
+    return kept
+

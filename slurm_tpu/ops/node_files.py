@@ -1,0 +1,56 @@
+"""The files a node needs besides the package: hook scripts, systemd units, the slurm.conf snippet.
+
+They live at the top of the repository (``prolog/``, ``epilog/``, ``gres_conf/``);
+a wheel carries copies as ``slurm_tpu/node_files/<dir>/`` (see setup.py). This
+module is the one place that knows both locations, and the programs this
+installation of slurm-tpu runs as (the console script, its interpreter, the
+directory the package is imported from).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import SlurmTpuError
+
+NODE_DIRS = ("prolog", "epilog", "gres_conf")
+_PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../slurm_tpu
+
+
+def node_file(directory: str, name: str) -> str:
+    """Path of a shipped file, e.g. ``node_file("prolog", "slurm-tpu-prolog")``.
+
+    The wheel's copy under the package, else (a checkout or an editable install)
+    the repository's own directory.
+    """
+    if directory not in NODE_DIRS:
+        raise ValueError(f"{directory!r} is not one of {NODE_DIRS}")
+    for base in (os.path.join(_PACKAGE, "node_files"), os.path.dirname(_PACKAGE)):
+        candidate = os.path.join(base, directory, name)
+        if os.path.isfile(candidate):
+            return candidate
+    raise SlurmTpuError(f"slurm-tpu's {directory}/{name} is not installed with the package at {_PACKAGE}: "
+                        "reinstall it (pip install --force-reinstall slurm-tpu)")
+
+
+def read_node_file(directory: str, name: str) -> str:
+    """The text of a shipped file."""
+    with open(node_file(directory, name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+def package_root() -> str:
+    """The directory ``slurm_tpu`` is imported from (site-packages, or a checkout)."""
+    return os.path.dirname(_PACKAGE)
+
+
+def interpreter() -> str:
+    """The Python that runs this slurm-tpu: the one whose site-packages hold its dependencies."""
+    return os.path.abspath(sys.executable)
+
+
+def this_program() -> str:
+    """The ``slurm-tpu`` console script beside this interpreter (else how we were started)."""
+    candidate = os.path.join(os.path.dirname(interpreter()), "slurm-tpu")
+    return candidate if os.path.exists(candidate) else os.path.abspath(sys.argv[0])

@@ -1,0 +1,138 @@
+"""install/uninstall/doctor pieces on their own, with this checkout's package (no wheel, no cluster)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO
+from slurm_tpu.config import DEFAULT_PATH
+from slurm_tpu.ops.doctor import state_dir_problems
+from slurm_tpu.ops.install import (HOOK_FILES, Layout, installed_hook_text, missing_slurm_conf_lines,
+                                   slurm_conf_lines)
+from slurm_tpu.slurm.parse import node_line_fields, parse_slurm_conf_options
+
+
+def shipped(directory: str, name: str) -> str:
+    with open(os.path.join(REPO, directory, name), encoding="utf-8") as handle:
+        return handle.read()
+
+
+@pytest.mark.parametrize("config", [DEFAULT_PATH, "/srv/etc/slurm-tpu/config.yaml"])
+@pytest.mark.parametrize("directory,name", [(d, n) for d, n, _ in HOOK_FILES])
+def test_installed_hook_differs_from_the_shipped_one_only_in_marked_lines(directory, name, config):
+    text = shipped(directory, name)
+    installed = installed_hook_text(text, name, "/opt/venv/bin/python", "/opt/venv/lib/site", config)
+    old, new = text.splitlines(), installed.splitlines()
+    if text.startswith("#!/usr/bin/python3"):
+        assert new[0] == "#!/opt/venv/bin/python -IS"
+        assert "_ROOT = '/opt/venv/lib/site'  # set by slurm-tpu install" in new
+        assert [line for line in new if line.startswith("_ROOT")] == ["_ROOT = '/opt/venv/lib/site'  # set by "
+                                                                     "slurm-tpu install"]
+        old, new = old[1:], new[1:]
+    added = [line for line in new if line not in old]
+    assert all(line.endswith("# set by slurm-tpu install") for line in added), added
+    assert [line for line in old if line not in new] in ([], [l for l in old if l.startswith("_ROOT = ")])
+    assert any(config in line for line in added) == (config != DEFAULT_PATH and text.startswith("#!"))
+
+
+def test_a_python_path_that_cannot_be_a_shebang_is_refused():
+    from slurm_tpu.errors import SlurmTpuError
+
+    with pytest.raises(SlurmTpuError, match="#! line"):
+        installed_hook_text(shipped("epilog", "slurm-tpu-epilog"), "slurm-tpu-epilog", "/my venv/bin/python",
+                            "/x", DEFAULT_PATH)
+
+
+def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more():
+    from slurm_tpu.config import Config
+
+    wanted = slurm_conf_lines(Layout("/usr/local"), Config())
+    assert wanted[:4] == ["Prolog=/usr/local/libexec/slurm-tpu/slurm-tpu-prolog",
+                          "Epilog=/usr/local/libexec/slurm-tpu/slurm-tpu-epilog",
+                          "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog",
+                          "HealthCheckProgram=/usr/local/libexec/slurm-tpu/slurm-tpu-health"]
+    text = """
+ClusterName=c   # a comment
+Prolog=/site/prolog,/usr/local/libexec/slurm-tpu/slurm-tpu-prolog
+epilog=/usr/local/libexec/slurm-tpu/slurm-tpu-epilog
+TaskProlog=/opt/slurm-tpu/prolog/slurm-tpu-task-prolog
+HealthCheckProgram=/usr/local/libexec/slurm-tpu/slurm-tpu-health HealthCheckInterval=300
+GresTypes=gpu,mps,tpu
+NodeName=n1 Gres=tpu:edgetpu_usb:1 Prolog=/not/an/option
+Include /etc/slurm/nodes.conf
+"""
+    options = parse_slurm_conf_options(text)
+    assert options["prolog"] == "/site/prolog,/usr/local/libexec/slurm-tpu/slurm-tpu-prolog"
+    assert "include" not in options and "gres" not in options
+    assert missing_slurm_conf_lines(wanted, options) == [
+        "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog", "HealthCheckNodeState=ANY"]
+
+
+def test_node_line_fields_takes_defaults_and_ranges():
+    text = "NodeName=DEFAULT Feature=x CPUs=2\nNodeName=n[1-3] Gres=tpu:edgetpu_usb:1\nNodeName=m1 Gres=gpu:a:1\n"
+    assert node_line_fields(text, "n2") == {"NodeName": "n[1-3]", "Feature": "x", "CPUs": "2",
+                                            "Gres": "tpu:edgetpu_usb:1"}
+    assert node_line_fields(text, "n9") is None
+
+
+def test_state_dir_problems_name_the_directory_and_the_fix(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("the state directory must be root's")
+    state = tmp_path / "state"
+    assert state_dir_problems(str(state)) == [(f"state directory {state} does not exist",
+                                                "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after "
+                                                "a reboot)")]
+    state.mkdir(mode=0o755)
+    (state / "jobs").mkdir(mode=0o755)
+    assert state_dir_problems(str(state)) == []
+    os.chmod(state / "jobs", 0o700)
+    [(problem, fix)] = state_dir_problems(str(state))
+    assert problem == f"{state}/jobs is mode 0700: the task-prolog cannot read it"
+    assert fix == f"chown root:root {state}/jobs && chmod 0755 {state}/jobs"
+    os.chmod(state / "jobs", 0o755)
+    os.rename(state, tmp_path / "real")
+    os.symlink(tmp_path / "real", state)
+    [(problem, _)] = state_dir_problems(str(state))
+    assert "symlink" in problem
+
+
+def slurm_tpu(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "slurm_tpu.cli", *args], capture_output=True, text=True,
+                          timeout=60, cwd="/", env={k: v for k, v in os.environ.items() if k != "SLURM_TPU_CONFIG"})
+
+
+def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("install runs as root")
+    prefix = tmp_path / "p"
+    args = ["--prefix", str(prefix), "--sysconfdir", str(prefix / "etc")]
+    # An identical rules file was there already (an admin ran `slurm-tpu udev-rules --output` before).
+    rules = prefix / "etc" / "udev" / "rules.d" / "60-slurm-tpu.rules"
+    rules.parent.mkdir(parents=True)
+    done = slurm_tpu("udev-rules", "--output", str(rules))
+    assert done.returncode == 0, done.stderr
+    assert slurm_tpu("install", *args, "--slurm-conf", str(tmp_path / "none")).returncode == 0
+    prolog = prefix / "libexec" / "slurm-tpu" / "slurm-tpu-prolog"
+    prolog.write_text(prolog.read_text() + "# a local change\n")
+    done = slurm_tpu("uninstall", *args, "--purge")
+    assert done.returncode == 0, done.stderr
+    assert f"kept {prolog} (changed since slurm-tpu install wrote it; remove it by hand)" in done.stdout
+    assert sorted(os.listdir(prolog.parent)) == ["slurm-tpu-prolog"]
+    assert rules.exists()  # not ours: it was there before
+    assert not (prefix / "etc" / "slurm-tpu").exists() and not (prefix / "etc" / "systemd").exists()
+    done = slurm_tpu("uninstall", *args)
+    assert done.returncode == 2 and "nothing to uninstall" in done.stderr
+
+
+def test_install_refuses_non_root_without_dry_run(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("needs root to run as nobody")
+    done = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-m", "slurm_tpu.cli", "install",
+                           "--prefix", str(tmp_path)], capture_output=True, text=True, timeout=60, cwd="/",
+                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    assert done.returncode == 2, done.stderr
+    assert "slurm-tpu install must run as root" in done.stderr
