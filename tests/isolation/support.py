@@ -94,7 +94,7 @@ def owner(path: str) -> tuple[int, int, int]:
     return info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)
 
 
-# The two Edge TPUs of hardware/n1_two_tpus.umockdev (the one_node_two_tpus fixture).
+# The two Edge TPUs of hardware/n1_two_tpus.umockdev (see one_node_two_tpus).
 USB, PCI = "usb-2-1.3", "pci-0000:03:00.0"
 
 

@@ -17,9 +17,8 @@ import stat
 import subprocess
 
 import pytest
-from support import one_node_two_tpus
 from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, open_as, owner, resume, settle
-from support import PCI, USB, out, udev_event, wait_until
+from support import PCI, USB, one_node_two_tpus, out, udev_event, wait_until
 
 pytestmark = pytest.mark.slurm
 

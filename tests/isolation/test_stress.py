@@ -10,8 +10,7 @@ import os
 import time
 
 import pytest
-from support import one_node_two_tpus
-from support import audit, inventory, leases, no_overlaps, owner, wait_until
+from support import audit, inventory, leases, no_overlaps, one_node_two_tpus, owner, wait_until
 
 pytestmark = pytest.mark.slurm
 

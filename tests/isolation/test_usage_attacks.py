@@ -16,8 +16,8 @@ import stat
 import subprocess
 
 import pytest
-from support import one_node_two_tpus
-from support import PCI, USB, audit, inventory, leases, no_overlaps, out, owner, state_dir, wait_until
+from support import PCI, USB, audit, inventory, leases, no_overlaps, one_node_two_tpus, out, owner, state_dir
+from support import wait_until
 
 from slurm_tpu.usage import BOX_BYTES, BOX_INODES
 
