@@ -205,14 +205,24 @@ def check_udev_rules(node: Node) -> list[Finding]:
 
 
 def _managed_nodes(node: Node) -> list[tuple[str, str]]:
-    """(identity, device node) of the accelerators the udev rules own while idle."""
+    """(identity, device node) of the accelerators the udev rules own while idle.
+
+    A USB stick's node changes on every re-enumeration (firmware load, the
+    epilog's revocation); the hooks' inventory in the state directory follows it
+    (``slurm-tpu udev-event``), so its nodes are preferred over the detected ones.
+    """
+    from .node_state import configured_document
+
+    document = configured_document(node.config) or {}
+    current = {entry.get("identity"): entry.get("device_nodes") or []
+               for entry in document.get("accelerators", []) if isinstance(entry, dict)}
     nodes = []
     for accelerator in node.inventory.usable():
+        paths = current.get(accelerator.identity) or accelerator.device_nodes
         if accelerator.kind == Kind.EDGETPU:
-            nodes += [(accelerator.identity, path) for path in accelerator.device_nodes]
+            nodes += [(accelerator.identity, path) for path in paths]
         elif node.config.isolate_gpus:
-            nodes += [(accelerator.identity, path) for path in accelerator.device_nodes
-                      if os.path.basename(path).startswith("renderD")]
+            nodes += [(accelerator.identity, path) for path in paths if os.path.basename(path).startswith("renderD")]
     return nodes
 
 
