@@ -1,120 +1,173 @@
-"""Per-job accelerator usage records: written by the runner, collected by the epilog.
+"""Per-job accelerator usage records: written by the runner, read by the epilog.
 
-The runner runs as the job's user; the epilog runs as root. They meet in a drop
-directory ``<state_dir>/usage/`` (root-owned, mode 1733 like /tmp without
-listing: anyone may create a file, nobody may list, rename or delete another's).
-The task-prolog exports its path as ``SLURM_TPU_USAGE_DIR``.
+The runner runs as the job's user; the epilog runs as root. They meet in the job's
+own *usage box*: ``<state_dir>/job-usage/<job>``, the root of a tmpfs that the
+prolog mounts for that one job (see :mod:`slurm_tpu.hooks.jobusage`), owned by the
+job's uid, mode 0700, at most :data:`BOX_BYTES` bytes and :data:`BOX_INODES`
+inodes, ``nosuid,nodev,noexec``. So:
 
-The runner creates one file per device and process, ``<job>.<identity>.<pid>``,
-exclusively and without following symlinks. The epilog reads only files of its
-job that are regular, small and owned by the job's uid (opened with O_NOFOLLOW
-relative to the directory), records them in the audit log and deletes them. The
-figures are self-reported by the job, which is fine for accounting: a user can
-only inflate their own numbers.
+- nobody but the job's user (and root) can create, plant or read a name in it;
+- filling it fills only that job's own little filesystem: no other job's prolog,
+  record or lease file shares its space, and the ledger's filesystem is untouched;
+- hard links from elsewhere are impossible (another filesystem);
+- the epilog reads at most one file per device the job leased, of at most
+  :data:`MAX_BYTES`, whatever else the job left there, and unmounting discards it
+  all at once (no per-file deletion, so no flood of names can slow it down).
 
-Stdlib only: the hooks import this.
+The task-prolog exports the box's path as ``SLURM_TPU_USAGE_DIR``. The runner keeps
+one file per device, ``<identity>.json``, holding the job's running totals for it
+(``{"version": 1, "inferences": N, "seconds": S, "energy_j": E|null}``), and adds to
+it read-modify-write when an engine set closes; processes of one job on one device
+are serialised by the runner's device lock, so no update is lost. The figures are
+self-reported by the job, which is fine for accounting: a user can only inflate
+their own numbers, and :func:`checked` bounds them so a forged record can neither
+crash ``slurm-tpu report``/``metrics`` nor dominate a total.
+
+Stdlib only, and no json/re at import time: the epilog imports this.
 """
 
 from __future__ import annotations
 
-import json
 import os
-import re
 import stat
-from dataclasses import asdict, dataclass
 
 USAGE_DIR_ENV = "SLURM_TPU_USAGE_DIR"
-DIR_NAME = "usage"
-MAX_BYTES = 4096
-_NAME = re.compile(r"^(\d+)\.((?:usb|pci|platform)-[A-Za-z0-9:._-]+)\.(\d+)$")
+FORMAT_VERSION = 1
+MAX_BYTES = 4096  # a record is ~100 bytes; anything larger is not ours
+# The box: room for a few dozen records and their temp files, nothing more.
+BOX_BYTES = 64 * 1024
+BOX_INODES = 64
+# Plausibility bounds: a record beyond them is refused whole (a million inferences
+# a second for a year is 3.2e13; a 300 W device for a year is ~1e10 J).
+MAX_INFERENCES = 10**14
+MAX_SECONDS = 10.0**9
+MAX_ENERGY_J = 10.0**12
 
 
-@dataclass(frozen=True)
 class UsageRecord:
-    """What one process did on one device during a job."""
+    """What a job did on one device: inference count, seconds in inference, energy (GPUs)."""
 
-    job_id: int
-    identity: str
-    inferences: int
-    seconds: float  # wall time spent in inference calls
-    energy_j: float | None = None  # NVML energy counter delta (GPUs), when available
+    __slots__ = ("identity", "inferences", "seconds", "energy_j")
+
+    def __init__(self, identity: str, inferences: int, seconds: float, energy_j: float | None = None):
+        self.identity, self.inferences, self.seconds, self.energy_j = identity, inferences, seconds, energy_j
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, UsageRecord) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __repr__(self) -> str:
+        return f"UsageRecord({self.identity!r}, {self.inferences}, {self.seconds}, {self.energy_j})"
 
 
-def write_usage(directory: str, record: UsageRecord) -> str | None:
-    """Create this process's record file; None when the directory refuses it."""
-    name = f"{record.job_id}.{record.identity}.{os.getpid()}"
-    if not _NAME.match(name):
+def checked(inferences: object, seconds: object, energy_j: object = None) -> tuple[int, float, float | None] | None:
+    """The figures as (int, float, float|None) when plausible, else None.
+
+    Plausible: inferences an integer (not a bool) in [0, MAX_INFERENCES]; seconds
+    and energy finite numbers in [0, their bound]; energy may be None. NaN fails
+    every comparison, infinities and 1e400 (parsed as inf) fail the bounds.
+    """
+    if isinstance(inferences, bool) or not isinstance(inferences, int) or not 0 <= inferences <= MAX_INFERENCES:
         return None
-    data = json.dumps(asdict(record)).encode()
-    try:
-        # O_PATH: the 1733 directory grants the job write+search, not read.
-        dir_fd = os.open(directory, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
-    except OSError:
+    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_SECONDS:
         return None
-    try:
-        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=dir_fd)
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(data)
-    except OSError:
-        return None
-    finally:
-        os.close(dir_fd)
-    return os.path.join(directory, name)
+    if energy_j is not None:
+        if isinstance(energy_j, bool) or not isinstance(energy_j, (int, float)) \
+                or not 0 <= energy_j <= MAX_ENERGY_J:
+            return None
+        energy_j = float(energy_j)
+    return inferences, float(seconds), energy_j
 
 
-def _parse(raw: bytes, job_id: int, identity: str) -> UsageRecord | None:
+def record_name(identity: str) -> str | None:
+    """The box file name for a device identity; None for anything that is not a plain identity."""
+    if not identity.startswith(("usb-", "pci-", "platform-")) or len(identity) > 128:
+        return None
+    if not all(c.isalnum() or c in ":._-" for c in identity) or not identity.isascii():
+        return None
+    return identity + ".json"
+
+
+def parse(raw: bytes, identity: str) -> UsageRecord | None:
+    """A record from a box file's bytes; None when it is not a plausible one."""
+    import json  # only here: json imports re, which the epilog should not pay for on every job
+
     try:
         data = json.loads(raw)
-        record = UsageRecord(job_id=job_id, identity=identity, inferences=int(data["inferences"]),
-                             seconds=float(data["seconds"]),
-                             energy_j=None if data.get("energy_j") is None else float(data["energy_j"]))
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, RecursionError):
         return None
-    if record.inferences < 0 or not record.seconds >= 0:
+    if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
         return None
-    return record
+    figures = checked(data.get("inferences"), data.get("seconds"), data.get("energy_j"))
+    return None if figures is None else UsageRecord(identity, *figures)
 
 
-def _read_one(dir_fd: int, name: str, job_id: int, identity: str, uid: int) -> UsageRecord | None:
+def _read(dir_fd: int, name: str, uid: int | None) -> bytes | None:
+    """A small regular file's bytes (owned by ``uid`` when given), never through a link."""
     try:
-        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=dir_fd)
+        fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError:
-        return None  # a symlink (ELOOP) or a race: nothing to read
+        return None  # missing, a symlink (ELOOP), a FIFO without writer...
     try:
         info = os.fstat(fd)
-        if stat.S_ISREG(info.st_mode) and info.st_uid == uid and info.st_size <= MAX_BYTES:
-            return _parse(os.read(fd, MAX_BYTES), job_id, identity)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES or (uid is not None and info.st_uid != uid):
+            return None
+        return os.read(fd, MAX_BYTES + 1)
+    except OSError:
         return None
     finally:
         os.close(fd)
 
 
-def collect_usage(dir_fd: int, job_id: int, uid: int) -> list[UsageRecord]:
-    """Read and delete the job's record files (root side). Bad files are just deleted."""
-    records = []
-    for name in sorted(os.listdir(dir_fd)):
-        match = _NAME.match(name)
-        if not match or int(match.group(1)) != job_id:
-            continue
-        record = _read_one(dir_fd, name, job_id, match.group(2), uid)
-        if record is not None:
-            records.append(record)
-        try:
-            os.unlink(name, dir_fd=dir_fd)  # never follows a link: removes the link itself
-        except OSError:
-            pass
-    return records
+def read_record(box_fd: int, identity: str, uid: int) -> UsageRecord | None:
+    """Root side: the job's record for one of its devices, if it left a plausible one."""
+    name = record_name(identity)
+    if name is None:
+        return None
+    raw = _read(box_fd, name, uid)
+    return None if raw is None or len(raw) > MAX_BYTES else parse(raw, identity)
 
 
-def ensure_usage_dir(state_dir_fd: int) -> int:
-    """Open (creating if needed) the drop directory, root-owned mode 1733; returns its fd."""
+def add_usage(directory: str, identity: str, inferences: int, seconds: float,
+              energy_j: float | None = None) -> bool:
+    """Job side: add figures to the job's totals for ``identity`` in its usage box.
+
+    Returns False (and writes nothing) when the identity or figures are not
+    plausible or the box refuses the write (missing, full, not ours).
+    """
+    name = record_name(identity)
+    if name is None or checked(inferences, seconds, energy_j) is None:
+        return False
     try:
-        os.mkdir(DIR_NAME, 0o1733, dir_fd=state_dir_fd)
-    except FileExistsError:
-        pass
-    fd = os.open(DIR_NAME, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=state_dir_fd)
-    info = os.fstat(fd)
-    if info.st_uid != 0 or stat.S_IMODE(info.st_mode) != 0o1733:
-        os.fchown(fd, 0, 0)
-        os.fchmod(fd, 0o1733)  # mkdir's mode is cut by the umask
-    return fd
+        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        raw = _read(dir_fd, name, os.getuid())
+        before = parse(raw, identity) if raw is not None else None
+        if before is not None:
+            inferences = min(inferences + before.inferences, MAX_INFERENCES)
+            seconds = min(seconds + before.seconds, MAX_SECONDS)
+            if before.energy_j is not None:
+                energy_j = min((energy_j or 0.0) + before.energy_j, MAX_ENERGY_J)
+        import json
+
+        data = json.dumps({"version": FORMAT_VERSION, "inferences": inferences, "seconds": round(seconds, 6),
+                           "energy_j": energy_j}).encode()
+        tmp = f".{name}.{os.getpid()}.tmp"
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
+                         dir_fd=dir_fd)
+            try:
+                os.write(fd, data)
+            finally:
+                os.close(fd)
+            os.rename(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)  # replaces, never follows, a link
+        except OSError:
+            try:
+                os.unlink(tmp, dir_fd=dir_fd)
+            except OSError:
+                pass
+            return False
+        return True
+    finally:
+        os.close(dir_fd)

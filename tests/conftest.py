@@ -20,7 +20,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import USERS, require_slurm, use_test_slurm  # noqa: E402  (after the sys.path insert)
+from helpers import USERS, first_job_id, require_slurm, use_test_slurm  # noqa: E402  (after the sys.path insert)
 
 use_test_slurm()
 
@@ -49,6 +49,7 @@ def cluster_factory():
     def make(nodes, **kwargs):
         base = tempfile.mkdtemp(prefix="slurm-tpu-test-", dir="/tmp")
         os.chmod(base, 0o755)
+        kwargs.setdefault("first_job_id", first_job_id())
         cluster = LocalCluster(base=base, nodes=nodes, **kwargs)
         started.append(cluster)
         cluster.configure()

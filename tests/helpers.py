@@ -86,6 +86,14 @@ def require_slurm() -> None:
     require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run"), "Slurm daemons")
 
 
+def first_job_id() -> int:
+    """A FirstJobId for a test cluster, above the fake ids tests use (<= 999999) and unlike
+    any other cluster's on this machine (see LocalCluster.first_job_id)."""
+    import random
+
+    return random.randrange(1_000_000, 60_000_000, 1000)
+
+
 def merge_umockdev(*files: str | Path) -> str:
     """One umockdev description of several files' devices (a device named twice, such as
     the root hub above two sticks, is kept once: the first file's block)."""

@@ -15,24 +15,23 @@ from ..locks import statedir
 from ..locks.ledger import JOBS
 
 
-def render(leases, settings) -> str:
-    """The export lines for a job's leases (in allocation order)."""
+def render(leases, settings, usage_dir: str | None = None) -> str:
+    """The export lines for a job's leases (in allocation order) and its usage box, if any."""
     devices_var, paths_var, gpus_var, usage_var = settings.env_names
     tpus = [lease.identity for lease in leases if lease.kind != "gpu"]
     gpus = [lease.identity for lease in leases if lease.kind == "gpu"]
     paths = [settings.tpu_paths[identity] for identity in tpus]
     lines = [f"export {devices_var}={','.join(tpus)}", f"export {paths_var}={','.join(paths)}",
-             f"export {gpus_var}={','.join(gpus)}" if gpus else f"unset {gpus_var}"]
-    usage_dir = f"{settings.state_dir}/usage"
-    if os.path.isdir(usage_dir):
-        lines.append(f"export {usage_var}={usage_dir}")
+             f"export {gpus_var}={','.join(gpus)}" if gpus else f"unset {gpus_var}",
+             f"export {usage_var}={usage_dir}" if usage_dir else f"unset {usage_var}"]
     return "\n".join(lines) + "\n"
 
 
-def write(ledger, job_id: int, leases, settings) -> None:
+def write(ledger, job_id: int, leases, settings, usage_dir: str | None = None) -> None:
+    """Write ``jobs/<job>.env`` atomically (raises OSError/StateDirError, e.g. ENOSPC)."""
     fd = statedir.open_dir(JOBS, create=True, parent_fd=ledger.dir_fd)
     try:
-        statedir.write_atomic(fd, f"{job_id}.env", render(leases, settings).encode(), mode=0o644)
+        statedir.write_atomic(fd, f"{job_id}.env", render(leases, settings, usage_dir).encode(), mode=0o644)
     finally:
         os.close(fd)
 

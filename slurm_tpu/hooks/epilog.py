@@ -1,4 +1,4 @@
-"""Epilog (root, on each node at job end): verify, restore idle ownership, drop leases.
+"""Epilog (root, on each node at job end): audit usage, verify, restore idle ownership, drop leases.
 
 Idempotent: a second run, or a run for a job with no lease, changes nothing.
 When a process survives holding a device, or a device vanished during the job,
@@ -27,7 +27,7 @@ def drain(node: str, reason: str, settings, environ) -> bool:
 
 def run(environ) -> int:
     from ..locks.ledger import Ledger
-    from . import envfile, leasing, settings as hook_settings
+    from . import envfile, jobusage, leasing, settings as hook_settings
 
     node = node_from_env(environ)
     settings = hook_settings.load(environ, node, create=False)
@@ -36,8 +36,12 @@ def run(environ) -> int:
         return 0  # never leased anything on this node
     with Ledger(settings.state_dir) as ledger:
         envfile.remove(ledger, job.job_id)
-        if not ledger.of_job(job.job_id):
+        leases = ledger.of_job(job.job_id)
+        if not leases:
             return 0
+        # Usage first, outside the ledger lock: it reads only the job's own box.
+        jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
+        jobusage.discard(ledger, job.job_id)
         problems = leasing.release(ledger, job.job_id, settings)
     if not problems:
         return 0

@@ -280,18 +280,23 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
             ledger.audit("acquire", identity=device.identity, job_id=job.job_id, uid=job.uid,
                          nodes=list(device.device_nodes))
     except BaseException as exc:
-        ledger.lock()
-        try:
-            for lease in taken:
-                restore_idle(settings.devices.get(lease.identity), settings)
-                ledger.drop(lease.identity)
-                ledger.audit("rollback", identity=lease.identity, job_id=job.job_id, uid=job.uid)
-        finally:
-            ledger.unlock()
+        roll_back(ledger, job, taken, settings)
         if isinstance(exc, Exception) and not isinstance(exc, HookError):
             raise HookError(f"job {job.job_id}: {exc}") from exc
         raise
     return taken
+
+
+def roll_back(ledger: Ledger, job: JobContext, leases: list[Lease], settings: HookSettings) -> None:
+    """Undo :func:`acquire` for ``leases``: idle ownership back, then the lease files go."""
+    ledger.lock()
+    try:
+        for lease in leases:
+            restore_idle(settings.devices.get(lease.identity), settings)
+            ledger.drop(lease.identity)
+            ledger.audit("rollback", identity=lease.identity, job_id=job.job_id, uid=job.uid)
+    finally:
+        ledger.unlock()
 
 
 def _current_nodes(ledger: Ledger, device: KnownDevice, lease: Lease) -> KnownDevice:
@@ -353,33 +358,6 @@ def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSet
                         f"{problems[0]}")
 
 
-def record_usage(ledger: Ledger, job_id: int, uid: int) -> None:
-    """Audit the runner's usage records for the job (see slurm_tpu/usage.py), then delete them.
-
-    usage.py is imported only when the job left a record: json/re/dataclasses
-    would cost every other job's epilog several milliseconds.
-    """
-    try:
-        names = os.listdir(f"/proc/self/fd/{ledger.dir_fd}/usage")
-    except OSError:
-        return
-    prefix = f"{job_id}."
-    if not any(name.startswith(prefix) for name in names):
-        return
-    from .. import usage
-
-    try:
-        fd = os.open("usage", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=ledger.dir_fd)
-    except OSError:
-        return
-    try:
-        for record in usage.collect_usage(fd, job_id, uid):
-            ledger.audit("usage", identity=record.identity, job_id=job_id, uid=uid, inferences=record.inferences,
-                         seconds=record.seconds, energy_j=record.energy_j)
-    finally:
-        os.close(fd)
-
-
 def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S) -> list[str]:
     """End the job's leases (see :func:`end_lease`); returns problems that should drain the node.
 
@@ -391,8 +369,7 @@ def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float =
     ledger.lock()
     try:
         leases = ledger.of_job(job_id)
-        if leases:
-            record_usage(ledger, job_id, leases[0].uid)
+        # Usage records are collected by the epilog before this, outside the lock (hooks/jobusage.py).
         for lease in leases:
             problems.extend(end_lease(ledger, lease, settings, "release", wait_s=wait_s))
     finally:

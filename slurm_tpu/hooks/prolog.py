@@ -15,7 +15,7 @@ from .context import HookError, job_from_env, node_from_env, run_guarded
 def run(environ) -> int:
     """The prolog; returns the exit status."""
     from ..locks.ledger import Ledger
-    from . import allocation, envfile, leasing, settings as hook_settings
+    from . import allocation, envfile, jobusage, leasing, settings as hook_settings
 
     node = node_from_env(environ)
     settings = hook_settings.load(environ, node)
@@ -36,7 +36,21 @@ def run(environ) -> int:
     with Ledger(settings.state_dir) as ledger:
         ledger.sweep_temps()
         leases = leasing.acquire(ledger, job, devices, settings)
-        envfile.write(ledger, job.job_id, leases, settings)
+        # Everything after the lease is rolled back with it: a prolog that fails
+        # here must not leave the devices with the job's user. The usage box never
+        # fails (the job then runs unmetered); the env file only on a full or
+        # broken state filesystem, which no user can fill (see jobusage.py).
+        try:
+            usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)
+            envfile.write(ledger, job.job_id, leases, settings, usage_dir)
+        except BaseException as exc:
+            jobusage.discard(ledger, job.job_id)
+            leasing.roll_back(ledger, job, leases, settings)
+            if not isinstance(exc, Exception):
+                raise
+            raise HookError(f"job {job.job_id}: cannot write its environment file in {settings.state_dir}/jobs "
+                            f"({exc}); its devices were given back: free space there (df {settings.state_dir}), "
+                            "then resume the node") from exc
     return 0
 
 

@@ -249,8 +249,6 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     try:
         settings.devices = node_inventory.load(fd)
         settings.env_names = (jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, usage.USAGE_DIR_ENV)
-        if os.geteuid() == 0:
-            os.close(usage.ensure_usage_dir(fd))  # the runner's drop box (see usage.py)
         settings.tpu_paths = edgetpu_paths(settings.devices)
         names = [config.tpu_gres_name] + ([config.gpu_gres_name] if config.isolate_gpus else [])
         settings.index = allocation.gres_index(node, names, environ)

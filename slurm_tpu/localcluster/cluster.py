@@ -53,13 +53,28 @@ def _free_ports(count: int) -> list[int]:
 
 
 def _pid_alive(pid: int) -> bool:
+    """Whether ``pid`` still runs. A daemon we started is our child: once it exits it
+    stays a zombie (which ``kill(pid, 0)`` still reaches) until we reap it, so reap it
+    here. Without this, every stop() waited out its full deadline for daemons that had
+    shut down in milliseconds (slurmd logs "Slurmd shutdown completing" ~50 ms after
+    SIGTERM)."""
+    try:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return False  # it had exited: reaped now
+    except ChildProcessError:
+        pass  # not our child (started by another process, or already reaped)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+        return stat[stat.rfind(b")") + 2:][:1] != b"Z"  # another parent's zombie is gone too
+    except OSError:
+        return False
 
 
 @dataclass
@@ -82,6 +97,10 @@ class LocalCluster:
     partition_extra: Sequence[str] = ()  # e.g. ("LLN=YES",): appended to the one PartitionName line
     # Which Slurm runs the cluster: a prefix (/opt/slurm-25.11), else SLURM_TPU_SLURM_BIN/SBIN, PATH or /usr.
     slurm_prefix: str | None = None
+    # Slurm's FirstJobId. Tests give each cluster its own range: the hooks tell a live job
+    # by its `slurmstepd: [<job>.<step>]` processes, so a stray slurmstepd of another
+    # cluster on the same machine with the same (small) job id would look like ours.
+    first_job_id: int = 1
     # One node whose hooks find their config by themselves (installed by `slurm-tpu install
     # --sysconfdir`, which writes its path into them): the node's config is written to this
     # file and slurm.conf names the hooks directly, as on a real node, not per-node wrappers.
@@ -269,6 +288,7 @@ class LocalCluster:
             "SlurmdTimeout=60",
             "InactiveLimit=0",
             "MessageTimeout=20",
+            f"FirstJobId={self.first_job_id}",
         ]
         if "prolog" in self.hook_paths:
             lines.append(f"Prolog={self.hook_paths['prolog']}")
@@ -294,10 +314,17 @@ class LocalCluster:
 
     def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
         log = open(self.path("log", f"{name}.out"), "ab")
+        # As ``user`` by a plain setgid/setuid in the child, not through runuser: on
+        # SIGTERM runuser (util-linux su-common) passes the signal on, then sleeps 2 s
+        # before it exits, which made every stop() wait for munged.
+        ids = {}
         if user:
-            argv = ["runuser", "-u", user, "--", *argv]
+            import pwd
+
+            entry = pwd.getpwnam(user)
+            ids = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=self.env(), start_new_session=True, close_fds=True)
+                                   env=self.env(), start_new_session=True, close_fds=True, **ids)
         log.close()
         with open(self._pidfile(name), "w", encoding="utf-8") as handle:
             handle.write(str(process.pid))
@@ -420,6 +447,18 @@ class LocalCluster:
                 os.unlink(self._pidfile(name))
             except OSError:
                 pass
+        self._unmount_leftovers()
+
+    def _unmount_leftovers(self) -> None:
+        """Detach mounts under the base (jobs' usage boxes whose epilog never ran)."""
+        prefix = self.base.rstrip("/") + "/"
+        try:
+            with open("/proc/self/mounts", encoding="utf-8") as handle:
+                points = [line.split()[1] for line in handle if len(line.split()) > 1]
+        except OSError:
+            return
+        for point in sorted((p for p in points if p.startswith(prefix)), reverse=True):
+            subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
 
     # ---- driving ---------------------------------------------------------------
     def _run(self, argv: list[str], env: Mapping[str, str] | None = None, user: str | None = None,

@@ -6,13 +6,21 @@ stick's release then follows once it is back), ``release``, ``reclaim``,
 ``clear`` or ``rollback`` closes it;
 ``usage`` (written by the epilog from the runner's records) adds inference
 counts, inference time and energy to the job's lease on that device.
+
+An audit log may hold anything an older version let through (a job's forged
+``inferences: 1e400``, negative energy, NaN): events whose numbers are not
+plausible (:func:`slurm_tpu.usage.checked`) or whose time is not a finite number
+are skipped, so a report can never die of them or be dominated by them.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Iterable, Iterator
+
+from ..usage import checked
 
 CLOSING = ("revoke", "release", "reclaim", "clear", "rollback")
 
@@ -40,14 +48,19 @@ class LeaseRecord:
 
 
 def read_events(lines: Iterable[str]) -> Iterator[dict]:
-    """Audit events; unparseable lines (a torn last line after a crash) are skipped."""
+    """Audit events; unparseable lines (a torn last line after a crash) are skipped, as
+    are events without a finite time (``t``)."""
     for line in lines:
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
-        if isinstance(event, dict) and "event" in event and "t" in event:
+        if isinstance(event, dict) and "event" in event and _finite_time(event.get("t")):
             yield event
+
+
+def _finite_time(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
 
 def lease_records(events: Iterable[dict]) -> list[LeaseRecord]:
@@ -56,24 +69,27 @@ def lease_records(events: Iterable[dict]) -> list[LeaseRecord]:
     done: list[LeaseRecord] = []
     latest: dict[tuple[str, int], LeaseRecord] = {}
     for event in events:
-        try:
-            key = (str(event["identity"]), int(event["job_id"]))
-        except (KeyError, TypeError, ValueError):
-            continue  # events without a job (e.g. a device removal)
+        job_id, uid = event.get("job_id"), event.get("uid", -1)
+        if not isinstance(job_id, int) or not isinstance(uid, int) or "identity" not in event:
+            continue  # events without a job (e.g. a device removal), or not ours
+        key = (str(event["identity"]), job_id)
         kind = event["event"]
         if kind == "acquire":
-            record = LeaseRecord(key[0], key[1], int(event.get("uid", -1)), float(event["t"]))
+            record = LeaseRecord(key[0], key[1], uid, float(event["t"]))
             open_leases[key] = latest[key] = record
         elif kind in CLOSING and key in open_leases:
             record = open_leases.pop(key)
             record.end = float(event["t"])
             done.append(record)
         elif kind == "usage" and key in latest:
+            figures = checked(event.get("inferences"), event.get("seconds"), event.get("energy_j"))
+            if figures is None:
+                continue  # implausible numbers: not counted at all
             record = latest[key]
-            record.inferences += int(event.get("inferences", 0))
-            record.inference_seconds += float(event.get("seconds", 0.0))
-            if event.get("energy_j") is not None:
-                record.energy_j = (record.energy_j or 0.0) + float(event["energy_j"])
+            record.inferences += figures[0]
+            record.inference_seconds += figures[1]
+            if figures[2] is not None:
+                record.energy_j = (record.energy_j or 0.0) + figures[2]
     return sorted(done + list(open_leases.values()), key=lambda r: (r.start, r.identity))
 
 

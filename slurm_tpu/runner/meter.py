@@ -2,7 +2,7 @@
 
 Every engine is wrapped in a :class:`MeteredEngine`, whatever the mode (single
 input, batch, benchmark, segments), so the counts cannot miss a path. On close the
-counts of leased accelerators go to the usage drop directory (see
+counts of leased accelerators are added to the job's usage box (see
 :mod:`slurm_tpu.usage`) when the job has one.
 """
 
@@ -13,7 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
-from ..usage import USAGE_DIR_ENV, UsageRecord, write_usage
+from ..usage import USAGE_DIR_ENV, add_usage
 
 
 class MeteredEngine:
@@ -44,16 +44,17 @@ class MeteredEngine:
 
 
 def report_usage(engines: Sequence[MeteredEngine], environ: Mapping[str, str]) -> int:
-    """Write one usage record per leased device used; returns how many were written."""
-    directory, job = environ.get(USAGE_DIR_ENV), environ.get("SLURM_JOB_ID", "")
-    if not directory or not job.isdigit():
+    """Add this process's counts per leased device used to the job's usage box; how many were written.
+
+    Called while the runner still holds its device locks: that serialises the
+    read-modify-write of each device's record between the job's processes.
+    """
+    directory = environ.get(USAGE_DIR_ENV)
+    if not directory:
         return 0
     totals: dict[str, tuple[int, float]] = {}
     for engine in engines:
         if engine.inferences and engine.identity.startswith(("usb-", "pci-", "platform-")):
             count, seconds = totals.get(engine.identity, (0, 0.0))
             totals[engine.identity] = (count + engine.inferences, seconds + engine.seconds)
-    written = 0
-    for identity, (count, seconds) in totals.items():
-        written += write_usage(directory, UsageRecord(int(job), identity, count, round(seconds, 6))) is not None
-    return written
+    return sum(add_usage(directory, identity, count, seconds) for identity, (count, seconds) in totals.items())

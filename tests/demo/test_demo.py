@@ -168,8 +168,9 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
             assert peak([(s, e) for n, i, _, s, e in leases if (n, i) == (node, identity)]) <= 1
     assert peak([(epoch(r["StartTime"]), epoch(r["EndTime"])) for r in tpu_jobs if r["NodeList"] == "node-usb"]) <= 1
     plain = by_name["classify-cpu"]
-    assert not {int(r["JobId"]) for r in plain} & {lease[2] for lease in leases}  # plain jobs hold no device
-    assert len({r["NodeList"] for r in plain}) >= 3, [r["NodeList"] for r in plain]  # spread over the cluster
+    # Plain jobs hold no device. Where they ran is Slurm's choice, not checked: LLN
+    # spreads them only while they overlap, and CPU jobs this short often do not.
+    assert not {int(r["JobId"]) for r in plain} & {lease[2] for lease in leases}
 
 
 def test_detection_step_over_two_nodes_found_every_scene_once_and_drew_them(demo):
@@ -373,6 +374,17 @@ def test_readme_user_walkthrough_works_as_written(demo, tmp_path):
 
 # -- re-run, refusal, bad input, stop -------------------------------------------------------
 
+def running(pid: int) -> bool:
+    """Whether ``pid`` runs. An exited daemon whose launcher is gone stays a zombie until
+    PID 1 reaps it (here PID 1 may be slow to): it has stopped all the same."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            stat = handle.read()
+    except FileNotFoundError:
+        return False
+    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+
+
 def daemon_pids(layout: Layout) -> dict[str, str]:
     run = Path(layout.path("run"))
     return {p.name: p.read_text() for p in run.glob("*.launcher.pid")}
@@ -406,7 +418,11 @@ def test_refuses_while_a_slurm_it_did_not_create_runs_and_leaves_it_alone(demo, 
     site = subprocess.Popen([shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-f", str(conf)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 30  # up once it says so in its log (and still running then)
+        while "Running as primary controller" not in (read(f"{tmp_path}/ctld.log") if os.path.exists(
+                f"{tmp_path}/ctld.log") else ""):
+            assert site.poll() is None and time.monotonic() < deadline, "the stand-in site slurmctld did not come up"
+            time.sleep(0.1)
         assert site.poll() is None, "the stand-in site slurmctld did not stay up"
         before = daemon_pids(layout)
         done = run_demo("--base", layout.base, "--user", USER)
@@ -450,6 +466,6 @@ def test_stop_stops_every_demo_daemon_and_status_says_so(demo):
     assert run_demo("status", "--base", layout.base).returncode == 0
     done = run_demo("stop", "--base", layout.base)
     assert done.returncode == 0 and "stopped" in done.stdout
-    assert not any(os.path.exists(f"/proc/{pid}") for pid in pids)
+    assert not [pid for pid in pids if running(pid)]
     status = run_demo("status", "--base", layout.base)
     assert status.returncode == 1 and "not running" in status.stdout

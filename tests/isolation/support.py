@@ -34,6 +34,9 @@ def make_cluster(nodes, **kwargs):
     hooks = kwargs.pop("hooks", None) or Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
                                                epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
                                                task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"))
+    from helpers import first_job_id
+
+    kwargs.setdefault("first_job_id", first_job_id())
     cluster = LocalCluster(base=base, nodes=nodes, hooks=hooks, **kwargs)
     try:
         cluster.configure()
@@ -42,6 +45,19 @@ def make_cluster(nodes, **kwargs):
         cluster.stop()
         raise
     return cluster
+
+
+def one_node_two_tpus():
+    """For a module's ``cluster`` fixture (``yield from``): one node, n1, with a USB stick
+    and a PCIe card (hardware/n1_two_tpus.umockdev) and the project's hooks."""
+    require_root_and_slurm()
+    from slurm_tpu.localcluster.cluster import NodeSpec
+
+    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
+    try:
+        yield started
+    finally:
+        finish_cluster(started)
 
 
 def finish_cluster(cluster) -> None:
@@ -76,6 +92,15 @@ def owner(path: str) -> tuple[int, int, int]:
     """(uid, gid, mode) of a node, not following links."""
     info = os.lstat(path)
     return info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)
+
+
+# The two Edge TPUs of hardware/n1_two_tpus.umockdev (see one_node_two_tpus).
+USB, PCI = "usb-2-1.3", "pci-0000:03:00.0"
+
+
+def out(cluster, name: str) -> str:
+    """A file in the cluster's job output directory (mode 1777: every test user writes there)."""
+    return os.path.join(cluster.base, "out", name)
 
 
 def state_dir(cluster, node: str) -> str:

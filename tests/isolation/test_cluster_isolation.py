@@ -146,6 +146,24 @@ echo "$SLURM_JOB_ID $SLURMD_NODENAME ${{SLURM_TPU_DEVICES:--}} $start $(date +%s
 """
 
 
+# A plain job taking a whole node (-c 2 of its 2 CPUs) that waits until all PLAIN of
+# them run at once. Slurm never gives one CPU to two jobs, so PLAIN such jobs running
+# together are on PLAIN different nodes: a spread Slurm guarantees, not one that
+# depends on how fast earlier jobs finished. (If Slurm cannot run them together the
+# jobs time out and fail, and the test says so.)
+PLAIN = 4  # every node, the plain n3 included (its prolog is checked below)
+PLAIN_SEED = """#!/bin/sh
+start=$(date +%s.%N)
+touch {out}/plain-up.$SLURM_JOB_ID
+i=0
+while [ $(ls {out} | grep -c '^plain-up\\.') -lt {count} ]; do
+    i=$((i+1)); [ $i -lt 1200 ] || exit 3
+    sleep 0.1
+done
+echo "$SLURM_JOB_ID $SLURMD_NODENAME ${{SLURM_TPU_DEVICES:--}} $start $(date +%s.%N)" > {out}/seed.$SLURM_JOB_ID
+"""
+
+
 def _intervals(cluster, jobs):
     rows = []
     for job in jobs:
@@ -170,7 +188,8 @@ def test_seed_experiment_one_tpu_serial_two_tpus_pairwise_plain_jobs_spread(clus
            for _ in range(5)]
     two = [cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"], script,
                           user=("stpu_alice", "stpu_bob")[i % 2]) for i in range(5)]
-    plain = [cluster.sbatch(["-o", "/dev/null"], script, user="stpu_bob") for _ in range(6)]
+    plain_script = PLAIN_SEED.format(out=os.path.join(cluster.base, "out"), count=PLAIN)
+    plain = [cluster.sbatch(["-c", "2", "-o", "/dev/null"], plain_script, user="stpu_bob") for _ in range(PLAIN)]
     states = cluster.wait_for_jobs(one + two + plain, timeout=180)
     assert set(states.values()) == {"COMPLETED"}, states
     serial = _intervals(cluster, one)
@@ -181,8 +200,9 @@ def test_seed_experiment_one_tpu_serial_two_tpus_pairwise_plain_jobs_spread(clus
     assert {device for *_, device in pairs} == {"usb-2-1.3", "pci-0000:03:00.0"}
     for device in ("usb-2-1.3", "pci-0000:03:00.0"):
         assert _max_concurrent(pairs, key=lambda row, d=device: row[3] == d) == 1  # never shared
-    plain_nodes = {node for _, _, node, _ in _intervals(cluster, plain)}
-    assert len(plain_nodes) >= 3, plain_nodes  # spread over the cluster meanwhile
+    plain_rows = _intervals(cluster, plain)
+    assert len({node for _, _, node, _ in plain_rows}) == PLAIN  # whole-node jobs, all at once
+    assert {device for *_, device in plain_rows} == {"-"}  # and no device for any of them
     for node in ("n1", "n4"):
         no_overlaps(audit(cluster, node))
         assert leases(cluster, node) == []
@@ -222,31 +242,30 @@ def test_task_prolog_prints_only_the_jobs_own_lines(cluster, users):
     assert mine.returncode == other.returncode == hostile.returncode == 0
 
 
-# What the runner drops (slurm_tpu/usage.py's file name and JSON), written by hand
-# with Debian's python3 so this tests the epilog side alone; the real runner's path
-# is covered end to end by tests/ops/test_usage_cluster.py.
+# What the runner writes (slurm_tpu/usage.py's file name and JSON), written by hand
+# with Debian's python3 so this tests the prolog/epilog side alone; the real runner's
+# path is covered end to end by tests/ops/test_usage_cluster.py.
 USAGE_JOB = """#!/bin/sh
 /usr/bin/python3 -I -c '
 import json, os
-job = int(os.environ["SLURM_JOB_ID"])
-directory = os.open(os.environ["SLURM_TPU_USAGE_DIR"], os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW)
+box = os.environ["SLURM_TPU_USAGE_DIR"]
 for identity in os.environ["SLURM_TPU_DEVICES"].split(","):
-    record = {{"job_id": job, "identity": identity, "inferences": 7, "seconds": 0.25, "energy_j": None}}
-    fd = os.open(f"{{job}}.{{identity}}.{{os.getpid()}}", os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW,
-                 0o644, dir_fd=directory)
-    os.write(fd, json.dumps(record).encode())
-'
+    with open(os.path.join(box, identity + ".json"), "w") as handle:
+        json.dump({{"version": 1, "inferences": 7, "seconds": 0.25, "energy_j": None}}, handle)
+print(os.stat(box).st_uid, oct(os.stat(box).st_mode & 0o7777))
+' > {out}
 """
 
 
 def test_runner_usage_records_reach_the_audit_log(cluster, users):
     job = cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", out(cluster, "usage.err")],
-                         USAGE_JOB.format(), user="stpu_alice")
+                         USAGE_JOB.format(out=out(cluster, "usage.box")), user="stpu_alice")
     assert cluster.wait_for_jobs([job], timeout=60)[job] == "COMPLETED", read(out(cluster, "usage.err"))
+    assert read(out(cluster, "usage.box")).split() == [str(users["stpu_alice"]), "0o700"]  # the job's own box
     usage = [e for e in audit(cluster, "n1") if e["event"] == "usage" and e["job_id"] == job]
     assert len(usage) == 1 and usage[0]["inferences"] == 7 and usage[0]["uid"] == users["stpu_alice"]
-    assert not [n for n in os.listdir(os.path.join(cluster.node_dir("n1"), "state", "usage"))
-                if n.startswith(f"{job}.")]
+    box = os.path.join(cluster.node_dir("n1"), "state", "job-usage", str(job))
+    assert not os.path.lexists(box) and box not in open("/proc/self/mounts").read()  # unmounted, removed
 
 
 def test_two_node_job_gets_one_lease_per_node_and_each_task_its_nodes_device(cluster, users):

@@ -324,7 +324,9 @@ def test_gres_conf_naming_etc_shadow_is_refused(cluster, users, tmp_path):
         assert owner(inventory(cluster, "n1")[PCI][0]) == pci_owner  # the job's lease untouched
     finally:
         assert stop(cluster, "x1", job) == "COMPLETED"
-    assert _fingerprint("/etc/shadow") == shadow
+    # Owner and mode: what a hook could change. Its content and mtime are not ours to pin:
+    # any useradd/userdel on the machine (other test runs create users) rewrites it.
+    assert _fingerprint("/etc/shadow")[:3] == shadow[:3]
     assert_idle_and_consistent(cluster)
 
 

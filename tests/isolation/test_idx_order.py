@@ -18,6 +18,7 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
+    from helpers import first_job_id
     from slurm_tpu.localcluster.cluster import Hooks, LocalCluster, NodeSpec
 
     base = tempfile.mkdtemp(prefix="slurm-tpu-idx-", dir="/tmp")
@@ -27,7 +28,8 @@ def cluster():
     started = LocalCluster(base=base, nodes=[NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))],
                            hooks=Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
                                        epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")))
+                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")),
+                           first_job_id=first_job_id())
     started.configure()
     nodes_conf = started.path("etc", "nodes.conf")
     with open(nodes_conf, encoding="utf-8") as handle:
@@ -47,7 +49,9 @@ def cluster():
 
 def test_typed_request_gets_the_device_of_that_type_despite_reordered_types(cluster, users):
     out = os.path.join(cluster.base, "out")
-    script = f"#!/bin/sh\necho $SLURM_TPU_DEVICES > {out}/$SLURM_JOB_ID.dev\nsleep 1\n"
+    # Each job runs until the test lets it go: the checks below need the USB job still running.
+    script = (f"#!/bin/sh\necho $SLURM_TPU_DEVICES > {out}/$SLURM_JOB_ID.dev\n"
+              f"i=0; while [ ! -e {out}/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n")
     usb_job = cluster.sbatch(["--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], script, user="stpu_alice")
     wait_until(lambda: os.path.exists(f"{out}/{usb_job}.dev"), 60, "the usb job to start")
     detail = cluster.command(["scontrol", "show", "job", "-d", str(usb_job)]).stdout
@@ -55,6 +59,7 @@ def test_typed_request_gets_the_device_of_that_type_despite_reordered_types(clus
     assert owner(inventory(cluster, "n1")["usb-2-1.3"][0])[0] == users["stpu_alice"]
     assert owner(inventory(cluster, "n1")["pci-0000:03:00.0"][0])[0] == 0
     pci_job = cluster.sbatch(["--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"], script, user="stpu_bob")
+    open(f"{out}/go", "w").close()
     assert cluster.wait_for_jobs([usb_job, pci_job], timeout=60) == {usb_job: "COMPLETED", pci_job: "COMPLETED"}
     with open(f"{out}/{usb_job}.dev", encoding="utf-8") as handle:
         assert handle.read().strip() == "usb-2-1.3"

@@ -17,27 +17,16 @@ import stat
 import subprocess
 
 import pytest
-from support import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
 from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, open_as, owner, resume, settle
-from support import udev_event, wait_until
+from support import PCI, USB, one_node_two_tpus, out, udev_event, wait_until
 
 pytestmark = pytest.mark.slurm
 
-USB, PCI = "usb-2-1.3", "pci-0000:03:00.0"
 
 
 @pytest.fixture(scope="module")
 def cluster():
-    require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import NodeSpec
-
-    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
-    yield started
-    finish_cluster(started)
-
-
-def out(cluster, name: str) -> str:
-    return os.path.join(cluster.base, "out", name)
+    yield from one_node_two_tpus()
 
 
 def sys_root(cluster) -> str:

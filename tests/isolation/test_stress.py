@@ -10,8 +10,7 @@ import os
 import time
 
 import pytest
-from support import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
-from support import audit, inventory, leases, no_overlaps, owner
+from support import audit, inventory, leases, no_overlaps, one_node_two_tpus, owner, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -20,15 +19,13 @@ JOBS_PER_USER = 150
 
 @pytest.fixture(scope="module")
 def cluster():
-    require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import NodeSpec
-
-    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
-    yield started
-    finish_cluster(started)
+    yield from one_node_two_tpus()
 
 
-def test_300_jobs_from_two_users_never_share_a_device(cluster, users):
+@pytest.fixture(scope="module")
+def stress_run(cluster, users) -> list[str]:
+    """Run the 300 jobs once per module; their final states. Each test that looks at
+    the run asks for it, so any of them can run alone (`pytest -k report`)."""
     script = "#!/bin/sh\ntest -n \"$SLURM_TPU_DEVICES\"\n"  # fails the job if the env is missing
     for user in ("stpu_alice", "stpu_bob"):
         cluster.sbatch([f"--array=0-{JOBS_PER_USER - 1}", "-w", "n1", "--gres=tpu:1", "-o", "/dev/null",
@@ -41,6 +38,14 @@ def test_300_jobs_from_two_users_never_share_a_device(cluster, users):
         if len(states) >= 2 * JOBS_PER_USER and all(s in final for s in states):
             break
         time.sleep(1)
+    # A job is over for Slurm once its epilog ran; a USB stick's lease ends only when the
+    # stick is back from its revocation (udev), moments later: wait for that event.
+    wait_until(lambda: leases(cluster, "n1") == [], 60, "the last leases to end")
+    return states
+
+
+def test_300_jobs_from_two_users_never_share_a_device(cluster, users, stress_run):
+    states = stress_run
     assert states.count("COMPLETED") == 2 * JOBS_PER_USER, {s: states.count(s) for s in set(states)}
     records = audit(cluster, "n1")
     per_device = no_overlaps(records)
@@ -56,13 +61,12 @@ def test_300_jobs_from_two_users_never_share_a_device(cluster, users):
     assert cluster.node_states()["n1"] in ("IDLE", "IDLE+PLANNED")
 
 
-def test_report_totals_match_the_audit_log(cluster, users):
+def test_report_totals_match_the_audit_log(cluster, users, stress_run):
     """slurm-tpu report on the stress run agrees with sums taken straight from the audit log."""
     import json
     import subprocess
 
     records = audit(cluster, "n1")
-    assert records, "the stress test above must have run first"
     started: dict[tuple[str, int], dict] = {}
     expected: dict[str, dict] = {}
     for event in records:

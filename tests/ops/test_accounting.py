@@ -49,6 +49,31 @@ def test_period_clips_lease_time():
     assert list(late) == ["4"]
 
 
+def test_absurd_numbers_already_in_an_audit_log_are_skipped_not_fatal():
+    """What an older version let a job write: 1e400 (parsed as inf), huge ints, NaN, negatives."""
+    forged = ['{"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 1001, "inferences": 1e400, '
+              '"seconds": 1, "t": 109.5}',
+              '{"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 1001, "inferences": '
+              + "1" + "0" * 400 + ', "seconds": 1, "t": 109.5}',
+              '{"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 1001, "inferences": 5, '
+              '"seconds": NaN, "t": 109.5}',
+              '{"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 1001, "inferences": 5, '
+              '"seconds": 1, "energy_j": -1e9, "t": 109.5}',
+              '{"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 1001, "inferences": -5, '
+              '"seconds": 1, "t": 109.5}',
+              '{"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 1001, "inferences": "5", '
+              '"seconds": 1, "t": 109.5}',
+              '{"event": "acquire", "identity": "usb-9-9", "job_id": 9, "uid": 1001, "t": Infinity}',
+              '{"event": "acquire", "identity": "usb-9-9", "job_id": "x", "uid": 1001, "t": 1}',
+              '{"event": "acquire", "identity": "usb-9-9", "job_id": 9, "uid": 1001, "t": NaN}']
+    found = lease_records(read_events([json.dumps(e) for e in LINES[:4]] + forged))
+    assert [(r.identity, r.job_id, r.inferences, r.inference_seconds, r.energy_j) for r in found] == \
+        [("usb-1-1", 1, 40, 0.6, None), ("usb-1-2", 2, 0, 0.0, None)]
+    totals = summarize(found, "user", None, None, now=130.0, user_name=str)
+    assert totals["1001"].to_json()["inferences"] == 40
+    json.dumps({k: t.to_json() for k, t in totals.items()}, allow_nan=False)  # strict JSON out
+
+
 def test_a_revoked_usb_lease_ends_at_its_revocation_not_when_the_stick_is_back():
     events = [{"event": "acquire", "identity": "usb-1-1", "job_id": 7, "uid": 1001, "t": 200.0},
               {"event": "revoke", "identity": "usb-1-1", "job_id": 7, "uid": 1001, "devnum": 5, "t": 204.0},

@@ -17,7 +17,7 @@ import pytest
 from helpers import HARDWARE, run_cli
 from slurm_tpu.localcluster import NodeSpec
 from slurm_tpu.localcluster.cluster import Hooks
-from slurm_tpu.slurm.parse import parse_node_state
+from slurm_tpu.slurm.parse import parse_key_values, parse_node_state
 
 pytestmark = pytest.mark.slurm
 INTERVAL = 3
@@ -60,6 +60,11 @@ def plug(cluster, node: str, umockdev_file) -> None:
         shutil.copytree(extra, target)
 
 
+def job_reason(cluster, job: int) -> str:
+    out = cluster.command(["scontrol", "-o", "show", "job", str(job)], check=False).stdout
+    return parse_key_values(out).get("Reason", "")
+
+
 def state(cluster, node: str) -> dict:
     return dict(parse_node_state(cluster.show_node(node)))
 
@@ -80,14 +85,35 @@ def drained(s: dict) -> bool:
     return "DRAIN" in s["state"]
 
 
+def health_runs(cluster, node: str) -> int:
+    """How many health checks have finished on ``node``: each prints one line, `<node>: ...`."""
+    try:
+        with open(os.path.join(cluster.node_dir(node), "health.log"), encoding="utf-8") as handle:
+            return sum(1 for line in handle if line.startswith(f"{node}: "))
+    except FileNotFoundError:
+        return 0
+
+
+def after_two_health_runs(cluster, node: str, timeout: float = 4 * INTERVAL + 10) -> dict:
+    """The node's state once two more health checks have finished there.
+
+    slurmd runs one check at a time, so the second to finish after this call began
+    after it: whatever that check decided is in the state returned. This is how a
+    test sees "the health check left this alone" without sleeping and hoping a check ran.
+    """
+    wanted = health_runs(cluster, node) + 2
+    return wait_for(cluster, node, lambda s: health_runs(cluster, node) >= wanted,
+                    f"two health checks (log lines '{node}: ...')", timeout)
+
+
 def test_unplug_drains_and_replug_resumes(cluster):
     assert not drained(state(cluster, "n1"))
     plug(cluster, "n1", HARDWARE / "empty_node.umockdev")
     s = wait_for(cluster, "n1", drained, "drain after unplug")
     assert s["reason"] == "slurm-tpu: usb-2-1.3 missing"
-    # While drained, a TPU job for n1 is not started.
+    # While drained, a TPU job for n1 is not started: Slurm has looked at it and says why.
     job = cluster.sbatch(["--gres=tpu:1", "-w", "n1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n")
-    time.sleep(INTERVAL)
+    wait_for(cluster, "n1", lambda s: "ReqNodeNotAvail" in job_reason(cluster, job), f"job {job} held back")
     assert cluster.job_state(job) == "PENDING"
     plug(cluster, "n1", HARDWARE / "usb_stick_after.umockdev")
     wait_for(cluster, "n1", lambda s: not drained(s), "resume after replug")
@@ -98,14 +124,12 @@ def test_admin_drain_is_left_alone(cluster):
     cluster.command(["scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=disk maintenance"])
     try:
         # n3 has no accelerator, so health would find it healthy: it must not resume.
-        time.sleep(2 * INTERVAL + 2)
-        s = state(cluster, "n3")
+        s = after_two_health_runs(cluster, "n3")
         assert drained(s) and s["reason"] == "disk maintenance"
         # Same for a node with a real problem: the admin's reason is kept.
         cluster.command(["scontrol", "update", "NodeName=n1", "State=DRAIN", "Reason=bios update"])
         plug(cluster, "n1", HARDWARE / "empty_node.umockdev")
-        time.sleep(2 * INTERVAL + 2)
-        s = state(cluster, "n1")
+        s = after_two_health_runs(cluster, "n1")
         assert drained(s) and s["reason"] == "bios update"
     finally:
         plug(cluster, "n1", HARDWARE / "usb_stick_after.umockdev")
@@ -114,19 +138,19 @@ def test_admin_drain_is_left_alone(cluster):
 
 
 def test_reenumeration_during_a_job_causes_no_drain_and_no_config_change(cluster):
-    job = cluster.sbatch(["--gres=tpu:1", "-w", "n1", "-o", "/dev/null"], "#!/bin/sh\nsleep 15\n")
-    deadline = time.monotonic() + 30
-    while cluster.job_state(job) != "RUNNING" and time.monotonic() < deadline:
-        time.sleep(0.3)
-    assert cluster.job_state(job) == "RUNNING"
+    stop = cluster.path("reenumeration.stop")
+    job = cluster.sbatch(["--gres=tpu:1", "-w", "n1", "-o", "/dev/null"],
+                         f"#!/bin/sh\ni=0\nwhile [ ! -e {stop} ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done\n")
+    wait_for(cluster, "n1", lambda s: cluster.job_state(job) == "RUNNING", f"job {job} to run", 30)
     # Firmware reload / port reset: same port, the other USB id, a new devnum.
     plug(cluster, "n1", HARDWARE / "usb_stick_before.umockdev")
-    time.sleep(2 * INTERVAL + 2)
-    assert not drained(state(cluster, "n1"))
+    assert not drained(after_two_health_runs(cluster, "n1"))
+    assert cluster.job_state(job) == "RUNNING"  # the checks above ran during the job
     check = run_cli(["gres-conf", "--check", "--output", cluster.gres_conf], "usb_stick_before",
                     env={"SLURM_TPU_CONFIG": cluster.node_config("n1")})
     assert check.returncode == 0, check.stderr
     plug(cluster, "n1", HARDWARE / "usb_stick_after.umockdev")
+    open(stop, "w").close()
     assert cluster.wait_for_jobs([job], timeout=60) == {job: "COMPLETED"}
 
 

@@ -137,3 +137,25 @@ def test_report_from_the_audit_log(node_state):
     assert table.splitlines()[0].split() == ["JOB", "JOBS", "LEASE", "TIME", "INFERENCES", "MEAN", "LATENCY"]
     bad = run_cli(["--config", str(node_state), "report", "--since", "yesterday"])
     assert bad.returncode == 2 and "neither a date" in bad.stderr
+
+
+def test_absurd_usage_in_the_audit_log_changes_nothing_in_report_and_metrics(node_state):
+    """A record an older epilog accepted (1e400, a 400-digit count, negative energy, NaN)."""
+    state = node_state.read_text().split("state_dir: ")[1].split("\n")[0]
+    forged = ['{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": 1e400, '
+              '"seconds": 1, "t": 1011.0}',
+              '{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": '
+              + "9" * 400 + ', "seconds": 1, "t": 1011.0}',
+              '{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": 1, '
+              '"seconds": NaN, "energy_j": -5, "t": 1011.0}']
+    log = os.path.join(state, "audit.log")
+    lines = open(log).read().splitlines(keepends=True)
+    with open(log, "w") as handle:  # forged lines inside job 70's lease, before its release
+        handle.writelines(lines[:2] + [line + "\n" for line in forged] + lines[2:])
+    report = run_cli(["--config", str(node_state), "report", "--by", "device", "--json"])
+    assert report.returncode == 0, report.stderr
+    assert json.loads(report.stdout)["usb-2-1"]["inferences"] == 250
+    assert run_cli(["--config", str(node_state), "report"]).returncode == 0
+    metrics = run_cli(["--config", str(node_state), "metrics"], "big_node")
+    assert metrics.returncode == 0, metrics.stderr
+    assert samples(metrics.stdout)[("slurm_tpu_device_inferences_total", "usb-2-1")] == 250

@@ -1,6 +1,6 @@
 """Accounting end to end: a job's real `slurm-tpu infer` on its leased TPU shows up in `report`.
 
-runner (job user) -> usage record in the drop directory -> epilog (root) -> audit log
+runner (job user) -> usage record in the job's usage box -> epilog (root) -> audit log
 -> `slurm-tpu report` and `slurm-tpu metrics`.
 """
 

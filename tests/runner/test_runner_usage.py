@@ -1,67 +1,106 @@
-"""Usage metering: the runner reports inferences per leased device; root collects safely."""
+"""Usage metering: the runner adds its counts to the job's usage box; root reads them safely.
+
+The box itself (a per-job tmpfs mounted by the prolog) is exercised on the real
+cluster in tests/isolation/test_usage_attacks.py; here it is a private directory.
+"""
 
 from __future__ import annotations
 
 import json
+import math
 import os
-import stat
 
 import pytest
 
 from runner_support import run_cli
-from slurm_tpu.usage import UsageRecord, collect_usage, ensure_usage_dir, write_usage
-
+from slurm_tpu.usage import MAX_BYTES, MAX_INFERENCES, UsageRecord, add_usage, checked, read_record
 
 
 @pytest.fixture
-def drop_dir(tmp_path):
-    state = tmp_path / "state"
-    state.mkdir(mode=0o755)
-    fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
-    usage_fd = ensure_usage_dir(fd)
+def box(tmp_path):
+    path = tmp_path / "box"
+    path.mkdir(mode=0o700)
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    yield path, fd
     os.close(fd)
-    yield state / "usage", usage_fd
-    os.close(usage_fd)
 
 
-def test_drop_directory_is_sticky_and_unlistable(drop_dir):
-    path, _ = drop_dir
-    info = os.stat(path)
-    assert stat.S_IMODE(info.st_mode) == 0o1733 and info.st_uid == 0
-
-
-def test_runner_reports_inferences_on_the_leased_tpu(models, tpu_env, drop_dir):
-    path, fd = drop_dir
+def test_runner_adds_its_inferences_to_the_jobs_record_for_the_leased_tpu(models, tpu_env, box):
+    path, fd = box
     env = dict(tpu_env, SLURM_TPU_USAGE_DIR=str(path), SLURM_JOB_ID="4242")
+    for count in ("5", "3"):  # two processes of one job, one after the other on one TPU
+        r = run_cli(["infer", models["classifier"], models["images"] / "img_00001.png", "-c", count], env)
+        assert r.returncode == 0, r.stderr
+    record = read_record(fd, "usb-2-1.4", os.getuid())
+    assert record.inferences == 8 and record.seconds > 0 and record.energy_j is None
+    assert os.listdir(path) == ["usb-2-1.4.json"]  # one file per device, no temp files left
 
 
-    r = run_cli(["infer", models["classifier"], models["images"] / "img_00001.png", "-c", "5"], env)
-    assert r.returncode == 0, r.stderr
-    (record,) = collect_usage(fd, 4242, os.getuid())
-    assert record.identity == "usb-2-1.4" and record.inferences == 5 and record.seconds > 0
-    assert os.listdir(path) == []  # collected files are removed
-
-
-def test_cpu_runs_and_jobs_without_a_drop_directory_report_nothing(models, clean_env, drop_dir):
-    path, _ = drop_dir
-
-
+def test_cpu_runs_report_nothing(models, clean_env, box):
+    path, _ = box
     env = dict(clean_env, SLURM_TPU_USAGE_DIR=str(path), SLURM_JOB_ID="7")
     assert run_cli(["infer", models["classifier"], models["images"] / "img_00001.png"], env).returncode == 0
     assert os.listdir(path) == []
 
 
-def test_collector_ignores_other_jobs_other_owners_symlinks_and_garbage(drop_dir, tmp_path):
-    path, fd = drop_dir
-    good = UsageRecord(9, "usb-1-1", 3, 0.5)
-    assert write_usage(str(path), good)
-    (path / "9.usb-1-2.111").write_text(json.dumps({"inferences": 1, "seconds": 1.0}))
-    os.chown(path / "9.usb-1-2.111", 12345, 12345)  # someone else's file for job 9
+def test_a_job_without_a_box_runs_and_reports_nothing(models, tpu_env, tmp_path):
+    env = dict(tpu_env, SLURM_TPU_USAGE_DIR=str(tmp_path / "missing"))
+    assert run_cli(["infer", models["classifier"], models["images"] / "img_00001.png"], env).returncode == 0
+    assert not (tmp_path / "missing").exists()
+
+
+@pytest.mark.parametrize("figures", [
+    (1, 0.5, None), (0, 0.0, 0.0), (MAX_INFERENCES, 1e9, 1e12), (3, 2, 7),
+])
+def test_plausible_figures_pass(figures):
+    assert checked(*figures) == (figures[0], float(figures[1]), None if figures[2] is None else float(figures[2]))
+
+
+@pytest.mark.parametrize("figures", [
+    (-1, 0.5, None), (1, -0.5, None), (1, 0.5, -3.0), (1.0, 0.5, None), (True, 0.5, None), (1, True, None),
+    (MAX_INFERENCES + 1, 0.5, None), (10**400, 0.5, None), (1, math.inf, None), (1, math.nan, None),
+    (1, 0.5, math.nan), (1, 0.5, math.inf), ("5", 0.5, None), (None, 0.5, None), (1, "0.5", None),
+])
+def test_absurd_figures_are_refused(figures):
+    assert checked(*figures) is None
+
+
+def _write(path, name: str, text: str | bytes) -> None:
+    (path / name).write_bytes(text.encode() if isinstance(text, str) else text)
+
+
+def test_root_reads_only_plausible_regular_files_of_the_jobs_uid(box, tmp_path):
+    path, fd = box
+    uid = os.getuid()
+    good = {"version": 1, "inferences": 3, "seconds": 0.5, "energy_j": None}
+    _write(path, "usb-1-1.json", json.dumps(good))
+    assert read_record(fd, "usb-1-1", uid) == UsageRecord("usb-1-1", 3, 0.5)
+    assert read_record(fd, "usb-1-1", uid + 1) is None  # not the job's user's file
+    absurd = ['{"version": 1, "inferences": 1e400, "seconds": 1}', '{"version": 1, "inferences": 1, "seconds": 1e400}',
+              '{"version": 1, "inferences": 1, "seconds": NaN}', '{"version": 1, "inferences": -4, "seconds": 1}',
+              '{"version": 1, "inferences": 1, "seconds": 1, "energy_j": -2.5}',
+              '{"version": 1, "inferences": ' + "9" * 5000 + ', "seconds": 1}',
+              '{"version": 2, "inferences": 1, "seconds": 1}', '[1, 2]', "not json", "[" * 100000]
+    for i, text in enumerate(absurd):
+        _write(path, f"usb-2-{i}.json", text)
+        assert read_record(fd, f"usb-2-{i}", uid) is None, text
+    _write(path, "usb-3-1.json", json.dumps(good).encode() + b" " * MAX_BYTES)  # too big to be ours
+    assert read_record(fd, "usb-3-1", uid) is None
     secret = tmp_path / "secret"
-    secret.write_text('{"inferences": 99, "seconds": 9}')
-    os.symlink(secret, path / "9.usb-1-3.222")  # a link planted to make root read elsewhere
-    (path / "9.usb-1-4.333").write_text("not json")
-    (path / "10.usb-1-1.444").write_text(json.dumps({"inferences": 7, "seconds": 1.0}))
-    assert collect_usage(fd, 9, os.getuid()) == [good]
-    assert sorted(os.listdir(path)) == ["10.usb-1-1.444"]  # job 9's files are gone, job 10's kept
-    assert secret.read_text() == '{"inferences": 99, "seconds": 9}'
+    secret.write_text(json.dumps(good))
+    os.symlink(secret, path / "usb-3-2.json")  # a link planted to make root read elsewhere
+    assert read_record(fd, "usb-3-2", uid) is None
+    os.mkfifo(path / "usb-3-3.json")  # would block a reader without O_NONBLOCK
+    assert read_record(fd, "usb-3-3", uid) is None
+    assert read_record(fd, "../box/usb-1-1", uid) is None  # only plain identities name a file
+
+
+def test_runner_side_refuses_absurd_figures_and_replaces_a_garbage_record(box):
+    path, fd = box
+    assert not add_usage(str(path), "usb-1-1", -1, 0.5)
+    assert not add_usage(str(path), "usb-1-1", 1, math.inf)
+    assert not add_usage(str(path), "../../etc/x", 1, 0.5)
+    _write(path, "usb-1-1.json", "garbage")
+    assert add_usage(str(path), "usb-1-1", 2, 0.25)
+    assert add_usage(str(path), "usb-1-1", MAX_INFERENCES, 0.25)  # totals saturate at the bound
+    assert read_record(fd, "usb-1-1", os.getuid()) == UsageRecord("usb-1-1", MAX_INFERENCES, 0.5)

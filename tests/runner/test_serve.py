@@ -26,7 +26,7 @@ from slurm_tpu.runner import Runner
 from slurm_tpu.runner.serve import auth
 from slurm_tpu.runner.serve.app import Limits
 from slurm_tpu.runner.serve.devicequeue import DeviceQueue, Overloaded
-from slurm_tpu.usage import collect_usage, ensure_usage_dir
+from slurm_tpu.usage import read_record
 
 
 @pytest.fixture(scope="module")
@@ -369,11 +369,9 @@ def test_connections_beyond_the_cap_get_503(models, clean_env):
 # -- graceful stop ------------------------------------------------------------------------
 
 def test_stop_finishes_requests_in_flight_refuses_new_ones_and_writes_usage(models, tpu_process, tmp_path):
-    state = tmp_path / "state"
-    state.mkdir()
-    state_fd = os.open(state, os.O_RDONLY | os.O_DIRECTORY)
-    usage_fd = ensure_usage_dir(state_fd)
-    env = dict(tpu_process, SLURM_TPU_USAGE_DIR=str(state / "usage"), SLURM_JOB_ID="4343")
+    box = tmp_path / "box"  # the job's usage box (a private tmpfs in a real job)
+    box.mkdir(mode=0o700)
+    env = dict(tpu_process, SLURM_TPU_USAGE_DIR=str(box), SLURM_JOB_ID="4343")
     gated: list[GatedEngine] = []
 
     def wrap(engine):
@@ -399,10 +397,10 @@ def test_stop_finishes_requests_in_flight_refuses_new_ones_and_writes_usage(mode
     stopper.join(30)
     assert answers[0][0] == 200 and answers[0][1]["classes"][0]["index"] == 3
     assert stopped == [True]
-    (record,) = collect_usage(usage_fd, 4343, os.getuid())
-    assert record.identity == "usb-2-1.4" and record.inferences == 1
-    os.close(usage_fd)
-    os.close(state_fd)
+    box_fd = os.open(box, os.O_RDONLY | os.O_DIRECTORY)
+    record = read_record(box_fd, "usb-2-1.4", os.getuid())
+    os.close(box_fd)
+    assert record is not None and record.inferences == 1
 
 
 # -- the address file -----------------------------------------------------------------------

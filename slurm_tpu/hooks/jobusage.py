@@ -1,0 +1,146 @@
+"""The job's usage box: a private tmpfs per job for the runner's usage records.
+
+``<state_dir>/job-usage/`` is root-owned (0755) and holds only mount points, one
+per job that leased devices here, named by job id. The prolog mounts a tmpfs on
+the job's one (owner the job's uid, mode 0700, size and inode count bounded, see
+:mod:`slurm_tpu.usage`); the epilog reads one record per leased device from it,
+outside the ledger lock, and unmounts it (lazily: a process still inside cannot
+hold the epilog up). Nothing a user writes lands on the ledger's filesystem, and
+no user can create a name anywhere but in their own job's box.
+
+The box is a convenience, never a reason to fail: if it cannot be made (mount
+refused, e.g. in a container without CAP_SYS_ADMIN), the job runs without usage
+accounting and the audit log says why once per job.
+"""
+
+from __future__ import annotations
+
+import os
+
+from ..locks import statedir
+
+BOX_DIR = "job-usage"
+# <sys/mount.h>
+_MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 2, 4, 8
+_MNT_DETACH, _UMOUNT_NOFOLLOW = 2, 8
+
+
+def _libc():
+    import ctypes  # only on jobs with leases: ~2 ms
+
+    return ctypes, ctypes.CDLL(None, use_errno=True)
+
+
+def _mount_box(target: str, uid: int) -> None:
+    from ..usage import BOX_BYTES, BOX_INODES
+
+    ctypes, libc = _libc()
+    options = f"size={BOX_BYTES},nr_inodes={BOX_INODES},mode=0700,uid={uid},gid=0".encode()
+    if libc.mount(b"slurm-tpu-usage", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
+                  options) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), target)
+
+
+def _unmount(target: str) -> None:
+    """Detach whatever is mounted at ``target`` (no error if nothing is)."""
+    _, libc = _libc()
+    libc.umount2(target.encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW)
+
+
+def _open_parent(ledger, create: bool) -> int | None:
+    try:
+        return statedir.open_dir(BOX_DIR, create=create, parent_fd=ledger.dir_fd)
+    except statedir.StateDirError:
+        return None
+
+
+def _discard(parent_fd: int, name: str) -> None:
+    target = f"/proc/self/fd/{parent_fd}/{name}"
+    try:
+        os.lstat(target)
+    except OSError:
+        return
+    _unmount(target)
+    try:
+        os.rmdir(name, dir_fd=parent_fd)
+    except OSError:
+        pass  # not empty: not a box we made (left for the admin, never followed)
+
+
+def prepare(ledger, job_id: int, uid: int) -> str | None:
+    """Mount the job's usage box; its path, or None when there is none (the job runs unmetered).
+
+    Also removes boxes of jobs that no longer hold a lease here (an epilog that
+    never ran). Never raises for an OSError: the box must not fail the prolog.
+    """
+    parent = _open_parent(ledger, create=True)
+    if parent is None:
+        ledger.audit("usage-unavailable", job_id=job_id, uid=uid, reason=f"{BOX_DIR} is unusable")
+        return None
+    name = str(job_id)
+    try:
+        # List before reading the leases: a box listed here was made after its job's
+        # lease was taken (and is removed before it is dropped), so it is seen leased.
+        entries = os.listdir(parent)
+        leased = {lease.job_id for lease in ledger.all()}
+        for entry in entries:
+            if entry == name or (entry.isdigit() and int(entry) not in leased):
+                _discard(parent, entry)  # ours: left by an earlier run of this job id (requeue)
+        os.mkdir(name, 0o700, dir_fd=parent)
+        try:
+            _mount_box(f"/proc/self/fd/{parent}/{name}", uid)
+        except OSError:
+            os.rmdir(name, dir_fd=parent)
+            raise
+        return f"{ledger.state_dir}/{BOX_DIR}/{name}"
+    except OSError as exc:
+        ledger.audit("usage-unavailable", job_id=job_id, uid=uid, reason=exc.strerror or str(exc))
+        return None
+    finally:
+        os.close(parent)
+
+
+def collect(ledger, job_id: int, uid: int, identities) -> int:
+    """Audit the job's usage record for each of its devices; how many there were.
+
+    Reads only ``<identity>.json`` for the devices the job leased (so at most one
+    small file per device, whatever the job left), only from the job's own box
+    (a mount owned by its uid). Needs no lock: the audit append is atomic.
+    """
+    parent = _open_parent(ledger, create=False)
+    if parent is None:
+        return 0
+    found = 0
+    try:
+        box = os.open(str(job_id), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        os.close(parent)
+        return 0
+    try:
+        info = os.fstat(box)
+        if info.st_uid != uid or info.st_dev == os.fstat(parent).st_dev:
+            return 0  # not the job's own mounted box
+        from ..usage import read_record
+
+        for identity in identities:
+            record = read_record(box, identity, uid)
+            if record is not None:
+                ledger.audit("usage", identity=identity, job_id=job_id, uid=uid, inferences=record.inferences,
+                             seconds=record.seconds, energy_j=record.energy_j)
+                found += 1
+    finally:
+        os.close(box)
+        os.close(parent)
+    return found
+
+
+def discard(ledger, job_id: int) -> None:
+    """Unmount and remove the job's usage box, if it has one."""
+    parent = _open_parent(ledger, create=False)
+    if parent is None:
+        return
+    try:
+        _discard(parent, str(job_id))
+    finally:
+        os.close(parent)
