@@ -263,10 +263,12 @@ def check_udev_loaded(node: Node) -> list[Finding]:
 def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     """(problem, fix) for the hooks' state directory; the one place that knows its layout.
 
-    The hooks refuse a state directory (or leases/, jobs/) that is not root's or is
-    group/world-writable (``statedir.open_dir``); the task-prolog, running as the
-    job's user, must be able to pass through it and jobs/ to read its env file.
+    The hooks refuse a state directory (or leases/, jobs/, job-usage/) that is not
+    root's or is group/world-writable (``statedir.open_dir``); the task-prolog and the
+    runner, running as the job's user, must be able to pass through it, jobs/ (to
+    read the env file) and job-usage/ (to reach the job's own usage box).
     """
+    from ..hooks.jobusage import BOX_DIR
     from ..locks import statedir
 
     fix = "chown root:root {0} && chmod 0755 {0}"
@@ -282,7 +284,7 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
         if not os.fstat(fd).st_mode & 0o001:
             problems.append((f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) "
                              "cannot reach jobs/", fix.format(state_dir)))
-        for name, traversable in (("leases", False), ("jobs", True)):
+        for name, traversable in (("leases", False), ("jobs", True), (BOX_DIR, True)):
             path = os.path.join(state_dir, name)
             if not os.path.lexists(path):
                 continue

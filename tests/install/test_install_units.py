@@ -94,6 +94,13 @@ def test_state_dir_problems_name_the_directory_and_the_fix(tmp_path):
     assert problem == f"{state}/jobs is mode 0700: the task-prolog cannot read it"
     assert fix == f"chown root:root {state}/jobs && chmod 0755 {state}/jobs"
     os.chmod(state / "jobs", 0o755)
+    (state / "job-usage").mkdir(mode=0o755)
+    os.chmod(state / "job-usage", 0o777)  # a world-writable box parent: anyone could plant a job's box
+    [(problem, fix)] = state_dir_problems(str(state))
+    assert f"{state}/job-usage" in problem and "writable" in problem
+    assert fix == f"chown root:root {state}/job-usage && chmod 0755 {state}/job-usage"
+    os.chmod(state / "job-usage", 0o755)
+    assert state_dir_problems(str(state)) == []
     os.rename(state, tmp_path / "real")
     os.symlink(tmp_path / "real", state)
     [(problem, _)] = state_dir_problems(str(state))
