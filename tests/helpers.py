@@ -5,11 +5,13 @@ Import with ``from helpers import ...`` (never import from a conftest: several e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -117,3 +119,39 @@ def real_libedgetpu() -> str:
         pytest.skip(f"the real libedgetpu is not built ({REAL_LIBEDGETPU.relative_to(REPO)} is missing): "
                     "run scripts/setup.sh with the source bundle in ../shared/libedgetpu")
     return str(REAL_LIBEDGETPU)
+
+
+def repo_hooks():
+    """The checkout's Prolog, Epilog and TaskProlog, for a LocalCluster."""
+    from slurm_tpu.localcluster.cluster import Hooks
+
+    return Hooks(prolog=str(REPO / "prolog" / "slurm-tpu-prolog"), epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
+                 task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"))
+
+
+@contextlib.contextmanager
+def runner_job_workspace(prefix: str, user: str, image_count: int):
+    """A directory jobs can read with generated models and the test-double libedgetpu, and a job user.
+
+    Yields (directory, models, double library). The user is created if missing and
+    removed again only if this made it; the directory is removed at the end.
+    """
+    from slurm_tpu.modelgen import write_models
+
+    sys.path.insert(0, str(TESTS))
+    from edgetpu_double.build import build_double
+
+    shared = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    os.chmod(shared, 0o755)
+    models = write_models(shared / "models", image_count=image_count)
+    (shared / "double").mkdir()
+    double = build_double(shared / "double")
+    made = subprocess.run(["id", "-u", user], capture_output=True).returncode != 0
+    if made:
+        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group", user], check=True)
+    try:
+        yield shared, models, double
+    finally:
+        if made:
+            subprocess.run(["userdel", user], capture_output=True)
+        shutil.rmtree(shared, ignore_errors=True)

@@ -8,15 +8,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TESTS
+from helpers import TESTS, repo_hooks, runner_job_workspace
 
 pytestmark = pytest.mark.slurm
 USER = "stpu_carol"
@@ -25,28 +22,11 @@ USER = "stpu_carol"
 @pytest.fixture(scope="module")
 def setup(cluster_factory):
     from slurm_tpu.localcluster import NodeSpec
-    from slurm_tpu.localcluster.cluster import Hooks
-    from slurm_tpu.modelgen import write_models
 
-    sys.path.insert(0, str(TESTS))
-    from edgetpu_double.build import build_double
-
-    shared = Path(tempfile.mkdtemp(prefix="slurm-tpu-usage-", dir="/tmp"))
-    os.chmod(shared, 0o755)
-    models = write_models(shared / "models", image_count=3)
-    (shared / "double").mkdir()
-    double = build_double(shared / "double")
-    made = subprocess.run(["id", "-u", USER], capture_output=True).returncode != 0
-    if made:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group", USER], check=True)
-    hooks = Hooks(prolog=str(REPO / "prolog" / "slurm-tpu-prolog"), epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
-                  task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"))
-    cluster = cluster_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))],
-                              hooks=hooks)
-    yield cluster, models, double
-    if made:
-        subprocess.run(["userdel", USER], capture_output=True)
-    shutil.rmtree(shared, ignore_errors=True)
+    with runner_job_workspace("slurm-tpu-usage-", USER, image_count=3) as (_, models, double):
+        cluster = cluster_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))],
+                                  hooks=repo_hooks())
+        yield cluster, models, double
 
 
 def test_inferences_of_a_job_reach_report_and_metrics(setup):

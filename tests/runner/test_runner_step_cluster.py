@@ -10,15 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
 
-from helpers import REPO, TESTS
+from helpers import TESTS, repo_hooks, runner_job_workspace
 
 pytestmark = pytest.mark.slurm
 USER = "stpu_dana"
@@ -28,30 +25,13 @@ USB = "/sys/bus/usb/devices/2-1.3"
 @pytest.fixture(scope="module")
 def setup(cluster_factory):
     from slurm_tpu.localcluster import NodeSpec
-    from slurm_tpu.localcluster.cluster import Hooks
-    from slurm_tpu.modelgen import write_models
 
-    sys.path.insert(0, str(TESTS))
-    from edgetpu_double.build import build_double
-
-    shared = Path(tempfile.mkdtemp(prefix="slurm-tpu-step-", dir="/tmp"))
-    os.chmod(shared, 0o755)
-    models = write_models(shared / "models", image_count=11)
-    (shared / "double").mkdir()
-    double = build_double(shared / "double")
-    (shared / "out").mkdir()
-    os.chmod(shared / "out", 0o1777)
-    made = subprocess.run(["id", "-u", USER], capture_output=True).returncode != 0
-    if made:
-        subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group", USER], check=True)
-    hooks = Hooks(prolog=str(REPO / "prolog" / "slurm-tpu-prolog"), epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
-                  task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"))
-    hardware = str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev")
-    cluster = cluster_factory([NodeSpec("n1", hardware), NodeSpec("n2", hardware)], hooks=hooks)
-    yield cluster, models, double, shared / "out"
-    if made:
-        subprocess.run(["userdel", USER], capture_output=True)
-    shutil.rmtree(shared, ignore_errors=True)
+    with runner_job_workspace("slurm-tpu-step-", USER, image_count=11) as (shared, models, double):
+        (shared / "out").mkdir()
+        os.chmod(shared / "out", 0o1777)
+        hardware = str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev")
+        cluster = cluster_factory([NodeSpec("n1", hardware), NodeSpec("n2", hardware)], hooks=repo_hooks())
+        yield cluster, models, double, shared / "out"
 
 
 def _script(double: Path, out: Path, body: str) -> str:
