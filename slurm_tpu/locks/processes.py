@@ -177,20 +177,9 @@ def slurmstepd_files() -> set[tuple[int, int]]:
     global _STEPD
     if _STEPD is not None:
         return _STEPD
-    found: set[tuple[int, int]] = set()
-    for pid in _pids():
-        try:
-            with open(f"/proc/{pid}/comm", "rb") as handle:
-                if handle.read().strip() != b"slurmd":
-                    continue
-            if os.stat(f"/proc/{pid}").st_uid != 0:
-                continue
-            exe = os.readlink(f"/proc/{pid}/exe")
-        except OSError:
-            continue
-        key = _stepd_beside(exe.removesuffix(" (deleted)"))
-        if key is not None:
-            found.add(key)
+    from ..slurm.installation import running_daemons  # the one scan for Slurm's daemons
+
+    found = {key for _, _, exe, _ in running_daemons(("slurmd",)) if (key := _stepd_beside(exe)) is not None}
     _STEPD = found
     return found
 
