@@ -414,6 +414,8 @@ def test_refuses_while_a_slurm_it_did_not_create_runs_and_leaves_it_alone(demo, 
     conf.write_text(f"ClusterName=site\nSlurmctldHost=localhost\nSlurmctldPort={_free_port()}\n"
                     f"StateSaveLocation={tmp_path}\nSlurmctldLogFile={tmp_path}/ctld.log\n"
                     f"SlurmctldPidFile={tmp_path}/ctld.pid\nProctrackType=proctrack/linuxproc\n"
+                    # Slurm 25.11's slurmctld needs munge to start (22.05's did not): the demo's own.
+                    f"AuthInfo=socket={layout.path('munge', 'munge.socket')}\n"
                     "NodeName=s1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=s1 Default=YES\n")
     site = subprocess.Popen([shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-f", str(conf)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
