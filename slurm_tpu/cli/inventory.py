@@ -9,6 +9,7 @@ import sys
 import click
 
 from ..errors import SlurmTpuError
+from ..families import inventory_from_json
 from ..model import Inventory
 from . import EXIT_DIFFERS, Obj, main
 
@@ -25,7 +26,7 @@ def _inventory(saved: str | None = None) -> Inventory:
 
     try:
         with open(saved, encoding="utf-8") as handle:
-            return Inventory.from_json(json.load(handle))
+            return inventory_from_json(json.load(handle))
     except OSError as exc:
         raise SlurmTpuError(f"cannot read inventory {saved}: {exc.strerror}") from exc
     except (ValueError, KeyError, TypeError) as exc:
@@ -36,17 +37,7 @@ def _inventory(saved: str | None = None) -> Inventory:
 def _status(accelerator) -> str:
     if not accelerator.usable:
         return f"UNUSABLE: {accelerator.reason}"
-    notes = ["ok"]
-    details = accelerator.details
-    if details.get("slow_link"):
-        notes.append(f"USB {details['usb_speed_mbps']} Mbit/s link: about 3x slower than USB 3")
-    if details.get("firmware_loaded") is False:
-        notes.append("firmware not loaded yet")
-    if details.get("temperature_c") is not None:
-        notes.append(f"{details['temperature_c']:.1f} C")
-    if details.get("memory_bytes"):
-        notes.append(f"{details['memory_bytes'] / 2**30:.0f} GiB")
-    return ", ".join(notes)
+    return ", ".join(["ok", *accelerator.details.notes()])
 
 
 def format_table(inventory: Inventory) -> str:
@@ -55,7 +46,7 @@ def format_table(inventory: Inventory) -> str:
         return "No Edge TPUs or GPUs found on this node.\n"
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
-        rows.append((a.identity, a.kind.value, a.model, a.primary_node or "-",
+        rows.append((a.identity, a.kind, a.model, a.primary_node or "-",
                      "-" if a.numa_node is None else str(a.numa_node), _status(a)))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5]

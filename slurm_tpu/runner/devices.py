@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from ..jobenv import DEVICES, EdgeTpuHandle, libedgetpu_path, parse_environment
+from ..protocol.jobenv import DEVICES, EdgeTpuHandle, libedgetpu_path, parse_environment
 from .errors import UsageError
 
 CPU, GPU, EDGETPU = "cpu", "gpu", "edgetpu"

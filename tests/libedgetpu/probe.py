@@ -12,7 +12,7 @@ import json
 import sys
 from types import SimpleNamespace
 
-from slurm_tpu import jobenv
+from slurm_tpu.protocol import jobenv
 from slurm_tpu.detect import detect_inventory
 from slurm_tpu.hooks import envfile
 from slurm_tpu.hooks.settings import edgetpu_paths

@@ -1,30 +1,40 @@
-"""The job environment contract between the task-prolog and the runner.
+"""The job environment contract between the root prolog (writer), the task-prolog and the runner.
 
-The task-prolog exports, for the Edge TPUs leased to the job on this node, in
-allocation order:
+The prolog writes ``<state_dir>/jobs/<job>.env`` (slurm_tpu/hooks/envfile.py, the one
+writer) as ``export NAME=value`` / ``unset NAME`` lines; the task-prolog prints them
+before every task. Every variable is named by a family (``JobVariable`` in
+slurm_tpu/families/), in registry order, then :data:`USAGE_DIR`. For the devices
+leased to the job on this node, in allocation order:
 
-``SLURM_TPU_DEVICES``
+``SLURM_TPU_DEVICES`` (Edge TPUs)
     Identities, comma-separated: ``usb-2-1.3,pci-0000:03:00.0``.
-``SLURM_TPU_EDGETPU_PATHS``
+``SLURM_TPU_EDGETPU_PATHS`` (Edge TPUs)
     What libedgetpu's ``edgetpu_create_delegate(type, path, ...)`` takes for each,
     as ``type:path``: ``usb:/sys/bus/usb/devices/2-1.3,pci:/dev/apex_0``. The runner
     opens exactly these paths, never a ``usb:N`` index (indices shift whenever
-    another stick re-enumerates).
-``SLURM_TPU_GPUS``
-    Identities of leased GPUs (only when ``devices.isolate_gpus`` is on). GPU jobs
-    otherwise rely on Slurm's own ``CUDA_VISIBLE_DEVICES``.
+    another stick re-enumerates). Both are exported (empty) on a node where the job
+    has no Edge TPU.
+``SLURM_TPU_GPUS`` (GPUs)
+    Identities of leased GPUs (only when ``families.gpu.isolate`` is on); unset
+    otherwise. GPU jobs otherwise rely on Slurm's own ``CUDA_VISIBLE_DEVICES``.
+Further families declare their own (``SLURM_TPU_<FAMILY>_...``) in their module, with
+its values and whether it is unset when the job has no such device.
+``SLURM_TPU_USAGE_DIR``
+    The job's usage box (slurm_tpu/usage.py); unset when there is none.
 
-Identities and paths never contain commas (see ``locks.slots.check_identity``).
+Identities and paths never contain commas (see ``slurm_tpu.identity``). The
+runner reads the Edge TPU pair with :func:`parse_environment`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Mapping
 
 DEVICES = "SLURM_TPU_DEVICES"
 EDGETPU_PATHS = "SLURM_TPU_EDGETPU_PATHS"
 GPUS = "SLURM_TPU_GPUS"
+USAGE_DIR = "SLURM_TPU_USAGE_DIR"
 
 
 @dataclass(frozen=True)
@@ -44,17 +54,6 @@ def libedgetpu_path(identity: str, device_node: str | None) -> tuple[str, str]:
     if bus == "pci" and device_node:
         return "pci", device_node
     raise ValueError(f"{identity}: no libedgetpu path (PCIe Edge TPUs need their /dev/apex_N node)")
-
-
-def format_environment(tpus: Sequence[EdgeTpuHandle], gpus: Sequence[str] = ()) -> dict[str, str]:
-    """The variables to export for a task."""
-    env = {
-        DEVICES: ",".join(t.identity for t in tpus),
-        EDGETPU_PATHS: ",".join(f"{t.device_type}:{t.path}" for t in tpus),
-    }
-    if gpus:
-        env[GPUS] = ",".join(gpus)
-    return env
 
 
 def parse_environment(environ: Mapping[str, str]) -> list[EdgeTpuHandle]:
