@@ -16,12 +16,11 @@ from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
 from ..model import Accelerator, Details
-from .sysfs import Snapshot
-
 # How a device's open files are made useless at job end (slurm_tpu/locks/revoke.py):
-USB_PORT = "usb-port"  # power-cycle the hub port: every usbfs fd dies
-GASKET_WRITERS = "gasket-writers"  # holder scan + the apex driver's count of writable files
-SCAN = "scan"  # holder scan only (/proc fds and mappings)
+# USB_PORT power-cycles the hub port (every usbfs fd dies); GASKET_WRITERS is the
+# holder scan plus the apex driver's count of writable files; SCAN the holder scan only.
+from ..protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT, FamilyPolicy  # noqa: F401 - re-exported
+from .sysfs import Snapshot
 
 
 class Candidate:
@@ -73,27 +72,18 @@ class JobVariable:
 class UdevIdentity:
     """How ``slurm-tpu udev-event`` names the device of an event (no families import there).
 
-    The identity is ``<bus>-`` + the DEVPATH component ``depth`` levels up (1: the
-    last one), for events of ``subsystem`` (and ``devtype`` when not '').
+    The identity is ``<bus>-`` + the event device's sysfs ``attribute`` when one is
+    named (a class device that is no child of its PCI device, e.g. Hailo's), else
+    the DEVPATH component ``depth`` levels up (1: the last one), for events of
+    ``subsystem`` (and ``devtype`` when not ''). A remove event, whose sysfs is
+    gone, is matched by its device node instead.
     """
 
     subsystem: str
     bus: str
-    depth: int
+    depth: int = 0
     devtype: str = ""
-
-
-@dataclass(frozen=True)
-class HookPolicy:
-    """What the root hooks need of a family, precomputed into their snapshot."""
-
-    kind: str
-    gres_name: str
-    leased: bool
-    # gres.conf File= is the slot node <slot_dir>/<identity> (else: a node the device has).
-    slot: bool
-    # bus -> how its devices are revoked (USB_PORT, GASKET_WRITERS; SCAN when absent).
-    revocation: Mapping[str, str]
+    attribute: str = ""
 
 
 class Family:
@@ -113,6 +103,7 @@ class Family:
     slot: bool = True
     # gres.conf Cores= from the device's local CPUs.
     cores: bool = False
+    # bus -> how its devices are revoked at job end (USB_PORT, GASKET_WRITERS; SCAN when absent).
     revocation: Mapping[str, str] = {}
     udev_identities: tuple[UdevIdentity, ...] = ()
     variables: tuple[JobVariable, ...] = ()
@@ -176,7 +167,7 @@ class Family:
         return []
 
     # ---- hooks ----------------------------------------------------------------------
-    def hook_policy(self, config: FamilyConfig) -> HookPolicy:
-        """What the hooks need of the family under this config."""
-        return HookPolicy(self.kind, config.gres_name, config.lease, self.slot, dict(self.revocation))
+    def hook_policy(self, config: FamilyConfig) -> FamilyPolicy:
+        """What the hooks need of the family under this config (precomputed into their snapshot)."""
+        return FamilyPolicy(self.kind, config.gres_name, config.lease, self.slot, dict(self.revocation))
 

@@ -28,8 +28,10 @@ runner reads the Edge TPU pair with :func:`parse_environment`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+# Annotations only: the root hooks import this module (the names), and typing costs them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping
 
 DEVICES = "SLURM_TPU_DEVICES"
 EDGETPU_PATHS = "SLURM_TPU_EDGETPU_PATHS"
@@ -37,13 +39,25 @@ GPUS = "SLURM_TPU_GPUS"
 USAGE_DIR = "SLURM_TPU_USAGE_DIR"
 
 
-@dataclass(frozen=True)
 class EdgeTpuHandle:
-    """One allocated Edge TPU as libedgetpu addresses it."""
+    """One allocated Edge TPU as libedgetpu addresses it (a plain class: no dataclasses import)."""
 
-    identity: str
-    device_type: str  # "usb" or "pci"
-    path: str  # /sys/bus/usb/devices/<topology> or /dev/apex_N
+    __slots__ = ("identity", "device_type", "path")
+
+    def __init__(self, identity: str, device_type: str, path: str):
+        self.identity = identity
+        self.device_type = device_type  # "usb" or "pci"
+        self.path = path  # /sys/bus/usb/devices/<topology> or /dev/apex_N
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EdgeTpuHandle) and (self.identity, self.device_type, self.path) == (
+            other.identity, other.device_type, other.path)
+
+    def __hash__(self) -> int:
+        return hash((self.identity, self.device_type, self.path))
+
+    def __repr__(self) -> str:
+        return f"EdgeTpuHandle({self.identity!r}, {self.device_type!r}, {self.path!r})"
 
 
 def libedgetpu_path(identity: str, device_node: str | None) -> tuple[str, str]:

@@ -45,7 +45,16 @@ def test_snapshot_is_used_until_a_source_changes(node):
     snapshot = tmp_path / "state" / hook_settings.SNAPSHOT
     assert snapshot.exists()
     assert first.index == {"tpu": [("edgetpu_usb", f"{tmp_path}/slots/usb-2-1.3")]}
-    assert first.tpu_paths == {"usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3"}
+    assert first.values == {"usb-2-1.3": {"SLURM_TPU_DEVICES": "usb-2-1.3",
+                                          "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3"}}
+    # What the fast path reads is exactly what the slow path built (one writer, one reader).
+    again = hook_settings.load(env, "n1")
+    assert again.to_text() == first.to_text() and again.values == first.values
+    assert [(v.name, v.kind, v.unset_when_empty) for v in again.variables] == [
+        ("SLURM_TPU_DEVICES", "edgetpu", False), ("SLURM_TPU_EDGETPU_PATHS", "edgetpu", False),
+        ("SLURM_TPU_GPUS", "gpu", True)]
+    assert {k: (p.gres_name, p.leased, p.slot) for k, p in again.families.items()} == {
+        "edgetpu": ("tpu", True, True), "gpu": ("gpu", False, False)}
     # A snapshot that lies is believed while the sources are unchanged (proves it is read)...
     snapshot.write_text(snapshot.read_text().replace("edgetpu_usb", "edgetpu_fake"))
     assert hook_settings.load(env, "n1").index["tpu"][0][0] == "edgetpu_fake"
@@ -78,6 +87,15 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     assert done.returncode == 0
     assert done.stdout == ("export SLURM_TPU_DEVICES=usb-2-1.3\n"
                            "export SLURM_TPU_EDGETPU_PATHS=usb:/sys/bus/usb/devices/2-1.3\n")
+    # A job with no file here: nothing to print until the prolog's slow path wrote none.env...
+    assert task_prolog({**base, "SLURM_JOB_ID": "13"}).stdout == ""
+    # ...which unsets every variable of the contract (envfile.render_unset, as _write_snapshot writes it).
+    from slurm_tpu.config import Config
+    from slurm_tpu.hooks import envfile
+
+    settings = hook_settings.HookSettings(str(state))
+    hook_settings.apply_families(settings, Config())
+    (state / "jobs" / hook_settings.NO_DEVICES_ENV).write_text(envfile.render_unset(settings))
     unset = ("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n"
              "unset SLURM_TPU_USAGE_DIR\n")
     for job in ("13", "12/../12", "12;id", ""):
@@ -98,4 +116,8 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     ({"SUBSYSTEM": "input", "DEVPATH": "/devices/x/input/input3"}, None),
 ])
 def test_udev_identity(env, identity):
-    assert identity_for(env) == identity
+    from slurm_tpu.config import Config
+
+    settings = hook_settings.HookSettings("/run/x")
+    hook_settings.apply_families(settings, Config())
+    assert identity_for(env, settings.udev) == identity
