@@ -132,6 +132,22 @@ class Family:
         """The typed details of one ``detect --json`` item of this family."""
         return Details()
 
+    # ---- runner -----------------------------------------------------------------------
+    def runner_refusal(self, environ: Mapping[str, str]) -> str | None:
+        """Why the TFLite runner cannot use the devices this job got of this family, or None.
+
+        Only for a family without a runner backend whose job variables are set;
+        ``runner_note`` is formatted with ``devices`` (the first variable's value)
+        and ``variable`` (its name).
+        """
+        if self.runner or not self.variables:
+            return None
+        first = self.variables[0].name
+        devices = environ.get(first, "")
+        if not devices:
+            return None
+        return self.runner_note.format(devices=devices, variable=first)
+
     # ---- config ---------------------------------------------------------------------
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
         """Keys of the family's config section (relative to ``families.<kind>.``)."""
