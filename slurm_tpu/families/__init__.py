@@ -1,7 +1,7 @@
 """The accelerator family registry: every kind of device the suite knows, in one tuple.
 
-Adding a family is its module (a :class:`~slurm_tpu.families.base.Family`), its
-tests, and one line in :data:`FAMILIES`. Order matters where output is ordered:
+Adding a family is its module (a :class:`~slurm_tpu.families.base.Family` and a
+``FAMILY`` instance), its tests, and its module's name in :data:`MODULES`. Order matters where output is ordered:
 detection lists devices family by family, and the job environment's variables
 follow it.
 
@@ -11,17 +11,18 @@ what they need is precomputed into their snapshot (slurm_tpu/protocol/hooks_snap
 
 from __future__ import annotations
 
+from importlib import import_module
 from typing import Any, Mapping
 
 from ..model import Details, Inventory
 from .base import Family, FamilyConfig
-from .coral import FAMILY as EDGETPU
-from .gpu import FAMILY as GPU
 
-FAMILIES: tuple[Family, ...] = (
-    EDGETPU,
-    GPU,
+# The registered family modules (each defines FAMILY), in registry order.
+MODULES = (
+    "coral",
+    "gpu",
 )
+FAMILIES: tuple[Family, ...] = tuple(import_module(f"{__name__}.{name}").FAMILY for name in MODULES)
 
 KINDS: tuple[str, ...] = tuple(f.kind for f in FAMILIES)
 

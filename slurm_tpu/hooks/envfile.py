@@ -6,7 +6,7 @@ just taken the leases, writes the ``export NAME=value`` lines once (variables of
 the job environment contract, see ``slurm_tpu.protocol.jobenv``), and
 ``prolog/slurm-tpu-task-prolog`` (a POSIX sh script, no fork) prints them. The
 variables and each device's entries come precomputed from the families through
-the hooks' snapshot; ``jobs/none.env`` (every variable unset, written with the
+the hooks' snapshot; ``<state_dir>/no-devices.env`` (every variable unset, written with the
 snapshot) is what the task-prolog prints for a job with no device here.
 """
 
@@ -39,7 +39,7 @@ def render(leases, settings, usage_dir: str | None = None) -> str:
 
 
 def render_unset(settings) -> str:
-    """``jobs/none.env``: every variable of the contract unset (a job with no device on this node)."""
+    """``<state_dir>/no-devices.env``: every variable of the contract unset (a job with no device on this node)."""
     return "".join(f"unset {name}\n" for name in [*(v.name for v in settings.variables), USAGE_DIR])
 
 

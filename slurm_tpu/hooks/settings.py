@@ -25,8 +25,9 @@ from ..protocol.hooks_snapshot import HookSnapshot, format_snapshot, parse_snaps
 
 SNAPSHOT = "hooks.snapshot"
 QUERY_MARKER = "prolog.query"
-# What the task-prolog prints for a job with no devices here: every job variable unset.
-NO_DEVICES_ENV = "none.env"
+# What the task-prolog prints for a job with no devices here (<state_dir>/no-devices.env):
+# every job variable unset. Beside jobs/, not in it: jobs/ holds one file per running job.
+NO_DEVICES_ENV = "no-devices.env"
 DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
 DEFAULT_STATE_DIR = "/run/slurm-tpu"
 
@@ -243,17 +244,12 @@ def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
 
 
 def _write_no_devices_env(state_fd: int, settings: HookSettings) -> None:
-    """``jobs/none.env``: every job variable unset, for the task-prolog of a job with no device here."""
+    """``<state_dir>/no-devices.env``: every job variable unset, for the task-prolog of a job with no device here."""
     from . import envfile
-    from ..locks.ledger import JOBS
 
-    fd = statedir.open_dir(JOBS, create=True, parent_fd=state_fd)
-    try:
-        data = envfile.render_unset(settings).encode()
-        if statedir.read_file(fd, NO_DEVICES_ENV) != data:
-            statedir.write_atomic(fd, NO_DEVICES_ENV, data, mode=0o644)
-    finally:
-        os.close(fd)
+    data = envfile.render_unset(settings).encode()
+    if statedir.read_file(state_fd, NO_DEVICES_ENV) != data:
+        statedir.write_atomic(state_fd, NO_DEVICES_ENV, data, mode=0o644)
 
 
 def store_snapshot(state_fd: int, settings: HookSettings, environ) -> None:

@@ -55,6 +55,9 @@ def test_snapshot_is_used_until_a_source_changes(node):
         ("SLURM_TPU_GPUS", "gpu", True)]
     assert {k: (p.gres_name, p.leased, p.slot) for k, p in again.families.items()} == {
         "edgetpu": ("tpu", True, True), "gpu": ("gpu", False, False)}
+    # Written with the snapshot: what the task-prolog prints for a job with no device here.
+    assert (tmp_path / "state" / hook_settings.NO_DEVICES_ENV).read_text() == (
+        "unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\nunset SLURM_TPU_USAGE_DIR\n")
     # A snapshot that lies is believed while the sources are unchanged (proves it is read)...
     snapshot.write_text(snapshot.read_text().replace("edgetpu_usb", "edgetpu_fake"))
     assert hook_settings.load(env, "n1").index["tpu"][0][0] == "edgetpu_fake"
@@ -87,7 +90,7 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     assert done.returncode == 0
     assert done.stdout == ("export SLURM_TPU_DEVICES=usb-2-1.3\n"
                            "export SLURM_TPU_EDGETPU_PATHS=usb:/sys/bus/usb/devices/2-1.3\n")
-    # A job with no file here: nothing to print until the prolog's slow path wrote none.env...
+    # A job with no file here: nothing to print until the prolog's slow path wrote no-devices.env...
     assert task_prolog({**base, "SLURM_JOB_ID": "13"}).stdout == ""
     # ...which unsets every variable of the contract (envfile.render_unset, as _write_snapshot writes it).
     from slurm_tpu.config import Config
@@ -95,7 +98,7 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
 
     settings = hook_settings.HookSettings(str(state))
     hook_settings.apply_families(settings, Config())
-    (state / "jobs" / hook_settings.NO_DEVICES_ENV).write_text(envfile.render_unset(settings))
+    (state / hook_settings.NO_DEVICES_ENV).write_text(envfile.render_unset(settings))
     unset = ("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n"
              "unset SLURM_TPU_USAGE_DIR\n")
     for job in ("13", "12/../12", "12;id", ""):
