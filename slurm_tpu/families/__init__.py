@@ -21,6 +21,7 @@ from .base import Family, FamilyConfig
 MODULES = (
     "coral",
     "gpu",
+    "hailo",
 )
 FAMILIES: tuple[Family, ...] = tuple(import_module(f"{__name__}.{name}").FAMILY for name in MODULES)
 
