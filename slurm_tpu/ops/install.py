@@ -158,6 +158,7 @@ version: 2
 # families:                        # per accelerator family: GRES name, types, features
 #   edgetpu: {gres_name: tpu, types: {usb: edgetpu_usb, pci: edgetpu_pci}}
 #   gpu: {gres_name: gpu, isolate: false}   # isolate: lease GPUs too (no cgroup devices)
+#   hailo: {gres_name: npu, types: {default: hailo8, by_address: {"0000:01:00.0": hailo8l}}}
 # devices:
 #   slot_dir: /dev/slurm-tpu
 #   idle: {owner: root, group: root, mode: "0600"}

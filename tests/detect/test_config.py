@@ -108,3 +108,4 @@ def test_readme_example_config_is_valid():
     config = parse_config(yaml.safe_load(block.group(1)), where="README.md")
     assert config.inventory_file == "/var/lib/slurm-tpu/inventory.json"
     assert config.family("gpu").types == {"a100_sxm4_80gb": "a100"}
+    assert config.family("hailo").types == {"default": "hailo8", "0000:01:00.0": "hailo8l"}
