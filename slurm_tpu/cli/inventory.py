@@ -43,7 +43,10 @@ def _status(accelerator) -> str:
 def format_table(inventory: Inventory) -> str:
     """The human-readable ``detect`` table."""
     if not len(inventory):
-        return "No Edge TPUs or GPUs found on this node.\n"
+        from ..families import FAMILIES
+
+        kinds = ", ".join(f"{f.title}s" for f in FAMILIES)
+        return f"No accelerators found on this node (looked for: {kinds}).\n"
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
         rows.append((a.identity, a.kind, a.model, a.primary_node or "-",
@@ -64,7 +67,7 @@ def format_table(inventory: Inventory) -> str:
 @click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
               help="libedgetpu.so.1 for --check-runtime (env SLURM_TPU_LIBEDGETPU; default: the system's).")
 def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
-    """List this node's Edge TPUs and GPUs (through libudev)."""
+    """List this node's accelerators (Edge TPUs, GPUs, Hailo NPUs...) through libudev."""
     inventory = _inventory()
     if check_runtime:
         from ..ops.edgetpu_runtime import check_runtime as run_check
@@ -138,7 +141,7 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
               saved: str | None, no_slots: bool) -> None:
     """Render gres.conf lines for this node's usable accelerators.
 
-    Edge TPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
+    Edge TPUs and Hailo NPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
     USB re-enumeration and unplugging; writing --output creates them (as root).
     """
     from ..render import render_gres_conf
