@@ -49,19 +49,22 @@ def test_a_python_path_that_cannot_be_a_shebang_is_refused():
 
 def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more():
     from slurm_tpu.config import Config
+    from slurm_tpu.ops.install import gres_types as gres_types_of
 
     wanted = slurm_conf_lines(Layout("/usr/local"), Config())
     assert wanted[:4] == ["Prolog=/usr/local/libexec/slurm-tpu/slurm-tpu-prolog",
                           "Epilog=/usr/local/libexec/slurm-tpu/slurm-tpu-epilog",
                           "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog",
                           "HealthCheckProgram=/usr/local/libexec/slurm-tpu/slurm-tpu-health"]
-    text = """
+    # Ours among more (mps), in another order: every registered family's GRES name is there.
+    gres_types = ",".join(["mps", *reversed(gres_types_of(Config()).split(","))])
+    text = f"""
 ClusterName=c   # a comment
 Prolog=/site/prolog,/usr/local/libexec/slurm-tpu/slurm-tpu-prolog
 epilog=/usr/local/libexec/slurm-tpu/slurm-tpu-epilog
 TaskProlog=/opt/slurm-tpu/prolog/slurm-tpu-task-prolog
 HealthCheckProgram=/usr/local/libexec/slurm-tpu/slurm-tpu-health HealthCheckInterval=300
-GresTypes=gpu,mps,tpu
+GresTypes={gres_types}
 NodeName=n1 Gres=tpu:edgetpu_usb:1 Prolog=/not/an/option
 Include /etc/slurm/nodes.conf
 """
