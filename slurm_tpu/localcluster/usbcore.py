@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 
+from ..families.coral import USB_BOOTLOADER, usb_product_prefix
 from .hardware import EXPERIMENTAL_MAJOR, usb_sysfs_device
 
 TIOCVHANGUP = 0x5437
@@ -119,7 +120,7 @@ def connect(port: Port, dev_root: str, udev_event: list[str]) -> None:
 
 def _udev(udev_event: list[str], action: str, port: Port, node: str) -> None:
     env = dict(os.environ, ACTION=action, DEVPATH=port.devpath, DEVNAME=node, SUBSYSTEM="usb",
-               DEVTYPE="usb_device", PRODUCT="1a6e/89a/100")
+               DEVTYPE="usb_device", PRODUCT=usb_product_prefix(USB_BOOTLOADER) + "100")
     done = subprocess.run(udev_event, env=env, capture_output=True, text=True, timeout=120, check=False)
     if done.returncode != 0:
         sys.stderr.write(f"usbcore: udev-event {action} {port.port_path} failed: {done.stderr.strip()}\n")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ..families.coral import USB_BOOTLOADER, USB_RUNTIME
+from ..families.coral import USB_BOOTLOADER, USB_IDS, USB_RUNTIME
 from .devices import Device
 
 CHECK = "run 'slurm-tpu detect --check-runtime' on the node"
@@ -44,9 +44,10 @@ def absent_message(device: Device, listed: Sequence[tuple[str, str]]) -> str:
             return (f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
                     "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'")
         ids = (_read(f"{path}/idVendor"), _read(f"{path}/idProduct"))
-        if ids not in (USB_BOOTLOADER, USB_RUNTIME):
+        if ids not in USB_IDS:
+            coral = " or ".join(":".join(pair) for pair in (USB_RUNTIME, USB_BOOTLOADER))
             return (f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
-                    "(18d1:9302 or 1a6e:089a): check --device or the node's inventory")
+                    f"({coral}): check --device or the node's inventory")
         return (f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
                 f"enumerate it; {CHECK}")
     if not os.path.exists(path):
