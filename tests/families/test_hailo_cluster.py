@@ -24,7 +24,8 @@ from helpers import HARDWARE, detect_json, run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "isolation"))  # the cluster tests' support.py
 from support import audit, drain_reason, finish_cluster, inventory, leases, make_cluster  # noqa: E402
-from support import no_overlaps, open_as, out, owner, require_root_and_slurm, resume, wait_until  # noqa: E402
+from support import no_overlaps, node_on, open_as, out, owner, require_root_and_slurm, restore_node  # noqa: E402
+from support import resume, wait_until, SURVIVOR_JOB  # noqa: E402
 
 NODE = HARDWARE / "hailo_node.umockdev"
 HAILO_1, HAILO_2, CORAL = "pci-0000:01:00.0", "pci-0000:02:00.0", "pci-0000:03:00.0"
@@ -178,58 +179,38 @@ def test_two_npus_in_one_job_come_in_allocation_order(cluster, users):
     assert_idle(cluster)
 
 
-# A daemon of the job (double fork, own session) that keeps the card open after the job.
-KEEPER = """/usr/bin/python3 -I -c '
-import os, sys, time
-if os.fork(): sys.exit(0)
-os.setsid()
-if os.fork(): sys.exit(0)
-fd = os.open(sys.argv[1], os.O_RDWR)
-open(sys.argv[2], "w").write(str(os.getpid()))
-time.sleep(120)
-' {node} {pidfile}
-while [ ! -s {pidfile} ]; do sleep 0.1; done
-"""
-
-
 def test_a_process_keeping_a_hailo_open_after_its_job_drains_the_node(cluster, users):
     """The hailo_pci driver cannot be unbound safely under open files (see
     /work/prompts/hailo-facts.md: close after remove frees DMA memory with a NULL
     device), so like the PCIe apex a survivor is found and the node drained."""
-    import stat
-
     from slurm_tpu.config import load_config
     from slurm_tpu.ops.health_check import clear_kept_leases
 
     identity = HAILO_1
     assert_idle(cluster)
-    # Point that card's node at a real driver (/dev/null) so a process can hold it open.
     node = inventory(cluster, "n1")[identity][0]
-    rdev = os.lstat(node).st_rdev
-    os.unlink(node)
-    os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/null").st_rdev)
-    pidfile = out(cluster, "keeper.pid")
-    keeper = None
+    rdev = node_on(node, "/dev/null")  # a real driver's numbers, so a process can hold it open
+    pidfile = out(cluster, "survivor.pid")
+    survivor = None
     try:
-        script = "#!/bin/sh\n" + KEEPER.format(node=node, pidfile=pidfile)
+        script = SURVIVOR_JOB.format(node=node, pidfile=pidfile)
         # Both cards are free: ask for both so the job surely gets the repointed one.
         held = cluster.sbatch(["-w", "n1", "--gres=npu:2", "-o", "/dev/null", "-e", "/dev/null"], script,
                               user="stpu_alice")
         cluster.wait_for_jobs([held], timeout=60)
-        keeper = int(open(pidfile).read())
+        survivor = int(open(pidfile).read())
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
         reason = drain_reason(cluster)
-        assert reason.startswith("slurm-tpu:") and f"pid {keeper}" in reason and identity in reason
+        assert reason.startswith("slurm-tpu:") and f"pid {survivor}" in reason and identity in reason
         assert owner(node) == (0, 0, 0o600)  # taken away from alice at once, even while drained
         assert open_as("stpu_alice", node) == "EACCES"
     finally:
-        if keeper:
-            os.kill(keeper, 9)
-    wait_until(lambda: not os.path.exists(f"/proc/{keeper}"), 30, "the keeper to die")
+        if survivor:
+            os.kill(survivor, 9)
+    wait_until(lambda: not os.path.exists(f"/proc/{survivor}"), 30, "the survivor to die")
     assert clear_kept_leases(load_config(cluster.node_config("n1"))) == [(identity, "cleared")]
     resume(cluster)
-    os.unlink(node)
-    os.mknod(node, stat.S_IFCHR | 0o600, rdev)
+    restore_node(node, rdev)
     assert_idle(cluster)
 
 
