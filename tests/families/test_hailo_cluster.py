@@ -107,6 +107,7 @@ def assert_idle(cluster) -> None:
     no_overlaps(audit(cluster, "n1"))
 
 
+@pytest.mark.slurm
 def test_the_node_offers_two_hailo_npus_and_one_tpu(cluster):
     nodes = inventory(cluster, "n1")
     assert sorted(nodes) == [HAILO_1, HAILO_2, CORAL]
@@ -120,6 +121,7 @@ def test_the_node_offers_two_hailo_npus_and_one_tpu(cluster):
     assert_idle(cluster)
 
 
+@pytest.mark.slurm
 def test_npu_and_tpu_jobs_each_get_exactly_their_device_and_nothing_else(cluster, users):
     nodes = inventory(cluster, "n1")
     every = tuple(n for identity in (HAILO_1, HAILO_2, CORAL) for n in nodes[identity])
@@ -164,6 +166,7 @@ def test_npu_and_tpu_jobs_each_get_exactly_their_device_and_nothing_else(cluster
     assert not os.listdir(os.path.join(cluster.node_dir("n1"), "state", "jobs"))
 
 
+@pytest.mark.slurm
 def test_two_npus_in_one_job_come_in_allocation_order(cluster, users):
     nodes = inventory(cluster, "n1")
     job = Job(cluster, "stpu_alice", "npu-2", "npu:2")
@@ -179,6 +182,7 @@ def test_two_npus_in_one_job_come_in_allocation_order(cluster, users):
     assert_idle(cluster)
 
 
+@pytest.mark.slurm
 def test_a_process_keeping_a_hailo_open_after_its_job_drains_the_node(cluster, users):
     """The hailo_pci driver cannot be unbound safely under open files (see
     /work/prompts/hailo-facts.md: close after remove frees DMA memory with a NULL
@@ -214,6 +218,25 @@ def test_a_process_keeping_a_hailo_open_after_its_job_drains_the_node(cluster, u
     assert_idle(cluster)
 
 
+@pytest.mark.slurm
+def test_infer_in_a_hailo_job_says_in_one_line_that_hailo_runs_hef_models(cluster, users):
+    from slurm_tpu.modelgen import write_models
+
+    models = write_models(Path(out(cluster, "models")), image_count=1)
+    (image,) = sorted(Path(models["images"]).iterdir())
+    said, status = out(cluster, "infer.out"), out(cluster, "infer.status")
+    job = cluster.sbatch(["-w", "n1", "--gres=npu:1", "-o", "/dev/null", "-e", "/dev/null"],
+                         f"#!/bin/sh\n{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {image} "
+                         f"> {said} 2>&1\necho $? > {status}\n", user="stpu_bob")
+    assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED"
+    lines = [line for line in open(said, encoding="utf-8").read().splitlines() if line.strip()]
+    assert int(open(status).read()) != 0
+    assert len(lines) == 1, lines
+    assert ".hef" in lines[0] and "HailoRT" in lines[0] and "SLURM_TPU_HAILO_DEVICES" in lines[0], lines[0]
+    assert_idle(cluster)
+
+
+@pytest.mark.slurm
 def test_health_and_metrics_on_the_cluster_node_show_the_hailo_cards(cluster, tmp_path):
     env = cluster.env({"SLURM_TPU_CONFIG": cluster.node_config("n1")})
     healthy = run_cli(["health", "--node", "n1", "--dry-run", "--json"], str(NODE), env=env)
