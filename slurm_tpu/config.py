@@ -1,8 +1,13 @@
 """The site's versioned YAML config (``/etc/slurm-tpu/config.yaml``).
 
 The file is optional: without it every default below applies. When present it must
-say ``version: 1``; any key this version does not know is rejected with its dotted
+say its version; any key that version does not know is rejected with its dotted
 name, so a typo never silently falls back to a default.
+
+Version 2 nests the accelerator settings by family (``families.<kind>.*``, the keys
+each family declares in slurm_tpu/families/). Version 1 files keep loading with the
+same meaning: their ``gres.*``, ``features.*`` and ``devices.isolate_gpus`` keys are
+read as the version 2 keys :data:`VERSION_1_KEYS` names.
 """
 
 from __future__ import annotations
@@ -12,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from .errors import ConfigError
+from .families import FAMILIES, FamilyConfig
 
 DEFAULT_PATH = "/etc/slurm-tpu/config.yaml"
 ENV_VAR = "SLURM_TPU_CONFIG"
-SUPPORTED_VERSIONS = (1,)
+SUPPORTED_VERSIONS = (1, 2)
+CURRENT_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -32,21 +39,15 @@ class Config:
     """Site choices. Field names mirror the YAML keys."""
 
     node_name: str | None = None
-    tpu_gres_name: str = "tpu"
-    gpu_gres_name: str = "gpu"
-    tpu_types: Mapping[str, str] = field(
-        default_factory=lambda: {"usb": "edgetpu_usb", "pci": "edgetpu_pci"}
-    )
-    gpu_types: Mapping[str, str] = field(default_factory=dict)
-    tpu_features: tuple[str, ...] = ("tpu", "edgetpu")
-    gpu_features: tuple[str, ...] = ("gpu",)
+    # kind -> the family's settings (GRES name, types, features, leased or not).
+    families: Mapping[str, FamilyConfig] = field(
+        default_factory=lambda: {f.kind: f.default_config for f in FAMILIES})
     slot_dir: str = "/dev/slurm-tpu"
     state_dir: str = "/run/slurm-tpu"
     # The configured inventory, kept across reboots (/run and /dev are tmpfs).
     inventory_file: str = "/var/lib/slurm-tpu/inventory.json"
     idle: Ownership = Ownership()
     lease_mode: int = 0o600
-    isolate_gpus: bool = False
     # At job end, make every fd of the job's devices useless (USB: the hub port is
     # power-cycled, see slurm_tpu/locks/revoke.py); false keeps ownership-only isolation.
     revoke: bool = True
@@ -63,26 +64,27 @@ class Config:
     slurm_backend: str = "auto"
     path: str | None = None  # where it was loaded from, for messages
 
+    def family(self, kind: str) -> FamilyConfig:
+        """The settings of one family (its defaults if the registry gained it after this config)."""
+        found = self.families.get(kind)
+        if found is None:
+            from .families import family
+
+            return family(kind).default_config
+        return found
+
 
 # The schema: dotted key -> (expected python type(s), description). Nested
 # mappings are listed by their leaves; a mapping value listed as ``dict`` is a
 # free-form name->name table.
-_SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "version": (int, "config format version (1)"),
+_COMMON: dict[str, tuple[type | tuple[type, ...], str]] = {
+    "version": (int, "config format version (2; 1 is still read)"),
     "node_name": (str, "Slurm NodeName of this node (default: short hostname)"),
-    "gres.tpu_name": (str, "GRES name for Edge TPUs"),
-    "gres.gpu_name": (str, "GRES name for GPUs"),
-    "gres.tpu_types.usb": (str, "GRES type for USB Edge TPUs"),
-    "gres.tpu_types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs"),
-    "gres.gpu_types": (dict, "GPU model slug -> GRES type"),
-    "features.tpu": (list, "node features added when a node has an Edge TPU"),
-    "features.gpu": (list, "node features added when a node has a GPU"),
     "devices.slot_dir": (str, "directory of stable device slot nodes"),
     "devices.idle.owner": (str, "owner of idle accelerator nodes"),
     "devices.idle.group": (str, "group of idle accelerator nodes"),
     "devices.idle.mode": ((str, int), "mode of idle accelerator nodes, e.g. '0600'"),
     "devices.lease.mode": ((str, int), "mode of a leased node, owned by the job's user"),
-    "devices.isolate_gpus": (bool, "lease GPUs too (clusters without cgroup devices)"),
     "devices.revoke": (bool, "at job end make every open fd of a USB Edge TPU useless (port power-cycle)"),
     "devices.holder_scan_seconds": ((int, float), "time box of the epilog's scan for processes holding a device"),
     "sysfs_root": (str, "where sysfs is mounted (default /sys)"),
@@ -94,6 +96,29 @@ _SCHEMA: dict[str, tuple[type | tuple[type, ...], str]] = {
     "slurm.backend": (str, "auto, scontrol or pyslurm: how health and the watcher talk to Slurm"),
 }
 SLURM_BACKENDS = ("auto", "scontrol", "pyslurm")
+# Version 1 spelled the Edge TPU and GPU settings flat; each means this version 2 key.
+VERSION_1_KEYS = {
+    "gres.tpu_name": "families.edgetpu.gres_name",
+    "gres.gpu_name": "families.gpu.gres_name",
+    "gres.tpu_types.usb": "families.edgetpu.types.usb",
+    "gres.tpu_types.pci": "families.edgetpu.types.pci",
+    "gres.gpu_types": "families.gpu.types",
+    "features.tpu": "families.edgetpu.features",
+    "features.gpu": "families.gpu.features",
+    "devices.isolate_gpus": "families.gpu.isolate",
+}
+
+
+def _family_schema() -> dict[str, tuple[type | tuple[type, ...], str]]:
+    return {f"families.{f.kind}.{key}": spec for f in FAMILIES for key, spec in f.config_keys().items()}
+
+
+_SCHEMAS = {
+    2: {**_COMMON, **_family_schema()},
+    1: {**_COMMON, **{old: _family_schema()[new] for old, new in VERSION_1_KEYS.items()}},
+}
+# Every key some version knows, for flattening (free-form tables stay whole).
+_SCHEMA = {**_SCHEMAS[1], **_SCHEMAS[2]}
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -130,34 +155,29 @@ def parse_config(data: Any, where: str = "config") -> Config:
         raise ConfigError(f"{where}: the top level must be a mapping of keys, not {type(data).__name__}")
     flat = _flatten(data)
     if "version" not in flat:
-        raise ConfigError(f"{where}: missing 'version: 1' at the top", key="version")
-    if flat["version"] not in SUPPORTED_VERSIONS:
+        raise ConfigError(f"{where}: missing 'version: {CURRENT_VERSION}' at the top", key="version")
+    version = flat["version"]
+    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
+        if not isinstance(version, int) or isinstance(version, bool):
+            raise ConfigError(f"{where}: 'version' has the wrong type ({type(version).__name__})", key="version")
         raise ConfigError(
-            f"{where}: version {flat['version']!r} is not supported; this slurm-tpu reads version 1",
-            key="version",
-        )
+            f"{where}: version {version!r} is not supported; this slurm-tpu reads versions "
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))}", key="version")
+    schema = _SCHEMAS[version]
     for key, value in flat.items():
-        if key not in _SCHEMA:
-            known = ", ".join(sorted(_SCHEMA))
+        if key not in schema:
+            known = ", ".join(sorted(schema))
             raise ConfigError(f"{where}: unknown key '{key}' (known keys: {known})", key=key)
-        expected, _ = _SCHEMA[key]
+        expected, _ = schema[key]
         # bool is an int subclass: keep 'version: true' from passing as 1.
         if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ConfigError(f"{where}: '{key}' has the wrong type ({type(value).__name__})", key=key)
 
-    def text_list(key: str, default: tuple[str, ...]) -> tuple[str, ...]:
-        items = flat.get(key, default)
-        if not all(isinstance(item, str) and item for item in items):
-            raise ConfigError(f"{where}: '{key}' must be a list of non-empty strings", key=key)
-        return tuple(items)
-
     defaults = Config()
-    tpu_types = dict(defaults.tpu_types)
-    for bus in ("usb", "pci"):
-        tpu_types[bus] = flat.get(f"gres.tpu_types.{bus}", tpu_types[bus])
-    gpu_types = flat.get("gres.gpu_types", {})
-    if not all(isinstance(k, str) and isinstance(v, str) for k, v in gpu_types.items()):
-        raise ConfigError(f"{where}: 'gres.gpu_types' must map model names to type names", key="gres.gpu_types")
+    if version == 1:
+        families = _families(flat, where, renamed={new: old for old, new in VERSION_1_KEYS.items()})
+    else:
+        families = _families(flat, where)
     idle = Ownership(
         owner=flat.get("devices.idle.owner", defaults.idle.owner),
         group=flat.get("devices.idle.group", defaults.idle.group),
@@ -176,18 +196,12 @@ def parse_config(data: Any, where: str = "config") -> Config:
             raise ConfigError(f"{where}: '{key}' must be an absolute path, not {flat[key]!r}", key=key)
     return Config(
         node_name=flat.get("node_name"),
-        tpu_gres_name=flat.get("gres.tpu_name", defaults.tpu_gres_name),
-        gpu_gres_name=flat.get("gres.gpu_name", defaults.gpu_gres_name),
-        tpu_types=tpu_types,
-        gpu_types=dict(gpu_types),
-        tpu_features=text_list("features.tpu", defaults.tpu_features),
-        gpu_features=text_list("features.gpu", defaults.gpu_features),
+        families=families,
         slot_dir=flat.get("devices.slot_dir", defaults.slot_dir),
         state_dir=flat.get("state_dir", defaults.state_dir),
         inventory_file=flat.get("inventory_file", defaults.inventory_file),
         idle=idle,
         lease_mode=_parse_mode(flat.get("devices.lease.mode", "0600"), "devices.lease.mode", where),
-        isolate_gpus=flat.get("devices.isolate_gpus", defaults.isolate_gpus),
         revoke=flat.get("devices.revoke", defaults.revoke),
         holder_scan_seconds=float(scan_s),
         sysfs_root=flat.get("sysfs_root", defaults.sysfs_root),
@@ -197,6 +211,27 @@ def parse_config(data: Any, where: str = "config") -> Config:
         slurm_backend=flat.get("slurm.backend", defaults.slurm_backend),
         path=None if where == "config" else where,
     )
+
+
+def _families(flat: Mapping[str, Any], where: str, renamed: Mapping[str, str] | None = None
+              ) -> dict[str, FamilyConfig]:
+    """kind -> settings; ``renamed`` maps a version 2 key to the version 1 key the file used."""
+    found = {}
+    for family in FAMILIES:
+        prefix = f"families.{family.kind}."
+        section = {}
+        for key in family.config_keys():
+            source = (renamed or {}).get(prefix + key, prefix + key)
+            if source in flat:
+                section[key] = flat[source]
+        try:
+            found[family.kind] = family.parse_config(section, where)
+        except ConfigError as exc:
+            if renamed and exc.key in renamed:  # name the key as the file spells it
+                old = renamed[exc.key]
+                raise ConfigError(str(exc).replace(f"'{exc.key}'", f"'{old}'"), path=exc.path, key=old) from None
+            raise
+    return found
 
 
 def load_config(path: str | None = None) -> Config:

@@ -7,15 +7,8 @@ from __future__ import annotations
 
 import enum
 import re
-from dataclasses import asdict, dataclass, field
-from typing import Any, Iterator
-
-
-class Kind(str, enum.Enum):
-    """What sort of accelerator a device is."""
-
-    EDGETPU = "edgetpu"
-    GPU = "gpu"
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Iterator
 
 
 class Bus(str, enum.Enum):
@@ -24,6 +17,34 @@ class Bus(str, enum.Enum):
     USB = "usb"
     PCI = "pci"
     PLATFORM = "platform"
+
+
+@dataclass(frozen=True)
+class Details:
+    """Hardware facts that differ per accelerator family (typed subclasses live in
+    ``slurm_tpu.families``); this base has none and shows as ``{}``.
+
+    Every family answers the same health questions through it: a temperature and
+    the thermal trip points (ascending), when the hardware reports them.
+    """
+
+    @property
+    def temperature_c(self) -> float | None:
+        """The device's temperature in degrees Celsius, if it reports one."""
+        return None
+
+    @property
+    def trip_points_c(self) -> tuple[float, ...]:
+        """Thermal trip points in degrees Celsius, lowest first (() when unknown)."""
+        return ()
+
+    def notes(self) -> list[str]:
+        """Short human notes for ``slurm-tpu detect`` (slow link, temperature, memory...)."""
+        return []
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``details`` object of ``slurm-tpu detect --json``."""
+        return {}
 
 
 @dataclass(frozen=True)
@@ -38,7 +59,8 @@ class Accelerator:
     """
 
     identity: str
-    kind: Kind
+    # The family's kind string (``edgetpu``, ``gpu``, ``hailo``...; see slurm_tpu.families).
+    kind: str
     bus: Bus
     bus_address: str
     vendor_id: str
@@ -53,8 +75,8 @@ class Accelerator:
     numa_node: int | None = None
     local_cpus: str | None = None
     # Hardware facts that differ per device family (USB speed, temperature,
-    # unique_id, memory, UUID...). Values are plain JSON types.
-    details: dict[str, Any] = field(default_factory=dict)
+    # unique_id, memory, UUID...), typed by the family.
+    details: Details = Details()
 
     @property
     def vendor_product(self) -> str:
@@ -67,21 +89,25 @@ class Accelerator:
         return self.device_nodes[0] if self.device_nodes else None
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Accelerator":
-        """Inverse of :meth:`to_json` (raises KeyError/ValueError on bad input)."""
-        fields = {k: v for k, v in data.items() if k != "vendor_product"}
-        fields["kind"] = Kind(fields["kind"])
-        fields["bus"] = Bus(fields["bus"])
-        fields["device_nodes"] = tuple(fields.get("device_nodes") or ())
-        fields["details"] = dict(fields.get("details") or {})
-        return cls(**fields)
+    def from_json(cls, data: dict[str, Any], details: Callable[[dict[str, Any]], Details]) -> "Accelerator":
+        """Inverse of :meth:`to_json` (raises KeyError/ValueError on bad input).
+
+        ``details`` builds the typed details from the whole item; the families
+        registry chooses it by kind (see ``slurm_tpu.families.inventory_from_json``).
+        """
+        values = {k: v for k, v in data.items() if k in _FIELDS}
+        values["kind"] = str(values["kind"])
+        values["bus"] = Bus(values["bus"])
+        values["device_nodes"] = tuple(values.get("device_nodes") or ())
+        values["details"] = details(data)
+        return cls(**values)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-ready dict (enums as their values)."""
-        data = asdict(self)
-        data["kind"] = self.kind.value
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
         data["bus"] = self.bus.value
         data["device_nodes"] = list(self.device_nodes)
+        data["details"] = self.details.to_json()
         data["vendor_product"] = self.vendor_product
         return data
 
@@ -103,7 +129,7 @@ class Inventory:
     def __len__(self) -> int:
         return len(self.accelerators)
 
-    def usable(self, kind: Kind | None = None) -> list[Accelerator]:
+    def usable(self, kind: str | None = None) -> list[Accelerator]:
         """Usable accelerators, optionally of one kind."""
         return [a for a in self.accelerators if a.usable and (kind is None or a.kind == kind)]
 
@@ -121,13 +147,15 @@ class Inventory:
                 "accelerators": [a.to_json() for a in self.accelerators]}
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> "Inventory":
-        """Inverse of :meth:`to_json` (raises KeyError/TypeError/ValueError on bad input)."""
-        return cls(tuple(Accelerator.from_json(item) for item in data["accelerators"]),
+    def from_json(cls, data: dict[str, Any], details: Callable[[dict[str, Any]], Details]) -> "Inventory":
+        """Inverse of :meth:`to_json` (raises KeyError/TypeError/ValueError on bad input);
+        ``details`` as for :meth:`Accelerator.from_json`."""
+        return cls(tuple(Accelerator.from_json(item, details) for item in data["accelerators"]),
                    online_cpus=data.get("online_cpus"),
                    core_of_cpu={int(cpu): int(core) for cpu, core in (data.get("core_of_cpu") or {}).items()})
 
 
+_FIELDS = frozenset(f.name for f in fields(Accelerator))
 _SLUG_UNSAFE = re.compile(r"[^a-z0-9]+")
 
 

@@ -31,6 +31,8 @@ from __future__ import annotations
 import os
 import stat
 
+from .identity import is_identity
+
 USAGE_DIR_ENV = "SLURM_TPU_USAGE_DIR"
 FORMAT_VERSION = 1
 MAX_BYTES = 4096  # a record is ~100 bytes; anything larger is not ours
@@ -80,11 +82,7 @@ def checked(inferences: object, seconds: object, energy_j: object = None) -> tup
 
 def record_name(identity: str) -> str | None:
     """The box file name for a device identity; None for anything that is not a plain identity."""
-    if not identity.startswith(("usb-", "pci-", "platform-")) or len(identity) > 128:
-        return None
-    if not all(c.isalnum() or c in ":._-" for c in identity) or not identity.isascii():
-        return None
-    return identity + ".json"
+    return identity + ".json" if is_identity(identity) else None
 
 
 def parse(raw: bytes, identity: str) -> UsageRecord | None:

@@ -63,7 +63,7 @@ class Obj:
               help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.")
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None) -> None:
-    """Make Edge TPUs and GPUs allocatable, isolated Slurm resources.
+    """Make Edge TPUs, GPUs and Hailo NPUs allocatable, isolated Slurm resources.
 
     \b
     Install a node: install, doctor, uninstall

@@ -9,6 +9,7 @@ import sys
 import click
 
 from ..errors import SlurmTpuError
+from ..families import inventory_from_json
 from ..model import Inventory
 from . import EXIT_DIFFERS, Obj, main
 
@@ -25,7 +26,7 @@ def _inventory(saved: str | None = None) -> Inventory:
 
     try:
         with open(saved, encoding="utf-8") as handle:
-            return Inventory.from_json(json.load(handle))
+            return inventory_from_json(json.load(handle))
     except OSError as exc:
         raise SlurmTpuError(f"cannot read inventory {saved}: {exc.strerror}") from exc
     except (ValueError, KeyError, TypeError) as exc:
@@ -36,26 +37,19 @@ def _inventory(saved: str | None = None) -> Inventory:
 def _status(accelerator) -> str:
     if not accelerator.usable:
         return f"UNUSABLE: {accelerator.reason}"
-    notes = ["ok"]
-    details = accelerator.details
-    if details.get("slow_link"):
-        notes.append(f"USB {details['usb_speed_mbps']} Mbit/s link: about 3x slower than USB 3")
-    if details.get("firmware_loaded") is False:
-        notes.append("firmware not loaded yet")
-    if details.get("temperature_c") is not None:
-        notes.append(f"{details['temperature_c']:.1f} C")
-    if details.get("memory_bytes"):
-        notes.append(f"{details['memory_bytes'] / 2**30:.0f} GiB")
-    return ", ".join(notes)
+    return ", ".join(["ok", *accelerator.details.notes()])
 
 
 def format_table(inventory: Inventory) -> str:
     """The human-readable ``detect`` table."""
     if not len(inventory):
-        return "No Edge TPUs or GPUs found on this node.\n"
+        from ..families import FAMILIES
+
+        kinds = ", ".join(f"{f.title}s" for f in FAMILIES)
+        return f"No accelerators found on this node (looked for: {kinds}).\n"
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
-        rows.append((a.identity, a.kind.value, a.model, a.primary_node or "-",
+        rows.append((a.identity, a.kind, a.model, a.primary_node or "-",
                      "-" if a.numa_node is None else str(a.numa_node), _status(a)))
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
     lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5]
@@ -73,7 +67,7 @@ def format_table(inventory: Inventory) -> str:
 @click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
               help="libedgetpu.so.1 for --check-runtime (env SLURM_TPU_LIBEDGETPU; default: the system's).")
 def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
-    """List this node's Edge TPUs and GPUs (through libudev)."""
+    """List this node's accelerators (Edge TPUs, GPUs, Hailo NPUs...) through libudev."""
     inventory = _inventory()
     if check_runtime:
         from ..ops.edgetpu_runtime import check_runtime as run_check
@@ -147,7 +141,7 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
               saved: str | None, no_slots: bool) -> None:
     """Render gres.conf lines for this node's usable accelerators.
 
-    Edge TPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
+    Edge TPUs and Hailo NPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
     USB re-enumeration and unplugging; writing --output creates them (as root).
     """
     from ..render import render_gres_conf

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Callable
 
-from ..jobenv import libedgetpu_path
+from ..protocol.jobenv import libedgetpu_path
 from ..localcluster.cluster import Hooks, LocalCluster, NodeSpec
 from ..slurm import installation
 from .errors import DemoError

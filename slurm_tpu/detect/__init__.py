@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 from ..cpulist import core_indices
+from ..families import FAMILIES
 from ..model import Inventory
-from .coral import find_edgetpus
-from .gpu import find_gpus
 from .snapshot import Snapshot, take_snapshot
 
 
 def inventory_from_snapshot(snapshot: Snapshot) -> Inventory:
-    """Classify a snapshot: Edge TPUs first, then GPUs (pure, no I/O)."""
-    return Inventory(tuple(find_edgetpus(snapshot) + find_gpus(snapshot)), online_cpus=snapshot.online_cpus,
-                     core_of_cpu=core_indices(snapshot.cpu_topology))
+    """Classify a snapshot family by family, in registry order (pure, no I/O)."""
+    found = tuple(accelerator for family in FAMILIES for accelerator in family.find(snapshot))
+    return Inventory(found, online_cpus=snapshot.online_cpus, core_of_cpu=core_indices(snapshot.cpu_topology))
 
 
 def detect_inventory(use_nvml: bool = True) -> Inventory:

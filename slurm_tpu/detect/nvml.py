@@ -45,7 +45,7 @@ def enrich_with_nvml(inventory: Inventory) -> Inventory:
                 continue
             name = name.decode() if isinstance(name, bytes) else name
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            details = dict(accelerator.details, memory_bytes=memory, uuid=uuid, nvml=True)
+            details = dataclasses.replace(accelerator.details, memory_bytes=memory, uuid=uuid, nvml=True)
             enriched.append(dataclasses.replace(accelerator, model=name, details=details))
     finally:
         try:

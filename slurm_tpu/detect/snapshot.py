@@ -8,70 +8,24 @@ snapshot is pure and testable on literal data.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping
 
 from ..errors import DetectionError
-from ..model import Accelerator
-
-# Vendors whose PCI devices we look at: Coral (Global Unichip), NVIDIA, AMD, Intel.
-PCI_VENDORS = {"0x1ac1", "0x10de", "0x1002", "0x8086"}
-# Coral USB ids, before and after firmware load.
-USB_IDS = {("1a6e", "089a"), ("18d1", "9302")}
-# Jetson/Tegra integrated GPUs, by device-tree compatible string.
-TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,ga10b", "nvidia,gb10b")
-
-_ATTRIBUTES = {
-    "usb": ("idVendor", "idProduct", "speed", "busnum", "devnum", "manufacturer", "product"),
-    "pci": ("vendor", "device", "class", "numa_node", "local_cpulist", "mem_info_vram_total",
-            "unique_id", "product_name"),
-    "apex": ("temp", "trip_point0_temp", "trip_point1_temp", "trip_point2_temp", "unique_id",
-             "device_owner"),
-    "platform": (),
-    "drm": (),
-}
+from ..families import FAMILIES, subsystems
+from ..families.base import Candidate
+from ..families.sysfs import Snapshot, SysDevice
 
 
-@dataclass(frozen=True)
-class SysDevice:
-    """The facts about one udev device that the classifiers use."""
-
-    sys_path: str
-    sys_name: str
-    subsystem: str
-    devtype: str = ""
-    driver: str = ""
-    device_node: str = ""
-    properties: Mapping[str, str] = field(default_factory=dict)
-    attributes: Mapping[str, str] = field(default_factory=dict)
-    numa_node: int | None = None
-    local_cpus: str | None = None
+def _attribute_names() -> dict[str, tuple[str, ...]]:
+    """subsystem -> the sysfs attributes some family reads from its devices."""
+    names: dict[str, dict[str, None]] = {}
+    for family in FAMILIES:
+        for subsystem, attributes in family.attributes.items():
+            names.setdefault(subsystem, {}).update(dict.fromkeys(attributes))
+    return {subsystem: tuple(found) for subsystem, found in names.items()}
 
 
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything detection looked at, keyed by sysfs path."""
-
-    devices: Mapping[str, SysDevice]
-    nvidia_proc: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    dev_entries: frozenset[str] = frozenset()
-    online_cpus: str | None = None
-    # CPU id -> (physical package id, core id), from sysfs topology; {} if unreadable.
-    cpu_topology: Mapping[int, tuple[int, int]] = field(default_factory=dict)
-
-    def of_subsystem(self, subsystem: str) -> list[SysDevice]:
-        """Devices of one subsystem, sorted by sysfs path."""
-        return sorted((d for d in self.devices.values() if d.subsystem == subsystem),
-                      key=lambda d: d.sys_path)
-
-    def children(self, parent: SysDevice, subsystem: str) -> list[SysDevice]:
-        """Devices of ``subsystem`` below ``parent`` in the sysfs tree."""
-        prefix = parent.sys_path + "/"
-        return [d for d in self.of_subsystem(subsystem) if d.sys_path.startswith(prefix)]
-
-    def node_exists(self, path: str) -> bool:
-        """Whether a /dev path was seen when the snapshot was taken."""
-        return path in self.dev_entries
+_ATTRIBUTES = _attribute_names()
 
 
 def _text(value: Any) -> str:
@@ -137,19 +91,27 @@ def _record(device: Any) -> SysDevice:
     )
 
 
+class _PyudevCandidate(Candidate):
+    """A pyudev device as the families' ``wanted`` sees it (attributes read on demand)."""
+
+    def __init__(self, device: Any):
+        self._device = device
+        self.subsystem = device.subsystem or ""
+        self.devtype = device.device_type or ""
+
+    def attribute(self, name: str) -> str:
+        try:
+            return _text(self._device.attributes.get(name))
+        except OSError:
+            return ""
+
+    def properties(self) -> Mapping[str, str]:
+        return {k: _text(v) for k, v in self._device.properties.items()}
+
+
 def _wanted(device: Any) -> bool:
-    subsystem = device.subsystem
-    if subsystem == "usb":
-        if device.device_type != "usb_device":
-            return False
-        attrs = device.attributes
-        return (_text(attrs.get("idVendor")), _text(attrs.get("idProduct"))) in USB_IDS
-    if subsystem == "pci":
-        return _text(device.attributes.get("vendor")) in PCI_VENDORS
-    if subsystem == "platform":
-        compatible = [v for k, v in device.properties.items() if k.startswith("OF_COMPATIBLE_")]
-        return any(_text(c) in TEGRA_GPU_COMPATIBLE for c in compatible)
-    return subsystem in ("apex", "drm")
+    candidate = _PyudevCandidate(device)
+    return any(candidate.subsystem in f.attributes and f.wanted(candidate) for f in FAMILIES)
 
 
 def _read_nvidia_proc(root: str = "/proc/driver/nvidia/gpus") -> dict[str, dict[str, str]]:
@@ -217,11 +179,11 @@ def _cpu_topology() -> dict[int, tuple[int, int]]:
     return topology
 
 
-def take_snapshot(subsystems: Iterable[str] = ("usb", "pci", "apex", "drm", "platform")) -> Snapshot:
-    """Enumerate udev devices of interest into a :class:`Snapshot`."""
+def take_snapshot(only: Iterable[str] | None = None) -> Snapshot:
+    """Enumerate the udev devices some family wants (of ``only`` these subsystems) into a :class:`Snapshot`."""
     context = _load_pyudev()
     devices: dict[str, SysDevice] = {}
-    for subsystem in subsystems:
+    for subsystem in subsystems() if only is None else only:
         try:
             for device in context.list_devices(subsystem=subsystem):
                 if _wanted(device):
@@ -231,10 +193,3 @@ def take_snapshot(subsystems: Iterable[str] = ("usb", "pci", "apex", "drm", "pla
     return Snapshot(devices=devices, nvidia_proc=_read_nvidia_proc(), dev_entries=_dev_entries(),
                     online_cpus=_online_cpus(), cpu_topology=_cpu_topology())
 
-
-def accelerator_from(device: SysDevice, **fields: Any) -> Accelerator:
-    """An Accelerator whose sysfs path, bus address, driver and CPU affinity come
-    from ``device``; ``fields`` gives the rest (identity, kind, bus, model...)."""
-    fields.setdefault("bus_address", device.sys_name)
-    return Accelerator(sys_path=device.sys_path, driver=device.driver, numa_node=device.numa_node,
-                       local_cpus=device.local_cpus, **fields)

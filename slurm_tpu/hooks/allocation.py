@@ -7,8 +7,9 @@ newlines; the parser (``slurm.jobdetail``) tells an array's sibling tasks from a
 forgery, and only a forgery costs a second query, ``squeue --json`` (about 20 ms,
 unforgeable). The prolog
 turns each ``IDX`` into a gres.conf ``File=`` path exactly as slurmd numbers
-them (see ``slurm.gres_index``), and that path into an identity: for Edge TPUs
-the file must be ``<slot_dir>/<identity>``, for GPUs a node the inventory lists.
+them (see ``slurm.gres_index``), and that path into an identity: for a family
+with slot nodes (Edge TPUs, Hailo) the file must be ``<slot_dir>/<identity>``,
+for the others (GPUs) a node the inventory lists, of a device of that family.
 The device nodes to chown always come from the inventory file, never from
 gres.conf or the job.
 """
@@ -21,6 +22,7 @@ if TYPE_CHECKING:
     from typing import Mapping, Sequence
 
     from ..locks.node_inventory import KnownDevice
+    from ..protocol.hooks_snapshot import FamilyPolicy
     from ..slurm.jobdetail import GresAlloc
     from .settings import HookSettings
 
@@ -128,7 +130,8 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) ->
     slot_dir = os.path.normpath(settings.slot_dir)
     devices: list[KnownDevice] = []
     for alloc in allocs:
-        if alloc.name not in index:
+        policy = settings.policy_of_gres(alloc.name)
+        if alloc.name not in index or policy is None:
             continue
         order = index[alloc.name]
         if not alloc.indices and alloc.count:
@@ -142,7 +145,7 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) ->
             if alloc.type and kind and alloc.type.lower() != kind.lower():
                 raise HookError(f"job {job_id}: {alloc.name} IDX {idx} is type {alloc.type} in Slurm but "
                                 f"{kind} in gres.conf; slurm.conf Gres= and gres.conf disagree")
-            device = _device_for(path, alloc.name == settings.tpu_name, slot_dir, known)
+            device = _device_for(path, policy, slot_dir, known)
             if device is None:
                 raise HookError(f"job {job_id}: gres.conf names {path!r} for {alloc.name} IDX {idx}, which "
                                 "is not a device this node's inventory knows; fix gres.conf "
@@ -152,17 +155,18 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) ->
     return devices
 
 
-def _device_for(path: str | None, is_tpu: bool, slot_dir: str,
+def _device_for(path: str | None, policy: FamilyPolicy, slot_dir: str,
                 known: Mapping[str, KnownDevice]) -> KnownDevice | None:
+    """The known device of the GRES's family that gres.conf's File= names, or None."""
     if not path:
         return None
     path = os.path.normpath(path)
-    if is_tpu:
+    if policy.slot:
         if os.path.dirname(path) != slot_dir:
             return None
         device = known.get(os.path.basename(path))
-        return device if device is not None and device.kind == "edgetpu" else None
+        return device if device is not None and device.kind == policy.kind else None
     for device in known.values():
-        if device.kind == "gpu" and path in device.device_nodes:
+        if device.kind == policy.kind and path in device.device_nodes:
             return device
     return None

@@ -3,8 +3,11 @@
 The task-prolog runs before *every* task of a job, as the job's user; reading
 the ledger there would cost a Python start per task. The root prolog, which has
 just taken the leases, writes the ``export NAME=value`` lines once (variables of
-the job environment contract, see ``slurm_tpu.jobenv``), and
-``prolog/slurm-tpu-task-prolog`` (a POSIX sh script, no fork) prints them.
+the job environment contract, see ``slurm_tpu.protocol.jobenv``), and
+``prolog/slurm-tpu-task-prolog`` (a POSIX sh script, no fork) prints them. The
+variables and each device's entries come precomputed from the families through
+the hooks' snapshot; ``<state_dir>/no-devices.env`` (every variable unset, written with the
+snapshot) is what the task-prolog prints for a job with no device here.
 """
 
 from __future__ import annotations
@@ -13,18 +16,31 @@ import os
 
 from ..locks import statedir
 from ..locks.ledger import JOBS
+from ..protocol.jobenv import USAGE_DIR
 
 
 def render(leases, settings, usage_dir: str | None = None) -> str:
-    """The export lines for a job's leases (in allocation order) and its usage box, if any."""
-    devices_var, paths_var, gpus_var, usage_var = settings.env_names
-    tpus = [lease.identity for lease in leases if lease.kind != "gpu"]
-    gpus = [lease.identity for lease in leases if lease.kind == "gpu"]
-    paths = [settings.tpu_paths[identity] for identity in tpus]
-    lines = [f"export {devices_var}={','.join(tpus)}", f"export {paths_var}={','.join(paths)}",
-             f"export {gpus_var}={','.join(gpus)}" if gpus else f"unset {gpus_var}",
-             f"export {usage_var}={usage_dir}" if usage_dir else f"unset {usage_var}"]
+    """The export lines for a job's leases (in allocation order) and its usage box, if any.
+
+    Each family variable lists its devices' entries; a device without one is left
+    out (the prolog refuses such a device before leasing it).
+    """
+    lines = []
+    for variable in settings.variables:
+        entries = [settings.values.get(lease.identity, {}).get(variable.name) for lease in leases
+                   if lease.kind == variable.kind]
+        entries = [entry for entry in entries if entry is not None]
+        if entries or not variable.unset_when_empty:
+            lines.append(f"export {variable.name}={','.join(entries)}")
+        else:
+            lines.append(f"unset {variable.name}")
+    lines.append(f"export {USAGE_DIR}={usage_dir}" if usage_dir else f"unset {USAGE_DIR}")
     return "\n".join(lines) + "\n"
+
+
+def render_unset(settings) -> str:
+    """``<state_dir>/no-devices.env``: every variable of the contract unset (a job with no device on this node)."""
+    return "".join(f"unset {name}\n" for name in [*(v.name for v in settings.variables), USAGE_DIR])
 
 
 def write(ledger, job_id: int, leases, settings, usage_dir: str | None = None) -> None:

@@ -31,6 +31,7 @@ import time
 
 from ..locks import ownership, processes, revoke
 from ..locks.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
+from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from .context import HookError
 
 # How long a prolog waits for another job's lease to go (its epilog may be
@@ -147,7 +148,7 @@ def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownD
         how = "/".join(sorted(set(found.holders.values())))
         ledger.audit("survivor", identity=identity, job_id=job_id, pids=pids, how=how)
         return f"pid {pids} still holds {identity} ({how}) after job {job_id}; kill it, then resume the node"
-    if device.kind == "edgetpu" and device.bus == "pci":
+    if settings.revocation(device.kind, device.bus) == GASKET_WRITERS:
         writers = sum(revoke.gasket_writers(settings.sysfs_root, node) or 0 for node in present)
         if writers:
             ledger.audit("survivor", identity=identity, job_id=job_id, writers=writers)
@@ -181,7 +182,7 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
         _set_phase(ledger, lease, KEPT)
         return problems
     assert device is not None
-    if settings.revoke and revoke.revocable(device.kind, device.bus):
+    if settings.revoke and settings.revocation(device.kind, device.bus) == USB_PORT:
         # Phase first: the udev events of the disconnect must find it revoking; the
         # nodes it had tell udev_event the old device's events from the new one's.
         lease.device_nodes = tuple(present)

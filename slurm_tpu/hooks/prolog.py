@@ -30,9 +30,11 @@ def run(environ) -> int:
     if not devices:
         return 0
     for device in devices:
-        if device.kind == "edgetpu" and device.identity not in settings.tpu_paths:
-            raise HookError(f"job {job.job_id}: {device.identity} has no device node for libedgetpu "
-                            "(unplugged?); replug it or drain the node")
+        entries = settings.values.get(device.identity, {})
+        for variable in settings.variables:
+            if variable.kind == device.kind and variable.name not in entries:
+                raise HookError(f"job {job.job_id}: {device.identity} has no device node for its "
+                                f"{variable.name} entry (unplugged?); replug it or drain the node")
     with Ledger(settings.state_dir) as ledger:
         ledger.sweep_temps()
         leases = leasing.acquire(ledger, job, devices, settings)

@@ -3,10 +3,12 @@
 On every job a prolog would otherwise import PyYAML (plus site-packages) to read
 the site config, parse inventory.json, slurm.conf and gres.conf and rebuild the
 IDX -> device table: tens of milliseconds of a job's start-up. Instead the first
-hook after any change builds :class:`HookSettings` the slow way and writes them to
-``<state_dir>/hooks.snapshot``, together with the identity (device, inode,
-size, mtime) of every file they came from; later hooks only ``stat`` those files
-and read the snapshot (plain tab-separated lines: no json, re or yaml import).
+hook after any change builds :class:`HookSettings` the slow way (the families
+registry included) and writes them to ``<state_dir>/hooks.snapshot``
+(slurm_tpu/protocol/hooks_snapshot.py: the format, its one writer and reader),
+together with the identity (device, inode, size, mtime) of every file they came
+from; later hooks only ``stat`` those files and read the snapshot (no json, re,
+yaml, typing or dataclasses import, and never the families package).
 
 The state directory is found by a cheap scan of the config for a top-level
 ``state_dir:`` line; if that scan is ever wrong the snapshot is simply not
@@ -19,42 +21,19 @@ from __future__ import annotations
 import os
 
 from ..locks import statedir
-from ..locks.node_inventory import KnownDevice
+from ..protocol.hooks_snapshot import HookSnapshot, format_snapshot, parse_snapshot
 
 SNAPSHOT = "hooks.snapshot"
 QUERY_MARKER = "prolog.query"
-FORMAT = "slurm-tpu hooks snapshot 5"
+# What the task-prolog prints for a job with no devices here (<state_dir>/no-devices.env):
+# every job variable unset. Beside jobs/, not in it: jobs/ holds one file per running job.
+NO_DEVICES_ENV = "no-devices.env"
 DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
 DEFAULT_STATE_DIR = "/run/slurm-tpu"
 
 
-class HookSettings:
-    """Config values, this node's devices and its GRES index, as the hooks use them."""
-
-    __slots__ = ("state_dir", "slot_dir", "lease_mode", "idle_uid", "idle_gid", "idle_mode", "isolate_gpus",
-                 "tpu_name", "gpu_name", "node", "devices", "index", "sources", "env_names", "tpu_paths",
-                 "slurm_bin_dir", "slurm_sbin_dir", "revoke", "holder_scan_s", "sysfs_root")
-
-    def __init__(self, state_dir: str, slot_dir: str = "/dev/slurm-tpu", lease_mode: int = 0o600,
-                 idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = 0o600, isolate_gpus: bool = False,
-                 tpu_name: str = "tpu", gpu_name: str = "gpu", node: str = "",
-                 devices: dict[str, KnownDevice] | None = None,
-                 index: dict[str, list[tuple[str | None, str | None]]] | None = None,
-                 sources: dict[str, str] | None = None):
-        self.state_dir, self.slot_dir, self.lease_mode = state_dir, slot_dir, lease_mode
-        self.idle_uid, self.idle_gid, self.idle_mode = idle_uid, idle_gid, idle_mode
-        self.isolate_gpus, self.tpu_name, self.gpu_name, self.node = isolate_gpus, tpu_name, gpu_name, node
-        self.devices = devices or {}
-        self.index = index or {}
-        self.sources = sources or {}
-        # The job environment contract (jobenv.py), precomputed so the prolog
-        # need not import it: variable names, and libedgetpu's "type:path" per TPU.
-        self.env_names: tuple[str, ...] = ()
-        self.tpu_paths: dict[str, str] = {}
-        # The config's slurm.bin_dir/sbin_dir ("" when unset: slurm/installation.py decides).
-        self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
-        # Revocation at job end (slurm_tpu/locks/revoke.py) and the holder scan's time box.
-        self.revoke, self.holder_scan_s, self.sysfs_root = True, 2.0, "/sys"
+class HookSettings(HookSnapshot):
+    """Config values, the families' policies, this node's devices and its GRES index, as the hooks use them."""
 
     def slurm(self, environ):  # -> slurm.commands.Slurm
         """The Slurm gateway for a hook: no PATH (slurmd gives hooks none, and a job must not choose)."""
@@ -66,70 +45,29 @@ class HookSettings:
         return Slurm(install, environ)
 
     def leasable_names(self) -> list[str]:
-        """GRES names whose devices this node leases (tpu; gpu with isolate_gpus)."""
+        """GRES names whose devices this node leases (families that lease, with devices here)."""
         names = []
-        if any(d.kind == "edgetpu" for d in self.devices.values()) and self.tpu_name in self.index:
-            names.append(self.tpu_name)
-        if self.isolate_gpus and any(d.kind == "gpu" for d in self.devices.values()) \
-                and self.gpu_name in self.index:
-            names.append(self.gpu_name)
+        for policy in self.families.values():
+            if policy.leased and policy.gres_name in self.index and policy.gres_name not in names \
+                    and any(d.kind == policy.kind for d in self.devices.values()):
+                names.append(policy.gres_name)
         return names
 
-    # ---- snapshot format -------------------------------------------------------------
+    def policy_of_gres(self, name: str):  # -> FamilyPolicy | None
+        """The leasing family whose GRES name this is (None: not ours)."""
+        for policy in self.families.values():
+            if policy.leased and policy.gres_name == name:
+                return policy
+        return None
+
     def to_text(self) -> str:
-        lines = [FORMAT]
-        for path, key in sorted(self.sources.items()):
-            lines.append(f"src\t{path}\t{key}")
-        lines.append("set\t" + "\t".join([self.state_dir, self.slot_dir, str(self.lease_mode), str(self.idle_uid),
-                                          str(self.idle_gid), str(self.idle_mode), str(int(self.isolate_gpus)),
-                                          self.tpu_name, self.gpu_name, self.node, self.slurm_bin_dir,
-                                          self.slurm_sbin_dir, str(int(self.revoke)), repr(self.holder_scan_s),
-                                          self.sysfs_root]))
-        for device in self.devices.values():
-            lines.append("dev\t" + "\t".join([device.identity, device.kind, device.bus, *device.device_nodes]))
-        lines.append("env\t" + "\t".join(self.env_names))
-        for identity, path in self.tpu_paths.items():
-            lines.append(f"tpath\t{identity}\t{path}")
-        for name, order in self.index.items():
-            for position, (kind, path) in enumerate(order):
-                lines.append(f"idx\t{name}\t{position}\t{kind or ''}\t{path or ''}")
-        return "\n".join(lines) + "\n"
+        """The snapshot file's text (raises ValueError for a value it cannot hold)."""
+        return format_snapshot(self)
 
     @classmethod
     def from_text(cls, text: str) -> "HookSettings | None":
-        lines = text.split("\n")
-        if not lines or lines[0] != FORMAT:
-            return None
-        settings = None
-        sources, devices, index, env_names, tpu_paths = {}, {}, {}, (), {}
-        for line in lines[1:]:
-            if not line:
-                continue
-            fields = line.split("\t")
-            tag = fields[0]
-            if tag == "src" and len(fields) == 3:
-                sources[fields[1]] = fields[2]
-            elif tag == "set" and len(fields) == 16:
-                settings = fields[1:]
-            elif tag == "dev" and len(fields) >= 4:
-                devices[fields[1]] = KnownDevice(fields[1], fields[2], fields[3], tuple(fields[4:]))
-            elif tag == "env":
-                env_names = tuple(fields[1:])
-            elif tag == "tpath" and len(fields) == 3:
-                tpu_paths[fields[1]] = fields[2]
-            elif tag == "idx" and len(fields) == 5:
-                index.setdefault(fields[1], []).append((fields[3] or None, fields[4] or None))
-            else:
-                return None
-        if settings is None:
-            return None
-        s = settings
-        result = cls(s[0], s[1], int(s[2]), int(s[3]), int(s[4]), int(s[5]), s[6] == "1", s[7], s[8], s[9],
-                     devices, index, sources)
-        result.env_names, result.tpu_paths = env_names, tpu_paths
-        result.slurm_bin_dir, result.slurm_sbin_dir = s[10], s[11]
-        result.revoke, result.holder_scan_s, result.sysfs_root = s[12] == "1", float(s[13]), s[14]
-        return result
+        """The settings in a snapshot file's text, or None when it is no current snapshot."""
+        return parse_snapshot(text, cls)
 
 
 def file_key(path: str) -> str:
@@ -206,24 +144,41 @@ def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
     return [cfg, os.path.join(state_dir, "inventory.json"), slurm_conf, gres_conf]
 
 
-def edgetpu_paths(devices: dict[str, KnownDevice]) -> dict[str, str]:
-    """identity -> "type:path" as SLURM_TPU_EDGETPU_PATHS carries it, per leasable Edge TPU."""
-    from .. import jobenv
+def apply_families(settings: HookSettings, config) -> None:
+    """Precompute what the hooks need of the families (slow path only: imports the registry).
 
-    paths = {}
-    for device in devices.values():
-        if device.kind == "edgetpu":
+    Policies, udev naming rules and job variables per family, and each known
+    device's entry in its family's variables. A device without an entry (a PCIe
+    Edge TPU without its node) is refused by the prolog.
+    """
+    from ..families import FAMILIES
+    from ..protocol.hooks_snapshot import EnvVariable, UdevRule
+
+    by_kind = {}
+    for family in FAMILIES:
+        by_kind[family.kind] = family
+        settings.families[family.kind] = family.hook_policy(config.family(family.kind))
+        settings.udev += [UdevRule(u.subsystem, u.devtype, u.bus, u.depth, u.attribute)
+                          for u in family.udev_identities]
+        settings.variables += [EnvVariable(v.name, family.kind, v.unset_when_empty) for v in family.variables]
+    for device in settings.devices.values():
+        family = by_kind.get(device.kind)
+        for variable in family.variables if family is not None else ():
             try:
-                kind, path = jobenv.libedgetpu_path(device.identity, device.primary_node)
+                entry = variable.value(device.identity, device.primary_node)
             except ValueError:
-                continue  # a PCIe TPU without its node: the prolog refuses it anyway
-            paths[device.identity] = f"{kind}:{path}"
-    return paths
+                continue
+            settings.values.setdefault(device.identity, {})[variable.name] = entry
+
+
+def device_entries(settings: HookSettings, identity: str) -> dict[str, str]:
+    """A device's entries in its family's job variables (as the snapshot holds them)."""
+    return settings.values.get(identity, {})
 
 
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
-    """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf."""
-    from .. import jobenv, usage
+    """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf, the families."""
+    from .. import families
     from ..locks import node_inventory, ownership
     from . import allocation
     from .context import load_hook_config
@@ -231,14 +186,15 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     cfg = config_path(environ)
     config = load_hook_config(environ)
     node = node or config.node_name or os.uname().nodename.split(".")[0]
-    settings = HookSettings(config.state_dir, config.slot_dir, config.lease_mode, 0, 0, config.idle.mode,
-                            config.isolate_gpus, config.tpu_gres_name, config.gpu_gres_name, node)
+    settings = HookSettings(config.state_dir, config.slot_dir, config.lease_mode, 0, 0, config.idle.mode, node)
     settings.idle_uid, settings.idle_gid = ownership.resolve_ids(config.idle.owner, config.idle.group)
     settings.slurm_bin_dir, settings.slurm_sbin_dir = config.slurm_bin_dir or "", config.slurm_sbin_dir or ""
     settings.revoke, settings.holder_scan_s = config.revoke, config.holder_scan_seconds
     settings.sysfs_root = config.sysfs_root
     paths = _source_paths(cfg, config.state_dir, environ)
     paths += allocation.slurm_conf_files(paths[2])[1:]
+    # The registry: a family added or changed (an upgrade) sends the next hook down this path.
+    paths.append(families.__file__)
     keys_before = {path: file_key(path) for path in paths}
     try:
         fd = statedir.open_dir(config.state_dir, create=create)
@@ -248,9 +204,8 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         return settings  # no state directory: nothing was ever leased here
     try:
         settings.devices = node_inventory.load(fd)
-        settings.env_names = (jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, usage.USAGE_DIR_ENV)
-        settings.tpu_paths = edgetpu_paths(settings.devices)
-        names = [config.tpu_gres_name] + ([config.gpu_gres_name] if config.isolate_gpus else [])
+        apply_families(settings, config)
+        names = list(dict.fromkeys(p.gres_name for p in settings.families.values() if p.leased))
         settings.index = allocation.gres_index(node, names, environ)
         settings.sources = keys_before
         # Only a root hook writes; a file changed while we read it is not snapshotted.
@@ -272,7 +227,13 @@ def _scontrol_for_sh(settings: HookSettings, environ) -> str | None:
 
 
 def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
-    statedir.write_atomic(fd, SNAPSHOT, settings.to_text().encode())
+    try:
+        text = settings.to_text()
+    except ValueError:
+        statedir.remove(fd, SNAPSHOT)  # a value it cannot hold (a tab in a path): the slow path every time
+        return
+    statedir.write_atomic(fd, SNAPSHOT, text.encode())
+    _write_no_devices_env(fd, settings)
     # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early, and
     # with which scontrol (sh cannot read /proc/PID/exe without forking).
     scontrol = _scontrol_for_sh(settings, environ) if settings.leasable_names() else None
@@ -280,6 +241,15 @@ def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
         statedir.write_atomic(fd, QUERY_MARKER, scontrol.encode() + b"\n")
     else:
         statedir.remove(fd, QUERY_MARKER)
+
+
+def _write_no_devices_env(state_fd: int, settings: HookSettings) -> None:
+    """``<state_dir>/no-devices.env``: every job variable unset, for the task-prolog of a job with no device here."""
+    from . import envfile
+
+    data = envfile.render_unset(settings).encode()
+    if statedir.read_file(state_fd, NO_DEVICES_ENV) != data:
+        statedir.write_atomic(state_fd, NO_DEVICES_ENV, data, mode=0o644)
 
 
 def store_snapshot(state_fd: int, settings: HookSettings, environ) -> None:

@@ -21,29 +21,52 @@ import stat
 from .context import HookError, node_from_env, say
 
 
-def identity_for(environ: dict[str, str]) -> str | None:
+def _sysfs_attribute(sysfs_root: str, parts: list[str], name: str) -> str | None:
+    """A sysfs attribute of the event's device (None when gone: a remove event)."""
+    path = os.path.join(sysfs_root, *parts, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, 256).decode("ascii", "replace").strip()
+    finally:
+        os.close(fd)
+
+
+def identity_for(environ: dict[str, str], rules, sysfs_root: str = "/sys", known=None) -> str | None:
     """The stable identity of the event's device, or None if it is not ours.
 
-    USB: ``usb-`` + the topology path (DEVPATH's last component). PCIe Edge TPU
-    (``apex``) and DRM nodes: ``pci-`` + the PCI address two levels up.
+    ``rules`` (the families' UdevRule list, from the hooks' snapshot) say how: for
+    USB ``usb-`` + the topology path (DEVPATH's last component), for a PCIe Edge
+    TPU (``apex``) and DRM nodes ``pci-`` + the PCI address two levels up, for a
+    class device that is no child of its PCI device (Hailo's) ``pci-`` + its
+    ``board_location`` attribute; a remove event of that kind has no sysfs left and
+    is found by its DEVNAME among the ``known`` devices.
     """
-    from ..locks.slots import check_identity
+    from ..identity import is_identity
 
     devpath = environ.get("DEVPATH", "")
     subsystem = environ.get("SUBSYSTEM", "")
     parts = [p for p in devpath.split("/") if p]
-    if not parts:
+    if not parts or ".." in parts:
         return None
-    if subsystem == "usb" and environ.get("DEVTYPE", "usb_device") == "usb_device":
-        candidate = "usb-" + parts[-1]
-    elif subsystem in ("apex", "drm") and len(parts) >= 3:
-        candidate = "pci-" + parts[-3]
-    else:
-        return None
-    try:
-        return check_identity(candidate)
-    except Exception:
-        return None
+    for rule in rules:
+        if rule.subsystem != subsystem or (rule.devtype and environ.get("DEVTYPE", rule.devtype) != rule.devtype):
+            continue
+        if rule.attribute:
+            value = _sysfs_attribute(sysfs_root, parts, rule.attribute)
+            if value is None:
+                devname = os.path.normpath(environ.get("DEVNAME", "") or "/")
+                found = [d.identity for d in (known or {}).values() if devname in d.device_nodes]
+                return found[0] if found else None
+            candidate = f"{rule.bus}-{value}"
+        elif rule.depth and len(parts) >= rule.depth:
+            candidate = f"{rule.bus}-{parts[-rule.depth]}"
+        else:
+            continue
+        return candidate if is_identity(candidate) else None
+    return None
 
 
 def _char_node(path: str) -> bool:
@@ -60,11 +83,11 @@ def run(environ: dict[str, str]) -> int:
     from . import settings as hook_settings
 
     action = environ.get("ACTION", "")
-    identity = identity_for(environ)
-    if identity is None:
-        return 0
     # Every job on a revoked USB stick brings two events: the snapshot when current.
     settings = hook_settings.load(environ, node_from_env(environ))
+    identity = identity_for(environ, settings.udev, settings.sysfs_root, settings.devices)
+    if identity is None:
+        return 0
     with Ledger(settings.state_dir) as ledger:
         ledger.lock()
         known = node_inventory.load(ledger.dir_fd)
@@ -82,9 +105,11 @@ def run(environ: dict[str, str]) -> int:
         devname = os.path.normpath(environ.get("DEVNAME", ""))
         if not os.path.isabs(devname) or not _char_node(devname):
             raise HookError(f"udev-event: {identity}: DEVNAME {devname!r} is not a character device node")
-        if device.kind == "edgetpu":
+        policy = settings.families.get(device.kind)
+        slotted = policy is not None and policy.slot
+        if slotted:  # the slot follows the device's one node; other families keep their listed nodes
             ensure_slot(settings.slot_dir, identity, devname)
-        nodes = (devname,) if device.kind == "edgetpu" else device.device_nodes
+        nodes = (devname,) if slotted else device.device_nodes
         changed = node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
         lease = ledger.read(identity)
         if isinstance(lease, Lease) and lease.phase == REVOKING and devname not in lease.device_nodes:

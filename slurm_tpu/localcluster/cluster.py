@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Mapping, Sequence
 
 from ..errors import SlurmCommandError
+from ..families import FAMILIES
 from ..slurm import installation
 from ..slurm.parse import parse_key_values
 from .hardware import detect_under_umockdev, materialize, materialize_sysfs
@@ -278,7 +279,7 @@ class LocalCluster:
             "SelectTypeParameters=CR_CPU",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=1,bf_interval=1",
-            "GresTypes=tpu,gpu",
+            f"GresTypes={','.join(dict.fromkeys(f.default_config.gres_name for f in FAMILIES))}",
             "MpiDefault=none",
             "ReturnToService=2",
             "MinJobAge=600",

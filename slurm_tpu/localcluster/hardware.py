@@ -8,6 +8,7 @@ import stat
 import subprocess
 from dataclasses import replace
 
+from ..families import inventory_from_json
 from ..model import Inventory
 
 # Majors 240-254 are reserved for local/experimental use: no real driver answers
@@ -29,7 +30,7 @@ def detect_under_umockdev(umockdev_file: str, slurm_tpu: list[str], python: str)
     )
     if completed.returncode != 0:
         raise RuntimeError(f"detect under umockdev failed for {umockdev_file}: {completed.stderr.strip()}")
-    return Inventory.from_json(json.loads(completed.stdout))
+    return inventory_from_json(json.loads(completed.stdout))
 
 
 def materialize(inventory: Inventory, dev_root: str, minor_start: int = 0) -> Inventory:
@@ -106,7 +107,7 @@ def materialize_sysfs(inventory: Inventory, sys_root: str) -> None:
     here counts open files, see slurm_tpu/locks/revoke.py).
     """
     for accelerator in inventory:
-        if accelerator.kind.value != "edgetpu" or not accelerator.device_nodes:
+        if accelerator.kind != "edgetpu" or not accelerator.device_nodes:
             continue
         node = accelerator.device_nodes[0]
         if accelerator.bus.value == "usb":

@@ -21,7 +21,7 @@ class KnownDevice:
 
     def __init__(self, identity: str, kind: str, bus: str, device_nodes: tuple[str, ...]):
         self.identity = identity
-        self.kind = kind  # "edgetpu" or "gpu"
+        self.kind = kind  # a family kind (slurm_tpu/families): "edgetpu", "gpu", "hailo"...
         self.bus = bus  # "usb", "pci", "platform"
         self.device_nodes = tuple(device_nodes)
 

@@ -59,8 +59,13 @@ safe, so the driver's own count is checked instead:
   read-only fd smuggled out of a job is a residual, read-only exposure.
 
 GPUs: not revoked (the NVIDIA driver offers no per-fd revocation); the
-ownership change and the holder scan are all there is. Hailo (hailo_pci) is not
-leased by this version; its driver would need the same reading first.
+ownership change and the holder scan are all there is.
+
+Which method applies to a device is its family's ``revocation`` (bus -> method,
+slurm_tpu/families/; the hooks get it through their snapshot): ``usb-port``
+(:func:`disconnect_usb`), ``gasket-writers`` (holder scan + :func:`gasket_writers`),
+anything else the holder scan alone. A family module that leases devices says
+there, with the driver code it read, why its method is the right one.
 
 ``sysfs_root`` is a parameter so tests can point it at a materialized testbed.
 """
@@ -88,11 +93,6 @@ def usb_port_path(identity: str) -> str:
 
 def usb_device_dir(sysfs_root: str, identity: str) -> str:
     return os.path.join(sysfs_root, "bus", "usb", "devices", usb_port_path(identity))
-
-
-def revocable(kind: str, bus: str) -> bool:
-    """Whether :func:`disconnect_usb` applies to a device of this kind and bus."""
-    return kind == "edgetpu" and bus == "usb"
 
 
 def _write_attribute(path: str, value: bytes, identity: str) -> None:

@@ -10,17 +10,15 @@ runtime opens the real node, whose ownership the lease hooks manage.
 from __future__ import annotations
 
 import os
-import re
 import stat
 
 from ..errors import DeviceError
-
-_IDENTITY = re.compile(r"^(usb|pci|platform)-[A-Za-z0-9:._-]+$")
+from ..identity import is_identity
 
 
 def check_identity(identity: str) -> str:
-    """Return ``identity`` if it is a well-formed accelerator identity, else raise."""
-    if not _IDENTITY.match(identity) or ".." in identity:
+    """Return ``identity`` if it is a well-formed accelerator identity (slurm_tpu/identity.py), else raise."""
+    if not is_identity(identity):
         raise DeviceError(f"'{identity}' is not an accelerator identity (e.g. usb-2-1.3, pci-0000:03:00.0)",
                           identity)
     return identity

@@ -17,7 +17,8 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..errors import SlurmTpuError
-from ..model import Inventory, Kind
+from ..families import family, inventory_from_json
+from ..model import Inventory
 from ..render import slot_path
 
 
@@ -35,7 +36,7 @@ def restore_node_state(config: Config, live: Inventory) -> BootResult:
 
     try:
         with open(config.inventory_file, encoding="utf-8") as handle:
-            configured = Inventory.from_json(json.load(handle))
+            configured = inventory_from_json(json.load(handle))
     except FileNotFoundError:
         raise SlurmTpuError(f"no configured inventory at {config.inventory_file}: run "
                             "`slurm-tpu gres-conf --output /etc/slurm/gres.conf` once on this node") from None
@@ -45,7 +46,7 @@ def restore_node_state(config: Config, live: Inventory) -> BootResult:
     present, absent, restored = [], [], []
     for accelerator in configured:
         now = live.by_identity(accelerator.identity)
-        if accelerator.usable and accelerator.kind == Kind.EDGETPU:
+        if accelerator.usable and family(accelerator.kind).slot:
             directory = os.path.dirname(slot_path(config, accelerator))
             if now is not None and now.usable and now.primary_node:
                 ensure_slot(directory, accelerator.identity, now.primary_node)

@@ -12,20 +12,21 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..files import block_markers, merge_block, read_text, write_if_changed
-from ..model import Inventory, Kind
+from ..families import family
+from ..model import Inventory
 from ..render import node_features, node_gres, render_gres_conf, slot_path
 from ..slurm.parse import parse_key_values
 
 
 def prepare_node_state(config: Config, inventory: Inventory) -> None:
-    """Create/re-point slot nodes for usable Edge TPUs, save the state inventory and
+    """Create/re-point slot nodes (families with slots: Edge TPUs...), save the state inventory and
     its persistent copy (restored by ``slurm-tpu boot`` after a reboot)."""
     import json
 
     from ..locks.node_inventory import write_state_inventory
     from ..locks.slots import ensure_slot
 
-    for accelerator in inventory.usable(Kind.EDGETPU):
+    for accelerator in (a for a in inventory.usable() if family(a.kind).slot):
         ensure_slot(os.path.dirname(slot_path(config, accelerator)), accelerator.identity,
                     accelerator.primary_node or "")
     write_state_inventory(config.state_dir, inventory.to_json())

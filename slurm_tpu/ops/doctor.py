@@ -18,7 +18,8 @@ from typing import Callable, Mapping
 
 from .. import __version__
 from ..config import Config
-from ..model import Inventory, Kind
+from ..families import FAMILIES, family
+from ..model import Inventory
 from .install import SLURM_HOOKS, Layout
 
 
@@ -131,10 +132,9 @@ def check_hooks(node: Node) -> list[Finding]:
 
 
 def check_gres_types(node: Node) -> list[Finding]:
-    """GresTypes lists tpu, and gpu where the node has GPUs."""
-    names = [node.config.tpu_gres_name]
-    if node.inventory.usable(Kind.GPU):
-        names.append(node.config.gpu_gres_name)
+    """GresTypes lists the first family's GRES (tpu) always, and every family's the node has devices of."""
+    names = [node.config.family(f.kind).gres_name for i, f in enumerate(FAMILIES)
+             if i == 0 or node.inventory.usable(f.kind)]
     have = [t.strip() for t in node.options().get("grestypes", "").split(",") if t.strip()]
     lacking = [n for n in names if n not in have]
     if lacking:
@@ -219,9 +219,9 @@ def _managed_nodes(node: Node) -> list[tuple[str, str]]:
     nodes = []
     for accelerator in node.inventory.usable():
         paths = current.get(accelerator.identity) or accelerator.device_nodes
-        if accelerator.kind == Kind.EDGETPU:
+        if family(accelerator.kind).slot:
             nodes += [(accelerator.identity, path) for path in paths]
-        elif node.config.isolate_gpus:
+        elif node.config.family(accelerator.kind).lease:  # leased GPUs: udev owns only the render nodes
             nodes += [(accelerator.identity, path) for path in paths if os.path.basename(path).startswith("renderD")]
     return nodes
 
@@ -403,7 +403,8 @@ def check_slurmd_version(node: Node) -> list[Finding]:
 
 def check_runtimes(node: Node) -> list[Finding]:
     """libedgetpu where the node has Edge TPUs; a TFLite runtime where it has any; Vulkan for GPUs."""
-    tpus, gpus = node.inventory.usable(Kind.EDGETPU), node.inventory.usable(Kind.GPU)
+    runners = {f.runner for f in FAMILIES if node.inventory.usable(f.kind)}
+    tpus, gpus = "edgetpu" in runners, "gpu" in runners
     findings = []
     extras = "pip install 'slurm-tpu[infer]' into the environment slurm-tpu runs from"
     try:

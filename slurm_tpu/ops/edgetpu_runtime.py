@@ -23,8 +23,9 @@ import stat
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
-from .. import jobenv
-from ..model import Inventory, Kind
+from ..protocol import jobenv
+from ..families.coral import KIND as EDGETPU
+from ..model import Inventory
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,7 @@ def compare(inventory: Inventory, listed: Sequence[tuple[str, str]]) -> list[Fin
     seen = [f"{t}:{p}" for t, p in listed]
     findings, expected = [], set()
     for accelerator in inventory:
-        if accelerator.kind != Kind.EDGETPU:
+        if accelerator.kind != EDGETPU:
             continue
         identity = accelerator.identity
         if not accelerator.usable:

@@ -42,8 +42,8 @@ def find_problems(configured: Iterable[str], live: Inventory) -> list[Problem]:
         if not accelerator.usable:
             problems.append(Problem(identity, f"{identity} unusable ({accelerator.reason})"))
             continue
-        temperature = accelerator.details.get("temperature_c")
-        trips = accelerator.details.get("trip_points_c") or []
+        temperature = accelerator.details.temperature_c
+        trips = accelerator.details.trip_points_c
         if temperature is not None and trips and temperature >= trips[0]:
             problems.append(Problem(identity, f"{identity} at {temperature:.1f} C, above its {trips[0]:.0f} C trip point"))
     return problems

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..config import Config
 from ..errors import SlurmTpuError
+from ..families import inventory_from_json
 from ..model import Bus, Inventory
 from ..slurm.backend import open_backend
 from .health import Action, Decision, Problem, decide, find_problems
@@ -34,7 +35,7 @@ def configured_inventory(config: Config) -> Inventory:
     document = configured_document(config)
     if not document:
         return Inventory()
-    inventory = Inventory.from_json(document)
+    inventory = inventory_from_json(document)
     return dataclasses.replace(inventory, accelerators=tuple(inventory.usable()))
 
 

@@ -152,25 +152,27 @@ CONFIG_SKELETON = """\
 # slurm-tpu site config (written by `slurm-tpu install`; every key is optional).
 # After a change: slurm-tpu install (udev rules), slurm-tpu gres-conf --output ...,
 # slurm-tpu doctor. Unknown keys are rejected, so a typo never passes silently.
-version: 1
+version: 2
 # node_name: n1                    # Slurm NodeName (default: the short hostname)
 # state_dir: /run/slurm-tpu        # the hooks' lease ledger (root-owned)
-# gres:
-#   tpu_name: tpu
-#   gpu_name: gpu
+# families:                        # per accelerator family: GRES name, types, features
+#   edgetpu: {gres_name: tpu, types: {usb: edgetpu_usb, pci: edgetpu_pci}}
+#   gpu: {gres_name: gpu, isolate: false}   # isolate: lease GPUs too (no cgroup devices)
+#   hailo: {gres_name: npu, types: {default: hailo8, by_address: {"0000:01:00.0": hailo8l}}}
 # devices:
 #   slot_dir: /dev/slurm-tpu
 #   idle: {owner: root, group: root, mode: "0600"}
 #   lease: {mode: "0600"}
-#   isolate_gpus: false            # lease GPUs too (clusters without cgroup devices)
 # slurm:
 #   bin_dir: /usr/bin              # default: beside the running slurmd
 """
 
 
 def gres_types(config: Config) -> str:
-    """GresTypes= value: our GRES names."""
-    return f"{config.tpu_gres_name},{config.gpu_gres_name}"
+    """GresTypes= value: every family's GRES name, in registry order."""
+    from ..families import FAMILIES
+
+    return ",".join(dict.fromkeys(config.family(f.kind).gres_name for f in FAMILIES))
 
 
 def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
@@ -343,9 +345,11 @@ def reload_services(layout: Layout, config: Config, dry_run: bool, say) -> None:
         return
     steps = []
     if os.path.exists("/run/udev/control"):
-        subsystems = ["--subsystem-match=usb", "--subsystem-match=apex"]
-        if config.isolate_gpus:
-            subsystems.append("--subsystem-match=drm")
+        from ..families import FAMILIES
+
+        # The subsystems whose devices the rules own: every leased family's.
+        subsystems = [f"--subsystem-match={u.subsystem}" for f in FAMILIES if config.family(f.kind).lease
+                      for u in f.udev_identities]
         steps += [["udevadm", "control", "--reload"], ["udevadm", "trigger", "--action=change", *subsystems]]
     else:
         say("udev is not running here: the rules apply when it starts")

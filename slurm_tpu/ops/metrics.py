@@ -64,14 +64,14 @@ def render_metrics(node: str, configured: Inventory, live: Inventory, leased: di
     for identity in identities:
         accelerator = live.by_identity(identity) or configured.by_identity(identity)
         assert accelerator is not None
-        labels = {"node": node, "identity": identity, "kind": accelerator.kind.value, "model": accelerator.model}
+        labels = {"node": node, "identity": identity, "kind": accelerator.kind, "model": accelerator.model}
         present.add(labels, 1.0 if live.by_identity(identity) is not None else 0.0)
         healthy.add(labels, 0.0 if identity in problems or configured.by_identity(identity) is None else 1.0)
         short = {"node": node, "identity": identity}
         leased_g.add(short, 1.0 if identity in leased else 0.0)
         live_one = live.by_identity(identity)
-        if live_one is not None and live_one.details.get("temperature_c") is not None:
-            temperature.add(short, float(live_one.details["temperature_c"]))
+        if live_one is not None and live_one.details.temperature_c is not None:
+            temperature.add(short, float(live_one.details.temperature_c))
         job_count, lease_s, count, infer_s = totals.get(identity, [0, 0.0, 0, 0.0])
         jobs.add(short, job_count)
         lease_seconds.add(short, lease_s)

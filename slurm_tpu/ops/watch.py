@@ -18,19 +18,16 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..config import Config
+from ..families import FAMILIES, inventory_from_json
 from ..model import Inventory
 from .restart import RestartCommands
 
-CORAL_USB_PRODUCTS = ("1a6e/89a/", "18d1/9302/")
-WATCHED_SUBSYSTEMS = ("usb", "apex", "pci", "drm")
+WATCHED_SUBSYSTEMS = tuple(dict.fromkeys(s for f in FAMILIES for s in f.watched))
 
 
 def relevant(subsystem: str, properties: dict[str, str]) -> bool:
-    """Whether a udev event can change the node's accelerators."""
-    if subsystem == "usb":
-        return properties.get("DEVTYPE") == "usb_device" and \
-            properties.get("PRODUCT", "").startswith(CORAL_USB_PRODUCTS)
-    return subsystem in WATCHED_SUBSYSTEMS
+    """Whether a udev event can change the node's accelerators (some family says so)."""
+    return any(f.event_relevant(subsystem, properties) for f in FAMILIES)
 
 
 @dataclass
@@ -106,7 +103,7 @@ class Watcher:
         result = configure_node(self.config, live, self.node, self.gres_conf, self.node_conf)
         self.log(f"slurm-tpu watch: {events} event(s); added {added or 'none'}, removed {removed or 'none'}; "
                  f"regenerated {self.gres_conf} (Gres={result.new_gres or 'none'})")
-        old_gres = node_gres(Inventory.from_json(document), self.config) if document else ""
+        old_gres = node_gres(inventory_from_json(document), self.config) if document else ""
         if result.changed and self.commands is not None:
             if apply_hardware_change(self.slurm(), self.node, old_gres != result.new_gres, self.commands,
                                      result.new_gres, self.log):

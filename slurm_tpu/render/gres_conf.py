@@ -1,47 +1,44 @@
 """gres.conf lines for a node's accelerators.
 
-Edge TPUs are named by their *slot node*, ``<slot_dir>/<identity>``: a character
-device node that slurm-tpu keeps for every configured TPU and never deletes. A
-USB stick's own ``/dev/bus/usb/BBB/DDD`` changes each time its firmware loads and
-vanishes when it is unplugged, and slurmd exits fatally 20 s after a ``File=``
-path disappears; the slot node survives both. The udev hook re-points it at the
-stick's current node on every add event. GPU nodes (``/dev/nvidiaN``, DRM render
-nodes) are created by their drivers and stay put, so GPUs use them directly.
+Devices of a family with slot nodes (Edge TPUs, Hailo: ``Family.slot``) are named
+by their *slot node*, ``<slot_dir>/<identity>``: a character device node that
+slurm-tpu keeps for every configured device and never deletes. A USB stick's own
+``/dev/bus/usb/BBB/DDD`` changes each time its firmware loads and vanishes when it
+is unplugged, and slurmd exits fatally 20 s after a ``File=`` path disappears; the
+slot node survives both. The udev hook re-points it at the device's current node on
+every add event. GPU nodes (``/dev/nvidiaN``, DRM render nodes) are created by
+their drivers and stay put, so GPUs use them directly.
 """
 
 from __future__ import annotations
 
 from ..config import Config
 from ..cpulist import format_cpu_list, parse_cpu_list
-from ..model import Accelerator, Inventory, Kind, slug
+from ..families import family
+from ..model import Accelerator, Inventory
 
 
 def slot_path(config: Config, accelerator: Accelerator) -> str:
-    """The stable slot node of an Edge TPU."""
+    """The stable slot node of a device (``<slot_dir>/<identity>``)."""
     return f"{config.slot_dir.rstrip('/')}/{accelerator.identity}"
 
 
 def gres_file(config: Config, accelerator: Accelerator) -> str:
     """The path gres.conf names for this accelerator."""
-    if accelerator.kind == Kind.EDGETPU:
+    if family(accelerator.kind).slot:
         return slot_path(config, accelerator)
     assert accelerator.primary_node, accelerator.identity  # only usable devices are rendered
     return accelerator.primary_node
 
 
 def gres_type(config: Config, accelerator: Accelerator) -> str:
-    """The GRES type: the configured TPU type per bus, or the GPU model's slug."""
-    if accelerator.kind == Kind.EDGETPU:
-        return config.tpu_types[accelerator.bus.value]
-    model = slug(accelerator.model)
-    if model.startswith("nvidia_") and len(model) > len("nvidia_"):
-        model = model[len("nvidia_"):]
-    return config.gpu_types.get(model, model)
+    """The GRES type, as the device's family decides it under the config."""
+    return family(accelerator.kind).gres_type(config.family(accelerator.kind), accelerator)
 
 
 def gres_name(config: Config, accelerator: Accelerator) -> str:
-    """The GRES name: ``tpu`` or ``gpu`` unless the config renames them."""
-    return config.tpu_gres_name if accelerator.kind == Kind.EDGETPU else config.gpu_gres_name
+    """The GRES name of the device's family (``tpu``, ``gpu``... unless the config renames them)."""
+    return config.family(accelerator.kind).gres_name
 
 
 def _cores(accelerator: Accelerator, inventory: Inventory) -> str:
@@ -50,7 +47,7 @@ def _cores(accelerator: Accelerator, inventory: Inventory) -> str:
     sysfs gives the device's local *CPUs*; with SMT those are thread ids, which
     Slurm would reject as core numbers, so they are mapped through the topology.
     """
-    if accelerator.kind != Kind.GPU or not accelerator.local_cpus:
+    if not family(accelerator.kind).cores or not accelerator.local_cpus:
         return ""
     try:
         cpus = parse_cpu_list(accelerator.local_cpus)

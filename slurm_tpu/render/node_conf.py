@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..config import Config
-from ..model import Inventory, Kind, slug
+from ..families import FAMILIES
+from ..model import Inventory
 from .gres_conf import gres_name, gres_type
 
 # slurmd -C facts we carry into the NodeName line, in slurm.conf's usual order.
@@ -22,16 +23,13 @@ def node_gres(inventory: Inventory, config: Config) -> str:
 
 
 def node_features(inventory: Inventory, config: Config) -> list[str]:
-    """Node features: the configured TPU/GPU features, TPU types, GPU vendors and types."""
+    """Node features, family by family: each family's configured features and its
+    devices' own (Edge TPU types; GPU vendors and types...)."""
     features: list[str] = []
-    tpus, gpus = inventory.usable(Kind.EDGETPU), inventory.usable(Kind.GPU)
-    if tpus:
-        features += config.tpu_features
-        features += [gres_type(config, a) for a in tpus]
-    if gpus:
-        features += config.gpu_features
-        for accelerator in gpus:
-            features += [slug(accelerator.vendor), gres_type(config, accelerator)]
+    for family in FAMILIES:
+        devices = inventory.usable(family.kind)
+        if devices:
+            features += family.features(config.family(family.kind), devices)
     return list(dict.fromkeys(features))  # de-duplicate, keep order
 
 

@@ -4,7 +4,8 @@ Sources, first match wins:
 1. ``--device`` values: an identity (``usb-2-1.3``), ``usb:PATH``, ``pci:PATH``, ``cpu`` or ``gpu``;
 2. the task-prolog's ``SLURM_TPU_DEVICES`` / ``SLURM_TPU_EDGETPU_PATHS`` (see jobenv);
 3. Slurm's ``CUDA_VISIBLE_DEVICES`` (a GPU job);
-4. the CPU.
+4. the CPU, unless the job was given only devices of a family no TFLite backend
+   can use (its variables are set): then one line says what runs them instead.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable, Mapping
 
-from ..jobenv import DEVICES, EdgeTpuHandle, libedgetpu_path, parse_environment
+from ..protocol.jobenv import DEVICES, EdgeTpuHandle, libedgetpu_path, parse_environment
 from .errors import UsageError
 
 CPU, GPU, EDGETPU = "cpu", "gpu", "edgetpu"
@@ -98,4 +99,10 @@ def resolve_devices(requested: Iterable[str] | None, environ: Mapping[str, str])
         return [Device.from_handle(h) for h in handles]
     if _cuda_visible(environ):
         return [Device(GPU, GPU)]
+    from ..families import FAMILIES
+
+    for family in FAMILIES:
+        refusal = family.runner_refusal(environ)
+        if refusal:
+            raise UsageError(refusal)
     return [Device(CPU, CPU)]

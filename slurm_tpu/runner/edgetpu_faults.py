@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from typing import Sequence
 
-from ..detect.coral import USB_BOOTLOADER, USB_RUNTIME
+from ..families.coral import USB_BOOTLOADER, USB_RUNTIME
 from .devices import Device
 
 CHECK = "run 'slurm-tpu detect --check-runtime' on the node"

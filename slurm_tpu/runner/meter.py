@@ -13,6 +13,7 @@ from typing import Mapping, Sequence
 
 import numpy as np
 
+from ..identity import is_identity
 from ..usage import USAGE_DIR_ENV, add_usage
 
 
@@ -54,7 +55,7 @@ def report_usage(engines: Sequence[MeteredEngine], environ: Mapping[str, str]) -
         return 0
     totals: dict[str, tuple[int, float]] = {}
     for engine in engines:
-        if engine.inferences and engine.identity.startswith(("usb-", "pci-", "platform-")):
+        if engine.inferences and is_identity(engine.identity):
             count, seconds = totals.get(engine.identity, (0, 0.0))
             totals[engine.identity] = (count + engine.inferences, seconds + engine.seconds)
     return sum(add_usage(directory, identity, count, seconds) for identity, (count, seconds) in totals.items())

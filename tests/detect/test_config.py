@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from slurm_tpu.config import Config, load_config, parse_config
@@ -24,11 +26,22 @@ def test_full_config_round_trip(tmp_path):
         " isolate_gpus: true}\n"
         "state_dir: /run/x\nudev: {run_program: /usr/bin/slurm-tpu}\n")
     config = load_config(str(path))
-    assert config.node_name == "n7" and config.tpu_gres_name == "coral"
-    assert config.tpu_types == {"usb": "u", "pci": "p"} and config.gpu_types == {"a100_sxm4_80gb": "a100"}
-    assert config.gpu_features == ("gpu", "cuda")
+    tpu, gpu = config.family("edgetpu"), config.family("gpu")
+    assert config.node_name == "n7" and tpu.gres_name == "coral"
+    assert tpu.types == {"usb": "u", "pci": "p"} and gpu.types == {"a100_sxm4_80gb": "a100"}
+    assert gpu.features == ("gpu", "cuda") and tpu.features == ("tpu",)
     assert config.idle.group == "adm" and config.idle.mode == 0o640 and config.lease_mode == 0o660
-    assert config.isolate_gpus and config.state_dir == "/run/x" and config.slot_dir == "/dev/x"
+    assert gpu.lease and tpu.lease and config.state_dir == "/run/x" and config.slot_dir == "/dev/x"
+    # The same settings in version 2, nested by family, mean exactly the same.
+    nested = tmp_path / "v2.yaml"
+    nested.write_text(
+        "version: 2\nnode_name: n7\n"
+        "families:\n"
+        "  edgetpu: {gres_name: coral, types: {usb: u, pci: p}, features: [tpu]}\n"
+        "  gpu: {gres_name: gpu, types: {a100_sxm4_80gb: a100}, features: [gpu, cuda], isolate: true}\n"
+        "devices: {slot_dir: /dev/x, idle: {owner: root, group: adm, mode: '0640'}, lease: {mode: '0660'}}\n"
+        "state_dir: /run/x\nudev: {run_program: /usr/bin/slurm-tpu}\n")
+    assert load_config(str(nested)) == dataclasses.replace(config, path=str(nested))
 
 
 def test_env_var_names_the_file(monkeypatch, tmp_path):
@@ -41,8 +54,13 @@ def test_env_var_names_the_file(monkeypatch, tmp_path):
 @pytest.mark.parametrize("text, key, words", [
     ("version: 1\ngres: {tpu_nmae: x}\n", "gres.tpu_nmae", "unknown key 'gres.tpu_nmae'"),
     ("version: 1\nfeatuers: {tpu: [a]}\n", "featuers.tpu", "unknown key 'featuers.tpu'"),
-    ("version: 2\n", "version", "version 2 is not supported"),
-    ("node_name: x\n", "version", "missing 'version: 1'"),
+    ("version: 3\n", "version", "version 3 is not supported"),
+    ("node_name: x\n", "version", "missing 'version: 2'"),
+    ("version: 2\nfamilies: {gpu: {isolat: true}}\n", "families.gpu.isolat", "unknown key 'families.gpu.isolat'"),
+    ("version: 2\nfamilies: {coral: {gres_name: x}}\n", "families.coral.gres_name", "unknown key"),
+    ("version: 2\ngres: {tpu_name: x}\n", "gres.tpu_name", "unknown key 'gres.tpu_name'"),
+    ("version: 1\nfamilies: {gpu: {isolate: true}}\n", "families.gpu.isolate", "unknown key"),
+    ("version: 2\nfamilies: {edgetpu: {features: [a, '']}}\n", "families.edgetpu.features", "non-empty strings"),
     ("version: true\n", "version", "'version' has the wrong type"),
     ("version: 1\ndevices: {isolate_gpus: 'yes'}\n", "devices.isolate_gpus", "wrong type"),
     ("version: 1\ndevices: {idle: {mode: '0999'}}\n", "devices.idle.mode", "octal mode"),
@@ -89,4 +107,5 @@ def test_readme_example_config_is_valid():
     assert block, "README's Configuration file section has no yaml example"
     config = parse_config(yaml.safe_load(block.group(1)), where="README.md")
     assert config.inventory_file == "/var/lib/slurm-tpu/inventory.json"
-    assert config.gpu_types == {"a100_sxm4_80gb": "a100"}
+    assert config.family("gpu").types == {"a100_sxm4_80gb": "a100"}
+    assert config.family("hailo").types == {"default": "hailo8", "0000:01:00.0": "hailo8l"}

@@ -83,7 +83,7 @@ def test_empty_node():
     document = detect_json("empty_node")
     assert document["accelerators"] == []
     table = run_cli(["detect"], "empty_node")
-    assert table.returncode == 0 and "No Edge TPUs or GPUs" in table.stdout
+    assert table.returncode == 0 and "No accelerators found on this node (looked for: Edge TPUs, GPUs" in table.stdout
 
 
 def test_pcie_card_without_driver_is_listed_unusable_with_the_fix():

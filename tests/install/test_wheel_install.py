@@ -26,6 +26,11 @@ import zipfile
 import pytest
 
 from helpers import REPO, real_libedgetpu, require_root_and
+from slurm_tpu.config import Config
+from slurm_tpu.ops.install import gres_types
+
+# Every registered family's GRES name (tpu,gpu,...): what install and the test cluster write.
+GRES_TYPES = gres_types(Config())
 
 pytestmark = pytest.mark.slurm
 NODE = "n1"
@@ -168,7 +173,7 @@ def test_first_install_prints_the_slurm_conf_lines_to_add(node):
     assert "Add to " in out
     for line in (f"Prolog={node.hook('slurm-tpu-prolog')}", f"Epilog={node.hook('slurm-tpu-epilog')}",
                  f"TaskProlog={node.hook('slurm-tpu-task-prolog')}",
-                 f"HealthCheckProgram={node.hook('slurm-tpu-health')}", "GresTypes=tpu,gpu"):
+                 f"HealthCheckProgram={node.hook('slurm-tpu-health')}", f"GresTypes={GRES_TYPES}"):
         assert f"  {line}\n" in out, line
 
 
@@ -298,7 +303,8 @@ def broken(node, case: str):
     return {
         "hook missing": (moved(node.hook("slurm-tpu-epilog")), {}),
         "hook world-writable": (chmodded(node.hook("slurm-tpu-prolog"), 0o777), {}),
-        "GresTypes lacking tpu": (edited(cluster.slurm_conf, "GresTypes=tpu,gpu", "GresTypes=gpu"), {}),
+        "GresTypes lacking tpu": (edited(cluster.slurm_conf, f"GresTypes={GRES_TYPES}",
+                                         f"GresTypes={GRES_TYPES.replace('tpu,', '')}"), {}),
         "gres.conf stale": (edited(cluster.gres_conf, "Type=edgetpu_usb", "Type=edgetpu_pci"), {}),
         "udev rules not loaded": (chmodded(device, 0o666) if device else None, {}),
         "state dir wrong mode": (chmodded(state, 0o777), {}),
@@ -317,7 +323,8 @@ def broken(node, case: str):
 BROKEN = {
     "hook missing": ("hooks", ["Epilog", "slurm-tpu-epilog is missing"]),
     "hook world-writable": ("hooks", ["Prolog", "slurm-tpu-prolog is uid 0 mode 0777", "chmod 0755"]),
-    "GresTypes lacking tpu": ("GresTypes", ["GresTypes=gpu lacks tpu", "GresTypes=gpu,tpu"]),
+    "GresTypes lacking tpu": ("GresTypes", [f"GresTypes={GRES_TYPES.replace('tpu,', '')} lacks tpu",
+                                            f"GresTypes={GRES_TYPES.replace('tpu,', '')},tpu"]),
     "gres.conf stale": ("gres.conf", ["differs from n1's hardware", "slurm-tpu gres-conf --output"]),
     "udev rules not loaded": ("udev loaded", ["idle usb-2-1.3", "mode 0666", "udevadm control --reload"]),
     "state dir wrong mode": ("state dir", ["mode 0777", "chmod 0755"]),

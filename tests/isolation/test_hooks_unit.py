@@ -45,7 +45,24 @@ def test_snapshot_is_used_until_a_source_changes(node):
     snapshot = tmp_path / "state" / hook_settings.SNAPSHOT
     assert snapshot.exists()
     assert first.index == {"tpu": [("edgetpu_usb", f"{tmp_path}/slots/usb-2-1.3")]}
-    assert first.tpu_paths == {"usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3"}
+    assert first.values == {"usb-2-1.3": {"SLURM_TPU_DEVICES": "usb-2-1.3",
+                                          "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3"}}
+    # What the fast path reads is exactly what the slow path built (one writer, one reader).
+    again = hook_settings.load(env, "n1")
+    assert again.to_text() == first.to_text() and again.values == first.values
+    # Every registered family, in registry order (other families' own tests check theirs).
+    from slurm_tpu.families import FAMILIES
+
+    assert list(again.families) == [f.kind for f in FAMILIES]
+    assert [(v.name, v.kind, v.unset_when_empty) for v in again.variables][:3] == [
+        ("SLURM_TPU_DEVICES", "edgetpu", False), ("SLURM_TPU_EDGETPU_PATHS", "edgetpu", False),
+        ("SLURM_TPU_GPUS", "gpu", True)]
+    assert {k: (p.gres_name, p.leased, p.slot) for k, p in again.families.items() if k in ("edgetpu", "gpu")} == {
+        "edgetpu": ("tpu", True, True), "gpu": ("gpu", False, False)}
+    # Written with the snapshot: what the task-prolog prints for a job with no device here.
+    unset = (tmp_path / "state" / hook_settings.NO_DEVICES_ENV).read_text()
+    assert unset == "".join(f"unset {v.name}\n" for v in again.variables) + "unset SLURM_TPU_USAGE_DIR\n"
+    assert unset.startswith("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n")
     # A snapshot that lies is believed while the sources are unchanged (proves it is read)...
     snapshot.write_text(snapshot.read_text().replace("edgetpu_usb", "edgetpu_fake"))
     assert hook_settings.load(env, "n1").index["tpu"][0][0] == "edgetpu_fake"
@@ -78,8 +95,18 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     assert done.returncode == 0
     assert done.stdout == ("export SLURM_TPU_DEVICES=usb-2-1.3\n"
                            "export SLURM_TPU_EDGETPU_PATHS=usb:/sys/bus/usb/devices/2-1.3\n")
-    unset = ("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n"
-             "unset SLURM_TPU_USAGE_DIR\n")
+    # A job with no file here: nothing to print until the prolog's slow path wrote no-devices.env...
+    assert task_prolog({**base, "SLURM_JOB_ID": "13"}).stdout == ""
+    # ...which unsets every variable of the contract (envfile.render_unset, as _write_snapshot writes it).
+    from slurm_tpu.config import Config
+    from slurm_tpu.hooks import envfile
+
+    settings = hook_settings.HookSettings(str(state))
+    hook_settings.apply_families(settings, Config())
+    (state / hook_settings.NO_DEVICES_ENV).write_text(envfile.render_unset(settings))
+    unset = envfile.render_unset(settings)
+    assert unset.startswith("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n")
+    assert unset.endswith("unset SLURM_TPU_USAGE_DIR\n")
     for job in ("13", "12/../12", "12;id", ""):
         assert task_prolog({**base, "SLURM_JOB_ID": job}).stdout == unset
     os.symlink(state / "jobs" / "12.env", state / "jobs" / "14.env")
@@ -98,4 +125,8 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     ({"SUBSYSTEM": "input", "DEVPATH": "/devices/x/input/input3"}, None),
 ])
 def test_udev_identity(env, identity):
-    assert identity_for(env) == identity
+    from slurm_tpu.config import Config
+
+    settings = hook_settings.HookSettings("/run/x")
+    hook_settings.apply_families(settings, Config())
+    assert identity_for(env, settings.udev) == identity

@@ -8,7 +8,8 @@ import pytest
 
 from slurm_tpu.hooks.allocation import resolve
 from slurm_tpu.hooks.context import HookError
-from slurm_tpu.hooks.settings import HookSettings
+from slurm_tpu.config import parse_config
+from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.locks.node_inventory import KnownDevice
 from slurm_tpu.slurm.gres_index import device_order
 from slurm_tpu.slurm.parse import (ForgedOutputError, GresAlloc, expand_hostlist, parse_gres_conf,
@@ -128,7 +129,9 @@ INDEX = {"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-2-1.3"), ("edgetpu_pci", "/
 
 
 def settings(index=INDEX):
-    return HookSettings("/run/x", slot_dir="/dev/slurm-tpu", isolate_gpus=True, devices=KNOWN, index=index)
+    result = HookSettings("/run/x", slot_dir="/dev/slurm-tpu", devices=KNOWN, index=index)
+    apply_families(result, parse_config({"version": 2, "families": {"gpu": {"isolate": True}}}))
+    return result
 
 
 def test_resolve_maps_indices_to_inventory_devices_in_order():

@@ -21,7 +21,8 @@ import pytest
 
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
-from slurm_tpu.hooks.settings import HookSettings
+from slurm_tpu.config import Config
+from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.localcluster.hardware import usb_sysfs_device
 from slurm_tpu.locks import processes, revoke
 from slurm_tpu.locks.ledger import Ledger
@@ -71,6 +72,7 @@ def test_epilog_takes_ownership_away_then_disconnects_then_powers_the_port_again
     sys_root, node = usb_testbed
     device = KnownDevice("usb-2-1.3", "edgetpu", "usb", (node,))
     settings = HookSettings(str(tmp_path / "state"), devices={device.identity: device})
+    apply_families(settings, Config())
     settings.sysfs_root = sys_root
     kernel = KernelPort(sys_root, "2-1.3", node)
     kernel.start()
@@ -98,6 +100,7 @@ def test_a_kernel_without_the_port_attribute_keeps_the_lease_with_one_line(tmp_p
     os.unlink(os.path.join(os.path.realpath(os.path.join(sys_root, "bus/usb/devices/2-1.3/port")), "disable"))
     device = KnownDevice("usb-2-1.3", "edgetpu", "usb", (node,))
     settings = HookSettings(str(tmp_path / "state"), devices={device.identity: device})
+    apply_families(settings, Config())
     settings.sysfs_root = sys_root
     with Ledger(settings.state_dir) as ledger:
         leasing.acquire(ledger, JobContext(6, 4321, "alice", "n1"), [device], settings)
@@ -112,6 +115,7 @@ def test_revoke_false_releases_at_once_after_the_holder_scan(tmp_path, usb_testb
     sys_root, node = usb_testbed
     device = KnownDevice("usb-2-1.3", "edgetpu", "usb", (node,))
     settings = HookSettings(str(tmp_path / "state"), devices={device.identity: device})
+    apply_families(settings, Config())
     settings.sysfs_root, settings.revoke = sys_root, False
     with Ledger(settings.state_dir) as ledger:
         leasing.acquire(ledger, JobContext(7, 4321, "alice", "n1"), [device], settings)
@@ -220,9 +224,14 @@ def test_a_process_titled_slurmstepd_is_no_job_step():
         forged.wait()
 
 
-def test_revocable_only_for_usb_edge_tpus():
-    assert revoke.revocable("edgetpu", "usb")
-    assert not revoke.revocable("edgetpu", "pci") and not revoke.revocable("gpu", "pci")
+def test_only_usb_edge_tpus_are_power_cycled_and_pcie_ones_counted():
+    from slurm_tpu.protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT
+
+    settings = HookSettings("/run/x")
+    apply_families(settings, Config())
+    assert settings.revocation("edgetpu", "usb") == USB_PORT
+    assert settings.revocation("edgetpu", "pci") == GASKET_WRITERS
+    assert settings.revocation("gpu", "pci") == SCAN and settings.revocation("unknown", "usb") == SCAN
 
 
 def test_gasket_write_count_is_read_from_the_apex_class(tmp_path):

@@ -3,7 +3,7 @@
 ``python probe.py LIBEDGETPU`` prints one JSON object:
   inventory  what ``slurm-tpu detect`` finds (real libudev),
   exported   SLURM_TPU_EDGETPU_PATHS as the task-prolog would export it for a job that
-             leased every usable Edge TPU (the hooks' own code: settings.edgetpu_paths,
+             leased every usable Edge TPU (the hooks' own code: settings.apply_families,
              envfile.render, then the runner's jobenv.parse_environment),
   listed     edgetpu_list_devices() of the library, in its order, as "type:path".
 """
@@ -12,20 +12,22 @@ import json
 import sys
 from types import SimpleNamespace
 
-from slurm_tpu import jobenv
+from slurm_tpu.config import Config
 from slurm_tpu.detect import detect_inventory
 from slurm_tpu.hooks import envfile
-from slurm_tpu.hooks.settings import edgetpu_paths
+from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.locks.node_inventory import parse_inventory
+from slurm_tpu.protocol import jobenv
 from slurm_tpu.runner.backend import EdgeTpuLibrary
 
 
 def main() -> None:
     document = detect_inventory(use_nvml=False).to_json()
     known = parse_inventory(document)
-    settings = SimpleNamespace(env_names=(jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, "UNUSED"),
-                               tpu_paths=edgetpu_paths(known), state_dir="/nonexistent")
-    leases = [SimpleNamespace(identity=i, kind="edgetpu") for i in settings.tpu_paths]
+    settings = HookSettings("/nonexistent", devices=known)
+    apply_families(settings, Config())
+    leases = [SimpleNamespace(identity=d.identity, kind=d.kind) for d in known.values()
+              if d.kind == "edgetpu" and jobenv.EDGETPU_PATHS in settings.values.get(d.identity, {})]
     environ = dict(line.removeprefix("export ").split("=", 1)
                    for line in envfile.render(leases, settings).splitlines() if line.startswith("export "))
     handles = jobenv.parse_environment(environ)

@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from slurm_tpu.model import Accelerator, Bus, Inventory, Kind
+from slurm_tpu.families.coral import ApexDetails
+from slurm_tpu.model import Accelerator, Bus, Details, Inventory
 from slurm_tpu.ops.health import Action, Problem, decide, drain_reason, find_problems
 from slurm_tpu.slurm.parse import parse_node_state
 
 
 def tpu(identity: str, usable: bool = True, temperature: float | None = None) -> Accelerator:
-    details = {"temperature_c": temperature, "trip_points_c": [85.0, 90.0]} if temperature is not None else {}
-    return Accelerator(identity=identity, kind=Kind.EDGETPU, bus=Bus.PCI, bus_address=identity[4:],
+    details = ApexDetails("apex_0", temperature, (85.0, 90.0)) if temperature is not None else Details()
+    return Accelerator(identity=identity, kind="edgetpu", bus=Bus.PCI, bus_address=identity[4:],
                        vendor_id="1ac1", product_id="089a", vendor="Global Unichip", model="Coral PCIe Accelerator",
                        sys_path="/sys/x", device_nodes=("/dev/apex_0",), usable=usable,
                        reason="" if usable else "no driver", details=details)

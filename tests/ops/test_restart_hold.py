@@ -23,7 +23,7 @@ pytestmark = pytest.mark.slurm
 
 def test_count_change_is_held_until_the_controller_knows(cluster_factory, tmp_path, monkeypatch):
     from slurm_tpu.config import load_config
-    from slurm_tpu.model import Inventory
+    from slurm_tpu.families import inventory_from_json
     from slurm_tpu.ops.configure import configure_node
     from slurm_tpu.ops.restart import RestartCommands, apply_hardware_change
 
@@ -33,7 +33,7 @@ def test_count_change_is_held_until_the_controller_knows(cluster_factory, tmp_pa
     both.write_text(merge_umockdev(HARDWARE / "usb_stick_after.umockdev", HARDWARE / "usb_second_stick.umockdev"))
     detected = run_cli(["detect", "--json"], str(both))
     assert detected.returncode == 0, detected.stderr
-    live = materialize(Inventory.from_json(json.loads(detected.stdout)),
+    live = materialize(inventory_from_json(json.loads(detected.stdout)),
                        f"{cluster.node_dir('n1')}/dev", minor_start=100)
     config = load_config(cluster.node_config("n1"))
     result = configure_node(config, live, "n1", cluster.gres_conf, cluster.path("etc", "nodes.conf"))

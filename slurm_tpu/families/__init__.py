@@ -1,0 +1,55 @@
+"""The accelerator family registry: every kind of device the suite knows, in one tuple.
+
+Adding a family is its module (a :class:`~slurm_tpu.families.base.Family` and a
+``FAMILY`` instance), its tests, and its module's name in :data:`MODULES`. Order matters where output is ordered:
+detection lists devices family by family, and the job environment's variables
+follow it.
+
+The root hooks never import this package (it pulls in dataclasses and typing):
+what they need is precomputed into their snapshot (slurm_tpu/protocol/hooks_snapshot.py).
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import Any, Mapping
+
+from ..model import Details, Inventory
+from .base import Family, FamilyConfig
+
+# The registered family modules (each defines FAMILY), in registry order.
+MODULES = (
+    "coral",
+    "gpu",
+    "hailo",
+)
+FAMILIES: tuple[Family, ...] = tuple(import_module(f"{__name__}.{name}").FAMILY for name in MODULES)
+
+KINDS: tuple[str, ...] = tuple(f.kind for f in FAMILIES)
+
+
+def family(kind: str) -> Family:
+    """The family of a kind string; KeyError names the known kinds."""
+    for candidate in FAMILIES:
+        if candidate.kind == kind:
+            return candidate
+    raise KeyError(f"unknown accelerator kind {kind!r} (known: {', '.join(KINDS)})")
+
+
+def details_from_json(item: Mapping[str, Any]) -> Details:
+    """Typed details for one ``detect --json`` item, by its family (KeyError: unknown kind)."""
+    return family(str(item["kind"])).details_from_json(item)
+
+
+def inventory_from_json(document: Mapping[str, Any]) -> Inventory:
+    """An Inventory from a ``detect --json`` document (KeyError/TypeError/ValueError on bad input)."""
+    return Inventory.from_json(dict(document), details_from_json)
+
+
+def subsystems() -> tuple[str, ...]:
+    """Every udev subsystem some family looks at, in registry order."""
+    return tuple(dict.fromkeys(s for f in FAMILIES for s in f.attributes))
+
+
+__all__ = ["FAMILIES", "KINDS", "Family", "FamilyConfig", "family", "details_from_json", "inventory_from_json",
+           "subsystems"]

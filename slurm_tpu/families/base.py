@@ -1,0 +1,189 @@
+"""What an accelerator family is: everything the suite knows about one kind of device.
+
+A family (Coral Edge TPUs, GPUs, Hailo NPUs...) is one module with one
+:class:`Family` subclass. The rest of the suite never asks "is this a TPU?":
+detection asks each family which udev devices it wants and what they are,
+rendering asks for GRES names, types, features and udev rule lines, config asks
+for the family's section, and the hooks get a precomputed :class:`HookPolicy`
+and the job variables' values through their snapshot (they never import this
+package: see slurm_tpu/protocol/hooks_snapshot.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from ..errors import ConfigError
+from ..model import Accelerator, Details
+# How a device's open files are made useless at job end (slurm_tpu/locks/revoke.py):
+# USB_PORT power-cycles the hub port (every usbfs fd dies); GASKET_WRITERS is the
+# holder scan plus the apex driver's count of writable files; SCAN the holder scan only.
+from ..protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT, FamilyPolicy  # noqa: F401 - re-exported
+from .sysfs import Snapshot
+
+
+class Candidate:
+    """The view of one udev device a family's :meth:`Family.wanted` gets (lazy attributes)."""
+
+    subsystem: str
+    devtype: str
+
+    def attribute(self, name: str) -> str:
+        """A sysfs attribute as stripped text ('' when absent)."""
+        raise NotImplementedError
+
+    def properties(self) -> Mapping[str, str]:
+        """The udev properties."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FamilyConfig:
+    """A family's site settings (``families.<kind>`` in the config, version 2).
+
+    ``types`` maps what the family keys its GRES types by (Edge TPU: the bus;
+    GPU: the model slug; Hailo: ``default`` and PCI addresses) to a type name.
+    ``lease``: whether its devices are leased to jobs (GPUs: ``isolate``).
+    """
+
+    gres_name: str
+    types: Mapping[str, str] = field(default_factory=dict)
+    features: tuple[str, ...] = ()
+    lease: bool = True
+
+
+@dataclass(frozen=True)
+class JobVariable:
+    """One variable of the job environment a family exports (see protocol/jobenv.py).
+
+    ``value`` gives a device's entry (from its identity and its primary device
+    node); entries are comma-separated in allocation order. With
+    ``unset_when_empty`` a job without such devices gets ``unset NAME``,
+    otherwise ``export NAME=``.
+    """
+
+    name: str
+    value: Callable[[str, str | None], str]
+    unset_when_empty: bool = True
+
+
+@dataclass(frozen=True)
+class UdevIdentity:
+    """How ``slurm-tpu udev-event`` names the device of an event (no families import there).
+
+    The identity is ``<bus>-`` + the event device's sysfs ``attribute`` when one is
+    named (a class device that is no child of its PCI device, e.g. Hailo's), else
+    the DEVPATH component ``depth`` levels up (1: the last one), for events of
+    ``subsystem`` (and ``devtype`` when not ''). A remove event, whose sysfs is
+    gone, is matched by its device node instead.
+    """
+
+    subsystem: str
+    bus: str
+    depth: int = 0
+    devtype: str = ""
+    attribute: str = ""
+
+
+class Family:
+    """One accelerator family. Subclasses set the class attributes and implement detection."""
+
+    kind: str = ""
+    # For messages: "Edge TPU", "GPU", "Hailo NPU".
+    title: str = ""
+    # udev subsystems detection enumerates for this family, and the sysfs attributes
+    # it copies from each (a subsystem may be shared: pci is).
+    attributes: Mapping[str, tuple[str, ...]] = {}
+    # udev subsystems whose events the watcher (slurm-tpu watch) listens to.
+    watched: tuple[str, ...] = ()
+    default_config: FamilyConfig = FamilyConfig("")
+    # Whether gres.conf File= is the slot node (devices whose /dev node can change or
+    # vanish, and every leased kind: the prolog maps File= back to an identity).
+    slot: bool = True
+    # gres.conf Cores= from the device's local CPUs.
+    cores: bool = False
+    # bus -> how its devices are revoked at job end (USB_PORT, GASKET_WRITERS; SCAN when absent).
+    revocation: Mapping[str, str] = {}
+    udev_identities: tuple[UdevIdentity, ...] = ()
+    variables: tuple[JobVariable, ...] = ()
+    # The runner backend that can run on these devices ("edgetpu", "gpu"), or "" with
+    # ``runner_note`` saying what to use instead.
+    runner: str = ""
+    runner_note: str = ""
+
+    # ---- detection ----------------------------------------------------------------
+    def wanted(self, device: Candidate) -> bool:
+        """Whether detection should record this udev device for the family."""
+        raise NotImplementedError
+
+    def event_relevant(self, subsystem: str, properties: Mapping[str, str]) -> bool:
+        """Whether a udev event (add, change, remove...) can change this family's devices.
+
+        Only properties are there: a removed device's sysfs attributes are gone.
+        """
+        return subsystem in self.watched
+
+    def find(self, snapshot: Snapshot) -> list[Accelerator]:
+        """The family's accelerators in a snapshot, in a deterministic order."""
+        raise NotImplementedError
+
+    def details_from_json(self, item: Mapping[str, Any]) -> Details:
+        """The typed details of one ``detect --json`` item of this family."""
+        return Details()
+
+    # ---- runner -----------------------------------------------------------------------
+    def runner_refusal(self, environ: Mapping[str, str]) -> str | None:
+        """Why the TFLite runner cannot use the devices this job got of this family, or None.
+
+        Only for a family without a runner backend whose job variables are set;
+        ``runner_note`` is formatted with ``devices`` (the first variable's value)
+        and ``variable`` (its name).
+        """
+        if self.runner or not self.variables:
+            return None
+        first = self.variables[0].name
+        devices = environ.get(first, "")
+        if not devices:
+            return None
+        return self.runner_note.format(devices=devices, variable=first)
+
+    # ---- config ---------------------------------------------------------------------
+    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
+        """Keys of the family's config section (relative to ``families.<kind>.``)."""
+        return {"gres_name": (str, f"GRES name for {self.title}s"),
+                "features": (list, f"node features added when a node has a {self.title}")}
+
+    def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
+        """The family's settings from its flattened, type-checked section."""
+        prefix = f"families.{self.kind}."
+        features = section.get("features", self.default_config.features)
+        if not all(isinstance(item, str) and item for item in features):
+            raise ConfigError(f"{where}: '{prefix}features' must be a list of non-empty strings",
+                              key=prefix + "features")
+        return FamilyConfig(gres_name=section.get("gres_name", self.default_config.gres_name),
+                            types=self.parse_types(section, where), features=tuple(features),
+                            lease=self.default_config.lease)
+
+    def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
+        """The ``types`` table from the section (default: the family's defaults)."""
+        return dict(self.default_config.types)
+
+    # ---- rendering ------------------------------------------------------------------
+    def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:
+        """The GRES type of one device."""
+        raise NotImplementedError
+
+    def features(self, config: FamilyConfig, accelerators: list[Accelerator]) -> list[str]:
+        """Node features for a node with these usable devices of the family (not empty)."""
+        return [*config.features, *(self.gres_type(config, a) for a in accelerators)]
+
+    def udev_rules(self, config: FamilyConfig, own: str, run: str) -> list[str]:
+        """Rule lines (comments included) giving idle ownership and running the udev hook."""
+        return []
+
+    # ---- hooks ----------------------------------------------------------------------
+    def hook_policy(self, config: FamilyConfig) -> FamilyPolicy:
+        """What the hooks need of the family under this config (precomputed into their snapshot)."""
+        return FamilyPolicy(self.kind, config.gres_name, config.lease, self.slot, dict(self.revocation))
+

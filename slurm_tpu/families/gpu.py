@@ -1,0 +1,261 @@
+"""GPUs: NVIDIA discrete, AMD and Intel (DRM render nodes), Jetson/Tegra integrated.
+
+Not leased unless the site says so (``families.gpu.isolate``: clusters without
+cgroup device constraints); gres.conf names their own nodes, which the drivers
+create and keep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+from ..model import Accelerator, Bus, Details, slug
+from ..protocol import jobenv
+from .base import Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
+from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
+
+KIND = "gpu"
+NVIDIA, AMD, INTEL = "0x10de", "0x1002", "0x8086"
+_VENDOR_NAMES = {NVIDIA: "NVIDIA", AMD: "AMD", INTEL: "Intel"}
+# Jetson/Tegra integrated GPUs, by device-tree compatible string.
+TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,ga10b", "nvidia,gb10b")
+
+
+@dataclass(frozen=True)
+class NvidiaDetails(Details):
+    """A discrete NVIDIA GPU: UUID, its /dev/nvidiaN minor and where that came from, NVML facts."""
+
+    uuid: str | None = None
+    minor: int | None = None
+    minor_source: str | None = None  # "procfs" or "pci-order"; None while no driver is bound
+    memory_bytes: int | None = None
+    nvml: bool = False
+
+    def notes(self) -> list[str]:
+        return [f"{self.memory_bytes / 2**30:.0f} GiB"] if self.memory_bytes else []
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"uuid": self.uuid}
+        if self.minor is not None:
+            data.update(minor_source=self.minor_source, minor=self.minor)
+        if self.nvml:
+            data.update(memory_bytes=self.memory_bytes, nvml=True)
+        return data
+
+
+@dataclass(frozen=True)
+class DrmDetails(Details):
+    """An AMD or Intel GPU: VRAM size and unique id where the driver reports them."""
+
+    memory_bytes: int | None = None
+    unique_id: str | None = None
+
+    def notes(self) -> list[str]:
+        return [f"{self.memory_bytes / 2**30:.0f} GiB"] if self.memory_bytes else []
+
+    def to_json(self) -> dict[str, Any]:
+        return {"memory_bytes": self.memory_bytes, "unique_id": self.unique_id}
+
+
+@dataclass(frozen=True)
+class TegraDetails(Details):
+    """A Jetson's integrated GPU, by its device-tree compatible string."""
+
+    compatible: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"compatible": self.compatible, "integrated": True}
+
+
+def _is_display(device: SysDevice) -> bool:
+    # PCI class 0x03xxxx: VGA, XGA or 3D controller.
+    return device.attributes.get("class", "").lower().startswith("0x03")
+
+
+def hwdb_model(name: str) -> str:
+    """The marketing name in a PCI database name: ``Navi 21 [Radeon RX 6800/6800 XT]`` -> ``Radeon RX 6800``.
+
+    hwdb names put the chip codename first and the product in brackets, with
+    variants split by ``/``; the first variant makes a readable GRES type.
+    """
+    if "[" in name and "]" in name:
+        inner = name[name.index("[") + 1:name.rindex("]")]
+        return inner.split("/")[0].strip() or name
+    return name
+
+
+def model_slug(model: str) -> str:
+    """A GRES type from a marketing name: ``NVIDIA A100-SXM4-80GB`` -> ``a100_sxm4_80gb``."""
+    name = slug(model)
+    if name.startswith("nvidia_") and len(name) > len("nvidia_"):
+        name = name[len("nvidia_"):]
+    return name
+
+
+def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
+    # Without the driver's procfs, minors follow probe order, which is PCI order.
+    bound = [d for d in devices if d.driver == "nvidia"]
+    found = []
+    for device in devices:
+        proc = snapshot.nvidia_proc.get(device.sys_name.lower(), {})
+        model = proc.get("Model") or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", "")) \
+            or f"NVIDIA GPU {device.attributes.get('device', '?')}"
+        uuid = proc.get("GPU UUID") or None
+        details = NvidiaDetails(uuid=uuid)
+        nodes: tuple[str, ...] = ()
+        usable, reason = True, ""
+        if device.driver != "nvidia":
+            usable = False
+            reason = (f"GPU {device.sys_name} is bound to {device.driver}, not the NVIDIA driver"
+                      if device.driver else f"GPU {device.sys_name} has no driver bound: load the nvidia module")
+        else:
+            minor = int_or_none(proc.get("Device Minor"))
+            source = "procfs" if minor is not None else "pci-order"
+            if minor is None:
+                minor = bound.index(device)
+            details = NvidiaDetails(uuid=uuid, minor=minor, minor_source=source)
+            node = f"/dev/nvidia{minor}"
+            nodes = (node,)
+            if not snapshot.node_exists(node):
+                usable = False
+                reason = f"device node {node} is missing: run nvidia-modprobe -c {minor} or load the driver"
+        found.append(_gpu(device, "NVIDIA", model, nodes, usable, reason, details))
+
+    def minor_order(a: Accelerator) -> tuple[int, str]:
+        minor = getattr(a.details, "minor", None)
+        return (1 << 16 if minor is None else minor, a.bus_address)
+    return sorted(found, key=minor_order)
+
+
+def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
+    vendor = _VENDOR_NAMES[device.attributes["vendor"]]
+    drm = snapshot.children(device, "drm")
+    render = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
+    cards = [d.device_node for d in drm if d.sys_name.startswith("card") and d.device_node
+             and "-" not in d.sys_name]  # card0-DP-1 and such are connectors
+    model = device.attributes.get("product_name") \
+        or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", "")) \
+        or f"{vendor} GPU {device.attributes.get('device', '?')}"
+    details = DrmDetails(memory_bytes=int_or_none(device.attributes.get("mem_info_vram_total")),
+                         unique_id=device.attributes.get("unique_id") or None)
+    usable, reason = True, ""
+    if not device.driver:
+        usable, reason = False, f"GPU {device.sys_name} has no driver bound"
+    elif not render:
+        usable, reason = False, f"GPU {device.sys_name} ({device.driver}) has no DRM render node"
+    return _gpu(device, vendor, model, tuple(render + cards), usable, reason, details)
+
+
+def _gpu(device: SysDevice, vendor: str, model: str, nodes: tuple[str, ...], usable: bool,
+         reason: str, details: Details) -> Accelerator:
+    return accelerator_from(
+        device, identity=f"pci-{device.sys_name}", kind=KIND, bus=Bus.PCI,
+        vendor_id=device.attributes.get("vendor", "")[2:], product_id=device.attributes.get("device", "")[2:],
+        vendor=vendor, model=model, device_nodes=nodes, usable=usable, reason=reason, details=details)
+
+
+def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
+    compatible = next(v for k, v in sorted(device.properties.items())
+                      if k.startswith("OF_COMPATIBLE_") and v in TEGRA_GPU_COMPATIBLE)
+    chip = compatible.split(",", 1)[1]
+    drm = snapshot.children(device, "drm")
+    nodes = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
+    nodes += sorted(p for p in ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl") if snapshot.node_exists(p))
+    usable, reason = bool(nodes), ""
+    if not device.driver:
+        usable, reason = False, f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
+    elif not nodes:
+        reason = f"integrated GPU {device.sys_name} has no device node (/dev/nvhost-gpu or a render node)"
+    return accelerator_from(
+        device, identity=f"platform-{device.sys_name}", kind=KIND, bus=Bus.PLATFORM, vendor_id="10de",
+        product_id="", vendor="NVIDIA", model=f"Tegra {chip}", device_nodes=tuple(nodes), usable=usable,
+        reason=reason, details=TegraDetails(compatible))
+
+
+class GpuFamily(Family):
+    """NVIDIA, AMD, Intel and Tegra GPUs."""
+
+    kind = KIND
+    title = "GPU"
+    attributes = {
+        "pci": ("vendor", "device", "class", "numa_node", "local_cpulist", "mem_info_vram_total", "unique_id",
+                "product_name"),
+        "drm": (),
+        "platform": (),
+    }
+    watched = ("pci", "drm")
+    default_config = FamilyConfig("gpu", {}, ("gpu",), lease=False)
+    # gres.conf names the driver's own node (/dev/nvidiaN, a render node): it never moves.
+    slot = False
+    cores = True
+    udev_identities = (UdevIdentity("drm", "pci", 3),)
+    variables = (JobVariable(jobenv.GPUS, lambda identity, node: identity),)
+    runner = "gpu"
+
+    def wanted(self, device: Candidate) -> bool:
+        if device.subsystem == "pci":
+            return device.attribute("vendor") in _VENDOR_NAMES
+        if device.subsystem == "platform":
+            compatible = [v for k, v in device.properties().items() if k.startswith("OF_COMPATIBLE_")]
+            return any(c.strip() in TEGRA_GPU_COMPATIBLE for c in compatible)
+        return device.subsystem == "drm"
+
+    def find(self, snapshot: Snapshot) -> list[Accelerator]:
+        """NVIDIA by minor, then AMD/Intel and Tegra by address."""
+        displays = [d for d in snapshot.of_subsystem("pci") if _is_display(d)]
+        found = _nvidia([d for d in displays if d.attributes.get("vendor") == NVIDIA], snapshot)
+        found += [_drm_gpu(d, snapshot) for d in displays if d.attributes.get("vendor") in (AMD, INTEL)]
+        found += [_tegra(d, snapshot) for d in snapshot.of_subsystem("platform")]
+        return found
+
+    def details_from_json(self, item: Mapping[str, Any]) -> Details:
+        data = item.get("details") or {}
+        if item.get("bus") == "platform" or "compatible" in data:
+            return TegraDetails(str(data.get("compatible", "")))
+        if item.get("vendor") == "NVIDIA":
+            return NvidiaDetails(data.get("uuid"), data.get("minor"), data.get("minor_source"),
+                                 data.get("memory_bytes"), bool(data.get("nvml")))
+        return DrmDetails(data.get("memory_bytes"), data.get("unique_id"))
+
+    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
+        return {**super().config_keys(), "types": (dict, "GPU model slug -> GRES type"),
+                "isolate": (bool, "lease GPUs too (clusters without cgroup devices)")}
+
+    def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
+        base = super().parse_config(section, where)
+        return FamilyConfig(base.gres_name, base.types, base.features,
+                            lease=section.get("isolate", self.default_config.lease))
+
+    def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
+        types = section.get("types", {})
+        if not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
+            raise ConfigError(f"{where}: 'families.gpu.types' must map model names to type names",
+                              key="families.gpu.types")
+        return dict(types)
+
+    def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:
+        """The model's slug, or the type the config maps it to."""
+        model = model_slug(accelerator.model)
+        return config.types.get(model, model)
+
+    def features(self, config: FamilyConfig, accelerators: list[Accelerator]) -> list[str]:
+        """The configured features, then each GPU's vendor and type."""
+        features = list(config.features)
+        for accelerator in accelerators:
+            features += [slug(accelerator.vendor), self.gres_type(config, accelerator)]
+        return features
+
+    def udev_rules(self, config: FamilyConfig, own: str, run: str) -> list[str]:
+        if not config.lease:
+            return []
+        return [
+            "# GPUs are leased too (families.gpu.isolate): AMD and Intel DRM render nodes.",
+            "# NVIDIA's /dev/nvidiaN are made by the driver, not udev: set its NVreg_DeviceFileMode",
+            "# (see README) so idle NVIDIA GPUs are root-only as well.",
+            f'ACTION!="remove", SUBSYSTEM=="drm", KERNEL=="renderD*", ATTRS{{vendor}}=="{AMD}|{INTEL}", {own}, {run}',
+        ]
+
+
+FAMILY = GpuFamily()

@@ -1,0 +1,166 @@
+"""Hailo-8 / Hailo-8L NPUs on PCIe (Raspberry Pi AI Kit / AI HAT+): the ``hailo_pci`` driver.
+
+The driver (``hailo``, module ``hailo_pci``) binds PCI ``1e60:2864`` (Hailo-8 and
+Hailo-8L share it) and makes a class device ``hailoN`` in ``hailo_chardev`` with the
+node ``/dev/hailoN``. N is the probe order, not the bus order, and on Raspberry Pi
+OS's driver (4.17-4.22) the class device is *not* a child of the PCI device
+(``/sys/devices/virtual/hailo_chardev/hailoN``; 4.23 parents it): the only link is
+its ``board_location`` attribute, the PCI address, which is also HailoRT's device id.
+sysfs cannot tell a Hailo-8 from a Hailo-8L (HailoRT learns it from the firmware),
+so the GRES type is ``hailo8`` unless the site maps an address to ``hailo8l``. The
+driver reports no temperature (HailoRT reads it through the firmware, which needs
+the device open): health sees presence and usability only.
+
+Leased like an Edge TPU: a slot node per card, ownership, holder scan at job end.
+Not revoked, from the driver's remove path (raspberrypi/linux
+drivers/media/pci/hailo/src/pcie.c ``hailo_pcie_remove()``, src/fops.c, vdma/memory.c):
+
+* an unbind takes ``board->mutex``, destroys the node, unmaps the BARs
+  (``pcie_resources_release()``), sets ``board->pDev = NULL`` and ``vdma.dev = NULL``
+  and frees the board only when ``ref_count`` is 0; later ``ioctl``/``mmap`` on old
+  fds return ENODEV (``hailo_pcie_fops_unlockedioctl()`` / ``hailo_pcie_fops_mmap()``
+  check ``!board->pDev``). That would be a revocation, but it is not safe:
+* closing such an fd afterwards runs ``hailo_vdma_file_context_finalize()`` ->
+  ``hailo_desc_list_release(controller->dev, ...)`` -> ``dma_free_coherent()`` with
+  the device pointer already NULL (a kernel oops when the job's process exits);
+  ``hailo_fw_control()`` drops the board mutex before it writes the BARs, and the
+  ioctl entry checks ``pDev`` before taking the mutex (a racing unbind unmaps them
+  under it); remove releases the mutex before reading ``ref_count`` (a concurrent
+  last close can free the board first).
+* a function reset only calls ``hailo_pci_reset_prepare()`` (asks the firmware to
+  close its vDMA channels): the file contexts stay valid.
+
+So, as for the PCIe apex, the epilog's holder scan decides (every fd and mapping in
+/proc) and a survivor drains the node. Unlike the apex the driver counts no open
+files in sysfs; an fd in flight over a Unix socket is the residual exposure, as for
+GPUs. (The PCI ``power_state`` is D0 while any file is open with the driver's
+default power mode; not used: unconfirmed on hardware, and always D0 with
+``no_power_mode``.)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..errors import ConfigError
+from ..model import Accelerator, Bus, Details
+from .base import Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
+from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
+
+KIND = "hailo"
+PCI_ID = ("0x1e60", "0x2864")  # Hailo-8 and Hailo-8L
+DRIVER = "hailo"
+CLASS = "hailo_chardev"
+# HailoRT's device id of each card: its PCI address (0000:01:00.0).
+DEVICES_VARIABLE = "SLURM_TPU_HAILO_DEVICES"
+DRIVER_FIX = ("load the hailo_pci module (modprobe hailo_pci; Raspberry Pi OS: apt install hailo-all; "
+              "elsewhere HailoRT's PCIe driver, hailort-drivers)")
+
+
+@dataclass(frozen=True)
+class HailoDetails(Details):
+    """A Hailo card: its class device (``hailoN``) and the driver's accelerator type (0: NNC)."""
+
+    chardev: str | None = None
+    accelerator_type: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"chardev": self.chardev, "accelerator_type": self.accelerator_type}
+
+
+def _address(identity: str) -> str:
+    return identity[len("pci-"):]
+
+
+def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
+    """An Accelerator for a Hailo PCIe card, usable only with hailo_pci bound and its /dev/hailoN."""
+    if (device.attributes.get("vendor"), device.attributes.get("device")) != PCI_ID:
+        return None
+    address = device.sys_name
+    # Paired by board_location, never by the sysfs tree (see the module docstring).
+    chardevs = [d for d in snapshot.of_subsystem(CLASS) if d.attributes.get("board_location") == address]
+    details = HailoDetails()
+    usable, reason, nodes = True, "", ()
+    if not device.driver:
+        usable, reason = False, f"Hailo PCI device {address} has no driver bound: {DRIVER_FIX}"
+    elif device.driver != DRIVER:
+        usable, reason = False, (f"Hailo PCI device {address} is bound to {device.driver}, not the hailo driver: "
+                                 f"unbind it and {DRIVER_FIX}")
+    elif not chardevs:
+        usable, reason = False, (f"driver hailo is bound to {address} but created no {CLASS} device (/dev/hailoN): "
+                                 "its firmware may have failed to load (see dmesg); reload hailo_pci")
+    else:
+        chardev = chardevs[0]
+        details = HailoDetails(chardev.sys_name, int_or_none(chardev.attributes.get("accelerator_type")))
+        if chardev.device_node:
+            nodes = (chardev.device_node,)
+        else:
+            usable, reason = False, f"Hailo device {chardev.sys_name} of {address} has no /dev node"
+    return accelerator_from(
+        device, identity=f"pci-{address}", kind=KIND, bus=Bus.PCI, vendor_id=PCI_ID[0][2:],
+        product_id=PCI_ID[1][2:], vendor="Hailo", model="Hailo-8", device_nodes=nodes, usable=usable,
+        reason=reason, details=details)
+
+
+class HailoFamily(Family):
+    """Hailo-8/8L NPUs: GRES ``npu``, leased with slot nodes, holder scan at job end."""
+
+    kind = KIND
+    title = "Hailo NPU"
+    attributes = {"pci": ("vendor", "device"), CLASS: ("board_location", "device_id", "accelerator_type")}
+    watched = ("pci", CLASS)
+    default_config = FamilyConfig("npu", {"default": "hailo8"}, ("npu", "hailo"))
+    slot = True
+    revocation: Mapping[str, str] = {}  # holder scan only: see the module docstring
+    udev_identities = (UdevIdentity(CLASS, "pci", attribute="board_location"),)
+    variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: _address(identity)),)
+    runner = ""
+    runner_note = ("this job's Hailo device ({devices}, in ${variable}) runs .hef models with HailoRT, not TFLite: "
+                   "run your HEF with HailoRT on that device id (e.g. hailortcli run model.hef -s ${variable})")
+
+    def wanted(self, device: Candidate) -> bool:
+        if device.subsystem == "pci":
+            return (device.attribute("vendor"), device.attribute("device")) == PCI_ID
+        return device.subsystem == CLASS
+
+    def find(self, snapshot: Snapshot) -> list[Accelerator]:
+        """Every Hailo card, by PCI address."""
+        found = (hailo_card(d, snapshot) for d in snapshot.of_subsystem("pci"))
+        return sorted((a for a in found if a), key=lambda a: a.bus_address)
+
+    def details_from_json(self, item: Mapping[str, Any]) -> Details:
+        data = item.get("details") or {}
+        return HailoDetails(data.get("chardev"), data.get("accelerator_type"))
+
+    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
+        return {**super().config_keys(),
+                "types.default": (str, "GRES type of a Hailo card (hailo8: sysfs cannot tell 8 from 8L)"),
+                "types.by_address": (dict, "PCI address (0000:01:00.0) -> GRES type, e.g. hailo8l")}
+
+    def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
+        types = {"default": section.get("types.default", self.default_config.types["default"])}
+        by_address = section.get("types.by_address", {})
+        for address, name in by_address.items():
+            if not (isinstance(address, str) and isinstance(name, str) and name and address.count(":") == 2):
+                raise ConfigError(f"{where}: 'families.hailo.types.by_address' must map PCI addresses such as "
+                                  f"0000:01:00.0 to type names, not {address!r}: {name!r}",
+                                  key="families.hailo.types.by_address")
+            types[address.lower()] = name
+        return types
+
+    def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:
+        """The type the site maps the card's address to, else the default (``hailo8``)."""
+        return config.types.get(accelerator.bus_address.lower(), config.types["default"])
+
+    def udev_rules(self, config: FamilyConfig, own: str, run: str) -> list[str]:
+        match = f'SUBSYSTEM=="{CLASS}", KERNEL=="hailo[0-9]*"'
+        return [
+            "# Hailo-8/8L (hailo_pci driver, /dev/hailoN). Hailo's own 51-hailo-udev.rules gives these mode",
+            "# 0666; this later file's := makes the idle ownership final.",
+            f'ACTION!="remove", {match}, {own}, {run}',
+            f'ACTION=="remove", {match}, {run}',
+        ]
+
+
+FAMILY = HailoFamily()

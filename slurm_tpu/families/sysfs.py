@@ -1,0 +1,77 @@
+"""The plain records of a udev/sysfs snapshot, as the families read them.
+
+``slurm_tpu.detect.snapshot`` fills them through pyudev (the only pyudev user
+besides the watcher's monitor); everything that reads them is pure and testable
+on literal data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from ..model import Accelerator
+
+
+@dataclass(frozen=True)
+class SysDevice:
+    """The facts about one udev device that the families use."""
+
+    sys_path: str
+    sys_name: str
+    subsystem: str
+    devtype: str = ""
+    driver: str = ""
+    device_node: str = ""
+    properties: Mapping[str, str] = field(default_factory=dict)
+    attributes: Mapping[str, str] = field(default_factory=dict)
+    numa_node: int | None = None
+    local_cpus: str | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything detection looked at, keyed by sysfs path."""
+
+    devices: Mapping[str, SysDevice]
+    nvidia_proc: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    dev_entries: frozenset[str] = frozenset()
+    online_cpus: str | None = None
+    # CPU id -> (physical package id, core id), from sysfs topology; {} if unreadable.
+    cpu_topology: Mapping[int, tuple[int, int]] = field(default_factory=dict)
+
+    def of_subsystem(self, subsystem: str) -> list[SysDevice]:
+        """Devices of one subsystem, sorted by sysfs path."""
+        return sorted((d for d in self.devices.values() if d.subsystem == subsystem),
+                      key=lambda d: d.sys_path)
+
+    def children(self, parent: SysDevice, subsystem: str) -> list[SysDevice]:
+        """Devices of ``subsystem`` below ``parent`` in the sysfs tree."""
+        prefix = parent.sys_path + "/"
+        return [d for d in self.of_subsystem(subsystem) if d.sys_path.startswith(prefix)]
+
+    def node_exists(self, path: str) -> bool:
+        """Whether a /dev path was seen when the snapshot was taken."""
+        return path in self.dev_entries
+
+
+def accelerator_from(device: SysDevice, **fields: Any) -> Accelerator:
+    """An Accelerator whose sysfs path, bus address, driver and CPU affinity come
+    from ``device``; ``fields`` gives the rest (identity, kind, bus, model...)."""
+    fields.setdefault("bus_address", device.sys_name)
+    return Accelerator(sys_path=device.sys_path, driver=device.driver, numa_node=device.numa_node,
+                       local_cpus=device.local_cpus, **fields)
+
+
+def int_or_none(text: str | None) -> int | None:
+    """A sysfs number, or None when absent, empty or not a number."""
+    try:
+        return int(text) if text not in (None, "") else None
+    except ValueError:
+        return None
+
+
+def millidegrees(text: str | None) -> float | None:
+    """A sysfs temperature in millidegrees as degrees Celsius (None when unknown)."""
+    value = int_or_none(text)
+    return value / 1000.0 if value is not None else None

@@ -1,0 +1,212 @@
+"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot``: one writer, one reader.
+
+The slow path (slurm_tpu/hooks/settings.py ``rebuild``: YAML config, inventory,
+slurm.conf, gres.conf, the families registry) writes what every later hook needs;
+the fast path reads it without importing json, re, typing, dataclasses or the
+families package. Everything family-specific the hooks use is precomputed here:
+which GRES names are leased, whether gres.conf names slot nodes, how each bus is
+revoked, how udev events name a device, the job variables and their per-device
+values.
+
+Format (version in the first line; a reader meets any other first line, unknown
+tag or missing key with None, and the hook takes the slow path):
+
+    slurm-tpu hooks snapshot 6
+    <tag>\t<key>=<value>\t<key>=<value>...
+
+one record per line, keyed fields (a value runs to the next tab; it never holds a
+tab or newline, and lists are comma-joined, so they never hold commas):
+
+``src``     path, key: a source file and its version (device:inode:size:mtime_ns)
+``set``     the scalar settings (:data:`SETTINGS`)
+``family``  kind, gres, leased, slot, revoke (bus:how,...)
+``udev``    subsystem, devtype, bus, depth, attribute: how udev-event names a device
+``var``     name, kind, unset: a job variable of a family, in export order
+``dev``     identity, kind, bus, nodes: a configured device
+``val``     identity, name, value: a device's entry in a job variable
+``idx``     name, type, file: slurmd's IDX order of a GRES name on this node
+"""
+
+from __future__ import annotations
+
+from ..locks.node_inventory import KnownDevice
+
+FORMAT = "slurm-tpu hooks snapshot 6"
+# Revocation methods (slurm_tpu/families/base.py names them for the families).
+USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
+# The ``set`` record's keys and their types.
+SETTINGS = (("state_dir", str), ("slot_dir", str), ("lease_mode", int), ("idle_uid", int), ("idle_gid", int),
+            ("idle_mode", int), ("node", str), ("slurm_bin_dir", str), ("slurm_sbin_dir", str),
+            ("revoke", bool), ("holder_scan_s", float), ("sysfs_root", str))
+
+
+class FamilyPolicy:
+    """What the hooks do with one family's devices."""
+
+    __slots__ = ("kind", "gres_name", "leased", "slot", "revocation")
+
+    def __init__(self, kind: str, gres_name: str, leased: bool, slot: bool, revocation: dict[str, str]):
+        self.kind, self.gres_name, self.leased, self.slot = kind, gres_name, leased, slot
+        self.revocation = revocation  # bus -> USB_PORT / GASKET_WRITERS (SCAN when absent)
+
+    def __repr__(self) -> str:
+        return f"FamilyPolicy({self.kind!r}, {self.gres_name!r}, {self.leased}, {self.slot}, {self.revocation!r})"
+
+
+class UdevRule:
+    """How ``slurm-tpu udev-event`` names the device of an event of one subsystem.
+
+    The identity is ``<bus>-`` followed by the sysfs ``attribute`` of the event's
+    device when one is named (read at add time), else by the DEVPATH component
+    ``depth`` levels up (1: the last).
+    """
+
+    __slots__ = ("subsystem", "devtype", "bus", "depth", "attribute")
+
+    def __init__(self, subsystem: str, devtype: str, bus: str, depth: int, attribute: str = ""):
+        self.subsystem, self.devtype, self.bus, self.depth, self.attribute = subsystem, devtype, bus, depth, attribute
+
+
+class EnvVariable:
+    """A job variable of one family (see slurm_tpu/protocol/jobenv.py)."""
+
+    __slots__ = ("name", "kind", "unset_when_empty")
+
+    def __init__(self, name: str, kind: str, unset_when_empty: bool):
+        self.name, self.kind, self.unset_when_empty = name, kind, unset_when_empty
+
+
+class HookSnapshot:
+    """The snapshot's content (the hooks' settings class extends it with behaviour)."""
+
+    def __init__(self, state_dir: str, slot_dir: str = "/dev/slurm-tpu", lease_mode: int = 0o600,
+                 idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = 0o600, node: str = "",
+                 devices: dict[str, KnownDevice] | None = None,
+                 index: dict[str, list[tuple[str | None, str | None]]] | None = None,
+                 sources: dict[str, str] | None = None, families: dict[str, FamilyPolicy] | None = None):
+        self.state_dir, self.slot_dir, self.lease_mode = state_dir, slot_dir, lease_mode
+        self.idle_uid, self.idle_gid, self.idle_mode, self.node = idle_uid, idle_gid, idle_mode, node
+        self.devices = devices or {}
+        self.index = index or {}
+        self.sources = sources or {}
+        self.families = families or {}  # kind -> policy
+        self.udev: list[UdevRule] = []
+        self.variables: list[EnvVariable] = []
+        self.values: dict[str, dict[str, str]] = {}  # identity -> variable name -> entry
+        # The config's slurm.bin_dir/sbin_dir ("" when unset: slurm/installation.py decides).
+        self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
+        # Revocation at job end (slurm_tpu/locks/revoke.py) and the holder scan's time box.
+        self.revoke, self.holder_scan_s, self.sysfs_root = True, 2.0, "/sys"
+
+    def revocation(self, kind: str, bus: str) -> str:
+        """How a device of this kind and bus is revoked at job end (SCAN: holder scan only)."""
+        policy = self.families.get(kind)
+        return policy.revocation.get(bus, SCAN) if policy is not None else SCAN
+
+
+def _field(key: str, value: object) -> str:
+    text = ("1" if value else "0") if isinstance(value, bool) else (repr(value) if isinstance(value, float)
+                                                                   else str(value))
+    if "\t" in text or "\n" in text:
+        raise ValueError(f"hooks snapshot: {key} {text!r} holds a tab or newline")
+    return f"{key}={text}"
+
+
+def _record(tag: str, *pairs: tuple[str, object]) -> str:
+    return "\t".join([tag, *(_field(key, value) for key, value in pairs)])
+
+
+def _listed(key: str, items) -> str:
+    items = list(items)
+    if any("," in item for item in items):
+        raise ValueError(f"hooks snapshot: {key} {items!r} holds a comma")
+    return ",".join(items)
+
+
+def format_snapshot(snapshot: HookSnapshot) -> str:
+    """The file's text (raises ValueError when a value cannot be written: then write none)."""
+    lines = [FORMAT]
+    for path, key in sorted(snapshot.sources.items()):
+        lines.append(_record("src", ("path", path), ("key", key)))
+    lines.append(_record("set", *((name, getattr(snapshot, name)) for name, _ in SETTINGS)))
+    for policy in snapshot.families.values():
+        revoke = _listed("revoke", (f"{bus}:{how}" for bus, how in policy.revocation.items()))
+        lines.append(_record("family", ("kind", policy.kind), ("gres", policy.gres_name),
+                             ("leased", policy.leased), ("slot", policy.slot), ("revoke", revoke)))
+    for rule in snapshot.udev:
+        lines.append(_record("udev", ("subsystem", rule.subsystem), ("devtype", rule.devtype), ("bus", rule.bus),
+                             ("depth", rule.depth), ("attribute", rule.attribute)))
+    for variable in snapshot.variables:
+        lines.append(_record("var", ("name", variable.name), ("kind", variable.kind),
+                             ("unset", variable.unset_when_empty)))
+    for device in snapshot.devices.values():
+        lines.append(_record("dev", ("identity", device.identity), ("kind", device.kind), ("bus", device.bus),
+                             ("nodes", _listed("nodes", device.device_nodes))))
+    for identity, entries in snapshot.values.items():
+        for name, value in entries.items():
+            lines.append(_record("val", ("identity", identity), ("name", name), ("value", value)))
+    for name, order in snapshot.index.items():
+        for kind, path in order:
+            lines.append(_record("idx", ("name", name), ("type", kind or ""), ("file", path or "")))
+    return "\n".join(lines) + "\n"
+
+
+def _bool(text: str) -> bool:
+    if text not in ("0", "1"):
+        raise ValueError(text)
+    return text == "1"
+
+
+def parse_snapshot(text: str, cls=HookSnapshot):
+    """The snapshot in ``text`` as a ``cls`` (a HookSnapshot), or None if it is not one this version wrote."""
+    lines = text.split("\n")
+    if not lines or lines[0] != FORMAT:
+        return None
+    result = cls("")
+    seen_settings = False
+    try:
+        for line in lines[1:]:
+            if not line:
+                continue
+            tag, *fields = line.split("\t")
+            record = {}
+            for item in fields:
+                key, sep, value = item.partition("=")
+                if not sep or key in record:
+                    return None
+                record[key] = value
+            if tag == "src":
+                result.sources[record["path"]] = record["key"]
+            elif tag == "set":
+                for name, kind in SETTINGS:
+                    value = record[name]
+                    setattr(result, name, _bool(value) if kind is bool else kind(value))
+                seen_settings = True
+            elif tag == "family":
+                revocation = {}
+                for entry in filter(None, record["revoke"].split(",")):
+                    bus, sep, how = entry.partition(":")
+                    if not sep:
+                        return None
+                    revocation[bus] = how
+                result.families[record["kind"]] = FamilyPolicy(record["kind"], record["gres"],
+                                                               _bool(record["leased"]), _bool(record["slot"]),
+                                                               revocation)
+            elif tag == "udev":
+                result.udev.append(UdevRule(record["subsystem"], record["devtype"], record["bus"],
+                                            int(record["depth"]), record["attribute"]))
+            elif tag == "var":
+                result.variables.append(EnvVariable(record["name"], record["kind"], _bool(record["unset"])))
+            elif tag == "dev":
+                nodes = tuple(filter(None, record["nodes"].split(",")))
+                result.devices[record["identity"]] = KnownDevice(record["identity"], record["kind"], record["bus"],
+                                                                 nodes)
+            elif tag == "val":
+                result.values.setdefault(record["identity"], {})[record["name"]] = record["value"]
+            elif tag == "idx":
+                result.index.setdefault(record["name"], []).append((record["type"] or None, record["file"] or None))
+            else:
+                return None
+    except (KeyError, ValueError):
+        return None
+    return result if seen_settings else None

@@ -1,0 +1,89 @@
+"""The job environment contract between the root prolog (writer), the task-prolog and the runner.
+
+The prolog writes ``<state_dir>/jobs/<job>.env`` (slurm_tpu/hooks/envfile.py, the one
+writer) as ``export NAME=value`` / ``unset NAME`` lines; the task-prolog prints them
+before every task. Every variable is named by a family (``JobVariable`` in
+slurm_tpu/families/), in registry order, then :data:`USAGE_DIR`. For the devices
+leased to the job on this node, in allocation order:
+
+``SLURM_TPU_DEVICES`` (Edge TPUs)
+    Identities, comma-separated: ``usb-2-1.3,pci-0000:03:00.0``.
+``SLURM_TPU_EDGETPU_PATHS`` (Edge TPUs)
+    What libedgetpu's ``edgetpu_create_delegate(type, path, ...)`` takes for each,
+    as ``type:path``: ``usb:/sys/bus/usb/devices/2-1.3,pci:/dev/apex_0``. The runner
+    opens exactly these paths, never a ``usb:N`` index (indices shift whenever
+    another stick re-enumerates). Both are exported (empty) on a node where the job
+    has no Edge TPU.
+``SLURM_TPU_GPUS`` (GPUs)
+    Identities of leased GPUs (only when ``families.gpu.isolate`` is on); unset
+    otherwise. GPU jobs otherwise rely on Slurm's own ``CUDA_VISIBLE_DEVICES``.
+Further families declare their own (``SLURM_TPU_<FAMILY>_...``) in their module, with
+its values and whether it is unset when the job has no such device.
+``SLURM_TPU_USAGE_DIR``
+    The job's usage box (slurm_tpu/usage.py); unset when there is none.
+
+Identities and paths never contain commas (see ``slurm_tpu.identity``). The
+runner reads the Edge TPU pair with :func:`parse_environment`.
+"""
+
+from __future__ import annotations
+
+# Annotations only: the root hooks import this module (the names), and typing costs them.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Mapping
+
+DEVICES = "SLURM_TPU_DEVICES"
+EDGETPU_PATHS = "SLURM_TPU_EDGETPU_PATHS"
+GPUS = "SLURM_TPU_GPUS"
+USAGE_DIR = "SLURM_TPU_USAGE_DIR"
+
+
+class EdgeTpuHandle:
+    """One allocated Edge TPU as libedgetpu addresses it (a plain class: no dataclasses import)."""
+
+    __slots__ = ("identity", "device_type", "path")
+
+    def __init__(self, identity: str, device_type: str, path: str):
+        self.identity = identity
+        self.device_type = device_type  # "usb" or "pci"
+        self.path = path  # /sys/bus/usb/devices/<topology> or /dev/apex_N
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, EdgeTpuHandle) and (self.identity, self.device_type, self.path) == (
+            other.identity, other.device_type, other.path)
+
+    def __hash__(self) -> int:
+        return hash((self.identity, self.device_type, self.path))
+
+    def __repr__(self) -> str:
+        return f"EdgeTpuHandle({self.identity!r}, {self.device_type!r}, {self.path!r})"
+
+
+def libedgetpu_path(identity: str, device_node: str | None) -> tuple[str, str]:
+    """(type, path) libedgetpu expects for an identity (PCIe needs its /dev/apex_N)."""
+    bus, _, address = identity.partition("-")
+    if bus == "usb":
+        return "usb", f"/sys/bus/usb/devices/{address}"
+    if bus == "pci" and device_node:
+        return "pci", device_node
+    raise ValueError(f"{identity}: no libedgetpu path (PCIe Edge TPUs need their /dev/apex_N node)")
+
+
+def parse_environment(environ: Mapping[str, str]) -> list[EdgeTpuHandle]:
+    """The job's Edge TPUs from its environment ([] when none were allocated).
+
+    Raises ValueError with a one-line reason when the two variables disagree.
+    """
+    identities = [i for i in environ.get(DEVICES, "").split(",") if i]
+    paths = [p for p in environ.get(EDGETPU_PATHS, "").split(",") if p]
+    if len(identities) != len(paths):
+        raise ValueError(f"{DEVICES} names {len(identities)} device(s) but {EDGETPU_PATHS} "
+                         f"names {len(paths)}: the task-prolog output is inconsistent")
+    handles = []
+    for identity, entry in zip(identities, paths):
+        device_type, sep, path = entry.partition(":")
+        if not sep or device_type not in ("usb", "pci") or not path:
+            raise ValueError(f"{EDGETPU_PATHS} entry '{entry}' is not usb:PATH or pci:PATH")
+        handles.append(EdgeTpuHandle(identity, device_type, path))
+    return handles
