@@ -108,7 +108,7 @@ def assert_idle(cluster) -> None:
 
 
 @pytest.mark.slurm
-def test_the_node_offers_two_hailo_npus_and_one_tpu(cluster):
+def test_the_node_offers_two_hailo_npus_and_one_tpu(cluster, users):
     nodes = inventory(cluster, "n1")
     assert sorted(nodes) == [HAILO_1, HAILO_2, CORAL]
     # Paired by board_location, not by index: hailo1 is the card at 0000:01:00.0.
@@ -118,7 +118,9 @@ def test_the_node_offers_two_hailo_npus_and_one_tpu(cluster):
     assert "npu:hailo8:2" in node and "tpu:edgetpu_pci:1" in node
     features = next(t for t in node.split() if t.startswith("AvailableFeatures="))[len("AvailableFeatures="):]
     assert {"npu", "hailo", "tpu"} <= set(features.split(","))
-    assert_idle(cluster)
+    for identity in (HAILO_1, HAILO_2, CORAL):  # idle: out of every user's reach
+        assert owner(nodes[identity][0]) == (0, 0, 0o600)
+        assert open_as("stpu_alice", nodes[identity][0]) == "EACCES"
 
 
 @pytest.mark.slurm
@@ -193,7 +195,8 @@ def test_a_process_keeping_a_hailo_open_after_its_job_drains_the_node(cluster, u
     identity = HAILO_1
     assert_idle(cluster)
     node = inventory(cluster, "n1")[identity][0]
-    rdev = node_on(node, "/dev/null")  # a real driver's numbers, so a process can hold it open
+    # A real driver's numbers, so a process can hold it open (not /dev/null: every daemon holds that).
+    rdev = node_on(node, "/dev/full")
     pidfile = out(cluster, "survivor.pid")
     survivor = None
     try:
@@ -205,7 +208,9 @@ def test_a_process_keeping_a_hailo_open_after_its_job_drains_the_node(cluster, u
         survivor = int(open(pidfile).read())
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
         reason = drain_reason(cluster)
-        assert reason.startswith("slurm-tpu:") and f"pid {survivor}" in reason and identity in reason
+        assert reason.startswith("slurm-tpu:") and f"still holds {identity}" in reason, reason
+        pids = re.search(r"pid ([0-9,]+) still holds", reason).group(1).split(",")
+        assert str(survivor) in pids  # (other tests running beside this one may hold /dev/full too)
         assert owner(node) == (0, 0, 0o600)  # taken away from alice at once, even while drained
         assert open_as("stpu_alice", node) == "EACCES"
     finally:
@@ -223,7 +228,7 @@ def test_infer_in_a_hailo_job_says_in_one_line_that_hailo_runs_hef_models(cluste
     from slurm_tpu.modelgen import write_models
 
     models = write_models(Path(out(cluster, "models")), image_count=1)
-    (image,) = sorted(Path(models["images"]).iterdir())
+    image = sorted(Path(models["images"]).glob("*.png"))[0]
     said, status = out(cluster, "infer.out"), out(cluster, "infer.status")
     job = cluster.sbatch(["-w", "n1", "--gres=npu:1", "-o", "/dev/null", "-e", "/dev/null"],
                          f"#!/bin/sh\n{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {image} "
