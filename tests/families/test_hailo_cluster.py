@@ -187,7 +187,7 @@ def test_two_npus_in_one_job_come_in_allocation_order(cluster, users):
 @pytest.mark.slurm
 def test_a_process_keeping_a_hailo_open_after_its_job_drains_the_node(cluster, users):
     """The hailo_pci driver cannot be unbound safely under open files (see
-    /work/prompts/hailo-facts.md: close after remove frees DMA memory with a NULL
+    slurm_tpu/families/hailo.py: a close after remove frees DMA memory with a NULL
     device), so like the PCIe apex a survivor is found and the node drained."""
     from slurm_tpu.config import load_config
     from slurm_tpu.ops.health_check import clear_kept_leases
