@@ -88,6 +88,36 @@ def open_as(user: str, path: str) -> str:
     return done.stdout.strip() or done.stderr.strip()
 
 
+def node_on(node: str, device: str) -> int:
+    """Point a simulated device node at a real driver's numbers (e.g. /dev/null), so a process
+    can hold it open or map it; returns the node's original rdev for :func:`restore_node`."""
+    rdev = os.lstat(node).st_rdev
+    os.unlink(node)
+    os.mknod(node, stat.S_IFCHR | 0o600, os.stat(device).st_rdev)
+    return rdev
+
+
+def restore_node(node: str, rdev: int) -> None:
+    os.unlink(node)
+    os.mknod(node, stat.S_IFCHR | 0o600, rdev)
+
+
+# A job that leaves a daemon (double fork, own session: it escapes Slurm's process
+# tracking) keeping {node} open after the job ends; its pid goes to {pidfile}.
+SURVIVOR_JOB = """#!/bin/sh
+/usr/bin/python3 -I -c '
+import os, sys, time
+if os.fork(): sys.exit(0)
+os.setsid()
+if os.fork(): sys.exit(0)
+fd = os.open(sys.argv[1], os.O_RDWR)
+open(sys.argv[2], "w").write(str(os.getpid()))
+time.sleep(120)
+' {node} {pidfile}
+while [ ! -s {pidfile} ]; do sleep 0.1; done
+"""
+
+
 def owner(path: str) -> tuple[int, int, int]:
     """(uid, gid, mode) of a node, not following links."""
     info = os.lstat(path)

@@ -16,8 +16,8 @@ import subprocess
 
 import pytest
 from support import HARDWARE, REPO, finish_cluster, make_cluster, require_root_and_slurm
-from support import (audit, clear_lease, drain_reason, hook_env, inventory, leases, no_overlaps, open_as, owner,
-                     resume, run_hook, udev_event, wait_until)
+from support import (audit, clear_lease, drain_reason, hook_env, inventory, leases, no_overlaps, node_on, open_as,
+                     owner, restore_node, resume, run_hook, udev_event, wait_until, SURVIVOR_JOB)
 
 pytestmark = pytest.mark.slurm
 
@@ -330,29 +330,10 @@ def test_gres_conf_naming_etc_shadow_is_refused(cluster, users, tmp_path):
     assert_idle_and_consistent(cluster)
 
 
-SURVIVOR_JOB = """#!/bin/sh
-# Leave a daemon (double fork, own session: it escapes Slurm's process tracking)
-# that keeps the job's device open after the job ends.
-/usr/bin/python3 -I -c '
-import os, sys, time
-if os.fork(): sys.exit(0)
-os.setsid()
-if os.fork(): sys.exit(0)
-fd = os.open(sys.argv[1], os.O_RDWR)
-open(sys.argv[2], "w").write(str(os.getpid()))
-time.sleep(120)
-' {node} {pidfile}
-while [ ! -s {pidfile} ]; do sleep 0.1; done
-"""
-
-
 def test_surviving_holder_drains_the_node_and_clearing_restores_idle_at_once(cluster, users):
     # A PCIe TPU: it cannot be revoked (slurm_tpu/locks/revoke.py), so a survivor keeps it from the next job.
     pci = inventory(cluster, "n1")[PCI][0]
-    rdev = os.lstat(pci).st_rdev
-    # Point the card's node at a real driver (/dev/full's numbers) so it can be held open.
-    os.unlink(pci)
-    os.mknod(pci, stat.S_IFCHR | 0o600, os.stat("/dev/full").st_rdev)
+    rdev = node_on(pci, "/dev/full")  # a real driver's numbers, so it can be held open
     pidfile = outp(cluster, "survivor.pid")
     job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null", "-e", "/dev/null"],
                          SURVIVOR_JOB.format(node=pci, pidfile=pidfile), user="stpu_alice")
@@ -384,7 +365,6 @@ def test_surviving_holder_drains_the_node_and_clearing_restores_idle_at_once(clu
     assert owner(pci) == (users["stpu_bob"], 0, 0o600)
     assert stop(cluster, "sv2", nxt) == "COMPLETED"
     assert_idle_and_consistent(cluster)
-    os.unlink(pci)
-    os.mknod(pci, stat.S_IFCHR | 0o600, rdev)
+    restore_node(pci, rdev)
 
 

@@ -13,11 +13,11 @@ and mapped, and the epilog must drain the node instead.
 from __future__ import annotations
 
 import os
-import stat
 import subprocess
 
 import pytest
-from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, open_as, owner, resume, settle
+from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, open_as, owner
+from support import restore_node, resume, settle
 from support import PCI, USB, one_node_two_tpus, out, udev_event, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -221,15 +221,7 @@ def test_fds_opened_in_any_window_are_dead_before_the_next_job_gets_the_stick(cl
 def pci_node_on(cluster, device: str) -> tuple[str, int]:
     """Point the PCIe card's node at a real driver's numbers; returns (node, original rdev)."""
     node = inventory(cluster, "n1")[PCI][0]
-    rdev = os.lstat(node).st_rdev
-    os.unlink(node)
-    os.mknod(node, stat.S_IFCHR | 0o600, os.stat(device).st_rdev)
-    return node, rdev
-
-
-def restore_pci_node(node: str, rdev: int) -> None:
-    os.unlink(node)
-    os.mknod(node, stat.S_IFCHR | 0o600, rdev)
+    return node, node_on(node, device)
 
 
 # A daemon of the job (double fork, own session) that maps the device and closes its fd.
@@ -277,7 +269,7 @@ def test_mapping_with_its_fd_closed_is_found_and_the_health_check_restores_idle(
     assert outcome == [(PCI, "cleared")]
     assert leases(cluster, "n1") == [] and owner(node) == (0, 0, 0o600)
     resume(cluster)
-    restore_pci_node(node, rdev)
+    restore_node(node, rdev)
     assert_idle_and_consistent(cluster)
 
 
@@ -372,7 +364,7 @@ def test_pci_fd_in_flight_is_caught_by_the_drivers_count_of_writers(cluster, use
     cleared = clear_lease(cluster, PCI)
     assert cleared.returncode == 0 and "cleared" in cleared.stdout, cleared.stderr
     resume(cluster)
-    restore_pci_node(node, rdev)
+    restore_node(node, rdev)
     assert_idle_and_consistent(cluster)
 
 
