@@ -10,7 +10,7 @@ import click
 
 from ..errors import SlurmTpuError
 from ..model import Inventory
-from . import EXIT_DIFFERS, Obj, main
+from .group import EXIT_DIFFERS, Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
 

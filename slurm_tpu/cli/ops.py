@@ -7,7 +7,7 @@ import os
 
 import click
 
-from . import Obj, main
+from .group import Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
 
