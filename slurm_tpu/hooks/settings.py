@@ -200,7 +200,7 @@ def _from_snapshot(state_dir: str, cfg: str, environ, node: str | None) -> HookS
 
 
 def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
-    from .allocation import conf_paths
+    from .slurm_files import conf_paths
 
     slurm_conf, gres_conf = conf_paths(environ)
     return [cfg, os.path.join(state_dir, "inventory.json"), slurm_conf, gres_conf]
@@ -225,7 +225,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf."""
     from .. import jobenv, usage
     from ..locks import node_inventory, ownership
-    from . import allocation
+    from . import slurm_files
     from .context import load_hook_config
 
     cfg = config_path(environ)
@@ -238,7 +238,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     settings.revoke, settings.holder_scan_s = config.revoke, config.holder_scan_seconds
     settings.sysfs_root = config.sysfs_root
     paths = _source_paths(cfg, config.state_dir, environ)
-    paths += allocation.slurm_conf_files(paths[2])[1:]
+    paths += slurm_files.slurm_conf_files(paths[2])[1:]
     keys_before = {path: file_key(path) for path in paths}
     try:
         fd = statedir.open_dir(config.state_dir, create=create)
@@ -251,7 +251,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         settings.env_names = (jobenv.DEVICES, jobenv.EDGETPU_PATHS, jobenv.GPUS, usage.USAGE_DIR_ENV)
         settings.tpu_paths = edgetpu_paths(settings.devices)
         names = [config.tpu_gres_name] + ([config.gpu_gres_name] if config.isolate_gpus else [])
-        settings.index = allocation.gres_index(node, names, environ)
+        settings.index = slurm_files.gres_index(node, names, environ)
         settings.sources = keys_before
         # Only a root hook writes; a file changed while we read it is not snapshotted.
         if os.geteuid() == 0 and all(file_key(p) == k for p, k in keys_before.items()):
