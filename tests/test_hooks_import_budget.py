@@ -153,6 +153,7 @@ def test_a_hooks_fast_path_stays_within_its_imports(measured, hook, did_its_work
     runs = measured[hook]
     assert runs, f"no {hook} run was recorded"
     modules = imported_modules(runs[-1])
+    print(f"{hook}: {len(modules)} modules: {' '.join(modules)}")  # the measurement, with pytest -s
     assert did_its_work in modules, f"{hook} did not reach its work: {modules}"
     # The fast path: settings from the snapshot, so neither the YAML config nor its reader.
     assert "slurm_tpu.config" not in modules and "yaml" not in modules, f"{hook} took the slow path"
