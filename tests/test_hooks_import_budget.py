@@ -15,10 +15,11 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
+
+from helpers import wait_until
 
 REPO = Path(__file__).resolve().parent.parent
 HARDWARE = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"
@@ -89,16 +90,6 @@ def _shim(directory: Path, name: str, kind: str, script: Path, logs: Path) -> Pa
     return path
 
 
-def _wait_for(predicate, timeout: float, what: str):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-
-
 def _runs(logs: Path, kind: str) -> list[str]:
     """The stderr of every finished run of ``kind``, oldest first."""
     files = sorted(logs.glob(f"{kind}.*.done"), key=lambda p: p.stat().st_mtime_ns)
@@ -127,10 +118,10 @@ def measured(cluster_factory, tmp_path_factory):
         job = cluster.sbatch(["--gres=tpu:2", "-w", "n1", "-o", "/dev/null"],
                              '#!/bin/sh\ntest -n "$SLURM_TPU_DEVICES"\n')
         assert cluster.wait_for_jobs([job], timeout=120) == {job: "COMPLETED"}
-        _wait_for(lambda: len(_runs(logs, "epilog")) >= round_, 60, f"job {job}'s epilog")
+        wait_until(lambda: len(_runs(logs, "epilog")) >= round_, 60, f"job {job}'s epilog")
         # Its USB stick is power-cycled at job end; the release ends when it is back.
         leases = Path(cluster.node_dir("n1")) / "state" / "leases"
-        _wait_for(lambda: not any(leases.iterdir()), 60, "the revoked stick to come back")
+        wait_until(lambda: not any(leases.iterdir()), 60, "the revoked stick to come back")
     inventory = json.loads((Path(cluster.node_dir("n1")) / "state" / "inventory.json").read_text())
     usb_node = next(a["device_nodes"][0] for a in inventory["accelerators"] if a["identity"] == "usb-2-1.3")
     env = {"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": cluster.node_config("n1"), "SLURMD_NODENAME": "n1",
