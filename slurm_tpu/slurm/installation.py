@@ -88,7 +88,8 @@ class Installation:
         found = _first_executable(name, dirs)
         if found is None:
             raise SlurmCommandError(f"{name} not found in Slurm's directories ({', '.join(self.dirs)}), PATH "
-                                    f"or {', '.join(SYSTEM_DIRS)}: install it or give its full path", name)
+                                    f"or {', '.join(USUAL_DIRS + SYSTEM_DIRS)}: install it or give its full path",
+                                    name)
         return found
 
     def __repr__(self) -> str:
