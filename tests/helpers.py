@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 TESTS = Path(__file__).resolve().parent
@@ -155,3 +156,14 @@ def runner_job_workspace(prefix: str, user: str, image_count: int):
         if made:
             subprocess.run(["userdel", user], capture_output=True)
         shutil.rmtree(shared, ignore_errors=True)
+
+
+def wait_until(predicate, timeout: float = 60, what: str = "condition"):
+    """``predicate()``'s first true value, asked every 0.2 s; AssertionError naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from . import EXIT_ERROR, Obj, main
+from .group import EXIT_ERROR, Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
 

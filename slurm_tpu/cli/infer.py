@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from . import main
+from .group import main
 
 EXIT_SOME_FAILED = 1
 

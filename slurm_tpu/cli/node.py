@@ -8,7 +8,7 @@ import sys
 
 import click
 
-from . import EXIT_DIFFERS, Obj, main
+from .group import EXIT_DIFFERS, Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
 

@@ -7,7 +7,7 @@ import os
 
 import click
 
-from . import Obj, main
+from .group import Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
 
@@ -53,7 +53,8 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
               help="File holding this node's NodeName block (from node-conf --output); its Gres=/Feature= "
                    "are kept in line too.")
 @click.option("--stop-command", metavar="COMMAND", default="systemctl stop slurmd", show_default=True,
-              help="Stops this node's slurmd (split like a shell would, run without one).")
+              help="Stops this node's slurmd (split like a shell would, run without one; the program is "
+                   "looked up in Slurm's directories, then PATH).")
 @click.option("--start-command", metavar="COMMAND", default="systemctl start slurmd", show_default=True,
               help="Starts this node's slurmd.")
 @click.option("--controller-command", metavar="COMMAND", default="",

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from . import main
+from .group import main
 
 
 def _say(message: str) -> None:

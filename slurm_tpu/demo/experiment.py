@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import time
 from dataclasses import asdict, dataclass
@@ -175,7 +174,8 @@ def serve_and_query(layout: Layout, user: str, env: Mapping[str, str], timeout: 
             raise DemoError(f"the serve job {job} did not publish its address: see {log}")
         time.sleep(0.3)
     images = [os.path.join(layout.images, f"img_{i:05d}.png") for i in range(SERVE_IMAGES)]
-    srun = shutil.which("srun") or "/usr/bin/srun"
+    slurm = installation.find(use_daemons=False)
+    srun = slurm.program("srun")
     argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), srun,
             f"--nodelist={CLIENT_NODE}", "--job-name=serve-client", f"--chdir={layout.out}", "slurm-tpu", "infer",
             "--server", str(job), "classifier", *images, "--no-progress"]
@@ -183,7 +183,7 @@ def serve_and_query(layout: Layout, user: str, env: Mapping[str, str], timeout: 
         client = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd="/")
     finally:
         subprocess.run(["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-                        shutil.which("scancel") or "/usr/bin/scancel", str(job)], capture_output=True, timeout=60)
+                        slurm.program("scancel"), str(job)], capture_output=True, timeout=60)
     if client.returncode != 0:
         raise DemoError(f"infer --server {job} from {CLIENT_NODE} failed: {client.stderr.strip()}")
     wait_for_job(env, job, timeout)

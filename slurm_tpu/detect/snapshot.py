@@ -1,6 +1,7 @@
 """Take a snapshot of the udev/sysfs facts detection needs.
 
-This is the only module that imports pyudev. It copies the few attributes the
+Detection's only pyudev user (the watcher, ops/watch.py, imports pyudev too, for
+its udev event monitor; nothing else does). It copies the few attributes the
 classifiers read into plain :class:`SysDevice` records, so everything after the
 snapshot is pure and testable on literal data.
 """

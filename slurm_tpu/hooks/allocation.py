@@ -31,60 +31,6 @@ import os
 from .context import HookError
 
 
-def conf_paths(environ: Mapping[str, str]) -> tuple[str, str]:
-    """(slurm.conf, gres.conf): gres.conf always sits next to slurm.conf."""
-    slurm_conf = environ.get("SLURM_CONF") or "/etc/slurm/slurm.conf"
-    return slurm_conf, os.path.join(os.path.dirname(slurm_conf), "gres.conf")
-
-
-def _read(path: str) -> str | None:
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return handle.read(4 << 20)
-    except OSError:
-        return None
-
-
-def slurm_conf_files(path: str, depth: int = 0) -> list[str]:
-    """slurm.conf and the files it Includes (their versions key the hooks' snapshot)."""
-    from ..slurm.parse import include_paths
-
-    files = [path]
-    if depth < 3:
-        for included in include_paths(_read(path) or "", os.path.dirname(path)):
-            if "*" not in included:
-                files.extend(slurm_conf_files(included, depth + 1))
-    return files
-
-
-def _slurm_conf_text(path: str, depth: int = 0) -> str:
-    """slurm.conf with its Include files appended (NodeName lines may live there)."""
-    from ..slurm.parse import include_paths
-
-    text = _read(path) or ""
-    if depth < 3:
-        for included in include_paths(text, os.path.dirname(path)):
-            if "*" not in included:
-                text += "\n" + _slurm_conf_text(included, depth + 1)
-    return text
-
-
-def gres_index(node: str, names: Sequence[str], environ: Mapping[str, str]
-               ) -> dict[str, list[tuple[str | None, str | None]]]:
-    """name -> [(type, file) per IDX] for this node, from slurm.conf + gres.conf."""
-    from ..slurm.gres_index import device_order
-    from ..slurm.parse import parse_gres_conf, parse_node_gres
-
-    slurm_conf, gres_conf = conf_paths(environ)
-    gres_text = _read(gres_conf)
-    if gres_text is None:
-        return {}
-    records = parse_gres_conf(gres_text, node)
-    node_gres = parse_node_gres(_slurm_conf_text(slurm_conf), node)
-    return {name: device_order(name, records, node_gres) for name in names
-            if any(r.name == name for r in records)}
-
-
 def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None) -> str | None:
     """The ``scontrol show job -d`` text prolog/slurm-tpu-prolog piped in, if any.
 

@@ -13,8 +13,8 @@ import os
 from .context import job_from_env, node_from_env, run_guarded, say
 
 
-def drain(node: str, reason: str, settings, environ) -> bool:
-    """Drain ``node`` with ``reason`` (argument list: no shell sees it)."""
+def _drain(node: str, reason: str, settings, environ) -> bool:
+    """Drain ``node`` through the Slurm gateway (``Slurm.drain``); False, said, when Slurm refuses."""
     from ..errors import SlurmCommandError
 
     try:
@@ -48,7 +48,7 @@ def run(environ) -> int:
     reason = "slurm-tpu: " + "; ".join(problems)
     say(f"epilog: {reason}")
     # Our own reason is more useful than Slurm's generic "Epilog error".
-    return 0 if drain(job.node, reason[:400], settings, environ) else 1
+    return 0 if _drain(job.node, reason, settings, environ) else 1
 
 
 def main(environ=None) -> int:

@@ -138,7 +138,7 @@ def _from_snapshot(state_dir: str, cfg: str, environ, node: str | None) -> HookS
 
 
 def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
-    from .allocation import conf_paths
+    from .slurm_files import conf_paths
 
     slurm_conf, gres_conf = conf_paths(environ)
     return [cfg, os.path.join(state_dir, "inventory.json"), slurm_conf, gres_conf]
@@ -180,7 +180,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf, the families."""
     from .. import families
     from ..locks import node_inventory, ownership
-    from . import allocation
+    from . import slurm_files
     from .context import load_hook_config
 
     cfg = config_path(environ)
@@ -192,7 +192,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     settings.revoke, settings.holder_scan_s = config.revoke, config.holder_scan_seconds
     settings.sysfs_root = config.sysfs_root
     paths = _source_paths(cfg, config.state_dir, environ)
-    paths += allocation.slurm_conf_files(paths[2])[1:]
+    paths += slurm_files.slurm_conf_files(paths[2])[1:]
     # The registry: a family added or changed (an upgrade) sends the next hook down this path.
     paths.append(families.__file__)
     keys_before = {path: file_key(path) for path in paths}
@@ -206,7 +206,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         settings.devices = node_inventory.load(fd)
         apply_families(settings, config)
         names = list(dict.fromkeys(p.gres_name for p in settings.families.values() if p.leased))
-        settings.index = allocation.gres_index(node, names, environ)
+        settings.index = slurm_files.gres_index(node, names, environ)
         settings.sources = keys_before
         # Only a root hook writes; a file changed while we read it is not snapshotted.
         if os.geteuid() == 0 and all(file_key(p) == k for p, k in keys_before.items()):

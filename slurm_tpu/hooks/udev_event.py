@@ -76,6 +76,22 @@ def _char_node(path: str) -> bool:
         return False
 
 
+def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
+    """The inventory file's devices (caller holds the state lock).
+
+    The snapshot's copy while the file is still the version it was taken from
+    (a stat, no json import), else the file itself: another event may have
+    rewritten it between the snapshot's load and our lock.
+    """
+    from ..locks import node_inventory
+    from .settings import file_key
+
+    path = os.path.join(settings.state_dir, node_inventory.FILE_NAME)
+    if path in settings.sources and settings.sources[path] == file_key(path):
+        return settings.devices
+    return node_inventory.load(dir_fd)
+
+
 def run(environ: dict[str, str]) -> int:
     from ..locks import node_inventory, ownership
     from ..locks.ledger import HELD, REVOKING, Lease, Ledger
@@ -90,12 +106,11 @@ def run(environ: dict[str, str]) -> int:
         return 0
     with Ledger(settings.state_dir) as ledger:
         ledger.lock()
-        known = node_inventory.load(ledger.dir_fd)
-        device = known.get(identity)
+        device = _known_devices(ledger.dir_fd, settings).get(identity)
         if device is None:
             return 0  # not configured on this node (gres-conf has not been run for it)
         if action == "remove":
-            if node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
+            if device.device_nodes and node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
                 ledger.audit("remove", identity=identity)
                 settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, ())
                 hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
@@ -110,7 +125,8 @@ def run(environ: dict[str, str]) -> int:
         if slotted:  # the slot follows the device's one node; other families keep their listed nodes
             ensure_slot(settings.slot_dir, identity, devname)
         nodes = (devname,) if slotted else device.device_nodes
-        changed = node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
+        # Unchanged (the usual event): no inventory.json rewrite, so no json import.
+        changed = nodes != device.device_nodes and node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
         lease = ledger.read(identity)
         if isinstance(lease, Lease) and lease.phase == REVOKING and devname not in lease.device_nodes:
             # The stick is back after the epilog power-cycled its port (every fd on

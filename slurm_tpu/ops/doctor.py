@@ -56,7 +56,7 @@ class Node:
 
     def slurm_conf_text(self) -> str | None:
         """slurm.conf with its Include files appended; None when slurm.conf cannot be read."""
-        from ..hooks.allocation import slurm_conf_files
+        from ..hooks.slurm_files import slurm_conf_files
 
         texts = []
         for index, path in enumerate(slurm_conf_files(self.slurm_conf)):

@@ -19,7 +19,8 @@ REASON_PREFIX = "slurm-tpu:"
 # The watcher's drain while a GRES count change waits for daemon restarts: health
 # resumes it only once slurmctld reports the GRES the hardware now has.
 HOLD_PREFIX = f"{REASON_PREFIX} accelerators changed"
-# Slurm stores reasons of any length, but sinfo/squeue users read them on one line.
+# Shorter than any drain reason may be (slurm.commands.MAX_REASON): health's list of
+# missing devices is read in `sinfo -R`, on one line.
 MAX_REASON = 200
 
 
@@ -50,8 +51,14 @@ def find_problems(configured: Iterable[str], live: Inventory) -> list[Problem]:
 
 
 def drain_reason(problems: Iterable[Problem]) -> str:
-    """The Slurm drain reason for these problems (starts with ``slurm-tpu:``)."""
-    text = f"{REASON_PREFIX} " + "; ".join(p.message for p in problems)
+    """The Slurm drain reason for these problems (starts with ``slurm-tpu:``).
+
+    Already in the form the drain stores (``node_reason``), so that it equals
+    the reason Slurm reports back while the problems stay the same.
+    """
+    from ..slurm.commands import node_reason
+
+    text = node_reason(f"{REASON_PREFIX} " + "; ".join(p.message for p in problems))
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 

@@ -36,16 +36,12 @@ class RestartCommands:
     restart_controller: Sequence[str] = ()
 
 
-def _run_command(argv: Sequence[str], node: str) -> None:
-    """Run an admin's restart command (found on PATH, run without a shell)."""
-    import shutil
-
-    from ..slurm.spawn import run
-
+def _run_command(slurm: SlurmBackend, argv: Sequence[str], node: str) -> None:
+    """Run an admin's restart command (found like every program: Slurm's directories, PATH; no shell)."""
     if not argv:
         return
     try:
-        run([shutil.which(argv[0]) or argv[0], *argv[1:]], timeout=120)
+        slurm.run_command(argv, timeout=120)
     except SlurmCommandError as exc:
         raise SlurmCommandError(f"{exc}; {node} stays drained", argv[0], exc.stderr) from exc
 
@@ -72,10 +68,10 @@ def apply_hardware_change(slurm: SlurmBackend, node: str, count_changed: bool, c
             slurm.drain(node, hold)
         log(f"slurm-tpu watch: {hold} (no --controller-command given)")
         return False
-    _run_command(commands.stop_slurmd, node)
+    _run_command(slurm, commands.stop_slurmd, node)
     if count_changed:
-        _run_command(commands.restart_controller, node)
-    _run_command(commands.start_slurmd, node)
+        _run_command(slurm, commands.restart_controller, node)
+    _run_command(slurm, commands.start_slurmd, node)
     _wait_responding(slurm, node)
     if not admin_drained:
         if slurm.node_state(node)["reason"].startswith(REASON_PREFIX):

@@ -12,7 +12,7 @@ not match); ``scontrol`` never. The hooks always use scontrol.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, Sequence
 
 from ..config import Config
 from .commands import Slurm
@@ -27,10 +27,11 @@ class SlurmBackend(Protocol):
     """What ops need from Slurm, whichever way it is asked."""
 
     def node_state(self, node: str) -> NodeState: ...
-    def drain(self, node: str, reason: str) -> None: ...
+    def drain(self, node: str, reason: str) -> None: ...  # commands.NodeStates, for both
     def resume(self, node: str) -> None: ...
     def jobs_with_gres(self, node: str) -> list[str]: ...
     def job_gres(self, job_id: int, node: str) -> list[GresAlloc] | None: ...
+    def run_command(self, argv: Sequence[str], timeout: float | None = None) -> str: ...
 
 
 def open_backend(config: Config, purpose: str) -> SlurmBackend:

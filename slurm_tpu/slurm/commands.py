@@ -1,10 +1,14 @@
-"""The gateway to Slurm's commands: every Slurm program slurm-tpu runs goes through here.
+"""Slurm's command-line tools as one object: the gateway every scontrol/squeue call goes through.
 
 Programs come from one installation (``installation.py``), run as argument
 lists with a timeout (``spawn.py``); a failure raises SlurmCommandError whose
 message ends with the command's last stderr line, or, when the client is another
 release than the daemons, one line naming both versions. Light enough for the
 hooks: no subprocess, re or json at import.
+
+Draining and resuming a node are written once, in :class:`NodeStates`, for
+this class and for pyslurm (``pyslurm_backend.py``) alike: the reason is made
+safe by :func:`node_reason` there and nowhere else.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping
+    from typing import Mapping, Sequence
 
     from ..config import Config
     from .jobdetail import GresAlloc
@@ -23,7 +27,45 @@ from . import installation as _installation
 from .spawn import run as _spawn
 
 
-class Slurm:
+# A reason is for an admin to read in `sinfo -R`/`scontrol show node`: one line, and short
+# enough to read (the epilog's list of surviving processes can be long).
+MAX_REASON = 400
+NO_REASON = "slurm-tpu: no reason given"
+
+
+def node_reason(text: str) -> str:
+    """``text`` as a drain reason Slurm stores and shows back unchanged.
+
+    Control characters (a process name in it is a user's choice: newlines
+    would forge lines of ``scontrol show node`` output) and runs of white space
+    become one space; the double quotes scontrol strips from either end are
+    dropped; a longer one is cut to MAX_REASON characters ending in ``...``.
+    Never empty: Slurm refuses to drain without a reason. Idempotent, so a
+    reason can be compared with what Slurm reports after draining with it.
+    """
+    printable = "".join(c if c.isprintable() else " " for c in text)
+    cleaned = " ".join(printable.split()).strip('"').strip()
+    if len(cleaned) > MAX_REASON:
+        cleaned = cleaned[:MAX_REASON - 3].rstrip() + "..."
+    return cleaned or NO_REASON
+
+
+class NodeStates:
+    """drain/resume, written once for every way of talking to Slurm (scontrol, pyslurm)."""
+
+    def _update_node(self, node: str, state: str, reason: str | None) -> None:
+        raise NotImplementedError
+
+    def drain(self, node: str, reason: str) -> None:
+        """Drain ``node``: no new jobs, running ones finish; ``reason`` cleaned by node_reason()."""
+        self._update_node(node, "DRAIN", node_reason(reason))
+
+    def resume(self, node: str) -> None:
+        """Return a drained ``node`` to service."""
+        self._update_node(node, "RESUME", None)
+
+
+class Slurm(NodeStates):
     """Slurm's command-line tools, from one installation."""
 
     name = "scontrol"
@@ -103,22 +145,25 @@ class Slurm:
 
         return parse_node_state(self.run("scontrol", "-o", "show", "node", node))
 
-    def drain(self, node: str, reason: str) -> None:
-        """Drain ``node`` with ``reason`` (an argument, never seen by a shell)."""
-        self.run("scontrol", "update", f"NodeName={node}", "State=DRAIN", f"Reason={reason}")
-
-    def resume(self, node: str) -> None:
-        """Return a drained ``node`` to service."""
-        self.run("scontrol", "update", f"NodeName={node}", "State=RESUME")
+    def _update_node(self, node: str, state: str, reason: str | None) -> None:
+        # Each an argument of its own, never seen by a shell: scontrol splits each at its first '='.
+        self.run("scontrol", "update", f"NodeName={node}", f"State={state}",
+                 *([f"Reason={reason}"] if reason is not None else []))
 
     def hardware(self, slurmd: str | None = None) -> dict[str, str]:
         """This node's CPU and memory facts from ``slurmd -C`` (``slurmd``: an explicit binary)."""
-        import os
-
         from .parse import parse_slurmd_c
 
         if not slurmd:
             return parse_slurmd_c(self.run("slurmd", "-C"))
-        if not (os.path.isfile(slurmd) and os.access(slurmd, os.X_OK)):
-            raise SlurmCommandError(f"{slurmd} is not an executable file: check the path", slurmd)
-        return parse_slurmd_c(_spawn([os.path.abspath(slurmd), "-C"], dict(self.environ), self.timeout))
+        if "/" not in slurmd:
+            slurmd = "./" + slurmd  # a path the admin typed, never a name to look up
+        return parse_slurmd_c(self.run_command([slurmd, "-C"]))
+
+    # ---- an admin's commands -----------------------------------------------------
+    def run_command(self, argv: Sequence[str], timeout: float | None = None) -> str:
+        """stdout of an admin's command (restart slurmd...), found by ``Installation.command``, no shell."""
+        if not argv:
+            raise SlurmCommandError("empty command: give a program and its arguments", "")
+        program = self.install.command(argv[0], self.environ)
+        return _spawn([program, *argv[1:]], dict(self.environ), self.timeout if timeout is None else timeout)

@@ -13,6 +13,10 @@ slurm-tpu runs comes from the directories chosen here, first answer wins:
 5. ``PATH`` (commands an admin runs; never for the root hooks);
 6. /usr/bin, /usr/sbin, /usr/local/bin, /usr/local/sbin.
 
+An admin's own commands (the watcher's ``systemctl stop slurmd``) are found by
+``Installation.command``: Slurm's directories above first, then ``PATH``, then the
+system directories; so there is one search order for every program slurm-tpu runs.
+
 Given only one of bin/sbin, the other is its sibling (``<prefix>/sbin`` for
 ``<prefix>/bin``) when that exists. Only root-owned daemons count in 3 and 4: a
 user's process named ``slurmd`` must never choose what root runs.
@@ -29,6 +33,8 @@ from ..errors import SlurmCommandError
 BIN_ENV = "SLURM_TPU_SLURM_BIN"
 SBIN_ENV = "SLURM_TPU_SLURM_SBIN"
 USUAL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
+# Where an admin's own commands (systemctl...) are when PATH does not say (slurmd gives none).
+SYSTEM_DIRS = ("/bin", "/sbin")
 DAEMONS = ("slurmd", "slurmstepd", "slurmctld")
 # Debian's compiled-in slurm.conf; a source build's is <prefix>/etc/slurm.conf.
 DEBIAN_CONF = "/etc/slurm/slurm.conf"
@@ -56,16 +62,51 @@ class Installation:
 
     def program(self, name: str) -> str:
         """The absolute path of Slurm program ``name``; SlurmCommandError saying where we looked."""
-        for directory in self.dirs:
-            candidate = f"{directory}/{name}"
-            if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
-                return candidate
-        raise SlurmCommandError(f"{name} not found in {', '.join(self.dirs)} (Slurm taken from {self.found_by}): "
-                                f"install Slurm's {name}, or name its directories in slurm.bin_dir/sbin_dir "
-                                f"({BIN_ENV}/_SBIN)", name)
+        found = _first_executable(name, self.dirs)
+        if found is None:
+            raise SlurmCommandError(f"{name} not found in {', '.join(self.dirs)} (Slurm taken from "
+                                    f"{self.found_by}): install Slurm's {name}, or name its directories in "
+                                    f"slurm.bin_dir/sbin_dir ({BIN_ENV}/_SBIN)", name)
+        return found
+
+    def command(self, name: str, environ=None) -> str:
+        """The absolute path of an admin's command (``systemctl``, ``slurmd``, a script of theirs).
+
+        A name with a slash is that file. A bare name is looked up like a
+        Slurm program first (so ``slurmd`` is this installation's, never an
+        older one earlier on PATH), then on ``PATH``, then in the usual
+        system directories. SlurmCommandError saying where we looked.
+        """
+        if "/" in name:
+            path = os.path.abspath(name)
+            if not _is_executable(path):
+                raise SlurmCommandError(f"{name} is not an executable file: check the path", name)
+            return path
+        environ = os.environ if environ is None else environ
+        dirs = [*self.dirs, *(d for d in environ.get("PATH", "").split(":") if d.startswith("/")),
+                *USUAL_DIRS, *SYSTEM_DIRS]
+        found = _first_executable(name, dirs)
+        if found is None:
+            raise SlurmCommandError(f"{name} not found in Slurm's directories ({', '.join(self.dirs)}), PATH "
+                                    f"or {', '.join(USUAL_DIRS + SYSTEM_DIRS)}: install it or give its full path",
+                                    name)
+        return found
 
     def __repr__(self) -> str:
         return f"Installation({self.dirs!r}, found_by={self.found_by!r})"
+
+
+def _is_executable(path: str) -> bool:
+    return os.access(path, os.X_OK) and not os.path.isdir(path)
+
+
+def _first_executable(name: str, dirs) -> str | None:
+    """``<dir>/<name>`` for the first of ``dirs`` that has it executable (the one search order)."""
+    for directory in dirs:
+        candidate = f"{directory}/{name}"
+        if _is_executable(candidate):
+            return candidate
+    return None
 
 
 def _pair(bin_dir: str | None, sbin_dir: str | None) -> tuple[str, ...]:

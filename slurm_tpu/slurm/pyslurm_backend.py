@@ -18,11 +18,11 @@ a silent wrong answer.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from ..errors import SlurmCommandError, SlurmTpuError
 from . import installation
-from .commands import Slurm
+from .commands import NodeStates, Slurm
 from .jobdetail import GresAlloc, expand_hostlist
 from .parse import NodeState
 
@@ -86,16 +86,20 @@ def load(slurm: Slurm) -> "PySlurm":
                                  ", ".join(f"{k} {v}" for k, v in versions.items()) +
                                  "): install the pyslurm release of the daemons' Slurm, or set slurm.backend: scontrol")
     pyslurm.slurm_init(conf)
-    return PySlurm(pyslurm, library)
+    return PySlurm(pyslurm, library, slurm)
 
 
-class PySlurm:
-    """Node state, drain/resume and a job's per-node GRES through pyslurm (same interface as Slurm)."""
+class PySlurm(NodeStates):
+    """Node state, drain/resume and a job's per-node GRES through pyslurm (same interface as Slurm).
+
+    Programs (an admin's restart commands) are still run by the scontrol
+    gateway pyslurm was loaded for: pyslurm has no way to run them.
+    """
 
     name = "pyslurm"
 
-    def __init__(self, module: Any, version: str):
-        self.pyslurm, self.version = module, version
+    def __init__(self, module: Any, version: str, commands: Slurm):
+        self.pyslurm, self.version, self.commands = module, version, commands
 
     def _call(self, what: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
@@ -109,13 +113,13 @@ class PySlurm:
         gres = ",".join(f"{name}:{count}" for name, count in (info.configured_gres or {}).items())
         return {"state": info.state or "", "reason": info.reason or "", "gres": gres or "(null)"}
 
-    def drain(self, node: str, reason: str) -> None:
-        changes = self.pyslurm.Node(state="DRAIN", reason=reason)
-        self._call(f"drain of {node}", self.pyslurm.Node(node).modify, changes)
+    def _update_node(self, node: str, state: str, reason: str | None) -> None:
+        changes = self.pyslurm.Node(state=state, **({"reason": reason} if reason is not None else {}))
+        self._call(f"{state.lower()} of {node}", self.pyslurm.Node(node).modify, changes)
 
-    def resume(self, node: str) -> None:
-        changes = self.pyslurm.Node(state="RESUME")
-        self._call(f"resume of {node}", self.pyslurm.Node(node).modify, changes)
+    def run_command(self, argv: Sequence[str], timeout: float | None = None) -> str:
+        """An admin's command, run by the scontrol gateway (see the class docstring)."""
+        return self.commands.run_command(argv, timeout)
 
     def jobs_with_gres(self, node: str) -> list[str]:
         jobs = self._call("Jobs.load()", self.pyslurm.Jobs.load)

@@ -8,9 +8,9 @@ import shutil
 import stat
 import subprocess
 import tempfile
-import time
 
 from helpers import USERS  # noqa: F401  (the users the ``users`` fixture makes)
+from helpers import wait_until  # noqa: F401  (imported from here by the isolation tests)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware")
@@ -186,16 +186,6 @@ def leases(cluster, node: str, settled: bool = True) -> list[dict]:
                           env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node)), timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
-
-
-def wait_until(predicate, timeout: float = 60, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
 
 
 def hook_env(cluster, node: str, job_id: int, uid: int | None = None, **extra: str) -> dict[str, str]:

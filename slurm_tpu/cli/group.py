@@ -1,0 +1,76 @@
+"""The ``slurm-tpu`` click group, its exit codes and per-invocation state.
+
+Apart from ``cli/__init__.py`` so that the command modules can import the group
+they register on without importing the package that imports them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from .. import __version__
+from ..errors import SlurmTpuError
+
+EXIT_DIFFERS = 1
+EXIT_ERROR = 2
+
+
+class _Group(click.Group):
+    """A group that turns our errors into one line and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except SlurmTpuError as exc:
+            click.echo(f"slurm-tpu: error: {exc}", err=True)
+            ctx.exit(EXIT_ERROR)
+        except KeyboardInterrupt:
+            click.echo("slurm-tpu: interrupted", err=True)
+            ctx.exit(130)
+
+
+class Obj:
+    """Per-invocation state: the --config path and the config, loaded once."""
+
+    def __init__(self, config_path: str | None):
+        self.config_path = config_path
+        self._config = None
+
+    def node_name(self, node: str | None, from_slurmd: bool = False) -> str:
+        """--node, else (for commands slurmd runs) $SLURMD_NODENAME, else the config's
+        node_name, else the short hostname."""
+        import os
+        import socket
+
+        slurmd = os.environ.get("SLURMD_NODENAME") if from_slurmd else None
+        return node or slurmd or self.config.node_name or socket.gethostname().split(".")[0]
+
+    @property
+    def config(self):  # -> Config, imported lazily to keep start-up small
+        if self._config is None:
+            from ..config import load_config
+
+            self._config = load_config(self.config_path)
+        return self._config
+
+
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="slurm-tpu")
+@click.option("--config", "config_path", metavar="FILE", envvar="SLURM_TPU_CONFIG",
+              help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.")
+@click.pass_context
+def main(ctx: click.Context, config_path: str | None) -> None:
+    """Make Edge TPUs, GPUs and Hailo NPUs allocatable, isolated Slurm resources.
+
+    \b
+    Install a node: install, doctor, uninstall
+    Set up a node:  detect, gres-conf, node-conf, udev-rules, boot
+    Operate:        health, watch, metrics, report, leases
+    In jobs:        infer, serve
+    Run by udev:    udev-event
+    """
+    ctx.obj = Obj(config_path)
+    if ctx.invoked_subcommand is not None and not ctx.resilient_parsing:
+        ctx.obj.config  # a broken config is reported by every command, not just some

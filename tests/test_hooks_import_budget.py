@@ -1,0 +1,156 @@
+"""The root hooks' fast path imports none of json, re, typing, dataclasses, yaml, subprocess, enum.
+
+The hooks run as root on every job (and udev event); each of those modules costs
+milliseconds of start-up, and their absence is what ``python3 -I -S`` buys.
+Measured for real: a local Slurm cluster runs jobs whose Prolog/Epilog are the
+project's own hooks, each Python hook started with exactly its shebang's flags
+plus ``-X importtime``, which makes the interpreter list every module it
+imports on stderr. The list comes from the hook process itself, not from a
+re-import in the test. The second job is the one checked: the first builds the
+hooks' snapshot (the slow path, which may load YAML and more).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from helpers import wait_until
+
+REPO = Path(__file__).resolve().parent.parent
+HARDWARE = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"
+FORBIDDEN = ("json", "re", "typing", "dataclasses", "yaml", "subprocess", "enum")
+# What an -IS entry for the udev hook runs (its rule runs `slurm-tpu udev-event`; see below).
+UDEV_ENTRY = ("import sys; sys.path.insert(0, {root!r}); "
+              "from slurm_tpu.hooks.udev_event import main; sys.exit(main())")
+USB_DEVPATH = "/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1.3"  # the stick of n1_two_tpus
+
+
+def imported_modules(stderr: str) -> list[str]:
+    """Every module a ``python -X importtime`` process imported, in order, from its stderr."""
+    modules = []
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and "|" in line:
+            name = line.rsplit("|", 1)[1].strip()
+            if name != "imported package":  # the header line
+                modules.append(name)
+    return modules
+
+
+def over_budget(modules: list[str]) -> list[str]:
+    """The forbidden top-level modules among ``modules`` (``re._parser`` counts as ``re``)."""
+    return sorted({name.split(".")[0] for name in modules} & set(FORBIDDEN))
+
+
+def interpreter(script: Path) -> list[str]:
+    """The script's shebang as an argument list, with ``-X importtime`` added."""
+    first = script.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("#!") and "python3" in first, f"{script} is not a Python hook: {first}"
+    program, *flags = first[2:].split()
+    assert "-IS" in flags or {"-I", "-S"} <= set(flags), f"{script} does not run isolated: {first}"
+    return [program, *flags, "-X", "importtime"]
+
+
+# ---- the checker, on processes whose imports are known ----------------------------------
+
+def test_the_checker_sees_what_a_real_process_imports():
+    def run(code: str) -> list[str]:
+        done = subprocess.run(["/usr/bin/python3", "-I", "-S", "-X", "importtime", "-c", code],
+                              capture_output=True, text=True, timeout=60, check=True)
+        return imported_modules(done.stderr)
+
+    heavy = run("import json, os")
+    assert "json.decoder" in heavy and "posixpath" in heavy
+    assert over_budget(heavy) == ["enum", "json", "re"]  # json needs re, re needs enum
+    assert over_budget(run("import os, stat")) == []
+    assert over_budget(["re._parser", "typing_extensions", "yamlish", "slurm_tpu.jobenv"]) == ["re"]
+
+
+# ---- the hooks, run by slurmd for real jobs -------------------------------------------------
+
+SHIM = """#!/bin/sh
+# Runs {script} as Slurm would, but with -X importtime; its stderr goes to one file per run.
+log={logs}/{kind}.$$
+{argv} "$@" 2>"$log.part"
+rc=$?
+mv "$log.part" "$log.done"
+exit $rc
+"""
+
+
+def _shim(directory: Path, name: str, kind: str, script: Path, logs: Path) -> Path:
+    path = directory / name
+    argv = " ".join([*interpreter(script), str(script)])
+    path.write_text(SHIM.format(script=script, logs=logs, kind=kind, argv=argv))
+    path.chmod(0o755)
+    return path
+
+
+def _runs(logs: Path, kind: str) -> list[str]:
+    """The stderr of every finished run of ``kind``, oldest first."""
+    files = sorted(logs.glob(f"{kind}.*.done"), key=lambda p: p.stat().st_mtime_ns)
+    return [p.read_text(encoding="utf-8", errors="replace") for p in files]
+
+
+@pytest.fixture(scope="module")
+def measured(cluster_factory, tmp_path_factory):
+    """Two jobs on the real hooks: the stderr of each prolog and epilog run, and of one udev event."""
+    from slurm_tpu.localcluster.cluster import Hooks, NodeSpec
+
+    work = tmp_path_factory.mktemp("budget")
+    os.chmod(work, 0o755)
+    logs, hooks = work / "logs", work / "prolog"
+    logs.mkdir()
+    hooks.mkdir()
+    # The sh prolog runs "${0%/*}/slurm-tpu-prolog.py": linked here, it runs the shim beside it.
+    for name in ("slurm-tpu-prolog", "slurm-tpu-lib.sh"):
+        (hooks / name).symlink_to(REPO / "prolog" / name)
+    _shim(hooks, "slurm-tpu-prolog.py", "prolog", REPO / "prolog" / "slurm-tpu-prolog.py", logs)
+    epilog = _shim(hooks, "epilog", "epilog", REPO / "epilog" / "slurm-tpu-epilog", logs)
+    cluster = cluster_factory([NodeSpec("n1", str(HARDWARE))],
+                              hooks=Hooks(prolog=str(hooks / "slurm-tpu-prolog"), epilog=str(epilog),
+                                          task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog")))
+    for round_ in (1, 2):
+        job = cluster.sbatch(["--gres=tpu:2", "-w", "n1", "-o", "/dev/null"],
+                             '#!/bin/sh\ntest -n "$SLURM_TPU_DEVICES"\n')
+        assert cluster.wait_for_jobs([job], timeout=120) == {job: "COMPLETED"}
+        wait_until(lambda: len(_runs(logs, "epilog")) >= round_, 60, f"job {job}'s epilog")
+        # Its USB stick is power-cycled at job end; the release ends when it is back.
+        leases = Path(cluster.node_dir("n1")) / "state" / "leases"
+        wait_until(lambda: not any(leases.iterdir()), 60, "the revoked stick to come back")
+    inventory = json.loads((Path(cluster.node_dir("n1")) / "state" / "inventory.json").read_text())
+    usb_node = next(a["device_nodes"][0] for a in inventory["accelerators"] if a["identity"] == "usb-2-1.3")
+    env = {"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": cluster.node_config("n1"), "SLURMD_NODENAME": "n1",
+           "SLURM_CONF": cluster.slurm_conf, "ACTION": "add", "DEVPATH": USB_DEVPATH, "DEVNAME": usb_node,
+           "SUBSYSTEM": "usb", "DEVTYPE": "usb_device"}
+    udev = subprocess.run([*interpreter(REPO / "epilog" / "slurm-tpu-epilog"), "-c",
+                           UDEV_ENTRY.format(root=str(REPO))], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert udev.returncode == 0, udev.stderr[-2000:]
+    return {"prolog": _runs(logs, "prolog"), "epilog": _runs(logs, "epilog"), "udev-event": [udev.stderr]}
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("hook, did_its_work", [
+    ("prolog", "slurm_tpu.hooks.leasing"),  # it leased the job's devices
+    ("epilog", "slurm_tpu.hooks.leasing"),  # it released them
+    ("udev-event", "slurm_tpu.hooks.udev_event"),
+])
+def test_a_hooks_fast_path_stays_within_its_imports(measured, hook, did_its_work):
+    runs = measured[hook]
+    assert runs, f"no {hook} run was recorded"
+    modules = imported_modules(runs[-1])
+    print(f"{hook}: {len(modules)} modules: {' '.join(modules)}")  # the measurement, with pytest -s
+    assert did_its_work in modules, f"{hook} did not reach its work: {modules}"
+    # The fast path: settings from the snapshot, so neither the YAML config nor its reader.
+    assert "slurm_tpu.config" not in modules and "yaml" not in modules, f"{hook} took the slow path"
+    assert over_budget(modules) == [], f"{hook} imports {over_budget(modules)}: {modules}"
+
+
+def test_the_task_prolog_starts_no_python():
+    text = (REPO / "prolog" / "slurm-tpu-task-prolog").read_text(encoding="utf-8")
+    assert text.startswith("#!/bin/sh\n") and "python" not in text.lower()
