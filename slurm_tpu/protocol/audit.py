@@ -27,10 +27,7 @@ The writer is on the root hooks' path: it builds the JSON text by hand (no
 
 from __future__ import annotations
 
-import math
-
 from . import FormatError
-from .usage import ENERGY_J, INFERENCES, SECONDS, checked
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
@@ -42,8 +39,9 @@ VERSION_FIELD = "v"  # absent on version 1 lines
 
 # Fields every reader relies on.
 T, EVENT, IDENTITY, JOB_ID, UID = "t", "event", "identity", "job_id", "uid"
-# A usage event's figures have a usage record's field names (INFERENCES, SECONDS,
-# ENERGY_J, imported above) and are bounded by protocol.usage.checked.
+# A usage event's figures have a usage record's field names and bounds (protocol.usage:
+# INFERENCES, SECONDS, ENERGY_J, checked), imported where read: the hooks that write
+# audit lines on every job need not load them.
 
 # Event names, with the fields each adds to t/event.
 ACQUIRE = "acquire"              # identity, job_id, uid, nodes: the prolog leased the device
@@ -88,7 +86,7 @@ def _json(item: object) -> str:
         return repr(item)
     if isinstance(item, float):
         # json.dumps spells these NaN/Infinity (not JSON, but json.loads reads them back).
-        return repr(item) if math.isfinite(item) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[
+        return repr(item) if _finite(item) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[
             repr(item)]
     if isinstance(item, (list, tuple)):
         return "[" + ", ".join(_json(i) for i in item) + "]"
@@ -127,6 +125,7 @@ def decode(line: str, source: str = FILE) -> dict:
         raise FormatError(f"{source}: no event name", source)
     if not _number(event.get(T)):
         raise FormatError(f"{source}: time {T!r} is not a finite number", source)
+    event[T] = float(event[T])
     if IDENTITY in event and not isinstance(event[IDENTITY], str):
         raise FormatError(f"{source}: {IDENTITY!r} is not a string", source)
     for name in (JOB_ID, UID):
@@ -146,7 +145,18 @@ def read_events(lines: Iterable[str], source: str = FILE) -> Iterator[dict]:
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    """A finite int or float that a float can hold (json reads 1e400 as inf, 10**400 as an int)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return _finite(float(value))
+    except OverflowError:
+        return False
+
+
+def _finite(value: float) -> bool:
+    """Neither NaN nor an infinity (inf - inf and NaN - NaN are NaN; no math import on the hooks' path)."""
+    return value - value == 0
 
 
 # ---- pairing -------------------------------------------------------------------
@@ -207,6 +217,8 @@ def pair_leases(events: Iterable[dict]) -> Pairing:
     of leases whose acquire the log does not hold (a lease planted by hand, or
     one whose prolog died before auditing it).
     """
+    from .usage import ENERGY_J, INFERENCES, SECONDS, checked
+
     spans: list[LeaseSpan] = []
     conflicts: list[str] = []
     open_spans: dict[tuple[str, int], LeaseSpan] = {}  # acquired, not yet freed

@@ -21,8 +21,6 @@ Imported by the root hooks on every job: no json, re, typing or dataclasses.
 
 from __future__ import annotations
 
-import math
-
 from . import FormatError
 
 DIR = "leases"  # under the state directory
@@ -129,8 +127,8 @@ def _value(name: str, text: str, source: str) -> object:
         try:
             number = float(text)
         except ValueError:
-            number = math.nan
-        if not text.isascii() or not math.isfinite(number):
+            number = float("nan")
+        if not text.isascii() or number - number != 0:  # NaN or an infinity (no math import for the hooks)
             raise FormatError(f"lease file {source}: field {name!r} is not a finite number: {text[:40]!r}", source)
         return number
     if name in _LIST_FIELDS:
