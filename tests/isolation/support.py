@@ -109,14 +109,19 @@ def state_dir(cluster, node: str) -> str:
 
 def revoking(cluster, node: str) -> list[str]:
     """Devices whose lease is in phase ``revoking`` (a USB stick re-enumerating after its job)."""
-    directory = os.path.join(state_dir(cluster, node), "leases")
+    from slurm_tpu.protocol import FormatError
+    from slurm_tpu.protocol.leases import DIR, REVOKING, Lease
+
+    directory = os.path.join(state_dir(cluster, node), DIR)
     found = []
     for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        if name.startswith("."):
+            continue  # a lease being written (temp file)
         try:
-            with open(os.path.join(directory, name), encoding="utf-8") as handle:
-                if "\nphase\trevoking\n" in "\n" + handle.read():
+            with open(os.path.join(directory, name), "rb") as handle:
+                if Lease.decode(name, handle.read()).phase == REVOKING:
                     found.append(name)
-        except OSError:
+        except (OSError, FormatError):
             continue
     return found
 
