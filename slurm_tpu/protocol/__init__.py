@@ -56,3 +56,19 @@ class FormatError(SlurmTpuError, ValueError):
     def __init__(self, message: str, source: str = ""):
         super().__init__(message)
         self.source = source
+
+
+def json_object(raw: str | bytes, source: str) -> dict:
+    """The JSON object in ``raw``; :class:`FormatError` (naming ``source``) for anything else.
+
+    json is imported here, in the readers, never by the writers the hooks use.
+    """
+    import json
+
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the stack
+        raise FormatError(f"{source}: not a JSON object (not JSON, or a torn line)", source) from None
+    if not isinstance(data, dict):
+        raise FormatError(f"{source}: not a JSON object", source)
+    return data

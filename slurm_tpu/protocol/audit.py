@@ -27,7 +27,7 @@ The writer is on the root hooks' path: it builds the JSON text by hand (no
 
 from __future__ import annotations
 
-from . import FormatError
+from . import FormatError, json_object
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
@@ -110,14 +110,7 @@ def decode(line: str, source: str = FILE) -> dict:
     number, ``identity`` (when present) a string, ``job_id``/``uid`` (when
     present) integers. Other fields are the consumer's to check.
     """
-    import json  # readers only: the hooks never decode
-
-    try:
-        event = json.loads(line)
-    except (ValueError, RecursionError):
-        raise FormatError(f"{source}: not a JSON object (a torn line?)", source) from None
-    if not isinstance(event, dict):
-        raise FormatError(f"{source}: not a JSON object", source)
+    event = json_object(line, source)
     if event.get(VERSION_FIELD, VERSION) != VERSION:
         raise FormatError(f"{source}: audit format version {event[VERSION_FIELD]!r}; this slurm-tpu reads "
                           f"{VERSION}", source)

@@ -39,7 +39,7 @@ import errno
 import os
 import stat
 
-from . import FormatError
+from . import FormatError, json_object
 
 USAGE_DIR_ENV = "SLURM_TPU_USAGE_DIR"
 FORMAT_VERSION = 1
@@ -110,17 +110,10 @@ def encode(inferences: int, seconds: float, energy_j: float | None) -> bytes:
 
 def decode(raw: bytes, identity: str) -> UsageRecord:
     """The record in a box file's bytes; :class:`FormatError` says why it is not a plausible one."""
-    import json  # only here: json imports re, which the epilog should not pay for on every job
-
     source = f"usage record {identity}{SUFFIX}"
     if len(raw) > MAX_BYTES:
         raise FormatError(f"{source} is over {MAX_BYTES} bytes", source)
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        raise FormatError(f"{source} is not JSON", source) from None
-    if not isinstance(data, dict):
-        raise FormatError(f"{source} is not a JSON object", source)
+    data = json_object(raw, source)  # imports json: only when a job left a record
     if data.get(VERSION_FIELD) != FORMAT_VERSION:
         raise FormatError(f"{source} is not format version {FORMAT_VERSION}", source)
     figures = checked(data.get(INFERENCES), data.get(SECONDS), data.get(ENERGY_J))

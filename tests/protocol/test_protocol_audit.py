@@ -51,7 +51,7 @@ def test_round_trip_through_the_ledger(tmp_path):
 
 
 @pytest.mark.parametrize("line, why", [
-    ('{"event": "release", "identity": "usb-', "not a JSON object (a torn line?)"),
+    ('{"event": "release", "identity": "usb-', "not a JSON object (not JSON, or a torn line)"),
     ("[1, 2]", "not a JSON object"),
     ("[" * 100000, "not a JSON object"),
     ('{"identity": "usb-1-1", "job_id": 1, "t": 1}', "no event name"),

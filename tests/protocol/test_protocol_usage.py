@@ -33,8 +33,8 @@ def test_round_trip_and_the_bytes_older_runners_wrote():
     (b'{"version": 1, "inferences": 1e400, "seconds": 1}', "figures out of bounds"),
     (b'{"version": 1, "inferences": true, "seconds": 1}', "figures out of bounds"),
     (b'{"version": 1, "inferences": 1, "seconds": 1, "energy_j": "lots"}', "figures out of bounds"),
-    (b"[1, 2]", "is not a JSON object"),
-    (b"\xff{", "is not JSON"),
+    (b"[1, 2]", ": not a JSON object"),
+    (b"\xff{", ": not a JSON object (not JSON"),
     (b" " * 5000, "is over 4096 bytes"),
 ])
 def test_forged_records_are_refused_with_one_line_naming_the_file(raw, why):
