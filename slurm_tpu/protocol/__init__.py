@@ -4,27 +4,30 @@ Each format has named constants (file names, field names, event names, its
 version), one writer and one reader. Readers treat their input as hostile:
 anything that is not exactly the format raises :class:`FormatError` with one
 line naming the file or field, what is wrong, and (where there is one) what to
-do. Stored formats carry a version; a reader accepts every older version this
-project ever wrote and refuses newer ones by name.
+do. Stored formats carry a version; readers keep accepting what older releases
+wrote (a node upgraded while a job runs) and refuse newer versions by name.
 
-========================  ==============================  =========================  ============================
-format                    where it lives                  writer (privilege)         readers
-========================  ==============================  =========================  ============================
-job environment           ``SLURM_TPU_*`` variables       task-prolog (root, via     the runner, job scripts
-                          of each task                    ``jobs/<id>.env``)
-                          -> :mod:`.jobenv`
-``jobs/<id>.env``         ``<state_dir>/jobs/``           prolog (root)              task-prolog (the job's user,
-                          -> ``hooks/envfile.py``                                    a ``sh`` script)
-hooks' snapshot           ``<state_dir>/hooks.snapshot``  ``gres-conf``/udev-event/  prolog, epilog, udev-event
-                          -> :mod:`.hooks_snapshot`       prolog (root)              (root)
-lease files               ``<state_dir>/leases/<id>``     prolog, epilog, udev-event  hooks, ``leases``, health,
-                          -> :mod:`.leases`               (root)                     ``metrics``, ``report``
-audit events              ``<state_dir>/audit.log``       every hook (root)          ``report``, ``metrics``, the
-                          -> :mod:`.audit`                                           demo, the stress tests
-usage records             ``<state_dir>/job-usage/<job>   the runner (the job's      epilog (root)
-                          /<identity>.json``              user: hostile)
-                          -> :mod:`.usage`
-========================  ==============================  =========================  ============================
+Format, its module, where it lives, writer -> readers:
+
+- **job environment** -- :mod:`.jobenv`: the ``SLURM_TPU_*`` variables of each
+  task. The task-prolog exports them (from ``jobs/<id>.env``) -> the runner and
+  job scripts.
+- **job environment file** -- ``slurm_tpu/hooks/envfile.py``:
+  ``<state_dir>/jobs/<id>.env``, ``export`` lines. The prolog (root) -> the
+  task-prolog (the job's user, a ``sh`` script).
+- **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``,
+  config + inventory + IDX table keyed by the source files' versions. The first
+  hook after any change (root) -> every hook (root).
+- **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The
+  prolog, epilog, udev-event, ``leases --clear``, health (root, through
+  :mod:`slurm_tpu.locks.ledger`) -> the same, ``slurm-tpu leases``, ``metrics``.
+- **audit events** -- :mod:`.audit`: ``<state_dir>/audit.log``, JSON lines.
+  Every hook (root) -> ``slurm-tpu report`` and ``metrics``, the demo's
+  timeline, the isolation tests, all through :func:`.audit.read_events` and
+  :func:`.audit.pair_leases`.
+- **usage records** -- :mod:`.usage`: ``<state_dir>/job-usage/<job>/<identity>.json``
+  in the job's own tmpfs. The runner (the job's user: hostile input) -> the
+  epilog (root), which audits them as ``usage`` events.
 
 Formats that cross a boundary but have their own home, named here so this list
 is the one place to look: the node inventory ``<state_dir>/inventory.json``
