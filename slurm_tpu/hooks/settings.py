@@ -224,8 +224,8 @@ def edgetpu_paths(devices: dict[str, KnownDevice]) -> dict[str, str]:
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf."""
     from .. import jobenv
-    from ..protocol import usage
     from ..locks import node_inventory, ownership
+    from ..protocol import usage
     from . import allocation
     from .context import load_hook_config
 
