@@ -108,7 +108,8 @@ def decode(line: str, source: str = FILE) -> dict:
 
     Checked: a JSON object of this version, ``event`` a string, ``t`` a finite
     number, ``identity`` (when present) a string, ``job_id``/``uid`` (when
-    present) integers. Other fields are the consumer's to check.
+    present) integers. Other fields are the consumer's to check. ``t`` comes
+    back as a float.
     """
     event = json_object(line, source)
     if event.get(VERSION_FIELD, VERSION) != VERSION:
