@@ -4,18 +4,18 @@
 cluster sets ``JobCompLoc=<base>/log/jobcomp.txt``): which node, start and end (to
 the second), state, exit code, array job and task. The prolog and epilog append a
 JSON line per lease event to each node's ``audit.log``: which device, which job,
-when (to the microsecond). Pure parsers; reading files is the callers' business.
+when (to the microsecond); :mod:`slurm_tpu.protocol.audit` reads and pairs them.
+Pure parsers; reading files is the callers' business.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..ops.accounting import CLOSING as _ENDS  # the audit events that end a lease: one list
+from ..protocol import audit
 
 _FIELD = re.compile(r"(\w+)=(\S*)")
 
@@ -87,21 +87,9 @@ def parse_jobcomp(text: str) -> list[JobRecord]:
 
 
 def parse_audit(text: str, node: str) -> list[Lease]:
-    """Leases from one node's audit log: each acquire paired with its release."""
-    open_leases: dict[tuple[str, int], float] = {}
-    leases = []
-    for line in text.splitlines():
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        key = (event.get("identity"), event.get("job_id"))
-        if event.get("event") == "acquire":
-            open_leases[key] = float(event["t"])
-        elif event.get("event") in _ENDS and key in open_leases:
-            leases.append(Lease(node, key[0], int(key[1]), open_leases.pop(key), float(event["t"])))
-    leases += [Lease(node, identity, int(job), start, None) for (identity, job), start in open_leases.items()]
-    return sorted(leases, key=lambda lease: lease.start)
+    """Leases from one node's audit log: each acquire paired with the event that ended it."""
+    spans = audit.pair_leases(audit.read_events(text.splitlines(), f"{node}'s audit.log")).spans
+    return [Lease(node, span.identity, span.job_id, span.start, span.end) for span in spans]
 
 
 def select(records: Iterable[JobRecord], submitted: Iterable[int]) -> list[JobRecord]:

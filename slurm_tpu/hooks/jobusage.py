@@ -3,7 +3,7 @@
 ``<state_dir>/job-usage/`` is root-owned (0755) and holds only mount points, one
 per job that leased devices here, named by job id. The prolog mounts a tmpfs on
 the job's one (owner the job's uid, mode 0700, size and inode count bounded, see
-:mod:`slurm_tpu.usage`); the epilog reads one record per leased device from it,
+:mod:`slurm_tpu.protocol.usage`); the epilog reads one record per leased device from it,
 outside the ledger lock, and unmounts it (lazily: a process still inside cannot
 hold the epilog up). Nothing a user writes lands on the ledger's filesystem, and
 no user can create a name anywhere but in their own job's box.
@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 
 from ..locks import statedir
+from ..protocol.audit import USAGE_UNAVAILABLE
 
 BOX_DIR = "job-usage"
 # <sys/mount.h>
@@ -32,7 +33,7 @@ def _libc():
 
 
 def _mount_box(target: str, uid: int) -> None:
-    from ..usage import BOX_BYTES, BOX_INODES
+    from ..protocol.usage import BOX_BYTES, BOX_INODES
 
     ctypes, libc = _libc()
     options = f"size={BOX_BYTES},nr_inodes={BOX_INODES},mode=0700,uid={uid},gid=0".encode()
@@ -76,7 +77,7 @@ def prepare(ledger, job_id: int, uid: int) -> str | None:
     """
     parent = _open_parent(ledger, create=True)
     if parent is None:
-        ledger.audit("usage-unavailable", job_id=job_id, uid=uid, reason=f"{BOX_DIR} is unusable")
+        ledger.audit(USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"{BOX_DIR} is unusable")
         return None
     name = str(job_id)
     try:
@@ -95,7 +96,7 @@ def prepare(ledger, job_id: int, uid: int) -> str | None:
             raise
         return f"{ledger.state_dir}/{BOX_DIR}/{name}"
     except OSError as exc:
-        ledger.audit("usage-unavailable", job_id=job_id, uid=uid, reason=exc.strerror or str(exc))
+        ledger.audit(USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=exc.strerror or str(exc))
         return None
     finally:
         os.close(parent)
@@ -121,12 +122,17 @@ def collect(ledger, job_id: int, uid: int, identities) -> int:
         info = os.fstat(box)
         if info.st_uid != uid or info.st_dev == os.fstat(parent).st_dev:
             return 0  # not the job's own mounted box
-        from ..usage import read_record
+        from ..protocol import FormatError, audit
+        from ..protocol.usage import read_record
 
         for identity in identities:
-            record = read_record(box, identity, uid)
+            try:
+                record = read_record(box, identity, uid)
+            except FormatError as exc:  # the job's own file: it loses only its own accounting
+                ledger.audit(audit.USAGE_REJECTED, identity=identity, job_id=job_id, uid=uid, reason=str(exc))
+                continue
             if record is not None:
-                ledger.audit("usage", identity=identity, job_id=job_id, uid=uid, inferences=record.inferences,
+                ledger.audit(audit.USAGE, identity=identity, job_id=job_id, uid=uid, inferences=record.inferences,
                              seconds=record.seconds, energy_j=record.energy_j)
                 found += 1
     finally:

@@ -31,6 +31,7 @@ import time
 
 from ..locks import ownership, processes, revoke
 from ..locks.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
+from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from .context import HookError
 
@@ -138,7 +139,7 @@ def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownD
         ledger.lock()
         found = scan()
     if not found.complete:
-        ledger.audit("scan-incomplete", identity=identity, job_id=job_id, scanned=found.scanned,
+        ledger.audit(audit.SCAN_INCOMPLETE, identity=identity, job_id=job_id, scanned=found.scanned,
                      total=found.total)
         return (f"holder scan of {identity} after job {job_id} could not finish within "
                 f"{settings.holder_scan_s:g} s ({found.scanned} of {found.total} processes): a process with "
@@ -146,12 +147,12 @@ def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownD
     if found.holders:
         pids = ",".join(str(p) for p in sorted(found.holders))
         how = "/".join(sorted(set(found.holders.values())))
-        ledger.audit("survivor", identity=identity, job_id=job_id, pids=pids, how=how)
+        ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, pids=pids, how=how)
         return f"pid {pids} still holds {identity} ({how}) after job {job_id}; kill it, then resume the node"
     if settings.revocation(device.kind, device.bus) == GASKET_WRITERS:
         writers = sum(revoke.gasket_writers(settings.sysfs_root, node) or 0 for node in present)
         if writers:
-            ledger.audit("survivor", identity=identity, job_id=job_id, writers=writers)
+            ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, writers=writers)
             return (f"the apex driver counts {writers} writable fd(s) on {identity} still open after job {job_id} "
                     "that no process shows (passed over a Unix socket?); close them (or reboot), then resume "
                     "the node")
@@ -170,11 +171,11 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
     device = settings.devices.get(identity)
     present = [n for n in (device.device_nodes if device else ()) if ownership.node_state(n)]
     if not present:
-        if isinstance(lease, Lease) and lease.phase == REVOKING and event == "release":
+        if isinstance(lease, Lease) and lease.phase == REVOKING and event == audit.RELEASE:
             return []  # a second epilog run while the stick re-enumerates: udev finishes it
         ledger.drop(identity)
         ledger.audit(event, identity=identity, job_id=job_id, uid=lease.uid, by_job=by_job, vanished=True)
-        if event != "release":
+        if event != audit.RELEASE:
             return []
         return [f"{identity} vanished during job {job_id}; check the device and its cable, then resume the node"]
     problems = take_away(present, identity)
@@ -191,10 +192,10 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
             devnum = revoke.disconnect_usb(settings.sysfs_root, identity)
         except revoke.RevokeError as exc:
             _set_phase(ledger, lease, KEPT)
-            ledger.audit("revoke-failed", identity=identity, job_id=job_id, uid=lease.uid, error=str(exc))
+            ledger.audit(audit.REVOKE_FAILED, identity=identity, job_id=job_id, uid=lease.uid, error=str(exc))
             return [str(exc)]
         if devnum is not None:
-            ledger.audit("revoke", identity=identity, job_id=job_id, uid=lease.uid, devnum=devnum, by_job=by_job)
+            ledger.audit(audit.REVOKE, identity=identity, job_id=job_id, uid=lease.uid, devnum=devnum, by_job=by_job)
             return []  # every fd on it is dead; udev_event releases it once it is back
         # No usb_device in sysfs: nothing is left whose fds could work. Release now.
         why = None
@@ -214,7 +215,7 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
 
 def reclaim(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, by_job: int | None) -> list[str]:
     """End a lease whose job is gone (see :func:`end_lease`); returns problems."""
-    return end_lease(ledger, lease, settings, "reclaim", by_job=by_job)
+    return end_lease(ledger, lease, settings, audit.RECLAIM, by_job=by_job)
 
 
 def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -> list[tuple[str, str]]:
@@ -237,7 +238,7 @@ def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -
             if why is not None:
                 outcomes.append((lease.identity, f"job {lease.job_id} is not over ({why}); left alone"))
                 continue
-            problems = end_lease(ledger, lease, settings, "clear")
+            problems = end_lease(ledger, lease, settings, audit.CLEAR)
             after = ledger.read(lease.identity)
             if problems:
                 outcomes.append((lease.identity, "; ".join(problems)))
@@ -278,7 +279,7 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
                                     "replug it or drain the node")
             finally:
                 ledger.unlock()
-            ledger.audit("acquire", identity=device.identity, job_id=job.job_id, uid=job.uid,
+            ledger.audit(audit.ACQUIRE, identity=device.identity, job_id=job.job_id, uid=job.uid,
                          nodes=list(device.device_nodes))
     except BaseException as exc:
         roll_back(ledger, job, taken, settings)
@@ -295,7 +296,7 @@ def roll_back(ledger: Ledger, job: JobContext, leases: list[Lease], settings: Ho
         for lease in leases:
             restore_idle(settings.devices.get(lease.identity), settings)
             ledger.drop(lease.identity)
-            ledger.audit("rollback", identity=lease.identity, job_id=job.job_id, uid=job.uid)
+            ledger.audit(audit.ROLLBACK, identity=lease.identity, job_id=job.job_id, uid=job.uid)
     finally:
         ledger.unlock()
 
@@ -372,7 +373,7 @@ def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float =
         leases = ledger.of_job(job_id)
         # Usage records are collected by the epilog before this, outside the lock (hooks/jobusage.py).
         for lease in leases:
-            problems.extend(end_lease(ledger, lease, settings, "release", wait_s=wait_s))
+            problems.extend(end_lease(ledger, lease, settings, audit.RELEASE, wait_s=wait_s))
     finally:
         ledger.unlock()
     return problems

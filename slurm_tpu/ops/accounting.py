@@ -1,96 +1,23 @@
 """Accounting from the lease ledger's audit log: who used which accelerator, how much.
 
-Pure functions over audit events (JSON lines written by the hooks):
-``acquire`` opens a lease; ``revoke`` (the job's fds on it are dead: a USB
-stick's release then follows once it is back), ``release``, ``reclaim``,
-``clear`` or ``rollback`` closes it;
-``usage`` (written by the epilog from the runner's records) adds inference
-counts, inference time and energy to the job's lease on that device.
+Pure functions over lease spans: :func:`slurm_tpu.protocol.audit.pair_leases`
+pairs each ``acquire`` with the event that closed it and attaches the job's
+``usage`` figures (inference counts, inference time, energy); here they are
+summed per user, device or job over a period.
 
 An audit log may hold anything an older version let through (a job's forged
-``inferences: 1e400``, negative energy, NaN): events whose numbers are not
-plausible (:func:`slurm_tpu.usage.checked`) or whose time is not a finite number
-are skipped, so a report can never die of them or be dominated by them.
+``inferences: 1e400``, negative energy, NaN): the audit reader skips lines that
+are not well-formed events and the pairing skips implausible figures
+(:func:`slurm_tpu.protocol.usage.checked`), so a report can never die of them or
+be dominated by them.
 """
 
 from __future__ import annotations
 
-import json
-import math
 from dataclasses import dataclass, field
-from typing import Iterable, Iterator
+from typing import Iterable
 
-from ..usage import checked
-
-CLOSING = ("revoke", "release", "reclaim", "clear", "rollback")
-
-
-@dataclass
-class LeaseRecord:
-    """One job's lease on one device, with what the job reported doing on it."""
-
-    identity: str
-    job_id: int
-    uid: int
-    start: float
-    end: float | None = None  # None: still leased
-    inferences: int = 0
-    inference_seconds: float = 0.0
-    energy_j: float | None = None
-
-    def seconds_within(self, since: float | None, until: float | None, now: float) -> float:
-        """Lease time overlapping [since, until)."""
-        start = max(self.start, since) if since is not None else self.start
-        end = self.end if self.end is not None else now
-        if until is not None:
-            end = min(end, until)
-        return max(0.0, end - start)
-
-
-def read_events(lines: Iterable[str]) -> Iterator[dict]:
-    """Audit events; unparseable lines (a torn last line after a crash) are skipped, as
-    are events without a finite time (``t``)."""
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except (ValueError, RecursionError):
-            continue
-        if isinstance(event, dict) and "event" in event and _finite_time(event.get("t")):
-            yield event
-
-
-def _finite_time(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-
-
-def lease_records(events: Iterable[dict]) -> list[LeaseRecord]:
-    """Pair acquire/close events per (device, job) and attach usage; in start order."""
-    open_leases: dict[tuple[str, int], LeaseRecord] = {}
-    done: list[LeaseRecord] = []
-    latest: dict[tuple[str, int], LeaseRecord] = {}
-    for event in events:
-        job_id, uid = event.get("job_id"), event.get("uid", -1)
-        if not isinstance(job_id, int) or not isinstance(uid, int) or "identity" not in event:
-            continue  # events without a job (e.g. a device removal), or not ours
-        key = (str(event["identity"]), job_id)
-        kind = event["event"]
-        if kind == "acquire":
-            record = LeaseRecord(key[0], key[1], uid, float(event["t"]))
-            open_leases[key] = latest[key] = record
-        elif kind in CLOSING and key in open_leases:
-            record = open_leases.pop(key)
-            record.end = float(event["t"])
-            done.append(record)
-        elif kind == "usage" and key in latest:
-            figures = checked(event.get("inferences"), event.get("seconds"), event.get("energy_j"))
-            if figures is None:
-                continue  # implausible numbers: not counted at all
-            record = latest[key]
-            record.inferences += figures[0]
-            record.inference_seconds += figures[1]
-            if figures[2] is not None:
-                record.energy_j = (record.energy_j or 0.0) + figures[2]
-    return sorted(done + list(open_leases.values()), key=lambda r: (r.start, r.identity))
+from ..protocol.audit import LeaseSpan
 
 
 @dataclass
@@ -104,7 +31,7 @@ class Totals:
     inference_seconds: float = 0.0
     energy_j: float | None = None
 
-    def add(self, record: LeaseRecord, seconds: float) -> None:
+    def add(self, record: LeaseSpan, seconds: float) -> None:
         self.jobs.add(record.job_id)
         self.leases += 1
         self.lease_seconds += seconds
@@ -121,7 +48,7 @@ class Totals:
                 "energy_j": None if self.energy_j is None else round(self.energy_j, 3)}
 
 
-def summarize(records: Iterable[LeaseRecord], by: str, since: float | None, until: float | None,
+def summarize(records: Iterable[LeaseSpan], by: str, since: float | None, until: float | None,
               now: float, user_name=str) -> dict[str, Totals]:
     """Totals per user, device or job for leases overlapping [since, until)."""
     groups: dict[str, Totals] = {}

@@ -270,6 +270,7 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     """
     from ..hooks.jobusage import BOX_DIR
     from ..locks import statedir
+    from ..locks.ledger import JOBS, LEASES
 
     fix = "chown root:root {0} && chmod 0755 {0}"
     try:
@@ -284,7 +285,7 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
         if not os.fstat(fd).st_mode & 0o001:
             problems.append((f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) "
                              "cannot reach jobs/", fix.format(state_dir)))
-        for name, traversable in (("leases", False), ("jobs", True), (BOX_DIR, True)):
+        for name, traversable in ((LEASES, False), (JOBS, True), (BOX_DIR, True)):
             path = os.path.join(state_dir, name)
             if not os.path.lexists(path):
                 continue

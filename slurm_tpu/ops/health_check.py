@@ -55,9 +55,9 @@ def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
     import os
 
     from ..hooks import leasing, settings as hook_settings
-    from ..locks.ledger import Ledger
+    from ..locks.ledger import LEASES, Ledger
 
-    leases_dir = os.path.join(config.state_dir, "leases")
+    leases_dir = os.path.join(config.state_dir, LEASES)
     if os.geteuid() != 0 or not os.path.isdir(leases_dir) or not os.listdir(leases_dir):
         return []
     environ = dict(os.environ)

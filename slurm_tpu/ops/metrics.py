@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Iterable
 
 from ..model import Inventory
-from .accounting import LeaseRecord
+from ..protocol.audit import LeaseSpan
 from .health import find_problems
 
 
@@ -38,7 +38,7 @@ class _Family:
 
 
 def render_metrics(node: str, configured: Inventory, live: Inventory, leased: dict[str, int],
-                   records: Iterable[LeaseRecord], now: float, edgetpu_version: str | None = None) -> str:
+                   records: Iterable[LeaseSpan], now: float, edgetpu_version: str | None = None) -> str:
     """The exposition text. ``leased``: identity -> job id of current leases;
     ``edgetpu_version``: edgetpu_version() of the node's libedgetpu, if it has one."""
     present = _Family("slurm_tpu_device_present", "gauge", "1 if a configured accelerator is present on the node")

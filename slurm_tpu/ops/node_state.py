@@ -6,17 +6,17 @@ import os
 
 from ..config import Config
 from ..locks import statedir
-from ..locks.ledger import AUDIT
-from .accounting import LeaseRecord, lease_records, read_events
+from ..protocol import audit
+from ..protocol.audit import LeaseSpan
 
 
-def audit_records(paths: list[str]) -> list[LeaseRecord]:
-    """Lease records from one or more audit logs (several nodes' logs may be combined)."""
-    records: list[LeaseRecord] = []
+def audit_records(paths: list[str]) -> list[LeaseSpan]:
+    """Lease spans from one or more audit logs (several nodes' logs may be combined)."""
+    records: list[LeaseSpan] = []
     for path in paths:
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
-                records += lease_records(read_events(handle))
+                records += audit.pair_leases(audit.read_events(handle, path)).spans
         except FileNotFoundError:
             continue
         except OSError as exc:
@@ -25,7 +25,7 @@ def audit_records(paths: list[str]) -> list[LeaseRecord]:
 
 
 def default_audit_log(config: Config) -> str:
-    return os.path.join(config.state_dir, AUDIT)
+    return os.path.join(config.state_dir, audit.FILE)
 
 
 def configured_document(config: Config) -> dict | None:

@@ -1,1 +1,77 @@
-"""Every format that crosses a process or privilege boundary: one writer and one reader each."""
+"""Every format that crosses a process or privilege boundary, one module each.
+
+Each format has named constants (file names, field names, event names, its
+version), one writer and one reader. Readers treat their input as hostile:
+anything that is not exactly the format raises :class:`FormatError` with one
+line naming the file or field, what is wrong, and (where there is one) what to
+do. Stored formats carry a version; readers keep accepting what older releases
+wrote (a node upgraded while a job runs) and refuse newer versions by name.
+
+Format, its module, where it lives, writer -> readers:
+
+- **job environment** -- :mod:`.jobenv`: the ``SLURM_TPU_*`` variables of each
+  task. The task-prolog exports them (from ``jobs/<id>.env``) -> the runner and
+  job scripts.
+- **job environment file** -- ``slurm_tpu/hooks/envfile.py``:
+  ``<state_dir>/jobs/<id>.env``, ``export`` lines. The prolog (root) -> the
+  task-prolog (the job's user, a ``sh`` script).
+- **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``,
+  config + inventory + IDX table keyed by the source files' versions. The first
+  hook after any change (root) -> every hook (root).
+- **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The
+  prolog, epilog, udev-event, ``leases --clear``, health (root, through
+  :mod:`slurm_tpu.locks.ledger`) -> the same, ``slurm-tpu leases``, ``metrics``.
+- **audit events** -- :mod:`.audit`: ``<state_dir>/audit.log``, JSON lines.
+  Every hook (root) -> ``slurm-tpu report`` and ``metrics``, the demo's
+  timeline, the isolation tests, all through :func:`.audit.read_events` and
+  :func:`.audit.pair_leases`.
+- **usage records** -- :mod:`.usage`: ``<state_dir>/job-usage/<job>/<identity>.json``
+  in the job's own tmpfs. The runner (the job's user: hostile input) -> the
+  epilog (root), which audits them as ``usage`` events.
+
+Formats that cross a boundary but have their own home, named here so this list
+is the one place to look: the node inventory ``<state_dir>/inventory.json``
+(:mod:`slurm_tpu.locks.node_inventory`, the shape of ``slurm-tpu detect --json``),
+the prolog's scontrol marker ``<state_dir>/prolog.query`` (one absolute path,
+written next to the snapshot, read by ``prolog/slurm-tpu-prolog``), the runner's
+per-device lock files (:mod:`slurm_tpu.runner.lock`, a pid), the site config
+(:mod:`slurm_tpu.config`) and the inference server's HTTP API
+(:mod:`slurm_tpu.runner.serve.codec`, TF Serving's REST format).
+
+Root hooks import :mod:`.leases` and :mod:`.audit` on every job under
+``python3 -I -S``: those two (and this package) import no json, re, typing or
+dataclasses at module level; readers that need json import it inside the
+function, off the hooks' path.
+"""
+
+from __future__ import annotations
+
+from ..errors import SlurmTpuError
+
+
+class FormatError(SlurmTpuError, ValueError):
+    """Bytes that are not the format they claim to be (torn, forged, or from a newer version).
+
+    ``source`` names what was read (a file name, ``audit.log line 12``); the
+    message is one line and names it too.
+    """
+
+    def __init__(self, message: str, source: str = ""):
+        super().__init__(message)
+        self.source = source
+
+
+def json_object(raw: str | bytes, source: str) -> dict:
+    """The JSON object in ``raw``; :class:`FormatError` (naming ``source``) for anything else.
+
+    json is imported here, in the readers, never by the writers the hooks use.
+    """
+    import json
+
+    try:
+        data = json.loads(raw)
+    except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the stack
+        raise FormatError(f"{source}: not a JSON object (not JSON, or a torn line)", source) from None
+    if not isinstance(data, dict):
+        raise FormatError(f"{source}: not a JSON object", source)
+    return data

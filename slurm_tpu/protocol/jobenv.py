@@ -20,7 +20,7 @@ leased to the job on this node, in allocation order:
 Further families declare their own (``SLURM_TPU_<FAMILY>_...``) in their module, with
 its values and whether it is unset when the job has no such device.
 ``SLURM_TPU_USAGE_DIR``
-    The job's usage box (slurm_tpu/usage.py); unset when there is none.
+    The job's usage box (slurm_tpu/protocol/usage.py); unset when there is none.
 
 Identities and paths never contain commas (see ``slurm_tpu.identity``). The
 runner reads the Edge TPU pair with :func:`parse_environment`.

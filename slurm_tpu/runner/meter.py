@@ -3,7 +3,7 @@
 Every engine is wrapped in a :class:`MeteredEngine`, whatever the mode (single
 input, batch, benchmark, segments), so the counts cannot miss a path. On close the
 counts of leased accelerators are added to the job's usage box (see
-:mod:`slurm_tpu.usage`) when the job has one.
+:mod:`slurm_tpu.protocol.usage`) when the job has one.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Mapping, Sequence
 import numpy as np
 
 from ..identity import is_identity
-from ..usage import USAGE_DIR_ENV, add_usage
+from ..protocol.usage import USAGE_DIR_ENV, add_usage
 
 
 class MeteredEngine:

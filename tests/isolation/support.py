@@ -139,14 +139,19 @@ def state_dir(cluster, node: str) -> str:
 
 def revoking(cluster, node: str) -> list[str]:
     """Devices whose lease is in phase ``revoking`` (a USB stick re-enumerating after its job)."""
-    directory = os.path.join(state_dir(cluster, node), "leases")
+    from slurm_tpu.protocol import FormatError
+    from slurm_tpu.protocol.leases import DIR, REVOKING, Lease
+
+    directory = os.path.join(state_dir(cluster, node), DIR)
     found = []
     for name in os.listdir(directory) if os.path.isdir(directory) else ():
+        if name.startswith("."):
+            continue  # a lease being written (temp file)
         try:
-            with open(os.path.join(directory, name), encoding="utf-8") as handle:
-                if "\nphase\trevoking\n" in "\n" + handle.read():
+            with open(os.path.join(directory, name), "rb") as handle:
+                if Lease.decode(name, handle.read()).phase == REVOKING:
                     found.append(name)
-        except OSError:
+        except (OSError, FormatError):
             continue
     return found
 
@@ -216,23 +221,21 @@ def udev_event(cluster, node: str, **env: str) -> subprocess.CompletedProcess:
 
 
 def no_overlaps(records: list[dict]) -> dict[str, int]:
-    """Check audit records: per device, acquire/release strictly alternate. Returns leases per device."""
-    holder: dict[str, int | None] = {}
+    """Check audit records: per device, acquire/release strictly alternate. Returns leases per device.
+
+    The pairing is the product's own (slurm_tpu.protocol.audit.pair_leases, unit-tested
+    on literal logs in tests/protocol): a device acquired while another job's lease on it
+    was not freed, or freed by a job that did not hold it, is a conflict.
+    """
+    from slurm_tpu.protocol.audit import pair_leases
+
+    pairing = pair_leases(sorted(records, key=lambda r: r["t"]))
+    assert not pairing.conflicts, pairing.conflicts
+    held = [f"{s.identity} by job {s.job_id}" for s in pairing.spans if s.freed is None]
+    assert not held, f"leases never released: {held}"
     count: dict[str, int] = {}
-    for record in sorted(records, key=lambda r: r["t"]):
-        identity, event = record.get("identity"), record["event"]
-        if event == "acquire":
-            assert holder.get(identity) is None, f"{identity} leased to job {record['job_id']} while job " \
-                                                 f"{holder.get(identity)} held it"
-            holder[identity] = record["job_id"]
-            count[identity] = count.get(identity, 0) + 1
-        elif event in ("reclaim", "clear") and holder.get(identity) is None:
-            pass  # a lease whose prolog died before auditing it (or a planted one)
-        elif event in ("release", "reclaim", "rollback", "clear"):
-            assert holder.get(identity) == record["job_id"], f"{event} of {identity} by job {record['job_id']} " \
-                                                             f"but holder was {holder.get(identity)}"
-            holder[identity] = None
-    assert all(h is None for h in holder.values()), f"leases never released: {holder}"
+    for span in pairing.spans:
+        count[span.identity] = count.get(span.identity, 0) + 1
     return count
 
 

@@ -242,7 +242,7 @@ def test_task_prolog_prints_only_the_jobs_own_lines(cluster, users):
     assert mine.returncode == other.returncode == hostile.returncode == 0
 
 
-# What the runner writes (slurm_tpu/usage.py's file name and JSON), written by hand
+# What the runner writes (slurm_tpu/protocol/usage.py's file name and JSON), written by hand
 # with Debian's python3 so this tests the prolog/epilog side alone; the real runner's
 # path is covered end to end by tests/ops/test_usage_cluster.py.
 USAGE_JOB = """#!/bin/sh

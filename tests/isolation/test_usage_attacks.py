@@ -19,7 +19,7 @@ import pytest
 from support import PCI, USB, audit, inventory, leases, no_overlaps, one_node_two_tpus, out, owner, state_dir
 from support import wait_until
 
-from slurm_tpu.usage import BOX_BYTES, BOX_INODES
+from slurm_tpu.protocol.usage import BOX_BYTES, BOX_INODES
 
 pytestmark = pytest.mark.slurm
 

@@ -1,10 +1,15 @@
-"""Accounting from audit events, on literal data."""
+"""Accounting from audit events (read and paired by protocol.audit), on literal data."""
 
 from __future__ import annotations
 
 import json
 
-from slurm_tpu.ops.accounting import lease_records, read_events, summarize
+from slurm_tpu.ops.accounting import summarize
+from slurm_tpu.protocol.audit import pair_leases, read_events
+
+
+def lease_records(events):
+    return pair_leases(events).spans
 
 LINES = [
     {"event": "acquire", "identity": "usb-1-1", "job_id": 1, "uid": 1001, "t": 100.0},

@@ -13,7 +13,8 @@ import os
 import pytest
 
 from runner_support import run_cli
-from slurm_tpu.usage import MAX_BYTES, MAX_INFERENCES, UsageRecord, add_usage, checked, read_record
+from slurm_tpu.protocol import FormatError
+from slurm_tpu.protocol.usage import MAX_BYTES, MAX_INFERENCES, UsageRecord, add_usage, checked, read_record
 
 
 @pytest.fixture
@@ -70,12 +71,15 @@ def _write(path, name: str, text: str | bytes) -> None:
 
 
 def test_root_reads_only_plausible_regular_files_of_the_jobs_uid(box, tmp_path):
+    """A record that is there but not acceptable is refused with one line naming the file and why."""
     path, fd = box
     uid = os.getuid()
     good = {"version": 1, "inferences": 3, "seconds": 0.5, "energy_j": None}
     _write(path, "usb-1-1.json", json.dumps(good))
     assert read_record(fd, "usb-1-1", uid) == UsageRecord("usb-1-1", 3, 0.5)
-    assert read_record(fd, "usb-1-1", uid + 1) is None  # not the job's user's file
+    assert read_record(fd, "usb-1-0", uid) is None  # the job left none
+    with pytest.raises(FormatError, match=r"^usage record usb-1-1.json belongs to uid \d+, not the job's uid"):
+        read_record(fd, "usb-1-1", uid + 1)
     absurd = ['{"version": 1, "inferences": 1e400, "seconds": 1}', '{"version": 1, "inferences": 1, "seconds": 1e400}',
               '{"version": 1, "inferences": 1, "seconds": NaN}', '{"version": 1, "inferences": -4, "seconds": 1}',
               '{"version": 1, "inferences": 1, "seconds": 1, "energy_j": -2.5}',
@@ -83,16 +87,22 @@ def test_root_reads_only_plausible_regular_files_of_the_jobs_uid(box, tmp_path):
               '{"version": 2, "inferences": 1, "seconds": 1}', '[1, 2]', "not json", "[" * 100000]
     for i, text in enumerate(absurd):
         _write(path, f"usb-2-{i}.json", text)
-        assert read_record(fd, f"usb-2-{i}", uid) is None, text
+        with pytest.raises(FormatError, match=f"^usage record usb-2-{i}.json(:| is)") as refused:
+            read_record(fd, f"usb-2-{i}", uid)
+        assert "\n" not in str(refused.value), text
     _write(path, "usb-3-1.json", json.dumps(good).encode() + b" " * MAX_BYTES)  # too big to be ours
-    assert read_record(fd, "usb-3-1", uid) is None
+    with pytest.raises(FormatError, match="is over 4096 bytes"):
+        read_record(fd, "usb-3-1", uid)
     secret = tmp_path / "secret"
     secret.write_text(json.dumps(good))
     os.symlink(secret, path / "usb-3-2.json")  # a link planted to make root read elsewhere
-    assert read_record(fd, "usb-3-2", uid) is None
+    with pytest.raises(FormatError, match="usb-3-2.json is a symbolic link"):
+        read_record(fd, "usb-3-2", uid)
     os.mkfifo(path / "usb-3-3.json")  # would block a reader without O_NONBLOCK
-    assert read_record(fd, "usb-3-3", uid) is None
-    assert read_record(fd, "../box/usb-1-1", uid) is None  # only plain identities name a file
+    with pytest.raises(FormatError, match="usb-3-3.json is not a regular file"):
+        read_record(fd, "usb-3-3", uid)
+    with pytest.raises(FormatError, match="not a device identity"):
+        read_record(fd, "../box/usb-1-1", uid)  # only plain identities name a file
 
 
 def test_runner_side_refuses_absurd_figures_and_replaces_a_garbage_record(box):

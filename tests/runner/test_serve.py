@@ -26,7 +26,7 @@ from slurm_tpu.runner import Runner
 from slurm_tpu.runner.serve import auth
 from slurm_tpu.runner.serve.app import Limits
 from slurm_tpu.runner.serve.devicequeue import DeviceQueue, Overloaded
-from slurm_tpu.usage import read_record
+from slurm_tpu.protocol.usage import read_record
 
 
 @pytest.fixture(scope="module")

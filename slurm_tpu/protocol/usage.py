@@ -16,25 +16,37 @@ inodes, ``nosuid,nodev,noexec``. So:
 
 The task-prolog exports the box's path as ``SLURM_TPU_USAGE_DIR``. The runner keeps
 one file per device, ``<identity>.json``, holding the job's running totals for it
-(``{"version": 1, "inferences": N, "seconds": S, "energy_j": E|null}``), and adds to
+(``{"version": 1, "inferences": N, "seconds": S, "energy_j": E|null}``, see :func:`encode`), and adds to
 it read-modify-write when an engine set closes; processes of one job on one device
 are serialised by the runner's device lock, so no update is lost. The figures are
 self-reported by the job, which is fine for accounting: a user can only inflate
 their own numbers, and :func:`checked` bounds them so a forged record can neither
 crash ``slurm-tpu report``/``metrics`` nor dominate a total.
 
+This module is the format's one writer (:func:`add_usage`, job side, bytes from
+:func:`encode`) and one reader (:func:`read_record`, root side, through
+:func:`decode`). The reader refuses a record that is there but not acceptable
+(a link, not a regular file, not the job's uid's, too big, not JSON, another
+version, implausible figures) with :class:`~slurm_tpu.protocol.FormatError`,
+one line naming the file; the epilog audits that as ``usage-rejected``.
+
 Stdlib only, and no json/re at import time: the epilog imports this.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 
-from .identity import is_identity
+from ..identity import is_identity
+from . import FormatError, jobenv, json_object
 
-USAGE_DIR_ENV = "SLURM_TPU_USAGE_DIR"
+USAGE_DIR_ENV = jobenv.USAGE_DIR  # the job environment contract names it
 FORMAT_VERSION = 1
+SUFFIX = ".json"  # <identity>.json in the box
+# Field names of a record (the epilog's ``usage`` audit event uses the same figures' names).
+VERSION_FIELD, INFERENCES, SECONDS, ENERGY_J = "version", "inferences", "seconds", "energy_j"
 MAX_BYTES = 4096  # a record is ~100 bytes; anything larger is not ours
 # The box: room for a few dozen records and their temp files, nothing more.
 BOX_BYTES = 64 * 1024
@@ -82,47 +94,72 @@ def checked(inferences: object, seconds: object, energy_j: object = None) -> tup
 
 def record_name(identity: str) -> str | None:
     """The box file name for a device identity; None for anything that is not a plain identity."""
-    return identity + ".json" if is_identity(identity) else None
+    return identity + SUFFIX if is_identity(identity) else None
 
 
-def parse(raw: bytes, identity: str) -> UsageRecord | None:
-    """A record from a box file's bytes; None when it is not a plausible one."""
-    import json  # only here: json imports re, which the epilog should not pay for on every job
+def encode(inferences: int, seconds: float, energy_j: float | None) -> bytes:
+    """A record file's bytes (the current :data:`FORMAT_VERSION`)."""
+    import json  # job side only
 
-    try:
-        data = json.loads(raw)
-    except (ValueError, RecursionError):
-        return None
-    if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
-        return None
-    figures = checked(data.get("inferences"), data.get("seconds"), data.get("energy_j"))
-    return None if figures is None else UsageRecord(identity, *figures)
+    return json.dumps({VERSION_FIELD: FORMAT_VERSION, INFERENCES: inferences, SECONDS: round(seconds, 6),
+                       ENERGY_J: energy_j}).encode()
+
+
+def decode(raw: bytes, identity: str) -> UsageRecord:
+    """The record in a box file's bytes; :class:`FormatError` says why it is not a plausible one."""
+    source = f"usage record {identity}{SUFFIX}"
+    if len(raw) > MAX_BYTES:
+        raise FormatError(f"{source} is over {MAX_BYTES} bytes", source)
+    data = json_object(raw, source)  # imports json: only when a job left a record
+    if data.get(VERSION_FIELD) != FORMAT_VERSION:
+        raise FormatError(f"{source} is not format version {FORMAT_VERSION}", source)
+    figures = checked(data.get(INFERENCES), data.get(SECONDS), data.get(ENERGY_J))
+    if figures is None:
+        raise FormatError(f"{source}: figures out of bounds (inferences 0..{MAX_INFERENCES}, seconds "
+                          f"0..{MAX_SECONDS:g}, energy_j null or 0..{MAX_ENERGY_J:g})", source)
+    return UsageRecord(identity, *figures)
 
 
 def _read(dir_fd: int, name: str, uid: int | None) -> bytes | None:
-    """A small regular file's bytes (owned by ``uid`` when given), never through a link."""
+    """A small regular file's bytes (owned by ``uid`` when given), never through a link.
+
+    None when there is no such file; :class:`FormatError` when there is one that
+    cannot be a record.
+    """
+    source = f"usage record {name}"
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
-    except OSError:
-        return None  # missing, a symlink (ELOOP), a FIFO without writer...
+    except OSError as exc:
+        if exc.errno == errno.ENOENT:
+            return None
+        why = "is a symbolic link" if exc.errno == errno.ELOOP else f"cannot be opened ({exc.strerror})"
+        raise FormatError(f"{source} {why}", source) from None
     try:
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > MAX_BYTES or (uid is not None and info.st_uid != uid):
-            return None
+        if not stat.S_ISREG(info.st_mode):
+            raise FormatError(f"{source} is not a regular file", source)
+        if uid is not None and info.st_uid != uid:
+            raise FormatError(f"{source} belongs to uid {info.st_uid}, not the job's uid {uid}", source)
+        if info.st_size > MAX_BYTES:
+            raise FormatError(f"{source} is over {MAX_BYTES} bytes", source)
         return os.read(fd, MAX_BYTES + 1)
-    except OSError:
-        return None
+    except OSError as exc:
+        raise FormatError(f"{source} cannot be read ({exc.strerror})", source) from None
     finally:
         os.close(fd)
 
 
 def read_record(box_fd: int, identity: str, uid: int) -> UsageRecord | None:
-    """Root side: the job's record for one of its devices, if it left a plausible one."""
+    """Root side: the job's record for one of its devices; None when it left none.
+
+    Raises :class:`FormatError` (one line naming the file and what is wrong) for
+    a record that is there but not acceptable, or an identity that names no file.
+    """
     name = record_name(identity)
     if name is None:
-        return None
+        raise FormatError(f"{identity[:80]!r} is not a device identity that names a usage record", identity)
     raw = _read(box_fd, name, uid)
-    return None if raw is None or len(raw) > MAX_BYTES else parse(raw, identity)
+    return None if raw is None else decode(raw, identity)
 
 
 def add_usage(directory: str, identity: str, inferences: int, seconds: float,
@@ -140,17 +177,17 @@ def add_usage(directory: str, identity: str, inferences: int, seconds: float,
     except OSError:
         return False
     try:
-        raw = _read(dir_fd, name, os.getuid())
-        before = parse(raw, identity) if raw is not None else None
+        try:
+            raw = _read(dir_fd, name, os.getuid())
+            before = decode(raw, identity) if raw is not None else None
+        except FormatError:
+            before = None  # not a record we wrote: replaced by one that is
         if before is not None:
             inferences = min(inferences + before.inferences, MAX_INFERENCES)
             seconds = min(seconds + before.seconds, MAX_SECONDS)
             if before.energy_j is not None:
                 energy_j = min((energy_j or 0.0) + before.energy_j, MAX_ENERGY_J)
-        import json
-
-        data = json.dumps({"version": FORMAT_VERSION, "inferences": inferences, "seconds": round(seconds, 6),
-                           "energy_j": energy_j}).encode()
+        data = encode(inferences, seconds, energy_j)
         tmp = f".{name}.{os.getpid()}.tmp"
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,

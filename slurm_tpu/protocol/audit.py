@@ -1,0 +1,264 @@
+"""Audit events: ``<state_dir>/audit.log``, one JSON object per line (root only).
+
+Every hook appends an event when it takes, ends or changes a lease
+(:meth:`slurm_tpu.locks.ledger.Ledger.audit` writes :func:`encode`'s bytes
+with one ``O_APPEND`` write). Readers: ``slurm-tpu report`` and ``metrics``
+(:mod:`slurm_tpu.ops.accounting`), the demo's timeline
+(:mod:`slurm_tpu.demo.records`) and the isolation tests' exclusivity checks;
+they all read with :func:`read_events` and pair leases with
+:func:`pair_leases`, the one place that knows which events open and close a
+lease.
+
+Format (version 1): a JSON object per line with at least ``t`` (epoch seconds,
+a finite number) and ``event`` (one of :data:`EVENTS`); lease events add
+``identity``, ``job_id`` and ``uid``; the rest is per event (see
+:data:`EVENTS`). Version 1 lines carry no version field; a later incompatible
+format adds ``"v": N`` and this reader skips such lines.
+
+The log is append-only and may hold a torn last line (a crash mid-write), lines
+of older versions, or anything an older version let through (a job's forged
+``inferences: 1e400``): a line that is not a well-formed event is skipped by
+:func:`read_events` (:func:`decode` says why, for tools that want to report
+it), and usage figures are bounded by :func:`slurm_tpu.protocol.usage.checked`.
+
+The writer is on the root hooks' path: it builds the JSON text by hand (no
+``json`` import, which drags in ``re``); only the readers import json.
+"""
+
+from __future__ import annotations
+
+from . import FormatError, json_object
+
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
+if TYPE_CHECKING:
+    from typing import Iterable, Iterator
+
+FILE = "audit.log"  # under the state directory
+VERSION = 1
+VERSION_FIELD = "v"  # absent on version 1 lines
+
+# Fields every reader relies on.
+T, EVENT, IDENTITY, JOB_ID, UID = "t", "event", "identity", "job_id", "uid"
+# A usage event's figures have a usage record's field names and bounds (protocol.usage:
+# INFERENCES, SECONDS, ENERGY_J, checked), imported where read: the hooks that write
+# audit lines on every job need not load them.
+
+# Event names, with the fields each adds to t/event.
+ACQUIRE = "acquire"              # identity, job_id, uid, nodes: the prolog leased the device
+REVOKE = "revoke"                # identity, job_id, uid, devnum, by_job: the job's fds on it are dead (USB)
+RELEASE = "release"              # identity, job_id, uid, by_job[, vanished]: lease ended, device idle
+RECLAIM = "reclaim"              # same fields: a stale lease (job gone) ended by a later hook
+CLEAR = "clear"                  # same fields: `slurm-tpu leases --clear` / health ended a kept lease
+ROLLBACK = "rollback"            # identity, job_id, uid: the prolog failed and gave its leases back
+USAGE = "usage"                  # identity, job_id, uid, inferences, seconds, energy_j: the job's figures
+USAGE_UNAVAILABLE = "usage-unavailable"  # job_id, uid, reason: the job ran without a usage box
+USAGE_REJECTED = "usage-rejected"  # identity, job_id, uid, reason: its usage record was not acceptable
+REVOKE_FAILED = "revoke-failed"  # identity, job_id, uid, error: the lease was kept
+SCAN_INCOMPLETE = "scan-incomplete"  # identity, job_id, scanned, ...: the holder scan ran out of time
+SURVIVOR = "survivor"            # identity, job_id, pids/how or writers: a process kept the device open
+REENUMERATE = "reenumerate"      # identity[, job_id, uid], nodes, changed: a device got new nodes (udev)
+REMOVE = "remove"                # identity: a device disappeared (udev)
+EVENTS = frozenset((ACQUIRE, REVOKE, RELEASE, RECLAIM, CLEAR, ROLLBACK, USAGE, USAGE_UNAVAILABLE, USAGE_REJECTED,
+                    REVOKE_FAILED, SCAN_INCOMPLETE, SURVIVOR, REENUMERATE, REMOVE))
+# The job lost the device at the first of these; the device is free again at a FREEING one
+# (a revoked USB stick stays leased until udev sees it back and releases it).
+CLOSING = (REVOKE, RELEASE, RECLAIM, CLEAR, ROLLBACK)
+FREEING = (RELEASE, RECLAIM, CLEAR, ROLLBACK)
+
+
+# ---- writer (root hooks: no json) -----------------------------------------------
+def encode(event: str, t: float, fields: dict) -> bytes:
+    """One audit line (with its newline) for str/int/float/bool/None/list values.
+
+    Keys sorted, ``", "``/``": "`` separators, like ``json.dumps(sort_keys=True)``;
+    strings keep non-ASCII characters as UTF-8 and escape control characters as
+    ``\\uXXXX``; a non-finite float is written as json writes it (``NaN``,
+    ``Infinity``), which :func:`decode` reads back.
+    """
+    record = {T: round(t, 6), EVENT: event, **fields}
+    return ("{" + ", ".join(f"{_json(k)}: {_json(v)}" for k, v in sorted(record.items())) + "}\n").encode()
+
+
+def _json(item: object) -> str:
+    if item is None or isinstance(item, bool):
+        return {None: "null", True: "true", False: "false"}[item]
+    if isinstance(item, int):
+        return repr(item)
+    if isinstance(item, float):
+        # json.dumps spells these NaN/Infinity (not JSON, but json.loads reads them back).
+        return repr(item) if _finite(item) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[
+            repr(item)]
+    if isinstance(item, (list, tuple)):
+        return "[" + ", ".join(_json(i) for i in item) + "]"
+    out = ['"']
+    for char in str(item):
+        if char in '"\\':
+            out.append("\\" + char)
+        elif ord(char) < 0x20:
+            out.append(f"\\u{ord(char):04x}")
+        else:
+            out.append(char)
+    out.append('"')
+    return "".join(out)
+
+
+# ---- reader ------------------------------------------------------------------
+def decode(line: str, source: str = FILE) -> dict:
+    """One audit event from one line; :class:`FormatError` says why it is not one.
+
+    Checked: a JSON object of this version, ``event`` a string, ``t`` a finite
+    number, ``identity`` (when present) a string, ``job_id``/``uid`` (when
+    present) integers. Other fields are the consumer's to check. ``t`` comes
+    back as a float.
+    """
+    event = json_object(line, source)
+    if event.get(VERSION_FIELD, VERSION) != VERSION:
+        raise FormatError(f"{source}: audit format version {event[VERSION_FIELD]!r}; this slurm-tpu reads "
+                          f"{VERSION}", source)
+    if not isinstance(event.get(EVENT), str):
+        raise FormatError(f"{source}: no event name", source)
+    if not _number(event.get(T)):
+        raise FormatError(f"{source}: time {T!r} is not a finite number", source)
+    event[T] = float(event[T])
+    if IDENTITY in event and not isinstance(event[IDENTITY], str):
+        raise FormatError(f"{source}: {IDENTITY!r} is not a string", source)
+    for name in (JOB_ID, UID):
+        if name in event and (isinstance(event[name], bool) or not isinstance(event[name], int)):
+            raise FormatError(f"{source}: {name!r} is not an integer", source)
+    return event
+
+
+def read_events(lines: Iterable[str], source: str = FILE) -> Iterator[dict]:
+    """The well-formed events among ``lines`` (see :func:`decode`); the others are skipped."""
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            try:
+                yield decode(line, f"{source} line {number}")
+            except FormatError:
+                continue
+
+
+def _number(value: object) -> bool:
+    """A finite int or float that a float can hold (json reads 1e400 as inf, 10**400 as an int)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return _finite(float(value))
+    except OverflowError:
+        return False
+
+
+def _finite(value: float) -> bool:
+    """Neither NaN nor an infinity (inf - inf and NaN - NaN are NaN; no math import on the hooks' path)."""
+    return value - value == 0
+
+
+# ---- pairing -------------------------------------------------------------------
+class LeaseSpan:
+    """One job's lease on one device, from its ``acquire`` on, with the job's reported usage.
+
+    ``end``: when the job lost the device (the first closing event: a USB
+    stick's revocation, else its release); ``freed``: when the device was free
+    again (None while it is not). ``inferences``/``inference_seconds``/``energy_j``
+    sum the job's plausible ``usage`` events for it.
+    """
+
+    __slots__ = ("identity", "job_id", "uid", "start", "end", "freed", "inferences", "inference_seconds",
+                 "energy_j")
+
+    def __init__(self, identity: str, job_id: int, uid: int, start: float, end: float | None = None,
+                 freed: float | None = None, inferences: int = 0, inference_seconds: float = 0.0,
+                 energy_j: float | None = None):
+        self.identity, self.job_id, self.uid, self.start, self.end, self.freed = (
+            identity, job_id, uid, start, end, freed)
+        self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __repr__(self) -> str:
+        return (f"LeaseSpan({self.identity!r}, job {self.job_id}, uid {self.uid}, {self.start}-{self.end}, "
+                f"freed {self.freed})")
+
+    def seconds_within(self, since: float | None, until: float | None, now: float) -> float:
+        """Lease time (start to end) overlapping [since, until); a lease still held counts up to ``now``."""
+        start = max(self.start, since) if since is not None else self.start
+        end = self.end if self.end is not None else now
+        if until is not None:
+            end = min(end, until)
+        return max(0.0, end - start)
+
+
+class Pairing:
+    """What :func:`pair_leases` found: the spans in start order, and exclusivity conflicts.
+
+    A conflict is a device acquired while another lease on it was not freed,
+    freed by a job that did not hold it, or released by a job that never
+    acquired it: one line each, naming the jobs.
+    """
+
+    __slots__ = ("spans", "conflicts")
+
+    def __init__(self, spans: list[LeaseSpan], conflicts: list[str]):
+        self.spans, self.conflicts = spans, conflicts
+
+
+def pair_leases(events: Iterable[dict]) -> Pairing:
+    """Pair each ``acquire`` with the events that close it, per (device, job), in log order.
+
+    Events without an identity and a job id (a device removal, a usage box
+    problem) are not about a lease and are passed over; so are closing events
+    of leases whose acquire the log does not hold (a lease planted by hand, or
+    one whose prolog died before auditing it).
+    """
+    from .usage import ENERGY_J, INFERENCES, SECONDS, checked
+
+    spans: list[LeaseSpan] = []
+    conflicts: list[str] = []
+    open_spans: dict[tuple[str, int], LeaseSpan] = {}  # acquired, not yet freed
+    latest: dict[tuple[str, int], LeaseSpan] = {}  # for usage, which the epilog writes before its release
+    holder: dict[str, int] = {}  # device -> the job whose lease on it is not freed
+    for event in events:
+        identity, job_id, name = event.get(IDENTITY), event.get(JOB_ID), event[EVENT]
+        if not isinstance(identity, str) or not isinstance(job_id, int) or isinstance(job_id, bool):
+            continue
+        key, t = (identity, job_id), float(event[T])
+        if name == ACQUIRE:
+            if identity in holder:
+                conflicts.append(f"{identity} acquired by job {job_id} at {t} while job {holder[identity]} "
+                                 "held it")
+            if key in open_spans:  # acquired again without a close in the log: the newer one counts
+                spans.remove(open_spans[key])
+            uid = event.get(UID, -1)
+            span = LeaseSpan(identity, job_id, uid if isinstance(uid, int) else -1, t)
+            spans.append(span)
+            open_spans[key] = latest[key] = span
+            holder[identity] = job_id
+        elif name in CLOSING:
+            span = open_spans.get(key)
+            if name in FREEING:
+                held_by = holder.get(identity)
+                if held_by == job_id:
+                    del holder[identity]
+                elif held_by is not None:
+                    conflicts.append(f"{name} of {identity} by job {job_id} at {t} while job {held_by} held it")
+                elif name in (RELEASE, ROLLBACK):  # a reclaim or clear may end a lease nobody audited
+                    conflicts.append(f"{name} of {identity} by job {job_id} at {t}, which never acquired it")
+            if span is None:
+                continue
+            if span.end is None:
+                span.end = t
+            if name in FREEING:
+                span.freed = t
+                del open_spans[key]
+        elif name == USAGE and key in latest:
+            figures = checked(event.get(INFERENCES), event.get(SECONDS), event.get(ENERGY_J))
+            if figures is None:
+                continue  # implausible numbers: not counted at all
+            span = latest[key]
+            span.inferences += figures[0]
+            span.inference_seconds += figures[1]
+            if figures[2] is not None:
+                span.energy_j = (span.energy_j or 0.0) + figures[2]
+    spans.sort(key=lambda s: (s.start, s.identity))
+    return Pairing(spans, conflicts)

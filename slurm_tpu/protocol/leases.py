@@ -1,0 +1,146 @@
+"""Lease files: ``<state_dir>/leases/<identity>``, one per leased device (root only).
+
+Written by the prolog (claim), the epilog and udev-event (phase changes), read
+by every hook, ``slurm-tpu leases``, the health check and the metrics. The
+ledger (:mod:`slurm_tpu.locks.ledger`) owns where and how the files are created
+(exclusively, atomically, never through a link); this module owns what is in
+them: :meth:`Lease.encode` is the one writer, :meth:`Lease.decode` the one
+reader.
+
+Format (version 1): UTF-8 ``field<TAB>value`` lines, one per field of
+:data:`FIELDS`, lists comma-separated (identities and device paths never hold
+commas, tabs or newlines). Fields absent from a file take their defaults: lease
+files written before the ``phase``/``phase_since`` fields existed (a node
+upgraded while a job ran) read as phase ``held``. Fields this version does not
+know are ignored, so a compatible addition needs no new version; an
+incompatible change must raise :data:`VERSION`, and this reader refuses files
+that name a newer one.
+
+Imported by the root hooks on every job: no json, re, typing or dataclasses.
+"""
+
+from __future__ import annotations
+
+from . import FormatError
+
+DIR = "leases"  # under the state directory
+VERSION = 1
+MAX_BYTES = 65536  # a lease is ~300 bytes; anything larger is not one
+HELD, REVOKING, KEPT = "held", "revoking", "kept"  # Lease.phase
+PHASES = (HELD, REVOKING, KEPT)
+
+# Field names, in the order they are written.
+IDENTITY, JOB_ID, UID, KIND, USER, START = "identity", "job_id", "uid", "kind", "user", "start"
+DEVICE_NODES, ALLOCATION, NODE = "device_nodes", "allocation", "node"
+PROLOG_PID, PROLOG_START, FORMAT_VERSION, PHASE, PHASE_SINCE = (
+    "prolog_pid", "prolog_start", "version", "phase", "phase_since")
+FIELDS = (IDENTITY, JOB_ID, UID, KIND, USER, START, DEVICE_NODES, ALLOCATION, NODE, PROLOG_PID, PROLOG_START,
+          FORMAT_VERSION, PHASE, PHASE_SINCE)
+REQUIRED = (IDENTITY, JOB_ID, UID)
+_INT_FIELDS = (JOB_ID, UID, PROLOG_PID, PROLOG_START, FORMAT_VERSION)
+_FLOAT_FIELDS = (START, PHASE_SINCE)
+_LIST_FIELDS = (DEVICE_NODES, ALLOCATION)
+
+
+class Lease:
+    """One device held by one job on this node."""
+
+    __slots__ = FIELDS
+
+    def __init__(self, identity: str, job_id: int, uid: int, kind: str = "edgetpu", user: str = "",
+                 start: float = 0.0, device_nodes: tuple[str, ...] = (), allocation: tuple[str, ...] = (),
+                 node: str = "", prolog_pid: int = 0, prolog_start: int = 0, version: int = VERSION,
+                 phase: str = HELD, phase_since: float = 0.0):
+        self.identity, self.job_id, self.uid, self.kind, self.user = identity, job_id, uid, kind, user
+        self.start, self.device_nodes, self.allocation, self.node = start, tuple(device_nodes), tuple(allocation), node
+        # prolog_start: /proc/<pid>/stat start time, to tell a reused pid apart.
+        self.prolog_pid, self.prolog_start, self.version = prolog_pid, prolog_start, version
+        # HELD while the job may use it; REVOKING from the moment its end began a USB
+        # disconnect until udev reports the re-enumerated device; KEPT when its end
+        # found a problem (a holder, a scan that could not finish) and kept it.
+        self.phase, self.phase_since = phase, phase_since
+
+    def as_dict(self) -> dict:
+        return {name: getattr(self, name) for name in FIELDS}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Lease) and self.as_dict() == other.as_dict()
+
+    def __repr__(self) -> str:
+        return f"Lease({self.identity!r}, job {self.job_id}, uid {self.uid})"
+
+    def encode(self) -> bytes:
+        """The lease file's bytes (always the current :data:`VERSION`)."""
+        lines = []
+        for name in FIELDS:
+            item = VERSION if name == FORMAT_VERSION else getattr(self, name)
+            text = ",".join(item) if name in _LIST_FIELDS else str(item)
+            if "\n" in text or "\t" in text or (name in _LIST_FIELDS and any("," in i for i in item)):
+                raise ValueError(f"lease field {name} holds a tab, newline or (in a list) a comma")
+            lines.append(f"{name}\t{text}")
+        return ("\n".join(lines) + "\n").encode()
+
+    @classmethod
+    def decode(cls, identity: str, raw: bytes) -> "Lease":
+        """The lease in file ``leases/<identity>``; :class:`FormatError` names what is wrong."""
+        source = f"{DIR}/{identity}"
+        try:
+            text = raw.decode("utf-8", "strict")
+        except UnicodeDecodeError:
+            raise FormatError(f"lease file {source} is not UTF-8 text", source) from None
+        fields: dict[str, str] = {}
+        for number, line in enumerate(text.split("\n"), 1):
+            if not line:
+                continue
+            key, sep, value = line.partition("\t")
+            if not sep:
+                raise FormatError(f"lease file {source} line {number}: no tab in {line[:40]!r}", source)
+            if key in fields:
+                raise FormatError(f"lease file {source} line {number}: field {key!r} given twice", source)
+            fields[key] = value
+        for name in REQUIRED:
+            if name not in fields:
+                raise FormatError(f"lease file {source}: field {name!r} is missing", source)
+        if fields[IDENTITY] != identity:
+            raise FormatError(f"lease file {source}: names device {fields[IDENTITY][:80]!r}, not its file name",
+                              source)
+        kwargs: dict = {}
+        for name in FIELDS:
+            if name in fields:
+                kwargs[name] = _value(name, fields[name], source)
+        if kwargs.get(FORMAT_VERSION, VERSION) > VERSION:
+            raise FormatError(f"lease file {source} has format version {kwargs[FORMAT_VERSION]}; this slurm-tpu "
+                              f"reads up to {VERSION}: run the same slurm-tpu on every node and hook", source)
+        if kwargs.get(PHASE, HELD) not in PHASES:
+            raise FormatError(f"lease file {source}: unknown phase {kwargs[PHASE][:40]!r}", source)
+        return cls(**kwargs)
+
+
+def _value(name: str, text: str, source: str) -> object:
+    """One field's value, strictly: plain decimal integers, finite floats."""
+    if name in _INT_FIELDS:
+        digits = text[1:] if text.startswith("-") else text
+        if not (digits.isascii() and digits.isdigit()) or len(digits) > 20:
+            raise FormatError(f"lease file {source}: field {name!r} is not an integer: {text[:40]!r}", source)
+        return int(text)
+    if name in _FLOAT_FIELDS:
+        try:
+            number = float(text)
+        except ValueError:
+            number = float("nan")
+        if not text.isascii() or number - number != 0:  # NaN or an infinity (no math import for the hooks)
+            raise FormatError(f"lease file {source}: field {name!r} is not a finite number: {text[:40]!r}", source)
+        return number
+    if name in _LIST_FIELDS:
+        return tuple(item for item in text.split(",") if item)
+    return text
+
+
+class BadLease:
+    """A file in leases/ that is not a readable lease (it is reclaimable)."""
+
+    __slots__ = ("identity", "reason", "job_id", "uid", "device_nodes")
+
+    def __init__(self, identity: str, reason: str):
+        self.identity, self.reason = identity, reason
+        self.job_id, self.uid, self.device_nodes = -1, -1, ()
