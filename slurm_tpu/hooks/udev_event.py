@@ -95,6 +95,7 @@ def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
 def run(environ: dict[str, str]) -> int:
     from ..locks import node_inventory, ownership
     from ..locks.ledger import HELD, REVOKING, Lease, Ledger
+    from ..protocol import audit
     from ..locks.slots import ensure_slot
     from . import settings as hook_settings
 
@@ -111,7 +112,7 @@ def run(environ: dict[str, str]) -> int:
             return 0  # not configured on this node (gres-conf has not been run for it)
         if action == "remove":
             if device.device_nodes and node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
-                ledger.audit("remove", identity=identity)
+                ledger.audit(audit.REMOVE, identity=identity)
                 settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, ())
                 hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
             return 0
@@ -135,23 +136,23 @@ def run(environ: dict[str, str]) -> int:
                 ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
             ledger.drop(identity)
             # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
-            ledger.audit("release" if lease.job_id >= 0 else "reclaim", identity=identity, job_id=lease.job_id,
+            ledger.audit(audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM, identity=identity, job_id=lease.job_id,
                          uid=lease.uid, nodes=list(nodes), revoked=True)
         elif isinstance(lease, Lease) and lease.phase == HELD:
             for node in nodes:
                 ownership.set_owner(node, identity, lease.uid, -1, settings.lease_mode)
-            ledger.audit("reenumerate", identity=identity, job_id=lease.job_id, uid=lease.uid,
+            ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, uid=lease.uid,
                          nodes=list(nodes), changed=changed)
         elif lease is not None:
             # Kept by an epilog, or unreadable: not free, and not the job's any more.
             for node in nodes:
                 ownership.set_owner(node, identity, 0, 0, 0o600)
-            ledger.audit("reenumerate", identity=identity, job_id=lease.job_id, nodes=list(nodes), changed=changed)
+            ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, nodes=list(nodes), changed=changed)
         else:
             for node in nodes:
                 ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
             if changed:
-                ledger.audit("reenumerate", identity=identity, nodes=list(nodes))
+                ledger.audit(audit.REENUMERATE, identity=identity, nodes=list(nodes))
         if changed:
             # Keep the hooks' snapshot current, or the next prolog rereads the YAML config.
             settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, nodes)
