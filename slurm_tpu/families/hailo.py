@@ -50,6 +50,9 @@ from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
 
 KIND = "hailo"
 PCI_ID = ("0x1e60", "0x2864")  # Hailo-8 and Hailo-8L
+# What detection can say: the two models share the PCI id, and sysfs shows nothing else
+# that tells them apart (the site maps a card to hailo8l in the config).
+MODEL = "Hailo-8/8L"
 DRIVER = "hailo"
 CLASS = "hailo_chardev"
 # HailoRT's device id of each card: its PCI address (0000:01:00.0).
@@ -99,7 +102,7 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
             usable, reason = False, f"Hailo device {chardev.sys_name} of {address} has no /dev node"
     return accelerator_from(
         device, identity=f"pci-{address}", kind=KIND, bus=Bus.PCI, vendor_id=PCI_ID[0][2:],
-        product_id=PCI_ID[1][2:], vendor="Hailo", model="Hailo-8", device_nodes=nodes, usable=usable,
+        product_id=PCI_ID[1][2:], vendor="Hailo", model=MODEL, device_nodes=nodes, usable=usable,
         reason=reason, details=details)
 
 

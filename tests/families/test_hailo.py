@@ -58,7 +58,7 @@ def test_is_registered_and_paired_by_board_location_not_by_the_tree():
         assert [(a.identity, a.kind, a.primary_node, a.usable) for a in found] == [
             ("pci-0000:01:00.0", "hailo", "/dev/hailo1", True), ("pci-0000:02:00.0", "hailo", "/dev/hailo0", True)]
         assert found.accelerators[0].details == HailoDetails("hailo1", 0)
-        assert (found.accelerators[0].vendor, found.accelerators[0].model) == ("Hailo", "Hailo-8")
+        assert (found.accelerators[0].vendor, found.accelerators[0].model) == ("Hailo", "Hailo-8/8L")
 
 
 @pytest.mark.parametrize("devices, words", [
@@ -73,7 +73,7 @@ def test_unusable_cards_are_listed_with_the_fix(devices, words):
     assert all(w in found.reason for w in words), found.reason
     # ...and left out of gres.conf with that reason, so slurmd never waits for it.
     text = render_gres_conf(inventory_from_snapshot(snapshot(*devices)), Config(), "n1")
-    assert text.startswith("# not configured: pci-0000:01:00.0 (Hailo-8): ")
+    assert text.startswith("# not configured: pci-0000:01:00.0 (Hailo-8/8L): ")
 
 
 def test_json_round_trip_keeps_the_typed_details():
