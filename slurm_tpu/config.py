@@ -90,7 +90,8 @@ _COMMON: dict[str, tuple[type | tuple[type, ...], str]] = {
     "sysfs_root": (str, "where sysfs is mounted (default /sys)"),
     "state_dir": (str, "lease ledger directory"),
     "inventory_file": (str, "persistent copy of the configured inventory (restored at boot)"),
-    "udev.run_program": (str, "absolute path of slurm-tpu for udev RUN+="),
+    "udev.run_program": (str, "absolute path udev RUN+= runs on device events (default: the installed "
+                              "slurm-tpu-udev-event; a program named slurm-tpu gets 'udev-event')"),
     "slurm.bin_dir": (str, "Slurm's client programs (scontrol, squeue); default: beside the running slurmd"),
     "slurm.sbin_dir": (str, "Slurm's daemons (slurmd, slurmstepd); default: the running slurmd's directory"),
     "slurm.backend": (str, "auto, scontrol or pyslurm: how health and the watcher talk to Slurm"),

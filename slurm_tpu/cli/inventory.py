@@ -195,21 +195,24 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
 @click.option("--output", "-o", metavar="FILE",
               help="Write the rules file (atomic, with backup; e.g. /etc/udev/rules.d/60-slurm-tpu.rules).")
 @click.option("--run-program", metavar="PATH",
-              help="Absolute path udev runs for device events (default: config udev.run_program, "
-                   "else this slurm-tpu).")
+              help="Absolute path udev runs on device events (default: config udev.run_program, else "
+                   "PREFIX/libexec/slurm-tpu/slurm-tpu-udev-event, which `slurm-tpu install` puts there). "
+                   "A program named slurm-tpu is run as `slurm-tpu udev-event`.")
+@click.option("--prefix", default="/usr/local", show_default=True, metavar="DIR",
+              help="Where `slurm-tpu install --prefix` put the hooks (DIR/libexec/slurm-tpu).")
 @pass_obj
-def udev_rules(obj: Obj, output: str | None, run_program: str | None) -> None:
-    """Render udev rules: idle ownership and the device-event hook."""
+def udev_rules(obj: Obj, output: str | None, run_program: str | None, prefix: str) -> None:
+    """Render udev rules: idle ownership and the device-event hook.
+
+    Every event on an accelerator runs the udev hook, by default the -I -S
+    slurm-tpu-udev-event that `slurm-tpu install` puts beside the Prolog (the same
+    work as `slurm-tpu udev-event`, without the CLI's start-up).
+    """
     from ..files import write_if_changed
+    from ..ops.install import Layout, udev_run_program
     from ..render import render_udev_rules
 
-    from ..ops.node_files import this_program
-
-    program = run_program or obj.config.udev_run_program or this_program()
-    if not os.path.isabs(program):
-        raise click.BadParameter(f"'{program}' must be an absolute path (udev has no PATH)",
-                                 param_hint="--run-program")
-    text = render_udev_rules(obj.config, program)
+    text = render_udev_rules(obj.config, udev_run_program(Layout(prefix=prefix), obj.config, run_program))
     if output is None:
         click.echo(text, nl=False)
         return

@@ -32,13 +32,16 @@ class NodeSpec:
 
 @dataclass
 class Hooks:
-    """Prolog/Epilog/TaskProlog programs (absolute paths) for slurm.conf."""
+    """Prolog/Epilog/TaskProlog programs (absolute paths) for slurm.conf, and the udev hook."""
 
     prolog: str | None = None
     epilog: str | None = None
     task_prolog: str | None = None
     health: str | None = None  # HealthCheckProgram
     health_interval: int = 0  # HealthCheckInterval, seconds
+    # What the emulated udev runs on a USB stick's remove/add (an installed slurm-tpu-udev-event;
+    # default: the shipped one, under the cluster's Python).
+    udev: str | None = None
 
 
 def _free_ports(count: int) -> list[int]:
@@ -152,6 +155,16 @@ class LocalCluster:
     def slurm_tpu(self) -> list[str]:
         """How to run our own CLI from the same Python."""
         return [self.python, "-m", "slurm_tpu.cli"]
+
+    @property
+    def udev_hook(self) -> list[str]:
+        """How udev runs the udev hook here: ``hooks.udev``, else the shipped ``-I -S`` entry (what the
+        installed rules run), under this Python so a wheel install finds the package in its site-packages."""
+        from ..ops.node_files import node_file
+
+        if self.hooks.udev:
+            return [self.hooks.udev]
+        return [self.python, "-I", "-S", node_file("prolog", "slurm-tpu-udev-event")]
 
     # ---- configuration ---------------------------------------------------------
     def configure(self) -> None:
@@ -371,7 +384,7 @@ class LocalCluster:
         self._spawn(f"usbcore-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}",
                                         f"SLURMD_NODENAME={node}", self.python, "-m", "slurm_tpu.localcluster.usbcore",
                                         os.path.join(directory, "sys"), os.path.join(directory, "dev"), "--",
-                                        *self.slurm_tpu, "udev-event"])
+                                        *self.udev_hook])
 
     @classmethod
     def load(cls, base: str) -> "LocalCluster":

@@ -12,11 +12,11 @@ usb_sysfs_device). This process plays the kernel's and udev's part, one node:
   applied, which makes every open file on it fail writes with EIO — whoever
   holds it, in flight over a socket or not. Tests use that to show a smuggled fd
   really dies. Other nodes (experimental majors, no driver) have no fds to kill.
-  Then udev's ``remove`` event runs ``slurm-tpu udev-event``.
+  Then udev's ``remove`` event runs the udev hook (``slurm-tpu-udev-event``).
 * ``disable`` set to 0 -> the stick re-enumerates with the next devnum, as a
   fresh 1a6e:089a (no firmware), with a new node; then udev's ``add`` event.
 
-Usage: ``python -m slurm_tpu.localcluster.usbcore SYS_ROOT DEV_ROOT -- UDEV_EVENT_COMMAND...``
+Usage: ``python -m slurm_tpu.localcluster.usbcore SYS_ROOT DEV_ROOT -- UDEV_HOOK_COMMAND...``
 (the environment carries SLURM_TPU_CONFIG / SLURMD_NODENAME / SLURM_CONF for it).
 It polls (this is the kernel's side; the hooks wait on what it shows in sysfs).
 """

@@ -191,10 +191,10 @@ def check_udev_rules(node: Node) -> list[Finding]:
     """The installed rules are the ones this config renders."""
     from ..files import read_text
     from ..render.udev_rules import render_udev_rules
-    from .node_files import this_program
+    from .install import udev_run_program
 
     path = node.layout.udev_rules
-    want = render_udev_rules(node.config, node.config.udev_run_program or this_program())
+    want = render_udev_rules(node.config, udev_run_program(node.layout, node.config))
     if not os.path.exists(path):
         return [Finding("udev rules", False, f"{path} is missing", f"slurm-tpu install --sysconfdir "
                                                                    f"{node.layout.sysconfdir}")]
@@ -209,7 +209,7 @@ def _managed_nodes(node: Node) -> list[tuple[str, str]]:
 
     A USB stick's node changes on every re-enumeration (firmware load, the
     epilog's revocation); the hooks' inventory in the state directory follows it
-    (``slurm-tpu udev-event``), so its nodes are preferred over the detected ones.
+    (the udev hook), so its nodes are preferred over the detected ones.
     """
     from .node_state import configured_document
 

@@ -8,7 +8,8 @@ What a node needs besides the package (``node_files.py`` finds the shipped files
   from the directory pip put it in (written into the copy: no site-packages scan,
   so a job start stays in the milliseconds);
 - ``slurm-tpu-health``: Slurm runs HealthCheckProgram without arguments;
-- the udev rules (``<sysconfdir>/udev/rules.d``), then udev reloaded;
+- the udev rules (``<sysconfdir>/udev/rules.d``), whose ``RUN+=`` names the installed
+  ``slurm-tpu-udev-event`` (an ``-I -S`` hook like the epilog), then udev reloaded;
 - the systemd units and slurmd's drop-in (``<sysconfdir>/systemd/system``);
 - a config skeleton (``<sysconfdir>/slurm-tpu/config.yaml``) when there is none.
 
@@ -41,7 +42,9 @@ SLURM_HOOKS = {"Prolog": "slurm-tpu-prolog", "Epilog": "slurm-tpu-epilog",
 # (shipped directory, name, mode) of the hook files copied into the hooks directory.
 HOOK_FILES = (("prolog", "slurm-tpu-prolog", 0o755), ("prolog", "slurm-tpu-prolog.py", 0o755),
               ("prolog", "slurm-tpu-lib.sh", 0o644), ("prolog", "slurm-tpu-task-prolog", 0o755),
-              ("epilog", "slurm-tpu-epilog", 0o755))
+              ("prolog", "slurm-tpu-udev-event", 0o755), ("epilog", "slurm-tpu-epilog", 0o755))
+# What the udev rules run: not a slurm.conf option, so not in SLURM_HOOKS.
+UDEV_HOOK = "slurm-tpu-udev-event"
 HEALTH_PROGRAM = "slurm-tpu-health"
 # (shipped name, installed path under <sysconfdir>/systemd/system).
 SYSTEMD_FILES = (("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
@@ -72,6 +75,11 @@ class Layout:
     def hook(self, option: str) -> str:
         """The installed program slurm.conf's ``option`` (Prolog, Epilog, ...) should name."""
         return os.path.join(self.hooks_dir, SLURM_HOOKS[option])
+
+    @property
+    def udev_hook(self) -> str:
+        """The installed program the udev rules run (``RUN+=``) on every device event."""
+        return os.path.join(self.hooks_dir, UDEV_HOOK)
 
     @property
     def manifest(self) -> str:
@@ -107,6 +115,26 @@ def layout_config(layout: Layout, explicit: str | None) -> Config:
 
 
 # ---- what the files say ------------------------------------------------------------------
+
+def udev_run_program(layout: Layout, config: Config, explicit: str | None = None) -> str:
+    """What the udev rules' ``RUN+=`` runs: ``explicit`` (``udev-rules --run-program``), else the
+    config's ``udev.run_program``, else the hook ``install`` puts in ``layout``.
+
+    ``install``, ``doctor`` and ``udev-rules`` all ask here, so they agree. A program
+    named ``slurm-tpu`` is the console script (what ``udev.run_program`` named before
+    the ``-I -S`` hook existed): it gets its ``udev-event`` subcommand, so an old
+    config still renders working rules (the same as before). Any other program (the
+    installed hook, a site's wrapper) is run as it is, without arguments.
+    """
+    program = explicit or config.udev_run_program or layout.udev_hook
+    if not os.path.isabs(program):
+        raise SlurmTpuError(f"udev run program {program!r} must be an absolute path (udev has no PATH)")
+    if any(c.isspace() or c in "\"'\\%$" for c in program):
+        # udev splits RUN+= at white space and expands % and $: the path must mean itself.
+        raise SlurmTpuError(f"udev run program {program!r} holds white space, a quote, '\\', '%' or '$', "
+                            "which udev's RUN+= would not pass through: name a path without them")
+    return f"{program} udev-event" if os.path.basename(program) == "slurm-tpu" else program
+
 
 def installed_hook_text(text: str, name: str, python: str, package_root: str, config_file: str) -> str:
     """A shipped hook as installed: its interpreter, where ``slurm_tpu`` is, and (if not the default)
@@ -224,7 +252,7 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
              for directory, name, mode in HOOK_FILES]
     files.append(FileSpec(os.path.join(layout.hooks_dir, HEALTH_PROGRAM),
                           health_program_text(python, layout.config_file), 0o755))
-    files.append(FileSpec(layout.udev_rules, render_udev_rules(config, config.udev_run_program or program), 0o644))
+    files.append(FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644))
     for shipped, target in SYSTEMD_FILES:
         files.append(FileSpec(os.path.join(layout.systemd_dir, target),
                               unit_text(node_files.read_node_file("gres_conf", shipped), program, slurm_conf_dir),

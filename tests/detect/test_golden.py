@@ -37,16 +37,19 @@ def test_node_line_golden():
 
 
 def test_udev_rules_golden():
-    result = run_cli(["udev-rules", "--run-program", "/usr/local/bin/slurm-tpu"])
+    # No --run-program, no config: the -I -S hook `slurm-tpu install` puts under /usr/local.
+    result = run_cli(["udev-rules"])
     assert result.returncode == 0, result.stderr
     check_golden("60-slurm-tpu.rules", result.stdout)
 
 
 def test_udev_rules_with_gpu_isolation_and_site_ownership_golden(tmp_path):
+    # An old config naming the slurm-tpu console script: rules that run `slurm-tpu udev-event`, as before.
     config = tmp_path / "config.yaml"
     config.write_text("version: 1\ndevices:\n  isolate_gpus: true\n"
-                      "  idle: {owner: root, group: tpuadmin, mode: '0660'}\n")
-    result = run_cli(["--config", str(config), "udev-rules", "--run-program", "/opt/slurm-tpu/bin/slurm-tpu"])
+                      "  idle: {owner: root, group: tpuadmin, mode: '0660'}\n"
+                      "udev: {run_program: /opt/slurm-tpu/bin/slurm-tpu}\n")
+    result = run_cli(["--config", str(config), "udev-rules"])
     assert result.returncode == 0, result.stderr
     check_golden("60-slurm-tpu.isolate-gpus.rules", result.stdout)
 

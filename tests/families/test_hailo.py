@@ -112,11 +112,11 @@ def test_version_1_configs_get_the_hailo_defaults():
 
 
 def test_udev_rules_own_the_hailo_nodes_after_hailos_own_rules():
-    rules = render_udev_rules(Config(), "/usr/bin/slurm-tpu")
+    rules = render_udev_rules(Config(), "/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event")
     assert ('ACTION!="remove", SUBSYSTEM=="hailo_chardev", KERNEL=="hailo[0-9]*", OWNER:="root", GROUP:="root", '
-            'MODE:="0600", RUN+="/usr/bin/slurm-tpu udev-event"') in rules.splitlines()
-    assert 'ACTION=="remove", SUBSYSTEM=="hailo_chardev", KERNEL=="hailo[0-9]*", RUN+="/usr/bin/slurm-tpu udev-event"' \
-        in rules.splitlines()
+            'MODE:="0600", RUN+="/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event"') in rules.splitlines()
+    assert ('ACTION=="remove", SUBSYSTEM=="hailo_chardev", KERNEL=="hailo[0-9]*", '
+            'RUN+="/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event"') in rules.splitlines()
 
 
 def hook_settings(inventory) -> HookSettings:

@@ -12,7 +12,7 @@ from helpers import REPO
 from slurm_tpu.config import DEFAULT_PATH
 from slurm_tpu.ops.doctor import state_dir_problems
 from slurm_tpu.ops.install import (HOOK_FILES, Layout, installed_hook_text, missing_slurm_conf_lines,
-                                   slurm_conf_lines)
+                                   slurm_conf_lines, udev_run_program)
 from slurm_tpu.slurm.parse import node_line_fields, parse_slurm_conf_options
 
 
@@ -45,6 +45,34 @@ def test_a_python_path_that_cannot_be_a_shebang_is_refused():
     with pytest.raises(SlurmTpuError, match="#! line"):
         installed_hook_text(shipped("epilog", "slurm-tpu-epilog"), "slurm-tpu-epilog", "/my venv/bin/python",
                             "/x", DEFAULT_PATH)
+
+
+def test_udev_rules_run_the_installed_hook_unless_told_otherwise():
+    import dataclasses
+
+    from slurm_tpu.config import Config
+    from slurm_tpu.errors import SlurmTpuError
+
+    layout, config = Layout("/opt/st"), Config()
+    assert udev_run_program(layout, config) == "/opt/st/libexec/slurm-tpu/slurm-tpu-udev-event"
+    # udev.run_program as configs wrote it before the hook existed: the console script, with its subcommand.
+    old = dataclasses.replace(config, udev_run_program="/opt/venv/bin/slurm-tpu")
+    assert udev_run_program(layout, old) == "/opt/venv/bin/slurm-tpu udev-event"
+    # Any other program (a site's wrapper) runs as it is; --run-program wins over the config.
+    assert udev_run_program(layout, old, "/usr/sbin/site-udev-hook") == "/usr/sbin/site-udev-hook"
+    for bad, why in (("bin/slurm-tpu", "absolute"), ("/opt/my venv/bin/slurm-tpu", "white space"),
+                     ("/opt/%k/hook", "white space, a quote"), ('/opt/"x/hook', "white space, a quote")):
+        with pytest.raises(SlurmTpuError, match=why):
+            udev_run_program(layout, config, bad)
+
+
+def test_the_udev_hook_is_installed_beside_the_prolog():
+    assert ("prolog", "slurm-tpu-udev-event", 0o755) in HOOK_FILES
+    assert Layout("/usr/local").udev_hook == "/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event"
+    text = shipped("prolog", "slurm-tpu-udev-event")
+    assert text.startswith("#!/usr/bin/python3 -IS\n") and "from slurm_tpu.hooks.udev_event import main" in text
+    assert "slurm_tpu.cli" not in text  # not through the CLI (click): see tests/test_hooks_import_budget.py
+    assert os.access(os.path.join(REPO, "prolog", "slurm-tpu-udev-event"), os.X_OK)
 
 
 def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more():
@@ -120,12 +148,17 @@ def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
         pytest.skip("install runs as root")
     prefix = tmp_path / "p"
     args = ["--prefix", str(prefix), "--sysconfdir", str(prefix / "etc")]
-    # An identical rules file was there already (an admin ran `slurm-tpu udev-rules --output` before).
+    # An identical rules file was there already (an admin ran `slurm-tpu udev-rules --output` before,
+    # with the same --prefix: both name the udev hook install puts there).
     rules = prefix / "etc" / "udev" / "rules.d" / "60-slurm-tpu.rules"
     rules.parent.mkdir(parents=True)
-    done = slurm_tpu("udev-rules", "--output", str(rules))
+    done = slurm_tpu("udev-rules", "--prefix", str(prefix), "--output", str(rules))
     assert done.returncode == 0, done.stderr
-    assert slurm_tpu("install", *args, "--slurm-conf", str(tmp_path / "none")).returncode == 0
+    assert f'RUN+="{prefix}/libexec/slurm-tpu/slurm-tpu-udev-event"' in rules.read_text()
+    done = slurm_tpu("install", *args, "--slurm-conf", str(tmp_path / "none"))
+    assert done.returncode == 0, done.stderr
+    assert f"unchanged {rules}" in done.stdout.splitlines()
+    assert os.access(prefix / "libexec" / "slurm-tpu" / "slurm-tpu-udev-event", os.X_OK)
     prolog = prefix / "libexec" / "slurm-tpu" / "slurm-tpu-prolog"
     prolog.write_text(prolog.read_text() + "# a local change\n")
     done = slurm_tpu("uninstall", *args, "--purge")
