@@ -7,7 +7,10 @@ project's own hooks, each Python hook started with exactly its shebang's flags
 plus ``-X importtime``, which makes the interpreter list every module it
 imports on stderr. The list comes from the hook process itself, not from a
 re-import in the test. The second job is the one checked: the first builds the
-hooks' snapshot (the slow path, which may load YAML and more).
+hooks' snapshot (the slow path, which may load YAML and more). The udev hook is
+its shipped entry script (prolog/slurm-tpu-udev-event, what the udev rules run),
+run by the cluster's emulated udev on each revocation and once more by the test
+for an event that changes nothing (a stick's ``change``, the usual event).
 """
 
 from __future__ import annotations
@@ -24,9 +27,12 @@ from helpers import wait_until
 REPO = Path(__file__).resolve().parent.parent
 HARDWARE = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"
 FORBIDDEN = ("json", "re", "typing", "dataclasses", "yaml", "subprocess", "enum")
-# What an -IS entry for the udev hook runs (its rule runs `slurm-tpu udev-event`; see below).
-UDEV_ENTRY = ("import sys; sys.path.insert(0, {root!r}); "
-              "from slurm_tpu.hooks.udev_event import main; sys.exit(main())")
+UDEV_HOOK = REPO / "prolog" / "slurm-tpu-udev-event"  # what the udev rules run (RUN+=, installed copy)
+# A revoked USB stick's remove and add events move its node, so they rewrite the hooks'
+# inventory.json (locks/node_inventory.py imports json for that, and json brings re and
+# enum); the usual event, an unchanged node, must not. Neither ever loads the CLI or YAML.
+NEVER_IN_THE_UDEV_HOOK = ("click", "yaml", "typing", "dataclasses", "subprocess", "slurm_tpu.cli",
+                          "slurm_tpu.config")
 USB_DEVPATH = "/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1.3"  # the stick of n1_two_tpus
 
 
@@ -111,9 +117,11 @@ def measured(cluster_factory, tmp_path_factory):
         (hooks / name).symlink_to(REPO / "prolog" / name)
     _shim(hooks, "slurm-tpu-prolog.py", "prolog", REPO / "prolog" / "slurm-tpu-prolog.py", logs)
     epilog = _shim(hooks, "epilog", "epilog", REPO / "epilog" / "slurm-tpu-epilog", logs)
+    udev = _shim(hooks, "udev", "revocation", UDEV_HOOK, logs)
     cluster = cluster_factory([NodeSpec("n1", str(HARDWARE))],
                               hooks=Hooks(prolog=str(hooks / "slurm-tpu-prolog"), epilog=str(epilog),
-                                          task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog")))
+                                          task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"),
+                                          udev=str(udev)))
     for round_ in (1, 2):
         job = cluster.sbatch(["--gres=tpu:2", "-w", "n1", "-o", "/dev/null"],
                              '#!/bin/sh\ntest -n "$SLURM_TPU_DEVICES"\n')
@@ -125,13 +133,14 @@ def measured(cluster_factory, tmp_path_factory):
     inventory = json.loads((Path(cluster.node_dir("n1")) / "state" / "inventory.json").read_text())
     usb_node = next(a["device_nodes"][0] for a in inventory["accelerators"] if a["identity"] == "usb-2-1.3")
     env = {"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": cluster.node_config("n1"), "SLURMD_NODENAME": "n1",
-           "SLURM_CONF": cluster.slurm_conf, "ACTION": "add", "DEVPATH": USB_DEVPATH, "DEVNAME": usb_node,
+           "SLURM_CONF": cluster.slurm_conf, "ACTION": "change", "DEVPATH": USB_DEVPATH, "DEVNAME": usb_node,
            "SUBSYSTEM": "usb", "DEVTYPE": "usb_device"}
-    udev = subprocess.run([*interpreter(REPO / "epilog" / "slurm-tpu-epilog"), "-c",
-                           UDEV_ENTRY.format(root=str(REPO))], env=env, capture_output=True, text=True,
-                          timeout=60)
+    # Run as udev runs it: the program itself (its #! line), here with -X importtime added.
+    udev = subprocess.run([*interpreter(UDEV_HOOK), str(UDEV_HOOK)], env=env, capture_output=True, text=True,
+                          timeout=60, cwd="/")
     assert udev.returncode == 0, udev.stderr[-2000:]
-    return {"prolog": _runs(logs, "prolog"), "epilog": _runs(logs, "epilog"), "udev-event": [udev.stderr]}
+    return {"prolog": _runs(logs, "prolog"), "epilog": _runs(logs, "epilog"), "udev-event": [udev.stderr],
+            "revocation": _runs(logs, "revocation")}
 
 
 @pytest.mark.slurm
@@ -149,6 +158,17 @@ def test_a_hooks_fast_path_stays_within_its_imports(measured, hook, did_its_work
     # The fast path: settings from the snapshot, so neither the YAML config nor its reader.
     assert "slurm_tpu.config" not in modules and "yaml" not in modules, f"{hook} took the slow path"
     assert over_budget(modules) == [], f"{hook} imports {over_budget(modules)}: {modules}"
+
+
+@pytest.mark.slurm
+def test_the_udev_hooks_revocation_events_load_neither_the_cli_nor_yaml(measured):
+    runs = measured["revocation"]
+    assert len(runs) >= 4, f"expected a remove and an add per job, got {len(runs)} udev runs"
+    for stderr in runs[-2:]:  # the second job's stick: removed, then back with a new node
+        modules = imported_modules(stderr)
+        print(f"revocation event: {len(modules)} modules: {' '.join(modules)}")
+        assert "slurm_tpu.hooks.udev_event" in modules and "json" in modules  # it rewrote inventory.json
+        assert not set(modules) & set(NEVER_IN_THE_UDEV_HOOK), sorted(set(modules) & set(NEVER_IN_THE_UDEV_HOOK))
 
 
 def test_the_task_prolog_starts_no_python():
