@@ -69,7 +69,8 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     Set up a node:  detect, gres-conf, node-conf, udev-rules, boot
     Operate:        health, watch, metrics, report, leases
     In jobs:        infer, serve
-    Run by udev:    udev-event
+    Run by udev:    udev-event (the installed rules run its -I -S twin,
+                    PREFIX/libexec/slurm-tpu/slurm-tpu-udev-event)
     """
     ctx.obj = Obj(config_path)
     if ctx.invoked_subcommand is not None and not ctx.resilient_parsing:

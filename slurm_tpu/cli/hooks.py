@@ -103,7 +103,13 @@ def leases(obj: Obj, as_json: bool, clear_identity: str | None) -> None:
 
 @main.command("udev-event")
 def udev_event() -> None:
-    """Handle a udev device event (run by udev; reads ACTION, DEVPATH, DEVNAME...)."""
+    """Handle a udev device event (reads ACTION, DEVPATH, DEVNAME...).
+
+    The installed udev rules run the same work without the CLI's start-up:
+    PREFIX/libexec/slurm-tpu/slurm-tpu-udev-event (see `slurm-tpu udev-rules`).
+    This command is for rules that name the slurm-tpu console script, and for
+    replaying an event by hand.
+    """
     from ..hooks.udev_event import main as run_event
 
     status = run_event()

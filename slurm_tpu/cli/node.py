@@ -52,9 +52,10 @@ def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: s
     """Put this node's pieces in place (as root): hooks, udev rules, systemd units, config skeleton.
 
     \b
-    DIR/libexec/slurm-tpu/   Prolog, Epilog, TaskProlog, HealthCheckProgram (root's,
-                             run by this Python with -I -S)
-    SYSCONFDIR/udev/rules.d/60-slurm-tpu.rules        (then udev is reloaded)
+    DIR/libexec/slurm-tpu/   Prolog, Epilog, TaskProlog, HealthCheckProgram and the
+                             udev hook (root's, run by this Python with -I -S)
+    SYSCONFDIR/udev/rules.d/60-slurm-tpu.rules        (then udev is reloaded; its RUN+=
+                             names DIR/libexec/slurm-tpu/slurm-tpu-udev-event)
     SYSCONFDIR/systemd/system/slurm-tpu-*, slurmd.service.d/slurm-tpu.conf
     SYSCONFDIR/slurm-tpu/config.yaml                  (only if there is none)
 

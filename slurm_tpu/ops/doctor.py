@@ -98,6 +98,20 @@ def check_slurm_conf(node: Node) -> list[Finding]:
     return [Finding("slurm.conf", True, node.slurm_conf)]
 
 
+def _root_program_problem(path: str, when: str, prefix: str) -> tuple[str, str] | None:
+    """(what is wrong, the fix) when ``path``, a program root runs ``when``, is missing, no
+    executable file, or writable by someone other than root; None when it is fine."""
+    if not os.path.lexists(path):
+        return f"{path} is missing", f"slurm-tpu install --prefix {prefix}"
+    info = os.lstat(path)
+    if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o100:
+        return f"{path} is not an executable file", f"slurm-tpu install --prefix {prefix}"
+    if info.st_uid != 0 or info.st_mode & 0o022:
+        return (f"{path} is uid {info.st_uid} mode {_mode(info)}: whoever can write it runs code as root {when}",
+                f"chown root:root {path} && chmod 0755 {path}")
+    return None
+
+
 def check_hooks(node: Node) -> list[Finding]:
     """slurm.conf names our Prolog/Epilog/TaskProlog/HealthCheckProgram; they exist, root's, not writable."""
     options = node.options()
@@ -110,19 +124,9 @@ def check_hooks(node: Node) -> list[Finding]:
             findings.append(Finding("hooks", False, f"slurm.conf {option}= {now}, not slurm-tpu's {ours}",
                                     f"set {option}={ours} in {node.slurm_conf}, then scontrol reconfigure"))
             continue
-        if not os.path.lexists(ours):
-            findings.append(Finding("hooks", False, f"{option} {ours} is missing",
-                                    f"slurm-tpu install --prefix {node.layout.prefix}"))
-            continue
-        info = os.lstat(ours)
-        if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o100:
-            findings.append(Finding("hooks", False, f"{option} {ours} is not an executable file",
-                                    f"slurm-tpu install --prefix {node.layout.prefix}"))
-        elif info.st_uid != 0 or info.st_mode & 0o022:
-            findings.append(Finding("hooks", False,
-                                    f"{option} {ours} is uid {info.st_uid} mode {_mode(info)}: whoever can write "
-                                    "it runs code as root on every job",
-                                    f"chown root:root {ours} && chmod 0755 {ours}"))
+        problem = _root_program_problem(ours, "on every job", node.layout.prefix)
+        if problem:
+            findings.append(Finding("hooks", False, f"{option} {problem[0]}", problem[1]))
     directory = _unsafe(node.layout.hooks_dir)
     if directory and os.path.isdir(node.layout.hooks_dir):
         findings.append(Finding("hooks", False, f"hooks directory {directory}",
@@ -194,14 +198,19 @@ def check_udev_rules(node: Node) -> list[Finding]:
     from .install import udev_run_program
 
     path = node.layout.udev_rules
-    want = render_udev_rules(node.config, udev_run_program(node.layout, node.config))
+    run = udev_run_program(node.layout, node.config)
+    want = render_udev_rules(node.config, run)
     if not os.path.exists(path):
         return [Finding("udev rules", False, f"{path} is missing", f"slurm-tpu install --sysconfdir "
                                                                    f"{node.layout.sysconfdir}")]
     if read_text(path) != want:
         return [Finding("udev rules", False, f"{path} differs from what this config renders",
                         f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}")]
-    return [Finding("udev rules", True, path)]
+    # The program udev runs on every device event: there, and only root can change it.
+    problem = _root_program_problem(run.split()[0], "on every device event", node.layout.prefix)
+    if problem:
+        return [Finding("udev rules", False, f"{path} runs {problem[0]}", problem[1])]
+    return [Finding("udev rules", True, f"{path} (RUN+={run})")]
 
 
 def _managed_nodes(node: Node) -> list[tuple[str, str]]:

@@ -35,7 +35,7 @@ GRES_TYPES = gres_types(Config())
 pytestmark = pytest.mark.slurm
 NODE = "n1"
 SHIPPED = ("prolog/slurm-tpu-prolog", "prolog/slurm-tpu-prolog.py", "prolog/slurm-tpu-lib.sh",
-           "prolog/slurm-tpu-task-prolog", "epilog/slurm-tpu-epilog", "gres_conf/slurm.conf.snippet",
+           "prolog/slurm-tpu-task-prolog", "prolog/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog", "gres_conf/slurm.conf.snippet",
            "gres_conf/slurm-tpu-watch.service", "gres_conf/slurm-tpu-metrics.service",
            "gres_conf/slurm-tpu-metrics.timer", "gres_conf/slurmd-slurm-tpu.conf")
 
@@ -116,8 +116,9 @@ def node(users):
     # Before the cluster exists: no slurm.conf yet (and not another test's running one).
     setup.first_install = run([*install, "--slurm-conf", os.path.join(work, "none", "slurm.conf")],
                               env=setup.env(), cwd="/").stdout
+    # The emulated udev runs the installed udev hook, as the installed rules name it.
     hooks = Hooks(prolog=setup.hook("slurm-tpu-prolog"), epilog=setup.hook("slurm-tpu-epilog"),
-                  task_prolog=setup.hook("slurm-tpu-task-prolog"))
+                  task_prolog=setup.hook("slurm-tpu-task-prolog"), udev=setup.hook("slurm-tpu-udev-event"))
     # HealthCheckProgram named, but never run (interval 0): `slurm-tpu health` would look at
     # this machine's real udev, where the node's umockdev TPU does not exist, and drain it.
     setup.cluster = make_cluster([NodeSpec(NODE, os.path.join(HARDWARE, "n4_one_tpu.umockdev"))], hooks=hooks,
@@ -152,11 +153,13 @@ def test_sdist_and_wheel_carry_the_node_files_byte_for_byte(node):
 
 def test_installed_hooks_are_roots_and_import_from_the_venv_without_site(node):
     for name, mode in (("slurm-tpu-prolog", 0o755), ("slurm-tpu-prolog.py", 0o755), ("slurm-tpu-lib.sh", 0o644),
-                       ("slurm-tpu-task-prolog", 0o755), ("slurm-tpu-epilog", 0o755), ("slurm-tpu-health", 0o755)):
+                       ("slurm-tpu-task-prolog", 0o755), ("slurm-tpu-udev-event", 0o755), ("slurm-tpu-epilog", 0o755),
+                       ("slurm-tpu-health", 0o755)):
         info = os.lstat(node.hook(name))
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, mode), name
-    with open(node.hook("slurm-tpu-epilog"), encoding="utf-8") as handle:
-        assert handle.readline() == f"#!{node.python} -IS\n"
+    for name in ("slurm-tpu-epilog", "slurm-tpu-udev-event"):
+        with open(node.hook(name), encoding="utf-8") as handle:
+            assert handle.readline() == f"#!{node.python} -IS\n", name
     # The entry point's own lines, run as Slurm would run it but stopping before main():
     # slurm_tpu comes from the venv, and neither site nor any third-party module is loaded.
     with open(node.hook("slurm-tpu-epilog"), encoding="utf-8") as handle:
@@ -175,6 +178,17 @@ def test_first_install_prints_the_slurm_conf_lines_to_add(node):
                  f"TaskProlog={node.hook('slurm-tpu-task-prolog')}",
                  f"HealthCheckProgram={node.hook('slurm-tpu-health')}", f"GresTypes={GRES_TYPES}"):
         assert f"  {line}\n" in out, line
+
+
+def test_the_installed_udev_rules_run_the_installed_udev_hook(node):
+    with open(os.path.join(node.sysconfdir, "udev", "rules.d", "60-slurm-tpu.rules"), encoding="utf-8") as handle:
+        installed = handle.read()
+    runs = {line.split('RUN+="', 1)[1].rstrip('"') for line in installed.splitlines() if 'RUN+="' in line}
+    assert runs == {node.hook("slurm-tpu-udev-event")}
+    # What `slurm-tpu udev-rules` renders for that prefix and config is the installed file, byte for byte.
+    rendered = run([node.slurm_tpu, "--config", os.path.join(node.sysconfdir, "slurm-tpu", "config.yaml"),
+                    "udev-rules", "--prefix", node.prefix], env=node.env(), cwd="/").stdout
+    assert rendered == installed
 
 
 def test_install_again_changes_nothing(node):
@@ -311,6 +325,7 @@ def broken(node, case: str):
         "slurmd untested version": (contextlib.nullcontext(), {"SLURM_TPU_SLURM_SBIN": untested_slurmd(node.work)}),
         "udev rules not installed": (moved(os.path.join(node.sysconfdir, "udev", "rules.d", "60-slurm-tpu.rules")),
                                      {}),
+        "udev hook missing": (moved(node.hook("slurm-tpu-udev-event")), {}),
         "NodeName Gres stale": (edited(os.path.join(cluster.base, "etc", "nodes.conf"), "Gres=tpu:edgetpu_usb:1",
                                        "Gres=tpu:edgetpu_usb:2"), {}),
         "munge not answering": (edited(cluster.slurm_conf, "AuthInfo=socket=", "AuthInfo=socket=/nonexistent"), {}),
@@ -330,6 +345,8 @@ BROKEN = {
     "state dir wrong mode": ("state dir", ["mode 0777", "chmod 0755"]),
     "slurmd untested version": ("slurmd", ["Slurm 23.02.7", "not tested", "22.05.x and 25.11.x"]),
     "udev rules not installed": ("udev rules", ["60-slurm-tpu.rules is missing", "slurm-tpu install"]),
+    "udev hook missing": ("udev rules", ["60-slurm-tpu.rules runs", "slurm-tpu-udev-event is missing",
+                                         "slurm-tpu install --prefix"]),
     "NodeName Gres stale": ("NodeName", ["Gres=tpu:edgetpu_usb:2", "the hardware gives Gres=tpu:edgetpu_usb:1"]),
     "munge not answering": ("munge", ["munge -n | unmunge fails", "munged"]),
     "no libedgetpu": ("libedgetpu", ["/nonexistent/libedgetpu.so.1", "libedgetpu1-std"]),
