@@ -39,12 +39,12 @@ MANIFEST_FORMAT = 1
 # slurm.conf option -> the installed program it names.
 SLURM_HOOKS = {"Prolog": "slurm-tpu-prolog", "Epilog": "slurm-tpu-epilog",
                "TaskProlog": "slurm-tpu-task-prolog", "HealthCheckProgram": "slurm-tpu-health"}
+# What the udev rules run (RUN+=): not a slurm.conf option, so not in SLURM_HOOKS.
+UDEV_HOOK = "slurm-tpu-udev-event"
 # (shipped directory, name, mode) of the hook files copied into the hooks directory.
 HOOK_FILES = (("prolog", "slurm-tpu-prolog", 0o755), ("prolog", "slurm-tpu-prolog.py", 0o755),
               ("prolog", "slurm-tpu-lib.sh", 0o644), ("prolog", "slurm-tpu-task-prolog", 0o755),
-              ("prolog", "slurm-tpu-udev-event", 0o755), ("epilog", "slurm-tpu-epilog", 0o755))
-# What the udev rules run: not a slurm.conf option, so not in SLURM_HOOKS.
-UDEV_HOOK = "slurm-tpu-udev-event"
+              ("prolog", UDEV_HOOK, 0o755), ("epilog", "slurm-tpu-epilog", 0o755))
 HEALTH_PROGRAM = "slurm-tpu-health"
 # (shipped name, installed path under <sysconfdir>/systemd/system).
 SYSTEMD_FILES = (("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
