@@ -18,9 +18,10 @@ from typing import Callable, Mapping
 
 from .. import __version__
 from ..config import Config
+from ..errors import SlurmTpuError
 from ..families import FAMILIES, family
 from ..model import Inventory
-from .install import SLURM_HOOKS, Layout
+from .install import SLURM_HOOKS, Layout, udev_run_program
 
 
 @dataclass(frozen=True)
@@ -195,10 +196,12 @@ def check_udev_rules(node: Node) -> list[Finding]:
     """The installed rules are the ones this config renders."""
     from ..files import read_text
     from ..render.udev_rules import render_udev_rules
-    from .install import udev_run_program
 
     path = node.layout.udev_rules
-    run = udev_run_program(node.layout, node.config)
+    try:
+        run = udev_run_program(node.layout, node.config)
+    except SlurmTpuError as exc:  # udev.run_program that udev could not run
+        return [Finding("udev rules", False, str(exc), f"fix udev.run_program in {node.config.path or 'the slurm-tpu config'}, or drop it")]
     want = render_udev_rules(node.config, run)
     if not os.path.exists(path):
         return [Finding("udev rules", False, f"{path} is missing", f"slurm-tpu install --sysconfdir "
@@ -206,8 +209,12 @@ def check_udev_rules(node: Node) -> list[Finding]:
     if read_text(path) != want:
         return [Finding("udev rules", False, f"{path} differs from what this config renders",
                         f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}")]
-    # The program udev runs on every device event: there, and only root can change it.
-    problem = _root_program_problem(run.split()[0], "on every device event", node.layout.prefix)
+    # The program udev runs on every device event: there, and only root can change it. The one
+    # install writes is a plain file; a site's udev.run_program may be a link (to a venv's console script).
+    program = run.split()[0]
+    if program != node.layout.udev_hook:
+        program = os.path.realpath(program)
+    problem = _root_program_problem(program, "on every device event", node.layout.prefix)
     if problem:
         return [Finding("udev rules", False, f"{path} runs {problem[0]}", problem[1])]
     return [Finding("udev rules", True, f"{path} (RUN+={run})")]

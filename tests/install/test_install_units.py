@@ -179,3 +179,43 @@ def test_install_refuses_non_root_without_dry_run(tmp_path):
                           env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
     assert done.returncode == 2, done.stderr
     assert "slurm-tpu install must run as root" in done.stderr
+
+
+def test_doctor_checks_the_program_the_udev_rules_run(tmp_path):
+    import dataclasses
+
+    from slurm_tpu.config import Config
+    from slurm_tpu.model import Inventory
+    from slurm_tpu.ops.doctor import Node, check_udev_rules
+    from slurm_tpu.render.udev_rules import render_udev_rules
+
+    if os.geteuid() != 0:
+        pytest.skip("the programs must be root's")
+    layout = Layout(str(tmp_path / "p"), str(tmp_path / "etc"))
+
+    def check(config: Config, write_rules: bool = True) -> str:
+        """doctor's one line on the udev rules, after (as install would) writing them for ``config``."""
+        if write_rules:
+            os.makedirs(os.path.dirname(layout.udev_rules), exist_ok=True)
+            with open(layout.udev_rules, "w", encoding="utf-8") as handle:
+                handle.write(render_udev_rules(config, udev_run_program(layout, config)))
+        [finding] = check_udev_rules(Node(config, layout, str(tmp_path / "slurm.conf"), "n1", Inventory()))
+        return " ".join(finding.line().split())
+
+    assert check(Config()) == (f"FAIL udev rules: {layout.udev_rules} runs {layout.udev_hook} is missing; "
+                               f"fix: slurm-tpu install --prefix {layout.prefix}")
+    os.makedirs(layout.hooks_dir)
+    with open(layout.udev_hook, "w", encoding="utf-8") as handle:
+        handle.write(shipped("prolog", "slurm-tpu-udev-event"))
+    os.chmod(layout.udev_hook, 0o775)
+    assert check(Config()).startswith(f"FAIL udev rules: {layout.udev_rules} runs {layout.udev_hook} is uid 0 "
+                                      "mode 0775: whoever can write it runs code as root on every device event")
+    os.chmod(layout.udev_hook, 0o755)
+    assert check(Config()) == f"ok udev rules: {layout.udev_rules} (RUN+={layout.udev_hook})"
+    # An old config naming the console script through a link (README's install steps make one).
+    os.symlink(layout.udev_hook, tmp_path / "slurm-tpu")
+    old = dataclasses.replace(Config(), udev_run_program=str(tmp_path / "slurm-tpu"))
+    assert check(old) == f"ok udev rules: {layout.udev_rules} (RUN+={tmp_path}/slurm-tpu udev-event)"
+    bad = dataclasses.replace(Config(), udev_run_program="/opt/my venv/bin/slurm-tpu")
+    assert check(bad, write_rules=False).startswith(
+        "FAIL udev rules: udev run program '/opt/my venv/bin/slurm-tpu' holds white space")
