@@ -115,42 +115,6 @@ def _wanted(device: Any) -> bool:
     return any(candidate.subsystem in f.attributes and f.wanted(candidate) for f in FAMILIES)
 
 
-def _read_nvidia_proc(root: str = "/proc/driver/nvidia/gpus") -> dict[str, dict[str, str]]:
-    """Parse the NVIDIA driver's per-GPU ``information`` files, keyed by bus id."""
-    result: dict[str, dict[str, str]] = {}
-    try:
-        bus_ids = os.listdir(root)
-    except OSError:
-        return result
-    for bus_id in bus_ids:
-        try:
-            with open(os.path.join(root, bus_id, "information"), encoding="utf-8") as handle:
-                text = handle.read()
-        except OSError:
-            continue
-        fields = {}
-        for line in text.splitlines():
-            key, sep, value = line.partition(":")
-            if sep:
-                fields[key.strip()] = value.strip()
-        result[bus_id.lower()] = fields
-    return result
-
-
-def _dev_entries() -> frozenset[str]:
-    """The GPU device nodes directly under /dev that no udev device announces."""
-    found = set()
-    try:
-        for name in os.listdir("/dev"):
-            if name.startswith(("nvidia", "nvhost-gpu")):
-                found.add("/dev/" + name)
-    except OSError:
-        pass
-    if os.path.exists("/dev/nvgpu/igpu0/ctrl"):
-        found.add("/dev/nvgpu/igpu0/ctrl")
-    return frozenset(found)
-
-
 def _online_cpus() -> str | None:
     try:
         with open("/sys/devices/system/cpu/online", encoding="ascii") as handle:
@@ -191,6 +155,11 @@ def take_snapshot(only: Iterable[str] | None = None) -> Snapshot:
                     devices[device.sys_path] = _record(device)
         except OSError as exc:
             raise DetectionError(f"cannot enumerate {subsystem} devices through udev: {exc}") from exc
-    return Snapshot(devices=devices, nvidia_proc=_read_nvidia_proc(), dev_entries=_dev_entries(),
+    driver_info: dict[str, dict[str, str]] = {}
+    dev_entries: set[str] = set()
+    for family in FAMILIES:
+        driver_info.update(family.driver_info())
+        dev_entries |= family.unannounced_nodes()
+    return Snapshot(devices=devices, driver_info=driver_info, dev_entries=frozenset(dev_entries),
                     online_cpus=_online_cpus(), cpu_topology=_cpu_topology())
 

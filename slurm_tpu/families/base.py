@@ -128,6 +128,14 @@ class Family:
         """The family's accelerators in a snapshot, in a deterministic order."""
         raise NotImplementedError
 
+    def unannounced_nodes(self) -> set[str]:
+        """The family's /dev nodes that no udev device announces (read when a snapshot is taken)."""
+        return set()
+
+    def driver_info(self) -> dict[str, dict[str, str]]:
+        """Per-device facts a driver publishes outside sysfs, keyed by bus address (snapshot time)."""
+        return {}
+
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         """The typed details of one ``detect --json`` item of this family."""
         return Details()

@@ -7,6 +7,7 @@ create and keep.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
@@ -19,6 +20,10 @@ from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
 KIND = "gpu"
 NVIDIA, AMD, INTEL = "0x10de", "0x1002", "0x8086"
 _VENDOR_NAMES = {NVIDIA: "NVIDIA", AMD: "AMD", INTEL: "Intel"}
+# Jetson's GPU nodes (nvgpu driver), made without a udev device of their own.
+TEGRA_NODES = ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl")
+# The NVIDIA driver's per-GPU facts (Model, GPU UUID, Device Minor), one directory per bus id.
+NVIDIA_PROC = "/proc/driver/nvidia/gpus"
 # Jetson/Tegra integrated GPUs, by device-tree compatible string.
 TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,ga10b", "nvidia,gb10b")
 
@@ -99,7 +104,7 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
     bound = [d for d in devices if d.driver == "nvidia"]
     found = []
     for device in devices:
-        proc = snapshot.nvidia_proc.get(device.sys_name.lower(), {})
+        proc = snapshot.driver_info.get(device.sys_name.lower(), {})
         model = proc.get("Model") or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", "")) \
             or f"NVIDIA GPU {device.attributes.get('device', '?')}"
         uuid = proc.get("GPU UUID") or None
@@ -162,7 +167,7 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     chip = compatible.split(",", 1)[1]
     drm = snapshot.children(device, "drm")
     nodes = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
-    nodes += sorted(p for p in ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl") if snapshot.node_exists(p))
+    nodes += sorted(p for p in TEGRA_NODES if snapshot.node_exists(p))
     usable, reason = bool(nodes), ""
     if not device.driver:
         usable, reason = False, f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
@@ -209,6 +214,35 @@ class GpuFamily(Family):
         found += [_drm_gpu(d, snapshot) for d in displays if d.attributes.get("vendor") in (AMD, INTEL)]
         found += [_tegra(d, snapshot) for d in snapshot.of_subsystem("platform")]
         return found
+
+    def unannounced_nodes(self) -> set[str]:
+        """NVIDIA's /dev/nvidia* and Tegra's nvgpu nodes: the drivers make them without udev devices."""
+        try:
+            found = {"/dev/" + name for name in os.listdir("/dev") if name.startswith(("nvidia", "nvhost-gpu"))}
+        except OSError:
+            found = set()
+        return found | {path for path in TEGRA_NODES if os.path.exists(path)}
+
+    def driver_info(self, root: str = NVIDIA_PROC) -> dict[str, dict[str, str]]:
+        """The NVIDIA driver's per-GPU ``information`` files (Model, GPU UUID, Device Minor), by bus id."""
+        result: dict[str, dict[str, str]] = {}
+        try:
+            bus_ids = os.listdir(root)
+        except OSError:
+            return result
+        for bus_id in bus_ids:
+            try:
+                with open(os.path.join(root, bus_id, "information"), encoding="utf-8") as handle:
+                    text = handle.read()
+            except OSError:
+                continue
+            fields = {}
+            for line in text.splitlines():
+                key, sep, value = line.partition(":")
+                if sep:
+                    fields[key.strip()] = value.strip()
+            result[bus_id.lower()] = fields
+        return result
 
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         data = item.get("details") or {}

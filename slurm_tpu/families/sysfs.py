@@ -34,7 +34,9 @@ class Snapshot:
     """Everything detection looked at, keyed by sysfs path."""
 
     devices: Mapping[str, SysDevice]
-    nvidia_proc: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # bus address -> facts a driver publishes outside sysfs (Family.driver_info).
+    driver_info: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
+    # /dev nodes no udev device announces (Family.unannounced_nodes).
     dev_entries: frozenset[str] = frozenset()
     online_cpus: str | None = None
     # CPU id -> (physical package id, core id), from sysfs topology; {} if unreadable.
