@@ -119,8 +119,9 @@ class HailoFamily(Family):
     udev_identities = (UdevIdentity(CLASS, "pci", attribute="board_location"),)
     variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: _address(identity)),)
     runner = ""
-    runner_note = ("this job's Hailo device ({devices}, in ${variable}) runs .hef models with HailoRT, not TFLite: "
-                   "run your HEF with HailoRT on that device id (e.g. hailortcli run model.hef -s ${variable})")
+    runner_note = ("this job's Hailo device(s) ({devices}, in ${variable}) run .hef models with HailoRT, not "
+                   "TFLite: run your HEF with HailoRT, one device id per -s (hailortcli run model.hef -s "
+                   "\"${{{variable}%%,*}}\" takes the first)")
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "pci":
