@@ -171,11 +171,6 @@ def apply_families(settings: HookSettings, config) -> None:
             settings.values.setdefault(device.identity, {})[variable.name] = entry
 
 
-def device_entries(settings: HookSettings, identity: str) -> dict[str, str]:
-    """A device's entries in its family's job variables (as the snapshot holds them)."""
-    return settings.values.get(identity, {})
-
-
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf, the families."""
     from .. import families

@@ -58,8 +58,7 @@ def drain_reason(problems: Iterable[Problem]) -> str:
     """
     from ..slurm.commands import node_reason
 
-    text = node_reason(f"{REASON_PREFIX} " + "; ".join(p.message for p in problems))
-    return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
+    return node_reason(f"{REASON_PREFIX} " + "; ".join(p.message for p in problems), MAX_REASON)
 
 
 class Action(enum.Enum):

@@ -33,20 +33,22 @@ MAX_REASON = 400
 NO_REASON = "slurm-tpu: no reason given"
 
 
-def node_reason(text: str) -> str:
+def node_reason(text: str, limit: int = MAX_REASON) -> str:
     """``text`` as a drain reason Slurm stores and shows back unchanged.
 
     Control characters (a process name in it is a user's choice: newlines
     would forge lines of ``scontrol show node`` output) and runs of white space
     become one space; the double quotes scontrol strips from either end are
-    dropped; a longer one is cut to MAX_REASON characters ending in ``...``.
+    dropped; a longer one is cut to ``limit`` characters (at most MAX_REASON) ending
+    in ``...``.
     Never empty: Slurm refuses to drain without a reason. Idempotent, so a
     reason can be compared with what Slurm reports after draining with it.
     """
     printable = "".join(c if c.isprintable() else " " for c in text)
     cleaned = " ".join(printable.split()).strip('"').strip()
-    if len(cleaned) > MAX_REASON:
-        cleaned = cleaned[:MAX_REASON - 3].rstrip() + "..."
+    limit = min(limit, MAX_REASON)
+    if len(cleaned) > limit:
+        cleaned = cleaned[:limit - 3].rstrip() + "..."
     return cleaned or NO_REASON
 
 
