@@ -57,6 +57,14 @@ class KernelPort(threading.Thread):
             time.sleep(0.002)
 
 
+def _stick_settings(tmp_path, node: str) -> tuple[KnownDevice, HookSettings]:
+    """The emulated stick as a known device, and hook settings (default config) that know it."""
+    device = KnownDevice("usb-2-1.3", "edgetpu", "usb", (node,))
+    settings = HookSettings(str(tmp_path / "state"), devices={device.identity: device})
+    apply_families(settings, Config())
+    return device, settings
+
+
 @pytest.fixture()
 def usb_testbed(tmp_path):
     sys_root = str(tmp_path / "sys")
@@ -70,9 +78,7 @@ def usb_testbed(tmp_path):
 @needs_root
 def test_epilog_takes_ownership_away_then_disconnects_then_powers_the_port_again(tmp_path, usb_testbed):
     sys_root, node = usb_testbed
-    device = KnownDevice("usb-2-1.3", "edgetpu", "usb", (node,))
-    settings = HookSettings(str(tmp_path / "state"), devices={device.identity: device})
-    apply_families(settings, Config())
+    device, settings = _stick_settings(tmp_path, node)
     settings.sysfs_root = sys_root
     kernel = KernelPort(sys_root, "2-1.3", node)
     kernel.start()
@@ -98,9 +104,7 @@ def test_epilog_takes_ownership_away_then_disconnects_then_powers_the_port_again
 def test_a_kernel_without_the_port_attribute_keeps_the_lease_with_one_line(tmp_path, usb_testbed):
     sys_root, node = usb_testbed
     os.unlink(os.path.join(os.path.realpath(os.path.join(sys_root, "bus/usb/devices/2-1.3/port")), "disable"))
-    device = KnownDevice("usb-2-1.3", "edgetpu", "usb", (node,))
-    settings = HookSettings(str(tmp_path / "state"), devices={device.identity: device})
-    apply_families(settings, Config())
+    device, settings = _stick_settings(tmp_path, node)
     settings.sysfs_root = sys_root
     with Ledger(settings.state_dir) as ledger:
         leasing.acquire(ledger, JobContext(6, 4321, "alice", "n1"), [device], settings)
@@ -113,9 +117,7 @@ def test_a_kernel_without_the_port_attribute_keeps_the_lease_with_one_line(tmp_p
 @needs_root
 def test_revoke_false_releases_at_once_after_the_holder_scan(tmp_path, usb_testbed):
     sys_root, node = usb_testbed
-    device = KnownDevice("usb-2-1.3", "edgetpu", "usb", (node,))
-    settings = HookSettings(str(tmp_path / "state"), devices={device.identity: device})
-    apply_families(settings, Config())
+    device, settings = _stick_settings(tmp_path, node)
     settings.sysfs_root, settings.revoke = sys_root, False
     with Ledger(settings.state_dir) as ledger:
         leasing.acquire(ledger, JobContext(7, 4321, "alice", "n1"), [device], settings)
