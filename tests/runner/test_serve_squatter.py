@@ -16,7 +16,7 @@ import pytest
 from runner_support import run_cli
 from serve_support import Client, Listener, http_answer, raw_exchange, start_server
 from slurm_tpu.runner.serve import auth
-from slurm_tpu.runner.serve.client import ProofError, ServeClient
+from slurm_tpu.runner.serve.client import ServeClient, ServerError
 
 TOKEN = auth.new_token()
 
@@ -88,7 +88,7 @@ def test_a_reconnect_after_the_server_died_is_proven_again(tmp_path):
     client = ServeClient(auth.Address("1", f"http://127.0.0.1:{listener.port}", TOKEN))
     try:
         assert client.json("GET", "/v1/models/c") == {"model_version_status": []}
-        with pytest.raises(ProofError, match="did not prove"):
+        with pytest.raises(ServerError, match="did not prove"):
             client.json("GET", "/v1/models/c")
         assert len(listener.received) == 2
         assert f"Bearer {TOKEN}".encode() in listener.received[0]
