@@ -304,3 +304,60 @@ def test_an_address_file_of_a_job_that_ended_is_not_trusted(setup, users):
     finally:
         seen = _squatter_saw(squatter, out)
     assert seen == []
+
+
+# -- a slow-header flood by another user ----------------------------------------------------------
+
+FLOODER = os.path.join(TESTS, "serve_flooder.py")
+FLOOD, TRICKLE, FLOOD_SECONDS = 128, 2.0, 20.0  # the server's head deadline is 10 s, its idle timeout 30 s
+OWNER_BOUND = 5.0  # seconds one of Alice's requests may take (curl's time_total)
+SLACK = 4.0
+
+
+def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, users):
+    """Bob trickles 128 request heads (one line every 2 s) at Alice's server; Alice's curl (fresh
+    connections, her token) and her client are answered at once all along, and no flood connection
+    outlives the head deadline by much."""
+    cluster, models, double, homes = setup
+    log = os.path.join(cluster.base, "out", "serve-flood.out")
+    job = cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
+                         SERVE_JOB.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
+                                          model=models["classifier"], labels=models["classifier_labels"]),
+                         user=ALICE)
+    try:
+        address_file = os.path.join(homes[ALICE], ".slurm-tpu", "serve", f"{job}.json")
+        wait_until(lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING",
+                                                                                          "CONFIGURING", ""),
+                   90, f"job {job} to publish its address")
+        assert os.path.exists(address_file), open(log).read()
+        address = json.load(open(address_file))
+        port = int(address["url"].rsplit(":", 1)[1])
+        flood = subprocess.Popen(["runuser", "-u", BOB, "--", sys.executable, FLOODER, str(port), str(FLOOD),
+                                  str(TRICKLE), str(FLOOD_SECONDS)], stdout=subprocess.PIPE, text=True, cwd="/")
+        try:
+            curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", "-H",
+                    f"Authorization: Bearer {address['token']}", f"{address['url']}/v1/models/classifier"]
+            assert json.loads(flood.stdout.readline()) == {"started": FLOOD}  # all open: now Alice comes
+            answers = []
+            started = time.monotonic()
+            while time.monotonic() - started < FLOOD_SECONDS - 3:
+                done = as_user(ALICE, homes[ALICE], curl)
+                code, seconds = done.stdout.split()
+                answers.append((int(code), float(seconds)))
+            image = os.path.join(models["images"], "img_00002.png")
+            client = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image, "--json"),
+                             f"SLURM_CONF={cluster.slurm_conf}")
+            report = json.loads(flood.communicate(timeout=FLOOD_SECONDS + 30)[0])
+        finally:
+            if flood.poll() is None:
+                flood.kill()
+                flood.wait(10)
+    finally:
+        cluster.command(["scancel", str(job)], user=ALICE)
+        cluster.wait_for_jobs([job], 60)
+    assert len(answers) >= 5
+    assert all(code == 200 and seconds <= OWNER_BOUND for code, seconds in answers), answers
+    assert client.returncode == 0 and json.loads(client.stdout)["classes"], client.stderr
+    assert report["opened"] > FLOOD and not report["answers"], report["answers"][:5]
+    longest = max(report["lifetimes"] + report["still_open"])
+    assert longest <= 10 + SLACK, f"a flood connection stayed {longest:.1f} s (head deadline 10 s)"

@@ -14,6 +14,7 @@ only, and stops by itself.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -29,78 +30,17 @@ FLOOD_SECONDS = 2.5 * IO_TIMEOUT  # through and past the idle timeout
 OWNER_BOUND = IO_TIMEOUT / 2  # seconds an owner's request may take
 SLACK = 4.0  # seconds a flood connection may outlive its head deadline (accept, scheduling under load)
 
-FLOODER = r"""
-import json, selectors, socket, sys, time
-port, count, trickle, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
-start = time.monotonic()
-end = start + seconds
-selector = selectors.DefaultSelector()
-conns = {}  # socket -> [opened, next line due, lines sent]
-reopen = []  # times at which a closed connection is opened again
-lifetimes, answers, opened = [], [], 0
-
-def open_one():
-    global opened
-    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
-    sock.setblocking(False)
-    sock.send(b"GET /v1/models/c HTTP/1.1\r\n")
-    now = time.monotonic()
-    conns[sock] = [now, now + trickle, 0]
-    selector.register(sock, selectors.EVENT_READ)
-    opened += 1
-
-def closed(sock, data=b""):
-    opened_at = conns.pop(sock)[0]
-    selector.unregister(sock)
-    sock.close()
-    lifetimes.append(time.monotonic() - opened_at)
-    if data:
-        answers.append(data[:40].decode("latin-1"))
-    reopen.append(time.monotonic() + 1.0)
-
-for _ in range(count):
-    open_one()
-while time.monotonic() < end:
-    for key, _ in selector.select(0.1):
-        try:
-            data = key.fileobj.recv(4096)
-        except OSError:
-            data = b""
-        closed(key.fileobj, data)
-    now = time.monotonic()
-    for sock, state in list(conns.items()):
-        if now >= state[1]:
-            try:
-                sock.send(b"X-Trickle-%d: %d\r\n" % (state[2], state[2]))
-            except OSError:
-                closed(sock)
-                continue
-            state[1], state[2] = now + trickle, state[2] + 1
-    due = [t for t in reopen if t <= now]
-    reopen[:] = [t for t in reopen if t > now]
-    for _ in due:
-        try:
-            open_one()
-        except OSError:
-            reopen.append(now + 1.0)
-now = time.monotonic()
-still_open = [now - state[0] for state in conns.values()]
-print(json.dumps({"opened": opened, "lifetimes": lifetimes, "still_open": still_open, "answers": answers}))
-"""
+FLOODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "serve_flooder.py")
 
 
 def test_a_slow_header_flood_never_locks_out_the_token_holder(models, clean_env):
     server = start_server([(str(models["classifier"]), "c")], {}, clean_env, limits=Limits(io_timeout=IO_TIMEOUT))
-    flood = subprocess.Popen([sys.executable, "-c", FLOODER, str(server.port), str(FLOOD), str(TRICKLE),
+    flood = subprocess.Popen([sys.executable, FLOODER, str(server.port), str(FLOOD), str(TRICKLE),
                               str(FLOOD_SECONDS)], stdout=subprocess.PIPE, text=True)
     owner = Client(server, timeout=30)
     results: list[tuple[str, float, int]] = []
     try:
-        # The flood is in place once the server holds its connections (more than the cap of 64 are offered).
-        deadline = time.monotonic() + 30
-        while server.app.connections + getattr(server.app, "pending_connections", 0) < 32:
-            assert time.monotonic() < deadline and flood.poll() is None, "the flood never connected"
-            time.sleep(0.05)
+        assert json.loads(flood.stdout.readline()) == {"started": FLOOD}  # all open: now the owner comes
         started = time.monotonic()
         while time.monotonic() - started < FLOOD_SECONDS - 1:
             for kind in ("fresh", "kept-alive"):
