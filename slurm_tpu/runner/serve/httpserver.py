@@ -48,9 +48,9 @@ from .app import JSON_TYPE, Response, Route, ServeApp, json_response
 from .auth import PROOF_PATH, SCHEME, proof, token_matches, valid_nonce
 from .codec import RequestError, error_body
 
-_OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-               b"Connection: close\r\nContent-Length: 56\r\n\r\n"
-               b'{"error":"too many connections: retry in a few seconds"}')
+_SHUTTING_DOWN = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                  b"Connection: close\r\nContent-Length: 39\r\n\r\n"
+                  b'{"error":"the server is shutting down"}')
 
 
 @dataclass
@@ -88,10 +88,10 @@ class ServeHTTPServer(ThreadingHTTPServer):
                     self._evict(next(iter(self._pending)))
                 self._pending[request] = _Pending(peer, time.monotonic() + limits.head_deadline)
                 self._count()
-        if refuse:  # answered from the accepting thread: never block it on a slow client
+        if refuse:  # draining; answered from the accepting thread: never block it on a slow client
             try:
                 request.setblocking(False)
-                request.send(_OVERLOADED)
+                request.send(_SHUTTING_DOWN)
             except OSError:
                 pass
             self.shutdown_request(request)
