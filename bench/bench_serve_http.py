@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
 """Which HTTP stack for `slurm-tpu serve`: the standard library's ThreadingHTTPServer
-(as the server configures it: HTTP/1.1 keep-alive, TCP_NODELAY) vs aiohttp.
+(as the server configures it: HTTP/1.1 keep-alive, TCP_NODELAY) vs aiohttp, and the
+server's own HTTP layer (``serve``: ServeHTTPServer with its token check, connection
+limits and head deadline, behind an app that answers at once).
 
 Each server runs in its own process and answers a POST of a ~8 KB body (a small JPEG's
 size) with a small JSON record after no work at all, so only the HTTP stack is timed.
 Clients are threads in this process, each with one keep-alive connection
-(http.client), 1 and 8 at a time, a fixed number of requests each. Rounds alternate
-the stacks; medians are reported: microseconds per request at 1 client (latency) and
-requests/s at 8 clients (throughput). aiohttp is measured only if importable
-(``PYTHONPATH=/tmp/aiohttp-lib`` after ``pip install --target /tmp/aiohttp-lib aiohttp``).
+(http.client), 1 and 8 at a time, a fixed number of requests each; every request
+carries the token. Rounds alternate the stacks; medians are reported: microseconds
+per request at 1 client (latency), requests/s at 8 clients (throughput), and
+microseconds per request on a fresh connection each (what curl pays: the accept path).
+aiohttp is measured only if importable (``PYTHONPATH=/tmp/aiohttp-lib`` after
+``pip install --target /tmp/aiohttp-lib aiohttp``).
 
     .venv/bin/python bench/bench_serve_http.py [--requests 2000] [--rounds 3]
 """
@@ -26,6 +30,7 @@ import threading
 import time
 
 BODY = os.urandom(8192)
+TOKEN = "bench-token"
 ANSWER = json.dumps({"task": "classify", "classes": [{"index": 1, "label": "top", "score": 0.99}]}).encode()
 
 
@@ -49,6 +54,25 @@ def serve_stdlib() -> None:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     server.daemon_threads = True
+    print(server.server_address[1], flush=True)
+    server.serve_forever()
+
+
+def serve_ours() -> None:
+    from slurm_tpu.runner.serve.app import Limits, Response, Route, ServeApp
+    from slurm_tpu.runner.serve.devicequeue import DeviceQueue
+    from slurm_tpu.runner.serve.httpserver import ServeHTTPServer
+
+    class App(ServeApp):
+        """Every path is one endpoint answered at once: only the HTTP layer is timed."""
+
+        def route(self, method: str, path: str) -> Route:
+            return Route("classify", None, method)
+
+        def dispatch(self, route, body, content_type, query) -> Response:
+            return Response(200, ANSWER)
+
+    server = ServeHTTPServer(("127.0.0.1", 0), App([], DeviceQueue([], 1), Limits(), TOKEN))
     print(server.server_address[1], flush=True)
     server.serve_forever()
 
@@ -88,7 +112,7 @@ def clients(port: int, count: int, requests: int) -> tuple[float, float]:
         mine = []
         for _ in range(requests):
             started = time.perf_counter()
-            connection.request("POST", "/v1/models/m:classify", body=BODY)
+            connection.request("POST", "/v1/models/m:classify", body=BODY, headers=HEADERS)
             response = connection.getresponse()
             response.read()
             mine.append(time.perf_counter() - started)
@@ -105,16 +129,32 @@ def clients(port: int, count: int, requests: int) -> tuple[float, float]:
     return count * requests / (time.perf_counter() - started), statistics.median(times)
 
 
+HEADERS = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def fresh_connections(port: int, requests: int) -> float:
+    """Median seconds per request, each on a new connection (connect, request, close)."""
+    times = []
+    for _ in range(requests):
+        started = time.perf_counter()
+        connection = http.client.HTTPConnection("127.0.0.1", port)
+        connection.request("POST", "/v1/models/m:classify", body=BODY, headers=HEADERS)
+        connection.getresponse().read()
+        connection.close()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--serve", choices=("stdlib", "aiohttp"), help=argparse.SUPPRESS)
+    parser.add_argument("--serve", choices=("stdlib", "serve", "aiohttp"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
-        (serve_stdlib if args.serve == "stdlib" else serve_aiohttp)()
+        {"stdlib": serve_stdlib, "serve": serve_ours, "aiohttp": serve_aiohttp}[args.serve]()
         return 0
-    stacks = ["stdlib"]
+    stacks = ["stdlib", "serve"]
     try:
         import aiohttp  # noqa: F401
 
@@ -126,7 +166,8 @@ def main() -> int:
         servers[stack] = subprocess.Popen([sys.executable, __file__, "--serve", stack], stdout=subprocess.PIPE,
                                           text=True)
         ports[stack] = int(servers[stack].stdout.readline())
-    results: dict[str, dict[str, list[float]]] = {s: {"latency_us_1": [], "per_s_1": [], "per_s_8": []} for s in stacks}
+    results: dict[str, dict[str, list[float]]] = {s: {"latency_us_1": [], "per_s_1": [], "per_s_8": [],
+                                                   "fresh_connection_us": []} for s in stacks}
     try:
         for stack in stacks:  # warm-up
             clients(ports[stack], 8, 50)
@@ -137,6 +178,7 @@ def main() -> int:
                 results[stack]["latency_us_1"].append(latency * 1e6)
                 results[stack]["per_s_1"].append(rate1)
                 results[stack]["per_s_8"].append(rate8)
+                results[stack]["fresh_connection_us"].append(fresh_connections(ports[stack], args.requests // 4) * 1e6)
     finally:
         for server in servers.values():
             server.kill()

@@ -33,7 +33,7 @@ def _warn(message: str) -> None:
 @click.option("--max-body", default=8, show_default=True, type=click.IntRange(1, 1024), metavar="MIB",
               help="Largest request body, MiB.")
 @click.option("--max-connections", default=64, show_default=True, type=click.IntRange(1, 10000),
-              help="Open client connections (one thread each).")
+              help="Open connections that have shown the token (one thread each); others are counted apart.")
 @click.option("--max-instances", default=64, show_default=True, type=click.IntRange(1),
               help="Inferences in one :predict request.")
 @click.option("--drain-timeout", default=20.0, show_default=True, type=click.FloatRange(0),

@@ -126,6 +126,18 @@ class Slurm(NodeStates):
         """``scontrol show job -d SELECTOR`` (``123``, ``123_4`` an array task, ``123+1`` a het component)."""
         return self.run("scontrol", "show", "job", "-d", selector)
 
+    def job_state(self, job_id: str) -> str:
+        """Job ``job_id``'s state (``RUNNING``, ``COMPLETED``...; the first line for an array), ''
+        when Slurm no longer knows the job. SlurmCommandError when Slurm cannot be asked."""
+        try:
+            out = self.run("squeue", "-h", "-j", job_id, "-o", "%T")
+        except SlurmCommandError as exc:
+            if "Invalid job id" in exc.stderr:  # slurm_load_jobs' answer for a job past MinJobAge
+                return ""
+            raise
+        lines = out.split()
+        return lines[0] if lines else ""
+
     def squeue_json(self, job_id: int) -> str:
         """``squeue --json -j JOB`` (22.05 ignores -j and lists every job)."""
         return self.run("squeue", "--json", "-j", str(job_id))

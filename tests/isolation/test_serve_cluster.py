@@ -11,9 +11,11 @@ from __future__ import annotations
 import base64
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 
 import pytest
 from support import HARDWARE, audit, finish_cluster, make_cluster, require_root_and_slurm, wait_until
@@ -26,6 +28,72 @@ USB = "/sys/bus/usb/devices/2-1.3"
 SERVE_JOB = """#!/bin/sh
 export HOME={home} SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{usb}
 exec {python} -m slurm_tpu.cli serve {model}=classifier -l {labels} --host 127.0.0.1 --drain-timeout 1
+"""
+
+# A job whose server dies (SIGKILL here, the OOM killer in life) while the job goes on.
+SERVE_IN_BACKGROUND_JOB = """#!/bin/sh
+export HOME={home} SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{usb}
+{python} -m slurm_tpu.cli serve {model}=classifier -l {labels} --host 127.0.0.1 --drain-timeout 1 &
+wait
+sleep 600
+"""
+
+# Bob's listener on the dead server's port: records every byte each connection sends (one file per
+# connection, written as it arrives) and answers every request with 200 and '{}'. Writes 'ready'
+# once listening; on finding 'stop' it drains connections still in its backlog, writes 'done' and
+# exits; it exits by itself after 120 s.
+SQUATTER = r"""
+import os, selectors, socket, sys, time
+port, out = int(sys.argv[1]), sys.argv[2]
+end = time.monotonic() + 120
+listener = socket.socket()
+listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+while True:
+    try:
+        listener.bind(("127.0.0.1", port))
+        break
+    except OSError:
+        if time.monotonic() > end:
+            raise
+        time.sleep(0.1)
+listener.listen(16)
+listener.setblocking(False)
+open(os.path.join(out, "ready.tmp"), "w").close()
+os.rename(os.path.join(out, "ready.tmp"), os.path.join(out, "ready"))
+selector = selectors.DefaultSelector()
+selector.register(listener, selectors.EVENT_READ)
+count = 0
+def accept_all():
+    global count
+    while True:
+        try:
+            conn, _ = listener.accept()
+        except BlockingIOError:
+            return
+        conn.setblocking(False)
+        selector.register(conn, selectors.EVENT_READ, open(os.path.join(out, f"conn{count}"), "wb", buffering=0))
+        count += 1
+def serve(timeout):
+    for key, _ in selector.select(timeout):
+        if key.fileobj is listener:
+            accept_all()
+            continue
+        try:
+            data = key.fileobj.recv(65536)
+        except OSError:
+            data = b""
+        if not data:
+            selector.unregister(key.fileobj)
+            key.fileobj.close()
+            continue
+        key.data.write(data)
+        for _ in range(data.count(b"\r\n\r\n")):
+            key.fileobj.send(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+while time.monotonic() < end and not os.path.exists(os.path.join(out, "stop")):
+    serve(0.1)
+accept_all()
+serve(0.5)
+open(os.path.join(out, "done"), "w").close()
 """
 
 PREDICT = """
@@ -63,8 +131,8 @@ def setup(users):
     subprocess.run(["rm", "-rf", shared], check=False)
 
 
-def as_user(user: str, home: str, argv: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={home}", *argv], capture_output=True,
+def as_user(user: str, home: str, argv: list[str], *env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={home}", *env, *argv], capture_output=True,
                           text=True, timeout=120, cwd="/")
 
 
@@ -140,3 +208,156 @@ def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup,
     usage = [e for e in audit(cluster, "n1") if e.get("job_id") == job and e["event"] == "usage"]
     assert [(e["identity"], e["inferences"]) for e in usage] == [("usb-2-1.3", inferences)]
     assert cluster.job_state(job) == "CANCELLED"
+
+
+# -- a server killed without clean-up: its address file stays, another user takes its port ------
+
+def _start_and_kill(cluster, models, double, homes, script: str) -> tuple[int, dict, str]:
+    """Submit ``script`` as Alice, wait for its address file, SIGKILL the server; (job, address, log)."""
+    log = os.path.join(cluster.base, "out", f"serve-{time.monotonic_ns()}.out")
+    job = cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
+                         script.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
+                                       model=models["classifier"], labels=models["classifier_labels"]),
+                         user=ALICE)
+    address_file = os.path.join(homes[ALICE], ".slurm-tpu", "serve", f"{job}.json")
+    wait_until(lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING",
+                                                                                      "CONFIGURING", ""),
+               90, f"job {job} to publish its address")
+    assert os.path.exists(address_file), open(log).read()
+    address = json.load(open(address_file))
+    os.kill(address["pid"], signal.SIGKILL)  # no clean-up: the address file stays
+    wait_until(lambda: not os.path.exists(f"/proc/{address['pid']}"), 30, "the server to die")
+    assert os.path.exists(address_file)
+    return job, address, log
+
+
+def _squat(homes, port: int) -> tuple[subprocess.Popen, str]:
+    """Bob listens on ``port`` (once it is free); his recorder's directory."""
+    out = tempfile.mkdtemp(prefix="squatter-", dir=homes[BOB])
+    os.chown(out, *(os.stat(homes[BOB]).st_uid,) * 2)
+    squatter = subprocess.Popen(["runuser", "-u", BOB, "--", sys.executable, "-c", SQUATTER, str(port), out], cwd="/")
+    wait_until(lambda: os.path.exists(os.path.join(out, "ready")) or squatter.poll() is not None, 60,
+               "Bob's listener on the port")
+    assert squatter.poll() is None
+    return squatter, out
+
+
+def _squatter_saw(squatter: subprocess.Popen, out: str) -> list[bytes]:
+    """Stop Bob's listener (it drains its backlog first); what each connection sent it."""
+    open(os.path.join(out, "stop"), "w").close()
+    try:
+        squatter.wait(60)
+    finally:
+        if squatter.poll() is None:
+            squatter.kill()
+            squatter.wait(10)
+    assert os.path.exists(os.path.join(out, "done"))
+    return [open(os.path.join(out, name), "rb").read() for name in sorted(os.listdir(out)) if name.startswith("conn")]
+
+
+def _one_line_error(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slurm-tpu: error:") and "Traceback" not in done.stderr, \
+        done.stderr
+    return lines[0]
+
+
+def test_a_squatter_on_a_killed_servers_port_never_gets_the_token(setup, users):
+    """The job goes on after its server was SIGKILLed; Bob binds the port. Alice's client asks Bob's
+    listener for the proof, gets none, and stops: one line, exit 2, no token sent."""
+    cluster, models, double, homes = setup
+    job, address, log = _start_and_kill(cluster, models, double, homes, SERVE_IN_BACKGROUND_JOB)
+    try:
+        port = int(address["url"].rsplit(":", 1)[1])
+        squatter, out = _squat(homes, port)
+        try:
+            assert cluster.job_state(job) == "RUNNING"
+            image = os.path.join(models["images"], "img_00002.png")
+            done = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image),
+                           f"SLURM_CONF={cluster.slurm_conf}")
+            line = _one_line_error(done)
+            assert "did not prove" in line and "token was not sent" in line, line
+        finally:
+            seen = _squatter_saw(squatter, out)
+    finally:
+        cluster.command(["scancel", str(job)], user=ALICE)
+        cluster.wait_for_jobs([job], 60)
+    assert seen and all(b"/v1/slurm-tpu/proof" in s for s in seen), seen  # it was asked, and only that
+    assert not any(address["token"].encode() in s or b"Authorization" in s for s in seen), seen
+
+
+def test_an_address_file_of_a_job_that_ended_is_not_trusted(setup, users):
+    """The server was the job (exec) and was SIGKILLed, so the job ended; Bob binds the port.
+    Alice's client learns from Slurm that the job no longer runs and does not connect at all."""
+    cluster, models, double, homes = setup
+    job, address, log = _start_and_kill(cluster, models, double, homes, SERVE_JOB)
+    states = cluster.wait_for_jobs([job], 60)
+    assert states[job] != "RUNNING"
+    squatter, out = _squat(homes, int(address["url"].rsplit(":", 1)[1]))
+    try:
+        image = os.path.join(models["images"], "img_00002.png")
+        done = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image),
+                       f"SLURM_CONF={cluster.slurm_conf}")
+        line = _one_line_error(done)
+        assert f"job {job} is not running" in line, line
+    finally:
+        seen = _squatter_saw(squatter, out)
+    assert seen == []
+
+
+# -- a slow-header flood by another user ----------------------------------------------------------
+
+FLOODER = os.path.join(TESTS, "serve_flooder.py")
+FLOOD, TRICKLE, FLOOD_SECONDS = 128, 2.0, 20.0  # the server's head deadline is 10 s, its idle timeout 30 s
+OWNER_BOUND = 5.0  # seconds one of Alice's requests may take (curl's time_total)
+SLACK = 4.0
+
+
+def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, users):
+    """Bob trickles 128 request heads (one line every 2 s) at Alice's server; Alice's curl (fresh
+    connections, her token) and her client are answered at once all along, and no flood connection
+    outlives the head deadline by much."""
+    cluster, models, double, homes = setup
+    log = os.path.join(cluster.base, "out", "serve-flood.out")
+    job = cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
+                         SERVE_JOB.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
+                                          model=models["classifier"], labels=models["classifier_labels"]),
+                         user=ALICE)
+    try:
+        address_file = os.path.join(homes[ALICE], ".slurm-tpu", "serve", f"{job}.json")
+        wait_until(lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING",
+                                                                                          "CONFIGURING", ""),
+                   90, f"job {job} to publish its address")
+        assert os.path.exists(address_file), open(log).read()
+        address = json.load(open(address_file))
+        port = int(address["url"].rsplit(":", 1)[1])
+        flood = subprocess.Popen(["runuser", "-u", BOB, "--", sys.executable, FLOODER, str(port), str(FLOOD),
+                                  str(TRICKLE), str(FLOOD_SECONDS)], stdout=subprocess.PIPE, text=True, cwd="/")
+        try:
+            curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", "-H",
+                    f"Authorization: Bearer {address['token']}", f"{address['url']}/v1/models/classifier"]
+            assert json.loads(flood.stdout.readline()) == {"started": FLOOD}  # all open: now Alice comes
+            answers = []
+            started = time.monotonic()
+            while time.monotonic() - started < FLOOD_SECONDS - 3:
+                done = as_user(ALICE, homes[ALICE], curl)
+                code, seconds = done.stdout.split()
+                answers.append((int(code), float(seconds)))
+            image = os.path.join(models["images"], "img_00002.png")
+            client = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image, "--json"),
+                             f"SLURM_CONF={cluster.slurm_conf}")
+            report = json.loads(flood.communicate(timeout=FLOOD_SECONDS + 30)[0])
+        finally:
+            if flood.poll() is None:
+                flood.kill()
+                flood.wait(10)
+    finally:
+        cluster.command(["scancel", str(job)], user=ALICE)
+        cluster.wait_for_jobs([job], 60)
+    assert len(answers) >= 5
+    assert all(code == 200 and seconds <= OWNER_BOUND for code, seconds in answers), answers
+    assert client.returncode == 0 and json.loads(client.stdout)["classes"], client.stderr
+    assert report["opened"] > FLOOD and not report["answers"], report["answers"][:5]
+    longest = max(report["lifetimes"] + report["still_open"])
+    assert longest <= 10 + SLACK, f"a flood connection stayed {longest:.1f} s (head deadline 10 s)"

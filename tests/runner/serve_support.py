@@ -104,3 +104,69 @@ class GatedEngine:
 
     def __getattr__(self, name):
         return getattr(self._engine, name)
+
+
+class Listener:
+    """A listener on 127.0.0.1 that is not the server (a squatter on its port, in tests): it
+    records every byte each connection sends and answers each request with ``answer(number,
+    request_head) -> bytes`` (number: the connection's, from 0; b"" closes the connection)."""
+
+    def __init__(self, answer, port: int = 0):
+        self.answer = answer
+        self.received: list[bytearray] = []
+        self._sock = socket.create_server(("127.0.0.1", port), reuse_port=False)
+        self.port = self._sock.getsockname()[1]
+        self._thread = threading.Thread(target=self._accept, daemon=True)
+        self._thread.start()
+
+    @property
+    def everything(self) -> bytes:
+        return b"".join(bytes(r) for r in self.received)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            record = bytearray()
+            self.received.append(record)
+            threading.Thread(target=self._serve, args=(conn, len(self.received) - 1, record), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, number: int, record: bytearray) -> None:
+        conn.settimeout(30)
+        with conn:
+            pending = b""
+            while True:
+                try:
+                    chunk = conn.recv(65536)
+                except OSError:
+                    return
+                if not chunk:
+                    return
+                record.extend(chunk)
+                pending += chunk
+                while b"\r\n\r\n" in pending:
+                    head, _, pending = pending.partition(b"\r\n\r\n")
+                    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
+                                   if line.lower().startswith(b"content-length:")), 0)
+                    while len(pending) < length:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            return
+                        record.extend(chunk)
+                        pending += chunk
+                    pending = pending[length:]
+                    reply = self.answer(number, head)
+                    if not reply:
+                        return
+                    conn.sendall(reply)
+
+    def close(self) -> None:
+        self._sock.close()
+
+
+def http_answer(body: bytes, status: str = "200 OK", extra: str = "") -> bytes:
+    """A whole HTTP/1.1 response with ``body`` (JSON)."""
+    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
+            .encode() + body)

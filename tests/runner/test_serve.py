@@ -354,15 +354,28 @@ def test_device_queue_is_all_or_nothing_and_refuses_when_closing():
     assert gated.most_at_once == 1
 
 
-def test_connections_beyond_the_cap_get_503(models, clean_env):
+def test_connections_beyond_the_cap_get_503_and_only_token_holders_count(models, clean_env):
     server = start_server([(str(models["classifier"]), "c")], {}, clean_env, limits=Limits(max_connections=2))
-    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(2)]
+    holders = [Client(server) for _ in range(2)]
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(4)]  # never show the token
     try:
-        wait_for(lambda: server.app.connections == 2, "two open connections")
-        assert raw_exchange(server.port, b"").startswith(b"HTTP/1.1 503")
+        for client in holders:  # kept alive: each holds one of the two places
+            assert client.json("GET", "/v1/models/c")[0] == 200
+        wait_for(lambda: server.app.connections == 2 and server.app.pending_connections == 4,
+                 "two authenticated and four pending connections")
+        get = f"GET /v1/models/c HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n\r\n".encode()
+        answer = raw_exchange(server.port, get)
+        assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer and b"too many connections" in answer
+        assert raw_exchange(server.port, b"GET /v1/models/c HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 401")
+        holders.pop().close()
+        wait_for(lambda: server.app.connections == 1, "a place to free up")
+        assert raw_exchange(server.port, get.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")) \
+            .startswith(b"HTTP/1.1 200")
     finally:
         for sock in idle:
             sock.close()
+        for client in holders:
+            client.close()
         server.stop(5)
 
 

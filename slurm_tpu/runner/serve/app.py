@@ -36,12 +36,23 @@ class Limits:
 
     max_body: int = 8 << 20  # bytes of one request body
     max_instances: int = 64  # inferences in one :predict request
-    max_connections: int = 64  # open client connections (each one thread)
+    max_connections: int = 64  # open connections that have shown the token (each one thread)
+    # Connections not yet past the token are a pool of their own, so that whoever lacks the
+    # token never takes what its holder gets (see httpserver.py):
+    max_pending: int = 128  # connections that have not yet shown the token, all peers together
+    max_pending_per_peer: int = 32  # ... from one address (a new one closes that peer's oldest)
+    head_timeout: float = 10.0  # seconds from accept to a request head carrying the token
+    max_head: int = 64 << 10  # bytes a connection may send before it has shown the token
     queue: int = 64  # inferences waiting for a device
     decoders: int = 2  # bodies turned into tensors at once (JSON numbers take ~8x their size, images
     # up to 3 bytes a pixel): this, not the connection count, bounds the memory of decoding
     io_timeout: float = 30.0  # seconds a connection may sit idle or stall mid-request
     inference_timeout: float = 60.0  # seconds a request waits for its inferences
+
+    @property
+    def head_deadline(self) -> float:
+        """Seconds a new connection has to authenticate (never longer than the idle timeout)."""
+        return min(self.head_timeout, self.io_timeout)
 
     @property
     def body_budget(self) -> int:
@@ -104,7 +115,8 @@ class ServeApp:
         self._in_flight = 0
         self._idle = threading.Condition()
         self.draining = False
-        self.connections = 0  # set by the HTTP server (a gauge)
+        self.connections = 0  # set by the HTTP server (gauges): connections past the token...
+        self.pending_connections = 0  # ...and those not yet
         engines = [(m.name, e) for m in models for e in m.engines]
         self.metrics = ServeMetrics(engines, self._gauges)
         self.answered = 0
@@ -134,7 +146,8 @@ class ServeApp:
 
     def _gauges(self) -> dict[str, float]:
         return {"queue_depth": self.queue.depth, "queue_capacity": self.queue.capacity,
-                "in_flight_requests": self._in_flight, "open_connections": self.connections}
+                "in_flight_requests": self._in_flight, "open_connections": self.connections,
+                "pending_connections": self.pending_connections}
 
     # -- routing -----------------------------------------------------------------------
 

@@ -11,10 +11,31 @@ race); the file is created under a temporary name with ``O_CREAT | O_EXCL |
 O_NOFOLLOW`` and mode 0600, then renamed into place, so a reader never sees half a
 file and a planted link is replaced, never written through. Readers
 (:func:`read_address`) apply the same checks and refuse a file that others could read.
+
+The address file can outlive its server (SIGKILL, the OOM killer: no clean-up), and
+then any user may bind the freed port. So our client never sends the token to a
+listener before that listener has proved it holds the token, without the token ever
+crossing the wire first (challenge-response; :func:`proof`):
+
+1. the client opens a connection and sends ``GET /v1/slurm-tpu/proof?nonce=N``, N 32
+   fresh random bytes in hex, without ``Authorization``;
+2. the server answers 200 ``{"proof": P}``, P = hex HMAC-SHA256 keyed by the token of
+   ``"slurm-tpu serve proof v1" NUL N``;
+3. the client computes P itself and compares (constant time); only on that same
+   connection, and only if P matched, does it send requests with ``Authorization:
+   Bearer <token>``. A listener that answers anything else gets nothing more, and the
+   client says so in one line.
+
+The server thus proves it holds the secret; the client then proves it by the bearer
+token, as every standard client (curl, TF Serving's) does: they skip step 1-3 and
+are unaffected. A HMAC of a nonce the client just chose tells a listener nothing
+about the token and cannot be replayed. The client also asks Slurm whether the job
+still runs before it connects (:mod:`.client`).
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import json
 import os
@@ -30,6 +51,9 @@ TOKEN_BYTES = 32
 SCHEME = "Bearer"
 DIR_PARTS = (".slurm-tpu", "serve")
 TOKEN_ENV = "SLURM_TPU_SERVE_TOKEN"  # a client's token when it has no address file (host:port)
+PROOF_PATH = "/v1/slurm-tpu/proof"  # answered without the token (the challenge of the module docstring)
+NONCE_BYTES = 32
+_PROOF_LABEL = b"slurm-tpu serve proof v1\0"  # binds the HMAC to this use of the token, and no other
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
@@ -69,6 +93,28 @@ def token_matches(header: str | None, token: str) -> bool:
     if scheme.lower() != SCHEME.lower():
         return False
     return hmac.compare_digest(value.strip().encode("utf-8", "replace"), token.encode())
+
+
+def new_nonce() -> str:
+    """A fresh challenge for a listener (hex, 256 bits)."""
+    return secrets.token_hex(NONCE_BYTES)
+
+
+def valid_nonce(nonce: str) -> bool:
+    """Whether ``nonce`` is a challenge the server answers: 32 to 64 bytes in lowercase hex."""
+    return 2 * NONCE_BYTES <= len(nonce) <= 4 * NONCE_BYTES and all(c in "0123456789abcdef" for c in nonce)
+
+
+def proof(token: str, nonce: str) -> str:
+    """What only the holder of ``token`` can answer to the challenge ``nonce`` (hex HMAC-SHA256)."""
+    return hmac.new(token.encode(), _PROOF_LABEL + nonce.encode(), hashlib.sha256).hexdigest()
+
+
+def proof_matches(token: str, nonce: str, answer: object) -> bool:
+    """Whether a listener's ``answer`` to ``nonce`` proves it holds ``token`` (constant time)."""
+    if not isinstance(answer, str):
+        return False
+    return hmac.compare_digest(answer.encode("utf-8", "replace"), proof(token, nonce).encode())
 
 
 def serve_dir(environ: Mapping[str, str] = os.environ) -> str:

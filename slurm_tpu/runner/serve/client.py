@@ -8,6 +8,14 @@ that comes back is written as ``slurm-tpu infer`` writes it (JSONL/CSV, resumabl
 sharded). Several requests are in flight at once over keep-alive connections (one
 per thread), so the server's queue stays fed; a 503 is retried after its
 Retry-After.
+
+An address file can outlive its server (SIGKILL, OOM: no clean-up) and another user
+can then listen on its port. So, before the token leaves this process: a job's
+server is used only while Slurm says the job runs (when Slurm can be asked at all),
+and every connection is a :class:`ProvenConnection`, whose listener must first answer
+the proof challenge (:mod:`.auth`'s docstring) with an HMAC only the token's holder
+can make. Anything unexpected from a listener, before or after, is one line
+(:class:`ServerError`), never a traceback.
 """
 
 from __future__ import annotations
@@ -27,10 +35,13 @@ from ...errors import SlurmTpuError
 from ..errors import InputError
 from ..spec import TensorSpec
 from ..tasks import Task, choose_task
-from .auth import TOKEN_ENV, Address, find_address, read_address
+from .auth import PROOF_PATH, TOKEN_ENV, Address, address_path, find_address, new_nonce, proof_matches, read_address
 from .models import default_name
 
 RETRIES = 5  # answers 503 (overloaded) before giving up on an input
+PROOF_TIMEOUT = 30.0  # seconds a listener has to answer the proof challenge
+MAX_PROOF_ANSWER = 4096  # bytes read of an answer to the challenge (the listener is not trusted yet)
+SQUEUE_TIMEOUT = 15.0
 
 
 class ServerError(SlurmTpuError):
@@ -41,10 +52,16 @@ class ServerError(SlurmTpuError):
         self.url = url
 
 
+class ProofError(ServerError):
+    """The listener did not prove that it holds the token: it is not (or no longer) our server."""
+
+
 def resolve_target(target: str, environ: Mapping[str, str] = os.environ) -> Address:
     """``JOBID`` or ``HOST:PORT`` -> the address and token to use."""
     if target.replace("_", "").isdigit():
-        return read_address(target, environ)
+        address = read_address(target, environ)
+        check_job_runs(target, environ)
+        return address
     host, sep, port = target.rpartition(":")
     if not sep or not host or not port.isdigit():
         raise ServerError(f"--server {target}: give a job id or HOST:PORT", target)
@@ -58,9 +75,86 @@ def resolve_target(target: str, environ: Mapping[str, str] = os.environ) -> Addr
     return Address("", f"http://{target}", token)
 
 
+def check_job_runs(job_id: str, environ: Mapping[str, str] = os.environ) -> None:
+    """ServerError unless Slurm says job ``job_id`` is running: an address file of a job that
+    ended is left from a server that could not clean up, and its port may be anyone's now.
+
+    When Slurm cannot be asked (no squeue, no controller in reach: serve outside Slurm),
+    the proof every connection makes (:class:`ProvenConnection`) guards the token alone."""
+    from ...slurm.commands import Slurm
+
+    try:
+        state = Slurm(environ=environ, timeout=SQUEUE_TIMEOUT).job_state(job_id)
+    except SlurmTpuError:
+        return
+    if state != "RUNNING":
+        path = address_path(job_id, environ)
+        raise ServerError(f"job {job_id} is not running ({state or 'Slurm no longer knows it'}): {path} was left "
+                          "by a server that did not stop cleanly; not connecting (remove the file, start a new "
+                          "server)", path)
+
+
 def model_name(value: str) -> str:
     """The served name for MODEL as given to ``infer``: a name, or a .tflite path (its default name)."""
     return default_name(value) if value.endswith(".tflite") else value
+
+
+class ProvenConnection(http.client.HTTPConnection):
+    """An HTTP connection that sends nothing with the token before its listener proved it holds it.
+
+    The proof is made in :meth:`connect`, so every socket is proven, including those
+    http.client opens by itself after the server closed a kept-alive connection."""
+
+    def __init__(self, host: str, port: int, token: str, url: str, timeout: float):
+        super().__init__(host, port, timeout=timeout)
+        self._token = token
+        self._url = url
+
+    def connect(self) -> None:
+        super().connect()
+        try:
+            self._prove()
+        except BaseException:
+            self.close()
+            raise
+
+    def _prove(self) -> None:
+        nonce = new_nonce()
+        challenge = f"GET {PROOF_PATH}?nonce={nonce} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n\r\n"
+        assert self.sock is not None
+        try:
+            self.sock.settimeout(min(PROOF_TIMEOUT, self.timeout or PROOF_TIMEOUT))
+            self.sock.sendall(challenge.encode())
+            response = http.client.HTTPResponse(self.sock, method="GET")
+            try:
+                response.begin()
+                data = response.read(MAX_PROOF_ANSWER + 1)
+                # Read to its end and the connection kept: anything else leaves it unusable.
+                whole = response.isclosed() and not response.will_close and len(data) <= MAX_PROOF_ANSWER
+                status = response.status
+            finally:
+                response.close()
+            self.sock.settimeout(self.timeout)
+        except (OSError, http.client.HTTPException) as exc:
+            raise ProofError(f"the listener at {self._url} did not answer the proof challenge "
+                             f"({type(exc).__name__}: {_one_line(str(exc))}): {_NOT_OURS}", self._url) from None
+        try:
+            answer = json.loads(data) if status == 200 and whole else None
+        except ValueError:
+            answer = None
+        if not isinstance(answer, dict) or not proof_matches(self._token, nonce, answer.get("proof")):
+            raise ProofError(f"the listener at {self._url} did not prove it holds the server's token "
+                             f"(HTTP {status}): {_NOT_OURS}", self._url)
+
+
+def _one_line(text: str, limit: int = 200) -> str:
+    """Text a listener chose, fit for our one-line error: printable, one line, short."""
+    printable = "".join(c if c.isprintable() else " " for c in text)
+    return " ".join(printable.split())[:limit]
+
+
+_NOT_OURS = ("it is not your server, so the token was not sent (did the server die and another program take "
+             "its port? check squeue)")
 
 
 class ServeClient:
@@ -82,7 +176,7 @@ class ServeClient:
     def _connection(self) -> http.client.HTTPConnection:
         connection = getattr(self._local, "connection", None)
         if connection is None:
-            connection = http.client.HTTPConnection(self._host, self._port, timeout=self._timeout)
+            connection = ProvenConnection(self._host, self._port, self.address.token, self.url, self._timeout)
             self._local.connection = connection
         return connection
 
@@ -147,6 +241,10 @@ class ServeClient:
         if status != 200:
             raise ServerError(f"the server at {self.url} answered {status} for {what}: {_message(payload)}",
                               self.url)
+        lines = payload.get("lines", []) if isinstance(payload, dict) else None
+        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+            raise ServerError(f"the server at {self.url} answered {what} with something not a task's record",
+                              self.url)
         return payload
 
     def close(self) -> None:
@@ -161,7 +259,7 @@ def _decode(data: bytes, url: str) -> Any:
 
 
 def _message(payload: Any) -> str:
-    return str(payload.get("error", payload)) if isinstance(payload, dict) else str(payload)
+    return _one_line(str(payload.get("error", payload)) if isinstance(payload, dict) else str(payload), 500)
 
 
 def _specs(signature: Mapping[str, Any]) -> list[TensorSpec]:
@@ -181,13 +279,17 @@ class RemoteModel:
         self.client = client
         self.name = name
         metadata = client.metadata(name)
-        extra = metadata.get("metadata", {}).get("slurm_tpu", {})
-        signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
-        self.devices: list[str] = list(extra.get("devices", []))
-        self.runtime: str = extra.get("runtime", "")
-        served_task = extra.get("task", "raw")
-        self.task: Task = choose_task(served_task if task == "auto" else task, _specs(signature["outputs"]),
-                                      frozenset(), name)[0]
+        try:
+            extra = metadata.get("metadata", {}).get("slurm_tpu", {})
+            signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
+            self.devices: list[str] = [str(d) for d in extra.get("devices", [])]
+            self.runtime: str = str(extra.get("runtime", ""))
+            served_task = str(extra.get("task", "raw"))
+            outputs = _specs(signature["outputs"])
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ServerError(f"the server at {client.url} answered model {name}'s metadata without "
+                              f"TF Serving's signature ({type(exc).__name__}: {_one_line(str(exc), 100)})", client.url) from None
+        self.task: Task = choose_task(served_task if task == "auto" else task, outputs, frozenset(), name)[0]
 
     def infer(self, path: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """The record for one input file (without its ``input`` field)."""

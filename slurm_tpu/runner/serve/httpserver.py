@@ -6,35 +6,63 @@ client (aiohttp 132 us) and 8,400 requests/s at 8 clients (aiohttp 11,400). aioh
 scales better under many clients, but 8,400/s is some 20x what an Edge TPU infers
 (2.6 ms each), lower latency is what an interactive user feels, and the standard
 library needs nothing a fresh install might lack. A thread per connection is fine
-because connections are capped (:attr:`Limits.max_connections`) and time out when idle.
+because connections are capped and time out.
+
+Anyone can connect, so whoever lacks the token must never use up what its holder
+gets. A connection is *pending* from accept until a request head carrying the token
+has arrived, then *authenticated*, and the two are counted apart:
+
+- pending connections have :attr:`Limits.head_deadline` seconds, from accept, to
+  send that head (not per read: one header line every few seconds never ends
+  otherwise) and at most :attr:`Limits.max_head` bytes; past either, closed;
+- at most :attr:`Limits.max_pending_per_peer` pending connections per peer address
+  and :attr:`Limits.max_pending` in all: a new connection over either closes the
+  oldest pending one (of that peer, else of all) rather than being refused, so a
+  flood of slow connections churns only itself and a token holder's connection,
+  whose head arrives at once, always gets in;
+- :attr:`Limits.max_connections` counts authenticated connections only; a token
+  holder over it gets 503 (its own load), never because of anyone else's.
 
 What this layer enforces, before the application sees a request: the token (every
 request, checked before the body is read; 401 and the connection closed), the body
 size (``Content-Length`` required, at most :attr:`Limits.max_body`: 411/413), the
 bytes of bodies held at once (503), stalled clients (:attr:`Limits.io_timeout`), and
-while draining, 503 with ``Connection: close``. Malformed requests get JSON errors
-too, never a traceback; a handler bug is a 500 for that request only.
+while draining, 503 with ``Connection: close``. The one request answered without the
+token is the proof challenge (:data:`~.auth.PROOF_PATH`, see :mod:`.auth`): an HMAC
+of the client's nonce, once per pending connection. Malformed requests get JSON
+errors too, never a traceback; a handler bug is a 500 for that request only.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
 import time
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from urllib.parse import parse_qs
 
-from .app import JSON_TYPE, Response, Route, ServeApp
-from .auth import SCHEME, token_matches
+from .app import JSON_TYPE, Response, Route, ServeApp, json_response
+from .auth import PROOF_PATH, SCHEME, proof, token_matches, valid_nonce
 from .codec import RequestError, error_body
 
-_OVERLOADED = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-               b"Connection: close\r\nContent-Length: 56\r\n\r\n"
-               b'{"error":"too many connections: retry in a few seconds"}')
+_SHUTTING_DOWN = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                  b"Connection: close\r\nContent-Length: 39\r\n\r\n"
+                  b'{"error":"the server is shutting down"}')
+
+
+@dataclass
+class _Pending:
+    """A connection that has not shown the token yet."""
+
+    peer: str
+    deadline: float  # time.monotonic() by which its request head with the token must be in
 
 
 class ServeHTTPServer(ThreadingHTTPServer):
-    """Threads per connection, at most ``max_connections`` of them; tracks them to close idle ones."""
+    """A thread per connection; pending and authenticated connections counted apart (module docstring)."""
 
     daemon_threads = True
     allow_reuse_address = True
@@ -42,46 +70,118 @@ class ServeHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], app: ServeApp):
         self.app = app
-        self._open: set[socket.socket] = set()
+        self._pending: dict[socket.socket, _Pending] = {}  # oldest first (insertion order)
+        self._authenticated: set[socket.socket] = set()
         self._lock = threading.Lock()
         super().__init__(address, _Handler)
 
     def process_request(self, request, client_address) -> None:
+        limits = self.app.limits
+        peer = str(client_address[0]) if isinstance(client_address, tuple) else ""
         with self._lock:
-            refuse = len(self._open) >= self.app.limits.max_connections or self.app.draining
+            refuse = self.app.draining
             if not refuse:
-                self._open.add(request)
-                self.app.connections = len(self._open)
-        if refuse:  # answered from the accepting thread: never block it on a slow client
+                same_peer = [s for s, p in self._pending.items() if p.peer == peer]
+                if len(same_peer) >= limits.max_pending_per_peer:
+                    self._evict(same_peer[0])
+                elif len(self._pending) >= limits.max_pending:
+                    self._evict(next(iter(self._pending)))
+                self._pending[request] = _Pending(peer, time.monotonic() + limits.head_deadline)
+                self._count()
+        if refuse:  # draining; answered from the accepting thread: never block it on a slow client
             try:
                 request.setblocking(False)
-                request.send(_OVERLOADED)
+                request.send(_SHUTTING_DOWN)
             except OSError:
                 pass
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
 
-    def process_request_thread(self, request, client_address) -> None:
+    def _evict(self, sock: socket.socket) -> None:
+        """Forget a pending connection and wake its thread (its read returns EOF; the thread closes it)."""
+        del self._pending[sock]
         try:
-            super().process_request_thread(request, client_address)
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def _count(self) -> None:
+        self.app.connections = len(self._authenticated)
+        self.app.pending_connections = len(self._pending)
+
+    def deadline(self, sock: socket.socket) -> float:
+        """When a new connection's time to authenticate ends (already passed if it was evicted)."""
+        with self._lock:
+            pending = self._pending.get(sock)
+            return pending.deadline if pending is not None else 0.0
+
+    def authenticate(self, sock: socket.socket) -> bool | None:
+        """Move a pending connection to the authenticated ones: True; False when those are at
+        :attr:`Limits.max_connections` (the holder's own load: 503); None when it was evicted."""
+        with self._lock:
+            if sock in self._authenticated:
+                return True
+            if self._pending.pop(sock, None) is None:
+                return None
+            admitted = len(self._authenticated) < self.app.limits.max_connections
+            if admitted:
+                self._authenticated.add(sock)
+            self._count()
+            return admitted
+
+    def process_request_thread(self, request, client_address) -> None:
+        # ThreadingMixIn's, with the connection forgotten before it is closed: an eviction
+        # never shuts down a socket object this thread has already closed.
+        try:
+            self.finish_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
         finally:
             with self._lock:
-                self._open.discard(request)
-                self.app.connections = len(self._open)
+                self._pending.pop(request, None)
+                self._authenticated.discard(request)
+                self._count()
+            self.shutdown_request(request)
 
     def handle_error(self, request, client_address) -> None:
-        pass  # a client that vanished mid-answer; nothing to tell anyone
+        pass  # a client that vanished mid-answer, or one closed at its deadline; nothing to tell anyone
 
     def close_connections(self) -> None:
         """Wake every connection thread (idle keep-alives block in a read) so it ends."""
         with self._lock:
-            sockets = list(self._open)
+            sockets = [*self._pending, *self._authenticated]
         for sock in sockets:
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+class _HeadLimitedReader(socket.SocketIO):
+    """A connection's reads: until it is authenticated, each read waits only for what is left of
+    the head deadline, and the bytes read are capped; afterwards plain reads (``io_timeout`` each)."""
+
+    def __init__(self, sock: socket.socket, deadline: float | None, max_bytes: int, io_timeout: float):
+        super().__init__(sock, "rb")
+        self.deadline = deadline
+        self._left = max_bytes
+        self._io_timeout = io_timeout
+
+    def authenticated(self) -> None:
+        self.deadline = None
+        self._sock.settimeout(self._io_timeout)
+
+    def readinto(self, buffer) -> int:  # type: ignore[override]
+        if self.deadline is None:
+            return super().readinto(buffer)
+        left = self.deadline - time.monotonic()
+        if left <= 0 or self._left <= 0:
+            raise TimeoutError("no request head with the token in time")  # http.server closes the connection
+        self._sock.settimeout(min(left, self._io_timeout))
+        count = super().readinto(memoryview(buffer)[:self._left])
+        self._left -= count or 0
+        return count
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -95,8 +195,14 @@ class _Handler(BaseHTTPRequestHandler):
         return self.server_version  # not the Python version: nothing for a prober to learn
 
     def setup(self) -> None:
-        self.timeout = self.server.app.limits.io_timeout  # idle keep-alives and stalled bodies end
+        limits = self.server.app.limits
+        self.timeout = limits.io_timeout  # idle keep-alives and stalled bodies end
         super().setup()
+        self.rfile.close()  # replaced: reads before the token keep to the head deadline
+        self._reader = _HeadLimitedReader(self.connection, self.server.deadline(self.connection), limits.max_head,
+                                          limits.io_timeout)
+        self.rfile = io.BufferedReader(self._reader)
+        self._challenged = False
 
     def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
         self._handle("GET")
@@ -115,19 +221,26 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(RequestError(503, "the server is shutting down", retry_after=1), close=True)
             return
         try:
-            if not token_matches(self.headers.get("Authorization"), app.token):
-                raise RequestError(401, "missing or wrong token: send 'Authorization: Bearer <token>' with the "
-                                   "token from ~/.slurm-tpu/serve/<jobid>.json")
-            route = app.route(method, path)
-            body = b""
-            if method == "POST":
-                held = self._content_length()
-                if not app.budget.take(held):
-                    held = 0
-                    raise RequestError(503, "the server holds too many request bodies: retry later", retry_after=1)
-                body = self._read_body(held)
-                consumed = True
-            response = app.dispatch(route, body, self.headers.get("Content-Type", ""), query)
+            if path == PROOF_PATH and method == "GET":  # the one request answered without the token
+                route = Route("proof", None, method)
+                response = self._prove(query)
+            else:
+                if not token_matches(self.headers.get("Authorization"), app.token):
+                    raise RequestError(401, "missing or wrong token: send 'Authorization: Bearer <token>' with the "
+                                       "token from ~/.slurm-tpu/serve/<jobid>.json")
+                if self._reader.deadline is not None:
+                    self._admit()
+                route = app.route(method, path)
+                body = b""
+                if method == "POST":
+                    held = self._content_length()
+                    if not app.budget.take(held):
+                        held = 0
+                        raise RequestError(503, "the server holds too many request bodies: retry later",
+                                           retry_after=1)
+                    body = self._read_body(held)
+                    consumed = True
+                response = app.dispatch(route, body, self.headers.get("Content-Type", ""), query)
             self._send(response)
         except RequestError as exc:
             # A body left unread would be taken for the next request: close the connection then.
@@ -147,6 +260,26 @@ class _Handler(BaseHTTPRequestHandler):
         model = route.model.name if route is not None and route.model is not None else ""
         app.metrics.observe(model, route.endpoint if route is not None else "other", status,
                             time.perf_counter() - started)
+
+    def _admit(self) -> None:
+        """A pending connection just showed the token: count it with the authenticated ones."""
+        admitted = self.server.authenticate(self.connection)
+        if admitted is None:  # closed as the oldest pending connection meanwhile
+            raise ConnectionError("evicted")
+        if not admitted:  # counted as neither pending nor authenticated now: close it
+            self.close_connection = True
+            raise RequestError(503, "too many connections: retry in a few seconds", retry_after=1)
+        self._reader.authenticated()
+
+    def _prove(self, query: str) -> Response:
+        """The answer to the proof challenge (auth's module docstring): once per pending connection."""
+        if self._challenged and self._reader.deadline is not None:
+            raise RequestError(401, "one proof per connection: send the token next")
+        self._challenged = True
+        nonce = parse_qs(query).get("nonce", [""])[0]
+        if not valid_nonce(nonce):
+            raise RequestError(400, "the proof challenge needs ?nonce= with 64 to 128 lowercase hex digits")
+        return json_response(200, {"proof": proof(self.server.app.token, nonce), "scheme": "hmac-sha256"})
 
     def _content_length(self) -> int:
         if self.headers.get("Transfer-Encoding"):

@@ -114,5 +114,6 @@ _GAUGE_HELP = {
     "queue_depth": "inferences waiting for a device",
     "queue_capacity": "inferences that may wait before requests are refused with 503",
     "in_flight_requests": "requests being handled",
-    "open_connections": "client connections open",
+    "open_connections": "client connections open that have shown the token",
+    "pending_connections": "client connections open that have not yet shown the token",
 }
