@@ -380,7 +380,7 @@ class LocalCluster:
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
 
-    def _apex_cards(self, node: str) -> list[str]:
+    def apex_cards(self, node: str) -> list[str]:
         """The node's PCIe Edge TPU nodes (from its materialized inventory)."""
         from ..families import inventory_from_json
 
@@ -396,13 +396,13 @@ class LocalCluster:
         Stopped with the other daemons; it unmounts what it mounted, and stop()
         detaches whatever a killed one left.
         """
-        cards = self._apex_cards(node)
+        cards = self.apex_cards(node)
         if cards:
             self._spawn(f"apex-{node}", [self.python, "-m", "slurm_tpu.localcluster.apex",
                                          os.path.join(self.node_dir(node), "sys"), *cards])
 
     def _apex_ready(self, node: str) -> bool:
-        if not self._apex_cards(node):
+        if not self.apex_cards(node):
             return True
         if "apex-" + node not in self.running_pids():
             raise RuntimeError(f"the emulated apex driver of {node} exited; see {self.path('log', f'apex-{node}.out')}")
