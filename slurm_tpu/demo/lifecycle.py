@@ -19,7 +19,7 @@ from .errors import DemoError
 from .layout import NODES, PARTITION_EXTRA, REPO, Layout
 from .preflight import classify, running_slurm_daemons
 
-FORMAT = 2  # bump when the demo's cluster layout changes: a running old one is restarted
+FORMAT = 3  # bump when the demo's cluster layout changes: a running old one is restarted
 _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 
 
@@ -57,6 +57,8 @@ def _healthy(cluster: LocalCluster) -> str | None:
     """None when every daemon runs and every node can take jobs, else why not."""
     pids = cluster.running_pids()
     expected = {"munged", "slurmctld", *(f"slurmd-{n.name}" for n in NODES)}
+    # Without its emulated apex driver a node's PCIe Edge TPUs show no write_open_count: not free.
+    expected |= {f"apex-{n.name}" for n in NODES if cluster.apex_cards(n.name)}
     if expected - set(pids):
         return "daemons missing: " + ", ".join(sorted(expected - set(pids)))
     try:

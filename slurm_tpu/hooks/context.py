@@ -33,6 +33,21 @@ def say(message: str, error: bool = True) -> None:
         pass
 
 
+def drain(node: str, reason: str, settings, environ, hook: str) -> bool:
+    """Drain ``node`` with ``reason`` through the Slurm gateway (``Slurm.drain``); False, said, when Slurm refuses.
+
+    Our own reason is more useful than Slurm's generic "Prolog error"/"Epilog error".
+    """
+    from ..errors import SlurmCommandError
+
+    try:
+        settings.slurm(environ).drain(node, reason)
+        return True
+    except SlurmCommandError as exc:
+        say(f"{hook}: cannot drain {node}: {exc}")
+        return False
+
+
 def load_hook_config(environ: Mapping[str, str]):  # -> Config
     """The site config named by the hook's environment (or the default path).
 

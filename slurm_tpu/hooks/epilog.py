@@ -10,19 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .context import job_from_env, node_from_env, run_guarded, say
-
-
-def _drain(node: str, reason: str, settings, environ) -> bool:
-    """Drain ``node`` through the Slurm gateway (``Slurm.drain``); False, said, when Slurm refuses."""
-    from ..errors import SlurmCommandError
-
-    try:
-        settings.slurm(environ).drain(node, reason)
-        return True
-    except SlurmCommandError as exc:
-        say(f"epilog: cannot drain {node}: {exc}")
-        return False
+from .context import drain, job_from_env, node_from_env, run_guarded, say
 
 
 def run(environ) -> int:
@@ -48,7 +36,7 @@ def run(environ) -> int:
     reason = "slurm-tpu: " + "; ".join(problems)
     say(f"epilog: {reason}")
     # Our own reason is more useful than Slurm's generic "Epilog error".
-    return 0 if _drain(job.node, reason, settings, environ) else 1
+    return 0 if drain(job.node, reason, settings, environ, "epilog") else 1
 
 
 def main(environ=None) -> int:

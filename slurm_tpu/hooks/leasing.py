@@ -149,14 +149,80 @@ def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownD
         how = "/".join(sorted(set(found.holders.values())))
         ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, pids=pids, how=how)
         return f"pid {pids} still holds {identity} ({how}) after job {job_id}; kill it, then resume the node"
-    if settings.revocation(device.kind, device.bus) == GASKET_WRITERS:
-        writers = sum(revoke.gasket_writers(settings.sysfs_root, node) or 0 for node in present)
-        if writers:
-            ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, writers=writers)
-            return (f"the apex driver counts {writers} writable fd(s) on {identity} still open after job {job_id} "
-                    "that no process shows (passed over a Unix socket?); close them (or reboot), then resume "
-                    "the node")
+    writers = gasket_writers(device, present, settings)
+    while writers and time.monotonic() < deadline:
+        ledger.unlock()  # an exiting process's files are released at the end of its do_exit()
+        time.sleep(0.1)
+        ledger.lock()
+        writers = gasket_writers(device, present, settings)
+    if writers is None:
+        return (f"the apex driver shows no write_open_count for {identity} after job {job_id} (driver "
+                f"unloaded? sysfs under {settings.sysfs_root}?), so nobody can tell whether a writer is left; "
+                "check it, then resume the node")
+    if writers:
+        ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, writers=writers)
+        return (f"the apex driver counts {writers} writable fd(s) on {identity} still open after job {job_id} "
+                "that no process shows (passed over a Unix socket?); close them (or reboot), then resume "
+                "the node")
     return None
+
+
+def gasket_writers(device: KnownDevice, nodes: Iterable[str], settings: HookSettings) -> int | None:
+    """Writable files the apex driver counts open on the device's nodes (0 for other families).
+
+    gasket_core.c gasket_open()/gasket_release() count every writable open file
+    until its last reference goes: one in flight over SCM_RIGHTS or kept by a
+    mapping included (see slurm_tpu/locks/revoke.py). None when a node's count
+    cannot be read: the driver always shows it (gasket_sysfs_generic_attrs), so
+    a missing or garbled one means nobody can say the card is free, and the
+    callers keep it (fail closed).
+    """
+    if settings.revocation(device.kind, device.bus) != GASKET_WRITERS:
+        return 0
+    total = 0
+    for node in nodes:
+        count = revoke.gasket_writers(settings.sysfs_root, node)
+        if count is None:
+            return None
+        total += count
+    return total
+
+
+class DeviceNotFree(HookError):
+    """The prolog found a device with writers no lease accounts for; it is kept for the job that leaked it."""
+
+
+def _refuse_if_written(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSettings) -> None:
+    """Before the device is handed over: raise DeviceNotFree if the apex driver counts writers on it
+    (or shows no count: fail closed).
+
+    Called with the state lock held, the job's lease just claimed and the device
+    still root 0600. A writer here was left behind by an earlier holder (a root
+    process that opened it while idle, an fd an epilog could not see), never by
+    this job: the lease is turned into a kept lease of the last job the audit log
+    shows holding the device, so the drain reason, ``slurm-tpu leases``, the next
+    prolog and ``leases --clear`` all name that job, not this one, and nobody
+    gets the device until the count is 0 again.
+    """
+    writers = gasket_writers(device, device.device_nodes, settings)
+    if writers == 0:
+        return
+    last = ledger.last_holder(device.identity)
+    job_id, uid = last if last is not None else (-1, -1)
+    kept = Lease(identity=device.identity, job_id=job_id, uid=uid, kind=device.kind,
+                 start=round(time.time(), 6), device_nodes=device.device_nodes, node=lease.node,
+                 phase=KEPT, phase_since=round(time.time(), 6))
+    ledger.rewrite(kept)
+    blame = f"last held by job {job_id}" if last is not None else "no job in the audit log held it"
+    if writers is None:
+        raise DeviceNotFree(f"job {lease.job_id}: the apex driver shows no write_open_count for {device.identity} "
+                            f"(driver unloaded? sysfs under {settings.sysfs_root}?), so nobody can tell whether a "
+                            f"writer is left ({blame}); the device stays root 0600: check it, then "
+                            "`slurm-tpu leases --clear` and resume the node")
+    ledger.audit(audit.SURVIVOR, identity=device.identity, job_id=job_id, writers=writers, by_job=lease.job_id)
+    raise DeviceNotFree(f"job {lease.job_id}: the apex driver counts {writers} writable fd(s) on {device.identity} "
+                        f"before it was handed over ({blame}); the device stays root 0600 and leased to that job: "
+                        "close them (or reboot), then `slurm-tpu leases --clear` and resume the node")
 
 
 def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, event: str,
@@ -268,10 +334,15 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
                           user=job.user, start=round(time.time(), 6), device_nodes=device.device_nodes,
                           allocation=allocation, node=job.node, prolog_pid=me, prolog_start=my_start)
             _claim(ledger, lease, device, settings, wait_s)
-            taken.append(lease)
             ledger.lock()
             try:
                 device = _current_nodes(ledger, device, lease)
+                _refuse_if_written(ledger, lease, device, settings)  # before it counts as this job's
+            finally:
+                ledger.unlock()
+            taken.append(lease)
+            ledger.lock()
+            try:
                 for node in device.device_nodes:
                     ownership.set_owner(node, device.identity, job.uid, -1, settings.lease_mode)
                 if not device.device_nodes:
@@ -356,8 +427,8 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
 def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSettings, job_id: int) -> None:
     problems = reclaim(ledger, holder, settings, by_job=job_id)
     if problems:
-        raise HookError(f"job {job_id}: {holder.identity} still has a stale lease of ended job {holder.job_id}: "
-                        f"{problems[0]}")
+        raise DeviceNotFree(f"job {job_id}: {holder.identity} still has a stale lease of ended job "
+                            f"{holder.job_id}: {problems[0]}")
 
 
 def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S) -> list[str]:

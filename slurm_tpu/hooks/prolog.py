@@ -2,14 +2,16 @@
 
 Exit status 0 unless the node really cannot serve the job (a device missing,
 held by a live job, or gres.conf naming something unknown): then one line says
-why and Slurm drains the node and requeues (and holds) the job.
+why and Slurm drains the node and requeues (and holds) the job. A device that
+is not free (a writer the apex driver still counts, a stale lease that cannot be
+ended) drains the node with that reason, which names the job that left it so.
 """
 
 from __future__ import annotations
 
 import os
 
-from .context import HookError, job_from_env, node_from_env, run_guarded
+from .context import HookError, drain, job_from_env, node_from_env, run_guarded
 
 
 def run(environ) -> int:
@@ -37,7 +39,13 @@ def run(environ) -> int:
                                 f"{variable.name} entry (unplugged?); replug it or drain the node")
     with Ledger(settings.state_dir) as ledger:
         ledger.sweep_temps()
-        leases = leasing.acquire(ledger, job, devices, settings)
+        try:
+            leases = leasing.acquire(ledger, job, devices, settings)
+        except leasing.DeviceNotFree as exc:
+            # Kept for the job that left it written (see leasing._refuse_if_written): drain with
+            # that reason; the failing prolog then makes Slurm requeue and hold this job.
+            drain(job.node, f"slurm-tpu: {exc}", settings, environ, "prolog")
+            raise
         # Everything after the lease is rolled back with it: a prolog that fails
         # here must not leave the devices with the job's user. The usage box never
         # fails (the job then runs unmetered); the env file only on a full or

@@ -5,7 +5,10 @@ munge (own socket and key), one slurmctld and several ``slurmd -N <name>`` on
 the hardware boundary only: a umockdev description is detected by the real
 ``slurm-tpu detect`` (real libudev), its device nodes are made real with mknod
 under the node's directory, and gres.conf / NodeName lines come from the
-project's own ``gres-conf`` / ``node-conf``. Everything above that is real Slurm.
+project's own ``gres-conf`` / ``node-conf``. Where the hooks need a driver's
+behaviour, a small emulator plays it: the USB core's port ``disable``
+(usbcore.py) and the apex driver's ``write_open_count`` over a pty node (apex.py).
+Everything above that is real Slurm.
 """
 
 from .cluster import LocalCluster, NodeSpec

@@ -17,7 +17,7 @@ from ..errors import SlurmCommandError
 from ..families import FAMILIES
 from ..slurm import installation
 from ..slurm.parse import parse_key_values
-from .hardware import detect_under_umockdev, materialize, materialize_sysfs
+from .hardware import apex_cards, detect_under_umockdev, materialize, materialize_sysfs
 
 
 @dataclass(frozen=True)
@@ -202,6 +202,7 @@ class LocalCluster:
     def _configure_node(self, spec: NodeSpec, port: int, minor: int) -> int:
         directory = self.node_dir(spec.name)
         if os.path.isdir(directory):
+            self._unmount_leftovers(directory)  # an emulated driver's mounts, left by a killed run
             shutil.rmtree(directory)
         os.makedirs(directory, mode=0o755)
         config = {
@@ -372,9 +373,40 @@ class LocalCluster:
         self._spawn("slurmctld", [self.slurm.program("slurmctld"), "-D", "-i"])
         slurmd = self.slurm.program("slurmd")
         for spec in self.nodes:
+            self._start_apex(spec.name)
+        for spec in self.nodes:
+            self._wait(lambda: self._apex_ready(spec.name), 30, f"the emulated apex driver of {spec.name} did not mount")
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
+
+    def apex_cards(self, node: str) -> list[str]:
+        """The node's PCIe Edge TPU nodes (from its materialized inventory)."""
+        from ..families import inventory_from_json
+
+        try:
+            with open(os.path.join(self.node_dir(node), "inventory.json"), encoding="utf-8") as handle:
+                return apex_cards(inventory_from_json(json.load(handle)))
+        except FileNotFoundError:
+            return []
+
+    def _start_apex(self, node: str) -> None:
+        """The emulated apex driver (apex.py) for a node with PCIe Edge TPUs: pty nodes, a live write_open_count.
+
+        Stopped with the other daemons; it unmounts what it mounted, and stop()
+        detaches whatever a killed one left.
+        """
+        cards = self.apex_cards(node)
+        if cards:
+            self._spawn(f"apex-{node}", [self.python, "-m", "slurm_tpu.localcluster.apex",
+                                         os.path.join(self.node_dir(node), "sys"), *cards])
+
+    def _apex_ready(self, node: str) -> bool:
+        if not self.apex_cards(node):
+            return True
+        if "apex-" + node not in self.running_pids():
+            raise RuntimeError(f"the emulated apex driver of {node} exited; see {self.path('log', f'apex-{node}.out')}")
+        return os.path.ismount(os.path.join(self.node_dir(node), "sys", "class", "apex"))
 
     def _start_usbcore(self, node: str) -> None:
         """The emulated USB core (usbcore.py) for a node with USB Edge TPUs: the kernel's side of revocation."""
@@ -463,9 +495,10 @@ class LocalCluster:
                 pass
         self._unmount_leftovers()
 
-    def _unmount_leftovers(self) -> None:
-        """Detach mounts under the base (jobs' usage boxes whose epilog never ran)."""
-        prefix = self.base.rstrip("/") + "/"
+    def _unmount_leftovers(self, under: str | None = None) -> None:
+        """Detach mounts under the base, or ``under`` (jobs' usage boxes whose epilog never ran, an
+        emulated apex driver's nodes and attribute after it was killed)."""
+        prefix = (under or self.base).rstrip("/") + "/"
         try:
             with open("/proc/self/mounts", encoding="utf-8") as handle:
                 points = [line.split()[1] for line in handle if len(line.split()) > 1]

@@ -38,6 +38,9 @@ def materialize(inventory: Inventory, dev_root: str, minor_start: int = 0) -> In
 
     ``/dev/bus/usb/002/005`` becomes ``<dev_root>/bus/usb/002/005`` (root:root
     0600, the idle policy), and the returned inventory names the new paths.
+    These nodes reach no driver (EXPERIMENTAL_MAJOR); a PCIe Edge TPU's node is
+    where the emulated apex driver (apex.py) bind-mounts its pseudo-terminal
+    when the cluster starts.
     """
     minor = minor_start
     accelerators = []
@@ -99,12 +102,20 @@ def usb_sysfs_device(sys_root: str, port_path: str, busnum: int, devnum: int, de
     return "/" + os.path.relpath(device, sys_root)
 
 
+def apex_cards(inventory: Inventory) -> list[str]:
+    """The device nodes of ``inventory``'s PCIe Edge TPUs: what the emulated apex driver (apex.py) serves."""
+    return [a.device_nodes[0] for a in inventory
+            if a.kind == "edgetpu" and a.bus.value == "pci" and a.device_nodes]
+
+
 def materialize_sysfs(inventory: Inventory, sys_root: str) -> None:
     """The sysfs the hooks' revocation reads and writes, for ``inventory``'s Edge TPUs.
 
-    USB sticks get their device directory and hub port (see usb_sysfs_device);
-    PCIe apex devices get ``class/apex/apex_N/write_open_count`` (0: no driver
-    here counts open files, see slurm_tpu/locks/revoke.py).
+    USB sticks get their device directory and hub port (see usb_sysfs_device).
+    PCIe apex devices get an empty ``class/apex``: the emulated apex driver
+    (apex.py, started with the cluster) mounts ``apex_N/write_open_count`` there,
+    answered from the device's real open files. Until it runs the attribute is
+    missing, which the hooks take as "the driver cannot say": not free.
     """
     for accelerator in inventory:
         if accelerator.kind != "edgetpu" or not accelerator.device_nodes:
@@ -113,8 +124,5 @@ def materialize_sysfs(inventory: Inventory, sys_root: str) -> None:
         if accelerator.bus.value == "usb":
             parts = node.rstrip("/").split("/")
             usb_sysfs_device(sys_root, accelerator.identity[len("usb-"):], int(parts[-2]), int(parts[-1]), node)
-        elif accelerator.bus.value == "pci":
-            directory = os.path.join(sys_root, "class", "apex", os.path.basename(node))
-            os.makedirs(directory, exist_ok=True)
-            with open(os.path.join(directory, "write_open_count"), "w", encoding="ascii") as handle:
-                handle.write("0\n")
+    if apex_cards(inventory):
+        os.makedirs(os.path.join(sys_root, "class", "apex"), exist_ok=True)

@@ -144,6 +144,29 @@ class Ledger:
         except (OSError, statedir.StateDirError):
             pass
 
+    def last_holder(self, identity: str, limit: int = 1 << 20) -> tuple[int, int] | None:
+        """(job_id, uid) of the last job the audit log shows acquiring ``identity``; None if unknown.
+
+        Reads only the log's last ``limit`` bytes: it is for a failure path (naming
+        the job that leaked a device), and a device that no job took within them
+        is one the log cannot attribute any more.
+        """
+        try:
+            fd = os.open(AUDIT, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
+        except OSError:
+            return None
+        try:
+            size = os.fstat(fd).st_size
+            start = max(0, size - limit)
+            tail = os.pread(fd, size - start, start)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if start:
+            tail = tail[tail.find(b"\n") + 1:]  # the first line is cut
+        return audit.last_acquire(tail, identity)
+
 
 def process_start_time(pid: int) -> int:
     """Field 22 of /proc/<pid>/stat (clock ticks since boot), 0 if the process is gone."""

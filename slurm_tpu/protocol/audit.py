@@ -102,6 +102,40 @@ def _json(item: object) -> str:
     return "".join(out)
 
 
+def last_acquire(tail: bytes, identity: str) -> tuple[int, int] | None:
+    """(job_id, uid) of the last ``acquire`` of ``identity`` among the audit lines in ``tail``; None if none.
+
+    For the root hooks' failure path (naming the job that last held a device),
+    so no json: it reads lines :func:`encode` wrote, whose top-level fields are
+    ``"key": value`` with ``", "`` between them. A string value escapes every
+    ``"`` it holds, so no forged string can look like a top-level field. A torn
+    or foreign line simply does not match.
+    """
+    wanted = f'"{IDENTITY}": {_json(identity)}'.encode()
+    acquire = f'"{EVENT}": {_json(ACQUIRE)}'.encode()
+    for line in reversed(tail.split(b"\n")):
+        if wanted in line and acquire in line:
+            job_id, uid = _int_field(line, JOB_ID), _int_field(line, UID)
+            if job_id is not None and uid is not None:
+                return job_id, uid
+    return None
+
+
+def _int_field(line: bytes, name: str) -> int | None:
+    key = f'"{name}": '.encode()
+    start = line.find(key)
+    if start < 0:
+        return None
+    start += len(key)
+    end = start + (line[start:start + 1] == b"-")
+    while end < len(line) and line[end:end + 1].isdigit():
+        end += 1
+    try:
+        return int(line[start:end])
+    except ValueError:
+        return None
+
+
 # ---- reader ------------------------------------------------------------------
 def decode(line: str, source: str = FILE) -> dict:
     """One audit event from one line; :class:`FormatError` says why it is not one.

@@ -81,25 +81,39 @@ def open_as(user: str, path: str) -> str:
 
     The simulated nodes use an experimental major with no driver, so a permitted
     open() fails with ENXIO *after* the permission check: EACCES means the kernel
-    refused the user, anything else means the user got past the permissions.
+    refused the user, anything else means the user got past the permissions. A PCIe
+    Edge TPU's node is the emulated apex driver's pty: a permitted open() succeeds.
     """
     done = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-I", "-c", OPEN_PROBE, path],
                           capture_output=True, text=True, timeout=30)
     return done.stdout.strip() or done.stderr.strip()
 
 
+PTY_SLAVE_MAJORS = range(136, 144)  # Unix98 pty slaves: 256 minors per major
+
+
 def node_on(node: str, device: str) -> int:
     """Point a simulated device node at a real driver's numbers (e.g. /dev/null), so a process
-    can hold it open or map it; returns the node's original rdev for :func:`restore_node`."""
+    can hold it open or map it (a PCIe card's pty does not map); returns the node's original
+    rdev for :func:`restore_node`. A node the emulated apex driver bind-mounted its pty on
+    (slurm_tpu/localcluster/apex.py) is unmounted first; the driver's count then reads 0."""
     rdev = os.lstat(node).st_rdev
+    if os.path.ismount(node):
+        subprocess.run(["umount", node], check=True, capture_output=True)
     os.unlink(node)
     os.mknod(node, stat.S_IFCHR | 0o600, os.stat(device).st_rdev)
     return rdev
 
 
 def restore_node(node: str, rdev: int) -> None:
+    """Undo :func:`node_on`: the original numbers, or the emulated apex driver's pty bind-mounted again."""
     os.unlink(node)
-    os.mknod(node, stat.S_IFCHR | 0o600, rdev)
+    if os.major(rdev) not in PTY_SLAVE_MAJORS:
+        os.mknod(node, stat.S_IFCHR | 0o600, rdev)
+        return
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 0))  # the placeholder the pty is mounted on
+    pts = f"/dev/pts/{(os.major(rdev) - PTY_SLAVE_MAJORS[0]) * 256 + os.minor(rdev)}"
+    subprocess.run(["mount", "--bind", pts, node], check=True, capture_output=True)
 
 
 # A job that leaves a daemon (double fork, own session: it escapes Slurm's process

@@ -340,31 +340,30 @@ time.sleep(120)
 
 
 def test_pci_fd_in_flight_is_caught_by_the_drivers_count_of_writers(cluster, users):
-    node, rdev = pci_node_on(cluster, "/dev/full")
+    # The card's node is the emulated apex driver's pty (slurm_tpu/localcluster/apex.py): its
+    # write_open_count follows the node's real open files, as gasket_open()/gasket_release() do.
+    node = inventory(cluster, "n1")[PCI][0]
     sock, ready = out(cluster, "inflight.sock"), out(cluster, "inflight.ready")
     sink = python_as("stpu_alice", NEVER_READS, sock, ready)
     count = os.path.join(sys_root(cluster), "class", "apex", os.path.basename(node), "write_open_count")
     try:
         wait_until(lambda: os.path.exists(ready), 30, "the sink to listen")
+        assert open(count).read() == "0\n"
         job = hold(cluster, "stpu_alice", "inflight", "tpu:edgetpu_pci:1", SMUGGLE.format(node=node, sock=sock))
-        # No gasket driver here: the testbed's count stands for gasket_open()'s write_open_count,
-        # which a real card shows for the writable file now sitting in the socket's queue.
-        with open(count, "w") as handle:
-            handle.write("1\n")
         assert stop(cluster, "inflight", job) == "COMPLETED"
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
         reason = drain_reason(cluster)
         assert reason.startswith("slurm-tpu:") and "1 writable fd(s)" in reason and PCI in reason
+        assert f"after job {job}" in reason, reason
         assert owner(node) == (0, 0, 0o600)
+        assert open(count).read() == "1\n"  # still in the sink's socket queue: no process shows it
     finally:
         sink.kill()
         sink.wait()
-    with open(count, "w") as handle:  # the last reference went with the sink: gasket_release()
-        handle.write("0\n")
+    assert open(count).read() == "0\n"  # its last reference went with the sink's socket
     cleared = clear_lease(cluster, PCI)
     assert cleared.returncode == 0 and "cleared" in cleared.stdout, cleared.stderr
     resume(cluster)
-    restore_node(node, rdev)
     assert_idle_and_consistent(cluster)
 
 
