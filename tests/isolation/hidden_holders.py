@@ -41,7 +41,7 @@ def keeper():
 
 threading.Thread(target=keeper, daemon=True).start()
 ready.wait()
-os.close(fd)  # gone from the table the leader shares with the process; the keeper's copy has it
+os.close(fd)  # gone from the table the leader shares with the process; the keeper has its own copy
 announce(f"{os.getpid()} {keeper_tid[0]}")
 time.sleep(3600)
 """
