@@ -29,9 +29,12 @@ if TYPE_CHECKING:
 
 _S_IFMT, _S_IFCHR = 0o170000, 0o020000
 _CHECK_EVERY = 256  # fds/mappings between two looks at the clock
-# An fd table with at least this many fds is compared (kcmp) with the tables
-# already seen before it is read: below it, reading costs less than comparing.
-_DEDUPE_FDS = 64
+# An fd table with at least this many fds, or of a process with more threads than
+# this, is compared (kcmp) with the tables already seen before it is read. Below
+# both, reading the table of each thread costs less than loading kcmp (ctypes, some
+# 4 ms) for the node's ordinary processes; above either, a user could multiply the
+# scan's work by sharing one table among many tasks.
+_DEDUPE_FDS, _DEDUPE_THREADS = 64, 8
 # Tables with at least this many fds are read last (the ended job's user's
 # first, then the smallest first): a flood of decoys can then only leave its own
 # processes unverified, never the node's ordinary ones.
@@ -73,7 +76,7 @@ _kcmp_fn: Callable[[int, int, int], int] | None | bool = False  # False: not loo
 def _kcmp() -> Callable[[int, int, int], int] | None:
     """kcmp(pid1, pid2, type) through libc's syscall(), or None where it cannot be had.
 
-    Loaded the first time a scan meets a process with several threads or a
+    Loaded the first time a scan meets a process with many threads or a
     large fd table (ctypes costs the hook a few ms to import, so not before).
     kcmp (kernel/kcmp.c, kcmp_ptr) answers 0 when both tasks point to the same
     object and otherwise 1 or 2 by an order of the (obfuscated) kernel
@@ -252,7 +255,7 @@ def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: flo
         for tid in tids:
             fd_dir = f"/proc/{pid}/task/{tid}/fd"
             count = _fd_count(fd_dir)
-            if (len(tids) > 1 or count >= _DEDUPE_FDS) and tables.add(tid):
+            if (len(tids) > _DEDUPE_THREADS or count >= _DEDUPE_FDS) and tables.add(tid):
                 continue  # a table read (or queued) already
             if count >= _HEAVY_FDS:
                 heavy.append((uid != first_uid, count, pid, uid, fd_dir))
