@@ -211,9 +211,11 @@ def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: flo
     entry, fs/proc/base.c proc_pid_lookup). Each fd table is read once however
     many tasks share it (kcmp, see :func:`_kcmp`).
 
-    Cost: one stat per fd (about 2.5 us on a loaded 2-core machine: a million
-    fds take some 2.5 s). Large tables (a flood of decoys) are read after
-    everything else, so only they can be left unverified when the box runs out.
+    Cost: one stat per fd, about 3 us (a million fds: some 3 s on a quiet
+    2-core machine, 8 to 12 s under load; the kernel's proc lookups dominate,
+    readlink saves a fifth and threads nothing). Large tables (a flood of
+    decoys) are read after everything else, the ``first_uid``'s first, so a
+    flood can leave only large tables unverified when the box runs out.
     """
     result = Scan()
     wanted = set(rdevs)
@@ -260,13 +262,13 @@ def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: flo
             if count >= _HEAVY_FDS:
                 heavy.append((uid != first_uid, count, pid, uid, fd_dir))
                 pending[pid] = pending.get(pid, 0) + 1
-            elif not how:
+            else:  # read even when a mapping was found: a task sharing this table is named by it
                 found = _table_holds(fd_dir, wanted, deadline)
                 if found is None:
                     cut = True
                     break
                 if found:
-                    how = "fd"
+                    how = how or "fd"
         if how:
             result.holders[pid] = how
         if cut:
@@ -276,7 +278,7 @@ def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: flo
             result.scanned += 1
     heavy.sort()
     for index, (_, count, pid, uid, fd_dir) in enumerate(heavy):
-        found = False if pid in result.holders else _table_holds(fd_dir, wanted, deadline)
+        found = _table_holds(fd_dir, wanted, deadline)
         if found is None:
             result.complete = False
             seen = {p for p, _, _ in result.unverified}
@@ -286,7 +288,7 @@ def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: flo
                     result.unverified.append((rest_pid, rest_uid, rest_count))
             break
         if found:
-            result.holders[pid] = "fd"
+            result.holders.setdefault(pid, "fd")
         pending[pid] -= 1
         if not pending[pid]:
             result.scanned += 1

@@ -28,7 +28,7 @@ def announce(text):
 # Item 1a: a thread unshares its fd table (unshare(CLONE_FILES) copies it), the main
 # thread closes the fd: only /proc/PID/task/TID/fd of that thread still shows it.
 PRIVATE_FD_TABLE = _PRELUDE + r"""
-fd = os.open(node, os.O_RDWR)
+fd = os.open(node, os.O_RDWR | os.O_NOCTTY)
 ready = threading.Event()
 keeper_tid = []
 
@@ -58,7 +58,7 @@ keep_fd = "fd" in options
 leader = os.getpid()
 
 def worker():
-    fd = os.open(node, os.O_RDWR)
+    fd = os.open(node, os.O_RDWR | os.O_NOCTTY)
     if not keep_fd:
         address = libc.mmap(None, 4096, 3, 2, fd, 0)  # PROT_READ|PROT_WRITE, MAP_PRIVATE
         if address in (None, ctypes.c_void_p(-1).value):
@@ -83,7 +83,7 @@ count = min(wanted[0] if wanted else 19000, hard - 64)
 base = os.open("/dev/null", os.O_RDONLY)
 for _ in range(count // 2):
     os.dup(base)
-fd = os.open(node, os.O_RDWR)
+fd = os.open(node, os.O_RDWR | os.O_NOCTTY)
 for _ in range(count - count // 2):
     os.dup(base)
 announce(str(os.getpid()))

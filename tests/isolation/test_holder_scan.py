@@ -165,7 +165,8 @@ def test_a_holder_hidden_among_decoys_is_found_and_the_flood_is_read_last(device
     try:
         pid, flood = int(announced), decoy_pids(decoys)
         found = scan(device, first_uid=0)  # the holder is root's, like the ended job's user here
-        assert found.complete and found.holders == {pid: "fd"}
+        # (Other processes of this machine may hold /dev/zero's numbers: only ours are asserted.)
+        assert found.complete and found.holders.get(pid) == "fd" and not set(found.holders) & flood
         pids = [table_pid(d) for d in order]
         assert flood <= set(pids) and pid in pids
         # Ordinary tables (init's) before the large ones; the job user's large ones before others'.
@@ -188,7 +189,7 @@ def test_a_box_that_runs_out_names_the_unread_processes_and_proves_nothing(devic
     try:
         flood = decoy_pids(decoys)
         found = scan(device)
-        assert not found.complete and found.holders == {}
+        assert not found.complete and not set(found.holders) & flood
         assert {pid for pid, _, _ in found.unverified} >= flood
         assert all(fds >= processes._HEAVY_FDS for _, _, fds in found.unverified)  # nobody ordinary
         assert found.scanned == found.total - len(found.unverified)
