@@ -53,7 +53,7 @@ class Config:
     revoke: bool = True
     # Wall-clock budget of one holder scan (every process's fds and mappings); a scan
     # that cannot finish in it drains the node instead of stretching the epilog.
-    holder_scan_seconds: float = 2.0
+    holder_scan_seconds: float = 10.0
     # Where sysfs is mounted (tests point it at a materialized testbed).
     sysfs_root: str = "/sys"
     udev_run_program: str | None = None

@@ -3,7 +3,7 @@
 Idempotent: a second run, or a run for a job with no lease, changes nothing.
 When a process survives holding a device, or a device vanished during the job,
 the node is drained with a reason starting ``slurm-tpu:`` (one scontrol call,
-only in that case).
+only in that case; a device the holder scan could not verify is kept, no drain).
 """
 
 from __future__ import annotations
@@ -31,6 +31,10 @@ def run(environ) -> int:
         jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
         jobusage.discard(ledger, job.job_id)
         problems = leasing.release(ledger, job.job_id, settings)
+    for notice in problems:
+        if isinstance(notice, leasing.Withheld):  # the device waits, the node serves on
+            say(f"epilog: slurm-tpu: {notice}")
+    problems = [p for p in problems if not isinstance(p, leasing.Withheld)]
     if not problems:
         return 0
     reason = "slurm-tpu: " + "; ".join(problems)

@@ -121,34 +121,65 @@ def _filesystems(nodes: Iterable[str], settings: HookSettings, identity: str) ->
     return found
 
 
+class Withheld(str):
+    """A problem that keeps the device out of use (lease ``kept``, node root 0600) without draining the node.
+
+    The holder scan could not read every open file in its time box: somebody
+    keeps more fds open than the box covers (any local user can). That must not
+    hand the device to the next job (a holder may hide in what was not read),
+    nor let that user take the whole node out of service: only this device
+    waits, and the next scan decides (the next prolog given it, the health
+    check, ``slurm-tpu leases --clear``). A prolog whose scan cannot finish
+    either fails, and Slurm drains the node then: the residual, named in the
+    reason with the processes that could not be checked.
+    """
+
+    __slots__ = ()
+
+
+def _unverified(found: processes.Scan) -> str:
+    """The largest processes the scan could not check, for the admin: ``pid P (uid U, N fds)``."""
+    biggest = sorted(found.unverified, key=lambda entry: -entry[2])[:3]
+    named = ", ".join(f"pid {pid} (uid {uid}, {fds} fds)" for pid, uid, fds in biggest)
+    more = len(found.unverified) - len(biggest)
+    return named + (f" and {more} more" if more > 0 else "")
+
+
 def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownDevice, present: list[str],
                          settings: HookSettings, wait_s: float) -> str | None:
-    """Why a device that cannot be revoked is not free yet, or None when it is."""
+    """Why a device that cannot be revoked is not free yet (a :class:`Withheld` when unverified), or None."""
     identity, job_id = lease.identity, lease.job_id
     rdevs, filesystems = _rdevs(present), _filesystems(present, settings, identity)
     skip_root = lease.uid != 0  # a user's fd reaches a root process only if root software takes it
+    first_uid = lease.uid if lease.uid > 0 else None
 
-    def scan() -> processes.Scan:
-        return processes.scan_holders(rdevs, filesystems, settings.holder_scan_s, skip_root)
+    def scan(only: list[int] | None = None) -> processes.Scan:
+        return processes.scan_holders(rdevs, filesystems, settings.holder_scan_s, skip_root, first_uid, only)
 
     found = scan()
     deadline = time.monotonic() + wait_s
-    while found.complete and found.holders and time.monotonic() < deadline:
+    while found.holders and time.monotonic() < deadline:
         ledger.unlock()  # the job's last processes may be exiting right now
         time.sleep(0.1)
         ledger.lock()
-        found = scan()
-    if not found.complete:
-        ledger.audit(audit.SCAN_INCOMPLETE, identity=identity, job_id=job_id, scanned=found.scanned,
-                     total=found.total)
-        return (f"holder scan of {identity} after job {job_id} could not finish within "
-                f"{settings.holder_scan_s:g} s ({found.scanned} of {found.total} processes): a process with "
-                "very many open files may hide a holder; find it, then resume the node")
-    if found.holders:
+        again = scan(sorted(found.holders))  # cheap: only those; all of them again once they let go
+        found = again if again.holders else scan()
+    if found.holders:  # named even when the rest could not be read: a real holder is caught
         pids = ",".join(str(p) for p in sorted(found.holders))
         how = "/".join(sorted(set(found.holders.values())))
         ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, pids=pids, how=how)
         return f"pid {pids} still holds {identity} ({how}) after job {job_id}; kill it, then resume the node"
+    if not found.complete:
+        unverified = _unverified(found)
+        ledger.audit(audit.SCAN_INCOMPLETE, identity=identity, job_id=job_id, scanned=found.scanned,
+                     total=found.total, unverified=unverified)
+        if settings.revocation(device.kind, device.bus) != GASKET_WRITERS:
+            return Withheld(
+                f"holder scan of {identity} after job {job_id} could not read every open file within "
+                f"{settings.holder_scan_s:g} s ({len(found.unverified)} process(es) unchecked: {unverified}); "
+                f"{identity} stays out of use (root 0600) until a scan completes, the node stays in service")
+        # Gasket counts its writers itself (below): only a read-only holder could hide in
+        # what was not read, the residual README's revocation section names.
     writers = gasket_writers(device, present, settings)
     while writers and time.monotonic() < deadline:
         ledger.unlock()  # an exiting process's files are released at the end of its do_exit()
@@ -432,11 +463,12 @@ def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSet
 
 
 def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S) -> list[str]:
-    """End the job's leases (see :func:`end_lease`); returns problems that should drain the node.
+    """End the job's leases (see :func:`end_lease`); returns problems, which drain the node unless :class:`Withheld`.
 
     A device that could not be revoked and is still open keeps its lease (phase
     ``kept``, root 0600): the node gets drained, and the next prolog, the health
     check or ``slurm-tpu leases --clear`` gives it back once the holder is gone.
+    A device the scan could not verify is kept the same way, without a drain.
     """
     problems: list[str] = []
     ledger.lock()

@@ -96,7 +96,7 @@ class HookSnapshot:
         # The config's slurm.bin_dir/sbin_dir ("" when unset: slurm/installation.py decides).
         self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
         # Revocation at job end (slurm_tpu/locks/revoke.py) and the holder scan's time box.
-        self.revoke, self.holder_scan_s, self.sysfs_root = True, 2.0, "/sys"
+        self.revoke, self.holder_scan_s, self.sysfs_root = True, 10.0, "/sys"
 
     def revocation(self, kind: str, bus: str) -> str:
         """How a device of this kind and bus is revoked at job end (SCAN: holder scan only)."""

@@ -300,7 +300,9 @@ def set_scan_budget(cluster, seconds: float | None) -> None:
         yaml.safe_dump(config, handle)
 
 
-def test_a_flood_of_decoy_fds_drains_with_its_reason_instead_of_stretching_the_epilog(cluster, users):
+def test_a_flood_of_decoy_fds_neither_stretches_the_epilog_nor_drains_the_node(cluster, users):
+    # PCIe: the apex driver counts the writers itself; a scan the flood cut short leaves
+    # only read-only holders unseen (the residual the README names), so the card goes back.
     node = inventory(cluster, "n1")[PCI][0]
     set_scan_budget(cluster, 0.05)
     decoys = [python_as("stpu_alice", DECOYS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
@@ -311,19 +313,17 @@ def test_a_flood_of_decoy_fds_drains_with_its_reason_instead_of_stretching_the_e
         job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
                              user="stpu_alice")
         cluster.wait_for_jobs([job], timeout=60)
-        wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
-        reason = drain_reason(cluster)
-        assert reason.startswith("slurm-tpu:") and "could not finish within 0.05 s" in reason and PCI in reason
-        assert owner(node) == (0, 0, 0o600)
-        assert {r["identity"]: r["phase"] for r in leases(cluster, "n1")} == {PCI: "kept"}
+        wait_until(lambda: any(e["event"] == "release" and e["job_id"] == job for e in audit(cluster, "n1")),
+                   60, "the epilog to release the card")
+        assert any(e["event"] == "scan-incomplete" and e["job_id"] == job for e in audit(cluster, "n1"))
+        wait_until(lambda: "COMPLETING" not in cluster.node_states()["n1"], 60, "the epilog to end")
+        assert "DRAIN" not in cluster.node_states()["n1"], drain_reason(cluster)
+        assert owner(node) == (0, 0, 0o600) and leases(cluster, "n1") == []
     finally:
         for decoy in decoys:
             decoy.kill()
             decoy.wait()
         set_scan_budget(cluster, None)
-    cleared = clear_lease(cluster, PCI)
-    assert cleared.returncode == 0 and "cleared" in cleared.stdout, cleared.stderr
-    resume(cluster)
     assert_idle_and_consistent(cluster)
 
 
