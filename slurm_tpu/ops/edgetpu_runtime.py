@@ -131,13 +131,24 @@ def _access_findings(inventory: Inventory, environ: Mapping[str, str]) -> list[F
     return findings
 
 
+def _node_view(library) -> list[tuple[str, str]]:
+    """What libedgetpu lists on the whole node: inside a job, EDGETPU_VISIBLE_DEVICES (read by
+    the library at each call) would hide the other jobs' Edge TPUs from the comparison."""
+    saved = os.environ.pop(jobenv.EDGETPU_VISIBLE, None)
+    try:
+        return library.list_devices()
+    finally:
+        if saved is not None:
+            os.environ[jobenv.EDGETPU_VISIBLE] = saved
+
+
 def check_runtime(inventory: Inventory, library_path: str | None = None,
                   environ: Mapping[str, str] = os.environ) -> RuntimeCheck:
     """Load libedgetpu (raises LibEdgeTpuError with one line if it cannot), list, compare."""
     from ..runner.backend import EdgeTpuLibrary
 
     library = EdgeTpuLibrary(library_path)
-    listed = library.list_devices()
+    listed = _node_view(library)
     findings = compare(inventory, listed) + _access_findings(inventory, environ)
     return RuntimeCheck(library.path, library.version(), tuple(f"{t}:{p}" for t, p in listed), tuple(findings))
 
