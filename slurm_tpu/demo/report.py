@@ -9,7 +9,7 @@ import re
 import string
 from typing import Sequence
 
-from .experiment import CLIENT_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
+from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
 from .layout import JOBS_DIR, NODES, Layout
 from .records import JobRecord, Lease
 from .timeline import Check, build_lanes, check_run, nice_step, render
@@ -166,6 +166,22 @@ def detection_lines(layout: Layout, job: int) -> list[str]:
     if drawn:
         lines.append(f"  annotated: {drawn[0]} (and {len(drawn) - 1} more)")
     return lines
+
+
+def coral_lines(outputs: list[tuple[int, str]]) -> tuple[list[str], bool]:
+    """The unmodified Coral code step: what each job saw and got; ok when each saw one TPU, not the same."""
+    lines = [f"Coral's own code, no device argument (jobs/coral_example.sbatch), {len(outputs)} jobs on {CORAL_NODE}:"]
+    seen = []
+    for job, output in outputs:
+        sees = next((line.split(": ", 1)[1] for line in output.splitlines()
+                     if line.startswith("Edge TPUs this job sees: ")), "nothing printed")
+        seen.append(sees)
+        last = output.rstrip().splitlines()[-1] if output.strip() else "no output"
+        shown = ", ".join(f"{entry.split(':', 1)[0]} {os.path.basename(entry)}" for entry in sees.split(", "))
+        lines.append(f"  job {job} sees only {shown}: {last}")
+    ok = all("," not in s and s.startswith(("pci:", "usb:")) for s in seen) and len(set(seen)) == len(seen)
+    lines.append(f"  {'ok  ' if ok else 'FAIL'}  each job saw only its own Edge TPU (EDGETPU_VISIBLE_DEVICES)")
+    return lines, ok
 
 
 def serve_lines(served: Served) -> list[str]:

@@ -258,6 +258,27 @@ def test_classify_tpu_job_runs_on_the_device_it_was_leased(demo):
     assert output.rstrip().endswith(f"{expected_label(layout, image)}: 0.99609")
 
 
+def test_unmodified_coral_code_got_each_job_its_own_tpu_on_the_two_tpu_node(demo):
+    """The demo ran jobs/coral_example.sbatch (no device argument) twice on node-pcie: each job's
+    libedgetpu (the double, honouring EDGETPU_VISIBLE_DEVICES as the node's patched one does)
+    listed and used only the card the job was leased."""
+    done, layout = demo
+    jobs = [r for r in jobcomp(layout) if r["Name"] == "classify-coral"]
+    assert len(jobs) == 2 and {(r["JobState"], r["NodeList"]) for r in jobs} == {("COMPLETED", "node-pcie")}
+    cards = inventory(layout, "node-pcie")
+    seen = []
+    for record in jobs:
+        job = int(record["JobId"])
+        [lease] = [lease for lease in held(layout) if lease[2] == job]
+        output = read(os.path.join(layout.out, f"classify-coral-{job}.out")).splitlines()
+        assert output[0] == f"job {job} on node-pcie: EDGETPU_VISIBLE_DEVICES={cards[lease[1]][0]}"
+        assert output[1] == f"Edge TPUs this job sees: pci:{cards[lease[1]][0]}"
+        seen.append(output[1])
+        assert output[-1].endswith(": 0.99609")
+    assert len(set(seen)) == 2  # not the node's first card twice
+    assert "ok    each job saw only its own Edge TPU (EDGETPU_VISIBLE_DEVICES)" in done.stdout
+
+
 def test_classify_gpu_job_fails_cleanly_without_a_gpu_and_falls_back_when_asked(demo):
     _, layout = demo
     image = os.path.join(layout.images, "img_00002.png")
