@@ -169,19 +169,13 @@ def detection_lines(layout: Layout, job: int) -> list[str]:
 
 
 def coral_lines(outputs: list[tuple[int, str]]) -> tuple[list[str], bool]:
-    """The unmodified Coral code step: what each job saw and got; ok when each saw one TPU, not the same."""
-    lines = [f"Coral's own code, no device argument (jobs/coral_example.sbatch), {len(outputs)} jobs on {CORAL_NODE}:"]
-    seen = []
-    for job, output in outputs:
-        sees = next((line.split(": ", 1)[1] for line in output.splitlines()
-                     if line.startswith("Edge TPUs this job sees: ")), "nothing printed")
-        seen.append(sees)
-        last = output.rstrip().splitlines()[-1] if output.strip() else "no output"
-        shown = ", ".join(f"{entry.split(':', 1)[0]} {os.path.basename(entry)}" for entry in sees.split(", "))
-        lines.append(f"  job {job} sees only {shown}: {last}")
+    """The unmodified Coral code step, in one line: the TPU each job saw; ok when each saw one, not the same."""
+    seen = [next((line.split(": ", 1)[1] for line in output.splitlines()
+                  if line.startswith("Edge TPUs this job sees: ")), "nothing") for _, output in outputs]
     ok = all("," not in s and s.startswith(("pci:", "usb:")) for s in seen) and len(set(seen)) == len(seen)
-    lines.append(f"  {'ok  ' if ok else 'FAIL'}  each job saw only its own Edge TPU (EDGETPU_VISIBLE_DEVICES)")
-    return lines, ok
+    shown = " | ".join(f"{s.split(':', 1)[0]} {os.path.basename(s)}" if ":" in s else s for s in seen)
+    return [f"{'ok  ' if ok else 'FAIL'}  unmodified Coral code, no device argument: {len(outputs)} jobs on "
+            f"{CORAL_NODE} saw {shown}"], ok
 
 
 def serve_lines(served: Served) -> list[str]:
