@@ -30,6 +30,7 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 
@@ -381,6 +382,19 @@ def _file_sha256(path: str) -> str | None:
         return hashlib.sha256(handle.read()).hexdigest()
 
 
+def _backup(path: str) -> str:
+    """A copy of what is at ``path`` (a link stays a link) beside it; its path. The original stays in
+    place until the caller renames the new file over it."""
+    backup = path + BACKUP_SUFFIX
+    if os.path.lexists(backup):
+        os.unlink(backup)
+    if os.path.islink(path):
+        os.symlink(os.readlink(path), backup)
+    else:
+        shutil.copy2(path, backup)
+    return backup
+
+
 def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say) -> None:
     """``_install_file`` for a binary (the library): same manifest entries, same backup rule."""
     previous = manifest.files.get(path)
@@ -399,8 +413,8 @@ def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_ru
     ours = previous is not None and previous["before"] != "same"
     before = previous["before"] if ours else "absent"
     if exists and not ours:
-        before = path + BACKUP_SUFFIX
-        os.replace(path, before)  # the site's own file (libedgetpu1-std's), kept for uninstall
+        before = _backup(path)  # the site's own file (libedgetpu1-std's), kept for uninstall
+    # Written beside it, then renamed over it: a job's dlopen finds the old or the new library.
     temporary = f"{path}.slurm-tpu.new"
     with open(temporary, "wb") as handle:
         handle.write(data)
@@ -426,11 +440,12 @@ def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say
     ours = previous is not None and previous["before"] != "same"
     before = previous["before"] if ours else "absent"
     if exists and not ours:
-        before = path + BACKUP_SUFFIX
-        os.replace(path, before)
-    elif exists:
-        os.unlink(path)
-    os.symlink(target, path)
+        before = _backup(path)
+    temporary = f"{path}.slurm-tpu.new"
+    if os.path.lexists(temporary):
+        os.unlink(temporary)
+    os.symlink(target, temporary)
+    os.replace(temporary, path)  # never a moment without libedgetpu.so.1
     manifest.files[path] = {"path": path, "link": target, "before": before, "config": False}
 
 
