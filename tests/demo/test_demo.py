@@ -139,7 +139,8 @@ def test_demo_runs_to_completion_quickly_with_short_output(demo):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == ""
     lines = done.stdout.replace(layout.base, "/tmp/slurm-tpu-demo").splitlines()
-    assert len(lines) <= 60 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
+    # 60 before the unmodified-Coral step's line; the timeline's length varies by a line with where jobs ran.
+    assert len(lines) <= 62 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
     assert "test-double libedgetpu" in done.stdout  # it says plainly that there is no real TPU
     assert done.seconds < 120, f"demo took {done.seconds:.0f} s"
 
