@@ -10,7 +10,7 @@ cd "$(dirname "$0")/.."
 # plus PyYAML when a config file exists). python3-gi + gir1.2-umockdev-1.0: the watcher
 # tests drive real uevents through UMockdev's GObject API.
 APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3 python3-venv python3-yaml
-              util-linux passwd python3-gi gir1.2-umockdev-1.0)
+              util-linux passwd python3-gi gir1.2-umockdev-1.0 strace)
 # What the real libedgetpu built below needs at run time (its build packages: build.sh).
 APT_PACKAGES+=(libusb-1.0-0 libabsl20220623 libflatbuffers2)
 missing=()

@@ -47,8 +47,14 @@ def _slurm_conf(given: str | None) -> str:
 @layout_options
 @click.option("--dry-run", is_flag=True, help="Print what would be done; change nothing.")
 @_slurm_conf_option
+@click.option("--libedgetpu", metavar="FILE",
+              help="Install this libedgetpu.so.1 (built by scripts/build-libedgetpu.sh: it shows each job only "
+                   "its own Edge TPUs through EDGETPU_VISIBLE_DEVICES) as the node's Edge TPU runtime.")
+@click.option("--libdir", metavar="DIR", help="Where --libedgetpu goes (default: /usr/lib/<multiarch>, where "
+                                                 "Coral's libedgetpu1-std puts its own, which it replaces).")
 @pass_obj
-def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: str | None) -> None:
+def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: str | None, libedgetpu: str | None,
+            libdir: str | None) -> None:
     """Put this node's pieces in place (as root): hooks, udev rules, systemd units, config skeleton.
 
     \b
@@ -58,17 +64,22 @@ def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: s
                              names DIR/libexec/slurm-tpu/slurm-tpu-udev-event)
     SYSCONFDIR/systemd/system/slurm-tpu-*, slurmd.service.d/slurm-tpu.conf
     SYSCONFDIR/slurm-tpu/config.yaml                  (only if there is none)
+    LIBDIR/libedgetpu.so.1.0, libedgetpu.so.1        (with --libedgetpu; Coral's own
+                             file is kept aside and put back by uninstall)
 
     Then prints the slurm.conf lines still to add (or says they are there).
     Running it again changes only what differs; `slurm-tpu uninstall` undoes it.
     """
     from ..ops.install import install as run_install, layout_config
 
-    layout = _layout(prefix, sysconfdir)
+    from ..ops.install import Layout
+
+    layout = Layout(prefix, sysconfdir, libdir or "")
     config = layout_config(layout, obj.config_path)
     conf = _slurm_conf(slurm_conf)
     prefix_word = "would: " if dry_run else ""
-    result = run_install(layout, config, conf, dry_run, say=lambda line: click.echo(prefix_word + line))
+    result = run_install(layout, config, conf, dry_run, say=lambda line: click.echo(prefix_word + line),
+                         libedgetpu=libedgetpu)
     if result.missing_lines:
         where = conf if result.slurm_conf_read else f"slurm.conf ({conf} cannot be read here)"
         click.echo(f"\nAdd to {where} on every node and the controller, then `scontrol reconfigure`:")

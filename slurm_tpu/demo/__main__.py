@@ -145,10 +145,13 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
         _say("  " + line)
     for line in report.serve_lines(experiment.serve_and_query(layout, user, env)):
         _say("  " + line)
+    coral, coral_ok = report.coral_lines(experiment.run_coral_examples(layout, user, env, timeout))
+    for line in coral:
+        _say("  " + line)
     _say()
     for line in report.next_steps(layout, user):
         _say(line)
-    broken = sum(not c.ok for c in checks)
+    broken = sum(not c.ok for c in checks) + (not coral_ok)
     if failed or broken:
         print(f"{PREFIX}: {len(failed)} job(s) failed and {broken} check(s) did not hold; "
               f"job output is in {layout.out}, daemon logs in {layout.path('log')}", file=sys.stderr)

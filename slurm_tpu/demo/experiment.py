@@ -149,6 +149,24 @@ def wait_for_job(env: Mapping[str, str], job: int, timeout: float = 120) -> None
         time.sleep(0.5)
 
 
+CORAL_NODE = "node-pcie"  # two Edge TPUs: two jobs there, each must get its own card by default
+CORAL_JOBS = 2
+
+
+def run_coral_examples(layout: Layout, user: str, env: Mapping[str, str], timeout: float = 120) -> list[tuple[int, str]]:
+    """Coral's own example code, no device argument (jobs/coral_example.sbatch), twice on ``CORAL_NODE``
+    at once; (job, its output) each."""
+    jobs = [sbatch(layout, user, env, [f"--nodelist={CORAL_NODE}"], "coral_example.sbatch",
+                   [layout.classifier, os.path.join(layout.images, f"img_{i:05d}.png"), layout.labels])
+            for i in range(CORAL_JOBS)]
+    outputs = []
+    for job in jobs:
+        wait_for_job(env, job, timeout)
+        with open(os.path.join(layout.out, f"classify-coral-{job}.out"), encoding="utf-8") as handle:
+            outputs.append((job, handle.read()))
+    return outputs
+
+
 SERVE_NODE, CLIENT_NODE = "node-usb", "node-plain"  # the server on a TPU node, its client elsewhere
 SERVE_IMAGES = 3
 

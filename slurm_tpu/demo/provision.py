@@ -60,6 +60,13 @@ def _write_script(path: str, python: str) -> None:
                      "import sys\nfrom slurm_tpu.cli import run\nsys.exit(run())\n")
     os.chmod(tmp, 0o755)
     os.replace(tmp, path)
+    # Beside it, the python3 users' own code runs with (LiteRT, numpy, Pillow), as a node
+    # with tflite-runtime installed has: jobs/coral_example.sbatch runs Coral's code with it.
+    tmp = os.path.join(os.path.dirname(path), "python3.tmp")
+    with open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(f'#!/bin/sh\nexec {python} "$@"\n')
+    os.chmod(tmp, 0o755)
+    os.replace(tmp, os.path.join(os.path.dirname(path), "python3"))
 
 
 def job_side_slurm_tpu(layout: Layout, user: str) -> str:
@@ -147,8 +154,11 @@ export SLURM_TPU_DEMO={layout.base}
 export SLURM_TPU_JOBS={JOBS_DIR}
 # This machine has no Edge TPU: libedgetpu is the project's test double. It opens
 # only the devices listed here (the demo's simulated ones) and runs models on the CPU.
+# Like the node's libedgetpu, it shows a job only its EDGETPU_VISIBLE_DEVICES. It is
+# where libedgetpu.so.1 resolves for your own code (a real node: /usr/lib/<multiarch>).
 export SLURM_TPU_LIBEDGETPU={layout.libedgetpu}
 export EDGETPU_DOUBLE_DEVICES={double_devices}
+export LD_LIBRARY_PATH={os.path.dirname(layout.libedgetpu)}
 """
     with open(layout.env_file + ".tmp", "w", encoding="utf-8") as handle:
         handle.write(text)
@@ -168,4 +178,5 @@ def job_environment(layout: Layout, double_devices: str, user: str) -> dict[str,
         "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C.UTF-8",
         "SLURM_CONF": layout.slurm_conf, "SLURM_TPU_DEMO": layout.base, "SLURM_TPU_JOBS": str(JOBS_DIR),
         "SLURM_TPU_LIBEDGETPU": layout.libedgetpu, "EDGETPU_DOUBLE_DEVICES": double_devices,
+        "LD_LIBRARY_PATH": os.path.dirname(layout.libedgetpu),
     }

@@ -9,7 +9,7 @@ import re
 import string
 from typing import Sequence
 
-from .experiment import CLIENT_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
+from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
 from .layout import JOBS_DIR, NODES, Layout
 from .records import JobRecord, Lease
 from .timeline import Check, build_lanes, check_run, nice_step, render
@@ -166,6 +166,16 @@ def detection_lines(layout: Layout, job: int) -> list[str]:
     if drawn:
         lines.append(f"  annotated: {drawn[0]} (and {len(drawn) - 1} more)")
     return lines
+
+
+def coral_lines(outputs: list[tuple[int, str]]) -> tuple[list[str], bool]:
+    """The unmodified Coral code step, in one line: the TPU each job saw; ok when each saw one, not the same."""
+    seen = [next((line.split(": ", 1)[1] for line in output.splitlines()
+                  if line.startswith("Edge TPUs this job sees: ")), "nothing") for _, output in outputs]
+    ok = all("," not in s and s.startswith(("pci:", "usb:")) for s in seen) and len(set(seen)) == len(seen)
+    shown = " | ".join(f"{s.split(':', 1)[0]} {os.path.basename(s)}" if ":" in s else s for s in seen)
+    return [f"{'ok  ' if ok else 'FAIL'}  unmodified Coral code, no device argument: {len(outputs)} jobs on "
+            f"{CORAL_NODE} saw {shown}"], ok
 
 
 def serve_lines(served: Served) -> list[str]:

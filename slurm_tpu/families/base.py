@@ -60,12 +60,15 @@ class JobVariable:
     ``value`` gives a device's entry (from its identity and its primary device
     node); entries are comma-separated in allocation order. With
     ``unset_when_empty`` a job without such devices gets ``unset NAME``,
-    otherwise ``export NAME=``.
+    otherwise ``export NAME=``. ``never_unset``: a runtime library's view of the
+    devices (``EDGETPU_VISIBLE_DEVICES``), which reads unset as "every device": a job
+    with no device at all on the node gets ``export NAME=`` too, never ``unset``.
     """
 
     name: str
     value: Callable[[str, str | None], str]
     unset_when_empty: bool = True
+    never_unset: bool = False
 
 
 @dataclass(frozen=True)

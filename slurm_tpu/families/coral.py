@@ -1,7 +1,7 @@
 """Coral Edge TPUs: the USB Accelerator (both USB ids) and PCIe/M.2 cards (gasket + apex).
 
 The one place that knows Coral's ids, its GRES defaults, its udev rules and its job
-variables (``SLURM_TPU_DEVICES``, ``SLURM_TPU_EDGETPU_PATHS``).
+variables (``SLURM_TPU_DEVICES``, ``SLURM_TPU_EDGETPU_PATHS``, ``EDGETPU_VISIBLE_DEVICES``).
 """
 
 from __future__ import annotations
@@ -137,6 +137,10 @@ def _libedgetpu_entry(identity: str, node: str | None) -> str:
     return f"{kind}:{path}"
 
 
+def _visible_entry(identity: str, node: str | None) -> str:
+    return jobenv.libedgetpu_path(identity, node)[1]
+
+
 class EdgeTpuFamily(Family):
     """Coral Edge TPUs: leased, slot nodes, USB revocation by port power-cycle."""
 
@@ -154,7 +158,9 @@ class EdgeTpuFamily(Family):
     revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}
     udev_identities = (UdevIdentity("usb", "usb", 1, devtype="usb_device"), UdevIdentity("apex", "pci", 3))
     variables = (JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),
-                 JobVariable(jobenv.EDGETPU_PATHS, _libedgetpu_entry, unset_when_empty=False))
+                 JobVariable(jobenv.EDGETPU_PATHS, _libedgetpu_entry, unset_when_empty=False),
+                 # The node's libedgetpu reads it (our patch): unmodified Coral code sees only these.
+                 JobVariable(jobenv.EDGETPU_VISIBLE, _visible_entry, unset_when_empty=False, never_unset=True))
     runner = "edgetpu"
 
     def wanted(self, device: Candidate) -> bool:

@@ -6,8 +6,9 @@ just taken the leases, writes the ``export NAME=value`` lines once (variables of
 the job environment contract, see ``slurm_tpu.protocol.jobenv``), and
 ``prolog/slurm-tpu-task-prolog`` (a POSIX sh script, no fork) prints them. The
 variables and each device's entries come precomputed from the families through
-the hooks' snapshot; ``<state_dir>/no-devices.env`` (every variable unset, written with the
-snapshot) is what the task-prolog prints for a job with no device here.
+the hooks' snapshot; ``<state_dir>/no-devices.env`` (every variable unset but
+``EDGETPU_VISIBLE_DEVICES``, exported empty; written with the snapshot) is what the
+task-prolog prints for a job with no device here.
 """
 
 from __future__ import annotations
@@ -39,8 +40,10 @@ def render(leases, settings, usage_dir: str | None = None) -> str:
 
 
 def render_unset(settings) -> str:
-    """``<state_dir>/no-devices.env``: every variable of the contract unset (a job with no device on this node)."""
-    return "".join(f"unset {name}\n" for name in [*(v.name for v in settings.variables), USAGE_DIR])
+    """``<state_dir>/no-devices.env``: every variable of the contract unset (a job with no device on this node),
+    except a library's view of the devices, which reads unset as "all of them": that one is exported empty."""
+    lines = [f"export {v.name}=" if v.never_unset else f"unset {v.name}" for v in settings.variables]
+    return "\n".join([*lines, f"unset {USAGE_DIR}"]) + "\n"
 
 
 def write(ledger, job_id: int, leases, settings, usage_dir: str | None = None) -> None:

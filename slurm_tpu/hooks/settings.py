@@ -26,7 +26,7 @@ from ..protocol.hooks_snapshot import HookSnapshot, format_snapshot, parse_snaps
 SNAPSHOT = "hooks.snapshot"
 QUERY_MARKER = "prolog.query"
 # What the task-prolog prints for a job with no devices here (<state_dir>/no-devices.env):
-# every job variable unset. Beside jobs/, not in it: jobs/ holds one file per running job.
+# every job variable unset (a library's view, EDGETPU_VISIBLE_DEVICES, exported empty). Beside jobs/, not in it: jobs/ holds one file per running job.
 NO_DEVICES_ENV = "no-devices.env"
 DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
 DEFAULT_STATE_DIR = "/run/slurm-tpu"
@@ -160,7 +160,8 @@ def apply_families(settings: HookSettings, config) -> None:
         settings.families[family.kind] = family.hook_policy(config.family(family.kind))
         settings.udev += [UdevRule(u.subsystem, u.devtype, u.bus, u.depth, u.attribute)
                           for u in family.udev_identities]
-        settings.variables += [EnvVariable(v.name, family.kind, v.unset_when_empty) for v in family.variables]
+        settings.variables += [EnvVariable(v.name, family.kind, v.unset_when_empty, v.never_unset)
+                               for v in family.variables]
     for device in settings.devices.values():
         family = by_kind.get(device.kind)
         for variable in family.variables if family is not None else ():
@@ -239,7 +240,8 @@ def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
 
 
 def _write_no_devices_env(state_fd: int, settings: HookSettings) -> None:
-    """``<state_dir>/no-devices.env``: every job variable unset, for the task-prolog of a job with no device here."""
+    """``<state_dir>/no-devices.env``: every job variable unset (EDGETPU_VISIBLE_DEVICES empty), for the
+    task-prolog of a job with no device here."""
     from . import envfile
 
     data = envfile.render_unset(settings).encode()

@@ -418,6 +418,18 @@ def check_slurmd_version(node: Node) -> list[Finding]:
     return [Finding("slurmd", True, f"{slurmd} is Slurm {version}")]
 
 
+def _visible_devices(library: str) -> Finding:
+    """Whether the node's libedgetpu shows a job only its own Edge TPUs (EDGETPU_VISIBLE_DEVICES)."""
+    from .edgetpu_runtime import visible_devices_problem
+
+    problem = visible_devices_problem(library)
+    if problem is None:
+        return Finding("EDGETPU_VISIBLE_DEVICES", True, f"{library} shows a job only its own Edge TPUs")
+    return Finding("EDGETPU_VISIBLE_DEVICES", False, problem,
+                   "build it with scripts/build-libedgetpu.sh and run 'slurm-tpu install --libedgetpu "
+                   "<the built libedgetpu.so.1>' (README: Edge TPUs in your own code)")
+
+
 def check_runtimes(node: Node) -> list[Finding]:
     """libedgetpu where the node has Edge TPUs; a TFLite runtime where it has any; Vulkan for GPUs."""
     runners = {f.runner for f in FAMILIES if node.inventory.usable(f.kind)}
@@ -437,6 +449,7 @@ def check_runtimes(node: Node) -> list[Finding]:
         try:
             library = backend.EdgeTpuLibrary(node.libedgetpu)
             findings.append(Finding("libedgetpu", True, f"{library.path} ({library.version() or 'no version'})"))
+            findings.append(_visible_devices(library.path))
         except LibEdgeTpuError as exc:
             message, _, fix = str(exc).partition(": install")
             findings.append(Finding("libedgetpu", False, message, f"install{fix}" if fix else

@@ -131,13 +131,24 @@ def _access_findings(inventory: Inventory, environ: Mapping[str, str]) -> list[F
     return findings
 
 
+def _node_view(library) -> list[tuple[str, str]]:
+    """What libedgetpu lists on the whole node: inside a job, EDGETPU_VISIBLE_DEVICES (read by
+    the library at each call) would hide the other jobs' Edge TPUs from the comparison."""
+    saved = os.environ.pop(jobenv.EDGETPU_VISIBLE, None)
+    try:
+        return library.list_devices()
+    finally:
+        if saved is not None:
+            os.environ[jobenv.EDGETPU_VISIBLE] = saved
+
+
 def check_runtime(inventory: Inventory, library_path: str | None = None,
                   environ: Mapping[str, str] = os.environ) -> RuntimeCheck:
     """Load libedgetpu (raises LibEdgeTpuError with one line if it cannot), list, compare."""
     from ..runner.backend import EdgeTpuLibrary
 
     library = EdgeTpuLibrary(library_path)
-    listed = library.list_devices()
+    listed = _node_view(library)
     findings = compare(inventory, listed) + _access_findings(inventory, environ)
     return RuntimeCheck(library.path, library.version(), tuple(f"{t}:{p}" for t, p in listed), tuple(findings))
 
@@ -151,3 +162,43 @@ def installed_version(library_path: str | None = None) -> str | None:
         return EdgeTpuLibrary(library_path).version()
     except LibEdgeTpuError:
         return None
+
+
+# A PCIe path no node has: asking for it opens nothing, whichever library answers.
+VISIBLE_CHECK_PATH = "/dev/slurm-tpu-visible-check"
+_VISIBLE_CHECK = ("import ctypes, sys\n"
+                  "library = ctypes.CDLL(sys.argv[1])\n"
+                  "library.edgetpu_create_delegate.restype = ctypes.c_void_p\n"
+                  "library.edgetpu_create_delegate(0, sys.argv[2].encode(), None, 0)\n")
+
+
+def visible_devices_problem(library_path: str | None = None) -> str | None:
+    """None when the libedgetpu jobs load honours EDGETPU_VISIBLE_DEVICES, else why not (one line).
+
+    Asked in a child process (what the library prints goes to its stderr, not ours) to open
+    an explicit PCIe path with the variable set empty: a library built with slurm-tpu's patch
+    (scripts/libedgetpu-visible-devices.patch) refuses at once with one line naming the
+    variable; Coral's own build tries the path, which names nothing, and says nothing of it.
+    ``library_path`` None: ``libedgetpu.so.1`` as users' code resolves it.
+    """
+    import subprocess
+    import sys
+
+    from ..runner.backend import LIBEDGETPU_DEFAULT, LIBEDGETPU_ENV
+
+    path = library_path or os.environ.get(LIBEDGETPU_ENV) or LIBEDGETPU_DEFAULT
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+    env[jobenv.EDGETPU_VISIBLE] = ""
+    try:
+        done = subprocess.run([sys.executable, "-I", "-c", _VISIBLE_CHECK, path, VISIBLE_CHECK_PATH], env=env,
+                              capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({exc})"
+    if f"{VISIBLE_CHECK_PATH} is not in {jobenv.EDGETPU_VISIBLE}" in done.stderr:
+        return None
+    if done.returncode != 0:
+        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+        return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({last})"
+    return (f"{path} ignores {jobenv.EDGETPU_VISIBLE}: unmodified Coral code in a job (pycoral's "
+            "make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
+            "not the job's")

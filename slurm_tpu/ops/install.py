@@ -11,7 +11,12 @@ What a node needs besides the package (``node_files.py`` finds the shipped files
 - the udev rules (``<sysconfdir>/udev/rules.d``), whose ``RUN+=`` names the installed
   ``slurm-tpu-udev-event`` (an ``-I -S`` hook like the epilog), then udev reloaded;
 - the systemd units and slurmd's drop-in (``<sysconfdir>/systemd/system``);
-- a config skeleton (``<sysconfdir>/slurm-tpu/config.yaml``) when there is none.
+- a config skeleton (``<sysconfdir>/slurm-tpu/config.yaml``) when there is none;
+- with ``--libedgetpu``, the Edge TPU runtime built with slurm-tpu's patch
+  (scripts/build-libedgetpu.sh: it honours the EDGETPU_VISIBLE_DEVICES the task prolog
+  exports) where Coral's own package puts its library (``<libdir>/libedgetpu.so.1.0`` and the
+  soname link ``libedgetpu.so.1`` that users' code loads), then ``ldconfig``. A site's own
+  libedgetpu1-std file there is replaced with a backup, which uninstall puts back.
 
 Every run is idempotent (unchanged files are not rewritten) and records in a
 manifest what it created, and what it replaced (with the backup it made), so
@@ -25,13 +30,14 @@ import hashlib
 import json
 import os
 import shlex
+import shutil
 import subprocess
 from dataclasses import dataclass, field
 
 from .. import __version__
 from ..config import DEFAULT_PATH as DEFAULT_CONFIG, Config
 from ..errors import SlurmTpuError
-from ..files import read_text, write_if_changed
+from ..files import BACKUP_SUFFIX, read_text, write_if_changed
 from . import node_files
 
 MANIFEST = "install-manifest.json"
@@ -52,6 +58,17 @@ SYSTEMD_FILES = (("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
                  ("slurm-tpu-metrics.timer", "slurm-tpu-metrics.timer"),
                  ("slurmd-slurm-tpu.conf", "slurmd.service.d/slurm-tpu.conf"))
 _MARK = "  # set by slurm-tpu install"
+# Coral's libedgetpu1-std layout: the library file, and the soname link dlopen("libedgetpu.so.1") finds.
+LIBEDGETPU_FILE = "libedgetpu.so.1.0"
+LIBEDGETPU_SONAME = "libedgetpu.so.1"
+
+
+def default_libdir() -> str:
+    """Where Debian's packages, Coral's libedgetpu1-std among them, put libraries: /usr/lib/<multiarch>."""
+    import sysconfig
+
+    multiarch = sysconfig.get_config_var("MULTIARCH")
+    return os.path.join("/usr/lib", multiarch) if multiarch else "/usr/lib"
 
 
 @dataclass(frozen=True)
@@ -60,9 +77,12 @@ class Layout:
 
     prefix: str = "/usr/local"
     sysconfdir: str = "/etc"
+    libdir: str = ""  # "": default_libdir()
 
     def __post_init__(self) -> None:
-        for name in ("prefix", "sysconfdir"):
+        if not self.libdir:
+            object.__setattr__(self, "libdir", default_libdir())
+        for name in ("prefix", "sysconfdir", "libdir"):
             value = getattr(self, name)
             if not os.path.isabs(value):
                 raise SlurmTpuError(f"--{name} {value!r} must be an absolute directory")
@@ -354,6 +374,115 @@ def _install_file(spec: FileSpec, manifest: Manifest, dry_run: bool, say) -> Non
                                  "config": spec.config}
 
 
+def _file_sha256(path: str) -> str | None:
+    """sha256 of a regular file's bytes (None: absent, or not a regular file)."""
+    if os.path.islink(path) or not os.path.isfile(path):
+        return None
+    with open(path, "rb") as handle:
+        return hashlib.sha256(handle.read()).hexdigest()
+
+
+def _backup(path: str) -> str:
+    """A copy of what is at ``path`` (a link stays a link) beside it; its path. The original stays in
+    place until the caller renames the new file over it."""
+    backup = path + BACKUP_SUFFIX
+    if os.path.lexists(backup):
+        os.unlink(backup)
+    if os.path.islink(path):
+        os.symlink(os.readlink(path), backup)
+    else:
+        shutil.copy2(path, backup)
+    return backup
+
+
+def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say) -> None:
+    """``_install_file`` for a binary (the library): same manifest entries, same backup rule."""
+    previous = manifest.files.get(path)
+    digest = hashlib.sha256(data).hexdigest()
+    if _file_sha256(path) == digest:
+        say(f"unchanged {path}")
+        if not dry_run:
+            _settle(path, mode)
+        if previous is None:
+            manifest.files[path] = {"path": path, "sha256": digest, "before": "same", "config": False}
+        return
+    exists = os.path.lexists(path)
+    say(f"{'replace' if exists else 'write'} {path}")
+    if dry_run:
+        return
+    ours = previous is not None and previous["before"] != "same"
+    before = previous["before"] if ours else "absent"
+    if exists and not ours:
+        before = _backup(path)  # the site's own file (libedgetpu1-std's), kept for uninstall
+    # Written beside it, then renamed over it: a job's dlopen finds the old or the new library.
+    temporary = f"{path}.slurm-tpu.new"
+    with open(temporary, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    _settle(temporary, mode)
+    os.replace(temporary, path)
+    manifest.files[path] = {"path": path, "sha256": digest, "before": before, "config": False}
+
+
+def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say) -> None:
+    """A symbolic link ``path`` -> ``target``; a different file or link there is kept as a backup."""
+    previous = manifest.files.get(path)
+    if os.path.islink(path) and os.readlink(path) == target:
+        say(f"unchanged {path} -> {target}")
+        if previous is None:
+            manifest.files[path] = {"path": path, "link": target, "before": "same", "config": False}
+        return
+    exists = os.path.lexists(path)
+    say(f"{'replace' if exists else 'write'} {path} -> {target}")
+    if dry_run:
+        return
+    ours = previous is not None and previous["before"] != "same"
+    before = previous["before"] if ours else "absent"
+    if exists and not ours:
+        before = _backup(path)
+    temporary = f"{path}.slurm-tpu.new"
+    if os.path.lexists(temporary):
+        os.unlink(temporary)
+    os.symlink(target, temporary)
+    os.replace(temporary, path)  # never a moment without libedgetpu.so.1
+    manifest.files[path] = {"path": path, "link": target, "before": before, "config": False}
+
+
+def read_libedgetpu(source: str) -> bytes:
+    """The library ``--libedgetpu`` names; refuses, in one line, one that ignores EDGETPU_VISIBLE_DEVICES
+    (Coral's own build) or cannot be read."""
+    from .edgetpu_runtime import visible_devices_problem
+
+    try:
+        with open(source, "rb") as handle:
+            data = handle.read()
+    except OSError as exc:
+        raise SlurmTpuError(f"--libedgetpu {source}: cannot read it ({exc.strerror})") from None
+    problem = visible_devices_problem(os.path.abspath(source))
+    if problem:
+        raise SlurmTpuError(f"--libedgetpu {problem}: build the patched one with scripts/build-libedgetpu.sh")
+    return data
+
+
+def install_libedgetpu(layout: Layout, data: bytes, manifest: Manifest, dry_run: bool, say) -> None:
+    """Put the patched libedgetpu where ``libedgetpu.so.1`` resolves for users' code (see the module docstring)."""
+    _make_dirs(layout.libdir, manifest, dry_run, say)
+    _install_bytes(os.path.join(layout.libdir, LIBEDGETPU_FILE), data, 0o644, manifest, dry_run, say)
+    _install_link(os.path.join(layout.libdir, LIBEDGETPU_SONAME), LIBEDGETPU_FILE, manifest, dry_run, say)
+
+
+def _ldconfig(layout: Layout, dry_run: bool, say) -> None:
+    """Refresh the dynamic linker's cache for the library (only when the system's loader reads it)."""
+    if not layout.is_system:
+        return
+    say("ldconfig")
+    if not dry_run:
+        error = _run_quietly(["ldconfig"])
+        if error:
+            say(f"  failed: {error}")
+
+
 def _run_quietly(argv: list[str]) -> str | None:
     """None when ``argv`` succeeded, else its last error line."""
     try:
@@ -399,21 +528,30 @@ class InstallResult:
     slurm_conf_read: bool
 
 
-def install(layout: Layout, config: Config, slurm_conf: str, dry_run: bool = False, say=print) -> InstallResult:
-    """Put this node's pieces in place (see the module docstring); idempotent."""
+def install(layout: Layout, config: Config, slurm_conf: str, dry_run: bool = False, say=print,
+            libedgetpu: str | None = None) -> InstallResult:
+    """Put this node's pieces in place (see the module docstring); idempotent.
+
+    ``libedgetpu``: the patched Edge TPU runtime to install (None: leave the node's as it is).
+    """
     from ..slurm.parse import parse_slurm_conf_options
 
     if not dry_run and os.geteuid() != 0:
         raise SlurmTpuError("slurm-tpu install must run as root: the hooks run as root and must be root's "
                             "(or add --dry-run to see what it would do)")
+    library = read_libedgetpu(libedgetpu) if libedgetpu else None  # refused before anything is written
     manifest = Manifest.load(layout) or Manifest(layout)
     for spec in planned_files(layout, config, os.path.dirname(slurm_conf)):
         _make_dirs(os.path.dirname(spec.path), manifest, dry_run, say)
         _install_file(spec, manifest, dry_run, say)
+    if library is not None:
+        install_libedgetpu(layout, library, manifest, dry_run, say)
     if not dry_run:
         write_if_changed(layout.manifest, manifest.text(), 0o644, backup=False)
         _settle(layout.manifest, 0o644)
     reload_services(layout, config, dry_run, say)
+    if library is not None:
+        _ldconfig(layout, dry_run, say)
     wanted = slurm_conf_lines(layout, config)
     try:
         with open(slurm_conf, encoding="utf-8") as handle:
@@ -440,8 +578,12 @@ def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=pr
         if entry["config"] and not purge:
             kept.append(f"{path} (the site's config; uninstall --purge removes it)")
             continue
-        current = read_text(path) if os.path.isfile(path) and not os.path.islink(path) else None
-        if current is not None and _sha256(current) != entry["sha256"] and not entry["config"]:
+        if "link" in entry:
+            changed = os.path.lexists(path) and not (os.path.islink(path) and os.readlink(path) == entry["link"])
+        else:
+            current = _file_sha256(path)
+            changed = current is not None and current != entry["sha256"] and not entry["config"]
+        if changed:
             kept.append(f"{path} (changed since slurm-tpu install wrote it; remove it by hand)")
             continue
         if before == "absent":
@@ -467,5 +609,7 @@ def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=pr
         except OSError:
             kept.append(f"{directory} (not empty)")
     reload_services(layout, Config(), dry_run, say)
+    if any(os.path.basename(path) == LIBEDGETPU_SONAME for path in manifest.files):
+        _ldconfig(layout, dry_run, say)
     return kept
 

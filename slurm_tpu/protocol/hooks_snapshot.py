@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from ..locks.node_inventory import KnownDevice
 
-FORMAT = "slurm-tpu hooks snapshot 6"
+FORMAT = "slurm-tpu hooks snapshot 7"
 # Revocation methods (slurm_tpu/families/base.py names them for the families).
 USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
 # The ``set`` record's keys and their types.
@@ -70,10 +70,10 @@ class UdevRule:
 class EnvVariable:
     """A job variable of one family (see slurm_tpu/protocol/jobenv.py)."""
 
-    __slots__ = ("name", "kind", "unset_when_empty")
+    __slots__ = ("name", "kind", "unset_when_empty", "never_unset")
 
-    def __init__(self, name: str, kind: str, unset_when_empty: bool):
-        self.name, self.kind, self.unset_when_empty = name, kind, unset_when_empty
+    def __init__(self, name: str, kind: str, unset_when_empty: bool, never_unset: bool = False):
+        self.name, self.kind, self.unset_when_empty, self.never_unset = name, kind, unset_when_empty, never_unset
 
 
 class HookSnapshot:
@@ -138,7 +138,7 @@ def format_snapshot(snapshot: HookSnapshot) -> str:
                              ("depth", rule.depth), ("attribute", rule.attribute)))
     for variable in snapshot.variables:
         lines.append(_record("var", ("name", variable.name), ("kind", variable.kind),
-                             ("unset", variable.unset_when_empty)))
+                             ("unset", variable.unset_when_empty), ("keep", variable.never_unset)))
     for device in snapshot.devices.values():
         lines.append(_record("dev", ("identity", device.identity), ("kind", device.kind), ("bus", device.bus),
                              ("nodes", _listed("nodes", device.device_nodes))))
@@ -196,7 +196,8 @@ def parse_snapshot(text: str, cls=HookSnapshot):
                 result.udev.append(UdevRule(record["subsystem"], record["devtype"], record["bus"],
                                             int(record["depth"]), record["attribute"]))
             elif tag == "var":
-                result.variables.append(EnvVariable(record["name"], record["kind"], _bool(record["unset"])))
+                result.variables.append(EnvVariable(record["name"], record["kind"], _bool(record["unset"]),
+                                                    _bool(record["keep"])))
             elif tag == "dev":
                 nodes = tuple(filter(None, record["nodes"].split(",")))
                 result.devices[record["identity"]] = KnownDevice(record["identity"], record["kind"], record["bus"],

@@ -14,6 +14,16 @@ leased to the job on this node, in allocation order:
     opens exactly these paths, never a ``usb:N`` index (indices shift whenever
     another stick re-enumerates). Both are exported (empty) on a node where the job
     has no Edge TPU.
+``EDGETPU_VISIBLE_DEVICES`` (Edge TPUs)
+    The same devices as libedgetpu lists them, without the type:
+    ``/sys/bus/usb/devices/2-1.3,/dev/apex_0``. The node's libedgetpu (built with
+    scripts/libedgetpu-visible-devices.patch) then enumerates, lists and opens only
+    these, in this order, so unmodified Coral code (pycoral's ``make_interpreter(model)``,
+    ``device=":1"``, ``list_edge_tpus()``) uses the job's own Edge TPUs, like Slurm's
+    ``CUDA_VISIBLE_DEVICES`` for GPUs. Unset means every device to the library, so it
+    is never unset: every task gets it, empty where the job has no Edge TPU here
+    (``no-devices.env`` included; the task-prolog also prints it empty first, for a
+    node whose hooks never wrote that file).
 ``SLURM_TPU_GPUS`` (GPUs)
     Identities of leased GPUs (only when ``families.gpu.isolate`` is on); unset
     otherwise. GPU jobs otherwise rely on Slurm's own ``CUDA_VISIBLE_DEVICES``.
@@ -35,6 +45,7 @@ if TYPE_CHECKING:
 
 DEVICES = "SLURM_TPU_DEVICES"
 EDGETPU_PATHS = "SLURM_TPU_EDGETPU_PATHS"
+EDGETPU_VISIBLE = "EDGETPU_VISIBLE_DEVICES"
 GPUS = "SLURM_TPU_GPUS"
 USAGE_DIR = "SLURM_TPU_USAGE_DIR"
 

@@ -38,7 +38,7 @@ RUNTIME_ENV = "SLURM_TPU_RUNTIME"
 LIBEDGETPU_ENV = "SLURM_TPU_LIBEDGETPU"
 DEBUG_ENV = "SLURM_TPU_DEBUG"
 _RUNTIME_MODULES = {"litert": "ai_edge_litert.interpreter", "tflite-runtime": "tflite_runtime.interpreter"}
-_LIBEDGETPU_DEFAULT = "libedgetpu.so.1"
+LIBEDGETPU_DEFAULT = "libedgetpu.so.1"
 
 
 # -- runtime selection ---------------------------------------------------------------
@@ -129,7 +129,7 @@ class EdgeTpuLibrary:
     """libedgetpu.so.1 (or a compatible library) loaded with ctypes."""
 
     def __init__(self, path: str | None = None):
-        self.path = path or os.environ.get(LIBEDGETPU_ENV) or _LIBEDGETPU_DEFAULT
+        self.path = path or os.environ.get(LIBEDGETPU_ENV) or LIBEDGETPU_DEFAULT
         try:
             lib = ctypes.CDLL(self.path)
         except OSError as exc:

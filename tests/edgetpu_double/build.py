@@ -9,8 +9,10 @@ from pathlib import Path
 SOURCE = Path(__file__).with_name("edgetpu_double.c")
 
 
-def build_double(out_dir: Path) -> Path:
+def build_double(out_dir: Path, ignores_visible: bool = False) -> Path:
     """Build ``libedgetpu.so.1`` (the double) in ``out_dir``; returns its path.
+
+    ``ignores_visible``: a double of Coral's own library, which knows no EDGETPU_VISIBLE_DEVICES.
 
     Raises RuntimeError when no C compiler is available (callers skip the tests).
     """
@@ -18,6 +20,7 @@ def build_double(out_dir: Path) -> Path:
     if cc is None:
         raise RuntimeError("no C compiler (gcc/cc) on PATH: cannot build the libedgetpu double")
     out = Path(out_dir) / "libedgetpu.so.1"
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", "-o", str(out), str(SOURCE)],
+    flags = ["-DEDGETPU_DOUBLE_IGNORES_VISIBLE"] if ignores_visible else []
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", *flags, "-o", str(out), str(SOURCE)],
                    check=True, capture_output=True, text=True)
     return out

@@ -10,6 +10,13 @@
  * Honest by construction:
  *  - the device list comes from EDGETPU_DOUBLE_DEVICES ("usb:/sys/...,pci:/dev/apex_0"),
  *    in that order, so tests can reorder it the way libedgetpu's enumeration shifts;
+ *  - EDGETPU_VISIBLE_DEVICES is honoured as the node's libedgetpu (slurm-tpu's patch,
+ *    scripts/libedgetpu-visible-devices.patch) honours it: when set, even empty, only the
+ *    devices it lists are listed, in its order, and an explicit path it does not list is
+ *    refused with the same one stderr line ("... is not in EDGETPU_VISIBLE_DEVICES=...");
+ *    built with -DEDGETPU_DOUBLE_IGNORES_VISIBLE it stands in for Coral's own library;
+ *  - the default device (no "device" option) is the first PCIe one, else the first USB
+ *    one, as in the real library (EdgeTpuManagerDirect::OpenDeviceInternal);
  *  - edgetpu_create_delegate fails (NULL) for a path that is not in the list, like
  *    the real library for a device it cannot open;
  *  - every create/destroy appends one line to the file named by EDGETPU_DOUBLE_LOG:
@@ -78,6 +85,52 @@ static void log_line(const char *call, const char *type, const char *path, const
   close(fd);
 }
 
+/* Whether EDGETPU_VISIBLE_DEVICES (set) lists `path`; 1 when it is unset. */
+static int visible(const char *path) {
+#ifdef EDGETPU_DOUBLE_IGNORES_VISIBLE
+  (void)path;
+  return 1;
+#else
+  const char *list = getenv("EDGETPU_VISIBLE_DEVICES");
+  if (!list) return 1;
+  size_t len = strlen(path);
+  for (const char *entry = list; *entry;) {
+    const char *end = strchr(entry, ',');
+    size_t n = end ? (size_t)(end - entry) : strlen(entry);
+    if (n == len && strncmp(entry, path, n) == 0) return 1;
+    entry += n + (end ? 1 : 0);
+  }
+  return 0;
+#endif
+}
+
+/* Keeps the visible devices, in EDGETPU_VISIBLE_DEVICES's order (a no-op when it is unset). */
+static size_t only_visible(struct edgetpu_device *devices, size_t n) {
+#ifndef EDGETPU_DOUBLE_IGNORES_VISIBLE
+  const char *list = getenv("EDGETPU_VISIBLE_DEVICES");
+  if (!list) return n;
+  struct edgetpu_device kept[64];
+  size_t k = 0;
+  for (const char *entry = list; *entry && k < 64;) {
+    const char *end = strchr(entry, ',');
+    size_t len = end ? (size_t)(end - entry) : strlen(entry);
+    for (size_t i = 0; i < n; i++) {
+      if (strlen(devices[i].path) != len || strncmp(devices[i].path, entry, len) != 0) continue;
+      int seen = 0;
+      for (size_t j = 0; j < k; j++) seen |= kept[j].path == devices[i].path;
+      if (!seen) kept[k++] = devices[i];
+      break;
+    }
+    entry += len + (end ? 1 : 0);
+  }
+  memcpy(devices, kept, k * sizeof *devices);
+  return k;
+#else
+  (void)devices;
+  return n;
+#endif
+}
+
 /* Parses EDGETPU_DOUBLE_DEVICES; returns a malloc'd array (paths point into one block). */
 struct edgetpu_device *edgetpu_list_devices(size_t *num_devices) {
   *num_devices = 0;
@@ -100,7 +153,7 @@ struct edgetpu_device *edgetpu_list_devices(size_t *num_devices) {
     devices[n].path = colon + 1;
     n++;
   }
-  *num_devices = n;
+  *num_devices = only_visible(devices, n);
   return devices;
 }
 
@@ -141,6 +194,12 @@ static void join_options(char *out, size_t size, const char *const *keys,
 TfLiteDelegate *edgetpu_create_delegate(enum edgetpu_device_type type, const char *name,
                                         const struct edgetpu_option *options, size_t num_options) {
   const char *type_name = type == EDGETPU_APEX_PCI ? "pci" : "usb";
+  if (name && !visible(name)) {
+    fprintf(stderr, "E edgetpu_double.c] Edge TPU %s is not in EDGETPU_VISIBLE_DEVICES=\"%s\": not opening it\n",
+            name, getenv("EDGETPU_VISIBLE_DEVICES"));
+    log_line("create-refused", type_name, name, "-");
+    return NULL;
+  }
   size_t n = 0;
   struct edgetpu_device *devices = edgetpu_list_devices(&n);
   int found = 0;
@@ -180,6 +239,14 @@ TfLiteDelegate *tflite_plugin_create_delegate(char **keys, char **values, size_t
   long index = colon ? strtol(colon + 1, NULL, 10) : 0;
   long seen = 0;
   TfLiteDelegate *result = NULL;
+  /* No type and no index: the first PCIe device, else the first USB one. */
+  if (!colon && !wanted[0]) {
+    for (size_t i = 0; i < count; i++)
+      if (devices[i].type == EDGETPU_APEX_PCI) {
+        strcpy(wanted, "pci");
+        break;
+      }
+  }
   for (size_t i = 0; i < count && !result; i++) {
     const char *type = devices[i].type == EDGETPU_APEX_PCI ? "pci" : "usb";
     if (wanted[0] && strcmp(wanted, type) != 0) continue;

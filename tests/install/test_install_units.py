@@ -219,3 +219,66 @@ def test_doctor_checks_the_program_the_udev_rules_run(tmp_path):
     bad = dataclasses.replace(Config(), udev_run_program="/opt/my venv/bin/slurm-tpu")
     assert check(bad, write_rules=False).startswith(
         "FAIL udev rules: udev run program '/opt/my venv/bin/slurm-tpu' holds white space")
+
+
+@pytest.fixture(scope="module")
+def doubles(tmp_path_factory):
+    """(honours, ignores): the libedgetpu double as the patched library and as Coral's own build."""
+    from edgetpu_double.build import build_double
+
+    try:
+        return (build_double(tmp_path_factory.mktemp("patched")),
+                build_double(tmp_path_factory.mktemp("coral"), ignores_visible=True))
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
+def test_install_replaces_corals_libedgetpu_and_uninstall_puts_it_back(tmp_path, doubles):
+    """A node with libedgetpu1-std: its library file and soname link, as the package lays them out."""
+    if os.geteuid() != 0:
+        pytest.skip("install runs as root")
+    patched, coral = doubles
+    prefix, libdir = tmp_path / "p", tmp_path / "lib"
+    libdir.mkdir()
+    (libdir / "libedgetpu.so.1.0").write_bytes(coral.read_bytes())
+    os.symlink("libedgetpu.so.1.0", libdir / "libedgetpu.so.1")
+    args = ["--prefix", str(prefix), "--sysconfdir", str(prefix / "etc")]
+    install = ["install", *args, "--slurm-conf", str(tmp_path / "none"), "--libdir", str(libdir)]
+    # Coral's own build is refused in one line, before anything is written.
+    done = slurm_tpu(*install, "--libedgetpu", str(coral))
+    assert done.returncode == 2 and not prefix.exists()
+    assert done.stderr.splitlines() == [
+        f"slurm-tpu: error: --libedgetpu {coral} ignores EDGETPU_VISIBLE_DEVICES: unmodified Coral code in a job "
+        "(pycoral's make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
+        "not the job's: build the patched one with scripts/build-libedgetpu.sh"]
+    done = slurm_tpu(*install, "--libedgetpu", str(patched))
+    assert done.returncode == 0, done.stderr
+    assert f"replace {libdir}/libedgetpu.so.1.0" in done.stdout.splitlines()
+    assert f"unchanged {libdir}/libedgetpu.so.1 -> libedgetpu.so.1.0" in done.stdout.splitlines()
+    assert (libdir / "libedgetpu.so.1").read_bytes() == patched.read_bytes()  # what dlopen finds
+    from slurm_tpu.ops.edgetpu_runtime import visible_devices_problem
+
+    assert visible_devices_problem(str(libdir / "libedgetpu.so.1")) is None
+    again = slurm_tpu(*install, "--libedgetpu", str(patched))
+    assert again.returncode == 0 and f"unchanged {libdir}/libedgetpu.so.1.0" in again.stdout.splitlines()
+    done = slurm_tpu("uninstall", *args, "--purge")
+    assert done.returncode == 0, done.stderr
+    assert (libdir / "libedgetpu.so.1.0").read_bytes() == coral.read_bytes()  # Coral's, back
+    assert os.readlink(libdir / "libedgetpu.so.1") == "libedgetpu.so.1.0"  # the package's link was left
+    assert sorted(os.listdir(libdir)) == ["libedgetpu.so.1", "libedgetpu.so.1.0"]
+
+
+def test_install_puts_the_library_on_a_node_without_one(tmp_path, doubles):
+    if os.geteuid() != 0:
+        pytest.skip("install runs as root")
+    patched, _ = doubles
+    prefix, libdir = tmp_path / "p", tmp_path / "lib"
+    args = ["--prefix", str(prefix), "--sysconfdir", str(prefix / "etc")]
+    done = slurm_tpu("install", *args, "--slurm-conf", str(tmp_path / "none"), "--libdir", str(libdir),
+                     "--libedgetpu", str(patched))
+    assert done.returncode == 0, done.stderr
+    assert os.readlink(libdir / "libedgetpu.so.1") == "libedgetpu.so.1.0"
+    assert (libdir / "libedgetpu.so.1.0").read_bytes() == patched.read_bytes()
+    done = slurm_tpu("uninstall", *args, "--purge")
+    assert done.returncode == 0, done.stderr
+    assert not libdir.exists()  # made by install, empty again

@@ -251,7 +251,8 @@ def test_doctor_passes_on_the_installed_node(node):
     assert failures(done) == []
     checks = {line.split(":")[0].split(None, 1)[1] for line in done.stdout.splitlines() if line.startswith("ok")}
     assert checks == {"slurm.conf", "hooks", "GresTypes", "gres.conf", "NodeName", "udev rules", "udev loaded",
-                      "state dir", "hooks import", "slurmd", "libedgetpu", "TFLite runtime", "munge"}
+                      "state dir", "hooks import", "slurmd", "libedgetpu", "EDGETPU_VISIBLE_DEVICES", "TFLite runtime",
+                      "munge"}
     as_json = node.doctor("--json")
     assert as_json.returncode == 0 and '"ok": true' in as_json.stdout
 
@@ -303,6 +304,15 @@ def untested_slurmd(work: str) -> str:
     return directory
 
 
+def corals_own(work: str) -> str:
+    """A libedgetpu that ignores EDGETPU_VISIBLE_DEVICES, as Coral's own build does (the test double)."""
+    from edgetpu_double.build import build_double
+
+    directory = os.path.join(work, "coral")
+    os.makedirs(directory, exist_ok=True)
+    return str(build_double(directory, ignores_visible=True))
+
+
 def broken(node, case: str):
     """(what breaks the node, extra doctor environment) for one broken set-up."""
     cluster = node.cluster
@@ -330,6 +340,8 @@ def broken(node, case: str):
                                        "Gres=tpu:edgetpu_usb:2"), {}),
         "munge not answering": (edited(cluster.slurm_conf, "AuthInfo=socket=", "AuthInfo=socket=/nonexistent"), {}),
         "no libedgetpu": (contextlib.nullcontext(), {"SLURM_TPU_LIBEDGETPU": "/nonexistent/libedgetpu.so.1"}),
+        "libedgetpu ignores EDGETPU_VISIBLE_DEVICES": (contextlib.nullcontext(),
+                                                       {"SLURM_TPU_LIBEDGETPU": corals_own(node.work)}),
         "hooks cannot import": (edited(node.hook("slurm-tpu-prolog.py"), root_line, "_ROOT = '/nonexistent'\n"), {}),
     }[case]
 
@@ -350,6 +362,8 @@ BROKEN = {
     "NodeName Gres stale": ("NodeName", ["Gres=tpu:edgetpu_usb:2", "the hardware gives Gres=tpu:edgetpu_usb:1"]),
     "munge not answering": ("munge", ["munge -n | unmunge fails", "munged"]),
     "no libedgetpu": ("libedgetpu", ["/nonexistent/libedgetpu.so.1", "libedgetpu1-std"]),
+    "libedgetpu ignores EDGETPU_VISIBLE_DEVICES": ("EDGETPU_VISIBLE_DEVICES", [
+        "ignores EDGETPU_VISIBLE_DEVICES", "opens the first, not the job's", "slurm-tpu install --libedgetpu"]),
     "hooks cannot import": ("hooks import", ["slurm-tpu-prolog.py", "-I -S cannot import slurm_tpu", "/nonexistent"]),
 }
 

@@ -238,7 +238,11 @@ def test_task_prolog_prints_only_the_jobs_own_lines(cluster, users):
     finally:
         assert release(cluster, "t1", job) == "COMPLETED"
     assert "export SLURM_TPU_DEVICES=usb-2-1.3,pci-0000:03:00.0\n" in mine.stdout
-    assert other.stdout.startswith("unset SLURM_TPU_DEVICES") and hostile.stdout == other.stdout
+    pci_node = inventory(cluster, "n1")["pci-0000:03:00.0"][0]
+    # The node's libedgetpu shows unmodified Coral code these two, in this order (a job's lines win).
+    assert f"\nexport EDGETPU_VISIBLE_DEVICES=/sys/bus/usb/devices/2-1.3,{pci_node}\n" in mine.stdout
+    assert other.stdout.startswith("export EDGETPU_VISIBLE_DEVICES=\nunset SLURM_TPU_DEVICES")
+    assert hostile.stdout == other.stdout
     assert mine.returncode == other.returncode == hostile.returncode == 0
 
 

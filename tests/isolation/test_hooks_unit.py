@@ -46,7 +46,8 @@ def test_snapshot_is_used_until_a_source_changes(node):
     assert snapshot.exists()
     assert first.index == {"tpu": [("edgetpu_usb", f"{tmp_path}/slots/usb-2-1.3")]}
     assert first.values == {"usb-2-1.3": {"SLURM_TPU_DEVICES": "usb-2-1.3",
-                                          "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3"}}
+                                          "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3",
+                                          "EDGETPU_VISIBLE_DEVICES": "/sys/bus/usb/devices/2-1.3"}}
     # What the fast path reads is exactly what the slow path built (one writer, one reader).
     again = hook_settings.load(env, "n1")
     assert again.to_text() == first.to_text() and again.values == first.values
@@ -54,15 +55,18 @@ def test_snapshot_is_used_until_a_source_changes(node):
     from slurm_tpu.families import FAMILIES
 
     assert list(again.families) == [f.kind for f in FAMILIES]
-    assert [(v.name, v.kind, v.unset_when_empty) for v in again.variables][:3] == [
-        ("SLURM_TPU_DEVICES", "edgetpu", False), ("SLURM_TPU_EDGETPU_PATHS", "edgetpu", False),
-        ("SLURM_TPU_GPUS", "gpu", True)]
+    assert [(v.name, v.kind, v.unset_when_empty, v.never_unset) for v in again.variables][:4] == [
+        ("SLURM_TPU_DEVICES", "edgetpu", False, False), ("SLURM_TPU_EDGETPU_PATHS", "edgetpu", False, False),
+        ("EDGETPU_VISIBLE_DEVICES", "edgetpu", False, True), ("SLURM_TPU_GPUS", "gpu", True, False)]
     assert {k: (p.gres_name, p.leased, p.slot) for k, p in again.families.items() if k in ("edgetpu", "gpu")} == {
         "edgetpu": ("tpu", True, True), "gpu": ("gpu", False, False)}
     # Written with the snapshot: what the task-prolog prints for a job with no device here.
+    # libedgetpu reads an unset EDGETPU_VISIBLE_DEVICES as "every device": it is exported empty.
     unset = (tmp_path / "state" / hook_settings.NO_DEVICES_ENV).read_text()
-    assert unset == "".join(f"unset {v.name}\n" for v in again.variables) + "unset SLURM_TPU_USAGE_DIR\n"
-    assert unset.startswith("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n")
+    assert unset == "".join(f"export {v.name}=\n" if v.name == "EDGETPU_VISIBLE_DEVICES" else f"unset {v.name}\n"
+                            for v in again.variables) + "unset SLURM_TPU_USAGE_DIR\n"
+    assert unset.startswith("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nexport EDGETPU_VISIBLE_DEVICES=\n"
+                            "unset SLURM_TPU_GPUS\n")
     # A snapshot that lies is believed while the sources are unchanged (proves it is read)...
     snapshot.write_text(snapshot.read_text().replace("edgetpu_usb", "edgetpu_fake"))
     assert hook_settings.load(env, "n1").index["tpu"][0][0] == "edgetpu_fake"
@@ -87,17 +91,25 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     state = tmp_path / "st ate"
     (state / "jobs").mkdir(parents=True)
     (state / "jobs" / "12.env").write_text("export SLURM_TPU_DEVICES=usb-2-1.3\nexport PATH=/evil\n"
-                                           "export SLURM_TPU_EDGETPU_PATHS=usb:/sys/bus/usb/devices/2-1.3\n")
+                                           "export SLURM_TPU_EDGETPU_PATHS=usb:/sys/bus/usb/devices/2-1.3\n"
+                                           "export EDGETPU_VISIBLE_DEVICES=/sys/bus/usb/devices/2-1.3\n"
+                                           "export EDGETPU_VISIBLE_DEVICESX=/evil\nunset EDGETPU_VISIBLE_DEVICES\n")
     config = tmp_path / "config.yaml"
     config.write_text(f'version: 1\nstate_dir: "{state}"\n')
     base = {"SLURM_TPU_CONFIG": str(config), "PATH": "/usr/bin:/bin"}
     done = task_prolog({**base, "SLURM_JOB_ID": "12"})
     assert done.returncode == 0
-    assert done.stdout == ("export SLURM_TPU_DEVICES=usb-2-1.3\n"
-                           "export SLURM_TPU_EDGETPU_PATHS=usb:/sys/bus/usb/devices/2-1.3\n")
-    # A job with no file here: nothing to print until the prolog's slow path wrote no-devices.env...
-    assert task_prolog({**base, "SLURM_JOB_ID": "13"}).stdout == ""
-    # ...which unsets every variable of the contract (envfile.render_unset, as _write_snapshot writes it).
+    # EDGETPU_VISIBLE_DEVICES empty first, whatever follows; the job's own file overrides it.
+    assert done.stdout == ("export EDGETPU_VISIBLE_DEVICES=\n"
+                           "export SLURM_TPU_DEVICES=usb-2-1.3\n"
+                           "export SLURM_TPU_EDGETPU_PATHS=usb:/sys/bus/usb/devices/2-1.3\n"
+                           "export EDGETPU_VISIBLE_DEVICES=/sys/bus/usb/devices/2-1.3\n")
+    # A job with no file here, before the prolog's slow path wrote no-devices.env: libedgetpu
+    # shows it no Edge TPU (the user's own EDGETPU_VISIBLE_DEVICES is overwritten)...
+    assert task_prolog({**base, "SLURM_JOB_ID": "13", "EDGETPU_VISIBLE_DEVICES": "/dev/apex_0"}).stdout == (
+        "export EDGETPU_VISIBLE_DEVICES=\n")
+    # ...then no-devices.env unsets every variable of the contract but that one (envfile.render_unset,
+    # as _write_snapshot writes it).
     from slurm_tpu.config import Config
     from slurm_tpu.hooks import envfile
 
@@ -105,12 +117,13 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     hook_settings.apply_families(settings, Config())
     (state / hook_settings.NO_DEVICES_ENV).write_text(envfile.render_unset(settings))
     unset = envfile.render_unset(settings)
-    assert unset.startswith("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nunset SLURM_TPU_GPUS\n")
+    assert unset.startswith("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nexport EDGETPU_VISIBLE_DEVICES=\n"
+                            "unset SLURM_TPU_GPUS\n")
     assert unset.endswith("unset SLURM_TPU_USAGE_DIR\n")
     for job in ("13", "12/../12", "12;id", ""):
-        assert task_prolog({**base, "SLURM_JOB_ID": job}).stdout == unset
+        assert task_prolog({**base, "SLURM_JOB_ID": job}).stdout == "export EDGETPU_VISIBLE_DEVICES=\n" + unset
     os.symlink(state / "jobs" / "12.env", state / "jobs" / "14.env")
-    assert task_prolog({**base, "SLURM_JOB_ID": "14"}).stdout == unset
+    assert task_prolog({**base, "SLURM_JOB_ID": "14"}).stdout == "export EDGETPU_VISIBLE_DEVICES=\n" + unset
 
 
 @pytest.mark.parametrize("env, identity", [

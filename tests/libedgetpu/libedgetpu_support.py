@@ -17,7 +17,9 @@ def in_testbed(description: Path | str, argv: list[str], env: dict[str, str] | N
                timeout: float = 120, user: str | None = None) -> subprocess.CompletedProcess:
     """Run ``argv`` inside a umockdev testbed of ``description`` (real libudev, libusb, sysfs),
     as ``user`` when given (the testbed is then theirs)."""
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_TPU_", "SLURM_JOB"))}
+    # Not the environment of a job the tests may run in: the test says what the job has.
+    full_env = {k: v for k, v in os.environ.items()
+                if not k.startswith(("SLURM_TPU_", "SLURM_JOB")) and k != "EDGETPU_VISIBLE_DEVICES"}
     full_env.update(env or {})
     prefix = ["runuser", "-u", user, "--"] if user else []
     return subprocess.run([*prefix, "umockdev-run", "--device", str(description), "--", *argv],

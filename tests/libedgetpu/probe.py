@@ -5,10 +5,13 @@
   exported   SLURM_TPU_EDGETPU_PATHS as the task-prolog would export it for a job that
              leased every usable Edge TPU (the hooks' own code: settings.apply_families,
              envfile.render, then the runner's jobenv.parse_environment),
-  listed     edgetpu_list_devices() of the library, in its order, as "type:path".
+  listed     edgetpu_list_devices() of the library, in its order, as "type:path",
+  visible    the same with the EDGETPU_VISIBLE_DEVICES that task-prolog exports set (the
+             node's libedgetpu, patched, lists exactly those then, in that order).
 """
 
 import json
+import os
 import sys
 from types import SimpleNamespace
 
@@ -31,10 +34,14 @@ def main() -> None:
     environ = dict(line.removeprefix("export ").split("=", 1)
                    for line in envfile.render(leases, settings).splitlines() if line.startswith("export "))
     handles = jobenv.parse_environment(environ)
+    library = EdgeTpuLibrary(sys.argv[1])
+    listed = [f"{t}:{p}" for t, p in library.list_devices()]
+    os.environ[jobenv.EDGETPU_VISIBLE] = environ[jobenv.EDGETPU_VISIBLE]  # libedgetpu reads it at each call
     print(json.dumps({
         "inventory": document,
         "exported": {h.identity: f"{h.device_type}:{h.path}" for h in handles},
-        "listed": [f"{t}:{p}" for t, p in EdgeTpuLibrary(sys.argv[1]).list_devices()],
+        "listed": listed,
+        "visible": [f"{t}:{p}" for t, p in library.list_devices()],
     }))
 
 

@@ -55,10 +55,13 @@ def test_job_user_who_cannot_open_the_job_device(library):
         pytest.skip("runuser is not installed")
     script = (f'chmod 000 "$UMOCKDEV_DIR/dev/bus/usb/002/005" && exec {sys.executable} -m slurm_tpu.cli '
               f'detect --check-runtime --libedgetpu {library}')
-    job = {"SLURM_TPU_DEVICES": "usb-2-1.3", "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3"}
+    job = {"SLURM_TPU_DEVICES": "usb-2-1.3", "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3",
+           "EDGETPU_VISIBLE_DEVICES": "/sys/bus/usb/devices/2-1.3"}
     # The testbed is nobody's: the node is made unopenable for them inside it.
     done = in_testbed(N1, ["sh", "-c", script], env=job, user="nobody")
     assert done.returncode == 1, done.stderr
+    # The job's EDGETPU_VISIBLE_DEVICES does not hide the node's other Edge TPU from the check.
+    assert "ok: pci-0000:03:00.0: libedgetpu lists it at pci:/dev/apex_0" in done.stdout.splitlines()
     assert ("PROBLEM: usb-2-1.3: this job's user cannot open /dev/bus/usb/002/005 (owner uid 65534, mode "
             "0000): the node's slurm-tpu prolog did not hand it over") in done.stdout
 

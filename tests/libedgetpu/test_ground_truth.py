@@ -60,6 +60,8 @@ def test_libedgetpu_lists_exactly_the_paths_we_export(library, name):
     seen = probe(description, library)
     assert seen["exported"] == expected  # our detection, as the task-prolog exports it
     assert sorted(seen["listed"]) == sorted(expected.values())  # the real library agrees
+    # With the job's EDGETPU_VISIBLE_DEVICES, it lists exactly those, in the exported order.
+    assert seen["visible"] == list(seen["exported"].values())
 
 
 def test_a_pcie_card_without_driver_is_neither_listed_nor_exported(library):
