@@ -8,14 +8,14 @@ reattaches to them). A cluster stopped with a job still running therefore left
 its slurmstepd and the job's processes behind, parented to init, with their
 spool directory deleted under them.
 
-A process is this cluster's when something about it names a path under the
-cluster's base directory, which nothing else on the machine uses (each cluster
-gets a fresh ``mkdtemp`` directory): its cwd, executable, an open fd (a
-slurmstepd keeps slurmd's log file open, fd 3), its command line (munged's
-``--socket=``, a batch script in the spool), or an environment value (a job's
-``SLURM_CONF``; slurmstepd overwrites its own environment with its process
-title, hence the fds). Other clusters' and other sessions' processes are never
-matched: their bases differ.
+A process is this cluster's when it names the cluster's base directory, which
+nothing else on the machine uses (each cluster gets a fresh ``mkdtemp``
+directory), in a way only the cluster's own processes do: a Slurm or munge
+daemon with its cwd, an open file (a slurmstepd keeps slurmd's log open, fd 3)
+or a command-line path under the base (slurmstepd overwrites its environment
+with its process title, so its fds tell), or a job's process (``SLURM_JOB_ID``
+set) submitted with ``SLURM_CONF`` under the base. Other clusters' and other
+sessions' processes are never matched: their bases differ.
 
 ``SLURM_TPU_CLUSTER_REGISTRY`` names a file to which every cluster configured
 in any process appends its base (tests/conftest.py sets it, and checks at the
@@ -74,34 +74,50 @@ def _ancestors() -> set[int]:
     return found
 
 
-def _paths_of(pid: int) -> Iterable[str]:
-    """Every path the process names: cwd, exe, open fds, command-line words, environment values."""
-    for link in ("cwd", "exe"):
-        try:
-            yield os.readlink(f"/proc/{pid}/{link}")
-        except OSError:
-            pass
+# Programs whose processes are the cluster's daemons when they name a path under its base
+# (Debian installs them as NAME-wlm behind alternatives links).
+DAEMONS = ("slurmstepd", "slurmd", "slurmctld", "munged", "sackd")
+
+
+def _read_words(pid: int, name: str) -> list[str]:
+    try:
+        with open(f"/proc/{pid}/{name}", "rb") as handle:
+            return [w.decode(errors="replace") for w in handle.read().split(b"\0") if w]
+    except OSError:
+        return []
+
+
+def _daemon_paths(pid: int) -> list[str]:
+    """For a Slurm or munge daemon: its cwd, open files and command-line paths; else nothing."""
+    try:
+        exe = os.path.basename(os.readlink(f"/proc/{pid}/exe")).split(" ")[0]
+    except OSError:
+        return []
+    if not any(exe == name or exe.startswith(name + "-") for name in DAEMONS):  # Debian: slurmd-wlm
+        return []
+    paths = []
+    try:
+        paths.append(os.readlink(f"/proc/{pid}/cwd"))
+    except OSError:
+        pass
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         fds = []
     for fd in fds:
         try:
-            yield os.readlink(f"/proc/{pid}/fd/{fd}")
+            paths.append(os.readlink(f"/proc/{pid}/fd/{fd}"))
         except OSError:
             pass
-    for name in ("cmdline", "environ"):
-        try:
-            with open(f"/proc/{pid}/{name}", "rb") as handle:
-                words = handle.read().split(b"\0")
-        except OSError:
-            continue
-        for word in words:
-            text = word.decode(errors="replace")
-            yield text
-            # --socket=/base/..., SLURM_CONF=/base/...: the value after the first '='.
-            if "=" in text:
-                yield text.partition("=")[2]
+    for word in _read_words(pid, "cmdline"):  # munged --socket=/base/..., slurmd -f /base/...
+        paths += [word, word.partition("=")[2]]
+    return paths
+
+
+def _job_conf(pid: int) -> str | None:
+    """A job's process (any program, any user): the SLURM_CONF its job was submitted with."""
+    env = dict(w.partition("=")[::2] for w in _read_words(pid, "environ"))
+    return env.get("SLURM_CONF") if "SLURM_JOB_ID" in env else None
 
 
 def _describe(pid: int) -> str:
@@ -131,6 +147,11 @@ def _is_zombie(pid: int) -> bool:
 def processes_of(bases: Iterable[str]) -> dict[int, tuple[str, str]]:
     """Live processes (not zombies, never this one or its ancestors) of clusters under ``bases``.
 
+    A process is a cluster's when it is a Slurm or munge daemon naming a path
+    under the base (a slurmstepd keeps slurmd's log open), or a job's process
+    (``SLURM_JOB_ID`` set) whose ``SLURM_CONF`` lies under it. Not any process
+    that merely names the directory: an admin's shell in the demo's directory,
+    or one that sourced its env.sh, is not the cluster's to kill.
     Returns pid -> (base, description).
     """
     prefixes = {os.path.abspath(b).rstrip("/") + "/": os.path.abspath(b) for b in bases}
@@ -142,8 +163,9 @@ def processes_of(bases: Iterable[str]) -> dict[int, tuple[str, str]]:
         if not name.isdigit() or int(name) in skip:
             continue
         pid = int(name)
-        for path in _paths_of(pid):
-            base = next((b for p, b in prefixes.items() if path.startswith(p) or path + "/" == p), None)
+        conf = _job_conf(pid)
+        for path in ([conf] if conf else []) + _daemon_paths(pid):
+            base = next((b for p, b in prefixes.items() if path.startswith(p)), None)
             if base is not None:
                 if not _is_zombie(pid):
                     found[pid] = (base, _describe(pid))
