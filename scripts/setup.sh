@@ -11,6 +11,9 @@ cd "$(dirname "$0")/.."
 # tests drive real uevents through UMockdev's GObject API.
 APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3 python3-venv python3-yaml
               util-linux passwd python3-gi gir1.2-umockdev-1.0 strace)
+# acl: setfacl/getfacl, with which the isolation tests play a job owner who grants another
+# user access to her leased node (the hooks must strip it).
+APT_PACKAGES+=(acl)
 # What the real libedgetpu built below needs at run time (its build packages: build.sh).
 APT_PACKAGES+=(libusb-1.0-0 libabsl20220623 libflatbuffers2)
 missing=()

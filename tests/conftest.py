@@ -7,6 +7,10 @@ cluster test against that Slurm instead of Debian's: the clusters' daemons and
 clients and every slurm-tpu command the tests run take their Slurm from it
 (through ``SLURM_TPU_SLURM_BIN``/``SBIN``); the hooks find it as they would on
 a real node, from the slurmd that runs them.
+
+At the end of the run, no process of any cluster the run started (in this
+process or in a command it ran, such as the demo) may be left: the run fails
+naming them (``pytest_sessionfinish``; slurm_tpu/localcluster/leftovers.py).
 """
 
 import os
@@ -23,6 +27,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers import USERS, first_job_id, require_slurm, use_test_slurm  # noqa: E402  (after the sys.path insert)
 
 use_test_slurm()
+
+# Every LocalCluster configured during the run, by this process or its children, appends its base here.
+_REGISTRY_FD, CLUSTER_REGISTRY = tempfile.mkstemp(prefix="slurm-tpu-clusters-", suffix=".txt", dir="/tmp")
+os.close(_REGISTRY_FD)
+os.environ["SLURM_TPU_CLUSTER_REGISTRY"] = CLUSTER_REGISTRY
+
+
+def pytest_sessionfinish(session, exitstatus):
+    """Fail the run when a process of a cluster it started outlived the cluster's stop(); then end them."""
+    import time
+
+    from slurm_tpu.localcluster import leftovers
+
+    bases = leftovers.recorded(CLUSTER_REGISTRY)
+    left = leftovers.processes_of(bases)
+    deadline = time.monotonic() + 10  # one being reaped right now is not a leftover
+    while left and time.monotonic() < deadline:
+        time.sleep(0.2)
+        left = leftovers.processes_of(bases)
+    if left:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        lines = [f"{len(left)} process(es) of test clusters outlived their cluster's stop():"]
+        lines += [f"  {what}  [cluster {base}, made by {bases[base] or '?'}]" for base, what in left.values()]
+        if reporter is not None:
+            reporter.write_sep("=", "leftover cluster processes", red=True)
+            reporter.write_line("\n".join(lines))
+        else:
+            print("\n".join(lines), file=sys.stderr)
+        leftovers.end_processes_of({base for base, _ in left.values()})
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
+    try:
+        os.unlink(CLUSTER_REGISTRY)
+    except OSError:
+        pass
 
 
 def pytest_report_header(config):

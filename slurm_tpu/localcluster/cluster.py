@@ -17,6 +17,7 @@ from ..errors import SlurmCommandError
 from ..families import FAMILIES
 from ..slurm import installation
 from ..slurm.parse import parse_key_values
+from . import leftovers
 from .hardware import apex_cards, detect_under_umockdev, materialize, materialize_sysfs
 
 
@@ -173,6 +174,8 @@ class LocalCluster:
             raise ValueError("config_file serves one node; several nodes need per-node hook wrappers")
         for sub in ("etc", "state", "spool", "log", "run", "munge", "hooks", "nodes"):
             os.makedirs(self.path(sub), mode=0o755, exist_ok=True)
+        # Before anything starts: a test suite checks at its end that nothing of it is left.
+        leftovers.record(self.base, os.environ.get("PYTEST_CURRENT_TEST", ""))
         os.chmod(self.base, 0o755)
         self._configure_munge()
         for stale in (self.gres_conf, self.path("etc", "nodes.conf")):
@@ -471,7 +474,13 @@ class LocalCluster:
         raise RuntimeError(f"{what} within {timeout:g} s; see logs in {self.path('log')}")
 
     def stop(self) -> None:
-        """Stop every daemon this cluster started (by its recorded pid)."""
+        """Stop every daemon this cluster started (by its recorded pid), then every process left of it.
+
+        What is left are job steps: slurmstepd runs in a session of its own and
+        outlives slurmd (see leftovers.py), with its job's processes; they are
+        found by the paths under ``base`` they name and killed, so a stopped
+        cluster leaves no process behind whatever state its jobs were in.
+        """
         pids = self.running_pids()
         order = sorted(pids, key=lambda n: (n == "munged", n == "slurmctld"))  # slurmd first, munge last
         for name in order:
@@ -493,7 +502,10 @@ class LocalCluster:
                 os.unlink(self._pidfile(name))
             except OSError:
                 pass
-        self._unmount_leftovers()
+        try:
+            leftovers.end_processes_of([self.base])
+        finally:
+            self._unmount_leftovers()
 
     def _unmount_leftovers(self, under: str | None = None) -> None:
         """Detach mounts under the base, or ``under`` (jobs' usage boxes whose epilog never ran, an

@@ -5,15 +5,52 @@ is opened with ``O_PATH | O_NOFOLLOW`` (which neither opens the device nor
 follows a link), checked with ``fstat`` and then changed through
 ``/proc/self/fd/N``, so the file that was checked is the file that is changed
 even if someone swaps the path in between.
+
+Every ownership change also strips the node's extended POSIX ACL. chmod only
+rewrites an ACL's mask entry (fs/posix_acl.c ``posix_acl_chmod``), so a job
+owner's ``setfacl -m u:OTHER:rw`` would outlive her lease, masked by a 0600 mode
+and live again under any mode with group bits. Only the node's owner (or root)
+can set an ACL, so stripping it whenever the owner changes leaves none behind.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
+
 from ..errors import DeviceError
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
+# The xattrs that hold POSIX ACLs (include/uapi/linux/xattr.h XATTR_NAME_POSIX_ACL_*);
+# a default ACL exists only on directories, which new files under them inherit.
+ACL_XATTRS = ("system.posix_acl_access", "system.posix_acl_default")
+
+
+def acl_xattrs(path: str) -> list[str]:
+    """The POSIX ACL xattrs ``path`` carries (followed if a link: give it a /proc/self/fd path)."""
+    try:
+        return [name for name in os.listxattr(path) if name in ACL_XATTRS]
+    except OSError as exc:
+        if exc.errno in (errno.ENOTSUP, errno.ENODATA):
+            return []  # a filesystem without xattrs has no ACLs
+        raise
+
+
+def strip_acl(path: str) -> bool:
+    """Remove ``path``'s extended POSIX ACLs (access and default); True when one was there.
+
+    ``path`` is followed: pass a ``/proc/self/fd/N`` of a node opened ``O_PATH |
+    O_NOFOLLOW`` (or a name only root controls), never a name a user could swap.
+    """
+    names = acl_xattrs(path)
+    for name in names:
+        try:
+            os.removexattr(path, name)
+        except OSError as exc:
+            if exc.errno != errno.ENODATA:  # gone meanwhile: what we wanted
+                raise
+    return bool(names)
 
 
 class NodeState:
@@ -45,7 +82,7 @@ def _open_char_device(path: str, identity: str) -> int:
 
 
 def set_owner(path: str, identity: str, uid: int, gid: int, mode: int) -> bool:
-    """Make ``path`` (a char device) ``uid:gid`` with ``mode``; -1 keeps uid/gid.
+    """Make ``path`` (a char device) ``uid:gid`` with ``mode`` and no extended ACL; -1 keeps uid/gid.
 
     Returns True when something changed. Raises DeviceError when the node is
     missing or not a character device.
@@ -55,12 +92,15 @@ def set_owner(path: str, identity: str, uid: int, gid: int, mode: int) -> bool:
         info = os.fstat(fd)
         target_uid = info.st_uid if uid < 0 else uid
         target_gid = info.st_gid if gid < 0 else gid
-        if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (target_uid, target_gid, mode):
+        proc = f"/proc/self/fd/{fd}"  # the magic link is the opened node itself, not a path lookup
+        if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (target_uid, target_gid, mode) \
+                and not acl_xattrs(proc):
             return False
-        proc = f"/proc/self/fd/{fd}"
-        # Narrow the mode before handing the node to the new owner, so no moment
-        # exists where the new owner has it with the old (maybe wider) mode.
+        # Narrow the mode and drop any ACL before handing the node to the new owner,
+        # so no moment exists where the new owner has it with the old (maybe wider)
+        # mode, or where an ACL the old owner set applies under the new one.
         os.chmod(proc, mode & stat.S_IMODE(info.st_mode))
+        strip_acl(proc)
         os.chown(proc, target_uid, target_gid)
         os.chmod(proc, mode)
         return True

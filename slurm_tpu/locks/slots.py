@@ -14,6 +14,7 @@ import stat
 
 from ..errors import DeviceError
 from ..identity import is_identity
+from .ownership import strip_acl
 
 
 def check_identity(identity: str) -> str:
@@ -45,6 +46,9 @@ def _make_slot(slot_dir: str, identity: str, rdev: int) -> None:
     tmp = os.path.join(slot_dir, f".{identity}.{os.getpid()}")
     try:
         os.mknod(tmp, stat.S_IFCHR | 0o600, rdev)
+        # A default ACL on the slot directory would be inherited by the new node
+        # (fs/posix_acl.c posix_acl_create): slots are root's alone, whatever the directory says.
+        strip_acl(tmp)
         os.chmod(tmp, 0o600)  # umask may have narrowed or the old mode lingered
         os.replace(tmp, path)
     except OSError as exc:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
 import shutil
 import stat
 import subprocess
@@ -264,7 +266,59 @@ def drain_reason(cluster, node: str = "n1") -> str:
 
 def resume(cluster, node: str = "n1") -> None:
     cluster.command(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
-    wait_until(lambda: cluster.node_states()[node] in ("IDLE", "MIXED"), 60, f"{node} to resume")
+    wait_until(lambda: cluster.node_states()[node] in ("IDLE", "MIXED"), 120, f"{node} to resume")
+
+
+def holder_pids(text: str) -> list[int]:
+    """The pids a drain reason (or a refused clear) names as holders: ``pid 12,34 still holds ...``.
+
+    Every holder on the machine is named, not only the test's own: another test run
+    beside this one may hold a node pointed at the same driver (/dev/zero, /dev/full).
+    Assert that the test's holder is *among* them.
+    """
+    found = re.search(r"pid ([0-9,]+) still holds", text)
+    return [int(p) for p in found.group(1).split(",")] if found else []
+
+
+def clear_lease_when_free(cluster, identity: str, node: str = "n1", timeout: float = 180) -> subprocess.CompletedProcess:
+    """`leases --clear IDENTITY` once it succeeds: the test's holder is gone, but a holder of another
+    test run beside this one (same driver numbers) may still hold the device for a while."""
+    done: list[subprocess.CompletedProcess] = []
+
+    def cleared() -> bool:
+        done[:] = [clear_lease(cluster, identity, node)]
+        return done[0].returncode == 0 and "cleared" in done[0].stdout
+
+    try:
+        wait_until(cleared, timeout, f"{identity}'s kept lease to clear")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}: {done[0].stdout.strip()} {done[0].stderr.strip()}") from None
+    return done[0]
+
+
+@contextlib.contextmanager
+def kept_in_service(cluster, node: str = "n1"):
+    """Whatever the test in the block did, or where it failed: afterwards the node's device nodes
+    have their own numbers again, no lease is kept and the node is in service.
+
+    A test that fails half-way (its holder killed in a ``finally``) would otherwise leave the
+    node drained, and every later test of the module would wait for jobs that stay PENDING.
+    """
+    rdevs = {path: os.lstat(path).st_rdev for paths in inventory(cluster, node).values() for path in paths}
+    try:
+        yield
+    finally:
+        for path, rdev in rdevs.items():
+            try:
+                if os.lstat(path).st_rdev != rdev:
+                    restore_node(path, rdev)
+            except FileNotFoundError:
+                pass  # a USB stick re-enumerated under another name
+        for row in leases(cluster, node):
+            if row.get("phase") == "kept":
+                clear_lease_when_free(cluster, row["identity"], node)
+        if "DRAIN" in cluster.node_states()[node]:
+            resume(cluster, node)
 
 
 def clear_lease(cluster, identity: str, node: str = "n1") -> subprocess.CompletedProcess:

@@ -18,6 +18,7 @@ import pytest
 from support import HARDWARE, REPO, finish_cluster, make_cluster, require_root_and_slurm
 from support import (audit, clear_lease, drain_reason, hook_env, inventory, leases, no_overlaps, node_on, open_as,
                      owner, restore_node, resume, run_hook, udev_event, wait_until, SURVIVOR_JOB)
+from support import clear_lease_when_free, holder_pids, kept_in_service
 
 pytestmark = pytest.mark.slurm
 
@@ -68,25 +69,32 @@ def cluster():
     subprocess.run(["rm", "-rf", scratch])
 
 
+@pytest.fixture(autouse=True)
+def n1_in_service_after(cluster):
+    """One failing test must not leave n1 drained: the next ones' jobs would stay PENDING."""
+    with kept_in_service(cluster):
+        yield
+
+
 def outp(cluster, name):
     return os.path.join(cluster.base, "out", name)
 
 
 HOLD = "#!/bin/sh\necho \"$SLURM_TPU_DEVICES\" > {o}/{t}.devices\ntouch {o}/{t}.started\n" \
-       "i=0; while [ ! -e {o}/{t}.stop ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n"
+       "i=0; while [ ! -e {o}/{t}.stop ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done\n"
 
 
 def hold(cluster, user, tag, args, name=None):
     extra = ["-J", name] if name else []
     job = cluster.sbatch([*args, *extra, "-o", "/dev/null", "-e", "/dev/null"],
                          HOLD.format(o=os.path.join(cluster.base, "out"), t=tag), user=user)
-    wait_until(lambda: os.path.exists(outp(cluster, f"{tag}.started")), 60, f"job {job} to start")
+    wait_until(lambda: os.path.exists(outp(cluster, f"{tag}.started")), 180, f"job {job} to start")
     return job
 
 
 def stop(cluster, tag, job):
     open(outp(cluster, f"{tag}.stop"), "w").close()
-    return cluster.wait_for_jobs([job], timeout=60)[job]
+    return cluster.wait_for_jobs([job], timeout=180)[job]
 
 
 def assert_idle_and_consistent(cluster):
@@ -111,7 +119,7 @@ def test_prolog_killed_half_way_is_reclaimed_by_the_next_job(cluster, users):
                                   prolog_start=process_start_time(sleeper.pid)))
     open(cluster.kill_marker, "w").close()
     job = cluster.sbatch(["-w", "n1", "--gres=tpu:2", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_alice")
-    wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 60, "Slurm to drain n1 after the killed prolog")
+    wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "Slurm to drain n1 after the killed prolog")
     # Killed half-way: it had leased the USB stick (audited) but never the PCIe card.
     assert any(e["event"] == "acquire" and e["job_id"] == job and e["identity"] == USB
                for e in audit(cluster, "n1"))
@@ -202,7 +210,7 @@ def test_device_vanishing_during_the_job_drains_the_node_with_a_reason(cluster, 
         assert done.returncode == 0, done.stderr
     finally:
         stop(cluster, "v1", job)
-    wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
+    wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the epilog to drain n1")
     reason = drain_reason(cluster)
     assert reason.startswith("slurm-tpu:") and USB in reason and "vanished" in reason
     assert leases(cluster, "n1") == []
@@ -339,24 +347,23 @@ def test_surviving_holder_drains_the_node_and_clearing_restores_idle_at_once(clu
                          SURVIVOR_JOB.format(node=pci, pidfile=pidfile), user="stpu_alice")
     survivor = None
     try:
-        cluster.wait_for_jobs([job], timeout=60)
+        cluster.wait_for_jobs([job], timeout=180)
         survivor = int(open(pidfile).read())
-        wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
+        wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the epilog to drain n1")
         reason = drain_reason(cluster)
-        assert reason.startswith("slurm-tpu:") and f"pid {survivor}" in reason and PCI in reason
+        assert reason.startswith("slurm-tpu:") and survivor in holder_pids(reason) and PCI in reason, reason
         held = {row["identity"]: row for row in leases(cluster, "n1")}
         assert held[PCI]["job_id"] == job and held[PCI]["phase"] == "kept"  # still leased: not free
         assert owner(pci) == (0, 0, 0o600)  # but taken away from alice before the check
         assert open_as("stpu_alice", pci) == "EACCES"
         refused = clear_lease(cluster, PCI)
-        assert refused.returncode != 0 and f"pid {survivor}" in refused.stderr
+        assert refused.returncode != 0 and survivor in holder_pids(refused.stderr), refused.stderr
     finally:
         if survivor:
             os.kill(survivor, 9)
     wait_until(lambda: not os.path.exists(f"/proc/{survivor}"), 30, "the survivor to die")
     # The admin clears the lease: idle ownership at once, not at the next job's prolog.
-    cleared = clear_lease(cluster, PCI)
-    assert cleared.returncode == 0 and "cleared" in cleared.stdout, cleared.stderr
+    clear_lease_when_free(cluster, PCI)  # (a test run beside this one may hold /dev/full's numbers)
     assert leases(cluster, "n1") == []
     assert owner(pci) == (0, 0, 0o600)
     assert any(e["event"] == "clear" and e["job_id"] == job for e in audit(cluster, "n1"))

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, open_as, owner
-from support import restore_node, resume, settle
+from support import holder_pids, kept_in_service, restore_node, resume, settle
 from support import PCI, USB, one_node_two_tpus, out, udev_event, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -27,6 +27,13 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(scope="module")
 def cluster():
     yield from one_node_two_tpus()
+
+
+@pytest.fixture(autouse=True)
+def n1_in_service_after(cluster):
+    """One failing test must not leave n1 drained: the next ones' jobs would stay PENDING."""
+    with kept_in_service(cluster):
+        yield
 
 
 def sys_root(cluster) -> str:
@@ -54,14 +61,14 @@ def hold(cluster, user: str, tag: str, gres: str, body: str = "") -> int:
     job = cluster.sbatch(["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
                          script, user=user)
     wait_until(lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(job) == "FAILED",
-               60, f"job {job} to start")
+               180, f"job {job} to start")
     assert os.path.exists(out(cluster, f"{tag}.started")), open(out(cluster, f"{tag}.err")).read()
     return job
 
 
 def stop(cluster, tag: str, job: int) -> str:
     open(out(cluster, f"{tag}.stop"), "w").close()
-    return cluster.wait_for_jobs([job], timeout=60)[job]
+    return cluster.wait_for_jobs([job], timeout=180)[job]
 
 
 def assert_idle_and_consistent(cluster) -> None:
@@ -252,21 +259,22 @@ def test_mapping_with_its_fd_closed_is_found_and_the_health_check_restores_idle(
                          "#!/bin/sh\n" + MAPPER.format(node=node, pidfile=pidfile) + "\n", user="stpu_alice")
     mapper = None
     try:
-        cluster.wait_for_jobs([job], timeout=60)
+        cluster.wait_for_jobs([job], timeout=180)
         mapper = int(open(pidfile).read())
         assert not [fd for fd in os.listdir(f"/proc/{mapper}/fd") if os.stat(f"/proc/{mapper}/fd/{fd}").st_rdev
                     == os.stat(node).st_rdev]  # no fd left: only the mapping
-        wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
+        wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the epilog to drain n1")
         reason = drain_reason(cluster)
-        assert reason.startswith("slurm-tpu:") and f"pid {mapper}" in reason and "mmap" in reason
+        assert reason.startswith("slurm-tpu:") and mapper in holder_pids(reason) and "mmap" in reason, reason
         assert owner(node) == (0, 0, 0o600)
     finally:
         if mapper:
             os.kill(mapper, 9)
     wait_until(lambda: not os.path.exists(f"/proc/{mapper}"), 30, "the mapper to die")
-    # The admin resumes; the health check ends the kept lease and the card is idle at once.
-    outcome = clear_kept_leases(load_config(cluster.node_config("n1")))
-    assert outcome == [(PCI, "cleared")]
+    # The admin resumes; the health check ends the kept lease and the card is idle at once
+    # (once no process maps /dev/zero's numbers: a test run beside this one may, for a while).
+    wait_until(lambda: clear_kept_leases(load_config(cluster.node_config("n1"))) == [(PCI, "cleared")], 180,
+               "the health check to clear the kept lease")
     assert leases(cluster, "n1") == [] and owner(node) == (0, 0, 0o600)
     resume(cluster)
     restore_node(node, rdev)
@@ -312,11 +320,11 @@ def test_a_flood_of_decoy_fds_neither_stretches_the_epilog_nor_drains_the_node(c
             assert decoy.stdout.readline().strip() == "ready"  # ~20000 fds each: far more than 50 ms of stats
         job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
                              user="stpu_alice")
-        cluster.wait_for_jobs([job], timeout=60)
+        cluster.wait_for_jobs([job], timeout=180)
         wait_until(lambda: any(e["event"] == "release" and e["job_id"] == job for e in audit(cluster, "n1")),
-                   60, "the epilog to release the card")
+                   120, "the epilog to release the card")
         assert any(e["event"] == "scan-incomplete" and e["job_id"] == job for e in audit(cluster, "n1"))
-        wait_until(lambda: "COMPLETING" not in cluster.node_states()["n1"], 60, "the epilog to end")
+        wait_until(lambda: "COMPLETING" not in cluster.node_states()["n1"], 120, "the epilog to end")
         assert "DRAIN" not in cluster.node_states()["n1"], drain_reason(cluster)
         assert owner(node) == (0, 0, 0o600) and leases(cluster, "n1") == []
     finally:
@@ -351,7 +359,7 @@ def test_pci_fd_in_flight_is_caught_by_the_drivers_count_of_writers(cluster, use
         assert open(count).read() == "0\n"
         job = hold(cluster, "stpu_alice", "inflight", "tpu:edgetpu_pci:1", SMUGGLE.format(node=node, sock=sock))
         assert stop(cluster, "inflight", job) == "COMPLETED"
-        wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
+        wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the epilog to drain n1")
         reason = drain_reason(cluster)
         assert reason.startswith("slurm-tpu:") and "1 writable fd(s)" in reason and PCI in reason
         assert f"after job {job}" in reason, reason
