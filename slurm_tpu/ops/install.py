@@ -395,6 +395,14 @@ def _backup(path: str) -> str:
     return backup
 
 
+def _before_replacing(path: str, previous: dict | None, exists: bool) -> str:
+    """What the manifest records as there before we wrote ``path``: our earlier record's, else a
+    backup of the site's own file (libedgetpu1-std's, kept for uninstall), else ``absent``."""
+    if previous is not None and previous["before"] != "same":
+        return previous["before"]
+    return _backup(path) if exists else "absent"
+
+
 def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say) -> None:
     """``_install_file`` for a binary (the library): same manifest entries, same backup rule."""
     previous = manifest.files.get(path)
@@ -410,10 +418,7 @@ def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_ru
     say(f"{'replace' if exists else 'write'} {path}")
     if dry_run:
         return
-    ours = previous is not None and previous["before"] != "same"
-    before = previous["before"] if ours else "absent"
-    if exists and not ours:
-        before = _backup(path)  # the site's own file (libedgetpu1-std's), kept for uninstall
+    before = _before_replacing(path, previous, exists)
     # Written beside it, then renamed over it: a job's dlopen finds the old or the new library.
     temporary = f"{path}.slurm-tpu.new"
     with open(temporary, "wb") as handle:
@@ -437,10 +442,7 @@ def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say
     say(f"{'replace' if exists else 'write'} {path} -> {target}")
     if dry_run:
         return
-    ours = previous is not None and previous["before"] != "same"
-    before = previous["before"] if ours else "absent"
-    if exists and not ours:
-        before = _backup(path)
+    before = _before_replacing(path, previous, exists)
     temporary = f"{path}.slurm-tpu.new"
     if os.path.lexists(temporary):
         os.unlink(temporary)

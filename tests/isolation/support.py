@@ -326,3 +326,14 @@ def clear_lease(cluster, identity: str, node: str = "n1") -> subprocess.Complete
     return subprocess.run([*cluster.slurm_tpu, "leases", "--clear", identity], capture_output=True, text=True,
                           env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node),
                                    SLURM_CONF=cluster.slurm_conf), timeout=60)
+
+
+def assert_idle_and_consistent(cluster, node: str = "n1", node_idle: bool = True) -> None:
+    """Nothing leased, every device node back to root:root 0600, audit without overlaps (and the node IDLE)."""
+    assert leases(cluster, node) == []
+    for nodes in inventory(cluster, node).values():
+        for path in nodes:
+            assert owner(path) == (0, 0, 0o600), path
+    no_overlaps(audit(cluster, node))
+    if node_idle:
+        assert cluster.node_states()[node] == "IDLE"

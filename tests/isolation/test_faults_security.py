@@ -19,6 +19,7 @@ from support import HARDWARE, REPO, finish_cluster, make_cluster, require_root_a
 from support import (audit, clear_lease, drain_reason, hook_env, inventory, leases, no_overlaps, node_on, open_as,
                      owner, restore_node, resume, run_hook, udev_event, wait_until, SURVIVOR_JOB)
 from support import clear_lease_when_free, holder_pids, kept_in_service
+from support import assert_idle_and_consistent as _assert_idle_and_consistent
 
 pytestmark = pytest.mark.slurm
 
@@ -98,12 +99,7 @@ def stop(cluster, tag, job):
 
 
 def assert_idle_and_consistent(cluster):
-    """Nothing leased, every device node back to root:root 0600, audit without overlaps."""
-    assert leases(cluster, "n1") == []
-    for nodes in inventory(cluster, "n1").values():
-        for node in nodes:
-            assert owner(node) == (0, 0, 0o600), node
-    no_overlaps(audit(cluster, "n1"))
+    _assert_idle_and_consistent(cluster, node_idle=False)
 
 
 def test_prolog_killed_half_way_is_reclaimed_by_the_next_job(cluster, users):

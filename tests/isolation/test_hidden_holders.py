@@ -20,7 +20,7 @@ import subprocess
 import pytest
 from hidden_holders import AMONG_DECOYS, DECOYS, PRIVATE_FD_TABLE, ZOMBIE_LEADER
 from support import PCI, USB, audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, out
-from support import one_node_two_tpus, owner, restore_node, resume, wait_until
+from support import assert_idle_and_consistent, one_node_two_tpus, owner, restore_node, resume, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -91,15 +91,6 @@ def back_in_service(cluster, identity: str) -> None:
     cleared = clear_lease(cluster, identity)
     assert cleared.returncode == 0 and "cleared" in cleared.stdout, cleared.stdout + cleared.stderr
     resume(cluster)
-
-
-def assert_idle_and_consistent(cluster) -> None:
-    assert leases(cluster, "n1") == []
-    for nodes in inventory(cluster, "n1").values():
-        for node in nodes:
-            assert owner(node) == (0, 0, 0o600), node
-    no_overlaps(audit(cluster, "n1"))
-    assert cluster.node_states()["n1"] == "IDLE"
 
 
 def test_a_thread_with_a_private_fd_table_keeps_the_device_and_is_named(cluster, users):

@@ -16,8 +16,9 @@ import os
 import subprocess
 
 import pytest
+from hidden_holders import DECOYS
 from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, open_as, owner
-from support import holder_pids, kept_in_service, restore_node, resume, settle
+from support import assert_idle_and_consistent, holder_pids, kept_in_service, restore_node, resume, settle
 from support import PCI, USB, one_node_two_tpus, out, udev_event, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -69,15 +70,6 @@ def hold(cluster, user: str, tag: str, gres: str, body: str = "") -> int:
 def stop(cluster, tag: str, job: int) -> str:
     open(out(cluster, f"{tag}.stop"), "w").close()
     return cluster.wait_for_jobs([job], timeout=180)[job]
-
-
-def assert_idle_and_consistent(cluster) -> None:
-    assert leases(cluster, "n1") == []
-    for nodes in inventory(cluster, "n1").values():
-        for node in nodes:
-            assert owner(node) == (0, 0, 0o600), node
-    no_overlaps(audit(cluster, "n1"))
-    assert cluster.node_states()["n1"] == "IDLE"
 
 
 def usb_on_a_pty(cluster):
@@ -281,18 +273,6 @@ def test_mapping_with_its_fd_closed_is_found_and_the_health_check_restores_idle(
     assert_idle_and_consistent(cluster)
 
 
-DECOYS = r"""
-import os, resource, sys
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-base = os.open("/dev/null", os.O_RDONLY)
-for _ in range(hard - 64):
-    os.dup(base)
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
 def set_scan_budget(cluster, seconds: float | None) -> None:
     import yaml
 
@@ -313,7 +293,7 @@ def test_a_flood_of_decoy_fds_neither_stretches_the_epilog_nor_drains_the_node(c
     # only read-only holders unseen (the residual the README names), so the card goes back.
     node = inventory(cluster, "n1")[PCI][0]
     set_scan_budget(cluster, 0.05)
-    decoys = [python_as("stpu_alice", DECOYS, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    decoys = [python_as("stpu_alice", DECOYS, "1000000", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
               for _ in range(10)]
     try:
         for decoy in decoys:

@@ -18,6 +18,7 @@ import threading
 import time
 
 import pytest
+from hidden_holders import DECOYS
 
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
@@ -164,22 +165,10 @@ def test_scan_finds_an_open_fd_and_a_mapping_whose_fd_is_closed(tmp_path):
             process.wait()
 
 
-DECOY = """
-import os, resource, sys
-soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-base = os.open("/dev/null", os.O_RDONLY)
-for _ in range(min(int(sys.argv[1]), hard - 64)):
-    os.dup(base)
-print("ready", flush=True)
-sys.stdin.read()
-"""
-
-
 def start_decoys(count: int, fds_each: int, user: str | None = None) -> list[subprocess.Popen]:
     """Processes holding many fds of /dev/null each (this sandbox caps a process at 20000)."""
     prefix = ["runuser", "-u", user, "--"] if user else []
-    decoys = [subprocess.Popen([*prefix, "/usr/bin/python3", "-I", "-c", DECOY, str(fds_each)],
+    decoys = [subprocess.Popen([*prefix, "/usr/bin/python3", "-I", "-c", DECOYS, str(fds_each)],
                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
     for decoy in decoys:
         assert decoy.stdout.readline().strip() == "ready"
