@@ -337,3 +337,19 @@ def assert_idle_and_consistent(cluster, node: str = "n1", node_idle: bool = True
     no_overlaps(audit(cluster, node))
     if node_idle:
         assert cluster.node_states()[node] == "IDLE"
+
+
+# In a job: open the job's own device read-write, check it works, hand the fd over the Unix
+# socket {sock} (SCM_RIGHTS), close its own copy; with {mode} "take" it ends only once the
+# receiver says it closed the fd too (an empty {mode}: it ends at once).
+SMUGGLE = """/usr/bin/python3 -I -c '
+import array, os, socket, sys
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_NOCTTY)
+os.write(fd, b"job")
+sender = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sender.connect(sys.argv[2])
+sender.sendmsg([b"f"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+os.close(fd)
+if sys.argv[3:] == ["take"]:
+    sender.recv(1)
+' {node} {sock} {mode}"""

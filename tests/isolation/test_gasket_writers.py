@@ -18,7 +18,7 @@ import subprocess
 
 import pytest
 from support import PCI, audit, clear_lease, drain_reason, inventory, leases, one_node_two_tpus, out, owner
-from support import resume, wait_until
+from support import SMUGGLE, resume, wait_until
 
 from slurm_tpu.config import Config
 from slurm_tpu.hooks import leasing
@@ -178,21 +178,8 @@ else:
         time.sleep(0.05)
 """
 
-# Alice's job: opens its card read-write, uses it, sends the fd to the receiver, closes its copy;
-# with "take" it ends only once the receiver says it closed the fd too.
-SEND = """#!/bin/sh
-/usr/bin/python3 -I -c '
-import array, os, socket, sys
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_NOCTTY)
-os.write(fd, b"job")
-sender = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-sender.connect(sys.argv[2])
-sender.sendmsg([b"f"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-os.close(fd)
-if sys.argv[3] == "take":
-    sender.recv(1)
-' {node} {sock} {mode}
-"""
+# Alice's job: SMUGGLE (support.py), "keep" or "take".
+SEND = "#!/bin/sh\n" + SMUGGLE + "\n"
 
 
 def receiver(cluster, tag: str, mode: str):

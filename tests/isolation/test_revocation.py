@@ -18,7 +18,7 @@ import subprocess
 import pytest
 from hidden_holders import DECOYS
 from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, open_as, owner
-from support import assert_idle_and_consistent, holder_pids, kept_in_service, restore_node, resume, settle
+from support import SMUGGLE, assert_idle_and_consistent, holder_pids, kept_in_service, restore_node, resume, settle
 from support import PCI, USB, one_node_two_tpus, out, udev_event, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -126,25 +126,13 @@ while True:
     number += 1
 """
 
-# In the job: open the job's own device, check it works, hand the fd to the receiver, close it.
-SMUGGLE = """/usr/bin/python3 -I -c '
-import array, os, socket, sys
-fd = os.open(sys.argv[1], os.O_RDWR | os.O_NOCTTY)
-os.write(fd, b"job")
-sender = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-sender.connect(sys.argv[2])
-sender.sendmsg([b"f"], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
-os.close(fd)
-' {node} {sock}"""
-
-
 def test_fd_passed_over_scm_rights_is_dead_before_the_next_job_gets_the_stick(cluster, users):
     master, pty = usb_on_a_pty(cluster)
     prefix, sock = out(cluster, "recv"), out(cluster, "recv.sock")
     receiver = python_as("stpu_alice", RECEIVER, sock, prefix)
     try:
         wait_until(lambda: os.path.exists(prefix + ".ready"), 30, "the receiver to listen")
-        job = hold(cluster, "stpu_alice", "smuggle", "tpu:edgetpu_usb:1", SMUGGLE.format(node=pty, sock=sock))
+        job = hold(cluster, "stpu_alice", "smuggle", "tpu:edgetpu_usb:1", SMUGGLE.format(node=pty, sock=sock, mode=""))
         wait_until(lambda: os.path.exists(prefix + ".got"), 30, "the fd to arrive outside Slurm")
         assert probe(cluster, "recv", 0) == "OK"  # a working device fd, held outside any job
         assert stop(cluster, "smuggle", job) == "COMPLETED"
@@ -337,7 +325,7 @@ def test_pci_fd_in_flight_is_caught_by_the_drivers_count_of_writers(cluster, use
     try:
         wait_until(lambda: os.path.exists(ready), 30, "the sink to listen")
         assert open(count).read() == "0\n"
-        job = hold(cluster, "stpu_alice", "inflight", "tpu:edgetpu_pci:1", SMUGGLE.format(node=node, sock=sock))
+        job = hold(cluster, "stpu_alice", "inflight", "tpu:edgetpu_pci:1", SMUGGLE.format(node=node, sock=sock, mode=""))
         assert stop(cluster, "inflight", job) == "COMPLETED"
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the epilog to drain n1")
         reason = drain_reason(cluster)

@@ -140,21 +140,31 @@ def slurm_tpu(*args: str) -> list[str]:
     return [sys.executable, "-m", "slurm_tpu.cli", *map(str, args)]
 
 
-def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup, users):
-    cluster, models, double, homes = setup
-    out = os.path.join(cluster.base, "out")
-    log = os.path.join(out, "serve.out")
-    job = cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
-                         SERVE_JOB.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
-                                          model=models["classifier"], labels=models["classifier_labels"]),
-                         user=ALICE)
+def _submit_server(cluster, models, double, homes, log: str, script: str) -> int:
+    """Submit a serve job ``script`` (SERVE_JOB or a variant) as Alice, its output to ``log``; its id."""
+    return cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
+                          script.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
+                                        model=models["classifier"], labels=models["classifier_labels"]),
+                          user=ALICE)
+
+
+def _published_address(cluster, homes, job: int, log: str) -> tuple[str, dict]:
+    """Wait for the serve job to publish its address file; (its path, its content)."""
     address_file = os.path.join(homes[ALICE], ".slurm-tpu", "serve", f"{job}.json")
     wait_until(lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING",
                                                                                       "CONFIGURING", ""),
                90, f"job {job} to publish its address")
     assert os.path.exists(address_file), open(log).read()
+    return address_file, json.load(open(address_file))
+
+
+def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup, users):
+    cluster, models, double, homes = setup
+    out = os.path.join(cluster.base, "out")
+    log = os.path.join(out, "serve.out")
+    job = _submit_server(cluster, models, double, homes, log, SERVE_JOB)
+    address_file, address = _published_address(cluster, homes, job, log)
     assert os.stat(address_file).st_mode & 0o777 == 0o600 and os.stat(address_file).st_uid == users[ALICE]
-    address = json.load(open(address_file))
     host_port = address["url"].split("://")[1]
     assert address["url"] in open(log).read() and address["token"] not in open(log).read()
 
@@ -215,16 +225,8 @@ def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup,
 def _start_and_kill(cluster, models, double, homes, script: str) -> tuple[int, dict, str]:
     """Submit ``script`` as Alice, wait for its address file, SIGKILL the server; (job, address, log)."""
     log = os.path.join(cluster.base, "out", f"serve-{time.monotonic_ns()}.out")
-    job = cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
-                         script.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
-                                       model=models["classifier"], labels=models["classifier_labels"]),
-                         user=ALICE)
-    address_file = os.path.join(homes[ALICE], ".slurm-tpu", "serve", f"{job}.json")
-    wait_until(lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING",
-                                                                                      "CONFIGURING", ""),
-               90, f"job {job} to publish its address")
-    assert os.path.exists(address_file), open(log).read()
-    address = json.load(open(address_file))
+    job = _submit_server(cluster, models, double, homes, log, script)
+    address_file, address = _published_address(cluster, homes, job, log)
     os.kill(address["pid"], signal.SIGKILL)  # no clean-up: the address file stays
     wait_until(lambda: not os.path.exists(f"/proc/{address['pid']}"), 30, "the server to die")
     assert os.path.exists(address_file)
@@ -320,17 +322,9 @@ def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, us
     outlives the head deadline by much."""
     cluster, models, double, homes = setup
     log = os.path.join(cluster.base, "out", "serve-flood.out")
-    job = cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
-                         SERVE_JOB.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
-                                          model=models["classifier"], labels=models["classifier_labels"]),
-                         user=ALICE)
+    job = _submit_server(cluster, models, double, homes, log, SERVE_JOB)
     try:
-        address_file = os.path.join(homes[ALICE], ".slurm-tpu", "serve", f"{job}.json")
-        wait_until(lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING",
-                                                                                          "CONFIGURING", ""),
-                   90, f"job {job} to publish its address")
-        assert os.path.exists(address_file), open(log).read()
-        address = json.load(open(address_file))
+        _, address = _published_address(cluster, homes, job, log)
         port = int(address["url"].rsplit(":", 1)[1])
         flood = subprocess.Popen(["runuser", "-u", BOB, "--", sys.executable, FLOODER, str(port), str(FLOOD),
                                   str(TRICKLE), str(FLOOD_SECONDS)], stdout=subprocess.PIPE, text=True, cwd="/")
