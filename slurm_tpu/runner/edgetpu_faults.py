@@ -5,8 +5,9 @@ Two moments, both seen with the real libedgetpu (tests/libedgetpu):
 - Before asking libedgetpu to open a device, the runner checks that the library lists
   it. Asked to open a USB path it cannot enumerate, the real library retries for about
   25 s; a device it does not list therefore fails at once, and sysfs says why
-  (:func:`absent_message`): unplugged or moved, not a Coral at all, or present but
-  invisible to libusb or to the apex driver.
+  (:func:`absent_message`): unplugged or moved, not a Coral at all, hidden from this
+  process by ``EDGETPU_VISIBLE_DEVICES`` (which the node's patched libedgetpu obeys), or
+  present but invisible to libusb or to the apex driver.
 - When an open fails, the library's own reason (captured from its verbose log, see
   ``backend.libedgetpu_reason``) is quoted with what to do (:func:`open_failure_message`).
 """
@@ -34,11 +35,29 @@ def _where(device: Device) -> str:
     return f"{device.edgetpu_type}:{device.path}"
 
 
-def absent_message(device: Device, listed: Sequence[tuple[str, str]]) -> str:
-    """The device is not in libedgetpu's list: say why, from what sysfs and /dev show."""
+def hidden_by_visible_devices(path: str, visible: str | None) -> str | None:
+    """Why ``EDGETPU_VISIBLE_DEVICES`` keeps ``path`` out of libedgetpu's list, or None.
+
+    ``visible`` is the variable's value in this process (None: unset, every device
+    visible). The node's libedgetpu enumerates only the paths it names, so a job
+    whose variable and ``SLURM_TPU_EDGETPU_PATHS`` disagree (the user changed one of
+    them) must be told that, not sent to debug libusb.
+    """
+    if visible is None or path in [entry.strip() for entry in visible.split(",")]:
+        return None
+    shown = visible if visible.strip() else "empty"
+    return (f"{path} is not in EDGETPU_VISIBLE_DEVICES ({shown}), so libedgetpu hides it from this "
+            "process; the task prolog sets that variable to the job's Edge TPUs: do not change it, or "
+            "name one of its devices")
+
+
+def absent_message(device: Device, listed: Sequence[tuple[str, str]], visible: str | None = None) -> str:
+    """The device is not in libedgetpu's list: say why, from the process's
+    ``EDGETPU_VISIBLE_DEVICES`` (``visible``) and what sysfs and /dev show."""
     path = device.path or ""
     name = f"Edge TPU {device.identity}"
     seen = ", ".join(f"{t}:{p}" for t, p in listed) or "none"
+    hidden = hidden_by_visible_devices(path, visible)
     if device.edgetpu_type == "usb":
         if not os.path.exists(path):
             return (f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
@@ -48,11 +67,15 @@ def absent_message(device: Device, listed: Sequence[tuple[str, str]]) -> str:
             coral = " or ".join(":".join(pair) for pair in (USB_RUNTIME, USB_BOOTLOADER))
             return (f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
                     f"({coral}): check --device or the node's inventory")
+        if hidden:
+            return f"{name}: {hidden}"
         return (f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
                 f"enumerate it; {CHECK}")
     if not os.path.exists(path):
         return (f"{name} is not present: {path} does not exist (the apex driver is not loaded, or the card "
                 f"is gone): {CHECK}")
+    if hidden:
+        return f"{name}: {hidden}"
     return (f"{name}: {path} exists but libedgetpu does not list it (it lists: {seen}; it looks in "
             f"/sys/class/apex): {CHECK}")
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
 from ..errors import DeviceError
-from . import backend, edgetpu_faults
+from ..protocol import jobenv
+from . import backend, edgetpu_faults, gpu_select
 from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
@@ -95,7 +96,7 @@ class _Opener:
         if device.kind == EDGETPU:
             engine = self._open_edgetpu(model, device, threads, environ)
         elif device.kind == GPU:
-            engine = self._open_gpu(model, threads)
+            engine = self._open_gpu(model, threads, environ)
         else:
             engine = backend.InterpreterEngine(model.path, CPU, self.runtime, threads)
         self.engines.append(engine)
@@ -109,7 +110,9 @@ class _Opener:
         # enumerate it retries for about 25 s before giving up.
         listed = self.library.list_devices()
         if (device.edgetpu_type, device.path) not in listed:
-            raise DeviceError(edgetpu_faults.absent_message(device, listed), device.identity)
+            # The library reads the variable from this process's own environment.
+            visible = os.environ.get(jobenv.EDGETPU_VISIBLE)
+            raise DeviceError(edgetpu_faults.absent_message(device, listed, visible), device.identity)
         lock = self._held.get(device.identity) or DeviceLock(device.identity, environ)
         log: list[str] = []
         delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
@@ -123,7 +126,12 @@ class _Opener:
             self.locks.append(lock)
         return backend.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
 
-    def _open_gpu(self, model: ModelInfo, threads: int) -> Engine:
+    def _open_gpu(self, model: ModelInfo, threads: int, environ: Mapping[str, str]) -> Engine:
+        choice = gpu_select.choose(environ)
+        if choice.uncertain:
+            self.warn(f"LiteRT will use {choice.how}")
+        _log.info("GPU: %s", choice.how)
+        gpu_select.apply(choice)  # this process's own environment, which Vulkan reads
         try:
             return backend.GpuEngine(model.path, model.inputs, model.outputs)
         except GpuError as exc:

@@ -92,3 +92,17 @@ def test_infer_prints_one_line(library, classifier_model, tmp_path, description,
     assert done.returncode == 2 and done.stdout == ""
     [line] = done.stderr.splitlines()
     assert line.startswith("slurm-tpu: error: ") and "usb-2-1.3" in line
+
+
+@pytest.mark.parametrize("visible,shown", [("/dev/apex_0", "/dev/apex_0"), ("", "empty")], ids=["other", "empty"])
+def test_a_device_the_visible_devices_variable_hides_is_named_as_such(library, classifier_model, tmp_path, visible,
+                                                                       shown):
+    """SLURM_TPU_EDGETPU_PATHS names the stick but the user changed EDGETPU_VISIBLE_DEVICES: the
+    patched library does not list the stick, and the line blames the variable, not libusb."""
+    env = dict(USB_STICK, EDGETPU_VISIBLE_DEVICES=visible)
+    seen = open_on(N1, env, library, classifier_model, tmp_path)
+    assert seen["error"]["message"] == (
+        f"Edge TPU usb-2-1.3: /sys/bus/usb/devices/2-1.3 is not in EDGETPU_VISIBLE_DEVICES ({shown}), so "
+        "libedgetpu hides it from this process; the task prolog sets that variable to the job's Edge TPUs: "
+        "do not change it, or name one of its devices")
+    assert seen["seconds"] < QUICK_S

@@ -1,0 +1,158 @@
+"""Which GPU LiteRT's GPU accelerator opens: the job's own, and how that is made so.
+
+LiteRT reaches GPUs through WebGPU (Dawn) over Vulkan, and Vulkan has no
+``CUDA_VISIBLE_DEVICES``: Dawn takes the first adapter the Vulkan loader
+enumerates. Two layers make that the job's GPU:
+
+1. **What the process can open.** Slurm's device cgroup (``ConstrainDevices=yes``
+   with the ``gpu`` GRES plugin) or slurm-tpu's own GPU leasing
+   (``families.gpu.isolate``) leaves the job only its GPUs' device nodes; a
+   Vulkan driver does not list a GPU whose node it cannot open.
+2. **Which one comes first**, for a node where more than the job's GPU can be
+   opened (no cgroup, no leasing) or a job with several: Mesa's device-select
+   layer (``VK_LAYER_MESA_device_select``, an implicit Vulkan layer in Debian's
+   ``mesa-vulkan-drivers``) wraps ``vkEnumeratePhysicalDevices`` for every driver,
+   NVIDIA's included. ``DRI_PRIME=pci-DDDD_BB_DD_F`` makes the GPU at that PCI
+   address the default (``device_select_find_dri_prime_tag_default``, matched
+   through ``VK_EXT_pci_bus_info``) and ``MESA_VK_DEVICE_SELECT_FORCE_DEFAULT_DEVICE=1``
+   the only one listed. The runner sets both for its own process, before LiteRT
+   loads Vulkan, from the job's GPU's PCI address.
+
+The job's PCI address comes from ``SLURM_TPU_GPUS`` (identities ``pci-<address>``,
+exported where the site leases GPUs), else from ``CUDA_VISIBLE_DEVICES`` when it
+holds NVIDIA UUIDs (``GPU-...``, resolved through the driver's
+``/proc/driver/nvidia/gpus/*/information``). Slurm's numeric indices cannot be
+mapped to a PCI address reliably (their meaning changes with ``ConstrainDevices``
+and ``CUDA_DEVICE_ORDER``), so then layer 1 alone decides. A user's own
+``DRI_PRIME``, ``MESA_VK_DEVICE_SELECT`` or ``NODEVICE_SELECT`` is left as it is.
+Checked against Debian bookworm's mesa-vulkan-drivers 22.3.6 (the layer's
+manifest and the variables its library reads).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, MutableMapping
+
+from ..protocol import jobenv
+
+DRI_PRIME = "DRI_PRIME"
+FORCE_DEFAULT = "MESA_VK_DEVICE_SELECT_FORCE_DEFAULT_DEVICE"
+MESA_SELECT = "MESA_VK_DEVICE_SELECT"
+LAYER_OFF = "NODEVICE_SELECT"  # the layer manifest's disable_environment
+LAYER_NAME = "VK_LAYER_MESA_device_select"
+# Where the Vulkan loader looks for implicit layers (its default search path on Linux).
+LAYER_DIRS = ("/etc/vulkan/implicit_layer.d", "/usr/local/share/vulkan/implicit_layer.d",
+              "/usr/share/vulkan/implicit_layer.d")
+
+
+@dataclass(frozen=True)
+class GpuChoice:
+    """The GPU the runner asks Vulkan for, the variables that ask for it, and one line saying how.
+
+    ``uncertain``: the job's GPU is known but nothing makes Vulkan list it first
+    while this process can open other GPUs too (worth a warning).
+    """
+
+    pci_address: str | None
+    environment: Mapping[str, str] = field(default_factory=dict)
+    how: str = ""
+    uncertain: bool = False
+
+
+def openable_gpu_nodes(dev: str = "/dev") -> list[str]:
+    """The GPU device nodes this process may open (NVIDIA's /dev/nvidiaN, DRM render nodes)."""
+    found = []
+    for directory, prefix in ((dev, "nvidia"), (os.path.join(dev, "dri"), "renderD")):
+        try:
+            names = os.listdir(directory)
+        except OSError:
+            continue
+        for name in sorted(names):
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                path = os.path.join(directory, name)
+                if os.access(path, os.R_OK | os.W_OK):
+                    found.append(path)
+    return found
+
+
+def dri_prime_tag(pci_address: str) -> str:
+    """Mesa's tag for a PCI address: ``0000:03:00.0`` -> ``pci-0000_03_00_0``."""
+    domain, bus, rest = pci_address.lower().split(":")
+    device, function = rest.split(".")
+    return f"pci-{int(domain, 16):04x}_{int(bus, 16):02x}_{int(device, 16):02x}_{int(function, 16):1x}"
+
+
+def _uuid_addresses(driver_info: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
+    return {fields["GPU UUID"].lower(): bus for bus, fields in driver_info.items() if fields.get("GPU UUID")}
+
+
+def job_gpu_address(environ: Mapping[str, str],
+                    driver_info: Callable[[], Mapping[str, Mapping[str, str]]] | None = None
+                    ) -> tuple[str | None, str]:
+    """The PCI address of the job's first GPU and where it came from, or (None, why not)."""
+    leased = [v for v in environ.get(jobenv.GPUS, "").split(",") if v.startswith("pci-")]
+    if leased:
+        return leased[0][len("pci-"):].lower(), jobenv.GPUS
+    visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
+    if visible and visible[0].lower().startswith("gpu-"):
+        if driver_info is None:
+            from ..families.gpu import FAMILY
+
+            driver_info = FAMILY.driver_info
+        address = _uuid_addresses(driver_info()).get(visible[0].lower())
+        if address:
+            return address, "CUDA_VISIBLE_DEVICES"
+        return None, f"the NVIDIA driver does not list CUDA_VISIBLE_DEVICES' {visible[0]}"
+    if visible:
+        return None, "CUDA_VISIBLE_DEVICES holds indices, which name no PCI address"
+    return None, "the job names no GPU"
+
+
+def device_select_layer(dirs: tuple[str, ...] = LAYER_DIRS) -> str | None:
+    """The manifest of Mesa's device-select layer, if the Vulkan loader will find one."""
+    for directory in dirs:
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            continue
+        for name in names:
+            path = os.path.join(directory, name)
+            try:
+                with open(path, encoding="utf-8", errors="replace") as handle:
+                    if LAYER_NAME in handle.read(65536):
+                        return path
+            except OSError:
+                continue
+    return None
+
+
+def choose(environ: Mapping[str, str],
+           driver_info: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
+           layer_dirs: tuple[str, ...] = LAYER_DIRS,
+           openable: Callable[[], list[str]] = openable_gpu_nodes) -> GpuChoice:
+    """How this process will get the job's GPU from Vulkan (nothing is changed here)."""
+    for name in (DRI_PRIME, MESA_SELECT, LAYER_OFF):
+        if environ.get(name):
+            return GpuChoice(None, {}, f"the GPU {name}={environ[name]} selects (set by the user)")
+    address, source = job_gpu_address(environ, driver_info)
+    if address is None:
+        return GpuChoice(None, {}, f"the first GPU Vulkan lists ({source}; the job's device cgroup or "
+                                   "leases decide which GPUs that is)")
+    tag = dri_prime_tag(address)
+    layer = device_select_layer(layer_dirs)
+    if layer is None:
+        return GpuChoice(address, {}, f"the first GPU Vulkan lists, which is not necessarily {address} (from "
+                                      f"{source}): Mesa's device-select layer is not installed "
+                                      "(apt install mesa-vulkan-drivers)",
+                         uncertain=len(openable()) > 1)
+    return GpuChoice(address, {DRI_PRIME: tag, FORCE_DEFAULT: "1"},
+                     f"GPU {address} (from {source}), the only one Vulkan lists: {DRI_PRIME}={tag} "
+                     f"{FORCE_DEFAULT}=1 through Mesa's device-select layer ({layer})")
+
+
+def apply(choice: GpuChoice, environ: MutableMapping[str, str] | None = None) -> None:
+    """Set the choice's variables in this process, before LiteRT first loads Vulkan."""
+    target = os.environ if environ is None else environ
+    target.update(choice.environment)
