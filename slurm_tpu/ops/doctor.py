@@ -470,7 +470,22 @@ def check_runtimes(node: Node) -> list[Finding]:
             findings.append(Finding("Vulkan", False, f"libvulkan.so.1 cannot be loaded ({exc}): LiteRT's GPU "
                                                      "path needs it", "apt install libvulkan1 and the GPU's "
                                                                       "Vulkan driver"))
+        if len(node.inventory.usable("gpu")) > 1:
+            findings.append(_vulkan_device_select())
     return findings
+
+
+def _vulkan_device_select() -> Finding:
+    """On a multi-GPU node: whether the runner can ask Vulkan for the job's GPU (runner/gpu_select.py)."""
+    from ..runner import gpu_select
+
+    layer = gpu_select.device_select_layer()
+    if layer:
+        return Finding("Vulkan GPU selection", True, f"Mesa's device-select layer ({layer}) lets the runner "
+                                                     "open the job's GPU by PCI address")
+    return Finding("Vulkan GPU selection", False, "Mesa's device-select layer is not installed: on this multi-GPU "
+                   "node the runner's GPU path takes the first GPU Vulkan lists unless the device cgroup or "
+                   "families.gpu.isolate hides the others", "apt install mesa-vulkan-drivers")
 
 
 def check_munge(node: Node) -> list[Finding]:
