@@ -32,7 +32,8 @@ import os
 
 # The first release whose gres_g_get_devices() includes a GRES without a plugin (bug 14139).
 FIRST_RELEASE = (23, 2)
-FIX = "Slurm 23.02 (commit dd2e76b9df, bug 14139)"
+FIRST_RELEASE_NAME = "Slurm 23.02"
+FIX = f"{FIRST_RELEASE_NAME} (commit dd2e76b9df, bug 14139)"
 # Buses whose device node keeps its major:minor for as long as the device is present.
 STABLE_BUSES = ("pci",)
 
@@ -67,9 +68,10 @@ def _release(version: str) -> tuple[int, int] | None:
 
 
 def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, str] | None) -> bool:
-    """Whether this configuration asks for the device cgroup: task/cgroup and ConstrainDevices=yes."""
-    task_plugins = slurm_options.get("TaskPlugin", "")
-    return ("task/cgroup" in task_plugins.split(",") and cgroup_options is not None
+    """Whether this configuration asks for the device cgroup: task/cgroup (``slurm_options``: slurm.conf's,
+    lower-case keys) and ConstrainDevices=yes."""
+    task_plugins = slurm_options.get("taskplugin", "")
+    return ("task/cgroup" in [p.strip() for p in task_plugins.split(",")] and cgroup_options is not None
             and cgroup_options.get("constraindevices", "no").lower() == "yes")
 
 
@@ -88,3 +90,21 @@ def where_it_holds(version: str) -> str:
     return (f"ConstrainDevices=yes denies unallocated Edge TPUs under Slurm {version}: PCIe cards always; "
             "USB sticks only until their first re-enumeration (every revocation), because slurmd reads "
             "each File='s major:minor once at start")
+
+
+def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None, has_tpu: bool) -> tuple[bool, str, str]:
+    """(fine, what, fix) about the device cgroup on a node: ``doctor``'s finding and ``install``'s note.
+
+    Not fine only when ConstrainDevices is on for a node with Edge TPUs under a release on which it
+    does nothing for them: the admin would count on a layer that is not there.
+    """
+    cgroup_conf = cgroup_conf_path(slurm_conf)
+    if not constrains_devices(slurm_options, read_cgroup_conf(cgroup_conf)):
+        return True, (f"off (no ConstrainDevices=yes in {cgroup_conf} with TaskPlugin=task/cgroup); "
+                      "the device files' ownership is the layer that isolates"), ""
+    if version is None:
+        return True, f"on ({cgroup_conf}); slurmd's release unknown", ""
+    if has_tpu and not covers_gres_without_plugin(version):
+        return False, where_it_holds(version), (f"do not count on it for Edge TPUs: run {FIRST_RELEASE_NAME} or "
+                                                "later for this second layer (it still constrains GPUs)")
+    return True, where_it_holds(version), ""
