@@ -122,6 +122,12 @@ def test_metrics_over_http(node_state):
             except OSError:
                 time.sleep(0.2)
         assert ("slurm_tpu_device_leased", "pci-0000:04:00.0") in samples(body)  # no hardware: from the state
+        # prometheus_client's server: OpenMetrics for a scraper that asks for it.
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+            assert response.read().decode().endswith("# EOF\n")
     finally:
         server.terminate()
         server.wait(timeout=10)
