@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
@@ -42,14 +42,6 @@ def add(family: Metric, labels: Mapping[str, str], value: float) -> None:
     family.add_sample(name, dict(labels), float(value))
 
 
-class _Static(Collector):
-    def __init__(self, families: Iterable[Metric]):
-        self._families = list(families)
-
-    def collect(self) -> Iterable[Metric]:
-        return self._families
-
-
 def registry_of(collector: Collector) -> CollectorRegistry:
     """A registry holding only ``collector`` (no process/platform collectors: the node's figures alone)."""
     registry = CollectorRegistry(auto_describe=False)
@@ -62,11 +54,6 @@ def render(collector: Collector) -> bytes:
     from prometheus_client.exposition import generate_latest
 
     return generate_latest(registry_of(collector))
-
-
-def render_families(families: Iterable[Metric]) -> bytes:
-    """:func:`render` for families already made."""
-    return render(_Static(families))
 
 
 class TextfileError(Exception):

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import pwd
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Callable, Iterable, Mapping
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -157,7 +157,7 @@ def families(snap: NodeSnapshot) -> list[Metric]:
 class NodeCollector(Collector):
     """A prometheus_client collector: ``snapshot()`` is taken afresh at every collection."""
 
-    def __init__(self, snapshot):
+    def __init__(self, snapshot: Callable[[], NodeSnapshot]):
         self._snapshot = snapshot
 
     def collect(self) -> Iterable[Metric]:
