@@ -430,7 +430,7 @@ def check_device_cgroup(node: Node) -> list[Finding]:
         version = version_of(Slurm.for_config(node.config, node.environ).program("slurmd"), node.environ)
     except SlurmCommandError:
         version = None
-    has_tpu = any(a.kind == "edgetpu" for a in node.inventory)
+    has_tpu = device_cgroup.needs_the_fix({node.config.family(a.kind).gres_name for a in node.inventory})
     fine, what, fix = device_cgroup.status(node.options(), node.slurm_conf, version, has_tpu)
     return [Finding("device cgroup", fine, what, fix)]
 

@@ -7,7 +7,7 @@ say what this module says.
   cgroup.conf, slurmstepd denies a job every ``File=`` of gres.conf it was not
   allocated (task_cgroup_devices.c, from the list ``gres_g_get_devices()``
   returns). Up to 22.05 that function skipped a GRES that has no gres plugin of
-  its own (``gpu``, ``mps``, ``shard`` have one; ``tpu``, ``npu`` do not), so
+  its own (``gpu``, ``mps``, ``shard``, ``nic`` have one; ``tpu``, ``npu`` do not), so
   the device cgroup leaves our devices alone there. Fixed upstream in 23.02
   (commit dd2e76b9df, bug 14139). Measured: on Debian's 22.05 a job without the
   GRES opens a PCIe Edge TPU whose mode allows it; on 25.11 it gets EPERM
@@ -36,6 +36,13 @@ FIRST_RELEASE_NAME = "Slurm 23.02"
 FIX = f"{FIRST_RELEASE_NAME} (commit dd2e76b9df, bug 14139)"
 # Buses whose device node keeps its major:minor for as long as the device is present.
 STABLE_BUSES = ("pci",)
+# GRES names Slurm has a gres plugin for (gres_<name>.so): the device cgroup covers them on every release.
+GRES_WITH_PLUGIN = ("gpu", "mps", "shard", "nic")
+
+
+def needs_the_fix(gres_names) -> bool:
+    """Whether any of a node's GRES names is one the device cgroup skips before 23.02 (no plugin)."""
+    return any(name not in GRES_WITH_PLUGIN for name in gres_names)
 
 
 def cgroup_conf_path(slurm_conf: str) -> str:
@@ -92,11 +99,13 @@ def where_it_holds(version: str) -> str:
             "each File='s major:minor once at start")
 
 
-def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None, has_tpu: bool) -> tuple[bool, str, str]:
+def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None,
+           has_tpu: bool) -> tuple[bool, str, str]:
     """(fine, what, fix) about the device cgroup on a node: ``doctor``'s finding and ``install``'s note.
 
-    Not fine only when ConstrainDevices is on for a node with Edge TPUs under a release on which it
-    does nothing for them: the admin would count on a layer that is not there.
+    ``has_tpu``: the node has devices of a GRES without a plugin (:func:`needs_the_fix`: Edge TPUs,
+    Hailo NPUs). Not fine only when ConstrainDevices is on for such a node under a release on which
+    it does nothing for them: the admin would count on a layer that is not there.
     """
     cgroup_conf = cgroup_conf_path(slurm_conf)
     if not constrains_devices(slurm_options, read_cgroup_conf(cgroup_conf)):
@@ -105,6 +114,6 @@ def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None, 
     if version is None:
         return True, f"on ({cgroup_conf}); slurmd's release unknown", ""
     if has_tpu and not covers_gres_without_plugin(version):
-        return False, where_it_holds(version), (f"do not count on it for Edge TPUs: run {FIRST_RELEASE_NAME} or "
+        return False, where_it_holds(version), (f"do not count on it for Edge TPUs or NPUs: run {FIRST_RELEASE_NAME} or "
                                                 "later for this second layer (it still constrains GPUs)")
     return True, where_it_holds(version), ""

@@ -317,7 +317,7 @@ def test_doctor_says_where_the_device_cgroup_holds(tmp_path):
     else:
         assert not on.ok and on.line().startswith(f"FAIL  device cgroup: ConstrainDevices=yes does nothing for "
                                                   f"gres/tpu or gres/npu under Slurm {version}")
-        assert "fix: do not count on it for Edge TPUs: run Slurm 23.02 or later" in on.line()
+        assert "fix: do not count on it for Edge TPUs or NPUs: run Slurm 23.02 or later" in on.line()
     assert finding(Inventory()).ok  # GPUs only: the layer works for gres/gpu on every release
     # Both releases, without their slurmd: the facts of slurm_tpu/slurm/device_cgroup.py.
     options = {"taskplugin": "task/cgroup"}
