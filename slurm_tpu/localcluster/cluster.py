@@ -521,6 +521,24 @@ class LocalCluster:
             leftovers.end_processes_of([self.base])
         finally:
             self._unmount_leftovers()
+            self._remove_cgroups()
+
+    def _remove_cgroups(self, root: str = "/sys/fs/cgroup") -> None:
+        """Remove the empty cgroup v1 directories slurmd made for this cluster's nodes (``slurm_<node>``,
+        with task/cgroup only). rmdir() refuses a cgroup that still has a process or a child, so
+        nothing in use is touched, whoever uses it."""
+        if not os.path.exists(self.path("etc", "cgroup.conf")):
+            return
+        for controller in (os.listdir(root) if os.path.isdir(root) else []):
+            for spec in self.nodes:
+                top = os.path.join(root, controller, f"slurm_{spec.name}")
+                if not os.path.isdir(top) or os.path.islink(top):
+                    continue
+                for directory, _, _ in sorted(os.walk(top), key=lambda entry: -entry[0].count("/")):
+                    try:
+                        os.rmdir(directory)
+                    except OSError:
+                        pass
 
     def _unmount_leftovers(self, under: str | None = None) -> None:
         """Detach mounts under the base, or ``under`` (jobs' usage boxes whose epilog never ran, an

@@ -72,6 +72,10 @@ def cluster(users):
         yield started
     finally:
         finish_cluster(started)
+    # The cluster's stop() removed the cgroups slurmd made for n1.
+    import glob
+
+    assert glob.glob(os.path.join(CGROUP_ROOT, "*", "slurm_n1")) == []
 
 
 def regenerate_slots(cluster) -> None:
