@@ -87,6 +87,11 @@ def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: s
             click.echo(f"  {line}")
     else:
         click.echo(f"\n{conf} has slurm-tpu's lines.")
+    from ..ops.install import device_cgroup_note
+
+    note = device_cgroup_note(config, conf)
+    if note:
+        click.echo(note)
     gres_dir = os.path.dirname(conf)
     click.echo(f"Then, on this node: slurm-tpu gres-conf --output {gres_dir}/gres.conf; "
                f"slurm-tpu node-conf --output {gres_dir}/nodes.conf; slurm-tpu doctor")

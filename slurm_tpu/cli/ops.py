@@ -88,53 +88,63 @@ def watch(obj: Obj, node: str | None, gres_conf: str, node_conf: str | None, sto
     watcher.run(stop_after=duration)
 
 
-def _metrics_text(obj: Obj, node: str, libedgetpu: str | None) -> str:
+def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
+    """The node's collector: every collection detects, reads the ledger, audit log and usage records afresh."""
     import time
 
     from ..detect import detect_inventory
     from ..ops.edgetpu_runtime import installed_version
     from ..ops.health_check import configured_inventory
-    from ..ops.metrics import render_metrics
-    from ..ops.node_state import audit_records, current_leases, default_audit_log
+    from ..ops.metrics import NodeCollector, NodeSnapshot
+    from ..ops.node_state import audit_records, default_audit_log, lease_holders, running_usage
 
     config = obj.config
-    return render_metrics(node, configured_inventory(config), detect_inventory(use_nvml=False),
-                          current_leases(config), audit_records([default_audit_log(config)]), time.time(),
-                          installed_version(libedgetpu))
+
+    def snapshot() -> NodeSnapshot:
+        leased, held = lease_holders(config)
+        return NodeSnapshot(node, configured_inventory(config), detect_inventory(use_nvml=False), leased,
+                            audit_records([default_audit_log(config)]), time.time(),
+                            installed_version(libedgetpu), holders=held, usage=running_usage(config, held))
+
+    return NodeCollector(snapshot)
 
 
 @main.command()
 @click.option("--node", metavar="NAME", help="Node label (default: config node_name, else short hostname).")
-@click.option("--output", "-o", metavar="FILE",
-              help="Write atomically to FILE (e.g. node_exporter's textfile directory, *.prom) instead of stdout.")
+@click.option("--textfile", "--output", "-o", "textfile", metavar="FILE.prom",
+              help="node_exporter textfile-collector mode: write FILE.prom atomically (a temporary file in "
+                   "the same directory, renamed over it) instead of stdout; run it from a timer.")
 @click.option("--listen", metavar="[HOST:]PORT",
               help="Serve /metrics over HTTP instead (each scrape detects afresh); Ctrl-C stops.")
 @click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
               help="libedgetpu.so.1 whose version to report (env SLURM_TPU_LIBEDGETPU; default: the system's).")
 @pass_obj
-def metrics(obj: Obj, node: str | None, output: str | None, listen: str | None, libedgetpu: str | None) -> None:
+def metrics(obj: Obj, node: str | None, textfile: str | None, listen: str | None, libedgetpu: str | None) -> None:
     """Prometheus metrics: devices present/healthy/leased, temperature, jobs, inferences,
     and the version of the node's libedgetpu.
 
-    Inference counts and times come from the runner, through the epilog's usage
-    records in the audit log.
+    A device's state series carry the job holding it (labels hpc_job and hpc_user, as
+    dcgm-exporter's HPC job mapping does), and each running job has its own inference
+    counters. Lifetime inference counts and times come from the runner, through the
+    epilog's usage records in the audit log.
     """
-    name = obj.node_name(node)
-    if listen:
-        from ..ops.metrics_server import serve
+    from .. import promtext
 
+    name = obj.node_name(node)
+    collector = _metrics_collector(obj, name, libedgetpu)
+    if listen:
         host, _, port = listen.rpartition(":")
         if not port.isdigit():
             raise click.BadParameter(f"'{listen}' is not [HOST:]PORT", param_hint="--listen")
-        serve(host or "127.0.0.1", int(port), lambda: _metrics_text(obj, name, libedgetpu))
+        promtext.serve_http(host or "127.0.0.1", int(port), collector)
         return
-    text = _metrics_text(obj, name, libedgetpu)
-    if output:
-        from ..files import write_if_changed
-
-        write_if_changed(output, text)
-    else:
-        click.echo(text, nl=False)
+    if textfile:
+        try:
+            promtext.write_textfile(textfile, collector)
+        except promtext.TextfileError as exc:
+            raise click.ClickException(str(exc)) from None
+        return
+    click.echo(promtext.render(collector).decode(), nl=False)
 
 
 def _parse_time(value: str | None, option: str) -> float | None:

@@ -102,6 +102,55 @@ def prepare(ledger, job_id: int, uid: int) -> str | None:
         os.close(parent)
 
 
+def _open_box(parent: int, job_id: int, uid: int) -> int | None:
+    """The job's own mounted box (a directory fd), or None when there is none or it is not the job's."""
+    try:
+        box = os.open(str(job_id), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
+    except OSError:
+        return None
+    info = os.fstat(box)
+    if info.st_uid != uid or info.st_dev == os.fstat(parent).st_dev:
+        os.close(box)
+        return None  # not the job's own mounted box
+    return box
+
+
+def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
+    """identity -> UsageRecord: a running job's records as they are now (for metrics), read as
+    :func:`collect` reads them; a record that is not acceptable is left out (the epilog audits it)."""
+    from ..protocol import FormatError
+    from ..protocol.usage import read_record
+
+    try:
+        state = statedir.open_dir(state_dir)
+    except statedir.StateDirError:
+        return {}
+    try:
+        parent = statedir.open_dir(BOX_DIR, parent_fd=state)
+    except statedir.StateDirError:
+        return {}
+    finally:
+        os.close(state)
+    try:
+        box = _open_box(parent, job_id, uid)
+    finally:
+        os.close(parent)
+    if box is None:
+        return {}
+    records = {}
+    try:
+        for identity in identities:
+            try:
+                record = read_record(box, identity, uid)
+            except (FormatError, OSError):
+                continue
+            if record is not None:
+                records[identity] = record
+    finally:
+        os.close(box)
+    return records
+
+
 def collect(ledger, job_id: int, uid: int, identities) -> int:
     """Audit the job's usage record for each of its devices; how many there were.
 
@@ -113,15 +162,11 @@ def collect(ledger, job_id: int, uid: int, identities) -> int:
     if parent is None:
         return 0
     found = 0
-    try:
-        box = os.open(str(job_id), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent)
-    except OSError:
+    box = _open_box(parent, job_id, uid)
+    if box is None:
         os.close(parent)
         return 0
     try:
-        info = os.fstat(box)
-        if info.st_uid != uid or info.st_dev == os.fstat(parent).st_dev:
-            return 0  # not the job's own mounted box
         from ..protocol import FormatError, audit
         from ..protocol.usage import read_record
 

@@ -418,6 +418,23 @@ def check_slurmd_version(node: Node) -> list[Finding]:
     return [Finding("slurmd", True, f"{slurmd} is Slurm {version}")]
 
 
+def check_device_cgroup(node: Node) -> list[Finding]:
+    """Slurm's device cgroup (ConstrainDevices=yes): where it holds for the node's Edge TPUs
+    (slurm_tpu/slurm/device_cgroup.py says why)."""
+    from ..errors import SlurmCommandError
+    from ..slurm import device_cgroup
+    from ..slurm.commands import Slurm
+    from ..slurm.installation import version_of
+
+    try:
+        version = version_of(Slurm.for_config(node.config, node.environ).program("slurmd"), node.environ)
+    except SlurmCommandError:
+        version = None
+    has_tpu = device_cgroup.needs_the_fix({node.config.family(a.kind).gres_name for a in node.inventory})
+    fine, what, fix = device_cgroup.status(node.options(), node.slurm_conf, version, has_tpu)
+    return [Finding("device cgroup", fine, what, fix)]
+
+
 def _visible_devices(library: str) -> Finding:
     """Whether the node's libedgetpu shows a job only its own Edge TPUs (EDGETPU_VISIBLE_DEVICES)."""
     from .edgetpu_runtime import visible_devices_problem
@@ -514,7 +531,8 @@ def check_munge(node: Node) -> list[Finding]:
 
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_slurm_conf, check_hooks, check_gres_types, check_gres_conf, check_node_line, check_udev_rules,
-    check_udev_loaded, check_state_dir, check_hooks_import, check_slurmd_version, check_runtimes, check_munge)
+    check_udev_loaded, check_state_dir, check_hooks_import, check_slurmd_version, check_device_cgroup,
+    check_runtimes, check_munge)
 
 
 def diagnose(node: Node) -> list[Finding]:

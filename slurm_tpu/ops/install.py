@@ -530,6 +530,32 @@ class InstallResult:
     slurm_conf_read: bool
 
 
+def device_cgroup_note(config: Config, slurm_conf: str, has_tpu: bool = True) -> str | None:
+    """One line on Slurm's device cgroup for this node's slurmd (slurm_tpu/slurm/device_cgroup.py), or
+    None when slurmd cannot say its release."""
+    from ..errors import SlurmCommandError
+    from ..slurm import device_cgroup
+    from ..slurm.commands import Slurm
+    from ..slurm.installation import version_of
+    from ..slurm.parse import parse_slurm_conf_options
+
+    try:
+        version = version_of(Slurm.for_config(config).program("slurmd"))
+    except SlurmCommandError:
+        return None
+    if version is None:
+        return None
+    try:
+        with open(slurm_conf, encoding="utf-8") as handle:
+            options = parse_slurm_conf_options(handle.read())
+    except OSError:
+        options = {}
+    fine, what, fix = device_cgroup.status(options, slurm_conf, version, has_tpu)
+    if fine and what.startswith("off"):
+        what = f"off; if turned on: {device_cgroup.where_it_holds(version)}"
+    return f"Device cgroup (Slurm {version}): {what}" + ("" if fine else f"; {fix}")
+
+
 def install(layout: Layout, config: Config, slurm_conf: str, dry_run: bool = False, say=print,
             libedgetpu: str | None = None) -> InstallResult:
     """Put this node's pieces in place (see the module docstring); idempotent.

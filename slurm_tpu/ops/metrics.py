@@ -1,86 +1,164 @@
-"""Prometheus text-format metrics for a node's accelerators.
+"""Prometheus metrics for a node's accelerators, labelled with the job that holds each, dcgm-exporter's way.
 
-Gauges from the live hardware, the configured inventory and the ledger (present,
-healthy, leased, temperature); counters from the audit log (jobs, lease time,
-inferences and inference time per device, as reported by the runner).
+A custom ``prometheus_client`` collector (:class:`NodeCollector`): each scrape
+takes a :class:`NodeSnapshot` (live hardware, configured inventory, the ledger's
+leases, the audit log, the running jobs' usage records) and yields the families.
+
+* **Device state** (gauges: present, healthy, leased, temperature), one series
+  per device, labels ``node, identity`` (+ ``kind, model`` on present/healthy).
+  While a job holds the device they also carry the job, as dcgm-exporter's HPC
+  job mapping does (``--hpc-job-mapping-dir``: it adds the label ``hpc_job`` to a
+  GPU's series while a file names a job for it, and no such label otherwise;
+  transformation/hpc.go, hpcJobAttribute): ``hpc_job`` (the Slurm job id) and
+  ``hpc_user`` (the job's user name, from its uid; upstream dcgm-exporter has no
+  user label, the name follows ``hpc_job``'s). After the job, the labels are gone.
+* **Per-job inference counters** of the jobs running now, from their usage
+  records (the runner's running totals, :mod:`slurm_tpu.protocol.usage`, read the
+  way the epilog reads them): ``slurm_tpu_job_inferences_total`` and
+  ``slurm_tpu_job_inference_seconds_total`` with ``node, identity, hpc_job,
+  hpc_user``. A job's series ends with the job; its final figures go on in the
+  device counters below.
+* **Device counters** since the audit log began (jobs, lease seconds,
+  inferences, inference seconds), labels ``node, identity`` only: a lifetime
+  total carrying the current job would repeat the whole history under each
+  job's series, and a sum over series would count it once per job.
+
+Label values are identities, kinds and models from detection, numbers, and user
+names from the password database: nothing a job chooses (its name, comment or
+environment) becomes a label. ``prometheus_client`` escapes every value anyway.
 """
 
 from __future__ import annotations
 
+import pwd
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable, Mapping
+
+from prometheus_client.core import Metric
+from prometheus_client.registry import Collector
 
 from ..model import Inventory
+from ..promtext import add, counter, gauge
 from ..protocol.audit import LeaseSpan
 from .health import find_problems
 
+JOB_LABEL, USER_LABEL = "hpc_job", "hpc_user"  # dcgm-exporter's hpc_job, and its like for the user
 
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+@dataclass(frozen=True)
+class Holder:
+    """The job that holds a device now."""
+
+    job_id: int
+    uid: int
+
+    def labels(self) -> dict[str, str]:
+        return {JOB_LABEL: str(self.job_id), USER_LABEL: user_name(self.uid)}
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    """A running job's own totals on one device (its usage record)."""
+
+    identity: str
+    holder: Holder
+    inferences: int
+    seconds: float
 
 
 @dataclass
-class _Family:
-    name: str
-    kind: str
-    help: str
-    samples: list[tuple[dict[str, str], float]] = field(default_factory=list)
+class NodeSnapshot:
+    """What one scrape reports. ``leased``: identity -> holder of every lease on the node;
+    ``holders``: the leases a job holds now (phase held); ``edgetpu_version``: edgetpu_version() of
+    the node's libedgetpu, if it has one."""
 
-    def add(self, labels: dict[str, str], value: float) -> None:
-        self.samples.append((labels, value))
+    node: str
+    configured: Inventory
+    live: Inventory
+    leased: Mapping[str, Holder]
+    records: Iterable[LeaseSpan]
+    now: float
+    edgetpu_version: str | None = None
+    holders: Mapping[str, Holder] | None = None  # None: every lease in ``leased``
+    usage: Iterable[JobUsage] = field(default_factory=tuple)
 
-    def render(self) -> str:
-        lines = [f"# HELP {self.name} {self.help}", f"# TYPE {self.name} {self.kind}"]
-        for labels, value in self.samples:
-            inner = ",".join(f'{k}="{_escape(v)}"' for k, v in labels.items())
-            lines.append(f"{self.name}{{{inner}}} {value:.17g}" if inner else f"{self.name} {value:.17g}")
-        return "\n".join(lines)
+
+def user_name(uid: int) -> str:
+    """The user's name from the password database (what slurmd resolves too), else the uid."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
-def render_metrics(node: str, configured: Inventory, live: Inventory, leased: dict[str, int],
-                   records: Iterable[LeaseSpan], now: float, edgetpu_version: str | None = None) -> str:
-    """The exposition text. ``leased``: identity -> job id of current leases;
-    ``edgetpu_version``: edgetpu_version() of the node's libedgetpu, if it has one."""
-    present = _Family("slurm_tpu_device_present", "gauge", "1 if a configured accelerator is present on the node")
-    healthy = _Family("slurm_tpu_device_healthy", "gauge", "1 if a configured accelerator is present, usable and "
-                                                           "below its thermal trip point")
-    leased_g = _Family("slurm_tpu_device_leased", "gauge", "1 if a job holds the accelerator's lease")
-    temperature = _Family("slurm_tpu_device_temperature_celsius", "gauge", "accelerator temperature")
-    jobs = _Family("slurm_tpu_device_jobs_total", "counter", "jobs that leased the accelerator")
-    lease_seconds = _Family("slurm_tpu_device_lease_seconds_total", "counter", "seconds the accelerator was leased")
-    inferences = _Family("slurm_tpu_device_inferences_total", "counter", "inferences run on the accelerator")
-    inference_seconds = _Family("slurm_tpu_device_inference_seconds_total", "counter",
+def families(snap: NodeSnapshot) -> list[Metric]:
+    """The metric families of one snapshot."""
+    present = gauge("slurm_tpu_device_present", "1 if a configured accelerator is present on the node")
+    healthy = gauge("slurm_tpu_device_healthy",
+                    "1 if a configured accelerator is present, usable and below its thermal trip point")
+    leased_g = gauge("slurm_tpu_device_leased", "1 if a job holds the accelerator's lease")
+    temperature = gauge("slurm_tpu_device_temperature_celsius", "accelerator temperature")
+    jobs = counter("slurm_tpu_device_jobs", "jobs that leased the accelerator")
+    lease_seconds = counter("slurm_tpu_device_lease_seconds", "seconds the accelerator was leased")
+    inferences = counter("slurm_tpu_device_inferences", "inferences run on the accelerator")
+    inference_seconds = counter("slurm_tpu_device_inference_seconds",
                                 "seconds spent in inference calls on the accelerator")
+    job_inferences = counter("slurm_tpu_job_inferences",
+                             "inferences the job holding the accelerator has run on it so far (its usage record)")
+    job_seconds = counter("slurm_tpu_job_inference_seconds",
+                          "seconds the job holding the accelerator has spent in inference calls on it so far")
+    # The usual *_info pattern: a constant 1 whose labels carry the version.
+    runtime = gauge("slurm_tpu_edgetpu_runtime_info", "libedgetpu on the node, by its edgetpu_version()")
+
+    configured, live, node = snap.configured, snap.live, snap.node
+    holders = snap.leased if snap.holders is None else snap.holders
     problems = {p.identity for p in find_problems([a.identity for a in configured], live)}
     identities = [a.identity for a in configured] + [a.identity for a in live.usable()
                                                      if configured.by_identity(a.identity) is None]
     totals: dict[str, list[float]] = {}
-    for record in records:
+    for record in snap.records:
         entry = totals.setdefault(record.identity, [0, 0.0, 0, 0.0])
         entry[0] += 1
-        entry[1] += record.seconds_within(None, None, now)
+        entry[1] += record.seconds_within(None, None, snap.now)
         entry[2] += record.inferences
         entry[3] += record.inference_seconds
     for identity in identities:
         accelerator = live.by_identity(identity) or configured.by_identity(identity)
         assert accelerator is not None
-        labels = {"node": node, "identity": identity, "kind": accelerator.kind, "model": accelerator.model}
-        present.add(labels, 1.0 if live.by_identity(identity) is not None else 0.0)
-        healthy.add(labels, 0.0 if identity in problems or configured.by_identity(identity) is None else 1.0)
+        holder = holders.get(identity)
+        job = holder.labels() if holder is not None else {}
         short = {"node": node, "identity": identity}
-        leased_g.add(short, 1.0 if identity in leased else 0.0)
+        labels = {**short, "kind": accelerator.kind, "model": accelerator.model}
+        add(present, {**labels, **job}, 1.0 if live.by_identity(identity) is not None else 0.0)
+        add(healthy, {**labels, **job},
+            0.0 if identity in problems or configured.by_identity(identity) is None else 1.0)
+        add(leased_g, {**short, **job}, 1.0 if identity in snap.leased else 0.0)
         live_one = live.by_identity(identity)
         if live_one is not None and live_one.details.temperature_c is not None:
-            temperature.add(short, float(live_one.details.temperature_c))
+            add(temperature, {**short, **job}, float(live_one.details.temperature_c))
         job_count, lease_s, count, infer_s = totals.get(identity, [0, 0.0, 0, 0.0])
-        jobs.add(short, job_count)
-        lease_seconds.add(short, lease_s)
-        inferences.add(short, count)
-        inference_seconds.add(short, infer_s)
-    # The usual *_info pattern: a constant 1 whose labels carry the version.
-    runtime = _Family("slurm_tpu_edgetpu_runtime_info", "gauge", "libedgetpu on the node, by its edgetpu_version()")
-    if edgetpu_version:
-        runtime.add({"node": node, "version": edgetpu_version}, 1.0)
-    families = (present, healthy, leased_g, temperature, jobs, lease_seconds, inferences, inference_seconds)
-    text = "\n".join(f.render() for f in families if f.samples or f.kind == "gauge")
-    return text + ("\n" + runtime.render() if runtime.samples else "") + "\n"
+        add(jobs, short, job_count)
+        add(lease_seconds, short, lease_s)
+        add(inferences, short, count)
+        add(inference_seconds, short, infer_s)
+    for usage in snap.usage:
+        if holders.get(usage.identity) != usage.holder:
+            continue  # not the device's holder now (a record read as its job ended)
+        labels = {"node": node, "identity": usage.identity, **usage.holder.labels()}
+        add(job_inferences, labels, usage.inferences)
+        add(job_seconds, labels, usage.seconds)
+    if snap.edgetpu_version:
+        add(runtime, {"node": node, "version": snap.edgetpu_version}, 1.0)
+    result = [present, healthy, leased_g, temperature, jobs, lease_seconds, inferences, inference_seconds]
+    result += [f for f in (job_inferences, job_seconds, runtime) if f.samples]
+    return result
+
+
+class NodeCollector(Collector):
+    """A prometheus_client collector: ``snapshot()`` is taken afresh at every collection."""
+
+    def __init__(self, snapshot: Callable[[], NodeSnapshot]):
+        self._snapshot = snapshot
+
+    def collect(self) -> Iterable[Metric]:
+        return families(self._snapshot())

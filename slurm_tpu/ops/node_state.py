@@ -54,3 +54,36 @@ def current_leases(config: Config) -> dict[str, int]:
         return {lease.identity: lease.job_id for lease in ledger.all() if isinstance(lease, Lease)}
     finally:
         ledger.close()
+
+
+def lease_holders(config: Config) -> tuple[dict, dict]:
+    """(identity -> Holder of every lease, identity -> Holder of the leases a job holds now) from the
+    ledger; ({}, {}) without a state directory. A lease being revoked or kept after its job is not held."""
+    from ..locks.ledger import HELD, Lease, Ledger
+    from .metrics import Holder
+
+    try:
+        ledger = Ledger(config.state_dir, create=False)
+    except statedir.StateDirError:
+        return {}, {}
+    try:
+        leases = [lease for lease in ledger.all() if isinstance(lease, Lease)]
+    finally:
+        ledger.close()
+    every = {lease.identity: Holder(lease.job_id, lease.uid) for lease in leases}
+    return every, {lease.identity: every[lease.identity] for lease in leases if lease.phase == HELD}
+
+
+def running_usage(config: Config, holders: dict) -> list:
+    """The running jobs' usage records (JobUsage) for the devices they hold, as they are now."""
+    from ..hooks.jobusage import peek
+    from .metrics import JobUsage
+
+    by_job: dict = {}
+    for identity, holder in holders.items():
+        by_job.setdefault(holder, []).append(identity)
+    found = []
+    for holder, identities in sorted(by_job.items(), key=lambda item: item[0].job_id):
+        for identity, record in peek(config.state_dir, holder.job_id, holder.uid, identities).items():
+            found.append(JobUsage(identity, holder, record.inferences, record.seconds))
+    return found

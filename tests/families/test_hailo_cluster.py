@@ -273,7 +273,11 @@ def test_health_and_metrics_on_the_cluster_node_show_the_hailo_cards(cluster, tm
         assert values[("slurm_tpu_device_present", identity)] == 1
         assert values[("slurm_tpu_device_healthy", identity)] == 1
         assert values[("slurm_tpu_device_leased", identity)] == (1 if identity == mine else 0)
-        assert labels_of(scraped.stdout, "slurm_tpu_device_present", identity)["kind"] == "hailo"
+        labels = labels_of(scraped.stdout, "slurm_tpu_device_present", identity)
+        assert labels["kind"] == "hailo"
+        # The held card's series carry its job and user (dcgm-exporter's hpc_job), the others none.
+        held = (labels.get("hpc_job"), labels.get("hpc_user"))
+        assert held == ((str(job.id), "stpu_bob") if identity == mine else (None, None))
     assert values[("slurm_tpu_device_leased", CORAL)] == 0
     assert_idle(cluster)
 

@@ -282,3 +282,46 @@ def test_install_puts_the_library_on_a_node_without_one(tmp_path, doubles):
     done = slurm_tpu("uninstall", *args, "--purge")
     assert done.returncode == 0, done.stderr
     assert not libdir.exists()  # made by install, empty again
+
+
+def test_doctor_says_where_the_device_cgroup_holds(tmp_path):
+    """ConstrainDevices=yes on an Edge TPU node: a failure under 22.05 (it does nothing for tpu), the
+    holds/does-not-hold sentence from 23.02 on; off or on a node without Edge TPUs, nothing to fix."""
+    from slurm_tpu.config import Config
+    from slurm_tpu.model import Inventory
+    from slurm_tpu.ops.doctor import Node, check_device_cgroup
+    from slurm_tpu.slurm import device_cgroup
+    from slurm_tpu.slurm.commands import Slurm
+    from slurm_tpu.slurm.installation import version_of
+
+    from helpers import detect_json
+
+    from slurm_tpu.families import inventory_from_json
+
+    tpus = inventory_from_json(detect_json("big_node"))
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\nTaskPlugin=task/affinity,task/cgroup\n")
+    layout = Layout(str(tmp_path / "p"), str(tmp_path / "etc"))
+
+    def finding(inventory=tpus):
+        [found] = check_device_cgroup(Node(Config(), layout, str(conf), "n1", inventory))
+        return found
+
+    off = finding()
+    assert off.ok and off.message.startswith("off (no ConstrainDevices=yes")
+    (tmp_path / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nconstraindevices=Yes  # on\n")
+    on = finding()
+    version = version_of(Slurm.for_config(Config()).program("slurmd"))
+    if device_cgroup.covers_gres_without_plugin(version):
+        assert on.ok and "PCIe cards always; USB sticks only until their first re-enumeration" in on.message
+    else:
+        assert not on.ok and on.line().startswith(f"FAIL  device cgroup: ConstrainDevices=yes does nothing for "
+                                                  f"gres/tpu or gres/npu under Slurm {version}")
+        assert "fix: do not count on it for Edge TPUs or NPUs: run Slurm 23.02 or later" in on.line()
+    assert finding(Inventory()).ok  # GPUs only: the layer works for gres/gpu on every release
+    # Both releases, without their slurmd: the facts of slurm_tpu/slurm/device_cgroup.py.
+    options = {"taskplugin": "task/cgroup"}
+    assert device_cgroup.status(options, str(conf), "22.05.8", True)[0] is False
+    assert device_cgroup.status(options, str(conf), "23.02.0", True)[0] is True
+    assert device_cgroup.status(options, str(conf), "25.11.7", True)[0] is True
+    assert device_cgroup.status({"taskplugin": "task/none"}, str(conf), "22.05.8", True)[0] is True

@@ -251,8 +251,8 @@ def test_doctor_passes_on_the_installed_node(node):
     assert failures(done) == []
     checks = {line.split(":")[0].split(None, 1)[1] for line in done.stdout.splitlines() if line.startswith("ok")}
     assert checks == {"slurm.conf", "hooks", "GresTypes", "gres.conf", "NodeName", "udev rules", "udev loaded",
-                      "state dir", "hooks import", "slurmd", "libedgetpu", "EDGETPU_VISIBLE_DEVICES", "TFLite runtime",
-                      "munge"}
+                      "state dir", "hooks import", "slurmd", "device cgroup", "libedgetpu", "EDGETPU_VISIBLE_DEVICES",
+                      "TFLite runtime", "munge"}
     as_json = node.doctor("--json")
     assert as_json.returncode == 0 and '"ok": true' in as_json.stdout
 

@@ -204,8 +204,10 @@ def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup,
     # What the server counted, before it goes.
     metrics = subprocess.run(["curl", "-s", "-H", f"Authorization: Bearer {address['token']}",
                               f"http://{host_port}/metrics"], capture_output=True, text=True, timeout=30).stdout
-    inferences = int(next(line.split()[-1] for line in metrics.splitlines()
-                          if line.startswith("slurm_tpu_serve_inferences_total{")))
+    from prometheus_client.parser import text_string_to_metric_families
+
+    [inferences] = [s.value for f in text_string_to_metric_families(metrics) for s in f.samples
+                    if s.name == "slurm_tpu_serve_inferences_total"]
     assert inferences == 6 + 1 + 1  # the batch, the single input, the predict
 
     cluster.command(["scancel", str(job)], user=ALICE)

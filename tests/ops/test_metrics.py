@@ -122,6 +122,12 @@ def test_metrics_over_http(node_state):
             except OSError:
                 time.sleep(0.2)
         assert ("slurm_tpu_device_leased", "pci-0000:04:00.0") in samples(body)  # no hardware: from the state
+        # prometheus_client's server: OpenMetrics for a scraper that asks for it.
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert response.headers["Content-Type"].startswith("application/openmetrics-text")
+            assert response.read().decode().endswith("# EOF\n")
     finally:
         server.terminate()
         server.wait(timeout=10)
@@ -159,3 +165,44 @@ def test_absurd_usage_in_the_audit_log_changes_nothing_in_report_and_metrics(nod
     metrics = run_cli(["--config", str(node_state), "metrics"], "big_node")
     assert metrics.returncode == 0, metrics.stderr
     assert samples(metrics.stdout)[("slurm_tpu_device_inferences_total", "usb-2-1")] == 250
+
+
+def test_the_leased_device_carries_its_job_and_user_the_others_none(node_state):
+    """dcgm-exporter's HPC job mapping: hpc_job on a device's series while a job holds it (and hpc_user)."""
+    import pwd
+
+    result = run_cli(["--config", str(node_state), "metrics"], "big_node")
+    assert result.returncode == 0, result.stderr
+    try:
+        user = pwd.getpwuid(1001).pw_name
+    except KeyError:
+        user = "1001"
+    found = [s for f in text_string_to_metric_families(result.stdout) for s in f.samples]
+    for sample in found:
+        held = sample.labels.get("identity") == "pci-0000:04:00.0" and not sample.name.endswith("_total")
+        if held:
+            assert (sample.labels["hpc_job"], sample.labels["hpc_user"]) == ("77", user), sample
+        else:
+            assert "hpc_job" not in sample.labels and "hpc_user" not in sample.labels, sample
+
+
+def test_textfile_mode_writes_atomically_and_refuses_unsafe_targets(node_state, tmp_path):
+    target = tmp_path / "prom" / "slurm_tpu.prom"
+    target.parent.mkdir(mode=0o755)
+    target.write_text("old\n")
+    old_inode = os.stat(target).st_ino
+    result = run_cli(["--config", str(node_state), "metrics", "--textfile", str(target)], "big_node")
+    assert result.returncode == 0 and result.stdout == "", result.stderr
+    # Renamed over the old file (write_to_textfile: <path>.<pid>.<thread>, then rename): a new inode,
+    # no temporary file left, readable by node_exporter's unprivileged user.
+    assert os.stat(target).st_ino != old_inode and os.listdir(target.parent) == ["slurm_tpu.prom"]
+    assert os.stat(target).st_mode & 0o777 == 0o644
+    assert samples(target.read_text())[("slurm_tpu_device_leased", "pci-0000:04:00.0")] == 1
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    os.chmod(open_dir, 0o1777)
+    refused = run_cli(["--config", str(node_state), "metrics", "--textfile", str(open_dir / "x.prom")], "big_node")
+    assert refused.returncode == 1 and "others could plant" in refused.stderr
+    assert len(refused.stderr.strip().splitlines()) == 1 and os.listdir(open_dir) == []
+    wrong = run_cli(["--config", str(node_state), "metrics", "--textfile", str(tmp_path / "prom" / "x.txt")])
+    assert wrong.returncode == 1 and "only *.prom files" in wrong.stderr

@@ -52,4 +52,8 @@ exec {sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['ima
     assert by_user[USER]["inferences"] == 12
     metrics = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "metrics"], capture_output=True, text=True,
                              env=env, timeout=60).stdout
-    assert 'slurm_tpu_device_inferences_total{node="n1",identity="usb-2-1.3"} 12' in metrics
+    from prometheus_client.parser import text_string_to_metric_families
+
+    [total] = [s for f in text_string_to_metric_families(metrics) for s in f.samples
+               if s.name == "slurm_tpu_device_inferences_total"]
+    assert total.labels == {"node": "n1", "identity": "usb-2-1.3"} and total.value == 12

@@ -1,4 +1,4 @@
-"""``/metrics``: the server's counters in Prometheus' text format (version 0.0.4).
+"""``/metrics``: the server's counters in Prometheus' text format (version 0.0.4), through prometheus_client.
 
 Requests and errors by model, endpoint and status code, a latency histogram by model
 and endpoint, and per model and device the inferences and seconds the device spent
@@ -6,32 +6,33 @@ on them (read from the engines' own meters, :class:`~slurm_tpu.runner.meter.Mete
 the figures the usage record gets). Label values come from a fixed set (endpoints,
 status codes, served model names checked at start-up, device labels): a client
 cannot grow the series by sending odd names.
+
+:class:`ServeMetrics` is a ``prometheus_client`` collector: requests are counted
+here under a lock, and each scrape yields families made from those counts and
+from the engines' meters (:mod:`slurm_tpu.promtext` renders them).
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client.core import HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from ...promtext import CONTENT_TYPE, add, counter, gauge, render
+
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = "slurm_tpu_serve"
-
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _labels(pairs: Sequence[tuple[str, str]]) -> str:
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in pairs) + "}" if pairs else ""
+__all__ = ["BUCKETS", "CONTENT_TYPE", "PREFIX", "ServeMetrics"]
 
 
 class _Histogram:
     __slots__ = ("counts", "total", "count")
 
     def __init__(self) -> None:
-        self.counts = [0] * len(BUCKETS)  # per bucket, not cumulative (summed when rendered)
+        self.counts = [0] * len(BUCKETS)  # per bucket, not cumulative (summed when collected)
         self.total = 0.0
         self.count = 0
 
@@ -43,8 +44,8 @@ class _Histogram:
         self.count += 1
 
 
-class ServeMetrics:
-    """Thread-safe request counters; device figures and gauges are read when rendered."""
+class ServeMetrics(Collector):
+    """Thread-safe request counters; device figures and gauges are read when collected."""
 
     def __init__(self, engines: Sequence[tuple[str, object]], gauges: Callable[[], dict[str, float]]):
         """``engines``: (model name, metered engine) pairs; ``gauges``: name -> value, read at scrape time."""
@@ -64,50 +65,43 @@ class ServeMetrics:
                 histogram = self._latency[(model, endpoint)] = _Histogram()
             histogram.observe(seconds)
 
-    def render(self) -> str:
+    def collect(self) -> Iterable[Metric]:
         with self._lock:
             requests = sorted(self._requests.items())
             latency = sorted((k, (list(h.counts), h.total, h.count)) for k, h in self._latency.items())
-        lines: list[str] = []
-
-        def family(name: str, kind: str, help_text: str) -> None:
-            lines.extend([f"# HELP {PREFIX}_{name} {help_text}", f"# TYPE {PREFIX}_{name} {kind}"])
-
-        family("requests_total", "counter", "requests answered, by model, endpoint and HTTP status")
+        requests_f = counter(f"{PREFIX}_requests", "requests answered, by model, endpoint and HTTP status")
+        errors_f = counter(f"{PREFIX}_errors", "requests refused or failed (HTTP status 400 and above)")
         for (model, endpoint, code), value in requests:
-            lines.append(f"{PREFIX}_requests_total"
-                         f"{_labels([('model', model), ('endpoint', endpoint), ('code', code)])} {value}")
-        family("errors_total", "counter", "requests refused or failed (HTTP status 400 and above)")
-        errors: dict[tuple[str, str, str], int] = {}
-        for (model, endpoint, code), value in requests:
+            labels = {"model": model, "endpoint": endpoint, "code": code}
+            add(requests_f, labels, value)
             if int(code) >= 400:
-                errors[(model, endpoint, code)] = value
-        for (model, endpoint, code), value in sorted(errors.items()):
-            lines.append(f"{PREFIX}_errors_total"
-                         f"{_labels([('model', model), ('endpoint', endpoint), ('code', code)])} {value}")
-        family("request_duration_seconds", "histogram", "time from request line to response, by model and endpoint")
+                add(errors_f, labels, value)
+        duration = HistogramMetricFamily(f"{PREFIX}_request_duration_seconds",
+                                         "time from request line to response, by model and endpoint",
+                                         labels=("model", "endpoint"))
         for (model, endpoint), (counts, total, count) in latency:
-            base = [("model", model), ("endpoint", endpoint)]
-            running = 0
+            cumulative, running = [], 0
             for bound, n in zip(BUCKETS, counts):
                 running += n
-                lines.append(f"{PREFIX}_request_duration_seconds_bucket{_labels(base + [('le', repr(bound))])} "
-                             f"{running}")
-            lines.append(f"{PREFIX}_request_duration_seconds_bucket{_labels(base + [('le', '+Inf')])} {count}")
-            lines.append(f"{PREFIX}_request_duration_seconds_sum{_labels(base)} {total:.9g}")
-            lines.append(f"{PREFIX}_request_duration_seconds_count{_labels(base)} {count}")
-        family("inferences_total", "counter", "inferences run, by model and device")
+                cumulative.append((repr(bound), running))
+            cumulative.append(("+Inf", count))  # every observation, those above the last bound included
+            duration.add_metric([model, endpoint], cumulative, total)
+        inferences = counter(f"{PREFIX}_inferences", "inferences run, by model and device")
+        device_seconds = counter(f"{PREFIX}_device_seconds", "seconds devices spent in inferences, by model and device")
         for model, engine in self._engines:
-            lines.append(f"{PREFIX}_inferences_total{_labels([('model', model), ('device', engine.label)])} "
-                         f"{engine.inferences}")  # type: ignore[attr-defined]
-        family("device_seconds_total", "counter", "seconds devices spent in inferences, by model and device")
-        for model, engine in self._engines:
-            lines.append(f"{PREFIX}_device_seconds_total{_labels([('model', model), ('device', engine.label)])} "
-                         f"{engine.seconds:.9g}")  # type: ignore[attr-defined]
+            labels = {"model": model, "device": engine.label}  # type: ignore[attr-defined]
+            add(inferences, labels, engine.inferences)  # type: ignore[attr-defined]
+            add(device_seconds, labels, engine.seconds)  # type: ignore[attr-defined]
+        families: list[Metric] = [requests_f, errors_f, duration, inferences, device_seconds]
         for name, value in self._gauges().items():
-            family(name, "gauge", _GAUGE_HELP.get(name, name))
-            lines.append(f"{PREFIX}_{name} {value:.9g}")
-        return "\n".join(lines) + "\n"
+            family = gauge(f"{PREFIX}_{name}", _GAUGE_HELP.get(name, name))
+            add(family, {}, value)
+            families.append(family)
+        return families
+
+    def render(self) -> str:
+        """The exposition text of one collection."""
+        return render(self).decode()
 
 
 _GAUGE_HELP = {
