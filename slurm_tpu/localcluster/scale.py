@@ -56,6 +56,9 @@ HOOKS_MODE, TRUE_MODE = "hooks", "true"
 # MaxJobId (0x03ff0000): a run's ids never meet another cluster's on this machine.
 FIRST_JOB_IDS = range(61_000_000, 66_000_000, 100_000)
 TOP_PRIORITY = 4_294_967_000  # above priority/basic's 0xffff0000 countdown: an event's job starts next
+# How often the run counts the jobs' records (a listdir of up to --jobs names): often enough to keep
+# the backlog full, seldom enough to leave the machine to the jobs.
+POLL_S = 0.2
 PAUSE_WAIT_S = 600  # a paused prolog whose run died ends anyway
 ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING,REQUEUE_HOLD,REQUEUE_FED,SIGNALING,STAGE_OUT"
 
@@ -322,7 +325,7 @@ class ScaleRun:
                     last_done, last_change = done, time.monotonic()
                 elif time.monotonic() - last_change > 300:
                     raise ScaleError(f"phase {name}: no job ended for 300 s ({done} of {phase.jobs} submitted)")
-                time.sleep(0.05)
+                time.sleep(POLL_S)
             if errors:
                 break
             self.submit(phase, unit)
@@ -339,7 +342,7 @@ class ScaleRun:
                 last_done, last_change = done, time.monotonic()
             elif time.monotonic() - last_change > 300:
                 break  # a job that will not write its record: squeue says which
-            time.sleep(0.05)
+            time.sleep(POLL_S)
         wait_for(lambda: not self._active(phase), f"phase {name}: the last jobs to end", poll_s=0.25)
         phase.seconds = time.monotonic() - started
         phase.sdiag = parse_sdiag(self.cluster.command(["sdiag"]).stdout)
@@ -353,7 +356,7 @@ class ScaleRun:
             counts: dict[str, int] = {}
             for fraction, kind in sorted(events):
                 while self._done(phase) < fraction * expected:
-                    time.sleep(0.1)
+                    time.sleep(POLL_S)
                 index = counts.get(kind, 0)
                 counts[kind] = index + 1
                 event = getattr(self, f"_event_{kind.replace('-', '_')}")(phase, index)
