@@ -185,7 +185,7 @@ class ScaleRun:
     def __init__(self, nodes: int = 32, users: list[str] | None = None, hold_s: float = 0.02, seed: int = 22,
                  backlog: int | None = None, pattern: tuple[str, ...] = scalenodes.PATTERN, keep: bool = False,
                  log=None):
-        if not users or len(users) < 1:
+        if not users:
             raise ValueError("a scale run needs at least one user")
         self.users = list(users)
         self.hold_s, self.seed, self.keep = hold_s, seed, keep
@@ -217,7 +217,6 @@ class ScaleRun:
         self.set_mode(TRUE_MODE)
         open(self.failures, "w").close()
         specs = scalenodes.node_specs(self.layout, self.path("hardware"))
-        specs = [type(s)(s.name, s.umockdev, cpus=max(2, scalenodes.TPUS[self.kinds[s.name]])) for s in specs]
         self.cluster = LocalCluster(
             base=self.base, nodes=specs, hooks=self._wrappers(),
             first_job_id=random.Random().choice(FIRST_JOB_IDS),
@@ -622,6 +621,19 @@ def _write(path: str, value: str) -> None:
         handle.write(value + "\n")
 
 
+def attributable_to_hooks(true_phase: Phase, hooks_phase: Phase) -> dict[str, float]:
+    """RPC type -> (count with the hooks - count with /bin/true) per job, for two phases of the same jobs;
+    types whose counts are equal are left out."""
+    jobs = max(1, hooks_phase.jobs)
+    true_counts, hooks_counts = true_phase.sdiag.get("by_type", {}), hooks_phase.sdiag.get("by_type", {})
+    extra = {}
+    for rpc in sorted(set(true_counts) | set(hooks_counts)):
+        delta = hooks_counts.get(rpc, 0) - true_counts.get(rpc, 0)
+        if delta:
+            extra[rpc] = round(delta / jobs, 3)
+    return extra
+
+
 def rpc_figures(phases: list[Phase]) -> dict:
     """Per phase: the controller's RPC counts by type and user (sdiag, reset at the phase's start), and the
     job-information queries per job, which the prolog's Slurm query causes."""
@@ -660,8 +672,9 @@ def run_scale(nodes: int, jobs: int, users: list[str], ratio_jobs: int = 0, canc
         throughput = {}
         if ratio_jobs:
             same = workload(ratio_jobs, users, seed + 1)
+            slices = {}
             for mode in (TRUE_MODE, HOOKS_MODE):
-                phase = run.run_phase(f"slice-{mode}", mode, same)
+                slices[mode] = phase = run.run_phase(f"slice-{mode}", mode, same)
                 throughput[mode] = phase.jobs / phase.seconds
         full = run.run_phase("full", HOOKS_MODE, workload(jobs, users, seed), event_plan(cancels, restarts, hotplugs))
         checks = run.check()
@@ -687,6 +700,9 @@ def run_scale(nodes: int, jobs: int, users: list[str], ratio_jobs: int = 0, canc
                          "jobs_per_s": round(full.jobs / full.seconds, 3), "events": full.events},
             "phases": {p.name: {"mode": p.mode, "jobs": p.jobs, "seconds": round(p.seconds, 1)} for p in run.phases},
             "sdiag": rpc_figures(run.phases),
+            # Per job of the slice: what the hooks add to the controller's load.
+            "rpcs_per_job_from_hooks": attributable_to_hooks(slices[TRUE_MODE], slices[HOOKS_MODE])
+            if throughput else None,
             "checks": checks,
             "base": run.base if keep else None,
         }

@@ -75,4 +75,5 @@ def layout(count: int, pattern: tuple[str, ...] = PATTERN) -> list[tuple[str, st
 def node_specs(nodes: list[tuple[str, str]], directory: str) -> list[NodeSpec]:
     """NodeSpecs for ``layout()``'s nodes, their hardware files written into ``directory``."""
     paths = write_kinds(directory, {kind for _, kind in nodes})
-    return [NodeSpec(name, paths[kind]) for name, kind in nodes]
+    # One CPU per Edge TPU at least: four one-CPU jobs fit a node with four TPUs.
+    return [NodeSpec(name, paths[kind], cpus=max(2, TPUS[kind])) for name, kind in nodes]
