@@ -201,6 +201,7 @@ class ScaleRun:
         self.cluster: LocalCluster | None = None
         self.phases: list[Phase] = []
         self._lock = threading.Lock()
+        self._restarted: dict[str, float] = {}  # node -> when its slurmd was last started again (time.time())
 
     # ---- cluster ---------------------------------------------------------------------------
     def __enter__(self) -> "ScaleRun":
@@ -417,6 +418,9 @@ class ScaleRun:
         candidates = self.nodes_of("pcie1") or self.nodes_of("usb1")
         node = candidates[index % len(candidates)]
         job, go = self._holder(phase, index, node, "restart")
+        # Slurm gives SlurmdStartTime in whole seconds: the new start must fall in another second
+        # than the last one for the run to tell them apart (one node restarted twice in a row).
+        time.sleep(max(0.0, 1.1 - (time.time() - self._restarted.get(node, 0.0))))
         before = self._slurmd_started(node)
         started = time.monotonic()
         self.cluster.stop_slurmd(node)
@@ -424,6 +428,7 @@ class ScaleRun:
         after = wait_for(lambda: (lambda t: t if t and t != before else "")(self._slurmd_started(node)),
                          f"slurmd of {node} to register again")
         seconds = time.monotonic() - started
+        self._restarted[node] = time.time()
         open(go, "w").close()
         return {"job": job.job_id, "node": node, "slurmd_start_before": before, "slurmd_start_after": after,
                 "seconds_down": round(seconds, 2)}
