@@ -64,6 +64,8 @@ ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING,REQ
 
 # Runs the project's hook or /bin/true, as the mode file says. The prolog pauses after the
 # hook when the run asked for it (a pause file named by the job id), saying so by a marker.
+# The epilog and task prolog are exec'ed (no process more than /bin/true costs): a failing
+# epilog shows as a drained node, which the run checks, not in the failures file.
 WRAPPER = """#!/bin/sh
 read -r mode < "{mode_file}"
 if [ "$mode" != hooks ]; then
