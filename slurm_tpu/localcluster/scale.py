@@ -301,6 +301,24 @@ class ScaleRun:
         ours = {s.job_id for s in phase.submitted}
         return {int(word) for word in out.split() if word.isdigit() and int(word) in ours}
 
+    def _stuck(self, phase: Phase) -> str:
+        """What keeps the phase from ending on its own (held jobs, drained nodes), '' when nothing does.
+
+        Asked once every job of the phase is submitted and its events are over: a job of the
+        phase held by then was held by Slurm (a failed prolog: "launch failed requeued held").
+        """
+        assert self.cluster is not None
+        ours = {s.job_id for s in phase.submitted}
+        out = self.cluster.command(["squeue", "-h", "-r", "-t", "PD", "-o", "%F|%i|%r"], timeout=120).stdout
+        held = [f"job {i} ({reason})" for f, i, reason in (line.split("|", 2) for line in out.splitlines()
+                                                          if line.count("|") == 2)
+                if f.isdigit() and int(f) in ours and "held" in reason.lower()]
+        drained = self.cluster.command(["sinfo", "-h", "-R", "-o", "%n: %E"], timeout=120).stdout.split("\n")
+        drained = [line.strip() for line in drained if line.strip()]
+        if not held and not drained:
+            return ""
+        return f"held: {held[:10]}; drained: {drained}"
+
     def run_phase(self, name: str, mode: str, units: list[Unit], events: list[tuple[float, str]] = ()) -> Phase:
         """Submit ``units`` (at most ``backlog`` jobs waiting at once) with ``events`` at fractions of the
         work done; return once every job of the phase has ended."""
@@ -336,16 +354,22 @@ class ScaleRun:
         if errors:
             raise ScaleError(f"phase {name}: event failed: {errors[0]}") from errors[0]
         # Every job's record (or cancel), then Slurm's word that each has ended (epilog included).
+        # A job Slurm requeued and held, or a drained node, never ends by itself: say so at once.
         expected_done = phase.jobs
-        last_done, last_change = -1, time.monotonic()
-        while self._done(phase) < expected_done:
+        last_done, last_change, polls = -1, time.monotonic(), 0
+        while self._done(phase) < expected_done or self._active(phase):
             done = self._done(phase)
             if done != last_done:
                 last_done, last_change = done, time.monotonic()
             elif time.monotonic() - last_change > 300:
-                break  # a job that will not write its record: squeue says which
+                raise ScaleError(f"phase {name}: no job ended for 300 s; still queued or running: "
+                                 f"{sorted(self._active(phase))[:20]}")
+            polls += 1
+            if polls % 25 == 0:
+                stuck = self._stuck(phase)
+                if stuck:
+                    raise ScaleError(f"phase {name} cannot end: {stuck}")
             time.sleep(POLL_S)
-        wait_for(lambda: not self._active(phase), f"phase {name}: the last jobs to end", poll_s=0.25)
         phase.seconds = time.monotonic() - started
         phase.sdiag = parse_sdiag(self.cluster.command(["sdiag"]).stdout)
         self.log(f"phase {name} ({mode}): {phase.jobs} jobs in {phase.seconds:.1f} s "
