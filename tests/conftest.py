@@ -15,7 +15,6 @@ naming them (``pytest_sessionfinish``; slurm_tpu/localcluster/leftovers.py).
 
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -107,12 +106,7 @@ def users():
     from helpers import require_root_and
 
     require_root_and(("useradd", "userdel", "runuser"), "real unix users")
-    made = []
-    for name in USERS:
-        if subprocess.run(["id", "-u", name], capture_output=True).returncode != 0:
-            subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", "--user-group", name], check=True)
-            made.append(name)
-    uids = {name: int(subprocess.run(["id", "-u", name], capture_output=True, text=True).stdout) for name in USERS}
-    yield uids
-    for name in made:
-        subprocess.run(["userdel", name], capture_output=True)
+    from slurm_tpu.localcluster.users import real_users
+
+    with real_users(USERS) as uids:
+        yield uids

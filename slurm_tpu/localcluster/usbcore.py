@@ -16,6 +16,15 @@ usb_sysfs_device). This process plays the kernel's and udev's part, one node:
 * ``disable`` set to 0 -> the stick re-enumerates with the next devnum, as a
   fresh 1a6e:089a (no firmware), with a new node; then udev's ``add`` event.
 
+The kernel never waits for udev: it queues the uevent and goes on
+(lib/kobject_uevent.c kobject_uevent_env() only broadcasts it), and udevd runs
+the rules in its own workers. So the udev hook runs here on a thread of its
+own, one event at a time in the order the kernel made them (udevd keeps a
+device's events in order), while the main loop goes on acting on ports. Run in
+the loop itself, a udev hook waiting for the node's state lock (held by an
+epilog that waits for *another* stick of the node to detach) stopped the
+disconnect that epilog waited for: a deadlock no real node has.
+
 Usage: ``python -m slurm_tpu.localcluster.usbcore SYS_ROOT DEV_ROOT -- UDEV_HOOK_COMMAND...``
 (the environment carries SLURM_TPU_CONFIG / SLURMD_NODENAME / SLURM_CONF for it).
 It polls (this is the kernel's side; the hooks wait on what it shows in sysfs).
@@ -25,10 +34,12 @@ from __future__ import annotations
 
 import fcntl
 import os
+import queue
 import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 
 from ..families.coral import USB_BOOTLOADER, usb_product_prefix
@@ -89,7 +100,30 @@ def _hang_up(node: str) -> None:
         os.close(fd)
 
 
-def disconnect(port: Port, udev_event: list[str]) -> None:
+class Udevd:
+    """udev's side: runs the udev hook for each queued event, in order, on a thread of its own."""
+
+    def __init__(self, command: list[str]):
+        self.command = command
+        self.events: queue.Queue = queue.Queue()
+        threading.Thread(target=self._run, name="udevd", daemon=True).start()
+
+    def __call__(self, action: str, port: Port, node: str) -> None:
+        """Queue the event; what the environment says is fixed now, as the kernel's uevent is."""
+        env = dict(os.environ, ACTION=action, DEVPATH=port.devpath, DEVNAME=node, SUBSYSTEM="usb",
+                   DEVTYPE="usb_device", PRODUCT=usb_product_prefix(USB_BOOTLOADER) + "100")
+        self.events.put((action, port.port_path, env))
+
+    def _run(self) -> None:
+        while True:
+            action, port_path, env = self.events.get()
+            done = subprocess.run(self.command, env=env, capture_output=True, text=True, timeout=120, check=False)
+            if done.returncode != 0:
+                sys.stderr.write(f"usbcore: udev-event {action} {port_path} failed: {done.stderr.strip()}\n")
+                sys.stderr.flush()
+
+
+def disconnect(port: Port, udev_event) -> None:
     device = port.device_dir
     node = _devname(device)
     _hang_up(node)
@@ -101,10 +135,10 @@ def disconnect(port: Port, udev_event: list[str]) -> None:
         except FileNotFoundError:
             pass
     port.attached = False
-    _udev(udev_event, "remove", port, node)
+    udev_event("remove", port, node)
 
 
-def connect(port: Port, dev_root: str, udev_event: list[str]) -> None:
+def connect(port: Port, dev_root: str, udev_event) -> None:
     port.devnum = port.devnum % 127 + 1
     node = os.path.join(dev_root, "bus", "usb", f"{port.busnum:03d}", f"{port.devnum:03d}")
     os.makedirs(os.path.dirname(node), exist_ok=True)
@@ -115,16 +149,7 @@ def connect(port: Port, dev_root: str, udev_event: list[str]) -> None:
     os.chmod(node, 0o600)
     usb_sysfs_device(port.sys_root, port.port_path, port.busnum, port.devnum, node)
     port.attached = True
-    _udev(udev_event, "add", port, node)
-
-
-def _udev(udev_event: list[str], action: str, port: Port, node: str) -> None:
-    env = dict(os.environ, ACTION=action, DEVPATH=port.devpath, DEVNAME=node, SUBSYSTEM="usb",
-               DEVTYPE="usb_device", PRODUCT=usb_product_prefix(USB_BOOTLOADER) + "100")
-    done = subprocess.run(udev_event, env=env, capture_output=True, text=True, timeout=120, check=False)
-    if done.returncode != 0:
-        sys.stderr.write(f"usbcore: udev-event {action} {port.port_path} failed: {done.stderr.strip()}\n")
-        sys.stderr.flush()
+    udev_event("add", port, node)
 
 
 def ports(sys_root: str) -> list[Port]:
@@ -139,7 +164,7 @@ def ports(sys_root: str) -> list[Port]:
 def main(argv: list[str]) -> int:
     separator = argv.index("--")
     sys_root, dev_root = argv[0], argv[1]
-    udev_event = argv[separator + 1:]
+    udev_event = Udevd(argv[separator + 1:])
     watched = ports(sys_root)
     while True:
         for port in watched:
