@@ -18,6 +18,7 @@ from ..families import FAMILIES
 from ..slurm import installation
 from ..slurm.parse import parse_key_values
 from . import leftovers
+from .accounting_db import AccountingDB
 from .hardware import apex_cards, detect_under_umockdev, materialize, materialize_sysfs
 
 
@@ -110,6 +111,11 @@ class LocalCluster:
     # --sysconfdir`, which writes its path into them): the node's config is written to this
     # file and slurm.conf names the hooks directly, as on a real node, not per-node wrappers.
     config_file: str | None = None
+    # Slurm's own accounting: a private MariaDB + slurmdbd (accounting_db.py), started before
+    # slurmctld and stopped with the cluster; `accounting_enforce` is AccountingStorageEnforce.
+    accounting: bool = False
+    accounting_enforce: str | None = None
+    accounting_db: "AccountingDB | None" = field(default=None, init=False, repr=False)
 
     @property
     def slurm(self) -> installation.Installation:
@@ -190,6 +196,7 @@ class LocalCluster:
             json.dump({"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes],
                        "slurm_prefix": self.slurm_prefix}, handle)
         self._write_hook_wrappers()
+        self._configure_accounting()
         self._write_slurm_conf()
 
     def _configure_munge(self) -> None:
@@ -289,7 +296,8 @@ class LocalCluster:
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(self.accounting_db.slurm_conf_lines() if self.accounting_db else
+              ["AccountingStorageType=accounting_storage/none"]),
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={self.path('log', 'jobcomp.txt')}",
             "SelectType=select/cons_tres",
@@ -373,6 +381,8 @@ class LocalCluster:
                                f"--log-file={self.path('munge', 'munged.log')}",
                                f"--seed-file={self.path('munge', 'munged.seed')}"], user="munge")
         self._wait(lambda: os.path.exists(socket_path), 20, "munged did not create its socket")
+        if self.accounting_db:  # slurmdbd must answer before slurmctld registers the cluster with it
+            self.accounting_db.start(self._spawn, self._wait, self._run)
         self._spawn("slurmctld", [self.slurm.program("slurmctld"), "-D", "-i"])
         slurmd = self.slurm.program("slurmd")
         for spec in self.nodes:
@@ -382,6 +392,35 @@ class LocalCluster:
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
+
+    # ---- accounting ------------------------------------------------------------
+
+    def _configure_accounting(self) -> None:
+        """With ``accounting``: the private MariaDB + slurmdbd and the TRES the nodes' GRES need."""
+        if not self.accounting:
+            return
+        from ..render.node_conf import accounting_tres_of_nodes_conf
+        from .accounting_db import DEFAULT_ENFORCE
+
+        with open(self.path("etc", "nodes.conf"), encoding="utf-8") as handle:
+            tres = accounting_tres_of_nodes_conf(handle.read())
+        self.accounting_db = AccountingDB(self.base, self.name, self.path("munge", "munge.socket"),
+                                          self.slurm.program("slurmdbd"),
+                                          enforce=self.accounting_enforce or DEFAULT_ENFORCE, tres=tres)
+        self.accounting_db.configure()
+
+    def sacctmgr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """``sacctmgr -i ARGS`` as root (no prompt), against this cluster's slurmdbd."""
+        return self.command(["sacctmgr", "-i", *args], check=check)
+
+    def add_accounting_users(self, users: Sequence[str], account: str = "stpu") -> None:
+        """Give ``users`` an association (``account`` under root): without one, enforcement refuses their jobs."""
+        if not self.sacctmgr("-n", "-P", "show", "account", account, "format=account").stdout.strip():
+            self.sacctmgr("add", "account", account, f"cluster={self.name}", "description=slurm-tpu",
+                          "organization=slurm-tpu")
+        # check=False: sacctmgr exits 1 with "Nothing new added" when they all have one already.
+        self.sacctmgr("add", "user", f"names={','.join(users)}", f"account={account}", f"cluster={self.name}",
+                      check=False)
 
     def apex_cards(self, node: str) -> list[str]:
         """The node's PCIe Edge TPU nodes (from its materialized inventory)."""
