@@ -1,0 +1,101 @@
+"""The accounting collector: each job's spooled figures into its ``AdminComment`` in Slurm's database.
+
+Runs as root on each node (``slurm-tpu accounting-collect``, once or ``--every``
+seconds as a service). The epilog spools one entry per job that leased devices
+here (:mod:`slurm_tpu.protocol.job_record` says why there and in that form); the
+collector applies each with ``sacctmgr -i modify job where jobid=N set
+AdminComment=...`` (an argument list, no shell), merging the node's item into what
+the field already holds, and removes the entry only once Slurm took it. An entry
+whose job has no finished record yet (slurmctld sends the job's end to slurmdbd
+asynchronously), or that Slurm refuses (slurmdbd down), stays for the next run:
+nothing here can fail a job or drain a node.
+
+The spool directory is made by the first run (root, 0700): its existence is what
+tells the epilog that a collector runs on this node.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..errors import SlurmCommandError
+from ..locks import statedir
+from ..protocol.job_record import SPOOL_DIR, decode_spool, merge
+
+# sacct states of a job whose end slurmdbd has not recorded yet: its record is not final.
+UNFINISHED = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING")
+
+
+@dataclass
+class CollectResult:
+    applied: dict[int, str] = field(default_factory=dict)  # job -> the AdminComment written
+    waiting: dict[int, str] = field(default_factory=dict)  # job -> why it stays for the next run
+    refused: dict[str, str] = field(default_factory=dict)  # spool file -> why it is not an entry (left there)
+
+
+def open_spool(state_dir: str) -> int:
+    """The spool directory's descriptor, made root-only (0700) if missing; StateDirError if unsafe."""
+    parent = statedir.open_dir(state_dir, create=True)
+    try:
+        fd = statedir.open_dir(SPOOL_DIR, create=True, parent_fd=parent)
+    finally:
+        os.close(parent)
+    try:
+        if os.fstat(fd).st_mode & 0o077:
+            os.fchmod(fd, 0o700)  # the figures are the admin's, not the users'
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _job_record(slurm, job_id: int) -> tuple[str, str] | None:
+    """(State, AdminComment) of the job's record in Slurm's accounting; None when it has none."""
+    out = slurm.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State,AdminComment")
+    lines = [line for line in out.splitlines() if line.strip()]
+    if not lines:
+        return None
+    state, _, comment = lines[-1].partition("|")  # the last run of a requeued job
+    return state.split()[0] if state else "", comment
+
+
+def collect(state_dir: str, slurm) -> CollectResult:
+    """Apply every spooled entry under ``state_dir`` through ``slurm`` (a :class:`~slurm_tpu.slurm.commands.Slurm`)."""
+    result = CollectResult()
+    spool = open_spool(state_dir)
+    try:
+        for name in sorted(os.listdir(spool)):
+            if name.startswith("."):
+                continue  # an epilog's temp file, renamed into place when complete
+            source = f"{state_dir}/{SPOOL_DIR}/{name}"
+            try:
+                raw = statedir.read_file(spool, name, limit=4096)
+                if raw is None:
+                    continue  # removed meanwhile
+                entry = decode_spool(raw, source)
+                if str(entry.job_id) != name:
+                    raise ValueError(f"{source} names job {entry.job_id}")
+            except (ValueError, statedir.StateDirError) as exc:
+                result.refused[name] = str(exc)
+                continue
+            try:
+                record = _job_record(slurm, entry.job_id)
+                if record is None:
+                    result.waiting[entry.job_id] = "not in Slurm's accounting yet"
+                    continue
+                state, comment = record
+                if state in UNFINISHED:
+                    result.waiting[entry.job_id] = f"its end is not recorded yet ({state})"
+                    continue
+                merged = merge(comment, entry)
+                slurm.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={entry.job_id}", "set",
+                          f"AdminComment={merged}")
+            except SlurmCommandError as exc:
+                result.waiting[entry.job_id] = str(exc).splitlines()[0] if str(exc) else "Slurm refused"
+                continue
+            statedir.remove(spool, name)
+            result.applied[entry.job_id] = merged
+    finally:
+        os.close(spool)
+    return result
