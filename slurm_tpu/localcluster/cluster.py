@@ -422,6 +422,18 @@ class LocalCluster:
         self.sacctmgr("add", "user", f"names={','.join(users)}", f"account={account}", f"cluster={self.name}",
                       check=False)
 
+    def stop_slurmdbd(self) -> None:
+        """Stop the accounting daemon (slurmctld queues its records until it is back)."""
+        self._stop_daemon("slurmdbd")
+
+    def start_slurmdbd(self) -> None:
+        """Start the accounting daemon again; return once it listens."""
+        from .accounting_db import _port_answers
+
+        assert self.accounting_db is not None, "a cluster without accounting has no slurmdbd"
+        self._spawn("slurmdbd", [self.accounting_db.slurmdbd, "-D"])
+        self._wait(lambda: _port_answers(self.accounting_db.dbd_port), 90, "slurmdbd did not listen")
+
     def apex_cards(self, node: str) -> list[str]:
         """The node's PCIe Edge TPU nodes (from its materialized inventory)."""
         from ..families import inventory_from_json

@@ -50,14 +50,15 @@ def open_spool(state_dir: str) -> int:
     return fd
 
 
-def _job_record(slurm, job_id: int) -> tuple[str, str] | None:
-    """(State, AdminComment) of the job's record in Slurm's accounting; None when it has none."""
-    out = slurm.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State,AdminComment")
+def _job_record(slurm, job_id: int) -> tuple[str, str, str] | None:
+    """(State, End, AdminComment) of the job's record in Slurm's accounting; None when it has none."""
+    out = slurm.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State,End,AdminComment")
     lines = [line for line in out.splitlines() if line.strip()]
     if not lines:
         return None
-    state, _, comment = lines[-1].partition("|")  # the last run of a requeued job
-    return state.split()[0] if state else "", comment
+    state, _, rest = lines[-1].partition("|")  # the last run of a requeued job
+    end, _, comment = rest.partition("|")
+    return (state.split()[0] if state else ""), end, comment
 
 
 def collect(state_dir: str, slurm) -> CollectResult:
@@ -84,9 +85,12 @@ def collect(state_dir: str, slurm) -> CollectResult:
                 if record is None:
                     result.waiting[entry.job_id] = "not in Slurm's accounting yet"
                     continue
-                state, comment = record
-                if state in UNFINISHED:
-                    result.waiting[entry.job_id] = f"its end is not recorded yet ({state})"
+                state, end, comment = record
+                # A job that ended while slurmdbd was away is first recorded with its final
+                # state and no end (its start message); the end follows, and would carry
+                # the controller's (empty) AdminComment over ours: wait for it.
+                if state in UNFINISHED or end in ("", "Unknown", "None"):
+                    result.waiting[entry.job_id] = f"its end is not recorded yet ({state}, end {end or '?'})"
                     continue
                 merged = merge(comment, entry)
                 slurm.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={entry.job_id}", "set",

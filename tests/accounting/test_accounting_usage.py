@@ -110,17 +110,43 @@ printf '{{"version": 1, "inferences": 1e400, "seconds": 1, "energy_j": null}}' >
     assert collected(cluster, job) == "slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0"
 
 
+def test_an_entry_waits_while_slurmdbd_is_down_and_is_applied_when_it_is_back(setup):
+    cluster, _, _ = setup
+    cluster.stop_slurmdbd()
+    try:
+        job = run_job(cluster, "#!/bin/sh\ntrue\n")  # the controller queues its record meanwhile
+        entry = os.path.join(spool_dir(cluster), str(job))
+        assert os.path.exists(entry)  # the epilog spooled it, slurmdbd or not
+        result = collect(cluster)
+        assert result.returncode == 0 and f"job {job}: waits (" in result.stdout, result.stdout + result.stderr
+        assert os.path.exists(entry)  # kept for the next run
+    finally:
+        cluster.start_slurmdbd()
+    assert collected(cluster, job) == "slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0"
+    assert not os.path.exists(entry)
+
+
 def test_report_reads_sacct_and_equals_sreport(setup):
     cluster, _, _ = setup
     job = run_job(cluster, "#!/bin/sh\nsleep 2\n")
     collected(cluster, job)
-    # sreport counts from the hourly usage tables: force their rollup over the hours of this run.
-    now = datetime.datetime.now().replace(minute=0, second=0, microsecond=0)
-    start, end = (now - datetime.timedelta(hours=1)).isoformat(), (now + datetime.timedelta(hours=1)).isoformat()
-    cluster.sacctmgr("rollup", start, end)
-    sreport = cluster.command(["sreport", "-n", "-P", "-t", "seconds", "-T", "gres/tpu", "cluster",
+    # sreport counts per hour, from the hourly usage tables (rolled up hourly: forced here),
+    # and 22.05's ends a period that reaches past now at the current hour's start unless it
+    # is one hour long. So: the hour the last job started in; the report is asked for the
+    # same period (both count only what lies within it).
+    started = cluster.command(["sacct", "-n", "-P", "-X", "-j", str(job), "-o", "Start"]).stdout.strip()
+    hour = datetime.datetime.fromisoformat(started).replace(minute=0, second=0)
+    start, end = hour.isoformat(), (hour + datetime.timedelta(hours=1)).isoformat()
+
+    def sreport_used() -> dict[str, int]:
+        cluster.sacctmgr("rollup", start, end)
+        out = cluster.command(["sreport", "-n", "-P", "-t", "seconds", "-T", "gres/tpu", "cluster",
                                "UserUtilizationByAccount", f"start={start}", f"end={end}"]).stdout
-    used = {fields[1]: int(fields[-1]) for fields in (line.split("|") for line in sreport.splitlines() if line)}
+        return {fields[1]: int(fields[-1]) for fields in (line.split("|") for line in out.splitlines() if line)}
+
+    # Asked again until it shows her: slurmdbd answers up to its last rollup, which its own
+    # periodic one may have set.
+    used = wait_until(lambda: (lambda u: u if u.get(USER) else None)(sreport_used()), 60, "sreport's usage")
     env = cluster.env({"SLURM_TPU_CONFIG": cluster.node_config("n1")})
     report = subprocess.run([*cluster.slurm_tpu, "report", "--json", "--since", start, "--until", end],
                             capture_output=True, text=True, env=env, timeout=120)
