@@ -413,14 +413,26 @@ class LocalCluster:
         """``sacctmgr -i ARGS`` as root (no prompt), against this cluster's slurmdbd."""
         return self.command(["sacctmgr", "-i", *args], check=check)
 
-    def add_accounting_users(self, users: Sequence[str], account: str = "stpu") -> None:
-        """Give ``users`` an association (``account`` under root): without one, enforcement refuses their jobs."""
+    def add_accounting_users(self, users: Sequence[str], account: str = "stpu", timeout: float = 60) -> None:
+        """Give ``users`` an association (``account`` under root) and wait until slurmctld has them.
+
+        Without one, enforcement refuses their jobs. sacctmgr's changes reach the
+        controller asynchronously from slurmdbd, so this waits on the controller's
+        own view (``scontrol show assoc_mgr``), not on sacctmgr's exit.
+        """
         if not self.sacctmgr("-n", "-P", "show", "account", account, "format=account").stdout.strip():
             self.sacctmgr("add", "account", account, f"cluster={self.name}", "description=slurm-tpu",
                           "organization=slurm-tpu")
         # check=False: sacctmgr exits 1 with "Nothing new added" when they all have one already.
         self.sacctmgr("add", "user", f"names={','.join(users)}", f"account={account}", f"cluster={self.name}",
                       check=False)
+        self._wait(lambda: all(self.controller_association(u) for u in users), timeout,
+                   f"slurmctld did not learn the associations of {', '.join(users)}")
+
+    def controller_association(self, user: str) -> str:
+        """slurmctld's record of ``user``'s association (``scontrol -o show assoc_mgr``), '' if it has none."""
+        out = self.command(["scontrol", "-o", "show", "assoc_mgr", "flags=assoc"], check=False).stdout
+        return next((line for line in out.splitlines() if f"UserName={user}(" in line), "")
 
     def stop_slurmdbd(self) -> None:
         """Stop the accounting daemon (slurmctld queues its records until it is back)."""

@@ -10,7 +10,7 @@ import shutil
 
 import pytest
 
-from helpers import USERS, wait_until
+from helpers import USERS
 
 
 def require_accounting() -> None:
@@ -36,8 +36,6 @@ def accounting_factory(cluster_factory, users):
     def make(nodes, **kwargs):
         cluster = cluster_factory(nodes, accounting=True, **kwargs)
         cluster.add_accounting_users(list(USERS))
-        wait_until(lambda: all(controller_view(cluster, "assoc", u) for u in USERS),
-                   60, "the users' associations at the controller")
         return cluster
 
     return make

@@ -18,7 +18,6 @@ import sys
 
 import pytest
 
-from conftest import controller_view
 from helpers import TESTS, repo_hooks, runner_job_workspace, wait_until
 
 pytestmark = pytest.mark.slurm
@@ -34,7 +33,6 @@ def setup(accounting_factory):
         cluster = accounting_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))],
                                      hooks=repo_hooks())
         cluster.add_accounting_users([USER])
-        wait_until(lambda: controller_view(cluster, "assoc", USER), 60, f"{USER}'s association")
         out_dir = os.path.join(cluster.base, "out")
         os.makedirs(out_dir, exist_ok=True)
         os.chmod(out_dir, 0o1777)  # the job's user writes its stderr here
