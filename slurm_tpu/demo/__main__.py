@@ -151,7 +151,8 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
         _say("  " + line)
     for line in books.show_limit(cluster, user, layout.out):
         _say("  " + line)
-    for line in books.books_lines(cluster, layout, submitted.started, submitted.tpu[0] if submitted.tpu else None):
+    sample = submitted.tpu[0] if submitted.tpu else None
+    for line in books.books_lines(cluster, layout, submitted.submitted_at, sample):
         _say(line)
     _say()
     for line in report.next_steps(layout, user):

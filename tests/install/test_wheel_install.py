@@ -250,7 +250,7 @@ def test_doctor_passes_on_the_installed_node(node):
     assert done.returncode == 0, done.stdout + done.stderr
     assert failures(done) == []
     checks = {line.split(":")[0].split(None, 1)[1] for line in done.stdout.splitlines() if line.startswith("ok")}
-    assert checks == {"slurm.conf", "hooks", "GresTypes", "gres.conf", "NodeName", "udev rules", "udev loaded",
+    assert checks == {"slurm.conf", "hooks", "GresTypes", "AccountingStorageTRES", "gres.conf", "NodeName", "udev rules", "udev loaded",
                       "state dir", "hooks import", "slurmd", "libedgetpu", "EDGETPU_VISIBLE_DEVICES", "TFLite runtime",
                       "munge"}
     as_json = node.doctor("--json")
