@@ -50,15 +50,22 @@ def open_spool(state_dir: str) -> int:
     return fd
 
 
-def _job_record(slurm, job_id: int) -> tuple[str, str, str] | None:
-    """(State, End, AdminComment) of the job's record in Slurm's accounting; None when it has none."""
-    out = slurm.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "State,End,AdminComment")
-    lines = [line for line in out.splitlines() if line.strip()]
-    if not lines:
-        return None
-    state, _, rest = lines[-1].partition("|")  # the last run of a requeued job
-    end, _, comment = rest.partition("|")
-    return (state.split()[0] if state else ""), end, comment
+def _job_record(slurm, job_id: int) -> tuple[str, str, str, str] | None:
+    """(JobID, State, End, AdminComment) of the job's record in Slurm's accounting; None when it has none.
+
+    ``job_id`` is the job's own id (SLURM_JOB_ID, sacct's JobIDRaw). For an array task
+    that is not the id Slurm's tools select it by: ``-j 15`` means every task of array
+    15 (whose last task has raw id 15), so ``modify job where jobid=15`` would write all
+    of them. The record is the one whose JobIDRaw is the job's id, and it is selected by
+    its JobID (``15_3``), which names that one task.
+    """
+    out = slurm.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "JobIDRaw,JobID,State,End,AdminComment")
+    found = None
+    for line in out.splitlines():
+        raw, job, state, end, comment = (line.split("|", 4) + [""] * 5)[:5]  # AdminComment last: it may hold '|'
+        if raw == str(job_id):
+            found = (job, state.split()[0] if state else "", end, comment)  # the last run of a requeued job
+    return found
 
 
 def collect(state_dir: str, slurm) -> CollectResult:
@@ -85,7 +92,7 @@ def collect(state_dir: str, slurm) -> CollectResult:
                 if record is None:
                     result.waiting[entry.job_id] = "not in Slurm's accounting yet"
                     continue
-                state, end, comment = record
+                job_ref, state, end, comment = record
                 # A job that ended while slurmdbd was away is first recorded with its final
                 # state and no end (its start message); the end follows, and would carry
                 # the controller's (empty) AdminComment over ours: wait for it.
@@ -93,7 +100,7 @@ def collect(state_dir: str, slurm) -> CollectResult:
                     result.waiting[entry.job_id] = f"its end is not recorded yet ({state}, end {end or '?'})"
                     continue
                 merged = merge(comment, entry)
-                slurm.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={entry.job_id}", "set",
+                slurm.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job_ref}", "set",
                           f"AdminComment={merged}")
             except SlurmCommandError as exc:
                 result.waiting[entry.job_id] = str(exc).splitlines()[0] if str(exc) else "Slurm refused"

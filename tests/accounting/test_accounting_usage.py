@@ -108,6 +108,41 @@ printf '{{"version": 1, "inferences": 1e400, "seconds": 1, "energy_j": null}}' >
     assert collected(cluster, job) == "slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0"
 
 
+def test_each_array_task_gets_its_own_figures(setup):
+    """An array task's own id is not what Slurm's tools select it by: ``-j <array id>`` means every task,
+    and the last task carries the array's id, so its figures must not land on its siblings' records."""
+    cluster, models, double = setup
+    # Task 1 (the one that keeps the array's id) waits until task 0's figures are in its record.
+    gate = os.path.join(cluster.base, "out", "task-0-collected")
+    script = f"""#!/bin/sh
+export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:/sys/bus/usb/devices/2-1.3
+if [ "$SLURM_ARRAY_TASK_ID" = 1 ]; then
+    while [ ! -e {gate} ]; do sleep 0.2; done
+fi
+exec {sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']}/img_00001.png \
+    -c $((3 + 4 * SLURM_ARRAY_TASK_ID))
+"""
+    array = cluster.sbatch(["--array=0-1", "--gres=tpu:1", "-o", "/dev/null"], script, user=USER)
+
+    def task(index: int) -> dict[str, str]:
+        from slurm_tpu.slurm.parse import parse_key_values
+
+        return parse_key_values(cluster.command(["scontrol", "-o", "show", "job", f"{array}_{index}"]).stdout)
+
+    def comment(index: int) -> str:
+        return cluster.command(["sacct", "-n", "-P", "-X", "-j", f"{array}_{index}", "-o", "AdminComment"]).stdout.strip()
+
+    # One TPU: the tasks run one after the other; each is collected as soon as it is done.
+    for index in (0, 1):
+        wait_until(lambda: task(index).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 120,
+                   f"task {index} to finish")
+        assert task(index)["JobState"] == "COMPLETED"
+        wait_until(lambda: collect(cluster).returncode == 0 and comment(index), 90, f"task {index}'s AdminComment")
+        open(gate, "w").close()
+    assert comment(0).startswith("slurm-tpu/n1:devices=1,inferences=3,"), comment(0)
+    assert comment(1).startswith("slurm-tpu/n1:devices=1,inferences=7,"), comment(1)
+
+
 def test_an_entry_waits_while_slurmdbd_is_down_and_is_applied_when_it_is_back(setup):
     cluster, _, _ = setup
     cluster.stop_slurmdbd()

@@ -182,8 +182,9 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
         by_name.setdefault(record["Name"], []).append(record)
     assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4,
                                                               "step-tpu": 1, "serve-tpu": 1, "serve-client": 1,
-                                                              "classify-coral": 2}
-    assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] != "serve-tpu"} == {("COMPLETED", "0:0")}
+                                                              "classify-coral": 2, "qos-cap": 2}
+    assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] not in ("serve-tpu", "qos-cap")} == {
+        ("COMPLETED", "0:0")}
     assert by_name["serve-tpu"][0]["JobState"] == "CANCELLED"  # a server runs until scancel
     assert all(r["UserId"].startswith(USER + "(") for r in records)
     tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"] + by_name["classify-coral"]
@@ -451,9 +452,9 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert again.returncode == 0, again.stdout + again.stderr
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
-    # 17 + detection + client + 2 Coral examples, + server
-    states = sorted((r["Name"] == "serve-tpu", r["JobState"]) for r in new)
-    assert states == [(False, "COMPLETED")] * 21 + [(True, "CANCELLED")]
+    # 17 + detection + client + 2 Coral examples, + server, + the 2 jobs the QOS cap is shown on
+    states = sorted((r["Name"] if r["Name"] in ("serve-tpu", "qos-cap") else "", r["JobState"]) for r in new)
+    assert states == [("", "COMPLETED")] * 21 + [("qos-cap", "CANCELLED")] * 2 + [("serve-tpu", "CANCELLED")]
 
 
 def _free_port() -> int:
