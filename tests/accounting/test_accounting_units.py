@@ -138,3 +138,32 @@ def test_collector_makes_a_root_only_spool_and_names_what_is_not_an_entry(tmp_pa
     assert set(result.refused) == {"10", "12"}
     assert "not a slurm-tpu spool entry" in result.refused["10"] and "symlink" in result.refused["12"]
     assert sorted(os.listdir(spool)) == [".11.123.tmp", "10", "12"]  # left for the admin, nothing lost
+
+
+def test_sacct_rows_sum_to_tres_seconds_within_the_period():
+    import datetime
+
+    from slurm_tpu.ops.slurm_accounting import parse_sacct, summarize
+
+    def at(minute: int, second: int = 0) -> str:
+        return datetime.datetime(2026, 11, 25, 12, minute, second).isoformat()
+
+    def stamp(minute: int) -> float:
+        return datetime.datetime(2026, 11, 25, 12, minute).timestamp()
+
+    text = "\n".join([
+        f"7|alice|{at(0)}|{at(2)}|billing=1,cpu=1,gres/tpu:edgetpu_usb=1,gres/tpu=1,node=1|"
+        "slurm-tpu/n1:devices=1,inferences=12,inference_seconds=0.5",
+        f"8_1|alice|{at(1)}|Unknown|cpu=1,gres/tpu=2|note|with a bar",  # running; AdminComment holding '|'
+        f"9|bob|{at(3)}|{at(4)}|cpu=2,node=1|",  # no accelerator
+        f"10|bob|None|Unknown|gres/tpu=1|",  # never started
+    ])
+    rows = parse_sacct(text)
+    assert [r.job_id for r in rows] == ["7", "8_1", "9", "10"]
+    # [12:01, 12:03): job 7 for 60 s, job 8_1 (still running at 12:05) for 120 s on 2 TPUs
+    groups = summarize(rows, "user", ["gres/tpu", "gres/npu"], stamp(1), stamp(3), now=stamp(5))
+    assert list(groups) == ["alice"]
+    data = groups["alice"].to_json()
+    assert data["tres_seconds"] == {"gres/tpu": 60 + 240} and data["jobs"] == 2 and data["inferences"] == 12
+    by_job = summarize(rows, "job", ["gres/tpu"], None, None, now=stamp(5))
+    assert by_job["8_1"].tres_seconds == {"gres/tpu": 2 * 240} and by_job["7"].tres_seconds == {"gres/tpu": 120}
