@@ -167,7 +167,7 @@ def test_slurms_books_show_tpu_hours_a_qos_cap_and_each_jobs_inferences(demo):
     # The cap held the user's second job: Slurm's record of it says so.
     assert "PENDING (QOSMaxGRESPerUser)" in done.stdout
     capped = slurm("sacct", "-a", "-n", "-P", "-X", "--name=qos-cap", "-S", "now-1days", "-o", "QOS,State")
-    assert capped.split() == ["onetpu|CANCELLED by 0"] * 2, capped
+    assert capped.splitlines() == ["onetpu|CANCELLED by 0"] * 2, capped
     # Every TPU job's inference figures in its AdminComment, where only admins can write.
     for line in slurm("sacct", "-a", "-n", "-P", "-X", "--name=classify-tpu", "-S", "now-1days", "-o",
                       "AdminComment").splitlines():
