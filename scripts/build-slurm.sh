@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Slurm 25.11 beside Debian's 22.05, for the test suite, CI and the demo (as root):
 # builds Slurm 25.11.7 from its source archive into /opt/slurm-25.11 (about 5 min on
-# 2 cores; nothing to do when it is already there), and with --pyslurm installs
+# 2 cores; nothing to do when it is already there with its MariaDB accounting plugin), and with --pyslurm installs
 # pyslurm 25.11.2 (PyPI, about 3 min to build) into .venv against it.
 #   scripts/build-slurm.sh [--pyslurm]
 #   env: SLURM_TPU_SLURM_PREFIX=/opt/slurm-25.11
@@ -20,7 +20,13 @@ for arg in "$@"; do
     esac
 done
 
-if ! { [ -x "$PREFIX/sbin/slurmd" ] && "$PREFIX/sbin/slurmd" -V 2>/dev/null | grep -q '^slurm 25\.11\.'; }; then
+# Built means: this release, and its MySQL/MariaDB accounting plugin (slurmdbd's storage; a
+# build configured before libmariadb-dev was installed lacks it and is rebuilt).
+built() {
+    [ -x "$PREFIX/sbin/slurmd" ] && "$PREFIX/sbin/slurmd" -V 2>/dev/null | grep -q '^slurm 25\.11\.' \
+        && [ -f "$PREFIX/lib/slurm/accounting_storage_mysql.so" ]
+}
+if ! built; then
     source_dir=${SLURM_SOURCE:-}
     for candidate in ../shared/slurm shared/slurm; do
         [ -z "$source_dir" ] && [ -f "$candidate/build.sh" ] && source_dir=$candidate
@@ -30,14 +36,47 @@ if ! { [ -x "$PREFIX/sbin/slurmd" ] && "$PREFIX/sbin/slurmd" -V 2>/dev/null | gr
              "set SLURM_SOURCE" >&2
         exit 2
     fi
-    echo "build-slurm: building Slurm 25.11 into $PREFIX (about 5 min)"
-    log=$(mktemp)
-    if ! PREFIX="$PREFIX" bash "$source_dir/build.sh" >"$log" 2>&1; then
+    # The build packages of $source_dir/build.sh, and libmariadb-dev: Slurm's configure builds
+    # accounting_storage_mysql only when it finds mysql_config or mariadb_config
+    # (auxdir/x_ac_databases.m4), which libmariadb-dev brings.
+    missing=()
+    for package in build-essential pkg-config libmunge-dev munge libjson-c-dev libyaml-dev libssl-dev xz-utils \
+                   libmariadb-dev; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    fi
+    # The build installs into a staging root (the same --prefix, so its compiled-in plugin and
+    # library paths are right) and replaces $PREFIX by a rename at the end: clusters running
+    # from an older build in $PREFIX keep working while this one builds. (build.sh installs
+    # straight into its PREFIX and stops early when that release is there, so it cannot
+    # rebuild one in use; its configure options are these.)
+    echo "build-slurm: building Slurm 25.11 for $PREFIX (about 5 min)"
+    stage=$(mktemp -d /tmp/build-slurm-stage.XXXX)
+    log=$stage/build.log
+    archive=$(ls "$source_dir"/slurm-25.11.*.tar.xz | tail -1)
+    (cd "$source_dir" && sha256sum --quiet -c SHA256SUMS)
+    if ! {
+        tar -xJf "$archive" -C "$stage" && cd "$stage"/slurm-25.11.* \
+        && ./configure --prefix="$PREFIX" --sysconfdir="$PREFIX/etc" --enable-multiple-slurmd \
+        && make -j"${JOBS:-2}" && make install DESTDIR="$stage/root"
+    } >"$log" 2>&1; then
         tail -30 "$log" >&2
         echo "build-slurm: the Slurm build failed (output above)" >&2
         exit 1
     fi
-    rm -f "$log"
+    cd - >/dev/null
+    find "$stage/root" \( -name '*.a' -o -name '*.la' \) -delete
+    [ -f "$stage/root$PREFIX/lib/slurm/accounting_storage_mysql.so" ] \
+        || { echo "build-slurm: configure found no mariadb_config: no accounting_storage_mysql.so" >&2; exit 1; }
+    if [ -d "$PREFIX" ]; then
+        mv "$PREFIX" "$PREFIX.old.$$"
+    fi
+    mkdir -p "$(dirname "$PREFIX")"
+    mv "$stage/root$PREFIX" "$PREFIX"
+    rm -rf "$stage" "$PREFIX.old.$$"
 fi
 echo "build-slurm: $("$PREFIX/sbin/slurmd" -V) in $PREFIX"
 

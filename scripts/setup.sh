@@ -14,6 +14,9 @@ APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3 pyt
 # acl: setfacl/getfacl, with which the isolation tests play a job owner who grants another
 # user access to her leased node (the hooks must strip it).
 APT_PACKAGES+=(acl)
+# mariadb-server + slurmdbd: Slurm's own accounting in the demo and the accounting tests (each
+# cluster runs a private MariaDB and slurmdbd; Debian's services are left stopped).
+APT_PACKAGES+=(mariadb-server mariadb-client slurmdbd)
 # What the real libedgetpu built below needs at run time (its build packages: build.sh).
 APT_PACKAGES+=(libusb-1.0-0 libabsl20220623 libflatbuffers2)
 missing=()

@@ -122,14 +122,21 @@ def measured(cluster_factory, tmp_path_factory):
                               hooks=Hooks(prolog=str(hooks / "slurm-tpu-prolog"), epilog=str(epilog),
                                           task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"),
                                           udev=str(udev)))
+    # A node with an accounting collector (its first run makes this spool): the epilog also
+    # spools each job's figures (slurm_tpu/protocol/job_record.py), under the same budget.
+    spool = Path(cluster.node_dir("n1")) / "state" / "accounting-spool"
+    spool.mkdir(mode=0o700, parents=True)
+    jobs = []
     for round_ in (1, 2):
         job = cluster.sbatch(["--gres=tpu:2", "-w", "n1", "-o", "/dev/null"],
                              '#!/bin/sh\ntest -n "$SLURM_TPU_DEVICES"\n')
         assert cluster.wait_for_jobs([job], timeout=120) == {job: "COMPLETED"}
+        jobs.append(str(job))
         wait_until(lambda: len(_runs(logs, "epilog")) >= round_, 60, f"job {job}'s epilog")
         # Its USB stick is power-cycled at job end; the release ends when it is back.
         leases = Path(cluster.node_dir("n1")) / "state" / "leases"
         wait_until(lambda: not any(leases.iterdir()), 60, "the revoked stick to come back")
+    assert sorted(os.listdir(spool)) == sorted(jobs)  # the spooling path ran in the measured epilogs
     inventory = json.loads((Path(cluster.node_dir("n1")) / "state" / "inventory.json").read_text())
     usb_node = next(a["device_nodes"][0] for a in inventory["accelerators"] if a["identity"] == "usb-2-1.3")
     env = {"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": cluster.node_config("n1"), "SLURMD_NODENAME": "n1",

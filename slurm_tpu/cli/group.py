@@ -67,7 +67,7 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     \b
     Install a node: install, doctor, uninstall
     Set up a node:  detect, gres-conf, node-conf, udev-rules, boot
-    Operate:        health, watch, metrics, report, leases
+    Operate:        health, watch, metrics, report, leases, accounting-collect
     In jobs:        infer, serve
     Run by udev:    udev-event (the installed rules run its -I -S twin,
                     PREFIX/libexec/slurm-tpu/slurm-tpu-udev-event)

@@ -186,8 +186,15 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
             raise type(exc)(f"{exc} (or pass --no-hardware to leave CPUs/RealMemory out)",
                             getattr(exc, "command", "slurmd")) from exc
     name = obj.node_name(node)
-    line = render_node_line(_inventory(saved), obj.config, name, hardware, extra)
+    inventory = _inventory(saved)
+    line = render_node_line(inventory, obj.config, name, hardware, extra)
     _emit_block("node", name, line, output, diff, check)
+    if not (diff or check):
+        from ..ops.install import accounting_tres_line
+
+        # Slurm's accounting sees (and limits) only the GRES listed there: say what this node needs.
+        for needed in accounting_tres_line(inventory, obj.config):
+            click.echo(f"slurm.conf, where slurmdbd records jobs, needs: {needed}", err=True)
 
 
 @main.command("udev-rules")

@@ -172,10 +172,14 @@ def _parse_time(value: str | None, option: str) -> float | None:
 @click.option("--audit", "audit_logs", multiple=True, metavar="FILE",
               help="Audit log(s) to read (repeatable, e.g. collected from several nodes). "
                    "Default: <state_dir>/audit.log of this node.")
+@click.option("--source", type=click.Choice(["auto", "sacct", "audit"]), default="auto", show_default=True,
+              help="Slurm's accounting (sacct: accelerator TRES-seconds as sreport counts them, inference "
+                   "figures from each job's AdminComment) or this node's audit log. auto: sacct where "
+                   "slurmctld records jobs through slurmdbd, unless --by device or --audit is given.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_obj
 def report(obj: Obj, by: str, since: str | None, until: str | None, audit_logs: tuple[str, ...],
-           as_json: bool) -> None:
+           source: str, as_json: bool) -> None:
     """Accelerator use per user, device or job: leases, lease time, inferences, mean latency."""
     import pwd
     import time
@@ -183,13 +187,19 @@ def report(obj: Obj, by: str, since: str | None, until: str | None, audit_logs: 
     from ..ops.accounting import summarize
     from ..ops.node_state import audit_records, default_audit_log
 
+    start, end = _parse_time(since, "--since"), _parse_time(until, "--until")
+    if source == "sacct" and by == "device":
+        raise click.BadParameter("Slurm's accounting does not know devices: use --source audit", param_hint="--by")
+    if source == "sacct" or (source == "auto" and by != "device" and not audit_logs and _slurm_accounting(obj)):
+        _report_from_sacct(obj, by, start, end, as_json)
+        return
+
     def user_name(uid: int) -> str:
         try:
             return pwd.getpwuid(uid).pw_name
         except KeyError:
             return str(uid)
 
-    start, end = _parse_time(since, "--since"), _parse_time(until, "--until")
     paths = list(audit_logs) or [default_audit_log(obj.config)]
     missing = [p for p in audit_logs if not os.path.exists(p)]
     if missing:
@@ -210,6 +220,82 @@ def report(obj: Obj, by: str, since: str | None, until: str | None, audit_logs: 
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
         click.echo("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
+
+
+def _slurm_accounting(obj: Obj) -> bool:
+    """Whether this cluster's slurmctld records jobs through slurmdbd (False when it cannot be asked)."""
+    from ..errors import SlurmTpuError
+    from ..ops.slurm_accounting import accounting_enabled
+    from ..slurm.commands import Slurm
+
+    try:
+        return accounting_enabled(Slurm.for_config(obj.config))
+    except SlurmTpuError:
+        return False
+
+
+def _report_from_sacct(obj: Obj, by: str, start: float | None, end: float | None, as_json: bool) -> None:
+    import time
+
+    from ..families import FAMILIES
+    from ..ops.slurm_accounting import sacct_jobs, summarize
+    from ..slurm.commands import Slurm
+
+    tres = list(dict.fromkeys(f"gres/{obj.config.family(f.kind).gres_name}" for f in FAMILIES))
+    groups = summarize(sacct_jobs(Slurm.for_config(obj.config), start, end), by, tres, start, end, time.time())
+    if as_json:
+        click.echo(json.dumps({key: totals.to_json() for key, totals in groups.items()}, indent=2))
+        return
+    if not groups:
+        click.echo("no accelerator jobs in this period (sacct)")
+        return
+    used = [name for name in tres if any(name in t.tres_seconds for t in groups.values())]
+    header = (by.upper(), "JOBS", *(f"{name.split('/', 1)[1].upper()}-HOURS" for name in used), "INFERENCES",
+              "MEAN LATENCY")
+    rows = [header]
+    for key, totals in groups.items():
+        data = totals.to_json()
+        latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
+        rows.append((key, str(data["jobs"]), *(f"{totals.tres_seconds.get(n, 0.0) / 3600:.4f}" for n in used),
+                     str(data["inferences"]), latency))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for row in rows:
+        click.echo("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
+
+
+@main.command("accounting-collect")
+@click.option("--every", type=float, metavar="SECONDS",
+              help="Run as a service: collect again every SECONDS (default: once).")
+@pass_obj
+def accounting_collect(obj: Obj, every: float | None) -> None:
+    """Put each job's inference figures into its AdminComment in Slurm's accounting (root, on each node).
+
+    The epilog spools them under the state directory (only once this command has
+    run: its first run makes the root-only spool); this applies them with
+    `sacctmgr modify job ... set AdminComment=...` and removes an entry only once
+    Slurm took it. Entries of jobs whose end is not recorded yet, or that Slurm
+    refuses now, wait for the next run. Exit 1 when a spool file is not an entry
+    (it is left there, named).
+    """
+    import time
+
+    from ..ops.job_records import collect
+    from ..slurm.commands import Slurm
+
+    slurm = Slurm.for_config(obj.config)
+    while True:
+        result = collect(obj.config.state_dir, slurm)
+        for job, comment in result.applied.items():
+            click.echo(f"job {job}: AdminComment={comment}")
+        for job, why in result.waiting.items():
+            click.echo(f"job {job}: waits ({why})")
+        for name, why in result.refused.items():
+            click.echo(f"slurm-tpu accounting-collect: {why}", err=True)
+        if every is None:
+            if result.refused:
+                raise SystemExit(1)
+            return
+        time.sleep(every)
 
 
 @main.command()

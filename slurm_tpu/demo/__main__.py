@@ -103,14 +103,15 @@ def _collect(layout: Layout, submitted: Submitted) -> tuple[list[JobRecord], lis
 
 
 def run(layout: Layout, user: str, images: int, timeout: float) -> int:
-    from . import experiment, lifecycle, provision, report
+    from . import accounting as books, experiment, lifecycle, provision, report
 
     _preflight(layout, user, images, timeout)
     _say(report.INTRO)
     _say()
     began = time.monotonic()
     provision.ensure_user(user)
-    _, reused = lifecycle.ensure_cluster(layout, _say)
+    cluster, reused = lifecycle.ensure_cluster(layout, _say)
+    books.prepare(cluster, user)
     how = "reused the running cluster" if reused else "detected, configured and started"
     _say(f"[1/4] cluster in {layout.base}: {how} ({time.monotonic() - began:.1f} s)")
     for line in report.cluster_lines(layout):
@@ -148,6 +149,11 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     coral, coral_ok = report.coral_lines(experiment.run_coral_examples(layout, user, env, timeout))
     for line in coral:
         _say("  " + line)
+    for line in books.show_limit(cluster, user, layout.out):
+        _say("  " + line)
+    sample = submitted.tpu[0] if submitted.tpu else None
+    for line in books.books_lines(cluster, layout, submitted.submitted_at, sample):
+        _say(line)
     _say()
     for line in report.next_steps(layout, user):
         _say(line)

@@ -19,7 +19,7 @@ from .errors import DemoError
 from .layout import NODES, PARTITION_EXTRA, REPO, Layout
 from .preflight import classify, running_slurm_daemons
 
-FORMAT = 3  # bump when the demo's cluster layout changes: a running old one is restarted
+FORMAT = 4  # bump when the demo's cluster layout changes: a running old one is restarted
 _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 
 
@@ -30,8 +30,9 @@ def make_cluster(layout: Layout) -> LocalCluster:
     hooks = Hooks(prolog=node_file("prolog", "slurm-tpu-prolog"), epilog=node_file("epilog", "slurm-tpu-epilog"),
                   task_prolog=node_file("prolog", "slurm-tpu-task-prolog"))
     nodes = [NodeSpec(n.name, n.hardware_path, n.cpus, n.real_memory_mb) for n in NODES]
+    # accounting: its own MariaDB + slurmdbd, so sacct/sreport and QOS limits know the TPUs.
     return LocalCluster(base=layout.base, nodes=nodes, hooks=hooks, name="tpudemo", python=sys.executable,
-                        partition_extra=PARTITION_EXTRA)
+                        partition_extra=PARTITION_EXTRA, accounting=True)
 
 
 def fingerprint() -> str:
@@ -56,7 +57,7 @@ def _read_marker(layout: Layout) -> dict:
 def _healthy(cluster: LocalCluster) -> str | None:
     """None when every daemon runs and every node can take jobs, else why not."""
     pids = cluster.running_pids()
-    expected = {"munged", "slurmctld", *(f"slurmd-{n.name}" for n in NODES)}
+    expected = {"munged", "mariadbd", "slurmdbd", "slurmctld", *(f"slurmd-{n.name}" for n in NODES)}
     # Without its emulated apex driver a node's PCIe Edge TPUs show no write_open_count: not free.
     expected |= {f"apex-{n.name}" for n in NODES if cluster.apex_cards(n.name)}
     if expected - set(pids):

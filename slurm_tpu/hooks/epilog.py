@@ -28,7 +28,9 @@ def run(environ) -> int:
         if not leases:
             return 0
         # Usage first, outside the ledger lock: it reads only the job's own box.
-        jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
+        records = jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
+        # For Slurm's own job record (AdminComment), applied later by the accounting collector.
+        jobusage.spool(ledger, job.job_id, leases[0].uid, settings.node, len(leases), records)
         jobusage.discard(ledger, job.job_id)
         problems = leasing.release(ledger, job.job_id, settings)
     for notice in problems:

@@ -151,8 +151,8 @@ def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
     return records
 
 
-def collect(ledger, job_id: int, uid: int, identities) -> int:
-    """Audit the job's usage record for each of its devices; how many there were.
+def collect(ledger, job_id: int, uid: int, identities) -> list:
+    """Audit the job's usage record for each of its devices; the records accepted (UsageRecord).
 
     Reads only ``<identity>.json`` for the devices the job leased (so at most one
     small file per device, whatever the job left), only from the job's own box
@@ -160,12 +160,12 @@ def collect(ledger, job_id: int, uid: int, identities) -> int:
     """
     parent = _open_parent(ledger, create=False)
     if parent is None:
-        return 0
-    found = 0
+        return []
+    found: list = []
     box = _open_box(parent, job_id, uid)
     if box is None:
         os.close(parent)
-        return 0
+        return []
     try:
         from ..protocol import FormatError, audit
         from ..protocol.usage import read_record
@@ -179,11 +179,37 @@ def collect(ledger, job_id: int, uid: int, identities) -> int:
             if record is not None:
                 ledger.audit(audit.USAGE, identity=identity, job_id=job_id, uid=uid, inferences=record.inferences,
                              seconds=record.seconds, energy_j=record.energy_j)
-                found += 1
+                found.append(record)
     finally:
         os.close(box)
         os.close(parent)
     return found
+
+
+def spool(ledger, job_id: int, uid: int, node: str, devices: int, records) -> bool:
+    """Leave the job's figures on this node for the accounting collector; whether an entry was written.
+
+    Only where a collector runs (``slurm-tpu accounting-collect`` makes the root-only
+    ``<state_dir>/accounting-spool``); written atomically, root's 0600. Never raises
+    for an OSError: a full disk costs the job's AdminComment, never the job or the
+    node (see :mod:`slurm_tpu.protocol.job_record`).
+    """
+    from ..protocol.job_record import SPOOL_DIR, encode_spool, totals
+
+    try:
+        spool_fd = statedir.open_dir(SPOOL_DIR, parent_fd=ledger.dir_fd)
+    except statedir.StateDirError:
+        return False  # no collector here (or an unsafe spool: never written through)
+    try:
+        if os.fstat(spool_fd).st_mode & 0o077:
+            return False  # not the collector's root-only directory
+        statedir.write_atomic(spool_fd, str(job_id), encode_spool(totals(job_id, node, devices, records)), 0o600)
+        return True
+    except (OSError, statedir.StateDirError) as exc:
+        ledger.audit(USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"{SPOOL_DIR}: {getattr(exc, 'strerror', None) or exc}")
+        return False
+    finally:
+        os.close(spool_fd)
 
 
 def discard(ledger, job_id: int) -> None:

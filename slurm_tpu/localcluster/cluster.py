@@ -18,6 +18,7 @@ from ..families import FAMILIES
 from ..slurm import installation
 from ..slurm.parse import parse_key_values
 from . import leftovers
+from .accounting_db import AccountingDB
 from .hardware import apex_cards, detect_under_umockdev, materialize, materialize_sysfs
 
 
@@ -113,6 +114,11 @@ class LocalCluster:
     # cgroup.conf lines (e.g. ("CgroupPlugin=cgroup/v1", "ConstrainDevices=yes")): when given, the
     # cluster runs task/cgroup + proctrack/cgroup with them; opt-in, the default clusters use none.
     cgroup_conf: Sequence[str] = ()
+    # Slurm's own accounting: a private MariaDB + slurmdbd (accounting_db.py), started before
+    # slurmctld and stopped with the cluster; `accounting_enforce` is AccountingStorageEnforce.
+    accounting: bool = False
+    accounting_enforce: str | None = None
+    accounting_db: "AccountingDB | None" = field(default=None, init=False, repr=False)
 
     @property
     def slurm(self) -> installation.Installation:
@@ -193,6 +199,7 @@ class LocalCluster:
             json.dump({"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes],
                        "slurm_prefix": self.slurm_prefix}, handle)
         self._write_hook_wrappers()
+        self._configure_accounting()
         self._write_slurm_conf()
 
     def _configure_munge(self) -> None:
@@ -291,7 +298,8 @@ class LocalCluster:
             "SlurmdDebug=info",
             *self._task_plugin_lines(),
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(self.accounting_db.slurm_conf_lines() if self.accounting_db else
+              ["AccountingStorageType=accounting_storage/none"]),
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={self.path('log', 'jobcomp.txt')}",
             "SelectType=select/cons_tres",
@@ -388,6 +396,8 @@ class LocalCluster:
                                f"--log-file={self.path('munge', 'munged.log')}",
                                f"--seed-file={self.path('munge', 'munged.seed')}"], user="munge")
         self._wait(lambda: os.path.exists(socket_path), 20, "munged did not create its socket")
+        if self.accounting_db:  # slurmdbd must answer before slurmctld registers the cluster with it
+            self.accounting_db.start(self._spawn, self._wait, self._run)
         self._spawn("slurmctld", [self.slurm.program("slurmctld"), "-D", "-i"])
         slurmd = self.slurm.program("slurmd")
         for spec in self.nodes:
@@ -397,6 +407,59 @@ class LocalCluster:
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
+
+    # ---- accounting ------------------------------------------------------------
+
+    def _configure_accounting(self) -> None:
+        """With ``accounting``: the private MariaDB + slurmdbd and the TRES the nodes' GRES need."""
+        if not self.accounting:
+            return
+        from ..render.node_conf import accounting_tres_of_nodes_conf
+        from .accounting_db import DEFAULT_ENFORCE
+
+        with open(self.path("etc", "nodes.conf"), encoding="utf-8") as handle:
+            tres = accounting_tres_of_nodes_conf(handle.read())
+        self.accounting_db = AccountingDB(self.base, self.name, self.path("munge", "munge.socket"),
+                                          self.slurm.program("slurmdbd"),
+                                          enforce=self.accounting_enforce or DEFAULT_ENFORCE, tres=tres)
+        self.accounting_db.configure()
+
+    def sacctmgr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+        """``sacctmgr -i ARGS`` as root (no prompt), against this cluster's slurmdbd."""
+        return self.command(["sacctmgr", "-i", *args], check=check)
+
+    def add_accounting_users(self, users: Sequence[str], account: str = "stpu", timeout: float = 60) -> None:
+        """Give ``users`` an association (``account`` under root) and wait until slurmctld has them.
+
+        Without one, enforcement refuses their jobs. sacctmgr's changes reach the
+        controller asynchronously from slurmdbd, so this waits on the controller's
+        own view (``scontrol show assoc_mgr``), not on sacctmgr's exit.
+        """
+        if not self.sacctmgr("-n", "-P", "show", "account", account, "format=account").stdout.strip():
+            self.sacctmgr("add", "account", account, f"cluster={self.name}", "description=slurm-tpu",
+                          "organization=slurm-tpu")
+        # check=False: sacctmgr exits 1 with "Nothing new added" when they all have one already.
+        self.sacctmgr("add", "user", f"names={','.join(users)}", f"account={account}", f"cluster={self.name}",
+                      check=False)
+        self._wait(lambda: all(self.controller_association(u) for u in users), timeout,
+                   f"slurmctld did not learn the associations of {', '.join(users)}")
+
+    def controller_association(self, user: str) -> str:
+        """slurmctld's record of ``user``'s association (``scontrol -o show assoc_mgr``), '' if it has none."""
+        out = self.command(["scontrol", "-o", "show", "assoc_mgr", "flags=assoc"], check=False).stdout
+        return next((line for line in out.splitlines() if f"UserName={user}(" in line), "")
+
+    def stop_slurmdbd(self) -> None:
+        """Stop the accounting daemon (slurmctld queues its records until it is back)."""
+        self._stop_daemon("slurmdbd")
+
+    def start_slurmdbd(self) -> None:
+        """Start the accounting daemon again; return once it listens."""
+        from .accounting_db import _port_answers
+
+        assert self.accounting_db is not None, "a cluster without accounting has no slurmdbd"
+        self._spawn("slurmdbd", [self.accounting_db.slurmdbd, "-D"])
+        self._wait(lambda: _port_answers(self.accounting_db.dbd_port), 90, "slurmdbd did not listen")
 
     def apex_cards(self, node: str) -> list[str]:
         """The node's PCIe Edge TPU nodes (from its materialized inventory)."""

@@ -76,7 +76,8 @@ def _ancestors() -> set[int]:
 
 # Programs whose processes are the cluster's daemons when they name a path under its base
 # (Debian installs them as NAME-wlm behind alternatives links).
-DAEMONS = ("slurmstepd", "slurmd", "slurmctld", "munged", "sackd")
+# slurmdbd and mariadbd: a cluster started with accounting (accounting_db.py) runs them with paths under its base.
+DAEMONS = ("slurmstepd", "slurmd", "slurmctld", "munged", "sackd", "slurmdbd", "mariadbd")
 
 
 def _read_words(pid: int, name: str) -> list[str]:

@@ -149,6 +149,25 @@ def check_gres_types(node: Node) -> list[Finding]:
     return [Finding("GresTypes", True, ",".join(have))]
 
 
+def check_accounting_tres(node: Node) -> list[Finding]:
+    """With Slurm's accounting on, AccountingStorageTRES lists every GRES name and type of the node."""
+    from ..render.node_conf import inventory_tres
+    from .install import accounting_on
+
+    options = node.options()
+    if not accounting_on(options):
+        return [Finding("AccountingStorageTRES", True, "Slurm's accounting is off (no slurmdbd): nothing to track")]
+    have = [t.strip() for t in options.get("accountingstoragetres", "").split(",") if t.strip()]
+    lacking = [t for t in inventory_tres(node.inventory, node.config) if t not in have]
+    if lacking:
+        return [Finding("AccountingStorageTRES", False,
+                        f"slurm.conf AccountingStorageTRES lacks {','.join(lacking)}: sacct, sreport and QOS "
+                        f"limits do not see {node.node}'s GRES",
+                        f"set AccountingStorageTRES={','.join(dict.fromkeys(have + lacking))} in {node.slurm_conf}"
+                        " and restart slurmctld")]
+    return [Finding("AccountingStorageTRES", True, ",".join(have) or "(no GRES here)")]
+
+
 def check_gres_conf(node: Node) -> list[Finding]:
     """This node's gres.conf block is what ``gres-conf --check`` expects."""
     from ..files import changed_lines, merge_block, read_text
@@ -530,9 +549,9 @@ def check_munge(node: Node) -> list[Finding]:
 
 
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
-    check_slurm_conf, check_hooks, check_gres_types, check_gres_conf, check_node_line, check_udev_rules,
-    check_udev_loaded, check_state_dir, check_hooks_import, check_slurmd_version, check_device_cgroup,
-    check_runtimes, check_munge)
+    check_slurm_conf, check_hooks, check_gres_types, check_accounting_tres, check_gres_conf, check_node_line,
+    check_udev_rules, check_udev_loaded, check_state_dir, check_hooks_import, check_slurmd_version,
+    check_device_cgroup, check_runtimes, check_munge)
 
 
 def diagnose(node: Node) -> list[Finding]:

@@ -230,10 +230,27 @@ def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
     return [line for line in text.splitlines() if line and not line.startswith("#")]
 
 
+def accounting_on(options: dict[str, str]) -> bool:
+    """Whether slurm.conf's ``options`` (lower-case keys) record jobs through slurmdbd (Slurm's own accounting)."""
+    return "slurmdbd" in options.get("accountingstoragetype", "")
+
+
+def accounting_tres_line(inventory, config: Config) -> list[str]:
+    """``AccountingStorageTRES=`` for every GRES name and type of ``inventory`` ([] when it has none).
+
+    Slurm's accounting (sacct, sreport, QOS and association limits) tracks a GRES
+    only when it is listed there.
+    """
+    from ..render.node_conf import inventory_tres
+
+    entries = inventory_tres(inventory, config)
+    return [f"AccountingStorageTRES={','.join(entries)}"] if entries else []
+
+
 def missing_slurm_conf_lines(wanted: list[str], options: dict[str, str]) -> list[str]:
     """The lines of ``wanted`` that slurm.conf's ``options`` (lower-case keys) lack.
 
-    Prolog/Epilog and GresTypes are lists in Slurm: ours must be among them;
+    Prolog/Epilog, GresTypes and AccountingStorageTRES are lists in Slurm: ours must be among them;
     HealthCheckInterval/NodeState may hold any site value; the rest must match.
     """
     missing = []
@@ -242,9 +259,11 @@ def missing_slurm_conf_lines(wanted: list[str], options: dict[str, str]) -> list
         have = options.get(key.lower())
         if have is None:
             missing.append(line)
-        elif key in ("Prolog", "Epilog", "GresTypes"):
+        elif key in ("Prolog", "Epilog", "GresTypes", "AccountingStorageTRES"):
             if not set(value.split(",")) <= set(have.split(",")):
-                missing.append(line)
+                # A list line: say the whole value it needs (the site's entries and ours).
+                missing.append(f"{key}={','.join(dict.fromkeys(have.split(',') + value.split(',')))}"
+                               if key == "AccountingStorageTRES" and have else line)
         elif key not in ("HealthCheckInterval", "HealthCheckNodeState") and have != value:
             missing.append(line)
     return missing
@@ -587,6 +606,10 @@ def install(layout: Layout, config: Config, slurm_conf: str, dry_run: bool = Fal
         read = True
     except OSError:
         options, read = {}, False
+    if accounting_on(options):  # the node's GRES, as configured (its state-dir inventory)
+        from .health_check import configured_inventory
+
+        wanted += accounting_tres_line(configured_inventory(config), config)
     return InstallResult(layout, slurm_conf, tuple(missing_slurm_conf_lines(wanted, options)), read)
 
 

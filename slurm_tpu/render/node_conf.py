@@ -22,6 +22,41 @@ def node_gres(inventory: Inventory, config: Config) -> str:
     return ",".join(f"{name}:{kind}:{count}" for (name, kind), count in counts.items())
 
 
+def accounting_tres(gres: str) -> list[str]:
+    """``AccountingStorageTRES`` entries for a ``Gres=`` value: ``gres/NAME`` and ``gres/NAME:TYPE`` for each.
+
+    Slurm tracks (and so sacct/sreport show, and QOS/association limits can cap) only
+    the GRES named in AccountingStorageTRES; a typed GRES needs both the name (limits
+    such as ``MaxTRESPerUser=gres/tpu=1``) and the name:type (usage per type).
+    """
+    entries: list[str] = []
+    for item in filter(None, gres.split(",")):
+        parts = item.split(":")
+        name = parts[0]
+        # name[:type][:count]; the count may carry a unit suffix (4K)
+        kind = parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1][:1].isdigit()) else ""
+        entries.append(f"gres/{name}")
+        if kind:
+            entries.append(f"gres/{name}:{kind}")
+    return list(dict.fromkeys(entries))
+
+
+def inventory_tres(inventory: Inventory, config: Config) -> list[str]:
+    """``AccountingStorageTRES`` entries for every GRES name and type of ``inventory`` (family by family)."""
+    return accounting_tres(node_gres(inventory, config))
+
+
+def accounting_tres_of_nodes_conf(text: str) -> list[str]:
+    """``AccountingStorageTRES`` entries for every ``Gres=`` of the NodeName lines in ``text``."""
+    from ..slurm.parse import parse_key_values
+
+    entries: list[str] = []
+    for line in text.splitlines():
+        if line.strip().startswith("NodeName="):
+            entries += accounting_tres(parse_key_values(line).get("Gres", ""))
+    return list(dict.fromkeys(entries))
+
+
 def node_features(inventory: Inventory, config: Config) -> list[str]:
     """Node features, family by family: each family's configured features and its
     devices' own (Edge TPU types; GPU vendors and types...)."""

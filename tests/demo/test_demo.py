@@ -139,10 +139,39 @@ def test_demo_runs_to_completion_quickly_with_short_output(demo):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == ""
     lines = done.stdout.replace(layout.base, "/tmp/slurm-tpu-demo").splitlines()
-    # 60 before the unmodified-Coral step's line; the timeline's length varies by a line with where jobs ran.
-    assert len(lines) <= 62 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
+    # 60 before the unmodified-Coral step's line, 5 more for Slurm's books; the timeline's length varies by a
+    # line with where jobs ran.
+    assert len(lines) <= 67 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
     assert "test-double libedgetpu" in done.stdout  # it says plainly that there is no real TPU
     assert done.seconds < 120, f"demo took {done.seconds:.0f} s"
+
+
+def test_slurms_books_show_tpu_hours_a_qos_cap_and_each_jobs_inferences(demo):
+    done, layout = demo
+    env = dict(os.environ, SLURM_CONF=os.path.join(layout.base, "etc", "slurm.conf"))
+
+    def slurm(*argv: str) -> str:
+        result = subprocess.run(list(argv), capture_output=True, text=True, env=env, timeout=60)
+        assert result.returncode == 0, result.stderr
+        return result.stdout
+
+    # TPU-hours per user, from sreport: the demo's line says what sacct's allocations add up to.
+    tpu_seconds = 0
+    for line in slurm("sacct", "-a", "-n", "-P", "-X", f"--user={USER}", "-S", "now-1days", "-o",
+                      "ElapsedRaw,AllocTRES").splitlines():
+        elapsed, tres = line.split("|")
+        count = dict(item.split("=") for item in tres.split(",") if "=" in item).get("gres/tpu")
+        tpu_seconds += int(elapsed) * int(count or 0)
+    [line] = [line for line in done.stdout.splitlines() if line.strip().startswith(f"{USER}: ")]
+    assert tpu_seconds > 0 and line.strip().endswith(f"TPU-hours ({tpu_seconds} TPU-seconds)"), (line, tpu_seconds)
+    # The cap held the user's second job: Slurm's record of it says so.
+    assert "PENDING (QOSMaxGRESPerUser)" in done.stdout
+    capped = slurm("sacct", "-a", "-n", "-P", "-X", "--name=qos-cap", "-S", "now-1days", "-o", "QOS,State")
+    assert capped.splitlines() == ["onetpu|CANCELLED by 0"] * 2, capped
+    # Every TPU job's inference figures in its AdminComment, where only admins can write.
+    for line in slurm("sacct", "-a", "-n", "-P", "-X", "--name=classify-tpu", "-S", "now-1days", "-o",
+                      "AdminComment").splitlines():
+        assert re.fullmatch(r"slurm-tpu/node-(usb|pcie):devices=1,inferences=[1-9][0-9]*,inference_seconds=[0-9.]+", line), line
 
 
 def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
@@ -153,8 +182,9 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
         by_name.setdefault(record["Name"], []).append(record)
     assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4,
                                                               "step-tpu": 1, "serve-tpu": 1, "serve-client": 1,
-                                                              "classify-coral": 2}
-    assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] != "serve-tpu"} == {("COMPLETED", "0:0")}
+                                                              "classify-coral": 2, "qos-cap": 2}
+    assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] not in ("serve-tpu", "qos-cap")} == {
+        ("COMPLETED", "0:0")}
     assert by_name["serve-tpu"][0]["JobState"] == "CANCELLED"  # a server runs until scancel
     assert all(r["UserId"].startswith(USER + "(") for r in records)
     tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"] + by_name["classify-coral"]
@@ -422,9 +452,9 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert again.returncode == 0, again.stdout + again.stderr
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
-    # 17 + detection + client + 2 Coral examples, + server
-    states = sorted((r["Name"] == "serve-tpu", r["JobState"]) for r in new)
-    assert states == [(False, "COMPLETED")] * 21 + [(True, "CANCELLED")]
+    # 17 + detection + client + 2 Coral examples, + server, + the 2 jobs the QOS cap is shown on
+    states = sorted((r["Name"] if r["Name"] in ("serve-tpu", "qos-cap") else "", r["JobState"]) for r in new)
+    assert states == [("", "COMPLETED")] * 21 + [("qos-cap", "CANCELLED")] * 2 + [("serve-tpu", "CANCELLED")]
 
 
 def _free_port() -> int:

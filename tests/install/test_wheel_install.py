@@ -250,9 +250,9 @@ def test_doctor_passes_on_the_installed_node(node):
     assert done.returncode == 0, done.stdout + done.stderr
     assert failures(done) == []
     checks = {line.split(":")[0].split(None, 1)[1] for line in done.stdout.splitlines() if line.startswith("ok")}
-    assert checks == {"slurm.conf", "hooks", "GresTypes", "gres.conf", "NodeName", "udev rules", "udev loaded",
-                      "state dir", "hooks import", "slurmd", "device cgroup", "libedgetpu", "EDGETPU_VISIBLE_DEVICES",
-                      "TFLite runtime", "munge"}
+    assert checks == {"slurm.conf", "hooks", "GresTypes", "AccountingStorageTRES", "gres.conf", "NodeName",
+                      "udev rules", "udev loaded", "state dir", "hooks import", "slurmd", "device cgroup", "libedgetpu",
+                      "EDGETPU_VISIBLE_DEVICES", "TFLite runtime", "munge"}
     as_json = node.doctor("--json")
     assert as_json.returncode == 0 and '"ok": true' in as_json.stdout
 
@@ -329,6 +329,9 @@ def broken(node, case: str):
         "hook world-writable": (chmodded(node.hook("slurm-tpu-prolog"), 0o777), {}),
         "GresTypes lacking tpu": (edited(cluster.slurm_conf, f"GresTypes={GRES_TYPES}",
                                          f"GresTypes={GRES_TYPES.replace('tpu,', '')}"), {}),
+        "AccountingStorageTRES lacking the type": (edited(
+            cluster.slurm_conf, "AccountingStorageType=accounting_storage/none",
+            "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageTRES=gres/tpu"), {}),
         "gres.conf stale": (edited(cluster.gres_conf, "Type=edgetpu_usb", "Type=edgetpu_pci"), {}),
         "udev rules not loaded": (chmodded(device, 0o666) if device else None, {}),
         "state dir wrong mode": (chmodded(state, 0o777), {}),
@@ -352,6 +355,8 @@ BROKEN = {
     "hook world-writable": ("hooks", ["Prolog", "slurm-tpu-prolog is uid 0 mode 0777", "chmod 0755"]),
     "GresTypes lacking tpu": ("GresTypes", [f"GresTypes={GRES_TYPES.replace('tpu,', '')} lacks tpu",
                                             f"GresTypes={GRES_TYPES.replace('tpu,', '')},tpu"]),
+    "AccountingStorageTRES lacking the type": ("AccountingStorageTRES", [
+        "AccountingStorageTRES lacks gres/tpu:edgetpu_usb", "AccountingStorageTRES=gres/tpu,gres/tpu:edgetpu_usb"]),
     "gres.conf stale": ("gres.conf", ["differs from n1's hardware", "slurm-tpu gres-conf --output"]),
     "udev rules not loaded": ("udev loaded", ["idle usb-2-1.3", "mode 0666", "udevadm control --reload"]),
     "state dir wrong mode": ("state dir", ["mode 0777", "chmod 0755"]),

@@ -56,7 +56,7 @@ def test_the_epilog_audits_a_rejected_record_and_counts_a_good_one(tmp_path):
             os.symlink("/etc/shadow", os.path.join(box, "usb-2-1.5.json"))
             with open(os.path.join(box, "usb-2-1.6.json"), "wb") as handle:
                 handle.write(OLD_RECORD)
-            assert jobusage.collect(ledger, 77, uid, ["usb-2-1.4", "usb-2-1.5", "usb-2-1.6", "usb-2-1.7"]) == 1
+            assert len(jobusage.collect(ledger, 77, uid, ["usb-2-1.4", "usb-2-1.5", "usb-2-1.6", "usb-2-1.7"])) == 1
         finally:
             jobusage.discard(ledger, 77)
     with open(tmp_path / "state" / audit.FILE, encoding="utf-8") as handle:

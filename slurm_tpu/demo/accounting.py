@@ -1,0 +1,132 @@
+"""The demo's Slurm books: the job user's association, one QOS cap shown holding a job, TPU-hours from sreport.
+
+The demo cluster runs its own MariaDB + slurmdbd (LocalCluster(accounting=True)).
+Here: the job user gets an association (enforcement refuses jobs without one) and
+may use QOS ``onetpu`` (at most one TPU per user; not her default, so the
+experiment's TPU jobs still run side by side); each node's accounting collector
+runs once so that the epilogs spool the jobs' figures. At the end: two jobs under
+``--qos=onetpu`` show the cap (the second pends with ``QOSMaxGRESPerUser``; both are
+then cancelled), the collectors put each job's inference figures into its
+AdminComment, and sreport gives the TPU-hours per user.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+
+from ..localcluster.cluster import LocalCluster
+from ..slurm.parse import parse_key_values
+from .errors import DemoError
+from .layout import NODES, Layout
+
+ACCOUNT = "demo"
+QOS = "onetpu"
+CAP = "MaxTRESPerUser=gres/tpu=1"
+HOLD = "#!/bin/sh\nexec sleep 300\n"
+
+
+def _wait(predicate, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.3)
+    raise DemoError(f"{what} within {timeout:g} s")
+
+
+def collect(cluster: LocalCluster, node: str):
+    """What one run of the node's ``slurm-tpu accounting-collect`` does, in this (root) process: the demo
+    stands in for each node's collector service without starting a Python per node."""
+    from ..ops.job_records import collect as collect_spool
+    from ..slurm.commands import Slurm
+
+    return collect_spool(os.path.join(cluster.node_dir(node), "state"), Slurm(cluster.slurm, cluster.env()))
+
+
+def prepare(cluster: LocalCluster, user: str) -> None:
+    """The user's association and QOS, and every node's spool (a collector's first run makes it)."""
+    cluster.add_accounting_users([user], account=ACCOUNT)
+    if not cluster.sacctmgr("-n", "-P", "show", "qos", QOS, "format=name").stdout.strip():
+        cluster.sacctmgr("add", "qos", QOS, CAP)
+    cluster.sacctmgr("modify", "user", user, "set", f"qos+={QOS}", check=False)  # 1: already allowed
+    _wait(lambda: cluster.command(["sbatch", "--test-only", f"--qos={QOS}", "--wrap=true"], user=user,
+                                  check=False).returncode == 0, 60, f"slurmctld did not let {user} use QOS {QOS}")
+    for node in NODES:
+        refused = collect(cluster, node.name).refused
+        if refused:
+            raise DemoError(f"the accounting spool of {node.name}: {next(iter(refused.values()))}")
+
+
+def _job(cluster: LocalCluster, job: int) -> dict[str, str]:
+    return parse_key_values(cluster.command(["scontrol", "-o", "show", "job", str(job)], check=False).stdout)
+
+
+def show_limit(cluster: LocalCluster, user: str, out_dir: str) -> list[str]:
+    """Two TPU jobs under the capped QOS: the first runs, the second pends with QOSMaxGRESPerUser."""
+    args = ["--qos", QOS, "--gres=tpu:1", "-o", os.path.join(out_dir, "qos-cap-%j.out"), "-J", "qos-cap"]
+    first = cluster.sbatch(args, HOLD, user=user)
+    second = cluster.sbatch(args, HOLD, user=user)
+    try:
+        _wait(lambda: _job(cluster, first).get("JobState") == "RUNNING", 60, f"job {first} did not start")
+        _wait(lambda: _job(cluster, second).get("Reason") == "QOSMaxGRESPerUser", 60,
+              f"job {second} was not held by QOS {QOS}")
+        node = _job(cluster, first).get("NodeList", "?")
+    finally:
+        cluster.command(["scancel", str(first), str(second)], check=False)
+    cluster.wait_for_jobs([first, second], timeout=120)
+    return [f"limit: QOS {QOS} ({CAP}) on 2 TPU jobs of {user}:",
+            f"  {first} RUNNING on {node}, {second} PENDING (QOSMaxGRESPerUser); both cancelled"]
+
+
+def apply_usage(cluster: LocalCluster, timeout: float = 60) -> None:
+    """Run every node's collector until no entry waits (jobs' ends reach slurmdbd asynchronously)."""
+    def drained() -> bool:
+        return all(not collect(cluster, node.name).waiting for node in NODES)
+
+    _wait(drained, timeout, "the jobs' figures did not all reach their AdminComment")
+
+
+def _hour(stamp: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(stamp).replace(minute=0, second=0)
+    except ValueError:
+        return None
+
+
+def tpu_hours(cluster: LocalCluster, since: float) -> dict[str, float]:
+    """sreport's TPU-seconds per user since ``since`` (whole hours: sreport counts per hour).
+
+    One sreport per hour: Debian's sreport (22.05) ends a period that reaches past
+    now at the current hour's start unless it is exactly one hour long.
+    """
+    first = datetime.datetime.fromtimestamp(since).replace(minute=0, second=0, microsecond=0)
+    last = datetime.datetime.now().replace(minute=0, second=0, microsecond=0)
+    cluster.sacctmgr("rollup", first.isoformat(), (last + datetime.timedelta(hours=1)).isoformat())
+    used: dict[str, float] = {}
+    hour = first
+    while hour <= last:
+        out = cluster.command(["sreport", "-n", "-P", "-t", "seconds", "-T", "gres/tpu", "cluster",
+                               "UserUtilizationByAccount", f"start={hour.isoformat()}",
+                               f"end={(hour + datetime.timedelta(hours=1)).isoformat()}"]).stdout
+        for line in out.splitlines():
+            fields = line.split("|")
+            if len(fields) >= 6 and fields[-1].isdigit():
+                used[fields[1]] = used.get(fields[1], 0.0) + int(fields[-1])
+        hour += datetime.timedelta(hours=1)
+    return used
+
+
+def books_lines(cluster: LocalCluster, layout: Layout, since: float, sample_job: int | None) -> list[str]:
+    """TPU-hours per user from sreport, and one job's AdminComment."""
+    apply_usage(cluster)
+    used = _wait(lambda: tpu_hours(cluster, since) or None, 60, "sreport showed no TPU usage")
+    lines = ["Slurm's books (slurmdbd + MariaDB): TPU-hours per user, from sreport -T gres/tpu"]
+    for user, seconds in sorted(used.items()):
+        lines.append(f"  {user}: {seconds / 3600:.4f} TPU-hours ({seconds:.0f} TPU-seconds)")
+    if sample_job is not None:
+        out = cluster.command(["sacct", "-n", "-P", "-X", "-j", str(sample_job), "-o", "AdminComment"]).stdout
+        lines.append(f"  job {sample_job} AdminComment: {out.strip() or '(none)'}")
+    return lines

@@ -1,0 +1,157 @@
+"""A job's accelerator usage in Slurm's own job record: the spool entry and the ``AdminComment`` text.
+
+Where the figures go, and why there:
+
+- ``AdminComment`` is set with ``sacctmgr -i modify job where jobid=N set
+  AdminComment=...``, which works after the job ended and which Slurm allows
+  only to its operators and administrators (a job's user gets "Access/permission
+  denied"). The job's ``Comment`` is not used: its user can rewrite it with the
+  same command on her own job.
+- The epilog never runs a Slurm command for it (SchedMD's advice: keep the epilog's
+  critical path free of RPCs; ``scontrol update`` of a finished job fails anyway).
+  It *spools*: one file per job, ``<state_dir>/accounting-spool/<job id>``, root's
+  0600 in a root-only 0700 directory, written atomically (temp file + rename).
+  The spool exists only where a collector runs (``slurm-tpu accounting-collect``
+  makes it): a node without Slurm accounting never accumulates entries.
+- The collector (root) applies each entry and removes it only when Slurm took it.
+
+The spool entry is ``key=value`` lines (no JSON: the epilog imports this module
+under the hooks' import budget)::
+
+    version=1
+    job=1234
+    node=n1
+    devices=1
+    inferences=12
+    inference_seconds=0.034512
+    energy_j=            (empty: no sensor)
+
+Each node a job ran on writes its own entry; the ``AdminComment`` holds one
+``slurm-tpu/<node>:`` item per node, separated by ``;``, so the collectors of a
+multi-node job's nodes merge rather than overwrite each other::
+
+    slurm-tpu/n1:devices=1,inferences=12,inference_seconds=0.034512
+
+Text in the ``AdminComment`` that is not ours (an admin's note) is kept.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Iterable
+
+SPOOL_DIR = "accounting-spool"
+FORMAT_VERSION = 1
+PREFIX = "slurm-tpu/"  # of each of our items in an AdminComment
+SEPARATOR = ";"
+MAX_SPOOL_BYTES = 1024
+FIGURES = ("devices", "inferences", "inference_seconds", "energy_j")
+
+
+class SpoolEntry:
+    """One node's figures for one job."""
+
+    __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j")
+
+    def __init__(self, job_id: int, node: str, devices: int, inferences: int, inference_seconds: float,
+                 energy_j: float | None = None):
+        self.job_id, self.node, self.devices = job_id, node, devices
+        self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SpoolEntry) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
+
+    def __repr__(self) -> str:
+        return "SpoolEntry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
+
+
+def totals(job_id: int, node: str, devices: int, records: "Iterable") -> SpoolEntry:
+    """The node's entry for a job that leased ``devices`` here, from its usage records (:class:`~.usage.UsageRecord`;
+    a device the job never used has none)."""
+    inferences, seconds, energy = 0, 0.0, None
+    for record in records:
+        inferences += record.inferences
+        seconds += record.seconds
+        if record.energy_j is not None:
+            energy = (energy or 0.0) + record.energy_j
+    return SpoolEntry(job_id, node, devices, inferences, seconds, energy)
+
+
+def _number(value: float) -> str:
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def encode_spool(entry: SpoolEntry) -> bytes:
+    """The spool file's bytes."""
+    energy = "" if entry.energy_j is None else _number(entry.energy_j)
+    return (f"version={FORMAT_VERSION}\njob={entry.job_id}\nnode={entry.node}\ndevices={entry.devices}\n"
+            f"inferences={entry.inferences}\ninference_seconds={_number(entry.inference_seconds)}\n"
+            f"energy_j={energy}\n").encode()
+
+
+def decode_spool(raw: bytes, source: str) -> SpoolEntry:
+    """A spool file's entry; ValueError naming ``source`` and what is wrong."""
+    if len(raw) > MAX_SPOOL_BYTES:
+        raise ValueError(f"{source} is over {MAX_SPOOL_BYTES} bytes")
+    fields: dict[str, str] = {}
+    for line in raw.decode("ascii", "replace").splitlines():
+        key, sep, value = line.partition("=")
+        if sep:
+            fields[key] = value
+    try:
+        if fields.get("version") != str(FORMAT_VERSION):
+            raise ValueError(f"not format version {FORMAT_VERSION}")
+        node = fields["node"]
+        if not node or any(c in node for c in f"{SEPARATOR}:,= \n/"):
+            raise ValueError(f"node name {node!r} cannot go into an AdminComment")
+        energy = fields.get("energy_j", "")
+        entry = SpoolEntry(int(fields["job"]), node, int(fields["devices"]), int(fields["inferences"]),
+                           float(fields["inference_seconds"]), float(energy) if energy else None)
+    except (KeyError, ValueError) as exc:
+        raise ValueError(f"{source} is not a slurm-tpu spool entry ({exc})") from None
+    if entry.job_id <= 0:
+        raise ValueError(f"{source} names job {entry.job_id}")
+    return entry
+
+
+def render_item(entry: SpoolEntry) -> str:
+    """Our ``AdminComment`` item for one node: ``slurm-tpu/<node>:devices=..,inferences=..,...``."""
+    figures = [f"devices={entry.devices}", f"inferences={entry.inferences}",
+               f"inference_seconds={_number(entry.inference_seconds)}"]
+    if entry.energy_j is not None:
+        figures.append(f"energy_j={_number(entry.energy_j)}")
+    return f"{PREFIX}{entry.node}:{','.join(figures)}"
+
+
+def merge(admin_comment: str, entry: SpoolEntry) -> str:
+    """``admin_comment`` with the node's item replaced (or added); other nodes' items and other text kept."""
+    mine = f"{PREFIX}{entry.node}:"
+    items = [item for item in admin_comment.split(SEPARATOR) if item and not item.startswith(mine)]
+    return SEPARATOR.join([*items, render_item(entry)])
+
+
+def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:
+    """Our items of an ``AdminComment``: node -> figures (devices, inferences, inference_seconds[, energy_j]).
+
+    Anything else (an admin's text, a malformed item) is skipped.
+    """
+    found: dict[str, dict[str, float]] = {}
+    for item in admin_comment.split(SEPARATOR):
+        if not item.startswith(PREFIX):
+            continue
+        node, sep, rest = item[len(PREFIX):].partition(":")
+        if not sep or not node:
+            continue
+        figures: dict[str, float] = {}
+        try:
+            for pair in rest.split(","):
+                key, _, value = pair.partition("=")
+                if key in FIGURES:
+                    figures[key] = int(value) if key in ("devices", "inferences") else float(value)
+        except ValueError:
+            continue
+        if "inferences" in figures and "inference_seconds" in figures:
+            found[node] = figures
+    return found
