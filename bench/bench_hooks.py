@@ -44,20 +44,23 @@ WRAPPER = """#!/bin/bash
 # Timing wrapper: run the slurm-tpu hook or /bin/true, as the mode file says.
 read -r mode < "{mode_file}"
 start=$EPOCHREALTIME
-if [ "$mode" = hooks ]; then "{hook}"; rc=$?; else /bin/true; rc=$?; fi
+{profile}if [ "$mode" = hooks ]; then "{hook}"; rc=$?; else /bin/true; rc=$?; fi
 end=$EPOCHREALTIME
 [ "{kind}" = task_prolog ] || echo "$mode {kind} $start $end $rc" >> "{times}"
 exit $rc
 """
 
 
-def make_wrappers(directory: str, mode_file: str, times: str) -> Hooks:
+def make_wrappers(directory: str, mode_file: str, times: str, profile: str | None = None) -> Hooks:
+    # --profile: slurm_tpu/hooks/probe.py appends each hook's per-step times to ``profile``.
+    exports = (f'SLURM_TPU_HOOK_PROFILE="{profile}" SLURM_TPU_PROFILE_T0=$start; '
+               "export SLURM_TPU_HOOK_PROFILE SLURM_TPU_PROFILE_T0\n") if profile else ""
     paths = {}
     for kind, hook in HOOKS.items():
         path = os.path.join(directory, f"timed-{kind}")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(WRAPPER.format(mode_file=mode_file, hook=os.path.join(REPO, hook), kind=kind,
-                                        times=times))
+                                        times=times, profile=exports))
         os.chmod(path, 0o755)
         paths[kind] = path
     return Hooks(**paths)
@@ -76,6 +79,22 @@ def run_round(cluster: LocalCluster, jobs: int, user: str | None) -> float:
         time.sleep(0.05)
 
 
+def profile_medians(path: str) -> dict[str, dict[str, float]]:
+    """hook -> step -> median ms over the runs that had the step (probe.py's lines)."""
+    steps: dict[str, dict[str, list[float]]] = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                hook, *fields = line.split()
+                for field in fields:
+                    step, _, value = field.partition("=")
+                    steps.setdefault(hook, {}).setdefault(step, []).append(float(value))
+    except FileNotFoundError:
+        return {}
+    return {hook: {step: round(statistics.median(values), 2) for step, values in by_step.items()}
+            for hook, by_step in steps.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs-per-round", type=int, default=25)
@@ -83,6 +102,8 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the cluster directory")
     parser.add_argument("--no-revoke", action="store_true",
                         help="devices.revoke: false (no USB port power-cycle at job end), to measure its cost")
+    parser.add_argument("--profile", action="store_true",
+                        help="per-step medians of each hook (slurm_tpu/hooks/probe.py) in the report")
     parser.add_argument("--user", default=BENCH_USER,
                         help=f"submit as this user (created and removed if it is {BENCH_USER}); 'root' for root")
     args = parser.parse_args()
@@ -92,6 +113,7 @@ def main() -> int:
     base = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/tmp")
     os.chmod(base, 0o755)
     mode_file, times = os.path.join(base, "mode"), os.path.join(base, "hook-times.txt")
+    profile = os.path.join(base, "hook-profile.txt") if args.profile else None
     with open(mode_file, "w", encoding="utf-8") as handle:
         handle.write("true\n")
     # Production keeps the ledger in /run (tmpfs); keep the bench's there too, not on
@@ -99,7 +121,7 @@ def main() -> int:
     tmpfs = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/dev/shm") if os.path.isdir("/dev/shm") else base
     os.chmod(tmpfs, 0o755)
     cluster = LocalCluster(base=base, nodes=[NodeSpec("n1", HARDWARE)],
-                           hooks=make_wrappers(base, mode_file, times),
+                           hooks=make_wrappers(base, mode_file, times, profile),
                            node_config_extra={"state_dir": os.path.join(tmpfs, "state"),
                                               "devices": {"revoke": not args.no_revoke}})
     results: dict[str, list[float]] = {"true": [], "hooks": []}
@@ -145,6 +167,8 @@ def main() -> int:
         "node_states_after": states,
         "leases_left": json.loads(leases or "[]"),
     }
+    if profile:
+        report["profile_median_ms"] = profile_medians(profile)
     print(json.dumps(report, indent=2))
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

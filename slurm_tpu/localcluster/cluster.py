@@ -106,6 +106,9 @@ class LocalCluster:
     # by its `slurmstepd: [<job>.<step>]` processes, so a stray slurmstepd of another
     # cluster on the same machine with the same (small) job id would look like ours.
     first_job_id: int = 1
+    # Start the node agent (slurm_tpu/hooks/agent.py) of every node with the daemons; the
+    # sh hooks use it when its socket is there and the C client is built (built by configure()).
+    agents: bool = True
     # One node whose hooks find their config by themselves (installed by `slurm-tpu install
     # --sysconfdir`, which writes its path into them): the node's config is written to this
     # file and slurm.conf names the hooks directly, as on a real node, not per-node wrappers.
@@ -167,6 +170,23 @@ class LocalCluster:
             return [self.hooks.udev]
         return [self.python, "-I", "-S", node_file("prolog", "slurm-tpu-udev-event")]
 
+    def udev_command(self, node: str) -> list[str]:
+        """What the node's emulated udev runs: :attr:`udev_hook`, through the node's agent when it runs one
+        (the thin client falls back to the Python hook when the agent's socket does not answer)."""
+        from ..ops.hook_client import PROGRAM
+        from ..ops.node_files import node_file
+
+        client = os.path.join(os.path.dirname(node_file("prolog", "slurm-tpu-prolog")), PROGRAM)
+        if self.hooks.udev or not self.agents or not os.access(client, os.X_OK):
+            return self.udev_hook
+        return [client, "udev", self.state_dir(node), "--", *self.udev_hook]
+
+    def state_dir(self, node: str) -> str:
+        """The node's state directory (its config's ``state_dir:``), where its agent listens."""
+        from ..hooks.settings import scan_state_dir
+
+        return scan_state_dir(self.node_config(node))
+
     # ---- configuration ---------------------------------------------------------
     def configure(self) -> None:
         """Write munge key, per-node hardware and configs, gres.conf and slurm.conf."""
@@ -191,6 +211,10 @@ class LocalCluster:
                        "slurm_prefix": self.slurm_prefix}, handle)
         self._write_hook_wrappers()
         self._write_slurm_conf()
+        if self.agents:
+            from ..ops.hook_client import build
+
+            build()  # the hooks' thin client, beside them (None: no cc, the Python hooks run)
 
     def _configure_munge(self) -> None:
         key = self.path("munge", "munge.key")
@@ -379,6 +403,8 @@ class LocalCluster:
             self._start_apex(spec.name)
         for spec in self.nodes:
             self._wait(lambda: self._apex_ready(spec.name), 30, f"the emulated apex driver of {spec.name} did not mount")
+            if self.agents:
+                self.start_agent(spec.name)
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
@@ -411,6 +437,39 @@ class LocalCluster:
             raise RuntimeError(f"the emulated apex driver of {node} exited; see {self.path('log', f'apex-{node}.out')}")
         return os.path.ismount(os.path.join(self.node_dir(node), "sys", "class", "apex"))
 
+    def agent_socket(self, node: str) -> str:
+        """The node agent's socket (slurm_tpu/hooks/agent.py)."""
+        from ..hooks.agent import SOCKET
+
+        return os.path.join(self.state_dir(node), SOCKET)
+
+    def start_agent(self, node: str, timeout: float = 60) -> None:
+        """Start the node's agent (root, its own config) and wait until it listens.
+
+        It is started before the node's slurmd, so no hook runs before it; a stale
+        socket (a killed agent's) is replaced by the new agent, never waited on.
+        """
+        from ..ops.node_files import node_file
+
+        socket_path = self.agent_socket(node)
+        before = os.stat(socket_path).st_ino if os.path.exists(socket_path) else None
+        self._spawn(f"agent-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}", f"SLURMD_NODENAME={node}",
+                                      self.python, "-I", "-S", node_file("prolog", "slurm-tpu-agent")])
+
+        def listening() -> bool:
+            if f"agent-{node}" not in self.running_pids():
+                raise RuntimeError(f"the agent of {node} exited; see {self.path('log', f'agent-{node}.out')}")
+            try:
+                return os.stat(socket_path).st_ino != before
+            except FileNotFoundError:
+                return False
+
+        self._wait(listening, timeout, f"the agent of {node} did not listen on {socket_path}")
+
+    def stop_agent(self, node: str) -> None:
+        """Stop the node's agent (SIGTERM: it removes its socket, and the hooks run the Python hooks)."""
+        self._stop_daemon(f"agent-{node}")
+
     def _start_usbcore(self, node: str) -> None:
         """The emulated USB core (usbcore.py) for a node with USB Edge TPUs: the kernel's side of revocation."""
         directory = self.node_dir(node)
@@ -419,7 +478,7 @@ class LocalCluster:
         self._spawn(f"usbcore-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}",
                                         f"SLURMD_NODENAME={node}", self.python, "-m", "slurm_tpu.localcluster.usbcore",
                                         os.path.join(directory, "sys"), os.path.join(directory, "dev"), "--",
-                                        *self.udev_hook])
+                                        *self.udev_command(node)])
 
     @classmethod
     def load(cls, base: str) -> "LocalCluster":
@@ -482,7 +541,8 @@ class LocalCluster:
         cluster leaves no process behind whatever state its jobs were in.
         """
         pids = self.running_pids()
-        order = sorted(pids, key=lambda n: (n == "munged", n == "slurmctld"))  # slurmd first, munge last
+        # slurmd first (no new hooks), agents after it, munge last.
+        order = sorted(pids, key=lambda n: (n == "munged", n == "slurmctld", n.startswith("agent-")))
         for name in order:
             try:
                 os.killpg(pids[name], signal.SIGTERM)
