@@ -46,6 +46,7 @@ from . import probe
 from .context import say
 
 SOCKET = "agent.sock"
+PIDFILE = "agent.pid"  # written once the socket listens: who serves it (LocalCluster waits for it)
 MAGIC = b"STPU1"
 MAX_REQUEST = 64 << 10
 READ_TIMEOUT_S = 5.0
@@ -59,7 +60,7 @@ class BadRequest(Exception):
 
 def preload() -> None:
     """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
-    from . import allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
+    from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
     from ..locks import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
     from ..protocol import audit, hooks_snapshot, usage  # noqa: F401
     from ..slurm import commands, installation, jobdetail  # noqa: F401
@@ -136,11 +137,30 @@ def _client_gone(conn: socket.socket) -> bool:
         return True
 
 
-def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = None) -> int:
+def _resident_scontrol(queries: socket.socket, environ: dict[str, str]):
+    """A ``Slurm.detail_source`` asking the agent's query helper (agent_query.py) for this hook's Slurm."""
+    from . import agent_query
+
+    def source(scontrol: str, selector: str) -> str | None:
+        answer = agent_query.ask(queries, selector, environ)
+        used = answer is not None and answer[0] == scontrol
+        probe.mark("resident_scontrol" if used else "resident_scontrol_unused")
+        return answer[1] if used else None
+
+    return source
+
+
+def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = None,
+             queries: socket.socket | None = None) -> int:
     """Run one hook in this (worker) process, as its Python entry script would; returns its status."""
     probe.begin(environ, time.time())
     if hook == "prolog":
         from . import epilog, prolog
+
+        if queries is not None:
+            from . import allocation
+
+            allocation.DETAIL_SOURCE = _resident_scontrol(queries, environ)
 
         status = prolog.main(environ)
         if status == 0 and conn is not None and _client_gone(conn):
@@ -160,7 +180,7 @@ def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = No
     return udev_event.main(environ)
 
 
-def _worker(conn: socket.socket, listener: socket.socket) -> None:
+def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket | None) -> None:
     """The forked child for one connection: read, run, answer, exit (never returns)."""
     status = 1
     try:
@@ -180,7 +200,7 @@ def _worker(conn: socket.socket, listener: socket.socket) -> None:
             os.close(fd)
         os.environ.clear()
         os.environ.update(environ)
-        status = run_hook(hook, environ, conn)
+        status = run_hook(hook, environ, conn, queries)
     except BaseException as exc:  # noqa: BLE001 - one line, then fail closed
         say(f"agent: worker failed: {type(exc).__name__}: {exc}")
         status = 1
@@ -233,10 +253,15 @@ def serve(environ=None) -> int:
     if os.geteuid() != 0:
         say("agent: must run as root (it leases devices for the hooks)")
         return 2
+    from . import agent_query
+
     preload()
     settings = hook_settings.load(environ, node_from_env(environ))
     state_fd = statedir.open_dir(settings.state_dir, create=True)
+    # Forked before anything else runs here: the helper shares nothing with the workers but its socket.
+    queries = agent_query.start(environ, settings) if settings.leasable_names() else None
     listener, inode = _bind(state_fd)
+    statedir.write_atomic(state_fd, PIDFILE, f"{os.getpid()}\n".encode())
     stopping = []
 
     def stop(signum, _frame):
@@ -267,7 +292,7 @@ def serve(environ=None) -> int:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 if os.fork() == 0:
-                    _worker(conn, listener)
+                    _worker(conn, listener, queries)
     finally:
         # Remove the socket only if it is still ours (a new agent may have replaced it): the
         # hooks then run the Python hooks themselves. Workers still running finish their requests.
@@ -277,13 +302,19 @@ def serve(environ=None) -> int:
         except OSError:
             pass
         listener.close()
+        if queries is not None:
+            queries.close()
         os.close(state_fd)
     return 0
 
 
-def main() -> int:
-    """Entry point for prolog/slurm-tpu-agent."""
+def main(entry_script: str | None = None) -> int:
+    """Entry point for prolog/slurm-tpu-agent: build the hooks' client beside it if needed, then serve."""
     try:
+        if entry_script is not None:
+            from ..ops.hook_client import build_beside
+
+            build_beside(entry_script)  # None: no compiler (the hooks run the Python hooks)
         return serve()
     except Exception as exc:  # noqa: BLE001 - one line
         say(f"agent: {type(exc).__name__}: {exc}")

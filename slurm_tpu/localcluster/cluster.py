@@ -449,19 +449,22 @@ class LocalCluster:
         It is started before the node's slurmd, so no hook runs before it; a stale
         socket (a killed agent's) is replaced by the new agent, never waited on.
         """
+        from ..hooks.agent import PIDFILE
         from ..ops.node_files import node_file
 
         socket_path = self.agent_socket(node)
-        before = os.stat(socket_path).st_ino if os.path.exists(socket_path) else None
         self._spawn(f"agent-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}", f"SLURMD_NODENAME={node}",
                                       self.python, "-I", "-S", node_file("prolog", "slurm-tpu-agent")])
+        pidfile = os.path.join(self.state_dir(node), PIDFILE)
 
         def listening() -> bool:
-            if f"agent-{node}" not in self.running_pids():
+            pid = self.running_pids().get(f"agent-{node}")
+            if pid is None:
                 raise RuntimeError(f"the agent of {node} exited; see {self.path('log', f'agent-{node}.out')}")
-            try:
-                return os.stat(socket_path).st_ino != before
-            except FileNotFoundError:
+            try:  # `env` exec'ed the agent: the launcher's pid is the agent's, and it writes it once it listens
+                with open(pidfile, encoding="ascii") as handle:
+                    return handle.read().strip() == str(pid)
+            except (FileNotFoundError, ValueError):
                 return False
 
         self._wait(listening, timeout, f"the agent of {node} did not listen on {socket_path}")

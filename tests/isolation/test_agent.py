@@ -166,8 +166,11 @@ except PermissionError:
 env = b"SLURM_JOB_ID=1\0SLURM_JOB_UID=0\0SLURMD_NODENAME=n1\0"
 body = b"STPU1\0epilog\0" + env
 fds = [0, 1, 2]
-sock.sendmsg([struct.pack("=I", len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", *fds))])
-answer = sock.recv(1)
+try:
+    sock.sendmsg([struct.pack("=I", len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", *fds))])
+    answer = sock.recv(1)
+except (BrokenPipeError, ConnectionResetError):
+    answer = b""  # closed unread
 print("ANSWER" if answer else "CLOSED")
 """
 
@@ -197,7 +200,11 @@ def test_a_malformed_request_is_refused_and_the_agent_serves_on(cluster, users):
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(cluster.agent_socket("n1"))
         sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
-        assert sock.recv(1) == b""  # closed without a status
+        try:
+            answer = sock.recv(1)
+        except ConnectionResetError:  # closed with the rest of the request unread
+            answer = b""
+        assert answer == b""  # closed without a status
         sock.close()
     with kept_in_service(cluster):
         job = hold(cluster, "stpu_bob", "after-bad", "tpu:1")
