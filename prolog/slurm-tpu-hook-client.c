@@ -6,11 +6,11 @@
  * Run by prolog/slurm-tpu-prolog, epilog/slurm-tpu-epilog and the udev hook's
  * agent path (root, started by slurmd or udev). It hands the agent
  * (slurm_tpu/hooks/agent.py, which owns the wire format and documents it) its
- * whole environment and its stdin/stdout/stderr over STATE_DIR/agent.sock (SCM_RIGHTS), so the agent's
- * worker reads the piped Slurm answer and writes its one-line messages exactly
- * where the Python hook would; then it waits for one status byte and exits
- * with it. No job-controlled string is interpreted here: the environment is
- * copied as bytes, never given to a shell.
+ * whole environment over STATE_DIR/agent.sock; the agent's worker runs the hook
+ * and answers with the hook's messages, written here to stderr (slurmd's log, as
+ * the Python hook's would be), and its exit status, which this exits with. No
+ * job-controlled string is interpreted here: the environment is copied as bytes,
+ * never given to a shell.
  *
  * Fail closed: when the agent cannot be reached, the FALLBACK (the Python hook)
  * is exec'ed if one is given, else one line is printed and the status is 1
@@ -20,9 +20,9 @@
  * is status 1 with one line; the agent's worker then sees this client gone and
  * undoes a lease it took (agent.py: _client_gone).
  *
- * Built by scripts/setup.sh, `slurm-tpu install` and LocalCluster with the
- * system cc (slurm_tpu/ops/hook_client.py); without it the sh hooks run the
- * Python hooks as before.
+ * Built with the system cc (slurm_tpu/ops/hook_client.py) by scripts/setup.sh,
+ * LocalCluster, and the agent itself beside installed hooks; without it the sh
+ * hooks run the Python hooks as before.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -37,6 +37,7 @@
 #include <unistd.h>
 
 #define MAX_REQUEST (60 * 1024) /* agent.py MAX_REQUEST is 64 KiB */
+#define MAX_OUTPUT (64 * 1024)  /* agent.py MAX_OUTPUT */
 #define MAGIC "STPU1"
 
 extern char **environ;
@@ -97,31 +98,15 @@ int main(int argc, char **argv)
         return fallback(argv, fb, hook, "the node's slurm-tpu agent does not answer on its socket "
                         "(restart it: slurm-tpu-agent)");
 
-    /* stdin/stdout/stderr travel with the request; a closed one is replaced by /dev/null. */
-    int fds[3];
-    for (int i = 0; i < 3; i++) {
-        fds[i] = fcntl(i, F_GETFD) == -1 ? open("/dev/null", O_RDWR | O_CLOEXEC) : i;
-        if (fds[i] < 0)
-            return fail(hook, "cannot open /dev/null");
-    }
+    /* No descriptor travels: the agent's worker collects the hook's messages and sends them back,
+     * so nothing of slurmd's (its output pipe) is ever held by another process. */
     uint32_t header = (uint32_t)len;
     struct iovec iov[2] = {{&header, sizeof header}, {buf, len}};
-    union {
-        char space[CMSG_SPACE(sizeof fds)];
-        struct cmsghdr align;
-    } control;
-    memset(&control, 0, sizeof control);
-    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2, .msg_control = control.space,
-                         .msg_controllen = sizeof control.space};
-    struct cmsghdr *cmsg = CMSG_FIRSTHDR(&msg);
-    cmsg->cmsg_level = SOL_SOCKET;
-    cmsg->cmsg_type = SCM_RIGHTS;
-    cmsg->cmsg_len = CMSG_LEN(sizeof fds);
-    memcpy(CMSG_DATA(cmsg), fds, sizeof fds);
+    struct msghdr msg = {.msg_iov = iov, .msg_iovlen = 2};
     ssize_t sent = sendmsg(sock, &msg, MSG_NOSIGNAL);
     if (sent < 0)
         return fallback(argv, fb, hook, "the node's slurm-tpu agent refused the request");
-    /* A stream socket may take a large request in parts: the rest without fds. */
+    /* A stream socket may take a large request in parts. */
     size_t total = sizeof header + len, done = (size_t)sent;
     while (done < total) {
         const char *from = done < sizeof header ? (const char *)&header + done : buf + (done - sizeof header);
@@ -140,18 +125,38 @@ int main(int argc, char **argv)
         if (*end == '\0' && value > 0 && value < 86400)
             timeout_s = value;
     }
-    struct pollfd pfd = {.fd = sock, .events = POLLIN};
-    int ready;
-    do
-        ready = poll(&pfd, 1, (int)(timeout_s * 1000));
-    while (ready < 0 && errno == EINTR);
-    if (ready == 0) {
-        char why[160];
-        snprintf(why, sizeof why, "the node's slurm-tpu agent did not answer within %ld s", timeout_s);
-        return fail(hook, why);
+    /* The answer: a 4-byte length, the hook's messages (at most MAX_OUTPUT), one status byte. */
+    static char answer[4 + MAX_OUTPUT + 1];
+    size_t got = 0, want = 4 + 1;
+    while (got < want) {
+        struct pollfd pfd = {.fd = sock, .events = POLLIN};
+        int ready;
+        do
+            ready = poll(&pfd, 1, (int)(timeout_s * 1000));
+        while (ready < 0 && errno == EINTR);
+        if (ready == 0) {
+            char why[160];
+            snprintf(why, sizeof why, "the node's slurm-tpu agent did not answer within %ld s", timeout_s);
+            return fail(hook, why);
+        }
+        ssize_t n = ready < 0 ? -1 : read(sock, answer + got, want - got);
+        if (n <= 0)
+            return fail(hook, "the node's slurm-tpu agent ended before it answered (see its log)");
+        got += (size_t)n;
+        if (got >= 4 && want == 4 + 1) {
+            uint32_t size;
+            memcpy(&size, answer, sizeof size);
+            if (size > MAX_OUTPUT)
+                return fail(hook, "the node's slurm-tpu agent sent a malformed answer");
+            want = 4 + size + 1;
+        }
     }
-    unsigned char status;
-    if (ready < 0 || read(sock, &status, 1) != 1)
-        return fail(hook, "the node's slurm-tpu agent ended before it answered (see its log)");
-    return status;
+    size_t size = want - 5;
+    for (size_t off = 0; off < size;) {  /* the hook's lines, to slurmd's log as the hook would */
+        ssize_t n = write(2, answer + 4 + off, size - off);
+        if (n <= 0)
+            break;
+        off += (size_t)n;
+    }
+    return (unsigned char)answer[want - 1];
 }

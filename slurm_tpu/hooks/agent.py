@@ -4,11 +4,11 @@ Two interpreter starts per job (prolog, epilog) plus two per revoked USB stick
 (udev remove/add) cost most of what a job may spend in its hooks. The agent is one
 root process per node (``prolog/slurm-tpu-agent``; LocalCluster starts one per
 node, a site runs it as a service) that has imported everything the hooks need
-once. The hooks become thin clients (``prolog/slurm-tpu-hook-client``, ~100 lines
+once. The hooks become thin clients (``prolog/slurm-tpu-hook-client``, ~150 lines
 of C, see its source): each connects to ``<state_dir>/agent.sock`` and hands over
-its environment and its stdin/stdout/stderr; the agent forks a worker that runs
-the very same hook code (prolog.main, epilog.main, udev_event.main) with them and
-answers one status byte.
+its environment; the agent forks a worker that runs the very same hook code
+(prolog.main, epilog.main, udev_event.main) with it and answers with the hook's
+messages and exit status, which the client writes to its stderr and exits with.
 
 Why a fork per request, not threads or an in-memory ledger: the ledger on disk
 stays the only truth (the worker writes it before it answers, so an agent crash
@@ -18,11 +18,13 @@ same flock); each worker has its own pid, which the lease records as its prolog'
 prolog waiting for a revoked USB stick never holds up a job on another device
 (workers run side by side); and a worker that fails harms no other request.
 
-Wire format (the client's, little-endian length, host byte order): a 4-byte
-length N (at most :data:`MAX_REQUEST`), then N bytes ``STPU1\\0<hook>\\0`` and
-``NAME=value\\0`` per environment variable; the first byte carries SCM_RIGHTS with
-exactly three descriptors (the hook's fds 0, 1, 2). The answer is one byte, the
-hook's exit status. Nothing else is accepted.
+Wire format (host byte order: both ends are on the node): a 4-byte length N (at
+most :data:`MAX_REQUEST`), then N bytes ``STPU1\\0<hook>\\0`` and ``NAME=value\\0``
+per environment variable, no descriptors. The answer (:func:`answer`): a 4-byte
+length M (at most :data:`MAX_OUTPUT`), M bytes of the hook's messages, one byte of
+exit status. Nothing else is accepted. Nothing of the client's (slurmd's output
+pipe) is held by the agent: a hung worker cannot keep slurmd waiting past the
+client's own time limit.
 
 Safety: the socket is created 0600 in the root-owned state directory, and every
 connection's SO_PEERCRED must be uid 0, or it is closed unread; reads are bounded
@@ -49,6 +51,7 @@ SOCKET = "agent.sock"
 PIDFILE = "agent.pid"  # written once the socket listens: who serves it (LocalCluster waits for it)
 MAGIC = b"STPU1"
 MAX_REQUEST = 64 << 10
+MAX_OUTPUT = 64 << 10  # the hook's messages sent back (prolog/slurm-tpu-hook-client.c MAX_OUTPUT)
 READ_TIMEOUT_S = 5.0
 HOOKS = ("prolog", "epilog", "udev")
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
@@ -89,39 +92,40 @@ def _recv_exact(conn: socket.socket, count: int, deadline: float) -> bytes:
     return b"".join(chunks)
 
 
-def read_request(conn: socket.socket) -> tuple[str, dict[str, str], list[int]]:
-    """(hook, environment, [fd0, fd1, fd2]) of one request; raises BadRequest (received fds closed)."""
+def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
+    """(hook, environment) of one request; raises BadRequest (descriptors sent with it are closed)."""
     deadline = time.monotonic() + READ_TIMEOUT_S
     conn.settimeout(READ_TIMEOUT_S)
-    fds: list[int] = []
-    try:
-        head, ancillary, flags, _ = conn.recvmsg(4, socket.CMSG_SPACE(3 * 4))
-        for level, kind, data in ancillary:
-            if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
-                fds += list(struct.unpack(f"{len(data) // 4}i", data[: len(data) - len(data) % 4]))
-        if flags & socket.MSG_CTRUNC or len(fds) != 3:
-            raise BadRequest("the request must carry exactly the hook's three standard descriptors")
-        if len(head) < 4:
-            head += _recv_exact(conn, 4 - len(head), deadline)
-        (length,) = struct.unpack("=I", head)
-        if not 0 < length <= MAX_REQUEST:
-            raise BadRequest(f"request of {length} bytes (at most {MAX_REQUEST})")
-        parts = _recv_exact(conn, length, deadline).split(b"\0")
-        if len(parts) < 3 or parts[0] != MAGIC or parts[-1] != b"":
-            raise BadRequest("not a slurm-tpu hook request")
-        hook = parts[1].decode("ascii", "replace")
-        if hook not in HOOKS:
-            raise BadRequest(f"unknown hook {hook[:20]!r}")
-        environ: dict[str, str] = {}
-        for entry in parts[2:-1]:
-            name, sep, value = entry.partition(b"=")
-            if sep and name:
-                environ[os.fsdecode(name)] = os.fsdecode(value)
-        return hook, environ, fds
-    except BaseException:
-        for fd in fds:
-            os.close(fd)
-        raise
+    head, ancillary, flags, _ = conn.recvmsg(4, socket.CMSG_SPACE(16 * 4))
+    fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+           for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])]
+    for fd in fds:
+        os.close(fd)
+    if fds or flags & socket.MSG_CTRUNC:
+        raise BadRequest("descriptors sent with the request")
+    if len(head) < 4:
+        head += _recv_exact(conn, 4 - len(head), deadline)
+    (length,) = struct.unpack("=I", head)
+    if not 0 < length <= MAX_REQUEST:
+        raise BadRequest(f"request of {length} bytes (at most {MAX_REQUEST})")
+    parts = _recv_exact(conn, length, deadline).split(b"\0")
+    if len(parts) < 3 or parts[0] != MAGIC or parts[-1] != b"":
+        raise BadRequest("not a slurm-tpu hook request")
+    hook = parts[1].decode("ascii", "replace")
+    if hook not in HOOKS:
+        raise BadRequest(f"unknown hook {hook[:20]!r}")
+    environ: dict[str, str] = {}
+    for entry in parts[2:-1]:
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            environ[os.fsdecode(name)] = os.fsdecode(value)
+    return hook, environ
+
+
+def answer(status: int, output: bytes) -> bytes:
+    """The reply: the hook's messages (its stdout and stderr, at most MAX_OUTPUT) and its exit status."""
+    output = output[:MAX_OUTPUT]
+    return struct.pack("=I", len(output)) + output + bytes([status & 0xFF])
 
 
 def _client_gone(conn: socket.socket) -> bool:
@@ -182,35 +186,43 @@ def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = No
 
 def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket | None) -> None:
     """The forked child for one connection: read, run, answer, exit (never returns)."""
-    status = 1
+    status, output = 1, -1
     try:
         listener.close()
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
         try:
-            hook, environ, fds = read_request(conn)
+            hook, environ = read_request(conn)
         except (BadRequest, OSError, ValueError) as exc:
             say(f"agent: refused a request: {exc}")
             os._exit(2)
         conn.settimeout(None)
         sys.stdout.flush()
         sys.stderr.flush()
-        for target, fd in enumerate(fds):
-            os.dup2(fd, target)
-            os.close(fd)
+        # The hook's stdout and stderr go to a memory file sent back with its status: the client
+        # writes them where the Python hook would have (slurmd's log). No stdin (no job string).
+        output = os.memfd_create("slurm-tpu-hook-output", os.MFD_CLOEXEC)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
         os.environ.clear()
         os.environ.update(environ)
         status = run_hook(hook, environ, conn, queries)
     except BaseException as exc:  # noqa: BLE001 - one line, then fail closed
         say(f"agent: worker failed: {type(exc).__name__}: {exc}")
         status = 1
+    text = b""
     try:
         sys.stdout.flush()
         sys.stderr.flush()
+        if output >= 0:
+            text = os.pread(output, MAX_OUTPUT, 0)
     except (OSError, ValueError):
         pass
     try:
-        conn.sendall(bytes([status & 0xFF]))
+        conn.sendall(answer(status, text))
     except OSError:
         pass
     os._exit(0)

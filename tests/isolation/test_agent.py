@@ -194,12 +194,18 @@ def test_a_user_cannot_use_the_agents_socket(cluster, users):
 
 
 def test_a_malformed_request_is_refused_and_the_agent_serves_on(cluster, users):
-    for payload in (struct.pack("=I", 1 << 30),  # far beyond the bound: never read
-                    struct.pack("=I", 11) + b"STPU1\0shell\0",  # a hook that does not exist
-                    b"\xff" * 16):
+    body = b"STPU1\0epilog\0SLURM_JOB_ID=1\0"
+    for payload, fds in ((struct.pack("=I", 1 << 30), False),  # far beyond the bound: never read
+                         (struct.pack("=I", 11) + b"STPU1\0shell\0", False),  # a hook that does not exist
+                         (b"\xff" * 16, False),
+                         (struct.pack("=I", len(body)) + body, True)):  # a valid request, with descriptors
+
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(cluster.agent_socket("n1"))
-        sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+        if fds:
+            sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+        else:
+            sock.sendall(payload)
         try:
             answer = sock.recv(1)
         except ConnectionResetError:  # closed with the rest of the request unread
