@@ -401,10 +401,12 @@ class LocalCluster:
         slurmd = self.slurm.program("slurmd")
         for spec in self.nodes:
             self._start_apex(spec.name)
+            if self.agents:
+                self._spawn_agent(spec.name)  # all at once: each imports for a while (many nodes on one host)
         for spec in self.nodes:
             self._wait(lambda: self._apex_ready(spec.name), 30, f"the emulated apex driver of {spec.name} did not mount")
             if self.agents:
-                self.start_agent(spec.name)
+                self._wait_agent(spec.name)
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
@@ -449,12 +451,19 @@ class LocalCluster:
         It is started before the node's slurmd, so no hook runs before it; a stale
         socket (a killed agent's) is replaced by the new agent, never waited on.
         """
-        from ..hooks.agent import PIDFILE
+        self._spawn_agent(node)
+        self._wait_agent(node, timeout)
+
+    def _spawn_agent(self, node: str) -> None:
         from ..ops.node_files import node_file
 
-        socket_path = self.agent_socket(node)
         self._spawn(f"agent-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}", f"SLURMD_NODENAME={node}",
                                       self.python, "-I", "-S", node_file("prolog", "slurm-tpu-agent")])
+
+    def _wait_agent(self, node: str, timeout: float = 60) -> None:
+        from ..hooks.agent import PIDFILE
+
+        socket_path = self.agent_socket(node)
         pidfile = os.path.join(self.state_dir(node), PIDFILE)
 
         def listening() -> bool:
