@@ -44,20 +44,29 @@ WRAPPER = """#!/bin/bash
 # Timing wrapper: run the slurm-tpu hook or /bin/true, as the mode file says.
 read -r mode < "{mode_file}"
 start=$EPOCHREALTIME
-if [ "$mode" = hooks ]; then "{hook}"; rc=$?; else /bin/true; rc=$?; fi
+{profile}case $mode in
+    hooks) "{hook}"; rc=$? ;;
+    baseline) "{baseline}"; rc=$? ;;
+    *) /bin/true; rc=$? ;;
+esac
 end=$EPOCHREALTIME
 [ "{kind}" = task_prolog ] || echo "$mode {kind} $start $end $rc" >> "{times}"
 exit $rc
 """
 
 
-def make_wrappers(directory: str, mode_file: str, times: str) -> Hooks:
+def make_wrappers(directory: str, mode_file: str, times: str, profile: str | None = None,
+                  baseline: str | None = None) -> Hooks:
+    # --profile: slurm_tpu/hooks/probe.py appends each hook's per-step times to ``profile``.
+    exports = (f'SLURM_TPU_HOOK_PROFILE="{profile}" SLURM_TPU_PROFILE_T0=$start; '
+               "export SLURM_TPU_HOOK_PROFILE SLURM_TPU_PROFILE_T0\n") if profile else ""
     paths = {}
     for kind, hook in HOOKS.items():
         path = os.path.join(directory, f"timed-{kind}")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(WRAPPER.format(mode_file=mode_file, hook=os.path.join(REPO, hook), kind=kind,
-                                        times=times))
+                                        times=times, profile=exports,
+                                        baseline=os.path.join(baseline or REPO, hook)))
         os.chmod(path, 0o755)
         paths[kind] = path
     return Hooks(**paths)
@@ -76,6 +85,22 @@ def run_round(cluster: LocalCluster, jobs: int, user: str | None) -> float:
         time.sleep(0.05)
 
 
+def profile_medians(path: str) -> dict[str, dict[str, float]]:
+    """hook -> step -> median ms over the runs that had the step (probe.py's lines)."""
+    steps: dict[str, dict[str, list[float]]] = {}
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for line in handle:
+                hook, *fields = line.split()
+                for field in fields:
+                    step, _, value = field.partition("=")
+                    steps.setdefault(hook, {}).setdefault(step, []).append(float(value))
+    except FileNotFoundError:
+        return {}
+    return {hook: {step: round(statistics.median(values), 2) for step, values in by_step.items()}
+            for hook, by_step in steps.items()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs-per-round", type=int, default=25)
@@ -83,6 +108,11 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="keep the cluster directory")
     parser.add_argument("--no-revoke", action="store_true",
                         help="devices.revoke: false (no USB port power-cycle at job end), to measure its cost")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="a third hook set, interleaved with the other two: the hooks of another checkout "
+                             "(e.g. /work/main, the hooks before the node agent); ratio_vs_baseline in the report")
+    parser.add_argument("--profile", action="store_true",
+                        help="per-step medians of each hook (slurm_tpu/hooks/probe.py) in the report")
     parser.add_argument("--user", default=BENCH_USER,
                         help=f"submit as this user (created and removed if it is {BENCH_USER}); 'root' for root")
     args = parser.parse_args()
@@ -92,6 +122,7 @@ def main() -> int:
     base = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/tmp")
     os.chmod(base, 0o755)
     mode_file, times = os.path.join(base, "mode"), os.path.join(base, "hook-times.txt")
+    profile = os.path.join(base, "hook-profile.txt") if args.profile else None
     with open(mode_file, "w", encoding="utf-8") as handle:
         handle.write("true\n")
     # Production keeps the ledger in /run (tmpfs); keep the bench's there too, not on
@@ -99,10 +130,12 @@ def main() -> int:
     tmpfs = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/dev/shm") if os.path.isdir("/dev/shm") else base
     os.chmod(tmpfs, 0o755)
     cluster = LocalCluster(base=base, nodes=[NodeSpec("n1", HARDWARE)],
-                           hooks=make_wrappers(base, mode_file, times),
+                           hooks=make_wrappers(base, mode_file, times, profile, args.baseline),
                            node_config_extra={"state_dir": os.path.join(tmpfs, "state"),
                                               "devices": {"revoke": not args.no_revoke}})
     results: dict[str, list[float]] = {"true": [], "hooks": []}
+    if args.baseline:
+        results["baseline"] = []
     user = None if args.user == "root" else args.user
     made_user = False
     if user == BENCH_USER and subprocess.run(["id", "-u", user], capture_output=True).returncode != 0:
@@ -112,8 +145,12 @@ def main() -> int:
         cluster.configure()
         cluster.start()
         run_round(cluster, 4, user)  # warm-up: first jobs pay for cold caches
-        for _ in range(args.rounds):
-            for mode in ("true", "hooks") if len(results["true"]) % 2 == 0 else ("hooks", "true"):
+        modes = list(results)
+        for number in range(args.rounds):
+            # Each round runs every hook set once, in an order that rotates, so drift hits all alike.
+            shift = number % len(modes)
+            order = modes[shift:] + modes[:shift]
+            for mode in order if number % 2 == 0 else order[::-1]:
                 with open(mode_file, "w", encoding="utf-8") as handle:
                     handle.write(mode + "\n")
                 results[mode].append(run_round(cluster, args.jobs_per_round, user))
@@ -140,11 +177,19 @@ def main() -> int:
         "round_seconds": {mode: [round(s, 2) for s in seconds] for mode, seconds in results.items()},
         "jobs_per_second": {mode: round(value, 2) for mode, value in throughput.items()},
         "ratio": round(throughput["hooks"] / throughput["true"], 3),
+        # Per round (the hook sets of one round ran back to back): less exposed to one slow stretch.
+        "ratio_of_medians": round(statistics.median(results["true"]) / statistics.median(results["hooks"]), 3),
         "median_ms": {key: round(statistics.median(values), 1) for key, values in sorted(durations.items())},
         "hook_failures": failures,
         "node_states_after": states,
         "leases_left": json.loads(leases or "[]"),
     }
+    if args.baseline:
+        report["baseline"] = args.baseline
+        report["ratio_vs_baseline"] = round(throughput["hooks"] / throughput["baseline"], 3)
+        report["baseline_ratio"] = round(throughput["baseline"] / throughput["true"], 3)
+    if profile:
+        report["profile_median_ms"] = profile_medians(profile)
     print(json.dumps(report, indent=2))
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

@@ -7,16 +7,26 @@ added only if slurm_tpu is not next to this file or a config file needs PyYAML.
 """
 import os
 import sys
+import time
+
+_WALL = time.time()  # for slurm_tpu.hooks.probe (off unless SLURM_TPU_HOOK_PROFILE is set)
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 if os.path.isfile(os.path.join(_ROOT, "slurm_tpu", "__init__.py")):
     sys.path.insert(0, _ROOT)
 try:
+    from slurm_tpu.hooks import probe
+
+    probe.begin(os.environ, _WALL)
     from slurm_tpu.hooks.prolog import main
 except ImportError:  # installed as a package: look in site-packages too
     import site
 
     site.main()
+    from slurm_tpu.hooks import probe
+
+    probe.begin(os.environ, _WALL)
     from slurm_tpu.hooks.prolog import main
 
+probe.mark("imports")
 sys.exit(main())

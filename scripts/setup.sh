@@ -56,6 +56,10 @@ rm -f "$log"
 # and cached; the tests about what libedgetpu itself does use it (see tests/hardware/README.md).
 scripts/build-libedgetpu.sh
 
+# The hooks' thin client of the node agent (C, no interpreter start per hook): see
+# slurm_tpu/hooks/agent.py. Without it the hooks run the Python hooks.
+.venv/bin/python -m slurm_tpu.ops.hook_client >/dev/null || echo "setup: hook client not built (no cc?)" >&2
+
 # Slurm 25.11 (source build in /opt, cached) and pyslurm for it, beside Debian's 22.05:
 # SLURM_TPU_WITH_SLURM25=1 scripts/setup.sh (CI does; see scripts/build-slurm.sh).
 if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then

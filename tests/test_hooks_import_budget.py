@@ -116,7 +116,7 @@ def measured(cluster_factory, tmp_path_factory):
     for name in ("slurm-tpu-prolog", "slurm-tpu-lib.sh"):
         (hooks / name).symlink_to(REPO / "prolog" / name)
     _shim(hooks, "slurm-tpu-prolog.py", "prolog", REPO / "prolog" / "slurm-tpu-prolog.py", logs)
-    epilog = _shim(hooks, "epilog", "epilog", REPO / "epilog" / "slurm-tpu-epilog", logs)
+    epilog = _shim(hooks, "epilog", "epilog", REPO / "epilog" / "slurm-tpu-epilog.py", logs)
     udev = _shim(hooks, "udev", "revocation", UDEV_HOOK, logs)
     cluster = cluster_factory([NodeSpec("n1", str(HARDWARE))],
                               hooks=Hooks(prolog=str(hooks / "slurm-tpu-prolog"), epilog=str(epilog),

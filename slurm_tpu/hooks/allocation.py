@@ -52,12 +52,18 @@ def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None)
     return text if text.strip() else None
 
 
+# Set by the node agent's worker (hooks/agent.py): its resident scontrol, asked before a new one is
+# run (see ``Slurm.detail_source``). None in a hook process of its own.
+DETAIL_SOURCE = None
+
+
 def query_job_gres(job_id: int, node: str, settings: HookSettings,
                    environ: Mapping[str, str]) -> list[GresAlloc] | None:
     """The job's GRES on this node. None if Slurm does not list the job on this node."""
     from ..errors import SlurmCommandError
 
     slurm = settings.slurm(environ)
+    slurm.detail_source = DETAIL_SOURCE
     try:
         return slurm.job_gres(job_id, node, _piped_answer(job_id, slurm.program("scontrol"), environ))
     except SlurmCommandError as exc:

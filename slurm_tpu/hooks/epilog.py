@@ -15,16 +15,19 @@ from .context import drain, job_from_env, node_from_env, run_guarded, say
 
 def run(environ) -> int:
     from ..locks.ledger import Ledger
-    from . import envfile, jobusage, leasing, settings as hook_settings
+    from . import envfile, jobusage, leasing, probe, settings as hook_settings
 
+    probe.mark("imports")
     node = node_from_env(environ)
     settings = hook_settings.load(environ, node, create=False)
+    probe.mark("settings")
     job = job_from_env(environ, settings.node, need_uid=False)
     if not os.path.lexists(settings.state_dir):
         return 0  # never leased anything on this node
     with Ledger(settings.state_dir) as ledger:
         envfile.remove(ledger, job.job_id)
         leases = ledger.of_job(job.job_id)
+        probe.mark("ledger_read")
         if not leases:
             return 0
         # Usage first, outside the ledger lock: it reads only the job's own box.
@@ -32,7 +35,9 @@ def run(environ) -> int:
         # For Slurm's own job record (AdminComment), applied later by the accounting collector.
         jobusage.spool(ledger, job.job_id, leases[0].uid, settings.node, len(leases), records)
         jobusage.discard(ledger, job.job_id)
+        probe.mark("usage_box")
         problems = leasing.release(ledger, job.job_id, settings)
+        probe.mark("release")
     for notice in problems:
         if isinstance(notice, leasing.Withheld):  # the device waits, the node serves on
             say(f"epilog: slurm-tpu: {notice}")
@@ -47,4 +52,9 @@ def run(environ) -> int:
 
 def main(environ=None) -> int:
     """Entry point for epilog/slurm-tpu-epilog."""
-    return run_guarded("epilog", run, os.environ if environ is None else environ)
+    from . import probe
+
+    try:
+        return run_guarded("epilog", run, os.environ if environ is None else environ)
+    finally:
+        probe.finish("epilog")

@@ -33,6 +33,7 @@ from ..locks import ownership, processes, revoke
 from ..locks.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
 from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
+from . import probe
 from .context import HookError
 
 # How long a prolog waits for another job's lease to go (its epilog may be
@@ -276,6 +277,7 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
             return []
         return [f"{identity} vanished during job {job_id}; check the device and its cable, then resume the node"]
     problems = take_away(present, identity)
+    probe.mark("take_away")
     if problems:
         _set_phase(ledger, lease, KEPT)
         return problems
@@ -287,6 +289,7 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
         _set_phase(ledger, lease, REVOKING)
         try:
             devnum = revoke.disconnect_usb(settings.sysfs_root, identity)
+            probe.mark("revoke_usb")
         except revoke.RevokeError as exc:
             _set_phase(ledger, lease, KEPT)
             ledger.audit(audit.REVOKE_FAILED, identity=identity, job_id=job_id, uid=lease.uid, error=str(exc))
@@ -298,6 +301,7 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
         why = None
     else:
         why = _unrevocable_holders(ledger, lease, device, present, settings, wait_s)
+        probe.mark("holder_scan")
     if why is not None:
         _set_phase(ledger, lease, KEPT)
         return [why]
@@ -307,6 +311,7 @@ def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, e
         return problems
     ledger.drop(identity)
     ledger.audit(event, identity=identity, job_id=job_id, uid=lease.uid, by_job=by_job)
+    probe.mark("restore_idle")
     return []
 
 
@@ -365,12 +370,14 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
                           user=job.user, start=round(time.time(), 6), device_nodes=device.device_nodes,
                           allocation=allocation, node=job.node, prolog_pid=me, prolog_start=my_start)
             _claim(ledger, lease, device, settings, wait_s)
+            probe.mark("claim")
             ledger.lock()
             try:
                 device = _current_nodes(ledger, device, lease)
                 _refuse_if_written(ledger, lease, device, settings)  # before it counts as this job's
             finally:
                 ledger.unlock()
+            probe.mark("writers_check")
             taken.append(lease)
             ledger.lock()
             try:
@@ -381,8 +388,10 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
                                     "replug it or drain the node")
             finally:
                 ledger.unlock()
+            probe.mark("chown")
             ledger.audit(audit.ACQUIRE, identity=device.identity, job_id=job.job_id, uid=job.uid,
                          nodes=list(device.device_nodes))
+            probe.mark("audit")
     except BaseException as exc:
         roll_back(ledger, job, taken, settings)
         if isinstance(exc, Exception) and not isinstance(exc, HookError):
@@ -451,8 +460,9 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
             raise HookError(f"job {lease.job_id}: {device.identity} is held by live job {holder.job_id} "
                             f"(uid {holder.uid}: {why}); Slurm allocated it twice or the ledger is wrong: "
                             "check `slurm-tpu leases` on this node")
-        # A stick coming back after revocation is the common wait: look often.
-        time.sleep(0.02 if isinstance(holder, Lease) and holder.phase == REVOKING else 0.1)
+        # A stick coming back after revocation is the common wait: look often (each look is a lock,
+        # a stat and a small read; with the node agent the release it waits for takes milliseconds).
+        time.sleep(0.005 if isinstance(holder, Lease) and holder.phase == REVOKING else 0.1)
 
 
 def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSettings, job_id: int) -> None:

@@ -17,15 +17,18 @@ from .context import HookError, drain, job_from_env, node_from_env, run_guarded
 def run(environ) -> int:
     """The prolog; returns the exit status."""
     from ..locks.ledger import Ledger
-    from . import allocation, envfile, jobusage, leasing, settings as hook_settings
+    from . import allocation, envfile, jobusage, leasing, probe, settings as hook_settings
 
+    probe.mark("imports")
     node = node_from_env(environ)
     settings = hook_settings.load(environ, node)
+    probe.mark("settings")
     job = job_from_env(environ, settings.node)
     names = settings.leasable_names()
     if not names:
         return 0  # nothing to lease on this node: no Slurm query at all
     allocs = allocation.query_job_gres(job.job_id, job.node, settings, environ)
+    probe.mark("slurm_query")
     if not allocs:
         return 0
     devices = allocation.resolve(job.job_id, allocs, settings)
@@ -39,8 +42,10 @@ def run(environ) -> int:
                                 f"{variable.name} entry (unplugged?); replug it or drain the node")
     with Ledger(settings.state_dir) as ledger:
         ledger.sweep_temps()
+        probe.mark("ledger_open")
         try:
             leases = leasing.acquire(ledger, job, devices, settings)
+            probe.mark("acquire")
         except leasing.DeviceNotFree as exc:
             # Kept for the job that left it written (see leasing._refuse_if_written): drain with
             # that reason; the failing prolog then makes Slurm requeue and hold this job.
@@ -52,7 +57,9 @@ def run(environ) -> int:
         # broken state filesystem, which no user can fill (see jobusage.py).
         try:
             usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)
+            probe.mark("usage_box")
             envfile.write(ledger, job.job_id, leases, settings, usage_dir)
+            probe.mark("env_file")
         except BaseException as exc:
             jobusage.discard(ledger, job.job_id)
             leasing.roll_back(ledger, job, leases, settings)
@@ -66,4 +73,9 @@ def run(environ) -> int:
 
 def main(environ=None) -> int:
     """Entry point for prolog/slurm-tpu-prolog."""
-    return run_guarded("prolog", run, os.environ if environ is None else environ)
+    from . import probe
+
+    try:
+        return run_guarded("prolog", run, os.environ if environ is None else environ)
+    finally:
+        probe.finish("prolog")

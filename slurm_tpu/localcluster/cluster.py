@@ -107,6 +107,9 @@ class LocalCluster:
     # by its `slurmstepd: [<job>.<step>]` processes, so a stray slurmstepd of another
     # cluster on the same machine with the same (small) job id would look like ours.
     first_job_id: int = 1
+    # Start the node agent (slurm_tpu/hooks/agent.py) of every node with the daemons; the
+    # sh hooks use it when its socket is there and the C client is built (built by configure()).
+    agents: bool = True
     # One node whose hooks find their config by themselves (installed by `slurm-tpu install
     # --sysconfdir`, which writes its path into them): the node's config is written to this
     # file and slurm.conf names the hooks directly, as on a real node, not per-node wrappers.
@@ -176,6 +179,23 @@ class LocalCluster:
             return [self.hooks.udev]
         return [self.python, "-I", "-S", node_file("prolog", "slurm-tpu-udev-event")]
 
+    def udev_command(self, node: str) -> list[str]:
+        """What the node's emulated udev runs: :attr:`udev_hook`, through the node's agent when it runs one
+        (the thin client falls back to the Python hook when the agent's socket does not answer)."""
+        from ..ops.hook_client import PROGRAM
+        from ..ops.node_files import node_file
+
+        client = os.path.join(os.path.dirname(node_file("prolog", "slurm-tpu-prolog")), PROGRAM)
+        if self.hooks.udev or not self.agents or not os.access(client, os.X_OK):
+            return self.udev_hook
+        return [client, "udev", self.state_dir(node), "--", *self.udev_hook]
+
+    def state_dir(self, node: str) -> str:
+        """The node's state directory (its config's ``state_dir:``), where its agent listens."""
+        from ..hooks.settings import scan_state_dir
+
+        return scan_state_dir(self.node_config(node))
+
     # ---- configuration ---------------------------------------------------------
     def configure(self) -> None:
         """Write munge key, per-node hardware and configs, gres.conf and slurm.conf."""
@@ -201,6 +221,10 @@ class LocalCluster:
         self._write_hook_wrappers()
         self._configure_accounting()
         self._write_slurm_conf()
+        if self.agents:
+            from ..ops.hook_client import build
+
+            build()  # the hooks' thin client, beside them (None: no cc, the Python hooks run)
 
     def _configure_munge(self) -> None:
         key = self.path("munge", "munge.key")
@@ -402,8 +426,12 @@ class LocalCluster:
         slurmd = self.slurm.program("slurmd")
         for spec in self.nodes:
             self._start_apex(spec.name)
+            if self.agents:
+                self._spawn_agent(spec.name)  # all at once: each imports for a while (many nodes on one host)
         for spec in self.nodes:
             self._wait(lambda: self._apex_ready(spec.name), 30, f"the emulated apex driver of {spec.name} did not mount")
+            if self.agents:
+                self._wait_agent(spec.name)
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
@@ -489,6 +517,49 @@ class LocalCluster:
             raise RuntimeError(f"the emulated apex driver of {node} exited; see {self.path('log', f'apex-{node}.out')}")
         return os.path.ismount(os.path.join(self.node_dir(node), "sys", "class", "apex"))
 
+    def agent_socket(self, node: str) -> str:
+        """The node agent's socket (slurm_tpu/hooks/agent.py)."""
+        from ..hooks.agent import SOCKET
+
+        return os.path.join(self.state_dir(node), SOCKET)
+
+    def start_agent(self, node: str, timeout: float = 60) -> None:
+        """Start the node's agent (root, its own config) and wait until it listens.
+
+        It is started before the node's slurmd, so no hook runs before it; a stale
+        socket (a killed agent's) is replaced by the new agent, never waited on.
+        """
+        self._spawn_agent(node)
+        self._wait_agent(node, timeout)
+
+    def _spawn_agent(self, node: str) -> None:
+        from ..ops.node_files import node_file
+
+        self._spawn(f"agent-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}", f"SLURMD_NODENAME={node}",
+                                      self.python, "-I", "-S", node_file("prolog", "slurm-tpu-agent")])
+
+    def _wait_agent(self, node: str, timeout: float = 60) -> None:
+        from ..hooks.agent import PIDFILE
+
+        socket_path = self.agent_socket(node)
+        pidfile = os.path.join(self.state_dir(node), PIDFILE)
+
+        def listening() -> bool:
+            pid = self.running_pids().get(f"agent-{node}")
+            if pid is None:
+                raise RuntimeError(f"the agent of {node} exited; see {self.path('log', f'agent-{node}.out')}")
+            try:  # `env` exec'ed the agent: the launcher's pid is the agent's, and it writes it once it listens
+                with open(pidfile, encoding="ascii") as handle:
+                    return handle.read().strip() == str(pid)
+            except (FileNotFoundError, ValueError):
+                return False
+
+        self._wait(listening, timeout, f"the agent of {node} did not listen on {socket_path}")
+
+    def stop_agent(self, node: str) -> None:
+        """Stop the node's agent (SIGTERM: it removes its socket, and the hooks run the Python hooks)."""
+        self._stop_daemon(f"agent-{node}")
+
     def _start_usbcore(self, node: str) -> None:
         """The emulated USB core (usbcore.py) for a node with USB Edge TPUs: the kernel's side of revocation."""
         directory = self.node_dir(node)
@@ -497,7 +568,7 @@ class LocalCluster:
         self._spawn(f"usbcore-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}",
                                         f"SLURMD_NODENAME={node}", self.python, "-m", "slurm_tpu.localcluster.usbcore",
                                         os.path.join(directory, "sys"), os.path.join(directory, "dev"), "--",
-                                        *self.udev_hook])
+                                        *self.udev_command(node)])
 
     @classmethod
     def load(cls, base: str) -> "LocalCluster":
@@ -560,7 +631,8 @@ class LocalCluster:
         cluster leaves no process behind whatever state its jobs were in.
         """
         pids = self.running_pids()
-        order = sorted(pids, key=lambda n: (n == "munged", n == "slurmctld"))  # slurmd first, munge last
+        # slurmd first (no new hooks), agents after it, munge last.
+        order = sorted(pids, key=lambda n: (n == "munged", n == "slurmctld", n.startswith("agent-")))
         for name in order:
             try:
                 os.killpg(pids[name], signal.SIGTERM)

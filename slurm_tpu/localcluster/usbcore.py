@@ -27,7 +27,9 @@ disconnect that epilog waited for: a deadlock no real node has.
 
 Usage: ``python -m slurm_tpu.localcluster.usbcore SYS_ROOT DEV_ROOT -- UDEV_HOOK_COMMAND...``
 (the environment carries SLURM_TPU_CONFIG / SLURMD_NODENAME / SLURM_CONF for it).
-It polls (this is the kernel's side; the hooks wait on what it shows in sysfs).
+It waits on inotify for writes to the ports' ``disable`` attributes (the kernel acts
+within the write itself; a 10 ms poll made every revocation wait 5 ms on average for
+the emulator, not for anything real), and polls as a fallback.
 """
 
 from __future__ import annotations
@@ -47,7 +49,26 @@ from .hardware import EXPERIMENTAL_MAJOR, usb_sysfs_device
 
 TIOCVHANGUP = 0x5437
 PTY_SLAVE_MAJORS = range(136, 144)  # Unix98 pty slaves
-POLL_S = 0.01
+POLL_S = 0.01  # fallback when inotify is not there
+_IN_MODIFY, _IN_CLOSE_WRITE, _IN_CLOEXEC, _IN_NONBLOCK = 0x2, 0x8, 0o2000000, 0o4000
+
+
+def _inotify(paths: list[str]) -> int | None:
+    """An inotify fd watching writes to ``paths`` (the stdlib has no inotify: libc through ctypes); None if unavailable."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        fd = libc.inotify_init1(_IN_CLOEXEC | _IN_NONBLOCK)
+        if fd < 0:
+            return None
+        for path in paths:
+            if libc.inotify_add_watch(fd, path.encode(), _IN_MODIFY | _IN_CLOSE_WRITE) < 0:
+                os.close(fd)
+                return None
+        return fd
+    except (OSError, AttributeError):
+        return None
 
 
 class Port:
@@ -165,7 +186,10 @@ def main(argv: list[str]) -> int:
     separator = argv.index("--")
     sys_root, dev_root = argv[0], argv[1]
     udev_event = Udevd(argv[separator + 1:])
+    import select
+
     watched = ports(sys_root)
+    notify = _inotify([os.path.join(port.port_dir, "disable") for port in watched])
     while True:
         for port in watched:
             disabled = port.disabled()
@@ -173,7 +197,14 @@ def main(argv: list[str]) -> int:
                 disconnect(port, udev_event)
             elif not disabled and not port.attached:
                 connect(port, dev_root, udev_event)
-        time.sleep(POLL_S)
+        if notify is None:
+            time.sleep(POLL_S)
+            continue
+        select.select([notify], [], [], 1.0)
+        try:
+            os.read(notify, 65536)  # drain: the loop above looks at every port anyway
+        except BlockingIOError:
+            pass
 
 
 if __name__ == "__main__":

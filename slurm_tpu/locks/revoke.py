@@ -135,11 +135,15 @@ def disconnect_usb(sysfs_root: str, identity: str, wait_s: float = DISCONNECT_WA
     _write_attribute(disable, b"1", identity)
     try:
         deadline = time.monotonic() + wait_s
+        pause = 0.001
         while os.path.lexists(device) and _devnum(device) == devnum:
             if time.monotonic() >= deadline:
                 raise RevokeError(f"{identity}: still attached {wait_s:g} s after {disable} was set; "
                                   "its open fds may still work")
-            time.sleep(0.01)
+            # The kernel disconnects within the write (port.c disable_store() -> usb_disconnect()),
+            # so this loop runs only for an emulated core: look often at first, then back off.
+            time.sleep(pause)
+            pause = min(pause * 2, 0.01)
     finally:
         # Power the port again whatever happened, or the stick stays off for good.
         _write_attribute(disable, b"0", identity)

@@ -50,7 +50,9 @@ UDEV_HOOK = "slurm-tpu-udev-event"
 # (shipped directory, name, mode) of the hook files copied into the hooks directory.
 HOOK_FILES = (("prolog", "slurm-tpu-prolog", 0o755), ("prolog", "slurm-tpu-prolog.py", 0o755),
               ("prolog", "slurm-tpu-lib.sh", 0o644), ("prolog", "slurm-tpu-task-prolog", 0o755),
-              ("prolog", UDEV_HOOK, 0o755), ("epilog", "slurm-tpu-epilog", 0o755))
+              ("prolog", UDEV_HOOK, 0o755), ("epilog", "slurm-tpu-epilog", 0o755),
+              ("epilog", "slurm-tpu-epilog.py", 0o755), ("prolog", "slurm-tpu-agent", 0o755),
+              ("prolog", "slurm-tpu-hook-client.c", 0o644))
 HEALTH_PROGRAM = "slurm-tpu-health"
 # (shipped name, installed path under <sysconfdir>/systemd/system).
 SYSTEMD_FILES = (("slurm-tpu-watch.service", "slurm-tpu-watch.service"),

@@ -122,8 +122,16 @@ class Slurm(NodeStates):
 
             return parse_squeue_job_json(self.squeue_json(job_id), job_id, node)
 
+    # Another way to the same answer, tried first: (scontrol path, selector) -> text, or None to run
+    # scontrol here. The node agent's workers set it to its resident scontrol (hooks/agent_query.py).
+    detail_source = None
+
     def job_detail(self, selector: str) -> str:
         """``scontrol show job -d SELECTOR`` (``123``, ``123_4`` an array task, ``123+1`` a het component)."""
+        if self.detail_source is not None:
+            text = self.detail_source(self.program("scontrol"), selector)
+            if text:
+                return text
         return self.run("scontrol", "show", "job", "-d", selector)
 
     def job_state(self, job_id: str) -> str:

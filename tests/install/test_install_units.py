@@ -43,7 +43,7 @@ def test_a_python_path_that_cannot_be_a_shebang_is_refused():
     from slurm_tpu.errors import SlurmTpuError
 
     with pytest.raises(SlurmTpuError, match="#! line"):
-        installed_hook_text(shipped("epilog", "slurm-tpu-epilog"), "slurm-tpu-epilog", "/my venv/bin/python",
+        installed_hook_text(shipped("epilog", "slurm-tpu-epilog.py"), "slurm-tpu-epilog.py", "/my venv/bin/python",
                             "/x", DEFAULT_PATH)
 
 

@@ -35,7 +35,8 @@ GRES_TYPES = gres_types(Config())
 pytestmark = pytest.mark.slurm
 NODE = "n1"
 SHIPPED = ("prolog/slurm-tpu-prolog", "prolog/slurm-tpu-prolog.py", "prolog/slurm-tpu-lib.sh",
-           "prolog/slurm-tpu-task-prolog", "prolog/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog", "gres_conf/slurm.conf.snippet",
+           "prolog/slurm-tpu-task-prolog", "prolog/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog",
+           "epilog/slurm-tpu-epilog.py", "prolog/slurm-tpu-agent", "prolog/slurm-tpu-hook-client.c", "gres_conf/slurm.conf.snippet",
            "gres_conf/slurm-tpu-watch.service", "gres_conf/slurm-tpu-metrics.service",
            "gres_conf/slurm-tpu-metrics.timer", "gres_conf/slurmd-slurm-tpu.conf")
 
@@ -154,15 +155,16 @@ def test_sdist_and_wheel_carry_the_node_files_byte_for_byte(node):
 def test_installed_hooks_are_roots_and_import_from_the_venv_without_site(node):
     for name, mode in (("slurm-tpu-prolog", 0o755), ("slurm-tpu-prolog.py", 0o755), ("slurm-tpu-lib.sh", 0o644),
                        ("slurm-tpu-task-prolog", 0o755), ("slurm-tpu-udev-event", 0o755), ("slurm-tpu-epilog", 0o755),
+                       ("slurm-tpu-epilog.py", 0o755), ("slurm-tpu-agent", 0o755),
                        ("slurm-tpu-health", 0o755)):
         info = os.lstat(node.hook(name))
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, mode), name
-    for name in ("slurm-tpu-epilog", "slurm-tpu-udev-event"):
+    for name in ("slurm-tpu-epilog.py", "slurm-tpu-udev-event", "slurm-tpu-agent"):
         with open(node.hook(name), encoding="utf-8") as handle:
             assert handle.readline() == f"#!{node.python} -IS\n", name
     # The entry point's own lines, run as Slurm would run it but stopping before main():
     # slurm_tpu comes from the venv, and neither site nor any third-party module is loaded.
-    with open(node.hook("slurm-tpu-epilog"), encoding="utf-8") as handle:
+    with open(node.hook("slurm-tpu-epilog.py"), encoding="utf-8") as handle:
         head = handle.read().split("try:")[0]
     probe = head + ("import slurm_tpu.hooks.epilog, slurm_tpu.hooks.prolog\n"
                     "print(slurm_tpu.__file__)\n"

@@ -141,8 +141,10 @@ def test_prolog_killed_half_way_is_reclaimed_by_the_next_job(cluster, users):
         assert stop(cluster, "k2", nxt) == "COMPLETED"
     ended = {(e["identity"], e.get("job_id"), e["event"]) for e in audit(cluster, "n1")}
     assert (PCI, 4242, "reclaim") in ended
-    # The killed prolog's lease ends either by an epilog Slurm runs for the failed job or by reclaim.
-    assert (USB, job, "reclaim") in ended or (USB, job, "release") in ended
+    # The killed prolog's lease ends by an epilog Slurm runs for the failed job, by reclaim, or (the
+    # node agent did the prolog's work: slurm_tpu/hooks/agent.py) by the agent's worker itself, which
+    # outlives its killed client, fails to get the held card and rolls back what it took.
+    assert {(USB, job, "reclaim"), (USB, job, "release"), (USB, job, "rollback")} & ended
     assert_idle_and_consistent(cluster)
 
 

@@ -1,0 +1,333 @@
+"""The node's resident slurm-tpu agent: the root hooks' work without a Python start per hook.
+
+Two interpreter starts per job (prolog, epilog) plus two per revoked USB stick
+(udev remove/add) cost most of what a job may spend in its hooks. The agent is one
+root process per node (``prolog/slurm-tpu-agent``; LocalCluster starts one per
+node, a site runs it as a service) that has imported everything the hooks need
+once. The hooks become thin clients (``prolog/slurm-tpu-hook-client``, ~150 lines
+of C, see its source): each connects to ``<state_dir>/agent.sock`` and hands over
+its environment; the agent forks a worker that runs the very same hook code
+(prolog.main, epilog.main, udev_event.main) with it and answers with the hook's
+messages and exit status, which the client writes to its stderr and exits with.
+
+Why a fork per request, not threads or an in-memory ledger: the ledger on disk
+stays the only truth (the worker writes it before it answers, so an agent crash
+or restart loses no lease, and the Python hooks, the fallback, share it under the
+same flock); each worker has its own pid, which the lease records as its prolog's
+(leasing.holder_alive: alive while the worker runs, like a prolog process); a
+prolog waiting for a revoked USB stick never holds up a job on another device
+(workers run side by side); and a worker that fails harms no other request.
+
+Wire format (host byte order: both ends are on the node): a 4-byte length N (at
+most :data:`MAX_REQUEST`), then N bytes ``STPU1\\0<hook>\\0`` and ``NAME=value\\0``
+per environment variable, no descriptors. The answer (:func:`answer`): a 4-byte
+length M (at most :data:`MAX_OUTPUT`), M bytes of the hook's messages, one byte of
+exit status. Nothing else is accepted. Nothing of the client's (slurmd's output
+pipe) is held by the agent: a hung worker cannot keep slurmd waiting past the
+client's own time limit.
+
+Safety: the socket is created 0600 in the root-owned state directory, and every
+connection's SO_PEERCRED must be uid 0, or it is closed unread; reads are bounded
+(size and time); no string of the request reaches a shell (it becomes the hook's
+environment, as slurmd's would). A prolog worker whose client is gone by the time
+the devices are leased (slurmd killed the prolog, the client timed out) gives
+them back at once (:func:`_client_gone`), so a job that was refused never keeps them.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+
+from . import probe
+from .context import say
+
+SOCKET = "agent.sock"
+PIDFILE = "agent.pid"  # written once the socket listens: who serves it (LocalCluster waits for it)
+MAGIC = b"STPU1"
+MAX_REQUEST = 64 << 10
+MAX_OUTPUT = 64 << 10  # the hook's messages sent back (prolog/slurm-tpu-hook-client.c MAX_OUTPUT)
+READ_TIMEOUT_S = 5.0
+HOOKS = ("prolog", "epilog", "udev")
+_UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+
+
+class BadRequest(Exception):
+    """A request the agent refuses (the message is logged, the client gets no status)."""
+
+
+def preload() -> None:
+    """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
+    from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
+    from ..locks import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
+    from ..protocol import audit, hooks_snapshot, usage  # noqa: F401
+    from ..slurm import commands, installation, jobdetail  # noqa: F401
+
+    jobusage._libc()  # ctypes + libc, for the usage box mount
+
+
+def _peer(conn: socket.socket) -> tuple[int, int]:
+    """(pid, uid) of the connected process, from the kernel (SO_PEERCRED), not from the request."""
+    pid, uid, _gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
+    return pid, uid
+
+
+def _recv_exact(conn: socket.socket, count: int, deadline: float) -> bytes:
+    chunks, got = [], 0
+    while got < count:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise BadRequest(f"request not complete within {READ_TIMEOUT_S:g} s")
+        conn.settimeout(left)
+        chunk = conn.recv(count - got)
+        if not chunk:
+            raise BadRequest("client closed the connection mid-request")
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
+
+
+def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
+    """(hook, environment) of one request; raises BadRequest (descriptors sent with it are closed)."""
+    deadline = time.monotonic() + READ_TIMEOUT_S
+    conn.settimeout(READ_TIMEOUT_S)
+    head, ancillary, flags, _ = conn.recvmsg(4, socket.CMSG_SPACE(16 * 4))
+    fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+           for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])]
+    for fd in fds:
+        os.close(fd)
+    if fds or flags & socket.MSG_CTRUNC:
+        raise BadRequest("descriptors sent with the request")
+    if len(head) < 4:
+        head += _recv_exact(conn, 4 - len(head), deadline)
+    (length,) = struct.unpack("=I", head)
+    if not 0 < length <= MAX_REQUEST:
+        raise BadRequest(f"request of {length} bytes (at most {MAX_REQUEST})")
+    parts = _recv_exact(conn, length, deadline).split(b"\0")
+    if len(parts) < 3 or parts[0] != MAGIC or parts[-1] != b"":
+        raise BadRequest("not a slurm-tpu hook request")
+    hook = parts[1].decode("ascii", "replace")
+    if hook not in HOOKS:
+        raise BadRequest(f"unknown hook {hook[:20]!r}")
+    environ: dict[str, str] = {}
+    for entry in parts[2:-1]:
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            environ[os.fsdecode(name)] = os.fsdecode(value)
+    return hook, environ
+
+
+def answer(status: int, output: bytes) -> bytes:
+    """The reply: the hook's messages (its stdout and stderr, at most MAX_OUTPUT) and its exit status."""
+    output = output[:MAX_OUTPUT]
+    return struct.pack("=I", len(output)) + output + bytes([status & 0xFF])
+
+
+def _client_gone(conn: socket.socket) -> bool:
+    """Whether the client hung up (it sends nothing after its request, so readable means EOF)."""
+    readable, _, _ = select.select([conn], [], [], 0)
+    if not readable:
+        return False
+    try:
+        return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+
+
+def _resident_scontrol(queries: socket.socket, environ: dict[str, str]):
+    """A ``Slurm.detail_source`` asking the agent's query helper (agent_query.py) for this hook's Slurm."""
+    from . import agent_query
+
+    def source(scontrol: str, selector: str) -> str | None:
+        answer = agent_query.ask(queries, selector, environ)
+        used = answer is not None and answer[0] == scontrol
+        probe.mark("resident_scontrol" if used else "resident_scontrol_unused")
+        return answer[1] if used else None
+
+    return source
+
+
+def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = None,
+             queries: socket.socket | None = None) -> int:
+    """Run one hook in this (worker) process, as its Python entry script would; returns its status."""
+    probe.begin(environ, time.time())
+    if hook == "prolog":
+        from . import epilog, prolog
+
+        if queries is not None:
+            from . import allocation
+
+            allocation.DETAIL_SOURCE = _resident_scontrol(queries, environ)
+
+        status = prolog.main(environ)
+        if status == 0 and conn is not None and _client_gone(conn):
+            # Nobody waits for this prolog any more (slurmd killed it, the client gave up): the
+            # job was refused, so it must not keep devices. The epilog's release is idempotent.
+            say(f"prolog: job {environ.get('SLURM_JOB_ID', '?')}: its hook client went away; "
+                "giving back what was leased for it")
+            epilog.main(environ)
+            status = 1
+        return status
+    if hook == "epilog":
+        from . import epilog
+
+        return epilog.main(environ)
+    from . import udev_event
+
+    return udev_event.main(environ)
+
+
+def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket | None) -> None:
+    """The forked child for one connection: read, run, answer, exit (never returns)."""
+    status, output = 1, -1
+    try:
+        listener.close()
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        try:
+            hook, environ = read_request(conn)
+        except (BadRequest, OSError, ValueError) as exc:
+            say(f"agent: refused a request: {exc}")
+            os._exit(2)
+        conn.settimeout(None)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        # The hook's stdout and stderr go to a memory file sent back with its status: the client
+        # writes them where the Python hook would have (slurmd's log). No stdin (no job string).
+        output = os.memfd_create("slurm-tpu-hook-output", os.MFD_CLOEXEC)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.close(null)
+        os.dup2(output, 1)
+        os.dup2(output, 2)
+        os.environ.clear()
+        os.environ.update(environ)
+        status = run_hook(hook, environ, conn, queries)
+    except BaseException as exc:  # noqa: BLE001 - one line, then fail closed
+        say(f"agent: worker failed: {type(exc).__name__}: {exc}")
+        status = 1
+    text = b""
+    try:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if output >= 0:
+            text = os.pread(output, MAX_OUTPUT, 0)
+    except (OSError, ValueError):
+        pass
+    try:
+        conn.sendall(answer(status, text))
+    except OSError:
+        pass
+    os._exit(0)
+
+
+def _reap() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def _bind(state_fd: int) -> tuple[socket.socket, int]:
+    """Listen on <state_dir>/agent.sock (0600); returns the socket and the socket file's inode."""
+    try:
+        os.unlink(SOCKET, dir_fd=state_fd)  # a dead agent's: never follows a link
+    except FileNotFoundError:
+        pass
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+    old = os.umask(0o177)
+    try:
+        # Through the checked directory's fd: no path-length limit, no symlink in between.
+        listener.bind(f"/proc/self/fd/{state_fd}/{SOCKET}")
+    finally:
+        os.umask(old)
+    listener.listen(128)
+    return listener, os.stat(SOCKET, dir_fd=state_fd, follow_symlinks=False).st_ino
+
+
+def serve(environ=None) -> int:
+    """Run the agent for the node the environment names (SLURM_TPU_CONFIG, SLURMD_NODENAME) until SIGTERM."""
+    from ..locks import statedir
+    from . import settings as hook_settings
+    from .context import node_from_env
+
+    environ = os.environ if environ is None else environ
+    if os.geteuid() != 0:
+        say("agent: must run as root (it leases devices for the hooks)")
+        return 2
+    from . import agent_query
+
+    preload()
+    settings = hook_settings.load(environ, node_from_env(environ))
+    state_fd = statedir.open_dir(settings.state_dir, create=True)
+    # Forked before anything else runs here: the helper shares nothing with the workers but its socket.
+    queries = agent_query.start(environ, settings) if settings.leasable_names() else None
+    listener, inode = _bind(state_fd)
+    statedir.write_atomic(state_fd, PIDFILE, f"{os.getpid()}\n".encode())
+    stopping = []
+
+    def stop(signum, _frame):
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})",
+        error=False)
+    try:
+        while not stopping:
+            try:
+                readable, _, _ = select.select([listener], [], [], 1.0)
+            except InterruptedError:
+                continue
+            _reap()
+            if not readable:
+                continue
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                continue
+            with conn:
+                pid, uid = _peer(conn)
+                if uid != 0:
+                    say(f"agent: refused a connection from pid {pid} (uid {uid}): only root's hooks may ask")
+                    continue
+                sys.stdout.flush()
+                sys.stderr.flush()
+                if os.fork() == 0:
+                    _worker(conn, listener, queries)
+    finally:
+        # Remove the socket only if it is still ours (a new agent may have replaced it): the
+        # hooks then run the Python hooks themselves. Workers still running finish their requests.
+        try:
+            if os.stat(SOCKET, dir_fd=state_fd, follow_symlinks=False).st_ino == inode:
+                os.unlink(SOCKET, dir_fd=state_fd)
+        except OSError:
+            pass
+        listener.close()
+        if queries is not None:
+            queries.close()
+        os.close(state_fd)
+    return 0
+
+
+def main(entry_script: str | None = None) -> int:
+    """Entry point for prolog/slurm-tpu-agent: build the hooks' client beside it if needed, then serve."""
+    try:
+        if entry_script is not None:
+            from ..ops.hook_client import build_beside
+
+            build_beside(entry_script)  # None: no compiler (the hooks run the Python hooks)
+        return serve()
+    except Exception as exc:  # noqa: BLE001 - one line
+        say(f"agent: {type(exc).__name__}: {exc}")
+        return 1

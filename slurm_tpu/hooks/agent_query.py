@@ -1,0 +1,189 @@
+"""The agent's Slurm query: one resident ``scontrol -d`` per node instead of one per job.
+
+Slurm gives a prolog nothing about a ``tpu`` GRES in its environment (22.05 and
+25.11: slurmd's gres_g_prep_set_env() only calls plugins that have a
+prep_set_env, gpu and friends), so each prolog must ask the controller which
+indices its job holds (hooks/allocation.py). Run per job, ``scontrol show job -d``
+loads libslurm, reads slurm.conf and connects: 4 ms on a quiet machine, 15 ms
+and more under load, most of what the agent's prolog still costs. Asked of one
+``scontrol`` that stays in interactive mode, the same RPC costs about 1 ms.
+
+The query helper is a process the agent forks at start (before it has any
+thread, so nothing here is shared with the workers but one socket). A worker
+sends it the job selector (``123``, ``123_4``; one SOCK_SEQPACKET message carrying, over SCM_RIGHTS, the
+end of a fresh socketpair to answer on); the helper writes
+``<scontrol>\\n<SLURM_CONF>\\n`` and the text of ``show job`` for that job, then
+closes. ``Slurm.job_detail`` asks it first (both the job's query and the narrowed one for an
+array task sharing the node), through ``allocation.DETAIL_SOURCE``. Each answer ends at a line only this query can produce: ``show
+hostnames q<random>[1-2]`` expands to two lines that neither scontrol's echo of
+the command nor any job string can contain, so a forged job name never shifts
+one job's answer into the next one's. The worker uses the text only when its own
+hook environment names the same scontrol and slurm.conf, and the text goes through
+the same parser as before (slurm.jobdetail: forgeries detected, then ``squeue
+--json``). Anything else (no helper, a timeout, an empty answer): the worker asks
+Slurm itself as the Python prolog does. One job's query at a time, each bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+import time
+
+ANSWER_TIMEOUT_S = 5.0
+MAX_ANSWER = 4 << 20
+_PROMPT = "scontrol: "
+
+
+class ScontrolSession:
+    """One interactive ``scontrol -d`` (restarted when it fails or stalls)."""
+
+    def __init__(self, scontrol: str):
+        self.scontrol = scontrol
+        self.process = None
+        self.buffer = b""
+
+    def _start(self) -> None:
+        import subprocess
+
+        self.process = subprocess.Popen([self.scontrol, "-d"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                        stderr=subprocess.DEVNULL, bufsize=0, close_fds=True)
+        self.buffer = b""
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
+            self.process = None
+
+    def show_job(self, selector: str) -> str:
+        """``show job`` text for the selector ('' when scontrol fails, stalls or knows no such job)."""
+        if self.process is None or self.process.poll() is not None:
+            self._start()
+        assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
+        nonce = "q" + os.urandom(8).hex()
+        end = f"{nonce}1\n{nonce}2\n".encode()
+        try:
+            self.process.stdin.write(f"show job {selector}\nshow hostnames {nonce}[1-2]\n".encode())
+        except OSError:
+            self.stop()
+            return ""
+        deadline = time.monotonic() + ANSWER_TIMEOUT_S
+        out = self.process.stdout.fileno()
+        while end not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or len(self.buffer) > MAX_ANSWER or not select.select([out], [], [], left)[0]:
+                self.stop()
+                return ""
+            chunk = os.read(out, 1 << 16)
+            if not chunk:
+                self.stop()
+                return ""
+            self.buffer += chunk
+        text, _, self.buffer = self.buffer.partition(end)
+        return _record(text.decode("utf-8", "replace"))
+
+
+def _record(text: str) -> str:
+    """The job records of one answer: scontrol's prompt and echo before the first ``JobId=`` line
+    and after the last record go (a job string can only add lines, which the parser judges)."""
+    lines = text.split("\n")
+    first = next((i for i, line in enumerate(lines) if line.startswith("JobId=")), None)
+    if first is None:
+        return ""
+    lines = lines[first:]
+    while lines and (lines[-1].startswith(_PROMPT) or not lines[-1].strip()):
+        lines.pop()
+    return "\n".join(lines) + "\n"
+
+
+def valid_selector(selector: str) -> bool:
+    """A job (``123``), an array task (``123_4``) or a het component (``123+1``): digits, one ``_`` or ``+``."""
+    head, sep, tail = selector.partition("_") if "_" in selector else selector.partition("+")
+    return 0 < len(selector) <= 24 and head.isdigit() and (not sep or tail.isdigit())
+
+
+def serve(requests: socket.socket, scontrol: str, slurm_conf: str, parent: int) -> None:
+    """The helper's loop: answer job queries until the agent (``parent``) is gone."""
+    session = ScontrolSession(scontrol)
+    header = f"{scontrol}\n{slurm_conf}\n".encode()
+    try:
+        while os.getppid() == parent:
+            if not select.select([requests], [], [], 1.0)[0]:
+                continue
+            message, ancillary, _, _ = requests.recvmsg(32, socket.CMSG_SPACE(4))
+            fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET
+                   and kind == socket.SCM_RIGHTS for fd in struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4])]
+            if not message and not fds:
+                return
+            try:
+                selector = message.decode("ascii", "replace")
+                if len(fds) == 1 and valid_selector(selector):
+                    text = session.show_job(selector)
+                    with socket.socket(fileno=os.dup(fds[0])) as reply:
+                        reply.settimeout(ANSWER_TIMEOUT_S)
+                        reply.sendall(header + text.encode() if text else b"")
+            except OSError:
+                pass
+            finally:
+                for fd in fds:
+                    os.close(fd)
+    finally:
+        session.stop()
+
+
+def start(environ, settings) -> socket.socket | None:
+    """Fork the query helper; returns the socket workers ask it on (None: no scontrol, no helper)."""
+    from ..errors import SlurmCommandError
+    from .slurm_files import conf_paths
+
+    try:
+        scontrol = settings.slurm(environ).program("scontrol")
+    except SlurmCommandError:
+        return None
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    parent = os.getpid()
+    if os.fork() == 0:
+        code = 0
+        try:
+            ours.close()
+            serve(theirs, scontrol, conf_paths(environ)[0], parent)
+        except BaseException:  # noqa: BLE001 - the workers fall back to asking Slurm themselves
+            code = 1
+        os._exit(code)
+    theirs.close()
+    return ours
+
+
+def ask(requests: socket.socket, selector: str, environ) -> tuple[str, str] | None:
+    """(scontrol, text) of the helper's answer for a job selector, if it answered for this hook's Slurm."""
+    from .slurm_files import conf_paths
+
+    if not valid_selector(selector):
+        return None
+    mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        with theirs:
+            requests.sendmsg([selector.encode()],
+                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
+        mine.settimeout(ANSWER_TIMEOUT_S + 1)
+        chunks, size = [], 0
+        while size <= MAX_ANSWER:
+            chunk = mine.recv(1 << 16)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        else:
+            return None
+    except OSError:
+        return None
+    finally:
+        mine.close()
+    scontrol, _, rest = b"".join(chunks).decode("utf-8", "replace").partition("\n")
+    conf, _, text = rest.partition("\n")
+    if not text.strip() or conf != conf_paths(environ)[0]:
+        return None
+    return scontrol, text

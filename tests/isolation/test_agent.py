@@ -1,0 +1,280 @@
+"""The node agent (slurm_tpu/hooks/agent.py) and its thin client, on a real cluster with real users.
+
+What the agent design must keep of the Python hooks: the job gets its devices with no
+Python start in its hooks; an agent that is down refuses the job and leaves the devices
+root's; an agent killed while a job holds a lease loses nothing (the ledger on disk is
+the truth, the next agent's epilog releases it); a user cannot use the agent's socket;
+and a prolog waiting for nothing on one device never makes a job on another device wait
+for a USB stick's power-cycle (README: "Revocation on real hardware").
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import struct
+import subprocess
+
+import pytest
+
+from support import (PCI, REPO, USB, assert_idle_and_consistent, audit, finish_cluster, inventory,
+                     kept_in_service, leases, make_cluster, out, owner, require_root_and_slurm, resume, revoking, settle,
+                     state_dir, wait_until)
+
+pytestmark = pytest.mark.slurm
+
+HOLD = "#!/bin/sh\necho \"$SLURM_TPU_DEVICES\" > {out}.devices\ntouch {out}.started\n" \
+       "while [ ! -e {out}.stop ]; do sleep 0.1; done\n"
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """n1 (a USB stick and a PCIe card) whose prolog directory holds a marker shim in place of the
+    Python prolog: the shim records every run, so the test sees whether the agent did the work."""
+    require_root_and_slurm()
+    from slurm_tpu.localcluster.cluster import Hooks, NodeSpec
+    from slurm_tpu.ops.hook_client import build
+
+    hooks_dir = os.path.join("/tmp", f"slurm-tpu-agent-hooks-{os.getpid()}")
+    os.makedirs(hooks_dir, mode=0o755)
+    for name in ("slurm-tpu-prolog", "slurm-tpu-lib.sh"):
+        shutil.copy2(os.path.join(REPO, "prolog", name), hooks_dir)
+    assert build(hooks_dir), "no C compiler: the agent's client cannot be built"
+    marker = os.path.join(hooks_dir, "python-prolog-runs")
+    with open(os.path.join(hooks_dir, "slurm-tpu-prolog.py"), "w", encoding="utf-8") as handle:
+        handle.write(f"#!/bin/sh\necho \"$SLURM_JOB_ID\" >> {marker}\n"
+                     f"exec {os.path.join(REPO, 'prolog', 'slurm-tpu-prolog.py')} \"$@\"\n")
+    os.chmod(os.path.join(hooks_dir, "slurm-tpu-prolog.py"), 0o755)
+    started = make_cluster([NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware",
+                                                        "n1_two_tpus.umockdev"))],
+                           hooks=Hooks(prolog=os.path.join(hooks_dir, "slurm-tpu-prolog"),
+                                       epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
+                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")))
+    started.python_prolog_runs = marker
+    try:
+        yield started
+    finally:
+        finish_cluster(started)
+        shutil.rmtree(hooks_dir, ignore_errors=True)
+
+
+def python_prolog_runs(cluster) -> list[str]:
+    try:
+        with open(cluster.python_prolog_runs, encoding="utf-8") as handle:
+            return handle.read().split()
+    except FileNotFoundError:
+        return []
+
+
+def hold(cluster, user: str, tag: str, gres: str) -> int:
+    job = cluster.sbatch(["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
+                         HOLD.format(out=out(cluster, tag)), user=user)
+    wait_until(lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(job) == "FAILED",
+               180, f"job {job} to start")
+    assert os.path.exists(out(cluster, f"{tag}.started")), open(out(cluster, f"{tag}.err")).read()
+    return job
+
+
+def release(cluster, tag: str, job: int) -> str:
+    open(out(cluster, f"{tag}.stop"), "w").close()
+    return cluster.wait_for_jobs([job], timeout=180)[job]
+
+
+def agent_pid(cluster, node: str = "n1") -> int:
+    return cluster.running_pids()[f"agent-{node}"]
+
+
+def test_the_agent_leases_and_releases_with_no_python_hook_started(cluster, users):
+    with kept_in_service(cluster):
+        job = hold(cluster, "stpu_alice", "plain", "tpu:2")
+        devices = open(out(cluster, "plain.devices"), encoding="utf-8").read().split()
+        assert devices == [f"{USB},{PCI}"] or devices == [f"{PCI},{USB}"]
+        held = {row["identity"]: row for row in leases(cluster, "n1", settled=False)}
+        assert set(held) == {USB, PCI} and {row["job_id"] for row in held.values()} == {job}
+        assert release(cluster, "plain", job) == "COMPLETED"
+        assert str(job) not in python_prolog_runs(cluster)  # the agent did it: no interpreter start
+        assert_idle_and_consistent(cluster)
+
+
+def test_a_stopped_agent_leaves_the_work_to_the_python_hooks(cluster, users):
+    with kept_in_service(cluster):
+        cluster.stop_agent("n1")  # SIGTERM: it removes its socket
+        try:
+            assert not os.path.exists(cluster.agent_socket("n1"))
+            job = hold(cluster, "stpu_bob", "fallback", "tpu:1")
+            assert str(job) in python_prolog_runs(cluster)
+            assert release(cluster, "fallback", job) == "COMPLETED"
+        finally:
+            cluster.start_agent("n1")
+        assert_idle_and_consistent(cluster)
+
+
+def test_a_dead_agent_refuses_the_job_and_the_devices_stay_roots(cluster, users):
+    with kept_in_service(cluster):
+        os.kill(agent_pid(cluster), signal.SIGKILL)  # its socket stays: the hooks must not guess
+        wait_until(lambda: "agent-n1" not in cluster.running_pids(), 30, "the agent to die")
+        assert os.path.exists(cluster.agent_socket("n1"))
+        try:
+            job = cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
+                                 user="stpu_alice")
+            # A failing prolog: Slurm drains the node and requeues the job held.
+            wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the prolog to refuse the job")
+            log = open(cluster.path("log", "slurmd-n1.log"), encoding="utf-8", errors="replace").read()
+            assert "agent does not answer" in log and "job refused" in log
+            assert str(job) not in python_prolog_runs(cluster)  # refused, not run by another way
+            assert leases(cluster, "n1") == []
+            for nodes in inventory(cluster, "n1").values():
+                for path in nodes:
+                    assert owner(path) == (0, 0, 0o600), path
+            assert not [e for e in audit(cluster, "n1") if e.get("job_id") == job and e["event"] == "acquire"]
+        finally:
+            cluster.start_agent("n1")
+        cluster.command(["scancel", str(job)], check=False)
+        cluster.wait_for_jobs([job], timeout=120)
+        resume(cluster)
+        assert_idle_and_consistent(cluster)
+
+
+def test_an_agent_killed_while_a_job_holds_its_devices_loses_no_lease(cluster, users):
+    with kept_in_service(cluster):
+        job = hold(cluster, "stpu_alice", "crash", "tpu:edgetpu_pci:1")
+        os.kill(agent_pid(cluster), signal.SIGKILL)
+        try:
+            wait_until(lambda: "agent-n1" not in cluster.running_pids(), 30, "the agent to die")
+            held = leases(cluster, "n1", settled=False)
+            assert [(row["identity"], row["job_id"]) for row in held] == [(PCI, job)]
+            node = inventory(cluster, "n1", settled=False)[PCI][0]
+            assert owner(node)[0] == users["stpu_alice"]
+        finally:
+            cluster.start_agent("n1")  # replaces the dead agent's socket
+        assert release(cluster, "crash", job) == "COMPLETED"
+        events = [(e["event"], e.get("job_id")) for e in audit(cluster, "n1") if e.get("identity") == PCI]
+        assert events[-2:] == [("acquire", job), ("release", job)]
+        assert_idle_and_consistent(cluster)
+
+
+CONNECT_AS_USER = r"""
+import socket, struct, sys
+path, mode = sys.argv[1], sys.argv[2]
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+try:
+    sock.connect(path)
+except PermissionError:
+    print("EACCES"); sys.exit(0)
+env = b"SLURM_JOB_ID=1\0SLURM_JOB_UID=0\0SLURMD_NODENAME=n1\0"
+body = b"STPU1\0epilog\0" + env
+fds = [0, 1, 2]
+try:
+    sock.sendmsg([struct.pack("=I", len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", *fds))])
+    answer = sock.recv(1)
+except (BrokenPipeError, ConnectionResetError):
+    answer = b""  # closed unread
+print("ANSWER" if answer else "CLOSED")
+"""
+
+
+def test_a_user_cannot_use_the_agents_socket(cluster, users):
+    path = cluster.agent_socket("n1")
+    info = os.lstat(path)
+    assert (info.st_uid, info.st_mode & 0o777) == (0, 0o600)
+    as_alice = ["runuser", "-u", "stpu_alice", "--", "/usr/bin/python3", "-I", "-c", CONNECT_AS_USER, path, "x"]
+    done = subprocess.run(as_alice, capture_output=True, text=True, timeout=60)
+    assert done.stdout.strip() == "EACCES", done.stderr
+    # Even with the file opened up (an admin's mistake), the kernel's SO_PEERCRED says who asks.
+    os.chmod(path, 0o666)
+    try:
+        done = subprocess.run(as_alice, capture_output=True, text=True, timeout=60)
+    finally:
+        os.chmod(path, 0o600)
+    assert done.stdout.strip() == "CLOSED", done.stdout + done.stderr
+    log = open(cluster.path("log", "agent-n1.out"), encoding="utf-8", errors="replace").read()
+    assert f"(uid {users['stpu_alice']}): only root's hooks may ask" in log
+
+
+def test_a_malformed_request_is_refused_and_the_agent_serves_on(cluster, users):
+    body = b"STPU1\0epilog\0SLURM_JOB_ID=1\0"
+    for payload, fds in ((struct.pack("=I", 1 << 30), False),  # far beyond the bound: never read
+                         (struct.pack("=I", 11) + b"STPU1\0shell\0", False),  # a hook that does not exist
+                         (b"\xff" * 16, False),
+                         (struct.pack("=I", len(body)) + body, True)):  # a valid request, with descriptors
+
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(cluster.agent_socket("n1"))
+        if fds:
+            sock.sendmsg([payload], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", 0, 1, 2))])
+        else:
+            sock.sendall(payload)
+        try:
+            answer = sock.recv(1)
+        except ConnectionResetError:  # closed with the rest of the request unread
+            answer = b""
+        assert answer == b""  # closed without a status
+        sock.close()
+    with kept_in_service(cluster):
+        job = hold(cluster, "stpu_bob", "after-bad", "tpu:1")
+        assert release(cluster, "after-bad", job) == "COMPLETED"
+        assert str(job) not in python_prolog_runs(cluster)
+        assert_idle_and_consistent(cluster)
+
+
+# The emulated udev's hook for the test below: a stick's "add" (it is back after its power-cycle)
+# waits until the test opens the gate, so the stick stays in phase "revoking" for as long as the
+# test needs; every other event goes straight to the real hook.
+GATED_UDEV = """#!/bin/sh
+if [ "$ACTION" = add ]; then
+    while [ ! -e {gate} ]; do sleep 0.05; done
+fi
+exec {python} -I -S {hook}
+"""
+
+
+def test_the_next_job_on_another_device_never_waits_for_a_usb_power_cycle(users):
+    """A USB job's end power-cycles its port; a real stick is back about a second later (README:
+    "Revocation on real hardware"). Only the next job on that stick waits for it, in its prolog; a
+    job on the node's other device starts and ends while the stick is still away."""
+    require_root_and_slurm()
+    import sys
+
+    from slurm_tpu.localcluster.cluster import NodeSpec
+
+    gate_dir = os.path.join("/tmp", f"slurm-tpu-agent-gate-{os.getpid()}")
+    os.makedirs(gate_dir, mode=0o755)
+    gate, udev = os.path.join(gate_dir, "open"), os.path.join(gate_dir, "udev")
+    with open(udev, "w", encoding="utf-8") as handle:
+        handle.write(GATED_UDEV.format(gate=gate, python=sys.executable,
+                                       hook=os.path.join(REPO, "prolog", "slurm-tpu-udev-event")))
+    os.chmod(udev, 0o755)
+    from slurm_tpu.localcluster.cluster import Hooks
+
+    cluster = make_cluster([NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware",
+                                                        "n1_two_tpus.umockdev"))],
+                           hooks=Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
+                                       epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
+                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
+                                       udev=udev))
+    try:
+        first = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
+                               user="stpu_alice")
+        assert cluster.wait_for_jobs([first], timeout=180) == {first: "COMPLETED"}
+        # Its epilog power-cycled the port; the stick is away until the gate opens.
+        assert revoking(cluster, "n1") == [USB]
+        other = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"],
+                               "#!/bin/sh\ntest -n \"$SLURM_TPU_DEVICES\"\n", user="stpu_bob")
+        assert cluster.wait_for_jobs([other], timeout=180) == {other: "COMPLETED"}
+        # The other device's job came and went while the stick was still away: it never waited.
+        assert revoking(cluster, "n1") == [USB]
+        events = [(e["event"], e.get("identity"), e.get("job_id")) for e in audit(cluster, "n1")]
+        assert ("release", PCI, other) in events
+        assert ("release", USB, first) not in events
+        open(gate, "w").close()
+        settle(cluster, "n1")
+        after = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
+                               user="stpu_bob")
+        assert cluster.wait_for_jobs([after], timeout=180) == {after: "COMPLETED"}
+        assert_idle_and_consistent(cluster)
+    finally:
+        open(gate, "w").close()
+        finish_cluster(cluster)
+        shutil.rmtree(gate_dir, ignore_errors=True)
