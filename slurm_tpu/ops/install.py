@@ -55,7 +55,8 @@ HOOK_FILES = (("prolog", "slurm-tpu-prolog", 0o755), ("prolog", "slurm-tpu-prolo
               ("prolog", "slurm-tpu-hook-client.c", 0o644))
 HEALTH_PROGRAM = "slurm-tpu-health"
 # (shipped name, installed path under <sysconfdir>/systemd/system).
-SYSTEMD_FILES = (("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
+SYSTEMD_FILES = (("slurm-tpu-agent.service", "slurm-tpu-agent.service"),
+                 ("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
                  ("slurm-tpu-metrics.service", "slurm-tpu-metrics.service"),
                  ("slurm-tpu-metrics.timer", "slurm-tpu-metrics.timer"),
                  ("slurmd-slurm-tpu.conf", "slurmd.service.d/slurm-tpu.conf"))
@@ -193,9 +194,10 @@ def health_program_text(python: str, config_file: str) -> str:
             f"{config}exec {shlex.quote(python)} -I -m slurm_tpu.cli health\n")
 
 
-def unit_text(shipped: str, program: str, slurm_conf_dir: str) -> str:
+def unit_text(shipped: str, program: str, slurm_conf_dir: str, hooks_dir: str) -> str:
     """A shipped systemd file with this installation's paths filled in."""
-    return shipped.replace("@SLURM_TPU@", program).replace("@SLURM_CONF_DIR@", slurm_conf_dir)
+    return (shipped.replace("@SLURM_TPU@", program).replace("@SLURM_CONF_DIR@", slurm_conf_dir)
+            .replace("@HOOKS_DIR@", hooks_dir))
 
 
 CONFIG_SKELETON = """\
@@ -296,7 +298,8 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
     files.append(FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644))
     for shipped, target in SYSTEMD_FILES:
         files.append(FileSpec(os.path.join(layout.systemd_dir, target),
-                              unit_text(node_files.read_node_file("gres_conf", shipped), program, slurm_conf_dir),
+                              unit_text(node_files.read_node_file("gres_conf", shipped), program, slurm_conf_dir,
+                                        layout.hooks_dir),
                               0o644))
     files.append(FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True))
     return files

@@ -75,6 +75,20 @@ def test_the_udev_hook_is_installed_beside_the_prolog():
     assert os.access(os.path.join(REPO, "prolog", "slurm-tpu-udev-event"), os.X_OK)
 
 
+def test_the_agent_unit_runs_the_installed_agent_before_slurmd():
+    from slurm_tpu.config import Config
+    from slurm_tpu.ops.install import planned_files
+
+    layout = Layout("/opt/st", "/srv/etc")
+    [unit] = [f for f in planned_files(layout, Config(), "/srv/etc/slurm")
+              if f.path == "/srv/etc/systemd/system/slurm-tpu-agent.service"]
+    lines = unit.content.splitlines()
+    assert f"ExecStart={layout.hooks_dir}/slurm-tpu-agent" in lines
+    assert ("prolog", "slurm-tpu-agent", 0o755) in HOOK_FILES
+    assert "Before=slurmd.service" in lines and "KillMode=mixed" in lines
+    assert "@" not in unit.content  # every placeholder filled in
+
+
 def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more():
     from slurm_tpu.config import Config
     from slurm_tpu.ops.install import gres_types as gres_types_of

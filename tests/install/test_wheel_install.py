@@ -37,7 +37,7 @@ NODE = "n1"
 SHIPPED = ("prolog/slurm-tpu-prolog", "prolog/slurm-tpu-prolog.py", "prolog/slurm-tpu-lib.sh",
            "prolog/slurm-tpu-task-prolog", "prolog/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog",
            "epilog/slurm-tpu-epilog.py", "prolog/slurm-tpu-agent", "prolog/slurm-tpu-hook-client.c", "gres_conf/slurm.conf.snippet",
-           "gres_conf/slurm-tpu-watch.service", "gres_conf/slurm-tpu-metrics.service",
+           "gres_conf/slurm-tpu-agent.service", "gres_conf/slurm-tpu-watch.service", "gres_conf/slurm-tpu-metrics.service",
            "gres_conf/slurm-tpu-metrics.timer", "gres_conf/slurmd-slurm-tpu.conf")
 
 
