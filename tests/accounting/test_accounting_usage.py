@@ -177,16 +177,39 @@ def test_report_reads_sacct_and_equals_sreport(setup):
                                "UserUtilizationByAccount", f"start={start}", f"end={end}"]).stdout
         return {fields[1]: int(fields[-1]) for fields in (line.split("|") for line in out.splitlines() if line)}
 
-    # Asked again until it shows her: slurmdbd answers up to its last rollup, which its own
-    # periodic one may have set.
-    used = wait_until(lambda: (lambda u: u if u.get(USER) else None)(sreport_used()), 60, "sreport's usage")
+    # The window's listing reaches slurmdbd's job table by its own path: wait until it has
+    # this job (seen lagging behind `sacct -j` and the AdminComment on a busy machine).
+    wait_until(lambda: str(job) in cluster.command(["sacct", "-n", "-P", "-X", f"--user={USER}", "-S", start,
+                                                    "-E", end, "-o", "JobIDRaw"]).stdout.split(),
+               60, f"job {job} in sacct's listing of the period")
     env = cluster.env({"SLURM_TPU_CONFIG": cluster.node_config("n1")})
     report = subprocess.run([*cluster.slurm_tpu, "report", "--json", "--since", start, "--until", end],
                             capture_output=True, text=True, env=env, timeout=120)
     assert report.returncode == 0, report.stderr
+    # What the report read, shown by pytest when an assertion below fails.
+    print(cluster.command(["sacct", "-a", "-n", "-P", "-X", "-S", start, "-E", end, "-o",
+                           "JobID,User,State,Start,End,Elapsed,AllocTRES,AdminComment"]).stdout)
+    print(report.stdout)
     row = json.loads(report.stdout)[USER]
     assert row["source"] == "sacct"
-    assert used[USER] > 0 and row["tres_seconds"]["gres/tpu"] == used[USER]
+    expected = row["tres_seconds"]["gres/tpu"]
+    assert expected > 0
+    # sreport answers from the rolled-up tables, which reach only as far as the last rollup
+    # (the forced one or slurmdbd's own, which may have run mid-job): asked again until its
+    # figure for her is sacct's; a report that disagreed with sacct would never get there.
+    seen: list[dict[str, int]] = []
+
+    def sreport_agrees() -> bool:
+        seen.append(sreport_used())
+        return seen[-1].get(USER) == expected
+
+    try:
+        wait_until(sreport_agrees, 60, "sreport's usage")
+    except AssertionError:
+        jobs = cluster.command(["sacct", "-n", "-P", "-X", f"--user={USER}", "-S", start, "-E", end, "-o",
+                                "JobID,State,Start,End,Elapsed,AllocTRES"]).stdout
+        raise AssertionError(f"report: {expected} TPU-seconds for {USER}; sreport said {seen[-3:]}; "
+                             f"sacct:\n{jobs}") from None
     # Her inferences: the sum of her jobs' AdminComments (the first test's job made 12).
     comments = cluster.command(["sacct", "-n", "-P", "-X", f"--user={USER}", "-S", start, "-o", "AdminComment"]).stdout
     from slurm_tpu.protocol.job_record import parse_admin_comment
