@@ -12,9 +12,11 @@
  * job-controlled string is interpreted here: the environment is copied as bytes,
  * never given to a shell.
  *
- * Fail closed: when the agent cannot be reached, the FALLBACK (the Python hook)
- * is exec'ed if one is given, else one line is printed and the status is 1
- * (the prolog: Slurm refuses the job, the devices stay root's). Once the
+ * Fail closed: when the agent cannot be reached, the prolog prints one line and
+ * its status is 1 (Slurm refuses the job, the devices stay root's); the epilog
+ * and the udev hook exec their FALLBACK (the Python hook), which gives the
+ * devices back. An environment too large for one request (a job can grow it
+ * with SPANK_ variables) execs the FALLBACK for every hook. Once the
  * request is sent, no answer within the time limit (SLURM_TPU_AGENT_TIMEOUT
  * seconds in the environment slurmd gives, default 120) or an agent that dies
  * is status 1 with one line; the agent's worker then sees this client gone and
@@ -32,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -83,20 +86,37 @@ int main(int argc, char **argv)
     len = need;
     for (char **e = environ; *e; e++) {
         size_t n = strlen(*e) + 1;
-        if (len + n > sizeof buf)
-            return fail(hook, "the hook's environment is larger than the agent accepts (60 KiB)");
+        if (len + n > sizeof buf) /* a job can grow it (SPANK_ variables): the Python hook takes any size */
+            return fallback(argv, fb, hook, "the hook's environment is larger than the agent accepts (60 KiB)");
         memcpy(buf + len, *e, n);
         len += n;
     }
 
     /* Through the directory's fd (as the agent binds): no sun_path length limit on STATE_DIR. */
     int dir = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    /* Only a root-owned directory no one else may write (as statedir._check_dir wants of it):
+     * a socket anyone else could have put there is not asked. */
+    struct stat dir_info;
+    if (dir >= 0 && (fstat(dir, &dir_info) != 0 || dir_info.st_uid != 0 || (dir_info.st_mode & 022))) {
+        close(dir);
+        return fail(hook, "the state directory is not root's alone: not asking a socket in it");
+    }
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/agent.sock", dir);
     int sock = dir < 0 ? -1 : socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0)
-        return fallback(argv, fb, hook, "the node's slurm-tpu agent does not answer on its socket "
-                        "(restart it: slurm-tpu-agent)");
+    if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        /* A socket nobody answers: the agent crashed. The prolog refuses the job (fail closed);
+         * the epilog and the udev hook give devices back, so their Python hooks do it instead. */
+        static const char *dead = "the node's slurm-tpu agent does not answer on its socket "
+                                  "(restart it: slurm-tpu-agent)";
+        return strcmp(hook, "prolog") == 0 ? fail(hook, dead) : fallback(argv, fb, hook, dead);
+    }
+
+    /* The agent runs as root; anything else behind the socket is not it. */
+    struct ucred peer;
+    socklen_t peer_len = sizeof peer;
+    if (getsockopt(sock, SOL_SOCKET, SO_PEERCRED, &peer, &peer_len) != 0 || peer.uid != 0)
+        return fail(hook, "the process behind the agent's socket is not root's");
 
     /* No descriptor travels: the agent's worker collects the hook's messages and sends them back,
      * so nothing of slurmd's (its output pipe) is ever held by another process. */

@@ -304,7 +304,12 @@ def serve(environ=None) -> int:
                 sys.stdout.flush()
                 sys.stderr.flush()
                 if os.fork() == 0:
-                    _worker(conn, listener, queries)
+                    try:
+                        _worker(conn, listener, queries)
+                    finally:
+                        # Never past here in a worker: the finally below is the agent's
+                        # own shutdown (it would remove the live agent's socket).
+                        os._exit(1)
     finally:
         # Remove the socket only if it is still ours (a new agent may have replaced it): the
         # hooks then run the Python hooks themselves. Workers still running finish their requests.

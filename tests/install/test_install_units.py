@@ -85,7 +85,7 @@ def test_the_agent_unit_runs_the_installed_agent_before_slurmd():
     lines = unit.content.splitlines()
     assert f"ExecStart={layout.hooks_dir}/slurm-tpu-agent" in lines
     assert ("prolog", "slurm-tpu-agent", 0o755) in HOOK_FILES
-    assert "Before=slurmd.service" in lines and "KillMode=mixed" in lines
+    assert "Before=slurmd.service" in lines and "KillMode=process" in lines
     assert "@" not in unit.content  # every placeholder filled in
 
 

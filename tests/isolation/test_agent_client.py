@@ -106,12 +106,42 @@ def test_an_agent_that_dies_before_answering_refuses_the_job(client, state_dir):
 def test_a_dead_agents_socket_refuses_a_prolog_and_falls_back_for_the_others(client, state_dir):
     listen(state_dir).close()  # the socket file stays, nobody listens: ECONNREFUSED
     assert os.path.exists(os.path.join(state_dir, "agent.sock"))
-    done = run_client(client, "prolog", state_dir)
-    assert done.returncode == 1
+    # The prolog names its Python hook too (for an oversized environment) but does not run it here.
+    done = run_client(client, "prolog", state_dir, "--", "/bin/echo", "python prolog")
+    assert (done.returncode, done.stdout) == (1, "")
     assert "agent does not answer on its socket" in done.stderr and "job refused" in done.stderr
     # The epilog and the udev hook name their Python hook: it runs instead.
     done = run_client(client, "epilog", state_dir, "--", "/bin/echo", "python epilog")
     assert (done.returncode, done.stdout) == (0, "python epilog\n")
+
+
+@pytest.mark.parametrize("hook", ["prolog", "epilog"])
+def test_an_environment_too_large_for_the_agent_runs_the_python_hook(client, state_dir, hook):
+    """A job can grow the hooks' environment (slurmd passes its SPANK_ variables): the client
+    cannot send it, so the Python hook, which takes any size, does the work instead of a refusal
+    (prolog) or a drained node (epilog)."""
+    server = listen(state_dir)  # a live agent: the size alone decides
+    try:
+        done = subprocess.run([client, hook, state_dir, "--", "/bin/echo", f"python {hook}"],
+                              env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SPANK_BIG": "x" * 70000},
+                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    finally:
+        server.close()
+    assert (done.returncode, done.stdout) == (0, f"python {hook}\n"), done.stderr
+
+
+@pytest.mark.parametrize("owner,mode", [(65534, 0o755), (0, 0o777)], ids=["not-roots", "writable-by-all"])
+def test_a_socket_in_a_state_directory_others_control_is_not_asked(client, state_dir, owner, mode):
+    """Whoever could have put the socket there is not the agent: one line, status 1, nothing sent."""
+    server = listen(state_dir)
+    os.chown(state_dir, owner, 0)
+    os.chmod(state_dir, mode)
+    try:
+        done = run_client(client, "epilog", state_dir, "--", "/bin/echo", "python epilog")
+    finally:
+        server.close()
+    assert (done.returncode, done.stdout) == (1, "")
+    assert "the state directory is not root's alone" in done.stderr
 
 
 def test_bad_arguments_are_one_line_and_status_2(client):
