@@ -35,6 +35,7 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/time.h>
 #include <sys/un.h>
 #include <fcntl.h>
 #include <unistd.h>
@@ -92,6 +93,15 @@ int main(int argc, char **argv)
         len += n;
     }
 
+    long timeout_s = 120;
+    const char *limit = getenv("SLURM_TPU_AGENT_TIMEOUT");
+    if (limit && *limit) {
+        char *end;
+        long value = strtol(limit, &end, 10);
+        if (*end == '\0' && value > 0 && value < 86400)
+            timeout_s = value;
+    }
+
     /* Through the directory's fd (as the agent binds): no sun_path length limit on STATE_DIR. */
     int dir = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
     /* Only a root-owned directory no one else may write (as statedir._check_dir wants of it):
@@ -104,6 +114,12 @@ int main(int argc, char **argv)
     struct sockaddr_un addr = {.sun_family = AF_UNIX};
     snprintf(addr.sun_path, sizeof addr.sun_path, "/proc/self/fd/%d/agent.sock", dir);
     int sock = dir < 0 ? -1 : socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    /* The same limit on connecting and sending: an agent that stopped accepting fills its
+     * listen backlog, and connect() on a full backlog would otherwise block until slurmd
+     * kills the hook. Expired, connect fails with EAGAIN (treated like a dead agent). */
+    struct timeval send_limit = {.tv_sec = timeout_s};
+    if (sock >= 0)
+        (void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit);
     if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
         /* A socket nobody answers: the agent crashed. The prolog refuses the job (fail closed);
          * the epilog and the udev hook give devices back, so their Python hooks do it instead. */
@@ -137,14 +153,6 @@ int main(int argc, char **argv)
         done += (size_t)n;
     }
 
-    long timeout_s = 120;
-    const char *limit = getenv("SLURM_TPU_AGENT_TIMEOUT");
-    if (limit && *limit) {
-        char *end;
-        long value = strtol(limit, &end, 10);
-        if (*end == '\0' && value > 0 && value < 86400)
-            timeout_s = value;
-    }
     /* The answer: a 4-byte length, the hook's messages (at most MAX_OUTPUT), one status byte. */
     static char answer[4 + MAX_OUTPUT + 1];
     size_t got = 0, want = 4 + 1;

@@ -115,6 +115,33 @@ def test_a_dead_agents_socket_refuses_a_prolog_and_falls_back_for_the_others(cli
     assert (done.returncode, done.stdout) == (0, "python epilog\n")
 
 
+
+@pytest.mark.parametrize("hook", ["prolog", "epilog"])
+def test_an_agent_that_stopped_accepting_does_not_hang_the_hook(client, state_dir, hook):
+    """A hung agent's listen backlog fills; connect() on a full backlog blocks (no EOF, no refusal).
+    The client bounds it by its answer limit: the prolog refuses the job, the epilog runs its Python hook."""
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(os.path.join(state_dir, "agent.sock"))
+    server.listen(0)  # one pending connection fills it
+    filler = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    filler.setblocking(False)
+    filler.connect(os.path.join(state_dir, "agent.sock"))
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.setblocking(False)
+    with pytest.raises(BlockingIOError):  # the backlog is full: a connect would block
+        probe.connect(os.path.join(state_dir, "agent.sock"))
+    probe.close()
+    try:
+        done = run_client(client, hook, state_dir, "--", "/bin/echo", f"python {hook}", SLURM_TPU_AGENT_TIMEOUT="1")
+    finally:
+        filler.close()
+        server.close()
+    if hook == "prolog":
+        assert (done.returncode, done.stdout) == (1, "")
+        assert "agent does not answer on its socket" in done.stderr and "job refused" in done.stderr
+    else:
+        assert (done.returncode, done.stdout) == (0, f"python {hook}\n")
+
 @pytest.mark.parametrize("hook", ["prolog", "epilog"])
 def test_an_environment_too_large_for_the_agent_runs_the_python_hook(client, state_dir, hook):
     """A job can grow the hooks' environment (slurmd passes its SPANK_ variables): the client
