@@ -4,7 +4,7 @@ The client is C so that a hook starts no interpreter (see slurm_tpu/hooks/agent.
 It is built next to the sh hooks that run it (``<dir>/slurm-tpu-hook-client``): by
 scripts/setup.sh for a checkout, by LocalCluster before it starts a cluster, and by the
 agent itself when it starts from a hooks directory that has the source but no current
-client (``slurm-tpu install`` copies the source there; see :func:`build_beside`). Without a C compiler nothing is built
+client (``slurm-tpu install`` installs a built client and the source there; see :func:`build_beside`). Without a C compiler nothing is built
 and the hooks run the Python hooks, as before the agent.
 """
 
@@ -60,6 +60,19 @@ def build(directory: str | None = None, source: str | None = None) -> str | None
     os.chmod(temporary, 0o755)
     os.replace(temporary, target)
     return target
+
+
+def compiled() -> bytes | None:
+    """The client built from the shipped source, as bytes (``slurm-tpu install`` installs and
+    records it, so ``uninstall`` removes it); None without a compiler or when the build fails."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="slurm-tpu-hook-client-") as directory:
+        path = build(directory, node_file("prolog", SOURCE))
+        if path is None:
+            return None
+        with open(path, "rb") as handle:
+            return handle.read()
 
 
 def build_beside(entry_script: str) -> str | None:

@@ -498,6 +498,18 @@ def install_libedgetpu(layout: Layout, data: bytes, manifest: Manifest, dry_run:
     _install_link(os.path.join(layout.libdir, LIBEDGETPU_SONAME), LIBEDGETPU_FILE, manifest, dry_run, say)
 
 
+def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) -> None:
+    """Build the agent's thin client into the hooks directory and record it (uninstall removes
+    it). Without a C compiler nothing is installed: the hooks run the Python hooks."""
+    from . import hook_client
+
+    data = hook_client.compiled()
+    if data is None:
+        say(f"no C compiler: {hook_client.PROGRAM} not built; the hooks run the Python hooks (slower)")
+        return
+    _install_bytes(os.path.join(layout.hooks_dir, hook_client.PROGRAM), data, 0o755, manifest, dry_run, say)
+
+
 def _ldconfig(layout: Layout, dry_run: bool, say) -> None:
     """Refresh the dynamic linker's cache for the library (only when the system's loader reads it)."""
     if not layout.is_system:
@@ -598,6 +610,7 @@ def install(layout: Layout, config: Config, slurm_conf: str, dry_run: bool = Fal
         _install_file(spec, manifest, dry_run, say)
     if library is not None:
         install_libedgetpu(layout, library, manifest, dry_run, say)
+    install_hook_client(layout, manifest, dry_run, say)
     if not dry_run:
         write_if_changed(layout.manifest, manifest.text(), 0o644, backup=False)
         _settle(layout.manifest, 0o644)

@@ -173,6 +173,11 @@ def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
     assert done.returncode == 0, done.stderr
     assert f"unchanged {rules}" in done.stdout.splitlines()
     assert os.access(prefix / "libexec" / "slurm-tpu" / "slurm-tpu-udev-event", os.X_OK)
+    # The agent's C client is built and recorded by install (the agent never has to build it there),
+    # so uninstall removes it below.
+    client = prefix / "libexec" / "slurm-tpu" / "slurm-tpu-hook-client"
+    assert os.access(client, os.X_OK)
+    assert client.stat().st_mtime_ns >= (client.parent / "slurm-tpu-hook-client.c").stat().st_mtime_ns
     prolog = prefix / "libexec" / "slurm-tpu" / "slurm-tpu-prolog"
     prolog.write_text(prolog.read_text() + "# a local change\n")
     done = slurm_tpu("uninstall", *args, "--purge")

@@ -430,6 +430,7 @@ def test_install_then_uninstall_leaves_the_prefix_exactly_as_it_was(node):
     run([node.slurm_tpu, "install", *args], env=node.env(), cwd="/")
     installed = tree(prefix)
     assert "libexec/slurm-tpu/slurm-tpu-prolog" in installed and "etc/slurm-tpu/config.yaml" in installed
+    assert "libexec/slurm-tpu/slurm-tpu-hook-client" in installed  # built by install, removed by uninstall
     run([node.slurm_tpu, "install", *args], env=node.env(), cwd="/")
     assert tree(prefix) == installed  # idempotent
     run([node.slurm_tpu, "uninstall", *args, "--purge"], env=node.env(), cwd="/")
