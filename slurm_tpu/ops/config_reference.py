@@ -83,22 +83,22 @@ def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, s
             return {entry: value for entry, value in config.types.items() if entry not in named}
         return config.types[name]
     raise UnknownDefault(f"no default known for config key '{key}' of a family: "
-                          f"teach slurm_tpu/ops/config_reference.py's _family_default to read it")
+                         f"teach slurm_tpu/ops/config_reference.py's _family_default to read it")
 
 
 def defaults() -> dict[str, Any]:
     """Dotted key -> default for every key of the current version (None: unset by default)."""
-    config = Config()
+    config, keys = Config(), schema()
     found: dict[str, Any] = {}
-    for key in schema():
+    for key in keys:
         if key in _COMMON_DEFAULTS:
             found[key] = _COMMON_DEFAULTS[key](config)
             continue
         parts = key.split(".", 2)
         if parts[0] != "families" or len(parts) < 3:
             raise UnknownDefault(f"no default known for config key '{key}': add it to "
-                                  f"slurm_tpu/ops/config_reference.py's _COMMON_DEFAULTS")
-        section = {k.split(".", 2)[2]: v for k, v in schema().items() if k.startswith(f"families.{parts[1]}.")}
+                                 f"slurm_tpu/ops/config_reference.py's _COMMON_DEFAULTS")
+        section = {k.split(".", 2)[2]: v for k, v in keys.items() if k.startswith(f"families.{parts[1]}.")}
         found[key] = _family_default(config.family(parts[1]), parts[2], section)
     return found
 
@@ -137,10 +137,12 @@ def _value(value: Any) -> str:
     return "unset" if value is None else f"`{json.dumps(value)}`"
 
 
-def _table(keys: list[str], prefix: str, found: dict[str, Any]) -> list[str]:
+def _table(members: list[str], prefix: str, found: dict[str, Any]) -> list[str]:
+    """A Markdown table of ``members`` (dotted keys), named without ``prefix``."""
+    known = schema()
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
-    for key in keys:
-        expected, description = schema()[key]
+    for key in members:
+        expected, description = known[key]
         default = "required in a file" if key == "version" else _value(found[key])
         rows.append(f"| `{key[len(prefix):]}` | {_type_name(expected)} | {default} | {_cell(description)} |")
     return rows
