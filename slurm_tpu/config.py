@@ -76,24 +76,29 @@ class Config:
 
 # The schema: dotted key -> (expected python type(s), description). Nested
 # mappings are listed by their leaves; a mapping value listed as ``dict`` is a
-# free-form name->name table.
+# free-form name->name table. The descriptions are the keys' documentation:
+# docs/configuration.md is generated from them (slurm_tpu/ops/config_reference.py).
 _COMMON: dict[str, tuple[type | tuple[type, ...], str]] = {
     "version": (int, "config format version (2; 1 is still read)"),
     "node_name": (str, "Slurm NodeName of this node (default: short hostname)"),
-    "devices.slot_dir": (str, "directory of stable device slot nodes"),
+    "devices.slot_dir": (str, "directory of the stable slot nodes gres.conf names (<slot_dir>/<identity>)"),
     "devices.idle.owner": (str, "owner of idle accelerator nodes"),
     "devices.idle.group": (str, "group of idle accelerator nodes"),
     "devices.idle.mode": ((str, int), "mode of idle accelerator nodes, e.g. '0600'"),
     "devices.lease.mode": ((str, int), "mode of a leased node, owned by the job's user"),
-    "devices.revoke": (bool, "at job end make every open fd of a USB Edge TPU useless (port power-cycle)"),
-    "devices.holder_scan_seconds": ((int, float), "time box of the epilog's scan for processes holding a device"),
-    "sysfs_root": (str, "where sysfs is mounted (default /sys)"),
-    "state_dir": (str, "lease ledger directory"),
+    "devices.revoke": (bool, "at job end make every open fd of a USB Edge TPU useless (port power-cycle); "
+                              "false: ownership-only isolation"),
+    "devices.holder_scan_seconds": ((int, float), "time box (more than 0, at most 60) of the epilog's scan for "
+                                   "processes holding a device; over it the device (not the node) waits"),
+    "sysfs_root": (str, "where sysfs is mounted (tests point it at a testbed)"),
+    "state_dir": (str, "the hooks' state: lease ledger, audit log, the hooks' inventory (a tmpfs)"),
     "inventory_file": (str, "persistent copy of the configured inventory (restored at boot)"),
     "udev.run_program": (str, "absolute path udev RUN+= runs on device events (default: the installed "
                               "slurm-tpu-udev-event; a program named slurm-tpu gets 'udev-event')"),
-    "slurm.bin_dir": (str, "Slurm's client programs (scontrol, squeue); default: beside the running slurmd"),
-    "slurm.sbin_dir": (str, "Slurm's daemons (slurmd, slurmstepd); default: the running slurmd's directory"),
+    "slurm.bin_dir": (str, "Slurm's client programs (scontrol, squeue; env SLURM_TPU_SLURM_BIN); default: "
+                           "beside the running slurmd"),
+    "slurm.sbin_dir": (str, "Slurm's daemons (slurmd, slurmstepd; env SLURM_TPU_SLURM_SBIN); default: the "
+                            "running slurmd's directory"),
     "slurm.backend": (str, "auto, scontrol or pyslurm: how health and the watcher talk to Slurm"),
 }
 SLURM_BACKENDS = ("auto", "scontrol", "pyslurm")
@@ -120,6 +125,11 @@ _SCHEMAS = {
 }
 # Every key some version knows, for flattening (free-form tables stay whole).
 _SCHEMA = {**_SCHEMAS[1], **_SCHEMAS[2]}
+
+
+def schema(version: int = CURRENT_VERSION) -> dict[str, tuple[type | tuple[type, ...], str]]:
+    """Dotted key -> (accepted python type(s), description) for one config version."""
+    return dict(_SCHEMAS[version])
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

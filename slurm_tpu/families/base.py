@@ -163,7 +163,7 @@ class Family:
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
         """Keys of the family's config section (relative to ``families.<kind>.``)."""
         return {"gres_name": (str, f"GRES name for {self.title}s"),
-                "features": (list, f"node features added when a node has a {self.title}")}
+                "features": (list, f"node features (Feature=) of a node with {self.title}s")}
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
         """The family's settings from its flattened, type-checked section."""

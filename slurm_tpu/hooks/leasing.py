@@ -180,7 +180,7 @@ def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownD
                 f"{settings.holder_scan_s:g} s ({len(found.unverified)} process(es) unchecked: {unverified}); "
                 f"{identity} stays out of use (root 0600) until a scan completes, the node stays in service")
         # Gasket counts its writers itself (below): only a read-only holder could hide in
-        # what was not read, the residual README's revocation section names.
+        # what was not read, the residual docs/security.md's coverage table names.
     writers = gasket_writers(device, present, settings)
     while writers and time.monotonic() < deadline:
         ledger.unlock()  # an exiting process's files are released at the end of its do_exit()

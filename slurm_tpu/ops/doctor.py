@@ -463,7 +463,7 @@ def _visible_devices(library: str) -> Finding:
         return Finding("EDGETPU_VISIBLE_DEVICES", True, f"{library} shows a job only its own Edge TPUs")
     return Finding("EDGETPU_VISIBLE_DEVICES", False, problem,
                    "build it with scripts/build-libedgetpu.sh and run 'slurm-tpu install --libedgetpu "
-                   "<the built libedgetpu.so.1>' (README: Edge TPUs in your own code)")
+                   "<the built libedgetpu.so.1>' (docs/admin-guide.md: The Edge TPU runtime)")
 
 
 def check_runtimes(node: Node) -> list[Finding]:

@@ -1,6 +1,6 @@
 """Slurm's device cgroup (``ConstrainDevices=yes``) as a second layer: where it holds for our GRES.
 
-The one place that knows these facts; ``doctor``, ``install`` and the README
+The one place that knows these facts; ``doctor``, ``install`` and docs/security.md
 say what this module says.
 
 * **Release.** With ``TaskPlugin=task/cgroup`` and ``ConstrainDevices=yes`` in

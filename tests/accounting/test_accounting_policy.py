@@ -1,6 +1,6 @@
 """Slurm's own limits on accelerators, with real users on a real cluster with slurmdbd.
 
-The recipes of the README's admin guide ("Limits with Slurm's accounting"), each
+The recipes of docs/accounting.md ("Slurm's own accounting: sacct, sreport, QOS limits"), each
 checked the way a user meets it: a per-user TPU cap (QOS ``MaxTRESPerUser``) holds
 her second job pending; a TPU-minutes budget (``GrpTRESMins`` with ``safe``) keeps
 a job that would overrun it from starting; ``DenyOnLimit`` refuses an over-cap

@@ -403,18 +403,18 @@ def test_every_job_script_says_its_usage_in_one_line_without_arguments(script):
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("usage: ")
 
 
-def readme_block(heading: str) -> str:
-    """The first ```sh block after ``heading`` in README.md."""
-    text = (REPO / "README.md").read_text()
+def guide_block(heading: str) -> str:
+    """The first ```sh block after ``heading`` in docs/getting-started.md."""
+    text = (REPO / "docs" / "getting-started.md").read_text()
     after = text[text.index(heading):]
     start = after.index("```sh\n") + len("```sh\n")
     return after[start:after.index("\n```", start)] + "\n"
 
 
-def test_readme_user_walkthrough_works_as_written(demo, tmp_path):
-    """A new user's commands from README.md, verbatim (only the demo's directory differs)."""
+def test_getting_started_user_walkthrough_works_as_written(demo, tmp_path):
+    """A new user's commands from docs/getting-started.md, verbatim (only the demo's directory differs)."""
     _, layout = demo
-    script = readme_block("### Try it as a user").replace("/tmp/slurm-tpu-demo", layout.base)
+    script = guide_block("## Try it as a user").replace("/tmp/slurm-tpu-demo", layout.base)
     script = script.replace("\nsqueue ", "\nwhile squeue -h | grep -q .; do sleep 0.5; done; squeue ")
     home = tempfile.mkdtemp(dir=layout.out)
     shutil.chown(home, USER)

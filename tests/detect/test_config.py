@@ -94,18 +94,18 @@ def test_top_level_must_be_a_mapping():
         parse_config(["version", 1])
 
 
-def test_readme_example_config_is_valid():
-    """The README's example is the reference admins copy: it must load as written."""
+def test_admin_guide_example_config_is_valid():
+    """The admin guide's example is the reference admins copy: it must load as written."""
     import re
     from pathlib import Path
 
     import yaml
 
-    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    section = readme.split("### Configuration file", 1)[1]
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "admin-guide.md").read_text()
+    section = guide.split("## Configuration file", 1)[1]
     block = re.search(r"```yaml\n(.*?)```", section, re.S)
-    assert block, "README's Configuration file section has no yaml example"
-    config = parse_config(yaml.safe_load(block.group(1)), where="README.md")
+    assert block, "docs/admin-guide.md's Configuration file section has no yaml example"
+    config = parse_config(yaml.safe_load(block.group(1)), where="docs/admin-guide.md")
     assert config.inventory_file == "/var/lib/slurm-tpu/inventory.json"
     assert config.family("gpu").types == {"a100_sxm4_80gb": "a100"}
     assert config.family("hailo").types == {"default": "hailo8", "0000:01:00.0": "hailo8l"}

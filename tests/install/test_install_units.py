@@ -231,7 +231,7 @@ def test_doctor_checks_the_program_the_udev_rules_run(tmp_path):
                                       "mode 0775: whoever can write it runs code as root on every device event")
     os.chmod(layout.udev_hook, 0o755)
     assert check(Config()) == f"ok udev rules: {layout.udev_rules} (RUN+={layout.udev_hook})"
-    # An old config naming the console script through a link (README's install steps make one).
+    # An old config naming the console script through a link (docs/admin-guide.md's install steps make one).
     os.symlink(layout.udev_hook, tmp_path / "slurm-tpu")
     old = dataclasses.replace(Config(), udev_run_program=str(tmp_path / "slurm-tpu"))
     assert check(old) == f"ok udev rules: {layout.udev_rules} (RUN+={tmp_path}/slurm-tpu udev-event)"

@@ -5,7 +5,7 @@ Python start in its hooks; an agent that is down refuses the job and leaves the 
 root's; an agent killed while a job holds a lease loses nothing (the ledger on disk is
 the truth, the next agent's epilog releases it); a user cannot use the agent's socket;
 and a prolog waiting for nothing on one device never makes a job on another device wait
-for a USB stick's power-cycle (README: "Revocation on real hardware").
+for a USB stick's power-cycle (docs/security.md: "Revocation on real hardware").
 """
 
 from __future__ import annotations
@@ -231,7 +231,7 @@ exec {python} -I -S {hook}
 
 
 def test_the_next_job_on_another_device_never_waits_for_a_usb_power_cycle(users):
-    """A USB job's end power-cycles its port; a real stick is back about a second later (README:
+    """A USB job's end power-cycles its port; a real stick is back about a second later (docs/security.md:
     "Revocation on real hardware"). Only the next job on that stick waits for it, in its prolog; a
     job on the node's other device starts and ends while the stick is still away."""
     require_root_and_slurm()

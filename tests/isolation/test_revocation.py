@@ -278,7 +278,7 @@ def set_scan_budget(cluster, seconds: float | None) -> None:
 
 def test_a_flood_of_decoy_fds_neither_stretches_the_epilog_nor_drains_the_node(cluster, users):
     # PCIe: the apex driver counts the writers itself; a scan the flood cut short leaves
-    # only read-only holders unseen (the residual the README names), so the card goes back.
+    # only read-only holders unseen (the residual docs/security.md names), so the card goes back.
     node = inventory(cluster, "n1")[PCI][0]
     set_scan_budget(cluster, 0.05)
     decoys = [python_as("stpu_alice", DECOYS, "1000000", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)

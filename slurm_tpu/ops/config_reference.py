@@ -1,0 +1,220 @@
+"""The configuration reference, docs/configuration.md, generated from the code.
+
+Regenerate it after changing a config key, its default or its description::
+
+    python -m slurm_tpu.ops.config_reference --output docs/configuration.md
+
+(tests/test_docs.py fails while the checked-in page differs from what this renders.)
+Keys, types and descriptions come from the config schema (slurm_tpu/config.py's
+``schema()``, which holds each family's ``config_keys()`` too); defaults are read
+from what ``Config()`` and each family's ``default_config`` hold, so the page
+states what the code does. The one thing kept here is how a dotted key reads its
+default off those objects (:data:`_COMMON_DEFAULTS`, :func:`_family_default`); a
+key this module cannot place is an error naming it, never a silent gap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Any, Callable
+
+import yaml
+
+from ..config import CURRENT_VERSION, DEFAULT_PATH, ENV_VAR, VERSION_1_KEYS, Config, schema
+from ..families import FAMILIES, FamilyConfig
+
+COMMAND = "python -m slurm_tpu.ops.config_reference --output docs/configuration.md"
+# The top-level sections, in the order the page shows them; a key's section is its first part.
+SECTIONS = (("", "Top level"), ("devices", "`devices`: device nodes, leases and revocation"),
+            ("udev", "`udev`: the rules' program"), ("slurm", "`slurm`: which Slurm, and how to talk to it"))
+
+
+def _mode(mode: int) -> str:
+    """A mode as the file writes it ('0600'), not as the int it is parsed into."""
+    return f"{mode:04o}"
+
+
+# Dotted key -> its default, read off a default Config (in the form the file writes it).
+_COMMON_DEFAULTS: dict[str, Callable[[Config], Any]] = {
+    "version": lambda c: CURRENT_VERSION,
+    "node_name": lambda c: c.node_name,
+    "devices.slot_dir": lambda c: c.slot_dir,
+    "devices.idle.owner": lambda c: c.idle.owner,
+    "devices.idle.group": lambda c: c.idle.group,
+    "devices.idle.mode": lambda c: _mode(c.idle.mode),
+    "devices.lease.mode": lambda c: _mode(c.lease_mode),
+    "devices.revoke": lambda c: c.revoke,
+    "devices.holder_scan_seconds": lambda c: c.holder_scan_seconds,
+    "sysfs_root": lambda c: c.sysfs_root,
+    "state_dir": lambda c: c.state_dir,
+    "inventory_file": lambda c: c.inventory_file,
+    "udev.run_program": lambda c: c.udev_run_program,
+    "slurm.bin_dir": lambda c: c.slurm_bin_dir,
+    "slurm.sbin_dir": lambda c: c.slurm_sbin_dir,
+    "slurm.backend": lambda c: c.slurm_backend,
+}
+
+
+class UnknownDefault(Exception):
+    """A schema key whose default this module does not know how to read."""
+
+
+def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, str]]) -> Any:
+    """The default of ``families.<kind>.<key>`` from the family's ``default_config``.
+
+    ``keys`` is the family's section of the schema. A ``types.<name>`` string is one
+    entry of ``types``; a ``types.<name>`` table holds the entries no other ``types.*``
+    key names (Hailo's ``by_address``); a bare ``types`` table is all of them.
+    """
+    if key == "gres_name":
+        return config.gres_name
+    if key == "features":
+        return list(config.features)
+    if key == "isolate":  # the GPU family's word for being leased
+        return config.lease
+    if key == "types":
+        return dict(config.types)
+    if key.startswith("types."):
+        name = key[len("types."):]
+        if keys[key][0] is dict:
+            named = {other[len("types."):] for other in keys if other.startswith("types.")}
+            return {entry: value for entry, value in config.types.items() if entry not in named}
+        return config.types[name]
+    raise UnknownDefault(f"no default known for config key '{key}' of a family: "
+                         f"teach slurm_tpu/ops/config_reference.py's _family_default to read it")
+
+
+def defaults() -> dict[str, Any]:
+    """Dotted key -> default for every key of the current version (None: unset by default)."""
+    config, keys = Config(), schema()
+    found: dict[str, Any] = {}
+    for key in keys:
+        if key in _COMMON_DEFAULTS:
+            found[key] = _COMMON_DEFAULTS[key](config)
+            continue
+        parts = key.split(".", 2)
+        if parts[0] != "families" or len(parts) < 3:
+            raise UnknownDefault(f"no default known for config key '{key}': add it to "
+                                 f"slurm_tpu/ops/config_reference.py's _COMMON_DEFAULTS")
+        section = {k.split(".", 2)[2]: v for k, v in keys.items() if k.startswith(f"families.{parts[1]}.")}
+        found[key] = _family_default(config.family(parts[1]), parts[2], section)
+    return found
+
+
+def default_document() -> dict[str, Any]:
+    """Every key that has a default, nested as the YAML file nests it."""
+    document: dict[str, Any] = {}
+    for key, value in defaults().items():
+        if value is None:
+            continue
+        *parents, leaf = key.split(".")
+        node = document
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return document
+
+
+def _source(family: object) -> str:
+    """The family's module, as a path from the repository root."""
+    return type(family).__module__.replace(".", "/") + ".py"
+
+
+def _type_name(expected: type | tuple[type, ...]) -> str:
+    names = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "table"}
+    kinds = expected if isinstance(expected, tuple) else (expected,)
+    return " or ".join(names.get(kind, kind.__name__) for kind in kinds)
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def _value(value: Any) -> str:
+    """A default as a code span (JSON, which YAML reads the same), or 'unset'."""
+    return "unset" if value is None else f"`{json.dumps(value)}`"
+
+
+def _table(members: list[str], prefix: str, found: dict[str, Any]) -> list[str]:
+    """A Markdown table of ``members`` (dotted keys), named without ``prefix``."""
+    known = schema()
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    for key in members:
+        expected, description = known[key]
+        default = "required in a file" if key == "version" else _value(found[key])
+        rows.append(f"| `{key[len(prefix):]}` | {_type_name(expected)} | {default} | {_cell(description)} |")
+    return rows
+
+
+def render() -> str:
+    """The whole page, docs/configuration.md."""
+    found = defaults()
+    keys = list(schema())
+    lines = [
+        "# Configuration reference",
+        "",
+        f"<!-- Generated from slurm_tpu/config.py and slurm_tpu/families/ by `{COMMAND}`; "
+        "edit those, not this file. -->",
+        "",
+        f"slurm-tpu reads `{DEFAULT_PATH}`, or the file named by `--config FILE` or `${ENV_VAR}`. "
+        "The file is optional: without it every default below applies. When present it must say its "
+        f"version (`version: {CURRENT_VERSION}`), and a key that version does not know is rejected with its "
+        "dotted name, so a typo never falls back to a default silently. Modes are octal strings (`'0600'`); "
+        "paths must be absolute.",
+        "",
+        "This page is generated from the code ([slurm_tpu/config.py](../slurm_tpu/config.py) and the "
+        "families' modules) and lists every key with its type and default. The "
+        "[admin guide](admin-guide.md#configuration-file) has an annotated example and says how slurm-tpu "
+        "finds Slurm's programs.",
+        "",
+    ]
+    for section, title in SECTIONS:
+        members = [k for k in keys if (k.split(".")[0] == section if section else "." not in k)]
+        prefix = f"{section}." if section else ""
+        lines += [f"## {title}", "", *_table(members, prefix, found), ""]
+    for family in FAMILIES:
+        prefix = f"families.{family.kind}."
+        members = [k for k in keys if k.startswith(prefix)]
+        lines += [f"## `families.{family.kind}`: {family.title}s", "",
+                  f"The settings of the {family.title} family ([{_source(family)}](../{_source(family)})).", "",
+                  *_table(members, prefix, found), ""]
+    document = yaml.safe_dump(default_document(), sort_keys=False, default_flow_style=False).rstrip("\n")
+    unset = ", ".join(f"`{key}`" for key, value in found.items() if value is None)
+    lines += ["## Every default, as a file", "",
+              f"A config file that sets every key to its default; the keys left out are unset by default "
+              f"({unset}).", "", "```yaml", document, "```", ""]
+    lines += ["## Version 1 keys", "",
+              "Version 1 files spelled the Edge TPU and GPU settings flat. They still load, each key with "
+              "the meaning of the version 2 key it became:", "",
+              "| version 1 key | version 2 key |", "|---|---|"]
+    lines += [f"| `{old}` | `{new}` |" for old, new in VERSION_1_KEYS.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the page, or write it to ``--output``."""
+    parser = argparse.ArgumentParser(prog="python -m slurm_tpu.ops.config_reference",
+                                     description="Render the configuration reference (docs/configuration.md).")
+    parser.add_argument("--output", "-o", help="write the page to this file instead of stdout")
+    options = parser.parse_args(argv)
+    try:
+        text = render()
+    except UnknownDefault as exc:
+        print(f"config_reference: error: {exc}", file=sys.stderr)
+        return 2
+    if options.output:
+        try:
+            with open(options.output, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as exc:
+            print(f"config_reference: error: cannot write {options.output}: {exc.strerror}", file=sys.stderr)
+            return 2
+    else:
+        sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
