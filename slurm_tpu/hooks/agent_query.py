@@ -38,7 +38,8 @@ _PROMPT = "scontrol: "
 
 
 class ScontrolSession:
-    """One interactive ``scontrol -d`` (restarted when it fails or stalls)."""
+    """One interactive ``scontrol -d --local`` (restarted when it fails or stalls; ``--local``: no
+    REQUEST_FED_INFO RPC before each query, see slurm.commands.Slurm.job_detail)."""
 
     def __init__(self, scontrol: str):
         self.scontrol = scontrol
@@ -48,7 +49,7 @@ class ScontrolSession:
     def _start(self) -> None:
         import subprocess
 
-        self.process = subprocess.Popen([self.scontrol, "-d"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        self.process = subprocess.Popen([self.scontrol, "-d", "--local"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         stderr=subprocess.DEVNULL, bufsize=0, close_fds=True)
         self.buffer = b""
 

@@ -132,7 +132,9 @@ class Slurm(NodeStates):
             text = self.detail_source(self.program("scontrol"), selector)
             if text:
                 return text
-        return self.run("scontrol", "show", "job", "-d", selector)
+        # --local: this node's job is this cluster's; without it every query also costs the
+        # controller a REQUEST_FED_INFO RPC (slurm_load_job asks for the federation first).
+        return self.run("scontrol", "--local", "show", "job", "-d", selector)
 
     def job_state(self, job_id: str) -> str:
         """Job ``job_id``'s state (``RUNNING``, ``COMPLETED``...; the first line for an array), ''

@@ -80,3 +80,15 @@ def test_the_report_has_the_benchmark_figures(report):
     assert slices["slice-true"]["REQUEST_JOB_INFO_SINGLE"] == 0
     assert isinstance(report["rpcs_per_job_from_hooks"], dict)
     assert report["ok"] is True
+
+
+def test_the_hooks_cost_the_controller_one_job_query_per_job_and_nothing_else(report):
+    """The prolog's allocation query is ``scontrol --local show job -d`` from the agent's resident
+    scontrol: no REQUEST_FED_INFO before it (slurm_load_job's federation lookup, skipped by --local)
+    and no REQUEST_NODE_INFO (a new scontrol's start). Counted by slurmctld itself (sdiag, by type)."""
+    slices = report["sdiag"]
+    hooks, true = slices["slice-hooks"], slices["slice-true"]
+    for rpc in ("REQUEST_FED_INFO", "REQUEST_NODE_INFO"):
+        assert hooks["by_type"].get(rpc, 0) <= true["by_type"].get(rpc, 0) + 1, (rpc, hooks["by_type"])
+    # One per job; a second, narrowed query for an array task that shares its node (a few).
+    assert hooks["jobs"] <= hooks["REQUEST_JOB_INFO_SINGLE"] <= 1.5 * hooks["jobs"], hooks["by_type"]
