@@ -36,7 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from slurm_tpu.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: E402
+from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: E402
 
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
 USB_IDENTITY, USB_DEVPATH = "usb-2-1.3", "/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1.3"

@@ -105,7 +105,7 @@ def _runs(logs: Path, kind: str) -> list[str]:
 @pytest.fixture(scope="module")
 def measured(cluster_factory, tmp_path_factory):
     """Two jobs on the real hooks: the stderr of each prolog and epilog run, and of one udev event."""
-    from slurm_tpu.localcluster.cluster import Hooks, NodeSpec
+    from harness.localcluster.cluster import Hooks, NodeSpec
 
     work = tmp_path_factory.mktemp("budget")
     os.chmod(work, 0o755)
