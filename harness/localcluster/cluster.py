@@ -179,7 +179,7 @@ class LocalCluster:
 
         if self.hooks.udev:
             return [self.hooks.udev]
-        return [self.python, "-I", "-S", node_file("prolog", "slurm-tpu-udev-event")]
+        return [self.python, "-I", "-S", node_file("udev", "slurm-tpu-udev-event")]
 
     def udev_command(self, node: str) -> list[str]:
         """What the node's emulated udev runs: :attr:`udev_hook`, through the node's agent when it runs one
@@ -538,7 +538,7 @@ class LocalCluster:
         from slurm_tpu.ops.node_files import node_file
 
         self._spawn(f"agent-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}", f"SLURMD_NODENAME={node}",
-                                      self.python, "-I", "-S", node_file("prolog", "slurm-tpu-agent")])
+                                      self.python, "-I", "-S", node_file("systemd", "slurm-tpu-agent")])
 
     def _wait_agent(self, node: str, timeout: float = 60) -> None:
         from slurm_tpu.hooks.agent import PIDFILE

@@ -35,10 +35,10 @@ GRES_TYPES = gres_types(Config())
 pytestmark = pytest.mark.slurm
 NODE = "n1"
 SHIPPED = ("prolog/slurm-tpu-prolog", "prolog/slurm-tpu-prolog.py", "prolog/slurm-tpu-lib.sh",
-           "prolog/slurm-tpu-task-prolog", "prolog/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog",
-           "epilog/slurm-tpu-epilog.py", "prolog/slurm-tpu-agent", "prolog/slurm-tpu-hook-client.c", "gres_conf/slurm.conf.snippet",
-           "gres_conf/slurm-tpu-agent.service", "gres_conf/slurm-tpu-watch.service", "gres_conf/slurm-tpu-metrics.service",
-           "gres_conf/slurm-tpu-metrics.timer", "gres_conf/slurmd-slurm-tpu.conf")
+           "prolog/slurm-tpu-task-prolog", "udev/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog",
+           "epilog/slurm-tpu-epilog.py", "systemd/slurm-tpu-agent", "prolog/slurm-tpu-hook-client.c",
+           "gres_conf/slurm.conf.snippet", "systemd/slurm-tpu-agent.service", "systemd/slurm-tpu-watch.service",
+           "systemd/slurm-tpu-metrics.service", "systemd/slurm-tpu-metrics.timer", "systemd/slurmd-slurm-tpu.conf")
 
 
 def run(argv: list[str], env: dict | None = None, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:

@@ -244,7 +244,7 @@ def test_the_next_job_on_another_device_never_waits_for_a_usb_power_cycle(users)
     gate, udev = os.path.join(gate_dir, "open"), os.path.join(gate_dir, "udev")
     with open(udev, "w", encoding="utf-8") as handle:
         handle.write(GATED_UDEV.format(gate=gate, python=sys.executable,
-                                       hook=os.path.join(REPO, "prolog", "slurm-tpu-udev-event")))
+                                       hook=os.path.join(REPO, "udev", "slurm-tpu-udev-event")))
     os.chmod(udev, 0o755)
     from harness.localcluster.cluster import Hooks
 
