@@ -7,7 +7,7 @@
 #   ./demo.sh            run (re-running reuses or restarts the demo's own cluster)
 #   ./demo.sh status     is it running?
 #   ./demo.sh stop       stop it (--purge also deletes /tmp/slurm-tpu-demo and its user)
-# Options go to `python -m slurm_tpu.demo` (see ./demo.sh --help).
+# Options go to `python -m harness.demo` (see ./demo.sh --help).
 set -euo pipefail
 cd "$(dirname "$0")"
 if [ "$(id -u)" != 0 ]; then
@@ -18,4 +18,4 @@ case "${1:-run}" in
     status|stop) [ -x .venv/bin/python ] || scripts/setup.sh >&2 ;;  # no installing just to stop
     *) scripts/setup.sh >&2 ;;
 esac
-exec .venv/bin/python -m slurm_tpu.demo "$@"
+exec .venv/bin/python -m harness.demo "$@"

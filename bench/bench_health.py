@@ -21,7 +21,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from slurm_tpu.localcluster import LocalCluster, NodeSpec  # noqa: E402
+from harness.localcluster import LocalCluster, NodeSpec  # noqa: E402
 
 HARDWARE = os.path.join(REPO, "tests", "hardware", "big_node")
 
@@ -44,7 +44,7 @@ def main() -> None:
         cluster.start()
         env = cluster.env({"SLURM_TPU_CONFIG": cluster.node_config("n1")})
         wrap = ["umockdev-run", "--device", HARDWARE + ".umockdev", "--", sys.executable, "-m",
-                "slurm_tpu.localcluster.testbed", HARDWARE + ".extra", "--"]
+                "harness.localcluster.testbed", HARDWARE + ".extra", "--"]
         health = wrap + [sys.executable, "-m", "slurm_tpu.cli", "health", "--node", "n1"]
         bare = wrap + [sys.executable, "-c", "pass"]
         out = subprocess.run(health, capture_output=True, text=True, env=env, check=True).stdout.strip()

@@ -10,7 +10,7 @@ its wrapper (bash ``$EPOCHREALTIME``) to report median prolog/epilog wall time.
     sudo /tmp/venv/bin/python bench/bench_hooks.py [--jobs-per-round 25] [--rounds 4] [--no-revoke]
 
 With revocation on (the default), every job on the USB stick ends with its port
-power-cycled; the emulated USB core (slurm_tpu/localcluster/usbcore.py) and the
+power-cycled; the emulated USB core (harness/localcluster/usbcore.py) and the
 udev hook bring it back, and the next job on that stick waits for that in its
 prolog. The emulated core is no measure of real hardware (a real stick takes
 about a second to re-enumerate); what this measures is the hooks' own cost.
@@ -33,7 +33,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from slurm_tpu.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: E402
+from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: E402
 
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
 BENCH_USER = "stpu_bench"

@@ -24,7 +24,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from slurm_tpu.modelgen import detector, images  # noqa: E402
+from harness.modelgen import detector, images  # noqa: E402
 from runner_ab import interleaved, report  # noqa: E402
 from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
 

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from slurm_tpu.modelgen import mobilenet  # noqa: E402
+from harness.modelgen import mobilenet  # noqa: E402
 from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
 from slurm_tpu.runner.preprocess import Resize, load_image  # noqa: E402
 

@@ -24,7 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from slurm_tpu.modelgen import mobilenet  # noqa: E402
+from harness.modelgen import mobilenet  # noqa: E402
 
 VENV = Path("/tmp/venv-tflite-runtime")
 PACKAGES = ["tflite-runtime", "numpy<2", "Pillow", "click", "pyyaml", "flatbuffers", "tflite"]

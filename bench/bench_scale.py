@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Scale: 32+ ``slurmd -N`` nodes with mixed simulated Edge TPUs, 10,000 short jobs from 4 real users, nothing lost.
 
-One real local cluster (slurm_tpu/localcluster/scalenodes.py: USB sticks, PCIe cards,
+One real local cluster (harness/localcluster/scalenodes.py: USB sticks, PCIe cards,
 nodes with 1, 2 and 4 Edge TPUs and some with none). The full run submits ``--jobs``
 short jobs (arrays and single jobs, ``--gres=tpu:1`` and ``:2``, the users in turn;
 at most a backlog waiting at once) with the project's hooks, while it cancels jobs in
 the middle of their prolog, restarts a slurmd under a running job and unplugs and
-re-plugs a USB stick a job holds (slurm_tpu/localcluster/scale.py says how each is
+re-plugs a USB stick a job holds (harness/localcluster/scale.py says how each is
 made deterministic). Every job records which device nodes it opened and when
-(slurm_tpu/localcluster/jobprobe.py). Before it, the same slice of ``--ratio-jobs`` jobs
+(harness/localcluster/jobprobe.py). Before it, the same slice of ``--ratio-jobs`` jobs
 runs with ``/bin/true`` hooks and with the project's hooks on the same cluster:
 ``ratio`` = jobs_per_s_hooks / jobs_per_s_true.
 
@@ -31,8 +31,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from slurm_tpu.localcluster.scale import run_scale  # noqa: E402
-from slurm_tpu.localcluster.users import real_users  # noqa: E402
+from harness.localcluster.scale import run_scale  # noqa: E402
+from harness.localcluster.users import real_users  # noqa: E402
 
 # The bench's own users (made and removed by it if missing): never the test suite's, which a
 # test session running beside it may remove when it ends.

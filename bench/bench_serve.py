@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from slurm_tpu.modelgen import images, mobilenet  # noqa: E402
+from harness.modelgen import images, mobilenet  # noqa: E402
 from slurm_tpu.runner import Runner  # noqa: E402
 from slurm_tpu.runner.serve.auth import read_address  # noqa: E402
 

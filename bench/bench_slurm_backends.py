@@ -28,7 +28,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from slurm_tpu.localcluster import LocalCluster, NodeSpec  # noqa: E402
+from harness.localcluster import LocalCluster, NodeSpec  # noqa: E402
 
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
 HOOK_QUERY = f"""

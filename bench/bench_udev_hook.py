@@ -10,7 +10,7 @@ usual event), alternating between
 
 - ``cli``: the console script beside this Python, ``slurm-tpu udev-event``
   (what the udev rules ran before the entry script existed);
-- ``entry``: ``prolog/slurm-tpu-udev-event`` under this Python with ``-I -S``
+- ``entry``: ``udev/slurm-tpu-udev-event`` under this Python with ``-I -S``
   (what ``slurm-tpu install`` writes and the rules run).
 
 Each is also run once with ``-X importtime`` to count the modules it imports.
@@ -36,7 +36,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from slurm_tpu.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: E402
+from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: E402
 
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
 USB_IDENTITY, USB_DEVPATH = "usb-2-1.3", "/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1.3"
@@ -66,7 +66,7 @@ def main() -> int:
         return 2
     python = os.path.abspath(sys.executable)
     variants = {"cli": [python, os.path.join(os.path.dirname(python), "slurm-tpu"), "udev-event"],
-                "entry": [python, "-I", "-S", os.path.join(REPO, "prolog", "slurm-tpu-udev-event")]}
+                "entry": [python, "-I", "-S", os.path.join(REPO, "udev", "slurm-tpu-udev-event")]}
     base = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/tmp")
     os.chmod(base, 0o755)
     cluster = LocalCluster(base=base, nodes=[NodeSpec("n1", HARDWARE)],

@@ -10,7 +10,7 @@ a real node, from the slurmd that runs them.
 
 At the end of the run, no process of any cluster the run started (in this
 process or in a command it ran, such as the demo) may be left: the run fails
-naming them (``pytest_sessionfinish``; slurm_tpu/localcluster/leftovers.py).
+naming them (``pytest_sessionfinish``; harness/localcluster/leftovers.py).
 """
 
 import os
@@ -37,7 +37,7 @@ def pytest_sessionfinish(session, exitstatus):
     """Fail the run when a process of a cluster it started outlived the cluster's stop(); then end them."""
     import time
 
-    from slurm_tpu.localcluster import leftovers
+    from harness.localcluster import leftovers
 
     bases = leftovers.recorded(CLUSTER_REGISTRY)
     left = leftovers.processes_of(bases)
@@ -79,7 +79,7 @@ def cluster_factory():
     munged runs as ``munge`` and jobs run as the tests' unix users.
     """
     require_slurm()
-    from slurm_tpu.localcluster import LocalCluster
+    from harness.localcluster import LocalCluster
 
     started = []
 
@@ -106,7 +106,7 @@ def users():
     from helpers import require_root_and
 
     require_root_and(("useradd", "userdel", "runuser"), "real unix users")
-    from slurm_tpu.localcluster.users import real_users
+    from harness.localcluster.users import real_users
 
     with real_users(USERS) as uids:
         yield uids

@@ -40,7 +40,7 @@ def run_cli(args: list[str], hardware: str | None = None, env: dict | None = Non
         device = Path(hardware) if str(hardware).endswith(".umockdev") else HARDWARE / f"{hardware}.umockdev"
         extra_dir = device.with_suffix(".extra") if extra else HARDWARE / "no-such-extra"
         argv = ["umockdev-run", "--device", str(device), "--",
-                sys.executable, "-m", "slurm_tpu.localcluster.testbed", str(extra_dir), "--", *argv]
+                sys.executable, "-m", "harness.localcluster.testbed", str(extra_dir), "--", *argv]
     argv = list(prefix or []) + argv
     full_env = dict(os.environ)
     full_env.pop("SLURM_TPU_CONFIG", None)
@@ -124,7 +124,7 @@ def real_libedgetpu() -> str:
 
 def repo_hooks():
     """The checkout's Prolog, Epilog and TaskProlog, for a LocalCluster."""
-    from slurm_tpu.localcluster.cluster import Hooks
+    from harness.localcluster.cluster import Hooks
 
     return Hooks(prolog=str(REPO / "prolog" / "slurm-tpu-prolog"), epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
                  task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"))
@@ -137,7 +137,7 @@ def runner_job_workspace(prefix: str, user: str, image_count: int):
     Yields (directory, models, double library). The user is created if missing and
     removed again only if this made it; the directory is removed at the end.
     """
-    from slurm_tpu.modelgen import write_models
+    from harness.modelgen import write_models
 
     sys.path.insert(0, str(TESTS))
     from edgetpu_double.build import build_double

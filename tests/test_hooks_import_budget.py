@@ -8,7 +8,7 @@ plus ``-X importtime``, which makes the interpreter list every module it
 imports on stderr. The list comes from the hook process itself, not from a
 re-import in the test. The second job is the one checked: the first builds the
 hooks' snapshot (the slow path, which may load YAML and more). The udev hook is
-its shipped entry script (prolog/slurm-tpu-udev-event, what the udev rules run),
+its shipped entry script (udev/slurm-tpu-udev-event, what the udev rules run),
 run by the cluster's emulated udev on each revocation and once more by the test
 for an event that changes nothing (a stick's ``change``, the usual event).
 """
@@ -27,7 +27,7 @@ from helpers import wait_until
 REPO = Path(__file__).resolve().parent.parent
 HARDWARE = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"
 FORBIDDEN = ("json", "re", "typing", "dataclasses", "yaml", "subprocess", "enum")
-UDEV_HOOK = REPO / "prolog" / "slurm-tpu-udev-event"  # what the udev rules run (RUN+=, installed copy)
+UDEV_HOOK = REPO / "udev" / "slurm-tpu-udev-event"  # what the udev rules run (RUN+=, installed copy)
 # A revoked USB stick's remove and add events move its node, so they rewrite the hooks'
 # inventory.json (locks/node_inventory.py imports json for that, and json brings re and
 # enum); the usual event, an unchanged node, must not. Neither ever loads the CLI or YAML.
@@ -105,7 +105,7 @@ def _runs(logs: Path, kind: str) -> list[str]:
 @pytest.fixture(scope="module")
 def measured(cluster_factory, tmp_path_factory):
     """Two jobs on the real hooks: the stderr of each prolog and epilog run, and of one udev event."""
-    from slurm_tpu.localcluster.cluster import Hooks, NodeSpec
+    from harness.localcluster.cluster import Hooks, NodeSpec
 
     work = tmp_path_factory.mktemp("budget")
     os.chmod(work, 0o755)

@@ -12,6 +12,9 @@ may point back (a type named in an annotation is not a dependency at run time).
 to ``pkg`` (whose ``__init__`` runs). Importing ``a.b.c`` also runs ``a.b``'s
 ``__init__``: an edge to each package on the way that is not already one of
 the importer's own packages (those run before the importer itself).
+
+The product also imports nothing from the test and demo harness (``harness/``, not
+in the wheel): an installed node has no harness to import.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 PACKAGE = Path(__file__).resolve().parent.parent / "slurm_tpu"
+HARNESS = PACKAGE.parent / "harness"  # tests and demo only: never shipped, never imported by the product
 
 MODULE, FUNCTION, TYPE_CHECKING_ONLY = "module", "function", "type-checking"
 
@@ -194,6 +198,28 @@ def runtime(edges: list[Edge]) -> list[Edge]:
     return [edge for edge in edges if edge.kind != TYPE_CHECKING_ONLY]
 
 
+def imports_of(package: Path, top: str) -> list[str]:
+    """``file:line module`` for every import in ``package`` of the top-level package ``top`` (or a module
+    of it): ``import top.x``, ``from top.x import y``, and ``import_module("top.x")`` with a literal name.
+    Type-checking imports count too: the product must not name the harness at all."""
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
+        for node in ast.walk(tree):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level:
+                names = [node.module or ""]
+            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                    and isinstance(node.args[0].value, str) and \
+                    getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__"):
+                names = [node.args[0].value]
+            found += [f"{path.relative_to(package.parent)}:{node.lineno} {name}" for name in names
+                      if name == top or name.startswith(top + ".")]
+    return found
+
+
 # ---- the package ---------------------------------------------------------------------------
 
 def test_slurm_tpu_has_no_runtime_import_cycle():
@@ -206,6 +232,14 @@ def test_slurm_tpu_has_no_runtime_import_cycle():
     assert any(edge.kind == FUNCTION for edge in edges) and any(edge.kind == TYPE_CHECKING_ONLY for edge in edges)
     cycles = find_cycles(runtime(edges))
     assert not cycles, "import cycles in slurm_tpu:\n" + "\n".join(describe(c) for c in cycles)
+
+
+def test_slurm_tpu_imports_nothing_from_the_harness():
+    # The check sees imports at all (the harness's own of slurm_tpu), so an empty answer means something.
+    assert any(found.startswith("harness/localcluster/cluster.py:") and found.endswith(" slurm_tpu.errors")
+               for found in imports_of(HARNESS, "slurm_tpu"))
+    assert (HARNESS / "localcluster" / "__init__.py").is_file() and not (PACKAGE / "localcluster").exists()
+    assert imports_of(PACKAGE, "harness") == []
 
 
 # ---- the checker itself, on packages written for the purpose ----------------------------
@@ -246,6 +280,17 @@ def test_checker_leaves_type_checking_imports_out_of_runtime_cycles(tmp_path):
     assert Edge("pkg.a", "pkg.b", TYPE_CHECKING_ONLY, "pkg/a.py:3") in edges
     assert find_cycles(runtime(edges)) == []
     assert len(find_cycles(edges)) == 1  # the same edges, all counted, do form one
+
+
+def test_harness_check_finds_every_form_of_import(tmp_path):
+    package = _package(tmp_path, {
+        "__init__.py": "import harness\n",
+        "a.py": "def f():\n    from harness.demo import layout\n",
+        "b.py": "import importlib\nimportlib.import_module('harness.localcluster')\nimport harnessed\n",
+        "c.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    import harness.modelgen as m\nfrom . import a\n",
+    })
+    assert imports_of(package, "harness") == ["pkg/__init__.py:1 harness", "pkg/a.py:2 harness.demo",
+                                              "pkg/b.py:2 harness.localcluster", "pkg/c.py:3 harness.modelgen"]
 
 
 def test_checker_counts_a_package_init_that_imports_back(tmp_path):

@@ -303,7 +303,7 @@ def accounting_collect(obj: Obj, every: float | None) -> None:
 def boot(obj: Obj) -> None:
     """Restore slot nodes and the hooks' inventory after a reboot (before slurmd starts).
 
-    Run it as slurmd's ExecStartPre (see gres_conf/README.md). A configured
+    Run it as slurmd's ExecStartPre (see systemd/README.md). A configured
     accelerator absent at boot gets an inert placeholder slot so slurmd starts;
     the health check then drains the node for it.
     """

@@ -2,7 +2,7 @@
 
 Two interpreter starts per job (prolog, epilog) plus two per revoked USB stick
 (udev remove/add) cost most of what a job may spend in its hooks. The agent is one
-root process per node (``prolog/slurm-tpu-agent``; LocalCluster starts one per
+root process per node (``systemd/slurm-tpu-agent``; LocalCluster starts one per
 node, a site runs it as a service) that has imported everything the hooks need
 once. The hooks become thin clients (``prolog/slurm-tpu-hook-client``, ~150 lines
 of C, see its source): each connects to ``<state_dir>/agent.sock`` and hands over
@@ -326,7 +326,7 @@ def serve(environ=None) -> int:
 
 
 def main(entry_script: str | None = None) -> int:
-    """Entry point for prolog/slurm-tpu-agent: build the hooks' client beside it if needed, then serve."""
+    """Entry point for systemd/slurm-tpu-agent: build the hooks' client beside it if needed, then serve."""
     try:
         if entry_script is not None:
             from ..ops.hook_client import build_beside

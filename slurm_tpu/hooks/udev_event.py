@@ -1,6 +1,6 @@
 """The udev hook, run by udev as root on device events.
 
-udev runs it through ``prolog/slurm-tpu-udev-event`` (``-I -S``, installed as
+udev runs it through ``udev/slurm-tpu-udev-event`` (``-I -S``, installed as
 ``<prefix>/libexec/slurm-tpu/slurm-tpu-udev-event``); ``slurm-tpu udev-event`` is
 the same for rules that name the console script, and for replaying an event.
 
@@ -165,7 +165,7 @@ def run(environ: dict[str, str]) -> int:
 
 
 def main(environ: dict[str, str] | None = None) -> int:
-    """Entry point (prolog/slurm-tpu-udev-event and ``slurm-tpu udev-event``); 0, or 1 after one error line."""
+    """Entry point (udev/slurm-tpu-udev-event and ``slurm-tpu udev-event``); 0, or 1 after one error line."""
     environ = os.environ if environ is None else environ
     try:
         return run(environ)

@@ -76,12 +76,16 @@ def compiled() -> bytes | None:
 
 
 def build_beside(entry_script: str) -> str | None:
-    """Build the client in the directory of the agent's entry script, from the source there, if the
-    directory is a root-owned hooks directory nobody else may write (an installed one, or a checkout's
-    prolog/); None otherwise or without a compiler."""
+    """Build the client beside its source in the agent's hooks directory (the entry script's own, or
+    the ``prolog/`` beside it), if that is a root-owned directory nobody else may write (an installed one,
+    or a checkout's prolog/); None otherwise or without a compiler."""
     import stat
 
     directory = os.path.dirname(os.path.realpath(entry_script))
+    if not os.path.isfile(os.path.join(directory, SOURCE)):
+        # As shipped (a checkout, or the wheel's node_files) the agent is in systemd/, and the client's
+        # source and the hooks that run the client in prolog/ beside it; installed, all share one directory.
+        directory = os.path.realpath(os.path.join(os.path.dirname(directory), "prolog"))
     source = os.path.join(directory, SOURCE)
     try:
         info = os.stat(directory)

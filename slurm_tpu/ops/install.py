@@ -50,11 +50,11 @@ UDEV_HOOK = "slurm-tpu-udev-event"
 # (shipped directory, name, mode) of the hook files copied into the hooks directory.
 HOOK_FILES = (("prolog", "slurm-tpu-prolog", 0o755), ("prolog", "slurm-tpu-prolog.py", 0o755),
               ("prolog", "slurm-tpu-lib.sh", 0o644), ("prolog", "slurm-tpu-task-prolog", 0o755),
-              ("prolog", UDEV_HOOK, 0o755), ("epilog", "slurm-tpu-epilog", 0o755),
-              ("epilog", "slurm-tpu-epilog.py", 0o755), ("prolog", "slurm-tpu-agent", 0o755),
+              ("udev", UDEV_HOOK, 0o755), ("epilog", "slurm-tpu-epilog", 0o755),
+              ("epilog", "slurm-tpu-epilog.py", 0o755), ("systemd", "slurm-tpu-agent", 0o755),
               ("prolog", "slurm-tpu-hook-client.c", 0o644))
 HEALTH_PROGRAM = "slurm-tpu-health"
-# (shipped name, installed path under <sysconfdir>/systemd/system).
+# (shipped name in systemd/, installed path under <sysconfdir>/systemd/system).
 SYSTEMD_FILES = (("slurm-tpu-agent.service", "slurm-tpu-agent.service"),
                  ("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
                  ("slurm-tpu-metrics.service", "slurm-tpu-metrics.service"),
@@ -298,7 +298,7 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
     files.append(FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644))
     for shipped, target in SYSTEMD_FILES:
         files.append(FileSpec(os.path.join(layout.systemd_dir, target),
-                              unit_text(node_files.read_node_file("gres_conf", shipped), program, slurm_conf_dir,
+                              unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir,
                                         layout.hooks_dir),
                               0o644))
     files.append(FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True))

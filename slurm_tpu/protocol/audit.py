@@ -4,7 +4,7 @@ Every hook appends an event when it takes, ends or changes a lease
 (:meth:`slurm_tpu.locks.ledger.Ledger.audit` writes :func:`encode`'s bytes
 with one ``O_APPEND`` write). Readers: ``slurm-tpu report`` and ``metrics``
 (:mod:`slurm_tpu.ops.accounting`), the demo's timeline
-(:mod:`slurm_tpu.demo.records`) and the isolation tests' exclusivity checks;
+(:mod:`harness.demo.records`) and the isolation tests' exclusivity checks;
 they all read with :func:`read_events` and pair leases with
 :func:`pair_leases`, the one place that knows which events open and close a
 lease.

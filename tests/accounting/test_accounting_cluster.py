@@ -1,6 +1,6 @@
 """A cluster with accounting owns its MariaDB and slurmdbd: found as its processes, ended by its stop().
 
-The leftovers check (slurm_tpu/localcluster/leftovers.py) must know both daemons: a
+The leftovers check (harness/localcluster/leftovers.py) must know both daemons: a
 harness killed before stop() (its pid files lost) would otherwise leave a database
 server and slurmdbd running for ever, unnoticed by the suite's end-of-run check.
 """
@@ -13,13 +13,13 @@ import stat
 import pytest
 
 from helpers import TESTS
-from slurm_tpu.localcluster import leftovers
+from harness.localcluster import leftovers
 
 pytestmark = pytest.mark.slurm
 
 
 def test_mariadb_and_slurmdbd_are_the_clusters_and_end_with_it(accounting_factory):
-    from slurm_tpu.localcluster import NodeSpec
+    from harness.localcluster import NodeSpec
 
     cluster = accounting_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))])
     daemons = cluster.running_pids()

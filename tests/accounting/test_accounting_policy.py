@@ -22,7 +22,7 @@ SLEEP = "#!/bin/sh\nexec sleep 600\n"
 
 @pytest.fixture(scope="module")
 def cluster(accounting_factory):
-    from slurm_tpu.localcluster import NodeSpec
+    from harness.localcluster import NodeSpec
 
     cluster = accounting_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n1_two_tpus.umockdev"),
                                            cpus=4)])

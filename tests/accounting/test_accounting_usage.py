@@ -27,7 +27,7 @@ IDENTITY = "usb-2-1.3"  # the one stick of n4_one_tpu
 
 @pytest.fixture(scope="module")
 def setup(accounting_factory):
-    from slurm_tpu.localcluster import NodeSpec
+    from harness.localcluster import NodeSpec
 
     with runner_job_workspace("slurm-tpu-accounting-", USER, image_count=3) as (_, models, double):
         cluster = accounting_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))],

@@ -1,4 +1,4 @@
-"""The main job, end to end: ``python -m slurm_tpu.demo`` on a real local cluster, then
+"""The main job, end to end: ``python -m harness.demo`` on a real local cluster, then
 every script in jobs/ against that cluster, then re-run, refusal and stop.
 
 What the demo printed is not trusted: the timeline's properties are checked here
@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 from helpers import require_slurm
 
-from slurm_tpu.demo.experiment import sbatch
-from slurm_tpu.demo.layout import JOBS_DIR, Layout
-from slurm_tpu.demo.provision import job_environment
+from harness.demo.experiment import sbatch
+from harness.demo.layout import JOBS_DIR, Layout
+from harness.demo.provision import job_environment
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -38,7 +38,7 @@ NODES = ("node-usb", "node-pcie", "node-gpu", "node-plain")
 
 def run_demo(*args: str, timeout: float = 420) -> subprocess.CompletedProcess:
     """What demo.sh runs after scripts/setup.sh."""
-    return subprocess.run([sys.executable, "-m", "slurm_tpu.demo", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "harness.demo", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=REPO)
 
 

@@ -8,10 +8,10 @@ import time
 
 import pytest
 
-from slurm_tpu.demo import preflight
-from slurm_tpu.demo.errors import DemoError
-from slurm_tpu.demo.records import Lease, parse_audit, parse_jobcomp, select
-from slurm_tpu.demo.timeline import build_lanes, check_run, max_overlap, nice_step, render
+from harness.demo import preflight
+from harness.demo.errors import DemoError
+from harness.demo.records import Lease, parse_audit, parse_jobcomp, select
+from harness.demo.timeline import build_lanes, check_run, max_overlap, nice_step, render
 from slurm_tpu.slurm import installation
 
 # Captured from the demo cluster's jobcomp/filetxt (Slurm 22.05.8): a plain job, an array task.
@@ -59,7 +59,7 @@ def test_max_overlap_is_half_open():
 
 
 def _job(job_id, node, start, end, name="classify-tpu"):
-    from slurm_tpu.demo.records import JobRecord
+    from harness.demo.records import JobRecord
 
     return JobRecord(job_id, name, "tpudemo", "COMPLETED", node, start, end, "0:0")
 

@@ -4,7 +4,7 @@ The node is tests/hardware/hailo_node.umockdev: two Hailo-8 cards as Raspberry P
 OS's hailo_pci driver shows them (class devices under /sys/devices/virtual, tied
 to their card only by ``board_location``; ``hailo0`` is the card at 0000:02:00.0)
 and a Coral PCIe card. Its device nodes are real character devices under the
-node's directory (slurm_tpu.localcluster.hardware.materialize), with a major no
+node's directory (harness.localcluster.hardware.materialize), with a major no
 driver answers, so a permitted open() fails ENXIO *after* the kernel's permission
 check and a refused one fails EACCES (the Coral card's node is the emulated apex
 driver's pty: a permitted open() succeeds). Jobs are submitted by the real users
@@ -39,7 +39,7 @@ HAILOS = (HAILO_1, HAILO_2)
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import NodeSpec
+    from harness.localcluster.cluster import NodeSpec
 
     started = make_cluster([NodeSpec("n1", str(NODE))])
     yield started
@@ -148,7 +148,7 @@ def test_npu_and_tpu_jobs_each_get_exactly_their_device_and_nothing_else(cluster
             assert bob.read("paths") == f"pci:{nodes[CORAL][0]}"
             assert owner(nodes[CORAL][0]) == (users["stpu_bob"], 0, 0o600)
             # Bob, from his own job on the same node: alice's Hailo is refused, his TPU is his (its
-            # node is the emulated apex driver's pty, slurm_tpu/localcluster/apex.py: a permitted open works).
+            # node is the emulated apex driver's pty, harness/localcluster/apex.py: a permitted open works).
             assert bob.probes() == {nodes[mine][0]: "EACCES", nodes[CORAL][0]: "OPENED"}
         finally:
             assert bob.finish() == "COMPLETED"
@@ -227,7 +227,7 @@ def test_a_process_keeping_a_hailo_open_after_its_job_drains_the_node(cluster, u
 
 @pytest.mark.slurm
 def test_infer_in_a_hailo_job_says_in_one_line_that_hailo_runs_hef_models(cluster, users):
-    from slurm_tpu.modelgen import write_models
+    from harness.modelgen import write_models
 
     models = write_models(Path(out(cluster, "models")), image_count=1)
     image = sorted(Path(models["images"]).glob("*.png"))[0]

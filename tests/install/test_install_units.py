@@ -67,12 +67,12 @@ def test_udev_rules_run_the_installed_hook_unless_told_otherwise():
 
 
 def test_the_udev_hook_is_installed_beside_the_prolog():
-    assert ("prolog", "slurm-tpu-udev-event", 0o755) in HOOK_FILES
+    assert ("udev", "slurm-tpu-udev-event", 0o755) in HOOK_FILES
     assert Layout("/usr/local").udev_hook == "/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event"
-    text = shipped("prolog", "slurm-tpu-udev-event")
+    text = shipped("udev", "slurm-tpu-udev-event")
     assert text.startswith("#!/usr/bin/python3 -IS\n") and "from slurm_tpu.hooks.udev_event import main" in text
     assert "slurm_tpu.cli" not in text  # not through the CLI (click): see tests/test_hooks_import_budget.py
-    assert os.access(os.path.join(REPO, "prolog", "slurm-tpu-udev-event"), os.X_OK)
+    assert os.access(os.path.join(REPO, "udev", "slurm-tpu-udev-event"), os.X_OK)
 
 
 def test_the_agent_unit_runs_the_installed_agent_before_slurmd():
@@ -84,9 +84,57 @@ def test_the_agent_unit_runs_the_installed_agent_before_slurmd():
               if f.path == "/srv/etc/systemd/system/slurm-tpu-agent.service"]
     lines = unit.content.splitlines()
     assert f"ExecStart={layout.hooks_dir}/slurm-tpu-agent" in lines
-    assert ("prolog", "slurm-tpu-agent", 0o755) in HOOK_FILES
+    assert ("systemd", "slurm-tpu-agent", 0o755) in HOOK_FILES
     assert "Before=slurmd.service" in lines and "KillMode=process" in lines
     assert "@" not in unit.content  # every placeholder filled in
+
+
+def test_each_shipped_file_is_in_the_directory_named_for_what_runs_or_reads_it():
+    import ast
+
+    from slurm_tpu.ops import node_files
+    from slurm_tpu.ops.install import SYSTEMD_FILES
+
+    # setup.py copies these directories into the wheel: the same ones node_files looks in.
+    with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as handle:
+        tree = ast.parse(handle.read())
+    [setup_dirs] = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
+                    and any(isinstance(t, ast.Name) and t.id == "NODE_DIRS" for t in node.targets)]
+    assert setup_dirs == node_files.NODE_DIRS == ("prolog", "epilog", "udev", "systemd", "gres_conf")
+    shipped_files = {(directory, name) for directory, name, _ in HOOK_FILES} | \
+        {("systemd", name) for name, _ in SYSTEMD_FILES} | {("gres_conf", "slurm.conf.snippet")}
+    for directory, name in shipped_files:
+        assert node_files.node_file(directory, name) == os.path.join(REPO, directory, name)
+    # Nothing else there but the folders' READMEs (and what setup.py leaves out: the built client).
+    on_disk = {(directory, name) for directory in node_files.NODE_DIRS
+               for name in os.listdir(os.path.join(REPO, directory))
+               if name not in ("README.md", "slurm-tpu-hook-client") and not name.endswith(("~", ".pyc", ".tmp"))}
+    assert on_disk == shipped_files
+    assert {d for d, name in shipped_files if name.endswith((".service", ".timer"))} == {"systemd"}
+    assert ("udev", "slurm-tpu-udev-event") in shipped_files and ("systemd", "slurm-tpu-agent") in shipped_files
+
+
+def test_the_agent_builds_the_client_in_the_prolog_directory_beside_its_own(tmp_path):
+    """As shipped, the agent (systemd/) builds the hooks' client beside its source in prolog/, where
+    the sh hooks run it; installed, everything is in one hooks directory. Only a root-owned directory
+    nobody else may write gets a build."""
+    from slurm_tpu.ops.hook_client import PROGRAM, SOURCE, build_beside, compiler
+
+    if compiler() is None:
+        pytest.skip("no C compiler")
+    for directory in ("systemd", "prolog", "installed"):
+        (tmp_path / directory).mkdir(mode=0o755)
+    (tmp_path / "systemd" / "slurm-tpu-agent").write_text("")
+    (tmp_path / "installed" / "slurm-tpu-agent").write_text("")
+    for directory in ("prolog", "installed"):
+        (tmp_path / directory / SOURCE).write_text(shipped("prolog", SOURCE))
+    assert build_beside(str(tmp_path / "systemd" / "slurm-tpu-agent")) == str(tmp_path / "prolog" / PROGRAM)
+    assert os.access(tmp_path / "prolog" / PROGRAM, os.X_OK) and not (tmp_path / "systemd" / PROGRAM).exists()
+    assert build_beside(str(tmp_path / "installed" / "slurm-tpu-agent")) == str(tmp_path / "installed" / PROGRAM)
+    (tmp_path / "prolog" / PROGRAM).unlink()
+    os.chmod(tmp_path / "prolog", 0o775)
+    assert build_beside(str(tmp_path / "systemd" / "slurm-tpu-agent")) is None
+    assert not (tmp_path / "prolog" / PROGRAM).exists()
 
 
 def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more():
@@ -225,7 +273,7 @@ def test_doctor_checks_the_program_the_udev_rules_run(tmp_path):
                                f"fix: slurm-tpu install --prefix {layout.prefix}")
     os.makedirs(layout.hooks_dir)
     with open(layout.udev_hook, "w", encoding="utf-8") as handle:
-        handle.write(shipped("prolog", "slurm-tpu-udev-event"))
+        handle.write(shipped("udev", "slurm-tpu-udev-event"))
     os.chmod(layout.udev_hook, 0o775)
     assert check(Config()).startswith(f"FAIL udev rules: {layout.udev_rules} runs {layout.udev_hook} is uid 0 "
                                       "mode 0775: whoever can write it runs code as root on every device event")

@@ -35,10 +35,10 @@ GRES_TYPES = gres_types(Config())
 pytestmark = pytest.mark.slurm
 NODE = "n1"
 SHIPPED = ("prolog/slurm-tpu-prolog", "prolog/slurm-tpu-prolog.py", "prolog/slurm-tpu-lib.sh",
-           "prolog/slurm-tpu-task-prolog", "prolog/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog",
-           "epilog/slurm-tpu-epilog.py", "prolog/slurm-tpu-agent", "prolog/slurm-tpu-hook-client.c", "gres_conf/slurm.conf.snippet",
-           "gres_conf/slurm-tpu-agent.service", "gres_conf/slurm-tpu-watch.service", "gres_conf/slurm-tpu-metrics.service",
-           "gres_conf/slurm-tpu-metrics.timer", "gres_conf/slurmd-slurm-tpu.conf")
+           "prolog/slurm-tpu-task-prolog", "udev/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog",
+           "epilog/slurm-tpu-epilog.py", "systemd/slurm-tpu-agent", "prolog/slurm-tpu-hook-client.c",
+           "gres_conf/slurm.conf.snippet", "systemd/slurm-tpu-agent.service", "systemd/slurm-tpu-watch.service",
+           "systemd/slurm-tpu-metrics.service", "systemd/slurm-tpu-metrics.timer", "systemd/slurmd-slurm-tpu.conf")
 
 
 def run(argv: list[str], env: dict | None = None, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -104,7 +104,7 @@ def node(users):
     require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run"), "a real cluster")
     from support import HARDWARE, finish_cluster, make_cluster
 
-    from slurm_tpu.localcluster.cluster import Hooks, NodeSpec
+    from harness.localcluster.cluster import Hooks, NodeSpec
 
     work = tempfile.mkdtemp(prefix="slurm-tpu-wheel-", dir="/tmp")
     os.chmod(work, 0o755)
@@ -143,10 +143,13 @@ def test_sdist_and_wheel_carry_the_node_files_byte_for_byte(node):
         for name in SHIPPED:
             with open(os.path.join(REPO, name), "rb") as handle:
                 assert sdist.extractfile(f"{top}/{name}").read() == handle.read(), name
+        # The test and demo harness stays in the checkout.
+        assert not [name for name in sdist.getnames() if name.startswith(f"{top}/harness")]
     with zipfile.ZipFile(node.wheel) as wheel:
         for name in SHIPPED:
             with open(os.path.join(REPO, name), "rb") as handle:
                 assert wheel.read(f"slurm_tpu/node_files/{name}") == handle.read(), name
+        assert not [name for name in wheel.namelist() if name.startswith("harness")]
     site = run([node.python, "-c", "import slurm_tpu, os; print(os.path.dirname(slurm_tpu.__file__))"],
                cwd="/").stdout.strip()
     assert site.startswith(node.venv)  # the wheel's package, not the checkout's

@@ -27,7 +27,7 @@ def require_root_and_slurm() -> None:
 
 def make_cluster(nodes, **kwargs):
     """Configure and start a LocalCluster with the project's hooks; caller stops it."""
-    from slurm_tpu.localcluster.cluster import Hooks, LocalCluster
+    from harness.localcluster.cluster import Hooks, LocalCluster
 
     base = tempfile.mkdtemp(prefix="slurm-tpu-iso-", dir="/tmp")
     os.chmod(base, 0o755)
@@ -53,7 +53,7 @@ def one_node_two_tpus():
     """For a module's ``cluster`` fixture (``yield from``): one node, n1, with a USB stick
     and a PCIe card (hardware/n1_two_tpus.umockdev) and the project's hooks."""
     require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import NodeSpec
+    from harness.localcluster.cluster import NodeSpec
 
     started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))])
     try:
@@ -98,7 +98,7 @@ def node_on(node: str, device: str) -> int:
     """Point a simulated device node at a real driver's numbers (e.g. /dev/null), so a process
     can hold it open or map it (a PCIe card's pty does not map); returns the node's original
     rdev for :func:`restore_node`. A node the emulated apex driver bind-mounted its pty on
-    (slurm_tpu/localcluster/apex.py) is unmounted first; the driver's count then reads 0."""
+    (harness/localcluster/apex.py) is unmounted first; the driver's count then reads 0."""
     rdev = os.lstat(node).st_rdev
     if os.path.ismount(node):
         subprocess.run(["umount", node], check=True, capture_output=True)

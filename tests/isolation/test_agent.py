@@ -34,7 +34,7 @@ def cluster():
     """n1 (a USB stick and a PCIe card) whose prolog directory holds a marker shim in place of the
     Python prolog: the shim records every run, so the test sees whether the agent did the work."""
     require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import Hooks, NodeSpec
+    from harness.localcluster.cluster import Hooks, NodeSpec
     from slurm_tpu.ops.hook_client import build
 
     hooks_dir = os.path.join("/tmp", f"slurm-tpu-agent-hooks-{os.getpid()}")
@@ -237,16 +237,16 @@ def test_the_next_job_on_another_device_never_waits_for_a_usb_power_cycle(users)
     require_root_and_slurm()
     import sys
 
-    from slurm_tpu.localcluster.cluster import NodeSpec
+    from harness.localcluster.cluster import NodeSpec
 
     gate_dir = os.path.join("/tmp", f"slurm-tpu-agent-gate-{os.getpid()}")
     os.makedirs(gate_dir, mode=0o755)
     gate, udev = os.path.join(gate_dir, "open"), os.path.join(gate_dir, "udev")
     with open(udev, "w", encoding="utf-8") as handle:
         handle.write(GATED_UDEV.format(gate=gate, python=sys.executable,
-                                       hook=os.path.join(REPO, "prolog", "slurm-tpu-udev-event")))
+                                       hook=os.path.join(REPO, "udev", "slurm-tpu-udev-event")))
     os.chmod(udev, 0o755)
-    from slurm_tpu.localcluster.cluster import Hooks
+    from harness.localcluster.cluster import Hooks
 
     cluster = make_cluster([NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware",
                                                         "n1_two_tpus.umockdev"))],

@@ -1,4 +1,4 @@
-"""The emulated apex driver (slurm_tpu/localcluster/apex.py) counts what gasket counts.
+"""The emulated apex driver (harness/localcluster/apex.py) counts what gasket counts.
 
 gasket_core.c gasket_open()/gasket_release(): a file of /dev/apex_N is counted
 from its open until its *last reference* goes (dup, fork, SCM_RIGHTS in flight),
@@ -20,6 +20,8 @@ import sys
 import pytest
 from helpers import wait_until
 
+from harness import module_command
+
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
                                 reason="needs root and /dev/fuse (mount)")
 
@@ -39,7 +41,7 @@ def driver(tmp_path):
         os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, number))
         nodes.append(str(node))
     sys_root = tmp_path / "sys"
-    process = subprocess.Popen([sys.executable, "-m", "slurm_tpu.localcluster.apex", str(sys_root), *nodes],
+    process = subprocess.Popen(module_command(sys.executable, "harness.localcluster.apex", str(sys_root), *nodes),
                                stdin=subprocess.DEVNULL, start_new_session=True)
     try:
         wait_until(lambda: os.path.ismount(sys_root / "class" / "apex") or process.poll() is not None, 30,
@@ -147,7 +149,7 @@ def test_a_value_is_made_at_the_first_read_of_an_open_attribute_file(driver):
 
 
 def test_a_killed_driver_leaves_mounts_that_the_cluster_stop_detaches(driver, tmp_path):
-    from slurm_tpu.localcluster.cluster import LocalCluster
+    from harness.localcluster.cluster import LocalCluster
 
     nodes, _, process = driver
     process.kill()

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import NodeSpec
+    from harness.localcluster.cluster import NodeSpec
 
     nodes = [NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev")),
              NodeSpec("n2", os.path.join(HARDWARE, "n2_gpu.umockdev")),

@@ -59,7 +59,7 @@ def cluster(users):
     problem = cgroup_v1_devices_problem()
     if problem:
         pytest.skip(problem)
-    from slurm_tpu.localcluster.cluster import Hooks, NodeSpec
+    from harness.localcluster.cluster import Hooks, NodeSpec
 
     started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))], hooks=Hooks(),
                            cgroup_conf=CGROUP_CONF)

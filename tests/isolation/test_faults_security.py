@@ -50,7 +50,7 @@ exec "$real"
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import Hooks, NodeSpec
+    from harness.localcluster.cluster import Hooks, NodeSpec
 
     import tempfile
 

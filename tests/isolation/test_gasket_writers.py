@@ -5,7 +5,7 @@ gasket_core.c gasket_open()/gasket_release() count every writable open file of
 /dev/apex_N until its last reference goes, one in flight over SCM_RIGHTS or kept
 by a mapping included (slurm_tpu/locks/revoke.py). The hooks read that count
 from sysfs. The unit tests below write the attribute as plain files; the cluster
-tests run against the emulated apex driver (slurm_tpu/localcluster/apex.py), whose
+tests run against the emulated apex driver (harness/localcluster/apex.py), whose
 attribute follows the node's real open files.
 """
 
@@ -140,7 +140,7 @@ def test_a_card_whose_driver_shows_no_count_is_not_handed_over_nor_given_back(ca
 
 # ---- on the cluster, with real users, against the emulated apex driver --------------------
 # The card's node is a pty whose write_open_count (a FUSE attribute) follows the node's real open
-# files, answered when read (slurm_tpu/localcluster/apex.py): nothing here sets a count by hand.
+# files, answered when read (harness/localcluster/apex.py): nothing here sets a count by hand.
 
 @pytest.fixture(scope="module")
 def cluster():

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.slurm
 def cluster():
     require_root_and_slurm()
     from helpers import first_job_id
-    from slurm_tpu.localcluster.cluster import Hooks, LocalCluster, NodeSpec
+    from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec
 
     base = tempfile.mkdtemp(prefix="slurm-tpu-idx-", dir="/tmp")
     os.chmod(base, 0o755)

@@ -2,7 +2,7 @@
 
 n1 has a USB and a PCIe Edge TPU. USB revocation is the epilog power-cycling the
 stick's hub port (slurm_tpu/locks/revoke.py); here the kernel's side is the
-emulated USB core (slurm_tpu/localcluster/usbcore.py). To show a smuggled fd
+emulated USB core (harness/localcluster/usbcore.py). To show a smuggled fd
 *really* dies, the stick's node is pointed at a pseudo-terminal: the emulated
 core applies the tty layer's hangup to it, a real kernel revocation after which
 every write on any fd of it fails with EIO. The PCIe card cannot be revoked; its
@@ -74,7 +74,7 @@ def stop(cluster, tag: str, job: int) -> str:
 
 def usb_on_a_pty(cluster):
     """Make the stick's current node a pseudo-terminal (the one device whose fds can be revoked here)."""
-    from slurm_tpu.localcluster.hardware import usb_sysfs_device
+    from harness.localcluster.hardware import usb_sysfs_device
 
     settle(cluster, "n1")
     master, slave = os.openpty()
@@ -316,7 +316,7 @@ time.sleep(120)
 
 
 def test_pci_fd_in_flight_is_caught_by_the_drivers_count_of_writers(cluster, users):
-    # The card's node is the emulated apex driver's pty (slurm_tpu/localcluster/apex.py): its
+    # The card's node is the emulated apex driver's pty (harness/localcluster/apex.py): its
     # write_open_count follows the node's real open files, as gasket_open()/gasket_release() do.
     node = inventory(cluster, "n1")[PCI][0]
     sock, ready = out(cluster, "inflight.sock"), out(cluster, "inflight.ready")

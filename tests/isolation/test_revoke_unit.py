@@ -24,7 +24,7 @@ from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.config import Config
 from slurm_tpu.hooks.settings import HookSettings, apply_families
-from slurm_tpu.localcluster.hardware import usb_sysfs_device
+from harness.localcluster.hardware import usb_sysfs_device
 from slurm_tpu.locks import processes, revoke
 from slurm_tpu.locks.ledger import Ledger
 from slurm_tpu.locks.node_inventory import KnownDevice

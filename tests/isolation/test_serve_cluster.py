@@ -109,8 +109,8 @@ print(urllib.request.urlopen(request, timeout=30).read().decode())
 @pytest.fixture(scope="module")
 def setup(users):
     require_root_and_slurm()
-    from slurm_tpu.localcluster.cluster import NodeSpec
-    from slurm_tpu.modelgen import write_models
+    from harness.localcluster.cluster import NodeSpec
+    from harness.modelgen import write_models
 
     sys.path.insert(0, TESTS)
     from edgetpu_double.build import build_double

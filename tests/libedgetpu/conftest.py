@@ -18,7 +18,7 @@ def library() -> str:
 
 @pytest.fixture(scope="session")
 def classifier_model(tmp_path_factory) -> Path:
-    from slurm_tpu.modelgen import classifier
+    from harness.modelgen import classifier
 
     path = tmp_path_factory.mktemp("models") / "classifier.tflite"
     path.write_bytes(classifier.build_classifier())

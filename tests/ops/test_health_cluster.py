@@ -8,6 +8,7 @@ check every few seconds against it.
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import time
@@ -15,8 +16,9 @@ import time
 import pytest
 
 from helpers import HARDWARE, run_cli
-from slurm_tpu.localcluster import NodeSpec
-from slurm_tpu.localcluster.cluster import Hooks
+from harness import module_command
+from harness.localcluster import NodeSpec
+from harness.localcluster.cluster import Hooks
 from slurm_tpu.slurm.parse import parse_key_values, parse_node_state
 
 pytestmark = pytest.mark.slurm
@@ -33,7 +35,7 @@ def cluster(cluster_factory, tmp_path_factory):
 node_dir=$(dirname "$SLURM_TPU_CONFIG")
 [ -f "$node_dir/hardware.umockdev" ] || exit 0
 exec umockdev-run --device "$node_dir/hardware.umockdev" -- \\
-    {sys.executable} -m slurm_tpu.localcluster.testbed "$node_dir/hardware.extra" -- \\
+    {shlex.join(module_command(sys.executable, "harness.localcluster.testbed"))} "$node_dir/hardware.extra" -- \\
     {sys.executable} -m slurm_tpu.cli health --grace 0.5 >>"$node_dir/health.log" 2>&1
 """)
     program.chmod(0o755)

@@ -13,8 +13,9 @@ import sys
 import pytest
 
 from helpers import HARDWARE, merge_umockdev, run_cli
-from slurm_tpu.localcluster import NodeSpec
-from slurm_tpu.localcluster.hardware import materialize
+from harness import module_command
+from harness.localcluster import NodeSpec
+from harness.localcluster.hardware import materialize
 from slurm_tpu.ops.health import HOLD_PREFIX
 from slurm_tpu.slurm.parse import parse_node_state
 
@@ -38,7 +39,7 @@ def test_count_change_is_held_until_the_controller_knows(cluster_factory, tmp_pa
     config = load_config(cluster.node_config("n1"))
     result = configure_node(config, live, "n1", cluster.gres_conf, cluster.path("etc", "nodes.conf"))
     assert result.changed and result.new_gres == "tpu:edgetpu_usb:2"
-    manage = [sys.executable, "-m", "slurm_tpu.localcluster"]
+    manage = module_command(sys.executable, "harness.localcluster")
     commands = RestartCommands([*manage, "stop-slurmd", cluster.base, "n1"],
                                [*manage, "start-slurmd", cluster.base, "n1"], ())
     logged: list[str] = []

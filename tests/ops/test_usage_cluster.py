@@ -21,7 +21,7 @@ USER = "stpu_carol"
 
 @pytest.fixture(scope="module")
 def setup(cluster_factory):
-    from slurm_tpu.localcluster import NodeSpec
+    from harness.localcluster import NodeSpec
 
     with runner_job_workspace("slurm-tpu-usage-", USER, image_count=3) as (_, models, double):
         cluster = cluster_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))],

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -14,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from helpers import HARDWARE
-from slurm_tpu.localcluster import NodeSpec
+from harness import module_command
+from harness.localcluster import NodeSpec
 from slurm_tpu.slurm.parse import parse_key_values
 
 pytestmark = pytest.mark.slurm
@@ -55,7 +57,7 @@ def setup(cluster_factory, tmp_path_factory):
     log = tmp_path_factory.mktemp("watch") / "watch.log"
     testbed = UeventDriver(HARDWARE / "usb_stick_after.umockdev")
     env_cmd = ["env", f"SLURM_CONF={cluster.slurm_conf}", f"SLURM_TPU_CONFIG={cluster.node_config('n1')}"]
-    manage = f"{sys.executable} -m slurm_tpu.localcluster"
+    manage = shlex.join(module_command(sys.executable, "harness.localcluster"))
     testbed("spawn", str(log), *env_cmd, sys.executable, "-m", "slurm_tpu.cli", "watch", "--node", "n1",
             "--gres-conf", cluster.gres_conf, "--node-conf", cluster.path("etc", "nodes.conf"),
             "--settle", str(SETTLE),

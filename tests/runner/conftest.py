@@ -9,7 +9,7 @@ import pytest
 
 from edgetpu_double.build import build_double
 from runner_support import USB_A, USB_B
-from slurm_tpu.modelgen import write_models
+from harness.modelgen import write_models
 
 # Device and job variables a developer's shell (or a CI job inside Slurm) may carry.
 _SCRUB = ("SLURM_TPU_", "SLURM_ARRAY_", "CUDA_VISIBLE_DEVICES", "EDGETPU_DOUBLE_", "SLURM_JOB_ID")

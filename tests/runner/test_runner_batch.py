@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from runner_support import run_cli
-from slurm_tpu.modelgen import images
+from harness.modelgen import images
 from slurm_tpu.runner.errors import UsageError
 from slurm_tpu.runner.inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
 from slurm_tpu.runner.errors import InputError

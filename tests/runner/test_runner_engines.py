@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from runner_support import USB_A, USB_B, double_log
-from slurm_tpu.modelgen import images
+from harness.modelgen import images
 from slurm_tpu.runner import OpenOptions, Runner
 from slurm_tpu.runner.backend import EdgeTpuLibrary, InterpreterEngine
 from slurm_tpu.runner.errors import DeviceBusyError

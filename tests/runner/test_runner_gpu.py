@@ -7,7 +7,7 @@ import glob
 
 import pytest
 
-from slurm_tpu.modelgen import classifier, images
+from harness.modelgen import classifier, images
 from slurm_tpu.runner import OpenOptions, Runner
 
 

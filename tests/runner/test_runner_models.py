@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from slurm_tpu.modelgen import classifier, images, mobilenet
+from harness.modelgen import classifier, images, mobilenet
 from slurm_tpu.runner import Runner
 from slurm_tpu.runner.modelinfo import read_model_info
 

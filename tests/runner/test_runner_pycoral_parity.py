@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from slurm_tpu.modelgen import images
+from harness.modelgen import images
 from slurm_tpu.runner import Runner, TaskOptions
 
 

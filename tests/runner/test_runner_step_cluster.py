@@ -24,7 +24,7 @@ USB = "/sys/bus/usb/devices/2-1.3"
 
 @pytest.fixture(scope="module")
 def setup(cluster_factory):
-    from slurm_tpu.localcluster import NodeSpec
+    from harness.localcluster import NodeSpec
 
     with runner_job_workspace("slurm-tpu-step-", USER, image_count=11) as (shared, models, double):
         (shared / "out").mkdir()

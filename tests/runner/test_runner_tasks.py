@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from runner_support import run_cli
-from slurm_tpu.modelgen import detector, images, segmenter
-from slurm_tpu.modelgen.flatbuf import Graph, Quant, softmax_options
+from harness.modelgen import detector, images, segmenter
+from harness.modelgen.flatbuf import Graph, Quant, softmax_options
 from slurm_tpu.runner.errors import UsageError
 from slurm_tpu.runner.spec import TensorSpec
 from slurm_tpu.runner.tasks import choose_task, read_labels

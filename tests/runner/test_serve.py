@@ -32,7 +32,7 @@ from slurm_tpu.protocol.usage import read_record
 @pytest.fixture(scope="module")
 def served(tmp_path_factory, request):
     """classifier, detector and segmenter served on the CPU (module-wide: opened once)."""
-    from slurm_tpu.modelgen import write_models
+    from harness.modelgen import write_models
 
     models = write_models(tmp_path_factory.mktemp("serve-models"), image_count=6)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE_DEVICES"))}

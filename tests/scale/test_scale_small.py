@@ -4,7 +4,7 @@ Five `slurmd -N` nodes with mixed simulated Edge TPUs (a USB stick; a PCIe card;
 and a card; two sticks and two cards; none), 150 short jobs from four real users (arrays
 and single jobs, `--gres=tpu:1` and `:2`), one job cancelled while its prolog holds its
 lease, one slurmd restarted under a running job, one USB stick unplugged and re-plugged
-under the job that holds it (slurm_tpu/localcluster/scale.py). Then: no two jobs held a
+under the job that holds it (harness/localcluster/scale.py). Then: no two jobs held a
 device at once (the jobs' own open/close stamps, and the audit log's pairing), no lease
 left, no node drained, and every job accounted for by squeue and its own record.
 """
@@ -28,8 +28,8 @@ MORE_USERS = ("stpu_scale_t3", "stpu_scale_t4")
 @pytest.fixture(scope="module")
 def report(users):
     require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run", "useradd", "runuser"), "Slurm daemons")
-    from slurm_tpu.localcluster.scale import run_scale
-    from slurm_tpu.localcluster.users import real_users
+    from harness.localcluster.scale import run_scale
+    from harness.localcluster.users import real_users
 
     with real_users(MORE_USERS):
         found = run_scale(len(SMALL), JOBS, [*USERS, *MORE_USERS], ratio_jobs=20, cancels=1,

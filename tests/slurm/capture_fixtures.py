@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from slurm_tpu.localcluster.cluster import LocalCluster, NodeSpec  # noqa: E402
+from harness.localcluster.cluster import LocalCluster, NodeSpec  # noqa: E402
 
 BIG = str(REPO / "tests" / "hardware" / "big_node.umockdev")
 ONE = str(REPO / "tests" / "isolation" / "hardware" / "n4_one_tpu.umockdev")

@@ -101,7 +101,7 @@ def test_arguments_reach_the_program_untouched_by_any_shell(tmp_path):
 
 @pytest.mark.slurm
 def test_drain_stores_the_clean_reason_and_resume_ends_it(cluster_factory):
-    from slurm_tpu.localcluster import NodeSpec
+    from harness.localcluster import NodeSpec
 
     cluster = cluster_factory([NodeSpec("n1"), NodeSpec("n2")])
     slurm = Slurm(environ=cluster.env())

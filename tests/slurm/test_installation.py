@@ -106,7 +106,7 @@ def _other_release() -> str | None:
 
 @pytest.mark.slurm
 def test_client_and_daemons_of_different_releases_are_named_in_one_line(cluster_factory):
-    from slurm_tpu.localcluster import NodeSpec
+    from harness.localcluster import NodeSpec
 
     other = _other_release()
     if other is None:

@@ -2,7 +2,7 @@
 
 slurmstepd runs in a session of its own (parent init) and slurmd's SIGTERM leaves
 steps running, so stopping the daemons alone left a running job's slurmstepd and
-processes behind (slurm_tpu/localcluster/leftovers.py).
+processes behind (harness/localcluster/leftovers.py).
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import os
 import pytest
 
 from helpers import wait_until
-from slurm_tpu.localcluster import leftovers
-from slurm_tpu.localcluster.cluster import NodeSpec
+from harness.localcluster import leftovers
+from harness.localcluster.cluster import NodeSpec
 
 pytestmark = pytest.mark.slurm
 

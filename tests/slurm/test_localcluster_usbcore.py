@@ -1,4 +1,4 @@
-"""The emulated USB core (slurm_tpu/localcluster/usbcore.py) never waits for udev, as the kernel does not.
+"""The emulated USB core (harness/localcluster/usbcore.py) never waits for udev, as the kernel does not.
 
 An epilog holds the node's state lock while it waits for a revoked stick to detach; a
 udev hook run for *another* stick of the node waits for that lock. When the emulated
@@ -14,8 +14,8 @@ import os
 import pytest
 
 from helpers import wait_until
-from slurm_tpu.localcluster import scalenodes
-from slurm_tpu.localcluster.cluster import NodeSpec
+from harness.localcluster import scalenodes
+from harness.localcluster.cluster import NodeSpec
 
 pytestmark = pytest.mark.slurm
 

@@ -16,7 +16,7 @@ import pytest
 
 from slurm_tpu.config import Config
 from slurm_tpu.errors import SlurmCommandError
-from slurm_tpu.localcluster import NodeSpec
+from harness.localcluster import NodeSpec
 from slurm_tpu.slurm import installation
 from slurm_tpu.slurm.commands import Slurm
 

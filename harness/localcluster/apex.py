@@ -29,7 +29,7 @@ least one open file" (gasket says how many), and read-only opens count too
 (gasket counts writers only). The slave is a tty: a job that opens it without
 O_NOCTTY as a session leader gets it as its controlling terminal.
 
-Usage: ``python -m slurm_tpu.localcluster.apex SYS_ROOT NODE...`` (as root). It
+Usage: ``python -m harness.localcluster.apex SYS_ROOT NODE...`` (as root). It
 bind-mounts every NODE (an existing file: hardware.materialize's node), mounts
 ``SYS_ROOT/class/apex`` last (its mount is the sign that it is ready), and on
 SIGTERM/SIGINT unmounts both and closes the masters. A mount this process could
@@ -272,7 +272,7 @@ def _stop(signum, frame) -> None:
 
 def main(argv: list[str]) -> int:
     if len(argv) < 2:
-        sys.stderr.write("usage: python -m slurm_tpu.localcluster.apex SYS_ROOT NODE...\n")
+        sys.stderr.write("usage: python -m harness.localcluster.apex SYS_ROOT NODE...\n")
         return 2
     sys_root, nodes = argv[0], argv[1:]
     signal.signal(signal.SIGTERM, _stop)

@@ -1,10 +1,10 @@
-"""``python -m slurm_tpu.localcluster``: manage a cluster made by LocalCluster.
+"""``python -m harness.localcluster``: manage a cluster made by LocalCluster.
 
-    python -m slurm_tpu.localcluster status BASE
-    python -m slurm_tpu.localcluster stop BASE
-    python -m slurm_tpu.localcluster stop-slurmd BASE NODE
-    python -m slurm_tpu.localcluster start-slurmd BASE NODE
-    python -m slurm_tpu.localcluster restart-slurmctld BASE
+    python -m harness.localcluster status BASE
+    python -m harness.localcluster stop BASE
+    python -m harness.localcluster stop-slurmd BASE NODE
+    python -m harness.localcluster start-slurmd BASE NODE
+    python -m harness.localcluster restart-slurmctld BASE
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from .cluster import LocalCluster
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m slurm_tpu.localcluster", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m harness.localcluster", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("status", "stop", "restart-slurmctld"):
         sub.add_parser(name).add_argument("base")

@@ -14,7 +14,8 @@ import subprocess
 import sys
 import sysconfig
 
-from ..slurm import installation
+from slurm_tpu.slurm import installation
+
 from .errors import DemoError
 from .layout import DOUBLE_SOURCE, JOBS_DIR, Layout
 

@@ -14,7 +14,8 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Mapping, Sequence
 
-from ..slurm import installation
+from slurm_tpu.slurm import installation
+
 from .errors import DemoError
 from .layout import JOBS_DIR, Layout
 from .records import parse_jobcomp, select

@@ -1,4 +1,4 @@
-"""``python -m slurm_tpu.modelgen --out DIR [--images N]``: write the generated models."""
+"""``python -m harness.modelgen --out DIR [--images N]``: write the generated models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from . import write_models
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(prog="python -m slurm_tpu.modelgen", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m harness.modelgen", description=__doc__)
     parser.add_argument("--out", required=True, type=Path, help="directory to write into")
     parser.add_argument("--images", type=int, default=18, help="generated test images (default 18)")
     parser.add_argument("--mobilenet-width", type=float, default=1.0, help="width multiplier (default 1.0)")

@@ -12,9 +12,10 @@ import sys
 import time
 from typing import Callable
 
-from ..protocol.jobenv import libedgetpu_path
+from slurm_tpu.protocol.jobenv import libedgetpu_path
+from slurm_tpu.slurm import installation
+
 from ..localcluster.cluster import Hooks, LocalCluster, NodeSpec
-from ..slurm import installation
 from .errors import DemoError
 from .layout import NODES, PARTITION_EXTRA, REPO, Layout
 from .preflight import classify, running_slurm_daemons
@@ -25,7 +26,7 @@ _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 
 def make_cluster(layout: Layout) -> LocalCluster:
     """The demo's LocalCluster object (nothing is started or written)."""
-    from ..ops.node_files import node_file
+    from slurm_tpu.ops.node_files import node_file
 
     hooks = Hooks(prolog=node_file("prolog", "slurm-tpu-prolog"), epilog=node_file("epilog", "slurm-tpu-epilog"),
                   task_prolog=node_file("prolog", "slurm-tpu-task-prolog"))

@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..protocol import audit
+from slurm_tpu.protocol import audit
 
 _FIELD = re.compile(r"(\w+)=(\S*)")
 

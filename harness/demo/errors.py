@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..errors import SlurmTpuError
+from slurm_tpu.errors import SlurmTpuError
 
 
 class DemoError(SlurmTpuError):

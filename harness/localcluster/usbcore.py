@@ -25,7 +25,7 @@ the loop itself, a udev hook waiting for the node's state lock (held by an
 epilog that waits for *another* stick of the node to detach) stopped the
 disconnect that epilog waited for: a deadlock no real node has.
 
-Usage: ``python -m slurm_tpu.localcluster.usbcore SYS_ROOT DEV_ROOT -- UDEV_HOOK_COMMAND...``
+Usage: ``python -m harness.localcluster.usbcore SYS_ROOT DEV_ROOT -- UDEV_HOOK_COMMAND...``
 (the environment carries SLURM_TPU_CONFIG / SLURMD_NODENAME / SLURM_CONF for it).
 It waits on inotify for writes to the ports' ``disable`` attributes (the kernel acts
 within the write itself; a 10 ms poll made every revocation wait 5 ms on average for
@@ -44,7 +44,8 @@ import sys
 import threading
 import time
 
-from ..families.coral import USB_BOOTLOADER, usb_product_prefix
+from slurm_tpu.families.coral import USB_BOOTLOADER, usb_product_prefix
+
 from .hardware import EXPERIMENTAL_MAJOR, usb_sysfs_device
 
 TIOCVHANGUP = 0x5437

@@ -8,8 +8,10 @@ import stat
 import subprocess
 from dataclasses import replace
 
-from ..families import inventory_from_json
-from ..model import Inventory
+from slurm_tpu.families import inventory_from_json
+from slurm_tpu.model import Inventory
+
+from .. import module_command
 
 # Majors 240-254 are reserved for local/experimental use: no real driver answers
 # them, so the nodes we make can be opened/owned but reach no hardware.
@@ -24,8 +26,8 @@ def detect_under_umockdev(umockdev_file: str, slurm_tpu: list[str], python: str)
     """
     extra = os.path.splitext(umockdev_file)[0] + ".extra"
     completed = subprocess.run(
-        ["umockdev-run", "--device", umockdev_file, "--", python, "-m", "slurm_tpu.localcluster.testbed",
-         extra, "--", *slurm_tpu, "detect", "--json"],
+        ["umockdev-run", "--device", umockdev_file, "--",
+         *module_command(python, "harness.localcluster.testbed", extra, "--", *slurm_tpu, "detect", "--json")],
         capture_output=True, text=True, timeout=60, check=False,
     )
     if completed.returncode != 0:

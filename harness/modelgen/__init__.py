@@ -1,6 +1,6 @@
 """Build the project's own .tflite models, labels and images (no TensorFlow, no downloads).
 
-``python -m slurm_tpu.modelgen --out DIR`` writes:
+``python -m harness.modelgen --out DIR`` writes:
 
 - ``classifier.tflite`` + ``classifier_labels.txt``: uint8 FC+SOFTMAX, top-1 = brightest
   of nine image regions (see :mod:`.classifier`);

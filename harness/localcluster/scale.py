@@ -620,7 +620,7 @@ class ScaleRun:
     def _audit_conflicts(self) -> list[str] | None:
         """The product's own pairing of each node's audit log (None where the hooks keep none)."""
         assert self.cluster is not None
-        from ..protocol.audit import pair_leases
+        from slurm_tpu.protocol.audit import pair_leases
 
         conflicts: list[str] = []
         found = False

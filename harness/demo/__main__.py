@@ -1,4 +1,4 @@
-"""``python -m slurm_tpu.demo [run|status|stop] [options]``: the local demo cluster.
+"""``python -m harness.demo [run|status|stop] [options]``: the local demo cluster.
 
     run     (default) start or reuse the demo cluster, run the seeds' experiment and a
             batch job, print the timeline; the cluster keeps running
@@ -38,7 +38,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m slurm_tpu.demo", description=__doc__.split("\n\n")[0],
+    parser = _Parser(prog="python -m harness.demo", description=__doc__.split("\n\n")[0],
                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     parser.add_argument("action", nargs="?", default="run", choices=("run", "status", "stop"))
     parser.add_argument("--base", default=os.environ.get("SLURM_TPU_DEMO_BASE", DEFAULT_BASE),
@@ -202,7 +202,7 @@ def stop(layout: Layout, purge: bool, user: str) -> int:
 
 def use_slurm(prefix: str) -> None:
     """Make the demo (its cluster, its jobs, the hooks' commands) use the Slurm under ``prefix``."""
-    from ..slurm import installation
+    from slurm_tpu.slurm import installation
 
     install = installation.from_prefix(prefix) if os.path.isabs(prefix) else None
     if install is None or not os.access(os.path.join(install.sbin_dir, "slurmd"), os.X_OK):

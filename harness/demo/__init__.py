@@ -1,6 +1,6 @@
 """The demo: a real Slurm cluster on this machine with simulated accelerators.
 
-``python -m slurm_tpu.demo`` (what ``./demo.sh`` runs after setting up) describes a
+``python -m harness.demo`` (what ``./demo.sh`` runs after setting up) describes a
 small heterogeneous cluster like the seeds' (a controller and four nodes: one USB
 Edge TPU, two PCIe Edge TPUs, a GPU, a plain node), detects each node's hardware
 through real libudev under umockdev, starts real munge/slurmctld/slurmd with the

@@ -6,7 +6,7 @@ announces (the NVIDIA driver's /proc/driver/nvidia/gpus/*/information, its
 before the command starts, so the program under test reads them through the same
 redirection.  Usage (inside ``umockdev-run``)::
 
-    python -m slurm_tpu.localcluster.testbed EXTRA_DIR -- COMMAND ARGS...
+    python -m harness.localcluster.testbed EXTRA_DIR -- COMMAND ARGS...
 
 A missing EXTRA_DIR is allowed (nothing is copied).
 """
