@@ -49,7 +49,7 @@ class Config:
     idle: Ownership = Ownership()
     lease_mode: int = 0o600
     # At job end, make every fd of the job's devices useless (USB: the hub port is
-    # power-cycled, see slurm_tpu/locks/revoke.py); false keeps ownership-only isolation.
+    # power-cycled, see slurm_tpu/access/revoke.py); false keeps ownership-only isolation.
     revoke: bool = True
     # Wall-clock budget of one holder scan (every process's fds and mappings); a scan
     # that cannot finish in it drains the node instead of stretching the epilog.

@@ -29,7 +29,7 @@ HARDWARE = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"
 FORBIDDEN = ("json", "re", "typing", "dataclasses", "yaml", "subprocess", "enum")
 UDEV_HOOK = REPO / "prolog" / "slurm-tpu-udev-event"  # what the udev rules run (RUN+=, installed copy)
 # A revoked USB stick's remove and add events move its node, so they rewrite the hooks'
-# inventory.json (locks/node_inventory.py imports json for that, and json brings re and
+# inventory.json (access/node_inventory.py imports json for that, and json brings re and
 # enum); the usual event, an unchanged node, must not. Neither ever loads the CLI or YAML.
 NEVER_IN_THE_UDEV_HOOK = ("click", "yaml", "typing", "dataclasses", "subprocess", "slurm_tpu.cli",
                           "slurm_tpu.config")

@@ -9,7 +9,7 @@ import click
 
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
-from ..model import Inventory
+from ..hardware import Inventory
 from .group import EXIT_DIFFERS, Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)

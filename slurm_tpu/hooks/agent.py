@@ -64,7 +64,7 @@ class BadRequest(Exception):
 def preload() -> None:
     """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
     from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
-    from ..locks import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
+    from ..access import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
     from ..protocol import audit, hooks_snapshot, usage  # noqa: F401
     from ..slurm import commands, installation, jobdetail  # noqa: F401
 
@@ -257,7 +257,7 @@ def _bind(state_fd: int) -> tuple[socket.socket, int]:
 
 def serve(environ=None) -> int:
     """Run the agent for the node the environment names (SLURM_TPU_CONFIG, SLURMD_NODENAME) until SIGTERM."""
-    from ..locks import statedir
+    from ..access import statedir
     from . import settings as hook_settings
     from .context import node_from_env
 

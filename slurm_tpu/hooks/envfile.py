@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import os
 
-from ..locks import statedir
-from ..locks.ledger import JOBS
+from ..access import statedir
+from ..access.ledger import JOBS
 from ..protocol.jobenv import USAGE_DIR
 
 

@@ -9,7 +9,7 @@ gives the device to (see :func:`holder_alive`).
 Ending a lease (:func:`end_lease`: epilog, reclaim, ``slurm-tpu leases --clear``)
 goes: ownership away first (root 0600: nobody can open it any more), then
 revocation (every fd anybody still holds is made useless, see
-slurm_tpu/locks/revoke.py), then the check, then idle ownership. A revoked USB
+slurm_tpu/access/revoke.py), then the check, then idle ownership. A revoked USB
 stick re-enumerates; its lease stays in phase ``revoking`` until udev reports it
 back and slurm_tpu/hooks/udev_event.py finishes the release, so the epilog
 itself never waits for the hardware.
@@ -22,15 +22,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable
 
-    from ..locks.node_inventory import KnownDevice
+    from ..access.node_inventory import KnownDevice
     from .context import JobContext
     from .settings import HookSettings
 
 import os
 import time
 
-from ..locks import ownership, processes, revoke
-from ..locks.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
+from ..access import ownership, processes, revoke
+from ..access.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
 from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from . import probe
@@ -204,7 +204,7 @@ def gasket_writers(device: KnownDevice, nodes: Iterable[str], settings: HookSett
 
     gasket_core.c gasket_open()/gasket_release() count every writable open file
     until its last reference goes: one in flight over SCM_RIGHTS or kept by a
-    mapping included (see slurm_tpu/locks/revoke.py). None when a node's count
+    mapping included (see slurm_tpu/access/revoke.py). None when a node's count
     cannot be read: the driver always shows it (gasket_sysfs_generic_attrs), so
     a missing or garbled one means nobody can say the card is free, and the
     callers keep it (fail closed).
@@ -421,7 +421,7 @@ def _current_nodes(ledger: Ledger, device: KnownDevice, lease: Lease) -> KnownDe
     """
     if device.device_nodes and all(ownership.node_state(n) for n in device.device_nodes):
         return device
-    from ..locks import node_inventory
+    from ..access import node_inventory
 
     fresh = node_inventory.load(ledger.dir_fd).get(device.identity)
     if fresh is None or fresh.device_nodes == device.device_nodes:

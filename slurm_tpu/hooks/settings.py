@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 
-from ..locks import statedir
+from ..access import statedir
 from ..protocol.hooks_snapshot import HookSnapshot, format_snapshot, parse_snapshot
 
 SNAPSHOT = "hooks.snapshot"
@@ -175,7 +175,7 @@ def apply_families(settings: HookSettings, config) -> None:
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf, the families."""
     from .. import families
-    from ..locks import node_inventory, ownership
+    from ..access import node_inventory, ownership
     from . import slurm_files
     from .context import load_hook_config
 

@@ -12,7 +12,7 @@ accelerator the inventory knows:
   the job's user at once, within the event, so the job never sees "permission
   denied" on its own device after a USB re-enumeration (firmware load, reset).
   If the lease is being revoked (the epilog power-cycled the port, see
-  slurm_tpu/locks/revoke.py), this event is the stick coming back: it gets idle
+  slurm_tpu/access/revoke.py), this event is the stick coming back: it gets idle
   ownership and the lease is dropped, ending the release.
 * remove: record that the device has no node (the epilog then drains the node
   if a job held it).
@@ -87,7 +87,7 @@ def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
     (a stat, no json import), else the file itself: another event may have
     rewritten it between the snapshot's load and our lock.
     """
-    from ..locks import node_inventory
+    from ..access import node_inventory
     from .settings import file_key
 
     path = os.path.join(settings.state_dir, node_inventory.FILE_NAME)
@@ -97,10 +97,10 @@ def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
 
 
 def run(environ: dict[str, str]) -> int:
-    from ..locks import node_inventory, ownership
-    from ..locks.ledger import HELD, REVOKING, Lease, Ledger
+    from ..access import node_inventory, ownership
+    from ..access.ledger import HELD, REVOKING, Lease, Ledger
     from ..protocol import audit
-    from ..locks.slots import ensure_slot
+    from ..access.slots import ensure_slot
     from . import settings as hook_settings
 
     action = environ.get("ACTION", "")

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import replace
 
 from ..families import inventory_from_json
-from ..model import Inventory
+from ..hardware import Inventory
 
 # Majors 240-254 are reserved for local/experimental use: no real driver answers
 # them, so the nodes we make can be opened/owned but reach no hardware.

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from ..config import Config
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
-from ..model import Bus, Inventory
+from ..hardware import Bus, Inventory
 from ..slurm.backend import open_backend
 from .health import Action, Decision, Problem, decide, find_problems
 
@@ -55,7 +55,7 @@ def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
     import os
 
     from ..hooks import leasing, settings as hook_settings
-    from ..locks.ledger import LEASES, Ledger
+    from ..access.ledger import LEASES, Ledger
 
     leases_dir = os.path.join(config.state_dir, LEASES)
     if os.geteuid() != 0 or not os.path.isdir(leases_dir) or not os.listdir(leases_dir):

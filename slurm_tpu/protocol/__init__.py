@@ -20,7 +20,7 @@ Format, its module, where it lives, writer -> readers:
   hook after any change (root) -> every hook (root).
 - **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The
   prolog, epilog, udev-event, ``leases --clear``, health (root, through
-  :mod:`slurm_tpu.locks.ledger`) -> the same, ``slurm-tpu leases``, ``metrics``.
+  :mod:`slurm_tpu.access.ledger`) -> the same, ``slurm-tpu leases``, ``metrics``.
 - **audit events** -- :mod:`.audit`: ``<state_dir>/audit.log``, JSON lines.
   Every hook (root) -> ``slurm-tpu report`` and ``metrics``, the demo's
   timeline, the isolation tests, all through :func:`.audit.read_events` and
@@ -31,7 +31,7 @@ Format, its module, where it lives, writer -> readers:
 
 Formats that cross a boundary but have their own home, named here so this list
 is the one place to look: the node inventory ``<state_dir>/inventory.json``
-(:mod:`slurm_tpu.locks.node_inventory`, the shape of ``slurm-tpu detect --json``),
+(:mod:`slurm_tpu.access.node_inventory`, the shape of ``slurm-tpu detect --json``),
 the prolog's scontrol marker ``<state_dir>/prolog.query`` (one absolute path,
 written next to the snapshot, read by ``prolog/slurm-tpu-prolog``), the runner's
 per-device lock files (:mod:`slurm_tpu.runner.lock`, a pid), the site config

@@ -29,7 +29,7 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 
 from __future__ import annotations
 
-from ..locks.node_inventory import KnownDevice
+from ..access.node_inventory import KnownDevice
 
 FORMAT = "slurm-tpu hooks snapshot 7"
 # Revocation methods (slurm_tpu/families/base.py names them for the families).
@@ -95,7 +95,7 @@ class HookSnapshot:
         self.values: dict[str, dict[str, str]] = {}  # identity -> variable name -> entry
         # The config's slurm.bin_dir/sbin_dir ("" when unset: slurm/installation.py decides).
         self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
-        # Revocation at job end (slurm_tpu/locks/revoke.py) and the holder scan's time box.
+        # Revocation at job end (slurm_tpu/access/revoke.py) and the holder scan's time box.
         self.revoke, self.holder_scan_s, self.sysfs_root = True, 10.0, "/sys"
 
     def revocation(self, kind: str, bus: str) -> str:

@@ -15,7 +15,7 @@ FILE_NAME = "inventory.json"
 
 
 class KnownDevice:
-    """What a hook needs to know about one accelerator (no model import)."""
+    """What a hook needs to know about one accelerator (no slurm_tpu.hardware import)."""
 
     __slots__ = ("identity", "kind", "bus", "device_nodes")
 
@@ -86,7 +86,7 @@ def load(dir_fd: int) -> dict[str, KnownDevice]:
 def set_device_nodes(dir_fd: int, identity: str, nodes: tuple[str, ...]) -> bool:
     """Record a device's new node path(s). True when the file changed.
 
-    The caller holds the state lock (``Ledger.lock()``, locks/ledger.py) so two udev events
+    The caller holds the state lock (``Ledger.lock()``, access/ledger.py) so two udev events
     cannot lose each other's update.
     """
     document = load_document(dir_fd)
