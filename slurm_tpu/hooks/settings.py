@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 
 from ..access import statedir
+from ..defaults import CONFIG_ENV, CONFIG_PATH, STATE_DIR
 from ..protocol.hooks_snapshot import HookSnapshot, format_snapshot, parse_snapshot
 
 SNAPSHOT = "hooks.snapshot"
@@ -28,8 +29,6 @@ QUERY_MARKER = "prolog.query"
 # What the task-prolog prints for a job with no devices here (<state_dir>/no-devices.env):
 # every job variable unset (a library's view, EDGETPU_VISIBLE_DEVICES, exported empty). Beside jobs/, not in it: jobs/ holds one file per running job.
 NO_DEVICES_ENV = "no-devices.env"
-DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
-DEFAULT_STATE_DIR = "/run/slurm-tpu"
 
 
 class HookSettings(HookSnapshot):
@@ -80,7 +79,7 @@ def file_key(path: str) -> str:
 
 
 def config_path(environ) -> str:
-    return environ.get("SLURM_TPU_CONFIG") or DEFAULT_CONFIG
+    return environ.get(CONFIG_ENV) or CONFIG_PATH
 
 
 def scan_state_dir(path: str) -> str:
@@ -95,7 +94,7 @@ def scan_state_dir(path: str) -> str:
                     return value
     except OSError:
         pass
-    return DEFAULT_STATE_DIR
+    return STATE_DIR
 
 
 def load(environ, node: str | None = None, create: bool = True) -> HookSettings:

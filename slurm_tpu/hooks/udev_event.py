@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 import stat
+
+from ..defaults import SYSFS_ROOT
 from .context import HookError, node_from_env, say
 
 
@@ -38,7 +40,7 @@ def _sysfs_attribute(sysfs_root: str, parts: list[str], name: str) -> str | None
         os.close(fd)
 
 
-def identity_for(environ: dict[str, str], rules, sysfs_root: str = "/sys", known=None) -> str | None:
+def identity_for(environ: dict[str, str], rules, sysfs_root: str = SYSFS_ROOT, known=None) -> str | None:
     """The stable identity of the event's device, or None if it is not ours.
 
     ``rules`` (the families' UdevRule list, from the hooks' snapshot) say how: for

@@ -12,6 +12,7 @@ import time
 from dataclasses import dataclass
 
 from ..config import Config
+from ..defaults import CONFIG_ENV
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
 from ..hardware import Bus, Inventory
@@ -62,7 +63,7 @@ def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
         return []
     environ = dict(os.environ)
     if config.path:
-        environ["SLURM_TPU_CONFIG"] = config.path
+        environ[CONFIG_ENV] = config.path
     settings = hook_settings.rebuild(environ, config.node_name)
     with Ledger(settings.state_dir, create=False) as ledger:
         return leasing.clear(ledger, settings)

@@ -30,6 +30,7 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 from __future__ import annotations
 
 from ..access.node_inventory import KnownDevice
+from ..defaults import HOLDER_SCAN_S, NODE_MODE, SLOT_DIR, SYSFS_ROOT
 
 FORMAT = "slurm-tpu hooks snapshot 7"
 # Revocation methods (slurm_tpu/families/base.py names them for the families).
@@ -79,8 +80,8 @@ class EnvVariable:
 class HookSnapshot:
     """The snapshot's content (the hooks' settings class extends it with behaviour)."""
 
-    def __init__(self, state_dir: str, slot_dir: str = "/dev/slurm-tpu", lease_mode: int = 0o600,
-                 idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = 0o600, node: str = "",
+    def __init__(self, state_dir: str, slot_dir: str = SLOT_DIR, lease_mode: int = NODE_MODE,
+                 idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = NODE_MODE, node: str = "",
                  devices: dict[str, KnownDevice] | None = None,
                  index: dict[str, list[tuple[str | None, str | None]]] | None = None,
                  sources: dict[str, str] | None = None, families: dict[str, FamilyPolicy] | None = None):
@@ -96,7 +97,7 @@ class HookSnapshot:
         # The config's slurm.bin_dir/sbin_dir ("" when unset: slurm/installation.py decides).
         self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
         # Revocation at job end (slurm_tpu/access/revoke.py) and the holder scan's time box.
-        self.revoke, self.holder_scan_s, self.sysfs_root = True, 10.0, "/sys"
+        self.revoke, self.holder_scan_s, self.sysfs_root = True, HOLDER_SCAN_S, SYSFS_ROOT
 
     def revocation(self, kind: str, bus: str) -> str:
         """How a device of this kind and bus is revoked at job end (SCAN: holder scan only)."""
