@@ -7,6 +7,6 @@ measures it), ask Slurm at most once (the prolog, and only
 on nodes with leasable devices), never hand job-controlled strings to a shell,
 never follow symlinks in the state directory, and only touch device nodes the
 node's inventory file lists. The task-prolog is a POSIX sh script
-(prolog/slurm-tpu-task-prolog) printing what the prolog prepared (envfile.py).
+(prolog/slurm-tpu-task-prolog) printing what the prolog prepared (protocol/envfile.py).
 Each entry point returns an exit status; messages are one line each.
 """

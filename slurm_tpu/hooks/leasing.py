@@ -22,7 +22,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable
 
-    from ..access.node_inventory import KnownDevice
+    from ..protocol.inventory import KnownDevice
     from .context import JobContext
     from .settings import HookSettings
 

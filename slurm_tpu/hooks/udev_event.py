@@ -90,9 +90,10 @@ def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
     rewritten it between the snapshot's load and our lock.
     """
     from ..access import node_inventory
+    from ..protocol.inventory import FILE_NAME
     from .settings import file_key
 
-    path = os.path.join(settings.state_dir, node_inventory.FILE_NAME)
+    path = os.path.join(settings.state_dir, FILE_NAME)
     if path in settings.sources and settings.sources[path] == file_key(path):
         return settings.devices
     return node_inventory.load(dir_fd)
@@ -101,8 +102,9 @@ def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
 def run(environ: dict[str, str]) -> int:
     from ..access import node_inventory, ownership
     from ..access.ledger import HELD, REVOKING, Lease, Ledger
-    from ..protocol import audit
     from ..access.slots import ensure_slot
+    from ..protocol import audit
+    from ..protocol.inventory import KnownDevice
     from . import settings as hook_settings
 
     action = environ.get("ACTION", "")
@@ -119,7 +121,7 @@ def run(environ: dict[str, str]) -> int:
         if action == "remove":
             if device.device_nodes and node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
                 ledger.audit(audit.REMOVE, identity=identity)
-                settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, ())
+                settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, ())
                 hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
             return 0
         if action not in ("add", "change", "bind"):
@@ -161,7 +163,7 @@ def run(environ: dict[str, str]) -> int:
                 ledger.audit(audit.REENUMERATE, identity=identity, nodes=list(nodes))
         if changed:
             # Keep the hooks' snapshot current, or the next prolog rereads the YAML config.
-            settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, nodes)
+            settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, nodes)
             hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
     return 0
 

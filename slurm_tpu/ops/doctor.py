@@ -305,7 +305,8 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     """
     from ..hooks.jobusage import BOX_DIR
     from ..access import statedir
-    from ..access.ledger import JOBS, LEASES
+    from ..access.ledger import LEASES
+    from ..protocol.envfile import DIR as JOBS
 
     fix = "chown root:root {0} && chmod 0755 {0}"
     try:

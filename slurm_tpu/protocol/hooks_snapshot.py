@@ -1,4 +1,4 @@
-"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot``: one writer, one reader.
+"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot`` and its marker for the sh prolog.
 
 The slow path (slurm_tpu/hooks/settings.py ``rebuild``: YAML config, inventory,
 slurm.conf, gres.conf, the families registry) writes what every later hook needs;
@@ -25,13 +25,19 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 ``dev``     identity, kind, bus, nodes: a configured device
 ``val``     identity, name, value: a device's entry in a job variable
 ``idx``     name, type, file: slurmd's IDX order of a GRES name on this node
+
+Written with it (and removed with it when this node has nothing to lease): the
+marker ``<state_dir>/prolog.query`` (:data:`QUERY_MARKER`), one line holding the
+absolute path of the scontrol the Python side chose, which prolog/slurm-tpu-prolog
+(sh: ``read -r``, then checked to be an absolute executable path) starts early.
 """
 
 from __future__ import annotations
 
-from ..access.node_inventory import KnownDevice
 from ..defaults import HOLDER_SCAN_S, NODE_MODE, SLOT_DIR, SYSFS_ROOT
+from .inventory import KnownDevice
 
+FILE = "hooks.snapshot"  # under the state directory
 FORMAT = "slurm-tpu hooks snapshot 7"
 # Revocation methods (slurm_tpu/families/base.py names them for the families).
 USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
@@ -39,6 +45,14 @@ USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
 SETTINGS = (("state_dir", str), ("slot_dir", str), ("lease_mode", int), ("idle_uid", int), ("idle_gid", int),
             ("idle_mode", int), ("node", str), ("slurm_bin_dir", str), ("slurm_sbin_dir", str),
             ("revoke", bool), ("holder_scan_s", float), ("sysfs_root", str))
+
+
+QUERY_MARKER = "prolog.query"  # under the state directory
+
+
+def query_marker(scontrol: str) -> bytes:
+    """The marker's bytes: the scontrol's absolute path and a newline."""
+    return scontrol.encode() + b"\n"
 
 
 class FamilyPolicy:

@@ -25,7 +25,7 @@ from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.access.ledger import KEPT, Lease, Ledger
-from slurm_tpu.access.node_inventory import KnownDevice
+from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol import audit as audit_format
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")

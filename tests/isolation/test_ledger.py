@@ -16,7 +16,7 @@ from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.settings import HookSettings
 from slurm_tpu.access import ownership, statedir
 from slurm_tpu.access.ledger import BadLease, Lease, Ledger
-from slurm_tpu.access.node_inventory import KnownDevice
+from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod/chown need root")
 

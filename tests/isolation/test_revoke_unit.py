@@ -27,7 +27,7 @@ from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.localcluster.hardware import usb_sysfs_device
 from slurm_tpu.access import processes, revoke
 from slurm_tpu.access.ledger import Ledger
-from slurm_tpu.access.node_inventory import KnownDevice
+from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")
 
