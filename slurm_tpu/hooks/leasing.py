@@ -85,9 +85,10 @@ def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str
     if device is None:
         return []
     problems = []
+    uid, gid, mode = ownership.owner_for(None, settings)
     for node in device.device_nodes:
         try:
-            ownership.set_owner(node, device.identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
+            ownership.set_owner(node, device.identity, uid, gid, mode)
         except Exception as exc:  # DeviceError, OSError: report, keep going
             problems.append(str(exc))
     return problems
@@ -98,7 +99,7 @@ def take_away(nodes: Iterable[str], identity: str) -> list[str]:
     problems = []
     for node in nodes:
         try:
-            ownership.set_owner(node, identity, 0, 0, 0o600)
+            ownership.set_owner(node, identity, *ownership.ROOT_ONLY)
         except Exception as exc:  # DeviceError, OSError
             problems.append(str(exc))
     return problems
@@ -382,7 +383,7 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
             ledger.lock()
             try:
                 for node in device.device_nodes:
-                    ownership.set_owner(node, device.identity, job.uid, -1, settings.lease_mode)
+                    ownership.set_owner(node, device.identity, *ownership.owner_for(lease, settings))
                 if not device.device_nodes:
                     raise HookError(f"job {job.job_id}: {device.identity} has no device node (unplugged?); "
                                     "replug it or drain the node")

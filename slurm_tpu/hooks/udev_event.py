@@ -137,30 +137,26 @@ def run(environ: dict[str, str]) -> int:
         # Unchanged (the usual event): no inventory.json rewrite, so no json import.
         changed = nodes != device.device_nodes and node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
         lease = ledger.read(identity)
-        if isinstance(lease, Lease) and lease.phase == REVOKING and devname not in lease.device_nodes:
-            # The stick is back after the epilog power-cycled its port (every fd on
-            # the old usb_device is dead): finish that release with idle ownership.
-            for node in nodes:
-                ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
+        # The stick is back after the epilog power-cycled its port (every fd on the old
+        # usb_device is dead): this event finishes that release, so the node is idle.
+        finishing = isinstance(lease, Lease) and lease.phase == REVOKING and devname not in lease.device_nodes
+        uid, gid, mode = ownership.owner_for(None if finishing else lease, settings)
+        for node in nodes:
+            ownership.set_owner(node, identity, uid, gid, mode)
+        if finishing:
             ledger.drop(identity)
             # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
             ledger.audit(audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM, identity=identity, job_id=lease.job_id,
                          uid=lease.uid, nodes=list(nodes), revoked=True)
         elif isinstance(lease, Lease) and lease.phase == HELD:
-            for node in nodes:
-                ownership.set_owner(node, identity, lease.uid, -1, settings.lease_mode)
             ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, uid=lease.uid,
                          nodes=list(nodes), changed=changed)
         elif lease is not None:
-            # Kept by an epilog, or unreadable: not free, and not the job's any more.
-            for node in nodes:
-                ownership.set_owner(node, identity, 0, 0, 0o600)
+            # Kept by an epilog, being revoked (the old device's own event), or unreadable: not
+            # free, and not the job's any more (owner_for: root only).
             ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, nodes=list(nodes), changed=changed)
-        else:
-            for node in nodes:
-                ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
-            if changed:
-                ledger.audit(audit.REENUMERATE, identity=identity, nodes=list(nodes))
+        elif changed:
+            ledger.audit(audit.REENUMERATE, identity=identity, nodes=list(nodes))
         if changed:
             # Keep the hooks' snapshot current, or the next prolog rereads the YAML config.
             settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, nodes)
