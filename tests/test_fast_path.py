@@ -20,12 +20,12 @@ from test_hooks_import_budget import FORBIDDEN
 
 from slurm_tpu import defaults
 from slurm_tpu.hooks import FAST_PATH, FAST_PATH_STDLIB
+from slurm_tpu.ops.hook_entries import ENTRIES, shipped_path
 
 REPO = PACKAGE.parent
-# The Python programs root runs for each job or event (what slurm.conf's and udev's sh hooks exec);
-# the node agent's entry script is held to the same rule.
-ENTRY_SCRIPTS = ("prolog/slurm-tpu-prolog.py", "epilog/slurm-tpu-epilog.py", "prolog/slurm-tpu-udev-event",
-                 "prolog/slurm-tpu-agent")
+# The Python programs root runs for each job or event (what slurm.conf's sh hooks and udev run),
+# and the node agent's: one template makes them all (slurm_tpu/ops/hook_entries.py).
+ENTRY_SCRIPTS = [Path(shipped_path(entry, str(REPO))) for entry in ENTRIES]
 # What an entry script may import besides FAST_PATH_STDLIB: ``site``, only when slurm_tpu is not
 # beside it (an installed package found in site-packages).
 ENTRY_STDLIB = FAST_PATH_STDLIB | {"site"}
@@ -91,8 +91,8 @@ def test_fast_path_modules_import_only_the_stdlib_set_and_each_other():
 def test_the_entry_scripts_import_only_the_stdlib_set_and_the_fast_path():
     known = set(modules_of(PACKAGE))
     found = []
-    for name in ENTRY_SCRIPTS:
-        found += module_level_violations(REPO / name, "__main__", False, known, set(FAST_PATH), ENTRY_STDLIB, REPO)
+    for path in ENTRY_SCRIPTS:
+        found += module_level_violations(path, "__main__", False, known, set(FAST_PATH), ENTRY_STDLIB, REPO)
     assert not found, "\n".join(found)
 
 
