@@ -45,10 +45,11 @@ is the one place to look: the runner's per-device lock files (:mod:`slurm_tpu.ru
 (:mod:`slurm_tpu.config`) and the inference server's HTTP API
 (:mod:`slurm_tpu.runner.serve.codec`, TF Serving's REST format).
 
-Root hooks import :mod:`.leases` and :mod:`.audit` on every job under
-``python3 -I -S``: those two (and this package) import no json, re, typing or
-dataclasses at module level; readers that need json import it inside the
-function, off the hooks' path.
+Root hooks import these modules on every job under ``python3 -I -S`` (they are
+on the hooks' fast path, slurm_tpu/hooks/__init__.py FAST_PATH): they import no
+json, re, typing or dataclasses at module level, and nothing of slurm_tpu above
+this package (tests/test_import_graph.py); readers that need json import it inside
+the function, off the hooks' path.
 """
 
 from __future__ import annotations
