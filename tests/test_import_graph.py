@@ -1,4 +1,8 @@
-"""No import cycles anywhere in slurm_tpu, function-level imports included.
+"""No import cycles anywhere in slurm_tpu, and no import that runs up its layers, function-level imports included.
+
+The layers (LAYERS, below: base, protocol, records, families, config, slurm, access,
+hooks, detect/render, runner, ops, cli, harness) say what may know what: a module
+imports from its own layer and those below it, never from one above.
 
 The graph is read from the source with ``ast`` (nothing is imported): every
 ``import``/``from ... import`` of a slurm_tpu module is an edge, classed by where
