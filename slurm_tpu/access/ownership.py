@@ -25,6 +25,12 @@ import stat
 from ..errors import DeviceError
 from ..protocol.leases import HELD, Lease
 
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..protocol.hooks_snapshot import HookSnapshot
+    from ..protocol.leases import BadLease
+
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 # The xattrs that hold POSIX ACLs (include/uapi/linux/xattr.h XATTR_NAME_POSIX_ACL_*);
 # a default ACL exists only on directories, which new files under them inherit.
@@ -61,7 +67,7 @@ def strip_acl(path: str) -> bool:
 ROOT_ONLY = (0, 0, 0o600)
 
 
-def owner_for(lease, settings) -> tuple[int, int, int]:
+def owner_for(lease: Lease | BadLease | None, settings: HookSnapshot) -> tuple[int, int, int]:
     """(uid, gid, mode) for a device's nodes while ``lease`` is its lease (-1: keep that id).
 
     No lease (None, or one whose release is being finished): the idle owner, group

@@ -23,6 +23,14 @@ from __future__ import annotations
 
 from .jobenv import EDGETPU_VISIBLE, USAGE_DIR
 
+# Annotations only: the root prolog imports this module, and typing costs it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Sequence
+
+    from .hooks_snapshot import HookSnapshot
+    from .leases import Lease
+
 DIR = "jobs"  # under the state directory: one file per job with devices on this node
 # Beside jobs/, not in it (jobs/ holds one file per running job).
 NO_DEVICES = "no-devices.env"
@@ -35,7 +43,7 @@ def file_name(job_id: int) -> str:
     return f"{job_id}.env"
 
 
-def render(leases, settings, usage_dir: str | None = None) -> str:
+def render(leases: Sequence[Lease], settings: HookSnapshot, usage_dir: str | None = None) -> str:
     """The export lines for a job's leases (in allocation order) and its usage box, if any.
 
     ``settings`` is the hooks' snapshot (its ``variables`` and per-device ``values``).
@@ -55,7 +63,7 @@ def render(leases, settings, usage_dir: str | None = None) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_unset(settings) -> str:
+def render_unset(settings: HookSnapshot) -> str:
     """:data:`NO_DEVICES`: every variable of the contract unset (a job with no device on this node),
     except a library's view of the devices, which reads unset as "all of them": that one is exported empty."""
     lines = [f"export {v.name}=" if v.never_unset else f"unset {v.name}" for v in settings.variables]
