@@ -23,7 +23,7 @@ import statistics
 import subprocess
 import time
 
-HOOK_MODULES = ("slurm_tpu.locks.ledger", "slurm_tpu.hooks.leasing", "slurm_tpu.hooks.jobusage",
+HOOK_MODULES = ("slurm_tpu.access.ledger", "slurm_tpu.hooks.leasing", "slurm_tpu.hooks.jobusage",
                 "slurm_tpu.hooks.envfile", "slurm_tpu.hooks.prolog", "slurm_tpu.hooks.epilog")
 CODE = ("import sys; sys.path.insert(0, '.')\n"
         + "".join(f"import {name}\n" for name in HOOK_MODULES)

@@ -50,7 +50,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=40)
     args = parser.parse_args()
-    from slurm_tpu.config import DEFAULT_PATH
+    from slurm_tpu.defaults import CONFIG_PATH as DEFAULT_PATH
     from slurm_tpu.ops import node_files
     from slurm_tpu.ops.install import installed_hook_text
 

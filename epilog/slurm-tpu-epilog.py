@@ -4,6 +4,8 @@
 Thin entry point into slurm_tpu.hooks.epilog. Runs isolated (-I) and without
 site-packages (-S) so start-up stays in the milliseconds; site-packages are
 added only if slurm_tpu is not next to this file or a config file needs PyYAML.
+Generated from slurm_tpu/ops/hook_entries.py (the template of every hook's entry
+script): edit it there, then run `python -m slurm_tpu.ops.hook_entries`.
 """
 import os
 import sys

@@ -5,7 +5,7 @@
  *
  * Run by prolog/slurm-tpu-prolog, epilog/slurm-tpu-epilog and the udev hook's
  * agent path (root, started by slurmd or udev). It hands the agent
- * (slurm_tpu/hooks/agent.py, which owns the wire format and documents it) its
+ * (slurm_tpu/hooks/agent.py; the wire format: slurm_tpu/protocol/agent_wire.py) its
  * whole environment over STATE_DIR/agent.sock; the agent's worker runs the hook
  * and answers with the hook's messages, written here to stderr (slurmd's log, as
  * the Python hook's would be), and its exit status, which this exits with. No
@@ -40,8 +40,8 @@
 #include <fcntl.h>
 #include <unistd.h>
 
-#define MAX_REQUEST (60 * 1024) /* agent.py MAX_REQUEST is 64 KiB */
-#define MAX_OUTPUT (64 * 1024)  /* agent.py MAX_OUTPUT */
+#define MAX_REQUEST (60 * 1024) /* slurm_tpu/protocol/agent_wire.py MAX_REQUEST is 64 KiB */
+#define MAX_OUTPUT (64 * 1024)  /* slurm_tpu/protocol/agent_wire.py MAX_OUTPUT */
 #define MAGIC "STPU1"
 
 extern char **environ;

@@ -1,6 +1,7 @@
 # Shared by the sh hooks (sourced with ".", no fork): find the state directory.
 # Mirrors slurm_tpu/hooks/settings.py:scan_state_dir: the config's top-level
 # "state_dir:" line (quotes and a trailing comment allowed), default /run/slurm-tpu.
+# The defaults here are slurm_tpu/defaults.py's (tests/test_fast_path.py checks they agree).
 # A wrong answer only costs speed: the Python side rereads the real config.
 
 slurm_tpu_state_dir() {

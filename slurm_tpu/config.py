@@ -13,55 +13,142 @@ read as the version 2 keys :data:`VERSION_1_KEYS` names.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
-from typing import Any, Mapping
+from dataclasses import dataclass, field, fields
+from typing import Any, Callable, Mapping
 
+from .defaults import (CONFIG_ENV as ENV_VAR, CONFIG_PATH as DEFAULT_PATH, HOLDER_SCAN_S, IDLE_GROUP, IDLE_OWNER,
+                       INVENTORY_FILE, NODE_MODE, SLOT_DIR, STATE_DIR, SYSFS_ROOT)
 from .errors import ConfigError
 from .families import FAMILIES, FamilyConfig
 
-DEFAULT_PATH = "/etc/slurm-tpu/config.yaml"
-ENV_VAR = "SLURM_TPU_CONFIG"
 SUPPORTED_VERSIONS = (1, 2)
 CURRENT_VERSION = 2
+SLURM_BACKENDS = ("auto", "scontrol", "pyslurm")
+
+
+# ---- how a key's value is checked and converted ------------------------------------------
+# Each takes (value, dotted key, where) after the type check and returns the Config's value,
+# or raises ConfigError naming the key.
+
+def _parse_mode(value: str | int, key: str, where: str) -> int:
+    text = str(value)
+    try:
+        mode = int(text, 8)
+    except ValueError:
+        mode = -1
+    if not 0 <= mode <= 0o777:
+        raise ConfigError(
+            f"{where}: {key} must be an octal mode such as '0600', not {value!r}", key=key
+        )
+    return mode
+
+
+def _absolute_path(value: str, key: str, where: str) -> str:
+    if not os.path.isabs(value):
+        raise ConfigError(f"{where}: '{key}' must be an absolute path, not {value!r}", key=key)
+    return value
+
+
+def _slurm_backend(value: str, key: str, where: str) -> str:
+    if value not in SLURM_BACKENDS:
+        raise ConfigError(f"{where}: '{key}' must be one of {', '.join(SLURM_BACKENDS)}, not {value!r}", key=key)
+    return value
+
+
+def _scan_seconds(value: int | float, key: str, where: str) -> float:
+    if not 0 < value <= 60:
+        raise ConfigError(f"{where}: '{key}' must be more than 0 and at most 60, not {value!r}", key=key)
+    return float(value)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One YAML key of the config, declared once, beside the Config field it fills.
+
+    ``name`` is the dotted key as the file spells it, ``types`` what YAML may give
+    for it, ``help`` its one-line meaning (the unknown-key message lists the keys;
+    a configuration reference can be made from these), ``convert`` how a given
+    value is checked and turned into the field's value (None: taken as it is).
+    """
+
+    name: str
+    types: type | tuple[type, ...]
+    help: str
+    convert: Callable[[Any, str, str], Any] | None = None
+
+
+def setting(name: str, types: type | tuple[type, ...], help: str, default: Any,
+            convert: Callable[[Any, str, str], Any] | None = None) -> Any:
+    """A Config field that one YAML key sets (its default applies when the file does not say)."""
+    return field(default=default, metadata={"key": Key(name, types, help, convert)})
+
+
+VERSION = Key("version", int, "config format version (2; 1 is still read)")
 
 
 @dataclass(frozen=True)
 class Ownership:
     """Who owns a device node, and its permission bits."""
 
-    owner: str = "root"
-    group: str = "root"
-    mode: int = 0o600
+    owner: str = setting("devices.idle.owner", str, "owner of idle accelerator nodes", IDLE_OWNER)
+    group: str = setting("devices.idle.group", str, "group of idle accelerator nodes", IDLE_GROUP)
+    mode: int = setting("devices.idle.mode", (str, int), "mode of idle accelerator nodes, e.g. '0600'", NODE_MODE,
+                        _parse_mode)
 
 
 @dataclass(frozen=True)
 class Config:
-    """Site choices. Field names mirror the YAML keys."""
+    """Site choices: each field that a YAML key sets declares that key (:func:`setting`)."""
 
-    node_name: str | None = None
-    # kind -> the family's settings (GRES name, types, features, leased or not).
+    node_name: str | None = setting("node_name", str, "Slurm NodeName of this node (default: short hostname)",
+                                    None)
+    # kind -> the family's settings (GRES name, types, features, leased or not): the keys
+    # families.<kind>.*, which each family declares (slurm_tpu/families/).
     families: Mapping[str, FamilyConfig] = field(
         default_factory=lambda: {f.kind: f.default_config for f in FAMILIES})
-    slot_dir: str = "/dev/slurm-tpu"
-    state_dir: str = "/run/slurm-tpu"
+    slot_dir: str = setting("devices.slot_dir", str, "directory of the stable slot nodes gres.conf names "
+                            "(<slot_dir>/<identity>)", SLOT_DIR,
+                            _absolute_path)
+    state_dir: str = setting("state_dir", str, "the hooks' state: lease ledger, audit log, the hooks' "
+                             "inventory (a tmpfs)", STATE_DIR, _absolute_path)
     # The configured inventory, kept across reboots (/run and /dev are tmpfs).
-    inventory_file: str = "/var/lib/slurm-tpu/inventory.json"
-    idle: Ownership = Ownership()
-    lease_mode: int = 0o600
+    inventory_file: str = setting("inventory_file", str,
+                                  "persistent copy of the configured inventory (restored at boot)",
+                                  INVENTORY_FILE, _absolute_path)
+    # The keys devices.idle.* (see Ownership).
+    idle: Ownership = field(default=Ownership(), metadata={"keys": Ownership})
+    lease_mode: int = setting("devices.lease.mode", (str, int), "mode of a leased node, owned by the job's user",
+                              NODE_MODE, _parse_mode)
     # At job end, make every fd of the job's devices useless (USB: the hub port is
-    # power-cycled, see slurm_tpu/locks/revoke.py); false keeps ownership-only isolation.
-    revoke: bool = True
+    # power-cycled, see slurm_tpu/access/revoke.py); false keeps ownership-only isolation.
+    revoke: bool = setting("devices.revoke", bool,
+                           "at job end make every open fd of a USB Edge TPU useless (port power-cycle); "
+                           "false: ownership-only isolation", True)
     # Wall-clock budget of one holder scan (every process's fds and mappings); a scan
     # that cannot finish in it drains the node instead of stretching the epilog.
-    holder_scan_seconds: float = 10.0
+    holder_scan_seconds: float = setting("devices.holder_scan_seconds", (int, float),
+                                         "time box (more than 0, at most 60) of the epilog's scan for processes "
+                                         "holding a device; over it the device (not the node) waits",
+                                         HOLDER_SCAN_S, _scan_seconds)
     # Where sysfs is mounted (tests point it at a materialized testbed).
-    sysfs_root: str = "/sys"
-    udev_run_program: str | None = None
+    sysfs_root: str = setting("sysfs_root", str, "where sysfs is mounted (tests point it at a testbed)", SYSFS_ROOT,
+                              _absolute_path)
+    udev_run_program: str | None = setting(
+        "udev.run_program", str, "absolute path udev RUN+= runs on device events (default: the installed "
+        "slurm-tpu-udev-event; a program named slurm-tpu gets 'udev-event')", None, _absolute_path)
     # Where Slurm's programs are (None: found as slurm/installation.py says).
-    slurm_bin_dir: str | None = None
-    slurm_sbin_dir: str | None = None
+    slurm_bin_dir: str | None = setting(
+        "slurm.bin_dir", str, "Slurm's client programs (scontrol, squeue; env SLURM_TPU_SLURM_BIN); default: "
+        "beside the running slurmd",
+        None, _absolute_path)
+    slurm_sbin_dir: str | None = setting(
+        "slurm.sbin_dir", str, "Slurm's daemons (slurmd, slurmstepd; env SLURM_TPU_SLURM_SBIN); default: the "
+        "running slurmd's directory",
+        None, _absolute_path)
     # How ops commands talk to Slurm: "auto" (pyslurm where it pays and matches), "scontrol", "pyslurm".
-    slurm_backend: str = "auto"
+    slurm_backend: str = setting("slurm.backend", str,
+                                 "auto, scontrol or pyslurm: how health and the watcher talk to Slurm", "auto",
+                                 _slurm_backend)
     path: str | None = None  # where it was loaded from, for messages
 
     def family(self, kind: str) -> FamilyConfig:
@@ -74,34 +161,39 @@ class Config:
         return found
 
 
+def config_keys(cls: type = Config) -> list[tuple[Key, Any]]:
+    """(key, default) of every key the Config's fields declare, in declaration order (``version``
+    and the families' keys are not fields: see :data:`VERSION` and ``Family.config_keys``)."""
+    found = []
+    for item in fields(cls):
+        if "key" in item.metadata:
+            found.append((item.metadata["key"], item.default))
+        elif "keys" in item.metadata:
+            found.extend(config_keys(item.metadata["keys"]))
+    return found
+
+
+def _build(cls: type, flat: Mapping[str, Any], where: str, **given: Any) -> Any:
+    """``cls`` from the flattened, type-checked file: each declared key it holds, converted; the
+    field's default for the others."""
+    values = dict(given)
+    for item in fields(cls):
+        if "key" in item.metadata:
+            key = item.metadata["key"]
+            if key.name in flat:
+                value = flat[key.name]
+                values[item.name] = key.convert(value, key.name, where) if key.convert else value
+        elif "keys" in item.metadata:
+            values[item.name] = _build(item.metadata["keys"], flat, where)
+    return cls(**values)
+
+
 # The schema: dotted key -> (expected python type(s), description). Nested
 # mappings are listed by their leaves; a mapping value listed as ``dict`` is a
 # free-form name->name table. The descriptions are the keys' documentation:
 # docs/configuration.md is generated from them (slurm_tpu/ops/config_reference.py).
 _COMMON: dict[str, tuple[type | tuple[type, ...], str]] = {
-    "version": (int, "config format version (2; 1 is still read)"),
-    "node_name": (str, "Slurm NodeName of this node (default: short hostname)"),
-    "devices.slot_dir": (str, "directory of the stable slot nodes gres.conf names (<slot_dir>/<identity>)"),
-    "devices.idle.owner": (str, "owner of idle accelerator nodes"),
-    "devices.idle.group": (str, "group of idle accelerator nodes"),
-    "devices.idle.mode": ((str, int), "mode of idle accelerator nodes, e.g. '0600'"),
-    "devices.lease.mode": ((str, int), "mode of a leased node, owned by the job's user"),
-    "devices.revoke": (bool, "at job end make every open fd of a USB Edge TPU useless (port power-cycle); "
-                              "false: ownership-only isolation"),
-    "devices.holder_scan_seconds": ((int, float), "time box (more than 0, at most 60) of the epilog's scan for "
-                                   "processes holding a device; over it the device (not the node) waits"),
-    "sysfs_root": (str, "where sysfs is mounted (tests point it at a testbed)"),
-    "state_dir": (str, "the hooks' state: lease ledger, audit log, the hooks' inventory (a tmpfs)"),
-    "inventory_file": (str, "persistent copy of the configured inventory (restored at boot)"),
-    "udev.run_program": (str, "absolute path udev RUN+= runs on device events (default: the installed "
-                              "slurm-tpu-udev-event; a program named slurm-tpu gets 'udev-event')"),
-    "slurm.bin_dir": (str, "Slurm's client programs (scontrol, squeue; env SLURM_TPU_SLURM_BIN); default: "
-                           "beside the running slurmd"),
-    "slurm.sbin_dir": (str, "Slurm's daemons (slurmd, slurmstepd; env SLURM_TPU_SLURM_SBIN); default: the "
-                            "running slurmd's directory"),
-    "slurm.backend": (str, "auto, scontrol or pyslurm: how health and the watcher talk to Slurm"),
-}
-SLURM_BACKENDS = ("auto", "scontrol", "pyslurm")
+    key.name: (key.types, key.help) for key, _ in [(VERSION, CURRENT_VERSION), *config_keys()]}
 # Version 1 spelled the Edge TPU and GPU settings flat; each means this version 2 key.
 VERSION_1_KEYS = {
     "gres.tpu_name": "families.edgetpu.gres_name",
@@ -145,19 +237,6 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-def _parse_mode(value: str | int, key: str, where: str) -> int:
-    text = str(value)
-    try:
-        mode = int(text, 8)
-    except ValueError:
-        mode = -1
-    if not 0 <= mode <= 0o777:
-        raise ConfigError(
-            f"{where}: {key} must be an octal mode such as '0600', not {value!r}", key=key
-        )
-    return mode
-
-
 def parse_config(data: Any, where: str = "config") -> Config:
     """Validate a parsed YAML document and build a :class:`Config`."""
     if data is None:
@@ -184,44 +263,11 @@ def parse_config(data: Any, where: str = "config") -> Config:
         if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ConfigError(f"{where}: '{key}' has the wrong type ({type(value).__name__})", key=key)
 
-    defaults = Config()
     if version == 1:
         families = _families(flat, where, renamed={new: old for old, new in VERSION_1_KEYS.items()})
     else:
         families = _families(flat, where)
-    idle = Ownership(
-        owner=flat.get("devices.idle.owner", defaults.idle.owner),
-        group=flat.get("devices.idle.group", defaults.idle.group),
-        mode=_parse_mode(flat.get("devices.idle.mode", "0600"), "devices.idle.mode", where),
-    )
-    if flat.get("slurm.backend", "auto") not in SLURM_BACKENDS:
-        raise ConfigError(f"{where}: 'slurm.backend' must be one of {', '.join(SLURM_BACKENDS)}, "
-                          f"not {flat['slurm.backend']!r}", key="slurm.backend")
-    scan_s = flat.get("devices.holder_scan_seconds", defaults.holder_scan_seconds)
-    if not 0 < scan_s <= 60:
-        raise ConfigError(f"{where}: 'devices.holder_scan_seconds' must be more than 0 and at most 60, not "
-                          f"{scan_s!r}", key="devices.holder_scan_seconds")
-    for key in ("devices.slot_dir", "state_dir", "inventory_file", "udev.run_program", "slurm.bin_dir",
-                "slurm.sbin_dir", "sysfs_root"):
-        if key in flat and not os.path.isabs(flat[key]):
-            raise ConfigError(f"{where}: '{key}' must be an absolute path, not {flat[key]!r}", key=key)
-    return Config(
-        node_name=flat.get("node_name"),
-        families=families,
-        slot_dir=flat.get("devices.slot_dir", defaults.slot_dir),
-        state_dir=flat.get("state_dir", defaults.state_dir),
-        inventory_file=flat.get("inventory_file", defaults.inventory_file),
-        idle=idle,
-        lease_mode=_parse_mode(flat.get("devices.lease.mode", "0600"), "devices.lease.mode", where),
-        revoke=flat.get("devices.revoke", defaults.revoke),
-        holder_scan_seconds=float(scan_s),
-        sysfs_root=flat.get("sysfs_root", defaults.sysfs_root),
-        udev_run_program=flat.get("udev.run_program"),
-        slurm_bin_dir=flat.get("slurm.bin_dir"),
-        slurm_sbin_dir=flat.get("slurm.sbin_dir"),
-        slurm_backend=flat.get("slurm.backend", defaults.slurm_backend),
-        path=None if where == "config" else where,
-    )
+    return _build(Config, flat, where, families=families, path=None if where == "config" else where)
 
 
 def _families(flat: Mapping[str, Any], where: str, renamed: Mapping[str, str] | None = None

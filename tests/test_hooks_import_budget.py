@@ -11,6 +11,10 @@ hooks' snapshot (the slow path, which may load YAML and more). The udev hook is
 its shipped entry script (udev/slurm-tpu-udev-event, what the udev rules run),
 run by the cluster's emulated udev on each revocation and once more by the test
 for an event that changes nothing (a stick's ``change``, the usual event).
+
+Every slurm_tpu module a hook loads must be declared on the fast path
+(slurm_tpu/hooks/__init__.py FAST_PATH), whose import rule tests/test_fast_path.py
+checks from the source, without a cluster.
 """
 
 from __future__ import annotations
@@ -23,13 +27,14 @@ from pathlib import Path
 import pytest
 
 from helpers import wait_until
+from slurm_tpu.hooks import FAST_PATH
 
 REPO = Path(__file__).resolve().parent.parent
 HARDWARE = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"
 FORBIDDEN = ("json", "re", "typing", "dataclasses", "yaml", "subprocess", "enum")
 UDEV_HOOK = REPO / "udev" / "slurm-tpu-udev-event"  # what the udev rules run (RUN+=, installed copy)
 # A revoked USB stick's remove and add events move its node, so they rewrite the hooks'
-# inventory.json (locks/node_inventory.py imports json for that, and json brings re and
+# inventory.json (protocol/inventory.py imports json for that, and json brings re and
 # enum); the usual event, an unchanged node, must not. Neither ever loads the CLI or YAML.
 NEVER_IN_THE_UDEV_HOOK = ("click", "yaml", "typing", "dataclasses", "subprocess", "slurm_tpu.cli",
                           "slurm_tpu.config")
@@ -45,6 +50,11 @@ def imported_modules(stderr: str) -> list[str]:
             if name != "imported package":  # the header line
                 modules.append(name)
     return modules
+
+
+def undeclared(modules: list[str]) -> list[str]:
+    """The slurm_tpu modules among ``modules`` that slurm_tpu/hooks/__init__.py does not list in FAST_PATH."""
+    return sorted(name for name in modules if name.split(".")[0] == "slurm_tpu" and name not in FAST_PATH)
 
 
 def over_budget(modules: list[str]) -> list[str]:
@@ -74,6 +84,7 @@ def test_the_checker_sees_what_a_real_process_imports():
     assert over_budget(heavy) == ["enum", "json", "re"]  # json needs re, re needs enum
     assert over_budget(run("import os, stat")) == []
     assert over_budget(["re._parser", "typing_extensions", "yamlish", "slurm_tpu.jobenv"]) == ["re"]
+    assert undeclared(["os", "slurm_tpu.hooks.prolog", "slurm_tpu.config", "slurm_tpu_x"]) == ["slurm_tpu.config"]
 
 
 # ---- the hooks, run by slurmd for real jobs -------------------------------------------------
@@ -165,6 +176,7 @@ def test_a_hooks_fast_path_stays_within_its_imports(measured, hook, did_its_work
     # The fast path: settings from the snapshot, so neither the YAML config nor its reader.
     assert "slurm_tpu.config" not in modules and "yaml" not in modules, f"{hook} took the slow path"
     assert over_budget(modules) == [], f"{hook} imports {over_budget(modules)}: {modules}"
+    assert undeclared(modules) == [], f"{hook} loads modules not declared in FAST_PATH: {undeclared(modules)}"
 
 
 @pytest.mark.slurm
@@ -176,6 +188,7 @@ def test_the_udev_hooks_revocation_events_load_neither_the_cli_nor_yaml(measured
         print(f"revocation event: {len(modules)} modules: {' '.join(modules)}")
         assert "slurm_tpu.hooks.udev_event" in modules and "json" in modules  # it rewrote inventory.json
         assert not set(modules) & set(NEVER_IN_THE_UDEV_HOOK), sorted(set(modules) & set(NEVER_IN_THE_UDEV_HOOK))
+        assert undeclared(modules) == [], f"a revocation event loads modules not in FAST_PATH: {undeclared(modules)}"
 
 
 def test_the_task_prolog_starts_no_python():

@@ -1,4 +1,8 @@
-"""No import cycles anywhere in slurm_tpu, function-level imports included.
+"""No import cycles anywhere in slurm_tpu, and no import that runs up its layers, function-level imports included.
+
+The layers (LAYERS, below: base, protocol, records, families, config, slurm, access,
+hooks, detect/render, runner, ops, cli, harness) say what may know what: a module
+imports from its own layer and those below it, never from one above.
 
 The graph is read from the source with ``ast`` (nothing is imported): every
 ``import``/``from ... import`` of a slurm_tpu module is an edge, classed by where
@@ -302,3 +306,92 @@ def test_checker_counts_a_package_init_that_imports_back(tmp_path):
     })
     assert [describe(c) for c in find_cycles(runtime(import_edges(package)))] == [
         "pkg -> pkg.cmd (pkg/__init__.py:2, module) -> pkg (pkg/cmd.py:1, module)"]
+
+
+# ---- the layers -----------------------------------------------------------------------------
+
+# The package's layers, lowest first: a module may import (at module or function level) from
+# its own layer and the layers below it, never from one above. Each entry names a module or a
+# package (all of its modules); the top package (``slurm_tpu/__init__``) is only itself.
+# The root hooks' fast path (slurm_tpu/hooks/__init__.py FAST_PATH) runs across several of
+# these layers; it has its own, stricter rule (tests/test_fast_path.py).
+LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("base", ("slurm_tpu", "slurm_tpu.errors", "slurm_tpu.identity", "slurm_tpu.defaults")),
+    ("protocol", ("slurm_tpu.protocol",)),
+    ("records", ("slurm_tpu.hardware", "slurm_tpu.cpulist", "slurm_tpu.files", "slurm_tpu.promtext")),
+    ("families", ("slurm_tpu.families",)),
+    ("config", ("slurm_tpu.config",)),
+    ("slurm", ("slurm_tpu.slurm",)),
+    ("access", ("slurm_tpu.access",)),
+    ("hooks", ("slurm_tpu.hooks",)),
+    ("detect/render", ("slurm_tpu.detect", "slurm_tpu.render")),
+    ("runner", ("slurm_tpu.runner",)),
+    ("ops", ("slurm_tpu.ops",)),
+    ("cli", ("slurm_tpu.cli",)),
+)
+# The test and demo harness (harness/: LocalCluster, the demo, the model generator) sits above all of
+# these, outside the package: slurm_tpu never imports it (test_slurm_tpu_never_imports_the_harness).
+
+
+def layer_of(module: str, layers=LAYERS) -> int | None:
+    """The index of ``module``'s layer (the longest entry naming it), or None when no entry does."""
+    best, best_length = None, -1
+    for index, (_, entries) in enumerate(layers):
+        for entry in entries:
+            named = module == entry or ("." in entry and module.startswith(entry + "."))
+            if named and len(entry) > best_length:
+                best, best_length = index, len(entry)
+    return best
+
+
+def upward(edges: list[Edge], layers=LAYERS) -> list[Edge]:
+    """The edges from a module to one in a higher layer."""
+    return [e for e in edges if layer_of(e.target, layers) > layer_of(e.source, layers)]
+
+
+def describe_edge(edge: Edge, layers=LAYERS) -> str:
+    source, target = layers[layer_of(edge.source, layers)][0], layers[layer_of(edge.target, layers)][0]
+    return f"{edge.where}: {edge.source} ({source}) imports {edge.target} ({target}), {edge.kind}-level"
+
+
+# Upward edges that only annotations use (``if TYPE_CHECKING:``, never run), as (source, target):
+# listed here one by one, so a new one is a decision, not an accident. None today.
+TYPE_CHECKING_UPWARD: frozenset[tuple[str, str]] = frozenset()
+
+
+def test_every_module_has_a_layer_and_every_layer_entry_a_module():
+    modules = modules_of(PACKAGE)
+    assert not [m for m in modules if layer_of(m) is None], \
+        f"modules in no layer (add each to LAYERS above): {[m for m in modules if layer_of(m) is None]}"
+    named = [entry for _, entries in LAYERS for entry in entries]
+    assert len(named) == len(set(named)), f"a module is named twice in LAYERS: {named}"
+    stale = [entry for entry in named if entry not in modules]
+    assert not stale, f"LAYERS names modules that do not exist (moved? renamed?): {stale}"
+
+
+def test_slurm_tpu_imports_only_downward():
+    edges = import_edges(PACKAGE) + registry_edges(PACKAGE)
+    wrong = upward(runtime(edges))
+    assert not wrong, ("imports that run upward (a lower layer must not know a higher one: move the code, "
+                       "or the import, down):\n" + "\n".join(describe_edge(e) for e in wrong))
+    annotations = {(e.source, e.target) for e in upward(edges) if e.kind == TYPE_CHECKING_ONLY}
+    assert annotations == TYPE_CHECKING_UPWARD, (
+        f"type-checking-only upward edges changed: new {sorted(annotations - TYPE_CHECKING_UPWARD)}, "
+        f"gone {sorted(TYPE_CHECKING_UPWARD - annotations)}; list the new ones in TYPE_CHECKING_UPWARD")
+
+
+def test_checker_finds_upward_imports_at_any_level(tmp_path):
+    package = _package(tmp_path, {
+        "__init__.py": "",
+        "low.py": "import os\ndef late():\n    from .high import thing\n",
+        "mid/__init__.py": "from ..low import late\n",
+        "high.py": "from . import low\nTYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .top import T\nthing = 1\n",
+        "top.py": "from .mid import late\nclass T: ...\n",
+    })
+    layers = (("base", ("pkg", "pkg.low")), ("middle", ("pkg.mid", "pkg.high")), ("top", ("pkg.top",)))
+    edges = import_edges(package)
+    assert [describe_edge(e, layers) for e in upward(runtime(edges), layers)] == [
+        "pkg/low.py:3: pkg.low (base) imports pkg.high (middle), function-level"]
+    assert [(e.source, e.target) for e in upward(edges, layers) if e.kind == TYPE_CHECKING_ONLY] == [
+        ("pkg.high", "pkg.top")]
+    assert layer_of("pkg.mid.deep", layers) == 1 and layer_of("pkg.other", layers) is None

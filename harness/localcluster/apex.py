@@ -1,7 +1,7 @@
 """An emulated apex (gasket) driver for local clusters: PCIe Edge TPU nodes whose open files are counted.
 
 The epilog and the prolog read the apex driver's sysfs ``write_open_count``
-(slurm_tpu/locks/revoke.py gasket_writers): gasket_core.c gasket_open() counts a
+(slurm_tpu/access/revoke.py gasket_writers): gasket_core.c gasket_open() counts a
 writable open file of /dev/apex_N and gasket_release() uncounts it only when the
 file's last reference goes, so an fd in flight over SCM_RIGHTS, held by a fork
 or by a mapping is still counted. Without the card, this process gives a local

@@ -268,7 +268,7 @@ class LocalCluster:
             materialize_sysfs(inventory, os.path.join(directory, "sys"))
             minor += sum(len(a.device_nodes) for a in inventory)
         else:
-            from slurm_tpu.model import Inventory
+            from slurm_tpu.hardware import Inventory
 
             inventory = Inventory()
         with open(inventory_file, "w", encoding="utf-8") as handle:

@@ -9,7 +9,7 @@ import subprocess
 from dataclasses import replace
 
 from slurm_tpu.families import inventory_from_json
-from slurm_tpu.model import Inventory
+from slurm_tpu.hardware import Inventory
 
 from .. import module_command
 

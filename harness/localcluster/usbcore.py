@@ -1,7 +1,7 @@
 """An emulated USB core for local clusters: what the kernel does for a hub port's ``disable``.
 
 There is no USB hardware (nor a usbfs) here, so the epilog's revocation
-(slurm_tpu/locks/revoke.py) writes to a materialized sysfs (hardware.py
+(slurm_tpu/access/revoke.py) writes to a materialized sysfs (hardware.py
 usb_sysfs_device). This process plays the kernel's and udev's part, one node:
 
 * ``disable`` set to 1 -> the usb_device is destroyed (drivers/usb/core/port.c

@@ -11,6 +11,7 @@ from typing import Any
 import click
 
 from .. import __version__
+from ..defaults import CONFIG_ENV
 from ..errors import SlurmTpuError
 
 EXIT_DIFFERS = 1
@@ -58,7 +59,7 @@ class Obj:
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="slurm-tpu")
-@click.option("--config", "config_path", metavar="FILE", envvar="SLURM_TPU_CONFIG",
+@click.option("--config", "config_path", metavar="FILE", envvar=CONFIG_ENV,
               help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.")
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None) -> None:

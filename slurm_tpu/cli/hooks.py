@@ -17,8 +17,8 @@ def _rows(obj: Obj) -> list[dict]:
     import os
 
     from ..hooks.leasing import holder_alive
-    from ..locks import node_inventory, ownership
-    from ..locks.ledger import KEPT, REVOKING, BadLease, Ledger
+    from ..access import node_inventory, ownership
+    from ..access.ledger import KEPT, REVOKING, BadLease, Ledger
 
     config = obj.config
     if not os.path.lexists(config.state_dir):
@@ -54,7 +54,7 @@ def _clear(identity: str) -> None:
     import os
 
     from ..hooks import leasing, settings as hook_settings
-    from ..locks.ledger import Ledger
+    from ..access.ledger import Ledger
 
     settings = hook_settings.rebuild(dict(os.environ))
     with Ledger(settings.state_dir, create=False) as ledger:

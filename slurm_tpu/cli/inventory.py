@@ -7,9 +7,10 @@ import sys
 
 import click
 
+from ..defaults import PREFIX
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
-from ..model import Inventory
+from ..hardware import Inventory
 from .group import EXIT_DIFFERS, Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
@@ -204,7 +205,7 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
               help="Absolute path udev runs on device events (default: config udev.run_program, else "
                    "PREFIX/libexec/slurm-tpu/slurm-tpu-udev-event, which `slurm-tpu install` puts there). "
                    "A program named slurm-tpu is run as `slurm-tpu udev-event`.")
-@click.option("--prefix", default="/usr/local", show_default=True, metavar="DIR",
+@click.option("--prefix", default=PREFIX, show_default=True, metavar="DIR",
               help="Where `slurm-tpu install --prefix` put the hooks (DIR/libexec/slurm-tpu).")
 @pass_obj
 def udev_rules(obj: Obj, output: str | None, run_program: str | None, prefix: str) -> None:

@@ -8,14 +8,15 @@ import sys
 
 import click
 
+from ..defaults import PREFIX, SYSCONFDIR
 from .group import EXIT_DIFFERS, Obj, main
 
 pass_obj = click.make_pass_decorator(Obj)
 
 _layout_options = [
-    click.option("--prefix", default="/usr/local", show_default=True, metavar="DIR",
+    click.option("--prefix", default=PREFIX, show_default=True, metavar="DIR",
                  help="The hooks go to DIR/libexec/slurm-tpu (root-owned; slurm.conf names them there)."),
-    click.option("--sysconfdir", default="/etc", show_default=True, metavar="DIR",
+    click.option("--sysconfdir", default=SYSCONFDIR, show_default=True, metavar="DIR",
                  help="udev rules, systemd units and the slurm-tpu config go under DIR (udev and systemd "
                       "read only /etc; another DIR is for staging and tests)."),
 ]

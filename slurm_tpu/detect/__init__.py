@@ -1,10 +1,10 @@
-"""Detection: a udev/sysfs snapshot turned into an :class:`~slurm_tpu.model.Inventory`."""
+"""Detection: a udev/sysfs snapshot turned into an :class:`~slurm_tpu.hardware.Inventory`."""
 
 from __future__ import annotations
 
 from ..cpulist import core_indices
 from ..families import FAMILIES
-from ..model import Inventory
+from ..hardware import Inventory
 from .snapshot import Snapshot, take_snapshot
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from ..model import Accelerator, Inventory
+from ..hardware import Accelerator, Inventory
 
 
 def _nvml() -> Any | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import Any, Mapping
 
-from ..model import Details, Inventory
+from ..hardware import Details, Inventory
 from .base import Family, FamilyConfig
 
 # The registered family modules (each defines FAMILY), in registry order.

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
 from ..errors import ConfigError
-from ..model import Accelerator, Details
-# How a device's open files are made useless at job end (slurm_tpu/locks/revoke.py):
+from ..hardware import Accelerator, Details
+# How a device's open files are made useless at job end (slurm_tpu/access/revoke.py):
 # USB_PORT power-cycles the hub port (every usbfs fd dies); GASKET_WRITERS is the
 # holder scan plus the apex driver's count of writable files; SCAN the holder scan only.
 from ..protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT, FamilyPolicy  # noqa: F401 - re-exported

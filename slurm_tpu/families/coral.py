@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from ..model import Accelerator, Bus, Details
+from ..hardware import Accelerator, Bus, Details
 from ..protocol import jobenv
 from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
 from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, millidegrees
@@ -154,7 +154,7 @@ class EdgeTpuFamily(Family):
     watched = ("usb", "apex", "pci")
     default_config = FamilyConfig("tpu", {"usb": "edgetpu_usb", "pci": "edgetpu_pci"}, ("tpu", "edgetpu"))
     slot = True
-    # See slurm_tpu/locks/revoke.py for why each.
+    # See slurm_tpu/access/revoke.py for why each.
     revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}
     udev_identities = (UdevIdentity("usb", "usb", 1, devtype="usb_device"), UdevIdentity("apex", "pci", 3))
     variables = (JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),

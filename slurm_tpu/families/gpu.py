@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from ..model import Accelerator, Bus, Details, slug
+from ..hardware import Accelerator, Bus, Details, slug
 from ..protocol import jobenv
 from .base import Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
 from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none

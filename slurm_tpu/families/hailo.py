@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import ConfigError
-from ..model import Accelerator, Bus, Details
+from ..hardware import Accelerator, Bus, Details
 from .base import Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
 from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
 

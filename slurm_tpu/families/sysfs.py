@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..model import Accelerator
+from ..hardware import Accelerator
 
 
 @dataclass(frozen=True)

@@ -18,13 +18,10 @@ same flock); each worker has its own pid, which the lease records as its prolog'
 prolog waiting for a revoked USB stick never holds up a job on another device
 (workers run side by side); and a worker that fails harms no other request.
 
-Wire format (host byte order: both ends are on the node): a 4-byte length N (at
-most :data:`MAX_REQUEST`), then N bytes ``STPU1\\0<hook>\\0`` and ``NAME=value\\0``
-per environment variable, no descriptors. The answer (:func:`answer`): a 4-byte
-length M (at most :data:`MAX_OUTPUT`), M bytes of the hook's messages, one byte of
-exit status. Nothing else is accepted. Nothing of the client's (slurmd's output
-pipe) is held by the agent: a hung worker cannot keep slurmd waiting past the
-client's own time limit.
+Wire format: slurm_tpu/protocol/agent_wire.py (a length, the hook and its
+environment; the answer: a length, the hook's messages, its exit status). Nothing
+of the client's (slurmd's output pipe) is held by the agent: a hung worker cannot
+keep slurmd waiting past the client's own time limit.
 
 Safety: the socket is created 0600 in the root-owned state directory, and every
 connection's SO_PEERCRED must be uid 0, or it is closed unread; reads are bounded
@@ -44,16 +41,11 @@ import struct
 import sys
 import time
 
+from ..protocol.agent_wire import MAX_OUTPUT, PIDFILE, SOCKET, encode_answer, parse_request, request_length
 from . import probe
 from .context import say
 
-SOCKET = "agent.sock"
-PIDFILE = "agent.pid"  # written once the socket listens: who serves it (LocalCluster waits for it)
-MAGIC = b"STPU1"
-MAX_REQUEST = 64 << 10
-MAX_OUTPUT = 64 << 10  # the hook's messages sent back (prolog/slurm-tpu-hook-client.c MAX_OUTPUT)
 READ_TIMEOUT_S = 5.0
-HOOKS = ("prolog", "epilog", "udev")
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 
 
@@ -64,7 +56,7 @@ class BadRequest(Exception):
 def preload() -> None:
     """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
     from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
-    from ..locks import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
+    from ..access import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
     from ..protocol import audit, hooks_snapshot, usage  # noqa: F401
     from ..slurm import commands, installation, jobdetail  # noqa: F401
 
@@ -93,7 +85,8 @@ def _recv_exact(conn: socket.socket, count: int, deadline: float) -> bytes:
 
 
 def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
-    """(hook, environment) of one request; raises BadRequest (descriptors sent with it are closed)."""
+    """(hook, environment) of one request; raises BadRequest, or FormatError for bytes that are not one
+    (descriptors sent with it are closed)."""
     deadline = time.monotonic() + READ_TIMEOUT_S
     conn.settimeout(READ_TIMEOUT_S)
     head, ancillary, flags, _ = conn.recvmsg(4, socket.CMSG_SPACE(16 * 4))
@@ -105,27 +98,7 @@ def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
         raise BadRequest("descriptors sent with the request")
     if len(head) < 4:
         head += _recv_exact(conn, 4 - len(head), deadline)
-    (length,) = struct.unpack("=I", head)
-    if not 0 < length <= MAX_REQUEST:
-        raise BadRequest(f"request of {length} bytes (at most {MAX_REQUEST})")
-    parts = _recv_exact(conn, length, deadline).split(b"\0")
-    if len(parts) < 3 or parts[0] != MAGIC or parts[-1] != b"":
-        raise BadRequest("not a slurm-tpu hook request")
-    hook = parts[1].decode("ascii", "replace")
-    if hook not in HOOKS:
-        raise BadRequest(f"unknown hook {hook[:20]!r}")
-    environ: dict[str, str] = {}
-    for entry in parts[2:-1]:
-        name, sep, value = entry.partition(b"=")
-        if sep and name:
-            environ[os.fsdecode(name)] = os.fsdecode(value)
-    return hook, environ
-
-
-def answer(status: int, output: bytes) -> bytes:
-    """The reply: the hook's messages (its stdout and stderr, at most MAX_OUTPUT) and its exit status."""
-    output = output[:MAX_OUTPUT]
-    return struct.pack("=I", len(output)) + output + bytes([status & 0xFF])
+    return parse_request(_recv_exact(conn, request_length(head), deadline))
 
 
 def _client_gone(conn: socket.socket) -> bool:
@@ -193,7 +166,7 @@ def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket
             signal.signal(sig, signal.SIG_DFL)
         try:
             hook, environ = read_request(conn)
-        except (BadRequest, OSError, ValueError) as exc:
+        except (BadRequest, OSError, ValueError) as exc:  # ValueError: FormatError too
             say(f"agent: refused a request: {exc}")
             os._exit(2)
         conn.settimeout(None)
@@ -222,7 +195,7 @@ def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket
     except (OSError, ValueError):
         pass
     try:
-        conn.sendall(answer(status, text))
+        conn.sendall(encode_answer(status, text))
     except OSError:
         pass
     os._exit(0)
@@ -257,7 +230,7 @@ def _bind(state_fd: int) -> tuple[socket.socket, int]:
 
 def serve(environ=None) -> int:
     """Run the agent for the node the environment names (SLURM_TPU_CONFIG, SLURMD_NODENAME) until SIGTERM."""
-    from ..locks import statedir
+    from ..access import statedir
     from . import settings as hook_settings
     from .context import node_from_env
 
@@ -329,7 +302,7 @@ def main(entry_script: str | None = None) -> int:
     """Entry point for systemd/slurm-tpu-agent: build the hooks' client beside it if needed, then serve."""
     try:
         if entry_script is not None:
-            from ..ops.hook_client import build_beside
+            from .agent_client import build_beside
 
             build_beside(entry_script)  # None: no compiler (the hooks run the Python hooks)
         return serve()

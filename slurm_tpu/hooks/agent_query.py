@@ -13,7 +13,7 @@ thread, so nothing here is shared with the workers but one socket). A worker
 sends it the job selector (``123``, ``123_4``; one SOCK_SEQPACKET message carrying, over SCM_RIGHTS, the
 end of a fresh socketpair to answer on); the helper writes
 ``<scontrol>\\n<SLURM_CONF>\\n`` and the text of ``show job`` for that job, then
-closes. ``Slurm.job_detail`` asks it first (both the job's query and the narrowed one for an
+closes (the format: slurm_tpu/protocol/agent_wire.py). ``Slurm.job_detail`` asks it first (both the job's query and the narrowed one for an
 array task sharing the node), through ``allocation.DETAIL_SOURCE``. Each answer ends at a line only this query can produce: ``show
 hostnames q<random>[1-2]`` expands to two lines that neither scontrol's echo of
 the command nor any job string can contain, so a forged job name never shifts
@@ -32,8 +32,9 @@ import socket
 import struct
 import time
 
+from ..protocol.agent_wire import MAX_ANSWER, encode_query_answer, parse_query_answer, valid_selector
+
 ANSWER_TIMEOUT_S = 5.0
-MAX_ANSWER = 4 << 20
 _PROMPT = "scontrol: "
 
 
@@ -100,16 +101,9 @@ def _record(text: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def valid_selector(selector: str) -> bool:
-    """A job (``123``), an array task (``123_4``) or a het component (``123+1``): digits, one ``_`` or ``+``."""
-    head, sep, tail = selector.partition("_") if "_" in selector else selector.partition("+")
-    return 0 < len(selector) <= 24 and head.isdigit() and (not sep or tail.isdigit())
-
-
 def serve(requests: socket.socket, scontrol: str, slurm_conf: str, parent: int) -> None:
     """The helper's loop: answer job queries until the agent (``parent``) is gone."""
     session = ScontrolSession(scontrol)
-    header = f"{scontrol}\n{slurm_conf}\n".encode()
     try:
         while os.getppid() == parent:
             if not select.select([requests], [], [], 1.0)[0]:
@@ -125,7 +119,7 @@ def serve(requests: socket.socket, scontrol: str, slurm_conf: str, parent: int) 
                     text = session.show_job(selector)
                     with socket.socket(fileno=os.dup(fds[0])) as reply:
                         reply.settimeout(ANSWER_TIMEOUT_S)
-                        reply.sendall(header + text.encode() if text else b"")
+                        reply.sendall(encode_query_answer(scontrol, slurm_conf, text) if text else b"")
             except OSError:
                 pass
             finally:
@@ -183,8 +177,7 @@ def ask(requests: socket.socket, selector: str, environ) -> tuple[str, str] | No
         return None
     finally:
         mine.close()
-    scontrol, _, rest = b"".join(chunks).decode("utf-8", "replace").partition("\n")
-    conf, _, text = rest.partition("\n")
+    scontrol, conf, text = parse_query_answer(b"".join(chunks))
     if not text.strip() or conf != conf_paths(environ)[0]:
         return None
     return scontrol, text

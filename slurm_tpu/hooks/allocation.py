@@ -21,7 +21,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Mapping, Sequence
 
-    from ..locks.node_inventory import KnownDevice
+    from ..protocol.inventory import KnownDevice
     from ..protocol.hooks_snapshot import FamilyPolicy
     from ..slurm.jobdetail import GresAlloc
     from .settings import HookSettings

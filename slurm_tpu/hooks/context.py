@@ -57,10 +57,11 @@ def load_hook_config(environ: Mapping[str, str]):  # -> Config
     """
     import os
 
-    from ..config import DEFAULT_PATH, ENV_VAR, Config, load_config
+    from ..config import Config, load_config
+    from ..defaults import CONFIG_ENV, CONFIG_PATH
 
-    path = environ.get(ENV_VAR) or DEFAULT_PATH
-    if path == DEFAULT_PATH and not os.path.exists(path):
+    path = environ.get(CONFIG_ENV) or CONFIG_PATH
+    if path == CONFIG_PATH and not os.path.exists(path):
         return Config()
     try:
         return load_config(path)

@@ -14,7 +14,7 @@ from .context import drain, job_from_env, node_from_env, run_guarded, say
 
 
 def run(environ) -> int:
-    from ..locks.ledger import Ledger
+    from ..access.ledger import Ledger
     from . import envfile, jobusage, leasing, probe, settings as hook_settings
 
     probe.mark("imports")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from ..locks import statedir
+from ..access import statedir
 from ..protocol.audit import USAGE_UNAVAILABLE
 
 BOX_DIR = "job-usage"

@@ -9,7 +9,7 @@ gives the device to (see :func:`holder_alive`).
 Ending a lease (:func:`end_lease`: epilog, reclaim, ``slurm-tpu leases --clear``)
 goes: ownership away first (root 0600: nobody can open it any more), then
 revocation (every fd anybody still holds is made useless, see
-slurm_tpu/locks/revoke.py), then the check, then idle ownership. A revoked USB
+slurm_tpu/access/revoke.py), then the check, then idle ownership. A revoked USB
 stick re-enumerates; its lease stays in phase ``revoking`` until udev reports it
 back and slurm_tpu/hooks/udev_event.py finishes the release, so the epilog
 itself never waits for the hardware.
@@ -22,15 +22,15 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from typing import Iterable
 
-    from ..locks.node_inventory import KnownDevice
+    from ..protocol.inventory import KnownDevice
     from .context import JobContext
     from .settings import HookSettings
 
 import os
 import time
 
-from ..locks import ownership, processes, revoke
-from ..locks.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
+from ..access import ownership, processes, revoke
+from ..access.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
 from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from . import probe
@@ -85,9 +85,10 @@ def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str
     if device is None:
         return []
     problems = []
+    uid, gid, mode = ownership.owner_for(None, settings)
     for node in device.device_nodes:
         try:
-            ownership.set_owner(node, device.identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
+            ownership.set_owner(node, device.identity, uid, gid, mode)
         except Exception as exc:  # DeviceError, OSError: report, keep going
             problems.append(str(exc))
     return problems
@@ -98,7 +99,7 @@ def take_away(nodes: Iterable[str], identity: str) -> list[str]:
     problems = []
     for node in nodes:
         try:
-            ownership.set_owner(node, identity, 0, 0, 0o600)
+            ownership.set_owner(node, identity, *ownership.ROOT_ONLY)
         except Exception as exc:  # DeviceError, OSError
             problems.append(str(exc))
     return problems
@@ -204,7 +205,7 @@ def gasket_writers(device: KnownDevice, nodes: Iterable[str], settings: HookSett
 
     gasket_core.c gasket_open()/gasket_release() count every writable open file
     until its last reference goes: one in flight over SCM_RIGHTS or kept by a
-    mapping included (see slurm_tpu/locks/revoke.py). None when a node's count
+    mapping included (see slurm_tpu/access/revoke.py). None when a node's count
     cannot be read: the driver always shows it (gasket_sysfs_generic_attrs), so
     a missing or garbled one means nobody can say the card is free, and the
     callers keep it (fail closed).
@@ -382,7 +383,7 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
             ledger.lock()
             try:
                 for node in device.device_nodes:
-                    ownership.set_owner(node, device.identity, job.uid, -1, settings.lease_mode)
+                    ownership.set_owner(node, device.identity, *ownership.owner_for(lease, settings))
                 if not device.device_nodes:
                     raise HookError(f"job {job.job_id}: {device.identity} has no device node (unplugged?); "
                                     "replug it or drain the node")
@@ -421,7 +422,7 @@ def _current_nodes(ledger: Ledger, device: KnownDevice, lease: Lease) -> KnownDe
     """
     if device.device_nodes and all(ownership.node_state(n) for n in device.device_nodes):
         return device
-    from ..locks import node_inventory
+    from ..access import node_inventory
 
     fresh = node_inventory.load(ledger.dir_fd).get(device.identity)
     if fresh is None or fresh.device_nodes == device.device_nodes:

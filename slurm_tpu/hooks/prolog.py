@@ -16,7 +16,7 @@ from .context import HookError, drain, job_from_env, node_from_env, run_guarded
 
 def run(environ) -> int:
     """The prolog; returns the exit status."""
-    from ..locks.ledger import Ledger
+    from ..access.ledger import Ledger
     from . import allocation, envfile, jobusage, leasing, probe, settings as hook_settings
 
     probe.mark("imports")

@@ -20,16 +20,11 @@ from __future__ import annotations
 
 import os
 
-from ..locks import statedir
-from ..protocol.hooks_snapshot import HookSnapshot, format_snapshot, parse_snapshot
-
-SNAPSHOT = "hooks.snapshot"
-QUERY_MARKER = "prolog.query"
-# What the task-prolog prints for a job with no devices here (<state_dir>/no-devices.env):
-# every job variable unset (a library's view, EDGETPU_VISIBLE_DEVICES, exported empty). Beside jobs/, not in it: jobs/ holds one file per running job.
-NO_DEVICES_ENV = "no-devices.env"
-DEFAULT_CONFIG = "/etc/slurm-tpu/config.yaml"
-DEFAULT_STATE_DIR = "/run/slurm-tpu"
+from ..access import statedir
+from ..defaults import CONFIG_ENV, CONFIG_PATH, STATE_DIR
+from ..protocol.hooks_snapshot import FILE as SNAPSHOT, QUERY_MARKER, HookSnapshot, format_snapshot, \
+    parse_snapshot, query_marker
+from ..protocol.inventory import FILE_NAME as INVENTORY
 
 
 class HookSettings(HookSnapshot):
@@ -80,7 +75,7 @@ def file_key(path: str) -> str:
 
 
 def config_path(environ) -> str:
-    return environ.get("SLURM_TPU_CONFIG") or DEFAULT_CONFIG
+    return environ.get(CONFIG_ENV) or CONFIG_PATH
 
 
 def scan_state_dir(path: str) -> str:
@@ -95,7 +90,7 @@ def scan_state_dir(path: str) -> str:
                     return value
     except OSError:
         pass
-    return DEFAULT_STATE_DIR
+    return STATE_DIR
 
 
 def load(environ, node: str | None = None, create: bool = True) -> HookSettings:
@@ -141,7 +136,7 @@ def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
     from .slurm_files import conf_paths
 
     slurm_conf, gres_conf = conf_paths(environ)
-    return [cfg, os.path.join(state_dir, "inventory.json"), slurm_conf, gres_conf]
+    return [cfg, os.path.join(state_dir, INVENTORY), slurm_conf, gres_conf]
 
 
 def apply_families(settings: HookSettings, config) -> None:
@@ -175,7 +170,7 @@ def apply_families(settings: HookSettings, config) -> None:
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf, the families."""
     from .. import families
-    from ..locks import node_inventory, ownership
+    from ..access import node_inventory, ownership
     from . import slurm_files
     from .context import load_hook_config
 
@@ -234,7 +229,7 @@ def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
     # with which scontrol (sh cannot read /proc/PID/exe without forking).
     scontrol = _scontrol_for_sh(settings, environ) if settings.leasable_names() else None
     if scontrol:
-        statedir.write_atomic(fd, QUERY_MARKER, scontrol.encode() + b"\n")
+        statedir.write_atomic(fd, QUERY_MARKER, query_marker(scontrol))
     else:
         statedir.remove(fd, QUERY_MARKER)
 
@@ -242,11 +237,11 @@ def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
 def _write_no_devices_env(state_fd: int, settings: HookSettings) -> None:
     """``<state_dir>/no-devices.env``: every job variable unset (EDGETPU_VISIBLE_DEVICES empty), for the
     task-prolog of a job with no device here."""
-    from . import envfile
+    from ..protocol import envfile
 
     data = envfile.render_unset(settings).encode()
-    if statedir.read_file(state_fd, NO_DEVICES_ENV) != data:
-        statedir.write_atomic(state_fd, NO_DEVICES_ENV, data, mode=0o644)
+    if statedir.read_file(state_fd, envfile.NO_DEVICES) != data:
+        statedir.write_atomic(state_fd, envfile.NO_DEVICES, data, mode=0o644)
 
 
 def store_snapshot(state_fd: int, settings: HookSettings, environ) -> None:
@@ -256,7 +251,7 @@ def store_snapshot(state_fd: int, settings: HookSettings, environ) -> None:
     device's new node); only the inventory file's key is renewed, so any other
     source that changed meanwhile still sends the next hook down the slow path.
     """
-    inventory = os.path.join(settings.state_dir, "inventory.json")
+    inventory = os.path.join(settings.state_dir, INVENTORY)
     if inventory in settings.sources and os.geteuid() == 0:
         settings.sources[inventory] = file_key(inventory)
         _write_snapshot(state_fd, settings, environ)

@@ -12,7 +12,7 @@ accelerator the inventory knows:
   the job's user at once, within the event, so the job never sees "permission
   denied" on its own device after a USB re-enumeration (firmware load, reset).
   If the lease is being revoked (the epilog power-cycled the port, see
-  slurm_tpu/locks/revoke.py), this event is the stick coming back: it gets idle
+  slurm_tpu/access/revoke.py), this event is the stick coming back: it gets idle
   ownership and the lease is dropped, ending the release.
 * remove: record that the device has no node (the epilog then drains the node
   if a job held it).
@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import os
 import stat
+
+from ..defaults import SYSFS_ROOT
 from .context import HookError, node_from_env, say
 
 
@@ -38,7 +40,7 @@ def _sysfs_attribute(sysfs_root: str, parts: list[str], name: str) -> str | None
         os.close(fd)
 
 
-def identity_for(environ: dict[str, str], rules, sysfs_root: str = "/sys", known=None) -> str | None:
+def identity_for(environ: dict[str, str], rules, sysfs_root: str = SYSFS_ROOT, known=None) -> str | None:
     """The stable identity of the event's device, or None if it is not ours.
 
     ``rules`` (the families' UdevRule list, from the hooks' snapshot) say how: for
@@ -87,20 +89,22 @@ def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
     (a stat, no json import), else the file itself: another event may have
     rewritten it between the snapshot's load and our lock.
     """
-    from ..locks import node_inventory
+    from ..access import node_inventory
+    from ..protocol.inventory import FILE_NAME
     from .settings import file_key
 
-    path = os.path.join(settings.state_dir, node_inventory.FILE_NAME)
+    path = os.path.join(settings.state_dir, FILE_NAME)
     if path in settings.sources and settings.sources[path] == file_key(path):
         return settings.devices
     return node_inventory.load(dir_fd)
 
 
 def run(environ: dict[str, str]) -> int:
-    from ..locks import node_inventory, ownership
-    from ..locks.ledger import HELD, REVOKING, Lease, Ledger
+    from ..access import node_inventory, ownership
+    from ..access.ledger import HELD, REVOKING, Lease, Ledger
+    from ..access.slots import ensure_slot
     from ..protocol import audit
-    from ..locks.slots import ensure_slot
+    from ..protocol.inventory import KnownDevice
     from . import settings as hook_settings
 
     action = environ.get("ACTION", "")
@@ -117,7 +121,7 @@ def run(environ: dict[str, str]) -> int:
         if action == "remove":
             if device.device_nodes and node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
                 ledger.audit(audit.REMOVE, identity=identity)
-                settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, ())
+                settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, ())
                 hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
             return 0
         if action not in ("add", "change", "bind"):
@@ -133,33 +137,29 @@ def run(environ: dict[str, str]) -> int:
         # Unchanged (the usual event): no inventory.json rewrite, so no json import.
         changed = nodes != device.device_nodes and node_inventory.set_device_nodes(ledger.dir_fd, identity, nodes)
         lease = ledger.read(identity)
-        if isinstance(lease, Lease) and lease.phase == REVOKING and devname not in lease.device_nodes:
-            # The stick is back after the epilog power-cycled its port (every fd on
-            # the old usb_device is dead): finish that release with idle ownership.
-            for node in nodes:
-                ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
+        # The stick is back after the epilog power-cycled its port (every fd on the old
+        # usb_device is dead): this event finishes that release, so the node is idle.
+        finishing = isinstance(lease, Lease) and lease.phase == REVOKING and devname not in lease.device_nodes
+        uid, gid, mode = ownership.owner_for(None if finishing else lease, settings)
+        for node in nodes:
+            ownership.set_owner(node, identity, uid, gid, mode)
+        if finishing:
             ledger.drop(identity)
             # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
             ledger.audit(audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM, identity=identity, job_id=lease.job_id,
                          uid=lease.uid, nodes=list(nodes), revoked=True)
         elif isinstance(lease, Lease) and lease.phase == HELD:
-            for node in nodes:
-                ownership.set_owner(node, identity, lease.uid, -1, settings.lease_mode)
             ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, uid=lease.uid,
                          nodes=list(nodes), changed=changed)
         elif lease is not None:
-            # Kept by an epilog, or unreadable: not free, and not the job's any more.
-            for node in nodes:
-                ownership.set_owner(node, identity, 0, 0, 0o600)
+            # Kept by an epilog, being revoked (the old device's own event), or unreadable: not
+            # free, and not the job's any more (owner_for: root only).
             ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, nodes=list(nodes), changed=changed)
-        else:
-            for node in nodes:
-                ownership.set_owner(node, identity, settings.idle_uid, settings.idle_gid, settings.idle_mode)
-            if changed:
-                ledger.audit(audit.REENUMERATE, identity=identity, nodes=list(nodes))
+        elif changed:
+            ledger.audit(audit.REENUMERATE, identity=identity, nodes=list(nodes))
         if changed:
             # Keep the hooks' snapshot current, or the next prolog rereads the YAML config.
-            settings.devices[identity] = node_inventory.KnownDevice(identity, device.kind, device.bus, nodes)
+            settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, nodes)
             hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
     return 0
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..config import Config
 from ..errors import SlurmTpuError
 from ..families import family, inventory_from_json
-from ..model import Inventory
+from ..hardware import Inventory
 from ..render import slot_path
 
 
@@ -31,8 +31,8 @@ class BootResult:
 
 def restore_node_state(config: Config, live: Inventory) -> BootResult:
     """Slots and state inventory from ``config.inventory_file`` and the live hardware."""
-    from ..locks.node_inventory import write_state_inventory
-    from ..locks.slots import ensure_placeholder_slot, ensure_slot
+    from ..access.node_inventory import write_state_inventory
+    from ..access.slots import ensure_placeholder_slot, ensure_slot
 
     try:
         with open(config.inventory_file, encoding="utf-8") as handle:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from ..config import Config
 from ..files import block_markers, merge_block, read_text, write_if_changed
 from ..families import family
-from ..model import Inventory
+from ..hardware import Inventory
 from ..render import node_features, node_gres, render_gres_conf, slot_path
 from ..slurm.parse import parse_key_values
 
@@ -23,8 +23,8 @@ def prepare_node_state(config: Config, inventory: Inventory) -> None:
     its persistent copy (restored by ``slurm-tpu boot`` after a reboot)."""
     import json
 
-    from ..locks.node_inventory import write_state_inventory
-    from ..locks.slots import ensure_slot
+    from ..access.node_inventory import write_state_inventory
+    from ..access.slots import ensure_slot
 
     for accelerator in (a for a in inventory.usable() if family(a.kind).slot):
         ensure_slot(os.path.dirname(slot_path(config, accelerator)), accelerator.identity,

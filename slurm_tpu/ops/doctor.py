@@ -20,7 +20,7 @@ from .. import __version__
 from ..config import Config
 from ..errors import SlurmTpuError
 from ..families import FAMILIES, family
-from ..model import Inventory
+from ..hardware import Inventory
 from .install import SLURM_HOOKS, Layout, udev_run_program
 
 
@@ -304,8 +304,9 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     read the env file) and job-usage/ (to reach the job's own usage box).
     """
     from ..hooks.jobusage import BOX_DIR
-    from ..locks import statedir
-    from ..locks.ledger import JOBS, LEASES
+    from ..access import statedir
+    from ..access.ledger import LEASES
+    from ..protocol.envfile import DIR as JOBS
 
     fix = "chown root:root {0} && chmod 0755 {0}"
     try:

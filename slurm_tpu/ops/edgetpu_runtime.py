@@ -25,7 +25,7 @@ from typing import Mapping, Sequence
 
 from ..protocol import jobenv
 from ..families.coral import KIND as EDGETPU
-from ..model import Inventory
+from ..hardware import Inventory
 
 
 @dataclass(frozen=True)

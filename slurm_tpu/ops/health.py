@@ -13,7 +13,7 @@ import re
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..model import Inventory
+from ..hardware import Inventory
 
 REASON_PREFIX = "slurm-tpu:"
 # The watcher's drain while a GRES count change waits for daemon restarts: health

@@ -12,9 +12,10 @@ import time
 from dataclasses import dataclass
 
 from ..config import Config
+from ..defaults import CONFIG_ENV
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
-from ..model import Bus, Inventory
+from ..hardware import Bus, Inventory
 from ..slurm.backend import open_backend
 from .health import Action, Decision, Problem, decide, find_problems
 
@@ -55,14 +56,14 @@ def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
     import os
 
     from ..hooks import leasing, settings as hook_settings
-    from ..locks.ledger import LEASES, Ledger
+    from ..access.ledger import LEASES, Ledger
 
     leases_dir = os.path.join(config.state_dir, LEASES)
     if os.geteuid() != 0 or not os.path.isdir(leases_dir) or not os.listdir(leases_dir):
         return []
     environ = dict(os.environ)
     if config.path:
-        environ["SLURM_TPU_CONFIG"] = config.path
+        environ[CONFIG_ENV] = config.path
     settings = hook_settings.rebuild(environ, config.node_name)
     with Ledger(settings.state_dir, create=False) as ledger:
         return leasing.clear(ledger, settings)

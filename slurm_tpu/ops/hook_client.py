@@ -1,100 +1,37 @@
-"""Building the hooks' thin client of the node agent (prolog/slurm-tpu-hook-client.c) with the system cc.
+"""Building the hooks' thin client of the node agent from the shipped source (``python -m slurm_tpu.ops.hook_client``).
 
-The client is C so that a hook starts no interpreter (see slurm_tpu/hooks/agent.py).
-It is built next to the sh hooks that run it (``<dir>/slurm-tpu-hook-client``): by
-scripts/setup.sh for a checkout, by LocalCluster before it starts a cluster, and by the
-agent itself when it starts from a hooks directory that has the source but no current
-client (``slurm-tpu install`` installs a built client and the source there; see :func:`build_beside`). Without a C compiler nothing is built
-and the hooks run the Python hooks, as before the agent.
+How it is built: slurm_tpu/hooks/agent_client.py (the agent builds it there too).
+This module adds where the shipped source is (``prolog/slurm-tpu-hook-client.c``,
+found by node_files), for scripts/setup.sh, LocalCluster and the tests.
 """
 
 from __future__ import annotations
 
-import os
-import shutil
-import subprocess
 import sys
 
+from ..hooks.agent_client import PROGRAM, SOURCE, build_beside, compiler  # noqa: F401 - this module's interface
+from ..hooks.agent_client import build as _build
 from .node_files import node_file
-
-SOURCE = "slurm-tpu-hook-client.c"
-PROGRAM = "slurm-tpu-hook-client"
-
-
-def compiler() -> str | None:
-    """The system C compiler (``$CC``, cc, gcc), or None."""
-    for name in (os.environ.get("CC") or "", "cc", "gcc"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
 
 
 def build(directory: str | None = None, source: str | None = None) -> str | None:
-    """Build the client into ``directory`` (default: beside its source) unless it is current.
+    """Build the client into ``directory`` (default: beside its source, the shipped one by default)
+    unless it is current; its path, or None (no compiler, or the build failed: said on stderr)."""
+    return _build(directory, source or node_file("prolog", SOURCE))
 
-    Returns its path, or None when there is no compiler or the build failed (said
-    on stderr): the hooks then run the Python hooks. Written to a temp file and
-    renamed, so several clusters starting at once never run a half-written program.
-    """
-    source = source or node_file("prolog", SOURCE)
-    target = os.path.join(directory or os.path.dirname(source), PROGRAM)
-    try:
-        if os.stat(target).st_mtime_ns >= os.stat(source).st_mtime_ns:
-            return target
-    except FileNotFoundError:
-        pass
-    cc = compiler()
-    if cc is None:
-        return None
-    temporary = f"{target}.{os.getpid()}.tmp"
-    done = subprocess.run([cc, "-O2", "-Wall", "-o", temporary, source], capture_output=True, text=True,
-                          check=False)
-    if done.returncode != 0:
-        sys.stderr.write(f"slurm-tpu: cannot build {PROGRAM} ({done.stderr.strip()[:500]}); "
-                         "the hooks run the Python hooks\n")
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        return None
-    os.chmod(temporary, 0o755)
-    os.replace(temporary, target)
-    return target
 
 
 def compiled() -> bytes | None:
     """The client built from the shipped source, as bytes (``slurm-tpu install`` installs and
-    records it, so ``uninstall`` removes it); None without a compiler or when the build fails."""
+    records it, so ``uninstall`` removes it); None without a compiler or when the build failed."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="slurm-tpu-hook-client-") as directory:
-        path = build(directory, node_file("prolog", SOURCE))
+        path = build(directory)
         if path is None:
             return None
         with open(path, "rb") as handle:
             return handle.read()
-
-
-def build_beside(entry_script: str) -> str | None:
-    """Build the client beside its source in the agent's hooks directory (the entry script's own, or
-    the ``prolog/`` beside it), if that is a root-owned directory nobody else may write (an installed one,
-    or a checkout's prolog/); None otherwise or without a compiler."""
-    import stat
-
-    directory = os.path.dirname(os.path.realpath(entry_script))
-    if not os.path.isfile(os.path.join(directory, SOURCE)):
-        # As shipped (a checkout, or the wheel's node_files) the agent is in systemd/, and the client's
-        # source and the hooks that run the client in prolog/ beside it; installed, all share one directory.
-        directory = os.path.realpath(os.path.join(os.path.dirname(directory), "prolog"))
-    source = os.path.join(directory, SOURCE)
-    try:
-        info = os.stat(directory)
-    except OSError:
-        return None
-    if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not os.path.isfile(source):
-        return None
-    return build(directory, source)
-
 
 if __name__ == "__main__":
     path = build(sys.argv[1] if len(sys.argv) > 1 else None)

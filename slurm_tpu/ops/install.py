@@ -35,7 +35,8 @@ import subprocess
 from dataclasses import dataclass, field
 
 from .. import __version__
-from ..config import DEFAULT_PATH as DEFAULT_CONFIG, Config
+from ..config import Config
+from ..defaults import CONFIG_ENV, CONFIG_PATH as DEFAULT_CONFIG, PREFIX, SYSCONFDIR
 from ..errors import SlurmTpuError
 from ..files import BACKUP_SUFFIX, read_text, write_if_changed
 from . import node_files
@@ -78,8 +79,8 @@ def default_libdir() -> str:
 class Layout:
     """Where ``install`` puts things: hooks under ``prefix``, udev/systemd/config under ``sysconfdir``."""
 
-    prefix: str = "/usr/local"
-    sysconfdir: str = "/etc"
+    prefix: str = PREFIX
+    sysconfdir: str = SYSCONFDIR
     libdir: str = ""  # "": default_libdir()
 
     def __post_init__(self) -> None:
@@ -125,7 +126,7 @@ class Layout:
     @property
     def is_system(self) -> bool:
         """Whether udev and systemd read what is installed here (then they are reloaded)."""
-        return self.sysconfdir == "/etc"
+        return self.sysconfdir == SYSCONFDIR
 
 
 def layout_config(layout: Layout, explicit: str | None) -> Config:
@@ -175,18 +176,18 @@ def installed_hook_text(text: str, name: str, python: str, package_root: str, co
                                 "this slurm-tpu package is broken; reinstall it")
         insert = [f"_ROOT = {package_root!r}{_MARK}\n"]
         if config_file != DEFAULT_CONFIG:
-            insert.append(f"os.environ.setdefault(\"SLURM_TPU_CONFIG\", {config_file!r}){_MARK}\n")
+            insert.append(f"os.environ.setdefault({CONFIG_ENV!r}, {config_file!r}){_MARK}\n")
         lines[roots[0]:roots[0] + 1] = insert
     elif config_file != DEFAULT_CONFIG and lines and lines[0].startswith("#!"):
-        lines.insert(1, f"SLURM_TPU_CONFIG=${{SLURM_TPU_CONFIG:-{shlex.quote(config_file)}}}; "
-                        f"export SLURM_TPU_CONFIG{_MARK}\n")
+        lines.insert(1, f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; "
+                        f"export {CONFIG_ENV}{_MARK}\n")
     return "".join(lines)
 
 
 def health_program_text(python: str, config_file: str) -> str:
     """The HealthCheckProgram wrapper: Slurm passes no arguments, so this adds ``health``."""
     config = "" if config_file == DEFAULT_CONFIG else \
-        f"SLURM_TPU_CONFIG=${{SLURM_TPU_CONFIG:-{shlex.quote(config_file)}}}; export SLURM_TPU_CONFIG\n"
+        f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; export {CONFIG_ENV}\n"
     return ("#!/bin/sh\n"
             "# Slurm HealthCheckProgram= (root, every HealthCheckInterval seconds; Slurm passes no\n"
             "# arguments): `slurm-tpu health` of the installation that wrote this file.\n"

@@ -20,7 +20,7 @@ import os
 from dataclasses import dataclass, field
 
 from ..errors import SlurmCommandError
-from ..locks import statedir
+from ..access import statedir
 from ..protocol.job_record import SPOOL_DIR, decode_spool, merge
 
 # sacct states of a job whose end slurmdbd has not recorded yet: its record is not final.

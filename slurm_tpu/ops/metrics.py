@@ -37,7 +37,7 @@ from typing import Callable, Iterable, Mapping
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
 
-from ..model import Inventory
+from ..hardware import Inventory
 from ..promtext import add, counter, gauge
 from ..protocol.audit import LeaseSpan
 from .health import find_problems

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 
 from ..config import Config
-from ..locks import statedir
+from ..access import statedir
 from ..protocol import audit
 from ..protocol.audit import LeaseSpan
 
@@ -30,7 +30,7 @@ def default_audit_log(config: Config) -> str:
 
 def configured_document(config: Config) -> dict | None:
     """The node's configured inventory (state dir, `detect --json` shape); None if absent."""
-    from ..locks import node_inventory
+    from ..access import node_inventory
 
     try:
         fd = statedir.open_dir(config.state_dir)
@@ -44,7 +44,7 @@ def configured_document(config: Config) -> dict | None:
 
 def current_leases(config: Config) -> dict[str, int]:
     """identity -> job id of the leases held now ({} without a state directory)."""
-    from ..locks.ledger import Lease, Ledger
+    from ..access.ledger import Lease, Ledger
 
     try:
         ledger = Ledger(config.state_dir, create=False)
@@ -59,7 +59,7 @@ def current_leases(config: Config) -> dict[str, int]:
 def lease_holders(config: Config) -> tuple[dict, dict]:
     """(identity -> Holder of every lease, identity -> Holder of the leases a job holds now) from the
     ledger; ({}, {}) without a state directory. A lease being revoked or kept after its job is not held."""
-    from ..locks.ledger import HELD, Lease, Ledger
+    from ..access.ledger import HELD, Lease, Ledger
     from .metrics import Holder
 
     try:

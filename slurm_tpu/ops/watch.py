@@ -19,7 +19,7 @@ from typing import Any, Callable
 
 from ..config import Config
 from ..families import FAMILIES, inventory_from_json
-from ..model import Inventory
+from ..hardware import Inventory
 from .restart import RestartCommands
 
 WATCHED_SUBSYSTEMS = tuple(dict.fromkeys(s for f in FAMILIES for s in f.watched))

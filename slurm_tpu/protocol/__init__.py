@@ -12,15 +12,26 @@ Format, its module, where it lives, writer -> readers:
 - **job environment** -- :mod:`.jobenv`: the ``SLURM_TPU_*`` variables of each
   task. The task-prolog exports them (from ``jobs/<id>.env``) -> the runner and
   job scripts.
-- **job environment file** -- ``slurm_tpu/hooks/envfile.py``:
-  ``<state_dir>/jobs/<id>.env``, ``export`` lines. The prolog (root) -> the
-  task-prolog (the job's user, a ``sh`` script).
+- **job environment file** -- :mod:`.envfile`:
+  ``<state_dir>/jobs/<id>.env`` and ``no-devices.env``, ``export``/``unset`` lines.
+  The prolog (root, through ``slurm_tpu/hooks/envfile.py``) -> the task-prolog
+  (the job's user, a ``sh`` script: ``prolog/slurm-tpu-task-prolog``).
 - **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``,
   config + inventory + IDX table keyed by the source files' versions. The first
-  hook after any change (root) -> every hook (root).
+  hook after any change (root) -> every hook (root). With it, the prolog's
+  scontrol marker ``<state_dir>/prolog.query`` (one absolute path) -> the sh
+  prolog (``prolog/slurm-tpu-prolog``).
+- **node inventory** -- :mod:`.inventory`: ``<state_dir>/inventory.json``, the
+  shape of ``slurm-tpu detect --json``. ``gres-conf --output``, ``boot`` and the
+  udev hook (root, through :mod:`slurm_tpu.access.node_inventory`) -> every hook.
+- **node agent** -- :mod:`.agent_wire`: ``<state_dir>/agent.sock``, a length-prefixed
+  request (the hook and its environment) and answer (messages, exit status). The
+  hooks' C client (``prolog/slurm-tpu-hook-client.c``, root) -> the agent (root,
+  slurm_tpu/hooks/agent.py); and the agent's workers -> its resident scontrol helper
+  (slurm_tpu/hooks/agent_query.py).
 - **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The
   prolog, epilog, udev-event, ``leases --clear``, health (root, through
-  :mod:`slurm_tpu.locks.ledger`) -> the same, ``slurm-tpu leases``, ``metrics``.
+  :mod:`slurm_tpu.access.ledger`) -> the same, ``slurm-tpu leases``, ``metrics``.
 - **audit events** -- :mod:`.audit`: ``<state_dir>/audit.log``, JSON lines.
   Every hook (root) -> ``slurm-tpu report`` and ``metrics``, the demo's
   timeline, the isolation tests, all through :func:`.audit.read_events` and
@@ -30,18 +41,15 @@ Format, its module, where it lives, writer -> readers:
   epilog (root), which audits them as ``usage`` events.
 
 Formats that cross a boundary but have their own home, named here so this list
-is the one place to look: the node inventory ``<state_dir>/inventory.json``
-(:mod:`slurm_tpu.locks.node_inventory`, the shape of ``slurm-tpu detect --json``),
-the prolog's scontrol marker ``<state_dir>/prolog.query`` (one absolute path,
-written next to the snapshot, read by ``prolog/slurm-tpu-prolog``), the runner's
-per-device lock files (:mod:`slurm_tpu.runner.lock`, a pid), the site config
+is the one place to look: the runner's per-device lock files (:mod:`slurm_tpu.runner.lock`, a pid), the site config
 (:mod:`slurm_tpu.config`) and the inference server's HTTP API
 (:mod:`slurm_tpu.runner.serve.codec`, TF Serving's REST format).
 
-Root hooks import :mod:`.leases` and :mod:`.audit` on every job under
-``python3 -I -S``: those two (and this package) import no json, re, typing or
-dataclasses at module level; readers that need json import it inside the
-function, off the hooks' path.
+Root hooks import these modules on every job under ``python3 -I -S`` (they are
+on the hooks' fast path, slurm_tpu/hooks/__init__.py FAST_PATH): they import no
+json, re, typing or dataclasses at module level, and nothing of slurm_tpu above
+this package (tests/test_import_graph.py); readers that need json import it inside
+the function, off the hooks' path.
 """
 
 from __future__ import annotations

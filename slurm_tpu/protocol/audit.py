@@ -1,7 +1,7 @@
 """Audit events: ``<state_dir>/audit.log``, one JSON object per line (root only).
 
 Every hook appends an event when it takes, ends or changes a lease
-(:meth:`slurm_tpu.locks.ledger.Ledger.audit` writes :func:`encode`'s bytes
+(:meth:`slurm_tpu.access.ledger.Ledger.audit` writes :func:`encode`'s bytes
 with one ``O_APPEND`` write). Readers: ``slurm-tpu report`` and ``metrics``
 (:mod:`slurm_tpu.ops.accounting`), the demo's timeline
 (:mod:`harness.demo.records`) and the isolation tests' exclusivity checks;

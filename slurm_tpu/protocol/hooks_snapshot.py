@@ -1,4 +1,4 @@
-"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot``: one writer, one reader.
+"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot`` and its marker for the sh prolog.
 
 The slow path (slurm_tpu/hooks/settings.py ``rebuild``: YAML config, inventory,
 slurm.conf, gres.conf, the families registry) writes what every later hook needs;
@@ -25,12 +25,19 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 ``dev``     identity, kind, bus, nodes: a configured device
 ``val``     identity, name, value: a device's entry in a job variable
 ``idx``     name, type, file: slurmd's IDX order of a GRES name on this node
+
+Written with it (and removed with it when this node has nothing to lease): the
+marker ``<state_dir>/prolog.query`` (:data:`QUERY_MARKER`), one line holding the
+absolute path of the scontrol the Python side chose, which prolog/slurm-tpu-prolog
+(sh: ``read -r``, then checked to be an absolute executable path) starts early.
 """
 
 from __future__ import annotations
 
-from ..locks.node_inventory import KnownDevice
+from ..defaults import HOLDER_SCAN_S, NODE_MODE, SLOT_DIR, SYSFS_ROOT
+from .inventory import KnownDevice
 
+FILE = "hooks.snapshot"  # under the state directory
 FORMAT = "slurm-tpu hooks snapshot 7"
 # Revocation methods (slurm_tpu/families/base.py names them for the families).
 USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
@@ -38,6 +45,14 @@ USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
 SETTINGS = (("state_dir", str), ("slot_dir", str), ("lease_mode", int), ("idle_uid", int), ("idle_gid", int),
             ("idle_mode", int), ("node", str), ("slurm_bin_dir", str), ("slurm_sbin_dir", str),
             ("revoke", bool), ("holder_scan_s", float), ("sysfs_root", str))
+
+
+QUERY_MARKER = "prolog.query"  # under the state directory
+
+
+def query_marker(scontrol: str) -> bytes:
+    """The marker's bytes: the scontrol's absolute path and a newline."""
+    return scontrol.encode() + b"\n"
 
 
 class FamilyPolicy:
@@ -79,8 +94,8 @@ class EnvVariable:
 class HookSnapshot:
     """The snapshot's content (the hooks' settings class extends it with behaviour)."""
 
-    def __init__(self, state_dir: str, slot_dir: str = "/dev/slurm-tpu", lease_mode: int = 0o600,
-                 idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = 0o600, node: str = "",
+    def __init__(self, state_dir: str, slot_dir: str = SLOT_DIR, lease_mode: int = NODE_MODE,
+                 idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = NODE_MODE, node: str = "",
                  devices: dict[str, KnownDevice] | None = None,
                  index: dict[str, list[tuple[str | None, str | None]]] | None = None,
                  sources: dict[str, str] | None = None, families: dict[str, FamilyPolicy] | None = None):
@@ -95,8 +110,8 @@ class HookSnapshot:
         self.values: dict[str, dict[str, str]] = {}  # identity -> variable name -> entry
         # The config's slurm.bin_dir/sbin_dir ("" when unset: slurm/installation.py decides).
         self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
-        # Revocation at job end (slurm_tpu/locks/revoke.py) and the holder scan's time box.
-        self.revoke, self.holder_scan_s, self.sysfs_root = True, 10.0, "/sys"
+        # Revocation at job end (slurm_tpu/access/revoke.py) and the holder scan's time box.
+        self.revoke, self.holder_scan_s, self.sysfs_root = True, HOLDER_SCAN_S, SYSFS_ROOT
 
     def revocation(self, kind: str, bus: str) -> str:
         """How a device of this kind and bus is revoked at job end (SCAN: holder scan only)."""

@@ -1,6 +1,6 @@
 """The job environment contract between the root prolog (writer), the task-prolog and the runner.
 
-The prolog writes ``<state_dir>/jobs/<job>.env`` (slurm_tpu/hooks/envfile.py, the one
+The prolog writes ``<state_dir>/jobs/<job>.env`` (slurm_tpu/protocol/envfile.py, the one
 writer) as ``export NAME=value`` / ``unset NAME`` lines; the task-prolog prints them
 before every task. Every variable is named by a family (``JobVariable`` in
 slurm_tpu/families/), in registry order, then :data:`USAGE_DIR`. For the devices

@@ -15,7 +15,7 @@ from __future__ import annotations
 from ..config import Config
 from ..cpulist import format_cpu_list, parse_cpu_list
 from ..families import family
-from ..model import Accelerator, Inventory
+from ..hardware import Accelerator, Inventory
 
 
 def slot_path(config: Config, accelerator: Accelerator) -> str:

@@ -6,7 +6,7 @@ from typing import Mapping
 
 from ..config import Config
 from ..families import FAMILIES
-from ..model import Inventory
+from ..hardware import Inventory
 from .gres_conf import gres_name, gres_type
 
 # slurmd -C facts we carry into the NodeName line, in slurm.conf's usual order.

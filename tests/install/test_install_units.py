@@ -252,7 +252,7 @@ def test_doctor_checks_the_program_the_udev_rules_run(tmp_path):
     import dataclasses
 
     from slurm_tpu.config import Config
-    from slurm_tpu.model import Inventory
+    from slurm_tpu.hardware import Inventory
     from slurm_tpu.ops.doctor import Node, check_udev_rules
     from slurm_tpu.render.udev_rules import render_udev_rules
 
@@ -355,7 +355,7 @@ def test_doctor_says_where_the_device_cgroup_holds(tmp_path):
     """ConstrainDevices=yes on an Edge TPU node: a failure under 22.05 (it does nothing for tpu), the
     holds/does-not-hold sentence from 23.02 on; off or on a node without Edge TPUs, nothing to fix."""
     from slurm_tpu.config import Config
-    from slurm_tpu.model import Inventory
+    from slurm_tpu.hardware import Inventory
     from slurm_tpu.ops.doctor import Node, check_device_cgroup
     from slurm_tpu.slurm import device_cgroup
     from slurm_tpu.slurm.commands import Slurm

@@ -3,7 +3,7 @@
 While alice's job owns a node she may ``setfacl -m u:stpu_bob:rw`` it. chmod only
 rewrites an ACL's mask, so with a mode that has group bits (an admin's
 ``devices.idle.mode: '0660'``) her grant would let bob in after her job. The
-hooks strip extended ACLs on every ownership change (slurm_tpu/locks/ownership.py).
+hooks strip extended ACLs on every ownership change (slurm_tpu/access/ownership.py).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def setfacl(*args: str) -> None:
 @needs_root
 @needs_setfacl
 def test_set_owner_strips_an_access_acl_even_when_owner_and_mode_are_already_right(tmp_path):
-    from slurm_tpu.locks.ownership import set_owner
+    from slurm_tpu.access.ownership import set_owner
 
     node = str(tmp_path / "node")
     os.mknod(node, stat.S_IFCHR | 0o660, os.makedev(240, 7))
@@ -43,7 +43,7 @@ def test_set_owner_strips_an_access_acl_even_when_owner_and_mode_are_already_rig
 @needs_root
 @needs_setfacl
 def test_a_slot_node_does_not_inherit_the_slot_directorys_default_acl(tmp_path):
-    from slurm_tpu.locks.slots import ensure_placeholder_slot
+    from slurm_tpu.access.slots import ensure_placeholder_slot
 
     slot_dir = tmp_path / "slots"
     slot_dir.mkdir()

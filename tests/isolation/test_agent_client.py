@@ -1,5 +1,5 @@
 """The hooks' C client (prolog/slurm-tpu-hook-client.c) against stand-in agents: the wire format the
-real agent reads (agent.read_request), and failing closed when the agent is gone or slow.
+real agent reads (agent.read_request, the format protocol/agent_wire.py), and failing closed when the agent is gone or slow.
 
 No cluster: each stand-in is a socket in a root-owned temp directory, driven by the test, and
 each assertion waits on the client's exit (its status and its one line), never on a clock.
@@ -51,7 +51,8 @@ def run_client(client: str, *args: str, **env: str) -> subprocess.CompletedProce
 
 
 def test_the_request_is_what_the_agent_reads_and_the_status_is_the_clients(client, state_dir):
-    from slurm_tpu.hooks.agent import answer, read_request
+    from slurm_tpu.hooks.agent import read_request
+    from slurm_tpu.protocol.agent_wire import encode_answer as answer
 
     server = listen(state_dir)
     seen = {}

@@ -166,7 +166,7 @@ def test_a_re_enumerated_usb_stick_is_not_covered_until_slurmd_restarts(cluster)
     os.mknod(new, stat.S_IFCHR | 0o666, os.makedev(os.major(os.stat(old).st_rdev), 200))
     try:
         permissive(new)
-        from slurm_tpu.locks.slots import ensure_slot
+        from slurm_tpu.access.slots import ensure_slot
 
         assert ensure_slot(os.path.join(cluster.node_dir("n1"), "slots"), USB, new)
         assert run_probe(cluster, "usb-after", [new])[new] == "ENXIO"  # past the cgroup: not covered

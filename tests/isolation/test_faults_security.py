@@ -106,7 +106,7 @@ def test_prolog_killed_half_way_is_reclaimed_by_the_next_job(cluster, users):
     alice = users["stpu_alice"]
     # A live "holder" of the PCIe TPU (a real process standing in for another job's
     # running prolog) makes the prolog wait after it has leased the USB stick.
-    from slurm_tpu.locks.ledger import Lease, Ledger, process_start_time
+    from slurm_tpu.access.ledger import Lease, Ledger, process_start_time
 
     sleeper = subprocess.Popen(["sleep", "60"])
     state = os.path.join(cluster.node_dir("n1"), "state")
@@ -149,7 +149,7 @@ def test_prolog_killed_half_way_is_reclaimed_by_the_next_job(cluster, users):
 
 
 def test_stale_lease_of_a_dead_job_is_reclaimed(cluster, users):
-    from slurm_tpu.locks.ledger import Lease, Ledger
+    from slurm_tpu.access.ledger import Lease, Ledger
 
     pci = inventory(cluster, "n1")[PCI][0]
     state = os.path.join(cluster.node_dir("n1"), "state")
@@ -337,7 +337,7 @@ def test_gres_conf_naming_etc_shadow_is_refused(cluster, users, tmp_path):
 
 
 def test_surviving_holder_drains_the_node_and_clearing_restores_idle_at_once(cluster, users):
-    # A PCIe TPU: it cannot be revoked (slurm_tpu/locks/revoke.py), so a survivor keeps it from the next job.
+    # A PCIe TPU: it cannot be revoked (slurm_tpu/access/revoke.py), so a survivor keeps it from the next job.
     pci = inventory(cluster, "n1")[PCI][0]
     rdev = node_on(pci, "/dev/full")  # a real driver's numbers, so it can be held open
     pidfile = outp(cluster, "survivor.pid")

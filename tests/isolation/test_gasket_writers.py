@@ -3,7 +3,7 @@ handed over, as well as after a job, and the job that left them is the one named
 
 gasket_core.c gasket_open()/gasket_release() count every writable open file of
 /dev/apex_N until its last reference goes, one in flight over SCM_RIGHTS or kept
-by a mapping included (slurm_tpu/locks/revoke.py). The hooks read that count
+by a mapping included (slurm_tpu/access/revoke.py). The hooks read that count
 from sysfs. The unit tests below write the attribute as plain files; the cluster
 tests run against the emulated apex driver (harness/localcluster/apex.py), whose
 attribute follows the node's real open files.
@@ -24,8 +24,8 @@ from slurm_tpu.config import Config
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.hooks.settings import HookSettings, apply_families
-from slurm_tpu.locks.ledger import KEPT, Lease, Ledger
-from slurm_tpu.locks.node_inventory import KnownDevice
+from slurm_tpu.access.ledger import KEPT, Lease, Ledger
+from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol import audit as audit_format
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")

@@ -1,4 +1,4 @@
-"""The holder scan (slurm_tpu/locks/processes.py) on real processes of this machine, no cluster.
+"""The holder scan (slurm_tpu/access/processes.py) on real processes of this machine, no cluster.
 
 Holders hidden in threads (a private fd table, a zombie thread-group leader), one
 read per fd table however many tasks share it, and the order that leaves only a
@@ -16,7 +16,7 @@ import time
 import pytest
 from hidden_holders import AMONG_DECOYS, DECOYS, PRIVATE_FD_TABLE, ZOMBIE_LEADER
 
-from slurm_tpu.locks import processes
+from slurm_tpu.access import processes
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, other users' /proc)")
 

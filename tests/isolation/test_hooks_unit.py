@@ -10,7 +10,8 @@ import pytest
 
 from slurm_tpu.hooks import settings as hook_settings
 from slurm_tpu.hooks.udev_event import identity_for
-from slurm_tpu.locks import node_inventory
+from slurm_tpu.protocol import envfile, hooks_snapshot
+from slurm_tpu.access import node_inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the state directory must be root-owned")
@@ -42,7 +43,7 @@ def node(tmp_path):
 def test_snapshot_is_used_until_a_source_changes(node):
     tmp_path, env = node
     first = hook_settings.load(env, "n1")
-    snapshot = tmp_path / "state" / hook_settings.SNAPSHOT
+    snapshot = tmp_path / "state" / hooks_snapshot.FILE
     assert snapshot.exists()
     assert first.index == {"tpu": [("edgetpu_usb", f"{tmp_path}/slots/usb-2-1.3")]}
     assert first.values == {"usb-2-1.3": {"SLURM_TPU_DEVICES": "usb-2-1.3",
@@ -62,7 +63,7 @@ def test_snapshot_is_used_until_a_source_changes(node):
         "edgetpu": ("tpu", True, True), "gpu": ("gpu", False, False)}
     # Written with the snapshot: what the task-prolog prints for a job with no device here.
     # libedgetpu reads an unset EDGETPU_VISIBLE_DEVICES as "every device": it is exported empty.
-    unset = (tmp_path / "state" / hook_settings.NO_DEVICES_ENV).read_text()
+    unset = (tmp_path / "state" / envfile.NO_DEVICES).read_text()
     assert unset == "".join(f"export {v.name}=\n" if v.name == "EDGETPU_VISIBLE_DEVICES" else f"unset {v.name}\n"
                             for v in again.variables) + "unset SLURM_TPU_USAGE_DIR\n"
     assert unset.startswith("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nexport EDGETPU_VISIBLE_DEVICES=\n"
@@ -75,11 +76,11 @@ def test_snapshot_is_used_until_a_source_changes(node):
         handle.write("NodeName=n2 Name=tpu Type=edgetpu_pci File=/dev/x\n")
     assert hook_settings.load(env, "n1").index["tpu"][0][0] == "edgetpu_usb"
     # n1 has a TPU: the sh prolog queries early, with the scontrol named in the marker (the config's here).
-    marker = tmp_path / "state" / hook_settings.QUERY_MARKER
+    marker = tmp_path / "state" / hooks_snapshot.QUERY_MARKER
     assert marker.read_text() == f"{tmp_path}/bin/scontrol\n"
     # Another node name never uses n1's snapshot; with nothing to lease, no early query.
     assert hook_settings.load(env, "n9").index == {}
-    assert not (tmp_path / "state" / hook_settings.QUERY_MARKER).exists()
+    assert not (tmp_path / "state" / hooks_snapshot.QUERY_MARKER).exists()
 
 
 def task_prolog(env):
@@ -111,11 +112,10 @@ def test_task_prolog_prints_the_jobs_file_or_unsets(tmp_path):
     # ...then no-devices.env unsets every variable of the contract but that one (envfile.render_unset,
     # as _write_snapshot writes it).
     from slurm_tpu.config import Config
-    from slurm_tpu.hooks import envfile
 
     settings = hook_settings.HookSettings(str(state))
     hook_settings.apply_families(settings, Config())
-    (state / hook_settings.NO_DEVICES_ENV).write_text(envfile.render_unset(settings))
+    (state / envfile.NO_DEVICES).write_text(envfile.render_unset(settings))
     unset = envfile.render_unset(settings)
     assert unset.startswith("unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nexport EDGETPU_VISIBLE_DEVICES=\n"
                             "unset SLURM_TPU_GPUS\n")

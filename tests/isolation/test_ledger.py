@@ -14,9 +14,9 @@ from slurm_tpu.errors import DeviceError
 from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.settings import HookSettings
-from slurm_tpu.locks import ownership, statedir
-from slurm_tpu.locks.ledger import BadLease, Lease, Ledger
-from slurm_tpu.locks.node_inventory import KnownDevice
+from slurm_tpu.access import ownership, statedir
+from slurm_tpu.access.ledger import BadLease, Lease, Ledger
+from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod/chown need root")
 
@@ -47,7 +47,7 @@ def test_racing_processes_never_share_a_lease(state):
     Ledger(state).close()
     script = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
-        "from slurm_tpu.locks.ledger import Lease, Ledger\n"
+        "from slurm_tpu.access.ledger import Lease, Ledger\n"
         "wins = 0\n"
         "with Ledger(sys.argv[2]) as l:\n"
         "    for r in range(30):\n"
@@ -157,7 +157,7 @@ def test_stale_lease_of_a_dead_job_is_reclaimed(state, tmp_path):
 def test_epilog_keeps_the_lease_while_a_process_holds_the_device(state, tmp_path):
     node = tmp_path / "null-like"
     os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/full").st_rdev)  # openable, rarely held
-    # A PCIe TPU: it cannot be revoked (see locks/revoke.py), so a holder keeps the lease.
+    # A PCIe TPU: it cannot be revoked (see access/revoke.py), so a holder keeps the lease.
     device = KnownDevice("pci-0000:09:00.0", "edgetpu", "pci", (str(node),))
     settings = HookSettings(state, devices={device.identity: device})
     with Ledger(state) as ledger:

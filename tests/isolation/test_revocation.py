@@ -1,7 +1,7 @@
 """Attacks on "a device is its job's alone", each played by real users on a real cluster.
 
 n1 has a USB and a PCIe Edge TPU. USB revocation is the epilog power-cycling the
-stick's hub port (slurm_tpu/locks/revoke.py); here the kernel's side is the
+stick's hub port (slurm_tpu/access/revoke.py); here the kernel's side is the
 emulated USB core (harness/localcluster/usbcore.py). To show a smuggled fd
 *really* dies, the stick's node is pointed at a pseudo-terminal: the emulated
 core applies the tty layer's hangup to it, a real kernel revocation after which
@@ -344,7 +344,7 @@ def test_pci_fd_in_flight_is_caught_by_the_drivers_count_of_writers(cluster, use
 
 
 def test_a_user_process_titled_slurmstepd_does_not_keep_a_stale_lease_alive(cluster, users):
-    from slurm_tpu.locks.ledger import Lease, Ledger
+    from slurm_tpu.access.ledger import Lease, Ledger
 
     node = inventory(cluster, "n1")[PCI][0]
     with Ledger(os.path.join(cluster.node_dir("n1"), "state")) as ledger:  # job 63 died with its node

@@ -3,7 +3,7 @@
 No USB core runs here: a thread plays the kernel's part of drivers/usb/core/port.c
 disable_store() (on "1" the device directory goes) and records what the hooks
 did, and in which order. What a real kernel then does to usbfs fds is argued in
-slurm_tpu/locks/revoke.py; tests/isolation/test_revocation.py shows it with real
+slurm_tpu/access/revoke.py; tests/isolation/test_revocation.py shows it with real
 fds on the emulated USB core.
 """
 
@@ -25,9 +25,9 @@ from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.config import Config
 from slurm_tpu.hooks.settings import HookSettings, apply_families
 from harness.localcluster.hardware import usb_sysfs_device
-from slurm_tpu.locks import processes, revoke
-from slurm_tpu.locks.ledger import Ledger
-from slurm_tpu.locks.node_inventory import KnownDevice
+from slurm_tpu.access import processes, revoke
+from slurm_tpu.access.ledger import Ledger
+from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_tpu.locks.ledger import Ledger
+from slurm_tpu.access.ledger import Ledger
 from slurm_tpu.protocol import FormatError, audit
 
 # Lines as the hooks have written them since the audit log exists (ledger.json_line, before this package).

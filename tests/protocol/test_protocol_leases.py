@@ -10,8 +10,8 @@ import pytest
 
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.settings import HookSettings
-from slurm_tpu.locks.ledger import Ledger
-from slurm_tpu.locks.node_inventory import KnownDevice
+from slurm_tpu.access.ledger import Ledger
+from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol import FormatError
 from slurm_tpu.protocol.leases import DIR, FIELDS, HELD, KEPT, REVOKING, VERSION, BadLease, Lease
 

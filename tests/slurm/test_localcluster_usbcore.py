@@ -26,7 +26,7 @@ def _port_disable(cluster, node: str, port: str) -> str:
 
 
 def test_a_stick_detaches_while_another_sticks_udev_hook_waits_for_the_state_lock(cluster_factory, tmp_path):
-    from slurm_tpu.locks.ledger import Ledger
+    from slurm_tpu.access.ledger import Ledger
 
     hardware = scalenodes.write_kinds(str(tmp_path), {"mixed4"})["mixed4"]
     cluster = cluster_factory([NodeSpec("n1", hardware)])

@@ -33,7 +33,6 @@ if TYPE_CHECKING:
 LEASES = leases.DIR
 AUDIT = audit.FILE
 LOCK = ".lock"
-JOBS = "jobs"  # <job>.env: the task-prolog's export lines, written by the prolog
 
 
 class Ledger:

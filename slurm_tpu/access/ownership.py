@@ -11,6 +11,9 @@ rewrites an ACL's mask entry (fs/posix_acl.c ``posix_acl_chmod``), so a job
 owner's ``setfacl -m u:OTHER:rw`` would outlive her lease, masked by a 0600 mode
 and live again under any mode with group bits. Only the node's owner (or root)
 can set an ACL, so stripping it whenever the owner changes leaves none behind.
+
+Who should own a node is decided in one place, :func:`owner_for`, from its
+device's lease: the prolog, the epilog and the udev hook all ask it.
 """
 
 from __future__ import annotations
@@ -20,6 +23,13 @@ import os
 import stat
 
 from ..errors import DeviceError
+from ..protocol.leases import HELD, Lease
+
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ..protocol.hooks_snapshot import HookSnapshot
+    from ..protocol.leases import BadLease
 
 _O_PATH = getattr(os, "O_PATH", 0o10000000)
 # The xattrs that hold POSIX ACLs (include/uapi/linux/xattr.h XATTR_NAME_POSIX_ACL_*);
@@ -51,6 +61,26 @@ def strip_acl(path: str) -> bool:
             if exc.errno != errno.ENODATA:  # gone meanwhile: what we wanted
                 raise
     return bool(names)
+
+
+# Nobody but root may open the node: a device being taken from a job, or kept out of use.
+ROOT_ONLY = (0, 0, 0o600)
+
+
+def owner_for(lease: Lease | BadLease | None, settings: HookSnapshot) -> tuple[int, int, int]:
+    """(uid, gid, mode) for a device's nodes while ``lease`` is its lease (-1: keep that id).
+
+    No lease (None, or one whose release is being finished): the idle owner, group
+    and mode. A lease its job holds: the job's user with the lease mode, the group
+    kept. Any other (kept after a problem, being revoked, unreadable): root only, so
+    neither the job that had it nor the next one can open it. ``settings`` gives the
+    idle owner and the modes (the hooks' settings).
+    """
+    if lease is None:
+        return settings.idle_uid, settings.idle_gid, settings.idle_mode
+    if isinstance(lease, Lease) and lease.phase == HELD:
+        return lease.uid, -1, settings.lease_mode
+    return ROOT_ONLY
 
 
 class NodeState:

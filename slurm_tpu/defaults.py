@@ -1,0 +1,36 @@
+"""Where slurm-tpu looks for things unless told otherwise: the shared defaults, in one place.
+
+The site config (slurm_tpu/config.py) starts from these; the root hooks use them
+before (or instead of) reading it, so this module is stdlib-only and imports
+nothing (it is on the hooks' fast path, see slurm_tpu/hooks/__init__.py). The sh
+hooks cannot import it: prolog/slurm-tpu-lib.sh repeats :data:`CONFIG_ENV`,
+:data:`CONFIG_PATH` and :data:`STATE_DIR`, and tests/test_fast_path.py checks that
+they agree.
+"""
+
+# The site config: this file, or the one the environment variable names.
+CONFIG_PATH = "/etc/slurm-tpu/config.yaml"
+CONFIG_ENV = "SLURM_TPU_CONFIG"
+
+# The root-owned state directory: leases, audit log, the hooks' snapshot and inventory (tmpfs).
+STATE_DIR = "/run/slurm-tpu"
+# The node inventory's file name: <state_dir>/inventory.json (the hooks' copy, see
+# slurm_tpu/protocol/inventory.py) and its persistent copy, restored at boot (/run is tmpfs).
+INVENTORY_NAME = "inventory.json"
+INVENTORY_FILE = "/var/lib/slurm-tpu/" + INVENTORY_NAME
+# The stable per-device slot nodes gres.conf names (<slot_dir>/<identity>).
+SLOT_DIR = "/dev/slurm-tpu"
+SYSFS_ROOT = "/sys"
+
+# Device node ownership: idle nodes belong to root:root, a leased node to the job's user;
+# both root's (or the user's) alone, read-write.
+IDLE_OWNER = "root"
+IDLE_GROUP = "root"
+NODE_MODE = 0o600
+# The wall-clock budget of one holder scan at job end (seconds).
+HOLDER_SCAN_S = 10.0
+
+# Where `slurm-tpu install` puts things: the hooks under <prefix>/libexec/slurm-tpu,
+# udev rules, systemd units and the config under <sysconfdir>.
+PREFIX = "/usr/local"
+SYSCONFDIR = "/etc"

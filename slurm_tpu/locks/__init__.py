@@ -1,1 +1,0 @@
-"""Device ownership and leases: slot nodes, the lease ledger, ownership changes."""

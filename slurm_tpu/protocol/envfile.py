@@ -1,0 +1,70 @@
+"""The job environment file ``<state_dir>/jobs/<job>.env``: the prolog (root) -> the task-prolog (the job's user).
+
+The task-prolog runs before *every* task of a job, as the job's user; reading
+the ledger there would cost a Python start per task. The root prolog, which has
+just taken the leases, writes the lines once (the variables of the job environment
+contract, :mod:`slurm_tpu.protocol.jobenv`), and ``prolog/slurm-tpu-task-prolog``
+(POSIX sh, built-ins only) prints them. The variables and each device's entries
+come precomputed from the families through the hooks' snapshot.
+
+Grammar: one line per variable, ``export NAME=value`` or ``unset NAME``, in the
+snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`.
+Values are comma-joined identities or paths (never a comma, quote or newline in
+one: see ``slurm_tpu.identity``). The reader prints only lines that begin with
+one of :data:`PRINTED` (its ``case`` patterns, which tests/protocol checks against
+this tuple), so a line a family could add under another name never reaches the
+job's shell. ``<state_dir>/no-devices.env`` (:func:`render_unset`: every variable
+unset but ``EDGETPU_VISIBLE_DEVICES``, exported empty; written with the hooks'
+snapshot) is what the task-prolog prints for a job with no device here. Writing
+the files safely is slurm_tpu/hooks/envfile.py.
+"""
+
+from __future__ import annotations
+
+from .jobenv import EDGETPU_VISIBLE, USAGE_DIR
+
+# Annotations only: the root prolog imports this module, and typing costs it.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Sequence
+
+    from .hooks_snapshot import HookSnapshot
+    from .leases import Lease
+
+DIR = "jobs"  # under the state directory: one file per job with devices on this node
+# Beside jobs/, not in it (jobs/ holds one file per running job).
+NO_DEVICES = "no-devices.env"
+# The line beginnings the task-prolog prints (prolog/slurm-tpu-task-prolog's case patterns).
+PRINTED = ("export SLURM_TPU_", "unset SLURM_TPU_", f"export {EDGETPU_VISIBLE}=")
+
+
+def file_name(job_id: int) -> str:
+    """The job's file under :data:`DIR`."""
+    return f"{job_id}.env"
+
+
+def render(leases: Sequence[Lease], settings: HookSnapshot, usage_dir: str | None = None) -> str:
+    """The export lines for a job's leases (in allocation order) and its usage box, if any.
+
+    ``settings`` is the hooks' snapshot (its ``variables`` and per-device ``values``).
+    Each family variable lists its devices' entries; a device without one is left
+    out (the prolog refuses such a device before leasing it).
+    """
+    lines = []
+    for variable in settings.variables:
+        entries = [settings.values.get(lease.identity, {}).get(variable.name) for lease in leases
+                   if lease.kind == variable.kind]
+        entries = [entry for entry in entries if entry is not None]
+        if entries or not variable.unset_when_empty:
+            lines.append(f"export {variable.name}={','.join(entries)}")
+        else:
+            lines.append(f"unset {variable.name}")
+    lines.append(f"export {USAGE_DIR}={usage_dir}" if usage_dir else f"unset {USAGE_DIR}")
+    return "\n".join(lines) + "\n"
+
+
+def render_unset(settings: HookSnapshot) -> str:
+    """:data:`NO_DEVICES`: every variable of the contract unset (a job with no device on this node),
+    except a library's view of the devices, which reads unset as "all of them": that one is exported empty."""
+    lines = [f"export {v.name}=" if v.never_unset else f"unset {v.name}" for v in settings.variables]
+    return "\n".join([*lines, f"unset {USAGE_DIR}"]) + "\n"

@@ -1,0 +1,95 @@
+"""The node inventory file ``<state_dir>/inventory.json``: its name, its shape, what the hooks read of it.
+
+It has the shape of ``slurm-tpu detect --json`` (a JSON object whose
+``accelerators`` list holds one object per device: ``identity``, ``kind``, ``bus``,
+``device_nodes``, ``usable``, and more the hooks do not read). ``slurm-tpu gres-conf
+--output`` writes it (root), ``slurm-tpu udev-event`` rewrites a device's
+``device_nodes`` when a USB stick re-enumerates (root), and every hook reads it (or
+the hooks' snapshot made from it). It is the *only* source of device node paths the
+hooks will chown: never gres.conf, never job input. How the file is written and
+read safely (inside the state directory, never through a link) is
+:mod:`slurm_tpu.access.node_inventory`; its persistent copy (``inventory_file`` in
+the config) has the same shape.
+
+json is imported only where a document is encoded or decoded: the hooks' fast
+path reads :class:`KnownDevice` records from their snapshot instead.
+"""
+
+from __future__ import annotations
+
+from ..defaults import INVENTORY_NAME
+from . import FormatError
+
+FILE_NAME = INVENTORY_NAME
+
+
+class KnownDevice:
+    """What a hook needs to know about one accelerator (no slurm_tpu.hardware import)."""
+
+    __slots__ = ("identity", "kind", "bus", "device_nodes")
+
+    def __init__(self, identity: str, kind: str, bus: str, device_nodes: tuple[str, ...]):
+        self.identity = identity
+        self.kind = kind  # a family kind (slurm_tpu/families): "edgetpu", "gpu", "hailo"...
+        self.bus = bus  # "usb", "pci", "platform"
+        self.device_nodes = tuple(device_nodes)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, KnownDevice) and (self.identity, self.kind, self.bus, self.device_nodes) == (
+            other.identity, other.kind, other.bus, other.device_nodes)
+
+    def __hash__(self) -> int:
+        return hash((self.identity, self.device_nodes))
+
+    def __repr__(self) -> str:
+        return f"KnownDevice({self.identity!r}, {self.kind!r}, {self.bus!r}, {self.device_nodes!r})"
+
+    @property
+    def primary_node(self) -> str | None:
+        return self.device_nodes[0] if self.device_nodes else None
+
+
+def parse_inventory(document: dict[str, object]) -> dict[str, KnownDevice]:
+    """identity -> KnownDevice from a ``detect --json`` document (usable devices only)."""
+    devices: dict[str, KnownDevice] = {}
+    for item in document.get("accelerators", ()):
+        if not item.get("usable", True):
+            continue
+        nodes = tuple(str(n) for n in item.get("device_nodes") or ())
+        devices[str(item["identity"])] = KnownDevice(str(item["identity"]), str(item["kind"]),
+                                                     str(item["bus"]), nodes)
+    return devices
+
+
+def encode(document: dict[str, object]) -> bytes:
+    """The file's bytes for a document (indented JSON, one newline at the end)."""
+    import json
+
+    return (json.dumps(document, indent=1) + "\n").encode()
+
+
+def decode(data: bytes) -> dict[str, object]:
+    """The document in the file's bytes; :class:`~slurm_tpu.protocol.FormatError` (naming the file and
+    the command that rewrites it) for anything that is not a ``detect --json`` document."""
+    import json
+
+    try:
+        document = json.loads(data)
+    except ValueError as exc:
+        raise FormatError(f"{FILE_NAME} in the state directory is not JSON ({exc}); "
+                          "rerun `slurm-tpu gres-conf --output ...` to rewrite it", FILE_NAME) from exc
+    if not isinstance(document, dict) or not isinstance(document.get("accelerators"), list):
+        raise FormatError(f"{FILE_NAME} in the state directory is not a `slurm-tpu detect --json` "
+                          "document; rerun `slurm-tpu gres-conf --output ...`", FILE_NAME)
+    return document
+
+
+def set_device_nodes(document: dict[str, object], identity: str, nodes: tuple[str, ...]) -> bool:
+    """Record a device's node path(s) in the document; True when that changed it."""
+    for item in document["accelerators"]:
+        if item.get("identity") == identity:
+            if tuple(item.get("device_nodes") or ()) == nodes:
+                return False
+            item["device_nodes"] = list(nodes)
+            return True
+    return False
