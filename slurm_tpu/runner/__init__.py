@@ -1,8 +1,8 @@
 """Inference runner: TFLite models on the job's Edge TPU(s), GPU or CPU.
 
-Layout (one concern per module; only ``backend`` imports a runtime or libedgetpu):
+Layout (one concern per module; only ``engines`` imports a runtime or libedgetpu):
 ``devices`` (which device), ``lock`` (one process per TPU), ``modelinfo`` (what the
-model is), ``backend`` (LiteRT / tflite-runtime / libedgetpu / GPU), ``session``
+model is), ``engines`` (LiteRT / tflite-runtime / libedgetpu / GPU), ``session``
 (open in the right order, with the right errors), ``preprocess`` (files to tensors,
 the pycoral way), ``tasks/`` (what outputs mean: classify, detect, segment, raw),
 ``inputs`` (listing, sharding over arrays and step tasks), ``results`` (resumable

@@ -15,7 +15,7 @@ import pytest
 from helpers import HARDWARE, merge_umockdev, run_cli
 from slurm_tpu.localcluster import NodeSpec
 from slurm_tpu.localcluster.hardware import materialize
-from slurm_tpu.ops.health import HOLD_PREFIX
+from slurm_tpu.ops.health_policy import HOLD_PREFIX
 from slurm_tpu.slurm.parse import parse_node_state
 
 pytestmark = pytest.mark.slurm
