@@ -21,21 +21,11 @@ from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
 from .meter import MeteredEngine, report_usage
 from .modelinfo import ModelInfo, read_model_info
+from .request import OpenOptions  # defined with the rest of a request; api and serve import it here
 from .spec import Engine
 
 Warn = Callable[[str], None]
 _log = logging.getLogger("slurm_tpu.runner")
-
-
-@dataclass
-class OpenOptions:
-    """How to open a model; every field has a sensible default for a Slurm job."""
-
-    device: Sequence[str] = ()  # --device values; empty: from the job's environment
-    libedgetpu: str | None = None  # else $SLURM_TPU_LIBEDGETPU, else libedgetpu.so.1
-    fallback: str | None = None  # "cpu": run on the CPU when the GPU cannot be set up
-    num_threads: int | None = None  # CPU threads per interpreter; default: CPUs / engines
-    runtime: str | None = None  # "litert" | "tflite-runtime"; default: the first importable
 
 
 @dataclass
