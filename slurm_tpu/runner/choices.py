@@ -24,7 +24,7 @@ LIBEDGETPU_DEFAULT = "libedgetpu.so.1"  # the system's, found by the dynamic loa
 # -- tasks: what a model's outputs mean (slurm_tpu/runner/tasks/) ----------------------------
 AUTO = "auto"  # recognise the task from the model's outputs
 DETECT, CLASSIFY, SEGMENT, RAW = "detect", "classify", "segment", "raw"
-TASK_NAMES = (DETECT, CLASSIFY, SEGMENT, RAW)  # listed in --task auto's recognition order, raw last
+TASK_NAMES = (DETECT, CLASSIFY, SEGMENT, RAW)  # as listed to users (--task, serve's endpoints)
 
 # -- where to run when the GPU cannot be set up ----------------------------------------------
 FALLBACKS = (CPU,)
