@@ -57,6 +57,10 @@ class Obj:
         return self._config
 
 
+# A command's ``obj`` parameter: this invocation's :class:`Obj`.
+pass_obj = click.make_pass_decorator(Obj)
+
+
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="slurm-tpu")
 @click.option("--config", "config_path", metavar="FILE", envvar=CONFIG_ENV,

@@ -8,9 +8,7 @@ import time
 
 import click
 
-from .group import EXIT_ERROR, Obj, main
-
-pass_obj = click.make_pass_decorator(Obj)
+from .group import EXIT_ERROR, Obj, main, pass_obj
 
 
 def _rows(obj: Obj) -> list[dict]:

@@ -11,9 +11,8 @@ from ..defaults import PREFIX
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
 from ..hardware import Inventory
-from .group import EXIT_DIFFERS, Obj, main
-
-pass_obj = click.make_pass_decorator(Obj)
+from .group import EXIT_DIFFERS, Obj, main, pass_obj
+from .options import libedgetpu_option, node_option, options
 
 
 def _inventory(saved: str | None = None) -> Inventory:
@@ -64,8 +63,7 @@ def format_table(inventory: Inventory) -> str:
 @click.option("--check-runtime", is_flag=True,
               help="Also ask libedgetpu which Edge TPUs it sees (it lists, never opens) and report where it "
                    "disagrees with this inventory; exit 1 when it does.")
-@click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
-              help="libedgetpu.so.1 for --check-runtime (env SLURM_TPU_LIBEDGETPU; default: the system's).")
+@libedgetpu_option("libedgetpu.so.1 for --check-runtime")
 def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
     """List this node's accelerators (Edge TPUs, GPUs, Hailo NPUs...) through libudev."""
     inventory = _inventory()
@@ -112,8 +110,9 @@ def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool,
         click.echo(f"{output} is up to date", err=True)
 
 
-_output_options = [
-    click.option("--node", metavar="NAME", help="Slurm NodeName (default: config node_name, else short hostname)."),
+# gres-conf and node-conf: which node, and where its block goes.
+_with_output_options = options(
+    node_option(),
     click.option("--output", "-o", metavar="FILE",
                  help="Update this node's block in FILE (atomic, with a .slurm-tpu.bak backup; "
                       "other lines are kept). Default: print to stdout."),
@@ -123,13 +122,7 @@ _output_options = [
     click.option("--inventory", "saved", metavar="FILE",
                  help="Use a saved `slurm-tpu detect --json` document instead of detecting "
                       "(e.g. to generate another node's lines centrally)."),
-]
-
-
-def _with_output_options(func):
-    for option in reversed(_output_options):
-        func = option(func)
-    return func
+)
 
 
 @main.command("gres-conf")

@@ -9,27 +9,20 @@ import sys
 import click
 
 from ..defaults import PREFIX, SYSCONFDIR
-from .group import EXIT_DIFFERS, Obj, main
+from .group import EXIT_DIFFERS, Obj, main, pass_obj
+from .options import libedgetpu_option, node_option, options
 
-pass_obj = click.make_pass_decorator(Obj)
-
-_layout_options = [
+# --prefix and --sysconfdir: install, uninstall and doctor must agree on them.
+layout_options = options(
     click.option("--prefix", default=PREFIX, show_default=True, metavar="DIR",
                  help="The hooks go to DIR/libexec/slurm-tpu (root-owned; slurm.conf names them there)."),
     click.option("--sysconfdir", default=SYSCONFDIR, show_default=True, metavar="DIR",
                  help="udev rules, systemd units and the slurm-tpu config go under DIR (udev and systemd "
                       "read only /etc; another DIR is for staging and tests)."),
-]
+)
 _slurm_conf_option = click.option(
     "--slurm-conf", metavar="FILE",
     help="The node's slurm.conf (default: $SLURM_CONF, else the running slurmd's, else /etc/slurm/slurm.conf).")
-
-
-def layout_options(func):
-    """--prefix and --sysconfdir (install, uninstall and doctor must agree on them)."""
-    for option in reversed(_layout_options):
-        func = option(func)
-    return func
 
 
 def _layout(prefix: str, sysconfdir: str):
@@ -121,11 +114,10 @@ def uninstall(prefix: str, sysconfdir: str, purge: bool, dry_run: bool) -> None:
 @main.command()
 @layout_options
 @_slurm_conf_option
-@click.option("--node", metavar="NAME", help="Slurm NodeName (default: config node_name, else short hostname).")
+@node_option()
 @click.option("--inventory", "saved", metavar="FILE",
               help="Check against a saved `slurm-tpu detect --json` document instead of detecting.")
-@click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
-              help="The libedgetpu.so.1 jobs load (env SLURM_TPU_LIBEDGETPU; default: the system's).")
+@libedgetpu_option("The libedgetpu.so.1 jobs load")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @pass_obj
 def doctor(obj: Obj, prefix: str, sysconfdir: str, slurm_conf: str | None, node: str | None, saved: str | None,

@@ -7,14 +7,12 @@ import os
 
 import click
 
-from .group import Obj, main
-
-pass_obj = click.make_pass_decorator(Obj)
+from .group import Obj, main, pass_obj
+from .options import libedgetpu_option, node_option
 
 
 @main.command()
-@click.option("--node", metavar="NAME",
-              help="Slurm NodeName (default: $SLURMD_NODENAME, else config node_name, else short hostname).")
+@node_option(from_slurmd=True)
 @click.option("--dry-run", is_flag=True, help="Report what would be done; do not drain or resume.")
 @click.option("--grace", type=float, default=1.5, show_default=True, metavar="SECONDS",
               help="Look again after this long before calling a USB stick missing (re-enumeration).")
@@ -46,7 +44,7 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
 
 
 @main.command()
-@click.option("--node", metavar="NAME", help="Slurm NodeName (default: config node_name, else short hostname).")
+@node_option()
 @click.option("--gres-conf", "gres_conf", metavar="FILE", default="/etc/slurm/gres.conf", show_default=True,
               help="gres.conf holding this node's slurm-tpu block.")
 @click.option("--node-conf", "node_conf", metavar="FILE",
@@ -110,14 +108,13 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
 
 
 @main.command()
-@click.option("--node", metavar="NAME", help="Node label (default: config node_name, else short hostname).")
+@node_option("Node label")
 @click.option("--textfile", "--output", "-o", "textfile", metavar="FILE.prom",
               help="node_exporter textfile-collector mode: write FILE.prom atomically (a temporary file in "
                    "the same directory, renamed over it) instead of stdout; run it from a timer.")
 @click.option("--listen", metavar="[HOST:]PORT",
               help="Serve /metrics over HTTP instead (each scrape detects afresh); Ctrl-C stops.")
-@click.option("--libedgetpu", metavar="PATH", envvar="SLURM_TPU_LIBEDGETPU",
-              help="libedgetpu.so.1 whose version to report (env SLURM_TPU_LIBEDGETPU; default: the system's).")
+@libedgetpu_option("libedgetpu.so.1 whose version to report")
 @pass_obj
 def metrics(obj: Obj, node: str | None, textfile: str | None, listen: str | None, libedgetpu: str | None) -> None:
     """Prometheus metrics: devices present/healthy/leased, temperature, jobs, inferences,

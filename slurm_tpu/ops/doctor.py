@@ -474,7 +474,7 @@ def check_runtimes(node: Node) -> list[Finding]:
     findings = []
     extras = "pip install 'slurm-tpu[infer]' into the environment slurm-tpu runs from"
     try:
-        from ..runner import backend
+        from ..runner import engines
         from ..runner.errors import RuntimeMissingError
     except ImportError as exc:
         if tpus or gpus:
@@ -484,7 +484,7 @@ def check_runtimes(node: Node) -> list[Finding]:
         from ..runner.errors import LibEdgeTpuError
 
         try:
-            library = backend.EdgeTpuLibrary(node.libedgetpu)
+            library = engines.EdgeTpuLibrary(node.libedgetpu)
             findings.append(Finding("libedgetpu", True, f"{library.path} ({library.version() or 'no version'})"))
             findings.append(_visible_devices(library.path))
         except LibEdgeTpuError as exc:
@@ -493,8 +493,8 @@ def check_runtimes(node: Node) -> list[Finding]:
                                     "install libedgetpu1-std from Coral's apt repository"))
     if tpus or gpus:
         try:
-            name = backend.select_runtime()
-            findings.append(Finding("TFLite runtime", True, f"{name} {backend.runtime_version(name)}"))
+            name = engines.select_runtime()
+            findings.append(Finding("TFLite runtime", True, f"{name} {engines.runtime_version(name)}"))
         except RuntimeMissingError as exc:
             findings.append(Finding("TFLite runtime", False, str(exc).split("): ")[0] + ")", extras))
     if gpus:

@@ -145,7 +145,7 @@ def _node_view(library) -> list[tuple[str, str]]:
 def check_runtime(inventory: Inventory, library_path: str | None = None,
                   environ: Mapping[str, str] = os.environ) -> RuntimeCheck:
     """Load libedgetpu (raises LibEdgeTpuError with one line if it cannot), list, compare."""
-    from ..runner.backend import EdgeTpuLibrary
+    from ..runner.engines import EdgeTpuLibrary
 
     library = EdgeTpuLibrary(library_path)
     listed = _node_view(library)
@@ -155,7 +155,7 @@ def check_runtime(inventory: Inventory, library_path: str | None = None,
 
 def installed_version(library_path: str | None = None) -> str | None:
     """edgetpu_version() of the libedgetpu jobs would load; None when none can be loaded."""
-    from ..runner.backend import EdgeTpuLibrary
+    from ..runner.engines import EdgeTpuLibrary
     from ..runner.errors import LibEdgeTpuError
 
     try:
@@ -184,7 +184,7 @@ def visible_devices_problem(library_path: str | None = None) -> str | None:
     import subprocess
     import sys
 
-    from ..runner.backend import LIBEDGETPU_DEFAULT, LIBEDGETPU_ENV
+    from ..runner.engines import LIBEDGETPU_DEFAULT, LIBEDGETPU_ENV
 
     path = library_path or os.environ.get(LIBEDGETPU_ENV) or LIBEDGETPU_DEFAULT
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}

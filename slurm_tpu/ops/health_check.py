@@ -17,7 +17,7 @@ from ..errors import SlurmTpuError
 from ..families import inventory_from_json
 from ..hardware import Bus, Inventory
 from ..slurm.backend import open_backend
-from .health import Action, Decision, Problem, decide, find_problems
+from .health_policy import Action, Decision, Problem, decide, find_problems
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from prometheus_client.registry import Collector
 from ..hardware import Inventory
 from ..promtext import add, counter, gauge
 from ..protocol.audit import LeaseSpan
-from .health import find_problems
+from .health_policy import find_problems
 
 JOB_LABEL, USER_LABEL = "hpc_job", "hpc_user"  # dcgm-exporter's hpc_job, and its like for the user
 

@@ -22,7 +22,7 @@ from typing import Callable, Sequence
 
 from ..errors import SlurmCommandError
 from ..slurm.backend import SlurmBackend
-from .health import HOLD_PREFIX, REASON_PREFIX
+from .health_policy import HOLD_PREFIX, REASON_PREFIX
 
 CHANGE_REASON = f"{REASON_PREFIX} accelerators changed; restarting slurmd"
 

@@ -1,19 +1,40 @@
 """Inference runner: TFLite models on the job's Edge TPU(s), GPU or CPU.
 
-Layout (one concern per module; only ``backend`` imports a runtime or libedgetpu):
+Layout (one concern per module; only ``engines`` imports a runtime or libedgetpu):
 ``devices`` (which device), ``lock`` (one process per TPU), ``modelinfo`` (what the
-model is), ``backend`` (LiteRT / tflite-runtime / libedgetpu / GPU), ``session``
+model is), ``engines`` (LiteRT / tflite-runtime / libedgetpu / GPU), ``session``
 (open in the right order, with the right errors), ``preprocess`` (files to tensors,
 the pycoral way), ``tasks/`` (what outputs mean: classify, detect, segment, raw),
 ``inputs`` (listing, sharding over arrays and step tasks), ``results`` (resumable
 files), ``pipeline`` (decode ahead, dispatch, keep order), ``progress``,
-``benchmark``, and ``api`` (the :class:`Runner` tying them together).
+``benchmark``, ``api`` (the :class:`Runner` tying them together), ``choices`` (the
+names users choose among), ``request`` (what ``slurm-tpu infer`` asks for) and
+``dispatch`` (which mode a request runs in, and running it).
+
+The names below are imported on first use, not with the package: the ``slurm-tpu``
+CLI imports ``choices`` and ``request`` at start-up for every command, and must not
+pay for numpy and a runtime there.
 """
 
 from __future__ import annotations
 
-from .api import BatchSummary, Runner
-from .session import OpenOptions
-from .tasks import Class, Object, Segmentation, TaskOptions
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .api import BatchSummary, Runner
+    from .request import OpenOptions
+    from .tasks import Class, Object, Segmentation, TaskOptions
+
+_HOMES = {"Runner": "api", "BatchSummary": "api", "OpenOptions": "request", "Class": "tasks",
+          "Object": "tasks", "Segmentation": "tasks", "TaskOptions": "tasks"}
 
 __all__ = ["Runner", "OpenOptions", "BatchSummary", "Class", "Object", "Segmentation", "TaskOptions"]
+
+
+def __getattr__(name: str) -> Any:
+    """``from slurm_tpu.runner import Runner`` and the like: import the module that defines it."""
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{home}", __name__), name)

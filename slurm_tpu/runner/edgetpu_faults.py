@@ -9,7 +9,7 @@ Two moments, both seen with the real libedgetpu (tests/libedgetpu):
   process by ``EDGETPU_VISIBLE_DEVICES`` (which the node's patched libedgetpu obeys), or
   present but invisible to libusb or to the apex driver.
 - When an open fails, the library's own reason (captured from its verbose log, see
-  ``backend.libedgetpu_reason``) is quoted with what to do (:func:`open_failure_message`).
+  ``engines.libedgetpu_reason``) is quoted with what to do (:func:`open_failure_message`).
 """
 
 from __future__ import annotations

@@ -18,10 +18,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .choices import CSV, JSONL
 from .errors import InputError
 from .tasks import Task, TaskOptions
-
-JSONL, CSV = "jsonl", "csv"
 
 
 def format_for(path: str, explicit: str | None = None) -> str:

@@ -15,27 +15,17 @@ from typing import Callable, Mapping, Sequence
 
 from ..errors import DeviceError
 from ..protocol import jobenv
-from . import backend, edgetpu_faults, gpu_select
+from . import edgetpu_faults, engines, gpu_select
 from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
 from .meter import MeteredEngine, report_usage
 from .modelinfo import ModelInfo, read_model_info
+from .request import OpenOptions  # defined with the rest of a request; api and serve import it here
 from .spec import Engine
 
 Warn = Callable[[str], None]
 _log = logging.getLogger("slurm_tpu.runner")
-
-
-@dataclass
-class OpenOptions:
-    """How to open a model; every field has a sensible default for a Slurm job."""
-
-    device: Sequence[str] = ()  # --device values; empty: from the job's environment
-    libedgetpu: str | None = None  # else $SLURM_TPU_LIBEDGETPU, else libedgetpu.so.1
-    fallback: str | None = None  # "cpu": run on the CPU when the GPU cannot be set up
-    num_threads: int | None = None  # CPU threads per interpreter; default: CPUs / engines
-    runtime: str | None = None  # "litert" | "tflite-runtime"; default: the first importable
 
 
 @dataclass
@@ -83,8 +73,8 @@ class _Opener:
     def __init__(self, options: OpenOptions, warn: Warn):
         self.options = options
         self.warn = warn
-        self.runtime = backend.select_runtime(options.runtime)
-        self.library: backend.EdgeTpuLibrary | None = None
+        self.runtime = engines.select_runtime(options.runtime)
+        self.library: engines.EdgeTpuLibrary | None = None
         self.locks: list[DeviceLock] = []
         self.engines: list[Engine] = []
         self._held: dict[str, DeviceLock] = {}  # identity -> its lock: several models may share a device
@@ -98,14 +88,14 @@ class _Opener:
         elif device.kind == GPU:
             engine = self._open_gpu(model, threads, environ)
         else:
-            engine = backend.InterpreterEngine(model.path, CPU, self.runtime, threads)
+            engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
         self.engines.append(engine)
         return engine
 
     def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int,
                       environ: Mapping[str, str]) -> Engine:
         if self.library is None:
-            self.library = backend.EdgeTpuLibrary(self.options.libedgetpu)
+            self.library = engines.EdgeTpuLibrary(self.options.libedgetpu)
         # Never ask libedgetpu to open what it does not list: on a USB path it cannot
         # enumerate it retries for about 25 s before giving up.
         listed = self.library.list_devices()
@@ -119,12 +109,12 @@ class _Opener:
         if delegate is None:
             if device.identity not in self._held:
                 lock.release()
-            reason = backend.libedgetpu_reason(log, device.path or "")
+            reason = engines.libedgetpu_reason(log, device.path or "")
             raise DeviceError(edgetpu_faults.open_failure_message(device, reason), device.identity)
         if device.identity not in self._held:
             self._held[device.identity] = lock
             self.locks.append(lock)
-        return backend.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
+        return engines.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
 
     def _open_gpu(self, model: ModelInfo, threads: int, environ: Mapping[str, str]) -> Engine:
         choice = gpu_select.choose(environ)
@@ -133,12 +123,12 @@ class _Opener:
         _log.info("GPU: %s", choice.how)
         gpu_select.apply(choice)  # this process's own environment, which Vulkan reads
         try:
-            return backend.GpuEngine(model.path, model.inputs, model.outputs)
+            return engines.GpuEngine(model.path, model.inputs, model.outputs)
         except GpuError as exc:
             if self.options.fallback != CPU:
                 raise
             self.warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
-            return backend.InterpreterEngine(model.path, CPU, self.runtime, threads)
+            return engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
 
     def open_all(self, pairs: Sequence[tuple[ModelInfo, Device]], environ: Mapping[str, str],
                  warnings: Sequence[str], concurrent: int | None = None) -> None:

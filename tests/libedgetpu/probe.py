@@ -21,7 +21,7 @@ from slurm_tpu.protocol import envfile
 from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.protocol.inventory import parse_inventory
 from slurm_tpu.protocol import jobenv
-from slurm_tpu.runner.backend import EdgeTpuLibrary
+from slurm_tpu.runner.engines import EdgeTpuLibrary
 
 
 def main() -> None:

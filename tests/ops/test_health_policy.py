@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from slurm_tpu.families.coral import ApexDetails
 from slurm_tpu.hardware import Accelerator, Bus, Details, Inventory
-from slurm_tpu.ops.health import Action, Problem, decide, drain_reason, find_problems
+from slurm_tpu.ops.health_policy import Action, Problem, decide, drain_reason, find_problems
 from slurm_tpu.slurm.parse import parse_node_state
 
 

@@ -9,7 +9,7 @@ import pytest
 from runner_support import USB_A, USB_B, double_log
 from harness.modelgen import images
 from slurm_tpu.runner import OpenOptions, Runner
-from slurm_tpu.runner.backend import EdgeTpuLibrary, InterpreterEngine
+from slurm_tpu.runner.engines import EdgeTpuLibrary, InterpreterEngine
 from slurm_tpu.runner.errors import DeviceBusyError
 from slurm_tpu.runner.lock import DeviceLock
 from slurm_tpu.runner.pipeline import Item, infer_ordered
@@ -106,7 +106,7 @@ def test_tflite_runtime_backend_when_that_is_what_is_installed(models, tpu_env):
 
 def test_compiled_model_engine_matches_the_interpreter(models):
     """GpuEngine's CompiledModel path (buffers in, run, buffers out) on LiteRT's CPU accelerator."""
-    from slurm_tpu.runner.backend import GpuEngine
+    from slurm_tpu.runner.engines import GpuEngine
     from slurm_tpu.runner.modelinfo import read_model_info
 
     info = read_model_info(models["mobilenet"])

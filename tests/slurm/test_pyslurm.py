@@ -90,7 +90,7 @@ def test_drain_resume_and_node_state_through_pyslurm(backends, cluster):
     assert "DRAIN" in pyslurm.node_state("n1")["state"] and pyslurm.node_state("n1")["reason"] == "slurm-tpu: pyslurm test"
     pyslurm.resume("n1")
     assert "DRAIN" not in slurm.node_state("n1")["state"]
-    from slurm_tpu.ops.health import strip_affinity
+    from slurm_tpu.ops.health_policy import strip_affinity
 
     assert pyslurm.node_state("n2")["gres"] == strip_affinity(slurm.node_state("n2")["gres"])
     assert sorted(pyslurm.jobs_with_gres("n2")) == sorted(

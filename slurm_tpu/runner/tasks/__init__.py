@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
+from ..choices import AUTO, TASK_NAMES
 from ..errors import UsageError
 from ..spec import TensorSpec
 from .base import Task, TaskOptions, describe_outputs, read_labels
@@ -18,11 +19,10 @@ from .detect import Detect, Object
 from .raw import Raw
 from .segment import Segment, Segmentation
 
-AUTO = "auto"
 # Registration: recognition order for --task auto, then the tasks only chosen by name.
+# Their names (and the order users see them listed in) are ``choices.TASK_NAMES``.
 _RECOGNISED = (Detect, Classify, Segment)
 _BY_NAME_ONLY = (Raw,)
-TASK_NAMES = tuple(t.name for t in _RECOGNISED + _BY_NAME_ONLY)
 
 __all__ = ["AUTO", "TASK_NAMES", "Task", "TaskOptions", "Class", "Object", "Segmentation",
            "choose_task", "read_labels"]

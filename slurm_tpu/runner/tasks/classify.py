@@ -7,6 +7,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
+from ..choices import CLASSIFY
 from ..preprocess import Geometry
 from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, open_rgb, save_png
@@ -43,7 +44,7 @@ def is_vector(spec: TensorSpec) -> bool:
 
 
 class Classify(Task):
-    name = "classify"
+    name = CLASSIFY
     expects = "one [1, N] output (class scores)"
 
     def fits(self, outputs: Sequence[TensorSpec], custom_ops: frozenset[str]) -> bool:

@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..choices import DETECT
 from ..preprocess import Geometry
 from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, open_rgb, save_png
@@ -59,7 +60,7 @@ def get_objects(outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], inpu
 
 
 class Detect(Task):
-    name = "detect"
+    name = DETECT
     expects = ("TFLite_Detection_PostProcess's four outputs: boxes [1, M, 4], classes [1, M], "
                "scores [1, M], count [1]")
     keep_aspect = True

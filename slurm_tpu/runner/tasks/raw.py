@@ -7,6 +7,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..choices import RAW
 from ..errors import UsageError
 from ..preprocess import Geometry
 from ..spec import TensorSpec
@@ -16,7 +17,7 @@ _SHOWN = 20  # values per output in the single-input printout
 
 
 class Raw(Task):
-    name = "raw"
+    name = RAW
     expects = "any outputs"
     draws = False
 

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from ..choices import SEGMENT
 from ..preprocess import Geometry
 from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, save_png
@@ -76,7 +77,7 @@ def segment(output: np.ndarray, geometry: Geometry, labels) -> Segmentation:
 
 
 class Segment(Task):
-    name = "segment"
+    name = SEGMENT
     expects = "one [1, H, W] class map or [1, H, W, C] per-class scores"
 
     def __init__(self, keep_aspect: bool = False):

@@ -31,14 +31,11 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
+from .choices import LIBEDGETPU_DEFAULT, LIBEDGETPU_ENV, RUNTIME_ENV, RUNTIME_MODULES
 from .errors import GpuError, LibEdgeTpuError, ModelError, RuntimeMissingError
 from .spec import TensorSpec
 
-RUNTIME_ENV = "SLURM_TPU_RUNTIME"
-LIBEDGETPU_ENV = "SLURM_TPU_LIBEDGETPU"
 DEBUG_ENV = "SLURM_TPU_DEBUG"
-_RUNTIME_MODULES = {"litert": "ai_edge_litert.interpreter", "tflite-runtime": "tflite_runtime.interpreter"}
-LIBEDGETPU_DEFAULT = "libedgetpu.so.1"
 
 
 # -- runtime selection ---------------------------------------------------------------
@@ -46,17 +43,17 @@ LIBEDGETPU_DEFAULT = "libedgetpu.so.1"
 def _import_interpreter_module(name: str):
     import importlib
 
-    return importlib.import_module(_RUNTIME_MODULES[name])
+    return importlib.import_module(RUNTIME_MODULES[name])
 
 
 def select_runtime(preferred: str | None = None) -> str:
     """The runtime to use: ``preferred``, else $SLURM_TPU_RUNTIME, else the first importable."""
     preferred = preferred or os.environ.get(RUNTIME_ENV) or None
-    if preferred is not None and preferred not in _RUNTIME_MODULES:
+    if preferred is not None and preferred not in RUNTIME_MODULES:
         raise RuntimeMissingError(f"unknown runtime '{preferred}' (from --runtime or {RUNTIME_ENV}): "
-                                  f"use one of {', '.join(_RUNTIME_MODULES)}")
+                                  f"use one of {', '.join(RUNTIME_MODULES)}")
     errors = []
-    for name in [preferred] if preferred else list(_RUNTIME_MODULES):
+    for name in [preferred] if preferred else list(RUNTIME_MODULES):
         try:
             _import_interpreter_module(name)
             return name

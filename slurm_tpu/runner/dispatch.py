@@ -1,0 +1,194 @@
+"""Which mode a ``slurm-tpu infer`` request runs in, and running it.
+
+The modes: one input (timed, for pycoral's printout), a batch (several inputs, a
+directory, a glob, an @list or an output file; this process's share of an array job or
+a step), a benchmark, and the first two answered by ``slurm-tpu serve`` in another job
+(``--server``). :func:`infer` checks the request, lists and shards a batch's inputs
+before any device is opened (a bad input path fails in milliseconds), runs it, and
+returns what came of it for the caller to render; a batch's records (without an
+output file) and its progress lines stream out through :class:`Streams` meanwhile.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence, TextIO, Union
+
+from .api import Runner, _StdoutWriter, annotated_path
+from .benchmark import BenchResult
+from .choices import AUTO, RAW
+from .errors import UsageError
+from .inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
+from .preprocess import Normalization, is_input_file
+from .progress import Progress
+from .request import InferRequest
+from .results import Layout, ResultWriter, format_for
+from .tasks import Task, TaskOptions
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Where a run's output goes while it runs (for the CLI: stdout and stderr)."""
+
+    write: Callable[[str], Any]  # batch records, when there is no output file
+    warn: Callable[[str], None]  # one-line warnings
+    task_recognised: Callable[[str], None]  # batch: the task (named) was recognised from the outputs
+    progress: TextIO  # progress lines
+
+
+@dataclass(frozen=True)
+class Timed:
+    """One input run ``count`` times on this job's device(s)."""
+
+    input: str
+    task: Task
+    result: Any  # the task's result (classes, objects, a segmentation, outputs)
+    times: list[float]  # ms; the first includes loading the model onto an Edge TPU
+    devices: list[str]
+    runtime: str
+    load_seconds: float
+    on_edgetpu: bool
+    annotated: str | None  # the annotated copy written, if asked for
+
+
+@dataclass(frozen=True)
+class RemoteTimed:
+    """One input sent ``count`` times to a server."""
+
+    input: str
+    task: Task
+    record: dict[str, Any]  # the server's answer: devices, runtime, results, its printout lines
+    times: list[float]  # round trips, ms
+    server: str  # the server's URL
+
+
+@dataclass(frozen=True)
+class BatchDone:
+    """A batch (this process's share), locally or through a server."""
+
+    processed: int
+    errors: int
+    output: str | None  # the results file written; None: stdout
+
+
+Outcome = Union[Timed, RemoteTimed, BatchDone, BenchResult]
+
+
+def is_batch(inputs: Sequence[str], output: str | None) -> bool:
+    """Anything but one input file without an output file runs as a batch."""
+    if output or len(inputs) != 1:
+        return True
+    only = inputs[0]
+    return only.startswith("@") or os.path.isdir(only) or not is_input_file(only)
+
+
+def _task_name(request: InferRequest) -> str:
+    reading = request.reading
+    if not reading.raw:
+        return reading.task
+    if reading.task not in (AUTO, RAW):
+        raise UsageError(f"--raw contradicts --task {reading.task}")
+    return RAW
+
+
+# --server takes these at the server ('slurm-tpu serve'); given here they would be ignored.
+def _set_locally(request: InferRequest) -> list[str]:
+    """The options given that only a local run takes, as flags."""
+    opening, prep = request.opening, request.preprocessing
+    local_only = {"--labels": request.reading.labels, "--annotate": request.annotate_dir, "--device": opening.device,
+                  "--segment": request.segments, "--fallback": opening.fallback, "--threads": opening.num_threads,
+                  "--benchmark": request.benchmark, "--fast-resize": prep.fast_resize,
+                  "--keep-aspect-ratio": prep.keep_aspect_ratio, "--input-mean": prep.input_mean is not None,
+                  "--input-std": prep.input_std is not None}
+    return [flag for flag, value in local_only.items() if value]
+
+
+def infer(request: InferRequest, streams: Streams, environ: Mapping[str, str] = os.environ) -> Outcome:
+    """Run ``request`` in its mode; usage mistakes raise :class:`UsageError` before any device is opened."""
+    task = _task_name(request)
+    batch = request.batch
+    if (batch.shard_index is None) != (batch.shard_count is None):
+        raise UsageError("--shard-index and --shard-count go together")
+    if not request.inputs and not request.benchmark:
+        raise UsageError("no inputs: give image/.npy files, a directory, a glob or @list (or --benchmark)")
+    batched = not request.benchmark and is_batch(request.inputs, batch.output)
+    keys: list[str] = []
+    listed: list[str] = []
+    if batched:
+        # List and shard before opening the device: a bad input path fails in milliseconds.
+        keys = listed = list_inputs(request.inputs)
+        share = ((batch.shard_index, batch.shard_count) if batch.shard_count is not None
+                 else shard_from_environment(environ))
+        if share is not None:
+            if batch.shard_count is not None and share[0] >= share[1]:  # type: ignore[operator]
+                raise UsageError(f"--shard-index {batch.shard_index} must be below --shard-count {batch.shard_count}")
+            keys = shard(keys, *share)  # type: ignore[arg-type]
+    if request.remote.server:
+        given = _set_locally(request)
+        if given:
+            raise UsageError(f"{', '.join(given)}: set at the server ('slurm-tpu serve'), not with --server")
+        progress = Progress(len(keys), streams.progress, batch.progress_interval, enabled=batch.progress)
+        return _remote(request, task, request.inputs[0] if not batched else None, keys, progress, streams, environ)
+    return _local(request, task, keys if batched else None, listed, streams, environ)
+
+
+def _local(request: InferRequest, task: str, keys: list[str] | None, listed: list[str], streams: Streams,
+           environ: Mapping[str, str]) -> Outcome:
+    """On this job's device(s): a benchmark, a batch (``keys``: this share) or one input."""
+    prep, batch, reading = request.preprocessing, request.batch, request.reading
+    model_files = [request.model, *request.segments]
+    with Runner(model_files if request.segments else request.model, reading.labels, request.opening,
+                environ=environ, warn=streams.warn, normalization=Normalization(prep.input_mean, prep.input_std),
+                task=task, fast_resize=prep.fast_resize, keep_aspect_ratio=prep.keep_aspect_ratio) as runner:
+        task_options = runner.options(reading.top_k, reading.threshold)
+        if request.benchmark:
+            return runner.benchmark(request.iterations, request.inputs[0] if request.inputs else None)
+        if keys is None:
+            return _timed(runner, request.inputs[0], request.count, task_options, request.annotate_dir)
+        out = expand_output_pattern(batch.output, environ) if batch.output else None
+        if request.annotate_dir:
+            runner.check_annotate(request.annotate_dir, listed)  # all shares: names must not collide across tasks
+        if runner.task_reason != "--task" and batch.progress:
+            # Said in the job's log next to the progress lines; a single input's printout
+            # (and its --json "task") shows the task by itself.
+            streams.task_recognised(runner.task.name)
+        progress = Progress(len(keys), streams.progress, batch.progress_interval, enabled=batch.progress)
+        summary = runner.run_batch(keys, out, format_for(out or "", batch.fmt), task_options, batch.decode_threads,
+                                   progress, expand=False, stdout_write=streams.write,
+                                   annotate_dir=request.annotate_dir)
+        return BatchDone(summary.processed, summary.errors, out)
+
+
+def _timed(runner: Runner, path: str, count: int, options: TaskOptions, annotate_dir: str | None) -> Timed:
+    result, times = runner.run_timed(path, count, options)
+    annotated = None
+    if annotate_dir:
+        runner.check_annotate(annotate_dir, [path])
+        annotated = annotated_path(annotate_dir, path)
+        runner.task.annotate(path, result, annotated)
+    return Timed(path, runner.task, result, times, runner.device_labels, runner.engine_set.runtime,
+                 runner.engine_set.load_seconds, runner.on_edgetpu, annotated)
+
+
+def _remote(request: InferRequest, task: str, single: str | None, keys: list[str], progress: Progress,
+            streams: Streams, environ: Mapping[str, str]) -> Outcome:
+    """``infer --server``: the same inputs and outputs as local inference, answered by a server."""
+    from .serve.client import RemoteModel, ServeClient, model_name, resolve_target, timed, write_remote_batch
+
+    reading, batch = request.reading, request.batch
+    client = ServeClient(resolve_target(request.remote.server or "", environ))
+    try:
+        remote = RemoteModel(client, model_name(request.model), task)
+        options = {"top_k": reading.top_k, "threshold": reading.threshold}
+        if single is not None:
+            record, times = timed(remote, single, request.count, options)
+            return RemoteTimed(single, remote.task, record, times, client.url)
+        out = expand_output_pattern(batch.output, environ) if batch.output else None
+        layout = Layout(format_for(out or "", batch.fmt), remote.task,
+                        TaskOptions(top_k=reading.top_k, threshold=reading.threshold))
+        writer = ResultWriter(out, layout) if out else _StdoutWriter(layout, streams.write)
+        processed, errors = write_remote_batch(remote, keys, writer, options, request.remote.in_flight, progress)
+        return BatchDone(processed, errors, out)
+    finally:
+        client.close()
