@@ -24,9 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness.modelgen import detector, images  # noqa: E402
-from runner_ab import interleaved, report  # noqa: E402
-from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
+from runner_ab import interleaved, report
+
+from harness.modelgen import detector, images
+from slurm_tpu.runner import OpenOptions, Runner
 
 
 def hand_loop(interpreter, paths: list[str], out_path: str, threshold: float = 0.4) -> None:

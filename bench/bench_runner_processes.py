@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.modelgen import images, mobilenet  # noqa: E402
+from harness.modelgen import images, mobilenet
 
 CLI = [sys.executable, "-c", "from slurm_tpu.cli import run; run()"]
 

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.modelgen import mobilenet  # noqa: E402
-from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
-from slurm_tpu.runner.preprocess import Resize, load_image  # noqa: E402
+from harness.modelgen import mobilenet
+from slurm_tpu.runner import OpenOptions, Runner
+from slurm_tpu.runner.preprocess import Resize, load_image
 
 
 def write_photos(directory: Path, count: int) -> list[str]:

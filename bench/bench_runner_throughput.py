@@ -23,9 +23,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness.modelgen import images, mobilenet  # noqa: E402
-from runner_ab import interleaved, report  # noqa: E402
-from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
+from runner_ab import interleaved, report
+
+from harness.modelgen import images, mobilenet
+from slurm_tpu.runner import OpenOptions, Runner
 
 
 def hand_loop(interpreter, paths: list[str], out_path: str) -> None:

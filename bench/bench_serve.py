@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.modelgen import images, mobilenet  # noqa: E402
-from slurm_tpu.runner import Runner  # noqa: E402
-from slurm_tpu.runner.serve.auth import read_address  # noqa: E402
+from harness.modelgen import images, mobilenet
+from slurm_tpu.runner import Runner
+from slurm_tpu.runner.serve.auth import read_address
 
 JOB = "424242"
 
@@ -108,9 +108,9 @@ def main() -> int:
             try:
                 address = read_address(JOB, env)
                 break
-            except Exception:
+            except Exception:  # noqa: BLE001 - not up yet (no address file, or a partial one): retry
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"serve did not start: {server.stderr.read().decode()}")
+                    raise SystemExit(f"serve did not start: {server.stderr.read().decode()}") from None
                 time.sleep(0.1)
         port = int(address.url.rsplit(":", 1)[1])
         rates: dict[str, list[float]] = {"in_process": [], "served_1": [], "served_8": []}

@@ -41,7 +41,7 @@ def serve_stdlib() -> None:
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(200)
             self.send_header("Content-Type", "application/json")

@@ -13,11 +13,22 @@ read as the version 2 keys :data:`VERSION_1_KEYS` names.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from .defaults import (CONFIG_ENV as ENV_VAR, CONFIG_PATH as DEFAULT_PATH, HOLDER_SCAN_S, IDLE_GROUP, IDLE_OWNER,
-                       INVENTORY_FILE, NODE_MODE, SLOT_DIR, STATE_DIR, SYSFS_ROOT)
+from .defaults import (
+    CONFIG_ENV as ENV_VAR,
+    CONFIG_PATH as DEFAULT_PATH,
+    HOLDER_SCAN_S,
+    IDLE_GROUP,
+    IDLE_OWNER,
+    INVENTORY_FILE,
+    NODE_MODE,
+    SLOT_DIR,
+    STATE_DIR,
+    SYSFS_ROOT,
+)
 from .errors import ConfigError
 from .families import FAMILIES, FamilyConfig
 
@@ -284,7 +295,7 @@ def _families(flat: Mapping[str, Any], where: str, renamed: Mapping[str, str] | 
         try:
             found[family.kind] = family.parse_config(section, where)
         except ConfigError as exc:
-            if renamed and exc.key in renamed:  # name the key as the file spells it
+            if renamed and exc.key is not None and exc.key in renamed:  # name the key as the file spells it
                 old = renamed[exc.key]
                 raise ConfigError(str(exc).replace(f"'{exc.key}'", f"'{old}'"), path=exc.path, key=old) from None
             raise

@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Mapping
+from collections.abc import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+# CONTENT_TYPE is re-exported (the serve's /metrics answers with it).
 try:  # prometheus_client >= 0.22 names the classic text format; older ones call it the latest
     from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
 except ImportError:  # pragma: no cover (Debian bookworm's 0.16)
-    from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401
 
 
 def gauge(name: str, documentation: str) -> GaugeMetricFamily:

@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import USERS, first_job_id, require_slurm, use_test_slurm  # noqa: E402  (after the sys.path insert)
+from helpers import USERS, first_job_id, require_slurm, use_test_slurm
 
 use_test_slurm()
 

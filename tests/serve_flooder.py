@@ -8,7 +8,12 @@ SECONDS it stops. It prints a line of JSON once all COUNT are open, and one at t
 closed, the ages of those still open, and the first bytes of any answer received.
 """
 
-import json, selectors, socket, sys, time
+import json
+import selectors
+import socket
+import sys
+import time
+
 port, count, trickle, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 start = time.monotonic()
 end = start + seconds

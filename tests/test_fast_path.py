@@ -15,12 +15,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_import_graph import MODULE, PACKAGE, _imports, _targets, modules_of
-from test_hooks_import_budget import FORBIDDEN
-
 from slurm_tpu import defaults
 from slurm_tpu.hooks import FAST_PATH, FAST_PATH_STDLIB
 from slurm_tpu.ops.hook_entries import ENTRIES, shipped_path
+from test_hooks_import_budget import FORBIDDEN
+from test_import_graph import MODULE, PACKAGE, _imports, _targets, modules_of
 
 REPO = PACKAGE.parent
 # The Python programs root runs for each job or event (what slurm.conf's sh hooks and udev run),

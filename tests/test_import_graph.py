@@ -24,7 +24,6 @@ in the wheel): an installed node has no harness to import.
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 from typing import NamedTuple
 

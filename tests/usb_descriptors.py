@@ -61,7 +61,7 @@ def _hub(speed: int, vendor: int, product: int, bcd_device: int, root: bool) -> 
         device = device_descriptor(0x0300, 9, 0, 3, 9, vendor, product, bcd_device,
                                    (3, 2, 1) if root else (1, 2, 0))
         body = interface(0, 1, 9, 0, 0) + endpoint(0x81, INTERRUPT, 4 if root else 2, 12) + ss_companion(0, 2)
-        power = 0 if root else 0  # self-powered
+        power = 0  # self-powered (root hub or not)
     else:
         device = device_descriptor(0x0200, 9, 0, 1, 64, vendor, product, bcd_device,
                                    (3, 2, 1) if root else (0, 0, 0))

@@ -11,8 +11,8 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
 
 from slurm_tpu.slurm import installation
 

@@ -138,5 +138,5 @@ def double_devices(layout: Layout) -> str:
         for accelerator in inventory["accelerators"]:
             if accelerator["kind"] == "edgetpu" and accelerator.get("usable", True):
                 nodes = accelerator.get("device_nodes") or [None]
-                entries.append("%s:%s" % libedgetpu_path(accelerator["identity"], nodes[0]))
+                entries.append("{}:{}".format(*libedgetpu_path(accelerator["identity"], nodes[0])))
     return ",".join(entries)

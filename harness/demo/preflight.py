@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from slurm_tpu.slurm import installation
 

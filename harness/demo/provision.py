@@ -133,7 +133,7 @@ def make_models(layout: Layout, images: int) -> None:
 
     shutil.rmtree(layout.models, ignore_errors=True)
     write_models(layout.models, image_count=images)
-    for root, dirs, files in os.walk(layout.models):
+    for root, _dirs, files in os.walk(layout.models):
         os.chmod(root, 0o755)
         for name in files:
             os.chmod(os.path.join(root, name), 0o644)

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from slurm_tpu.protocol import audit
 

@@ -7,7 +7,7 @@ import json
 import os
 import re
 import string
-from typing import Sequence
+from collections.abc import Sequence
 
 from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
 from .layout import JOBS_DIR, NODES, Layout
@@ -66,9 +66,9 @@ def timeline_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecor
     """The chart, its legend, and the checks."""
     devices = node_devices(layout)
     symbols = symbols_for(submitted, jobs)
-    mine = [l for l in leases if l.job_id in symbols]
-    starts = [j.start for j in jobs if j.start is not None] + [l.start for l in mine]
-    ends = [j.end for j in jobs if j.end is not None] + [l.end for l in mine if l.end is not None]
+    mine = [lease for lease in leases if lease.job_id in symbols]
+    starts = [j.start for j in jobs if j.start is not None] + [lease.start for lease in mine]
+    ends = [j.end for j in jobs if j.end is not None] + [lease.end for lease in mine if lease.end is not None]
     if not starts or not ends:
         return ["no job of this run started"], check_run([], [], [], devices)
     t0 = min(starts)
@@ -110,7 +110,7 @@ def merge_batch(layout: Layout, submitted: Submitted) -> tuple[str, int, int]:
 
 def batch_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord], leases: Sequence[Lease]) -> list[str]:
     tasks = [j for j in jobs if j.array_job_id == submitted.batch]
-    held = [l for l in leases if l.job_id in {t.job_id for t in tasks} and l.end is not None]
+    held = [lease for lease in leases if lease.job_id in {t.job_id for t in tasks} and lease.end is not None]
     merged, count, right = merge_batch(layout, submitted)
     rates = []
     for task in tasks:
@@ -122,8 +122,8 @@ def batch_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord],
             found = []
         if found:
             rates.append(float(found[-1][2]))
-    wall = (max(l.end for l in held) - min(l.start for l in held)) if held else 0.0  # type: ignore[type-var]
-    devices = len({(l.node, l.identity) for l in held})
+    wall = (max(lease.end for lease in held) - min(lease.start for lease in held)) if held else 0.0  # type: ignore[type-var]
+    devices = len({(lease.node, lease.identity) for lease in held})
     lines = [f"{count} images, {len(tasks)} array tasks on {devices} Edge TPUs: {wall:.1f} s from first lease to "
              f"last release,",
              f"  {count / wall if wall else 0:.0f} images/s including job start-up"]

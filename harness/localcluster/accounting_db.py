@@ -34,8 +34,9 @@ import os
 import shutil
 import socket
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 DB_USER = "slurm"
 DB_NAME = "slurm_acct_db"

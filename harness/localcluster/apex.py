@@ -192,7 +192,7 @@ class CountFS:
 
     def _handle(self, opcode: int, ino: int, body: bytes) -> bytes:
         if opcode == INIT:
-            major, minor, readahead = struct.unpack_from("<III", body)
+            _major, minor, readahead = struct.unpack_from("<III", body)
             return INIT_OUT.pack(7, min(minor, 31), readahead, 0, 0, 0, 4096, 1, 0, 0, 0, 0)
         if opcode == DESTROY:
             return b""
@@ -221,7 +221,7 @@ class CountFS:
             return value[offset:offset + size]
         if opcode == READDIR:
             fh, offset, size = READ_IN.unpack_from(body)
-            entries = [(ino, ".", 4), (ROOT if ino == ROOT else ROOT, "..", 4), *self._entries(ino)]
+            entries = [(ino, ".", 4), (ROOT, "..", 4), *self._entries(ino)]
             out = b""
             for index in range(offset, len(entries)):
                 child, name, kind = entries[index]

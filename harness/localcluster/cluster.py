@@ -10,8 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from slurm_tpu.errors import SlurmCommandError
 from slurm_tpu.families import FAMILIES
@@ -123,7 +123,7 @@ class LocalCluster:
     # slurmctld and stopped with the cluster; `accounting_enforce` is AccountingStorageEnforce.
     accounting: bool = False
     accounting_enforce: str | None = None
-    accounting_db: "AccountingDB | None" = field(default=None, init=False, repr=False)
+    accounting_db: AccountingDB | None = field(default=None, init=False, repr=False)
 
     @property
     def slurm(self) -> installation.Installation:
@@ -431,7 +431,8 @@ class LocalCluster:
             if self.agents:
                 self._spawn_agent(spec.name)  # all at once: each imports for a while (many nodes on one host)
         for spec in self.nodes:
-            self._wait(lambda: self._apex_ready(spec.name), 30, f"the emulated apex driver of {spec.name} did not mount")
+            # B023 is a false alarm here: _wait calls the lambda before the loop moves on.
+            self._wait(lambda: self._apex_ready(spec.name), 30, f"the emulated apex driver of {spec.name} did not mount")  # noqa: B023
             if self.agents:
                 self._wait_agent(spec.name)
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
@@ -445,6 +446,7 @@ class LocalCluster:
         if not self.accounting:
             return
         from slurm_tpu.render.node_conf import accounting_tres_of_nodes_conf
+
         from .accounting_db import DEFAULT_ENFORCE
 
         with open(self.path("etc", "nodes.conf"), encoding="utf-8") as handle:
@@ -573,7 +575,7 @@ class LocalCluster:
                                                         "--", *self.udev_command(node))])
 
     @classmethod
-    def load(cls, base: str) -> "LocalCluster":
+    def load(cls, base: str) -> LocalCluster:
         """The cluster configured earlier under ``base`` (for stop/restart from another process)."""
         with open(os.path.join(base, "etc", "cluster.json"), encoding="utf-8") as handle:
             saved = json.load(handle)

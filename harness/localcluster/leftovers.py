@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 REGISTRY_ENV = "SLURM_TPU_CLUSTER_REGISTRY"
 

@@ -45,8 +45,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .cluster import Hooks, LocalCluster
 from . import scalenodes
+from .cluster import Hooks, LocalCluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HOOKS = {"prolog": "prolog/slurm-tpu-prolog", "epilog": "epilog/slurm-tpu-epilog",
@@ -206,7 +206,7 @@ class ScaleRun:
         self._restarted: dict[str, float] = {}  # node -> when its slurmd was last started again (time.time())
 
     # ---- cluster ---------------------------------------------------------------------------
-    def __enter__(self) -> "ScaleRun":
+    def __enter__(self) -> ScaleRun:
         import tempfile
 
         self.base = tempfile.mkdtemp(prefix="slurm-tpu-scale-", dir="/tmp")
@@ -389,7 +389,7 @@ class ScaleRun:
                 event.update(kind=kind, at_fraction=fraction)
                 phase.events.append(event)
                 self.log(f"event {kind}: {event}")
-        except BaseException as exc:  # the main loop raises it
+        except BaseException as exc:  # noqa: BLE001 - the main loop raises it
             errors.append(exc)
 
     def _top(self, job_id: int) -> None:
@@ -539,7 +539,7 @@ class ScaleRun:
         overlaps = []
         for (node, identity), held in spans.items():
             held.sort()
-            for (start_a, end_a, job_a), (start_b, end_b, job_b) in zip(held, held[1:]):
+            for (_start_a, end_a, job_a), (start_b, _end_b, job_b) in zip(held, held[1:]):
                 if start_b < end_a and job_a != job_b:
                     overlaps.append(f"{node} {identity}: job {job_b} opened it at {start_b:.6f} while job {job_a} "
                                     f"held it until {end_a:.6f}")

@@ -9,8 +9,9 @@ The schema comes from the ``tflite`` package (generated flatbuffer code).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import flatbuffers
 import numpy as np
@@ -37,7 +38,7 @@ class Quant:
     axis: int = 0
 
     @classmethod
-    def per_tensor(cls, scale: float, zero_point: int) -> "Quant":
+    def per_tensor(cls, scale: float, zero_point: int) -> Quant:
         return cls([float(scale)], [int(zero_point)])
 
 

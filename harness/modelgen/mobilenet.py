@@ -15,8 +15,15 @@ from __future__ import annotations
 import numpy as np
 import tflite
 
-from .flatbuf import Graph, Quant, average_pool_options, conv2d_options, depthwise_options
-from .flatbuf import fully_connected_options, softmax_options
+from .flatbuf import (
+    Graph,
+    Quant,
+    average_pool_options,
+    conv2d_options,
+    depthwise_options,
+    fully_connected_options,
+    softmax_options,
+)
 
 CLASSES = 1001
 # (output channels at width 1.0, stride) of MobileNet v1's depthwise-separable blocks
@@ -37,7 +44,7 @@ def _quantize_weights(w: np.ndarray) -> tuple[np.ndarray, Quant]:
     """Per-tensor asymmetric uint8 quantization (uint8 models have no per-channel scales)."""
     lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
     scale = (hi - lo) / 255 or 1.0
-    zero = int(round(-lo / scale))
+    zero = round(-lo / scale)
     q = np.clip(np.round(w / scale) + zero, 0, 255).astype(np.uint8)
     return q, Quant.per_tensor(scale, zero)
 

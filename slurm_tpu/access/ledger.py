@@ -22,13 +22,15 @@ import os
 import time
 
 from ..protocol import FormatError, audit, leases
-from ..protocol.leases import HELD, KEPT, REVOKING, BadLease, Lease  # the ledger's records, for its callers
+
+# The ledger's records and phases, for its callers (HELD, KEPT, REVOKING are re-exported).
+from ..protocol.leases import HELD, KEPT, REVOKING, BadLease, Lease  # noqa: F401
 from . import statedir
 
 # Annotations only: importing typing costs the hooks milliseconds per job.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterator
+    from collections.abc import Iterator
 
 LEASES = leases.DIR
 AUDIT = audit.FILE
@@ -56,14 +58,14 @@ class Ledger:
                 os.close(fd)
         self._lock_fd = None
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- locking ---------------------------------------------------------------
-    def lock(self) -> "Ledger":
+    def lock(self) -> Ledger:
         """Take the state lock (blocking); released by :meth:`unlock` or close()."""
         import fcntl
 

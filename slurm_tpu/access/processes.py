@@ -25,7 +25,8 @@ import time
 
 TYPE_CHECKING = False  # typing itself costs the hooks milliseconds per job
 if TYPE_CHECKING:
-    from typing import Callable, Iterable
+    from collections.abc import Iterable
+    from typing import Callable
 
 _S_IFMT, _S_IFCHR = 0o170000, 0o020000
 _CHECK_EVERY = 256  # fds/mappings between two looks at the clock
@@ -70,7 +71,7 @@ class Scan:
 _KCMP_NR = {"x86_64": 312, "i386": 349, "i486": 349, "i586": 349, "i686": 349, "aarch64": 272, "arm64": 272,
             "riscv64": 272, "loongarch64": 272, "ppc64": 354, "ppc64le": 354, "ppc": 354, "s390x": 343}
 KCMP_FILES, KCMP_VM = 2, 1  # include/uapi/linux/kcmp.h
-_kcmp_fn: Callable[[int, int, int], int] | None | bool = False  # False: not looked up yet
+_kcmp_fn: Callable[[int, int, int], int] | bool | None = False  # False: not looked up yet
 
 
 def _kcmp() -> Callable[[int, int, int], int] | None:
@@ -277,7 +278,7 @@ def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: flo
         elif pid not in pending:
             result.scanned += 1
     heavy.sort()
-    for index, (_, count, pid, uid, fd_dir) in enumerate(heavy):
+    for index, (_, _count, pid, _owner, fd_dir) in enumerate(heavy):
         found = _table_holds(fd_dir, wanted, deadline)
         if found is None:
             result.complete = False

@@ -14,9 +14,9 @@ from .group import EXIT_ERROR, Obj, main, pass_obj
 def _rows(obj: Obj) -> list[dict]:
     import os
 
-    from ..hooks.leasing import holder_alive
     from ..access import node_inventory, ownership
     from ..access.ledger import KEPT, REVOKING, BadLease, Ledger
+    from ..hooks.leasing import holder_alive
 
     config = obj.config
     if not os.path.lexists(config.state_dir):
@@ -51,8 +51,8 @@ def _clear(identity: str) -> None:
     """End the stale lease on ``identity`` now: take it away, revoke, check, idle ownership."""
     import os
 
-    from ..hooks import leasing, settings as hook_settings
     from ..access.ledger import Ledger
+    from ..hooks import leasing, settings as hook_settings
 
     settings = hook_settings.rebuild(dict(os.environ))
     with Ledger(settings.state_dir, create=False) as ledger:

@@ -64,9 +64,7 @@ def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: s
     Then prints the slurm.conf lines still to add (or says they are there).
     Running it again changes only what differs; `slurm-tpu uninstall` undoes it.
     """
-    from ..ops.install import install as run_install, layout_config
-
-    from ..ops.install import Layout
+    from ..ops.install import Layout, install as run_install, layout_config
 
     layout = Layout(prefix, sysconfdir, libdir or "")
     config = layout_config(layout, obj.config_path)

@@ -286,7 +286,7 @@ def accounting_collect(obj: Obj, every: float | None) -> None:
             click.echo(f"job {job}: AdminComment={comment}")
         for job, why in result.waiting.items():
             click.echo(f"job {job}: waits ({why})")
-        for name, why in result.refused.items():
+        for why in result.refused.values():
             click.echo(f"slurm-tpu accounting-collect: {why}", err=True)
         if every is None:
             if result.refused:

@@ -9,7 +9,8 @@ snapshot is pure and testable on literal data.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..errors import DetectionError
 from ..families import FAMILIES, subsystems

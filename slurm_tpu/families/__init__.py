@@ -11,8 +11,9 @@ what they need is precomputed into their snapshot (slurm_tpu/protocol/hooks_snap
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import import_module
-from typing import Any, Mapping
+from typing import Any
 
 from ..hardware import Details, Inventory
 from .base import Family, FamilyConfig

@@ -11,11 +11,13 @@ package: see slurm_tpu/protocol/hooks_snapshot.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Details
+
 # How a device's open files are made useless at job end (slurm_tpu/access/revoke.py):
 # USB_PORT power-cycles the hub port (every usbfs fd dies); GASKET_WRITERS is the
 # holder scan plus the apex driver's count of writable files; SCAN the holder scan only.

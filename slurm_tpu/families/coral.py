@@ -6,8 +6,9 @@ variables (``SLURM_TPU_DEVICES``, ``SLURM_TPU_EDGETPU_PATHS``, ``EDGETPU_VISIBLE
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details
@@ -107,6 +108,7 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         return None
     apex = snapshot.children(device, "apex")
     details: Details = Details()
+    nodes: tuple[str, ...]
     usable, reason, nodes = True, "", ()
     if not device.driver:
         usable = False

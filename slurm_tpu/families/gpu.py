@@ -8,8 +8,9 @@ create and keep.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details, slug

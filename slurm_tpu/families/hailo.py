@@ -40,8 +40,9 @@ default power mode; not used: unconfirmed on hardware, and always D0 with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details
@@ -84,6 +85,7 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
     # Paired by board_location, never by the sysfs tree (see the module docstring).
     chardevs = [d for d in snapshot.of_subsystem(CLASS) if d.attributes.get("board_location") == address]
     details = HailoDetails()
+    nodes: tuple[str, ...]
     usable, reason, nodes = True, "", ()
     if not device.driver:
         usable, reason = False, f"Hailo PCI device {address} has no driver bound: {DRIVER_FIX}"

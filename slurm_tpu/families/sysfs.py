@@ -7,8 +7,9 @@ on literal data.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..hardware import Accelerator
 

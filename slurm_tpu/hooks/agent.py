@@ -55,10 +55,10 @@ class BadRequest(Exception):
 
 def preload() -> None:
     """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
-    from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
     from ..access import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
     from ..protocol import audit, hooks_snapshot, usage  # noqa: F401
     from ..slurm import commands, installation, jobdetail  # noqa: F401
+    from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
 
     jobusage._libc()  # ctypes + libc, for the usage box mount
 
@@ -120,9 +120,9 @@ def _resident_scontrol(queries: socket.socket, environ: dict[str, str]):
 
     def source(scontrol: str, selector: str) -> str | None:
         answer = agent_query.ask(queries, selector, environ)
-        used = answer is not None and answer[0] == scontrol
-        probe.mark("resident_scontrol" if used else "resident_scontrol_unused")
-        return answer[1] if used else None
+        text = answer[1] if answer is not None and answer[0] == scontrol else None
+        probe.mark("resident_scontrol" if text is not None else "resident_scontrol_unused")
+        return text
 
     return source
 

@@ -34,6 +34,11 @@ import time
 
 from ..protocol.agent_wire import MAX_ANSWER, encode_query_answer, parse_query_answer, valid_selector
 
+# Annotations only: subprocess is imported when the helper first starts.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+
 ANSWER_TIMEOUT_S = 5.0
 _PROMPT = "scontrol: "
 
@@ -44,7 +49,7 @@ class ScontrolSession:
 
     def __init__(self, scontrol: str):
         self.scontrol = scontrol
-        self.process = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.buffer = b""
 
     def _start(self) -> None:

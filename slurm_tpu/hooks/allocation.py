@@ -16,19 +16,19 @@ gres.conf or the job.
 
 from __future__ import annotations
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Mapping, Sequence
-
-    from ..protocol.inventory import KnownDevice
-    from ..protocol.hooks_snapshot import FamilyPolicy
-    from ..slurm.jobdetail import GresAlloc
-    from .settings import HookSettings
-
 import os
 
 from .context import HookError
+
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from ..protocol.hooks_snapshot import FamilyPolicy
+    from ..protocol.inventory import KnownDevice
+    from ..slurm.jobdetail import GresAlloc
+    from .settings import HookSettings
 
 
 def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None) -> str | None:

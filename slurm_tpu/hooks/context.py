@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping
-
-import sys
+    from collections.abc import Mapping
 
 TAG = "slurm-tpu"
 

@@ -17,15 +17,6 @@ itself never waits for the hardware.
 
 from __future__ import annotations
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterable
-
-    from ..protocol.inventory import KnownDevice
-    from .context import JobContext
-    from .settings import HookSettings
-
 import os
 import time
 
@@ -35,6 +26,15 @@ from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from . import probe
 from .context import HookError
+
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ..protocol.inventory import KnownDevice
+    from .context import JobContext
+    from .settings import HookSettings
 
 # How long a prolog waits for another job's lease to go (its epilog may be
 # running right now) before declaring the device held by a live job.
@@ -89,7 +89,7 @@ def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str
     for node in device.device_nodes:
         try:
             ownership.set_owner(node, device.identity, uid, gid, mode)
-        except Exception as exc:  # DeviceError, OSError: report, keep going
+        except Exception as exc:  # noqa: BLE001 - DeviceError, OSError: report, keep going
             problems.append(str(exc))
     return problems
 
@@ -100,7 +100,7 @@ def take_away(nodes: Iterable[str], identity: str) -> list[str]:
     for node in nodes:
         try:
             ownership.set_owner(node, identity, *ownership.ROOT_ONLY)
-        except Exception as exc:  # DeviceError, OSError
+        except Exception as exc:  # noqa: BLE001 - DeviceError, OSError
             problems.append(str(exc))
     return problems
 

@@ -56,7 +56,7 @@ def run(environ) -> int:
         # fails (the job then runs unmetered); the env file only on a full or
         # broken state filesystem, which no user can fill (see jobusage.py).
         try:
-            usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)
+            usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)  # type: ignore[arg-type]  # need_uid: an int
             probe.mark("usage_box")
             envfile.write(ledger, job.job_id, leases, settings, usage_dir)
             probe.mark("env_file")

@@ -22,8 +22,14 @@ import os
 
 from ..access import statedir
 from ..defaults import CONFIG_ENV, CONFIG_PATH, STATE_DIR
-from ..protocol.hooks_snapshot import FILE as SNAPSHOT, QUERY_MARKER, HookSnapshot, format_snapshot, \
-    parse_snapshot, query_marker
+from ..protocol.hooks_snapshot import (
+    FILE as SNAPSHOT,
+    QUERY_MARKER,
+    HookSnapshot,
+    format_snapshot,
+    parse_snapshot,
+    query_marker,
+)
 from ..protocol.inventory import FILE_NAME as INVENTORY
 
 
@@ -60,7 +66,7 @@ class HookSettings(HookSnapshot):
         return format_snapshot(self)
 
     @classmethod
-    def from_text(cls, text: str) -> "HookSettings | None":
+    def from_text(cls, text: str) -> HookSettings | None:
         """The settings in a snapshot file's text, or None when it is no current snapshot."""
         return parse_snapshot(text, cls)
 
@@ -158,8 +164,8 @@ def apply_families(settings: HookSettings, config) -> None:
         settings.variables += [EnvVariable(v.name, family.kind, v.unset_when_empty, v.never_unset)
                                for v in family.variables]
     for device in settings.devices.values():
-        family = by_kind.get(device.kind)
-        for variable in family.variables if family is not None else ():
+        device_family = by_kind.get(device.kind)
+        for variable in device_family.variables if device_family is not None else ():
             try:
                 entry = variable.value(device.identity, device.primary_node)
             except ValueError:

@@ -8,12 +8,12 @@ checks the same files. Standard library only: the hooks import it.
 
 from __future__ import annotations
 
+import os
+
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Sequence
-
-import os
+    from collections.abc import Mapping, Sequence
 
 
 def conf_paths(environ: Mapping[str, str]) -> tuple[str, str]:

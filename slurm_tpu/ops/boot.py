@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..config import Config
 from ..errors import SlurmTpuError
 from ..families import family, inventory_from_json
-from ..hardware import Inventory
+from ..hardware import Accelerator, Inventory
 from ..render import slot_path
 
 
@@ -43,7 +43,9 @@ def restore_node_state(config: Config, live: Inventory) -> BootResult:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SlurmTpuError(f"{config.inventory_file} is unreadable ({exc}); rerun "
                             "`slurm-tpu gres-conf --output ...` to rewrite it") from exc
-    present, absent, restored = [], [], []
+    present: list[str] = []
+    absent: list[str] = []
+    restored: list[Accelerator] = []
     for accelerator in configured:
         now = live.by_identity(accelerator.identity)
         if accelerator.usable and family(accelerator.kind).slot:

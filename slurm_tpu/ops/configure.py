@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 
 from ..config import Config
-from ..files import block_markers, merge_block, read_text, write_if_changed
 from ..families import family
+from ..files import block_markers, merge_block, read_text, write_if_changed
 from ..hardware import Inventory
 from ..render import node_features, node_gres, render_gres_conf, slot_path
 from ..slurm.parse import parse_key_values

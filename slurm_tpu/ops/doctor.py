@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
 from .. import __version__
 from ..config import Config
@@ -303,9 +304,9 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     runner, running as the job's user, must be able to pass through it, jobs/ (to
     read the env file) and job-usage/ (to reach the job's own usage box).
     """
-    from ..hooks.jobusage import BOX_DIR
     from ..access import statedir
     from ..access.ledger import LEASES
+    from ..hooks.jobusage import BOX_DIR
     from ..protocol.envfile import DIR as JOBS
 
     fix = "chown root:root {0} && chmod 0755 {0}"

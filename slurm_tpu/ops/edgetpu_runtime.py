@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
 
-from ..protocol import jobenv
 from ..families.coral import KIND as EDGETPU
 from ..hardware import Inventory
+from ..protocol import jobenv
 
 
 @dataclass(frozen=True)

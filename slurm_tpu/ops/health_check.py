@@ -55,8 +55,8 @@ def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
     """
     import os
 
-    from ..hooks import leasing, settings as hook_settings
     from ..access.ledger import LEASES, Ledger
+    from ..hooks import leasing, settings as hook_settings
 
     leases_dir = os.path.join(config.state_dir, LEASES)
     if os.geteuid() != 0 or not os.path.isdir(leases_dir) or not os.listdir(leases_dir):

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ..hooks.agent_client import PROGRAM, SOURCE, build_beside, compiler  # noqa: F401 - this module's interface
-from ..hooks.agent_client import build as _build
+from ..hooks.agent_client import PROGRAM, SOURCE, build as _build, build_beside, compiler  # noqa: F401 - this module's interface
 from .node_files import node_file
 
 

@@ -324,7 +324,7 @@ class Manifest:
     files: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, layout: Layout) -> "Manifest | None":
+    def load(cls, layout: Layout) -> Manifest | None:
         try:
             with open(layout.manifest, encoding="utf-8") as handle:
                 data = json.load(handle)
@@ -395,7 +395,7 @@ def _install_file(spec: FileSpec, manifest: Manifest, dry_run: bool, say) -> Non
     result = write_if_changed(spec.path, spec.content, spec.mode, backup=not ours)
     _settle(spec.path, spec.mode)
     manifest.files[spec.path] = {"path": spec.path, "sha256": _sha256(spec.content),
-                                 "before": previous["before"] if ours else (result.backup or "absent"),
+                                 "before": previous["before"] if ours and previous is not None else (result.backup or "absent"),
                                  "config": spec.config}
 
 

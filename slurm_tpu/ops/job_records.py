@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..errors import SlurmCommandError
 from ..access import statedir
+from ..errors import SlurmCommandError
 from ..protocol.job_record import SPOOL_DIR, decode_spool, merge
 
 # sacct states of a job whose end slurmdbd has not recorded yet: its record is not final.

@@ -31,8 +31,9 @@ environment) becomes a label. ``prometheus_client`` escapes every value anyway.
 from __future__ import annotations
 
 import pwd
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector

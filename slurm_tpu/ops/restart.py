@@ -17,8 +17,9 @@ is not resumed), and nothing is restarted while a job on the node holds a GRES.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 from ..errors import SlurmCommandError
 from ..slurm.backend import SlurmBackend
@@ -73,9 +74,8 @@ def apply_hardware_change(slurm: SlurmBackend, node: str, count_changed: bool, c
         _run_command(slurm, commands.restart_controller, node)
     _run_command(slurm, commands.start_slurmd, node)
     _wait_responding(slurm, node)
-    if not admin_drained:
-        if slurm.node_state(node)["reason"].startswith(REASON_PREFIX):
-            slurm.resume(node)
+    if not admin_drained and slurm.node_state(node)["reason"].startswith(REASON_PREFIX):
+        slurm.resume(node)
     return not admin_drained
 
 

@@ -15,8 +15,8 @@ TRES's usage (``sreport -t seconds -T gres/tpu cluster UserUtilizationByAccount`
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..protocol.job_record import parse_admin_comment
 

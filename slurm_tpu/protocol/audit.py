@@ -31,7 +31,7 @@ from . import FormatError, json_object
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
-    from typing import Iterable, Iterator
+    from collections.abc import Iterable, Iterator
 
 FILE = "audit.log"  # under the state directory
 VERSION = 1
@@ -269,7 +269,7 @@ def pair_leases(events: Iterable[dict]) -> Pairing:
             open_spans[key] = latest[key] = span
             holder[identity] = job_id
         elif name in CLOSING:
-            span = open_spans.get(key)
+            closed = open_spans.get(key)
             if name in FREEING:
                 held_by = holder.get(identity)
                 if held_by == job_id:
@@ -278,12 +278,12 @@ def pair_leases(events: Iterable[dict]) -> Pairing:
                     conflicts.append(f"{name} of {identity} by job {job_id} at {t} while job {held_by} held it")
                 elif name in (RELEASE, ROLLBACK):  # a reclaim or clear may end a lease nobody audited
                     conflicts.append(f"{name} of {identity} by job {job_id} at {t}, which never acquired it")
-            if span is None:
+            if closed is None:
                 continue
-            if span.end is None:
-                span.end = t
+            if closed.end is None:
+                closed.end = t
             if name in FREEING:
-                span.freed = t
+                closed.freed = t
                 del open_spans[key]
         elif name == USAGE and key in latest:
             figures = checked(event.get(INFERENCES), event.get(SECONDS), event.get(ENERGY_J))

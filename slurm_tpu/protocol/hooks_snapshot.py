@@ -161,8 +161,8 @@ def format_snapshot(snapshot: HookSnapshot) -> str:
         for name, value in entries.items():
             lines.append(_record("val", ("identity", identity), ("name", name), ("value", value)))
     for name, order in snapshot.index.items():
-        for kind, path in order:
-            lines.append(_record("idx", ("name", name), ("type", kind or ""), ("file", path or "")))
+        for kind, index_file in order:
+            lines.append(_record("idx", ("name", name), ("type", kind or ""), ("file", index_file or "")))
     return "\n".join(lines) + "\n"
 
 

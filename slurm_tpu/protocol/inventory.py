@@ -20,6 +20,10 @@ from __future__ import annotations
 from ..defaults import INVENTORY_NAME
 from . import FormatError
 
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
+if TYPE_CHECKING:
+    from typing import Any
+
 FILE_NAME = INVENTORY_NAME
 
 
@@ -49,7 +53,7 @@ class KnownDevice:
         return self.device_nodes[0] if self.device_nodes else None
 
 
-def parse_inventory(document: dict[str, object]) -> dict[str, KnownDevice]:
+def parse_inventory(document: dict[str, Any]) -> dict[str, KnownDevice]:
     """identity -> KnownDevice from a ``detect --json`` document (usable devices only)."""
     devices: dict[str, KnownDevice] = {}
     for item in document.get("accelerators", ()):
@@ -84,7 +88,7 @@ def decode(data: bytes) -> dict[str, object]:
     return document
 
 
-def set_device_nodes(document: dict[str, object], identity: str, nodes: tuple[str, ...]) -> bool:
+def set_device_nodes(document: dict[str, Any], identity: str, nodes: tuple[str, ...]) -> bool:
     """Record a device's node path(s) in the document; True when that changed it."""
     for item in document["accelerators"]:
         if item.get("identity") == identity:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterable
+    from collections.abc import Iterable
 
 SPOOL_DIR = "accounting-spool"
 FORMAT_VERSION = 1
@@ -66,7 +66,7 @@ class SpoolEntry:
         return "SpoolEntry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
-def totals(job_id: int, node: str, devices: int, records: "Iterable") -> SpoolEntry:
+def totals(job_id: int, node: str, devices: int, records: Iterable) -> SpoolEntry:
     """The node's entry for a job that leased ``devices`` here, from its usage records (:class:`~.usage.UsageRecord`;
     a device the job never used has none)."""
     inferences, seconds, energy = 0, 0.0, None

@@ -41,7 +41,7 @@ from __future__ import annotations
 # Annotations only: the root hooks import this module (the names), and typing costs them.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping
+    from collections.abc import Mapping
 
 DEVICES = "SLURM_TPU_DEVICES"
 EDGETPU_PATHS = "SLURM_TPU_EDGETPU_PATHS"

@@ -23,6 +23,10 @@ from __future__ import annotations
 
 from . import FormatError
 
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
+if TYPE_CHECKING:
+    from typing import Any
+
 DIR = "leases"  # under the state directory
 VERSION = 1
 MAX_BYTES = 65536  # a lease is ~300 bytes; anything larger is not one
@@ -73,7 +77,7 @@ class Lease:
         """The lease file's bytes (always the current :data:`VERSION`)."""
         lines = []
         for name in FIELDS:
-            item = VERSION if name == FORMAT_VERSION else getattr(self, name)
+            item: Any = VERSION if name == FORMAT_VERSION else getattr(self, name)  # a list field's: strings
             text = ",".join(item) if name in _LIST_FIELDS else str(item)
             if "\n" in text or "\t" in text or (name in _LIST_FIELDS and any("," in i for i in item)):
                 raise ValueError(f"lease field {name} holds a tab, newline or (in a list) a comma")
@@ -81,7 +85,7 @@ class Lease:
         return ("\n".join(lines) + "\n").encode()
 
     @classmethod
-    def decode(cls, identity: str, raw: bytes) -> "Lease":
+    def decode(cls, identity: str, raw: bytes) -> Lease:
         """The lease in file ``leases/<identity>``; :class:`FormatError` names what is wrong."""
         source = f"{DIR}/{identity}"
         try:

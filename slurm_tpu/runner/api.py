@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .progress import Progress
 from .results import JSONL, Layout, ResultWriter
 from .session import EngineSet, OpenOptions, open_engines, open_segments
 from .spec import TensorSpec
-from .tasks import AUTO, Class, Task, TaskOptions, choose_task, read_labels
+from .tasks import AUTO, Class, TaskOptions, choose_task, read_labels
 from .tasks.classify import Classify
 
 _log = logging.getLogger("slurm_tpu.runner")
@@ -49,7 +50,8 @@ class _StdoutWriter:
     """Batch results to stdout (not resumable) when no --output is given."""
 
     def __init__(self, layout: Layout, write: Callable[[str], Any]):
-        self.layout, self._write, self.done = layout, write, set()
+        self.layout, self._write = layout, write
+        self.done: set[str] = set()
         if layout.fmt != JSONL:
             write(layout.header())
 
@@ -81,9 +83,10 @@ class Runner:
         segments = [model] if isinstance(model, (str, os.PathLike)) else [str(m) for m in model]
         self.segmented = len(segments) > 1
         self.labels = read_labels(labels)  # before the device: a bad path costs no TPU time
-        opener = open_segments if self.segmented else open_engines
-        self.engine_set: EngineSet = opener(segments if self.segmented else str(segments[0]),
-                                            options, environ, warn)  # type: ignore[arg-type]
+        if self.segmented:
+            self.engine_set: EngineSet = open_segments(segments, options, environ, warn)
+        else:
+            self.engine_set = open_engines(str(segments[0]), options, environ, warn)
         try:
             models = self.engine_set.models
             custom_ops = frozenset().union(*(m.custom_ops for m in models))
@@ -267,7 +270,7 @@ class Runner:
     def close(self) -> None:
         self.engine_set.close()
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self) -> Runner:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -10,8 +10,8 @@ Sources, first match wins:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from ..protocol.jobenv import DEVICES, EdgeTpuHandle, libedgetpu_path, parse_environment
 from .errors import UsageError
@@ -33,7 +33,7 @@ class Device:
         return self.identity if self.kind != EDGETPU else f"edgetpu {self.identity}"
 
     @classmethod
-    def from_handle(cls, handle: EdgeTpuHandle) -> "Device":
+    def from_handle(cls, handle: EdgeTpuHandle) -> Device:
         return cls(EDGETPU, handle.identity, handle.device_type, handle.path)
 
 

@@ -12,8 +12,9 @@ output file) and its progress lines stream out through :class:`Streams` meanwhil
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, TextIO, Union
+from typing import Any, Callable, TextIO, Union
 
 from .api import Runner, _StdoutWriter, annotated_path
 from .benchmark import BenchResult

@@ -15,7 +15,7 @@ Two moments, both seen with the real libedgetpu (tests/libedgetpu):
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..families.coral import USB_BOOTLOADER, USB_IDS, USB_RUNTIME
 from .devices import Device

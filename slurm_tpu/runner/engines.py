@@ -27,7 +27,8 @@ import contextlib
 import ctypes
 import os
 import tempfile
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -175,7 +176,7 @@ class EdgeTpuLibrary:
                 self._lib.edgetpu_free_devices(devices)
 
     def create_delegate(self, device_type: str, path: str, options: dict[str, str] | None = None,
-                        log: list[str] | None = None) -> "EdgeTpuDelegate | None":
+                        log: list[str] | None = None) -> EdgeTpuDelegate | None:
         """A delegate bound to the device at ``path``; None when libedgetpu cannot open it.
 
         With ``log``, libedgetpu's own messages during the attempt are appended to it:
@@ -254,6 +255,7 @@ class InterpreterEngine:
         self.runtime = runtime
         module = _import_interpreter_module(runtime)
         delegates = [delegate] if delegate is not None else None
+        error: ValueError | RuntimeError | None
         with native_stderr_captured() as log:
             try:
                 interpreter = module.Interpreter(model_path=model_path, num_threads=num_threads,
@@ -267,11 +269,11 @@ class InterpreterEngine:
             if delegate is not None:
                 delegate.close()
             raise ModelError(_interpreter_failure(model_path, str(error), log), model_path)
-        self._interpreter = interpreter
+        self._interpreter: Any = interpreter  # None once closed
         self._delegate = delegate
         ins, outs = interpreter.get_input_details(), interpreter.get_output_details()
-        self.inputs = [_spec_from_details(d) for d in ins]
-        self.outputs = [_spec_from_details(d) for d in outs]
+        self.inputs: Sequence[TensorSpec] = [_spec_from_details(d) for d in ins]
+        self.outputs: Sequence[TensorSpec] = [_spec_from_details(d) for d in outs]
         self._in_index = [d["index"] for d in ins]
         self._out_index = [d["index"] for d in outs]
 
@@ -320,7 +322,7 @@ class GpuEngine:
                 model = CompiledModel.from_file(model_path, hardware_accel=accel)
                 in_buffers = model.create_input_buffers(0)
                 out_buffers = model.create_output_buffers(0)
-            except Exception:  # the wrapper raises RuntimeError with a multi-line trace
+            except Exception:  # noqa: BLE001 - the wrapper raises RuntimeError with a multi-line trace
                 failed = True
             else:
                 failed = False
@@ -336,7 +338,8 @@ class GpuEngine:
                            "or pass --fallback cpu", "gpu")
         self._model = model
         self._in, self._out = in_buffers, out_buffers
-        self.inputs, self.outputs = list(inputs), list(outputs)
+        self.inputs: Sequence[TensorSpec] = list(inputs)
+        self.outputs: Sequence[TensorSpec] = list(outputs)
         self._sizes = [int(np.prod(o.shape)) for o in self.outputs]
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:

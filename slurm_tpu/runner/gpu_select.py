@@ -32,8 +32,9 @@ manifest and the variables its library reads).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, MutableMapping
+from typing import Callable
 
 from ..protocol import jobenv
 

@@ -8,8 +8,9 @@ import glob
 import os
 import re
 import socket
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 from .errors import InputError, UsageError
 from .preprocess import is_input_file

@@ -12,8 +12,8 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..errors import DeviceError
 from .errors import DeviceBusyError
@@ -86,7 +86,7 @@ class DeviceLock:
             os.close(self._fd)  # closing the last fd drops the flock
             self._fd = None
 
-    def __enter__(self) -> "DeviceLock":
+    def __enter__(self) -> DeviceLock:
         return self
 
     def __exit__(self, *exc: object) -> None:

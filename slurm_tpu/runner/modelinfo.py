@@ -57,7 +57,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         graph = model.Subgraphs(0)
         inputs = tuple(_spec(graph.Tensors(graph.Inputs(i))) for i in range(graph.InputsLength()))
         outputs = tuple(_spec(graph.Tensors(graph.Outputs(i))) for i in range(graph.OutputsLength()))
-    except Exception as exc:  # a corrupt flatbuffer raises anything from IndexError to struct.error
+    except Exception as exc:  # noqa: BLE001 - a corrupt flatbuffer raises anything from IndexError to struct.error
         raise ModelError(f"model file {path} is corrupt ({type(exc).__name__}): rebuild or re-download it",
                          path) from None
     return ModelInfo(path, frozenset(custom), len(data), inputs, outputs)

@@ -146,7 +146,8 @@ def _resize(image, size: tuple[int, int], fast: bool):
 
     if image.size == size:
         return image
-    return image.resize(size, Image.BILINEAR if fast else Image.LANCZOS)
+    # Image.Resampling needs Pillow 9.1; the module-level names are set by a loop mypy cannot follow.
+    return image.resize(size, Image.BILINEAR if fast else Image.LANCZOS)  # type: ignore[attr-defined]
 
 
 def load_image(path: str | BinaryIO, spec: TensorSpec, norm: Normalization = Normalization(),

@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
 from ..errors import DeviceError
 from ..protocol import jobenv
@@ -54,7 +55,7 @@ class EngineSet:
             lock.release()
         self.engines, self._locks = [], []
 
-    def __enter__(self) -> "EngineSet":
+    def __enter__(self) -> EngineSet:
         return self
 
     def __exit__(self, *exc: object) -> None:

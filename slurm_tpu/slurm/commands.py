@@ -13,19 +13,18 @@ safe by :func:`node_reason` there and nowhere else.
 
 from __future__ import annotations
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Mapping, Sequence
-
-    from ..config import Config
-    from .jobdetail import GresAlloc
-    from .parse import NodeState
-
 from ..errors import SlurmCommandError, SlurmVersionError
 from . import installation as _installation
 from .spawn import run as _spawn
 
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from ..config import Config
+    from .jobdetail import GresAlloc
+    from .parse import NodeState
 
 # A reason is for an admin to read in `sinfo -R`/`scontrol show node`: one line, and short
 # enough to read (the epilog's list of surviving processes can be long).
@@ -81,7 +80,7 @@ class Slurm(NodeStates):
         self.timeout = timeout
 
     @classmethod
-    def for_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> "Slurm":
+    def for_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> Slurm:
         """The gateway for an admin command: env override, config keys, running slurmd, PATH, defaults."""
         return cls(_installation.find(environ, config.slurm_bin_dir, config.slurm_sbin_dir), environ)
 

@@ -13,7 +13,7 @@ usb3 gives IDX 0,1 = pci1,pci2 and IDX 2,3 = usb0,usb3.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .parse import GresConfRecord
 
@@ -38,8 +38,8 @@ def device_order(name: str, records: Sequence[GresConfRecord],
                 types.append(record.type)
         wanted = [(t, sum(r.count for r in pool if r.type == t)) for t in types]
     else:
-        entries = [(t, c) for n, t, c in node_gres if n == name]
-        typed = [(t, c) for t, c in entries if t is not None]
+        entries: list[tuple[str | None, int]] = [(t, c) for n, t, c in node_gres if n == name]
+        typed: list[tuple[str | None, int]] = [(t, c) for t, c in entries if t is not None]
         wanted = typed or entries
     order: list[tuple[str | None, str | None]] = []
     for type_name, count in wanted:

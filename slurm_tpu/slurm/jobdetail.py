@@ -44,7 +44,9 @@ class GresAlloc:
 
 
 def _split_top_level(text: str, open_char: str = "[", close_char: str = "]") -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char == open_char:
             depth += 1

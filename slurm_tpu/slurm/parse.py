@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 
 def parse_key_values(line: str) -> dict[str, str]:
@@ -27,8 +27,14 @@ def parse_slurmd_c(text: str) -> dict[str, str]:
 
 # ---- hostlists and a job's GRES (light, shared with the prolog) ---------------------
 
-from .jobdetail import (ForgedOutputError, GresAlloc, SiblingsOnNode, expand_hostlist,  # noqa: E402,F401
-                        parse_gres_detail, parse_scontrol_job_detail)
+from .jobdetail import (  # noqa: E402,F401
+    ForgedOutputError,
+    GresAlloc,
+    SiblingsOnNode,
+    expand_hostlist,
+    parse_gres_detail,
+    parse_scontrol_job_detail,
+)
 
 
 def _json_number(value: object) -> int | None:

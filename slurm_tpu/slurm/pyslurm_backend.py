@@ -18,7 +18,8 @@ a silent wrong answer.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from ..errors import SlurmCommandError, SlurmTpuError
 from . import installation
@@ -59,7 +60,7 @@ def _daemon_version(slurm: Slurm) -> str:
                              f"{', '.join(slurm.install.dirs)})")
 
 
-def load(slurm: Slurm) -> "PySlurm":
+def load(slurm: Slurm) -> PySlurm:
     """pyslurm, initialised for this Slurm; PyslurmUnavailable when it does not match."""
     conf = _slurm_conf(slurm)
     daemons = _daemon_version(slurm)
@@ -69,7 +70,7 @@ def load(slurm: Slurm) -> "PySlurm":
     os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
     flags = sys.getdlopenflags()  # pyslurm sets RTLD_GLOBAL|RTLD_DEEPBIND for the whole process
     try:
-        import pyslurm  # type: ignore[import-not-found]
+        import pyslurm
     except ImportError as exc:
         raise PyslurmUnavailable(f"pyslurm is not installed ({exc}); for Slurm {daemons}: "
                                  f"pip install 'pyslurm=={'.'.join(_major_minor(daemons))}.*'") from exc
@@ -104,7 +105,7 @@ class PySlurm(NodeStates):
     def _call(self, what: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
             return function(*args)
-        except Exception as exc:  # noqa: BLE001 - every pyslurm failure is raised, with what it was doing
+        except Exception as exc:
             raise SlurmCommandError(f"pyslurm {what} failed: {exc}", "pyslurm") from exc
 
     def node_state(self, node: str) -> NodeState:

@@ -22,7 +22,7 @@ def require_accounting() -> None:
                and not shutil.which(p, path="/usr/sbin")]
     try:
         install.program("slurmdbd")
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the lookup raises, slurmdbd is missing
         missing.append(f"slurmdbd in {install.sbin_dir}")
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)} (scripts/setup.sh installs them)")

@@ -88,8 +88,14 @@ def test_doctor_fails_in_one_line_when_a_gres_is_not_tracked(tmp_path):
 # ---- the spool entry and the AdminComment ----------------------------------------------
 
 def test_spool_entry_round_trip_and_admin_comment_merge():
-    from slurm_tpu.protocol.job_record import (decode_spool, encode_spool, merge, parse_admin_comment,
-                                               render_item, totals)
+    from slurm_tpu.protocol.job_record import (
+        decode_spool,
+        encode_spool,
+        merge,
+        parse_admin_comment,
+        render_item,
+        totals,
+    )
     from slurm_tpu.protocol.usage import UsageRecord
 
     entry = totals(42, "n1", 2, [UsageRecord("usb-2-1.3", 10, 0.25), UsageRecord("pci-0000:01:00.0", 2, 0.5, 3.0)])
@@ -156,7 +162,7 @@ def test_sacct_rows_sum_to_tres_seconds_within_the_period():
         "slurm-tpu/n1:devices=1,inferences=12,inference_seconds=0.5",
         f"8_1|alice|{at(1)}|Unknown|cpu=1,gres/tpu=2|note|with a bar",  # running; AdminComment holding '|'
         f"9|bob|{at(3)}|{at(4)}|cpu=2,node=1|",  # no accelerator
-        f"10|bob|None|Unknown|gres/tpu=1|",  # never started
+        "10|bob|None|Unknown|gres/tpu=1|",  # never started
     ])
     rows = parse_sacct(text)
     assert [r.job_id for r in rows] == ["7", "8_1", "9", "10"]

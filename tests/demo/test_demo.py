@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import require_slurm
 
 from harness.demo.experiment import sbatch
 from harness.demo.layout import JOBS_DIR, Layout
 from harness.demo.provision import job_environment
+from helpers import require_slurm
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]

@@ -99,7 +99,7 @@ def test_chart_draws_device_lanes_and_packs_cpu_jobs_into_as_few_lanes_as_overla
     leases = [Lease("node-usb", "usb-1-1.3", 1, 0.0, 1.0)]
     lanes = build_lanes(jobs, leases, {"node-usb": ["usb-1-1.3"], "node-gpu": []},
                         {1: "A", 5: "a", 6: "b", 7: "c"}, step=0.5)
-    assert [(l.node, l.label, [b.symbol for b in l.bars]) for l in lanes] == [
+    assert [(lane.node, lane.label, [b.symbol for b in lane.bars]) for lane in lanes] == [
         ("node-usb", "usb-1-1.3", ["A"]), ("node-gpu", "cpu", ["a", "c"]), ("node-gpu", "cpu", ["b"])]
     chart = render(lanes, 0.0, 0.5, 7)
     assert chart[1:] == ["node-usb  usb-1-1.3  AA.....",

@@ -16,11 +16,11 @@ from slurm_tpu.errors import ConfigError
 from slurm_tpu.families import FAMILIES, family, inventory_from_json
 from slurm_tpu.families.hailo import HailoDetails
 from slurm_tpu.families.sysfs import Snapshot, SysDevice
-from slurm_tpu.protocol import envfile
 from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.hooks.udev_event import identity_for
-from slurm_tpu.protocol.inventory import parse_inventory
+from slurm_tpu.protocol import envfile
 from slurm_tpu.protocol.hooks_snapshot import SCAN, parse_snapshot
+from slurm_tpu.protocol.inventory import parse_inventory
 from slurm_tpu.render import node_features, node_gres, render_gres_conf, render_udev_rules
 from slurm_tpu.runner.devices import resolve_devices
 from slurm_tpu.runner.errors import UsageError

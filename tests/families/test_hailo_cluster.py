@@ -24,9 +24,24 @@ import pytest
 from helpers import HARDWARE, detect_json, run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "isolation"))  # the cluster tests' support.py
-from support import audit, drain_reason, finish_cluster, inventory, leases, make_cluster  # noqa: E402
-from support import no_overlaps, node_on, open_as, out, owner, require_root_and_slurm, restore_node  # noqa: E402
-from support import resume, wait_until, SURVIVOR_JOB  # noqa: E402
+from support import (
+    SURVIVOR_JOB,
+    audit,
+    drain_reason,
+    finish_cluster,
+    inventory,
+    leases,
+    make_cluster,
+    no_overlaps,
+    node_on,
+    open_as,
+    out,
+    owner,
+    require_root_and_slurm,
+    restore_node,
+    resume,
+    wait_until,
+)
 
 NODE = HARDWARE / "hailo_node.umockdev"
 HAILO_1, HAILO_2, CORAL = "pci-0000:01:00.0", "pci-0000:02:00.0", "pci-0000:03:00.0"

@@ -11,8 +11,14 @@ import pytest
 from helpers import REPO
 from slurm_tpu.config import DEFAULT_PATH
 from slurm_tpu.ops.doctor import state_dir_problems
-from slurm_tpu.ops.install import (HOOK_FILES, Layout, installed_hook_text, missing_slurm_conf_lines,
-                                   slurm_conf_lines, udev_run_program)
+from slurm_tpu.ops.install import (
+    HOOK_FILES,
+    Layout,
+    installed_hook_text,
+    missing_slurm_conf_lines,
+    slurm_conf_lines,
+    udev_run_program,
+)
 from slurm_tpu.slurm.parse import node_line_fields, parse_slurm_conf_options
 
 
@@ -35,7 +41,7 @@ def test_installed_hook_differs_from_the_shipped_one_only_in_marked_lines(direct
         old, new = old[1:], new[1:]
     added = [line for line in new if line not in old]
     assert all(line.endswith("# set by slurm-tpu install") for line in added), added
-    assert [line for line in old if line not in new] in ([], [l for l in old if l.startswith("_ROOT = ")])
+    assert [line for line in old if line not in new] in ([], [kept for kept in old if kept.startswith("_ROOT = ")])
     assert any(config in line for line in added) == (config != DEFAULT_PATH and text.startswith("#!"))
 
 
@@ -354,16 +360,14 @@ def test_install_puts_the_library_on_a_node_without_one(tmp_path, doubles):
 def test_doctor_says_where_the_device_cgroup_holds(tmp_path):
     """ConstrainDevices=yes on an Edge TPU node: a failure under 22.05 (it does nothing for tpu), the
     holds/does-not-hold sentence from 23.02 on; off or on a node without Edge TPUs, nothing to fix."""
+    from helpers import detect_json
     from slurm_tpu.config import Config
+    from slurm_tpu.families import inventory_from_json
     from slurm_tpu.hardware import Inventory
     from slurm_tpu.ops.doctor import Node, check_device_cgroup
     from slurm_tpu.slurm import device_cgroup
     from slurm_tpu.slurm.commands import Slurm
     from slurm_tpu.slurm.installation import version_of
-
-    from helpers import detect_json
-
-    from slurm_tpu.families import inventory_from_json
 
     tpus = inventory_from_json(detect_json("big_node"))
     conf = tmp_path / "slurm.conf"

@@ -11,8 +11,10 @@ import stat
 import subprocess
 import tempfile
 
-from helpers import USERS  # noqa: F401  (the users the ``users`` fixture makes)
-from helpers import wait_until  # noqa: F401  (imported from here by the isolation tests)
+from helpers import (
+    USERS,  # noqa: F401  (the users the ``users`` fixture makes)
+    wait_until,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware")

@@ -13,8 +13,20 @@ import stat
 import subprocess
 
 import pytest
-from support import PCI, clear_lease_when_free, inventory, leases, one_node_two_tpus, open_as, out, owner, resume
-from support import node_on, restore_node, wait_until
+from support import (
+    PCI,
+    clear_lease_when_free,
+    inventory,
+    leases,
+    node_on,
+    one_node_two_tpus,
+    open_as,
+    out,
+    owner,
+    restore_node,
+    resume,
+    wait_until,
+)
 
 ACCESS_ACL = "system.posix_acl_access"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")

@@ -18,10 +18,25 @@ import struct
 import subprocess
 
 import pytest
-
-from support import (PCI, REPO, USB, assert_idle_and_consistent, audit, finish_cluster, inventory,
-                     kept_in_service, leases, make_cluster, out, owner, require_root_and_slurm, resume, revoking, settle,
-                     state_dir, wait_until)
+from support import (
+    PCI,
+    REPO,
+    USB,
+    assert_idle_and_consistent,
+    audit,
+    finish_cluster,
+    inventory,
+    kept_in_service,
+    leases,
+    make_cluster,
+    out,
+    owner,
+    require_root_and_slurm,
+    resume,
+    revoking,
+    settle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 

@@ -15,7 +15,6 @@ import tempfile
 import threading
 
 import pytest
-
 from support import REPO
 
 

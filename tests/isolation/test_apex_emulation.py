@@ -18,9 +18,9 @@ import subprocess
 import sys
 
 import pytest
-from helpers import wait_until
 
 from harness import module_command
+from helpers import wait_until
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
                                 reason="needs root and /dev/fuse (mount)")

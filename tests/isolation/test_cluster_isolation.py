@@ -11,8 +11,21 @@ from __future__ import annotations
 import os
 
 import pytest
-from support import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
-from support import audit, inventory, leases, no_overlaps, open_as, owner, run_hook, hook_env, wait_until
+from support import (
+    HARDWARE,
+    audit,
+    finish_cluster,
+    hook_env,
+    inventory,
+    leases,
+    make_cluster,
+    no_overlaps,
+    open_as,
+    owner,
+    require_root_and_slurm,
+    run_hook,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -207,7 +220,7 @@ def test_seed_experiment_one_tpu_serial_two_tpus_pairwise_plain_jobs_spread(clus
         no_overlaps(audit(cluster, node))
         assert leases(cluster, node) == []
     # TPU nodes start the prolog's Slurm query early; the plain node never asks Slurm.
-    marker = lambda node: os.path.exists(os.path.join(cluster.node_dir(node), "state", "prolog.query"))  # noqa
+    marker = lambda node: os.path.exists(os.path.join(cluster.node_dir(node), "state", "prolog.query"))  # noqa: E731
     assert marker("n1") and marker("n4") and not marker("n3")
     assert os.path.exists(os.path.join(cluster.node_dir("n3"), "state", "hooks.snapshot"))  # its prolog ran
 

@@ -15,11 +15,32 @@ import stat
 import subprocess
 
 import pytest
-from support import HARDWARE, REPO, finish_cluster, make_cluster, require_root_and_slurm
-from support import (audit, clear_lease, drain_reason, hook_env, inventory, leases, no_overlaps, node_on, open_as,
-                     owner, restore_node, resume, run_hook, udev_event, wait_until, SURVIVOR_JOB)
-from support import clear_lease_when_free, holder_pids, kept_in_service
-from support import assert_idle_and_consistent as _assert_idle_and_consistent
+from support import (
+    HARDWARE,
+    REPO,
+    SURVIVOR_JOB,
+    assert_idle_and_consistent as _assert_idle_and_consistent,
+    audit,
+    clear_lease,
+    clear_lease_when_free,
+    drain_reason,
+    finish_cluster,
+    holder_pids,
+    hook_env,
+    inventory,
+    kept_in_service,
+    leases,
+    make_cluster,
+    node_on,
+    open_as,
+    owner,
+    require_root_and_slurm,
+    restore_node,
+    resume,
+    run_hook,
+    udev_event,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -50,9 +71,9 @@ exec "$real"
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
-    from harness.localcluster.cluster import Hooks, NodeSpec
-
     import tempfile
+
+    from harness.localcluster.cluster import Hooks, NodeSpec
 
     scratch = tempfile.mkdtemp(prefix="slurm-tpu-killer-", dir="/tmp")
     os.chmod(scratch, 0o755)

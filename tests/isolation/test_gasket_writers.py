@@ -17,16 +17,28 @@ import stat
 import subprocess
 
 import pytest
-from support import PCI, audit, clear_lease, drain_reason, inventory, leases, one_node_two_tpus, out, owner
-from support import SMUGGLE, resume, wait_until
+from support import (
+    PCI,
+    SMUGGLE,
+    audit,
+    clear_lease,
+    drain_reason,
+    inventory,
+    leases,
+    one_node_two_tpus,
+    out,
+    owner,
+    resume,
+    wait_until,
+)
 
+from slurm_tpu.access.ledger import KEPT, Lease, Ledger
 from slurm_tpu.config import Config
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.hooks.settings import HookSettings, apply_families
-from slurm_tpu.access.ledger import KEPT, Lease, Ledger
-from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol import audit as audit_format
+from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")
 
@@ -133,7 +145,7 @@ def test_a_card_whose_driver_shows_no_count_is_not_handed_over_nor_given_back(ca
         count.write_text("0\n")
         assert leasing.clear(ledger, settings) == [(PCI, "cleared")]
         count.write_text("garbled\n")
-        with pytest.raises(leasing.DeviceNotFree, match="no write_open_count.*last held by job 71"):
+        with pytest.raises(leasing.DeviceNotFree, match=r"no write_open_count.*last held by job 71"):
             leasing.acquire(ledger, JobContext(72, 5432, "bob", "n1"), [device], settings)
         assert os.lstat(node).st_uid == 0
 

@@ -19,8 +19,23 @@ import subprocess
 
 import pytest
 from hidden_holders import AMONG_DECOYS, DECOYS, PRIVATE_FD_TABLE, ZOMBIE_LEADER
-from support import PCI, USB, audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, out
-from support import assert_idle_and_consistent, one_node_two_tpus, owner, restore_node, resume, wait_until
+from support import (
+    PCI,
+    USB,
+    assert_idle_and_consistent,
+    audit,
+    clear_lease,
+    drain_reason,
+    inventory,
+    leases,
+    node_on,
+    one_node_two_tpus,
+    out,
+    owner,
+    restore_node,
+    resume,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 

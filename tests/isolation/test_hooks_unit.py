@@ -8,10 +8,10 @@ import subprocess
 
 import pytest
 
+from slurm_tpu.access import node_inventory
 from slurm_tpu.hooks import settings as hook_settings
 from slurm_tpu.hooks.udev_event import identity_for
 from slurm_tpu.protocol import envfile, hooks_snapshot
-from slurm_tpu.access import node_inventory
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the state directory must be root-owned")

@@ -9,8 +9,7 @@ import shutil
 import tempfile
 
 import pytest
-from support import HARDWARE, REPO, require_root_and_slurm
-from support import inventory, owner, wait_until
+from support import HARDWARE, REPO, inventory, owner, require_root_and_slurm, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -18,8 +17,8 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
-    from helpers import first_job_id
     from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec
+    from helpers import first_job_id
 
     base = tempfile.mkdtemp(prefix="slurm-tpu-idx-", dir="/tmp")
     os.chmod(base, 0o755)

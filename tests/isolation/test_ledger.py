@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from slurm_tpu.errors import DeviceError
-from slurm_tpu.hooks.context import JobContext
-from slurm_tpu.hooks import leasing
-from slurm_tpu.hooks.settings import HookSettings
 from slurm_tpu.access import ownership, statedir
 from slurm_tpu.access.ledger import BadLease, Lease, Ledger
+from slurm_tpu.errors import DeviceError
+from slurm_tpu.hooks import leasing
+from slurm_tpu.hooks.context import JobContext
+from slurm_tpu.hooks.settings import HookSettings
 from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod/chown need root")

@@ -17,9 +17,29 @@ import subprocess
 
 import pytest
 from hidden_holders import DECOYS
-from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, open_as, owner
-from support import SMUGGLE, assert_idle_and_consistent, holder_pids, kept_in_service, restore_node, resume, settle
-from support import PCI, USB, one_node_two_tpus, out, udev_event, wait_until
+from support import (
+    PCI,
+    SMUGGLE,
+    USB,
+    assert_idle_and_consistent,
+    audit,
+    clear_lease,
+    drain_reason,
+    holder_pids,
+    inventory,
+    kept_in_service,
+    leases,
+    node_on,
+    one_node_two_tpus,
+    open_as,
+    out,
+    owner,
+    restore_node,
+    resume,
+    settle,
+    udev_event,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 

@@ -20,13 +20,13 @@ import time
 import pytest
 from hidden_holders import DECOYS
 
-from slurm_tpu.hooks import leasing
-from slurm_tpu.hooks.context import JobContext
-from slurm_tpu.config import Config
-from slurm_tpu.hooks.settings import HookSettings, apply_families
 from harness.localcluster.hardware import usb_sysfs_device
 from slurm_tpu.access import processes, revoke
 from slurm_tpu.access.ledger import Ledger
+from slurm_tpu.config import Config
+from slurm_tpu.hooks import leasing
+from slurm_tpu.hooks.context import JobContext
+from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")

@@ -16,8 +16,19 @@ import stat
 import subprocess
 
 import pytest
-from support import PCI, USB, audit, inventory, leases, no_overlaps, one_node_two_tpus, out, owner, state_dir
-from support import wait_until
+from support import (
+    PCI,
+    USB,
+    audit,
+    inventory,
+    leases,
+    no_overlaps,
+    one_node_two_tpus,
+    out,
+    owner,
+    state_dir,
+    wait_until,
+)
 
 from slurm_tpu.protocol.usage import BOX_BYTES, BOX_INODES
 
@@ -144,7 +155,7 @@ def test_no_user_can_create_anything_on_the_ledgers_filesystem(cluster, users):
     directory there is root's and not group/world-writable, so a user can plant no name
     for a future job (or fill the ledger's filesystem) at all."""
     top = os.lstat(state(cluster))
-    for directory, subdirs, _ in os.walk(state(cluster)):
+    for directory, _subdirs, _ in os.walk(state(cluster)):
         info = os.lstat(directory)
         if info.st_dev != top.st_dev:
             continue  # a running job's own box: another filesystem

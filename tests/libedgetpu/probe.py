@@ -17,10 +17,9 @@ from types import SimpleNamespace
 
 from slurm_tpu.config import Config
 from slurm_tpu.detect import detect_inventory
-from slurm_tpu.protocol import envfile
 from slurm_tpu.hooks.settings import HookSettings, apply_families
+from slurm_tpu.protocol import envfile, jobenv
 from slurm_tpu.protocol.inventory import parse_inventory
-from slurm_tpu.protocol import jobenv
 from slurm_tpu.runner.engines import EdgeTpuLibrary
 
 

@@ -7,9 +7,9 @@ import shutil
 import sys
 
 import pytest
+from libedgetpu_support import in_testbed, library_version, slurm_tpu, stick_behind_a_hub_without_descriptors
 
 from helpers import HARDWARE, REPO
-from libedgetpu_support import in_testbed, library_version, slurm_tpu, stick_behind_a_hub_without_descriptors
 
 N1 = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"
 

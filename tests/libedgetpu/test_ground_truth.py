@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from libedgetpu_support import run_probe, stick_behind_a_hub_without_descriptors
 
 from helpers import HARDWARE, REPO, merge_umockdev
-from libedgetpu_support import run_probe, stick_behind_a_hub_without_descriptors
 
 ISOLATION_HARDWARE = REPO / "tests" / "isolation" / "hardware"
 DEMO_HARDWARE = REPO / "demo" / "hardware"

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from libedgetpu_support import in_testbed, run_probe, slurm_tpu, stick_behind_a_hub_without_descriptors
 
 from helpers import HARDWARE, REPO
-from libedgetpu_support import in_testbed, run_probe, slurm_tpu, stick_behind_a_hub_without_descriptors
 
 N1 = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"  # apex_0 + stick 2-1.3
 USB_STICK = {"SLURM_TPU_DEVICES": "usb-2-1.3", "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3"}

@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from libedgetpu_support import HERE, in_testbed
 
 from helpers import HARDWARE, USERS, merge_umockdev
-from libedgetpu_support import HERE, in_testbed
 
 NODE = HARDWARE / "big_node.umockdev"
 VARIABLE = "EDGETPU_VISIBLE_DEVICES"

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from helpers import HARDWARE, run_cli
 from harness import module_command
 from harness.localcluster import NodeSpec
 from harness.localcluster.cluster import Hooks
+from helpers import HARDWARE, run_cli
 from slurm_tpu.slurm.parse import parse_key_values, parse_node_state
 
 pytestmark = pytest.mark.slurm

@@ -31,8 +31,8 @@ def node_state(tmp_path):
     result = run_cli(["--config", str(config), "gres-conf", "--inventory", str(tmp_path / "inv.json"),
                       "--no-slots", "--output", str(tmp_path / "gres.conf")])
     assert result.returncode == 0, result.stderr
-    from slurm_tpu.access.node_inventory import write_state_inventory
     from slurm_tpu.access.ledger import Lease, Ledger
+    from slurm_tpu.access.node_inventory import write_state_inventory
 
     write_state_inventory(state, json.loads((tmp_path / "inv.json").read_text()))
     with Ledger(state) as ledger:

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from helpers import HARDWARE, merge_umockdev, run_cli
 from harness import module_command
 from harness.localcluster import NodeSpec
 from harness.localcluster.hardware import materialize
+from helpers import HARDWARE, merge_umockdev, run_cli
 from slurm_tpu.ops.health_policy import HOLD_PREFIX
 from slurm_tpu.slurm.parse import parse_node_state
 

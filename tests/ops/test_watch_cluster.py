@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import HARDWARE
 from harness import module_command
 from harness.localcluster import NodeSpec
+from helpers import HARDWARE
 from slurm_tpu.slurm.parse import parse_key_values
 
 pytestmark = pytest.mark.slurm

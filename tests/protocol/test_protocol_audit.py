@@ -45,7 +45,7 @@ def test_round_trip_through_the_ledger(tmp_path):
         ledger.audit(audit.RELEASE, identity="usb-2-1.3", job_id=7, uid=1001, by_job=None)
     with open(tmp_path / "state" / audit.FILE, encoding="utf-8") as handle:
         events = list(audit.read_events(handle))
-    assert [(e[audit.EVENT], e[audit.JOB_ID], e["by_job"] if "by_job" in e else "-") for e in events] == [
+    assert [(e[audit.EVENT], e[audit.JOB_ID], e.get("by_job", "-")) for e in events] == [
         ("acquire", 7, "-"), ("release", 7, None)]
     assert all(isinstance(e[audit.T], float) for e in events)
 

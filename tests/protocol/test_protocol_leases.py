@@ -8,25 +8,25 @@ import stat
 
 import pytest
 
+from slurm_tpu.access.ledger import Ledger
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.settings import HookSettings
-from slurm_tpu.access.ledger import Ledger
-from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol import FormatError
+from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol.leases import DIR, FIELDS, HELD, KEPT, REVOKING, VERSION, BadLease, Lease
 
 # Written by slurm-tpu before lease phases existed (commit c6d1bca^, Lease.to_bytes): a node
 # upgraded while this job ran must still read it as held, and release it.
 BEFORE_PHASES = (
-    "identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
-    "device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
-    "prolog_start\t987654\nversion\t1\n").encode()
+    b"identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
+    b"device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
+    b"prolog_start\t987654\nversion\t1\n")
 
 # What this version writes for a revoking lease (the bytes are the format: a change here is a new version).
 CURRENT = (
-    "identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
-    "device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
-    "prolog_start\t987654\nversion\t1\nphase\trevoking\nphase_since\t1763776900.5\n").encode()
+    b"identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
+    b"device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
+    b"prolog_start\t987654\nversion\t1\nphase\trevoking\nphase_since\t1763776900.5\n")
 
 
 def sample(**changes) -> Lease:

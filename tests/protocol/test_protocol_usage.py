@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from slurm_tpu.hooks import jobusage
 from slurm_tpu.access.ledger import Ledger
+from slurm_tpu.hooks import jobusage
 from slurm_tpu.protocol import FormatError, audit
 from slurm_tpu.protocol.usage import FORMAT_VERSION, UsageRecord, decode, encode, record_name
 

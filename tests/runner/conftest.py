@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 
 import pytest
+from runner_support import USB_A, USB_B
 
 from edgetpu_double.build import build_double
-from runner_support import USB_A, USB_B
 from harness.modelgen import write_models
 
 # Device and job variables a developer's shell (or a CI job inside Slurm) may carry.

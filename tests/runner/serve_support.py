@@ -6,7 +6,8 @@ import http.client
 import json
 import socket
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from slurm_tpu.runner.serve.app import Limits
 from slurm_tpu.runner.serve.models import ModelArg, Preparation, open_served

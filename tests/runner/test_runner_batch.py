@@ -13,12 +13,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runner_support import run_cli
+
 from harness.modelgen import images
-from slurm_tpu.runner.errors import UsageError
+from slurm_tpu.runner.errors import InputError, UsageError
 from slurm_tpu.runner.inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
-from slurm_tpu.runner.errors import InputError
 from slurm_tpu.runner.results import Layout, ResultWriter
 from slurm_tpu.runner.tasks import TaskOptions
 from slurm_tpu.runner.tasks.classify import Classify
@@ -142,9 +141,8 @@ def test_csv_resume_redoes_the_last_input_whole(tmp_path):
 def test_one_writer_per_results_file(tmp_path):
     path = str(tmp_path / "r.jsonl")
     layout = Layout("jsonl", Classify(), TaskOptions())
-    with ResultWriter(path, layout):
-        with pytest.raises(InputError, match="another process .* %t"):
-            ResultWriter(path, layout)
+    with ResultWriter(path, layout), pytest.raises(InputError, match=r"another process .* %t"):
+        ResultWriter(path, layout)
     ResultWriter(path, layout).close()  # free again once the first is closed
 
 

@@ -7,7 +7,6 @@ import subprocess
 import sys
 
 import pytest
-
 from runner_support import USB_A, USB_B, double_log, run_cli
 
 

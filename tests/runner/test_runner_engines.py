@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from runner_support import USB_A, USB_B, double_log
+
 from harness.modelgen import images
 from slurm_tpu.runner import OpenOptions, Runner
 from slurm_tpu.runner.engines import EdgeTpuLibrary, InterpreterEngine

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runner_support import run_cli
+
 from harness.modelgen import detector, images, segmenter
 from harness.modelgen.flatbuf import Graph, Quant, softmax_options
 from slurm_tpu.runner.errors import UsageError

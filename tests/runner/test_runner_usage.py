@@ -11,8 +11,8 @@ import math
 import os
 
 import pytest
-
 from runner_support import run_cli
+
 from slurm_tpu.protocol import FormatError
 from slurm_tpu.protocol.usage import MAX_BYTES, MAX_INFERENCES, UsageRecord, add_usage, checked, read_record
 
@@ -96,10 +96,10 @@ def test_root_reads_only_plausible_regular_files_of_the_jobs_uid(box, tmp_path):
     secret = tmp_path / "secret"
     secret.write_text(json.dumps(good))
     os.symlink(secret, path / "usb-3-2.json")  # a link planted to make root read elsewhere
-    with pytest.raises(FormatError, match="usb-3-2.json is a symbolic link"):
+    with pytest.raises(FormatError, match=r"usb-3-2.json is a symbolic link"):
         read_record(fd, "usb-3-2", uid)
     os.mkfifo(path / "usb-3-3.json")  # would block a reader without O_NONBLOCK
-    with pytest.raises(FormatError, match="usb-3-3.json is not a regular file"):
+    with pytest.raises(FormatError, match=r"usb-3-3.json is not a regular file"):
         read_record(fd, "usb-3-3", uid)
     with pytest.raises(FormatError, match="not a device identity"):
         read_record(fd, "../box/usb-1-1", uid)  # only plain identities name a file

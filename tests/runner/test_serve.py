@@ -19,14 +19,14 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from runner_support import USB_A, USB_B, run_cli
 from serve_support import Client, GatedEngine, raw_exchange, start_server
+
+from slurm_tpu.protocol.usage import read_record
 from slurm_tpu.runner import Runner
 from slurm_tpu.runner.serve import auth
 from slurm_tpu.runner.serve.app import Limits
 from slurm_tpu.runner.serve.devicequeue import DeviceQueue, Overloaded
-from slurm_tpu.protocol.usage import read_record
 
 
 @pytest.fixture(scope="module")
@@ -507,6 +507,7 @@ def wait_for(predicate, what: str, timeout: float = 30) -> None:
 
 def test_several_models_share_the_jobs_tpu_under_one_lock(models, tpu_process):
     from runner_support import double_log
+
     from slurm_tpu.runner.errors import DeviceBusyError
     from slurm_tpu.runner.lock import DeviceLock
 

@@ -21,6 +21,7 @@ import sys
 import time
 
 from serve_support import Client, start_server
+
 from slurm_tpu.runner.serve.app import Limits
 
 FLOOD = 128

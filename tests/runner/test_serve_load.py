@@ -17,8 +17,8 @@ import sys
 import threading
 
 import pytest
-
 from serve_support import raw_exchange
+
 from slurm_tpu.runner import Runner
 from slurm_tpu.runner.serve import auth
 

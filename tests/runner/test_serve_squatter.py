@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from runner_support import run_cli
 from serve_support import Client, Listener, http_answer, raw_exchange, start_server
+
 from slurm_tpu.runner.serve import auth
 from slurm_tpu.runner.serve.client import ServeClient, ServerError
 

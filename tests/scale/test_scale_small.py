@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from helpers import USERS, require_root_and
 
 pytestmark = pytest.mark.slurm

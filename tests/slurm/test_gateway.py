@@ -58,7 +58,7 @@ def test_admin_commands_take_slurms_directories_first_then_path(tmp_path):
     assert install.command("restart-it", environ) == tool
     assert install.command("sh", {"PATH": ""}) in ("/usr/bin/sh", "/bin/sh")  # the system directories
     assert install.command(tool, {}) == tool  # a path is that file, PATH or not
-    with pytest.raises(SlurmCommandError, match="restart-it not found in Slurm's directories .*PATH"):
+    with pytest.raises(SlurmCommandError, match=r"restart-it not found in Slurm's directories .*PATH"):
         install.command("restart-it", {"PATH": "/usr/bin"})
     with pytest.raises(SlurmCommandError, match=f"{tmp_path}/nothing is not an executable file"):
         install.command(f"{tmp_path}/nothing", environ)
@@ -76,13 +76,13 @@ def test_a_failure_carries_stderr_and_its_last_line(tmp_path):
     assert str(caught.value) == f"{failing} an argument failed: the real cause"
     assert caught.value.stderr == "first\nthe real cause" and caught.value.command == f"{failing} an argument"
     silent = script(tmp_path / "silent", "exit 4\n")
-    with pytest.raises(SlurmCommandError, match="failed: exit status 4$"):
+    with pytest.raises(SlurmCommandError, match=r"failed: exit status 4$"):
         run([silent])
 
 
 def test_a_command_that_hangs_is_killed_at_its_timeout(tmp_path):
     hangs = script(tmp_path / "hangs", "exec sleep 600\n")
-    with pytest.raises(SlurmCommandError, match="did not finish in 0.5 s"):
+    with pytest.raises(SlurmCommandError, match=r"did not finish in 0.5 s"):
         run([hangs], timeout=0.5)
 
 
@@ -114,5 +114,5 @@ def test_drain_stores_the_clean_reason_and_resume_ends_it(cluster_factory):
     assert slurm.node_state("n1")["reason"] == node_reason(forged)
     slurm.resume("n1")
     assert "DRAIN" not in slurm.node_state("n1")["state"]
-    with pytest.raises(SlurmCommandError, match="scontrol update NodeName=nx .*failed: "):
+    with pytest.raises(SlurmCommandError, match=r"scontrol update NodeName=nx .*failed: "):
         slurm.drain("nx", "slurm-tpu: no such node")

@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from helpers import wait_until
 from harness.localcluster import leftovers
 from harness.localcluster.cluster import NodeSpec
+from helpers import wait_until
 
 pytestmark = pytest.mark.slurm
 

@@ -13,9 +13,9 @@ import os
 
 import pytest
 
-from helpers import wait_until
 from harness.localcluster import scalenodes
 from harness.localcluster.cluster import NodeSpec
+from helpers import wait_until
 
 pytestmark = pytest.mark.slurm
 

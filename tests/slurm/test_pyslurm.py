@@ -14,9 +14,9 @@ import os
 
 import pytest
 
+from harness.localcluster import NodeSpec
 from slurm_tpu.config import Config
 from slurm_tpu.errors import SlurmCommandError
-from harness.localcluster import NodeSpec
 from slurm_tpu.slurm import installation
 from slurm_tpu.slurm.commands import Slurm
 
@@ -110,7 +110,7 @@ def test_a_missing_slurm_conf_or_another_release_refuses_pyslurm_in_one_line(clu
     from slurm_tpu.slurm.pyslurm_backend import PyslurmUnavailable, load
 
     missing = Slurm(environ={**cluster.env(), "SLURM_CONF": str(tmp_path / "absent.conf")})
-    with pytest.raises(PyslurmUnavailable, match="absent.conf does not exist"):
+    with pytest.raises(PyslurmUnavailable, match=r"absent.conf does not exist"):
         load(missing)
     config = dataclasses.replace(Config(), slurm_backend="pyslurm")
     os.environ["SLURM_CONF"] = cluster.slurm_conf

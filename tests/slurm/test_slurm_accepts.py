@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from helpers import HARDWARE, run_cli
 from harness.localcluster import NodeSpec
+from helpers import HARDWARE, run_cli
 from slurm_tpu.slurm.parse import parse_key_values, parse_slurmd_c
 
 pytestmark = pytest.mark.slurm

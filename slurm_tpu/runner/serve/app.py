@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ...errors import SlurmTpuError
 from ..errors import InputError, UsageError
@@ -21,8 +22,7 @@ from ..tasks import TASK_NAMES
 from . import codec
 from .codec import RequestError
 from .devicequeue import DeviceQueue, Overloaded
-from .metrics import CONTENT_TYPE as METRICS_TYPE
-from .metrics import ServeMetrics
+from .metrics import CONTENT_TYPE as METRICS_TYPE, ServeMetrics
 from .models import ServedModel, describe
 
 JSON_TYPE = "application/json"

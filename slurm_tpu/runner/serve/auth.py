@@ -41,11 +41,11 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Mapping
 
-from ..errors import UsageError
 from ...errors import SlurmTpuError
+from ..errors import UsageError
 
 TOKEN_BYTES = 32
 SCHEME = "Bearer"

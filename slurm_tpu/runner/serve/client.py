@@ -26,7 +26,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable
 from urllib.parse import quote, urlencode, urlsplit
 
 import numpy as np
@@ -207,7 +208,7 @@ class ServeClient:
                 connection.request(method, path, body=body if method == "POST" else None, headers=headers)
                 response = connection.getresponse()
                 data = response.read()
-                answer = {k: v for k, v in response.getheaders()}
+                answer = dict(response.getheaders())
                 if response.will_close:
                     self._drop()
                 return response.status, data, answer

@@ -25,7 +25,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
 from urllib.parse import parse_qs
 
 import numpy as np

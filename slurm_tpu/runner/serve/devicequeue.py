@@ -15,7 +15,7 @@ import math
 import queue
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -117,7 +117,7 @@ class DeviceQueue:
             started = time.perf_counter()
             try:
                 item.outputs = engine.run(item.inputs)
-            except BaseException as exc:  # reported to the request, never kills the worker
+            except BaseException as exc:  # noqa: BLE001 - reported to the request, never kills the worker
                 item.error = exc
             item.seconds = time.perf_counter() - started
             item.device = engine.label

@@ -135,7 +135,7 @@ class ServeHTTPServer(ThreadingHTTPServer):
         # never shuts down a socket object this thread has already closed.
         try:
             self.finish_request(request, client_address)
-        except Exception:
+        except Exception:  # noqa: BLE001 - ThreadingMixIn's own handling: report, keep serving
             self.handle_error(request, client_address)
         finally:
             with self._lock:
@@ -164,21 +164,22 @@ class _HeadLimitedReader(socket.SocketIO):
 
     def __init__(self, sock: socket.socket, deadline: float | None, max_bytes: int, io_timeout: float):
         super().__init__(sock, "rb")
+        self._socket = sock  # SocketIO keeps it as the private, untyped _sock
         self.deadline = deadline
         self._left = max_bytes
         self._io_timeout = io_timeout
 
     def authenticated(self) -> None:
         self.deadline = None
-        self._sock.settimeout(self._io_timeout)
+        self._socket.settimeout(self._io_timeout)
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
+    def readinto(self, buffer) -> int | None:
         if self.deadline is None:
             return super().readinto(buffer)
         left = self.deadline - time.monotonic()
         if left <= 0 or self._left <= 0:
             raise TimeoutError("no request head with the token in time")  # http.server closes the connection
-        self._sock.settimeout(min(left, self._io_timeout))
+        self._socket.settimeout(min(left, self._io_timeout))
         count = super().readinto(memoryview(buffer)[:self._left])
         self._left -= count or 0
         return count
@@ -196,7 +197,8 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         limits = self.server.app.limits
-        self.timeout = limits.io_timeout  # idle keep-alives and stalled bodies end
+        # Per connection (typeshed declares the class's default a ClassVar): idle keep-alives and stalled bodies end.
+        self.timeout = limits.io_timeout  # type: ignore[misc]
         super().setup()
         self.rfile.close()  # replaced: reads before the token keep to the head deadline
         self._reader = _HeadLimitedReader(self.connection, self.server.deadline(self.connection), limits.max_head,
@@ -204,10 +206,10 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(self._reader)
         self._challenged = False
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         self._handle("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._handle("POST")
 
     def _handle(self, method: str) -> None:
@@ -249,7 +251,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):
             self.close_connection = True
             response = None
-        except Exception as exc:  # a bug must cost one request, not the server
+        except Exception as exc:  # noqa: BLE001 - a bug must cost one request, not the server
             self._refuse(RequestError(500, f"internal error ({type(exc).__name__}: {str(exc)[:200]})"), close=True)
             response = None
         finally:
@@ -332,5 +334,5 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self._refuse(RequestError(code, message or self.responses.get(code, ("error",))[0]), close=True)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002
+    def log_message(self, format: str, *args) -> None:
         pass  # one line per request would flood the job's log; /metrics counts them

@@ -19,8 +19,9 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
 from ..errors import UsageError
 from ..session import EngineSet, OpenOptions

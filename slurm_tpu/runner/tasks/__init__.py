@@ -8,7 +8,7 @@ an error naming its outputs and ``--task raw``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..choices import AUTO, TASK_NAMES
 from ..errors import UsageError
@@ -29,7 +29,7 @@ __all__ = ["AUTO", "TASK_NAMES", "Task", "TaskOptions", "Class", "Object", "Segm
 
 
 def _make(cls: type[Task], keep_aspect: bool) -> Task:
-    return cls(keep_aspect) if cls is Segment else cls()  # type: ignore[call-arg]
+    return cls(keep_aspect) if cls is Segment else cls()
 
 
 def choose_task(name: str, outputs: Sequence[TensorSpec], custom_ops: frozenset[str], model: str,

@@ -9,8 +9,9 @@ the colour mask (PASCAL VOC colours, as pycoral's ``label_to_color_image``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,8 @@ def resize_map(class_map: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         return class_map
     mode_type = np.uint8 if class_map.max(initial=0) < 256 else np.int32
     image = Image.fromarray(class_map.astype(mode_type))
-    return np.asarray(image.resize(size, Image.NEAREST))
+    # Image.Resampling needs Pillow 9.1; the module-level names are set by a loop mypy cannot follow.
+    return np.asarray(image.resize(size, Image.NEAREST))  # type: ignore[attr-defined]
 
 
 def segment(output: np.ndarray, geometry: Geometry, labels) -> Segmentation:
