@@ -44,8 +44,10 @@ def hand_loop(interpreter, paths: list[str], out_path: str) -> None:
             interpreter.invoke()
             scores = (interpreter.get_tensor(outp["index"])[0].astype(np.float32) - zero) * scale
             top = np.argsort(-scores, kind="stable")[:3]
-            out.write(json.dumps({"input": path, "classes": [{"index": int(i), "score": float(scores[i])}
-                                                             for i in top]}) + "\n")
+            out.write(
+                json.dumps({"input": path, "classes": [{"index": int(i), "score": float(scores[i])} for i in top]})
+                + "\n"
+            )
             out.flush()
 
 
@@ -68,10 +70,16 @@ def main() -> None:
     hand_loop(interpreter, paths[:10], str(work / "warm.jsonl"))  # warm both paths
     runner.run_batch(paths[:10], str(work / "warm2.jsonl"), expand=False)
 
-    rates = interleaved(args.rounds, work, {
-        "runner": lambda out: runner.run_batch(paths, out, options=runner.options(top_k=3), expand=False),
-        "hand": lambda out: hand_loop(interpreter, paths, out),
-    }, len(paths), lambda out: _check(out, len(paths), lambda rec: True))
+    rates = interleaved(
+        args.rounds,
+        work,
+        {
+            "runner": lambda out: runner.run_batch(paths, out, options=runner.options(top_k=3), expand=False),
+            "hand": lambda out: hand_loop(interpreter, paths, out),
+        },
+        len(paths),
+        lambda out: _check(out, len(paths), lambda rec: True),
+    )
     runner.close()
     report(rates, "batch throughput", 0.95, images=len(paths), rounds=args.rounds, threads=threads)
 

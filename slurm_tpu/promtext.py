@@ -83,8 +83,10 @@ def write_textfile(path: str, collector: Collector) -> None:
     except OSError as exc:
         raise TextfileError(f"{directory}: {exc.strerror}") from exc
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise TextfileError(f"{directory} is mode {stat.S_IMODE(info.st_mode):04o}: others could plant the "
-                            "temporary file's name; use a directory only its owner can write")
+        raise TextfileError(
+            f"{directory} is mode {stat.S_IMODE(info.st_mode):04o}: others could plant the "
+            "temporary file's name; use a directory only its owner can write"
+        )
     mask = os.umask(0o022)  # node_exporter runs unprivileged: the file must be world-readable from its creation
     try:
         write_to_textfile(path, registry_of(collector))

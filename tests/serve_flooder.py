@@ -22,6 +22,7 @@ conns = {}  # socket -> [opened, next line due, lines sent]
 reopen = []  # times at which a closed connection is opened again
 lifetimes, answers, opened = [], [], 0
 
+
 def open_one():
     global opened
     sock = socket.create_connection(("127.0.0.1", port), timeout=5)
@@ -32,6 +33,7 @@ def open_one():
     selector.register(sock, selectors.EVENT_READ)
     opened += 1
 
+
 def closed(sock, data=b""):
     opened_at = conns.pop(sock)[0]
     selector.unregister(sock)
@@ -40,6 +42,7 @@ def closed(sock, data=b""):
     if data:
         answers.append(data[:40].decode("latin-1"))
     reopen.append(time.monotonic() + 1.0)
+
 
 for _ in range(count):
     open_one()

@@ -66,8 +66,13 @@ pass_obj = click.make_pass_decorator(Obj)
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="slurm-tpu")
-@click.option("--config", "config_path", metavar="FILE", envvar=CONFIG_ENV,
-              help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    envvar=CONFIG_ENV,
+    help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.",
+)
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None) -> None:
     """Make Edge TPUs, GPUs and Hailo NPUs allocatable, isolated Slurm resources.

@@ -52,5 +52,13 @@ def subsystems() -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for f in FAMILIES for s in f.attributes))
 
 
-__all__ = ["FAMILIES", "KINDS", "Family", "FamilyConfig", "family", "details_from_json", "inventory_from_json",
-           "subsystems"]
+__all__ = [
+    "FAMILIES",
+    "KINDS",
+    "Family",
+    "FamilyConfig",
+    "family",
+    "details_from_json",
+    "inventory_from_json",
+    "subsystems",
+]

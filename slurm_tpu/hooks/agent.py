@@ -90,8 +90,12 @@ def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
     deadline = time.monotonic() + READ_TIMEOUT_S
     conn.settimeout(READ_TIMEOUT_S)
     head, ancillary, flags, _ = conn.recvmsg(4, socket.CMSG_SPACE(16 * 4))
-    fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-           for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])]
+    fds = [
+        fd
+        for level, kind, data in ancillary
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+        for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
+    ]
     for fd in fds:
         os.close(fd)
     if fds or flags & socket.MSG_CTRUNC:
@@ -127,8 +131,9 @@ def _resident_scontrol(queries: socket.socket, environ: dict[str, str]):
     return source
 
 
-def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = None,
-             queries: socket.socket | None = None) -> int:
+def run_hook(
+    hook: str, environ: dict[str, str], conn: socket.socket | None = None, queries: socket.socket | None = None
+) -> int:
     """Run one hook in this (worker) process, as its Python entry script would; returns its status."""
     probe.begin(environ, time.time())
     if hook == "prolog":
@@ -143,8 +148,10 @@ def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = No
         if status == 0 and conn is not None and _client_gone(conn):
             # Nobody waits for this prolog any more (slurmd killed it, the client gave up): the
             # job was refused, so it must not keep devices. The epilog's release is idempotent.
-            say(f"prolog: job {environ.get('SLURM_JOB_ID', '?')}: its hook client went away; "
-                "giving back what was leased for it")
+            say(
+                f"prolog: job {environ.get('SLURM_JOB_ID', '?')}: its hook client went away; "
+                "giving back what was leased for it"
+            )
             epilog.main(environ)
             status = 1
         return status
@@ -254,8 +261,7 @@ def serve(environ=None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})",
-        error=False)
+    say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})", error=False)
     try:
         while not stopping:
             try:

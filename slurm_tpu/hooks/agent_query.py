@@ -55,8 +55,14 @@ class ScontrolSession:
     def _start(self) -> None:
         import subprocess
 
-        self.process = subprocess.Popen([self.scontrol, "-d", "--local"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, bufsize=0, close_fds=True)
+        self.process = subprocess.Popen(
+            [self.scontrol, "-d", "--local"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+            close_fds=True,
+        )
         self.buffer = b""
 
     def stop(self) -> None:
@@ -114,8 +120,12 @@ def serve(requests: socket.socket, scontrol: str, slurm_conf: str, parent: int) 
             if not select.select([requests], [], [], 1.0)[0]:
                 continue
             message, ancillary, _, _ = requests.recvmsg(32, socket.CMSG_SPACE(4))
-            fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET
-                   and kind == socket.SCM_RIGHTS for fd in struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4])]
+            fds = [
+                fd
+                for level, kind, data in ancillary
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
+            ]
             if not message and not fds:
                 return
             try:
@@ -166,8 +176,9 @@ def ask(requests: socket.socket, selector: str, environ) -> tuple[str, str] | No
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with theirs:
-            requests.sendmsg([selector.encode()],
-                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
+            requests.sendmsg(
+                [selector.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))]
+            )
         mine.settimeout(ANSWER_TIMEOUT_S + 1)
         chunks, size = [], 0
         while size <= MAX_ANSWER:

@@ -151,11 +151,23 @@ def run(environ: Mapping[str, str]) -> int:
         if finishing and isinstance(lease, Lease):  # finishing: always a Lease (the isinstance is for mypy)
             ledger.drop(identity)
             # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
-            ledger.audit(audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM, identity=identity, job_id=lease.job_id,
-                         uid=lease.uid, nodes=list(nodes), revoked=True)
+            ledger.audit(
+                audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM,
+                identity=identity,
+                job_id=lease.job_id,
+                uid=lease.uid,
+                nodes=list(nodes),
+                revoked=True,
+            )
         elif isinstance(lease, Lease) and lease.phase == HELD:
-            ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, uid=lease.uid,
-                         nodes=list(nodes), changed=changed)
+            ledger.audit(
+                audit.REENUMERATE,
+                identity=identity,
+                job_id=lease.job_id,
+                uid=lease.uid,
+                nodes=list(nodes),
+                changed=changed,
+            )
         elif lease is not None:
             # Kept by an epilog, being revoked (the old device's own event), or unreadable: not
             # free, and not the job's any more (owner_for: root only).

@@ -88,8 +88,9 @@ def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True
     current = slurm.node_state(node)
     from ..render import node_gres
 
-    decision = decide(current["state"], current["reason"], problems, current["gres"],
-                      node_gres(configured_devices, config))
+    decision = decide(
+        current["state"], current["reason"], problems, current["gres"], node_gres(configured_devices, config)
+    )
     applied = False
     if apply and decision.action == Action.DRAIN:
         slurm.drain(node, decision.reason)

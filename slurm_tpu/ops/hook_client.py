@@ -19,7 +19,6 @@ def build(directory: str | None = None, source: str | None = None) -> str | None
     return _build(directory, source or node_file("prolog", SOURCE))
 
 
-
 def compiled() -> bytes | None:
     """The client built from the shipped source, as bytes (``slurm-tpu install`` installs and
     records it, so ``uninstall`` removes it); None without a compiler or when the build failed."""
@@ -31,6 +30,7 @@ def compiled() -> bytes | None:
             return None
         with open(path, "rb") as handle:
             return handle.read()
+
 
 if __name__ == "__main__":
     path = build(sys.argv[1] if len(sys.argv) > 1 else None)

@@ -47,24 +47,33 @@ def _run_command(slurm: SlurmBackend, argv: Sequence[str], node: str) -> None:
         raise SlurmCommandError(f"{exc}; {node} stays drained", argv[0], exc.stderr) from exc
 
 
-def apply_hardware_change(slurm: SlurmBackend, node: str, count_changed: bool, commands: RestartCommands,
-                          new_gres: str, log: Callable[[str], None], wait_timeout: float = 3600,
-                          poll: float = 2.0) -> bool:
+def apply_hardware_change(
+    slurm: SlurmBackend,
+    node: str,
+    count_changed: bool,
+    commands: RestartCommands,
+    new_gres: str,
+    log: Callable[[str], None],
+    wait_timeout: float = 3600,
+    poll: float = 2.0,
+) -> bool:
     """Make Slurm use the regenerated files. True when the node serves jobs again."""
     current = slurm.node_state(node)
     admin_drained = "DRAIN" in current["state"] and not current["reason"].startswith(REASON_PREFIX)
     if not admin_drained:
         slurm.drain(node, CHANGE_REASON)
     deadline = time.monotonic() + wait_timeout
-    while (busy := slurm.jobs_with_gres(node)):
+    while busy := slurm.jobs_with_gres(node):
         if time.monotonic() > deadline:
-            raise SlurmCommandError(f"{node}: accelerator jobs {', '.join(busy)} still running after "
-                                    f"{wait_timeout:g} s; slurmd not restarted (node stays drained)", "squeue")
+            raise SlurmCommandError(
+                f"{node}: accelerator jobs {', '.join(busy)} still running after "
+                f"{wait_timeout:g} s; slurmd not restarted (node stays drained)",
+                "squeue",
+            )
         log(f"slurm-tpu watch: waiting for accelerator job(s) {', '.join(busy)} on {node} to end")
         time.sleep(poll)
     if count_changed and not commands.restart_controller:
-        hold = (f"{HOLD_PREFIX}; restart slurmctld, then slurmd on {node}, "
-                f"to apply Gres={new_gres or '(none)'}")
+        hold = f"{HOLD_PREFIX}; restart slurmctld, then slurmd on {node}, to apply Gres={new_gres or '(none)'}"
         if not admin_drained:
             slurm.drain(node, hold)
         log(f"slurm-tpu watch: {hold} (no --controller-command given)")

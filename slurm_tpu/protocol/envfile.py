@@ -52,8 +52,11 @@ def render(leases: Sequence[Lease], settings: HookSnapshot, usage_dir: str | Non
     """
     lines = []
     for variable in settings.variables:
-        found = [settings.values.get(lease.identity, {}).get(variable.name) for lease in leases
-                 if lease.kind == variable.kind]
+        found = [
+            settings.values.get(lease.identity, {}).get(variable.name)
+            for lease in leases
+            if lease.kind == variable.kind
+        ]
         entries = [entry for entry in found if entry is not None]
         if entries or not variable.unset_when_empty:
             lines.append(f"export {variable.name}={','.join(entries)}")

@@ -40,7 +40,11 @@ class KnownDevice:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, KnownDevice) and (self.identity, self.kind, self.bus, self.device_nodes) == (
-            other.identity, other.kind, other.bus, other.device_nodes)
+            other.identity,
+            other.kind,
+            other.bus,
+            other.device_nodes,
+        )
 
     def __hash__(self) -> int:
         return hash((self.identity, self.device_nodes))
@@ -60,8 +64,7 @@ def parse_inventory(document: dict[str, Any]) -> dict[str, KnownDevice]:
         if not item.get("usable", True):
             continue
         nodes = tuple(str(n) for n in item.get("device_nodes") or ())
-        devices[str(item["identity"])] = KnownDevice(str(item["identity"]), str(item["kind"]),
-                                                     str(item["bus"]), nodes)
+        devices[str(item["identity"])] = KnownDevice(str(item["identity"]), str(item["kind"]), str(item["bus"]), nodes)
     return devices
 
 
@@ -80,11 +83,17 @@ def decode(data: bytes) -> dict[str, object]:
     try:
         document = json.loads(data)
     except ValueError as exc:
-        raise FormatError(f"{FILE_NAME} in the state directory is not JSON ({exc}); "
-                          "rerun `slurm-tpu gres-conf --output ...` to rewrite it", FILE_NAME) from exc
+        raise FormatError(
+            f"{FILE_NAME} in the state directory is not JSON ({exc}); "
+            "rerun `slurm-tpu gres-conf --output ...` to rewrite it",
+            FILE_NAME,
+        ) from exc
     if not isinstance(document, dict) or not isinstance(document.get("accelerators"), list):
-        raise FormatError(f"{FILE_NAME} in the state directory is not a `slurm-tpu detect --json` "
-                          "document; rerun `slurm-tpu gres-conf --output ...`", FILE_NAME)
+        raise FormatError(
+            f"{FILE_NAME} in the state directory is not a `slurm-tpu detect --json` "
+            "document; rerun `slurm-tpu gres-conf --output ...`",
+            FILE_NAME,
+        )
     return document
 
 

@@ -37,9 +37,28 @@ PHASES = (HELD, REVOKING, KEPT)
 IDENTITY, JOB_ID, UID, KIND, USER, START = "identity", "job_id", "uid", "kind", "user", "start"
 DEVICE_NODES, ALLOCATION, NODE = "device_nodes", "allocation", "node"
 PROLOG_PID, PROLOG_START, FORMAT_VERSION, PHASE, PHASE_SINCE = (
-    "prolog_pid", "prolog_start", "version", "phase", "phase_since")
-FIELDS = (IDENTITY, JOB_ID, UID, KIND, USER, START, DEVICE_NODES, ALLOCATION, NODE, PROLOG_PID, PROLOG_START,
-          FORMAT_VERSION, PHASE, PHASE_SINCE)
+    "prolog_pid",
+    "prolog_start",
+    "version",
+    "phase",
+    "phase_since",
+)
+FIELDS = (
+    IDENTITY,
+    JOB_ID,
+    UID,
+    KIND,
+    USER,
+    START,
+    DEVICE_NODES,
+    ALLOCATION,
+    NODE,
+    PROLOG_PID,
+    PROLOG_START,
+    FORMAT_VERSION,
+    PHASE,
+    PHASE_SINCE,
+)
 REQUIRED = (IDENTITY, JOB_ID, UID)
 _INT_FIELDS = (JOB_ID, UID, PROLOG_PID, PROLOG_START, FORMAT_VERSION)
 _FLOAT_FIELDS = (START, PHASE_SINCE)
@@ -51,10 +70,23 @@ class Lease:
 
     __slots__ = FIELDS
 
-    def __init__(self, identity: str, job_id: int, uid: int, kind: str = "edgetpu", user: str = "",
-                 start: float = 0.0, device_nodes: tuple[str, ...] = (), allocation: tuple[str, ...] = (),
-                 node: str = "", prolog_pid: int = 0, prolog_start: int = 0, version: int = VERSION,
-                 phase: str = HELD, phase_since: float = 0.0):
+    def __init__(
+        self,
+        identity: str,
+        job_id: int,
+        uid: int,
+        kind: str = "edgetpu",
+        user: str = "",
+        start: float = 0.0,
+        device_nodes: tuple[str, ...] = (),
+        allocation: tuple[str, ...] = (),
+        node: str = "",
+        prolog_pid: int = 0,
+        prolog_start: int = 0,
+        version: int = VERSION,
+        phase: str = HELD,
+        phase_since: float = 0.0,
+    ):
         self.identity, self.job_id, self.uid, self.kind, self.user = identity, job_id, uid, kind, user
         self.start, self.device_nodes, self.allocation, self.node = start, tuple(device_nodes), tuple(allocation), node
         # prolog_start: /proc/<pid>/stat start time, to tell a reused pid apart.
@@ -106,15 +138,17 @@ class Lease:
             if name not in fields:
                 raise FormatError(f"lease file {source}: field {name!r} is missing", source)
         if fields[IDENTITY] != identity:
-            raise FormatError(f"lease file {source}: names device {fields[IDENTITY][:80]!r}, not its file name",
-                              source)
+            raise FormatError(f"lease file {source}: names device {fields[IDENTITY][:80]!r}, not its file name", source)
         kwargs: dict = {}
         for name in FIELDS:
             if name in fields:
                 kwargs[name] = _value(name, fields[name], source)
         if kwargs.get(FORMAT_VERSION, VERSION) > VERSION:
-            raise FormatError(f"lease file {source} has format version {kwargs[FORMAT_VERSION]}; this slurm-tpu "
-                              f"reads up to {VERSION}: run the same slurm-tpu on every node and hook", source)
+            raise FormatError(
+                f"lease file {source} has format version {kwargs[FORMAT_VERSION]}; this slurm-tpu "
+                f"reads up to {VERSION}: run the same slurm-tpu on every node and hook",
+                source,
+            )
         if kwargs.get(PHASE, HELD) not in PHASES:
             raise FormatError(f"lease file {source}: unknown phase {kwargs[PHASE][:40]!r}", source)
         return cls(**kwargs)

@@ -39,10 +39,12 @@ class Item:
     meta: Any = None  # what the loader knows about the input (e.g. its image geometry)
 
 
-def decode_ordered(keys: Iterable[str], load: Callable[[str], tuple[list[np.ndarray], Any]],
-                   threads: int = 2, lookahead: int = 16) -> Iterator[Item]:
+def decode_ordered(
+    keys: Iterable[str], load: Callable[[str], tuple[list[np.ndarray], Any]], threads: int = 2, lookahead: int = 16
+) -> Iterator[Item]:
     """Decode inputs in a pool (``load`` gives the tensors and their ``meta``); per-input
     errors (our SlurmTpuError) become ``Item.error``."""
+
     def task(seq: int, key: str) -> Item:
         try:
             inputs, meta = load(key)
@@ -80,8 +82,9 @@ def _run(engine: Engine, item: Item) -> Item:
     return item
 
 
-def infer_ordered(engines: Sequence[Engine], items: Iterable[Item], chain: bool = False,
-                  depth: int = 8) -> Iterator[Item]:
+def infer_ordered(
+    engines: Sequence[Engine], items: Iterable[Item], chain: bool = False, depth: int = 8
+) -> Iterator[Item]:
     """Run every item, yielding them in input order with ``outputs`` (or ``error``) set."""
     if len(engines) == 1:
         for item in items:
@@ -130,8 +133,9 @@ def _pool(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Itera
                 done.put(_Failure(exc))
 
     threads = [threading.Thread(target=_feed, args=(items, work, stop, len(engines)), daemon=True)]
-    threads += [threading.Thread(target=worker, args=(e,), daemon=True, name=f"engine-{i}")
-                for i, e in enumerate(engines)]
+    threads += [
+        threading.Thread(target=worker, args=(e,), daemon=True, name=f"engine-{i}") for i, e in enumerate(engines)
+    ]
     for t in threads:
         t.start()
     pending: dict[int, Item] = {}
@@ -174,8 +178,12 @@ def _chain(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iter
                 return
 
     threads = [threading.Thread(target=_feed, args=(items, queues[0], stop, 1), daemon=True)]
-    threads += [threading.Thread(target=stage, args=(e, queues[i], queues[i + 1], i == len(engines) - 1),
-                                 daemon=True, name=f"segment-{i}") for i, e in enumerate(engines)]
+    threads += [
+        threading.Thread(
+            target=stage, args=(e, queues[i], queues[i + 1], i == len(engines) - 1), daemon=True, name=f"segment-{i}"
+        )
+        for i, e in enumerate(engines)
+    ]
     for t in threads:
         t.start()
     try:
@@ -190,8 +198,9 @@ def _chain(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iter
         _shutdown(stop, queues, threads, 1)
 
 
-def _shutdown(stop: threading.Event, queues: list[queue.Queue[Any]],
-              threads: list[threading.Thread], copies: int) -> None:
+def _shutdown(
+    stop: threading.Event, queues: list[queue.Queue[Any]], threads: list[threading.Thread], copies: int
+) -> None:
     """Stop early (consumer gone or failed): unblock every thread, then wait for them."""
     stop.set()
     for q in queues:

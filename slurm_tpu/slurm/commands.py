@@ -47,7 +47,7 @@ def node_reason(text: str, limit: int = MAX_REASON) -> str:
     cleaned = " ".join(printable.split()).strip('"').strip()
     limit = min(limit, MAX_REASON)
     if len(cleaned) > limit:
-        cleaned = cleaned[:limit - 3].rstrip() + "..."
+        cleaned = cleaned[: limit - 3].rstrip() + "..."
     return cleaned or NO_REASON
 
 
@@ -71,8 +71,12 @@ class Slurm(NodeStates):
 
     name = "scontrol"
 
-    def __init__(self, install: _installation.Installation | None = None, environ: Mapping[str, str] | None = None,
-                 timeout: float = 20.0):
+    def __init__(
+        self,
+        install: _installation.Installation | None = None,
+        environ: Mapping[str, str] | None = None,
+        timeout: float = 20.0,
+    ):
         import os
 
         self.environ = os.environ if environ is None else environ
@@ -170,8 +174,13 @@ class Slurm(NodeStates):
 
     def _update_node(self, node: str, state: str, reason: str | None) -> None:
         # Each an argument of its own, never seen by a shell: scontrol splits each at its first '='.
-        self.run("scontrol", "update", f"NodeName={node}", f"State={state}",
-                 *([f"Reason={reason}"] if reason is not None else []))
+        self.run(
+            "scontrol",
+            "update",
+            f"NodeName={node}",
+            f"State={state}",
+            *([f"Reason={reason}"] if reason is not None else []),
+        )
 
     def hardware(self, slurmd: str | None = None) -> dict[str, str]:
         """This node's CPU and memory facts from ``slurmd -C`` (``slurmd``: an explicit binary)."""

@@ -18,8 +18,9 @@ from collections.abc import Sequence
 from .parse import GresConfRecord
 
 
-def device_order(name: str, records: Sequence[GresConfRecord],
-                 node_gres: Sequence[tuple[str, str | None, int]] | None) -> list[tuple[str | None, str | None]]:
+def device_order(
+    name: str, records: Sequence[GresConfRecord], node_gres: Sequence[tuple[str, str | None, int]] | None
+) -> list[tuple[str | None, str | None]]:
     """(type, file) for each index of GRES ``name`` on the node, index = position.
 
     ``records`` are the node's gres.conf records (see ``parse_gres_conf``);
@@ -45,8 +46,7 @@ def device_order(name: str, records: Sequence[GresConfRecord],
     for type_name, count in wanted:
         remaining = count
         while remaining > 0:
-            match = next((r for r in pool if type_name is None
-                          or (r.type or "").lower() == type_name.lower()), None)
+            match = next((r for r in pool if type_name is None or (r.type or "").lower() == type_name.lower()), None)
             if match is None:
                 break
             pool.remove(match)

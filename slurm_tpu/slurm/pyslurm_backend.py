@@ -43,8 +43,10 @@ def _slurm_conf(slurm: Slurm) -> str:
         prefix = os.path.dirname(slurm.install.sbin_dir.rstrip("/"))
         conf = installation.DEBIAN_CONF if prefix in ("/usr", "") else f"{prefix}/etc/slurm.conf"
     if not os.path.isfile(conf):
-        raise PyslurmUnavailable(f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
-                                 "(libslurm would exit the process without one)")
+        raise PyslurmUnavailable(
+            f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
+            "(libslurm would exit the process without one)"
+        )
     return conf
 
 
@@ -56,8 +58,9 @@ def _daemon_version(slurm: Slurm) -> str:
             continue
         if version:
             return version
-    raise PyslurmUnavailable(f"cannot tell the daemons' Slurm release (no slurmd or slurmctld in "
-                             f"{', '.join(slurm.install.dirs)})")
+    raise PyslurmUnavailable(
+        f"cannot tell the daemons' Slurm release (no slurmd or slurmctld in {', '.join(slurm.install.dirs)})"
+    )
 
 
 def load(slurm: Slurm) -> PySlurm:
@@ -72,8 +75,10 @@ def load(slurm: Slurm) -> PySlurm:
     try:
         import pyslurm
     except ImportError as exc:
-        raise PyslurmUnavailable(f"pyslurm is not installed ({exc}); for Slurm {daemons}: "
-                                 f"pip install 'pyslurm=={'.'.join(_major_minor(daemons))}.*'") from exc
+        raise PyslurmUnavailable(
+            f"pyslurm is not installed ({exc}); for Slurm {daemons}: "
+            f"pip install 'pyslurm=={'.'.join(_major_minor(daemons))}.*'"
+        ) from exc
     finally:
         sys.setdlopenflags(flags)
         if previous is None:
@@ -83,9 +88,11 @@ def load(slurm: Slurm) -> PySlurm:
     library = ".".join(str(part) for part in pyslurm.slurm_api_version())
     versions = {"pyslurm": pyslurm.__version__, "its libslurm": library, "the daemons": daemons}
     if len({_major_minor(v) for v in versions.values()}) != 1:
-        raise PyslurmUnavailable("pyslurm does not match this Slurm (" +
-                                 ", ".join(f"{k} {v}" for k, v in versions.items()) +
-                                 "): install the pyslurm release of the daemons' Slurm, or set slurm.backend: scontrol")
+        raise PyslurmUnavailable(
+            "pyslurm does not match this Slurm ("
+            + ", ".join(f"{k} {v}" for k, v in versions.items())
+            + "): install the pyslurm release of the daemons' Slurm, or set slurm.backend: scontrol"
+        )
     pyslurm.slurm_init(conf)
     return PySlurm(pyslurm, library, slurm)
 
@@ -126,8 +133,11 @@ class PySlurm(NodeStates):
         jobs = self._call("Jobs.load()", self.pyslurm.Jobs.load)
         busy = []
         for job in jobs.values():
-            if job.state in ("RUNNING", "COMPLETING") and job.gres_per_node \
-                    and node in expand_hostlist(job.allocated_nodes or ""):
+            if (
+                job.state in ("RUNNING", "COMPLETING")
+                and job.gres_per_node
+                and node in expand_hostlist(job.allocated_nodes or "")
+            ):
                 busy.append(str(job.id))
         return busy
 

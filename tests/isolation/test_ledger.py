@@ -52,10 +52,13 @@ def test_racing_processes_never_share_a_lease(state):
         "with Ledger(sys.argv[2]) as l:\n"
         "    for r in range(30):\n"
         "        wins += l.claim(Lease(identity=f'usb-1-{r}', job_id=int(sys.argv[3]), uid=0))\n"
-        "print(wins)\n")
+        "print(wins)\n"
+    )
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    procs = [subprocess.Popen([sys.executable, "-c", script, repo, state, str(job)], stdout=subprocess.PIPE,
-                              text=True) for job in range(1, 9)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, repo, state, str(job)], stdout=subprocess.PIPE, text=True)
+        for job in range(1, 9)
+    ]
     wins = sum(int(p.communicate()[0]) for p in procs)
     assert wins == 30
     with Ledger(state) as ledger:

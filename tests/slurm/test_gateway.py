@@ -27,6 +27,7 @@ def script(path, body: str) -> str:
 
 # ---- node_reason: the one place a reason is made safe -------------------------------
 
+
 def test_a_reason_is_one_line_without_control_characters():
     forged = "slurm-tpu: usb-2-1.3 held by pid 7 (evil\nNodeName=n2 State=IDLE\r\x1b[2J\ttab)  "
     assert node_reason(forged) == "slurm-tpu: usb-2-1.3 held by pid 7 (evil NodeName=n2 State=IDLE [2J tab)"
@@ -37,13 +38,18 @@ def test_a_reason_is_one_line_without_control_characters():
 
 def test_a_reason_is_cut_never_empty_and_stable():
     long = node_reason("slurm-tpu: " + "; ".join(f"usb-{i}-1 missing" for i in range(100)))
-    assert MAX_REASON - 1 <= len(long) <= MAX_REASON and long.endswith(";...") and long.startswith("slurm-tpu: usb-0-1 missing; ")
-    assert node_reason("") == node_reason(" \n\t\"\" ") == NO_REASON
+    assert (
+        MAX_REASON - 1 <= len(long) <= MAX_REASON
+        and long.endswith(";...")
+        and long.startswith("slurm-tpu: usb-0-1 missing; ")
+    )
+    assert node_reason("") == node_reason(' \n\t"" ') == NO_REASON
     for text in (long, "slurm-tpu: x", 'a "b" c', "x" * 1000 + '"'):
         assert node_reason(node_reason(text)) == node_reason(text)
 
 
 # ---- the program finder ---------------------------------------------------------------
+
 
 def test_admin_commands_take_slurms_directories_first_then_path(tmp_path):
     prefix = tmp_path / "slurm"
@@ -68,6 +74,7 @@ def test_admin_commands_take_slurms_directories_first_then_path(tmp_path):
 
 
 # ---- the runner -----------------------------------------------------------------------
+
 
 def test_a_failure_carries_stderr_and_its_last_line(tmp_path):
     failing = script(tmp_path / "fails", "echo out; echo first >&2; echo 'the real cause' >&2; exit 3\n")
@@ -98,6 +105,7 @@ def test_arguments_reach_the_program_untouched_by_any_shell(tmp_path):
 
 
 # ---- drain and resume on a real slurmctld ---------------------------------------------
+
 
 @pytest.mark.slurm
 def test_drain_stores_the_clean_reason_and_resume_ends_it(cluster_factory):

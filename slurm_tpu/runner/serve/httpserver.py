@@ -48,9 +48,11 @@ from .app import JSON_TYPE, Response, Route, ServeApp, json_response
 from .auth import PROOF_PATH, SCHEME, proof, token_matches, valid_nonce
 from .codec import RequestError, error_body
 
-_SHUTTING_DOWN = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-                  b"Connection: close\r\nContent-Length: 39\r\n\r\n"
-                  b'{"error":"the server is shutting down"}')
+_SHUTTING_DOWN = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: 39\r\n\r\n"
+    b'{"error":"the server is shutting down"}'
+)
 
 
 @dataclass
@@ -180,7 +182,7 @@ class _HeadLimitedReader(socket.SocketIO):
         if left <= 0 or self._left <= 0:
             raise TimeoutError("no request head with the token in time")  # http.server closes the connection
         self._socket.settimeout(min(left, self._io_timeout))
-        count = super().readinto(memoryview(buffer)[:self._left])
+        count = super().readinto(memoryview(buffer)[: self._left])
         self._left -= count or 0
         return count
 
@@ -201,8 +203,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.timeout = limits.io_timeout  # type: ignore[misc]
         super().setup()
         self.rfile.close()  # replaced: reads before the token keep to the head deadline
-        self._reader = _HeadLimitedReader(self.connection, self.server.deadline(self.connection), limits.max_head,
-                                          limits.io_timeout)
+        self._reader = _HeadLimitedReader(
+            self.connection, self.server.deadline(self.connection), limits.max_head, limits.io_timeout
+        )
         self.rfile = io.BufferedReader(self._reader)
         self._challenged = False
 
@@ -228,8 +231,11 @@ class _Handler(BaseHTTPRequestHandler):
                 response = self._prove(query)
             else:
                 if not token_matches(self.headers.get("Authorization"), app.token):
-                    raise RequestError(401, "missing or wrong token: send 'Authorization: Bearer <token>' with the "
-                                       "token from ~/.slurm-tpu/serve/<jobid>.json")
+                    raise RequestError(
+                        401,
+                        "missing or wrong token: send 'Authorization: Bearer <token>' with the "
+                        "token from ~/.slurm-tpu/serve/<jobid>.json",
+                    )
                 if self._reader.deadline is not None:
                     self._admit()
                 route = app.route(method, path)
@@ -238,8 +244,7 @@ class _Handler(BaseHTTPRequestHandler):
                     held = self._content_length()
                     if not app.budget.take(held):
                         held = 0
-                        raise RequestError(503, "the server holds too many request bodies: retry later",
-                                           retry_after=1)
+                        raise RequestError(503, "the server holds too many request bodies: retry later", retry_after=1)
                     body = self._read_body(held)
                     consumed = True
                 response = app.dispatch(route, body, self.headers.get("Content-Type", ""), query)
@@ -260,8 +265,9 @@ class _Handler(BaseHTTPRequestHandler):
             app.end()
         status = response.status if response is not None else self._status
         model = route.model.name if route is not None and route.model is not None else ""
-        app.metrics.observe(model, route.endpoint if route is not None else "other", status,
-                            time.perf_counter() - started)
+        app.metrics.observe(
+            model, route.endpoint if route is not None else "other", status, time.perf_counter() - started
+        )
 
     def _admit(self) -> None:
         """A pending connection just showed the token: count it with the authenticated ones."""
@@ -292,8 +298,11 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(value)
         limit = self.server.app.limits.max_body
         if length > limit:
-            raise RequestError(413, f"the body is {length} bytes, more than {limit} allowed: send smaller "
-                               "requests (or start the server with a larger --max-body)")
+            raise RequestError(
+                413,
+                f"the body is {length} bytes, more than {limit} allowed: send smaller "
+                "requests (or start the server with a larger --max-body)",
+            )
         return length
 
     def _read_body(self, length: int) -> bytes:

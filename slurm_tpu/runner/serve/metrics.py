@@ -77,9 +77,11 @@ class ServeMetrics(Collector):
             add(requests_f, labels, value)
             if int(code) >= 400:
                 add(errors_f, labels, value)
-        duration = HistogramMetricFamily(f"{PREFIX}_request_duration_seconds",
-                                         "time from request line to response, by model and endpoint",
-                                         labels=("model", "endpoint"))
+        duration = HistogramMetricFamily(
+            f"{PREFIX}_request_duration_seconds",
+            "time from request line to response, by model and endpoint",
+            labels=("model", "endpoint"),
+        )
         for (model, endpoint), (counts, total, count) in latency:
             cumulative, running = [], 0
             for bound, n in zip(BUCKETS, counts):

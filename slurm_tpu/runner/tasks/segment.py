@@ -91,14 +91,17 @@ class Segment(Task):
         shape = outputs[0].shape
         return len(shape) in (3, 4) and shape[0] == 1 and shape[1] > 1 and shape[2] > 1
 
-    def process(self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry,
-                options: TaskOptions) -> Segmentation:
+    def process(
+        self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry, options: TaskOptions
+    ) -> Segmentation:
         return segment(outputs[0], geometry, options.labels)
 
     def record(self, result: Segmentation) -> dict[str, Any]:
         height, width = result.class_map.shape
-        return {"size": [width, height],
-                "classes": [{"id": i, "label": label, "fraction": round(f, 6)} for i, label, f in result.fractions]}
+        return {
+            "size": [width, height],
+            "classes": [{"id": i, "label": label, "fraction": round(f, 6)} for i, label, f in result.fractions],
+        }
 
     def lines(self, result: Segmentation) -> list[str]:
         return [f"{label}: {fraction:.5f}" for _, label, fraction in result.fractions]
