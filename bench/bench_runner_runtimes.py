@@ -38,7 +38,8 @@ runner.benchmark(5)  # warm up
 print("ready", flush=True)
 for line in sys.stdin:
     result = runner.benchmark(iterations)
-    print(json.dumps({"per_s": result.throughput_per_s, "p50_ms": result.p50_ms, "runtime": runner.engine_set.runtime}), flush=True)
+    figures = {"per_s": result.throughput_per_s, "p50_ms": result.p50_ms, "runtime": runner.engine_set.runtime}
+    print(json.dumps(figures), flush=True)
 """
 
 

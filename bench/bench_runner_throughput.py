@@ -3,7 +3,8 @@
 
 Same model (the generated MobileNet-v1-shaped uint8 model), same JPEG inputs, same
 runtime (LiteRT) and thread count, same work per image (decode, resize to 224x224 with
-LANCZOS as pycoral's classify_image.py, invoke, top-3, one JSON line appended to a file). Rounds alternate A/B so machine
+LANCZOS as pycoral's classify_image.py, invoke, top-3, one JSON line appended to a file). Rounds
+alternate A/B so machine
 noise hits both; model loading is outside the timed region for both. Prints the
 median images/s of each and ratio = runner / hand loop (goal >= 0.95).
 

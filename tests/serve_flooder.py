@@ -4,8 +4,9 @@
 
 COUNT connections each send a request line, then one header line every TRICKLE seconds
 and never finish the head; one the server closes is opened again a second later. After
-SECONDS it stops. It prints a line of JSON once all COUNT are open, and one at the end: connections opened, the lifetimes of those the server
-closed, the ages of those still open, and the first bytes of any answer received.
+SECONDS it stops. It prints a line of JSON once all COUNT are open, and one at the end: connections
+opened, the lifetimes of those the server closed, the ages of those still open, and the first bytes
+of any answer received.
 """
 
 import json

@@ -425,7 +425,9 @@ def test_checker_finds_upward_imports_at_any_level(tmp_path):
             "__init__.py": "",
             "low.py": "import os\ndef late():\n    from .high import thing\n",
             "mid/__init__.py": "from ..low import late\n",
-            "high.py": "from . import low\nTYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .top import T\nthing = 1\n",
+            "high.py": (
+                "from . import low\nTYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .top import T\nthing = 1\n"
+            ),
             "top.py": "from .mid import late\nclass T: ...\n",
         },
     )

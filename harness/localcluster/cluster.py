@@ -475,10 +475,11 @@ class LocalCluster:
             if self.agents:
                 self._spawn_agent(spec.name)  # all at once: each imports for a while (many nodes on one host)
         for spec in self.nodes:
-            # B023 is a false alarm here: _wait calls the lambda before the loop moves on.
             self._wait(
-                lambda: self._apex_ready(spec.name), 30, f"the emulated apex driver of {spec.name} did not mount"
-            )  # noqa: B023
+                lambda name=spec.name: self._apex_ready(name),
+                30,
+                f"the emulated apex driver of {spec.name} did not mount",
+            )
             if self.agents:
                 self._wait_agent(spec.name)
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])

@@ -55,7 +55,8 @@ _IN_MODIFY, _IN_CLOSE_WRITE, _IN_CLOEXEC, _IN_NONBLOCK = 0x2, 0x8, 0o2000000, 0o
 
 
 def _inotify(paths: list[str]) -> int | None:
-    """An inotify fd watching writes to ``paths`` (the stdlib has no inotify: libc through ctypes); None if unavailable."""
+    """An inotify fd watching writes to ``paths`` (the stdlib has no inotify: libc through ctypes);
+    None if unavailable."""
     try:
         import ctypes
 

@@ -13,8 +13,9 @@ thread, so nothing here is shared with the workers but one socket). A worker
 sends it the job selector (``123``, ``123_4``; one SOCK_SEQPACKET message carrying, over SCM_RIGHTS, the
 end of a fresh socketpair to answer on); the helper writes
 ``<scontrol>\\n<SLURM_CONF>\\n`` and the text of ``show job`` for that job, then
-closes (the format: slurm_tpu/protocol/agent_wire.py). ``Slurm.job_detail`` asks it first (both the job's query and the narrowed one for an
-array task sharing the node), through ``allocation.DETAIL_SOURCE``. Each answer ends at a line only this query can produce: ``show
+closes (the format: slurm_tpu/protocol/agent_wire.py). ``Slurm.job_detail`` asks it first (both
+the job's query and the narrowed one for an array task sharing the node), through
+``allocation.DETAIL_SOURCE``. Each answer ends at a line only this query can produce: ``show
 hostnames q<random>[1-2]`` expands to two lines that neither scontrol's echo of
 the command nor any job string can contain, so a forged job name never shifts
 one job's answer into the next one's. The worker uses the text only when its own

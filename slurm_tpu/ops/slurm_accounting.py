@@ -52,7 +52,9 @@ def _time(value: str) -> float | None:
 
 
 def parse_sacct(text: str) -> list[JobRow]:
-    """Rows of ``sacct -n -P -X -o JobID,User,Start,End,AllocTRES,AdminComment`` (AdminComment last: it may hold '|')."""
+    """Rows of ``sacct -n -P -X -o JobID,User,Start,End,AllocTRES,AdminComment``.
+
+    AdminComment comes last: it may hold '|'."""
     rows = []
     for line in text.splitlines():
         parts = line.split("|", len(FIELDS) - 1)

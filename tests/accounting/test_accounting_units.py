@@ -29,7 +29,10 @@ def test_accounting_tres_names_every_gres_and_type_of_a_node_line():
         "gres/mps",
     ]
     assert accounting_tres("") == []
-    text = "NodeName=a Gres=tpu:edgetpu_usb:1\nNodeName=b CPUs=2\n# NodeName=c Gres=gpu:x:1\nNodeName=d Gres=npu:hailo8:2\n"
+    text = (
+        "NodeName=a Gres=tpu:edgetpu_usb:1\nNodeName=b CPUs=2\n# NodeName=c Gres=gpu:x:1\n"
+        "NodeName=d Gres=npu:hailo8:2\n"
+    )
     assert accounting_tres_of_nodes_conf(text) == ["gres/tpu", "gres/tpu:edgetpu_usb", "gres/npu", "gres/npu:hailo8"]
 
 

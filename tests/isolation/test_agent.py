@@ -196,7 +196,8 @@ env = b"SLURM_JOB_ID=1\0SLURM_JOB_UID=0\0SLURMD_NODENAME=n1\0"
 body = b"STPU1\0epilog\0" + env
 fds = [0, 1, 2]
 try:
-    sock.sendmsg([struct.pack("=I", len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", *fds))])
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", *fds))]
+    sock.sendmsg([struct.pack("=I", len(body)) + body], rights)
     answer = sock.recv(1)
 except (BrokenPipeError, ConnectionResetError):
     answer = b""  # closed unread

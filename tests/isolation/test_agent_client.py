@@ -1,5 +1,6 @@
 """The hooks' C client (prolog/slurm-tpu-hook-client.c) against stand-in agents: the wire format the
-real agent reads (agent.read_request, the format protocol/agent_wire.py), and failing closed when the agent is gone or slow.
+real agent reads (agent.read_request, the format protocol/agent_wire.py), and failing closed when the
+agent is gone or slow.
 
 No cluster: each stand-in is a socket in a root-owned temp directory, driven by the test, and
 each assertion waits on the client's exit (its status and its one line), never on a clock.

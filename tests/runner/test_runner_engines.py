@@ -98,7 +98,8 @@ def test_tflite_runtime_backend_when_that_is_what_is_installed(models, tpu_env):
     code = (
         "from slurm_tpu.runner import Runner\n"
         f"r = Runner({str(models['classifier'])!r}, warn=lambda m: None)\n"
-        f"print(r.engine_set.runtime, r.device_labels[0], r.classify({str(models['images'] / 'img_00007.png')!r})[0].index)"
+        f"image = {str(models['images'] / 'img_00007.png')!r}\n"
+        "print(r.engine_set.runtime, r.device_labels[0], r.classify(image)[0].index)"
     )
     env = dict(tpu_env, PYTHONPATH=str(repo))
     env.pop("SLURM_TPU_RUNTIME", None)
