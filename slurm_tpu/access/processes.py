@@ -102,7 +102,7 @@ def _kcmp() -> Callable[[int, int, int], int] | None:
     """
     global _kcmp_fn
     if _kcmp_fn is not False:
-        return _kcmp_fn  # type: ignore[return-value]
+        return _kcmp_fn  # type: ignore[return-value]  # not False: the function or None
     _kcmp_fn = None
     number = _KCMP_NR.get(os.uname().machine)
     if number is None:

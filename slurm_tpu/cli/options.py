@@ -48,10 +48,10 @@ def grouped(param: str, build: Callable[..., Any], *decorators: Decorator) -> De
         # the group's own are the ones it appends.
         params = list(getattr(func, "__click_params__", []))
         known = len(params)
-        command.__click_params__ = params  # type: ignore[attr-defined]
+        command.__click_params__ = params  # type: ignore[attr-defined]  # click's own attribute on functions
         options(*decorators)(command)
         names = [p.name for p in params[known:]]
-        return command  # type: ignore[return-value]
+        return command  # type: ignore[return-value]  # the wrapper, typed as the function it wraps
 
     return decorate
 

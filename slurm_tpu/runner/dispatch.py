@@ -131,6 +131,7 @@ def infer(request: InferRequest, streams: Streams, environ: Mapping[str, str] = 
             (batch.shard_index, batch.shard_count) if batch.shard_count is not None else shard_from_environment(environ)
         )
         if share is not None:
+            # With --shard-count given, --shard-index is too (both or neither, checked above): ints.
             if batch.shard_count is not None and share[0] >= share[1]:  # type: ignore[operator]
                 raise UsageError(f"--shard-index {batch.shard_index} must be below --shard-count {batch.shard_count}")
             keys = shard(keys, *share)  # type: ignore[arg-type]

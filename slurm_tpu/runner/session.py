@@ -48,6 +48,7 @@ class EngineSet:
 
     def close(self) -> None:
         if self.engines:
+            # MeteredEngines since __init__ (see above), which the field types as Engine.
             report_usage(self.engines, self.environ)  # type: ignore[arg-type]
         for engine in reversed(self.engines):
             engine.close()
