@@ -24,8 +24,12 @@ def _node_files():
         for name in sorted(os.listdir(directory)):
             source = os.path.join(directory, name)
             # slurm-tpu-hook-client: built from its .c on the node (slurm_tpu/ops/hook_client.py), never shipped.
-            if os.path.isfile(source) and not name.endswith((".pyc", "~")) and name != "slurm-tpu-hook-client" \
-                    and not name.endswith(".tmp"):
+            if (
+                os.path.isfile(source)
+                and not name.endswith((".pyc", "~"))
+                and name != "slurm-tpu-hook-client"
+                and not name.endswith(".tmp")
+            ):
                 yield source, os.path.join(PACKAGE_DIR, directory, name)
 
 

@@ -43,8 +43,17 @@ def main() -> None:
         cluster.configure()
         cluster.start()
         env = cluster.env({"SLURM_TPU_CONFIG": cluster.node_config("n1")})
-        wrap = ["umockdev-run", "--device", HARDWARE + ".umockdev", "--", sys.executable, "-m",
-                "harness.localcluster.testbed", HARDWARE + ".extra", "--"]
+        wrap = [
+            "umockdev-run",
+            "--device",
+            HARDWARE + ".umockdev",
+            "--",
+            sys.executable,
+            "-m",
+            "harness.localcluster.testbed",
+            HARDWARE + ".extra",
+            "--",
+        ]
         health = wrap + [sys.executable, "-m", "slurm_tpu.cli", "health", "--node", "n1"]
         bare = wrap + [sys.executable, "-c", "pass"]
         out = subprocess.run(health, capture_output=True, text=True, env=env, check=True).stdout.strip()

@@ -23,12 +23,20 @@ import statistics
 import subprocess
 import time
 
-HOOK_MODULES = ("slurm_tpu.access.ledger", "slurm_tpu.hooks.leasing", "slurm_tpu.hooks.jobusage",
-                "slurm_tpu.hooks.envfile", "slurm_tpu.hooks.prolog", "slurm_tpu.hooks.epilog")
-CODE = ("import sys; sys.path.insert(0, '.')\n"
-        + "".join(f"import {name}\n" for name in HOOK_MODULES)
-        + "heavy = [m for m in ('json', 're', 'typing', 'dataclasses') if m in sys.modules]\n"
-        + "assert not heavy, heavy\n")
+HOOK_MODULES = (
+    "slurm_tpu.access.ledger",
+    "slurm_tpu.hooks.leasing",
+    "slurm_tpu.hooks.jobusage",
+    "slurm_tpu.hooks.envfile",
+    "slurm_tpu.hooks.prolog",
+    "slurm_tpu.hooks.epilog",
+)
+CODE = (
+    "import sys; sys.path.insert(0, '.')\n"
+    + "".join(f"import {name}\n" for name in HOOK_MODULES)
+    + "heavy = [m for m in ('json', 're', 'typing', 'dataclasses') if m in sys.modules]\n"
+    + "assert not heavy, heavy\n"
+)
 
 
 def start(checkout: str) -> float:

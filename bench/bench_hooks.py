@@ -37,8 +37,11 @@ from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: 
 
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
 BENCH_USER = "stpu_bench"
-HOOKS = {"prolog": "prolog/slurm-tpu-prolog", "epilog": "epilog/slurm-tpu-epilog",
-         "task_prolog": "prolog/slurm-tpu-task-prolog"}
+HOOKS = {
+    "prolog": "prolog/slurm-tpu-prolog",
+    "epilog": "epilog/slurm-tpu-epilog",
+    "task_prolog": "prolog/slurm-tpu-task-prolog",
+}
 
 WRAPPER = """#!/bin/bash
 # Timing wrapper: run the slurm-tpu hook or /bin/true, as the mode file says.
@@ -55,18 +58,32 @@ exit $rc
 """
 
 
-def make_wrappers(directory: str, mode_file: str, times: str, profile: str | None = None,
-                  baseline: str | None = None) -> Hooks:
+def make_wrappers(
+    directory: str, mode_file: str, times: str, profile: str | None = None, baseline: str | None = None
+) -> Hooks:
     # --profile: slurm_tpu/hooks/probe.py appends each hook's per-step times to ``profile``.
-    exports = (f'SLURM_TPU_HOOK_PROFILE="{profile}" SLURM_TPU_PROFILE_T0=$start; '
-               "export SLURM_TPU_HOOK_PROFILE SLURM_TPU_PROFILE_T0\n") if profile else ""
+    exports = (
+        (
+            f'SLURM_TPU_HOOK_PROFILE="{profile}" SLURM_TPU_PROFILE_T0=$start; '
+            "export SLURM_TPU_HOOK_PROFILE SLURM_TPU_PROFILE_T0\n"
+        )
+        if profile
+        else ""
+    )
     paths = {}
     for kind, hook in HOOKS.items():
         path = os.path.join(directory, f"timed-{kind}")
         with open(path, "w", encoding="utf-8") as handle:
-            handle.write(WRAPPER.format(mode_file=mode_file, hook=os.path.join(REPO, hook), kind=kind,
-                                        times=times, profile=exports,
-                                        baseline=os.path.join(baseline or REPO, hook)))
+            handle.write(
+                WRAPPER.format(
+                    mode_file=mode_file,
+                    hook=os.path.join(REPO, hook),
+                    kind=kind,
+                    times=times,
+                    profile=exports,
+                    baseline=os.path.join(baseline or REPO, hook),
+                )
+            )
         os.chmod(path, 0o755)
         paths[kind] = path
     return Hooks(**paths)
@@ -75,11 +92,13 @@ def make_wrappers(directory: str, mode_file: str, times: str, profile: str | Non
 def run_round(cluster: LocalCluster, jobs: int, user: str | None) -> float:
     """Submit one array of ``jobs`` trivial TPU jobs; seconds until all have ended."""
     start = time.monotonic()
-    array = cluster.sbatch([f"--array=0-{jobs - 1}", "--gres=tpu:1", "-o", "/dev/null", "-e", "/dev/null"],
-                           "#!/bin/sh\ntrue\n", user=user)
+    array = cluster.sbatch(
+        [f"--array=0-{jobs - 1}", "--gres=tpu:1", "-o", "/dev/null", "-e", "/dev/null"], "#!/bin/sh\ntrue\n", user=user
+    )
     while True:
-        out = cluster.command(["squeue", "-h", "-r", "-j", str(array), "-t", "PD,CF,R,CG", "-o", "%i"],
-                              check=False).stdout
+        out = cluster.command(
+            ["squeue", "-h", "-r", "-j", str(array), "-t", "PD,CF,R,CG", "-o", "%i"], check=False
+        ).stdout
         if not out.strip():
             return time.monotonic() - start
         time.sleep(0.05)
@@ -97,8 +116,10 @@ def profile_medians(path: str) -> dict[str, dict[str, float]]:
                     steps.setdefault(hook, {}).setdefault(step, []).append(float(value))
     except FileNotFoundError:
         return {}
-    return {hook: {step: round(statistics.median(values), 2) for step, values in by_step.items()}
-            for hook, by_step in steps.items()}
+    return {
+        hook: {step: round(statistics.median(values), 2) for step, values in by_step.items()}
+        for hook, by_step in steps.items()
+    }
 
 
 def main() -> int:
@@ -106,15 +127,25 @@ def main() -> int:
     parser.add_argument("--jobs-per-round", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=6, help="rounds per hook set (interleaved)")
     parser.add_argument("--keep", action="store_true", help="keep the cluster directory")
-    parser.add_argument("--no-revoke", action="store_true",
-                        help="devices.revoke: false (no USB port power-cycle at job end), to measure its cost")
-    parser.add_argument("--baseline", metavar="CHECKOUT",
-                        help="a third hook set, interleaved with the other two: the hooks of another checkout "
-                             "(e.g. /work/main, the hooks before the node agent); ratio_vs_baseline in the report")
-    parser.add_argument("--profile", action="store_true",
-                        help="per-step medians of each hook (slurm_tpu/hooks/probe.py) in the report")
-    parser.add_argument("--user", default=BENCH_USER,
-                        help=f"submit as this user (created and removed if it is {BENCH_USER}); 'root' for root")
+    parser.add_argument(
+        "--no-revoke",
+        action="store_true",
+        help="devices.revoke: false (no USB port power-cycle at job end), to measure its cost",
+    )
+    parser.add_argument(
+        "--baseline",
+        metavar="CHECKOUT",
+        help="a third hook set, interleaved with the other two: the hooks of another checkout "
+        "(e.g. /work/main, the hooks before the node agent); ratio_vs_baseline in the report",
+    )
+    parser.add_argument(
+        "--profile", action="store_true", help="per-step medians of each hook (slurm_tpu/hooks/probe.py) in the report"
+    )
+    parser.add_argument(
+        "--user",
+        default=BENCH_USER,
+        help=f"submit as this user (created and removed if it is {BENCH_USER}); 'root' for root",
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench_hooks: must run as root (it starts Slurm daemons)", file=sys.stderr)
@@ -129,10 +160,12 @@ def main() -> int:
     # the test machine's disk (each lease and env file is fsync'ed).
     tmpfs = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/dev/shm") if os.path.isdir("/dev/shm") else base
     os.chmod(tmpfs, 0o755)
-    cluster = LocalCluster(base=base, nodes=[NodeSpec("n1", HARDWARE)],
-                           hooks=make_wrappers(base, mode_file, times, profile, args.baseline),
-                           node_config_extra={"state_dir": os.path.join(tmpfs, "state"),
-                                              "devices": {"revoke": not args.no_revoke}})
+    cluster = LocalCluster(
+        base=base,
+        nodes=[NodeSpec("n1", HARDWARE)],
+        hooks=make_wrappers(base, mode_file, times, profile, args.baseline),
+        node_config_extra={"state_dir": os.path.join(tmpfs, "state"), "devices": {"revoke": not args.no_revoke}},
+    )
     results: dict[str, list[float]] = {"true": [], "hooks": []}
     if args.baseline:
         results["baseline"] = []
@@ -155,8 +188,12 @@ def main() -> int:
                     handle.write(mode + "\n")
                 results[mode].append(run_round(cluster, args.jobs_per_round, user))
         states = cluster.node_states()
-        leases = subprocess.run([*cluster.slurm_tpu, "leases", "--json"], capture_output=True, text=True,
-                                env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"))).stdout
+        leases = subprocess.run(
+            [*cluster.slurm_tpu, "leases", "--json"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1")),
+        ).stdout
     finally:
         cluster.stop()
         if made_user:

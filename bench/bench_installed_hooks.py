@@ -61,19 +61,31 @@ def main() -> None:
     site_scan = installed_hook_text(shipped, "slurm-tpu-epilog", python, "/nonexistent", DEFAULT_PATH)
     # The checkout's hook finds the package next to its own directory: run it from there.
     checkout = shipped.replace("os.path.realpath(__file__)", repr(os.path.join(REPO, "epilog", "x")))
-    variants = {"checkout": entry_head(checkout), "installed": entry_head(installed),
-                "site_scan": entry_head(site_scan, site_scan=True)}
+    variants = {
+        "checkout": entry_head(checkout),
+        "installed": entry_head(installed),
+        "site_scan": entry_head(site_scan, site_scan=True),
+    }
     samples: dict[str, list[float]] = {name: [] for name in variants}
-    for name, code in variants.items():  # warm the page cache
+    for code in variants.values():  # warm the page cache
         timed(sys.executable, code)
     for _ in range(args.rounds):
         for name, code in variants.items():
             samples[name].append(timed(sys.executable, code))
     medians = {name: statistics.median(values) * 1000 for name, values in samples.items()}
-    print(json.dumps({"python": python, "package_root": node_files.package_root(), "rounds": args.rounds,
-                      "median_ms": {k: round(v, 2) for k, v in medians.items()},
-                      "ratio_installed": round(medians["installed"] / medians["checkout"], 3),
-                      "ratio_site_scan": round(medians["site_scan"] / medians["checkout"], 3)}, indent=1))
+    print(
+        json.dumps(
+            {
+                "python": python,
+                "package_root": node_files.package_root(),
+                "rounds": args.rounds,
+                "median_ms": {k: round(v, 2) for k, v in medians.items()},
+                "ratio_installed": round(medians["installed"] / medians["checkout"], 3),
+                "ratio_site_scan": round(medians["site_scan"] / medians["checkout"], 3),
+            },
+            indent=1,
+        )
+    )
 
 
 if __name__ == "__main__":

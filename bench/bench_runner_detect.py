@@ -24,9 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness.modelgen import detector, images  # noqa: E402
-from runner_ab import interleaved, report  # noqa: E402
-from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
+from runner_ab import interleaved, report
+
+from harness.modelgen import detector, images
+from slurm_tpu.runner import OpenOptions, Runner
 
 
 def hand_loop(interpreter, paths: list[str], out_path: str, threshold: float = 0.4) -> None:
@@ -53,8 +54,13 @@ def hand_loop(interpreter, paths: list[str], out_path: str, threshold: float = 0
             for i in range(int(count[0])):
                 if scores[0][i] >= threshold:
                     ymin, xmin, ymax, xmax = boxes[0][i]
-                    objects.append({"id": int(classes[0][i]), "score": float(scores[0][i]),
-                                    "bbox": [int(xmin * sx), int(ymin * sy), int(xmax * sx), int(ymax * sy)]})
+                    objects.append(
+                        {
+                            "id": int(classes[0][i]),
+                            "score": float(scores[0][i]),
+                            "bbox": [int(xmin * sx), int(ymin * sy), int(xmax * sx), int(ymax * sy)],
+                        }
+                    )
             out.write(json.dumps({"input": path, "objects": objects}) + "\n")
             out.flush()
 
@@ -93,10 +99,16 @@ def main() -> None:
     hand_loop(interpreter, paths[:10], str(work / "warm.jsonl"))  # warm both paths
     runner.run_batch(paths[:10], str(work / "warm2.jsonl"), expand=False)
 
-    rates = interleaved(args.rounds, work, {
-        "runner": lambda out: runner.run_batch(paths, out, expand=False),
-        "hand": lambda out: hand_loop(interpreter, paths, out),
-    }, len(paths), lambda out: _check(out, len(paths), lambda rec: len(rec["objects"]) == 2))
+    rates = interleaved(
+        args.rounds,
+        work,
+        {
+            "runner": lambda out: runner.run_batch(paths, out, expand=False),
+            "hand": lambda out: hand_loop(interpreter, paths, out),
+        },
+        len(paths),
+        lambda out: _check(out, len(paths), lambda rec: len(rec["objects"]) == 2),
+    )
     runner.close()
     report(rates, "detection throughput", 0.95, images=len(paths), rounds=args.rounds, threads=threads)
 

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.modelgen import images, mobilenet  # noqa: E402
+from harness.modelgen import images, mobilenet
 
 CLI = [sys.executable, "-c", "from slurm_tpu.cli import run; run()"]
 
@@ -59,13 +59,25 @@ def main() -> None:
     per_image = statistics.median(single)
     one_batch = statistics.median(batch)
     ratio = args.images * per_image / one_batch
-    print(json.dumps({"images": args.images, "batch_runs_s": [round(b, 2) for b in batch],
-                      "per_image_samples": len(single), "per_image_median_s": round(per_image, 3),
-                      "per_image_extrapolated_s": round(args.images * per_image, 1),
-                      "batch_median_s": round(one_batch, 2), "ratio": round(ratio, 1)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "images": args.images,
+                "batch_runs_s": [round(b, 2) for b in batch],
+                "per_image_samples": len(single),
+                "per_image_median_s": round(per_image, 3),
+                "per_image_extrapolated_s": round(args.images * per_image, 1),
+                "batch_median_s": round(one_batch, 2),
+                "ratio": round(ratio, 1),
+            },
+            indent=2,
+        )
+    )
     verdict = "PASS" if ratio >= 30 else "FAIL"
-    print(f"{verdict}: one {args.images}-image process is {ratio:.0f}x faster than one process per image "
-          f"(extrapolated from {len(single)} sampled processes; goal >= 30x)")
+    print(
+        f"{verdict}: one {args.images}-image process is {ratio:.0f}x faster than one process per image "
+        f"(extrapolated from {len(single)} sampled processes; goal >= 30x)"
+    )
 
 
 if __name__ == "__main__":

@@ -28,9 +28,9 @@ from pathlib import Path
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.modelgen import mobilenet  # noqa: E402
-from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
-from slurm_tpu.runner.preprocess import Resize, load_image  # noqa: E402
+from harness.modelgen import mobilenet
+from slurm_tpu.runner import OpenOptions, Runner
+from slurm_tpu.runner.preprocess import Resize, load_image
 
 
 def write_photos(directory: Path, count: int) -> list[str]:
@@ -62,14 +62,16 @@ def main() -> None:
     threads = len(os.sched_getaffinity(0))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_TPU_")}
     opts = OpenOptions(device=["cpu"], num_threads=threads)
-    exact, fast = Runner(str(model), options=opts, environ=env), Runner(str(model), options=opts, environ=env,
-                                                                        fast_resize=True)
+    exact, fast = (
+        Runner(str(model), options=opts, environ=env),
+        Runner(str(model), options=opts, environ=env, fast_resize=True),
+    )
     spec = exact.input_specs[0]
 
     prep: dict[str, list[float]] = {"lanczos": [], "fast": []}
     batch: dict[str, list[float]] = {"lanczos": [], "fast": []}
     for r in range(args.rounds):
-        for name in (("lanczos", "fast") if r % 2 == 0 else ("fast", "lanczos")):
+        for name in ("lanczos", "fast") if r % 2 == 0 else ("fast", "lanczos"):
             resize = Resize(fast=name == "fast")
             start = time.perf_counter()
             for path in paths:
@@ -89,17 +91,30 @@ def main() -> None:
     fast.close()
     lanczos_ms, fast_ms = statistics.median(prep["lanczos"]), statistics.median(prep["fast"])
     lanczos_s, fast_s = statistics.median(batch["lanczos"]), statistics.median(batch["fast"])
-    print(json.dumps({
-        "images": len(paths), "rounds": args.rounds, "threads": threads, "size": "640x480 JPEG -> 224x224",
-        "preprocess_ms_lanczos": round(lanczos_ms, 2), "preprocess_ms_fast": round(fast_ms, 2),
-        "preprocess_cost_ratio": round(lanczos_ms / fast_ms, 2),
-        "batch_per_s_lanczos": round(lanczos_s, 1), "batch_per_s_fast": round(fast_s, 1),
-        "batch_ratio": round(lanczos_s / fast_s, 3), "inference_ms_cpu": round(infer_ms, 2),
-    }, indent=2))
-    print(f"LANCZOS preprocessing costs {lanczos_ms / fast_ms:.1f}x --fast-resize per image "
-          f"({lanczos_ms:.1f} vs {fast_ms:.1f} ms); batch throughput {lanczos_s / fast_s:.2f}x "
-          f"(CPU inference {infer_ms:.1f} ms/image). Beside an Edge TPU (~2.6 ms/image, 4 decode threads) "
-          f"decoding keeps up while {lanczos_ms:.1f} / 4 = {lanczos_ms / 4:.1f} ms <= 2.6 ms.")
+    print(
+        json.dumps(
+            {
+                "images": len(paths),
+                "rounds": args.rounds,
+                "threads": threads,
+                "size": "640x480 JPEG -> 224x224",
+                "preprocess_ms_lanczos": round(lanczos_ms, 2),
+                "preprocess_ms_fast": round(fast_ms, 2),
+                "preprocess_cost_ratio": round(lanczos_ms / fast_ms, 2),
+                "batch_per_s_lanczos": round(lanczos_s, 1),
+                "batch_per_s_fast": round(fast_s, 1),
+                "batch_ratio": round(lanczos_s / fast_s, 3),
+                "inference_ms_cpu": round(infer_ms, 2),
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"LANCZOS preprocessing costs {lanczos_ms / fast_ms:.1f}x --fast-resize per image "
+        f"({lanczos_ms:.1f} vs {fast_ms:.1f} ms); batch throughput {lanczos_s / fast_s:.2f}x "
+        f"(CPU inference {infer_ms:.1f} ms/image). Beside an Edge TPU (~2.6 ms/image, 4 decode threads) "
+        f"decoding keeps up while {lanczos_ms:.1f} / 4 = {lanczos_ms / 4:.1f} ms <= 2.6 ms."
+    )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ runner.benchmark(5)  # warm up
 print("ready", flush=True)
 for line in sys.stdin:
     result = runner.benchmark(iterations)
-    print(json.dumps({"per_s": result.throughput_per_s, "p50_ms": result.p50_ms, "runtime": runner.engine_set.runtime}), flush=True)
+    figures = {"per_s": result.throughput_per_s, "p50_ms": result.p50_ms, "runtime": runner.engine_set.runtime}
+    print(json.dumps(figures), flush=True)
 """
 
 
@@ -50,8 +51,10 @@ def ensure_venv() -> Path | None:
     subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)], check=True)
     r = subprocess.run([str(python), "-m", "pip", "install", "-q", *PACKAGES], capture_output=True, text=True)
     if r.returncode != 0 or subprocess.run(probe, capture_output=True).returncode != 0:
-        print(f"SKIP: tflite-runtime could not be installed in {VENV}: "
-              f"{(r.stderr.strip().splitlines() or ['import failed'])[-1]}")
+        print(
+            f"SKIP: tflite-runtime could not be installed in {VENV}: "
+            f"{(r.stderr.strip().splitlines() or ['import failed'])[-1]}"
+        )
         return None
     return python
 
@@ -70,14 +73,20 @@ def main() -> None:
     env["PYTHONPATH"] = str(ROOT)
     workers = {}
     for name, python in (("litert", sys.executable), ("tflite-runtime", str(other))):
-        proc = subprocess.Popen([python, "-c", WORKER, name, str(model), str(args.iterations)], env=env,
-                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        proc = subprocess.Popen(
+            [python, "-c", WORKER, name, str(model), str(args.iterations)],
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         if proc.stdout.readline().strip() != "ready":
             raise SystemExit(f"{name} worker failed to start")
         workers[name] = proc
     results: dict[str, list[dict]] = {name: [] for name in workers}
     for r in range(args.rounds):
-        for name in (list(workers) if r % 2 == 0 else list(reversed(workers))):
+        for name in list(workers) if r % 2 == 0 else list(reversed(workers)):
             workers[name].stdin.write("go\n")
             workers[name].stdin.flush()
             results[name].append(json.loads(workers[name].stdout.readline()))
@@ -86,13 +95,24 @@ def main() -> None:
         proc.wait()
     a = statistics.median(x["per_s"] for x in results["litert"])
     b = statistics.median(x["per_s"] for x in results["tflite-runtime"])
-    print(json.dumps({"iterations": args.iterations, "rounds": args.rounds,
-                      "litert_per_s": round(a, 1), "tflite_runtime_per_s": round(b, 1),
-                      "litert_p50_ms": round(statistics.median(x["p50_ms"] for x in results["litert"]), 2),
-                      "tflite_runtime_p50_ms": round(statistics.median(x["p50_ms"] for x in results["tflite-runtime"]), 2),
-                      "ratio": round(a / b, 2)}, indent=2))
-    print(f"{'LiteRT faster' if a > b else 'LiteRT NOT faster'}: LiteRT runs the quantized model "
-          f"{a / b:.1f}x as fast as tflite-runtime 2.14 through the same runner")
+    print(
+        json.dumps(
+            {
+                "iterations": args.iterations,
+                "rounds": args.rounds,
+                "litert_per_s": round(a, 1),
+                "tflite_runtime_per_s": round(b, 1),
+                "litert_p50_ms": round(statistics.median(x["p50_ms"] for x in results["litert"]), 2),
+                "tflite_runtime_p50_ms": round(statistics.median(x["p50_ms"] for x in results["tflite-runtime"]), 2),
+                "ratio": round(a / b, 2),
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"{'LiteRT faster' if a > b else 'LiteRT NOT faster'}: LiteRT runs the quantized model "
+        f"{a / b:.1f}x as fast as tflite-runtime 2.14 through the same runner"
+    )
 
 
 if __name__ == "__main__":

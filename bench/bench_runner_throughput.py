@@ -3,7 +3,8 @@
 
 Same model (the generated MobileNet-v1-shaped uint8 model), same JPEG inputs, same
 runtime (LiteRT) and thread count, same work per image (decode, resize to 224x224 with
-LANCZOS as pycoral's classify_image.py, invoke, top-3, one JSON line appended to a file). Rounds alternate A/B so machine
+LANCZOS as pycoral's classify_image.py, invoke, top-3, one JSON line appended to a file). Rounds
+alternate A/B so machine
 noise hits both; model loading is outside the timed region for both. Prints the
 median images/s of each and ratio = runner / hand loop (goal >= 0.95).
 
@@ -23,9 +24,10 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from harness.modelgen import images, mobilenet  # noqa: E402
-from runner_ab import interleaved, report  # noqa: E402
-from slurm_tpu.runner import OpenOptions, Runner  # noqa: E402
+from runner_ab import interleaved, report
+
+from harness.modelgen import images, mobilenet
+from slurm_tpu.runner import OpenOptions, Runner
 
 
 def hand_loop(interpreter, paths: list[str], out_path: str) -> None:
@@ -43,8 +45,10 @@ def hand_loop(interpreter, paths: list[str], out_path: str) -> None:
             interpreter.invoke()
             scores = (interpreter.get_tensor(outp["index"])[0].astype(np.float32) - zero) * scale
             top = np.argsort(-scores, kind="stable")[:3]
-            out.write(json.dumps({"input": path, "classes": [{"index": int(i), "score": float(scores[i])}
-                                                             for i in top]}) + "\n")
+            out.write(
+                json.dumps({"input": path, "classes": [{"index": int(i), "score": float(scores[i])} for i in top]})
+                + "\n"
+            )
             out.flush()
 
 
@@ -67,10 +71,16 @@ def main() -> None:
     hand_loop(interpreter, paths[:10], str(work / "warm.jsonl"))  # warm both paths
     runner.run_batch(paths[:10], str(work / "warm2.jsonl"), expand=False)
 
-    rates = interleaved(args.rounds, work, {
-        "runner": lambda out: runner.run_batch(paths, out, options=runner.options(top_k=3), expand=False),
-        "hand": lambda out: hand_loop(interpreter, paths, out),
-    }, len(paths), lambda out: _check(out, len(paths), lambda rec: True))
+    rates = interleaved(
+        args.rounds,
+        work,
+        {
+            "runner": lambda out: runner.run_batch(paths, out, options=runner.options(top_k=3), expand=False),
+            "hand": lambda out: hand_loop(interpreter, paths, out),
+        },
+        len(paths),
+        lambda out: _check(out, len(paths), lambda rec: True),
+    )
     runner.close()
     report(rates, "batch throughput", 0.95, images=len(paths), rounds=args.rounds, threads=threads)
 

@@ -43,8 +43,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=32)
     parser.add_argument("--jobs", type=int, default=10_000, help="jobs of the full run (with the hooks and events)")
-    parser.add_argument("--ratio-jobs", type=int, default=1000,
-                        help="jobs of each of the /bin/true and hooks slices (0: no ratio)")
+    parser.add_argument(
+        "--ratio-jobs", type=int, default=1000, help="jobs of each of the /bin/true and hooks slices (0: no ratio)"
+    )
     parser.add_argument("--cancels", type=int, default=3, help="jobs cancelled in the middle of their prolog")
     parser.add_argument("--restarts", type=int, default=1, help="slurmd restarts under a running job")
     parser.add_argument("--hotplugs", type=int, default=2, help="USB sticks unplugged and re-plugged under a job")
@@ -61,9 +62,19 @@ def main() -> int:
         print(f"[{time.monotonic() - started:7.1f} s] {message}", file=sys.stderr, flush=True)
 
     with real_users(USERS):
-        report = run_scale(args.nodes, args.jobs, list(USERS), ratio_jobs=args.ratio_jobs, cancels=args.cancels,
-                           restarts=args.restarts, hotplugs=args.hotplugs, hold_s=args.hold, seed=args.seed,
-                           keep=args.keep, log=log)
+        report = run_scale(
+            args.nodes,
+            args.jobs,
+            list(USERS),
+            ratio_jobs=args.ratio_jobs,
+            cancels=args.cancels,
+            restarts=args.restarts,
+            hotplugs=args.hotplugs,
+            hold_s=args.hold,
+            seed=args.seed,
+            keep=args.keep,
+            log=log,
+        )
     report["wall_seconds"] = round(time.monotonic() - started, 1)
     print(json.dumps(report, indent=2))
     return 0 if report["ok"] else 1

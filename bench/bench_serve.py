@@ -34,9 +34,9 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from harness.modelgen import images, mobilenet  # noqa: E402
-from slurm_tpu.runner import Runner  # noqa: E402
-from slurm_tpu.runner.serve.auth import read_address  # noqa: E402
+from harness.modelgen import images, mobilenet
+from slurm_tpu.runner import Runner
+from slurm_tpu.runner.serve.auth import read_address
 
 JOB = "424242"
 
@@ -100,17 +100,21 @@ def main() -> int:
     home.mkdir(mode=0o700)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE"))}
     env.update(HOME=str(home), SLURM_JOB_ID=JOB)
-    server = subprocess.Popen([sys.executable, "-m", "slurm_tpu.cli", "serve", f"{model}=m", "--host", "127.0.0.1"],
-                              env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "slurm_tpu.cli", "serve", f"{model}=m", "--host", "127.0.0.1"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 60
         while True:
             try:
                 address = read_address(JOB, env)
                 break
-            except Exception:
+            except Exception:  # noqa: BLE001 - not up yet (no address file, or a partial one): retry
                 if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit(f"serve did not start: {server.stderr.read().decode()}")
+                    raise SystemExit(f"serve did not start: {server.stderr.read().decode()}") from None
                 time.sleep(0.1)
         port = int(address.url.rsplit(":", 1)[1])
         rates: dict[str, list[float]] = {"in_process": [], "served_1": [], "served_8": []}
@@ -125,7 +129,7 @@ def main() -> int:
             }
             names = list(arms)
             for r in range(args.rounds):
-                for name in (names if r % 2 == 0 else names[::-1]):
+                for name in names if r % 2 == 0 else names[::-1]:
                     rate, times = arms[name]()
                     rates[name].append(rate)
                     if name in per_input:
@@ -136,16 +140,31 @@ def main() -> int:
     median = {k: statistics.median(v) for k, v in rates.items()}
     added_ms = (statistics.median(per_input["served_1"]) - statistics.median(per_input["in_process"])) * 1000
     ratio_1, ratio_8 = median["served_1"] / median["in_process"], median["served_8"] / median["in_process"]
-    print(json.dumps({"images": args.images, "rounds": args.rounds, "width": args.width, "cpus": os.cpu_count(),
-                      "in_process_ms": round(statistics.median(per_input["in_process"]) * 1000, 3),
-                      "served_1_round_trip_ms": round(statistics.median(per_input["served_1"]) * 1000, 3),
-                      **{f"{k}_per_s": round(v, 1) for k, v in median.items()},
-                      "ratio_1_client": round(ratio_1, 3), "ratio_8_clients": round(ratio_8, 3),
-                      "added_latency_ms": round(added_ms, 3)}, indent=2))
-    print(f"{'PASS' if ratio_8 >= 0.8 else 'FAIL'}: served throughput with 8 clients is {ratio_8:.2f}x the in-process "
-          "loop (goal >= 0.8)")
-    print(f"{'PASS' if added_ms < 2 else 'FAIL'}: median latency added per request at 1 client {added_ms:.2f} ms "
-          "(goal < 2 ms)")
+    print(
+        json.dumps(
+            {
+                "images": args.images,
+                "rounds": args.rounds,
+                "width": args.width,
+                "cpus": os.cpu_count(),
+                "in_process_ms": round(statistics.median(per_input["in_process"]) * 1000, 3),
+                "served_1_round_trip_ms": round(statistics.median(per_input["served_1"]) * 1000, 3),
+                **{f"{k}_per_s": round(v, 1) for k, v in median.items()},
+                "ratio_1_client": round(ratio_1, 3),
+                "ratio_8_clients": round(ratio_8, 3),
+                "added_latency_ms": round(added_ms, 3),
+            },
+            indent=2,
+        )
+    )
+    print(
+        f"{'PASS' if ratio_8 >= 0.8 else 'FAIL'}: served throughput with 8 clients is {ratio_8:.2f}x the in-process "
+        "loop (goal >= 0.8)"
+    )
+    print(
+        f"{'PASS' if added_ms < 2 else 'FAIL'}: median latency added per request at 1 client {added_ms:.2f} ms "
+        "(goal < 2 ms)"
+    )
     return 0
 
 

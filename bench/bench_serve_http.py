@@ -41,7 +41,7 @@ def serve_stdlib() -> None:
         protocol_version = "HTTP/1.1"
         disable_nagle_algorithm = True
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             self.rfile.read(int(self.headers["Content-Length"]))
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
@@ -163,16 +163,18 @@ def main() -> int:
         print("aiohttp not importable: measuring the standard library only", file=sys.stderr)
     servers, ports = {}, {}
     for stack in stacks:
-        servers[stack] = subprocess.Popen([sys.executable, __file__, "--serve", stack], stdout=subprocess.PIPE,
-                                          text=True)
+        servers[stack] = subprocess.Popen(
+            [sys.executable, __file__, "--serve", stack], stdout=subprocess.PIPE, text=True
+        )
         ports[stack] = int(servers[stack].stdout.readline())
-    results: dict[str, dict[str, list[float]]] = {s: {"latency_us_1": [], "per_s_1": [], "per_s_8": [],
-                                                   "fresh_connection_us": []} for s in stacks}
+    results: dict[str, dict[str, list[float]]] = {
+        s: {"latency_us_1": [], "per_s_1": [], "per_s_8": [], "fresh_connection_us": []} for s in stacks
+    }
     try:
         for stack in stacks:  # warm-up
             clients(ports[stack], 8, 50)
         for r in range(args.rounds):
-            for stack in (stacks if r % 2 == 0 else stacks[::-1]):
+            for stack in stacks if r % 2 == 0 else stacks[::-1]:
                 rate1, latency = clients(ports[stack], 1, args.requests)
                 rate8, _ = clients(ports[stack], 8, args.requests // 8)
                 results[stack]["latency_us_1"].append(latency * 1e6)
@@ -187,8 +189,10 @@ def main() -> int:
     print(json.dumps({"requests": args.requests, "rounds": args.rounds, "cpus": os.cpu_count(), **summary}, indent=2))
     if "aiohttp" in summary:
         a, s = summary["aiohttp"], summary["stdlib"]
-        print(f"stdlib/aiohttp: latency at 1 client {s['latency_us_1'] / a['latency_us_1']:.2f}x, "
-              f"throughput at 8 clients {s['per_s_8'] / a['per_s_8']:.2f}x")
+        print(
+            f"stdlib/aiohttp: latency at 1 client {s['latency_us_1'] / a['latency_us_1']:.2f}x, "
+            f"throughput at 8 clients {s['per_s_8'] / a['per_s_8']:.2f}x"
+        )
     return 0
 
 

@@ -96,24 +96,49 @@ def main() -> None:
             configs[backend] = path
         # --dry-run --grace 0: the node's TPUs are not on this machine, so health finds them missing;
         # what is timed is one run's detection, decision and node-state query, not a drain.
-        health = {b: [sys.executable, "-m", "slurm_tpu.cli", "--config", configs[b], "health", "--node", "n1",
-                      "--dry-run", "--grace", "0"] for b in configs}
+        health = {
+            b: [
+                sys.executable,
+                "-m",
+                "slurm_tpu.cli",
+                "--config",
+                configs[b],
+                "health",
+                "--node",
+                "n1",
+                "--dry-run",
+                "--grace",
+                "0",
+            ]
+            for b in configs
+        }
         for argv in health.values():  # both work, and agree
             out = subprocess.run(argv, capture_output=True, text=True, env=env)
             assert out.returncode == 0, out.stderr
         print(f"Slurm {args.slurm}, {args.rounds} rounds, medians; job {job} holds 2 TPUs on n1")
-        for label, argv in (("prolog's python3 -I -S", [hook_python, "-I", "-S", "-c", "pass"]),
-                            ("venv python", [sys.executable, "-c", "pass"])):
+        for label, argv in (
+            ("prolog's python3 -I -S", [hook_python, "-I", "-S", "-c", "pass"]),
+            ("venv python", [sys.executable, "-c", "pass"]),
+        ):
             bare = statistics.median([timed(argv, env) for _ in range(args.rounds)])
             print(f"{'bare start, ' + label:<34} {bare * 1000:7.1f} ms")
-        pair("prolog query (fresh process)", lambda: timed([sys.executable, "-c", HOOK_QUERY, str(job)], env),
-             lambda: timed([sys.executable, "-c", PYSLURM_QUERY, str(job)], env), args.rounds)
-        pair("slurm-tpu health (whole run)", lambda: timed(health["scontrol"], env),
-             lambda: timed(health["pyslurm"], env), args.rounds)
+        pair(
+            "prolog query (fresh process)",
+            lambda: timed([sys.executable, "-c", HOOK_QUERY, str(job)], env),
+            lambda: timed([sys.executable, "-c", PYSLURM_QUERY, str(job)], env),
+            args.rounds,
+        )
+        pair(
+            "slurm-tpu health (whole run)",
+            lambda: timed(health["scontrol"], env),
+            lambda: timed(health["pyslurm"], env),
+            args.rounds,
+        )
 
         def loop(backend: str) -> float:
-            out = subprocess.run([sys.executable, "-c", WATCH_LOOP, backend], check=True, capture_output=True,
-                                 text=True, env=env).stdout
+            out = subprocess.run(
+                [sys.executable, "-c", WATCH_LOOP, backend], check=True, capture_output=True, text=True, env=env
+            ).stdout
             return float(out)
 
         pair(f"watcher: {POLLS} node-state polls", lambda: loop("scontrol"), lambda: loop("pyslurm"), args.rounds)

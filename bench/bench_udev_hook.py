@@ -52,8 +52,9 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 def module_count(argv: list[str], env: dict[str, str]) -> int:
     """How many modules the process ``argv`` imports (``-X importtime`` lines on its stderr)."""
-    done = subprocess.run([argv[0], "-X", "importtime", *argv[1:]], env=env, capture_output=True, text=True,
-                          check=True, cwd="/")
+    done = subprocess.run(
+        [argv[0], "-X", "importtime", *argv[1:]], env=env, capture_output=True, text=True, check=True, cwd="/"
+    )
     return sum(1 for line in done.stderr.splitlines() if line.startswith("import time:") and "|" in line) - 1
 
 
@@ -65,14 +66,21 @@ def main() -> int:
         print("bench_udev_hook: must run as root (it starts Slurm daemons)", file=sys.stderr)
         return 2
     python = os.path.abspath(sys.executable)
-    variants = {"cli": [python, os.path.join(os.path.dirname(python), "slurm-tpu"), "udev-event"],
-                "entry": [python, "-I", "-S", os.path.join(REPO, "udev", "slurm-tpu-udev-event")]}
+    variants = {
+        "cli": [python, os.path.join(os.path.dirname(python), "slurm-tpu"), "udev-event"],
+        "entry": [python, "-I", "-S", os.path.join(REPO, "udev", "slurm-tpu-udev-event")],
+    }
     base = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/tmp")
     os.chmod(base, 0o755)
-    cluster = LocalCluster(base=base, nodes=[NodeSpec("n1", HARDWARE)],
-                           hooks=Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
-                                       epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")))
+    cluster = LocalCluster(
+        base=base,
+        nodes=[NodeSpec("n1", HARDWARE)],
+        hooks=Hooks(
+            prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
+            epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
+            task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
+        ),
+    )
     state = os.path.join(cluster.node_dir("n1"), "state")
     try:
         cluster.configure()
@@ -84,9 +92,17 @@ def main() -> int:
         with open(os.path.join(state, "inventory.json"), encoding="utf-8") as handle:
             inventory = json.load(handle)
         node = next(a["device_nodes"][0] for a in inventory["accelerators"] if a["identity"] == USB_IDENTITY)
-        env = {"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": cluster.node_config("n1"), "SLURMD_NODENAME": "n1",
-               "SLURM_CONF": cluster.slurm_conf, "ACTION": "change", "DEVPATH": USB_DEVPATH, "DEVNAME": node,
-               "SUBSYSTEM": "usb", "DEVTYPE": "usb_device"}
+        env = {
+            "PATH": "/usr/bin:/bin",
+            "SLURM_TPU_CONFIG": cluster.node_config("n1"),
+            "SLURMD_NODENAME": "n1",
+            "SLURM_CONF": cluster.slurm_conf,
+            "ACTION": "change",
+            "DEVPATH": USB_DEVPATH,
+            "DEVNAME": node,
+            "SUBSYSTEM": "usb",
+            "DEVTYPE": "usb_device",
+        }
         modules = {name: module_count(argv, env) for name, argv in variants.items()}
         samples: dict[str, list[float]] = {name: [] for name in variants}
         for round_ in range(args.rounds):
@@ -98,8 +114,17 @@ def main() -> int:
         cluster.stop()
         shutil.rmtree(base, ignore_errors=True)
     median = {name: round(statistics.median(values), 1) for name, values in samples.items()}
-    print(json.dumps({"rounds": args.rounds, "median_ms": median, "modules": modules,
-                      "ratio": round(median["entry"] / median["cli"], 2)}, indent=2))
+    print(
+        json.dumps(
+            {
+                "rounds": args.rounds,
+                "median_ms": median,
+                "modules": modules,
+                "ratio": round(median["entry"] / median["cli"], 2),
+            },
+            indent=2,
+        )
+    )
     return 0
 
 

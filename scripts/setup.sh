@@ -45,7 +45,7 @@ if [ ! -x .venv/bin/python ]; then
     "$PYTHON" -m venv .venv
 fi
 log=$(mktemp)
-if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[infer,test]'; } >"$log" 2>&1; then
+if ! { .venv/bin/python -m pip install -q --upgrade pip && .venv/bin/python -m pip install -q -e '.[infer,test,lint]'; } >"$log" 2>&1; then
     cat "$log" >&2
     echo "setup: pip install failed (output above)" >&2
     exit 1

@@ -13,11 +13,22 @@ read as the version 2 keys :data:`VERSION_1_KEYS` names.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
-from .defaults import (CONFIG_ENV as ENV_VAR, CONFIG_PATH as DEFAULT_PATH, HOLDER_SCAN_S, IDLE_GROUP, IDLE_OWNER,
-                       INVENTORY_FILE, NODE_MODE, SLOT_DIR, STATE_DIR, SYSFS_ROOT)
+from .defaults import (
+    CONFIG_ENV as ENV_VAR,
+    CONFIG_PATH as DEFAULT_PATH,
+    HOLDER_SCAN_S,
+    IDLE_GROUP,
+    IDLE_OWNER,
+    INVENTORY_FILE,
+    NODE_MODE,
+    SLOT_DIR,
+    STATE_DIR,
+    SYSFS_ROOT,
+)
 from .errors import ConfigError
 from .families import FAMILIES, FamilyConfig
 
@@ -30,6 +41,7 @@ SLURM_BACKENDS = ("auto", "scontrol", "pyslurm")
 # Each takes (value, dotted key, where) after the type check and returns the Config's value,
 # or raises ConfigError naming the key.
 
+
 def _parse_mode(value: str | int, key: str, where: str) -> int:
     text = str(value)
     try:
@@ -37,9 +49,7 @@ def _parse_mode(value: str | int, key: str, where: str) -> int:
     except ValueError:
         mode = -1
     if not 0 <= mode <= 0o777:
-        raise ConfigError(
-            f"{where}: {key} must be an octal mode such as '0600', not {value!r}", key=key
-        )
+        raise ConfigError(f"{where}: {key} must be an octal mode such as '0600', not {value!r}", key=key)
     return mode
 
 
@@ -77,8 +87,13 @@ class Key:
     convert: Callable[[Any, str, str], Any] | None = None
 
 
-def setting(name: str, types: type | tuple[type, ...], help: str, default: Any,
-            convert: Callable[[Any, str, str], Any] | None = None) -> Any:
+def setting(
+    name: str,
+    types: type | tuple[type, ...],
+    help: str,
+    default: Any,
+    convert: Callable[[Any, str, str], Any] | None = None,
+) -> Any:
     """A Config field that one YAML key sets (its default applies when the file does not say)."""
     return field(default=default, metadata={"key": Key(name, types, help, convert)})
 
@@ -92,63 +107,99 @@ class Ownership:
 
     owner: str = setting("devices.idle.owner", str, "owner of idle accelerator nodes", IDLE_OWNER)
     group: str = setting("devices.idle.group", str, "group of idle accelerator nodes", IDLE_GROUP)
-    mode: int = setting("devices.idle.mode", (str, int), "mode of idle accelerator nodes, e.g. '0600'", NODE_MODE,
-                        _parse_mode)
+    mode: int = setting(
+        "devices.idle.mode", (str, int), "mode of idle accelerator nodes, e.g. '0600'", NODE_MODE, _parse_mode
+    )
 
 
 @dataclass(frozen=True)
 class Config:
     """Site choices: each field that a YAML key sets declares that key (:func:`setting`)."""
 
-    node_name: str | None = setting("node_name", str, "Slurm NodeName of this node (default: short hostname)",
-                                    None)
+    node_name: str | None = setting("node_name", str, "Slurm NodeName of this node (default: short hostname)", None)
     # kind -> the family's settings (GRES name, types, features, leased or not): the keys
     # families.<kind>.*, which each family declares (slurm_tpu/families/).
-    families: Mapping[str, FamilyConfig] = field(
-        default_factory=lambda: {f.kind: f.default_config for f in FAMILIES})
-    slot_dir: str = setting("devices.slot_dir", str, "directory of the stable slot nodes gres.conf names "
-                            "(<slot_dir>/<identity>)", SLOT_DIR,
-                            _absolute_path)
-    state_dir: str = setting("state_dir", str, "the hooks' state: lease ledger, audit log, the hooks' "
-                             "inventory (a tmpfs)", STATE_DIR, _absolute_path)
+    families: Mapping[str, FamilyConfig] = field(default_factory=lambda: {f.kind: f.default_config for f in FAMILIES})
+    slot_dir: str = setting(
+        "devices.slot_dir",
+        str,
+        "directory of the stable slot nodes gres.conf names (<slot_dir>/<identity>)",
+        SLOT_DIR,
+        _absolute_path,
+    )
+    state_dir: str = setting(
+        "state_dir",
+        str,
+        "the hooks' state: lease ledger, audit log, the hooks' inventory (a tmpfs)",
+        STATE_DIR,
+        _absolute_path,
+    )
     # The configured inventory, kept across reboots (/run and /dev are tmpfs).
-    inventory_file: str = setting("inventory_file", str,
-                                  "persistent copy of the configured inventory (restored at boot)",
-                                  INVENTORY_FILE, _absolute_path)
+    inventory_file: str = setting(
+        "inventory_file",
+        str,
+        "persistent copy of the configured inventory (restored at boot)",
+        INVENTORY_FILE,
+        _absolute_path,
+    )
     # The keys devices.idle.* (see Ownership).
     idle: Ownership = field(default=Ownership(), metadata={"keys": Ownership})
-    lease_mode: int = setting("devices.lease.mode", (str, int), "mode of a leased node, owned by the job's user",
-                              NODE_MODE, _parse_mode)
+    lease_mode: int = setting(
+        "devices.lease.mode", (str, int), "mode of a leased node, owned by the job's user", NODE_MODE, _parse_mode
+    )
     # At job end, make every fd of the job's devices useless (USB: the hub port is
     # power-cycled, see slurm_tpu/access/revoke.py); false keeps ownership-only isolation.
-    revoke: bool = setting("devices.revoke", bool,
-                           "at job end make every open fd of a USB Edge TPU useless (port power-cycle); "
-                           "false: ownership-only isolation", True)
+    revoke: bool = setting(
+        "devices.revoke",
+        bool,
+        "at job end make every open fd of a USB Edge TPU useless (port power-cycle); false: ownership-only isolation",
+        True,
+    )
     # Wall-clock budget of one holder scan (every process's fds and mappings); a scan
     # that cannot finish in it drains the node instead of stretching the epilog.
-    holder_scan_seconds: float = setting("devices.holder_scan_seconds", (int, float),
-                                         "time box (more than 0, at most 60) of the epilog's scan for processes "
-                                         "holding a device; over it the device (not the node) waits",
-                                         HOLDER_SCAN_S, _scan_seconds)
+    holder_scan_seconds: float = setting(
+        "devices.holder_scan_seconds",
+        (int, float),
+        "time box (more than 0, at most 60) of the epilog's scan for processes "
+        "holding a device; over it the device (not the node) waits",
+        HOLDER_SCAN_S,
+        _scan_seconds,
+    )
     # Where sysfs is mounted (tests point it at a materialized testbed).
-    sysfs_root: str = setting("sysfs_root", str, "where sysfs is mounted (tests point it at a testbed)", SYSFS_ROOT,
-                              _absolute_path)
+    sysfs_root: str = setting(
+        "sysfs_root", str, "where sysfs is mounted (tests point it at a testbed)", SYSFS_ROOT, _absolute_path
+    )
     udev_run_program: str | None = setting(
-        "udev.run_program", str, "absolute path udev RUN+= runs on device events (default: the installed "
-        "slurm-tpu-udev-event; a program named slurm-tpu gets 'udev-event')", None, _absolute_path)
+        "udev.run_program",
+        str,
+        "absolute path udev RUN+= runs on device events (default: the installed "
+        "slurm-tpu-udev-event; a program named slurm-tpu gets 'udev-event')",
+        None,
+        _absolute_path,
+    )
     # Where Slurm's programs are (None: found as slurm/installation.py says).
     slurm_bin_dir: str | None = setting(
-        "slurm.bin_dir", str, "Slurm's client programs (scontrol, squeue; env SLURM_TPU_SLURM_BIN); default: "
-        "beside the running slurmd",
-        None, _absolute_path)
+        "slurm.bin_dir",
+        str,
+        "Slurm's client programs (scontrol, squeue; env SLURM_TPU_SLURM_BIN); default: beside the running slurmd",
+        None,
+        _absolute_path,
+    )
     slurm_sbin_dir: str | None = setting(
-        "slurm.sbin_dir", str, "Slurm's daemons (slurmd, slurmstepd; env SLURM_TPU_SLURM_SBIN); default: the "
-        "running slurmd's directory",
-        None, _absolute_path)
+        "slurm.sbin_dir",
+        str,
+        "Slurm's daemons (slurmd, slurmstepd; env SLURM_TPU_SLURM_SBIN); default: the running slurmd's directory",
+        None,
+        _absolute_path,
+    )
     # How ops commands talk to Slurm: "auto" (pyslurm where it pays and matches), "scontrol", "pyslurm".
-    slurm_backend: str = setting("slurm.backend", str,
-                                 "auto, scontrol or pyslurm: how health and the watcher talk to Slurm", "auto",
-                                 _slurm_backend)
+    slurm_backend: str = setting(
+        "slurm.backend",
+        str,
+        "auto, scontrol or pyslurm: how health and the watcher talk to Slurm",
+        "auto",
+        _slurm_backend,
+    )
     path: str | None = None  # where it was loaded from, for messages
 
     def family(self, kind: str) -> FamilyConfig:
@@ -193,7 +244,8 @@ def _build(cls: type, flat: Mapping[str, Any], where: str, **given: Any) -> Any:
 # free-form name->name table. The descriptions are the keys' documentation:
 # docs/configuration.md is generated from them (slurm_tpu/ops/config_reference.py).
 _COMMON: dict[str, tuple[type | tuple[type, ...], str]] = {
-    key.name: (key.types, key.help) for key, _ in [(VERSION, CURRENT_VERSION), *config_keys()]}
+    key.name: (key.types, key.help) for key, _ in [(VERSION, CURRENT_VERSION), *config_keys()]
+}
 # Version 1 spelled the Edge TPU and GPU settings flat; each means this version 2 key.
 VERSION_1_KEYS = {
     "gres.tpu_name": "families.edgetpu.gres_name",
@@ -252,7 +304,9 @@ def parse_config(data: Any, where: str = "config") -> Config:
             raise ConfigError(f"{where}: 'version' has the wrong type ({type(version).__name__})", key="version")
         raise ConfigError(
             f"{where}: version {version!r} is not supported; this slurm-tpu reads versions "
-            f"{', '.join(map(str, SUPPORTED_VERSIONS))}", key="version")
+            f"{', '.join(map(str, SUPPORTED_VERSIONS))}",
+            key="version",
+        )
     schema = _SCHEMAS[version]
     for key, value in flat.items():
         if key not in schema:
@@ -270,8 +324,7 @@ def parse_config(data: Any, where: str = "config") -> Config:
     return _build(Config, flat, where, families=families, path=None if where == "config" else where)
 
 
-def _families(flat: Mapping[str, Any], where: str, renamed: Mapping[str, str] | None = None
-              ) -> dict[str, FamilyConfig]:
+def _families(flat: Mapping[str, Any], where: str, renamed: Mapping[str, str] | None = None) -> dict[str, FamilyConfig]:
     """kind -> settings; ``renamed`` maps a version 2 key to the version 1 key the file used."""
     found = {}
     for family in FAMILIES:
@@ -284,7 +337,7 @@ def _families(flat: Mapping[str, Any], where: str, renamed: Mapping[str, str] | 
         try:
             found[family.kind] = family.parse_config(section, where)
         except ConfigError as exc:
-            if renamed and exc.key in renamed:  # name the key as the file spells it
+            if renamed and exc.key is not None and exc.key in renamed:  # name the key as the file spells it
                 old = renamed[exc.key]
                 raise ConfigError(str(exc).replace(f"'{exc.key}'", f"'{old}'"), path=exc.path, key=old) from None
             raise

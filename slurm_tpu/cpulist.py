@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 
 def parse_cpu_list(text: str | None) -> list[int]:
@@ -21,7 +21,8 @@ def format_cpu_list(values: Iterable[int]) -> str:
     ordered = sorted(set(values))
     ranges: list[str] = []
     start = previous = None
-    for value in ordered + [None]:  # type: ignore[list-item]
+    values_then_end: list[int | None] = [*ordered, None]  # None: the sentinel that ends the last range
+    for value in values_then_end:
         if value is not None and previous is not None and value == previous + 1:
             previous = value
             continue

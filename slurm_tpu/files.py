@@ -50,11 +50,13 @@ def merge_block(existing: str, kind: str, node: str, body: str, path: str = "fil
     start = starts[0]
     for stop in range(start + 1, len(lines)):
         if lines[stop].rstrip("\n") == end:
-            return "".join(lines[:start]) + block + "".join(lines[stop + 1:])
+            return "".join(lines[:start]) + block + "".join(lines[stop + 1 :])
         if lines[stop].startswith("# BEGIN slurm-tpu "):
             break
-    raise OutputError(f"{path} line {start + 1}: block '{begin.strip()}' has no '{end}' line; "
-                      "repair or delete the block by hand", path)
+    raise OutputError(
+        f"{path} line {start + 1}: block '{begin.strip()}' has no '{end}' line; repair or delete the block by hand",
+        path,
+    )
 
 
 def read_text(path: str) -> str:
@@ -73,14 +75,18 @@ def read_text(path: str) -> str:
 
 def unified_diff(old: str, new: str, path: str) -> str:
     """A unified diff from ``old`` to ``new`` (empty when equal)."""
-    return "".join(difflib.unified_diff(old.splitlines(keepends=True), new.splitlines(keepends=True),
-                                        fromfile=path, tofile=f"{path} (generated)"))
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), fromfile=path, tofile=f"{path} (generated)"
+        )
+    )
 
 
 def changed_lines(old: str, new: str, path: str) -> int:
     """How many lines going from ``old`` to ``new`` adds or removes (0: the same text)."""
-    return sum(1 for line in unified_diff(old, new, path).splitlines()
-               if line[:1] in "+-" and line[:3] not in ("+++", "---"))
+    return sum(
+        1 for line in unified_diff(old, new, path).splitlines() if line[:1] in "+-" and line[:3] not in ("+++", "---")
+    )
 
 
 @dataclass(frozen=True)
@@ -122,8 +128,11 @@ def write_if_changed(path: str, content: str, mode: int = 0o644, backup: bool = 
         tmp_path = None
     except OSError as exc:
         reason = exc.strerror or str(exc)
-        raise OutputError(f"cannot write {path}: {reason}; choose a writable --output path "
-                          "or run as root (the old file is unchanged)", path) from exc
+        raise OutputError(
+            f"cannot write {path}: {reason}; choose a writable --output path "
+            "or run as root (the old file is unchanged)",
+            path,
+        ) from exc
     finally:
         if tmp_path is not None:
             try:

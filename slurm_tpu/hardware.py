@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 
 class Bus(str, enum.Enum):
@@ -89,7 +90,7 @@ class Accelerator:
         return self.device_nodes[0] if self.device_nodes else None
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], details: Callable[[dict[str, Any]], Details]) -> "Accelerator":
+    def from_json(cls, data: dict[str, Any], details: Callable[[dict[str, Any]], Details]) -> Accelerator:
         """Inverse of :meth:`to_json` (raises KeyError/ValueError on bad input).
 
         ``details`` builds the typed details from the whole item; the families
@@ -142,17 +143,21 @@ class Inventory:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document ``slurm-tpu detect --json`` prints."""
-        return {"online_cpus": self.online_cpus,
-                "core_of_cpu": {str(cpu): core for cpu, core in sorted(self.core_of_cpu.items())},
-                "accelerators": [a.to_json() for a in self.accelerators]}
+        return {
+            "online_cpus": self.online_cpus,
+            "core_of_cpu": {str(cpu): core for cpu, core in sorted(self.core_of_cpu.items())},
+            "accelerators": [a.to_json() for a in self.accelerators],
+        }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], details: Callable[[dict[str, Any]], Details]) -> "Inventory":
+    def from_json(cls, data: dict[str, Any], details: Callable[[dict[str, Any]], Details]) -> Inventory:
         """Inverse of :meth:`to_json` (raises KeyError/TypeError/ValueError on bad input);
         ``details`` as for :meth:`Accelerator.from_json`."""
-        return cls(tuple(Accelerator.from_json(item, details) for item in data["accelerators"]),
-                   online_cpus=data.get("online_cpus"),
-                   core_of_cpu={int(cpu): int(core) for cpu, core in (data.get("core_of_cpu") or {}).items()})
+        return cls(
+            tuple(Accelerator.from_json(item, details) for item in data["accelerators"]),
+            online_cpus=data.get("online_cpus"),
+            core_of_cpu={int(cpu): int(core) for cpu, core in (data.get("core_of_cpu") or {}).items()},
+        )
 
 
 _FIELDS = frozenset(f.name for f in fields(Accelerator))

@@ -18,5 +18,11 @@ _ALLOWED = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345
 def is_identity(text: str) -> bool:
     """Whether ``text`` is a well-formed accelerator identity."""
     bus, sep, address = text.partition("-")
-    return (bool(sep) and bus in BUSES and bool(address) and len(text) <= MAX_LENGTH and ".." not in text
-            and all(c in _ALLOWED for c in address))
+    return (
+        bool(sep)
+        and bus in BUSES
+        and bool(address)
+        and len(text) <= MAX_LENGTH
+        and ".." not in text
+        and all(c in _ALLOWED for c in address)
+    )

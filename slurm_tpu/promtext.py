@@ -14,15 +14,16 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Mapping
+from collections.abc import Mapping
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+# CONTENT_TYPE is re-exported (the serve's /metrics answers with it).
 try:  # prometheus_client >= 0.22 names the classic text format; older ones call it the latest
     from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4 as CONTENT_TYPE
 except ImportError:  # pragma: no cover (Debian bookworm's 0.16)
-    from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE
+    from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401
 
 
 def gauge(name: str, documentation: str) -> GaugeMetricFamily:
@@ -82,8 +83,10 @@ def write_textfile(path: str, collector: Collector) -> None:
     except OSError as exc:
         raise TextfileError(f"{directory}: {exc.strerror}") from exc
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        raise TextfileError(f"{directory} is mode {stat.S_IMODE(info.st_mode):04o}: others could plant the "
-                            "temporary file's name; use a directory only its owner can write")
+        raise TextfileError(
+            f"{directory} is mode {stat.S_IMODE(info.st_mode):04o}: others could plant the "
+            "temporary file's name; use a directory only its owner can write"
+        )
     mask = os.umask(0o022)  # node_exporter runs unprivileged: the file must be world-readable from its creation
     try:
         write_to_textfile(path, registry_of(collector))

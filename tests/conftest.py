@@ -23,7 +23,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import USERS, first_job_id, require_slurm, use_test_slurm  # noqa: E402  (after the sys.path insert)
+from helpers import USERS, first_job_id, require_slurm, use_test_slurm
 
 use_test_slurm()
 
@@ -66,8 +66,11 @@ def pytest_report_header(config):
     from slurm_tpu.slurm import installation
 
     install = installation.find(use_daemons=False)
-    version = installation.version_of(install.program("slurmd")) if os.path.exists(
-        f"{install.sbin_dir}/slurmd") else "not installed"
+    version = (
+        installation.version_of(install.program("slurmd"))
+        if os.path.exists(f"{install.sbin_dir}/slurmd")
+        else "not installed"
+    )
     return f"slurm: {version} from {', '.join(install.dirs)} ({install.found_by})"
 
 

@@ -26,9 +26,14 @@ def slurm_tpu_argv() -> list[str]:
     return [sys.executable, "-m", "slurm_tpu.cli"]
 
 
-def run_cli(args: list[str], hardware: str | None = None, env: dict | None = None,
-            timeout: float = 60, extra: bool = True, prefix: list[str] | None = None
-            ) -> subprocess.CompletedProcess:
+def run_cli(
+    args: list[str],
+    hardware: str | None = None,
+    env: dict | None = None,
+    timeout: float = 60,
+    extra: bool = True,
+    prefix: list[str] | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``slurm-tpu ARGS`` (inside ``hardware``'s umockdev testbed if given).
 
     ``extra=False`` leaves out the node's ``.extra/`` files (/proc, driver nodes);
@@ -39,8 +44,18 @@ def run_cli(args: list[str], hardware: str | None = None, env: dict | None = Non
         # A name from tests/hardware/, or a path to a .umockdev file.
         device = Path(hardware) if str(hardware).endswith(".umockdev") else HARDWARE / f"{hardware}.umockdev"
         extra_dir = device.with_suffix(".extra") if extra else HARDWARE / "no-such-extra"
-        argv = ["umockdev-run", "--device", str(device), "--",
-                sys.executable, "-m", "harness.localcluster.testbed", str(extra_dir), "--", *argv]
+        argv = [
+            "umockdev-run",
+            "--device",
+            str(device),
+            "--",
+            sys.executable,
+            "-m",
+            "harness.localcluster.testbed",
+            str(extra_dir),
+            "--",
+            *argv,
+        ]
     argv = list(prefix or []) + argv
     full_env = dict(os.environ)
     full_env.pop("SLURM_TPU_CONFIG", None)
@@ -78,8 +93,9 @@ def use_test_slurm() -> None:
 
     install = installation.from_prefix(prefix)
     if not os.access(os.path.join(install.sbin_dir, "slurmd"), os.X_OK):
-        raise SystemExit(f"{TEST_SLURM_ENV}={prefix}: no {install.sbin_dir}/slurmd; build it first "
-                         "(scripts/build-slurm.sh)")
+        raise SystemExit(
+            f"{TEST_SLURM_ENV}={prefix}: no {install.sbin_dir}/slurmd; build it first (scripts/build-slurm.sh)"
+        )
     os.environ.update(installation.environment(install))
     os.environ["PATH"] = ":".join([*install.dirs, os.environ.get("PATH", "/usr/bin:/bin")])
 
@@ -117,8 +133,10 @@ def real_libedgetpu() -> str:
     import pytest
 
     if not REAL_LIBEDGETPU.exists():
-        pytest.skip(f"the real libedgetpu is not built ({REAL_LIBEDGETPU.relative_to(REPO)} is missing): "
-                    "run scripts/setup.sh with the source bundle in ../shared/libedgetpu")
+        pytest.skip(
+            f"the real libedgetpu is not built ({REAL_LIBEDGETPU.relative_to(REPO)} is missing): "
+            "run scripts/setup.sh with the source bundle in ../shared/libedgetpu"
+        )
     return str(REAL_LIBEDGETPU)
 
 
@@ -126,8 +144,11 @@ def repo_hooks():
     """The checkout's Prolog, Epilog and TaskProlog, for a LocalCluster."""
     from harness.localcluster.cluster import Hooks
 
-    return Hooks(prolog=str(REPO / "prolog" / "slurm-tpu-prolog"), epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
-                 task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"))
+    return Hooks(
+        prolog=str(REPO / "prolog" / "slurm-tpu-prolog"),
+        epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
+        task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"),
+    )
 
 
 @contextlib.contextmanager

@@ -4,11 +4,17 @@
 
 COUNT connections each send a request line, then one header line every TRICKLE seconds
 and never finish the head; one the server closes is opened again a second later. After
-SECONDS it stops. It prints a line of JSON once all COUNT are open, and one at the end: connections opened, the lifetimes of those the server
-closed, the ages of those still open, and the first bytes of any answer received.
+SECONDS it stops. It prints a line of JSON once all COUNT are open, and one at the end: connections
+opened, the lifetimes of those the server closed, the ages of those still open, and the first bytes
+of any answer received.
 """
 
-import json, selectors, socket, sys, time
+import json
+import selectors
+import socket
+import sys
+import time
+
 port, count, trickle, seconds = int(sys.argv[1]), int(sys.argv[2]), float(sys.argv[3]), float(sys.argv[4])
 start = time.monotonic()
 end = start + seconds
@@ -16,6 +22,7 @@ selector = selectors.DefaultSelector()
 conns = {}  # socket -> [opened, next line due, lines sent]
 reopen = []  # times at which a closed connection is opened again
 lifetimes, answers, opened = [], [], 0
+
 
 def open_one():
     global opened
@@ -27,6 +34,7 @@ def open_one():
     selector.register(sock, selectors.EVENT_READ)
     opened += 1
 
+
 def closed(sock, data=b""):
     opened_at = conns.pop(sock)[0]
     selector.unregister(sock)
@@ -35,6 +43,7 @@ def closed(sock, data=b""):
     if data:
         answers.append(data[:40].decode("latin-1"))
     reopen.append(time.monotonic() + 1.0)
+
 
 for _ in range(count):
     open_one()

@@ -45,8 +45,9 @@ def anchors(page: Path) -> set[str]:
 
 
 def links(page: Path) -> list[str]:
-    return [target for target in LINK.findall(prose(page.read_text()))
-            if not re.match(r"[a-z][a-z0-9+.-]*:", target)]  # http:, https:, mailto: ...
+    return [
+        target for target in LINK.findall(prose(page.read_text())) if not re.match(r"[a-z][a-z0-9+.-]*:", target)
+    ]  # http:, https:, mailto: ...
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: str(p.relative_to(REPO)))
@@ -68,7 +69,8 @@ def test_the_link_check_sees_links_and_anchors():
     assert "docs/user-guide.md" in links(REPO / "README.md")
     assert anchors(REPO / "docs" / "admin-guide.md") >= {
         "4-turn-on-the-hooks-slurmconf-every-node-and-the-controller",
-        "the-edge-tpu-runtime-libedgetpu-with-edgetpu_visible_devices"}
+        "the-edge-tpu-runtime-libedgetpu-with-edgetpu_visible_devices",
+    }
     assert LINK.findall(prose("a [b](c.md) `[d](e.md)`\n```\n[f](g.md)\n```\n![i](j.png)")) == ["c.md"]
 
 
@@ -76,7 +78,8 @@ def test_configuration_reference_is_current():
     page = REPO / "docs" / "configuration.md"
     assert page.exists() and page.read_text() == render(), (
         f"docs/configuration.md is stale (a config key, default or description changed): "
-        f"regenerate it with `{COMMAND}` and commit it")
+        f"regenerate it with `{COMMAND}` and commit it"
+    )
 
 
 def test_configuration_reference_defaults_are_the_codes():

@@ -15,12 +15,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from test_import_graph import MODULE, PACKAGE, _imports, _targets, modules_of
-from test_hooks_import_budget import FORBIDDEN
-
 from slurm_tpu import defaults
 from slurm_tpu.hooks import FAST_PATH, FAST_PATH_STDLIB
 from slurm_tpu.ops.hook_entries import ENTRIES, shipped_path
+from test_hooks_import_budget import FORBIDDEN
+from test_import_graph import MODULE, PACKAGE, _imports, _targets, modules_of
 
 REPO = PACKAGE.parent
 # The Python programs root runs for each job or event (what slurm.conf's sh hooks and udev run),
@@ -31,8 +30,9 @@ ENTRY_SCRIPTS = [Path(shipped_path(entry, str(REPO))) for entry in ENTRIES]
 ENTRY_STDLIB = FAST_PATH_STDLIB | {"site"}
 
 
-def module_level_violations(path: Path, module: str, is_package: bool, known: set[str], fast_path: set[str],
-                            stdlib: frozenset[str], shown: Path) -> list[str]:
+def module_level_violations(
+    path: Path, module: str, is_package: bool, known: set[str], fast_path: set[str], stdlib: frozenset[str], shown: Path
+) -> list[str]:
     """One line per module-level import in ``path`` that leaves the fast path: ``file:line: what``."""
     tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
     package = next(iter(fast_path)).split(".")[0]
@@ -41,8 +41,12 @@ def module_level_violations(path: Path, module: str, is_package: bool, known: se
         if kind != MODULE:
             continue
         where = f"{path.relative_to(shown)}:{node.lineno}"
-        if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module and \
-                node.module.split(".")[0] != package:
+        if (
+            isinstance(node, ast.ImportFrom)
+            and node.level == 0
+            and node.module
+            and node.module.split(".")[0] != package
+        ):
             names = [node.module]
         elif isinstance(node, ast.Import):
             names = [alias.name for alias in node.names if alias.name.split(".")[0] != package]
@@ -50,13 +54,17 @@ def module_level_violations(path: Path, module: str, is_package: bool, known: se
             names = []
         for name in names:
             if name.split(".")[0] not in stdlib:
-                found.append(f"{where}: {module} imports {name} at module level (allowed: "
-                             f"{', '.join(sorted(stdlib))}); import it inside the function that needs it")
+                found.append(
+                    f"{where}: {module} imports {name} at module level (allowed: "
+                    f"{', '.join(sorted(stdlib))}); import it inside the function that needs it"
+                )
         for target in _targets(node, module, is_package, known):
             if target not in fast_path:
-                found.append(f"{where}: {module} imports {target} at module level, which is not on the fast "
-                             "path; import it inside the function that needs it (or add it to FAST_PATH in "
-                             "slurm_tpu/hooks/__init__.py if every hook needs it, and keep it to the rule)")
+                found.append(
+                    f"{where}: {module} imports {target} at module level, which is not on the fast "
+                    "path; import it inside the function that needs it (or add it to FAST_PATH in "
+                    "slurm_tpu/hooks/__init__.py if every hook needs it, and keep it to the rule)"
+                )
     return found
 
 
@@ -65,12 +73,14 @@ def violations(package: Path, fast_path: tuple[str, ...], stdlib: frozenset[str]
     found = []
     for module in fast_path:
         path = modules[module]
-        found += module_level_violations(path, module, path.name == "__init__.py", set(modules), set(fast_path),
-                                         stdlib, package.parent)
+        found += module_level_violations(
+            path, module, path.name == "__init__.py", set(modules), set(fast_path), stdlib, package.parent
+        )
     return found
 
 
 # ---- the package and its entry scripts -------------------------------------------------------
+
 
 def test_the_fast_path_is_declared_and_exists():
     modules = modules_of(PACKAGE)
@@ -79,8 +89,13 @@ def test_the_fast_path_is_declared_and_exists():
     # What the hooks measure themselves by: what the fast path may never import, even lazily by accident.
     assert not FAST_PATH_STDLIB & set(FORBIDDEN)
     # A hook's work is on it: each entry script's module, and the modules every hook opens.
-    assert {"slurm_tpu.hooks.prolog", "slurm_tpu.hooks.epilog", "slurm_tpu.hooks.udev_event",
-            "slurm_tpu.access.ledger", "slurm_tpu.protocol.hooks_snapshot"} <= set(FAST_PATH)
+    assert {
+        "slurm_tpu.hooks.prolog",
+        "slurm_tpu.hooks.epilog",
+        "slurm_tpu.hooks.udev_event",
+        "slurm_tpu.access.ledger",
+        "slurm_tpu.protocol.hooks_snapshot",
+    } <= set(FAST_PATH)
 
 
 def test_fast_path_modules_import_only_the_stdlib_set_and_each_other():
@@ -105,14 +120,17 @@ def test_the_sh_hooks_defaults_are_the_packages():
 
 # ---- the checker itself, on a package written for the purpose ------------------------------
 
+
 def test_checker_names_module_and_line(tmp_path):
     files = {
         "__init__.py": "",
-        "fast.py": ("from __future__ import annotations\nimport os, json\nfrom . import slow\n"
-                    "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from typing import Any\n    from . import slow\n"
-                    "try:\n    import re\nexcept ImportError:\n    pass\n"
-                    "def late():\n    import subprocess\n    from . import slow\n"
-                    "class Box:\n    import enum\n"),
+        "fast.py": (
+            "from __future__ import annotations\nimport os, json\nfrom . import slow\n"
+            "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from typing import Any\n    from . import slow\n"
+            "try:\n    import re\nexcept ImportError:\n    pass\n"
+            "def late():\n    import subprocess\n    from . import slow\n"
+            "class Box:\n    import enum\n"
+        ),
         "also.py": "import os.path\nfrom pkg import fast\nfrom . import fast as again\n",
         "slow.py": "import json\n",
     }

@@ -36,8 +36,7 @@ UDEV_HOOK = REPO / "udev" / "slurm-tpu-udev-event"  # what the udev rules run (R
 # A revoked USB stick's remove and add events move its node, so they rewrite the hooks'
 # inventory.json (protocol/inventory.py imports json for that, and json brings re and
 # enum); the usual event, an unchanged node, must not. Neither ever loads the CLI or YAML.
-NEVER_IN_THE_UDEV_HOOK = ("click", "yaml", "typing", "dataclasses", "subprocess", "slurm_tpu.cli",
-                          "slurm_tpu.config")
+NEVER_IN_THE_UDEV_HOOK = ("click", "yaml", "typing", "dataclasses", "subprocess", "slurm_tpu.cli", "slurm_tpu.config")
 USB_DEVPATH = "/devices/pci0000:00/0000:00:14.0/usb2/2-1/2-1.3"  # the stick of n1_two_tpus
 
 
@@ -73,10 +72,16 @@ def interpreter(script: Path) -> list[str]:
 
 # ---- the checker, on processes whose imports are known ----------------------------------
 
+
 def test_the_checker_sees_what_a_real_process_imports():
     def run(code: str) -> list[str]:
-        done = subprocess.run(["/usr/bin/python3", "-I", "-S", "-X", "importtime", "-c", code],
-                              capture_output=True, text=True, timeout=60, check=True)
+        done = subprocess.run(
+            ["/usr/bin/python3", "-I", "-S", "-X", "importtime", "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        )
         return imported_modules(done.stderr)
 
     heavy = run("import json, os")
@@ -129,18 +134,24 @@ def measured(cluster_factory, tmp_path_factory):
     _shim(hooks, "slurm-tpu-prolog.py", "prolog", REPO / "prolog" / "slurm-tpu-prolog.py", logs)
     epilog = _shim(hooks, "epilog", "epilog", REPO / "epilog" / "slurm-tpu-epilog.py", logs)
     udev = _shim(hooks, "udev", "revocation", UDEV_HOOK, logs)
-    cluster = cluster_factory([NodeSpec("n1", str(HARDWARE))],
-                              hooks=Hooks(prolog=str(hooks / "slurm-tpu-prolog"), epilog=str(epilog),
-                                          task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"),
-                                          udev=str(udev)))
+    cluster = cluster_factory(
+        [NodeSpec("n1", str(HARDWARE))],
+        hooks=Hooks(
+            prolog=str(hooks / "slurm-tpu-prolog"),
+            epilog=str(epilog),
+            task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"),
+            udev=str(udev),
+        ),
+    )
     # A node with an accounting collector (its first run makes this spool): the epilog also
     # spools each job's figures (slurm_tpu/protocol/job_record.py), under the same budget.
     spool = Path(cluster.node_dir("n1")) / "state" / "accounting-spool"
     spool.mkdir(mode=0o700, parents=True)
     jobs = []
     for round_ in (1, 2):
-        job = cluster.sbatch(["--gres=tpu:2", "-w", "n1", "-o", "/dev/null"],
-                             '#!/bin/sh\ntest -n "$SLURM_TPU_DEVICES"\n')
+        job = cluster.sbatch(
+            ["--gres=tpu:2", "-w", "n1", "-o", "/dev/null"], '#!/bin/sh\ntest -n "$SLURM_TPU_DEVICES"\n'
+        )
         assert cluster.wait_for_jobs([job], timeout=120) == {job: "COMPLETED"}
         jobs.append(str(job))
         wait_until(lambda: len(_runs(logs, "epilog")) >= round_, 60, f"job {job}'s epilog")
@@ -150,23 +161,39 @@ def measured(cluster_factory, tmp_path_factory):
     assert sorted(os.listdir(spool)) == sorted(jobs)  # the spooling path ran in the measured epilogs
     inventory = json.loads((Path(cluster.node_dir("n1")) / "state" / "inventory.json").read_text())
     usb_node = next(a["device_nodes"][0] for a in inventory["accelerators"] if a["identity"] == "usb-2-1.3")
-    env = {"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": cluster.node_config("n1"), "SLURMD_NODENAME": "n1",
-           "SLURM_CONF": cluster.slurm_conf, "ACTION": "change", "DEVPATH": USB_DEVPATH, "DEVNAME": usb_node,
-           "SUBSYSTEM": "usb", "DEVTYPE": "usb_device"}
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "SLURM_TPU_CONFIG": cluster.node_config("n1"),
+        "SLURMD_NODENAME": "n1",
+        "SLURM_CONF": cluster.slurm_conf,
+        "ACTION": "change",
+        "DEVPATH": USB_DEVPATH,
+        "DEVNAME": usb_node,
+        "SUBSYSTEM": "usb",
+        "DEVTYPE": "usb_device",
+    }
     # Run as udev runs it: the program itself (its #! line), here with -X importtime added.
-    udev = subprocess.run([*interpreter(UDEV_HOOK), str(UDEV_HOOK)], env=env, capture_output=True, text=True,
-                          timeout=60, cwd="/")
+    udev = subprocess.run(
+        [*interpreter(UDEV_HOOK), str(UDEV_HOOK)], env=env, capture_output=True, text=True, timeout=60, cwd="/"
+    )
     assert udev.returncode == 0, udev.stderr[-2000:]
-    return {"prolog": _runs(logs, "prolog"), "epilog": _runs(logs, "epilog"), "udev-event": [udev.stderr],
-            "revocation": _runs(logs, "revocation")}
+    return {
+        "prolog": _runs(logs, "prolog"),
+        "epilog": _runs(logs, "epilog"),
+        "udev-event": [udev.stderr],
+        "revocation": _runs(logs, "revocation"),
+    }
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("hook, did_its_work", [
-    ("prolog", "slurm_tpu.hooks.leasing"),  # it leased the job's devices
-    ("epilog", "slurm_tpu.hooks.leasing"),  # it released them
-    ("udev-event", "slurm_tpu.hooks.udev_event"),
-])
+@pytest.mark.parametrize(
+    "hook, did_its_work",
+    [
+        ("prolog", "slurm_tpu.hooks.leasing"),  # it leased the job's devices
+        ("epilog", "slurm_tpu.hooks.leasing"),  # it released them
+        ("udev-event", "slurm_tpu.hooks.udev_event"),
+    ],
+)
 def test_a_hooks_fast_path_stays_within_its_imports(measured, hook, did_its_work):
     runs = measured[hook]
     assert runs, f"no {hook} run was recorded"

@@ -24,7 +24,6 @@ in the wheel): an installed node has no harness to import.
 from __future__ import annotations
 
 import ast
-import os
 from pathlib import Path
 from typing import NamedTuple
 
@@ -53,12 +52,14 @@ def modules_of(package: Path) -> dict[str, Path]:
 
 
 def _is_type_checking(test: ast.expr) -> bool:
-    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or \
-        (isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
 
 
 def _imports(tree: ast.Module):
     """(node, kind) for every import statement, classed by where it sits."""
+
     def walk(node: ast.AST, kind: str):
         for child in ast.iter_child_nodes(node):
             if isinstance(child, (ast.Import, ast.ImportFrom)):
@@ -84,7 +85,7 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool, k
     else:
         if node.level:
             base = module.split(".") if is_package else module.split(".")[:-1]
-            base = base[:len(base) - (node.level - 1)]
+            base = base[: len(base) - (node.level - 1)]
             origin = ".".join(base + ([node.module] if node.module else []))
         else:
             origin = node.module or ""
@@ -193,8 +194,15 @@ def registry_edges(package: Path) -> list[Edge]:
     for node in tree.body:
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "MODULES" for t in node.targets):
             names = ast.literal_eval(node.value)
-            return [Edge(f"{package.name}.families", f"{package.name}.families.{name}", MODULE,
-                         f"{path.relative_to(package.parent)}:{node.lineno}") for name in names]
+            return [
+                Edge(
+                    f"{package.name}.families",
+                    f"{package.name}.families.{name}",
+                    MODULE,
+                    f"{path.relative_to(package.parent)}:{node.lineno}",
+                )
+                for name in names
+            ]
     raise AssertionError(f"{path} has no MODULES tuple: the registry moved; teach this test where")
 
 
@@ -215,24 +223,30 @@ def imports_of(package: Path, top: str) -> list[str]:
                 names = [alias.name for alias in node.names]
             elif isinstance(node, ast.ImportFrom) and not node.level:
                 names = [node.module or ""]
-            elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
-                    and isinstance(node.args[0].value, str) and \
-                    getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__"):
+            elif (
+                isinstance(node, ast.Call)
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+                and isinstance(node.args[0].value, str)
+                and getattr(node.func, "attr", getattr(node.func, "id", None)) in ("import_module", "__import__")
+            ):
                 names = [node.args[0].value]
-            found += [f"{path.relative_to(package.parent)}:{node.lineno} {name}" for name in names
-                      if name == top or name.startswith(top + ".")]
+            found += [
+                f"{path.relative_to(package.parent)}:{node.lineno} {name}"
+                for name in names
+                if name == top or name.startswith(top + ".")
+            ]
     return found
 
 
 # ---- the package ---------------------------------------------------------------------------
 
+
 def test_slurm_tpu_has_no_runtime_import_cycle():
     edges = import_edges(PACKAGE) + registry_edges(PACKAGE)
-    assert Edge("slurm_tpu.families", "slurm_tpu.families.hailo", MODULE, "slurm_tpu/families/__init__.py:21") \
-        in edges
+    assert Edge("slurm_tpu.families", "slurm_tpu.families.hailo", MODULE, "slurm_tpu/families/__init__.py:22") in edges
     # The graph is really there (a parse that found nothing would pass vacuously).
-    assert Edge("slurm_tpu.hooks.epilog", "slurm_tpu.hooks.context", MODULE,
-                "slurm_tpu/hooks/epilog.py:13") in edges
+    assert Edge("slurm_tpu.hooks.epilog", "slurm_tpu.hooks.context", MODULE, "slurm_tpu/hooks/epilog.py:13") in edges
     assert any(edge.kind == FUNCTION for edge in edges) and any(edge.kind == TYPE_CHECKING_ONLY for edge in edges)
     cycles = find_cycles(runtime(edges))
     assert not cycles, "import cycles in slurm_tpu:\n" + "\n".join(describe(c) for c in cycles)
@@ -240,13 +254,16 @@ def test_slurm_tpu_has_no_runtime_import_cycle():
 
 def test_slurm_tpu_imports_nothing_from_the_harness():
     # The check sees imports at all (the harness's own of slurm_tpu), so an empty answer means something.
-    assert any(found.startswith("harness/localcluster/cluster.py:") and found.endswith(" slurm_tpu.errors")
-               for found in imports_of(HARNESS, "slurm_tpu"))
+    assert any(
+        found.startswith("harness/localcluster/cluster.py:") and found.endswith(" slurm_tpu.errors")
+        for found in imports_of(HARNESS, "slurm_tpu")
+    )
     assert (HARNESS / "localcluster" / "__init__.py").is_file() and not (PACKAGE / "localcluster").exists()
     assert imports_of(PACKAGE, "harness") == []
 
 
 # ---- the checker itself, on packages written for the purpose ----------------------------
+
 
 def _package(root: Path, files: dict[str, str]) -> Path:
     for name, text in files.items():
@@ -257,29 +274,35 @@ def _package(root: Path, files: dict[str, str]) -> Path:
 
 
 def test_checker_finds_a_cycle_through_a_function_level_import(tmp_path):
-    package = _package(tmp_path, {
-        "__init__.py": "",
-        "a.py": "from .b import thing\n",
-        "sub/__init__.py": "",
-        "sub/c.py": "def late():\n    from .. import a\n",
-        "b.py": "import os\nfrom .sub import c\nthing = 1\n",
-    })
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "from .b import thing\n",
+            "sub/__init__.py": "",
+            "sub/c.py": "def late():\n    from .. import a\n",
+            "b.py": "import os\nfrom .sub import c\nthing = 1\n",
+        },
+    )
     edges = import_edges(package)
     assert Edge("pkg.sub.c", "pkg.a", FUNCTION, "pkg/sub/c.py:2") in edges
     cycles = find_cycles(runtime(edges))
     assert [describe(c) for c in cycles] == [
-        "pkg.a -> pkg.b (pkg/a.py:1, module) -> pkg.sub.c (pkg/b.py:2, module)"
-        " -> pkg.a (pkg/sub/c.py:2, function)"]
+        "pkg.a -> pkg.b (pkg/a.py:1, module) -> pkg.sub.c (pkg/b.py:2, module) -> pkg.a (pkg/sub/c.py:2, function)"
+    ]
     # ``from .sub import c`` also runs pkg/sub/__init__ first: an edge of its own.
     assert Edge("pkg.b", "pkg.sub", MODULE, "pkg/b.py:2") in edges
 
 
 def test_checker_leaves_type_checking_imports_out_of_runtime_cycles(tmp_path):
-    package = _package(tmp_path, {
-        "__init__.py": "",
-        "a.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .b import B\nelse:\n    import json\n",
-        "b.py": "from . import a\nclass B: ...\n",
-    })
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "a.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .b import B\nelse:\n    import json\n",
+            "b.py": "from . import a\nclass B: ...\n",
+        },
+    )
     edges = import_edges(package)
     assert Edge("pkg.a", "pkg.b", TYPE_CHECKING_ONLY, "pkg/a.py:3") in edges
     assert find_cycles(runtime(edges)) == []
@@ -287,25 +310,36 @@ def test_checker_leaves_type_checking_imports_out_of_runtime_cycles(tmp_path):
 
 
 def test_harness_check_finds_every_form_of_import(tmp_path):
-    package = _package(tmp_path, {
-        "__init__.py": "import harness\n",
-        "a.py": "def f():\n    from harness.demo import layout\n",
-        "b.py": "import importlib\nimportlib.import_module('harness.localcluster')\nimport harnessed\n",
-        "c.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    import harness.modelgen as m\nfrom . import a\n",
-    })
-    assert imports_of(package, "harness") == ["pkg/__init__.py:1 harness", "pkg/a.py:2 harness.demo",
-                                              "pkg/b.py:2 harness.localcluster", "pkg/c.py:3 harness.modelgen"]
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "import harness\n",
+            "a.py": "def f():\n    from harness.demo import layout\n",
+            "b.py": "import importlib\nimportlib.import_module('harness.localcluster')\nimport harnessed\n",
+            "c.py": "TYPE_CHECKING = False\nif TYPE_CHECKING:\n    import harness.modelgen as m\nfrom . import a\n",
+        },
+    )
+    assert imports_of(package, "harness") == [
+        "pkg/__init__.py:1 harness",
+        "pkg/a.py:2 harness.demo",
+        "pkg/b.py:2 harness.localcluster",
+        "pkg/c.py:3 harness.modelgen",
+    ]
 
 
 def test_checker_counts_a_package_init_that_imports_back(tmp_path):
     # pkg/__init__ imports a module that imports a name from pkg itself: a cycle
     # that works only because of the order of lines in __init__.
-    package = _package(tmp_path, {
-        "__init__.py": "group = object()\nfrom . import cmd\n",
-        "cmd.py": "from . import group\n",
-    })
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "group = object()\nfrom . import cmd\n",
+            "cmd.py": "from . import group\n",
+        },
+    )
     assert [describe(c) for c in find_cycles(runtime(import_edges(package)))] == [
-        "pkg -> pkg.cmd (pkg/__init__.py:2, module) -> pkg (pkg/cmd.py:1, module)"]
+        "pkg -> pkg.cmd (pkg/__init__.py:2, module) -> pkg (pkg/cmd.py:1, module)"
+    ]
 
 
 # ---- the layers -----------------------------------------------------------------------------
@@ -361,8 +395,9 @@ TYPE_CHECKING_UPWARD: frozenset[tuple[str, str]] = frozenset()
 
 def test_every_module_has_a_layer_and_every_layer_entry_a_module():
     modules = modules_of(PACKAGE)
-    assert not [m for m in modules if layer_of(m) is None], \
+    assert not [m for m in modules if layer_of(m) is None], (
         f"modules in no layer (add each to LAYERS above): {[m for m in modules if layer_of(m) is None]}"
+    )
     named = [entry for _, entries in LAYERS for entry in entries]
     assert len(named) == len(set(named)), f"a module is named twice in LAYERS: {named}"
     stale = [entry for entry in named if entry not in modules]
@@ -372,26 +407,36 @@ def test_every_module_has_a_layer_and_every_layer_entry_a_module():
 def test_slurm_tpu_imports_only_downward():
     edges = import_edges(PACKAGE) + registry_edges(PACKAGE)
     wrong = upward(runtime(edges))
-    assert not wrong, ("imports that run upward (a lower layer must not know a higher one: move the code, "
-                       "or the import, down):\n" + "\n".join(describe_edge(e) for e in wrong))
+    assert not wrong, (
+        "imports that run upward (a lower layer must not know a higher one: move the code, "
+        "or the import, down):\n" + "\n".join(describe_edge(e) for e in wrong)
+    )
     annotations = {(e.source, e.target) for e in upward(edges) if e.kind == TYPE_CHECKING_ONLY}
     assert annotations == TYPE_CHECKING_UPWARD, (
         f"type-checking-only upward edges changed: new {sorted(annotations - TYPE_CHECKING_UPWARD)}, "
-        f"gone {sorted(TYPE_CHECKING_UPWARD - annotations)}; list the new ones in TYPE_CHECKING_UPWARD")
+        f"gone {sorted(TYPE_CHECKING_UPWARD - annotations)}; list the new ones in TYPE_CHECKING_UPWARD"
+    )
 
 
 def test_checker_finds_upward_imports_at_any_level(tmp_path):
-    package = _package(tmp_path, {
-        "__init__.py": "",
-        "low.py": "import os\ndef late():\n    from .high import thing\n",
-        "mid/__init__.py": "from ..low import late\n",
-        "high.py": "from . import low\nTYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .top import T\nthing = 1\n",
-        "top.py": "from .mid import late\nclass T: ...\n",
-    })
+    package = _package(
+        tmp_path,
+        {
+            "__init__.py": "",
+            "low.py": "import os\ndef late():\n    from .high import thing\n",
+            "mid/__init__.py": "from ..low import late\n",
+            "high.py": (
+                "from . import low\nTYPE_CHECKING = False\nif TYPE_CHECKING:\n    from .top import T\nthing = 1\n"
+            ),
+            "top.py": "from .mid import late\nclass T: ...\n",
+        },
+    )
     layers = (("base", ("pkg", "pkg.low")), ("middle", ("pkg.mid", "pkg.high")), ("top", ("pkg.top",)))
     edges = import_edges(package)
     assert [describe_edge(e, layers) for e in upward(runtime(edges), layers)] == [
-        "pkg/low.py:3: pkg.low (base) imports pkg.high (middle), function-level"]
+        "pkg/low.py:3: pkg.low (base) imports pkg.high (middle), function-level"
+    ]
     assert [(e.source, e.target) for e in upward(edges, layers) if e.kind == TYPE_CHECKING_ONLY] == [
-        ("pkg.high", "pkg.top")]
+        ("pkg.high", "pkg.top")
+    ]
     assert layer_of("pkg.mid.deep", layers) == 1 and layer_of("pkg.other", layers) is None

@@ -26,12 +26,33 @@ SUPERSPEED = 5000  # sysfs "speed" in Mbit/s; 480 high speed, 12 full speed
 ROOT_HUB_BCD_DEVICE = 0x0601  # the kernel puts its version here (6.1, Debian bookworm)
 
 
-def device_descriptor(bcd_usb: int, device_class: int, subclass: int, protocol: int,
-                      max_packet0: int, vendor: int, product: int, bcd_device: int,
-                      strings: tuple[int, int, int] = (0, 0, 0)) -> bytes:
+def device_descriptor(
+    bcd_usb: int,
+    device_class: int,
+    subclass: int,
+    protocol: int,
+    max_packet0: int,
+    vendor: int,
+    product: int,
+    bcd_device: int,
+    strings: tuple[int, int, int] = (0, 0, 0),
+) -> bytes:
     """The 18-byte device descriptor (one configuration)."""
-    return struct.pack("<BBHBBBBHHHBBBB", 18, 1, bcd_usb, device_class, subclass, protocol,
-                       max_packet0, vendor, product, bcd_device, *strings, 1)
+    return struct.pack(
+        "<BBHBBBBHHHBBBB",
+        18,
+        1,
+        bcd_usb,
+        device_class,
+        subclass,
+        protocol,
+        max_packet0,
+        vendor,
+        product,
+        bcd_device,
+        *strings,
+        1,
+    )
 
 
 def interface(number: int, endpoints: int, cls: int, subclass: int, protocol: int) -> bytes:
@@ -58,13 +79,11 @@ BULK, INTERRUPT = 2, 3
 def _hub(speed: int, vendor: int, product: int, bcd_device: int, root: bool) -> bytes:
     """A hub: class 9, one interface with one interrupt IN endpoint (status change)."""
     if speed >= SUPERSPEED:
-        device = device_descriptor(0x0300, 9, 0, 3, 9, vendor, product, bcd_device,
-                                   (3, 2, 1) if root else (1, 2, 0))
+        device = device_descriptor(0x0300, 9, 0, 3, 9, vendor, product, bcd_device, (3, 2, 1) if root else (1, 2, 0))
         body = interface(0, 1, 9, 0, 0) + endpoint(0x81, INTERRUPT, 4 if root else 2, 12) + ss_companion(0, 2)
-        power = 0 if root else 0  # self-powered
+        power = 0  # self-powered (root hub or not)
     else:
-        device = device_descriptor(0x0200, 9, 0, 1, 64, vendor, product, bcd_device,
-                                   (3, 2, 1) if root else (0, 0, 0))
+        device = device_descriptor(0x0200, 9, 0, 1, 64, vendor, product, bcd_device, (3, 2, 1) if root else (0, 0, 0))
         body = interface(0, 1, 9, 0, 0) + endpoint(0x81, INTERRUPT, 4 if root else 1, 12)
         power = 0 if root else 1
     return device + configuration(body, 1, 0xE0, power)
@@ -85,7 +104,8 @@ def hub(speed: int) -> bytes:
 def smsc_hub() -> bytes:
     """The Raspberry Pi 3's on-board hub (SMSC LAN9514, 0424:9514), high speed."""
     return device_descriptor(0x0200, 9, 0, 2, 64, 0x0424, 0x9514, 0x0200) + configuration(
-        interface(0, 1, 9, 0, 1) + endpoint(0x81, INTERRUPT, 1, 12), 1, 0xE0, 1)
+        interface(0, 1, 9, 0, 1) + endpoint(0x81, INTERRUPT, 1, 12), 1, 0xE0, 1
+    )
 
 
 def coral_runtime(speed: int) -> bytes:
@@ -94,15 +114,23 @@ def coral_runtime(speed: int) -> bytes:
     if speed >= SUPERSPEED:
         device = device_descriptor(0x0310, 0, 0, 0, 9, 0x18D1, 0x9302, 0x0100)
         body = interface(0, 4, 0xFF, 0xFF, 0xFF)
-        for address, kind, size, interval in ((0x01, BULK, 1024, 0), (0x81, BULK, 1024, 0),
-                                              (0x82, BULK, 1024, 0), (0x83, INTERRUPT, 8, 8)):
+        for address, kind, size, interval in (
+            (0x01, BULK, 1024, 0),
+            (0x81, BULK, 1024, 0),
+            (0x82, BULK, 1024, 0),
+            (0x83, INTERRUPT, 8, 8),
+        ):
             body += endpoint(address, kind, size, interval)
             body += ss_companion(15 if kind == BULK else 0, 8 if kind == INTERRUPT else 0)
         return device + configuration(body, 1, 0x80, 112)  # 112 x 8 mA = 896 mA
     device = device_descriptor(0x0210, 0, 0, 0, 64, 0x18D1, 0x9302, 0x0100)
     body = interface(0, 4, 0xFF, 0xFF, 0xFF)
-    for address, kind, size, interval in ((0x01, BULK, 512, 0), (0x81, BULK, 512, 0),
-                                          (0x82, BULK, 512, 0), (0x83, INTERRUPT, 8, 4)):
+    for address, kind, size, interval in (
+        (0x01, BULK, 512, 0),
+        (0x81, BULK, 512, 0),
+        (0x82, BULK, 512, 0),
+        (0x83, INTERRUPT, 8, 4),
+    ):
         body += endpoint(address, kind, size, interval)
     return device + configuration(body, 1, 0x80, 250)  # 250 x 2 mA = 500 mA
 
@@ -122,18 +150,21 @@ def hid_keyboard() -> bytes:
     """A full-speed boot keyboard (Logitech 046d:c31c): HID interface, interrupt IN 0x81."""
     device = device_descriptor(0x0110, 0, 0, 0, 8, 0x046D, 0xC31C, 0x6400, (1, 2, 0))
     hid = struct.pack("<BBHBBBH", 9, 0x21, 0x0110, 0, 1, 0x22, 65)
-    return device + configuration(interface(0, 1, 3, 1, 1) + hid + endpoint(0x81, INTERRUPT, 8, 10),
-                                  1, 0xA0, 45)
+    return device + configuration(interface(0, 1, 3, 1, 1) + hid + endpoint(0x81, INTERRUPT, 8, 10), 1, 0xA0, 45)
 
 
 KINDS = {
-    "root-hub": root_hub, "hub": hub, "coral-runtime": coral_runtime,
+    "root-hub": root_hub,
+    "hub": hub,
+    "coral-runtime": coral_runtime,
     "coral-bootloader": coral_bootloader,
-    "smsc-hub": lambda speed: smsc_hub(), "keyboard": lambda speed: hid_keyboard(),
+    "smsc-hub": lambda speed: smsc_hub(),
+    "keyboard": lambda speed: hid_keyboard(),
 }
 
 
 # -- reading them back (for the tests that check the hardware files) ---------------------------
+
 
 @dataclass(frozen=True)
 class Descriptors:
@@ -154,8 +185,9 @@ def parse(data: bytes) -> Descriptors:
     """Decode a ``descriptors`` attribute; raises ValueError when it is malformed."""
     if len(data) < 18 + 9 or data[0] != 18 or data[1] != 1:
         raise ValueError("no 18-byte device descriptor at the start")
-    (_, _, bcd_usb, device_class, _, _, max_packet0, vendor, product, _, _, _, _,
-     configurations) = struct.unpack_from("<BBHBBBBHHHBBBB", data)
+    (_, _, bcd_usb, device_class, _, _, max_packet0, vendor, product, _, _, _, _, configurations) = struct.unpack_from(
+        "<BBHBBBBHHHBBBB", data
+    )
     if configurations != 1:
         raise ValueError(f"bNumConfigurations is {configurations}, these descriptions hold one")
     config = data[18:]
@@ -172,8 +204,17 @@ def parse(data: bytes) -> Descriptors:
         elif kind == 5:
             endpoints.append((config[cursor + 2], config[cursor + 3] & 3))
         cursor += length
-    return Descriptors(bcd_usb, device_class, max_packet0, f"{vendor:04x}", f"{product:04x}",
-                       total, len(config), tuple(classes), tuple(endpoints))
+    return Descriptors(
+        bcd_usb,
+        device_class,
+        max_packet0,
+        f"{vendor:04x}",
+        f"{product:04x}",
+        total,
+        len(config),
+        tuple(classes),
+        tuple(endpoints),
+    )
 
 
 if __name__ == "__main__":

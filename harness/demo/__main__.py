@@ -38,18 +38,31 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="python -m harness.demo", description=__doc__.split("\n\n")[0],
-                     formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    parser = _Parser(
+        prog="python -m harness.demo",
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=__doc__.split("\n\n", 1)[1],
+    )
     parser.add_argument("action", nargs="?", default="run", choices=("run", "status", "stop"))
-    parser.add_argument("--base", default=os.environ.get("SLURM_TPU_DEMO_BASE", DEFAULT_BASE),
-                        help=f"the demo's directory (default {DEFAULT_BASE}, env SLURM_TPU_DEMO_BASE)")
-    parser.add_argument("--user", default=DEFAULT_USER, help=f"unprivileged user the jobs run as (default {DEFAULT_USER})")
+    parser.add_argument(
+        "--base",
+        default=os.environ.get("SLURM_TPU_DEMO_BASE", DEFAULT_BASE),
+        help=f"the demo's directory (default {DEFAULT_BASE}, env SLURM_TPU_DEMO_BASE)",
+    )
+    parser.add_argument(
+        "--user", default=DEFAULT_USER, help=f"unprivileged user the jobs run as (default {DEFAULT_USER})"
+    )
     parser.add_argument("--images", type=int, default=300, help="images for the batch job (default 300)")
     parser.add_argument("--timeout", type=float, default=300, help="seconds to wait for the jobs (default 300)")
     parser.add_argument("--purge", action="store_true", help="stop: also delete the directory and the job user")
-    parser.add_argument("--slurm", metavar="PREFIX", default=os.environ.get("SLURM_TPU_DEMO_SLURM"),
-                        help="run the cluster on the Slurm installed under PREFIX, e.g. /opt/slurm-25.11 "
-                             "(scripts/build-slurm.sh); default: Debian's (env SLURM_TPU_DEMO_SLURM)")
+    parser.add_argument(
+        "--slurm",
+        metavar="PREFIX",
+        default=os.environ.get("SLURM_TPU_DEMO_SLURM"),
+        help="run the cluster on the Slurm installed under PREFIX, e.g. /opt/slurm-25.11 "
+        "(scripts/build-slurm.sh); default: Debian's (env SLURM_TPU_DEMO_SLURM)",
+    )
     return parser
 
 
@@ -120,15 +133,23 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     env = _provision(layout, user, images)
 
     submitted = experiment.submit_experiment(layout, user, env, images)
-    _say(f"[2/4] submitted as {user}, with the scripts in jobs/: {len(submitted.tpu)} x classify_tpu.sbatch "
-         "(--gres=tpu:1),")
-    _say(f"      {len(submitted.plain)} x classify_cpu.sbatch (-c {experiment.PLAIN_CPUS}), "
-         f"batch_array.sbatch --array=0-{submitted.array_tasks - 1} over {images} images")
+    _say(
+        f"[2/4] submitted as {user}, with the scripts in jobs/: {len(submitted.tpu)} x classify_tpu.sbatch "
+        "(--gres=tpu:1),"
+    )
+    _say(
+        f"      {len(submitted.plain)} x classify_cpu.sbatch (-c {experiment.PLAIN_CPUS}), "
+        f"batch_array.sbatch --array=0-{submitted.array_tasks - 1} over {images} images"
+    )
     seconds = experiment.wait_for(layout, env, submitted, timeout)
     jobs, leases = _collect(layout, submitted)
     failed = [j for j in jobs if j.state != "COMPLETED"]
-    states = f"all {len(jobs)} COMPLETED" if not failed else f"{len(failed)} of {len(jobs)} did not complete: " + \
-        ", ".join(f"{j.job_id} {j.state} ({j.exit_code})" for j in failed)
+    states = (
+        f"all {len(jobs)} COMPLETED"
+        if not failed
+        else f"{len(failed)} of {len(jobs)} did not complete: "
+        + ", ".join(f"{j.job_id} {j.state} ({j.exit_code})" for j in failed)
+    )
     _say(f"      finished in {seconds:.1f} s: {states}")
 
     lines, checks = report.timeline_lines(layout, submitted, jobs, leases)
@@ -159,8 +180,11 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
         _say(line)
     broken = sum(not c.ok for c in checks) + (not coral_ok)
     if failed or broken:
-        print(f"{PREFIX}: {len(failed)} job(s) failed and {broken} check(s) did not hold; "
-              f"job output is in {layout.out}, daemon logs in {layout.path('log')}", file=sys.stderr)
+        print(
+            f"{PREFIX}: {len(failed)} job(s) failed and {broken} check(s) did not hold; "
+            f"job output is in {layout.out}, daemon logs in {layout.path('log')}",
+            file=sys.stderr,
+        )
         return 1
     return 0
 
@@ -206,8 +230,10 @@ def use_slurm(prefix: str) -> None:
 
     install = installation.from_prefix(prefix) if os.path.isabs(prefix) else None
     if install is None or not os.access(os.path.join(install.sbin_dir, "slurmd"), os.X_OK):
-        raise DemoError(f"--slurm {prefix}: no sbin/slurmd under it; give a Slurm install prefix such as "
-                        "/opt/slurm-25.11 (build it with scripts/build-slurm.sh)")
+        raise DemoError(
+            f"--slurm {prefix}: no sbin/slurmd under it; give a Slurm install prefix such as "
+            "/opt/slurm-25.11 (build it with scripts/build-slurm.sh)"
+        )
     os.environ.update(installation.environment(install))
     os.environ["PATH"] = ":".join([*install.dirs, os.environ.get("PATH", "/usr/bin:/bin")])
 

@@ -53,8 +53,14 @@ def prepare(cluster: LocalCluster, user: str) -> None:
     if not cluster.sacctmgr("-n", "-P", "show", "qos", QOS, "format=name").stdout.strip():
         cluster.sacctmgr("add", "qos", QOS, CAP)
     cluster.sacctmgr("modify", "user", user, "set", f"qos+={QOS}", check=False)  # 1: already allowed
-    _wait(lambda: cluster.command(["sbatch", "--test-only", f"--qos={QOS}", "--wrap=true"], user=user,
-                                  check=False).returncode == 0, 60, f"slurmctld did not let {user} use QOS {QOS}")
+    _wait(
+        lambda: (
+            cluster.command(["sbatch", "--test-only", f"--qos={QOS}", "--wrap=true"], user=user, check=False).returncode
+            == 0
+        ),
+        60,
+        f"slurmctld did not let {user} use QOS {QOS}",
+    )
     for node in NODES:
         refused = collect(cluster, node.name).refused
         if refused:
@@ -72,18 +78,24 @@ def show_limit(cluster: LocalCluster, user: str, out_dir: str) -> list[str]:
     second = cluster.sbatch(args, HOLD, user=user)
     try:
         _wait(lambda: _job(cluster, first).get("JobState") == "RUNNING", 60, f"job {first} did not start")
-        _wait(lambda: _job(cluster, second).get("Reason") == "QOSMaxGRESPerUser", 60,
-              f"job {second} was not held by QOS {QOS}")
+        _wait(
+            lambda: _job(cluster, second).get("Reason") == "QOSMaxGRESPerUser",
+            60,
+            f"job {second} was not held by QOS {QOS}",
+        )
         node = _job(cluster, first).get("NodeList", "?")
     finally:
         cluster.command(["scancel", str(first), str(second)], check=False)
     cluster.wait_for_jobs([first, second], timeout=120)
-    return [f"limit: QOS {QOS} ({CAP}) on 2 TPU jobs of {user}:",
-            f"  {first} RUNNING on {node}, {second} PENDING (QOSMaxGRESPerUser); both cancelled"]
+    return [
+        f"limit: QOS {QOS} ({CAP}) on 2 TPU jobs of {user}:",
+        f"  {first} RUNNING on {node}, {second} PENDING (QOSMaxGRESPerUser); both cancelled",
+    ]
 
 
 def apply_usage(cluster: LocalCluster, timeout: float = 60) -> None:
     """Run every node's collector until no entry waits (jobs' ends reach slurmdbd asynchronously)."""
+
     def drained() -> bool:
         return all(not collect(cluster, node.name).waiting for node in NODES)
 
@@ -109,9 +121,21 @@ def tpu_hours(cluster: LocalCluster, since: float) -> dict[str, float]:
     used: dict[str, float] = {}
     hour = first
     while hour <= last:
-        out = cluster.command(["sreport", "-n", "-P", "-t", "seconds", "-T", "gres/tpu", "cluster",
-                               "UserUtilizationByAccount", f"start={hour.isoformat()}",
-                               f"end={(hour + datetime.timedelta(hours=1)).isoformat()}"]).stdout
+        out = cluster.command(
+            [
+                "sreport",
+                "-n",
+                "-P",
+                "-t",
+                "seconds",
+                "-T",
+                "gres/tpu",
+                "cluster",
+                "UserUtilizationByAccount",
+                f"start={hour.isoformat()}",
+                f"end={(hour + datetime.timedelta(hours=1)).isoformat()}",
+            ]
+        ).stdout
         for line in out.splitlines():
             fields = line.split("|")
             if len(fields) >= 6 and fields[-1].isdigit():

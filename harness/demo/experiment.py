@@ -11,8 +11,8 @@ import json
 import os
 import subprocess
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
 
 from slurm_tpu.slurm import installation
 
@@ -47,12 +47,25 @@ class Submitted:
         return len(self.tpu) + len(self.plain) + self.array_tasks
 
 
-def sbatch(layout: Layout, user: str, env: Mapping[str, str], args: Sequence[str], script: str,
-           script_args: Sequence[str]) -> int:
+def sbatch(
+    layout: Layout, user: str, env: Mapping[str, str], args: Sequence[str], script: str, script_args: Sequence[str]
+) -> int:
     """Submit ``jobs/<script>`` as ``user`` with exactly ``env``; the job id."""
-    argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-            installation.find(use_daemons=False).program("sbatch"), "--parsable", f"--chdir={layout.out}", *args,
-            str(JOBS_DIR / script), *script_args]
+    argv = [
+        "runuser",
+        "-u",
+        user,
+        "--",
+        "env",
+        "-i",
+        *(f"{k}={v}" for k, v in env.items()),
+        installation.find(use_daemons=False).program("sbatch"),
+        "--parsable",
+        f"--chdir={layout.out}",
+        *args,
+        str(JOBS_DIR / script),
+        *script_args,
+    ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
     if done.returncode != 0:
         raise DemoError(f"sbatch jobs/{script} failed: {done.stderr.strip() or done.stdout.strip()}")
@@ -61,16 +74,34 @@ def sbatch(layout: Layout, user: str, env: Mapping[str, str], args: Sequence[str
 
 def submit_experiment(layout: Layout, user: str, env: Mapping[str, str], images: int) -> Submitted:
     """Submit the TPU jobs, the plain jobs and the batch array, in that order."""
+
     def image(i: int) -> str:
         return os.path.join(layout.images, f"img_{i % images:05d}.png")
 
     started = time.time()
-    tpu = [sbatch(layout, user, env, [], "classify_tpu.sbatch", [layout.classifier, image(i), layout.labels])
-           for i in range(TPU_JOBS)]
-    plain = [sbatch(layout, user, env, [f"--cpus-per-task={PLAIN_CPUS}"], "classify_cpu.sbatch",
-                    [layout.classifier, image(TPU_JOBS + i), layout.labels]) for i in range(PLAIN_JOBS)]
-    batch = sbatch(layout, user, env, [f"--array=0-{ARRAY_TASKS - 1}"], "batch_array.sbatch",
-                   [layout.classifier, layout.images, layout.results, layout.labels])
+    tpu = [
+        sbatch(layout, user, env, [], "classify_tpu.sbatch", [layout.classifier, image(i), layout.labels])
+        for i in range(TPU_JOBS)
+    ]
+    plain = [
+        sbatch(
+            layout,
+            user,
+            env,
+            [f"--cpus-per-task={PLAIN_CPUS}"],
+            "classify_cpu.sbatch",
+            [layout.classifier, image(TPU_JOBS + i), layout.labels],
+        )
+        for i in range(PLAIN_JOBS)
+    ]
+    batch = sbatch(
+        layout,
+        user,
+        env,
+        [f"--array=0-{ARRAY_TASKS - 1}"],
+        "batch_array.sbatch",
+        [layout.classifier, layout.images, layout.results, layout.labels],
+    )
     submitted = Submitted(tpu, plain, batch, ARRAY_TASKS, images, user, started)
     os.makedirs(layout.runs, exist_ok=True)
     with open(os.path.join(layout.runs, "last.json"), "w", encoding="utf-8") as handle:
@@ -80,8 +111,13 @@ def submit_experiment(layout: Layout, user: str, env: Mapping[str, str], images:
 
 def _queued(env: Mapping[str, str]) -> dict[int, str]:
     """Queued or running jobs (array tasks under their array job's id) -> squeue's reason."""
-    done = subprocess.run([installation.find(use_daemons=False).program("squeue"), "-h", "-o", "%F|%r"], env=dict(env),
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        [installation.find(use_daemons=False).program("squeue"), "-h", "-o", "%F|%r"],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     if done.returncode != 0:
         raise DemoError(f"squeue failed: {done.stderr.strip()}")
     queued = {}
@@ -102,8 +138,10 @@ def wait_for(layout: Layout, env: Mapping[str, str], submitted: Submitted, timeo
         held = {job: reason for job, reason in mine.items() if "held" in reason.lower()}
         if held:  # a failed Prolog requeues and holds the job: waiting would not help
             job, reason = next(iter(held.items()))
-            raise DemoError(f"job {job} is held ({reason}): a hook failed; see {layout.path('log')}/slurmd-*.log "
-                            "and `scontrol show node` for the drain reason")
+            raise DemoError(
+                f"job {job} is held ({reason}): a hook failed; see {layout.path('log')}/slurmd-*.log "
+                "and `scontrol show node` for the drain reason"
+            )
         if time.monotonic() > deadline:
             raise DemoError(f"jobs still queued after {timeout:g} s: see squeue (. {layout.env_file}; squeue)")
         time.sleep(0.5)
@@ -127,9 +165,21 @@ def submit_detection(layout: Layout, user: str, env: Mapping[str, str]) -> int:
     """After the experiment: one detection step over two nodes (jobs/step_across_nodes.sbatch),
     on the generated scenes, drawing its boxes into ``results/annotated``."""
     models = layout.models
-    return sbatch(layout, user, env, [f"--nodes={DETECT_NODES}"], "step_across_nodes.sbatch",
-                  [os.path.join(models, "detector.tflite"), os.path.join(models, "scenes"), layout.results,
-                   os.path.join(models, "detector_labels.txt"), "--annotate", annotated_dir(layout)])
+    return sbatch(
+        layout,
+        user,
+        env,
+        [f"--nodes={DETECT_NODES}"],
+        "step_across_nodes.sbatch",
+        [
+            os.path.join(models, "detector.tflite"),
+            os.path.join(models, "scenes"),
+            layout.results,
+            os.path.join(models, "detector_labels.txt"),
+            "--annotate",
+            annotated_dir(layout),
+        ],
+    )
 
 
 def annotated_dir(layout: Layout) -> str:
@@ -154,12 +204,22 @@ CORAL_NODE = "node-pcie"  # two Edge TPUs: two jobs there, each must get its own
 CORAL_JOBS = 2
 
 
-def run_coral_examples(layout: Layout, user: str, env: Mapping[str, str], timeout: float = 120) -> list[tuple[int, str]]:
+def run_coral_examples(
+    layout: Layout, user: str, env: Mapping[str, str], timeout: float = 120
+) -> list[tuple[int, str]]:
     """Coral's own example code, no device argument (jobs/coral_example.sbatch), twice on ``CORAL_NODE``
     at once; (job, its output) each."""
-    jobs = [sbatch(layout, user, env, [f"--nodelist={CORAL_NODE}"], "coral_example.sbatch",
-                   [layout.classifier, os.path.join(layout.images, f"img_{i:05d}.png"), layout.labels])
-            for i in range(CORAL_JOBS)]
+    jobs = [
+        sbatch(
+            layout,
+            user,
+            env,
+            [f"--nodelist={CORAL_NODE}"],
+            "coral_example.sbatch",
+            [layout.classifier, os.path.join(layout.images, f"img_{i:05d}.png"), layout.labels],
+        )
+        for i in range(CORAL_JOBS)
+    ]
     outputs = []
     for job in jobs:
         wait_for_job(env, job, timeout)
@@ -195,14 +255,44 @@ def serve_and_query(layout: Layout, user: str, env: Mapping[str, str], timeout: 
     images = [os.path.join(layout.images, f"img_{i:05d}.png") for i in range(SERVE_IMAGES)]
     slurm = installation.find(use_daemons=False)
     srun = slurm.program("srun")
-    argv = ["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()), srun,
-            f"--nodelist={CLIENT_NODE}", "--job-name=serve-client", f"--chdir={layout.out}", "slurm-tpu", "infer",
-            "--server", str(job), "classifier", *images, "--no-progress"]
+    argv = [
+        "runuser",
+        "-u",
+        user,
+        "--",
+        "env",
+        "-i",
+        *(f"{k}={v}" for k, v in env.items()),
+        srun,
+        f"--nodelist={CLIENT_NODE}",
+        "--job-name=serve-client",
+        f"--chdir={layout.out}",
+        "slurm-tpu",
+        "infer",
+        "--server",
+        str(job),
+        "classifier",
+        *images,
+        "--no-progress",
+    ]
     try:
         client = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, cwd="/")
     finally:
-        subprocess.run(["runuser", "-u", user, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-                        slurm.program("scancel"), str(job)], capture_output=True, timeout=60)
+        subprocess.run(
+            [
+                "runuser",
+                "-u",
+                user,
+                "--",
+                "env",
+                "-i",
+                *(f"{k}={v}" for k, v in env.items()),
+                slurm.program("scancel"),
+                str(job),
+            ],
+            capture_output=True,
+            timeout=60,
+        )
     if client.returncode != 0:
         raise DemoError(f"infer --server {job} from {CLIENT_NODE} failed: {client.stderr.strip()}")
     wait_for_job(env, job, timeout)

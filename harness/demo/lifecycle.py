@@ -28,19 +28,39 @@ def make_cluster(layout: Layout) -> LocalCluster:
     """The demo's LocalCluster object (nothing is started or written)."""
     from slurm_tpu.ops.node_files import node_file
 
-    hooks = Hooks(prolog=node_file("prolog", "slurm-tpu-prolog"), epilog=node_file("epilog", "slurm-tpu-epilog"),
-                  task_prolog=node_file("prolog", "slurm-tpu-task-prolog"))
+    hooks = Hooks(
+        prolog=node_file("prolog", "slurm-tpu-prolog"),
+        epilog=node_file("epilog", "slurm-tpu-epilog"),
+        task_prolog=node_file("prolog", "slurm-tpu-task-prolog"),
+    )
     nodes = [NodeSpec(n.name, n.hardware_path, n.cpus, n.real_memory_mb) for n in NODES]
     # accounting: its own MariaDB + slurmdbd, so sacct/sreport and QOS limits know the TPUs.
-    return LocalCluster(base=layout.base, nodes=nodes, hooks=hooks, name="tpudemo", python=sys.executable,
-                        partition_extra=PARTITION_EXTRA, accounting=True)
+    return LocalCluster(
+        base=layout.base,
+        nodes=nodes,
+        hooks=hooks,
+        name="tpudemo",
+        python=sys.executable,
+        partition_extra=PARTITION_EXTRA,
+        accounting=True,
+    )
 
 
 def fingerprint() -> str:
     """Everything that shapes the cluster: a running one with another fingerprint is restarted."""
     slurm = list(installation.find(use_daemons=False).dirs)  # another Slurm release: another cluster
-    digest = hashlib.sha256(json.dumps([FORMAT, sys.executable, str(REPO), list(PARTITION_EXTRA), slurm,
-                                        [(n.name, n.hardware, n.cpus, n.real_memory_mb) for n in NODES]]).encode())
+    digest = hashlib.sha256(
+        json.dumps(
+            [
+                FORMAT,
+                sys.executable,
+                str(REPO),
+                list(PARTITION_EXTRA),
+                slurm,
+                [(n.name, n.hardware, n.cpus, n.real_memory_mb) for n in NODES],
+            ]
+        ).encode()
+    )
     for node in NODES:
         with open(node.hardware_path, "rb") as handle:
             digest.update(handle.read())
@@ -138,5 +158,5 @@ def double_devices(layout: Layout) -> str:
         for accelerator in inventory["accelerators"]:
             if accelerator["kind"] == "edgetpu" and accelerator.get("usable", True):
                 nodes = accelerator.get("device_nodes") or [None]
-                entries.append("%s:%s" % libedgetpu_path(accelerator["identity"], nodes[0]))
+                entries.append("{}:{}".format(*libedgetpu_path(accelerator["identity"], nodes[0])))
     return ",".join(entries)

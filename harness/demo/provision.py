@@ -40,8 +40,21 @@ def ensure_user(name: str) -> bool:
     try:
         pwd.getpwnam(name)
     except KeyError:
-        done = subprocess.run(["useradd", "--system", "--create-home", "--home-dir", f"/home/{name}",
-                               "--shell", "/bin/sh", "--user-group", name], capture_output=True, text=True)
+        done = subprocess.run(
+            [
+                "useradd",
+                "--system",
+                "--create-home",
+                "--home-dir",
+                f"/home/{name}",
+                "--shell",
+                "/bin/sh",
+                "--user-group",
+                name,
+            ],
+            capture_output=True,
+            text=True,
+        )
         if done.returncode != 0:
             raise DemoError(f"cannot create the job user {name}: {done.stderr.strip()}") from None
         return True
@@ -49,16 +62,17 @@ def ensure_user(name: str) -> bool:
 
 
 def _runs_as(user: str, argv: list[str]) -> bool:
-    done = subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, cwd="/",
-                          timeout=120)
+    done = subprocess.run(["runuser", "-u", user, "--", *argv], capture_output=True, text=True, cwd="/", timeout=120)
     return done.returncode == 0
 
 
 def _write_script(path: str, python: str) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(f"#!{python}\n# The demo's slurm-tpu, runnable by every job user.\n"
-                     "import sys\nfrom slurm_tpu.cli import run\nsys.exit(run())\n")
+        handle.write(
+            f"#!{python}\n# The demo's slurm-tpu, runnable by every job user.\n"
+            "import sys\nfrom slurm_tpu.cli import run\nsys.exit(run())\n"
+        )
     os.chmod(tmp, 0o755)
     os.replace(tmp, path)
     # Beside it, the python3 users' own code runs with (LiteRT, numpy, Pillow), as a node
@@ -86,22 +100,29 @@ def job_side_slurm_tpu(layout: Layout, user: str) -> str:
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
     system_python = shutil.which(f"python{version}", path="/usr/bin:/usr/local/bin")
     if not system_python:
-        raise DemoError(f"job user {user} cannot run {sys.executable} (is it under a private directory such as "
-                        f"/root?) and there is no system python{version} to use instead: rebuild the venv with "
-                        "a system Python (rm -rf .venv; PYTHON=/usr/bin/python3 scripts/setup.sh)")
+        raise DemoError(
+            f"job user {user} cannot run {sys.executable} (is it under a private directory such as "
+            f"/root?) and there is no system python{version} to use instead: rebuild the venv with "
+            "a system Python (rm -rf .venv; PYTHON=/usr/bin/python3 scripts/setup.sh)"
+        )
     venv = layout.path("runtime")
     if not os.path.exists(os.path.join(venv, "bin", "python")):
         subprocess.run([system_python, "-m", "venv", "--without-pip", venv], check=True, capture_output=True)
     site_dirs = sorted({sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]})
-    purelib = subprocess.run([os.path.join(venv, "bin", "python"), "-c",
-                              "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
+    purelib = subprocess.run(
+        [os.path.join(venv, "bin", "python"), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     with open(os.path.join(purelib, "slurm_tpu_checkout.pth"), "w", encoding="utf-8") as handle:
         handle.write("import site; " + "; ".join(f"site.addsitedir({d!r})" for d in site_dirs) + "\n")
     python = os.path.join(venv, "bin", "python")
     if not _runs_as(user, [python, "-c", _CHECK_IMPORTS]):
-        raise DemoError(f"job user {user} cannot import slurm-tpu from {site_dirs[0]} (is the checkout under a "
-                        "private directory?): clone slurm-tpu somewhere world-readable, e.g. /opt/slurm-tpu")
+        raise DemoError(
+            f"job user {user} cannot import slurm-tpu from {site_dirs[0]} (is the checkout under a "
+            "private directory?): clone slurm-tpu somewhere world-readable, e.g. /opt/slurm-tpu"
+        )
     _write_script(script, python)
     return script
 
@@ -113,8 +134,11 @@ def build_libedgetpu_double(layout: Layout) -> str:
         return target
     os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
     cc = shutil.which("gcc") or shutil.which("cc") or "gcc"
-    done = subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", target + ".tmp", str(DOUBLE_SOURCE)],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-Wall", "-o", target + ".tmp", str(DOUBLE_SOURCE)],
+        capture_output=True,
+        text=True,
+    )
     if done.returncode != 0:
         raise DemoError(f"cannot compile {DOUBLE_SOURCE}: {done.stderr.strip().splitlines()[-1:]}")
     os.chmod(target + ".tmp", 0o755)
@@ -133,7 +157,7 @@ def make_models(layout: Layout, images: int) -> None:
 
     shutil.rmtree(layout.models, ignore_errors=True)
     write_models(layout.models, image_count=images)
-    for root, dirs, files in os.walk(layout.models):
+    for root, _dirs, files in os.walk(layout.models):
         os.chmod(root, 0o755)
         for name in files:
             os.chmod(os.path.join(root, name), 0o644)
@@ -176,8 +200,14 @@ def job_environment(layout: Layout, double_devices: str, user: str) -> dict[str,
     return {
         # The cluster's own Slurm clients first: a job calling srun/squeue must not get another release's.
         "PATH": ":".join([layout.bin, *installation.find(use_daemons=False).dirs, "/usr/local/bin:/usr/bin:/bin"]),
-        "HOME": home, "USER": user, "LOGNAME": user, "LANG": "C.UTF-8",
-        "SLURM_CONF": layout.slurm_conf, "SLURM_TPU_DEMO": layout.base, "SLURM_TPU_JOBS": str(JOBS_DIR),
-        "SLURM_TPU_LIBEDGETPU": layout.libedgetpu, "EDGETPU_DOUBLE_DEVICES": double_devices,
+        "HOME": home,
+        "USER": user,
+        "LOGNAME": user,
+        "LANG": "C.UTF-8",
+        "SLURM_CONF": layout.slurm_conf,
+        "SLURM_TPU_DEMO": layout.base,
+        "SLURM_TPU_JOBS": str(JOBS_DIR),
+        "SLURM_TPU_LIBEDGETPU": layout.libedgetpu,
+        "EDGETPU_DOUBLE_DEVICES": double_devices,
         "LD_LIBRARY_PATH": os.path.dirname(layout.libedgetpu),
     }

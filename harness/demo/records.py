@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from slurm_tpu.protocol import audit
 
@@ -75,14 +75,20 @@ def parse_jobcomp(text: str) -> list[JobRecord]:
         if job_id is None:
             continue
         array_job = _int(fields.get("ArrayJobId"))
-        records.append(JobRecord(
-            job_id=job_id, name=fields.get("Name", ""), user=fields.get("UserId", "").split("(")[0],
-            state=fields.get("JobState", ""), node=fields.get("NodeList", ""),
-            start=_epoch(fields.get("StartTime", "")), end=_epoch(fields.get("EndTime", "")),
-            exit_code=fields.get("ExitCode", ""),
-            array_job_id=array_job if array_job else None,  # 0 or absent: not an array task
-            array_task_id=_int(fields.get("ArrayTaskId")) if array_job else None,
-        ))
+        records.append(
+            JobRecord(
+                job_id=job_id,
+                name=fields.get("Name", ""),
+                user=fields.get("UserId", "").split("(")[0],
+                state=fields.get("JobState", ""),
+                node=fields.get("NodeList", ""),
+                start=_epoch(fields.get("StartTime", "")),
+                end=_epoch(fields.get("EndTime", "")),
+                exit_code=fields.get("ExitCode", ""),
+                array_job_id=array_job if array_job else None,  # 0 or absent: not an array task
+                array_task_id=_int(fields.get("ArrayTaskId")) if array_job else None,
+            )
+        )
     return records
 
 

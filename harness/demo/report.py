@@ -7,7 +7,7 @@ import json
 import os
 import re
 import string
-from typing import Sequence
+from collections.abc import Sequence
 
 from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
 from .layout import JOBS_DIR, NODES, Layout
@@ -61,14 +61,15 @@ def _span(ids: Sequence[int]) -> str:
     return f"{min(ids)}-{max(ids)}" if len(ids) > 1 else str(ids[0])
 
 
-def timeline_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord], leases: Sequence[Lease],
-                   columns: int = 56) -> tuple[list[str], list[Check]]:
+def timeline_lines(
+    layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord], leases: Sequence[Lease], columns: int = 56
+) -> tuple[list[str], list[Check]]:
     """The chart, its legend, and the checks."""
     devices = node_devices(layout)
     symbols = symbols_for(submitted, jobs)
-    mine = [l for l in leases if l.job_id in symbols]
-    starts = [j.start for j in jobs if j.start is not None] + [l.start for l in mine]
-    ends = [j.end for j in jobs if j.end is not None] + [l.end for l in mine if l.end is not None]
+    mine = [lease for lease in leases if lease.job_id in symbols]
+    starts = [j.start for j in jobs if j.start is not None] + [lease.start for lease in mine]
+    ends = [j.end for j in jobs if j.end is not None] + [lease.end for lease in mine if lease.end is not None]
     if not starts or not ends:
         return ["no job of this run started"], check_run([], [], [], devices)
     t0 = min(starts)
@@ -76,8 +77,10 @@ def timeline_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecor
     lanes = build_lanes(jobs, mine, devices, symbols, step)
     columns = min(columns, int((max(ends) - t0) / step) + 2)
     lines = render(lanes, t0, step, columns)
-    lines.append(f"A-{symbols[submitted.tpu[-1]]} classify_tpu jobs {_span(submitted.tpu)} (--gres=tpu:1), "
-                 f"a-{symbols[submitted.plain[-1]]} classify_cpu jobs {_span(submitted.plain)} (no GRES),")
+    lines.append(
+        f"A-{symbols[submitted.tpu[-1]]} classify_tpu jobs {_span(submitted.tpu)} (--gres=tpu:1), "
+        f"a-{symbols[submitted.plain[-1]]} classify_cpu jobs {_span(submitted.plain)} (no GRES),"
+    )
     lines.append(f"0-{submitted.array_tasks - 1} tasks of batch_array job {submitted.batch} (--gres=tpu:1 each)")
     lines.append(f"one column = {step:g} s. Device lanes: lease held, prolog to epilog (hooks' audit log);")
     lines.append("cpu lanes: jobs without a device, Slurm's start to end in whole seconds (jobcomp)")
@@ -103,14 +106,17 @@ def merge_batch(layout: Layout, submitted: Submitted) -> tuple[str, int, int]:
     merged = os.path.join(layout.results, f"batch-{submitted.batch}.jsonl")
     with open(merged, "w", encoding="utf-8") as handle:
         handle.writelines(json.dumps(r) + "\n" for r in records)
-    right = sum(1 for r in records if r.get("classes") and
-                r["classes"][0].get("label") == expected.get(os.path.basename(r.get("input", ""))))
+    right = sum(
+        1
+        for r in records
+        if r.get("classes") and r["classes"][0].get("label") == expected.get(os.path.basename(r.get("input", "")))
+    )
     return merged, len(records), right
 
 
 def batch_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord], leases: Sequence[Lease]) -> list[str]:
     tasks = [j for j in jobs if j.array_job_id == submitted.batch]
-    held = [l for l in leases if l.job_id in {t.job_id for t in tasks} and l.end is not None]
+    held = [lease for lease in leases if lease.job_id in {t.job_id for t in tasks} and lease.end is not None]
     merged, count, right = merge_batch(layout, submitted)
     rates = []
     for task in tasks:
@@ -122,14 +128,15 @@ def batch_lines(layout: Layout, submitted: Submitted, jobs: Sequence[JobRecord],
             found = []
         if found:
             rates.append(float(found[-1][2]))
-    wall = (max(l.end for l in held) - min(l.start for l in held)) if held else 0.0  # type: ignore[type-var]
-    devices = len({(l.node, l.identity) for l in held})
-    lines = [f"{count} images, {len(tasks)} array tasks on {devices} Edge TPUs: {wall:.1f} s from first lease to "
-             f"last release,",
-             f"  {count / wall if wall else 0:.0f} images/s including job start-up"]
+    wall = (max(lease.end for lease in held) - min(lease.start for lease in held)) if held else 0.0  # type: ignore[type-var]
+    devices = len({(lease.node, lease.identity) for lease in held})
+    lines = [
+        f"{count} images, {len(tasks)} array tasks on {devices} Edge TPUs: {wall:.1f} s from first lease to "
+        f"last release,",
+        f"  {count / wall if wall else 0:.0f} images/s including job start-up",
+    ]
     if rates:
-        lines[-1] += (f"; inside the jobs {min(rates):.0f}-{max(rates):.0f} images/s per task "
-                      "(on the CPU)")
+        lines[-1] += f"; inside the jobs {min(rates):.0f}-{max(rates):.0f} images/s per task (on the CPU)"
     lines.append(f"results: {merged}")
     lines.append(f"  {count} lines; top-1 is the generator's known answer for {right}/{count}")
     return lines
@@ -160,9 +167,11 @@ def detection_lines(layout: Layout, job: int) -> list[str]:
         return [f"detection job {job} wrote no results (see {layout.out}/step-tpu-{job}.out)"]
     objects = sum(len(r.get("objects", [])) for r in records)
     drawn = sorted(r["annotated"] for r in records if r.get("objects") and r.get("annotated"))
-    lines = [f"detection: job {job}, one srun step, {len(tasks)} tasks on {len(tasks)} nodes' Edge TPUs: "
-             f"{objects} objects in {len(records)} scenes",
-             f"  results: {layout.results}/step-{job}-<task>.jsonl"]
+    lines = [
+        f"detection: job {job}, one srun step, {len(tasks)} tasks on {len(tasks)} nodes' Edge TPUs: "
+        f"{objects} objects in {len(records)} scenes",
+        f"  results: {layout.results}/step-{job}-<task>.jsonl",
+    ]
     if drawn:
         lines.append(f"  annotated: {drawn[0]} (and {len(drawn) - 1} more)")
     return lines
@@ -170,23 +179,33 @@ def detection_lines(layout: Layout, job: int) -> list[str]:
 
 def coral_lines(outputs: list[tuple[int, str]]) -> tuple[list[str], bool]:
     """The unmodified Coral code step, in one line: the TPU each job saw; ok when each saw one, not the same."""
-    seen = [next((line.split(": ", 1)[1] for line in output.splitlines()
-                  if line.startswith("Edge TPUs this job sees: ")), "nothing") for _, output in outputs]
+    seen = [
+        next(
+            (line.split(": ", 1)[1] for line in output.splitlines() if line.startswith("Edge TPUs this job sees: ")),
+            "nothing",
+        )
+        for _, output in outputs
+    ]
     ok = all("," not in s and s.startswith(("pci:", "usb:")) for s in seen) and len(set(seen)) == len(seen)
     shown = " | ".join(f"{s.split(':', 1)[0]} {os.path.basename(s)}" if ":" in s else s for s in seen)
-    return [f"{'ok  ' if ok else 'FAIL'}  unmodified Coral code, no device argument: {len(outputs)} jobs on "
-            f"{CORAL_NODE} saw {shown}"], ok
+    return [
+        f"{'ok  ' if ok else 'FAIL'}  unmodified Coral code, no device argument: {len(outputs)} jobs on "
+        f"{CORAL_NODE} saw {shown}"
+    ], ok
 
 
 def serve_lines(served: Served) -> list[str]:
     """The serving step: where the server ran, what the client on another node got, how it stopped."""
-    lines = [f"serve: job {served.job} holds the classifier on {SERVE_NODE}'s Edge TPU (jobs/serve.sbatch);",
-             f"  from {CLIENT_NODE}: slurm-tpu infer --server {served.job} classifier <{SERVE_IMAGES} images>"]
+    lines = [
+        f"serve: job {served.job} holds the classifier on {SERVE_NODE}'s Edge TPU (jobs/serve.sbatch);",
+        f"  from {CLIENT_NODE}: slurm-tpu infer --server {served.job} classifier <{SERVE_IMAGES} images>",
+    ]
     for line in served.client_output.splitlines():
         record = json.loads(line)
         best = record.get("classes", [{}])[0]
-        lines.append(f"    {os.path.basename(record['input'])}: {best.get('label', record.get('error'))} "
-                     f"{best.get('score', '')}")
+        lines.append(
+            f"    {os.path.basename(record['input'])}: {best.get('label', record.get('error'))} {best.get('score', '')}"
+        )
     stopped = [line for line in served.log.splitlines() if "devices released" in line]
     lines.append("  scancel: " + (stopped[-1].split(": ", 1)[-1] if stopped else "no clean stop in the job's log"))
     return lines

@@ -9,8 +9,8 @@ epilog); jobs without a device on the node's CPU lanes, from Slurm's start and e
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping, Sequence
 
 from .records import JobRecord, Lease
 
@@ -51,21 +51,31 @@ def _lease_end(lease: Lease, fallback: float) -> float:
     return lease.end if lease.end is not None else fallback
 
 
-def build_lanes(jobs: Sequence[JobRecord], leases: Sequence[Lease], devices: Mapping[str, Sequence[str]],
-                symbols: Mapping[int, str], step: float) -> list[Lane]:
+def build_lanes(
+    jobs: Sequence[JobRecord],
+    leases: Sequence[Lease],
+    devices: Mapping[str, Sequence[str]],
+    symbols: Mapping[int, str],
+    step: float,
+) -> list[Lane]:
     """One lane per device, then as many CPU lanes per node as its device-less jobs need."""
-    now = max([j.end or 0.0 for j in jobs] + [l.start for l in leases] + [0.0])
-    leased = {l.job_id for l in leases}
+    now = max([j.end or 0.0 for j in jobs] + [lease.start for lease in leases] + [0.0])
+    leased = {lease.job_id for lease in leases}
     lanes: list[Lane] = []
     for node, identities in devices.items():
         for identity in identities:
             lane = Lane(node, identity)
-            lane.bars = [Bar(l.job_id, symbols.get(l.job_id, "?"), l.start, _lease_end(l, now))
-                         for l in leases if l.node == node and l.identity == identity and l.job_id in symbols]
+            lane.bars = [
+                Bar(lease.job_id, symbols.get(lease.job_id, "?"), lease.start, _lease_end(lease, now))
+                for lease in leases
+                if lease.node == node and lease.identity == identity and lease.job_id in symbols
+            ]
             lanes.append(lane)
         cpu_lanes: list[Lane] = []
-        plain = sorted((j for j in jobs if j.node == node and j.job_id not in leased and j.start is not None),
-                       key=lambda j: j.start)
+        plain = sorted(
+            (j for j in jobs if j.node == node and j.job_id not in leased and j.start is not None),
+            key=lambda j: j.start,
+        )
         for job in plain:
             end = max(job.end or job.start, job.start + step)  # whole seconds: draw at least one column
             bar = Bar(job.job_id, symbols.get(job.job_id, "?"), job.start, end)
@@ -88,12 +98,12 @@ def nice_step(span: float, columns: int) -> float:
 
 def render(lanes: Sequence[Lane], t0: float, step: float, columns: int) -> list[str]:
     """The chart: node, lane label, then one character per ``step`` seconds."""
-    width_node = max([len(l.node) for l in lanes] + [4])
-    width_label = max([len(l.label) for l in lanes] + [3])
+    width_node = max([len(lane.node) for lane in lanes] + [4])
+    width_label = max([len(lane.label) for lane in lanes] + [3])
     ruler = [" "] * columns
     for col in range(0, columns, 10):
         mark = f"|{col * step:g}s"
-        ruler[col:col + len(mark)] = list(mark)
+        ruler[col : col + len(mark)] = list(mark)
     lines = [f"{'':{width_node}}  {'':{width_label}}  {''.join(ruler[:columns]).rstrip()}"]
     previous = None
     for lane in lanes:
@@ -109,8 +119,12 @@ def render(lanes: Sequence[Lane], t0: float, step: float, columns: int) -> list[
     return lines
 
 
-def check_run(tpu_jobs: Sequence[JobRecord], plain_jobs: Sequence[JobRecord], leases: Sequence[Lease],
-              devices: Mapping[str, Sequence[str]]) -> list[Check]:
+def check_run(
+    tpu_jobs: Sequence[JobRecord],
+    plain_jobs: Sequence[JobRecord],
+    leases: Sequence[Lease],
+    devices: Mapping[str, Sequence[str]],
+) -> list[Check]:
     """The seeds' experiment, as properties of the records.
 
     ``devices`` maps every node to its Edge TPU identities (empty for the others).
@@ -118,34 +132,58 @@ def check_run(tpu_jobs: Sequence[JobRecord], plain_jobs: Sequence[JobRecord], le
     tpu_nodes = {n for n, ids in devices.items() if ids}
     checks = []
     nodes_used = sorted({j.node for j in tpu_jobs})
-    checks.append(Check(all(n in tpu_nodes for n in nodes_used),
-                        f"TPU jobs ran only on TPU nodes ({', '.join(nodes_used)})"))
+    checks.append(
+        Check(all(n in tpu_nodes for n in nodes_used), f"TPU jobs ran only on TPU nodes ({', '.join(nodes_used)})")
+    )
     by_job: dict[int, list[Lease]] = {}
     for lease in leases:
         by_job.setdefault(lease.job_id, []).append(lease)
-    own = [j for j in tpu_jobs if len(by_job.get(j.job_id, [])) == 1
-           and by_job[j.job_id][0].node == j.node and by_job[j.job_id][0].identity in devices.get(j.node, ())]
-    checks.append(Check(len(own) == len(tpu_jobs),
-                        f"each TPU job held exactly one Edge TPU of its node ({len(own)}/{len(tpu_jobs)})"))
-    now = max([l.start for l in leases] + [0.0]) + 1
+    own = [
+        j
+        for j in tpu_jobs
+        if len(by_job.get(j.job_id, [])) == 1
+        and by_job[j.job_id][0].node == j.node
+        and by_job[j.job_id][0].identity in devices.get(j.node, ())
+    ]
+    checks.append(
+        Check(
+            len(own) == len(tpu_jobs),
+            f"each TPU job held exactly one Edge TPU of its node ({len(own)}/{len(tpu_jobs)})",
+        )
+    )
+    now = max([lease.start for lease in leases] + [0.0]) + 1
     per_node = []
     ok = True
     for node in sorted(tpu_nodes):
         count = len(devices[node])
-        peak = max_overlap((l.start, _lease_end(l, now)) for l in leases if l.node == node)
+        peak = max_overlap((lease.start, _lease_end(lease, now)) for lease in leases if lease.node == node)
         ok &= peak <= count
         per_node.append(f"{node} {peak}/{count}")
     checks.append(Check(ok, "never more TPU jobs at once than the node has TPUs (peak: " + ", ".join(per_node) + ")"))
-    shared = [i for i in {(l.node, l.identity) for l in leases}
-              if max_overlap((l.start, _lease_end(l, now)) for l in leases if (l.node, l.identity) == i) > 1]
-    checks.append(Check(not shared, "no Edge TPU was ever held by two jobs at once" +
-                        (f" (shared: {sorted(shared)})" if shared else "")))
+    shared = [
+        i
+        for i in {(lease.node, lease.identity) for lease in leases}
+        if max_overlap((lease.start, _lease_end(lease, now)) for lease in leases if (lease.node, lease.identity) == i)
+        > 1
+    ]
+    checks.append(
+        Check(
+            not shared,
+            "no Edge TPU was ever held by two jobs at once" + (f" (shared: {sorted(shared)})" if shared else ""),
+        )
+    )
     # Where plain jobs land is Slurm's choice (LLN spreads them when they overlap, but a
     # job that finishes before the next starts may free the same node): not a property
     # to check. What slurm-tpu promises is that they never hold an accelerator.
     plain_ids = {j.job_id for j in plain_jobs}
-    grabbed = sorted({l.job_id for l in leases if l.job_id in plain_ids})
+    grabbed = sorted({lease.job_id for lease in leases if lease.job_id in plain_ids})
     spread = sorted({j.node for j in plain_jobs})
-    checks.append(Check(not grabbed, "plain jobs held no Edge TPU" + (f" (jobs {grabbed} did)" if grabbed else "") +
-                        f"; ran on {', '.join(spread)}"))
+    checks.append(
+        Check(
+            not grabbed,
+            "plain jobs held no Edge TPU"
+            + (f" (jobs {grabbed} did)" if grabbed else "")
+            + f"; ran on {', '.join(spread)}",
+        )
+    )
     return checks

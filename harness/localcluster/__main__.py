@@ -1,10 +1,10 @@
 """``python -m harness.localcluster``: manage a cluster made by LocalCluster.
 
-    python -m harness.localcluster status BASE
-    python -m harness.localcluster stop BASE
-    python -m harness.localcluster stop-slurmd BASE NODE
-    python -m harness.localcluster start-slurmd BASE NODE
-    python -m harness.localcluster restart-slurmctld BASE
+python -m harness.localcluster status BASE
+python -m harness.localcluster stop BASE
+python -m harness.localcluster stop-slurmd BASE NODE
+python -m harness.localcluster start-slurmd BASE NODE
+python -m harness.localcluster restart-slurmctld BASE
 """
 
 from __future__ import annotations

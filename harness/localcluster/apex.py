@@ -61,8 +61,16 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 def mount(source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
     """mount(2); OSError on failure."""
-    if _libc.mount(source.encode(), target.encode(), fstype.encode() if fstype else None, flags,
-                   data.encode() if data else None) != 0:
+    if (
+        _libc.mount(
+            source.encode(),
+            target.encode(),
+            fstype.encode() if fstype else None,
+            flags,
+            data.encode() if data else None,
+        )
+        != 0
+    ):
         error = ctypes.get_errno()
         raise OSError(error, f"mount {source} on {target}: {os.strerror(error)}")
 
@@ -73,6 +81,7 @@ def unmount(target: str) -> bool:
 
 
 # ---- the device: a pty slave, its master kept here ---------------------------------------
+
 
 class Card:
     """One emulated PCIe Edge TPU: ``node`` (bind-mounted pty slave) and its master."""
@@ -121,7 +130,9 @@ FLUSH, INIT, OPENDIR, READDIR, RELEASEDIR, INTERRUPT, DESTROY, BATCH_FORGET = 25
 NO_REPLY = (FORGET, BATCH_FORGET, INTERRUPT)
 IN_HEADER = struct.Struct("<IIQQIIII")  # len, opcode, unique, nodeid, uid, gid, pid, padding
 OUT_HEADER = struct.Struct("<IiQ")  # len, error, unique
-ATTR = struct.Struct("<QQQQQQIIIIIIIIII")  # fuse_attr: ino size blocks a/m/ctime, nsecs, mode nlink uid gid rdev blksize flags
+ATTR = struct.Struct(
+    "<QQQQQQIIIIIIIIII"
+)  # fuse_attr: ino size blocks a/m/ctime, nsecs, mode nlink uid gid rdev blksize flags
 INIT_OUT = struct.Struct("<IIIIHHIIHHII24x")  # fuse_init_out (64 bytes)
 READ_IN = struct.Struct("<QQI")  # fh, offset, size
 FOPEN_DIRECT_IO = 1  # every read comes here: no page cache between the hook and the tty's state
@@ -141,8 +152,13 @@ class CountFS:
         self.values: dict[int, bytes] = {}  # fh -> the value made at the open file's first read
         self.next_fh = 1
         self.fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
-        mount("slurm-tpu-apex", mountpoint, "fuse", MS_NOSUID | MS_NODEV | MS_NOEXEC,
-              f"fd={self.fd},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions")
+        mount(
+            "slurm-tpu-apex",
+            mountpoint,
+            "fuse",
+            MS_NOSUID | MS_NODEV | MS_NOEXEC,
+            f"fd={self.fd},rootmode=40000,user_id=0,group_id=0,allow_other,default_permissions",
+        )
 
     def close(self) -> None:
         unmount(self.mountpoint)
@@ -176,7 +192,7 @@ class CountFS:
                 return False
             raise
         _, opcode, unique, ino, _, _, _, _ = IN_HEADER.unpack_from(request)
-        body = request[IN_HEADER.size:]
+        body = request[IN_HEADER.size :]
         if opcode in NO_REPLY:
             return True
         try:
@@ -192,7 +208,7 @@ class CountFS:
 
     def _handle(self, opcode: int, ino: int, body: bytes) -> bytes:
         if opcode == INIT:
-            major, minor, readahead = struct.unpack_from("<III", body)
+            _major, minor, readahead = struct.unpack_from("<III", body)
             return INIT_OUT.pack(7, min(minor, 31), readahead, 0, 0, 0, 4096, 1, 0, 0, 0, 0)
         if opcode == DESTROY:
             return b""
@@ -200,7 +216,7 @@ class CountFS:
             raise OSError(errno.ENOENT, "")
         if opcode == LOOKUP:
             name = body.split(b"\0", 1)[0].decode(errors="replace")
-            for child, child_name, _ in (self._entries(ino) if ino == ROOT or ino % 2 == 0 else []):
+            for child, child_name, _ in self._entries(ino) if ino == ROOT or ino % 2 == 0 else []:
                 if child_name == name:
                     return struct.pack("<QQQQII", child, 0, VALID_S, VALID_S, 0, 0) + self._attr(child)
             raise OSError(errno.ENOENT, "")
@@ -218,10 +234,10 @@ class CountFS:
             if value is None or offset == 0:  # sysfs makes the text at the first read of an open file
                 value = b"%d\n" % self.cards[(ino - 3) // 2].open_files()
                 self.values[fh] = value
-            return value[offset:offset + size]
+            return value[offset : offset + size]
         if opcode == READDIR:
             fh, offset, size = READ_IN.unpack_from(body)
-            entries = [(ino, ".", 4), (ROOT if ino == ROOT else ROOT, "..", 4), *self._entries(ino)]
+            entries = [(ino, ".", 4), (ROOT, "..", 4), *self._entries(ino)]
             out = b""
             for index in range(offset, len(entries)):
                 child, name, kind = entries[index]
@@ -243,6 +259,7 @@ class CountFS:
 
 
 # ---- the process --------------------------------------------------------------------------
+
 
 def serve(fs: CountFS, cards: list[Card]) -> None:
     """Answer the filesystem and drain the masters until unmounted or signalled.

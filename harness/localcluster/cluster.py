@@ -10,8 +10,8 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Mapping, Sequence
 
 from slurm_tpu.errors import SlurmCommandError
 from slurm_tpu.families import FAMILIES
@@ -80,7 +80,7 @@ def _pid_alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             stat = handle.read()
-        return stat[stat.rfind(b")") + 2:][:1] != b"Z"  # another parent's zombie is gone too
+        return stat[stat.rfind(b")") + 2 :][:1] != b"Z"  # another parent's zombie is gone too
     except OSError:
         return False
 
@@ -123,7 +123,7 @@ class LocalCluster:
     # slurmctld and stopped with the cluster; `accounting_enforce` is AccountingStorageEnforce.
     accounting: bool = False
     accounting_enforce: str | None = None
-    accounting_db: "AccountingDB | None" = field(default=None, init=False, repr=False)
+    accounting_db: AccountingDB | None = field(default=None, init=False, repr=False)
 
     @property
     def slurm(self) -> installation.Installation:
@@ -218,8 +218,10 @@ class LocalCluster:
         for spec, port in zip(self.nodes, ports[1:]):
             minor = self._configure_node(spec, port, minor)
         with open(self.path("etc", "cluster.json"), "w", encoding="utf-8") as handle:
-            json.dump({"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes],
-                       "slurm_prefix": self.slurm_prefix}, handle)
+            json.dump(
+                {"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes], "slurm_prefix": self.slurm_prefix},
+                handle,
+            )
         self._write_hook_wrappers()
         self._configure_accounting()
         self._write_slurm_conf()
@@ -276,10 +278,27 @@ class LocalCluster:
         env = dict(os.environ, SLURM_TPU_CONFIG=self.node_config(spec.name))
         common = ["--inventory", inventory_file, "--node", spec.name]
         self._run([*self.slurm_tpu, "gres-conf", *common, "--output", self.gres_conf], env)
-        self._run([*self.slurm_tpu, "node-conf", *common, "--output", self.path("etc", "nodes.conf"),
-                   "--no-hardware", "--set", f"NodeHostname={socket.gethostname()}",
-                   "--set", "NodeAddr=127.0.0.1", "--set", f"Port={port}",
-                   "--set", f"CPUs={spec.cpus}", "--set", f"RealMemory={spec.real_memory_mb}"], env)
+        self._run(
+            [
+                *self.slurm_tpu,
+                "node-conf",
+                *common,
+                "--output",
+                self.path("etc", "nodes.conf"),
+                "--no-hardware",
+                "--set",
+                f"NodeHostname={socket.gethostname()}",
+                "--set",
+                "NodeAddr=127.0.0.1",
+                "--set",
+                f"Port={port}",
+                "--set",
+                f"CPUs={spec.cpus}",
+                "--set",
+                f"RealMemory={spec.real_memory_mb}",
+            ],
+            env,
+        )
         return minor
 
     def _write_hook_wrappers(self) -> None:
@@ -294,11 +313,13 @@ class LocalCluster:
             wrapper = self.path("hooks", kind)
             # SLURMD_NODENAME is set by slurmd (not by the job): it picks the node's config.
             with open(wrapper, "w", encoding="utf-8") as handle:
-                handle.write("#!/bin/sh\n"
-                             f'SLURM_TPU_CONFIG="{self.path("nodes")}/$SLURMD_NODENAME/config.yaml"\n'
-                             f'SLURM_CONF="{self.slurm_conf}"\n'
-                             "export SLURM_TPU_CONFIG SLURM_CONF\n"
-                             f'exec "{program}" "$@"\n')
+                handle.write(
+                    "#!/bin/sh\n"
+                    f'SLURM_TPU_CONFIG="{self.path("nodes")}/$SLURMD_NODENAME/config.yaml"\n'
+                    f'SLURM_CONF="{self.slurm_conf}"\n'
+                    "export SLURM_TPU_CONFIG SLURM_CONF\n"
+                    f'exec "{program}" "$@"\n'
+                )
             os.chmod(wrapper, 0o755)
             self.hook_paths[kind] = wrapper
 
@@ -324,8 +345,11 @@ class LocalCluster:
             "SlurmdDebug=info",
             *self._task_plugin_lines(),
             "JobAcctGatherType=jobacct_gather/none",
-            *(self.accounting_db.slurm_conf_lines() if self.accounting_db else
-              ["AccountingStorageType=accounting_storage/none"]),
+            *(
+                self.accounting_db.slurm_conf_lines()
+                if self.accounting_db
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={self.path('log', 'jobcomp.txt')}",
             "SelectType=select/cons_tres",
@@ -351,14 +375,19 @@ class LocalCluster:
         if "task_prolog" in self.hook_paths:
             lines.append(f"TaskProlog={self.hook_paths['task_prolog']}")
         if "health" in self.hook_paths:
-            lines += [f"HealthCheckProgram={self.hook_paths['health']}",
-                      f"HealthCheckInterval={self.hooks.health_interval or 60}",
-                      "HealthCheckNodeState=ANY"]
+            lines += [
+                f"HealthCheckProgram={self.hook_paths['health']}",
+                f"HealthCheckInterval={self.hooks.health_interval or 60}",
+                "HealthCheckNodeState=ANY",
+            ]
         lines += list(self.slurm_conf_extra)
         lines.append(f"Include {self.path('etc', 'nodes.conf')}")
         names = ",".join(n.name for n in self.nodes)
-        lines.append(" ".join([f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP",
-                               *self.partition_extra]))
+        lines.append(
+            " ".join(
+                [f"PartitionName=debug Nodes={names} Default=YES MaxTime=INFINITE State=UP", *self.partition_extra]
+            )
+        )
         with open(self.slurm_conf, "w", encoding="utf-8") as handle:
             handle.write("\n".join(lines) + "\n")
 
@@ -371,8 +400,7 @@ class LocalCluster:
                 os.unlink(cgroup_conf)
             return ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none"]
         with open(cgroup_conf, "w", encoding="utf-8") as handle:
-            handle.write("\n".join([f"# Generated by harness.localcluster for {self.base}",
-                                    *self.cgroup_conf]) + "\n")
+            handle.write("\n".join([f"# Generated by harness.localcluster for {self.base}", *self.cgroup_conf]) + "\n")
         return ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup"]
 
     # ---- processes -------------------------------------------------------------
@@ -390,8 +418,16 @@ class LocalCluster:
 
             entry = pwd.getpwnam(user)
             ids = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": []}
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                   env=self.env(), start_new_session=True, close_fds=True, **ids)
+        process = subprocess.Popen(
+            argv,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=self.env(),
+            start_new_session=True,
+            close_fds=True,
+            **ids,
+        )
         log.close()
         with open(self._pidfile(name), "w", encoding="utf-8") as handle:
             handle.write(str(process.pid))
@@ -416,11 +452,19 @@ class LocalCluster:
     def start(self, timeout: float = 90.0) -> None:
         """Start munged, slurmctld and every slurmd; wait until all nodes are up."""
         socket_path = self.path("munge", "munge.socket")
-        self._spawn("munged", ["munged", "--foreground", f"--socket={socket_path}",
-                               f"--key-file={self.path('munge', 'munge.key')}",
-                               f"--pid-file={self.path('munge', 'munged.pid')}",
-                               f"--log-file={self.path('munge', 'munged.log')}",
-                               f"--seed-file={self.path('munge', 'munged.seed')}"], user="munge")
+        self._spawn(
+            "munged",
+            [
+                "munged",
+                "--foreground",
+                f"--socket={socket_path}",
+                f"--key-file={self.path('munge', 'munge.key')}",
+                f"--pid-file={self.path('munge', 'munged.pid')}",
+                f"--log-file={self.path('munge', 'munged.log')}",
+                f"--seed-file={self.path('munge', 'munged.seed')}",
+            ],
+            user="munge",
+        )
         self._wait(lambda: os.path.exists(socket_path), 20, "munged did not create its socket")
         if self.accounting_db:  # slurmdbd must answer before slurmctld registers the cluster with it
             self.accounting_db.start(self._spawn, self._wait, self._run)
@@ -431,7 +475,11 @@ class LocalCluster:
             if self.agents:
                 self._spawn_agent(spec.name)  # all at once: each imports for a while (many nodes on one host)
         for spec in self.nodes:
-            self._wait(lambda: self._apex_ready(spec.name), 30, f"the emulated apex driver of {spec.name} did not mount")
+            self._wait(
+                lambda name=spec.name: self._apex_ready(name),
+                30,
+                f"the emulated apex driver of {spec.name} did not mount",
+            )
             if self.agents:
                 self._wait_agent(spec.name)
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
@@ -445,13 +493,19 @@ class LocalCluster:
         if not self.accounting:
             return
         from slurm_tpu.render.node_conf import accounting_tres_of_nodes_conf
+
         from .accounting_db import DEFAULT_ENFORCE
 
         with open(self.path("etc", "nodes.conf"), encoding="utf-8") as handle:
             tres = accounting_tres_of_nodes_conf(handle.read())
-        self.accounting_db = AccountingDB(self.base, self.name, self.path("munge", "munge.socket"),
-                                          self.slurm.program("slurmdbd"),
-                                          enforce=self.accounting_enforce or DEFAULT_ENFORCE, tres=tres)
+        self.accounting_db = AccountingDB(
+            self.base,
+            self.name,
+            self.path("munge", "munge.socket"),
+            self.slurm.program("slurmdbd"),
+            enforce=self.accounting_enforce or DEFAULT_ENFORCE,
+            tres=tres,
+        )
         self.accounting_db.configure()
 
     def sacctmgr(self, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -466,13 +520,18 @@ class LocalCluster:
         own view (``scontrol show assoc_mgr``), not on sacctmgr's exit.
         """
         if not self.sacctmgr("-n", "-P", "show", "account", account, "format=account").stdout.strip():
-            self.sacctmgr("add", "account", account, f"cluster={self.name}", "description=slurm-tpu",
-                          "organization=slurm-tpu")
+            self.sacctmgr(
+                "add", "account", account, f"cluster={self.name}", "description=slurm-tpu", "organization=slurm-tpu"
+            )
         # check=False: sacctmgr exits 1 with "Nothing new added" when they all have one already.
-        self.sacctmgr("add", "user", f"names={','.join(users)}", f"account={account}", f"cluster={self.name}",
-                      check=False)
-        self._wait(lambda: all(self.controller_association(u) for u in users), timeout,
-                   f"slurmctld did not learn the associations of {', '.join(users)}")
+        self.sacctmgr(
+            "add", "user", f"names={','.join(users)}", f"account={account}", f"cluster={self.name}", check=False
+        )
+        self._wait(
+            lambda: all(self.controller_association(u) for u in users),
+            timeout,
+            f"slurmctld did not learn the associations of {', '.join(users)}",
+        )
 
     def controller_association(self, user: str) -> str:
         """slurmctld's record of ``user``'s association (``scontrol -o show assoc_mgr``), '' if it has none."""
@@ -509,8 +568,12 @@ class LocalCluster:
         """
         cards = self.apex_cards(node)
         if cards:
-            self._spawn(f"apex-{node}", module_command(self.python, "harness.localcluster.apex",
-                                                       os.path.join(self.node_dir(node), "sys"), *cards))
+            self._spawn(
+                f"apex-{node}",
+                module_command(
+                    self.python, "harness.localcluster.apex", os.path.join(self.node_dir(node), "sys"), *cards
+                ),
+            )
 
     def _apex_ready(self, node: str) -> bool:
         if not self.apex_cards(node):
@@ -537,8 +600,18 @@ class LocalCluster:
     def _spawn_agent(self, node: str) -> None:
         from slurm_tpu.ops.node_files import node_file
 
-        self._spawn(f"agent-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}", f"SLURMD_NODENAME={node}",
-                                      self.python, "-I", "-S", node_file("systemd", "slurm-tpu-agent")])
+        self._spawn(
+            f"agent-{node}",
+            [
+                "env",
+                f"SLURM_TPU_CONFIG={self.node_config(node)}",
+                f"SLURMD_NODENAME={node}",
+                self.python,
+                "-I",
+                "-S",
+                node_file("systemd", "slurm-tpu-agent"),
+            ],
+        )
 
     def _wait_agent(self, node: str, timeout: float = 60) -> None:
         from slurm_tpu.hooks.agent import PIDFILE
@@ -567,18 +640,31 @@ class LocalCluster:
         directory = self.node_dir(node)
         if not os.path.isdir(os.path.join(directory, "sys", "bus", "usb", "devices")):
             return
-        self._spawn(f"usbcore-{node}", ["env", f"SLURM_TPU_CONFIG={self.node_config(node)}", f"SLURMD_NODENAME={node}",
-                                        *module_command(self.python, "harness.localcluster.usbcore",
-                                                        os.path.join(directory, "sys"), os.path.join(directory, "dev"),
-                                                        "--", *self.udev_command(node))])
+        self._spawn(
+            f"usbcore-{node}",
+            [
+                "env",
+                f"SLURM_TPU_CONFIG={self.node_config(node)}",
+                f"SLURMD_NODENAME={node}",
+                *module_command(
+                    self.python,
+                    "harness.localcluster.usbcore",
+                    os.path.join(directory, "sys"),
+                    os.path.join(directory, "dev"),
+                    "--",
+                    *self.udev_command(node),
+                ),
+            ],
+        )
 
     @classmethod
-    def load(cls, base: str) -> "LocalCluster":
+    def load(cls, base: str) -> LocalCluster:
         """The cluster configured earlier under ``base`` (for stop/restart from another process)."""
         with open(os.path.join(base, "etc", "cluster.json"), encoding="utf-8") as handle:
             saved = json.load(handle)
-        cluster = cls(base=base, nodes=[NodeSpec(name) for name in saved["nodes"]],
-                      slurm_prefix=saved.get("slurm_prefix"))
+        cluster = cls(
+            base=base, nodes=[NodeSpec(name) for name in saved["nodes"]], slurm_prefix=saved.get("slurm_prefix")
+        )
         cluster.ctld_port = saved["ctld_port"]
         return cluster
 
@@ -605,8 +691,11 @@ class LocalCluster:
         """Restart the controller (it re-reads slurm.conf, new GRES counts included)."""
         self._stop_daemon("slurmctld")
         self._spawn("slurmctld", [self.slurm.program("slurmctld"), "-D"])
-        self._wait(lambda: self._run(["scontrol", "ping"], check=False, timeout=10).returncode == 0,
-                   timeout, "slurmctld did not come back")
+        self._wait(
+            lambda: self._run(["scontrol", "ping"], check=False, timeout=10).returncode == 0,
+            timeout,
+            "slurmctld did not come back",
+        )
 
     def _all_nodes_up(self) -> bool:
         try:
@@ -614,7 +703,8 @@ class LocalCluster:
         except RuntimeError:
             return False
         return len(states) == len(self.nodes) and all(
-            s.split("+")[0] in ("IDLE", "MIXED", "ALLOCATED") for s in states.values())
+            s.split("+")[0] in ("IDLE", "MIXED", "ALLOCATED") for s in states.values()
+        )
 
     def _wait(self, predicate, timeout: float, what: str) -> None:
         deadline = time.monotonic() + timeout
@@ -666,7 +756,7 @@ class LocalCluster:
         nothing in use is touched, whoever uses it."""
         if not os.path.exists(self.path("etc", "cgroup.conf")):
             return
-        for controller in (os.listdir(root) if os.path.isdir(root) else []):
+        for controller in os.listdir(root) if os.path.isdir(root) else []:
             for spec in self.nodes:
                 top = os.path.join(root, controller, f"slurm_{spec.name}")
                 if not os.path.isdir(top) or os.path.islink(top):
@@ -690,8 +780,15 @@ class LocalCluster:
             subprocess.run(["umount", "--lazy", point], capture_output=True, check=False)
 
     # ---- driving ---------------------------------------------------------------
-    def _run(self, argv: list[str], env: Mapping[str, str] | None = None, user: str | None = None,
-             check: bool = True, timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+    def _run(
+        self,
+        argv: list[str],
+        env: Mapping[str, str] | None = None,
+        user: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
         if "/" not in argv[0]:  # sbatch, scontrol...: the cluster's own release
             try:
                 argv = [self.slurm.program(argv[0]), *argv[1:]]
@@ -699,15 +796,30 @@ class LocalCluster:
                 pass  # not one of Slurm's programs: found on PATH
         if user:
             argv = ["runuser", "-u", user, "--", "env", f"SLURM_CONF={self.slurm_conf}", *argv]
-        completed = subprocess.run(argv, capture_output=True, text=True, env=dict(env or self.env()),
-                                   timeout=timeout, check=False, input=input, cwd="/")
+        completed = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env=dict(env or self.env()),
+            timeout=timeout,
+            check=False,
+            input=input,
+            cwd="/",
+        )
         if check and completed.returncode != 0:
-            raise RuntimeError(f"{' '.join(argv)} failed ({completed.returncode}): "
-                               f"{(completed.stderr or completed.stdout).strip()}")
+            raise RuntimeError(
+                f"{' '.join(argv)} failed ({completed.returncode}): {(completed.stderr or completed.stdout).strip()}"
+            )
         return completed
 
-    def command(self, argv: Sequence[str], user: str | None = None, check: bool = True,
-                timeout: float = 60, input: str | None = None) -> subprocess.CompletedProcess:
+    def command(
+        self,
+        argv: Sequence[str],
+        user: str | None = None,
+        check: bool = True,
+        timeout: float = 60,
+        input: str | None = None,
+    ) -> subprocess.CompletedProcess:
         """Run a Slurm client command (sbatch, scontrol, ...) against this cluster."""
         return self._run(list(argv), user=user, check=check, timeout=timeout, input=input)
 
@@ -739,8 +851,17 @@ class LocalCluster:
 
     def wait_for_jobs(self, job_ids: Sequence[int], timeout: float = 120) -> dict[int, str]:
         """Wait until every job has finished; return their final states."""
-        final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-                 "DEADLINE", "PREEMPTED")
+        final = (
+            "COMPLETED",
+            "FAILED",
+            "CANCELLED",
+            "TIMEOUT",
+            "NODE_FAIL",
+            "OUT_OF_MEMORY",
+            "BOOT_FAIL",
+            "DEADLINE",
+            "PREEMPTED",
+        )
         deadline = time.monotonic() + timeout
         states: dict[int, str] = {}
         while time.monotonic() < deadline:

@@ -26,9 +26,17 @@ def detect_under_umockdev(umockdev_file: str, slurm_tpu: list[str], python: str)
     """
     extra = os.path.splitext(umockdev_file)[0] + ".extra"
     completed = subprocess.run(
-        ["umockdev-run", "--device", umockdev_file, "--",
-         *module_command(python, "harness.localcluster.testbed", extra, "--", *slurm_tpu, "detect", "--json")],
-        capture_output=True, text=True, timeout=60, check=False,
+        [
+            "umockdev-run",
+            "--device",
+            umockdev_file,
+            "--",
+            *module_command(python, "harness.localcluster.testbed", extra, "--", *slurm_tpu, "detect", "--json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     if completed.returncode != 0:
         raise RuntimeError(f"detect under umockdev failed for {umockdev_file}: {completed.stderr.strip()}")
@@ -106,8 +114,7 @@ def usb_sysfs_device(sys_root: str, port_path: str, busnum: int, devnum: int, de
 
 def apex_cards(inventory: Inventory) -> list[str]:
     """The device nodes of ``inventory``'s PCIe Edge TPUs: what the emulated apex driver (apex.py) serves."""
-    return [a.device_nodes[0] for a in inventory
-            if a.kind == "edgetpu" and a.bus.value == "pci" and a.device_nodes]
+    return [a.device_nodes[0] for a in inventory if a.kind == "edgetpu" and a.bus.value == "pci" and a.device_nodes]
 
 
 def materialize_sysfs(inventory: Inventory, sys_root: str) -> None:
@@ -125,6 +132,6 @@ def materialize_sysfs(inventory: Inventory, sys_root: str) -> None:
         node = accelerator.device_nodes[0]
         if accelerator.bus.value == "usb":
             parts = node.rstrip("/").split("/")
-            usb_sysfs_device(sys_root, accelerator.identity[len("usb-"):], int(parts[-2]), int(parts[-1]), node)
+            usb_sysfs_device(sys_root, accelerator.identity[len("usb-") :], int(parts[-2]), int(parts[-1]), node)
     if apex_cards(inventory):
         os.makedirs(os.path.join(sys_root, "class", "apex"), exist_ok=True)

@@ -44,12 +44,12 @@ def device_node(entry: str, nodes_dir: str, node: str) -> str:
     if kind != "usb":
         return path
     if path.startswith("/sys/"):
-        path = os.path.join(nodes_dir, node, "sys", path[len("/sys/"):])
+        path = os.path.join(nodes_dir, node, "sys", path[len("/sys/") :])
     try:
         with open(os.path.join(path, "uevent"), encoding="ascii") as handle:
             for line in handle:
                 if line.startswith("DEVNAME="):
-                    return line[len("DEVNAME="):].strip()
+                    return line[len("DEVNAME=") :].strip()
     except OSError:
         pass
     return path + " (no uevent: unplugged?)"
@@ -91,8 +91,15 @@ def main(argv: list) -> int:
     identities = [i for i in env.get("SLURM_TPU_DEVICES", "").split(",") if i]
     entries = [e for e in env.get("SLURM_TPU_EDGETPU_PATHS", "").split(",") if e]
     devices = list(zip(identities, entries))
-    record = {"job": job, "array_job": env.get("SLURM_ARRAY_JOB_ID"), "array_task": env.get("SLURM_ARRAY_TASK_ID"),
-              "node": node, "uid": os.getuid(), "devices_env": env.get("SLURM_TPU_DEVICES"), "opens": []}
+    record = {
+        "job": job,
+        "array_job": env.get("SLURM_ARRAY_JOB_ID"),
+        "array_task": env.get("SLURM_ARRAY_TASK_ID"),
+        "node": node,
+        "uid": os.getuid(),
+        "devices_env": env.get("SLURM_TPU_DEVICES"),
+        "opens": [],
+    }
     opened = open_all(devices, nodes_dir, node)
     if holder:
         marker = os.path.join(out_dir, f"{job}.holding")

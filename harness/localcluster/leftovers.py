@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from typing import Iterable
+from collections.abc import Iterable
 
 REGISTRY_ENV = "SLURM_TPU_CLUSTER_REGISTRY"
 
@@ -68,7 +68,7 @@ def _ancestors() -> set[int]:
         try:
             with open(f"/proc/{pid}/stat", "rb") as handle:
                 data = handle.read()
-            pid = int(data[data.rfind(b")") + 2:].split()[1])
+            pid = int(data[data.rfind(b")") + 2 :].split()[1])
         except (OSError, ValueError, IndexError):
             break
     return found
@@ -130,7 +130,7 @@ def _describe(pid: int) -> str:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
-        ppid = int(data[data.rfind(b")") + 2:].split()[1])
+        ppid = int(data[data.rfind(b")") + 2 :].split()[1])
     except (OSError, ValueError, IndexError):
         ppid = -1
     return f"pid {pid} (parent {ppid}): {command[:160] or '?'}"
@@ -142,7 +142,7 @@ def _is_zombie(pid: int) -> bool:
             data = handle.read()
     except OSError:
         return True  # gone
-    return data[data.rfind(b")") + 2:][:1] in (b"Z", b"X")
+    return data[data.rfind(b")") + 2 :][:1] in (b"Z", b"X")
 
 
 def processes_of(bases: Iterable[str]) -> dict[int, tuple[str, str]]:
@@ -198,8 +198,9 @@ def end_processes_of(bases: Iterable[str], timeout: float = 20.0) -> dict[int, t
         if not alive:
             return killed
         if time.monotonic() >= deadline:
-            raise RuntimeError("processes of a stopped cluster would not die: "
-                               + "; ".join(d for _, d in alive.values()))
+            raise RuntimeError(
+                "processes of a stopped cluster would not die: " + "; ".join(d for _, d in alive.values())
+            )
         for pid, what in alive.items():
             killed.setdefault(pid, what)
             try:

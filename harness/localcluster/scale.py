@@ -45,12 +45,15 @@ import threading
 import time
 from dataclasses import dataclass, field
 
-from .cluster import Hooks, LocalCluster
 from . import scalenodes
+from .cluster import Hooks, LocalCluster
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HOOKS = {"prolog": "prolog/slurm-tpu-prolog", "epilog": "epilog/slurm-tpu-epilog",
-         "task_prolog": "prolog/slurm-tpu-task-prolog"}
+HOOKS = {
+    "prolog": "prolog/slurm-tpu-prolog",
+    "epilog": "epilog/slurm-tpu-epilog",
+    "task_prolog": "prolog/slurm-tpu-task-prolog",
+}
 HOOKS_MODE, TRUE_MODE = "hooks", "true"
 # Above the test suite's job ids (tests/helpers.py first_job_id: < 60,000,000) and below Slurm's
 # MaxJobId (0x03ff0000): a run's ids never meet another cluster's on this machine.
@@ -60,7 +63,9 @@ TOP_PRIORITY = 4_294_967_000  # above priority/basic's 0xffff0000 countdown: an 
 # the backlog full, seldom enough to leave the machine to the jobs.
 POLL_S = 0.2
 PAUSE_WAIT_S = 600  # a paused prolog whose run died ends anyway
-ACTIVE = "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING,REQUEUE_HOLD,REQUEUE_FED,SIGNALING,STAGE_OUT"
+ACTIVE = (
+    "PENDING,RUNNING,CONFIGURING,COMPLETING,SUSPENDED,REQUEUED,RESIZING,REQUEUE_HOLD,REQUEUE_FED,SIGNALING,STAGE_OUT"
+)
 
 # Runs the project's hook or /bin/true, as the mode file says. The prolog pauses after the
 # hook when the run asked for it (a pause file named by the job id), saying so by a marker.
@@ -103,8 +108,9 @@ class Unit:
     array: bool
 
 
-def workload(jobs: int, users: list[str], seed: int, tpu2_share: float = 0.25, single_share: float = 0.35,
-             array_max: int = 60) -> list[Unit]:
+def workload(
+    jobs: int, users: list[str], seed: int, tpu2_share: float = 0.25, single_share: float = 0.35, array_max: int = 60
+) -> list[Unit]:
     """Submissions adding up to ``jobs`` jobs: arrays of 5..array_max and single jobs (a share of the
     submissions), ``tpu2_share`` of them asking for two Edge TPUs, the users in turn. Same seed, same list."""
     rng = random.Random(seed)
@@ -184,9 +190,17 @@ def parse_sdiag(text: str) -> dict:
 class ScaleRun:
     """One cluster and the phases run on it. Use as a context manager (the cluster is always stopped)."""
 
-    def __init__(self, nodes: int = 32, users: list[str] | None = None, hold_s: float = 0.02, seed: int = 22,
-                 backlog: int | None = None, pattern: tuple[str, ...] = scalenodes.PATTERN, keep: bool = False,
-                 log=None):
+    def __init__(
+        self,
+        nodes: int = 32,
+        users: list[str] | None = None,
+        hold_s: float = 0.02,
+        seed: int = 22,
+        backlog: int | None = None,
+        pattern: tuple[str, ...] = scalenodes.PATTERN,
+        keep: bool = False,
+        log=None,
+    ):
         if not users:
             raise ValueError("a scale run needs at least one user")
         self.users = list(users)
@@ -206,7 +220,7 @@ class ScaleRun:
         self._restarted: dict[str, float] = {}  # node -> when its slurmd was last started again (time.time())
 
     # ---- cluster ---------------------------------------------------------------------------
-    def __enter__(self) -> "ScaleRun":
+    def __enter__(self) -> ScaleRun:
         import tempfile
 
         self.base = tempfile.mkdtemp(prefix="slurm-tpu-scale-", dir="/tmp")
@@ -221,16 +235,21 @@ class ScaleRun:
         open(self.failures, "w").close()
         specs = scalenodes.node_specs(self.layout, self.path("hardware"))
         self.cluster = LocalCluster(
-            base=self.base, nodes=specs, hooks=self._wrappers(),
+            base=self.base,
+            nodes=specs,
+            hooks=self._wrappers(),
             first_job_id=random.Random().choice(FIRST_JOB_IDS),
             # Every job of the run stays listed to the end (squeue -t all accounts for each).
-            slurm_conf_extra=["MinJobAge=86400", "MaxJobCount=200000"])
+            slurm_conf_extra=["MinJobAge=86400", "MaxJobCount=200000"],
+        )
         try:
             started = time.monotonic()
             self.cluster.configure()
             self.cluster.start(timeout=300)
-            self.log(f"cluster of {len(specs)} nodes ({self.tpus} Edge TPUs) up in "
-                     f"{time.monotonic() - started:.1f} s: {self.base}")
+            self.log(
+                f"cluster of {len(specs)} nodes ({self.tpus} Edge TPUs) up in "
+                f"{time.monotonic() - started:.1f} s: {self.base}"
+            )
         except BaseException:
             self.__exit__(None, None, None)
             raise
@@ -259,9 +278,16 @@ class ScaleRun:
         for kind, hook in HOOKS.items():
             path = self.path("wrappers", kind)
             with open(path, "w", encoding="utf-8") as handle:
-                handle.write(WRAPPER.format(mode_file=self.mode_file, kind=kind, hook=os.path.join(REPO, hook),
-                                            failures=self.failures, pause=self.path("pause"),
-                                            pause_ticks=int(PAUSE_WAIT_S / 0.05)))
+                handle.write(
+                    WRAPPER.format(
+                        mode_file=self.mode_file,
+                        kind=kind,
+                        hook=os.path.join(REPO, hook),
+                        failures=self.failures,
+                        pause=self.path("pause"),
+                        pause_ticks=int(PAUSE_WAIT_S / 0.05),
+                    )
+                )
             os.chmod(path, 0o755)
             paths[kind] = path
         return Hooks(**paths)
@@ -271,14 +297,30 @@ class ScaleRun:
 
     # ---- submitting ------------------------------------------------------------------------
     def _script(self, out: str, holder: bool = False) -> str:
-        return JOB.format(probe=self.path("jobprobe.py"), out=out, nodes=self.path("nodes"), hold=self.hold_s,
-                          holder=" holder" if holder else "")
+        return JOB.format(
+            probe=self.path("jobprobe.py"),
+            out=out,
+            nodes=self.path("nodes"),
+            hold=self.hold_s,
+            holder=" holder" if holder else "",
+        )
 
-    def submit(self, phase: Phase, unit: Unit, role: str = "workload", extra: tuple[str, ...] = (),
-               holder: bool = False) -> Submitted:
+    def submit(
+        self, phase: Phase, unit: Unit, role: str = "workload", extra: tuple[str, ...] = (), holder: bool = False
+    ) -> Submitted:
         assert self.cluster is not None
-        args = ["-n", "1", f"--gres=tpu:{unit.tpus}", "-o", "/dev/null", "-e", "/dev/null", "-J", f"scale-{role}",
-                *extra]
+        args = [
+            "-n",
+            "1",
+            f"--gres=tpu:{unit.tpus}",
+            "-o",
+            "/dev/null",
+            "-e",
+            "/dev/null",
+            "-J",
+            f"scale-{role}",
+            *extra,
+        ]
         if unit.array:
             args.append(f"--array=0-{unit.size - 1}")
         job_id = self.cluster.sbatch(args, self._script(phase.out, holder), user=unit.user)
@@ -310,9 +352,11 @@ class ScaleRun:
         assert self.cluster is not None
         ours = {s.job_id for s in phase.submitted}
         out = self.cluster.command(["squeue", "-h", "-r", "-t", "PD", "-o", "%F|%i|%r"], timeout=120).stdout
-        held = [f"job {i} ({reason})" for f, i, reason in (line.split("|", 2) for line in out.splitlines()
-                                                          if line.count("|") == 2)
-                if f.isdigit() and int(f) in ours and "held" in reason.lower()]
+        held = [
+            f"job {i} ({reason})"
+            for f, i, reason in (line.split("|", 2) for line in out.splitlines() if line.count("|") == 2)
+            if f.isdigit() and int(f) in ours and "held" in reason.lower()
+        ]
         drained = self.cluster.command(["sinfo", "-h", "-R", "-o", "%n: %E"], timeout=120).stdout.split("\n")
         drained = [line.strip() for line in drained if line.strip()]
         if not held and not drained:
@@ -362,8 +406,9 @@ class ScaleRun:
             if done != last_done:
                 last_done, last_change = done, time.monotonic()
             elif time.monotonic() - last_change > 300:
-                raise ScaleError(f"phase {name}: no job ended for 300 s; still queued or running: "
-                                 f"{sorted(self._active(phase))[:20]}")
+                raise ScaleError(
+                    f"phase {name}: no job ended for 300 s; still queued or running: {sorted(self._active(phase))[:20]}"
+                )
             polls += 1
             if polls % 25 == 0:
                 stuck = self._stuck(phase)
@@ -372,8 +417,10 @@ class ScaleRun:
             time.sleep(POLL_S)
         phase.seconds = time.monotonic() - started
         phase.sdiag = parse_sdiag(self.cluster.command(["sdiag"]).stdout)
-        self.log(f"phase {name} ({mode}): {phase.jobs} jobs in {phase.seconds:.1f} s "
-                 f"({phase.jobs / phase.seconds:.2f} jobs/s)")
+        self.log(
+            f"phase {name} ({mode}): {phase.jobs} jobs in {phase.seconds:.1f} s "
+            f"({phase.jobs / phase.seconds:.2f} jobs/s)"
+        )
         return phase
 
     # ---- events ----------------------------------------------------------------------------
@@ -389,7 +436,7 @@ class ScaleRun:
                 event.update(kind=kind, at_fraction=fraction)
                 phase.events.append(event)
                 self.log(f"event {kind}: {event}")
-        except BaseException as exc:  # the main loop raises it
+        except BaseException as exc:  # noqa: BLE001 - the main loop raises it
             errors.append(exc)
 
     def _top(self, job_id: int) -> None:
@@ -420,14 +467,15 @@ class ScaleRun:
         # may the prolog end. The job shows as still starting until its prolog has ended.
         state = self.cluster.job_state(job_id)
         open(pause + ".go", "w").close()
-        return {"job": job_id, "node": node, "tpus": tpus, "leases_held_in_prolog": held,
-                "state_when_cancelled": state}
+        return {"job": job_id, "node": node, "tpus": tpus, "leases_held_in_prolog": held, "state_when_cancelled": state}
 
     def _holder(self, phase: Phase, index: int, node: str, role: str) -> tuple[Submitted, str]:
         job = self.submit(phase, Unit(self._user(index), 1, 1, False), role, ("--hold", "-w", node), holder=True)
         self._top(job.job_id)
-        wait_for(lambda: os.path.exists(os.path.join(phase.out, f"{job.job_id}.holding")),
-                 f"{role} job {job.job_id} to hold its device on {node}")
+        wait_for(
+            lambda: os.path.exists(os.path.join(phase.out, f"{job.job_id}.holding")),
+            f"{role} job {job.job_id} to hold its device on {node}",
+        )
         return job, os.path.join(phase.out, f"{job.job_id}.go")
 
     def _slurmd_started(self, node: str) -> str:
@@ -451,13 +499,20 @@ class ScaleRun:
         started = time.monotonic()
         self.cluster.stop_slurmd(node)
         self.cluster.start_slurmd(node)
-        after = wait_for(lambda: (lambda t: t if t and t != before else "")(self._slurmd_started(node)),
-                         f"slurmd of {node} to register again")
+        after = wait_for(
+            lambda: (lambda t: t if t and t != before else "")(self._slurmd_started(node)),
+            f"slurmd of {node} to register again",
+        )
         seconds = time.monotonic() - started
         self._restarted[node] = time.time()
         open(go, "w").close()
-        return {"job": job.job_id, "node": node, "slurmd_start_before": before, "slurmd_start_after": after,
-                "seconds_down": round(seconds, 2)}
+        return {
+            "job": job.job_id,
+            "node": node,
+            "slurmd_start_before": before,
+            "slurmd_start_after": after,
+            "seconds_down": round(seconds, 2),
+        }
 
     def _event_hotplug(self, phase: Phase, index: int) -> dict:
         assert self.cluster is not None
@@ -487,16 +542,27 @@ class ScaleRun:
         after = wait_for(handed_over, f"{node}'s re-plugged stick to be handed to the job's user (uid {uid})")
         seconds = time.monotonic() - started
         open(go, "w").close()
-        return {"job": job.job_id, "node": node, "port": port, "node_before": before, "node_after": after,
-                "seconds": round(seconds, 3)}
+        return {
+            "job": job.job_id,
+            "node": node,
+            "port": port,
+            "node_before": before,
+            "node_after": after,
+            "seconds": round(seconds, 3),
+        }
 
     # ---- checking --------------------------------------------------------------------------
     def leases(self, node: str) -> list[dict]:
         """`slurm-tpu leases --json` on the node, as its admin would run it."""
         assert self.cluster is not None
-        done = subprocess.run([*self.cluster.slurm_tpu, "leases", "--json"], capture_output=True, text=True,
-                              env=dict(self.cluster.env(), SLURM_TPU_CONFIG=self.cluster.node_config(node)),
-                              timeout=120, check=False)
+        done = subprocess.run(
+            [*self.cluster.slurm_tpu, "leases", "--json"],
+            capture_output=True,
+            text=True,
+            env=dict(self.cluster.env(), SLURM_TPU_CONFIG=self.cluster.node_config(node)),
+            timeout=120,
+            check=False,
+        )
         if done.returncode != 0:
             raise ScaleError(f"slurm-tpu leases on {node} failed: {done.stderr.strip()}")
         return json.loads(done.stdout or "[]")
@@ -520,29 +586,38 @@ class ScaleRun:
         """The invariants over every phase so far: overlaps, leases left, drained nodes, job accounting."""
         assert self.cluster is not None
         states = self._final_states()
-        accounting = {"completed": 0, "cancelled_by_run": 0, "unaccounted": [], "records_missing": [],
-                      "denied_opens": [], "wrong_devices": []}
+        accounting = {
+            "completed": 0,
+            "cancelled_by_run": 0,
+            "unaccounted": [],
+            "records_missing": [],
+            "denied_opens": [],
+            "wrong_devices": [],
+        }
         spans: dict[tuple[str, str], list[tuple[float, float, str]]] = {}
         for phase in self.phases:
             records = {}
             for entry in os.listdir(phase.out):
                 if entry.endswith(".json"):
                     with open(os.path.join(phase.out, entry), encoding="utf-8") as handle:
-                        records[entry[:-len(".json")]] = json.load(handle)
+                        records[entry[: -len(".json")]] = json.load(handle)
             for sub in phase.submitted:
                 for job_id, state, reason in states.get(sub.job_id, []):
                     self._account(phase, sub, job_id, state, reason, records.get(job_id), accounting, spans)
                 got = len(states.get(sub.job_id, []))
                 if got != sub.unit.size:
-                    accounting["unaccounted"].append(f"{sub.role} job {sub.job_id}: squeue lists {got} of its "
-                                                     f"{sub.unit.size} jobs")
+                    accounting["unaccounted"].append(
+                        f"{sub.role} job {sub.job_id}: squeue lists {got} of its {sub.unit.size} jobs"
+                    )
         overlaps = []
         for (node, identity), held in spans.items():
             held.sort()
-            for (start_a, end_a, job_a), (start_b, end_b, job_b) in zip(held, held[1:]):
+            for (_start_a, end_a, job_a), (start_b, _end_b, job_b) in zip(held, held[1:]):
                 if start_b < end_a and job_a != job_b:
-                    overlaps.append(f"{node} {identity}: job {job_b} opened it at {start_b:.6f} while job {job_a} "
-                                    f"held it until {end_a:.6f}")
+                    overlaps.append(
+                        f"{node} {identity}: job {job_b} opened it at {start_b:.6f} while job {job_a} "
+                        f"held it until {end_a:.6f}"
+                    )
         node_states = self.cluster.node_states()
         drained = {n: s for n, s in node_states.items() if any(w in s for w in ("DRAIN", "DOWN", "FAIL"))}
         leases_left = self.leases_left()
@@ -550,11 +625,18 @@ class ScaleRun:
             hook_failures = [line.strip() for line in handle if line.strip()]
         audit_conflicts = self._audit_conflicts()
         accounting["events_unverified"] = self._verify_events()
-        return {"overlaps": len(overlaps), "overlap_details": overlaps[:20],
-                "leases_left": sum(len(rows) for rows in leases_left.values()),
-                "leases_left_details": leases_left, "drained": len(drained), "drained_details": drained,
-                "hook_failures": hook_failures, "audit_conflicts": audit_conflicts,
-                "devices_used": len(spans), **accounting}
+        return {
+            "overlaps": len(overlaps),
+            "overlap_details": overlaps[:20],
+            "leases_left": sum(len(rows) for rows in leases_left.values()),
+            "leases_left_details": leases_left,
+            "drained": len(drained),
+            "drained_details": drained,
+            "hook_failures": hook_failures,
+            "audit_conflicts": audit_conflicts,
+            "devices_used": len(spans),
+            **accounting,
+        }
 
     def _verify_events(self) -> list[str]:
         """What each event's job recorded agrees with the event: a re-plugged stick was opened again under
@@ -572,10 +654,14 @@ class ScaleRun:
                     opens = json.load(handle)["opens"]
                 if len(opens) != 2:
                     problems.append(f"{event['kind']} job {event['job']}: {len(opens)} opens recorded, not 2")
-                elif event["kind"] == "hotplug" and [o["node"] for o in opens] != [event["node_before"],
-                                                                                   event["node_after"]]:
-                    problems.append(f"hotplug job {event['job']} opened {[o['node'] for o in opens]}, not "
-                                    f"{event['node_before']} then {event['node_after']}")
+                elif event["kind"] == "hotplug" and [o["node"] for o in opens] != [
+                    event["node_before"],
+                    event["node_after"],
+                ]:
+                    problems.append(
+                        f"hotplug job {event['job']} opened {[o['node'] for o in opens]}, not "
+                        f"{event['node_before']} then {event['node_after']}"
+                    )
         return problems
 
     def _final_states(self) -> dict[int, list[tuple[str, str, str]]]:
@@ -589,8 +675,17 @@ class ScaleRun:
                 states.setdefault(int(parts[0]), []).append((parts[1], parts[2], parts[3]))
         return states
 
-    def _account(self, phase: Phase, sub: Submitted, job_id: str, state: str, reason: str, record: dict | None,
-                 accounting: dict, spans: dict) -> None:
+    def _account(
+        self,
+        phase: Phase,
+        sub: Submitted,
+        job_id: str,
+        state: str,
+        reason: str,
+        record: dict | None,
+        accounting: dict,
+        spans: dict,
+    ) -> None:
         label = f"{sub.role} job {job_id} ({phase.name}, {sub.unit.user}, tpu:{sub.unit.tpus})"
         if state == "CANCELLED" and int(job_id) in phase.cancelled:
             accounting["cancelled_by_run"] += 1
@@ -612,10 +707,13 @@ class ScaleRun:
         for opened in record["opens"]:
             # ok: an fd (a PCIe card's pty); ENXIO: a simulated stick's node let the user in, no driver behind it.
             if opened["result"] not in ("ok", "ENXIO") or opened.get("uid") != record["uid"]:
-                accounting["denied_opens"].append(f"{label}: {opened['node']}: {opened['result']} "
-                                                  f"(node owned by uid {opened.get('uid')}, job uid {record['uid']})")
+                accounting["denied_opens"].append(
+                    f"{label}: {opened['node']}: {opened['result']} "
+                    f"(node owned by uid {opened.get('uid')}, job uid {record['uid']})"
+                )
             spans.setdefault((record["node"], opened["identity"]), []).append(
-                (opened["open"]["mono"], opened["close"]["mono"], job_id))
+                (opened["open"]["mono"], opened["close"]["mono"], job_id)
+            )
 
     def _audit_conflicts(self) -> list[str] | None:
         """The product's own pairing of each node's audit log (None where the hooks keep none)."""
@@ -641,7 +739,7 @@ def _devname(device: str) -> str:
         with open(os.path.join(device, "uevent"), encoding="ascii") as handle:
             for line in handle:
                 if line.startswith("DEVNAME="):
-                    return line[len("DEVNAME="):].strip()
+                    return line[len("DEVNAME=") :].strip()
     except OSError:
         pass
     return ""
@@ -673,12 +771,15 @@ def rpc_figures(phases: list[Phase]) -> dict:
         by_type = phase.sdiag.get("by_type", {})
         jobs = max(1, phase.jobs)
         figures[phase.name] = {
-            "mode": phase.mode, "jobs": phase.jobs,
-            "by_type": by_type, "by_user": phase.sdiag.get("by_user", {}),
+            "mode": phase.mode,
+            "jobs": phase.jobs,
+            "by_type": by_type,
+            "by_user": phase.sdiag.get("by_user", {}),
             "REQUEST_JOB_INFO": by_type.get("REQUEST_JOB_INFO", 0),
             "REQUEST_JOB_INFO_SINGLE": by_type.get("REQUEST_JOB_INFO_SINGLE", 0),
-            "job_info_per_job": round((by_type.get("REQUEST_JOB_INFO", 0)
-                                       + by_type.get("REQUEST_JOB_INFO_SINGLE", 0)) / jobs, 3),
+            "job_info_per_job": round(
+                (by_type.get("REQUEST_JOB_INFO", 0) + by_type.get("REQUEST_JOB_INFO_SINGLE", 0)) / jobs, 3
+            ),
             "rpcs_per_job": round(sum(by_type.values()) / jobs, 3),
         }
     return figures
@@ -692,9 +793,20 @@ def event_plan(cancels: int, restarts: int, hotplugs: int) -> list[tuple[float, 
     return sorted(plan)
 
 
-def run_scale(nodes: int, jobs: int, users: list[str], ratio_jobs: int = 0, cancels: int = 1, restarts: int = 1,
-              hotplugs: int = 1, hold_s: float = 0.02, seed: int = 22, keep: bool = False, log=None,
-              pattern: tuple[str, ...] = scalenodes.PATTERN) -> dict:
+def run_scale(
+    nodes: int,
+    jobs: int,
+    users: list[str],
+    ratio_jobs: int = 0,
+    cancels: int = 1,
+    restarts: int = 1,
+    hotplugs: int = 1,
+    hold_s: float = 0.02,
+    seed: int = 22,
+    keep: bool = False,
+    log=None,
+    pattern: tuple[str, ...] = scalenodes.PATTERN,
+) -> dict:
     """Start the cluster, run warm-up, the /bin/true and hooks slices (``ratio_jobs`` each, if any) and the
     full run of ``jobs`` jobs with its events; check; return the report (one JSON-able dict)."""
     with ScaleRun(nodes=nodes, users=users, hold_s=hold_s, seed=seed, keep=keep, log=log, pattern=pattern) as run:
@@ -712,28 +824,46 @@ def run_scale(nodes: int, jobs: int, users: list[str], ratio_jobs: int = 0, canc
         layout_kinds: dict[str, int] = {}
         for _, kind in run.layout:
             layout_kinds[kind] = layout_kinds.get(kind, 0) + 1
-        ok = (checks["overlaps"] == 0 and checks["leases_left"] == 0 and checks["drained"] == 0
-              and not checks["unaccounted"] and not checks["records_missing"] and not checks["denied_opens"]
-              and not checks["wrong_devices"] and not checks["hook_failures"] and not checks["audit_conflicts"]
-              and not checks["events_unverified"])
+        ok = (
+            checks["overlaps"] == 0
+            and checks["leases_left"] == 0
+            and checks["drained"] == 0
+            and not checks["unaccounted"]
+            and not checks["records_missing"]
+            and not checks["denied_opens"]
+            and not checks["wrong_devices"]
+            and not checks["hook_failures"]
+            and not checks["audit_conflicts"]
+            and not checks["events_unverified"]
+        )
         report = {
             "ok": ok,
-            "nodes": nodes, "node_kinds": layout_kinds, "edge_tpus": run.tpus,
-            "usb_sticks": sum(scalenodes.USB_STICKS[k] for _, k in run.layout), "users": users,
+            "nodes": nodes,
+            "node_kinds": layout_kinds,
+            "edge_tpus": run.tpus,
+            "usb_sticks": sum(scalenodes.USB_STICKS[k] for _, k in run.layout),
+            "users": users,
             "jobs": full.jobs,
             "jobs_all_phases": sum(p.jobs for p in run.phases),
-            "overlaps": checks["overlaps"], "leases_left": checks["leases_left"], "drained": checks["drained"],
+            "overlaps": checks["overlaps"],
+            "leases_left": checks["leases_left"],
+            "drained": checks["drained"],
             "jobs_per_s_hooks": round(throughput[HOOKS_MODE], 3) if throughput else None,
             "jobs_per_s_true": round(throughput[TRUE_MODE], 3) if throughput else None,
             "ratio": round(throughput[HOOKS_MODE] / throughput[TRUE_MODE], 3) if throughput else None,
             "slice_jobs": ratio_jobs,
-            "full_run": {"jobs": full.jobs, "seconds": round(full.seconds, 1),
-                         "jobs_per_s": round(full.jobs / full.seconds, 3), "events": full.events},
+            "full_run": {
+                "jobs": full.jobs,
+                "seconds": round(full.seconds, 1),
+                "jobs_per_s": round(full.jobs / full.seconds, 3),
+                "events": full.events,
+            },
             "phases": {p.name: {"mode": p.mode, "jobs": p.jobs, "seconds": round(p.seconds, 1)} for p in run.phases},
             "sdiag": rpc_figures(run.phases),
             # Per job of the slice: what the hooks add to the controller's load.
             "rpcs_per_job_from_hooks": attributable_to_hooks(slices[TRUE_MODE], slices[HOOKS_MODE])
-            if throughput else None,
+            if throughput
+            else None,
             "checks": checks,
             "base": run.base if keep else None,
         }

@@ -18,7 +18,7 @@ import sys
 
 def main() -> None:
     separator = sys.argv.index("--")
-    extra, command = sys.argv[1], sys.argv[separator + 1:]
+    extra, command = sys.argv[1], sys.argv[separator + 1 :]
     root = os.environ["UMOCKDEV_DIR"]
     if os.path.isdir(extra):
         shutil.copytree(extra, root, dirs_exist_ok=True)

@@ -55,7 +55,8 @@ _IN_MODIFY, _IN_CLOSE_WRITE, _IN_CLOEXEC, _IN_NONBLOCK = 0x2, 0x8, 0o2000000, 0o
 
 
 def _inotify(paths: list[str]) -> int | None:
-    """An inotify fd watching writes to ``paths`` (the stdlib has no inotify: libc through ctypes); None if unavailable."""
+    """An inotify fd watching writes to ``paths`` (the stdlib has no inotify: libc through ctypes);
+    None if unavailable."""
     try:
         import ctypes
 
@@ -100,7 +101,7 @@ def _read(path: str) -> str:
 def _devname(device: str) -> str:
     for line in _read(os.path.join(device, "uevent")).splitlines():
         if line.startswith("DEVNAME="):
-            return line[len("DEVNAME="):]
+            return line[len("DEVNAME=") :]
     return ""
 
 
@@ -132,8 +133,15 @@ class Udevd:
 
     def __call__(self, action: str, port: Port, node: str) -> None:
         """Queue the event; what the environment says is fixed now, as the kernel's uevent is."""
-        env = dict(os.environ, ACTION=action, DEVPATH=port.devpath, DEVNAME=node, SUBSYSTEM="usb",
-                   DEVTYPE="usb_device", PRODUCT=usb_product_prefix(USB_BOOTLOADER) + "100")
+        env = dict(
+            os.environ,
+            ACTION=action,
+            DEVPATH=port.devpath,
+            DEVNAME=node,
+            SUBSYSTEM="usb",
+            DEVTYPE="usb_device",
+            PRODUCT=usb_product_prefix(USB_BOOTLOADER) + "100",
+        )
         self.events.put((action, port.port_path, env))
 
     def _run(self) -> None:
@@ -186,7 +194,7 @@ def ports(sys_root: str) -> list[Port]:
 def main(argv: list[str]) -> int:
     separator = argv.index("--")
     sys_root, dev_root = argv[0], argv[1]
-    udev_event = Udevd(argv[separator + 1:])
+    udev_event = Udevd(argv[separator + 1 :])
     import select
 
     watched = ports(sys_root)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import subprocess
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 
 def uid_of(name: str) -> int | None:

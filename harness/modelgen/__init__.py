@@ -59,11 +59,14 @@ def write_models(out: Path, image_count: int = 18, mobilenet_width: float = 1.0)
     paths["segmenter_argmax"].write_bytes(segmenter.build_segmenter(argmax=True))
     paths["segmenter_labels"].write_text("\n".join(segmenter.LABELS) + "\n")
     scenes = images.write_scenes(paths["scenes"])
-    (paths["scenes"] / "expected.json").write_text(json.dumps(
-        {p.name: {"size": [s.width, s.height], "objects": [list(o) for o in s.objects]} for p, s in scenes},
-        indent=1) + "\n")
+    (paths["scenes"] / "expected.json").write_text(
+        json.dumps(
+            {p.name: {"size": [s.width, s.height], "objects": [list(o) for o in s.objects]} for p, s in scenes},
+            indent=1,
+        )
+        + "\n"
+    )
     if image_count:
         written = images.write_images(paths["images"], image_count)
-        (paths["images"] / "expected.csv").write_text(
-            "".join(f"{p.name},{label}\n" for p, label in written))
+        (paths["images"] / "expected.csv").write_text("".join(f"{p.name},{label}\n" for p, label in written))
     return paths

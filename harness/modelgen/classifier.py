@@ -22,8 +22,7 @@ from .flatbuf import Graph, Quant, fully_connected_options, softmax_options
 SIZE = 24
 GRID = 3
 CELL = SIZE // GRID
-LABELS = ["top-left", "top", "top-right", "left", "center", "right",
-          "bottom-left", "bottom", "bottom-right"]
+LABELS = ["top-left", "top", "top-right", "left", "center", "right", "bottom-left", "bottom", "bottom-right"]
 # Logits are LOGIT_RANGE * region mean in [0, 1]: wide enough for a sharp softmax.
 LOGIT_RANGE = 10.0
 
@@ -38,7 +37,7 @@ def region_masks() -> np.ndarray:
     masks = np.zeros((GRID * GRID, SIZE, SIZE, 3), dtype=np.uint8)
     for row in range(GRID):
         for col in range(GRID):
-            masks[row * GRID + col, row * CELL:(row + 1) * CELL, col * CELL:(col + 1) * CELL, :] = 1
+            masks[row * GRID + col, row * CELL : (row + 1) * CELL, col * CELL : (col + 1) * CELL, :] = 1
     return masks.reshape(GRID * GRID, -1)
 
 
@@ -53,14 +52,18 @@ def _fc(g: Graph, image: int) -> int:
     fan_in = CELL * CELL * 3
     # Real weight LOGIT_RANGE / fan_in inside the region, stored as q=255 with zero point 0.
     weight_scale = LOGIT_RANGE / fan_in / 255
-    weights = g.tensor("fc/weights", (GRID * GRID, SIZE * SIZE * 3), np.uint8,
-                       Quant.per_tensor(weight_scale, 0), region_masks() * 255)
-    bias = g.tensor("fc/bias", (GRID * GRID,), np.int32,
-                    Quant.per_tensor(_INPUT_Q.scale[0] * weight_scale, 0),
-                    np.zeros(GRID * GRID, dtype=np.int32))
+    weights = g.tensor(
+        "fc/weights", (GRID * GRID, SIZE * SIZE * 3), np.uint8, Quant.per_tensor(weight_scale, 0), region_masks() * 255
+    )
+    bias = g.tensor(
+        "fc/bias",
+        (GRID * GRID,),
+        np.int32,
+        Quant.per_tensor(_INPUT_Q.scale[0] * weight_scale, 0),
+        np.zeros(GRID * GRID, dtype=np.int32),
+    )
     logits = g.tensor("logits", (1, GRID * GRID), np.uint8, _LOGIT_Q)
-    g.op(tflite.BuiltinOperator.FULLY_CONNECTED, [image, weights, bias], [logits],
-         *fully_connected_options())
+    g.op(tflite.BuiltinOperator.FULLY_CONNECTED, [image, weights, bias], [logits], *fully_connected_options())
     return logits
 
 

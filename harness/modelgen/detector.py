@@ -67,11 +67,23 @@ def cell_box(row: int, col: int) -> tuple[float, float, float, float]:
 def postprocess_options() -> bytes:
     """The op's FlexBuffer map, with the keys and types LiteRT's kernel reads."""
     y, x, h, w = SCALES
-    return bytes(flexbuffers.Dumps({
-        "max_detections": MAX_DETECTIONS, "max_classes_per_detection": 1, "detections_per_class": 100,
-        "use_regular_nms": False, "nms_score_threshold": 1e-8, "nms_iou_threshold": 0.6,
-        "num_classes": len(LABELS), "y_scale": y, "x_scale": x, "h_scale": h, "w_scale": w,
-    }))
+    return bytes(
+        flexbuffers.Dumps(
+            {
+                "max_detections": MAX_DETECTIONS,
+                "max_classes_per_detection": 1,
+                "detections_per_class": 100,
+                "use_regular_nms": False,
+                "nms_score_threshold": 1e-8,
+                "nms_iou_threshold": 0.6,
+                "num_classes": len(LABELS),
+                "y_scale": y,
+                "x_scale": x,
+                "h_scale": h,
+                "w_scale": w,
+            }
+        )
+    )
 
 
 def _class_head(g: Graph, pooled: int) -> int:
@@ -79,8 +91,12 @@ def _class_head(g: Graph, pooled: int) -> int:
     weights = g.tensor("class/weights", q_w.shape, np.uint8, w_quant, q_w)
     bias = g.tensor("class/bias", q_b.shape, np.int32, b_quant, q_b)
     logits = g.tensor("class/logits", (1, GRID, GRID, len(q_b)), np.uint8, colours.LOGIT_Q)
-    g.op(tflite.BuiltinOperator.CONV_2D, [pooled, weights, bias], [logits],
-         *conv2d_options(1, tflite.ActivationFunctionType.NONE))
+    g.op(
+        tflite.BuiltinOperator.CONV_2D,
+        [pooled, weights, bias],
+        [logits],
+        *conv2d_options(1, tflite.ActivationFunctionType.NONE),
+    )
     scores = g.tensor("class/scores", (1, GRID, GRID, len(q_b)), np.uint8, _SCORE_Q)
     g.op(tflite.BuiltinOperator.LOGISTIC, [logits], [scores])
     flat = g.tensor("class_predictions", (1, ANCHORS, len(q_b)), np.uint8, _SCORE_Q)
@@ -89,15 +105,21 @@ def _class_head(g: Graph, pooled: int) -> int:
 
 
 def _box_head(g: Graph, pooled: int) -> int:
-    weights = g.tensor("box/weights", (4, 1, 1, 3), np.uint8, Quant.per_tensor(1.0, 0),
-                       np.zeros((4, 1, 1, 3), dtype=np.uint8))
+    weights = g.tensor(
+        "box/weights", (4, 1, 1, 3), np.uint8, Quant.per_tensor(1.0, 0), np.zeros((4, 1, 1, 3), dtype=np.uint8)
+    )
     encoding = np.array([0.0, 0.0, SCALES[2] * math.log(0.5), SCALES[3] * math.log(0.5)])
     bias_scale = _INPUT_Q.scale[0] * 1.0
-    bias = g.tensor("box/bias", (4,), np.int32, Quant.per_tensor(bias_scale, 0),
-                    np.round(encoding / bias_scale).astype(np.int32))
+    bias = g.tensor(
+        "box/bias", (4,), np.int32, Quant.per_tensor(bias_scale, 0), np.round(encoding / bias_scale).astype(np.int32)
+    )
     encoded = g.tensor("box/encoded", (1, GRID, GRID, 4), np.uint8, _BOX_Q)
-    g.op(tflite.BuiltinOperator.CONV_2D, [pooled, weights, bias], [encoded],
-         *conv2d_options(1, tflite.ActivationFunctionType.NONE))
+    g.op(
+        tflite.BuiltinOperator.CONV_2D,
+        [pooled, weights, bias],
+        [encoded],
+        *conv2d_options(1, tflite.ActivationFunctionType.NONE),
+    )
     flat = g.tensor("box_encodings", (1, ANCHORS, 4), np.uint8, _BOX_Q)
     g.op(tflite.BuiltinOperator.RESHAPE, [encoded], [flat], *reshape_options((1, ANCHORS, 4)))
     return flat
@@ -110,13 +132,14 @@ def build_detector() -> bytes:
     pooled = g.tensor("cells", (1, GRID, GRID, 3), np.uint8, _INPUT_Q)
     g.op(tflite.BuiltinOperator.AVERAGE_POOL_2D, [image], [pooled], *average_pool_options(CELL))
     boxes_in, classes_in = _box_head(g, pooled), _class_head(g, pooled)
-    anchor_tensor = g.tensor("anchors", (ANCHORS, 4), np.uint8, _ANCHOR_Q,
-                             np.round(anchors() * 256).astype(np.uint8))
+    anchor_tensor = g.tensor("anchors", (ANCHORS, 4), np.uint8, _ANCHOR_Q, np.round(anchors() * 256).astype(np.uint8))
     # Output names as the TF1 converter writes them (Coral's SSD models).
-    outputs = [g.tensor("TFLite_Detection_PostProcess", (1, MAX_DETECTIONS, 4), np.float32),
-               g.tensor("TFLite_Detection_PostProcess:1", (1, MAX_DETECTIONS), np.float32),
-               g.tensor("TFLite_Detection_PostProcess:2", (1, MAX_DETECTIONS), np.float32),
-               g.tensor("TFLite_Detection_PostProcess:3", (1,), np.float32)]
+    outputs = [
+        g.tensor("TFLite_Detection_PostProcess", (1, MAX_DETECTIONS, 4), np.float32),
+        g.tensor("TFLite_Detection_PostProcess:1", (1, MAX_DETECTIONS), np.float32),
+        g.tensor("TFLite_Detection_PostProcess:2", (1, MAX_DETECTIONS), np.float32),
+        g.tensor("TFLite_Detection_PostProcess:3", (1,), np.float32),
+    ]
     g.custom_op(POSTPROCESS_OP, [boxes_in, classes_in, anchor_tensor], outputs, postprocess_options())
     g.inputs, g.outputs = [image], outputs
     return g.serialize()

@@ -9,8 +9,9 @@ The schema comes from the ``tflite`` package (generated flatbuffer code).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from typing import Callable
 
 import flatbuffers
 import numpy as np
@@ -37,7 +38,7 @@ class Quant:
     axis: int = 0
 
     @classmethod
-    def per_tensor(cls, scale: float, zero_point: int) -> "Quant":
+    def per_tensor(cls, scale: float, zero_point: int) -> Quant:
         return cls([float(scale)], [int(zero_point)])
 
 
@@ -72,8 +73,9 @@ class Graph:
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
 
-    def tensor(self, name: str, shape: Sequence[int], dtype, quant: Quant | None = None,
-               data: np.ndarray | None = None) -> int:
+    def tensor(
+        self, name: str, shape: Sequence[int], dtype, quant: Quant | None = None, data: np.ndarray | None = None
+    ) -> int:
         """Add a tensor (constant when ``data`` is given); returns its index."""
         dtype = np.dtype(dtype)
         buffer = 0
@@ -98,17 +100,22 @@ class Graph:
             self._opcodes.append(key)
         return self._opcodes.index(key)
 
-    def op(self, builtin: int, inputs: Sequence[int], outputs: Sequence[int],
-           options_type: int = 0, options: OptionsWriter | None = None) -> None:
+    def op(
+        self,
+        builtin: int,
+        inputs: Sequence[int],
+        outputs: Sequence[int],
+        options_type: int = 0,
+        options: OptionsWriter | None = None,
+    ) -> None:
         """Append a builtin operator (``builtin`` is a tflite.BuiltinOperator value)."""
-        self._ops.append(_Op(self._opcode(builtin, None), list(inputs), list(outputs),
-                             options_type, options))
+        self._ops.append(_Op(self._opcode(builtin, None), list(inputs), list(outputs), options_type, options))
 
-    def custom_op(self, name: str, inputs: Sequence[int], outputs: Sequence[int],
-                  options: bytes | None = None) -> None:
+    def custom_op(self, name: str, inputs: Sequence[int], outputs: Sequence[int], options: bytes | None = None) -> None:
         """Append a custom operator (e.g. ``edgetpu-custom-op``); ``options`` is its FlexBuffer."""
-        self._ops.append(_Op(self._opcode(tflite.BuiltinOperator.CUSTOM, name), list(inputs),
-                             list(outputs), 0, None, options))
+        self._ops.append(
+            _Op(self._opcode(tflite.BuiltinOperator.CUSTOM, name), list(inputs), list(outputs), 0, None, options)
+        )
 
     # -- serialisation -------------------------------------------------------------
 
@@ -128,7 +135,7 @@ class Graph:
                 # Constant data is 16-byte aligned, as the converter writes it.
                 b.StartVector(1, data.nbytes, 16)
                 b.head = b.head - data.nbytes
-                b.Bytes[b.head:b.head + data.nbytes] = data.tobytes()
+                b.Bytes[b.head : b.head + data.nbytes] = data.tobytes()
                 vec = b.EndVector()
             tflite.BufferStart(b)
             if vec is not None:
@@ -222,11 +229,13 @@ class Graph:
 
 # -- option writers (one per builtin we use) ---------------------------------------
 
+
 def fully_connected_options(activation: int = tflite.ActivationFunctionType.NONE) -> tuple[int, OptionsWriter]:
     def write(b: flatbuffers.Builder) -> int:
         tflite.FullyConnectedOptionsStart(b)
         tflite.FullyConnectedOptionsAddFusedActivationFunction(b, activation)
         return tflite.FullyConnectedOptionsEnd(b)
+
     return tflite.BuiltinOptions.FullyConnectedOptions, write
 
 
@@ -235,6 +244,7 @@ def softmax_options(beta: float = 1.0) -> tuple[int, OptionsWriter]:
         tflite.SoftmaxOptionsStart(b)
         tflite.SoftmaxOptionsAddBeta(b, beta)
         return tflite.SoftmaxOptionsEnd(b)
+
     return tflite.BuiltinOptions.SoftmaxOptions, write
 
 
@@ -248,6 +258,7 @@ def conv2d_options(stride: int, activation: int, padding: int = tflite.Padding.S
         tflite.Conv2DOptionsAddDilationWFactor(b, 1)
         tflite.Conv2DOptionsAddDilationHFactor(b, 1)
         return tflite.Conv2DOptionsEnd(b)
+
     return tflite.BuiltinOptions.Conv2DOptions, write
 
 
@@ -262,6 +273,7 @@ def depthwise_options(stride: int, activation: int, padding: int = tflite.Paddin
         tflite.DepthwiseConv2DOptionsAddDilationWFactor(b, 1)
         tflite.DepthwiseConv2DOptionsAddDilationHFactor(b, 1)
         return tflite.DepthwiseConv2DOptionsEnd(b)
+
     return tflite.BuiltinOptions.DepthwiseConv2DOptions, write
 
 
@@ -274,6 +286,7 @@ def average_pool_options(size: int) -> tuple[int, OptionsWriter]:
         tflite.Pool2DOptionsAddFilterWidth(b, size)
         tflite.Pool2DOptionsAddFilterHeight(b, size)
         return tflite.Pool2DOptionsEnd(b)
+
     return tflite.BuiltinOptions.Pool2DOptions, write
 
 
@@ -286,6 +299,7 @@ def reshape_options(new_shape: Sequence[int]) -> tuple[int, OptionsWriter]:
         tflite.ReshapeOptionsStart(b)
         tflite.ReshapeOptionsAddNewShape(b, shape)
         return tflite.ReshapeOptionsEnd(b)
+
     return tflite.BuiltinOptions.ReshapeOptions, write
 
 
@@ -294,4 +308,5 @@ def arg_max_options(output_type: int = tflite.TensorType.INT32) -> tuple[int, Op
         tflite.ArgMaxOptionsStart(b)
         tflite.ArgMaxOptionsAddOutputType(b, output_type)
         return tflite.ArgMaxOptionsEnd(b)
+
     return tflite.BuiltinOptions.ArgMaxOptions, write

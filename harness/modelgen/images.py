@@ -25,7 +25,7 @@ def bright_region_image(region: int, size: int = 96, seed: int = 0) -> np.ndarra
     cell = size // classifier.GRID
     row, col = divmod(region, classifier.GRID)
     patch = rng.integers(200, 256, size=(cell, cell, 3), dtype=np.uint8)
-    image[row * cell:(row + 1) * cell, col * cell:(col + 1) * cell] = patch
+    image[row * cell : (row + 1) * cell, col * cell : (col + 1) * cell] = patch
     return image
 
 
@@ -44,6 +44,7 @@ def write_images(out: Path, count: int, size: int = 96, fmt: str = "png") -> lis
 
 
 # -- detection and segmentation images -------------------------------------------------
+
 
 @dataclass(frozen=True)
 class Scene:

@@ -15,13 +15,33 @@ from __future__ import annotations
 import numpy as np
 import tflite
 
-from .flatbuf import Graph, Quant, average_pool_options, conv2d_options, depthwise_options
-from .flatbuf import fully_connected_options, softmax_options
+from .flatbuf import (
+    Graph,
+    Quant,
+    average_pool_options,
+    conv2d_options,
+    depthwise_options,
+    fully_connected_options,
+    softmax_options,
+)
 
 CLASSES = 1001
 # (output channels at width 1.0, stride) of MobileNet v1's depthwise-separable blocks
-_BLOCKS = [(64, 1), (128, 2), (128, 1), (256, 2), (256, 1), (512, 2), (512, 1), (512, 1),
-           (512, 1), (512, 1), (512, 1), (1024, 2), (1024, 1)]
+_BLOCKS = [
+    (64, 1),
+    (128, 2),
+    (128, 1),
+    (256, 2),
+    (256, 1),
+    (512, 2),
+    (512, 1),
+    (512, 1),
+    (512, 1),
+    (512, 1),
+    (512, 1),
+    (1024, 2),
+    (1024, 1),
+]
 
 # Activations after ReLU6 live in [0, 6]: one uint8 step is 6/255.
 _ACT_Q = Quant.per_tensor(6 / 255, 0)
@@ -37,7 +57,7 @@ def _quantize_weights(w: np.ndarray) -> tuple[np.ndarray, Quant]:
     """Per-tensor asymmetric uint8 quantization (uint8 models have no per-channel scales)."""
     lo, hi = min(float(w.min()), 0.0), max(float(w.max()), 0.0)
     scale = (hi - lo) / 255 or 1.0
-    zero = int(round(-lo / scale))
+    zero = round(-lo / scale)
     q = np.clip(np.round(w / scale) + zero, 0, 255).astype(np.uint8)
     return q, Quant.per_tensor(scale, zero)
 
@@ -66,8 +86,9 @@ class _Builder:
     def conv(self, x: int, in_scale: float, out_ch: int, kernel: int, stride: int) -> int:
         self.n += 1
         _, h, w, in_ch = self.g.shape(x)
-        weights, w_scale = self._weights(f"conv{self.n}/weights", (out_ch, kernel, kernel, in_ch),
-                                         kernel * kernel * in_ch)
+        weights, w_scale = self._weights(
+            f"conv{self.n}/weights", (out_ch, kernel, kernel, in_ch), kernel * kernel * in_ch
+        )
         bias = _bias(self.g, f"conv{self.n}/bias", self.rng.uniform(0.2, 1.0, out_ch), in_scale, w_scale)
         out = self.g.tensor(f"conv{self.n}/out", (1, -(-h // stride), -(-w // stride), out_ch), np.uint8, _ACT_Q)
         self.g.op(tflite.BuiltinOperator.CONV_2D, [x, weights, bias], [out], *conv2d_options(stride, _RELU6))
@@ -79,8 +100,9 @@ class _Builder:
         weights, w_scale = self._weights(f"dw{self.n}/weights", (1, 3, 3, ch), 9)
         bias = _bias(self.g, f"dw{self.n}/bias", self.rng.uniform(0.2, 1.0, ch), in_scale, w_scale)
         out = self.g.tensor(f"dw{self.n}/out", (1, -(-h // stride), -(-w // stride), ch), np.uint8, _ACT_Q)
-        self.g.op(tflite.BuiltinOperator.DEPTHWISE_CONV_2D, [x, weights, bias], [out],
-                  *depthwise_options(stride, _RELU6))
+        self.g.op(
+            tflite.BuiltinOperator.DEPTHWISE_CONV_2D, [x, weights, bias], [out], *depthwise_options(stride, _RELU6)
+        )
         return out
 
     def build(self) -> bytes:
@@ -103,8 +125,7 @@ class _Builder:
         weights, w_scale = g.tensor("logits/weights", (CLASSES, c), np.uint8, quant, q), quant.scale[0]
         bias = _bias(g, "logits/bias", np.zeros(CLASSES), _ACT_Q.scale[0], w_scale)
         logits = g.tensor("logits", (1, CLASSES), np.uint8, _LOGIT_Q)
-        g.op(tflite.BuiltinOperator.FULLY_CONNECTED, [pooled, weights, bias], [logits],
-             *fully_connected_options())
+        g.op(tflite.BuiltinOperator.FULLY_CONNECTED, [pooled, weights, bias], [logits], *fully_connected_options())
         scores = g.tensor("scores", (1, CLASSES), np.uint8, _SCORE_Q)
         g.op(tflite.BuiltinOperator.SOFTMAX, [logits], [scores], *softmax_options())
         g.inputs, g.outputs = [image], [scores]

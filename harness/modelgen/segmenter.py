@@ -30,8 +30,12 @@ def build_segmenter(argmax: bool = False) -> bytes:
     weights = g.tensor("pixel/weights", q_w.shape, np.uint8, w_quant, q_w)
     bias = g.tensor("pixel/bias", q_b.shape, np.int32, b_quant, q_b)
     logits = g.tensor("logits", (1, SIZE, SIZE, len(LABELS)), np.uint8, colours.LOGIT_Q)
-    g.op(tflite.BuiltinOperator.CONV_2D, [image, weights, bias], [logits],
-         *conv2d_options(1, tflite.ActivationFunctionType.NONE))
+    g.op(
+        tflite.BuiltinOperator.CONV_2D,
+        [image, weights, bias],
+        [logits],
+        *conv2d_options(1, tflite.ActivationFunctionType.NONE),
+    )
     output = logits
     if argmax:
         axis = g.tensor("argmax/axis", (1,), np.int32, None, np.array([3], dtype=np.int32))

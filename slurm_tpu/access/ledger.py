@@ -22,13 +22,15 @@ import os
 import time
 
 from ..protocol import FormatError, audit, leases
-from ..protocol.leases import HELD, KEPT, REVOKING, BadLease, Lease  # the ledger's records, for its callers
+
+# The ledger's records and phases, for its callers (HELD, KEPT, REVOKING are re-exported).
+from ..protocol.leases import HELD, KEPT, REVOKING, BadLease, Lease  # noqa: F401
 from . import statedir
 
 # Annotations only: importing typing costs the hooks milliseconds per job.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterator
+    from collections.abc import Iterator
 
 LEASES = leases.DIR
 AUDIT = audit.FILE
@@ -42,12 +44,12 @@ class Ledger:
         self.state_dir = state_dir
         self.dir_fd = statedir.open_dir(state_dir, create=create, require_root=require_root)
         try:
-            self.leases_fd = statedir.open_dir(LEASES, create=create, parent_fd=self.dir_fd,
-                                               require_root=require_root)
+            self.leases_fd = statedir.open_dir(LEASES, create=create, parent_fd=self.dir_fd, require_root=require_root)
         except statedir.StateDirError as exc:
             os.close(self.dir_fd)
-            raise statedir.StateDirError(str(exc).replace(LEASES, os.path.join(state_dir, LEASES), 1),
-                                         os.path.join(state_dir, LEASES)) from exc
+            raise statedir.StateDirError(
+                str(exc).replace(LEASES, os.path.join(state_dir, LEASES), 1), os.path.join(state_dir, LEASES)
+            ) from exc
         self._lock_fd: int | None = None
 
     def close(self) -> None:
@@ -56,20 +58,21 @@ class Ledger:
                 os.close(fd)
         self._lock_fd = None
 
-    def __enter__(self) -> "Ledger":
+    def __enter__(self) -> Ledger:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
 
     # ---- locking ---------------------------------------------------------------
-    def lock(self) -> "Ledger":
+    def lock(self) -> Ledger:
         """Take the state lock (blocking); released by :meth:`unlock` or close()."""
         import fcntl
 
         if self._lock_fd is None:
-            self._lock_fd = os.open(LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                                    dir_fd=self.dir_fd)
+            self._lock_fd = os.open(
+                LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd
+            )
         fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
         return self
 
@@ -163,7 +166,7 @@ class Ledger:
         finally:
             os.close(fd)
         if start:
-            tail = tail[tail.find(b"\n") + 1:]  # the first line is cut
+            tail = tail[tail.find(b"\n") + 1 :]  # the first line is cut
         return audit.last_acquire(tail, identity)
 
 
@@ -175,7 +178,7 @@ def process_start_time(pid: int) -> int:
     except OSError:
         return 0
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = data[data.rfind(b")") + 2:].split()
+    fields = data[data.rfind(b")") + 2 :].split()
     try:
         return int(fields[19])
     except (IndexError, ValueError):

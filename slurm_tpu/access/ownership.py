@@ -94,20 +94,27 @@ class NodeState:
 
 def _open_char_device(path: str, identity: str) -> int:
     if not os.path.isabs(path):
-        raise DeviceError(f"{identity}: device node '{path}' is not an absolute path; "
-                          "fix the inventory (slurm-tpu gres-conf --output)", identity)
+        raise DeviceError(
+            f"{identity}: device node '{path}' is not an absolute path; "
+            "fix the inventory (slurm-tpu gres-conf --output)",
+            identity,
+        )
     try:
         fd = os.open(path, _O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
-        raise DeviceError(f"{identity}: device node {path} is missing (device unplugged or "
-                          "re-enumerated?)", identity) from None
+        raise DeviceError(
+            f"{identity}: device node {path} is missing (device unplugged or re-enumerated?)", identity
+        ) from None
     except OSError as exc:
         raise DeviceError(f"{identity}: cannot open device node {path}: {exc.strerror}", identity) from exc
     info = os.fstat(fd)
     if stat.S_ISLNK(info.st_mode) or not stat.S_ISCHR(info.st_mode):
         os.close(fd)
-        raise DeviceError(f"{identity}: {path} is not a character device node; refusing to change "
-                          "its ownership (check the inventory file)", identity)
+        raise DeviceError(
+            f"{identity}: {path} is not a character device node; refusing to change "
+            "its ownership (check the inventory file)",
+            identity,
+        )
     return fd
 
 
@@ -123,8 +130,9 @@ def set_owner(path: str, identity: str, uid: int, gid: int, mode: int) -> bool:
         target_uid = info.st_uid if uid < 0 else uid
         target_gid = info.st_gid if gid < 0 else gid
         proc = f"/proc/self/fd/{fd}"  # the magic link is the opened node itself, not a path lookup
-        if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (target_uid, target_gid, mode) \
-                and not acl_xattrs(proc):
+        if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (target_uid, target_gid, mode) and not acl_xattrs(
+            proc
+        ):
             return False
         # Narrow the mode and drop any ACL before handing the node to the new owner,
         # so no moment exists where the new owner has it with the old (maybe wider)
@@ -135,8 +143,9 @@ def set_owner(path: str, identity: str, uid: int, gid: int, mode: int) -> bool:
         os.chmod(proc, mode)
         return True
     except OSError as exc:
-        raise DeviceError(f"{identity}: cannot change ownership of {path}: {exc.strerror} "
-                          "(the hooks must run as root)", identity) from exc
+        raise DeviceError(
+            f"{identity}: cannot change ownership of {path}: {exc.strerror} (the hooks must run as root)", identity
+        ) from exc
     finally:
         os.close(fd)
 

@@ -25,7 +25,8 @@ import time
 
 TYPE_CHECKING = False  # typing itself costs the hooks milliseconds per job
 if TYPE_CHECKING:
-    from typing import Callable, Iterable
+    from collections.abc import Iterable
+    from typing import Callable
 
 _S_IFMT, _S_IFCHR = 0o170000, 0o020000
 _CHECK_EVERY = 256  # fds/mappings between two looks at the clock
@@ -67,10 +68,23 @@ class Scan:
 
 # kcmp(2) numbers per architecture (arch/*/syscall tables; the generic table,
 # include/uapi/asm-generic/unistd.h, serves arm64, riscv and loongarch).
-_KCMP_NR = {"x86_64": 312, "i386": 349, "i486": 349, "i586": 349, "i686": 349, "aarch64": 272, "arm64": 272,
-            "riscv64": 272, "loongarch64": 272, "ppc64": 354, "ppc64le": 354, "ppc": 354, "s390x": 343}
+_KCMP_NR = {
+    "x86_64": 312,
+    "i386": 349,
+    "i486": 349,
+    "i586": 349,
+    "i686": 349,
+    "aarch64": 272,
+    "arm64": 272,
+    "riscv64": 272,
+    "loongarch64": 272,
+    "ppc64": 354,
+    "ppc64le": 354,
+    "ppc": 354,
+    "s390x": 343,
+}
 KCMP_FILES, KCMP_VM = 2, 1  # include/uapi/linux/kcmp.h
-_kcmp_fn: Callable[[int, int, int], int] | None | bool = False  # False: not looked up yet
+_kcmp_fn: Callable[[int, int, int], int] | bool | None = False  # False: not looked up yet
 
 
 def _kcmp() -> Callable[[int, int, int], int] | None:
@@ -88,7 +102,7 @@ def _kcmp() -> Callable[[int, int, int], int] | None:
     """
     global _kcmp_fn
     if _kcmp_fn is not False:
-        return _kcmp_fn  # type: ignore[return-value]
+        return _kcmp_fn  # type: ignore[return-value]  # not False: the function or None
     _kcmp_fn = None
     number = _KCMP_NR.get(os.uname().machine)
     if number is None:
@@ -149,6 +163,7 @@ class _Seen:
 
 # ---- the scan ---------------------------------------------------------------------------
 
+
 def _maps_candidates(maps_path: str, filesystems: set[int]) -> list[str] | None:
     """``start-end`` of the mappings in ``maps_path`` whose file lies on one of ``filesystems``.
 
@@ -173,7 +188,7 @@ def _maps_candidates(maps_path: str, filesystems: set[int]) -> list[str] | None:
         at = data.find(needle)
         while at >= 0:
             start, end = data.rfind(b"\n", 0, at) + 1, data.find(b"\n", at)
-            fields = data[start:end if end >= 0 else len(data)].split(None, 5)
+            fields = data[start : end if end >= 0 else len(data)].split(None, 5)
             if len(fields) >= 5 and fields[4] != b"0":  # inode 0: not a file
                 found.append(fields[0].decode())
             at = data.find(needle, at + len(needle))
@@ -188,8 +203,14 @@ def _fd_count(fd_dir: str) -> int:
         return 0
 
 
-def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: float,
-                 skip_root: bool = False, first_uid: int | None = None, only: Iterable[int] | None = None) -> Scan:
+def scan_holders(
+    rdevs: Iterable[int],
+    filesystems: Iterable[int],
+    budget_s: float,
+    skip_root: bool = False,
+    first_uid: int | None = None,
+    only: Iterable[int] | None = None,
+) -> Scan:
     """Every process (any uid) with one of the char devices ``rdevs`` open or mapped.
 
     ``filesystems``: st_dev of the filesystems that hold the device's nodes (see
@@ -277,7 +298,7 @@ def scan_holders(rdevs: Iterable[int], filesystems: Iterable[int], budget_s: flo
         elif pid not in pending:
             result.scanned += 1
     heavy.sort()
-    for index, (_, count, pid, uid, fd_dir) in enumerate(heavy):
+    for index, (_, _count, pid, _owner, fd_dir) in enumerate(heavy):
         found = _table_holds(fd_dir, wanted, deadline)
         if found is None:
             result.complete = False
@@ -333,7 +354,7 @@ def _table_holds(fd_dir: str, wanted: set[int], deadline: float) -> bool | None:
         for start in range(0, len(names), _CHECK_EVERY):
             if clock() >= deadline:
                 return None
-            for name in names[start:start + _CHECK_EVERY]:
+            for name in names[start : start + _CHECK_EVERY]:
                 try:
                     info = stat(name, dir_fd=dir_fd)
                 except OSError:

@@ -88,7 +88,7 @@ class RevokeError(Exception):
 
 def usb_port_path(identity: str) -> str:
     """``usb-2-1.3`` -> ``2-1.3`` (the sysfs name, the topology path)."""
-    return identity[len("usb-"):]
+    return identity[len("usb-") :]
 
 
 def usb_device_dir(sysfs_root: str, identity: str) -> str:
@@ -100,9 +100,11 @@ def _write_attribute(path: str, value: bytes, identity: str) -> None:
     try:
         fd = os.open(path, _O_WRITE)
     except OSError as exc:
-        raise RevokeError(f"{identity}: cannot open {path} ({exc.strerror}): this kernel cannot power-cycle "
-                          "the port (needs Linux >= 4.20); set devices.revoke: false to accept "
-                          "ownership-only isolation") from exc
+        raise RevokeError(
+            f"{identity}: cannot open {path} ({exc.strerror}): this kernel cannot power-cycle "
+            "the port (needs Linux >= 4.20); set devices.revoke: false to accept "
+            "ownership-only isolation"
+        ) from exc
     try:
         os.write(fd, value)
     except OSError as exc:
@@ -138,8 +140,9 @@ def disconnect_usb(sysfs_root: str, identity: str, wait_s: float = DISCONNECT_WA
         pause = 0.001
         while os.path.lexists(device) and _devnum(device) == devnum:
             if time.monotonic() >= deadline:
-                raise RevokeError(f"{identity}: still attached {wait_s:g} s after {disable} was set; "
-                                  "its open fds may still work")
+                raise RevokeError(
+                    f"{identity}: still attached {wait_s:g} s after {disable} was set; its open fds may still work"
+                )
             # The kernel disconnects within the write (port.c disable_store() -> usb_disconnect()),
             # so this loop runs only for an emulated core: look often at first, then back off.
             time.sleep(pause)

@@ -20,8 +20,7 @@ from .ownership import strip_acl
 def check_identity(identity: str) -> str:
     """Return ``identity`` if it is a well-formed accelerator identity (slurm_tpu/identity.py), else raise."""
     if not is_identity(identity):
-        raise DeviceError(f"'{identity}' is not an accelerator identity (e.g. usb-2-1.3, pci-0000:03:00.0)",
-                          identity)
+        raise DeviceError(f"'{identity}' is not an accelerator identity (e.g. usb-2-1.3, pci-0000:03:00.0)", identity)
     return identity
 
 
@@ -56,8 +55,9 @@ def _make_slot(slot_dir: str, identity: str, rdev: int) -> None:
             os.unlink(tmp)
         except OSError:
             pass
-        raise DeviceError(f"{identity}: cannot create slot node {path}: {exc.strerror} "
-                          "(slot nodes need root)", identity) from exc
+        raise DeviceError(
+            f"{identity}: cannot create slot node {path}: {exc.strerror} (slot nodes need root)", identity
+        ) from exc
 
 
 def ensure_placeholder_slot(slot_dir: str, identity: str) -> bool:
@@ -80,15 +80,18 @@ def ensure_slot(slot_dir: str, identity: str, device_node: str) -> bool:
     try:
         source = os.stat(device_node)
     except OSError as exc:
-        raise DeviceError(f"{identity}: cannot stat its device node {device_node}: {exc.strerror}",
-                          identity) from exc
+        raise DeviceError(f"{identity}: cannot stat its device node {device_node}: {exc.strerror}", identity) from exc
     if not stat.S_ISCHR(source.st_mode):
         raise DeviceError(f"{identity}: {device_node} is not a character device", identity)
     path = os.path.join(slot_dir, identity)
     try:
         current = os.lstat(path)
-        if (stat.S_ISCHR(current.st_mode) and current.st_rdev == source.st_rdev
-                and stat.S_IMODE(current.st_mode) == 0o600 and current.st_uid == 0):
+        if (
+            stat.S_ISCHR(current.st_mode)
+            and current.st_rdev == source.st_rdev
+            and stat.S_IMODE(current.st_mode) == 0o600
+            and current.st_uid == 0
+        ):
             return False
     except FileNotFoundError:
         pass

@@ -33,13 +33,15 @@ def _check_dir(fd: int, path: str, require_root: bool) -> None:
         raise StateDirError(f"{path} is not a directory; remove it (slurm-tpu recreates it)", path)
     # Only root may write here: anyone else could plant leases or links.
     if require_root and (info.st_uid != 0 or info.st_mode & 0o022):
-        raise StateDirError(f"{path} must be owned by root and not group/world-writable "
-                            f"(uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); "
-                            "fix its ownership or remove it", path)
+        raise StateDirError(
+            f"{path} must be owned by root and not group/world-writable "
+            f"(uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); "
+            "fix its ownership or remove it",
+            path,
+        )
 
 
-def open_dir(path: str, create: bool = False, parent_fd: int | None = None,
-             require_root: bool = True) -> int:
+def open_dir(path: str, create: bool = False, parent_fd: int | None = None, require_root: bool = True) -> int:
     """Open a directory without following a symlink at its last component.
 
     ``parent_fd`` opens ``path`` relative to an already-checked directory.
@@ -63,8 +65,10 @@ def open_dir(path: str, create: bool = False, parent_fd: int | None = None,
                 pass
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise StateDirError(f"{shown} is a symlink or not a directory; refusing to use it "
-                                    "(remove it, slurm-tpu recreates it)", shown) from exc
+                raise StateDirError(
+                    f"{shown} is a symlink or not a directory; refusing to use it (remove it, slurm-tpu recreates it)",
+                    shown,
+                ) from exc
             raise StateDirError(f"cannot open {shown}: {exc.strerror}", shown) from exc
     try:
         _check_dir(fd, shown, require_root)
@@ -116,13 +120,12 @@ def _write_temp(dir_fd: int, name: str, data: bytes, mode: int) -> str:
         os.unlink(tmp, dir_fd=dir_fd)  # left by an earlier process with our pid
     except FileNotFoundError:
         pass
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode,
-                 dir_fd=dir_fd)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode, dir_fd=dir_fd)
     try:
         os.fchmod(fd, mode)  # umask must not narrow what readers (task-prolog) need
         view = memoryview(data)
         while view:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         os.fsync(fd)
     except BaseException:
         os.close(fd)
@@ -172,9 +175,9 @@ def remove(dir_fd: int, name: str) -> bool:
 def append_line(dir_fd: int, name: str, line: bytes, mode: int = 0o644) -> None:
     """Append one line with a single O_APPEND write (atomic between writers)."""
     check_name(name)
-    fd = os.open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK,
-                 mode,
-                 dir_fd=dir_fd)
+    fd = os.open(
+        name, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, mode, dir_fd=dir_fd
+    )
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise StateDirError(f"{name} in the state directory is not a regular file", name)

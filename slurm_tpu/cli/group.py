@@ -6,13 +6,16 @@ they register on without importing the package that imports them.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from .. import __version__
 from ..defaults import CONFIG_ENV
 from ..errors import SlurmTpuError
+
+if TYPE_CHECKING:
+    from ..config import Config  # imported lazily (Obj.config): start-up stays small
 
 EXIT_DIFFERS = 1
 EXIT_ERROR = 2
@@ -37,7 +40,7 @@ class Obj:
 
     def __init__(self, config_path: str | None):
         self.config_path = config_path
-        self._config = None
+        self._config: Config | None = None
 
     def node_name(self, node: str | None, from_slurmd: bool = False) -> str:
         """--node, else (for commands slurmd runs) $SLURMD_NODENAME, else the config's
@@ -63,8 +66,13 @@ pass_obj = click.make_pass_decorator(Obj)
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="slurm-tpu")
-@click.option("--config", "config_path", metavar="FILE", envvar=CONFIG_ENV,
-              help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.")
+@click.option(
+    "--config",
+    "config_path",
+    metavar="FILE",
+    envvar=CONFIG_ENV,
+    help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.",
+)
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None) -> None:
     """Make Edge TPUs, GPUs and Hailo NPUs allocatable, isolated Slurm resources.
@@ -79,4 +87,4 @@ def main(ctx: click.Context, config_path: str | None) -> None:
     """
     ctx.obj = Obj(config_path)
     if ctx.invoked_subcommand is not None and not ctx.resilient_parsing:
-        ctx.obj.config  # a broken config is reported by every command, not just some
+        _ = ctx.obj.config  # a broken config is reported by every command, not just some

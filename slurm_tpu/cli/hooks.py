@@ -14,9 +14,9 @@ from .group import EXIT_ERROR, Obj, main, pass_obj
 def _rows(obj: Obj) -> list[dict]:
     import os
 
-    from ..hooks.leasing import holder_alive
     from ..access import node_inventory, ownership
     from ..access.ledger import KEPT, REVOKING, BadLease, Ledger
+    from ..hooks.leasing import holder_alive
 
     config = obj.config
     if not os.path.lexists(config.state_dir):
@@ -28,21 +28,35 @@ def _rows(obj: Obj) -> list[dict]:
             device = known.get(lease.identity)
             nodes = device.device_nodes if device else ()
             states = [ownership.node_state(n) for n in nodes]
-            row = {"identity": lease.identity, "job_id": lease.job_id, "uid": lease.uid,
-                   "nodes": [{"path": n, "uid": s.uid if s else None, "mode": f"{s.mode:04o}" if s else None}
-                             for n, s in zip(nodes, states)]}
+            row = {
+                "identity": lease.identity,
+                "job_id": lease.job_id,
+                "uid": lease.uid,
+                "nodes": [
+                    {"path": n, "uid": s.uid if s else None, "mode": f"{s.mode:04o}" if s else None}
+                    for n, s in zip(nodes, states)
+                ],
+            }
             if isinstance(lease, BadLease):
                 row.update(user="", start=None, state=f"bad: {lease.reason}")
             else:
                 alive = holder_alive(lease)
                 if lease.phase == KEPT:
-                    state = f"kept (its epilog found a problem; fix it, then `slurm-tpu leases --clear {lease.identity}`)"
+                    state = (
+                        f"kept (its epilog found a problem; fix it, then `slurm-tpu leases --clear {lease.identity}`)"
+                    )
                 elif lease.phase == REVOKING:
                     state = "revoking (" + (alive or "the device did not come back; replug it") + ")"
                 else:
                     state = "running" if alive else "stale (job gone; reclaimed by the next prolog)"
-                row.update(user=lease.user, start=lease.start, kind=lease.kind,
-                           allocation=list(lease.allocation), phase=lease.phase, state=state)
+                row.update(
+                    user=lease.user,
+                    start=lease.start,
+                    kind=lease.kind,
+                    allocation=list(lease.allocation),
+                    phase=lease.phase,
+                    state=state,
+                )
             rows.append(row)
     return rows
 
@@ -51,8 +65,8 @@ def _clear(identity: str) -> None:
     """End the stale lease on ``identity`` now: take it away, revoke, check, idle ownership."""
     import os
 
-    from ..hooks import leasing, settings as hook_settings
     from ..access.ledger import Ledger
+    from ..hooks import leasing, settings as hook_settings
 
     settings = hook_settings.rebuild(dict(os.environ))
     with Ledger(settings.state_dir, create=False) as ledger:
@@ -72,9 +86,13 @@ def _clear(identity: str) -> None:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the leases as JSON.")
-@click.option("--clear", "clear_identity", metavar="IDENTITY",
-              help="End the stale lease on IDENTITY now (after its holder was killed): revoke, check, "
-                   "and give the device back to its idle owner. A running job's lease is refused.")
+@click.option(
+    "--clear",
+    "clear_identity",
+    metavar="IDENTITY",
+    help="End the stale lease on IDENTITY now (after its holder was killed): revoke, check, "
+    "and give the device back to its idle owner. A running job's lease is refused.",
+)
 @pass_obj
 def leases(obj: Obj, as_json: bool, clear_identity: str | None) -> None:
     """Show which job holds which accelerator on this node (the lease ledger)."""
@@ -92,8 +110,7 @@ def leases(obj: Obj, as_json: bool, clear_identity: str | None) -> None:
     for row in rows:
         since = time.strftime("%H:%M:%S", time.localtime(row["start"])) if row.get("start") else "-"
         owners = ",".join(f"{n['path']}={n['uid']}" for n in row["nodes"]) or "-"
-        table.append((row["identity"], str(row["job_id"]), row["user"] or str(row["uid"]), since, owners,
-                      row["state"]))
+        table.append((row["identity"], str(row["job_id"]), row["user"] or str(row["uid"]), since, owners, row["state"]))
     widths = [max(len(r[i]) for r in table) for i in range(5)]
     for r in table:
         click.echo("  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:5])) + "  " + r[5])

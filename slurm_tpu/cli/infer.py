@@ -38,58 +38,139 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
 
 @main.command("infer", context_settings={"max_content_width": 100})
 @click.argument("args", nargs=-1, metavar="MODEL INPUTS...")
-@click.option("-m", "--model", "model_option", metavar="FILE",
-              help="The model (as pycoral's examples); else the first argument.")
-@click.option("-i", "--input", "input_options", multiple=True, metavar="PATH",
-              help="An input (as pycoral's examples); repeatable, adds to INPUTS.")
-@click.option("--segment", "segments", multiple=True, metavar="FILE",
-              help="Further segments of a model split by edgetpu_compiler --num_segments (MODEL is segment 0).")
-@grouped("reading", Reading,
-         task_option("What the outputs mean; auto recognises it from the model's outputs "
-                     "(TFLite_Detection_PostProcess -> detect, one [1,N] -> classify, [1,H,W(,C)] -> segment)."),
-         click.option("--raw", is_flag=True, help="Same as --task raw: dequantized outputs."),
-         click.option("-l", "--labels", "labels", metavar="FILE",
-                      help="Labels: one per line, or '<id> <label>' lines."),
-         click.option("-k", "--top-k", "--top_k", "top_k", default=Reading.top_k, show_default=True,
-                      type=click.IntRange(1), help="Classify: classes to report."),
-         click.option("-t", "--threshold", type=float,
-                      help="Minimum score to report (default: 0.4 for detect, as detect_image.py; else 0)."))
-@click.option("-c", "--count", default=InferRequest.count, show_default=True, type=click.IntRange(1),
-              help="Single input: inferences to time (the first includes the Edge TPU model upload).")
+@click.option(
+    "-m", "--model", "model_option", metavar="FILE", help="The model (as pycoral's examples); else the first argument."
+)
+@click.option(
+    "-i",
+    "--input",
+    "input_options",
+    multiple=True,
+    metavar="PATH",
+    help="An input (as pycoral's examples); repeatable, adds to INPUTS.",
+)
+@click.option(
+    "--segment",
+    "segments",
+    multiple=True,
+    metavar="FILE",
+    help="Further segments of a model split by edgetpu_compiler --num_segments (MODEL is segment 0).",
+)
+@grouped(
+    "reading",
+    Reading,
+    task_option(
+        "What the outputs mean; auto recognises it from the model's outputs "
+        "(TFLite_Detection_PostProcess -> detect, one [1,N] -> classify, [1,H,W(,C)] -> segment)."
+    ),
+    click.option("--raw", is_flag=True, help="Same as --task raw: dequantized outputs."),
+    click.option("-l", "--labels", "labels", metavar="FILE", help="Labels: one per line, or '<id> <label>' lines."),
+    click.option(
+        "-k",
+        "--top-k",
+        "--top_k",
+        "top_k",
+        default=Reading.top_k,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Classify: classes to report.",
+    ),
+    click.option(
+        "-t",
+        "--threshold",
+        type=float,
+        help="Minimum score to report (default: 0.4 for detect, as detect_image.py; else 0).",
+    ),
+)
+@click.option(
+    "-c",
+    "--count",
+    default=InferRequest.count,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Single input: inferences to time (the first includes the Edge TPU model upload).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Single input / benchmark: print JSON.")
-@click.option("--annotate", "annotate_dir", metavar="DIR",
-              help="Write a copy of each image input with its results drawn (detect: boxes and labels; "
-              "classify: labels; segment: the colour mask) as DIR/<name>.png.")
-@grouped("batch", _batch_options,
-         click.option("-o", "--output", metavar="FILE",
-                      help="Batch results file (JSONL, or CSV by suffix); resumed if it exists. sbatch patterns: "
-                      "%j job, %t task, %N node, %n node index, %s step, %A/%a array job/task, %u user, "
-                      "%x job name. (detect_image.py's -o FILE, the annotated image, is --annotate DIR here.)"),
-         click.option("--format", "fmt", type=click.Choice(choices.RESULT_FORMATS),
-                      help="Results format (default: by suffix)."),
-         click.option("--shard-index", type=click.IntRange(0),
-                      help="This process's share (default: from SLURM_ARRAY_TASK_* and the step's SLURM_PROCID)."),
-         click.option("--shard-count", type=click.IntRange(1), help="Number of shares."),
-         click.option("--decode-threads", type=click.IntRange(1),
-                      help="Threads decoding inputs ahead of the device."),
-         click.option("--progress-interval", default=BatchOptions.progress_interval, show_default=True, type=float,
-                      help="Seconds between progress lines when stderr is not a terminal."),
-         click.option("--no-progress", is_flag=True, help="No progress output."))
+@click.option(
+    "--annotate",
+    "annotate_dir",
+    metavar="DIR",
+    help="Write a copy of each image input with its results drawn (detect: boxes and labels; "
+    "classify: labels; segment: the colour mask) as DIR/<name>.png.",
+)
+@grouped(
+    "batch",
+    _batch_options,
+    click.option(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="Batch results file (JSONL, or CSV by suffix); resumed if it exists. sbatch patterns: "
+        "%j job, %t task, %N node, %n node index, %s step, %A/%a array job/task, %u user, "
+        "%x job name. (detect_image.py's -o FILE, the annotated image, is --annotate DIR here.)",
+    ),
+    click.option(
+        "--format", "fmt", type=click.Choice(choices.RESULT_FORMATS), help="Results format (default: by suffix)."
+    ),
+    click.option(
+        "--shard-index",
+        type=click.IntRange(0),
+        help="This process's share (default: from SLURM_ARRAY_TASK_* and the step's SLURM_PROCID).",
+    ),
+    click.option("--shard-count", type=click.IntRange(1), help="Number of shares."),
+    click.option("--decode-threads", type=click.IntRange(1), help="Threads decoding inputs ahead of the device."),
+    click.option(
+        "--progress-interval",
+        default=BatchOptions.progress_interval,
+        show_default=True,
+        type=float,
+        help="Seconds between progress lines when stderr is not a terminal.",
+    ),
+    click.option("--no-progress", is_flag=True, help="No progress output."),
+)
 @preprocessing_options(pycoral_spellings=True)
 @open_options()
-@grouped("remote", RemoteOptions,
-         click.option("--server", metavar="JOBID|HOST:PORT",
-                      help="Send the inputs to 'slurm-tpu serve' in that job (MODEL: the served name) instead of "
-                      "opening a device here."),
-         click.option("--in-flight", default=RemoteOptions.in_flight, show_default=True,
-                      type=click.IntRange(1, 256), help="With --server: requests in flight at once."))
+@grouped(
+    "remote",
+    RemoteOptions,
+    click.option(
+        "--server",
+        metavar="JOBID|HOST:PORT",
+        help="Send the inputs to 'slurm-tpu serve' in that job (MODEL: the served name) instead of "
+        "opening a device here.",
+    ),
+    click.option(
+        "--in-flight",
+        default=RemoteOptions.in_flight,
+        show_default=True,
+        type=click.IntRange(1, 256),
+        help="With --server: requests in flight at once.",
+    ),
+)
 @click.option("--benchmark", is_flag=True, help="Benchmark: load time, latency p50/p90/p99, throughput.")
-@click.option("--iterations", default=InferRequest.iterations, show_default=True, type=click.IntRange(1),
-              help="Benchmark iterations.")
-def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[str, ...], segments: tuple[str, ...],
-          reading: Reading, count: int, as_json: bool, annotate_dir: str | None, batch: BatchOptions,
-          preprocessing: Preprocessing, opening: OpenOptions, remote: RemoteOptions, benchmark: bool,
-          iterations: int) -> None:
+@click.option(
+    "--iterations",
+    default=InferRequest.iterations,
+    show_default=True,
+    type=click.IntRange(1),
+    help="Benchmark iterations.",
+)
+def infer(
+    args: tuple[str, ...],
+    model_option: str | None,
+    input_options: tuple[str, ...],
+    segments: tuple[str, ...],
+    reading: Reading,
+    count: int,
+    as_json: bool,
+    annotate_dir: str | None,
+    batch: BatchOptions,
+    preprocessing: Preprocessing,
+    opening: OpenOptions,
+    remote: RemoteOptions,
+    benchmark: bool,
+    iterations: int,
+) -> None:
     """Run MODEL on INPUTS (images, .npy, directories, globs, @list files) on this job's device.
 
     \b
@@ -107,20 +188,37 @@ def infer(args: tuple[str, ...], model_option: str | None, input_options: tuple[
     model = model_option or (args[0] if args else None)
     if model is None:
         raise UsageError("no model: give MODEL (or -m/--model) before the inputs")
-    request = InferRequest(model=model, inputs=tuple(args[0 if model_option else 1:]) + input_options,
-                           segments=segments, reading=reading, preprocessing=preprocessing, opening=opening,
-                           batch=batch, remote=remote, count=count, benchmark=benchmark, iterations=iterations,
-                           annotate_dir=annotate_dir)
-    outcome = run(request, Streams(write=lambda s: click.echo(s, nl=False), warn=_warn,
-                                   task_recognised=_task_recognised, progress=sys.stderr))
+    request = InferRequest(
+        model=model,
+        inputs=tuple(args[0 if model_option else 1 :]) + input_options,
+        segments=segments,
+        reading=reading,
+        preprocessing=preprocessing,
+        opening=opening,
+        batch=batch,
+        remote=remote,
+        count=count,
+        benchmark=benchmark,
+        iterations=iterations,
+        annotate_dir=annotate_dir,
+    )
+    outcome = run(
+        request,
+        Streams(
+            write=lambda s: click.echo(s, nl=False), warn=_warn, task_recognised=_task_recognised, progress=sys.stderr
+        ),
+    )
     if isinstance(outcome, Timed):
         _print_timed(outcome, as_json)
     elif isinstance(outcome, RemoteTimed):
         _print_remote(outcome, as_json)
     elif isinstance(outcome, BatchDone):
         if outcome.errors:
-            click.echo(f"slurm-tpu: {outcome.errors} of {outcome.processed} inputs failed; "
-                       f"see the error fields in {outcome.output or 'the output'}", err=True)
+            click.echo(
+                f"slurm-tpu: {outcome.errors} of {outcome.processed} inputs failed; "
+                f"see the error fields in {outcome.output or 'the output'}",
+                err=True,
+            )
             sys.exit(EXIT_SOME_FAILED)
     else:  # a benchmark
         click.echo(json.dumps(outcome.as_dict(), indent=2) if as_json else outcome.table(), nl=as_json)
@@ -130,9 +228,13 @@ def _print_timed(timed: Timed, as_json: bool) -> None:
     task = timed.task
     if as_json:
         record = {
-            "input": timed.input, "task": task.name, "devices": timed.devices, "runtime": timed.runtime,
+            "input": timed.input,
+            "task": task.name,
+            "devices": timed.devices,
+            "runtime": timed.runtime,
             "load_ms": round(timed.load_seconds * 1000, 3),
-            "first_ms": round(timed.times[0], 3), "times_ms": [round(t, 3) for t in timed.times[1:]],
+            "first_ms": round(timed.times[0], 3),
+            "times_ms": [round(t, 3) for t in timed.times[1:]],
             **task.record(timed.result),
         }
         if timed.annotated:
@@ -143,8 +245,9 @@ def _print_timed(timed: Timed, as_json: bool) -> None:
     # scripts keep parsing it.
     click.echo("----INFERENCE TIME----")
     if timed.on_edgetpu:
-        click.echo("Note: The first inference on Edge TPU is slow because it includes loading the "
-                   "model into Edge TPU memory.")
+        click.echo(
+            "Note: The first inference on Edge TPU is slow because it includes loading the model into Edge TPU memory."
+        )
     for t in timed.times:
         click.echo(task.time_format.format(t))
     click.echo("-------RESULTS--------")
@@ -159,10 +262,20 @@ def _print_remote(timed: RemoteTimed, as_json: bool) -> None:
 
     record, times = timed.record, timed.times
     if as_json:
-        click.echo(json.dumps({"input": timed.input, "task": timed.task.name, "devices": record.get("devices", []),
-                               "runtime": record.get("runtime", ""), "server": timed.server,
-                               "first_ms": round(times[0], 3), "times_ms": [round(t, 3) for t in times[1:]],
-                               **result_fields(record)}))
+        click.echo(
+            json.dumps(
+                {
+                    "input": timed.input,
+                    "task": timed.task.name,
+                    "devices": record.get("devices", []),
+                    "runtime": record.get("runtime", ""),
+                    "server": timed.server,
+                    "first_ms": round(times[0], 3),
+                    "times_ms": [round(t, 3) for t in times[1:]],
+                    **result_fields(record),
+                }
+            )
+        )
         return
     click.echo(f"----ROUND TRIP TIME ({timed.server})----")
     for t in times:

@@ -29,8 +29,10 @@ def _inventory(saved: str | None = None) -> Inventory:
     except OSError as exc:
         raise SlurmTpuError(f"cannot read inventory {saved}: {exc.strerror}") from exc
     except (ValueError, KeyError, TypeError) as exc:
-        raise SlurmTpuError(f"inventory {saved} is not the output of `slurm-tpu detect --json` "
-                            f"({type(exc).__name__}: {exc}); regenerate it") from exc
+        raise SlurmTpuError(
+            f"inventory {saved} is not the output of `slurm-tpu detect --json` "
+            f"({type(exc).__name__}: {exc}); regenerate it"
+        ) from exc
 
 
 def _status(accelerator) -> str:
@@ -48,11 +50,18 @@ def format_table(inventory: Inventory) -> str:
         return f"No accelerators found on this node (looked for: {kinds}).\n"
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
-        rows.append((a.identity, a.kind, a.model, a.primary_node or "-",
-                     "-" if a.numa_node is None else str(a.numa_node), _status(a)))
+        rows.append(
+            (
+                a.identity,
+                a.kind,
+                a.model,
+                a.primary_node or "-",
+                "-" if a.numa_node is None else str(a.numa_node),
+                _status(a),
+            )
+        )
     widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5]
-             for row in rows]
+    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5] for row in rows]
     usable = len(inventory.usable())
     lines.append(f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable")
     return "\n".join(lines) + "\n"
@@ -60,9 +69,12 @@ def format_table(inventory: Inventory) -> str:
 
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print the inventory (or the runtime check) as JSON.")
-@click.option("--check-runtime", is_flag=True,
-              help="Also ask libedgetpu which Edge TPUs it sees (it lists, never opens) and report where it "
-                   "disagrees with this inventory; exit 1 when it does.")
+@click.option(
+    "--check-runtime",
+    is_flag=True,
+    help="Also ask libedgetpu which Edge TPUs it sees (it lists, never opens) and report where it "
+    "disagrees with this inventory; exit 1 when it does.",
+)
 @libedgetpu_option("libedgetpu.so.1 for --check-runtime")
 def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
     """List this node's accelerators (Edge TPUs, GPUs, Hailo NPUs...) through libudev."""
@@ -96,8 +108,11 @@ def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool,
     if check:
         if old != new:
             changed = changed_lines(old, new, output)
-            click.echo(f"slurm-tpu: {output} differs from this node's hardware ({changed} line(s)); "
-                       f"rerun without --check to update it", err=True)
+            click.echo(
+                f"slurm-tpu: {output} differs from this node's hardware ({changed} line(s)); "
+                f"rerun without --check to update it",
+                err=True,
+            )
             sys.exit(EXIT_DIFFERS)
         return
     if diff:
@@ -113,25 +128,36 @@ def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool,
 # gres-conf and node-conf: which node, and where its block goes.
 _with_output_options = options(
     node_option(),
-    click.option("--output", "-o", metavar="FILE",
-                 help="Update this node's block in FILE (atomic, with a .slurm-tpu.bak backup; "
-                      "other lines are kept). Default: print to stdout."),
+    click.option(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="Update this node's block in FILE (atomic, with a .slurm-tpu.bak backup; "
+        "other lines are kept). Default: print to stdout.",
+    ),
     click.option("--diff", is_flag=True, help="Show what would change in --output FILE; write nothing."),
-    click.option("--check", is_flag=True,
-                 help="Exit 1 if --output FILE differs from the hardware; write nothing (for health checks)."),
-    click.option("--inventory", "saved", metavar="FILE",
-                 help="Use a saved `slurm-tpu detect --json` document instead of detecting "
-                      "(e.g. to generate another node's lines centrally)."),
+    click.option(
+        "--check",
+        is_flag=True,
+        help="Exit 1 if --output FILE differs from the hardware; write nothing (for health checks).",
+    ),
+    click.option(
+        "--inventory",
+        "saved",
+        metavar="FILE",
+        help="Use a saved `slurm-tpu detect --json` document instead of detecting "
+        "(e.g. to generate another node's lines centrally).",
+    ),
 )
 
 
 @main.command("gres-conf")
 @_with_output_options
 @pass_obj
-@click.option("--no-slots", is_flag=True,
-              help="Do not create slot nodes (when writing a file for another node).")
-def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool,
-              saved: str | None, no_slots: bool) -> None:
+@click.option("--no-slots", is_flag=True, help="Do not create slot nodes (when writing a file for another node).")
+def gres_conf(
+    obj: Obj, node: str | None, output: str | None, diff: bool, check: bool, saved: str | None, no_slots: bool
+) -> None:
     """Render gres.conf lines for this node's usable accelerators.
 
     Edge TPUs and Hailo NPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
@@ -154,14 +180,31 @@ def gres_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
 
 @main.command("node-conf")
 @_with_output_options
-@click.option("--set", "settings", multiple=True, metavar="KEY=VALUE",
-              help="Extra NodeName attribute, e.g. --set NodeAddr=10.0.0.5 (repeatable).")
-@click.option("--slurmd", metavar="PATH",
-              help="slurmd binary for `slurmd -C` (default: the node's Slurm, see slurm.sbin_dir in the config).")
+@click.option(
+    "--set",
+    "settings",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="Extra NodeName attribute, e.g. --set NodeAddr=10.0.0.5 (repeatable).",
+)
+@click.option(
+    "--slurmd",
+    metavar="PATH",
+    help="slurmd binary for `slurmd -C` (default: the node's Slurm, see slurm.sbin_dir in the config).",
+)
 @click.option("--no-hardware", is_flag=True, help="Leave out CPUs/RealMemory (do not run slurmd -C).")
 @pass_obj
-def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check: bool,
-              saved: str | None, settings: tuple[str, ...], slurmd: str | None, no_hardware: bool) -> None:
+def node_conf(
+    obj: Obj,
+    node: str | None,
+    output: str | None,
+    diff: bool,
+    check: bool,
+    saved: str | None,
+    settings: tuple[str, ...],
+    slurmd: str | None,
+    no_hardware: bool,
+) -> None:
     """Render this node's slurm.conf NodeName line (hardware, Gres=, Feature=)."""
     from ..render import render_node_line
     from ..slurm.commands import Slurm
@@ -177,8 +220,9 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
         try:
             hardware = Slurm.for_config(obj.config).hardware(slurmd)
         except SlurmTpuError as exc:
-            raise type(exc)(f"{exc} (or pass --no-hardware to leave CPUs/RealMemory out)",
-                            getattr(exc, "command", "slurmd")) from exc
+            raise type(exc)(
+                f"{exc} (or pass --no-hardware to leave CPUs/RealMemory out)", getattr(exc, "command", "slurmd")
+            ) from exc
     name = obj.node_name(node)
     inventory = _inventory(saved)
     line = render_node_line(inventory, obj.config, name, hardware, extra)
@@ -192,14 +236,26 @@ def node_conf(obj: Obj, node: str | None, output: str | None, diff: bool, check:
 
 
 @main.command("udev-rules")
-@click.option("--output", "-o", metavar="FILE",
-              help="Write the rules file (atomic, with backup; e.g. /etc/udev/rules.d/60-slurm-tpu.rules).")
-@click.option("--run-program", metavar="PATH",
-              help="Absolute path udev runs on device events (default: config udev.run_program, else "
-                   "PREFIX/libexec/slurm-tpu/slurm-tpu-udev-event, which `slurm-tpu install` puts there). "
-                   "A program named slurm-tpu is run as `slurm-tpu udev-event`.")
-@click.option("--prefix", default=PREFIX, show_default=True, metavar="DIR",
-              help="Where `slurm-tpu install --prefix` put the hooks (DIR/libexec/slurm-tpu).")
+@click.option(
+    "--output",
+    "-o",
+    metavar="FILE",
+    help="Write the rules file (atomic, with backup; e.g. /etc/udev/rules.d/60-slurm-tpu.rules).",
+)
+@click.option(
+    "--run-program",
+    metavar="PATH",
+    help="Absolute path udev runs on device events (default: config udev.run_program, else "
+    "PREFIX/libexec/slurm-tpu/slurm-tpu-udev-event, which `slurm-tpu install` puts there). "
+    "A program named slurm-tpu is run as `slurm-tpu udev-event`.",
+)
+@click.option(
+    "--prefix",
+    default=PREFIX,
+    show_default=True,
+    metavar="DIR",
+    help="Where `slurm-tpu install --prefix` put the hooks (DIR/libexec/slurm-tpu).",
+)
 @pass_obj
 def udev_rules(obj: Obj, output: str | None, run_program: str | None, prefix: str) -> None:
     """Render udev rules: idle ownership and the device-event hook.

@@ -14,15 +14,27 @@ from .options import libedgetpu_option, node_option, options
 
 # --prefix and --sysconfdir: install, uninstall and doctor must agree on them.
 layout_options = options(
-    click.option("--prefix", default=PREFIX, show_default=True, metavar="DIR",
-                 help="The hooks go to DIR/libexec/slurm-tpu (root-owned; slurm.conf names them there)."),
-    click.option("--sysconfdir", default=SYSCONFDIR, show_default=True, metavar="DIR",
-                 help="udev rules, systemd units and the slurm-tpu config go under DIR (udev and systemd "
-                      "read only /etc; another DIR is for staging and tests)."),
+    click.option(
+        "--prefix",
+        default=PREFIX,
+        show_default=True,
+        metavar="DIR",
+        help="The hooks go to DIR/libexec/slurm-tpu (root-owned; slurm.conf names them there).",
+    ),
+    click.option(
+        "--sysconfdir",
+        default=SYSCONFDIR,
+        show_default=True,
+        metavar="DIR",
+        help="udev rules, systemd units and the slurm-tpu config go under DIR (udev and systemd "
+        "read only /etc; another DIR is for staging and tests).",
+    ),
 )
 _slurm_conf_option = click.option(
-    "--slurm-conf", metavar="FILE",
-    help="The node's slurm.conf (default: $SLURM_CONF, else the running slurmd's, else /etc/slurm/slurm.conf).")
+    "--slurm-conf",
+    metavar="FILE",
+    help="The node's slurm.conf (default: $SLURM_CONF, else the running slurmd's, else /etc/slurm/slurm.conf).",
+)
 
 
 def _layout(prefix: str, sysconfdir: str):
@@ -41,14 +53,28 @@ def _slurm_conf(given: str | None) -> str:
 @layout_options
 @click.option("--dry-run", is_flag=True, help="Print what would be done; change nothing.")
 @_slurm_conf_option
-@click.option("--libedgetpu", metavar="FILE",
-              help="Install this libedgetpu.so.1 (built by scripts/build-libedgetpu.sh: it shows each job only "
-                   "its own Edge TPUs through EDGETPU_VISIBLE_DEVICES) as the node's Edge TPU runtime.")
-@click.option("--libdir", metavar="DIR", help="Where --libedgetpu goes (default: /usr/lib/<multiarch>, where "
-                                                 "Coral's libedgetpu1-std puts its own, which it replaces).")
+@click.option(
+    "--libedgetpu",
+    metavar="FILE",
+    help="Install this libedgetpu.so.1 (built by scripts/build-libedgetpu.sh: it shows each job only "
+    "its own Edge TPUs through EDGETPU_VISIBLE_DEVICES) as the node's Edge TPU runtime.",
+)
+@click.option(
+    "--libdir",
+    metavar="DIR",
+    help="Where --libedgetpu goes (default: /usr/lib/<multiarch>, where "
+    "Coral's libedgetpu1-std puts its own, which it replaces).",
+)
 @pass_obj
-def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: str | None, libedgetpu: str | None,
-            libdir: str | None) -> None:
+def install(
+    obj: Obj,
+    prefix: str,
+    sysconfdir: str,
+    dry_run: bool,
+    slurm_conf: str | None,
+    libedgetpu: str | None,
+    libdir: str | None,
+) -> None:
     """Put this node's pieces in place (as root): hooks, udev rules, systemd units, config skeleton.
 
     \b
@@ -64,16 +90,15 @@ def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: s
     Then prints the slurm.conf lines still to add (or says they are there).
     Running it again changes only what differs; `slurm-tpu uninstall` undoes it.
     """
-    from ..ops.install import install as run_install, layout_config
-
-    from ..ops.install import Layout
+    from ..ops.install import Layout, install as run_install, layout_config
 
     layout = Layout(prefix, sysconfdir, libdir or "")
     config = layout_config(layout, obj.config_path)
     conf = _slurm_conf(slurm_conf)
     prefix_word = "would: " if dry_run else ""
-    result = run_install(layout, config, conf, dry_run, say=lambda line: click.echo(prefix_word + line),
-                         libedgetpu=libedgetpu)
+    result = run_install(
+        layout, config, conf, dry_run, say=lambda line: click.echo(prefix_word + line), libedgetpu=libedgetpu
+    )
     if result.missing_lines:
         where = conf if result.slurm_conf_read else f"slurm.conf ({conf} cannot be read here)"
         click.echo(f"\nAdd to {where} on every node and the controller, then `scontrol reconfigure`:")
@@ -87,9 +112,10 @@ def install(obj: Obj, prefix: str, sysconfdir: str, dry_run: bool, slurm_conf: s
     if note:
         click.echo(note)
     gres_dir = os.path.dirname(conf)
-    click.echo(f"Then, on this node: slurm-tpu gres-conf --output {gres_dir}/gres.conf; "
-               f"slurm-tpu node-conf --output {gres_dir}/nodes.conf; slurm-tpu doctor")
-
+    click.echo(
+        f"Then, on this node: slurm-tpu gres-conf --output {gres_dir}/gres.conf; "
+        f"slurm-tpu node-conf --output {gres_dir}/nodes.conf; slurm-tpu doctor"
+    )
 
 
 @main.command()
@@ -110,18 +136,29 @@ def uninstall(prefix: str, sysconfdir: str, purge: bool, dry_run: bool) -> None:
         click.echo(f"kept {line}")
 
 
-
 @main.command()
 @layout_options
 @_slurm_conf_option
 @node_option()
-@click.option("--inventory", "saved", metavar="FILE",
-              help="Check against a saved `slurm-tpu detect --json` document instead of detecting.")
+@click.option(
+    "--inventory",
+    "saved",
+    metavar="FILE",
+    help="Check against a saved `slurm-tpu detect --json` document instead of detecting.",
+)
 @libedgetpu_option("The libedgetpu.so.1 jobs load")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @pass_obj
-def doctor(obj: Obj, prefix: str, sysconfdir: str, slurm_conf: str | None, node: str | None, saved: str | None,
-           libedgetpu: str | None, as_json: bool) -> None:
+def doctor(
+    obj: Obj,
+    prefix: str,
+    sysconfdir: str,
+    slurm_conf: str | None,
+    node: str | None,
+    saved: str | None,
+    libedgetpu: str | None,
+    as_json: bool,
+) -> None:
     """Check this node end to end; one line per check, each problem with its fix.
 
     slurm.conf names slurm-tpu's hooks (installed, root's, not writable by others);
@@ -148,4 +185,3 @@ def doctor(obj: Obj, prefix: str, sysconfdir: str, slurm_conf: str | None, node:
         click.echo(f"{problems} problem(s)" if problems else f"all {len(findings)} checks pass")
     if not all(f.ok for f in findings):
         sys.exit(EXIT_DIFFERS)
-

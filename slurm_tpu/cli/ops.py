@@ -14,8 +14,14 @@ from .options import libedgetpu_option, node_option
 @main.command()
 @node_option(from_slurmd=True)
 @click.option("--dry-run", is_flag=True, help="Report what would be done; do not drain or resume.")
-@click.option("--grace", type=float, default=1.5, show_default=True, metavar="SECONDS",
-              help="Look again after this long before calling a USB stick missing (re-enumeration).")
+@click.option(
+    "--grace",
+    type=float,
+    default=1.5,
+    show_default=True,
+    metavar="SECONDS",
+    help="Look again after this long before calling a USB stick missing (re-enumeration).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @pass_obj
 def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: bool) -> None:
@@ -29,44 +35,92 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
 
     result = check_node(obj.config, obj.node_name(node, from_slurmd=True), grace=grace, apply=not dry_run)
     if as_json:
-        click.echo(json.dumps({
-            "node": result.node, "configured": list(result.configured),
-            "problems": [{"identity": p.identity, "message": p.message} for p in result.problems],
-            "action": result.decision.action.value, "reason": result.decision.reason,
-            "applied": result.applied, "why": result.decision.why}))
+        click.echo(
+            json.dumps(
+                {
+                    "node": result.node,
+                    "configured": list(result.configured),
+                    "problems": [{"identity": p.identity, "message": p.message} for p in result.problems],
+                    "action": result.decision.action.value,
+                    "reason": result.decision.reason,
+                    "applied": result.applied,
+                    "why": result.decision.why,
+                }
+            )
+        )
         return
     verb = {"drain": "drained", "resume": "resumed", "nothing": "no change"}[result.decision.action.value]
     if dry_run and result.decision.action.value != "nothing":
         verb = f"would be {verb} (dry run)"
     detail = result.decision.reason or result.decision.why
-    click.echo(f"{result.node}: {len(result.configured)} configured accelerator(s), "
-               f"{len(result.problems)} problem(s); {verb}: {detail}")
+    click.echo(
+        f"{result.node}: {len(result.configured)} configured accelerator(s), "
+        f"{len(result.problems)} problem(s); {verb}: {detail}"
+    )
 
 
 @main.command()
 @node_option()
-@click.option("--gres-conf", "gres_conf", metavar="FILE", default="/etc/slurm/gres.conf", show_default=True,
-              help="gres.conf holding this node's slurm-tpu block.")
-@click.option("--node-conf", "node_conf", metavar="FILE",
-              help="File holding this node's NodeName block (from node-conf --output); its Gres=/Feature= "
-                   "are kept in line too.")
-@click.option("--stop-command", metavar="COMMAND", default="systemctl stop slurmd", show_default=True,
-              help="Stops this node's slurmd (split like a shell would, run without one; the program is "
-                   "looked up in Slurm's directories, then PATH).")
-@click.option("--start-command", metavar="COMMAND", default="systemctl start slurmd", show_default=True,
-              help="Starts this node's slurmd.")
-@click.option("--controller-command", metavar="COMMAND", default="",
-              help="Restarts slurmctld, needed when a GRES count changes (e.g. 'ssh ctl systemctl restart "
-                   "slurmctld'). Without it the node stays drained with a reason saying what to restart, "
-                   "and `slurm-tpu health` resumes it once slurmctld reports the new GRES.")
+@click.option(
+    "--gres-conf",
+    "gres_conf",
+    metavar="FILE",
+    default="/etc/slurm/gres.conf",
+    show_default=True,
+    help="gres.conf holding this node's slurm-tpu block.",
+)
+@click.option(
+    "--node-conf",
+    "node_conf",
+    metavar="FILE",
+    help="File holding this node's NodeName block (from node-conf --output); its Gres=/Feature= are kept in line too.",
+)
+@click.option(
+    "--stop-command",
+    metavar="COMMAND",
+    default="systemctl stop slurmd",
+    show_default=True,
+    help="Stops this node's slurmd (split like a shell would, run without one; the program is "
+    "looked up in Slurm's directories, then PATH).",
+)
+@click.option(
+    "--start-command",
+    metavar="COMMAND",
+    default="systemctl start slurmd",
+    show_default=True,
+    help="Starts this node's slurmd.",
+)
+@click.option(
+    "--controller-command",
+    metavar="COMMAND",
+    default="",
+    help="Restarts slurmctld, needed when a GRES count changes (e.g. 'ssh ctl systemctl restart "
+    "slurmctld'). Without it the node stays drained with a reason saying what to restart, "
+    "and `slurm-tpu health` resumes it once slurmctld reports the new GRES.",
+)
 @click.option("--files-only", is_flag=True, help="Only rewrite the files; never drain or restart.")
-@click.option("--settle", type=float, default=5.0, show_default=True, metavar="SECONDS",
-              help="Quiet time after the last udev event before acting (covers USB re-enumeration).")
+@click.option(
+    "--settle",
+    type=float,
+    default=5.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="Quiet time after the last udev event before acting (covers USB re-enumeration).",
+)
 @click.option("--duration", type=float, metavar="SECONDS", help="Stop after this long (default: run forever).")
 @pass_obj
-def watch(obj: Obj, node: str | None, gres_conf: str, node_conf: str | None, stop_command: str,
-          start_command: str, controller_command: str, files_only: bool, settle: float,
-          duration: float | None) -> None:
+def watch(
+    obj: Obj,
+    node: str | None,
+    gres_conf: str,
+    node_conf: str | None,
+    stop_command: str,
+    start_command: str,
+    controller_command: str,
+    files_only: bool,
+    settle: float,
+    duration: float | None,
+) -> None:
     """Follow udev hotplug events and keep gres.conf and Slurm in line with the hardware.
 
     A USB re-enumeration (the same stick back under its topology path) changes
@@ -80,8 +134,11 @@ def watch(obj: Obj, node: str | None, gres_conf: str, node_conf: str | None, sto
     from ..ops.restart import RestartCommands
     from ..ops.watch import Watcher
 
-    commands = None if files_only else RestartCommands(
-        shlex.split(stop_command), shlex.split(start_command), shlex.split(controller_command))
+    commands = (
+        None
+        if files_only
+        else RestartCommands(shlex.split(stop_command), shlex.split(start_command), shlex.split(controller_command))
+    )
     watcher = Watcher(obj.config, obj.node_name(node), gres_conf, node_conf, commands, settle=settle)
     watcher.run(stop_after=duration)
 
@@ -100,20 +157,37 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
 
     def snapshot() -> NodeSnapshot:
         leased, held = lease_holders(config)
-        return NodeSnapshot(node, configured_inventory(config), detect_inventory(use_nvml=False), leased,
-                            audit_records([default_audit_log(config)]), time.time(),
-                            installed_version(libedgetpu), holders=held, usage=running_usage(config, held))
+        return NodeSnapshot(
+            node,
+            configured_inventory(config),
+            detect_inventory(use_nvml=False),
+            leased,
+            audit_records([default_audit_log(config)]),
+            time.time(),
+            installed_version(libedgetpu),
+            holders=held,
+            usage=running_usage(config, held),
+        )
 
     return NodeCollector(snapshot)
 
 
 @main.command()
 @node_option("Node label")
-@click.option("--textfile", "--output", "-o", "textfile", metavar="FILE.prom",
-              help="node_exporter textfile-collector mode: write FILE.prom atomically (a temporary file in "
-                   "the same directory, renamed over it) instead of stdout; run it from a timer.")
-@click.option("--listen", metavar="[HOST:]PORT",
-              help="Serve /metrics over HTTP instead (each scrape detects afresh); Ctrl-C stops.")
+@click.option(
+    "--textfile",
+    "--output",
+    "-o",
+    "textfile",
+    metavar="FILE.prom",
+    help="node_exporter textfile-collector mode: write FILE.prom atomically (a temporary file in "
+    "the same directory, renamed over it) instead of stdout; run it from a timer.",
+)
+@click.option(
+    "--listen",
+    metavar="[HOST:]PORT",
+    help="Serve /metrics over HTTP instead (each scrape detects afresh); Ctrl-C stops.",
+)
 @libedgetpu_option("libedgetpu.so.1 whose version to report")
 @pass_obj
 def metrics(obj: Obj, node: str | None, textfile: str | None, listen: str | None, libedgetpu: str | None) -> None:
@@ -157,26 +231,39 @@ def _parse_time(value: str | None, option: str) -> float | None:
     try:
         return datetime.datetime.fromisoformat(value).timestamp()
     except ValueError:
-        raise click.BadParameter(f"'{value}' is neither a date (2026-11-01, 2026-11-01T08:00) "
-                                 "nor an age (90m, 24h, 7d)", param_hint=option) from None
+        raise click.BadParameter(
+            f"'{value}' is neither a date (2026-11-01, 2026-11-01T08:00) nor an age (90m, 24h, 7d)", param_hint=option
+        ) from None
 
 
 @main.command()
-@click.option("--by", type=click.Choice(["user", "device", "job"]), default="user", show_default=True,
-              help="Group the totals by.")
+@click.option(
+    "--by", type=click.Choice(["user", "device", "job"]), default="user", show_default=True, help="Group the totals by."
+)
 @click.option("--since", metavar="WHEN", help="Start of the period: a date/time or an age (24h, 7d).")
 @click.option("--until", metavar="WHEN", help="End of the period (default: now).")
-@click.option("--audit", "audit_logs", multiple=True, metavar="FILE",
-              help="Audit log(s) to read (repeatable, e.g. collected from several nodes). "
-                   "Default: <state_dir>/audit.log of this node.")
-@click.option("--source", type=click.Choice(["auto", "sacct", "audit"]), default="auto", show_default=True,
-              help="Slurm's accounting (sacct: accelerator TRES-seconds as sreport counts them, inference "
-                   "figures from each job's AdminComment) or this node's audit log. auto: sacct where "
-                   "slurmctld records jobs through slurmdbd, unless --by device or --audit is given.")
+@click.option(
+    "--audit",
+    "audit_logs",
+    multiple=True,
+    metavar="FILE",
+    help="Audit log(s) to read (repeatable, e.g. collected from several nodes). "
+    "Default: <state_dir>/audit.log of this node.",
+)
+@click.option(
+    "--source",
+    type=click.Choice(["auto", "sacct", "audit"]),
+    default="auto",
+    show_default=True,
+    help="Slurm's accounting (sacct: accelerator TRES-seconds as sreport counts them, inference "
+    "figures from each job's AdminComment) or this node's audit log. auto: sacct where "
+    "slurmctld records jobs through slurmdbd, unless --by device or --audit is given.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @pass_obj
-def report(obj: Obj, by: str, since: str | None, until: str | None, audit_logs: tuple[str, ...],
-           source: str, as_json: bool) -> None:
+def report(
+    obj: Obj, by: str, since: str | None, until: str | None, audit_logs: tuple[str, ...], source: str, as_json: bool
+) -> None:
     """Accelerator use per user, device or job: leases, lease time, inferences, mean latency."""
     import pwd
     import time
@@ -247,22 +334,35 @@ def _report_from_sacct(obj: Obj, by: str, start: float | None, end: float | None
         click.echo("no accelerator jobs in this period (sacct)")
         return
     used = [name for name in tres if any(name in t.tres_seconds for t in groups.values())]
-    header = (by.upper(), "JOBS", *(f"{name.split('/', 1)[1].upper()}-HOURS" for name in used), "INFERENCES",
-              "MEAN LATENCY")
+    header = (
+        by.upper(),
+        "JOBS",
+        *(f"{name.split('/', 1)[1].upper()}-HOURS" for name in used),
+        "INFERENCES",
+        "MEAN LATENCY",
+    )
     rows = [header]
     for key, totals in groups.items():
         data = totals.to_json()
         latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
-        rows.append((key, str(data["jobs"]), *(f"{totals.tres_seconds.get(n, 0.0) / 3600:.4f}" for n in used),
-                     str(data["inferences"]), latency))
+        rows.append(
+            (
+                key,
+                str(data["jobs"]),
+                *(f"{totals.tres_seconds.get(n, 0.0) / 3600:.4f}" for n in used),
+                str(data["inferences"]),
+                latency,
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     for row in rows:
         click.echo("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
 
 
 @main.command("accounting-collect")
-@click.option("--every", type=float, metavar="SECONDS",
-              help="Run as a service: collect again every SECONDS (default: once).")
+@click.option(
+    "--every", type=float, metavar="SECONDS", help="Run as a service: collect again every SECONDS (default: once)."
+)
 @pass_obj
 def accounting_collect(obj: Obj, every: float | None) -> None:
     """Put each job's inference figures into its AdminComment in Slurm's accounting (root, on each node).
@@ -286,7 +386,7 @@ def accounting_collect(obj: Obj, every: float | None) -> None:
             click.echo(f"job {job}: AdminComment={comment}")
         for job, why in result.waiting.items():
             click.echo(f"job {job}: waits ({why})")
-        for name, why in result.refused.items():
+        for why in result.refused.values():
             click.echo(f"slurm-tpu accounting-collect: {why}", err=True)
         if every is None:
             if result.refused:
@@ -309,5 +409,6 @@ def boot(obj: Obj) -> None:
 
     result = restore_node_state(obj.config, detect_inventory(use_nvml=False))
     absent = f"; absent: {', '.join(result.absent)} (placeholder slots)" if result.absent else ""
-    click.echo(f"slurm-tpu boot: {len(result.present)} of {result.configured} configured accelerator(s) "
-               f"present{absent}")
+    click.echo(
+        f"slurm-tpu boot: {len(result.present)} of {result.configured} configured accelerator(s) present{absent}"
+    )

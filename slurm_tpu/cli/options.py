@@ -48,15 +48,16 @@ def grouped(param: str, build: Callable[..., Any], *decorators: Decorator) -> De
         # the group's own are the ones it appends.
         params = list(getattr(func, "__click_params__", []))
         known = len(params)
-        command.__click_params__ = params  # type: ignore[attr-defined]
+        command.__click_params__ = params  # type: ignore[attr-defined]  # click's own attribute on functions
         options(*decorators)(command)
         names = [p.name for p in params[known:]]
-        return command  # type: ignore[return-value]
+        return command  # type: ignore[return-value]  # the wrapper, typed as the function it wraps
 
     return decorate
 
 
 # -- options of several commands -------------------------------------------------------------
+
 
 def node_option(what: str = "Slurm NodeName", from_slurmd: bool = False) -> Decorator:
     """--node NAME; its default is :meth:`slurm_tpu.cli.group.Obj.node_name`'s."""
@@ -66,29 +67,53 @@ def node_option(what: str = "Slurm NodeName", from_slurmd: bool = False) -> Deco
 
 def libedgetpu_option(what: str) -> Decorator:
     """--libedgetpu PATH (env SLURM_TPU_LIBEDGETPU): ``what`` says what the library is for."""
-    return click.option("--libedgetpu", metavar="PATH", envvar=choices.LIBEDGETPU_ENV,
-                        help=f"{what} (env {choices.LIBEDGETPU_ENV}; default: the system's).")
+    return click.option(
+        "--libedgetpu",
+        metavar="PATH",
+        envvar=choices.LIBEDGETPU_ENV,
+        help=f"{what} (env {choices.LIBEDGETPU_ENV}; default: the system's).",
+    )
 
 
 def task_option(help_text: str) -> Decorator:
     """--task: auto or a task name."""
-    return click.option("--task", type=click.Choice((choices.AUTO, *choices.TASK_NAMES)), default=Reading.task,
-                        show_default=True, help=help_text)
+    return click.option(
+        "--task",
+        type=click.Choice((choices.AUTO, *choices.TASK_NAMES)),
+        default=Reading.task,
+        show_default=True,
+        help=help_text,
+    )
 
 
 def open_options() -> Decorator:
     """How to open the model (infer, serve): one ``opening`` argument, an :class:`OpenOptions`."""
     return grouped(
-        "opening", OpenOptions,
-        click.option("--device", "device", multiple=True, metavar="DEV",
-                     help="Override: identity (usb-2-1.3), usb:PATH, pci:PATH, cpu or gpu; repeat or comma-separate."),
+        "opening",
+        OpenOptions,
+        click.option(
+            "--device",
+            "device",
+            multiple=True,
+            metavar="DEV",
+            help="Override: identity (usb-2-1.3), usb:PATH, pci:PATH, cpu or gpu; repeat or comma-separate.",
+        ),
         libedgetpu_option("libedgetpu.so.1 to use"),
-        click.option("--fallback", type=click.Choice(choices.FALLBACKS),
-                     help="Run on the CPU when the GPU cannot be set up."),
-        click.option("--runtime", type=click.Choice(choices.RUNTIMES), envvar=choices.RUNTIME_ENV,
-                     help="TFLite runtime (default: LiteRT if installed, else tflite-runtime)."),
-        click.option("--threads", "num_threads", type=click.IntRange(1),
-                     help="CPU threads per interpreter (default: CPUs / devices)."),
+        click.option(
+            "--fallback", type=click.Choice(choices.FALLBACKS), help="Run on the CPU when the GPU cannot be set up."
+        ),
+        click.option(
+            "--runtime",
+            type=click.Choice(choices.RUNTIMES),
+            envvar=choices.RUNTIME_ENV,
+            help="TFLite runtime (default: LiteRT if installed, else tflite-runtime).",
+        ),
+        click.option(
+            "--threads",
+            "num_threads",
+            type=click.IntRange(1),
+            help="CPU threads per interpreter (default: CPUs / devices).",
+        ),
     )
 
 
@@ -103,16 +128,31 @@ def preprocessing_options(pycoral_spellings: bool) -> Decorator:
         return names if pycoral_spellings else names[:-1]
 
     return grouped(
-        "preprocessing", Preprocessing,
-        click.option("--fast-resize", "fast_resize", is_flag=True,
-                     help="Decode JPEGs at reduced scale and resize BILINEAR: faster, but inputs (and scores) "
-                          "differ from pycoral's LANCZOS."),
-        click.option(*spelled("--keep-aspect-ratio", "--keep_aspect_ratio"), "keep_aspect_ratio", is_flag=True,
-                     help="Segment: pad instead of stretching (as semantic_segmentation.py); detect always pads."),
-        click.option(*spelled("-a", "--input-mean", "--input_mean"), "input_mean", type=float,
-                     help="Image normalisation mean (as pycoral's --input_mean; default: the model's "
-                          "quantization)."),
-        click.option(*spelled("-s", "--input-std", "--input_std"), "input_std", type=float,
-                     help="Image normalisation std (as pycoral's --input_std)."),
+        "preprocessing",
+        Preprocessing,
+        click.option(
+            "--fast-resize",
+            "fast_resize",
+            is_flag=True,
+            help="Decode JPEGs at reduced scale and resize BILINEAR: faster, but inputs (and scores) "
+            "differ from pycoral's LANCZOS.",
+        ),
+        click.option(
+            *spelled("--keep-aspect-ratio", "--keep_aspect_ratio"),
+            "keep_aspect_ratio",
+            is_flag=True,
+            help="Segment: pad instead of stretching (as semantic_segmentation.py); detect always pads.",
+        ),
+        click.option(
+            *spelled("-a", "--input-mean", "--input_mean"),
+            "input_mean",
+            type=float,
+            help="Image normalisation mean (as pycoral's --input_mean; default: the model's quantization).",
+        ),
+        click.option(
+            *spelled("-s", "--input-std", "--input_std"),
+            "input_std",
+            type=float,
+            help="Image normalisation std (as pycoral's --input_std).",
+        ),
     )
-

@@ -34,36 +34,88 @@ def _listen(host: str, port: int, advertise: str | None) -> Listen:
 def _limits(queue_size: int, max_body: int, max_connections: int, max_instances: int) -> Limits:
     from ..runner.serve.app import Limits
 
-    return Limits(max_body=max_body << 20, max_instances=max_instances, max_connections=max_connections,
-                  queue=queue_size)
+    return Limits(
+        max_body=max_body << 20, max_instances=max_instances, max_connections=max_connections, queue=queue_size
+    )
 
 
 @main.command("serve", context_settings={"max_content_width": 100})
 @click.argument("models", nargs=-1, required=True, metavar="MODEL[=NAME]...")
-@click.option("-l", "--labels", "labels", multiple=True, metavar="[NAME=]FILE",
-              help="Labels for a model (NAME=FILE; FILE alone when one model is served). Repeatable.")
+@click.option(
+    "-l",
+    "--labels",
+    "labels",
+    multiple=True,
+    metavar="[NAME=]FILE",
+    help="Labels for a model (NAME=FILE; FILE alone when one model is served). Repeatable.",
+)
 @task_option("The task 'infer --server' uses for every model (auto: recognised from each model's outputs).")
-@grouped("listen", _listen,
-         click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on."),
-         click.option("--port", default=0, show_default=True, type=click.IntRange(0, 65535),
-                      help="Port (0: a free one, written to the address file)."),
-         click.option("--advertise", metavar="HOST",
-                      help="Host name written to the address file (default: this node's)."))
-@grouped("limits", _limits,
-         click.option("--queue", "queue_size", default=64, show_default=True, type=click.IntRange(1),
-                      help="Inferences that may wait for a device; beyond, requests get 503 with Retry-After."),
-         click.option("--max-body", default=8, show_default=True, type=click.IntRange(1, 1024), metavar="MIB",
-                      help="Largest request body, MiB."),
-         click.option("--max-connections", default=64, show_default=True, type=click.IntRange(1, 10000),
-                      help="Open connections that have shown the token (one thread each); others are counted apart."),
-         click.option("--max-instances", default=64, show_default=True, type=click.IntRange(1),
-                      help="Inferences in one :predict request."))
-@click.option("--drain-timeout", default=20.0, show_default=True, type=click.FloatRange(0),
-              help="Seconds to finish requests in flight after SIGTERM (keep below Slurm's KillWait).")
+@grouped(
+    "listen",
+    _listen,
+    click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on."),
+    click.option(
+        "--port",
+        default=0,
+        show_default=True,
+        type=click.IntRange(0, 65535),
+        help="Port (0: a free one, written to the address file).",
+    ),
+    click.option("--advertise", metavar="HOST", help="Host name written to the address file (default: this node's)."),
+)
+@grouped(
+    "limits",
+    _limits,
+    click.option(
+        "--queue",
+        "queue_size",
+        default=64,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Inferences that may wait for a device; beyond, requests get 503 with Retry-After.",
+    ),
+    click.option(
+        "--max-body",
+        default=8,
+        show_default=True,
+        type=click.IntRange(1, 1024),
+        metavar="MIB",
+        help="Largest request body, MiB.",
+    ),
+    click.option(
+        "--max-connections",
+        default=64,
+        show_default=True,
+        type=click.IntRange(1, 10000),
+        help="Open connections that have shown the token (one thread each); others are counted apart.",
+    ),
+    click.option(
+        "--max-instances",
+        default=64,
+        show_default=True,
+        type=click.IntRange(1),
+        help="Inferences in one :predict request.",
+    ),
+)
+@click.option(
+    "--drain-timeout",
+    default=20.0,
+    show_default=True,
+    type=click.FloatRange(0),
+    help="Seconds to finish requests in flight after SIGTERM (keep below Slurm's KillWait).",
+)
 @preprocessing_options(pycoral_spellings=False)
 @open_options()
-def serve(models: tuple[str, ...], labels: tuple[str, ...], task: str, listen: Listen, limits: Limits,
-          drain_timeout: float, preprocessing: Preprocessing, opening: OpenOptions) -> None:
+def serve(
+    models: tuple[str, ...],
+    labels: tuple[str, ...],
+    task: str,
+    listen: Listen,
+    limits: Limits,
+    drain_timeout: float,
+    preprocessing: Preprocessing,
+    opening: OpenOptions,
+) -> None:
     """Serve MODELs from this job's devices over HTTP until the job ends.
 
     \b
@@ -85,8 +137,12 @@ def serve(models: tuple[str, ...], labels: tuple[str, ...], task: str, listen: L
     from ..runner.serve.server import serve_job
 
     args = parse_model_args(models)
-    preparation = Preparation(Normalization(preprocessing.input_mean, preprocessing.input_std),
-                              preprocessing.fast_resize, preprocessing.keep_aspect_ratio)
-    code = serve_job(args, parse_labels_args(labels, args), opening, preparation, listen, limits, drain_timeout,
-                     _say, _warn, task)
+    preparation = Preparation(
+        Normalization(preprocessing.input_mean, preprocessing.input_std),
+        preprocessing.fast_resize,
+        preprocessing.keep_aspect_ratio,
+    )
+    code = serve_job(
+        args, parse_labels_args(labels, args), opening, preparation, listen, limits, drain_timeout, _say, _warn, task
+    )
     sys.exit(code)

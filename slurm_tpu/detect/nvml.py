@@ -45,7 +45,8 @@ def enrich_with_nvml(inventory: Inventory) -> Inventory:
                 continue
             name = name.decode() if isinstance(name, bytes) else name
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            details = dataclasses.replace(accelerator.details, memory_bytes=memory, uuid=uuid, nvml=True)
+            # An NVIDIA GPU's details are the GPU family's (GpuDetails), which Accelerator types as Details.
+            details = dataclasses.replace(accelerator.details, memory_bytes=memory, uuid=uuid, nvml=True)  # type: ignore[call-arg]
             enriched.append(dataclasses.replace(accelerator, model=name, details=details))
     finally:
         try:

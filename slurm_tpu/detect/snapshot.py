@@ -9,7 +9,8 @@ snapshot is pure and testable on literal data.
 from __future__ import annotations
 
 import os
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 from ..errors import DetectionError
 from ..families import FAMILIES, subsystems
@@ -45,9 +46,7 @@ def _load_pyudev() -> Any:
     except ImportError as exc:
         if "pyudev" in str(exc) and "udev" not in str(exc).replace("pyudev", ""):
             raise DetectionError("the pyudev Python package is missing: pip install pyudev") from exc
-        raise DetectionError(
-            "libudev (libudev.so.1) could not be found: install the libudev1 package"
-        ) from exc
+        raise DetectionError("libudev (libudev.so.1) could not be found: install the libudev1 package") from exc
     except OSError as exc:
         raise DetectionError(
             f"libudev (libudev.so.1) could not be loaded ({exc}): reinstall the libudev1 package"
@@ -160,6 +159,10 @@ def take_snapshot(only: Iterable[str] | None = None) -> Snapshot:
     for family in FAMILIES:
         driver_info.update(family.driver_info())
         dev_entries |= family.unannounced_nodes()
-    return Snapshot(devices=devices, driver_info=driver_info, dev_entries=frozenset(dev_entries),
-                    online_cpus=_online_cpus(), cpu_topology=_cpu_topology())
-
+    return Snapshot(
+        devices=devices,
+        driver_info=driver_info,
+        dev_entries=frozenset(dev_entries),
+        online_cpus=_online_cpus(),
+        cpu_topology=_cpu_topology(),
+    )

@@ -11,8 +11,9 @@ what they need is precomputed into their snapshot (slurm_tpu/protocol/hooks_snap
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from importlib import import_module
-from typing import Any, Mapping
+from typing import Any
 
 from ..hardware import Details, Inventory
 from .base import Family, FamilyConfig
@@ -51,5 +52,13 @@ def subsystems() -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for f in FAMILIES for s in f.attributes))
 
 
-__all__ = ["FAMILIES", "KINDS", "Family", "FamilyConfig", "family", "details_from_json", "inventory_from_json",
-           "subsystems"]
+__all__ = [
+    "FAMILIES",
+    "KINDS",
+    "Family",
+    "FamilyConfig",
+    "family",
+    "details_from_json",
+    "inventory_from_json",
+    "subsystems",
+]

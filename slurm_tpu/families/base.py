@@ -11,11 +11,13 @@ package: see slurm_tpu/protocol/hooks_snapshot.py).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Details
+
 # How a device's open files are made useless at job end (slurm_tpu/access/revoke.py):
 # USB_PORT power-cycles the hub port (every usbfs fd dies); GASKET_WRITERS is the
 # holder scan plus the apex driver's count of writable files; SCAN the holder scan only.
@@ -162,19 +164,25 @@ class Family:
     # ---- config ---------------------------------------------------------------------
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
         """Keys of the family's config section (relative to ``families.<kind>.``)."""
-        return {"gres_name": (str, f"GRES name for {self.title}s"),
-                "features": (list, f"node features (Feature=) of a node with {self.title}s")}
+        return {
+            "gres_name": (str, f"GRES name for {self.title}s"),
+            "features": (list, f"node features (Feature=) of a node with {self.title}s"),
+        }
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
         """The family's settings from its flattened, type-checked section."""
         prefix = f"families.{self.kind}."
         features = section.get("features", self.default_config.features)
         if not all(isinstance(item, str) and item for item in features):
-            raise ConfigError(f"{where}: '{prefix}features' must be a list of non-empty strings",
-                              key=prefix + "features")
-        return FamilyConfig(gres_name=section.get("gres_name", self.default_config.gres_name),
-                            types=self.parse_types(section, where), features=tuple(features),
-                            lease=self.default_config.lease)
+            raise ConfigError(
+                f"{where}: '{prefix}features' must be a list of non-empty strings", key=prefix + "features"
+            )
+        return FamilyConfig(
+            gres_name=section.get("gres_name", self.default_config.gres_name),
+            types=self.parse_types(section, where),
+            features=tuple(features),
+            lease=self.default_config.lease,
+        )
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         """The ``types`` table from the section (default: the family's defaults)."""
@@ -197,4 +205,3 @@ class Family:
     def hook_policy(self, config: FamilyConfig) -> FamilyPolicy:
         """What the hooks need of the family under this config (precomputed into their snapshot)."""
         return FamilyPolicy(self.kind, config.gres_name, config.lease, self.slot, dict(self.revocation))
-

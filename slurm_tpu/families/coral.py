@@ -6,8 +6,9 @@ variables (``SLURM_TPU_DEVICES``, ``SLURM_TPU_EDGETPU_PATHS``, ``EDGETPU_VISIBLE
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details
@@ -48,8 +49,13 @@ class UsbDetails(Details):
         return notes
 
     def to_json(self) -> dict[str, Any]:
-        return {"usb_speed_mbps": self.usb_speed_mbps, "slow_link": self.slow_link,
-                "firmware_loaded": self.firmware_loaded, "busnum": self.busnum, "devnum": self.devnum}
+        return {
+            "usb_speed_mbps": self.usb_speed_mbps,
+            "slow_link": self.slow_link,
+            "firmware_loaded": self.firmware_loaded,
+            "busnum": self.busnum,
+            "devnum": self.devnum,
+        }
 
 
 @dataclass(frozen=True)
@@ -73,8 +79,12 @@ class ApexDetails(Details):
         return [f"{self.temperature:.1f} C"] if self.temperature is not None else []
 
     def to_json(self) -> dict[str, Any]:
-        return {"apex": self.apex, "temperature_c": self.temperature, "trip_points_c": list(self.trip_points),
-                "unique_id": self.unique_id}
+        return {
+            "apex": self.apex,
+            "temperature_c": self.temperature,
+            "trip_points_c": list(self.trip_points),
+            "unique_id": self.unique_id,
+        }
 
 
 def _usb_ids(device: SysDevice) -> tuple[str, str]:
@@ -88,17 +98,30 @@ def usb_edgetpu(device: SysDevice) -> Accelerator | None:
         return None
     speed = int_or_none(device.attributes.get("speed"))
     firmware_loaded = ids == USB_RUNTIME
-    details = UsbDetails(usb_speed_mbps=speed, slow_link=speed is not None and speed < USB3_MBPS,
-                         firmware_loaded=firmware_loaded, busnum=int_or_none(device.attributes.get("busnum")),
-                         devnum=int_or_none(device.attributes.get("devnum")))
+    details = UsbDetails(
+        usb_speed_mbps=speed,
+        slow_link=speed is not None and speed < USB3_MBPS,
+        firmware_loaded=firmware_loaded,
+        busnum=int_or_none(device.attributes.get("busnum")),
+        devnum=int_or_none(device.attributes.get("devnum")),
+    )
     usable, reason = True, ""
     if not device.device_node:
         usable, reason = False, f"USB device {device.sys_name} has no device node under /dev/bus/usb"
     return accelerator_from(
-        device, identity=f"usb-{device.sys_name}", kind=KIND, bus=Bus.USB, vendor_id=ids[0], product_id=ids[1],
-        vendor="Google" if firmware_loaded else "Global Unichip", model="Coral USB Accelerator",
-        device_nodes=(device.device_node,) if device.device_node else (), usable=usable, reason=reason,
-        details=details)
+        device,
+        identity=f"usb-{device.sys_name}",
+        kind=KIND,
+        bus=Bus.USB,
+        vendor_id=ids[0],
+        product_id=ids[1],
+        vendor="Google" if firmware_loaded else "Global Unichip",
+        model="Coral USB Accelerator",
+        device_nodes=(device.device_node,) if device.device_node else (),
+        usable=usable,
+        reason=reason,
+        details=details,
+    )
 
 
 def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
@@ -107,11 +130,14 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         return None
     apex = snapshot.children(device, "apex")
     details: Details = Details()
+    nodes: tuple[str, ...]
     usable, reason, nodes = True, "", ()
     if not device.driver:
         usable = False
-        reason = (f"PCI device {device.sys_name} has no driver bound: install gasket-dkms "
-                  "and load the apex module (modprobe apex)")
+        reason = (
+            f"PCI device {device.sys_name} has no driver bound: install gasket-dkms "
+            "and load the apex module (modprobe apex)"
+        )
     elif not apex:
         usable = False
         reason = f"driver {device.driver} is bound to {device.sys_name} but created no apex device"
@@ -119,17 +145,30 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         class_device = apex[0]
         attrs = class_device.attributes
         trips = (millidegrees(attrs.get(f"trip_point{i}_temp")) for i in range(3))
-        details = ApexDetails(apex=class_device.sys_name, temperature=millidegrees(attrs.get("temp")),
-                              trip_points=tuple(t for t in trips if t is not None),
-                              unique_id=attrs.get("unique_id") or None)
+        details = ApexDetails(
+            apex=class_device.sys_name,
+            temperature=millidegrees(attrs.get("temp")),
+            trip_points=tuple(t for t in trips if t is not None),
+            unique_id=attrs.get("unique_id") or None,
+        )
         if class_device.device_node:
             nodes = (class_device.device_node,)
         else:
             usable, reason = False, f"apex device {class_device.sys_name} has no /dev node"
     return accelerator_from(
-        device, identity=f"pci-{device.sys_name}", kind=KIND, bus=Bus.PCI, vendor_id=PCI_ID[0][2:],
-        product_id=PCI_ID[1][2:], vendor="Global Unichip", model="Coral PCIe Accelerator", device_nodes=nodes,
-        usable=usable, reason=reason, details=details)
+        device,
+        identity=f"pci-{device.sys_name}",
+        kind=KIND,
+        bus=Bus.PCI,
+        vendor_id=PCI_ID[0][2:],
+        product_id=PCI_ID[1][2:],
+        vendor="Global Unichip",
+        model="Coral PCIe Accelerator",
+        device_nodes=nodes,
+        usable=usable,
+        reason=reason,
+        details=details,
+    )
 
 
 def _libedgetpu_entry(identity: str, node: str | None) -> str:
@@ -157,24 +196,29 @@ class EdgeTpuFamily(Family):
     # See slurm_tpu/access/revoke.py for why each.
     revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}
     udev_identities = (UdevIdentity("usb", "usb", 1, devtype="usb_device"), UdevIdentity("apex", "pci", 3))
-    variables = (JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),
-                 JobVariable(jobenv.EDGETPU_PATHS, _libedgetpu_entry, unset_when_empty=False),
-                 # The node's libedgetpu reads it (our patch): unmodified Coral code sees only these.
-                 JobVariable(jobenv.EDGETPU_VISIBLE, _visible_entry, unset_when_empty=False, never_unset=True))
+    variables = (
+        JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),
+        JobVariable(jobenv.EDGETPU_PATHS, _libedgetpu_entry, unset_when_empty=False),
+        # The node's libedgetpu reads it (our patch): unmodified Coral code sees only these.
+        JobVariable(jobenv.EDGETPU_VISIBLE, _visible_entry, unset_when_empty=False, never_unset=True),
+    )
     runner = "edgetpu"
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "usb":
-            return device.devtype == "usb_device" and (
-                device.attribute("idVendor"), device.attribute("idProduct")) in USB_IDS
+            return (
+                device.devtype == "usb_device"
+                and (device.attribute("idVendor"), device.attribute("idProduct")) in USB_IDS
+            )
         if device.subsystem == "pci":
             return (device.attribute("vendor"), device.attribute("device")) == PCI_ID
         return device.subsystem == "apex"
 
     def event_relevant(self, subsystem: str, properties: Mapping[str, str]) -> bool:
         if subsystem == "usb":  # a remove event has no sysfs attributes left: match PRODUCT
-            return properties.get("DEVTYPE") == "usb_device" and \
-                properties.get("PRODUCT", "").startswith(tuple(usb_product_prefix(ids) for ids in USB_IDS))
+            return properties.get("DEVTYPE") == "usb_device" and properties.get("PRODUCT", "").startswith(
+                tuple(usb_product_prefix(ids) for ids in USB_IDS)
+            )
         return subsystem in self.watched
 
     def find(self, snapshot: Snapshot) -> list[Accelerator]:
@@ -186,24 +230,35 @@ class EdgeTpuFamily(Family):
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         data = item.get("details") or {}
         if item.get("bus") == "usb":
-            return UsbDetails(data.get("usb_speed_mbps"), bool(data.get("slow_link")),
-                              bool(data.get("firmware_loaded")), data.get("busnum"), data.get("devnum"))
+            return UsbDetails(
+                data.get("usb_speed_mbps"),
+                bool(data.get("slow_link")),
+                bool(data.get("firmware_loaded")),
+                data.get("busnum"),
+                data.get("devnum"),
+            )
         if "apex" in data:
-            return ApexDetails(data["apex"], data.get("temperature_c"), tuple(data.get("trip_points_c") or ()),
-                               data.get("unique_id"))
+            return ApexDetails(
+                data["apex"], data.get("temperature_c"), tuple(data.get("trip_points_c") or ()), data.get("unique_id")
+            )
         return Details()
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {**super().config_keys(), "types.usb": (str, "GRES type for USB Edge TPUs"),
-                "types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs")}
+        return {
+            **super().config_keys(),
+            "types.usb": (str, "GRES type for USB Edge TPUs"),
+            "types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs"),
+        }
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = dict(self.default_config.types)
         for bus in types:
             types[bus] = section.get(f"types.{bus}", types[bus])
             if not types[bus]:
-                raise ConfigError(f"{where}: 'families.{self.kind}.types.{bus}' must not be empty",
-                                  key=f"families.{self.kind}.types.{bus}")
+                raise ConfigError(
+                    f"{where}: 'families.{self.kind}.types.{bus}' must not be empty",
+                    key=f"families.{self.kind}.types.{bus}",
+                )
         return types
 
     def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:

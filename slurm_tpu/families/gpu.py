@@ -8,8 +8,9 @@ create and keep.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details, slug
@@ -86,7 +87,7 @@ def hwdb_model(name: str) -> str:
     variants split by ``/``; the first variant makes a readable GRES type.
     """
     if "[" in name and "]" in name:
-        inner = name[name.index("[") + 1:name.rindex("]")]
+        inner = name[name.index("[") + 1 : name.rindex("]")]
         return inner.split("/")[0].strip() or name
     return name
 
@@ -95,7 +96,7 @@ def model_slug(model: str) -> str:
     """A GRES type from a marketing name: ``NVIDIA A100-SXM4-80GB`` -> ``a100_sxm4_80gb``."""
     name = slug(model)
     if name.startswith("nvidia_") and len(name) > len("nvidia_"):
-        name = name[len("nvidia_"):]
+        name = name[len("nvidia_") :]
     return name
 
 
@@ -105,16 +106,22 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
     found = []
     for device in devices:
         proc = snapshot.driver_info.get(device.sys_name.lower(), {})
-        model = proc.get("Model") or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", "")) \
+        model = (
+            proc.get("Model")
+            or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", ""))
             or f"NVIDIA GPU {device.attributes.get('device', '?')}"
+        )
         uuid = proc.get("GPU UUID") or None
         details = NvidiaDetails(uuid=uuid)
         nodes: tuple[str, ...] = ()
         usable, reason = True, ""
         if device.driver != "nvidia":
             usable = False
-            reason = (f"GPU {device.sys_name} is bound to {device.driver}, not the NVIDIA driver"
-                      if device.driver else f"GPU {device.sys_name} has no driver bound: load the nvidia module")
+            reason = (
+                f"GPU {device.sys_name} is bound to {device.driver}, not the NVIDIA driver"
+                if device.driver
+                else f"GPU {device.sys_name} has no driver bound: load the nvidia module"
+            )
         else:
             minor = int_or_none(proc.get("Device Minor"))
             source = "procfs" if minor is not None else "pci-order"
@@ -131,6 +138,7 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
     def minor_order(a: Accelerator) -> tuple[int, str]:
         minor = getattr(a.details, "minor", None)
         return (1 << 16 if minor is None else minor, a.bus_address)
+
     return sorted(found, key=minor_order)
 
 
@@ -138,13 +146,18 @@ def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     vendor = _VENDOR_NAMES[device.attributes["vendor"]]
     drm = snapshot.children(device, "drm")
     render = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
-    cards = [d.device_node for d in drm if d.sys_name.startswith("card") and d.device_node
-             and "-" not in d.sys_name]  # card0-DP-1 and such are connectors
-    model = device.attributes.get("product_name") \
-        or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", "")) \
+    cards = [
+        d.device_node for d in drm if d.sys_name.startswith("card") and d.device_node and "-" not in d.sys_name
+    ]  # card0-DP-1 and such are connectors
+    model = (
+        device.attributes.get("product_name")
+        or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", ""))
         or f"{vendor} GPU {device.attributes.get('device', '?')}"
-    details = DrmDetails(memory_bytes=int_or_none(device.attributes.get("mem_info_vram_total")),
-                         unique_id=device.attributes.get("unique_id") or None)
+    )
+    details = DrmDetails(
+        memory_bytes=int_or_none(device.attributes.get("mem_info_vram_total")),
+        unique_id=device.attributes.get("unique_id") or None,
+    )
     usable, reason = True, ""
     if not device.driver:
         usable, reason = False, f"GPU {device.sys_name} has no driver bound"
@@ -153,17 +166,29 @@ def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     return _gpu(device, vendor, model, tuple(render + cards), usable, reason, details)
 
 
-def _gpu(device: SysDevice, vendor: str, model: str, nodes: tuple[str, ...], usable: bool,
-         reason: str, details: Details) -> Accelerator:
+def _gpu(
+    device: SysDevice, vendor: str, model: str, nodes: tuple[str, ...], usable: bool, reason: str, details: Details
+) -> Accelerator:
     return accelerator_from(
-        device, identity=f"pci-{device.sys_name}", kind=KIND, bus=Bus.PCI,
-        vendor_id=device.attributes.get("vendor", "")[2:], product_id=device.attributes.get("device", "")[2:],
-        vendor=vendor, model=model, device_nodes=nodes, usable=usable, reason=reason, details=details)
+        device,
+        identity=f"pci-{device.sys_name}",
+        kind=KIND,
+        bus=Bus.PCI,
+        vendor_id=device.attributes.get("vendor", "")[2:],
+        product_id=device.attributes.get("device", "")[2:],
+        vendor=vendor,
+        model=model,
+        device_nodes=nodes,
+        usable=usable,
+        reason=reason,
+        details=details,
+    )
 
 
 def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
-    compatible = next(v for k, v in sorted(device.properties.items())
-                      if k.startswith("OF_COMPATIBLE_") and v in TEGRA_GPU_COMPATIBLE)
+    compatible = next(
+        v for k, v in sorted(device.properties.items()) if k.startswith("OF_COMPATIBLE_") and v in TEGRA_GPU_COMPATIBLE
+    )
     chip = compatible.split(",", 1)[1]
     drm = snapshot.children(device, "drm")
     nodes = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
@@ -174,9 +199,19 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     elif not nodes:
         reason = f"integrated GPU {device.sys_name} has no device node (/dev/nvhost-gpu or a render node)"
     return accelerator_from(
-        device, identity=f"platform-{device.sys_name}", kind=KIND, bus=Bus.PLATFORM, vendor_id="10de",
-        product_id="", vendor="NVIDIA", model=f"Tegra {chip}", device_nodes=tuple(nodes), usable=usable,
-        reason=reason, details=TegraDetails(compatible))
+        device,
+        identity=f"platform-{device.sys_name}",
+        kind=KIND,
+        bus=Bus.PLATFORM,
+        vendor_id="10de",
+        product_id="",
+        vendor="NVIDIA",
+        model=f"Tegra {chip}",
+        device_nodes=tuple(nodes),
+        usable=usable,
+        reason=reason,
+        details=TegraDetails(compatible),
+    )
 
 
 class GpuFamily(Family):
@@ -185,8 +220,16 @@ class GpuFamily(Family):
     kind = KIND
     title = "GPU"
     attributes = {
-        "pci": ("vendor", "device", "class", "numa_node", "local_cpulist", "mem_info_vram_total", "unique_id",
-                "product_name"),
+        "pci": (
+            "vendor",
+            "device",
+            "class",
+            "numa_node",
+            "local_cpulist",
+            "mem_info_vram_total",
+            "unique_id",
+            "product_name",
+        ),
         "drm": (),
         "platform": (),
     }
@@ -249,24 +292,34 @@ class GpuFamily(Family):
         if item.get("bus") == "platform" or "compatible" in data:
             return TegraDetails(str(data.get("compatible", "")))
         if item.get("vendor") == "NVIDIA":
-            return NvidiaDetails(data.get("uuid"), data.get("minor"), data.get("minor_source"),
-                                 data.get("memory_bytes"), bool(data.get("nvml")))
+            return NvidiaDetails(
+                data.get("uuid"),
+                data.get("minor"),
+                data.get("minor_source"),
+                data.get("memory_bytes"),
+                bool(data.get("nvml")),
+            )
         return DrmDetails(data.get("memory_bytes"), data.get("unique_id"))
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {**super().config_keys(), "types": (dict, "GPU model slug -> GRES type"),
-                "isolate": (bool, "lease GPUs too (clusters without cgroup devices)")}
+        return {
+            **super().config_keys(),
+            "types": (dict, "GPU model slug -> GRES type"),
+            "isolate": (bool, "lease GPUs too (clusters without cgroup devices)"),
+        }
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
         base = super().parse_config(section, where)
-        return FamilyConfig(base.gres_name, base.types, base.features,
-                            lease=section.get("isolate", self.default_config.lease))
+        return FamilyConfig(
+            base.gres_name, base.types, base.features, lease=section.get("isolate", self.default_config.lease)
+        )
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = section.get("types", {})
         if not all(isinstance(k, str) and isinstance(v, str) for k, v in types.items()):
-            raise ConfigError(f"{where}: 'families.gpu.types' must map model names to type names",
-                              key="families.gpu.types")
+            raise ConfigError(
+                f"{where}: 'families.gpu.types' must map model names to type names", key="families.gpu.types"
+            )
         return dict(types)
 
     def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:

@@ -40,8 +40,9 @@ default power mode; not used: unconfirmed on hardware, and always D0 with
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details
@@ -57,8 +58,10 @@ DRIVER = "hailo"
 CLASS = "hailo_chardev"
 # HailoRT's device id of each card: its PCI address (0000:01:00.0).
 DEVICES_VARIABLE = "SLURM_TPU_HAILO_DEVICES"
-DRIVER_FIX = ("load the hailo_pci module (modprobe hailo_pci; Raspberry Pi OS: apt install hailo-all; "
-              "elsewhere HailoRT's PCIe driver, hailort-drivers)")
+DRIVER_FIX = (
+    "load the hailo_pci module (modprobe hailo_pci; Raspberry Pi OS: apt install hailo-all; "
+    "elsewhere HailoRT's PCIe driver, hailort-drivers)"
+)
 
 
 @dataclass(frozen=True)
@@ -73,7 +76,7 @@ class HailoDetails(Details):
 
 
 def _address(identity: str) -> str:
-    return identity[len("pci-"):]
+    return identity[len("pci-") :]
 
 
 def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
@@ -84,15 +87,26 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
     # Paired by board_location, never by the sysfs tree (see the module docstring).
     chardevs = [d for d in snapshot.of_subsystem(CLASS) if d.attributes.get("board_location") == address]
     details = HailoDetails()
+    nodes: tuple[str, ...]
     usable, reason, nodes = True, "", ()
     if not device.driver:
         usable, reason = False, f"Hailo PCI device {address} has no driver bound: {DRIVER_FIX}"
     elif device.driver != DRIVER:
-        usable, reason = False, (f"Hailo PCI device {address} is bound to {device.driver}, not the hailo driver: "
-                                 f"unbind it and {DRIVER_FIX}")
+        usable, reason = (
+            False,
+            (
+                f"Hailo PCI device {address} is bound to {device.driver}, not the hailo driver: "
+                f"unbind it and {DRIVER_FIX}"
+            ),
+        )
     elif not chardevs:
-        usable, reason = False, (f"driver hailo is bound to {address} but created no {CLASS} device (/dev/hailoN): "
-                                 "its firmware may have failed to load (see dmesg); reload hailo_pci")
+        usable, reason = (
+            False,
+            (
+                f"driver hailo is bound to {address} but created no {CLASS} device (/dev/hailoN): "
+                "its firmware may have failed to load (see dmesg); reload hailo_pci"
+            ),
+        )
     else:
         chardev = chardevs[0]
         details = HailoDetails(chardev.sys_name, int_or_none(chardev.attributes.get("accelerator_type")))
@@ -101,9 +115,19 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         else:
             usable, reason = False, f"Hailo device {chardev.sys_name} of {address} has no /dev node"
     return accelerator_from(
-        device, identity=f"pci-{address}", kind=KIND, bus=Bus.PCI, vendor_id=PCI_ID[0][2:],
-        product_id=PCI_ID[1][2:], vendor="Hailo", model=MODEL, device_nodes=nodes, usable=usable,
-        reason=reason, details=details)
+        device,
+        identity=f"pci-{address}",
+        kind=KIND,
+        bus=Bus.PCI,
+        vendor_id=PCI_ID[0][2:],
+        product_id=PCI_ID[1][2:],
+        vendor="Hailo",
+        model=MODEL,
+        device_nodes=nodes,
+        usable=usable,
+        reason=reason,
+        details=details,
+    )
 
 
 class HailoFamily(Family):
@@ -119,9 +143,11 @@ class HailoFamily(Family):
     udev_identities = (UdevIdentity(CLASS, "pci", attribute="board_location"),)
     variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: _address(identity)),)
     runner = ""
-    runner_note = ("this job's Hailo device(s) ({devices}, in ${variable}) run .hef models with HailoRT, not "
-                   "TFLite: run your HEF with HailoRT, one device id per -s (hailortcli run model.hef -s "
-                   "\"${{{variable}%%,*}}\" takes the first)")
+    runner_note = (
+        "this job's Hailo device(s) ({devices}, in ${variable}) run .hef models with HailoRT, not "
+        "TFLite: run your HEF with HailoRT, one device id per -s (hailortcli run model.hef -s "
+        '"${{{variable}%%,*}}" takes the first)'
+    )
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "pci":
@@ -138,18 +164,22 @@ class HailoFamily(Family):
         return HailoDetails(data.get("chardev"), data.get("accelerator_type"))
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {**super().config_keys(),
-                "types.default": (str, "GRES type of a Hailo card (hailo8: sysfs cannot tell 8 from 8L)"),
-                "types.by_address": (dict, "PCI address (0000:01:00.0) -> GRES type, e.g. hailo8l")}
+        return {
+            **super().config_keys(),
+            "types.default": (str, "GRES type of a Hailo card (hailo8: sysfs cannot tell 8 from 8L)"),
+            "types.by_address": (dict, "PCI address (0000:01:00.0) -> GRES type, e.g. hailo8l"),
+        }
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = {"default": section.get("types.default", self.default_config.types["default"])}
         by_address = section.get("types.by_address", {})
         for address, name in by_address.items():
             if not (isinstance(address, str) and isinstance(name, str) and name and address.count(":") == 2):
-                raise ConfigError(f"{where}: 'families.hailo.types.by_address' must map PCI addresses such as "
-                                  f"0000:01:00.0 to type names, not {address!r}: {name!r}",
-                                  key="families.hailo.types.by_address")
+                raise ConfigError(
+                    f"{where}: 'families.hailo.types.by_address' must map PCI addresses such as "
+                    f"0000:01:00.0 to type names, not {address!r}: {name!r}",
+                    key="families.hailo.types.by_address",
+                )
             types[address.lower()] = name
         return types
 

@@ -7,8 +7,9 @@ on literal data.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from ..hardware import Accelerator
 
@@ -44,8 +45,7 @@ class Snapshot:
 
     def of_subsystem(self, subsystem: str) -> list[SysDevice]:
         """Devices of one subsystem, sorted by sysfs path."""
-        return sorted((d for d in self.devices.values() if d.subsystem == subsystem),
-                      key=lambda d: d.sys_path)
+        return sorted((d for d in self.devices.values() if d.subsystem == subsystem), key=lambda d: d.sys_path)
 
     def children(self, parent: SysDevice, subsystem: str) -> list[SysDevice]:
         """Devices of ``subsystem`` below ``parent`` in the sysfs tree."""
@@ -61,8 +61,13 @@ def accelerator_from(device: SysDevice, **fields: Any) -> Accelerator:
     """An Accelerator whose sysfs path, bus address, driver and CPU affinity come
     from ``device``; ``fields`` gives the rest (identity, kind, bus, model...)."""
     fields.setdefault("bus_address", device.sys_name)
-    return Accelerator(sys_path=device.sys_path, driver=device.driver, numa_node=device.numa_node,
-                       local_cpus=device.local_cpus, **fields)
+    return Accelerator(
+        sys_path=device.sys_path,
+        driver=device.driver,
+        numa_node=device.numa_node,
+        local_cpus=device.local_cpus,
+        **fields,
+    )
 
 
 def int_or_none(text: str | None) -> int | None:

@@ -28,24 +28,54 @@ joins the fast path (a hook imports it per job) is added here.
 
 # Lowest layer first (see tests/test_import_graph.py LAYERS).
 FAST_PATH = (
-    "slurm_tpu", "slurm_tpu.defaults", "slurm_tpu.errors", "slurm_tpu.identity",
+    "slurm_tpu",
+    "slurm_tpu.defaults",
+    "slurm_tpu.errors",
+    "slurm_tpu.identity",
     # The formats the hooks read and write.
-    "slurm_tpu.protocol", "slurm_tpu.protocol.agent_wire", "slurm_tpu.protocol.audit", "slurm_tpu.protocol.envfile",
-    "slurm_tpu.protocol.hooks_snapshot", "slurm_tpu.protocol.inventory", "slurm_tpu.protocol.job_record",
-    "slurm_tpu.protocol.jobenv", "slurm_tpu.protocol.leases", "slurm_tpu.protocol.usage",
+    "slurm_tpu.protocol",
+    "slurm_tpu.protocol.agent_wire",
+    "slurm_tpu.protocol.audit",
+    "slurm_tpu.protocol.envfile",
+    "slurm_tpu.protocol.hooks_snapshot",
+    "slurm_tpu.protocol.inventory",
+    "slurm_tpu.protocol.job_record",
+    "slurm_tpu.protocol.jobenv",
+    "slurm_tpu.protocol.leases",
+    "slurm_tpu.protocol.usage",
     # The prolog's one Slurm query, and a drain.
-    "slurm_tpu.slurm", "slurm_tpu.slurm.commands", "slurm_tpu.slurm.installation", "slurm_tpu.slurm.jobdetail",
+    "slurm_tpu.slurm",
+    "slurm_tpu.slurm.commands",
+    "slurm_tpu.slurm.installation",
+    "slurm_tpu.slurm.jobdetail",
     "slurm_tpu.slurm.spawn",
     # The state directory, the ledger, ownership, the holder scan, revocation, slot nodes.
-    "slurm_tpu.access", "slurm_tpu.access.ledger", "slurm_tpu.access.node_inventory", "slurm_tpu.access.ownership",
-    "slurm_tpu.access.processes", "slurm_tpu.access.revoke", "slurm_tpu.access.slots", "slurm_tpu.access.statedir",
+    "slurm_tpu.access",
+    "slurm_tpu.access.ledger",
+    "slurm_tpu.access.node_inventory",
+    "slurm_tpu.access.ownership",
+    "slurm_tpu.access.processes",
+    "slurm_tpu.access.revoke",
+    "slurm_tpu.access.slots",
+    "slurm_tpu.access.statedir",
     # The hooks themselves, and the agent's workers.
-    "slurm_tpu.hooks", "slurm_tpu.hooks.agent", "slurm_tpu.hooks.agent_query", "slurm_tpu.hooks.allocation",
-    "slurm_tpu.hooks.context", "slurm_tpu.hooks.envfile", "slurm_tpu.hooks.epilog", "slurm_tpu.hooks.jobusage",
-    "slurm_tpu.hooks.leasing", "slurm_tpu.hooks.probe", "slurm_tpu.hooks.prolog", "slurm_tpu.hooks.settings",
-    "slurm_tpu.hooks.slurm_files", "slurm_tpu.hooks.udev_event",
+    "slurm_tpu.hooks",
+    "slurm_tpu.hooks.agent",
+    "slurm_tpu.hooks.agent_query",
+    "slurm_tpu.hooks.allocation",
+    "slurm_tpu.hooks.context",
+    "slurm_tpu.hooks.envfile",
+    "slurm_tpu.hooks.epilog",
+    "slurm_tpu.hooks.jobusage",
+    "slurm_tpu.hooks.leasing",
+    "slurm_tpu.hooks.probe",
+    "slurm_tpu.hooks.prolog",
+    "slurm_tpu.hooks.settings",
+    "slurm_tpu.hooks.slurm_files",
+    "slurm_tpu.hooks.udev_event",
 )
 # The standard library modules a fast-path module may import at module level: each is
 # cheap, or already loaded by the interpreter itself under ``python3 -I -S``.
-FAST_PATH_STDLIB = frozenset({"__future__", "errno", "os", "select", "signal", "socket", "stat", "struct", "sys",
-                              "time"})
+FAST_PATH_STDLIB = frozenset(
+    {"__future__", "errno", "os", "select", "signal", "socket", "stat", "struct", "sys", "time"}
+)

@@ -55,10 +55,10 @@ class BadRequest(Exception):
 
 def preload() -> None:
     """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
-    from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
     from ..access import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
     from ..protocol import audit, hooks_snapshot, usage  # noqa: F401
     from ..slurm import commands, installation, jobdetail  # noqa: F401
+    from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
 
     jobusage._libc()  # ctypes + libc, for the usage box mount
 
@@ -90,8 +90,12 @@ def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
     deadline = time.monotonic() + READ_TIMEOUT_S
     conn.settimeout(READ_TIMEOUT_S)
     head, ancillary, flags, _ = conn.recvmsg(4, socket.CMSG_SPACE(16 * 4))
-    fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-           for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])]
+    fds = [
+        fd
+        for level, kind, data in ancillary
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+        for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
+    ]
     for fd in fds:
         os.close(fd)
     if fds or flags & socket.MSG_CTRUNC:
@@ -120,15 +124,16 @@ def _resident_scontrol(queries: socket.socket, environ: dict[str, str]):
 
     def source(scontrol: str, selector: str) -> str | None:
         answer = agent_query.ask(queries, selector, environ)
-        used = answer is not None and answer[0] == scontrol
-        probe.mark("resident_scontrol" if used else "resident_scontrol_unused")
-        return answer[1] if used else None
+        text = answer[1] if answer is not None and answer[0] == scontrol else None
+        probe.mark("resident_scontrol" if text is not None else "resident_scontrol_unused")
+        return text
 
     return source
 
 
-def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = None,
-             queries: socket.socket | None = None) -> int:
+def run_hook(
+    hook: str, environ: dict[str, str], conn: socket.socket | None = None, queries: socket.socket | None = None
+) -> int:
     """Run one hook in this (worker) process, as its Python entry script would; returns its status."""
     probe.begin(environ, time.time())
     if hook == "prolog":
@@ -143,8 +148,10 @@ def run_hook(hook: str, environ: dict[str, str], conn: socket.socket | None = No
         if status == 0 and conn is not None and _client_gone(conn):
             # Nobody waits for this prolog any more (slurmd killed it, the client gave up): the
             # job was refused, so it must not keep devices. The epilog's release is idempotent.
-            say(f"prolog: job {environ.get('SLURM_JOB_ID', '?')}: its hook client went away; "
-                "giving back what was leased for it")
+            say(
+                f"prolog: job {environ.get('SLURM_JOB_ID', '?')}: its hook client went away; "
+                "giving back what was leased for it"
+            )
             epilog.main(environ)
             status = 1
         return status
@@ -254,8 +261,7 @@ def serve(environ=None) -> int:
 
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
-    say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})",
-        error=False)
+    say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})", error=False)
     try:
         while not stopping:
             try:

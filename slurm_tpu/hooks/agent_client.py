@@ -46,11 +46,11 @@ def build(directory: str | None, source: str) -> str | None:
     if cc is None:
         return None
     temporary = f"{target}.{os.getpid()}.tmp"
-    done = subprocess.run([cc, "-O2", "-Wall", "-o", temporary, source], capture_output=True, text=True,
-                          check=False)
+    done = subprocess.run([cc, "-O2", "-Wall", "-o", temporary, source], capture_output=True, text=True, check=False)
     if done.returncode != 0:
-        sys.stderr.write(f"slurm-tpu: cannot build {PROGRAM} ({done.stderr.strip()[:500]}); "
-                         "the hooks run the Python hooks\n")
+        sys.stderr.write(
+            f"slurm-tpu: cannot build {PROGRAM} ({done.stderr.strip()[:500]}); the hooks run the Python hooks\n"
+        )
         try:
             os.unlink(temporary)
         except FileNotFoundError:
@@ -81,4 +81,3 @@ def build_beside(entry_script: str) -> str | None:
     if info.st_uid != 0 or info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) or not os.path.isfile(source):
         return None
     return build(directory, source)
-

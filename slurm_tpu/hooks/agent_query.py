@@ -13,8 +13,9 @@ thread, so nothing here is shared with the workers but one socket). A worker
 sends it the job selector (``123``, ``123_4``; one SOCK_SEQPACKET message carrying, over SCM_RIGHTS, the
 end of a fresh socketpair to answer on); the helper writes
 ``<scontrol>\\n<SLURM_CONF>\\n`` and the text of ``show job`` for that job, then
-closes (the format: slurm_tpu/protocol/agent_wire.py). ``Slurm.job_detail`` asks it first (both the job's query and the narrowed one for an
-array task sharing the node), through ``allocation.DETAIL_SOURCE``. Each answer ends at a line only this query can produce: ``show
+closes (the format: slurm_tpu/protocol/agent_wire.py). ``Slurm.job_detail`` asks it first (both
+the job's query and the narrowed one for an array task sharing the node), through
+``allocation.DETAIL_SOURCE``. Each answer ends at a line only this query can produce: ``show
 hostnames q<random>[1-2]`` expands to two lines that neither scontrol's echo of
 the command nor any job string can contain, so a forged job name never shifts
 one job's answer into the next one's. The worker uses the text only when its own
@@ -34,6 +35,11 @@ import time
 
 from ..protocol.agent_wire import MAX_ANSWER, encode_query_answer, parse_query_answer, valid_selector
 
+# Annotations only: subprocess is imported when the helper first starts.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import subprocess
+
 ANSWER_TIMEOUT_S = 5.0
 _PROMPT = "scontrol: "
 
@@ -44,14 +50,20 @@ class ScontrolSession:
 
     def __init__(self, scontrol: str):
         self.scontrol = scontrol
-        self.process = None
+        self.process: subprocess.Popen[bytes] | None = None
         self.buffer = b""
 
     def _start(self) -> None:
         import subprocess
 
-        self.process = subprocess.Popen([self.scontrol, "-d", "--local"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                        stderr=subprocess.DEVNULL, bufsize=0, close_fds=True)
+        self.process = subprocess.Popen(
+            [self.scontrol, "-d", "--local"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            bufsize=0,
+            close_fds=True,
+        )
         self.buffer = b""
 
     def stop(self) -> None:
@@ -109,8 +121,12 @@ def serve(requests: socket.socket, scontrol: str, slurm_conf: str, parent: int) 
             if not select.select([requests], [], [], 1.0)[0]:
                 continue
             message, ancillary, _, _ = requests.recvmsg(32, socket.CMSG_SPACE(4))
-            fds = [fd for level, kind, data in ancillary if level == socket.SOL_SOCKET
-                   and kind == socket.SCM_RIGHTS for fd in struct.unpack(f"{len(data) // 4}i", data[:len(data) // 4 * 4])]
+            fds = [
+                fd
+                for level, kind, data in ancillary
+                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+                for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
+            ]
             if not message and not fds:
                 return
             try:
@@ -161,8 +177,9 @@ def ask(requests: socket.socket, selector: str, environ) -> tuple[str, str] | No
     mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         with theirs:
-            requests.sendmsg([selector.encode()],
-                             [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))])
+            requests.sendmsg(
+                [selector.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))]
+            )
         mine.settimeout(ANSWER_TIMEOUT_S + 1)
         chunks, size = [], 0
         while size <= MAX_ANSWER:

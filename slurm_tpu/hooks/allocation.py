@@ -16,19 +16,19 @@ gres.conf or the job.
 
 from __future__ import annotations
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Mapping, Sequence
-
-    from ..protocol.inventory import KnownDevice
-    from ..protocol.hooks_snapshot import FamilyPolicy
-    from ..slurm.jobdetail import GresAlloc
-    from .settings import HookSettings
-
 import os
 
 from .context import HookError
+
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from ..protocol.hooks_snapshot import FamilyPolicy
+    from ..protocol.inventory import KnownDevice
+    from ..slurm.jobdetail import GresAlloc
+    from .settings import HookSettings
 
 
 def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None) -> str | None:
@@ -40,8 +40,11 @@ def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None)
     from another scontrol than ours (Slurm moved since the snapshot named it) or
     empty output (scontrol failed) is not used: ask again below.
     """
-    if environ is None or environ.get("SLURM_TPU_JOB_ON_STDIN") != str(job_id) \
-            or environ.get("SLURM_TPU_SCONTROL") != scontrol:
+    if (
+        environ is None
+        or environ.get("SLURM_TPU_JOB_ON_STDIN") != str(job_id)
+        or environ.get("SLURM_TPU_SCONTROL") != scontrol
+    ):
         return None
     import sys
 
@@ -57,8 +60,9 @@ def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None)
 DETAIL_SOURCE = None
 
 
-def query_job_gres(job_id: int, node: str, settings: HookSettings,
-                   environ: Mapping[str, str]) -> list[GresAlloc] | None:
+def query_job_gres(
+    job_id: int, node: str, settings: HookSettings, environ: Mapping[str, str]
+) -> list[GresAlloc] | None:
     """The job's GRES on this node. None if Slurm does not list the job on this node."""
     from ..errors import SlurmCommandError
 
@@ -87,28 +91,37 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) ->
             continue
         order = index[alloc.name]
         if not alloc.indices and alloc.count:
-            raise HookError(f"job {job_id}: Slurm gave no device index for {alloc.name}:{alloc.count}; "
-                            "gres.conf must name a File= for every device")
+            raise HookError(
+                f"job {job_id}: Slurm gave no device index for {alloc.name}:{alloc.count}; "
+                "gres.conf must name a File= for every device"
+            )
         for idx in alloc.indices:
             if idx >= len(order):
-                raise HookError(f"job {job_id}: {alloc.name} IDX {idx} is beyond the {len(order)} "
-                                "device(s) gres.conf lists for this node; regenerate gres.conf")
+                raise HookError(
+                    f"job {job_id}: {alloc.name} IDX {idx} is beyond the {len(order)} "
+                    "device(s) gres.conf lists for this node; regenerate gres.conf"
+                )
             kind, path = order[idx]
             if alloc.type and kind and alloc.type.lower() != kind.lower():
-                raise HookError(f"job {job_id}: {alloc.name} IDX {idx} is type {alloc.type} in Slurm but "
-                                f"{kind} in gres.conf; slurm.conf Gres= and gres.conf disagree")
+                raise HookError(
+                    f"job {job_id}: {alloc.name} IDX {idx} is type {alloc.type} in Slurm but "
+                    f"{kind} in gres.conf; slurm.conf Gres= and gres.conf disagree"
+                )
             device = _device_for(path, policy, slot_dir, known)
             if device is None:
-                raise HookError(f"job {job_id}: gres.conf names {path!r} for {alloc.name} IDX {idx}, which "
-                                "is not a device this node's inventory knows; fix gres.conf "
-                                "(slurm-tpu gres-conf --output ...)")
+                raise HookError(
+                    f"job {job_id}: gres.conf names {path!r} for {alloc.name} IDX {idx}, which "
+                    "is not a device this node's inventory knows; fix gres.conf "
+                    "(slurm-tpu gres-conf --output ...)"
+                )
             if device not in devices:
                 devices.append(device)
     return devices
 
 
-def _device_for(path: str | None, policy: FamilyPolicy, slot_dir: str,
-                known: Mapping[str, KnownDevice]) -> KnownDevice | None:
+def _device_for(
+    path: str | None, policy: FamilyPolicy, slot_dir: str, known: Mapping[str, KnownDevice]
+) -> KnownDevice | None:
     """The known device of the GRES's family that gres.conf's File= names, or None."""
     if not path:
         return None

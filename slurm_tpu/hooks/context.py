@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping
-
-import sys
+    from collections.abc import Mapping
 
 TAG = "slurm-tpu"
 
@@ -88,8 +88,9 @@ def _number(environ: Mapping[str, str], name: str, required: bool) -> int | None
             raise HookError(f"{name} is not set: run this as Slurm's Prolog/Epilog/TaskProlog")
         return None
     if not text.isdigit() or len(text) > 10:
-        raise HookError(f"{name}={text[:40]!r} is not a number; refusing to lease devices for it "
-                        "(check slurmd's environment)")
+        raise HookError(
+            f"{name}={text[:40]!r} is not a number; refusing to lease devices for it (check slurmd's environment)"
+        )
     return int(text)
 
 

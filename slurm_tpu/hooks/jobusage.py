@@ -37,8 +37,7 @@ def _mount_box(target: str, uid: int) -> None:
 
     ctypes, libc = _libc()
     options = f"size={BOX_BYTES},nr_inodes={BOX_INODES},mode=0700,uid={uid},gid=0".encode()
-    if libc.mount(b"slurm-tpu-usage", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC,
-                  options) != 0:
+    if libc.mount(b"slurm-tpu-usage", target.encode(), b"tmpfs", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, options) != 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), target)
 
@@ -177,8 +176,15 @@ def collect(ledger, job_id: int, uid: int, identities) -> list:
                 ledger.audit(audit.USAGE_REJECTED, identity=identity, job_id=job_id, uid=uid, reason=str(exc))
                 continue
             if record is not None:
-                ledger.audit(audit.USAGE, identity=identity, job_id=job_id, uid=uid, inferences=record.inferences,
-                             seconds=record.seconds, energy_j=record.energy_j)
+                ledger.audit(
+                    audit.USAGE,
+                    identity=identity,
+                    job_id=job_id,
+                    uid=uid,
+                    inferences=record.inferences,
+                    seconds=record.seconds,
+                    energy_j=record.energy_j,
+                )
                 found.append(record)
     finally:
         os.close(box)
@@ -206,7 +212,9 @@ def spool(ledger, job_id: int, uid: int, node: str, devices: int, records) -> bo
         statedir.write_atomic(spool_fd, str(job_id), encode_spool(totals(job_id, node, devices, records)), 0o600)
         return True
     except (OSError, statedir.StateDirError) as exc:
-        ledger.audit(USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"{SPOOL_DIR}: {getattr(exc, 'strerror', None) or exc}")
+        ledger.audit(
+            USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"{SPOOL_DIR}: {getattr(exc, 'strerror', None) or exc}"
+        )
         return False
     finally:
         os.close(spool_fd)

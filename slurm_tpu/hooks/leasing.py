@@ -17,15 +17,6 @@ itself never waits for the hardware.
 
 from __future__ import annotations
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Iterable
-
-    from ..protocol.inventory import KnownDevice
-    from .context import JobContext
-    from .settings import HookSettings
-
 import os
 import time
 
@@ -35,6 +26,15 @@ from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from . import probe
 from .context import HookError
+
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
+
+    from ..protocol.inventory import KnownDevice
+    from .context import JobContext
+    from .settings import HookSettings
 
 # How long a prolog waits for another job's lease to go (its epilog may be
 # running right now) before declaring the device held by a live job.
@@ -89,7 +89,7 @@ def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str
     for node in device.device_nodes:
         try:
             ownership.set_owner(node, device.identity, uid, gid, mode)
-        except Exception as exc:  # DeviceError, OSError: report, keep going
+        except Exception as exc:  # noqa: BLE001 - DeviceError, OSError: report, keep going
             problems.append(str(exc))
     return problems
 
@@ -100,7 +100,7 @@ def take_away(nodes: Iterable[str], identity: str) -> list[str]:
     for node in nodes:
         try:
             ownership.set_owner(node, identity, *ownership.ROOT_ONLY)
-        except Exception as exc:  # DeviceError, OSError
+        except Exception as exc:  # noqa: BLE001 - DeviceError, OSError
             problems.append(str(exc))
     return problems
 
@@ -147,8 +147,14 @@ def _unverified(found: processes.Scan) -> str:
     return named + (f" and {more} more" if more > 0 else "")
 
 
-def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownDevice, present: list[str],
-                         settings: HookSettings, wait_s: float) -> str | None:
+def _unrevocable_holders(
+    ledger: Ledger,
+    lease: Lease | BadLease,
+    device: KnownDevice,
+    present: list[str],
+    settings: HookSettings,
+    wait_s: float,
+) -> str | None:
     """Why a device that cannot be revoked is not free yet (a :class:`Withheld` when unverified), or None."""
     identity, job_id = lease.identity, lease.job_id
     rdevs, filesystems = _rdevs(present), _filesystems(present, settings, identity)
@@ -173,13 +179,20 @@ def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownD
         return f"pid {pids} still holds {identity} ({how}) after job {job_id}; kill it, then resume the node"
     if not found.complete:
         unverified = _unverified(found)
-        ledger.audit(audit.SCAN_INCOMPLETE, identity=identity, job_id=job_id, scanned=found.scanned,
-                     total=found.total, unverified=unverified)
+        ledger.audit(
+            audit.SCAN_INCOMPLETE,
+            identity=identity,
+            job_id=job_id,
+            scanned=found.scanned,
+            total=found.total,
+            unverified=unverified,
+        )
         if settings.revocation(device.kind, device.bus) != GASKET_WRITERS:
             return Withheld(
                 f"holder scan of {identity} after job {job_id} could not read every open file within "
                 f"{settings.holder_scan_s:g} s ({len(found.unverified)} process(es) unchecked: {unverified}); "
-                f"{identity} stays out of use (root 0600) until a scan completes, the node stays in service")
+                f"{identity} stays out of use (root 0600) until a scan completes, the node stays in service"
+            )
         # Gasket counts its writers itself (below): only a read-only holder could hide in
         # what was not read, the residual docs/security.md's coverage table names.
     writers = gasket_writers(device, present, settings)
@@ -189,14 +202,18 @@ def _unrevocable_holders(ledger: Ledger, lease: Lease | BadLease, device: KnownD
         ledger.lock()
         writers = gasket_writers(device, present, settings)
     if writers is None:
-        return (f"the apex driver shows no write_open_count for {identity} after job {job_id} (driver "
-                f"unloaded? sysfs under {settings.sysfs_root}?), so nobody can tell whether a writer is left; "
-                "check it, then resume the node")
+        return (
+            f"the apex driver shows no write_open_count for {identity} after job {job_id} (driver "
+            f"unloaded? sysfs under {settings.sysfs_root}?), so nobody can tell whether a writer is left; "
+            "check it, then resume the node"
+        )
     if writers:
         ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, writers=writers)
-        return (f"the apex driver counts {writers} writable fd(s) on {identity} still open after job {job_id} "
-                "that no process shows (passed over a Unix socket?); close them (or reboot), then resume "
-                "the node")
+        return (
+            f"the apex driver counts {writers} writable fd(s) on {identity} still open after job {job_id} "
+            "that no process shows (passed over a Unix socket?); close them (or reboot), then resume "
+            "the node"
+        )
     return None
 
 
@@ -242,24 +259,42 @@ def _refuse_if_written(ledger: Ledger, lease: Lease, device: KnownDevice, settin
         return
     last = ledger.last_holder(device.identity)
     job_id, uid = last if last is not None else (-1, -1)
-    kept = Lease(identity=device.identity, job_id=job_id, uid=uid, kind=device.kind,
-                 start=round(time.time(), 6), device_nodes=device.device_nodes, node=lease.node,
-                 phase=KEPT, phase_since=round(time.time(), 6))
+    kept = Lease(
+        identity=device.identity,
+        job_id=job_id,
+        uid=uid,
+        kind=device.kind,
+        start=round(time.time(), 6),
+        device_nodes=device.device_nodes,
+        node=lease.node,
+        phase=KEPT,
+        phase_since=round(time.time(), 6),
+    )
     ledger.rewrite(kept)
     blame = f"last held by job {job_id}" if last is not None else "no job in the audit log held it"
     if writers is None:
-        raise DeviceNotFree(f"job {lease.job_id}: the apex driver shows no write_open_count for {device.identity} "
-                            f"(driver unloaded? sysfs under {settings.sysfs_root}?), so nobody can tell whether a "
-                            f"writer is left ({blame}); the device stays root 0600: check it, then "
-                            "`slurm-tpu leases --clear` and resume the node")
+        raise DeviceNotFree(
+            f"job {lease.job_id}: the apex driver shows no write_open_count for {device.identity} "
+            f"(driver unloaded? sysfs under {settings.sysfs_root}?), so nobody can tell whether a "
+            f"writer is left ({blame}); the device stays root 0600: check it, then "
+            "`slurm-tpu leases --clear` and resume the node"
+        )
     ledger.audit(audit.SURVIVOR, identity=device.identity, job_id=job_id, writers=writers, by_job=lease.job_id)
-    raise DeviceNotFree(f"job {lease.job_id}: the apex driver counts {writers} writable fd(s) on {device.identity} "
-                        f"before it was handed over ({blame}); the device stays root 0600 and leased to that job: "
-                        "close them (or reboot), then `slurm-tpu leases --clear` and resume the node")
+    raise DeviceNotFree(
+        f"job {lease.job_id}: the apex driver counts {writers} writable fd(s) on {device.identity} "
+        f"before it was handed over ({blame}); the device stays root 0600 and leased to that job: "
+        "close them (or reboot), then `slurm-tpu leases --clear` and resume the node"
+    )
 
 
-def end_lease(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, event: str,
-              by_job: int | None = None, wait_s: float = 0.0) -> list[str]:
+def end_lease(
+    ledger: Ledger,
+    lease: Lease | BadLease,
+    settings: HookSettings,
+    event: str,
+    by_job: int | None = None,
+    wait_s: float = 0.0,
+) -> list[str]:
     """Take the device away from the lease's job, revoke, check, give it back; returns problems.
 
     Called with the state lock held. ``event`` names the audit record
@@ -354,8 +389,13 @@ def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -
     return outcomes
 
 
-def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], settings: HookSettings,
-            wait_s: float = LIVE_HOLDER_WAIT_S) -> list[Lease]:
+def acquire(
+    ledger: Ledger,
+    job: JobContext,
+    devices: list[KnownDevice],
+    settings: HookSettings,
+    wait_s: float = LIVE_HOLDER_WAIT_S,
+) -> list[Lease]:
     """Lease every device for the job and hand its nodes to the job's user.
 
     All or nothing: on failure the leases taken here are rolled back and
@@ -367,9 +407,19 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
     taken: list[Lease] = []
     try:
         for device in devices:
-            lease = Lease(identity=device.identity, job_id=job.job_id, uid=job.uid, kind=device.kind,
-                          user=job.user, start=round(time.time(), 6), device_nodes=device.device_nodes,
-                          allocation=allocation, node=job.node, prolog_pid=me, prolog_start=my_start)
+            lease = Lease(
+                identity=device.identity,
+                job_id=job.job_id,
+                uid=job.uid,
+                kind=device.kind,
+                user=job.user,
+                start=round(time.time(), 6),
+                device_nodes=device.device_nodes,
+                allocation=allocation,
+                node=job.node,
+                prolog_pid=me,
+                prolog_start=my_start,
+            )
             _claim(ledger, lease, device, settings, wait_s)
             probe.mark("claim")
             ledger.lock()
@@ -385,13 +435,16 @@ def acquire(ledger: Ledger, job: JobContext, devices: list[KnownDevice], setting
                 for node in device.device_nodes:
                     ownership.set_owner(node, device.identity, *ownership.owner_for(lease, settings))
                 if not device.device_nodes:
-                    raise HookError(f"job {job.job_id}: {device.identity} has no device node (unplugged?); "
-                                    "replug it or drain the node")
+                    raise HookError(
+                        f"job {job.job_id}: {device.identity} has no device node (unplugged?); "
+                        "replug it or drain the node"
+                    )
             finally:
                 ledger.unlock()
             probe.mark("chown")
-            ledger.audit(audit.ACQUIRE, identity=device.identity, job_id=job.job_id, uid=job.uid,
-                         nodes=list(device.device_nodes))
+            ledger.audit(
+                audit.ACQUIRE, identity=device.identity, job_id=job.job_id, uid=job.uid, nodes=list(device.device_nodes)
+            )
             probe.mark("audit")
     except BaseException as exc:
         roll_back(ledger, job, taken, settings)
@@ -455,12 +508,16 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
             ledger.unlock()
         if time.monotonic() >= deadline:
             if isinstance(holder, Lease) and holder.phase == REVOKING:
-                raise HookError(f"job {lease.job_id}: {device.identity} did not come back after its port was "
-                                f"power-cycled at the end of job {holder.job_id}; replug it (or set "
-                                "devices.revoke: false if its hub cannot switch port power), then resume the node")
-            raise HookError(f"job {lease.job_id}: {device.identity} is held by live job {holder.job_id} "
-                            f"(uid {holder.uid}: {why}); Slurm allocated it twice or the ledger is wrong: "
-                            "check `slurm-tpu leases` on this node")
+                raise HookError(
+                    f"job {lease.job_id}: {device.identity} did not come back after its port was "
+                    f"power-cycled at the end of job {holder.job_id}; replug it (or set "
+                    "devices.revoke: false if its hub cannot switch port power), then resume the node"
+                )
+            raise HookError(
+                f"job {lease.job_id}: {device.identity} is held by live job {holder.job_id} "
+                f"(uid {holder.uid}: {why}); Slurm allocated it twice or the ledger is wrong: "
+                "check `slurm-tpu leases` on this node"
+            )
         # A stick coming back after revocation is the common wait: look often (each look is a lock,
         # a stat and a small read; with the node agent the release it waits for takes milliseconds).
         time.sleep(0.005 if isinstance(holder, Lease) and holder.phase == REVOKING else 0.1)
@@ -469,8 +526,9 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
 def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSettings, job_id: int) -> None:
     problems = reclaim(ledger, holder, settings, by_job=job_id)
     if problems:
-        raise DeviceNotFree(f"job {job_id}: {holder.identity} still has a stale lease of ended job "
-                            f"{holder.job_id}: {problems[0]}")
+        raise DeviceNotFree(
+            f"job {job_id}: {holder.identity} still has a stale lease of ended job {holder.job_id}: {problems[0]}"
+        )
 
 
 def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S) -> list[str]:

@@ -38,8 +38,10 @@ def run(environ) -> int:
         entries = settings.values.get(device.identity, {})
         for variable in settings.variables:
             if variable.kind == device.kind and variable.name not in entries:
-                raise HookError(f"job {job.job_id}: {device.identity} has no device node for its "
-                                f"{variable.name} entry (unplugged?); replug it or drain the node")
+                raise HookError(
+                    f"job {job.job_id}: {device.identity} has no device node for its "
+                    f"{variable.name} entry (unplugged?); replug it or drain the node"
+                )
     with Ledger(settings.state_dir) as ledger:
         ledger.sweep_temps()
         probe.mark("ledger_open")
@@ -56,7 +58,7 @@ def run(environ) -> int:
         # fails (the job then runs unmetered); the env file only on a full or
         # broken state filesystem, which no user can fill (see jobusage.py).
         try:
-            usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)
+            usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)  # type: ignore[arg-type]  # need_uid: an int
             probe.mark("usage_box")
             envfile.write(ledger, job.job_id, leases, settings, usage_dir)
             probe.mark("env_file")
@@ -65,9 +67,11 @@ def run(environ) -> int:
             leasing.roll_back(ledger, job, leases, settings)
             if not isinstance(exc, Exception):
                 raise
-            raise HookError(f"job {job.job_id}: cannot write its environment file in {settings.state_dir}/jobs "
-                            f"({exc}); its devices were given back: free space there (df {settings.state_dir}), "
-                            "then resume the node") from exc
+            raise HookError(
+                f"job {job.job_id}: cannot write its environment file in {settings.state_dir}/jobs "
+                f"({exc}); its devices were given back: free space there (df {settings.state_dir}), "
+                "then resume the node"
+            ) from exc
     return 0
 
 

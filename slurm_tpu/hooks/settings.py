@@ -22,8 +22,14 @@ import os
 
 from ..access import statedir
 from ..defaults import CONFIG_ENV, CONFIG_PATH, STATE_DIR
-from ..protocol.hooks_snapshot import FILE as SNAPSHOT, QUERY_MARKER, HookSnapshot, format_snapshot, \
-    parse_snapshot, query_marker
+from ..protocol.hooks_snapshot import (
+    FILE as SNAPSHOT,
+    QUERY_MARKER,
+    HookSnapshot,
+    format_snapshot,
+    parse_snapshot,
+    query_marker,
+)
 from ..protocol.inventory import FILE_NAME as INVENTORY
 
 
@@ -35,16 +41,19 @@ class HookSettings(HookSnapshot):
         from ..slurm import installation
         from ..slurm.commands import Slurm
 
-        install = installation.find(environ, self.slurm_bin_dir or None, self.slurm_sbin_dir or None,
-                                    use_path=False)
+        install = installation.find(environ, self.slurm_bin_dir or None, self.slurm_sbin_dir or None, use_path=False)
         return Slurm(install, environ)
 
     def leasable_names(self) -> list[str]:
         """GRES names whose devices this node leases (families that lease, with devices here)."""
         names = []
         for policy in self.families.values():
-            if policy.leased and policy.gres_name in self.index and policy.gres_name not in names \
-                    and any(d.kind == policy.kind for d in self.devices.values()):
+            if (
+                policy.leased
+                and policy.gres_name in self.index
+                and policy.gres_name not in names
+                and any(d.kind == policy.kind for d in self.devices.values())
+            ):
                 names.append(policy.gres_name)
         return names
 
@@ -60,7 +69,7 @@ class HookSettings(HookSnapshot):
         return format_snapshot(self)
 
     @classmethod
-    def from_text(cls, text: str) -> "HookSettings | None":
+    def from_text(cls, text: str) -> HookSettings | None:
         """The settings in a snapshot file's text, or None when it is no current snapshot."""
         return parse_snapshot(text, cls)
 
@@ -84,7 +93,7 @@ def scan_state_dir(path: str) -> str:
         with open(path, encoding="utf-8", errors="replace") as handle:
             for line in handle:
                 if line.startswith("state_dir:"):
-                    value = line[len("state_dir:"):].split(" #", 1)[0].strip()
+                    value = line[len("state_dir:") :].split(" #", 1)[0].strip()
                     if len(value) >= 2 and value[0] == value[-1] and value[0] in "'\"":
                         value = value[1:-1]
                     return value
@@ -153,13 +162,13 @@ def apply_families(settings: HookSettings, config) -> None:
     for family in FAMILIES:
         by_kind[family.kind] = family
         settings.families[family.kind] = family.hook_policy(config.family(family.kind))
-        settings.udev += [UdevRule(u.subsystem, u.devtype, u.bus, u.depth, u.attribute)
-                          for u in family.udev_identities]
-        settings.variables += [EnvVariable(v.name, family.kind, v.unset_when_empty, v.never_unset)
-                               for v in family.variables]
+        settings.udev += [UdevRule(u.subsystem, u.devtype, u.bus, u.depth, u.attribute) for u in family.udev_identities]
+        settings.variables += [
+            EnvVariable(v.name, family.kind, v.unset_when_empty, v.never_unset) for v in family.variables
+        ]
     for device in settings.devices.values():
-        family = by_kind.get(device.kind)
-        for variable in family.variables if family is not None else ():
+        device_family = by_kind.get(device.kind)
+        for variable in device_family.variables if device_family is not None else ():
             try:
                 entry = variable.value(device.identity, device.primary_node)
             except ValueError:

@@ -8,12 +8,12 @@ checks the same files. Standard library only: the hooks import it.
 
 from __future__ import annotations
 
+import os
+
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping, Sequence
-
-import os
+    from collections.abc import Mapping, Sequence
 
 
 def conf_paths(environ: Mapping[str, str]) -> tuple[str, str]:
@@ -54,8 +54,9 @@ def _slurm_conf_text(path: str, depth: int = 0) -> str:
     return text
 
 
-def gres_index(node: str, names: Sequence[str], environ: Mapping[str, str]
-               ) -> dict[str, list[tuple[str | None, str | None]]]:
+def gres_index(
+    node: str, names: Sequence[str], environ: Mapping[str, str]
+) -> dict[str, list[tuple[str | None, str | None]]]:
     """name -> [(type, file) per IDX] for this node, from slurm.conf + gres.conf."""
     from ..slurm.gres_index import device_order
     from ..slurm.parse import parse_gres_conf, parse_node_gres
@@ -66,5 +67,4 @@ def gres_index(node: str, names: Sequence[str], environ: Mapping[str, str]
         return {}
     records = parse_gres_conf(gres_text, node)
     node_gres = parse_node_gres(_slurm_conf_text(slurm_conf), node)
-    return {name: device_order(name, records, node_gres) for name in names
-            if any(r.name == name for r in records)}
+    return {name: device_order(name, records, node_gres) for name in names if any(r.name == name for r in records)}

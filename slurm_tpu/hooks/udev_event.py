@@ -26,6 +26,11 @@ import stat
 from ..defaults import SYSFS_ROOT
 from .context import HookError, node_from_env, say
 
+# Annotations only: typing costs the hooks milliseconds per event at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
 
 def _sysfs_attribute(sysfs_root: str, parts: list[str], name: str) -> str | None:
     """A sysfs attribute of the event's device (None when gone: a remove event)."""
@@ -40,7 +45,7 @@ def _sysfs_attribute(sysfs_root: str, parts: list[str], name: str) -> str | None
         os.close(fd)
 
 
-def identity_for(environ: dict[str, str], rules, sysfs_root: str = SYSFS_ROOT, known=None) -> str | None:
+def identity_for(environ: Mapping[str, str], rules, sysfs_root: str = SYSFS_ROOT, known=None) -> str | None:
     """The stable identity of the event's device, or None if it is not ours.
 
     ``rules`` (the families' UdevRule list, from the hooks' snapshot) say how: for
@@ -99,7 +104,7 @@ def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
     return node_inventory.load(dir_fd)
 
 
-def run(environ: dict[str, str]) -> int:
+def run(environ: Mapping[str, str]) -> int:
     from ..access import node_inventory, ownership
     from ..access.ledger import HELD, REVOKING, Lease, Ledger
     from ..access.slots import ensure_slot
@@ -143,14 +148,26 @@ def run(environ: dict[str, str]) -> int:
         uid, gid, mode = ownership.owner_for(None if finishing else lease, settings)
         for node in nodes:
             ownership.set_owner(node, identity, uid, gid, mode)
-        if finishing:
+        if finishing and isinstance(lease, Lease):  # finishing: always a Lease (the isinstance is for mypy)
             ledger.drop(identity)
             # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
-            ledger.audit(audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM, identity=identity, job_id=lease.job_id,
-                         uid=lease.uid, nodes=list(nodes), revoked=True)
+            ledger.audit(
+                audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM,
+                identity=identity,
+                job_id=lease.job_id,
+                uid=lease.uid,
+                nodes=list(nodes),
+                revoked=True,
+            )
         elif isinstance(lease, Lease) and lease.phase == HELD:
-            ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, uid=lease.uid,
-                         nodes=list(nodes), changed=changed)
+            ledger.audit(
+                audit.REENUMERATE,
+                identity=identity,
+                job_id=lease.job_id,
+                uid=lease.uid,
+                nodes=list(nodes),
+                changed=changed,
+            )
         elif lease is not None:
             # Kept by an epilog, being revoked (the old device's own event), or unreadable: not
             # free, and not the job's any more (owner_for: root only).
@@ -164,13 +181,13 @@ def run(environ: dict[str, str]) -> int:
     return 0
 
 
-def main(environ: dict[str, str] | None = None) -> int:
+def main(environ: Mapping[str, str] | None = None) -> int:
     """Entry point (udev/slurm-tpu-udev-event and ``slurm-tpu udev-event``); 0, or 1 after one error line."""
     environ = os.environ if environ is None else environ
     try:
         return run(environ)
     except HookError as exc:
         say(str(exc))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - one error line for whatever went wrong, exit 1
         say(f"udev-event: {environ.get('DEVPATH', '?')}: {type(exc).__name__}: {exc}")
     return 1

@@ -14,8 +14,8 @@ be dominated by them.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..protocol.audit import LeaseSpan
 
@@ -42,21 +42,31 @@ class Totals:
 
     def to_json(self) -> dict:
         mean = self.inference_seconds / self.inferences * 1000 if self.inferences else None
-        return {"jobs": len(self.jobs), "leases": self.leases, "lease_seconds": round(self.lease_seconds, 3),
-                "inferences": self.inferences, "inference_seconds": round(self.inference_seconds, 6),
-                "mean_latency_ms": None if mean is None else round(mean, 3),
-                "energy_j": None if self.energy_j is None else round(self.energy_j, 3)}
+        return {
+            "jobs": len(self.jobs),
+            "leases": self.leases,
+            "lease_seconds": round(self.lease_seconds, 3),
+            "inferences": self.inferences,
+            "inference_seconds": round(self.inference_seconds, 6),
+            "mean_latency_ms": None if mean is None else round(mean, 3),
+            "energy_j": None if self.energy_j is None else round(self.energy_j, 3),
+        }
 
 
-def summarize(records: Iterable[LeaseSpan], by: str, since: float | None, until: float | None,
-              now: float, user_name=str) -> dict[str, Totals]:
+def summarize(
+    records: Iterable[LeaseSpan], by: str, since: float | None, until: float | None, now: float, user_name=str
+) -> dict[str, Totals]:
     """Totals per user, device or job for leases overlapping [since, until)."""
     groups: dict[str, Totals] = {}
+    keys: dict[str, Callable[[LeaseSpan], str]] = {
+        "user": lambda span: user_name(span.uid),
+        "device": lambda span: span.identity,
+        "job": lambda span: str(span.job_id),
+    }
     for record in records:
         end = record.end if record.end is not None else now
         if (since is not None and end < since) or (until is not None and record.start >= until):
             continue
-        key = {"user": lambda: user_name(record.uid), "device": lambda: record.identity,
-               "job": lambda: str(record.job_id)}[by]()
+        key = keys[by](record)
         groups.setdefault(key, Totals()).add(record, record.seconds_within(since, until, now))
     return dict(sorted(groups.items()))

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from ..config import Config
 from ..errors import SlurmTpuError
 from ..families import family, inventory_from_json
-from ..hardware import Inventory
+from ..hardware import Accelerator, Inventory
 from ..render import slot_path
 
 
@@ -38,12 +38,17 @@ def restore_node_state(config: Config, live: Inventory) -> BootResult:
         with open(config.inventory_file, encoding="utf-8") as handle:
             configured = inventory_from_json(json.load(handle))
     except FileNotFoundError:
-        raise SlurmTpuError(f"no configured inventory at {config.inventory_file}: run "
-                            "`slurm-tpu gres-conf --output /etc/slurm/gres.conf` once on this node") from None
+        raise SlurmTpuError(
+            f"no configured inventory at {config.inventory_file}: run "
+            "`slurm-tpu gres-conf --output /etc/slurm/gres.conf` once on this node"
+        ) from None
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise SlurmTpuError(f"{config.inventory_file} is unreadable ({exc}); rerun "
-                            "`slurm-tpu gres-conf --output ...` to rewrite it") from exc
-    present, absent, restored = [], [], []
+        raise SlurmTpuError(
+            f"{config.inventory_file} is unreadable ({exc}); rerun `slurm-tpu gres-conf --output ...` to rewrite it"
+        ) from exc
+    present: list[str] = []
+    absent: list[str] = []
+    restored: list[Accelerator] = []
     for accelerator in configured:
         now = live.by_identity(accelerator.identity)
         if accelerator.usable and family(accelerator.kind).slot:
@@ -55,7 +60,10 @@ def restore_node_state(config: Config, live: Inventory) -> BootResult:
         if accelerator.usable:
             (present if now is not None and now.usable else absent).append(accelerator.identity)
         # Current node paths where the device is here; the configured ones otherwise.
-        restored.append(dataclasses.replace(accelerator, device_nodes=now.device_nodes)
-                        if now is not None and now.device_nodes else accelerator)
+        restored.append(
+            dataclasses.replace(accelerator, device_nodes=now.device_nodes)
+            if now is not None and now.device_nodes
+            else accelerator
+        )
     write_state_inventory(config.state_dir, dataclasses.replace(configured, accelerators=tuple(restored)).to_json())
     return BootResult(len(configured.usable()), tuple(present), tuple(absent))

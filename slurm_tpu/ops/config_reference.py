@@ -27,8 +27,12 @@ from ..families import FAMILIES, FamilyConfig
 
 COMMAND = "python -m slurm_tpu.ops.config_reference --output docs/configuration.md"
 # The top-level sections, in the order the page shows them; a key's section is its first part.
-SECTIONS = (("", "Top level"), ("devices", "`devices`: device nodes, leases and revocation"),
-            ("udev", "`udev`: the rules' program"), ("slurm", "`slurm`: which Slurm, and how to talk to it"))
+SECTIONS = (
+    ("", "Top level"),
+    ("devices", "`devices`: device nodes, leases and revocation"),
+    ("udev", "`udev`: the rules' program"),
+    ("slurm", "`slurm`: which Slurm, and how to talk to it"),
+)
 
 
 def _mode(mode: int) -> str:
@@ -77,13 +81,15 @@ def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, s
     if key == "types":
         return dict(config.types)
     if key.startswith("types."):
-        name = key[len("types."):]
+        name = key[len("types.") :]
         if keys[key][0] is dict:
-            named = {other[len("types."):] for other in keys if other.startswith("types.")}
+            named = {other[len("types.") :] for other in keys if other.startswith("types.")}
             return {entry: value for entry, value in config.types.items() if entry not in named}
         return config.types[name]
-    raise UnknownDefault(f"no default known for config key '{key}' of a family: "
-                         f"teach slurm_tpu/ops/config_reference.py's _family_default to read it")
+    raise UnknownDefault(
+        f"no default known for config key '{key}' of a family: "
+        f"teach slurm_tpu/ops/config_reference.py's _family_default to read it"
+    )
 
 
 def defaults() -> dict[str, Any]:
@@ -96,8 +102,10 @@ def defaults() -> dict[str, Any]:
             continue
         parts = key.split(".", 2)
         if parts[0] != "families" or len(parts) < 3:
-            raise UnknownDefault(f"no default known for config key '{key}': add it to "
-                                 f"slurm_tpu/ops/config_reference.py's _COMMON_DEFAULTS")
+            raise UnknownDefault(
+                f"no default known for config key '{key}': add it to "
+                f"slurm_tpu/ops/config_reference.py's _COMMON_DEFAULTS"
+            )
         section = {k.split(".", 2)[2]: v for k, v in keys.items() if k.startswith(f"families.{parts[1]}.")}
         found[key] = _family_default(config.family(parts[1]), parts[2], section)
     return found
@@ -144,7 +152,7 @@ def _table(members: list[str], prefix: str, found: dict[str, Any]) -> list[str]:
     for key in members:
         expected, description = known[key]
         default = "required in a file" if key == "version" else _value(found[key])
-        rows.append(f"| `{key[len(prefix):]}` | {_type_name(expected)} | {default} | {_cell(description)} |")
+        rows.append(f"| `{key[len(prefix) :]}` | {_type_name(expected)} | {default} | {_cell(description)} |")
     return rows
 
 
@@ -177,26 +185,45 @@ def render() -> str:
     for family in FAMILIES:
         prefix = f"families.{family.kind}."
         members = [k for k in keys if k.startswith(prefix)]
-        lines += [f"## `families.{family.kind}`: {family.title}s", "",
-                  f"The settings of the {family.title} family ([{_source(family)}](../{_source(family)})).", "",
-                  *_table(members, prefix, found), ""]
+        lines += [
+            f"## `families.{family.kind}`: {family.title}s",
+            "",
+            f"The settings of the {family.title} family ([{_source(family)}](../{_source(family)})).",
+            "",
+            *_table(members, prefix, found),
+            "",
+        ]
     document = yaml.safe_dump(default_document(), sort_keys=False, default_flow_style=False).rstrip("\n")
     unset = ", ".join(f"`{key}`" for key, value in found.items() if value is None)
-    lines += ["## Every default, as a file", "",
-              f"A config file that sets every key to its default; the keys left out are unset by default "
-              f"({unset}).", "", "```yaml", document, "```", ""]
-    lines += ["## Version 1 keys", "",
-              "Version 1 files spelled the Edge TPU and GPU settings flat. They still load, each key with "
-              "the meaning of the version 2 key it became:", "",
-              "| version 1 key | version 2 key |", "|---|---|"]
+    lines += [
+        "## Every default, as a file",
+        "",
+        f"A config file that sets every key to its default; the keys left out are unset by default ({unset}).",
+        "",
+        "```yaml",
+        document,
+        "```",
+        "",
+    ]
+    lines += [
+        "## Version 1 keys",
+        "",
+        "Version 1 files spelled the Edge TPU and GPU settings flat. They still load, each key with "
+        "the meaning of the version 2 key it became:",
+        "",
+        "| version 1 key | version 2 key |",
+        "|---|---|",
+    ]
     lines += [f"| `{old}` | `{new}` |" for old, new in VERSION_1_KEYS.items()]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
     """Print the page, or write it to ``--output``."""
-    parser = argparse.ArgumentParser(prog="python -m slurm_tpu.ops.config_reference",
-                                     description="Render the configuration reference (docs/configuration.md).")
+    parser = argparse.ArgumentParser(
+        prog="python -m slurm_tpu.ops.config_reference",
+        description="Render the configuration reference (docs/configuration.md).",
+    )
     parser.add_argument("--output", "-o", help="write the page to this file instead of stdout")
     options = parser.parse_args(argv)
     try:

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 
 from ..config import Config
-from ..files import block_markers, merge_block, read_text, write_if_changed
 from ..families import family
+from ..files import block_markers, merge_block, read_text, write_if_changed
 from ..hardware import Inventory
 from ..render import node_features, node_gres, render_gres_conf, slot_path
 from ..slurm.parse import parse_key_values
@@ -27,8 +27,9 @@ def prepare_node_state(config: Config, inventory: Inventory) -> None:
     from ..access.slots import ensure_slot
 
     for accelerator in (a for a in inventory.usable() if family(a.kind).slot):
-        ensure_slot(os.path.dirname(slot_path(config, accelerator)), accelerator.identity,
-                    accelerator.primary_node or "")
+        ensure_slot(
+            os.path.dirname(slot_path(config, accelerator)), accelerator.identity, accelerator.primary_node or ""
+        )
     write_state_inventory(config.state_dir, inventory.to_json())
     os.makedirs(os.path.dirname(config.inventory_file), mode=0o755, exist_ok=True)
     write_if_changed(config.inventory_file, json.dumps(inventory.to_json(), indent=1) + "\n")
@@ -71,8 +72,9 @@ class ConfigureResult:
         return self.gres_changed or self.node_changed
 
 
-def configure_node(config: Config, inventory: Inventory, node: str, gres_conf: str,
-                   node_conf: str | None = None) -> ConfigureResult:
+def configure_node(
+    config: Config, inventory: Inventory, node: str, gres_conf: str, node_conf: str | None = None
+) -> ConfigureResult:
     """Slots, state inventory, the node's gres.conf block and (if given) its NodeName line."""
     prepare_node_state(config, inventory)
     gres_text = read_text(gres_conf)

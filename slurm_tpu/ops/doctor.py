@@ -13,8 +13,9 @@ from __future__ import annotations
 import os
 import stat
 import subprocess
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Mapping
+from typing import Callable
 
 from .. import __version__
 from ..config import Config
@@ -92,10 +93,17 @@ def _unsafe(path: str) -> str | None:
 
 # ---- slurm.conf and the hooks -----------------------------------------------------------
 
+
 def check_slurm_conf(node: Node) -> list[Finding]:
     if node.slurm_conf_text() is None:
-        return [Finding("slurm.conf", False, f"cannot read {node.slurm_conf}",
-                        "pass --slurm-conf FILE (or set SLURM_CONF) to the node's slurm.conf")]
+        return [
+            Finding(
+                "slurm.conf",
+                False,
+                f"cannot read {node.slurm_conf}",
+                "pass --slurm-conf FILE (or set SLURM_CONF) to the node's slurm.conf",
+            )
+        ]
     return [Finding("slurm.conf", True, node.slurm_conf)]
 
 
@@ -108,8 +116,10 @@ def _root_program_problem(path: str, when: str, prefix: str) -> tuple[str, str] 
     if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o100:
         return f"{path} is not an executable file", f"slurm-tpu install --prefix {prefix}"
     if info.st_uid != 0 or info.st_mode & 0o022:
-        return (f"{path} is uid {info.st_uid} mode {_mode(info)}: whoever can write it runs code as root {when}",
-                f"chown root:root {path} && chmod 0755 {path}")
+        return (
+            f"{path} is uid {info.st_uid} mode {_mode(info)}: whoever can write it runs code as root {when}",
+            f"chown root:root {path} && chmod 0755 {path}",
+        )
     return None
 
 
@@ -122,30 +132,54 @@ def check_hooks(node: Node) -> list[Finding]:
         named = [p for p in options.get(option.lower(), "").split(",") if p]
         if ours not in named:
             now = f"names {','.join(named)}" if named else "has no such line"
-            findings.append(Finding("hooks", False, f"slurm.conf {option}= {now}, not slurm-tpu's {ours}",
-                                    f"set {option}={ours} in {node.slurm_conf}, then scontrol reconfigure"))
+            findings.append(
+                Finding(
+                    "hooks",
+                    False,
+                    f"slurm.conf {option}= {now}, not slurm-tpu's {ours}",
+                    f"set {option}={ours} in {node.slurm_conf}, then scontrol reconfigure",
+                )
+            )
             continue
         problem = _root_program_problem(ours, "on every job", node.layout.prefix)
         if problem:
             findings.append(Finding("hooks", False, f"{option} {problem[0]}", problem[1]))
     directory = _unsafe(node.layout.hooks_dir)
     if directory and os.path.isdir(node.layout.hooks_dir):
-        findings.append(Finding("hooks", False, f"hooks directory {directory}",
-                                f"chown root:root {node.layout.hooks_dir} && chmod 0755 {node.layout.hooks_dir}"))
-    return findings or [Finding("hooks", True, f"{', '.join(SLURM_HOOKS)} are slurm-tpu's in "
-                                               f"{node.layout.hooks_dir}, root's, not writable by others")]
+        findings.append(
+            Finding(
+                "hooks",
+                False,
+                f"hooks directory {directory}",
+                f"chown root:root {node.layout.hooks_dir} && chmod 0755 {node.layout.hooks_dir}",
+            )
+        )
+    return findings or [
+        Finding(
+            "hooks",
+            True,
+            f"{', '.join(SLURM_HOOKS)} are slurm-tpu's in {node.layout.hooks_dir}, root's, not writable by others",
+        )
+    ]
 
 
 def check_gres_types(node: Node) -> list[Finding]:
     """GresTypes lists the first family's GRES (tpu) always, and every family's the node has devices of."""
-    names = [node.config.family(f.kind).gres_name for i, f in enumerate(FAMILIES)
-             if i == 0 or node.inventory.usable(f.kind)]
+    names = [
+        node.config.family(f.kind).gres_name for i, f in enumerate(FAMILIES) if i == 0 or node.inventory.usable(f.kind)
+    ]
     have = [t.strip() for t in node.options().get("grestypes", "").split(",") if t.strip()]
     lacking = [n for n in names if n not in have]
     if lacking:
-        return [Finding("GresTypes", False, f"slurm.conf GresTypes={','.join(have)} lacks {','.join(lacking)}",
-                        f"set GresTypes={','.join(dict.fromkeys(have + lacking))} in {node.slurm_conf} and "
-                        "restart slurmctld and slurmd")]
+        return [
+            Finding(
+                "GresTypes",
+                False,
+                f"slurm.conf GresTypes={','.join(have)} lacks {','.join(lacking)}",
+                f"set GresTypes={','.join(dict.fromkeys(have + lacking))} in {node.slurm_conf} and "
+                "restart slurmctld and slurmd",
+            )
+        ]
     return [Finding("GresTypes", True, ",".join(have))]
 
 
@@ -160,11 +194,16 @@ def check_accounting_tres(node: Node) -> list[Finding]:
     have = [t.strip() for t in options.get("accountingstoragetres", "").split(",") if t.strip()]
     lacking = [t for t in inventory_tres(node.inventory, node.config) if t not in have]
     if lacking:
-        return [Finding("AccountingStorageTRES", False,
-                        f"slurm.conf AccountingStorageTRES lacks {','.join(lacking)}: sacct, sreport and QOS "
-                        f"limits do not see {node.node}'s GRES",
-                        f"set AccountingStorageTRES={','.join(dict.fromkeys(have + lacking))} in {node.slurm_conf}"
-                        " and restart slurmctld")]
+        return [
+            Finding(
+                "AccountingStorageTRES",
+                False,
+                f"slurm.conf AccountingStorageTRES lacks {','.join(lacking)}: sacct, sreport and QOS "
+                f"limits do not see {node.node}'s GRES",
+                f"set AccountingStorageTRES={','.join(dict.fromkeys(have + lacking))} in {node.slurm_conf}"
+                " and restart slurmctld",
+            )
+        ]
     return [Finding("AccountingStorageTRES", True, ",".join(have) or "(no GRES here)")]
 
 
@@ -174,12 +213,17 @@ def check_gres_conf(node: Node) -> list[Finding]:
     from ..render import render_gres_conf
 
     old = read_text(node.gres_conf)
-    new = merge_block(old, "gres", node.node, render_gres_conf(node.inventory, node.config, node.node),
-                      node.gres_conf)
+    new = merge_block(old, "gres", node.node, render_gres_conf(node.inventory, node.config, node.node), node.gres_conf)
     if old != new:
-        return [Finding("gres.conf", False, f"{node.gres_conf} differs from {node.node}'s hardware "
-                                            f"({changed_lines(old, new, node.gres_conf)} line(s))",
-                        f"slurm-tpu gres-conf --output {node.gres_conf}, then restart slurmd")]
+        return [
+            Finding(
+                "gres.conf",
+                False,
+                f"{node.gres_conf} differs from {node.node}'s hardware "
+                f"({changed_lines(old, new, node.gres_conf)} line(s))",
+                f"slurm-tpu gres-conf --output {node.gres_conf}, then restart slurmd",
+            )
+        ]
     return [Finding("gres.conf", True, f"{node.node}'s block in {node.gres_conf} matches the hardware")]
 
 
@@ -190,9 +234,15 @@ def check_node_line(node: Node) -> list[Finding]:
 
     fields = node_line_fields(node.slurm_conf_text() or "", node.node)
     if fields is None:
-        return [Finding("NodeName", False, f"no NodeName line for {node.node} in {node.slurm_conf} or its Includes",
-                        f"slurm-tpu node-conf --output {os.path.dirname(node.slurm_conf)}/nodes.conf and "
-                        "Include it from slurm.conf")]
+        return [
+            Finding(
+                "NodeName",
+                False,
+                f"no NodeName line for {node.node} in {node.slurm_conf} or its Includes",
+                f"slurm-tpu node-conf --output {os.path.dirname(node.slurm_conf)}/nodes.conf and "
+                "Include it from slurm.conf",
+            )
+        ]
     want_gres, want_features = node_gres(node.inventory, node.config), node_features(node.inventory, node.config)
     have_gres = fields.get("Gres", "")
     have_features = [f for f in fields.get("Feature", fields.get("Features", "")).split(",") if f]
@@ -200,16 +250,24 @@ def check_node_line(node: Node) -> list[Finding]:
     if have_gres != want_gres:
         wrong.append(f"Gres={have_gres or '(none)'}, the hardware gives Gres={want_gres or '(none)'}")
     if set(have_features) != set(want_features):
-        wrong.append(f"Feature={','.join(have_features) or '(none)'}, the hardware gives "
-                     f"Feature={','.join(want_features) or '(none)'}")
+        wrong.append(
+            f"Feature={','.join(have_features) or '(none)'}, the hardware gives "
+            f"Feature={','.join(want_features) or '(none)'}"
+        )
     if wrong:
-        return [Finding("NodeName", False, f"NodeName={node.node} has " + "; ".join(wrong),
-                        "slurm-tpu node-conf --output FILE (the file holding the line), then restart "
-                        "slurmctld and slurmd")]
+        return [
+            Finding(
+                "NodeName",
+                False,
+                f"NodeName={node.node} has " + "; ".join(wrong),
+                "slurm-tpu node-conf --output FILE (the file holding the line), then restart slurmctld and slurmd",
+            )
+        ]
     return [Finding("NodeName", True, f"Gres={want_gres or '(none)'} Feature={','.join(want_features) or '(none)'}")]
 
 
 # ---- udev and the state directory ---------------------------------------------------------
+
 
 def check_udev_rules(node: Node) -> list[Finding]:
     """The installed rules are the ones this config renders."""
@@ -220,14 +278,30 @@ def check_udev_rules(node: Node) -> list[Finding]:
     try:
         run = udev_run_program(node.layout, node.config)
     except SlurmTpuError as exc:  # udev.run_program that udev could not run
-        return [Finding("udev rules", False, str(exc), f"fix udev.run_program in {node.config.path or 'the slurm-tpu config'}, or drop it")]
+        return [
+            Finding(
+                "udev rules",
+                False,
+                str(exc),
+                f"fix udev.run_program in {node.config.path or 'the slurm-tpu config'}, or drop it",
+            )
+        ]
     want = render_udev_rules(node.config, run)
     if not os.path.exists(path):
-        return [Finding("udev rules", False, f"{path} is missing", f"slurm-tpu install --sysconfdir "
-                                                                   f"{node.layout.sysconfdir}")]
+        return [
+            Finding(
+                "udev rules", False, f"{path} is missing", f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}"
+            )
+        ]
     if read_text(path) != want:
-        return [Finding("udev rules", False, f"{path} differs from what this config renders",
-                        f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}")]
+        return [
+            Finding(
+                "udev rules",
+                False,
+                f"{path} differs from what this config renders",
+                f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}",
+            )
+        ]
     # The program udev runs on every device event: there, and only root can change it. The one
     # install writes is a plain file; a site's udev.run_program may be a link (to a venv's console script).
     program = run.split()[0]
@@ -249,8 +323,11 @@ def _managed_nodes(node: Node) -> list[tuple[str, str]]:
     from .node_state import configured_document
 
     document = configured_document(node.config) or {}
-    current = {entry.get("identity"): entry.get("device_nodes") or []
-               for entry in document.get("accelerators", []) if isinstance(entry, dict)}
+    current = {
+        entry.get("identity"): entry.get("device_nodes") or []
+        for entry in document.get("accelerators", [])
+        if isinstance(entry, dict)
+    }
     nodes = []
     for accelerator in node.inventory.usable():
         paths = current.get(accelerator.identity) or accelerator.device_nodes
@@ -272,8 +349,14 @@ def check_udev_loaded(node: Node) -> list[Finding]:
     try:
         want = (pwd.getpwnam(idle.owner).pw_uid, grp.getgrnam(idle.group).gr_gid, idle.mode)
     except KeyError as exc:
-        return [Finding("udev loaded", False, f"devices.idle names an unknown user or group ({exc})",
-                        "fix devices.idle in the slurm-tpu config")]
+        return [
+            Finding(
+                "udev loaded",
+                False,
+                f"devices.idle names an unknown user or group ({exc})",
+                "fix devices.idle in the slurm-tpu config",
+            )
+        ]
     leased = set(current_leases(node.config))
     findings, checked = [], 0
     for identity, path in _managed_nodes(node):
@@ -285,14 +368,20 @@ def check_udev_loaded(node: Node) -> list[Finding]:
             continue  # a missing device is the health check's business
         checked += 1
         if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) != want:
-            findings.append(Finding("udev loaded", False,
-                                    f"idle {identity} {path} is uid {info.st_uid} gid {info.st_gid} mode "
-                                    f"{_mode(info)}, the rules give {idle.owner}:{idle.group} {idle.mode:04o}: "
-                                    "udev has not applied slurm-tpu's rules (or a later rule overrides them)",
-                                    "udevadm control --reload && udevadm trigger --action=change "
-                                    "--subsystem-match=usb --subsystem-match=apex"))
-    return findings or [Finding("udev loaded", True, f"{checked} idle device node(s) are "
-                                                     f"{idle.owner}:{idle.group} {idle.mode:04o}")]
+            findings.append(
+                Finding(
+                    "udev loaded",
+                    False,
+                    f"idle {identity} {path} is uid {info.st_uid} gid {info.st_gid} mode "
+                    f"{_mode(info)}, the rules give {idle.owner}:{idle.group} {idle.mode:04o}: "
+                    "udev has not applied slurm-tpu's rules (or a later rule overrides them)",
+                    "udevadm control --reload && udevadm trigger --action=change "
+                    "--subsystem-match=usb --subsystem-match=apex",
+                )
+            )
+    return findings or [
+        Finding("udev loaded", True, f"{checked} idle device node(s) are {idle.owner}:{idle.group} {idle.mode:04o}")
+    ]
 
 
 def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
@@ -303,9 +392,9 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     runner, running as the job's user, must be able to pass through it, jobs/ (to
     read the env file) and job-usage/ (to reach the job's own usage box).
     """
-    from ..hooks.jobusage import BOX_DIR
     from ..access import statedir
     from ..access.ledger import LEASES
+    from ..hooks.jobusage import BOX_DIR
     from ..protocol.envfile import DIR as JOBS
 
     fix = "chown root:root {0} && chmod 0755 {0}"
@@ -313,14 +402,22 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
         fd = statedir.open_dir(state_dir)
     except statedir.StateDirError as exc:
         if not os.path.lexists(state_dir):
-            return [(f"state directory {state_dir} does not exist",
-                     "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after a reboot)")]
+            return [
+                (
+                    f"state directory {state_dir} does not exist",
+                    "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after a reboot)",
+                )
+            ]
         return [(str(exc), fix.format(state_dir))]
     problems = []
     try:
         if not os.fstat(fd).st_mode & 0o001:
-            problems.append((f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) "
-                             "cannot reach jobs/", fix.format(state_dir)))
+            problems.append(
+                (
+                    f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) cannot reach jobs/",
+                    fix.format(state_dir),
+                )
+            )
         for name, traversable in ((LEASES, False), (JOBS, True), (BOX_DIR, True)):
             path = os.path.join(state_dir, name)
             if not os.path.lexists(path):
@@ -331,8 +428,9 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
                 problems.append((f"{path}: {exc}", fix.format(path)))
                 continue
             if traversable and not os.fstat(sub).st_mode & 0o001:
-                problems.append((f"{path} is mode {_mode(os.fstat(sub))}: the task-prolog cannot read it",
-                                 fix.format(path)))
+                problems.append(
+                    (f"{path} is mode {_mode(os.fstat(sub))}: the task-prolog cannot read it", fix.format(path))
+                )
             os.close(sub)
     finally:
         os.close(fd)
@@ -341,8 +439,9 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
 
 def check_state_dir(node: Node) -> list[Finding]:
     problems = state_dir_problems(node.config.state_dir)
-    return [Finding("state dir", False, problem, fix) for problem, fix in problems] or \
-        [Finding("state dir", True, f"{node.config.state_dir} root's, mode 0755-like")]
+    return [Finding("state dir", False, problem, fix) for problem, fix in problems] or [
+        Finding("state dir", True, f"{node.config.state_dir} root's, mode 0755-like")
+    ]
 
 
 # ---- the hooks' Python ---------------------------------------------------------------------
@@ -370,7 +469,7 @@ def _hook_python(path: str) -> tuple[str, str] | None:
     root = os.path.dirname(os.path.dirname(os.path.realpath(path)))  # a checkout's hook
     for line in lines:
         if line.startswith("_ROOT = "):
-            value = line[len("_ROOT = "):].split("  #", 1)[0].strip()
+            value = line[len("_ROOT = ") :].split("  #", 1)[0].strip()
             try:
                 root = ast.literal_eval(value)
             except (ValueError, SyntaxError):
@@ -392,31 +491,52 @@ def check_hooks_import(node: Node) -> list[Finding]:
         probed.add(found)
         python, root = found
         try:
-            done = subprocess.run([python, "-I", "-S", "-c", _IMPORT_PROBE, root], capture_output=True,
-                                  text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
+            done = subprocess.run(
+                [python, "-I", "-S", "-c", _IMPORT_PROBE, root],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                env={"PATH": "/usr/bin:/bin"},
+            )
             out, err, code = done.stdout.splitlines(), done.stderr.strip(), done.returncode
         except OSError as exc:
             out, err, code = [], str(exc), -1
         if code != 0 or len(out) < 2:
             last = err.splitlines()[-1] if err else f"exit status {code}"
-            findings.append(Finding("hooks import", False, f"{name}: {python} -I -S cannot import slurm_tpu from "
-                                    f"{root}: {last}", fix))
+            findings.append(
+                Finding(
+                    "hooks import", False, f"{name}: {python} -I -S cannot import slurm_tpu from {root}: {last}", fix
+                )
+            )
             continue
         if out[0] != __version__:
-            findings.append(Finding("hooks import", False, f"{name} imports slurm-tpu {out[0]} ({out[1]}), "
-                                    f"this is {__version__}", fix))
+            findings.append(
+                Finding(
+                    "hooks import", False, f"{name} imports slurm-tpu {out[0]} ({out[1]}), this is {__version__}", fix
+                )
+            )
         package = os.path.dirname(out[1])
         unsafe = [why for why in (_unsafe(python), _unsafe(root), _unsafe(package)) if why]
         if unsafe:
-            findings.append(Finding("hooks import", False, f"{name} runs as root with code others can change: "
-                                    + "; ".join(unsafe), "install slurm-tpu where only root can write"))
+            findings.append(
+                Finding(
+                    "hooks import",
+                    False,
+                    f"{name} runs as root with code others can change: " + "; ".join(unsafe),
+                    "install slurm-tpu where only root can write",
+                )
+            )
     if not probed:
         return []  # no Python hook installed: check_hooks says so
-    return findings or [Finding("hooks import", True, f"slurm-tpu {__version__} under "
-                                                      f"{', '.join(sorted({p for p, _ in probed}))} -I -S")]
+    return findings or [
+        Finding(
+            "hooks import", True, f"slurm-tpu {__version__} under {', '.join(sorted({p for p, _ in probed}))} -I -S"
+        )
+    ]
 
 
 # ---- Slurm, runtimes, munge -----------------------------------------------------------------
+
 
 def check_slurmd_version(node: Node) -> list[Finding]:
     from ..errors import SlurmCommandError
@@ -426,15 +546,27 @@ def check_slurmd_version(node: Node) -> list[Finding]:
     try:
         slurmd = Slurm.for_config(node.config, node.environ).program("slurmd")
     except SlurmCommandError as exc:
-        return [Finding("slurmd", False, str(exc).split(":", 1)[0], "install Slurm's slurmd, or name its "
-                        "directory in slurm.sbin_dir")]
+        return [
+            Finding(
+                "slurmd",
+                False,
+                str(exc).split(":", 1)[0],
+                "install Slurm's slurmd, or name its directory in slurm.sbin_dir",
+            )
+        ]
     version = version_of(slurmd, node.environ)
     tested = " and ".join(f"{release}.x" for release in TESTED_RELEASES)
     if version is None:
         return [Finding("slurmd", False, f"{slurmd} -V does not say its version", f"check {slurmd}")]
     if not is_tested_release(version):
-        return [Finding("slurmd", False, f"{slurmd} is Slurm {version}, which slurm-tpu is not tested with "
-                                         f"({tested})", f"run Slurm {tested}, or test this release first")]
+        return [
+            Finding(
+                "slurmd",
+                False,
+                f"{slurmd} is Slurm {version}, which slurm-tpu is not tested with ({tested})",
+                f"run Slurm {tested}, or test this release first",
+            )
+        ]
     return [Finding("slurmd", True, f"{slurmd} is Slurm {version}")]
 
 
@@ -462,9 +594,13 @@ def _visible_devices(library: str) -> Finding:
     problem = visible_devices_problem(library)
     if problem is None:
         return Finding("EDGETPU_VISIBLE_DEVICES", True, f"{library} shows a job only its own Edge TPUs")
-    return Finding("EDGETPU_VISIBLE_DEVICES", False, problem,
-                   "build it with scripts/build-libedgetpu.sh and run 'slurm-tpu install --libedgetpu "
-                   "<the built libedgetpu.so.1>' (docs/admin-guide.md: The Edge TPU runtime)")
+    return Finding(
+        "EDGETPU_VISIBLE_DEVICES",
+        False,
+        problem,
+        "build it with scripts/build-libedgetpu.sh and run 'slurm-tpu install --libedgetpu "
+        "<the built libedgetpu.so.1>' (docs/admin-guide.md: The Edge TPU runtime)",
+    )
 
 
 def check_runtimes(node: Node) -> list[Finding]:
@@ -489,8 +625,14 @@ def check_runtimes(node: Node) -> list[Finding]:
             findings.append(_visible_devices(library.path))
         except LibEdgeTpuError as exc:
             message, _, fix = str(exc).partition(": install")
-            findings.append(Finding("libedgetpu", False, message, f"install{fix}" if fix else
-                                    "install libedgetpu1-std from Coral's apt repository"))
+            findings.append(
+                Finding(
+                    "libedgetpu",
+                    False,
+                    message,
+                    f"install{fix}" if fix else "install libedgetpu1-std from Coral's apt repository",
+                )
+            )
     if tpus or gpus:
         try:
             name = engines.select_runtime()
@@ -504,9 +646,14 @@ def check_runtimes(node: Node) -> list[Finding]:
             ctypes.CDLL("libvulkan.so.1")
             findings.append(Finding("Vulkan", True, "libvulkan.so.1 loads"))
         except OSError as exc:
-            findings.append(Finding("Vulkan", False, f"libvulkan.so.1 cannot be loaded ({exc}): LiteRT's GPU "
-                                                     "path needs it", "apt install libvulkan1 and the GPU's "
-                                                                      "Vulkan driver"))
+            findings.append(
+                Finding(
+                    "Vulkan",
+                    False,
+                    f"libvulkan.so.1 cannot be loaded ({exc}): LiteRT's GPU path needs it",
+                    "apt install libvulkan1 and the GPU's Vulkan driver",
+                )
+            )
         if len(node.inventory.usable("gpu")) > 1:
             findings.append(_vulkan_device_select())
     return findings
@@ -518,11 +665,19 @@ def _vulkan_device_select() -> Finding:
 
     layer = gpu_select.device_select_layer()
     if layer:
-        return Finding("Vulkan GPU selection", True, f"Mesa's device-select layer ({layer}) lets the runner "
-                                                     "open the job's GPU by PCI address")
-    return Finding("Vulkan GPU selection", False, "Mesa's device-select layer is not installed: on this multi-GPU "
-                   "node the runner's GPU path takes the first GPU Vulkan lists unless the device cgroup or "
-                   "families.gpu.isolate hides the others", "apt install mesa-vulkan-drivers")
+        return Finding(
+            "Vulkan GPU selection",
+            True,
+            f"Mesa's device-select layer ({layer}) lets the runner open the job's GPU by PCI address",
+        )
+    return Finding(
+        "Vulkan GPU selection",
+        False,
+        "Mesa's device-select layer is not installed: on this multi-GPU "
+        "node the runner's GPU path takes the first GPU Vulkan lists unless the device cgroup or "
+        "families.gpu.isolate hides the others",
+        "apt install mesa-vulkan-drivers",
+    )
 
 
 def check_munge(node: Node) -> list[Finding]:
@@ -537,8 +692,9 @@ def check_munge(node: Node) -> list[Finding]:
     try:
         credential = subprocess.run(["munge", "-n", *extra], capture_output=True, text=True, timeout=20)
         if credential.returncode == 0:
-            decoded = subprocess.run(["unmunge", *extra], input=credential.stdout, capture_output=True,
-                                     text=True, timeout=20)
+            decoded = subprocess.run(
+                ["unmunge", *extra], input=credential.stdout, capture_output=True, text=True, timeout=20
+            )
             error = "" if decoded.returncode == 0 else decoded.stderr.strip()
         else:
             error = credential.stderr.strip()
@@ -550,9 +706,21 @@ def check_munge(node: Node) -> list[Finding]:
 
 
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
-    check_slurm_conf, check_hooks, check_gres_types, check_accounting_tres, check_gres_conf, check_node_line,
-    check_udev_rules, check_udev_loaded, check_state_dir, check_hooks_import, check_slurmd_version,
-    check_device_cgroup, check_runtimes, check_munge)
+    check_slurm_conf,
+    check_hooks,
+    check_gres_types,
+    check_accounting_tres,
+    check_gres_conf,
+    check_node_line,
+    check_udev_rules,
+    check_udev_loaded,
+    check_state_dir,
+    check_hooks_import,
+    check_slurmd_version,
+    check_device_cgroup,
+    check_runtimes,
+    check_munge,
+)
 
 
 def diagnose(node: Node) -> list[Finding]:

@@ -20,12 +20,12 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
-from typing import Mapping, Sequence
 
-from ..protocol import jobenv
 from ..families.coral import KIND as EDGETPU
 from ..hardware import Inventory
+from ..protocol import jobenv
 
 
 @dataclass(frozen=True)
@@ -50,8 +50,13 @@ class RuntimeCheck:
         return all(f.ok for f in self.findings)
 
     def as_dict(self) -> dict:
-        return {"library": self.library, "version": self.version, "listed": list(self.listed),
-                "agrees": self.agrees, "findings": [asdict(f) for f in self.findings]}
+        return {
+            "library": self.library,
+            "version": self.version,
+            "listed": list(self.listed),
+            "agrees": self.agrees,
+            "findings": [asdict(f) for f in self.findings],
+        }
 
     def text(self) -> str:
         lines = [f"libedgetpu: {self.library} ({self.version or 'no edgetpu_version()'})"]
@@ -59,19 +64,24 @@ class RuntimeCheck:
         if not self.findings:
             lines.append("ok: no Edge TPU here, and libedgetpu lists none")
         problems = sum(not f.ok for f in self.findings)
-        lines.append("libedgetpu and slurm-tpu agree" if not problems
-                     else f"{problems} problem(s), see the PROBLEM lines")
+        lines.append(
+            "libedgetpu and slurm-tpu agree" if not problems else f"{problems} problem(s), see the PROBLEM lines"
+        )
         return "\n".join(lines) + "\n"
 
 
 def _not_listed(identity: str, device_type: str, path: str) -> str:
     if device_type == "usb":
         name = path.rsplit("/", 1)[-1]
-        return (f"{identity}: in sysfs at {path} but libedgetpu does not list it: libusb cannot enumerate it; "
-                f"check that {path}/descriptors and those of every hub above it are readable "
-                f"(lsusb -t should show {name})")
-    return (f"{identity}: {path} exists but libedgetpu does not list it: it looks in /sys/class/apex; check "
-            "that the apex driver created the device (lsmod | grep apex; dmesg | grep apex)")
+        return (
+            f"{identity}: in sysfs at {path} but libedgetpu does not list it: libusb cannot enumerate it; "
+            f"check that {path}/descriptors and those of every hub above it are readable "
+            f"(lsusb -t should show {name})"
+        )
+    return (
+        f"{identity}: {path} exists but libedgetpu does not list it: it looks in /sys/class/apex; check "
+        "that the apex driver created the device (lsmod | grep apex; dmesg | grep apex)"
+    )
 
 
 def compare(inventory: Inventory, listed: Sequence[tuple[str, str]]) -> list[Finding]:
@@ -98,10 +108,18 @@ def compare(inventory: Inventory, listed: Sequence[tuple[str, str]]) -> list[Fin
             findings.append(Finding(identity, where, False, _not_listed(identity, device_type, path)))
     for where in seen:
         if where not in expected:
-            findings.append(Finding(None, where, False, (
-                f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
-                "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
-                "otherwise detection missed it (run 'slurm-tpu detect')")))
+            findings.append(
+                Finding(
+                    None,
+                    where,
+                    False,
+                    (
+                        f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
+                        "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
+                        "otherwise detection missed it (run 'slurm-tpu detect')"
+                    ),
+                )
+            )
     return findings
 
 
@@ -124,10 +142,18 @@ def _access_findings(inventory: Inventory, environ: Mapping[str, str]) -> list[F
                 how = f"owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
             except OSError as exc:
                 how = exc.strerror or "cannot stat"
-            findings.append(Finding(handle.identity, f"{handle.device_type}:{handle.path}", False, (
-                f"{handle.identity}: this job's user cannot open {node} ({how}): the node's slurm-tpu prolog "
-                "did not hand it over, or a udev rule took it back; check the prolog's log, and the installed "
-                "udev rules against 'slurm-tpu udev-rules'")))
+            findings.append(
+                Finding(
+                    handle.identity,
+                    f"{handle.device_type}:{handle.path}",
+                    False,
+                    (
+                        f"{handle.identity}: this job's user cannot open {node} ({how}): the node's slurm-tpu prolog "
+                        "did not hand it over, or a udev rule took it back; check the prolog's log, and the installed "
+                        "udev rules against 'slurm-tpu udev-rules'"
+                    ),
+                )
+            )
     return findings
 
 
@@ -142,8 +168,9 @@ def _node_view(library) -> list[tuple[str, str]]:
             os.environ[jobenv.EDGETPU_VISIBLE] = saved
 
 
-def check_runtime(inventory: Inventory, library_path: str | None = None,
-                  environ: Mapping[str, str] = os.environ) -> RuntimeCheck:
+def check_runtime(
+    inventory: Inventory, library_path: str | None = None, environ: Mapping[str, str] = os.environ
+) -> RuntimeCheck:
     """Load libedgetpu (raises LibEdgeTpuError with one line if it cannot), list, compare."""
     from ..runner.engines import EdgeTpuLibrary
 
@@ -166,10 +193,12 @@ def installed_version(library_path: str | None = None) -> str | None:
 
 # A PCIe path no node has: asking for it opens nothing, whichever library answers.
 VISIBLE_CHECK_PATH = "/dev/slurm-tpu-visible-check"
-_VISIBLE_CHECK = ("import ctypes, sys\n"
-                  "library = ctypes.CDLL(sys.argv[1])\n"
-                  "library.edgetpu_create_delegate.restype = ctypes.c_void_p\n"
-                  "library.edgetpu_create_delegate(0, sys.argv[2].encode(), None, 0)\n")
+_VISIBLE_CHECK = (
+    "import ctypes, sys\n"
+    "library = ctypes.CDLL(sys.argv[1])\n"
+    "library.edgetpu_create_delegate.restype = ctypes.c_void_p\n"
+    "library.edgetpu_create_delegate(0, sys.argv[2].encode(), None, 0)\n"
+)
 
 
 def visible_devices_problem(library_path: str | None = None) -> str | None:
@@ -190,8 +219,13 @@ def visible_devices_problem(library_path: str | None = None) -> str | None:
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env[jobenv.EDGETPU_VISIBLE] = ""
     try:
-        done = subprocess.run([sys.executable, "-I", "-c", _VISIBLE_CHECK, path, VISIBLE_CHECK_PATH], env=env,
-                              capture_output=True, text=True, timeout=60)
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", _VISIBLE_CHECK, path, VISIBLE_CHECK_PATH],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({exc})"
     if f"{VISIBLE_CHECK_PATH} is not in {jobenv.EDGETPU_VISIBLE}" in done.stderr:
@@ -199,6 +233,8 @@ def visible_devices_problem(library_path: str | None = None) -> str | None:
     if done.returncode != 0:
         last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
         return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({last})"
-    return (f"{path} ignores {jobenv.EDGETPU_VISIBLE}: unmodified Coral code in a job (pycoral's "
-            "make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
-            "not the job's")
+    return (
+        f"{path} ignores {jobenv.EDGETPU_VISIBLE}: unmodified Coral code in a job (pycoral's "
+        "make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
+        "not the job's"
+    )

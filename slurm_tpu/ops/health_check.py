@@ -55,8 +55,8 @@ def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
     """
     import os
 
-    from ..hooks import leasing, settings as hook_settings
     from ..access.ledger import LEASES, Ledger
+    from ..hooks import leasing, settings as hook_settings
 
     leases_dir = os.path.join(config.state_dir, LEASES)
     if os.geteuid() != 0 or not os.path.isdir(leases_dir) or not os.listdir(leases_dir):
@@ -88,8 +88,9 @@ def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True
     current = slurm.node_state(node)
     from ..render import node_gres
 
-    decision = decide(current["state"], current["reason"], problems, current["gres"],
-                      node_gres(configured_devices, config))
+    decision = decide(
+        current["state"], current["reason"], problems, current["gres"], node_gres(configured_devices, config)
+    )
     applied = False
     if apply and decision.action == Action.DRAIN:
         slurm.drain(node, decision.reason)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from ..hardware import Inventory
 
@@ -46,7 +46,9 @@ def find_problems(configured: Iterable[str], live: Inventory) -> list[Problem]:
         temperature = accelerator.details.temperature_c
         trips = accelerator.details.trip_points_c
         if temperature is not None and trips and temperature >= trips[0]:
-            problems.append(Problem(identity, f"{identity} at {temperature:.1f} C, above its {trips[0]:.0f} C trip point"))
+            problems.append(
+                Problem(identity, f"{identity} at {temperature:.1f} C, above its {trips[0]:.0f} C trip point")
+            )
     return problems
 
 
@@ -76,8 +78,13 @@ class Decision:
     why: str = ""
 
 
-def decide(state: str, reason: str, problems: list[Problem], controller_gres: str | None = None,
-           expected_gres: str | None = None) -> Decision:
+def decide(
+    state: str,
+    reason: str,
+    problems: list[Problem],
+    controller_gres: str | None = None,
+    expected_gres: str | None = None,
+) -> Decision:
     """Drain/resume policy: never override a drain that is not ours.
 
     ``state`` is Slurm's node state (``IDLE+DRAIN``, ``MIXED``...), ``reason`` the
@@ -94,7 +101,9 @@ def decide(state: str, reason: str, problems: list[Problem], controller_gres: st
     if problems:
         wanted = drain_reason(problems)
         if drained and not ours:
-            return Decision(Action.NOTHING, why=f"node already drained by someone else ({reason or 'no reason'}); left alone")
+            return Decision(
+                Action.NOTHING, why=f"node already drained by someone else ({reason or 'no reason'}); left alone"
+            )
         if drained and reason == wanted:
             return Decision(Action.NOTHING, reason=wanted, why="already drained for this reason")
         return Decision(Action.DRAIN, reason=wanted, why="unhealthy")

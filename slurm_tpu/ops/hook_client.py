@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import sys
 
-from ..hooks.agent_client import PROGRAM, SOURCE, build_beside, compiler  # noqa: F401 - this module's interface
-from ..hooks.agent_client import build as _build
+from ..hooks.agent_client import PROGRAM, SOURCE, build as _build, build_beside, compiler  # noqa: F401 - this module's interface
 from .node_files import node_file
 
 
@@ -18,7 +17,6 @@ def build(directory: str | None = None, source: str | None = None) -> str | None
     """Build the client into ``directory`` (default: beside its source, the shipped one by default)
     unless it is current; its path, or None (no compiler, or the build failed: said on stderr)."""
     return _build(directory, source or node_file("prolog", SOURCE))
-
 
 
 def compiled() -> bytes | None:
@@ -32,6 +30,7 @@ def compiled() -> bytes | None:
             return None
         with open(path, "rb") as handle:
             return handle.read()
+
 
 if __name__ == "__main__":
     path = build(sys.argv[1] if len(sys.argv) > 1 else None)

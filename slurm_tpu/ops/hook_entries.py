@@ -68,23 +68,35 @@ class Entry(NamedTuple):
 
 
 ENTRIES = (
-    Entry("slurm-tpu-prolog.py",
-          "Slurm Prolog= worker (root): lease the job's accelerators; run by prolog/slurm-tpu-prolog.",
-          "", "slurm_tpu.hooks.prolog"),
-    Entry("slurm-tpu-epilog.py",
-          "Slurm Epilog= worker (root): release the job's accelerators; run by epilog/slurm-tpu-epilog.",
-          "", "slurm_tpu.hooks.epilog"),
-    Entry("slurm-tpu-udev-event",
-          "udev RUN+= (root, every add/change/bind/remove of an accelerator): keep slots and leases right.",
-          "The same work as `slurm-tpu udev-event`, without click: udev runs this on\n"
-          "every device event, two per USB job.\n\n", "slurm_tpu.hooks.udev_event"),
-    Entry("slurm-tpu-agent",
-          "The node's resident slurm-tpu agent (root): runs the hooks' work for prolog/slurm-tpu-hook-client.",
-          "See slurm_tpu.hooks.agent. Environment: SLURM_TPU_CONFIG (default\n"
-          "/etc/slurm-tpu/config.yaml), SLURMD_NODENAME. Stop it with SIGTERM; the hooks\n"
-          "then run the Python hooks themselves. It builds the hooks' C client beside\n"
-          "itself when that is missing or older than its source (hence main(__file__)).\n\n",
-          "slurm_tpu.hooks.agent", "main(__file__)"),
+    Entry(
+        "slurm-tpu-prolog.py",
+        "Slurm Prolog= worker (root): lease the job's accelerators; run by prolog/slurm-tpu-prolog.",
+        "",
+        "slurm_tpu.hooks.prolog",
+    ),
+    Entry(
+        "slurm-tpu-epilog.py",
+        "Slurm Epilog= worker (root): release the job's accelerators; run by epilog/slurm-tpu-epilog.",
+        "",
+        "slurm_tpu.hooks.epilog",
+    ),
+    Entry(
+        "slurm-tpu-udev-event",
+        "udev RUN+= (root, every add/change/bind/remove of an accelerator): keep slots and leases right.",
+        "The same work as `slurm-tpu udev-event`, without click: udev runs this on\n"
+        "every device event, two per USB job.\n\n",
+        "slurm_tpu.hooks.udev_event",
+    ),
+    Entry(
+        "slurm-tpu-agent",
+        "The node's resident slurm-tpu agent (root): runs the hooks' work for prolog/slurm-tpu-hook-client.",
+        "See slurm_tpu.hooks.agent. Environment: SLURM_TPU_CONFIG (default\n"
+        "/etc/slurm-tpu/config.yaml), SLURMD_NODENAME. Stop it with SIGTERM; the hooks\n"
+        "then run the Python hooks themselves. It builds the hooks' C client beside\n"
+        "itself when that is missing or older than its source (hence main(__file__)).\n\n",
+        "slurm_tpu.hooks.agent",
+        "main(__file__)",
+    ),
 )
 
 
@@ -130,7 +142,8 @@ def write(root: str) -> list[str]:
 if __name__ == "__main__":
     checkout = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     if not os.path.isfile(os.path.join(checkout, "setup.py")):
-        sys.exit(f"slurm-tpu: {checkout} is no checkout of slurm-tpu (an installed package has no entry "
-                 "scripts to rewrite)")
+        sys.exit(
+            f"slurm-tpu: {checkout} is no checkout of slurm-tpu (an installed package has no entry scripts to rewrite)"
+        )
     for written_path in write(checkout):
         print(f"wrote {written_path}")

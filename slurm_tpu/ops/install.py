@@ -44,23 +44,35 @@ from . import node_files
 MANIFEST = "install-manifest.json"
 MANIFEST_FORMAT = 1
 # slurm.conf option -> the installed program it names.
-SLURM_HOOKS = {"Prolog": "slurm-tpu-prolog", "Epilog": "slurm-tpu-epilog",
-               "TaskProlog": "slurm-tpu-task-prolog", "HealthCheckProgram": "slurm-tpu-health"}
+SLURM_HOOKS = {
+    "Prolog": "slurm-tpu-prolog",
+    "Epilog": "slurm-tpu-epilog",
+    "TaskProlog": "slurm-tpu-task-prolog",
+    "HealthCheckProgram": "slurm-tpu-health",
+}
 # What the udev rules run (RUN+=): not a slurm.conf option, so not in SLURM_HOOKS.
 UDEV_HOOK = "slurm-tpu-udev-event"
 # (shipped directory, name, mode) of the hook files copied into the hooks directory.
-HOOK_FILES = (("prolog", "slurm-tpu-prolog", 0o755), ("prolog", "slurm-tpu-prolog.py", 0o755),
-              ("prolog", "slurm-tpu-lib.sh", 0o644), ("prolog", "slurm-tpu-task-prolog", 0o755),
-              ("udev", UDEV_HOOK, 0o755), ("epilog", "slurm-tpu-epilog", 0o755),
-              ("epilog", "slurm-tpu-epilog.py", 0o755), ("systemd", "slurm-tpu-agent", 0o755),
-              ("prolog", "slurm-tpu-hook-client.c", 0o644))
+HOOK_FILES = (
+    ("prolog", "slurm-tpu-prolog", 0o755),
+    ("prolog", "slurm-tpu-prolog.py", 0o755),
+    ("prolog", "slurm-tpu-lib.sh", 0o644),
+    ("prolog", "slurm-tpu-task-prolog", 0o755),
+    ("udev", UDEV_HOOK, 0o755),
+    ("epilog", "slurm-tpu-epilog", 0o755),
+    ("epilog", "slurm-tpu-epilog.py", 0o755),
+    ("systemd", "slurm-tpu-agent", 0o755),
+    ("prolog", "slurm-tpu-hook-client.c", 0o644),
+)
 HEALTH_PROGRAM = "slurm-tpu-health"
 # (shipped name in systemd/, installed path under <sysconfdir>/systemd/system).
-SYSTEMD_FILES = (("slurm-tpu-agent.service", "slurm-tpu-agent.service"),
-                 ("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
-                 ("slurm-tpu-metrics.service", "slurm-tpu-metrics.service"),
-                 ("slurm-tpu-metrics.timer", "slurm-tpu-metrics.timer"),
-                 ("slurmd-slurm-tpu.conf", "slurmd.service.d/slurm-tpu.conf"))
+SYSTEMD_FILES = (
+    ("slurm-tpu-agent.service", "slurm-tpu-agent.service"),
+    ("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
+    ("slurm-tpu-metrics.service", "slurm-tpu-metrics.service"),
+    ("slurm-tpu-metrics.timer", "slurm-tpu-metrics.timer"),
+    ("slurmd-slurm-tpu.conf", "slurmd.service.d/slurm-tpu.conf"),
+)
 _MARK = "  # set by slurm-tpu install"
 # Coral's libedgetpu1-std layout: the library file, and the soname link dlopen("libedgetpu.so.1") finds.
 LIBEDGETPU_FILE = "libedgetpu.so.1.0"
@@ -140,6 +152,7 @@ def layout_config(layout: Layout, explicit: str | None) -> Config:
 
 # ---- what the files say ------------------------------------------------------------------
 
+
 def udev_run_program(layout: Layout, config: Config, explicit: str | None = None) -> str:
     """What the udev rules' ``RUN+=`` runs: ``explicit`` (``udev-rules --run-program``), else the
     config's ``udev.run_program``, else the hook ``install`` puts in ``layout``.
@@ -155,8 +168,10 @@ def udev_run_program(layout: Layout, config: Config, explicit: str | None = None
         raise SlurmTpuError(f"udev run program {program!r} must be an absolute path (udev has no PATH)")
     if any(c.isspace() or c in "\"'\\%$" for c in program):
         # udev splits RUN+= at white space and expands % and $: the path must mean itself.
-        raise SlurmTpuError(f"udev run program {program!r} holds white space, a quote, '\\', '%' or '$', "
-                            "which udev's RUN+= would not pass through: name a path without them")
+        raise SlurmTpuError(
+            f"udev run program {program!r} holds white space, a quote, '\\', '%' or '$', "
+            "which udev's RUN+= would not pass through: name a path without them"
+        )
     return f"{program} udev-event" if os.path.basename(program) == "slurm-tpu" else program
 
 
@@ -167,38 +182,49 @@ def installed_hook_text(text: str, name: str, python: str, package_root: str, co
     python_hook = lines[0].startswith("#!") and "python" in lines[0]
     if python_hook:
         if any(c.isspace() for c in python) or len(python) > 120:
-            raise SlurmTpuError(f"cannot write {python!r} into a #! line (spaces, or longer than 120 characters): "
-                                "install slurm-tpu into a virtualenv with a short path without spaces")
+            raise SlurmTpuError(
+                f"cannot write {python!r} into a #! line (spaces, or longer than 120 characters): "
+                "install slurm-tpu into a virtualenv with a short path without spaces"
+            )
         lines[0] = f"#!{python} -IS\n"
         roots = [i for i, line in enumerate(lines) if line.startswith("_ROOT = ")]
         if len(roots) != 1:
-            raise SlurmTpuError(f"shipped hook {name} has {len(roots)} '_ROOT = ' lines, not 1: "
-                                "this slurm-tpu package is broken; reinstall it")
+            raise SlurmTpuError(
+                f"shipped hook {name} has {len(roots)} '_ROOT = ' lines, not 1: "
+                "this slurm-tpu package is broken; reinstall it"
+            )
         insert = [f"_ROOT = {package_root!r}{_MARK}\n"]
         if config_file != DEFAULT_CONFIG:
             insert.append(f"os.environ.setdefault({CONFIG_ENV!r}, {config_file!r}){_MARK}\n")
-        lines[roots[0]:roots[0] + 1] = insert
+        lines[roots[0] : roots[0] + 1] = insert
     elif config_file != DEFAULT_CONFIG and lines and lines[0].startswith("#!"):
-        lines.insert(1, f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; "
-                        f"export {CONFIG_ENV}{_MARK}\n")
+        lines.insert(1, f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; export {CONFIG_ENV}{_MARK}\n")
     return "".join(lines)
 
 
 def health_program_text(python: str, config_file: str) -> str:
     """The HealthCheckProgram wrapper: Slurm passes no arguments, so this adds ``health``."""
-    config = "" if config_file == DEFAULT_CONFIG else \
-        f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; export {CONFIG_ENV}\n"
-    return ("#!/bin/sh\n"
-            "# Slurm HealthCheckProgram= (root, every HealthCheckInterval seconds; Slurm passes no\n"
-            "# arguments): `slurm-tpu health` of the installation that wrote this file.\n"
-            f"# Written by slurm-tpu install {__version__}.\n"
-            f"{config}exec {shlex.quote(python)} -I -m slurm_tpu.cli health\n")
+    config = (
+        ""
+        if config_file == DEFAULT_CONFIG
+        else f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; export {CONFIG_ENV}\n"
+    )
+    return (
+        "#!/bin/sh\n"
+        "# Slurm HealthCheckProgram= (root, every HealthCheckInterval seconds; Slurm passes no\n"
+        "# arguments): `slurm-tpu health` of the installation that wrote this file.\n"
+        f"# Written by slurm-tpu install {__version__}.\n"
+        f"{config}exec {shlex.quote(python)} -I -m slurm_tpu.cli health\n"
+    )
 
 
 def unit_text(shipped: str, program: str, slurm_conf_dir: str, hooks_dir: str) -> str:
     """A shipped systemd file with this installation's paths filled in."""
-    return (shipped.replace("@SLURM_TPU@", program).replace("@SLURM_CONF_DIR@", slurm_conf_dir)
-            .replace("@HOOKS_DIR@", hooks_dir))
+    return (
+        shipped.replace("@SLURM_TPU@", program)
+        .replace("@SLURM_CONF_DIR@", slurm_conf_dir)
+        .replace("@HOOKS_DIR@", hooks_dir)
+    )
 
 
 CONFIG_SKELETON = """\
@@ -267,14 +293,18 @@ def missing_slurm_conf_lines(wanted: list[str], options: dict[str, str]) -> list
         elif key in ("Prolog", "Epilog", "GresTypes", "AccountingStorageTRES"):
             if not set(value.split(",")) <= set(have.split(",")):
                 # A list line: say the whole value it needs (the site's entries and ours).
-                missing.append(f"{key}={','.join(dict.fromkeys(have.split(',') + value.split(',')))}"
-                               if key == "AccountingStorageTRES" and have else line)
+                missing.append(
+                    f"{key}={','.join(dict.fromkeys(have.split(',') + value.split(',')))}"
+                    if key == "AccountingStorageTRES" and have
+                    else line
+                )
         elif key not in ("HealthCheckInterval", "HealthCheckNodeState") and have != value:
             missing.append(line)
     return missing
 
 
 # ---- the plan ---------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class FileSpec:
@@ -290,18 +320,26 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
 
     python, root = node_files.interpreter(), node_files.package_root()
     program = node_files.this_program()
-    files = [FileSpec(os.path.join(layout.hooks_dir, name),
-                      installed_hook_text(node_files.read_node_file(directory, name), name, python, root,
-                                          layout.config_file), mode)
-             for directory, name, mode in HOOK_FILES]
-    files.append(FileSpec(os.path.join(layout.hooks_dir, HEALTH_PROGRAM),
-                          health_program_text(python, layout.config_file), 0o755))
+    files = [
+        FileSpec(
+            os.path.join(layout.hooks_dir, name),
+            installed_hook_text(node_files.read_node_file(directory, name), name, python, root, layout.config_file),
+            mode,
+        )
+        for directory, name, mode in HOOK_FILES
+    ]
+    files.append(
+        FileSpec(os.path.join(layout.hooks_dir, HEALTH_PROGRAM), health_program_text(python, layout.config_file), 0o755)
+    )
     files.append(FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644))
     for shipped, target in SYSTEMD_FILES:
-        files.append(FileSpec(os.path.join(layout.systemd_dir, target),
-                              unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir,
-                                        layout.hooks_dir),
-                              0o644))
+        files.append(
+            FileSpec(
+                os.path.join(layout.systemd_dir, target),
+                unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir),
+                0o644,
+            )
+        )
     files.append(FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True))
     return files
 
@@ -324,24 +362,38 @@ class Manifest:
     files: dict[str, dict] = field(default_factory=dict)
 
     @classmethod
-    def load(cls, layout: Layout) -> "Manifest | None":
+    def load(cls, layout: Layout) -> Manifest | None:
         try:
             with open(layout.manifest, encoding="utf-8") as handle:
                 data = json.load(handle)
         except FileNotFoundError:
             return None
         except (OSError, ValueError) as exc:
-            raise SlurmTpuError(f"install manifest {layout.manifest} is unreadable ({exc}): "
-                                "remove it and the files it listed by hand") from exc
+            raise SlurmTpuError(
+                f"install manifest {layout.manifest} is unreadable ({exc}): remove it and the files it listed by hand"
+            ) from exc
         if data.get("format") != MANIFEST_FORMAT:
-            raise SlurmTpuError(f"install manifest {layout.manifest} has format {data.get('format')!r}, "
-                                f"this slurm-tpu reads {MANIFEST_FORMAT}: uninstall with the version that wrote it")
+            raise SlurmTpuError(
+                f"install manifest {layout.manifest} has format {data.get('format')!r}, "
+                f"this slurm-tpu reads {MANIFEST_FORMAT}: uninstall with the version that wrote it"
+            )
         return cls(layout, list(data["dirs"]), {entry["path"]: entry for entry in data["files"]})
 
     def text(self) -> str:
-        return json.dumps({"format": MANIFEST_FORMAT, "slurm_tpu": __version__, "prefix": self.layout.prefix,
-                           "sysconfdir": self.layout.sysconfdir, "dirs": self.dirs,
-                           "files": list(self.files.values())}, indent=1) + "\n"
+        return (
+            json.dumps(
+                {
+                    "format": MANIFEST_FORMAT,
+                    "slurm_tpu": __version__,
+                    "prefix": self.layout.prefix,
+                    "sysconfdir": self.layout.sysconfdir,
+                    "dirs": self.dirs,
+                    "files": list(self.files.values()),
+                },
+                indent=1,
+            )
+            + "\n"
+        )
 
 
 def _make_dirs(path: str, manifest: Manifest, dry_run: bool, say) -> None:
@@ -381,8 +433,12 @@ def _install_file(spec: FileSpec, manifest: Manifest, dry_run: bool, say) -> Non
         else:
             say(f"unchanged {spec.path}")
         if previous is None:  # an identical file was there before: not ours to remove
-            manifest.files[spec.path] = {"path": spec.path, "sha256": _sha256(spec.content), "before": "same",
-                                         "config": spec.config}
+            manifest.files[spec.path] = {
+                "path": spec.path,
+                "sha256": _sha256(spec.content),
+                "before": "same",
+                "config": spec.config,
+            }
         return
     say(f"{'replace' if exists else 'write'} {spec.path}")
     if dry_run:
@@ -394,9 +450,12 @@ def _install_file(spec: FileSpec, manifest: Manifest, dry_run: bool, say) -> Non
         os.unlink(spec.path)
     result = write_if_changed(spec.path, spec.content, spec.mode, backup=not ours)
     _settle(spec.path, spec.mode)
-    manifest.files[spec.path] = {"path": spec.path, "sha256": _sha256(spec.content),
-                                 "before": previous["before"] if ours else (result.backup or "absent"),
-                                 "config": spec.config}
+    manifest.files[spec.path] = {
+        "path": spec.path,
+        "sha256": _sha256(spec.content),
+        "before": previous["before"] if ours and previous is not None else (result.backup or "absent"),
+        "config": spec.config,
+    }
 
 
 def _file_sha256(path: str) -> str | None:
@@ -544,8 +603,12 @@ def reload_services(layout: Layout, config: Config, dry_run: bool, say) -> None:
         from ..families import FAMILIES
 
         # The subsystems whose devices the rules own: every leased family's.
-        subsystems = [f"--subsystem-match={u.subsystem}" for f in FAMILIES if config.family(f.kind).lease
-                      for u in f.udev_identities]
+        subsystems = [
+            f"--subsystem-match={u.subsystem}"
+            for f in FAMILIES
+            if config.family(f.kind).lease
+            for u in f.udev_identities
+        ]
         steps += [["udevadm", "control", "--reload"], ["udevadm", "trigger", "--action=change", *subsystems]]
     else:
         say("udev is not running here: the rules apply when it starts")
@@ -593,8 +656,9 @@ def device_cgroup_note(config: Config, slurm_conf: str, has_tpu: bool = True) ->
     return f"Device cgroup (Slurm {version}): {what}" + ("" if fine else f"; {fix}")
 
 
-def install(layout: Layout, config: Config, slurm_conf: str, dry_run: bool = False, say=print,
-            libedgetpu: str | None = None) -> InstallResult:
+def install(
+    layout: Layout, config: Config, slurm_conf: str, dry_run: bool = False, say=print, libedgetpu: str | None = None
+) -> InstallResult:
     """Put this node's pieces in place (see the module docstring); idempotent.
 
     ``libedgetpu``: the patched Edge TPU runtime to install (None: leave the node's as it is).
@@ -602,8 +666,10 @@ def install(layout: Layout, config: Config, slurm_conf: str, dry_run: bool = Fal
     from ..slurm.parse import parse_slurm_conf_options
 
     if not dry_run and os.geteuid() != 0:
-        raise SlurmTpuError("slurm-tpu install must run as root: the hooks run as root and must be root's "
-                            "(or add --dry-run to see what it would do)")
+        raise SlurmTpuError(
+            "slurm-tpu install must run as root: the hooks run as root and must be root's "
+            "(or add --dry-run to see what it would do)"
+        )
     library = read_libedgetpu(libedgetpu) if libedgetpu else None  # refused before anything is written
     manifest = Manifest.load(layout) or Manifest(layout)
     for spec in planned_files(layout, config, os.path.dirname(slurm_conf)):
@@ -638,8 +704,7 @@ def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=pr
         raise SlurmTpuError("slurm-tpu uninstall must run as root (or add --dry-run)")
     manifest = Manifest.load(layout)
     if manifest is None:
-        raise SlurmTpuError(f"nothing to uninstall: no {layout.manifest} (slurm-tpu install writes it; "
-                            "check --prefix)")
+        raise SlurmTpuError(f"nothing to uninstall: no {layout.manifest} (slurm-tpu install writes it; check --prefix)")
     kept = []
     for entry in reversed(list(manifest.files.values())):
         path, before = entry["path"], entry["before"]
@@ -682,4 +747,3 @@ def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=pr
     if any(os.path.basename(path) == LIBEDGETPU_SONAME for path in manifest.files):
         _ldconfig(layout, dry_run, say)
     return kept
-

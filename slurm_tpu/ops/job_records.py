@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from ..errors import SlurmCommandError
 from ..access import statedir
+from ..errors import SlurmCommandError
 from ..protocol.job_record import SPOOL_DIR, decode_spool, merge
 
 # sacct states of a job whose end slurmdbd has not recorded yet: its record is not final.
@@ -100,8 +100,9 @@ def collect(state_dir: str, slurm) -> CollectResult:
                     result.waiting[entry.job_id] = f"its end is not recorded yet ({state}, end {end or '?'})"
                     continue
                 merged = merge(comment, entry)
-                slurm.run("sacctmgr", "-i", "modify", "job", "where", f"jobid={job_ref}", "set",
-                          f"AdminComment={merged}")
+                slurm.run(
+                    "sacctmgr", "-i", "modify", "job", "where", f"jobid={job_ref}", "set", f"AdminComment={merged}"
+                )
             except SlurmCommandError as exc:
                 result.waiting[entry.job_id] = str(exc).splitlines()[0] if str(exc) else "Slurm refused"
                 continue

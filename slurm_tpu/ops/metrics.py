@@ -31,8 +31,9 @@ environment) becomes a label. ``prometheus_client`` escapes every value anyway.
 from __future__ import annotations
 
 import pwd
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Mapping
+from typing import Callable
 
 from prometheus_client.core import Metric
 from prometheus_client.registry import Collector
@@ -94,27 +95,33 @@ def user_name(uid: int) -> str:
 def families(snap: NodeSnapshot) -> list[Metric]:
     """The metric families of one snapshot."""
     present = gauge("slurm_tpu_device_present", "1 if a configured accelerator is present on the node")
-    healthy = gauge("slurm_tpu_device_healthy",
-                    "1 if a configured accelerator is present, usable and below its thermal trip point")
+    healthy = gauge(
+        "slurm_tpu_device_healthy", "1 if a configured accelerator is present, usable and below its thermal trip point"
+    )
     leased_g = gauge("slurm_tpu_device_leased", "1 if a job holds the accelerator's lease")
     temperature = gauge("slurm_tpu_device_temperature_celsius", "accelerator temperature")
     jobs = counter("slurm_tpu_device_jobs", "jobs that leased the accelerator")
     lease_seconds = counter("slurm_tpu_device_lease_seconds", "seconds the accelerator was leased")
     inferences = counter("slurm_tpu_device_inferences", "inferences run on the accelerator")
-    inference_seconds = counter("slurm_tpu_device_inference_seconds",
-                                "seconds spent in inference calls on the accelerator")
-    job_inferences = counter("slurm_tpu_job_inferences",
-                             "inferences the job holding the accelerator has run on it so far (its usage record)")
-    job_seconds = counter("slurm_tpu_job_inference_seconds",
-                          "seconds the job holding the accelerator has spent in inference calls on it so far")
+    inference_seconds = counter(
+        "slurm_tpu_device_inference_seconds", "seconds spent in inference calls on the accelerator"
+    )
+    job_inferences = counter(
+        "slurm_tpu_job_inferences", "inferences the job holding the accelerator has run on it so far (its usage record)"
+    )
+    job_seconds = counter(
+        "slurm_tpu_job_inference_seconds",
+        "seconds the job holding the accelerator has spent in inference calls on it so far",
+    )
     # The usual *_info pattern: a constant 1 whose labels carry the version.
     runtime = gauge("slurm_tpu_edgetpu_runtime_info", "libedgetpu on the node, by its edgetpu_version()")
 
     configured, live, node = snap.configured, snap.live, snap.node
     holders = snap.leased if snap.holders is None else snap.holders
     problems = {p.identity for p in find_problems([a.identity for a in configured], live)}
-    identities = [a.identity for a in configured] + [a.identity for a in live.usable()
-                                                     if configured.by_identity(a.identity) is None]
+    identities = [a.identity for a in configured] + [
+        a.identity for a in live.usable() if configured.by_identity(a.identity) is None
+    ]
     totals: dict[str, list[float]] = {}
     for record in snap.records:
         entry = totals.setdefault(record.identity, [0, 0.0, 0, 0.0])
@@ -130,8 +137,9 @@ def families(snap: NodeSnapshot) -> list[Metric]:
         short = {"node": node, "identity": identity}
         labels = {**short, "kind": accelerator.kind, "model": accelerator.model}
         add(present, {**labels, **job}, 1.0 if live.by_identity(identity) is not None else 0.0)
-        add(healthy, {**labels, **job},
-            0.0 if identity in problems or configured.by_identity(identity) is None else 1.0)
+        add(
+            healthy, {**labels, **job}, 0.0 if identity in problems or configured.by_identity(identity) is None else 1.0
+        )
         add(leased_g, {**short, **job}, 1.0 if identity in snap.leased else 0.0)
         live_one = live.by_identity(identity)
         if live_one is not None and live_one.details.temperature_c is not None:

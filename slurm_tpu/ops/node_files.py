@@ -34,8 +34,10 @@ def node_file(directory: str, name: str) -> str:
         candidate = os.path.join(base, directory, name)
         if os.path.isfile(candidate):
             return candidate
-    raise SlurmTpuError(f"slurm-tpu's {directory}/{name} is not installed with the package at {_PACKAGE}: "
-                        "reinstall it (pip install --force-reinstall slurm-tpu)")
+    raise SlurmTpuError(
+        f"slurm-tpu's {directory}/{name} is not installed with the package at {_PACKAGE}: "
+        "reinstall it (pip install --force-reinstall slurm-tpu)"
+    )
 
 
 def read_node_file(directory: str, name: str) -> str:

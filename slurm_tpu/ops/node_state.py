@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 
-from ..config import Config
 from ..access import statedir
+from ..config import Config
 from ..protocol import audit
 from ..protocol.audit import LeaseSpan
 

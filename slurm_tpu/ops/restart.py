@@ -17,8 +17,9 @@ is not resumed), and nothing is restarted while a job on the node holds a GRES.
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
 from ..errors import SlurmCommandError
 from ..slurm.backend import SlurmBackend
@@ -46,24 +47,33 @@ def _run_command(slurm: SlurmBackend, argv: Sequence[str], node: str) -> None:
         raise SlurmCommandError(f"{exc}; {node} stays drained", argv[0], exc.stderr) from exc
 
 
-def apply_hardware_change(slurm: SlurmBackend, node: str, count_changed: bool, commands: RestartCommands,
-                          new_gres: str, log: Callable[[str], None], wait_timeout: float = 3600,
-                          poll: float = 2.0) -> bool:
+def apply_hardware_change(
+    slurm: SlurmBackend,
+    node: str,
+    count_changed: bool,
+    commands: RestartCommands,
+    new_gres: str,
+    log: Callable[[str], None],
+    wait_timeout: float = 3600,
+    poll: float = 2.0,
+) -> bool:
     """Make Slurm use the regenerated files. True when the node serves jobs again."""
     current = slurm.node_state(node)
     admin_drained = "DRAIN" in current["state"] and not current["reason"].startswith(REASON_PREFIX)
     if not admin_drained:
         slurm.drain(node, CHANGE_REASON)
     deadline = time.monotonic() + wait_timeout
-    while (busy := slurm.jobs_with_gres(node)):
+    while busy := slurm.jobs_with_gres(node):
         if time.monotonic() > deadline:
-            raise SlurmCommandError(f"{node}: accelerator jobs {', '.join(busy)} still running after "
-                                    f"{wait_timeout:g} s; slurmd not restarted (node stays drained)", "squeue")
+            raise SlurmCommandError(
+                f"{node}: accelerator jobs {', '.join(busy)} still running after "
+                f"{wait_timeout:g} s; slurmd not restarted (node stays drained)",
+                "squeue",
+            )
         log(f"slurm-tpu watch: waiting for accelerator job(s) {', '.join(busy)} on {node} to end")
         time.sleep(poll)
     if count_changed and not commands.restart_controller:
-        hold = (f"{HOLD_PREFIX}; restart slurmctld, then slurmd on {node}, "
-                f"to apply Gres={new_gres or '(none)'}")
+        hold = f"{HOLD_PREFIX}; restart slurmctld, then slurmd on {node}, to apply Gres={new_gres or '(none)'}"
         if not admin_drained:
             slurm.drain(node, hold)
         log(f"slurm-tpu watch: {hold} (no --controller-command given)")
@@ -73,9 +83,8 @@ def apply_hardware_change(slurm: SlurmBackend, node: str, count_changed: bool, c
         _run_command(slurm, commands.restart_controller, node)
     _run_command(slurm, commands.start_slurmd, node)
     _wait_responding(slurm, node)
-    if not admin_drained:
-        if slurm.node_state(node)["reason"].startswith(REASON_PREFIX):
-            slurm.resume(node)
+    if not admin_drained and slurm.node_state(node)["reason"].startswith(REASON_PREFIX):
+        slurm.resume(node)
     return not admin_drained
 
 

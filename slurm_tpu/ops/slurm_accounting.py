@@ -15,8 +15,8 @@ TRES's usage (``sreport -t seconds -T gres/tpu cluster UserUtilizationByAccount`
 from __future__ import annotations
 
 import datetime
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from ..protocol.job_record import parse_admin_comment
 
@@ -52,7 +52,9 @@ def _time(value: str) -> float | None:
 
 
 def parse_sacct(text: str) -> list[JobRow]:
-    """Rows of ``sacct -n -P -X -o JobID,User,Start,End,AllocTRES,AdminComment`` (AdminComment last: it may hold '|')."""
+    """Rows of ``sacct -n -P -X -o JobID,User,Start,End,AllocTRES,AdminComment``.
+
+    AdminComment comes last: it may hold '|'."""
     rows = []
     for line in text.splitlines():
         parts = line.split("|", len(FIELDS) - 1)
@@ -70,11 +72,21 @@ def parse_sacct(text: str) -> list[JobRow]:
 
 def sacct_jobs(slurm, since: float | None, until: float | None) -> list[JobRow]:
     """Every user's jobs that ran in [since, until) (allocations only, no steps)."""
+
     def stamp(value: float) -> str:
         return datetime.datetime.fromtimestamp(value).strftime("%Y-%m-%dT%H:%M:%S")
 
-    args = ["-a", "-n", "-P", "-X", "--noconvert", "-o", ",".join(FIELDS),
-            "-S", stamp(since) if since is not None else "1970-01-01T00:00:00"]
+    args = [
+        "-a",
+        "-n",
+        "-P",
+        "-X",
+        "--noconvert",
+        "-o",
+        ",".join(FIELDS),
+        "-S",
+        stamp(since) if since is not None else "1970-01-01T00:00:00",
+    ]
     if until is not None:
         args += ["-E", stamp(until)]
     return parse_sacct(slurm.run("sacct", *args, timeout=120))
@@ -89,14 +101,19 @@ class SacctTotals:
 
     def to_json(self) -> dict:
         mean = self.inference_seconds / self.inferences * 1000 if self.inferences else None
-        return {"source": "sacct", "jobs": len(self.jobs),
-                "tres_seconds": {k: round(v, 3) for k, v in sorted(self.tres_seconds.items())},
-                "inferences": self.inferences, "inference_seconds": round(self.inference_seconds, 6),
-                "mean_latency_ms": None if mean is None else round(mean, 3)}
+        return {
+            "source": "sacct",
+            "jobs": len(self.jobs),
+            "tres_seconds": {k: round(v, 3) for k, v in sorted(self.tres_seconds.items())},
+            "inferences": self.inferences,
+            "inference_seconds": round(self.inference_seconds, 6),
+            "mean_latency_ms": None if mean is None else round(mean, 3),
+        }
 
 
-def summarize(rows: Iterable[JobRow], by: str, tres: Iterable[str], since: float | None, until: float | None,
-              now: float) -> dict[str, SacctTotals]:
+def summarize(
+    rows: Iterable[JobRow], by: str, tres: Iterable[str], since: float | None, until: float | None, now: float
+) -> dict[str, SacctTotals]:
     """Totals per user or job over [since, until): ``tres`` (``gres/tpu``...) seconds and inference figures."""
     names = list(tres)
     groups: dict[str, SacctTotals] = {}

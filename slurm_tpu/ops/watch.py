@@ -68,7 +68,7 @@ class Watcher:
     node: str
     gres_conf: str
     node_conf: str | None
-    commands: "RestartCommands | None"  # None: only rewrite the files
+    commands: RestartCommands | None  # None: only rewrite the files
     settle: float = 5.0
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
     _slurm: Any = None
@@ -96,18 +96,26 @@ class Watcher:
         if before == after:
             # Same devices; nodes may have moved (re-enumeration): refresh slots and state.
             prepare_node_state(self.config, live)
-            self.log(f"slurm-tpu watch: {events} event(s), accelerators unchanged "
-                     f"({len(after)} configured); no configuration change")
+            self.log(
+                f"slurm-tpu watch: {events} event(s), accelerators unchanged "
+                f"({len(after)} configured); no configuration change"
+            )
             return False
         added, removed = sorted(after - before), sorted(before - after)
         result = configure_node(self.config, live, self.node, self.gres_conf, self.node_conf)
-        self.log(f"slurm-tpu watch: {events} event(s); added {added or 'none'}, removed {removed or 'none'}; "
-                 f"regenerated {self.gres_conf} (Gres={result.new_gres or 'none'})")
+        self.log(
+            f"slurm-tpu watch: {events} event(s); added {added or 'none'}, removed {removed or 'none'}; "
+            f"regenerated {self.gres_conf} (Gres={result.new_gres or 'none'})"
+        )
         old_gres = node_gres(inventory_from_json(document), self.config) if document else ""
-        if result.changed and self.commands is not None:
-            if apply_hardware_change(self.slurm(), self.node, old_gres != result.new_gres, self.commands,
-                                     result.new_gres, self.log):
-                self.log(f"slurm-tpu watch: {self.node} restarted with the new configuration and resumed")
+        if (
+            result.changed
+            and self.commands is not None
+            and apply_hardware_change(
+                self.slurm(), self.node, old_gres != result.new_gres, self.commands, result.new_gres, self.log
+            )
+        ):
+            self.log(f"slurm-tpu watch: {self.node} restarted with the new configuration and resumed")
         return True
 
     def run(self, stop_after: float | None = None) -> None:

@@ -31,7 +31,7 @@ from . import FormatError, json_object
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
-    from typing import Iterable, Iterator
+    from collections.abc import Iterable, Iterator
 
 FILE = "audit.log"  # under the state directory
 VERSION = 1
@@ -44,22 +44,38 @@ T, EVENT, IDENTITY, JOB_ID, UID = "t", "event", "identity", "job_id", "uid"
 # audit lines on every job need not load them.
 
 # Event names, with the fields each adds to t/event.
-ACQUIRE = "acquire"              # identity, job_id, uid, nodes: the prolog leased the device
-REVOKE = "revoke"                # identity, job_id, uid, devnum, by_job: the job's fds on it are dead (USB)
-RELEASE = "release"              # identity, job_id, uid, by_job[, vanished]: lease ended, device idle
-RECLAIM = "reclaim"              # same fields: a stale lease (job gone) ended by a later hook
-CLEAR = "clear"                  # same fields: `slurm-tpu leases --clear` / health ended a kept lease
-ROLLBACK = "rollback"            # identity, job_id, uid: the prolog failed and gave its leases back
-USAGE = "usage"                  # identity, job_id, uid, inferences, seconds, energy_j: the job's figures
+ACQUIRE = "acquire"  # identity, job_id, uid, nodes: the prolog leased the device
+REVOKE = "revoke"  # identity, job_id, uid, devnum, by_job: the job's fds on it are dead (USB)
+RELEASE = "release"  # identity, job_id, uid, by_job[, vanished]: lease ended, device idle
+RECLAIM = "reclaim"  # same fields: a stale lease (job gone) ended by a later hook
+CLEAR = "clear"  # same fields: `slurm-tpu leases --clear` / health ended a kept lease
+ROLLBACK = "rollback"  # identity, job_id, uid: the prolog failed and gave its leases back
+USAGE = "usage"  # identity, job_id, uid, inferences, seconds, energy_j: the job's figures
 USAGE_UNAVAILABLE = "usage-unavailable"  # job_id, uid, reason: the job ran without a usage box
 USAGE_REJECTED = "usage-rejected"  # identity, job_id, uid, reason: its usage record was not acceptable
 REVOKE_FAILED = "revoke-failed"  # identity, job_id, uid, error: the lease was kept
 SCAN_INCOMPLETE = "scan-incomplete"  # identity, job_id, scanned, total, unverified: the scan ran out of time
-SURVIVOR = "survivor"            # identity, job_id, pids/how or writers: a process kept the device open
-REENUMERATE = "reenumerate"      # identity[, job_id, uid], nodes, changed: a device got new nodes (udev)
-REMOVE = "remove"                # identity: a device disappeared (udev)
-EVENTS = frozenset((ACQUIRE, REVOKE, RELEASE, RECLAIM, CLEAR, ROLLBACK, USAGE, USAGE_UNAVAILABLE, USAGE_REJECTED,
-                    REVOKE_FAILED, SCAN_INCOMPLETE, SURVIVOR, REENUMERATE, REMOVE))
+SURVIVOR = "survivor"  # identity, job_id, pids/how or writers: a process kept the device open
+REENUMERATE = "reenumerate"  # identity[, job_id, uid], nodes, changed: a device got new nodes (udev)
+REMOVE = "remove"  # identity: a device disappeared (udev)
+EVENTS = frozenset(
+    (
+        ACQUIRE,
+        REVOKE,
+        RELEASE,
+        RECLAIM,
+        CLEAR,
+        ROLLBACK,
+        USAGE,
+        USAGE_UNAVAILABLE,
+        USAGE_REJECTED,
+        REVOKE_FAILED,
+        SCAN_INCOMPLETE,
+        SURVIVOR,
+        REENUMERATE,
+        REMOVE,
+    )
+)
 # The job lost the device at the first of these; the device is free again at a FREEING one
 # (a revoked USB stick stays leased until udev sees it back and releases it).
 CLOSING = (REVOKE, RELEASE, RECLAIM, CLEAR, ROLLBACK)
@@ -86,8 +102,7 @@ def _json(item: object) -> str:
         return repr(item)
     if isinstance(item, float):
         # json.dumps spells these NaN/Infinity (not JSON, but json.loads reads them back).
-        return repr(item) if _finite(item) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[
-            repr(item)]
+        return repr(item) if _finite(item) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(item)]
     if isinstance(item, (list, tuple)):
         return "[" + ", ".join(_json(i) for i in item) + "]"
     out = ['"']
@@ -127,8 +142,8 @@ def _int_field(line: bytes, name: str) -> int | None:
     if start < 0:
         return None
     start += len(key)
-    end = start + (line[start:start + 1] == b"-")
-    while end < len(line) and line[end:end + 1].isdigit():
+    end = start + (line[start : start + 1] == b"-")
+    while end < len(line) and line[end : end + 1].isdigit():
         end += 1
     try:
         return int(line[start:end])
@@ -147,8 +162,9 @@ def decode(line: str, source: str = FILE) -> dict:
     """
     event = json_object(line, source)
     if event.get(VERSION_FIELD, VERSION) != VERSION:
-        raise FormatError(f"{source}: audit format version {event[VERSION_FIELD]!r}; this slurm-tpu reads "
-                          f"{VERSION}", source)
+        raise FormatError(
+            f"{source}: audit format version {event[VERSION_FIELD]!r}; this slurm-tpu reads {VERSION}", source
+        )
     if not isinstance(event.get(EVENT), str):
         raise FormatError(f"{source}: no event name", source)
     if not _number(event.get(T)):
@@ -197,22 +213,38 @@ class LeaseSpan:
     sum the job's plausible ``usage`` events for it.
     """
 
-    __slots__ = ("identity", "job_id", "uid", "start", "end", "freed", "inferences", "inference_seconds",
-                 "energy_j")
+    __slots__ = ("identity", "job_id", "uid", "start", "end", "freed", "inferences", "inference_seconds", "energy_j")
 
-    def __init__(self, identity: str, job_id: int, uid: int, start: float, end: float | None = None,
-                 freed: float | None = None, inferences: int = 0, inference_seconds: float = 0.0,
-                 energy_j: float | None = None):
+    def __init__(
+        self,
+        identity: str,
+        job_id: int,
+        uid: int,
+        start: float,
+        end: float | None = None,
+        freed: float | None = None,
+        inferences: int = 0,
+        inference_seconds: float = 0.0,
+        energy_j: float | None = None,
+    ):
         self.identity, self.job_id, self.uid, self.start, self.end, self.freed = (
-            identity, job_id, uid, start, end, freed)
+            identity,
+            job_id,
+            uid,
+            start,
+            end,
+            freed,
+        )
         self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
 
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
 
     def __repr__(self) -> str:
-        return (f"LeaseSpan({self.identity!r}, job {self.job_id}, uid {self.uid}, {self.start}-{self.end}, "
-                f"freed {self.freed})")
+        return (
+            f"LeaseSpan({self.identity!r}, job {self.job_id}, uid {self.uid}, {self.start}-{self.end}, "
+            f"freed {self.freed})"
+        )
 
     def seconds_within(self, since: float | None, until: float | None, now: float) -> float:
         """Lease time (start to end) overlapping [since, until); a lease still held counts up to ``now``."""
@@ -259,8 +291,7 @@ def pair_leases(events: Iterable[dict]) -> Pairing:
         key, t = (identity, job_id), float(event[T])
         if name == ACQUIRE:
             if identity in holder:
-                conflicts.append(f"{identity} acquired by job {job_id} at {t} while job {holder[identity]} "
-                                 "held it")
+                conflicts.append(f"{identity} acquired by job {job_id} at {t} while job {holder[identity]} held it")
             if key in open_spans:  # acquired again without a close in the log: the newer one counts
                 spans.remove(open_spans[key])
             uid = event.get(UID, -1)
@@ -269,7 +300,7 @@ def pair_leases(events: Iterable[dict]) -> Pairing:
             open_spans[key] = latest[key] = span
             holder[identity] = job_id
         elif name in CLOSING:
-            span = open_spans.get(key)
+            closed = open_spans.get(key)
             if name in FREEING:
                 held_by = holder.get(identity)
                 if held_by == job_id:
@@ -278,12 +309,12 @@ def pair_leases(events: Iterable[dict]) -> Pairing:
                     conflicts.append(f"{name} of {identity} by job {job_id} at {t} while job {held_by} held it")
                 elif name in (RELEASE, ROLLBACK):  # a reclaim or clear may end a lease nobody audited
                     conflicts.append(f"{name} of {identity} by job {job_id} at {t}, which never acquired it")
-            if span is None:
+            if closed is None:
                 continue
-            if span.end is None:
-                span.end = t
+            if closed.end is None:
+                closed.end = t
             if name in FREEING:
-                span.freed = t
+                closed.freed = t
                 del open_spans[key]
         elif name == USAGE and key in latest:
             figures = checked(event.get(INFERENCES), event.get(SECONDS), event.get(ENERGY_J))

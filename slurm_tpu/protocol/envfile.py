@@ -26,7 +26,7 @@ from .jobenv import EDGETPU_VISIBLE, USAGE_DIR
 # Annotations only: the root prolog imports this module, and typing costs it.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Sequence
+    from collections.abc import Sequence
 
     from .hooks_snapshot import HookSnapshot
     from .leases import Lease
@@ -52,9 +52,12 @@ def render(leases: Sequence[Lease], settings: HookSnapshot, usage_dir: str | Non
     """
     lines = []
     for variable in settings.variables:
-        entries = [settings.values.get(lease.identity, {}).get(variable.name) for lease in leases
-                   if lease.kind == variable.kind]
-        entries = [entry for entry in entries if entry is not None]
+        found = [
+            settings.values.get(lease.identity, {}).get(variable.name)
+            for lease in leases
+            if lease.kind == variable.kind
+        ]
+        entries = [entry for entry in found if entry is not None]
         if entries or not variable.unset_when_empty:
             lines.append(f"export {variable.name}={','.join(entries)}")
         else:

@@ -42,9 +42,20 @@ FORMAT = "slurm-tpu hooks snapshot 7"
 # Revocation methods (slurm_tpu/families/base.py names them for the families).
 USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
 # The ``set`` record's keys and their types.
-SETTINGS = (("state_dir", str), ("slot_dir", str), ("lease_mode", int), ("idle_uid", int), ("idle_gid", int),
-            ("idle_mode", int), ("node", str), ("slurm_bin_dir", str), ("slurm_sbin_dir", str),
-            ("revoke", bool), ("holder_scan_s", float), ("sysfs_root", str))
+SETTINGS = (
+    ("state_dir", str),
+    ("slot_dir", str),
+    ("lease_mode", int),
+    ("idle_uid", int),
+    ("idle_gid", int),
+    ("idle_mode", int),
+    ("node", str),
+    ("slurm_bin_dir", str),
+    ("slurm_sbin_dir", str),
+    ("revoke", bool),
+    ("holder_scan_s", float),
+    ("sysfs_root", str),
+)
 
 
 QUERY_MARKER = "prolog.query"  # under the state directory
@@ -94,11 +105,20 @@ class EnvVariable:
 class HookSnapshot:
     """The snapshot's content (the hooks' settings class extends it with behaviour)."""
 
-    def __init__(self, state_dir: str, slot_dir: str = SLOT_DIR, lease_mode: int = NODE_MODE,
-                 idle_uid: int = 0, idle_gid: int = 0, idle_mode: int = NODE_MODE, node: str = "",
-                 devices: dict[str, KnownDevice] | None = None,
-                 index: dict[str, list[tuple[str | None, str | None]]] | None = None,
-                 sources: dict[str, str] | None = None, families: dict[str, FamilyPolicy] | None = None):
+    def __init__(
+        self,
+        state_dir: str,
+        slot_dir: str = SLOT_DIR,
+        lease_mode: int = NODE_MODE,
+        idle_uid: int = 0,
+        idle_gid: int = 0,
+        idle_mode: int = NODE_MODE,
+        node: str = "",
+        devices: dict[str, KnownDevice] | None = None,
+        index: dict[str, list[tuple[str | None, str | None]]] | None = None,
+        sources: dict[str, str] | None = None,
+        families: dict[str, FamilyPolicy] | None = None,
+    ):
         self.state_dir, self.slot_dir, self.lease_mode = state_dir, slot_dir, lease_mode
         self.idle_uid, self.idle_gid, self.idle_mode, self.node = idle_uid, idle_gid, idle_mode, node
         self.devices = devices or {}
@@ -120,8 +140,11 @@ class HookSnapshot:
 
 
 def _field(key: str, value: object) -> str:
-    text = ("1" if value else "0") if isinstance(value, bool) else (repr(value) if isinstance(value, float)
-                                                                   else str(value))
+    text = (
+        ("1" if value else "0")
+        if isinstance(value, bool)
+        else (repr(value) if isinstance(value, float) else str(value))
+    )
     if "\t" in text or "\n" in text:
         raise ValueError(f"hooks snapshot: {key} {text!r} holds a tab or newline")
     return f"{key}={text}"
@@ -146,23 +169,53 @@ def format_snapshot(snapshot: HookSnapshot) -> str:
     lines.append(_record("set", *((name, getattr(snapshot, name)) for name, _ in SETTINGS)))
     for policy in snapshot.families.values():
         revoke = _listed("revoke", (f"{bus}:{how}" for bus, how in policy.revocation.items()))
-        lines.append(_record("family", ("kind", policy.kind), ("gres", policy.gres_name),
-                             ("leased", policy.leased), ("slot", policy.slot), ("revoke", revoke)))
+        lines.append(
+            _record(
+                "family",
+                ("kind", policy.kind),
+                ("gres", policy.gres_name),
+                ("leased", policy.leased),
+                ("slot", policy.slot),
+                ("revoke", revoke),
+            )
+        )
     for rule in snapshot.udev:
-        lines.append(_record("udev", ("subsystem", rule.subsystem), ("devtype", rule.devtype), ("bus", rule.bus),
-                             ("depth", rule.depth), ("attribute", rule.attribute)))
+        lines.append(
+            _record(
+                "udev",
+                ("subsystem", rule.subsystem),
+                ("devtype", rule.devtype),
+                ("bus", rule.bus),
+                ("depth", rule.depth),
+                ("attribute", rule.attribute),
+            )
+        )
     for variable in snapshot.variables:
-        lines.append(_record("var", ("name", variable.name), ("kind", variable.kind),
-                             ("unset", variable.unset_when_empty), ("keep", variable.never_unset)))
+        lines.append(
+            _record(
+                "var",
+                ("name", variable.name),
+                ("kind", variable.kind),
+                ("unset", variable.unset_when_empty),
+                ("keep", variable.never_unset),
+            )
+        )
     for device in snapshot.devices.values():
-        lines.append(_record("dev", ("identity", device.identity), ("kind", device.kind), ("bus", device.bus),
-                             ("nodes", _listed("nodes", device.device_nodes))))
+        lines.append(
+            _record(
+                "dev",
+                ("identity", device.identity),
+                ("kind", device.kind),
+                ("bus", device.bus),
+                ("nodes", _listed("nodes", device.device_nodes)),
+            )
+        )
     for identity, entries in snapshot.values.items():
         for name, value in entries.items():
             lines.append(_record("val", ("identity", identity), ("name", name), ("value", value)))
     for name, order in snapshot.index.items():
-        for kind, path in order:
-            lines.append(_record("idx", ("name", name), ("type", kind or ""), ("file", path or "")))
+        for kind, index_file in order:
+            lines.append(_record("idx", ("name", name), ("type", kind or ""), ("file", index_file or "")))
     return "\n".join(lines) + "\n"
 
 
@@ -204,19 +257,24 @@ def parse_snapshot(text: str, cls=HookSnapshot):
                     if not sep:
                         return None
                     revocation[bus] = how
-                result.families[record["kind"]] = FamilyPolicy(record["kind"], record["gres"],
-                                                               _bool(record["leased"]), _bool(record["slot"]),
-                                                               revocation)
+                result.families[record["kind"]] = FamilyPolicy(
+                    record["kind"], record["gres"], _bool(record["leased"]), _bool(record["slot"]), revocation
+                )
             elif tag == "udev":
-                result.udev.append(UdevRule(record["subsystem"], record["devtype"], record["bus"],
-                                            int(record["depth"]), record["attribute"]))
+                result.udev.append(
+                    UdevRule(
+                        record["subsystem"], record["devtype"], record["bus"], int(record["depth"]), record["attribute"]
+                    )
+                )
             elif tag == "var":
-                result.variables.append(EnvVariable(record["name"], record["kind"], _bool(record["unset"]),
-                                                    _bool(record["keep"])))
+                result.variables.append(
+                    EnvVariable(record["name"], record["kind"], _bool(record["unset"]), _bool(record["keep"]))
+                )
             elif tag == "dev":
                 nodes = tuple(filter(None, record["nodes"].split(",")))
-                result.devices[record["identity"]] = KnownDevice(record["identity"], record["kind"], record["bus"],
-                                                                 nodes)
+                result.devices[record["identity"]] = KnownDevice(
+                    record["identity"], record["kind"], record["bus"], nodes
+                )
             elif tag == "val":
                 result.values.setdefault(record["identity"], {})[record["name"]] = record["value"]
             elif tag == "idx":

@@ -20,6 +20,10 @@ from __future__ import annotations
 from ..defaults import INVENTORY_NAME
 from . import FormatError
 
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
+if TYPE_CHECKING:
+    from typing import Any
+
 FILE_NAME = INVENTORY_NAME
 
 
@@ -36,7 +40,11 @@ class KnownDevice:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, KnownDevice) and (self.identity, self.kind, self.bus, self.device_nodes) == (
-            other.identity, other.kind, other.bus, other.device_nodes)
+            other.identity,
+            other.kind,
+            other.bus,
+            other.device_nodes,
+        )
 
     def __hash__(self) -> int:
         return hash((self.identity, self.device_nodes))
@@ -49,15 +57,14 @@ class KnownDevice:
         return self.device_nodes[0] if self.device_nodes else None
 
 
-def parse_inventory(document: dict[str, object]) -> dict[str, KnownDevice]:
+def parse_inventory(document: dict[str, Any]) -> dict[str, KnownDevice]:
     """identity -> KnownDevice from a ``detect --json`` document (usable devices only)."""
     devices: dict[str, KnownDevice] = {}
     for item in document.get("accelerators", ()):
         if not item.get("usable", True):
             continue
         nodes = tuple(str(n) for n in item.get("device_nodes") or ())
-        devices[str(item["identity"])] = KnownDevice(str(item["identity"]), str(item["kind"]),
-                                                     str(item["bus"]), nodes)
+        devices[str(item["identity"])] = KnownDevice(str(item["identity"]), str(item["kind"]), str(item["bus"]), nodes)
     return devices
 
 
@@ -76,15 +83,21 @@ def decode(data: bytes) -> dict[str, object]:
     try:
         document = json.loads(data)
     except ValueError as exc:
-        raise FormatError(f"{FILE_NAME} in the state directory is not JSON ({exc}); "
-                          "rerun `slurm-tpu gres-conf --output ...` to rewrite it", FILE_NAME) from exc
+        raise FormatError(
+            f"{FILE_NAME} in the state directory is not JSON ({exc}); "
+            "rerun `slurm-tpu gres-conf --output ...` to rewrite it",
+            FILE_NAME,
+        ) from exc
     if not isinstance(document, dict) or not isinstance(document.get("accelerators"), list):
-        raise FormatError(f"{FILE_NAME} in the state directory is not a `slurm-tpu detect --json` "
-                          "document; rerun `slurm-tpu gres-conf --output ...`", FILE_NAME)
+        raise FormatError(
+            f"{FILE_NAME} in the state directory is not a `slurm-tpu detect --json` "
+            "document; rerun `slurm-tpu gres-conf --output ...`",
+            FILE_NAME,
+        )
     return document
 
 
-def set_device_nodes(document: dict[str, object], identity: str, nodes: tuple[str, ...]) -> bool:
+def set_device_nodes(document: dict[str, Any], identity: str, nodes: tuple[str, ...]) -> bool:
     """Record a device's node path(s) in the document; True when that changed it."""
     for item in document["accelerators"]:
         if item.get("identity") == identity:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Iterable
+    from collections.abc import Iterable
 
 SPOOL_DIR = "accounting-spool"
 FORMAT_VERSION = 1
@@ -54,8 +54,15 @@ class SpoolEntry:
 
     __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j")
 
-    def __init__(self, job_id: int, node: str, devices: int, inferences: int, inference_seconds: float,
-                 energy_j: float | None = None):
+    def __init__(
+        self,
+        job_id: int,
+        node: str,
+        devices: int,
+        inferences: int,
+        inference_seconds: float,
+        energy_j: float | None = None,
+    ):
         self.job_id, self.node, self.devices = job_id, node, devices
         self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
 
@@ -66,7 +73,7 @@ class SpoolEntry:
         return "SpoolEntry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
-def totals(job_id: int, node: str, devices: int, records: "Iterable") -> SpoolEntry:
+def totals(job_id: int, node: str, devices: int, records: Iterable) -> SpoolEntry:
     """The node's entry for a job that leased ``devices`` here, from its usage records (:class:`~.usage.UsageRecord`;
     a device the job never used has none)."""
     inferences, seconds, energy = 0, 0.0, None
@@ -86,9 +93,11 @@ def _number(value: float) -> str:
 def encode_spool(entry: SpoolEntry) -> bytes:
     """The spool file's bytes."""
     energy = "" if entry.energy_j is None else _number(entry.energy_j)
-    return (f"version={FORMAT_VERSION}\njob={entry.job_id}\nnode={entry.node}\ndevices={entry.devices}\n"
-            f"inferences={entry.inferences}\ninference_seconds={_number(entry.inference_seconds)}\n"
-            f"energy_j={energy}\n").encode()
+    return (
+        f"version={FORMAT_VERSION}\njob={entry.job_id}\nnode={entry.node}\ndevices={entry.devices}\n"
+        f"inferences={entry.inferences}\ninference_seconds={_number(entry.inference_seconds)}\n"
+        f"energy_j={energy}\n"
+    ).encode()
 
 
 def decode_spool(raw: bytes, source: str) -> SpoolEntry:
@@ -107,8 +116,14 @@ def decode_spool(raw: bytes, source: str) -> SpoolEntry:
         if not node or any(c in node for c in f"{SEPARATOR}:,= \n/"):
             raise ValueError(f"node name {node!r} cannot go into an AdminComment")
         energy = fields.get("energy_j", "")
-        entry = SpoolEntry(int(fields["job"]), node, int(fields["devices"]), int(fields["inferences"]),
-                           float(fields["inference_seconds"]), float(energy) if energy else None)
+        entry = SpoolEntry(
+            int(fields["job"]),
+            node,
+            int(fields["devices"]),
+            int(fields["inferences"]),
+            float(fields["inference_seconds"]),
+            float(energy) if energy else None,
+        )
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{source} is not a slurm-tpu spool entry ({exc})") from None
     if entry.job_id <= 0:
@@ -118,8 +133,11 @@ def decode_spool(raw: bytes, source: str) -> SpoolEntry:
 
 def render_item(entry: SpoolEntry) -> str:
     """Our ``AdminComment`` item for one node: ``slurm-tpu/<node>:devices=..,inferences=..,...``."""
-    figures = [f"devices={entry.devices}", f"inferences={entry.inferences}",
-               f"inference_seconds={_number(entry.inference_seconds)}"]
+    figures = [
+        f"devices={entry.devices}",
+        f"inferences={entry.inferences}",
+        f"inference_seconds={_number(entry.inference_seconds)}",
+    ]
     if entry.energy_j is not None:
         figures.append(f"energy_j={_number(entry.energy_j)}")
     return f"{PREFIX}{entry.node}:{','.join(figures)}"
@@ -141,7 +159,7 @@ def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:
     for item in admin_comment.split(SEPARATOR):
         if not item.startswith(PREFIX):
             continue
-        node, sep, rest = item[len(PREFIX):].partition(":")
+        node, sep, rest = item[len(PREFIX) :].partition(":")
         if not sep or not node:
             continue
         figures: dict[str, float] = {}

@@ -41,7 +41,7 @@ from __future__ import annotations
 # Annotations only: the root hooks import this module (the names), and typing costs them.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from typing import Mapping
+    from collections.abc import Mapping
 
 DEVICES = "SLURM_TPU_DEVICES"
 EDGETPU_PATHS = "SLURM_TPU_EDGETPU_PATHS"
@@ -62,7 +62,10 @@ class EdgeTpuHandle:
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, EdgeTpuHandle) and (self.identity, self.device_type, self.path) == (
-            other.identity, other.device_type, other.path)
+            other.identity,
+            other.device_type,
+            other.path,
+        )
 
     def __hash__(self) -> int:
         return hash((self.identity, self.device_type, self.path))
@@ -89,8 +92,10 @@ def parse_environment(environ: Mapping[str, str]) -> list[EdgeTpuHandle]:
     identities = [i for i in environ.get(DEVICES, "").split(",") if i]
     paths = [p for p in environ.get(EDGETPU_PATHS, "").split(",") if p]
     if len(identities) != len(paths):
-        raise ValueError(f"{DEVICES} names {len(identities)} device(s) but {EDGETPU_PATHS} "
-                         f"names {len(paths)}: the task-prolog output is inconsistent")
+        raise ValueError(
+            f"{DEVICES} names {len(identities)} device(s) but {EDGETPU_PATHS} "
+            f"names {len(paths)}: the task-prolog output is inconsistent"
+        )
     handles = []
     for identity, entry in zip(identities, paths):
         device_type, sep, path = entry.partition(":")

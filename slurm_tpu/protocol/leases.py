@@ -23,6 +23,10 @@ from __future__ import annotations
 
 from . import FormatError
 
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
+if TYPE_CHECKING:
+    from typing import Any
+
 DIR = "leases"  # under the state directory
 VERSION = 1
 MAX_BYTES = 65536  # a lease is ~300 bytes; anything larger is not one
@@ -33,9 +37,28 @@ PHASES = (HELD, REVOKING, KEPT)
 IDENTITY, JOB_ID, UID, KIND, USER, START = "identity", "job_id", "uid", "kind", "user", "start"
 DEVICE_NODES, ALLOCATION, NODE = "device_nodes", "allocation", "node"
 PROLOG_PID, PROLOG_START, FORMAT_VERSION, PHASE, PHASE_SINCE = (
-    "prolog_pid", "prolog_start", "version", "phase", "phase_since")
-FIELDS = (IDENTITY, JOB_ID, UID, KIND, USER, START, DEVICE_NODES, ALLOCATION, NODE, PROLOG_PID, PROLOG_START,
-          FORMAT_VERSION, PHASE, PHASE_SINCE)
+    "prolog_pid",
+    "prolog_start",
+    "version",
+    "phase",
+    "phase_since",
+)
+FIELDS = (
+    IDENTITY,
+    JOB_ID,
+    UID,
+    KIND,
+    USER,
+    START,
+    DEVICE_NODES,
+    ALLOCATION,
+    NODE,
+    PROLOG_PID,
+    PROLOG_START,
+    FORMAT_VERSION,
+    PHASE,
+    PHASE_SINCE,
+)
 REQUIRED = (IDENTITY, JOB_ID, UID)
 _INT_FIELDS = (JOB_ID, UID, PROLOG_PID, PROLOG_START, FORMAT_VERSION)
 _FLOAT_FIELDS = (START, PHASE_SINCE)
@@ -47,10 +70,23 @@ class Lease:
 
     __slots__ = FIELDS
 
-    def __init__(self, identity: str, job_id: int, uid: int, kind: str = "edgetpu", user: str = "",
-                 start: float = 0.0, device_nodes: tuple[str, ...] = (), allocation: tuple[str, ...] = (),
-                 node: str = "", prolog_pid: int = 0, prolog_start: int = 0, version: int = VERSION,
-                 phase: str = HELD, phase_since: float = 0.0):
+    def __init__(
+        self,
+        identity: str,
+        job_id: int,
+        uid: int,
+        kind: str = "edgetpu",
+        user: str = "",
+        start: float = 0.0,
+        device_nodes: tuple[str, ...] = (),
+        allocation: tuple[str, ...] = (),
+        node: str = "",
+        prolog_pid: int = 0,
+        prolog_start: int = 0,
+        version: int = VERSION,
+        phase: str = HELD,
+        phase_since: float = 0.0,
+    ):
         self.identity, self.job_id, self.uid, self.kind, self.user = identity, job_id, uid, kind, user
         self.start, self.device_nodes, self.allocation, self.node = start, tuple(device_nodes), tuple(allocation), node
         # prolog_start: /proc/<pid>/stat start time, to tell a reused pid apart.
@@ -73,7 +109,7 @@ class Lease:
         """The lease file's bytes (always the current :data:`VERSION`)."""
         lines = []
         for name in FIELDS:
-            item = VERSION if name == FORMAT_VERSION else getattr(self, name)
+            item: Any = VERSION if name == FORMAT_VERSION else getattr(self, name)  # a list field's: strings
             text = ",".join(item) if name in _LIST_FIELDS else str(item)
             if "\n" in text or "\t" in text or (name in _LIST_FIELDS and any("," in i for i in item)):
                 raise ValueError(f"lease field {name} holds a tab, newline or (in a list) a comma")
@@ -81,7 +117,7 @@ class Lease:
         return ("\n".join(lines) + "\n").encode()
 
     @classmethod
-    def decode(cls, identity: str, raw: bytes) -> "Lease":
+    def decode(cls, identity: str, raw: bytes) -> Lease:
         """The lease in file ``leases/<identity>``; :class:`FormatError` names what is wrong."""
         source = f"{DIR}/{identity}"
         try:
@@ -102,15 +138,17 @@ class Lease:
             if name not in fields:
                 raise FormatError(f"lease file {source}: field {name!r} is missing", source)
         if fields[IDENTITY] != identity:
-            raise FormatError(f"lease file {source}: names device {fields[IDENTITY][:80]!r}, not its file name",
-                              source)
+            raise FormatError(f"lease file {source}: names device {fields[IDENTITY][:80]!r}, not its file name", source)
         kwargs: dict = {}
         for name in FIELDS:
             if name in fields:
                 kwargs[name] = _value(name, fields[name], source)
         if kwargs.get(FORMAT_VERSION, VERSION) > VERSION:
-            raise FormatError(f"lease file {source} has format version {kwargs[FORMAT_VERSION]}; this slurm-tpu "
-                              f"reads up to {VERSION}: run the same slurm-tpu on every node and hook", source)
+            raise FormatError(
+                f"lease file {source} has format version {kwargs[FORMAT_VERSION]}; this slurm-tpu "
+                f"reads up to {VERSION}: run the same slurm-tpu on every node and hook",
+                source,
+            )
         if kwargs.get(PHASE, HELD) not in PHASES:
             raise FormatError(f"lease file {source}: unknown phase {kwargs[PHASE][:40]!r}", source)
         return cls(**kwargs)

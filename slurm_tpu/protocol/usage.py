@@ -85,8 +85,7 @@ def checked(inferences: object, seconds: object, energy_j: object = None) -> tup
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_SECONDS:
         return None
     if energy_j is not None:
-        if isinstance(energy_j, bool) or not isinstance(energy_j, (int, float)) \
-                or not 0 <= energy_j <= MAX_ENERGY_J:
+        if isinstance(energy_j, bool) or not isinstance(energy_j, (int, float)) or not 0 <= energy_j <= MAX_ENERGY_J:
             return None
         energy_j = float(energy_j)
     return inferences, float(seconds), energy_j
@@ -101,8 +100,9 @@ def encode(inferences: int, seconds: float, energy_j: float | None) -> bytes:
     """A record file's bytes (the current :data:`FORMAT_VERSION`)."""
     import json  # job side only
 
-    return json.dumps({VERSION_FIELD: FORMAT_VERSION, INFERENCES: inferences, SECONDS: round(seconds, 6),
-                       ENERGY_J: energy_j}).encode()
+    return json.dumps(
+        {VERSION_FIELD: FORMAT_VERSION, INFERENCES: inferences, SECONDS: round(seconds, 6), ENERGY_J: energy_j}
+    ).encode()
 
 
 def decode(raw: bytes, identity: str) -> UsageRecord:
@@ -115,8 +115,11 @@ def decode(raw: bytes, identity: str) -> UsageRecord:
         raise FormatError(f"{source} is not format version {FORMAT_VERSION}", source)
     figures = checked(data.get(INFERENCES), data.get(SECONDS), data.get(ENERGY_J))
     if figures is None:
-        raise FormatError(f"{source}: figures out of bounds (inferences 0..{MAX_INFERENCES}, seconds "
-                          f"0..{MAX_SECONDS:g}, energy_j null or 0..{MAX_ENERGY_J:g})", source)
+        raise FormatError(
+            f"{source}: figures out of bounds (inferences 0..{MAX_INFERENCES}, seconds "
+            f"0..{MAX_SECONDS:g}, energy_j null or 0..{MAX_ENERGY_J:g})",
+            source,
+        )
     return UsageRecord(identity, *figures)
 
 
@@ -162,8 +165,7 @@ def read_record(box_fd: int, identity: str, uid: int) -> UsageRecord | None:
     return None if raw is None else decode(raw, identity)
 
 
-def add_usage(directory: str, identity: str, inferences: int, seconds: float,
-              energy_j: float | None = None) -> bool:
+def add_usage(directory: str, identity: str, inferences: int, seconds: float, energy_j: float | None = None) -> bool:
     """Job side: add figures to the job's totals for ``identity`` in its usage box.
 
     Returns False (and writes nothing) when the identity or figures are not
@@ -190,8 +192,9 @@ def add_usage(directory: str, identity: str, inferences: int, seconds: float,
         data = encode(inferences, seconds, energy_j)
         tmp = f".{name}.{os.getpid()}.tmp"
         try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=dir_fd)
+            fd = os.open(
+                tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+            )
             try:
                 os.write(fd, data)
             finally:

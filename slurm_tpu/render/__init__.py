@@ -5,7 +5,11 @@ from .node_conf import node_features, node_gres, render_node_line
 from .udev_rules import render_udev_rules
 
 __all__ = [
-    "gres_file", "render_gres_conf", "slot_path",
-    "node_features", "node_gres", "render_node_line",
+    "gres_file",
+    "render_gres_conf",
+    "slot_path",
+    "node_features",
+    "node_gres",
+    "render_node_line",
     "render_udev_rules",
 ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 from ..config import Config
 from ..families import FAMILIES
@@ -68,9 +68,13 @@ def node_features(inventory: Inventory, config: Config) -> list[str]:
     return list(dict.fromkeys(features))  # de-duplicate, keep order
 
 
-def render_node_line(inventory: Inventory, config: Config, node_name: str,
-                     hardware: Mapping[str, str] | None = None,
-                     extra: Mapping[str, str] | None = None) -> str:
+def render_node_line(
+    inventory: Inventory,
+    config: Config,
+    node_name: str,
+    hardware: Mapping[str, str] | None = None,
+    extra: Mapping[str, str] | None = None,
+) -> str:
     """One NodeName line; ``hardware`` from ``slurmd -C``, ``extra`` from --set."""
     parts = [f"NodeName={node_name}"]
     for key in HARDWARE_KEYS:

@@ -26,8 +26,15 @@ if TYPE_CHECKING:
     from .request import OpenOptions
     from .tasks import Class, Object, Segmentation, TaskOptions
 
-_HOMES = {"Runner": "api", "BatchSummary": "api", "OpenOptions": "request", "Class": "tasks",
-          "Object": "tasks", "Segmentation": "tasks", "TaskOptions": "tasks"}
+_HOMES = {
+    "Runner": "api",
+    "BatchSummary": "api",
+    "OpenOptions": "request",
+    "Class": "tasks",
+    "Object": "tasks",
+    "Segmentation": "tasks",
+    "TaskOptions": "tasks",
+}
 
 __all__ = ["Runner", "OpenOptions", "BatchSummary", "Class", "Object", "Segmentation", "TaskOptions"]
 

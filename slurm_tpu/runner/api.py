@@ -1,9 +1,9 @@
 """The Python API: open a model on the job's device(s) once, then run inputs, batches or benchmarks.
 
-    from slurm_tpu.runner import Runner, TaskOptions
-    with Runner("model.tflite", labels="labels.txt") as runner:   # task recognised: runner.task
-        print(runner.classify("cat.jpg", top_k=3))                # or runner.run("cat.jpg")
-        runner.run_batch(["images/"], output="results.jsonl", options=TaskOptions(top_k=3))
+from slurm_tpu.runner import Runner, TaskOptions
+with Runner("model.tflite", labels="labels.txt") as runner:   # task recognised: runner.task
+    print(runner.classify("cat.jpg", top_k=3))                # or runner.run("cat.jpg")
+    runner.run_batch(["images/"], output="results.jsonl", options=TaskOptions(top_k=3))
 """
 
 from __future__ import annotations
@@ -11,8 +11,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -26,7 +27,7 @@ from .progress import Progress
 from .results import JSONL, Layout, ResultWriter
 from .session import EngineSet, OpenOptions, open_engines, open_segments
 from .spec import TensorSpec
-from .tasks import AUTO, Class, Task, TaskOptions, choose_task, read_labels
+from .tasks import AUTO, Class, TaskOptions, choose_task, read_labels
 from .tasks.classify import Classify
 
 _log = logging.getLogger("slurm_tpu.runner")
@@ -49,7 +50,8 @@ class _StdoutWriter:
     """Batch results to stdout (not resumable) when no --output is given."""
 
     def __init__(self, layout: Layout, write: Callable[[str], Any]):
-        self.layout, self._write, self.done = layout, write, set()
+        self.layout, self._write = layout, write
+        self.done: set[str] = set()
         if layout.fmt != JSONL:
             write(layout.header())
 
@@ -70,10 +72,18 @@ def _cpus() -> int:
 class Runner:
     """A model opened on the devices this job was given (see :mod:`.devices`)."""
 
-    def __init__(self, model: str | Sequence[str], labels: str | None = None,
-                 options: OpenOptions | None = None, environ: Mapping[str, str] = os.environ,
-                 warn: Callable[[str], None] = _log.warning, normalization: Normalization = Normalization(),
-                 task: str = AUTO, fast_resize: bool = False, keep_aspect_ratio: bool = False):
+    def __init__(
+        self,
+        model: str | Sequence[str],
+        labels: str | None = None,
+        options: OpenOptions | None = None,
+        environ: Mapping[str, str] = os.environ,
+        warn: Callable[[str], None] = _log.warning,
+        normalization: Normalization = Normalization(),
+        task: str = AUTO,
+        fast_resize: bool = False,
+        keep_aspect_ratio: bool = False,
+    ):
         """``task``: classify, detect, segment, raw or auto (from the outputs: see
         :mod:`.tasks`). ``fast_resize``: JPEG draft decoding + BILINEAR instead of pycoral's
         LANCZOS (changes the input tensor). ``keep_aspect_ratio``: pad instead of stretch
@@ -81,14 +91,16 @@ class Runner:
         segments = [model] if isinstance(model, (str, os.PathLike)) else [str(m) for m in model]
         self.segmented = len(segments) > 1
         self.labels = read_labels(labels)  # before the device: a bad path costs no TPU time
-        opener = open_segments if self.segmented else open_engines
-        self.engine_set: EngineSet = opener(segments if self.segmented else str(segments[0]),
-                                            options, environ, warn)  # type: ignore[arg-type]
+        if self.segmented:
+            self.engine_set: EngineSet = open_segments(segments, options, environ, warn)
+        else:
+            self.engine_set = open_engines(str(segments[0]), options, environ, warn)
         try:
             models = self.engine_set.models
             custom_ops = frozenset().union(*(m.custom_ops for m in models))
-            self.task, self.task_reason = choose_task(task, models[-1].outputs, custom_ops, models[-1].path,
-                                                      keep_aspect_ratio)
+            self.task, self.task_reason = choose_task(
+                task, models[-1].outputs, custom_ops, models[-1].path, keep_aspect_ratio
+            )
         except BaseException:
             self.engine_set.close()
             raise
@@ -116,8 +128,10 @@ class Runner:
     def prepare(self, path: str) -> Prepared:
         """An input file as the model's input tensor, prepared for this task (single-input models)."""
         if len(self.input_specs) != 1:
-            raise UsageError(f"the model has {len(self.input_specs)} inputs; files feed single-input "
-                             "models only: use infer() with arrays")
+            raise UsageError(
+                f"the model has {len(self.input_specs)} inputs; files feed single-input "
+                "models only: use infer() with arrays"
+            )
         return load_input(path, self.input_specs[0], self.normalization, self.resize)
 
     def load(self, path: str) -> list[np.ndarray]:
@@ -145,8 +159,9 @@ class Runner:
         size = (shape[2], shape[1]) if len(shape) == 4 else None
         return Prepared(array, Geometry(size, size, (1.0, 1.0), size))
 
-    def run_timed(self, source: str | np.ndarray, count: int = 1,
-                  options: TaskOptions | None = None) -> tuple[Any, list[float]]:
+    def run_timed(
+        self, source: str | np.ndarray, count: int = 1, options: TaskOptions | None = None
+    ) -> tuple[Any, list[float]]:
         """Run one input ``count`` times (as pycoral's examples do): this task's result and
         each time in ms. The first time includes the Edge TPU's model upload; report it apart."""
         prepared = self._source(source)
@@ -167,8 +182,9 @@ class Runner:
         classify = self.task if isinstance(self.task, Classify) else Classify()
         prepared = self._source(source)
         outputs = self.infer([prepared.tensor])
-        return classify.process(outputs, self.output_specs, prepared.geometry,
-                                TaskOptions(self.labels, top_k, threshold))
+        return classify.process(
+            outputs, self.output_specs, prepared.geometry, TaskOptions(self.labels, top_k, threshold)
+        )
 
     def options(self, top_k: int = 1, threshold: float | None = None) -> TaskOptions:
         """Task options with this runner's labels."""
@@ -176,8 +192,15 @@ class Runner:
 
     # -- batches -------------------------------------------------------------------------
 
-    def _record(self, key: str, item_outputs: list[np.ndarray] | None, geometry: Geometry | None,
-                error: str | None, options: TaskOptions, annotate_dir: str | None) -> dict:
+    def _record(
+        self,
+        key: str,
+        item_outputs: list[np.ndarray] | None,
+        geometry: Geometry | None,
+        error: str | None,
+        options: TaskOptions,
+        annotate_dir: str | None,
+    ) -> dict:
         if error is not None:
             return {"input": key, "error": error}
         assert item_outputs is not None
@@ -192,11 +215,18 @@ class Runner:
             record["annotated"] = target
         return record
 
-    def run_batch(self, inputs: Sequence[str], output: str | None = None, fmt: str = JSONL,
-                  options: TaskOptions | None = None, decode_threads: int | None = None,
-                  progress: Progress | None = None, expand: bool = True,
-                  stdout_write: Callable[[str], Any] | None = None,
-                  annotate_dir: str | None = None) -> BatchSummary:
+    def run_batch(
+        self,
+        inputs: Sequence[str],
+        output: str | None = None,
+        fmt: str = JSONL,
+        options: TaskOptions | None = None,
+        decode_threads: int | None = None,
+        progress: Progress | None = None,
+        expand: bool = True,
+        stdout_write: Callable[[str], Any] | None = None,
+        annotate_dir: str | None = None,
+    ) -> BatchSummary:
         """Run every input, appending its record to ``output`` (resumable).
 
         ``inputs`` are expanded (directories, globs, list files) unless ``expand`` is
@@ -223,8 +253,12 @@ class Runner:
         processed = errors = 0
         threads = decode_threads or self._decode_threads()
         try:
-            decoded = decode_ordered(todo, self._load_with_geometry, threads=threads,
-                                     lookahead=max(8, 4 * threads * len(self.engine_set.engines)))
+            decoded = decode_ordered(
+                todo,
+                self._load_with_geometry,
+                threads=threads,
+                lookahead=max(8, 4 * threads * len(self.engine_set.engines)),
+            )
             for item in infer_ordered(self.engine_set.engines, decoded, chain=self.segmented):
                 record = self._record(item.key, item.outputs, item.meta, item.error, options, annotate_dir)
                 writer.write(record)
@@ -261,13 +295,19 @@ class Runner:
         """Latency and throughput on the first device (the whole chain when segmented)."""
         inputs = self.load(source) if source else random_inputs(self.input_specs)
         engine = _Chain(self) if self.segmented else self.engine_set.engines[0]
-        return benchmark(engine, inputs, iterations, self.engine_set.load_seconds, self.engine_set.runtime,
-                         self.engine_set.edgetpu_version)
+        return benchmark(
+            engine,
+            inputs,
+            iterations,
+            self.engine_set.load_seconds,
+            self.engine_set.runtime,
+            self.engine_set.edgetpu_version,
+        )
 
     def close(self) -> None:
         self.engine_set.close()
 
-    def __enter__(self) -> "Runner":
+    def __enter__(self) -> Runner:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -305,8 +345,10 @@ def check_annotate_dir(directory: str, keys: Sequence[str]) -> None:
             continue
         target = annotated_path(directory, key)
         if target in seen:
-            raise UsageError(f"inputs {seen[target]} and {key} would both be annotated as {target}: "
-                             "rename one, or annotate them in separate runs")
+            raise UsageError(
+                f"inputs {seen[target]} and {key} would both be annotated as {target}: "
+                "rename one, or annotate them in separate runs"
+            )
         if os.path.realpath(target) in inputs:
             raise UsageError(f"--annotate {directory} would overwrite input {key}: choose another directory")
         seen[target] = key

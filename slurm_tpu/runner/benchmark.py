@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -29,11 +29,18 @@ class BenchResult:
         return asdict(self)
 
     def table(self) -> str:
-        rows = [("device", self.device), ("runtime", self.runtime),
-                ("load", f"{self.load_ms:.1f} ms"), ("first inference", f"{self.first_ms:.2f} ms"),
-                ("iterations", str(self.iterations)), ("latency p50", f"{self.p50_ms:.2f} ms"),
-                ("latency p90", f"{self.p90_ms:.2f} ms"), ("latency p99", f"{self.p99_ms:.2f} ms"),
-                ("mean", f"{self.mean_ms:.2f} ms"), ("throughput", f"{self.throughput_per_s:.1f} inferences/s")]
+        rows = [
+            ("device", self.device),
+            ("runtime", self.runtime),
+            ("load", f"{self.load_ms:.1f} ms"),
+            ("first inference", f"{self.first_ms:.2f} ms"),
+            ("iterations", str(self.iterations)),
+            ("latency p50", f"{self.p50_ms:.2f} ms"),
+            ("latency p90", f"{self.p90_ms:.2f} ms"),
+            ("latency p99", f"{self.p99_ms:.2f} ms"),
+            ("mean", f"{self.mean_ms:.2f} ms"),
+            ("throughput", f"{self.throughput_per_s:.1f} inferences/s"),
+        ]
         if self.edgetpu_version:
             rows.insert(2, ("libedgetpu", self.edgetpu_version))
         width = max(len(k) for k, _ in rows)
@@ -61,8 +68,14 @@ def percentile(sorted_ms: Sequence[float], q: float) -> float:
     return float(sorted_ms[rank - 1])
 
 
-def benchmark(engine: Engine, inputs: Sequence[np.ndarray], iterations: int, load_seconds: float,
-              runtime: str, edgetpu_version: str | None = None) -> BenchResult:
+def benchmark(
+    engine: Engine,
+    inputs: Sequence[np.ndarray],
+    iterations: int,
+    load_seconds: float,
+    runtime: str,
+    edgetpu_version: str | None = None,
+) -> BenchResult:
     """Time ``iterations`` inferences after the first one (reported apart)."""
     started = time.perf_counter()
     engine.run(inputs)
@@ -75,7 +88,16 @@ def benchmark(engine: Engine, inputs: Sequence[np.ndarray], iterations: int, loa
         latencies.append((time.perf_counter() - t) * 1000)
     total = time.perf_counter() - total_start
     latencies.sort()
-    return BenchResult(engine.label, runtime, load_seconds * 1000, first * 1000, iterations,
-                       percentile(latencies, 50), percentile(latencies, 90), percentile(latencies, 99),
-                       float(np.mean(latencies)) if latencies else 0.0,
-                       iterations / total if total > 0 else 0.0, edgetpu_version)
+    return BenchResult(
+        engine.label,
+        runtime,
+        load_seconds * 1000,
+        first * 1000,
+        iterations,
+        percentile(latencies, 50),
+        percentile(latencies, 90),
+        percentile(latencies, 99),
+        float(np.mean(latencies)) if latencies else 0.0,
+        iterations / total if total > 0 else 0.0,
+        edgetpu_version,
+    )

@@ -10,8 +10,8 @@ Sources, first match wins:
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Iterable, Mapping
 
 from ..protocol.jobenv import DEVICES, EdgeTpuHandle, libedgetpu_path, parse_environment
 from .errors import UsageError
@@ -33,7 +33,7 @@ class Device:
         return self.identity if self.kind != EDGETPU else f"edgetpu {self.identity}"
 
     @classmethod
-    def from_handle(cls, handle: EdgeTpuHandle) -> "Device":
+    def from_handle(cls, handle: EdgeTpuHandle) -> Device:
         return cls(EDGETPU, handle.identity, handle.device_type, handle.path)
 
 
@@ -61,8 +61,10 @@ def _parse_one(value: str, handles: list[EdgeTpuHandle]) -> Device:
     kind, sep, rest = value.partition(":")
     if sep and kind in ("usb", "pci"):
         if not rest.startswith("/"):
-            raise UsageError(f"--device {value}: give an absolute path (usb:/sys/bus/usb/devices/2-1.3 "
-                             "or pci:/dev/apex_0), not an index: indices shift between processes")
+            raise UsageError(
+                f"--device {value}: give an absolute path (usb:/sys/bus/usb/devices/2-1.3 "
+                "or pci:/dev/apex_0), not an index: indices shift between processes"
+            )
         return Device(EDGETPU, _identity_for_path(kind, rest, handles), kind, rest)
     for h in handles:
         if h.identity == value:
@@ -70,9 +72,10 @@ def _parse_one(value: str, handles: list[EdgeTpuHandle]) -> Device:
     try:
         device_type, path = libedgetpu_path(value, None)
     except ValueError:
-        raise UsageError(f"--device {value}: not cpu, gpu, usb:PATH, pci:PATH or an Edge TPU identity "
-                         f"this job was given ({DEVICES} names: {', '.join(h.identity for h in handles) or 'none'})"
-                         ) from None
+        raise UsageError(
+            f"--device {value}: not cpu, gpu, usb:PATH, pci:PATH or an Edge TPU identity "
+            f"this job was given ({DEVICES} names: {', '.join(h.identity for h in handles) or 'none'})"
+        ) from None
     return Device(EDGETPU, value, device_type, path)
 
 
@@ -92,8 +95,9 @@ def resolve_devices(requested: Iterable[str] | None, environ: Mapping[str, str])
             seen.add(d.identity)
         kinds = {d.kind for d in devices}
         if len(kinds) > 1 and kinds != {EDGETPU}:
-            raise UsageError("--device mixes kinds (" + ", ".join(sorted(kinds)) + "): "
-                             "run one kind of device per invocation")
+            raise UsageError(
+                "--device mixes kinds (" + ", ".join(sorted(kinds)) + "): run one kind of device per invocation"
+            )
         return devices
     if handles:
         return [Device.from_handle(h) for h in handles]

@@ -12,8 +12,9 @@ output file) and its progress lines stream out through :class:`Streams` meanwhil
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence, TextIO, Union
+from typing import Any, Callable, TextIO, Union
 
 from .api import Runner, _StdoutWriter, annotated_path
 from .benchmark import BenchResult
@@ -96,11 +97,19 @@ def _task_name(request: InferRequest) -> str:
 def _set_locally(request: InferRequest) -> list[str]:
     """The options given that only a local run takes, as flags."""
     opening, prep = request.opening, request.preprocessing
-    local_only = {"--labels": request.reading.labels, "--annotate": request.annotate_dir, "--device": opening.device,
-                  "--segment": request.segments, "--fallback": opening.fallback, "--threads": opening.num_threads,
-                  "--benchmark": request.benchmark, "--fast-resize": prep.fast_resize,
-                  "--keep-aspect-ratio": prep.keep_aspect_ratio, "--input-mean": prep.input_mean is not None,
-                  "--input-std": prep.input_std is not None}
+    local_only = {
+        "--labels": request.reading.labels,
+        "--annotate": request.annotate_dir,
+        "--device": opening.device,
+        "--segment": request.segments,
+        "--fallback": opening.fallback,
+        "--threads": opening.num_threads,
+        "--benchmark": request.benchmark,
+        "--fast-resize": prep.fast_resize,
+        "--keep-aspect-ratio": prep.keep_aspect_ratio,
+        "--input-mean": prep.input_mean is not None,
+        "--input-std": prep.input_std is not None,
+    }
     return [flag for flag, value in local_only.items() if value]
 
 
@@ -118,9 +127,11 @@ def infer(request: InferRequest, streams: Streams, environ: Mapping[str, str] = 
     if batched:
         # List and shard before opening the device: a bad input path fails in milliseconds.
         keys = listed = list_inputs(request.inputs)
-        share = ((batch.shard_index, batch.shard_count) if batch.shard_count is not None
-                 else shard_from_environment(environ))
+        share = (
+            (batch.shard_index, batch.shard_count) if batch.shard_count is not None else shard_from_environment(environ)
+        )
         if share is not None:
+            # With --shard-count given, --shard-index is too (both or neither, checked above): ints.
             if batch.shard_count is not None and share[0] >= share[1]:  # type: ignore[operator]
                 raise UsageError(f"--shard-index {batch.shard_index} must be below --shard-count {batch.shard_count}")
             keys = shard(keys, *share)  # type: ignore[arg-type]
@@ -133,14 +144,28 @@ def infer(request: InferRequest, streams: Streams, environ: Mapping[str, str] = 
     return _local(request, task, keys if batched else None, listed, streams, environ)
 
 
-def _local(request: InferRequest, task: str, keys: list[str] | None, listed: list[str], streams: Streams,
-           environ: Mapping[str, str]) -> Outcome:
+def _local(
+    request: InferRequest,
+    task: str,
+    keys: list[str] | None,
+    listed: list[str],
+    streams: Streams,
+    environ: Mapping[str, str],
+) -> Outcome:
     """On this job's device(s): a benchmark, a batch (``keys``: this share) or one input."""
     prep, batch, reading = request.preprocessing, request.batch, request.reading
     model_files = [request.model, *request.segments]
-    with Runner(model_files if request.segments else request.model, reading.labels, request.opening,
-                environ=environ, warn=streams.warn, normalization=Normalization(prep.input_mean, prep.input_std),
-                task=task, fast_resize=prep.fast_resize, keep_aspect_ratio=prep.keep_aspect_ratio) as runner:
+    with Runner(
+        model_files if request.segments else request.model,
+        reading.labels,
+        request.opening,
+        environ=environ,
+        warn=streams.warn,
+        normalization=Normalization(prep.input_mean, prep.input_std),
+        task=task,
+        fast_resize=prep.fast_resize,
+        keep_aspect_ratio=prep.keep_aspect_ratio,
+    ) as runner:
         task_options = runner.options(reading.top_k, reading.threshold)
         if request.benchmark:
             return runner.benchmark(request.iterations, request.inputs[0] if request.inputs else None)
@@ -154,9 +179,17 @@ def _local(request: InferRequest, task: str, keys: list[str] | None, listed: lis
             # (and its --json "task") shows the task by itself.
             streams.task_recognised(runner.task.name)
         progress = Progress(len(keys), streams.progress, batch.progress_interval, enabled=batch.progress)
-        summary = runner.run_batch(keys, out, format_for(out or "", batch.fmt), task_options, batch.decode_threads,
-                                   progress, expand=False, stdout_write=streams.write,
-                                   annotate_dir=request.annotate_dir)
+        summary = runner.run_batch(
+            keys,
+            out,
+            format_for(out or "", batch.fmt),
+            task_options,
+            batch.decode_threads,
+            progress,
+            expand=False,
+            stdout_write=streams.write,
+            annotate_dir=request.annotate_dir,
+        )
         return BatchDone(summary.processed, summary.errors, out)
 
 
@@ -167,12 +200,28 @@ def _timed(runner: Runner, path: str, count: int, options: TaskOptions, annotate
         runner.check_annotate(annotate_dir, [path])
         annotated = annotated_path(annotate_dir, path)
         runner.task.annotate(path, result, annotated)
-    return Timed(path, runner.task, result, times, runner.device_labels, runner.engine_set.runtime,
-                 runner.engine_set.load_seconds, runner.on_edgetpu, annotated)
+    return Timed(
+        path,
+        runner.task,
+        result,
+        times,
+        runner.device_labels,
+        runner.engine_set.runtime,
+        runner.engine_set.load_seconds,
+        runner.on_edgetpu,
+        annotated,
+    )
 
 
-def _remote(request: InferRequest, task: str, single: str | None, keys: list[str], progress: Progress,
-            streams: Streams, environ: Mapping[str, str]) -> Outcome:
+def _remote(
+    request: InferRequest,
+    task: str,
+    single: str | None,
+    keys: list[str],
+    progress: Progress,
+    streams: Streams,
+    environ: Mapping[str, str],
+) -> Outcome:
     """``infer --server``: the same inputs and outputs as local inference, answered by a server."""
     from .serve.client import RemoteModel, ServeClient, model_name, resolve_target, timed, write_remote_batch
 
@@ -185,8 +234,9 @@ def _remote(request: InferRequest, task: str, single: str | None, keys: list[str
             record, times = timed(remote, single, request.count, options)
             return RemoteTimed(single, remote.task, record, times, client.url)
         out = expand_output_pattern(batch.output, environ) if batch.output else None
-        layout = Layout(format_for(out or "", batch.fmt), remote.task,
-                        TaskOptions(top_k=reading.top_k, threshold=reading.threshold))
+        layout = Layout(
+            format_for(out or "", batch.fmt), remote.task, TaskOptions(top_k=reading.top_k, threshold=reading.threshold)
+        )
         writer = ResultWriter(out, layout) if out else _StdoutWriter(layout, streams.write)
         processed, errors = write_remote_batch(remote, keys, writer, options, request.remote.in_flight, progress)
         return BatchDone(processed, errors, out)

@@ -15,7 +15,7 @@ Two moments, both seen with the real libedgetpu (tests/libedgetpu):
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..families.coral import USB_BOOTLOADER, USB_IDS, USB_RUNTIME
 from .devices import Device
@@ -46,9 +46,11 @@ def hidden_by_visible_devices(path: str, visible: str | None) -> str | None:
     if visible is None or path in [entry.strip() for entry in visible.split(",")]:
         return None
     shown = visible if visible.strip() else "empty"
-    return (f"{path} is not in EDGETPU_VISIBLE_DEVICES ({shown}), so libedgetpu hides it from this "
-            "process; the task prolog sets that variable to the job's Edge TPUs: do not change it, or "
-            "name one of its devices")
+    return (
+        f"{path} is not in EDGETPU_VISIBLE_DEVICES ({shown}), so libedgetpu hides it from this "
+        "process; the task prolog sets that variable to the job's Edge TPUs: do not change it, or "
+        "name one of its devices"
+    )
 
 
 def absent_message(device: Device, listed: Sequence[tuple[str, str]], visible: str | None = None) -> str:
@@ -60,24 +62,34 @@ def absent_message(device: Device, listed: Sequence[tuple[str, str]], visible: s
     hidden = hidden_by_visible_devices(path, visible)
     if device.edgetpu_type == "usb":
         if not os.path.exists(path):
-            return (f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
-                    "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'")
+            return (
+                f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
+                "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'"
+            )
         ids = (_read(f"{path}/idVendor"), _read(f"{path}/idProduct"))
         if ids not in USB_IDS:
             coral = " or ".join(":".join(pair) for pair in (USB_RUNTIME, USB_BOOTLOADER))
-            return (f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
-                    f"({coral}): check --device or the node's inventory")
+            return (
+                f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
+                f"({coral}): check --device or the node's inventory"
+            )
         if hidden:
             return f"{name}: {hidden}"
-        return (f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
-                f"enumerate it; {CHECK}")
+        return (
+            f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
+            f"enumerate it; {CHECK}"
+        )
     if not os.path.exists(path):
-        return (f"{name} is not present: {path} does not exist (the apex driver is not loaded, or the card "
-                f"is gone): {CHECK}")
+        return (
+            f"{name} is not present: {path} does not exist (the apex driver is not loaded, or the card "
+            f"is gone): {CHECK}"
+        )
     if hidden:
         return f"{name}: {hidden}"
-    return (f"{name}: {path} exists but libedgetpu does not list it (it lists: {seen}; it looks in "
-            f"/sys/class/apex): {CHECK}")
+    return (
+        f"{name}: {path} exists but libedgetpu does not list it (it lists: {seen}; it looks in "
+        f"/sys/class/apex): {CHECK}"
+    )
 
 
 def open_failure_message(device: Device, reason: str | None) -> str:
@@ -86,12 +98,18 @@ def open_failure_message(device: Device, reason: str | None) -> str:
     head = f"libedgetpu cannot open Edge TPU {device.identity} at {_where(device)} ({said})"
     text = reason or ""
     if "Permission denied" in text or "Operation not permitted" in text:
-        return (f"{head}: this job may not open {device.path}; the node's slurm-tpu prolog did not hand "
-                f"it over (see its log), or another process holds it; {CHECK}")
+        return (
+            f"{head}: this job may not open {device.path}; the node's slurm-tpu prolog did not hand "
+            f"it over (see its log), or another process holds it; {CHECK}"
+        )
     if device.edgetpu_type == "usb":
-        return (f"{head}: the stick does not answer; unplug it and plug it back in (a USB 3 port, or a "
-                f"powered hub), look for USB errors in 'dmesg', then {CHECK}")
+        return (
+            f"{head}: the stick does not answer; unplug it and plug it back in (a USB 3 port, or a "
+            f"powered hub), look for USB errors in 'dmesg', then {CHECK}"
+        )
     if "mmap" in text:
-        return (f"{head}: the apex driver could not map the card; look for apex errors in 'dmesg', "
-                f"reload the driver (modprobe -r apex; modprobe apex) or reboot the node, then {CHECK}")
+        return (
+            f"{head}: the apex driver could not map the card; look for apex errors in 'dmesg', "
+            f"reload the driver (modprobe -r apex; modprobe apex) or reboot the node, then {CHECK}"
+        )
     return f"{head}: {CHECK}"

@@ -27,7 +27,8 @@ import contextlib
 import ctypes
 import os
 import tempfile
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -40,6 +41,7 @@ DEBUG_ENV = "SLURM_TPU_DEBUG"
 
 # -- runtime selection ---------------------------------------------------------------
 
+
 def _import_interpreter_module(name: str):
     import importlib
 
@@ -50,8 +52,9 @@ def select_runtime(preferred: str | None = None) -> str:
     """The runtime to use: ``preferred``, else $SLURM_TPU_RUNTIME, else the first importable."""
     preferred = preferred or os.environ.get(RUNTIME_ENV) or None
     if preferred is not None and preferred not in RUNTIME_MODULES:
-        raise RuntimeMissingError(f"unknown runtime '{preferred}' (from --runtime or {RUNTIME_ENV}): "
-                                  f"use one of {', '.join(RUNTIME_MODULES)}")
+        raise RuntimeMissingError(
+            f"unknown runtime '{preferred}' (from --runtime or {RUNTIME_ENV}): use one of {', '.join(RUNTIME_MODULES)}"
+        )
     errors = []
     for name in [preferred] if preferred else list(RUNTIME_MODULES):
         try:
@@ -59,8 +62,11 @@ def select_runtime(preferred: str | None = None) -> str:
             return name
         except ImportError as exc:  # tflite-runtime under numpy 2 also lands here
             errors.append(f"{name}: {exc}".splitlines()[0])
-    raise RuntimeMissingError("no TFLite runtime could be imported (" + "; ".join(errors) +
-                              "): pip install 'slurm-tpu[infer]' (ai-edge-litert)")
+    raise RuntimeMissingError(
+        "no TFLite runtime could be imported ("
+        + "; ".join(errors)
+        + "): pip install 'slurm-tpu[infer]' (ai-edge-litert)"
+    )
 
 
 def runtime_version(name: str) -> str:
@@ -104,11 +110,11 @@ def native_stderr_captured() -> Iterator[list[str]]:
 
 def _spec_from_details(d: dict) -> TensorSpec:
     scale, zero = d.get("quantization", (0.0, 0))
-    return TensorSpec(d["name"], tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]),
-                      float(scale), int(zero))
+    return TensorSpec(d["name"], tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]), float(scale), int(zero))
 
 
 # -- libedgetpu ----------------------------------------------------------------------
+
 
 class _Device(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("path", ctypes.c_char_p)]
@@ -134,20 +140,26 @@ class EdgeTpuLibrary:
             raise LibEdgeTpuError(
                 f"cannot load the Edge TPU runtime {self.path} ({reason}): install libedgetpu1-std "
                 f"from Coral's apt repository, or point --libedgetpu / {LIBEDGETPU_ENV} at it",
-                self.path) from None
+                self.path,
+            ) from None
         try:
             lib.edgetpu_list_devices.argtypes = [ctypes.POINTER(ctypes.c_size_t)]
             lib.edgetpu_list_devices.restype = ctypes.POINTER(_Device)
             lib.edgetpu_free_devices.argtypes = [ctypes.POINTER(_Device)]
             lib.edgetpu_free_devices.restype = None
-            lib.edgetpu_create_delegate.argtypes = [ctypes.c_int, ctypes.c_char_p,
-                                                    ctypes.POINTER(_Option), ctypes.c_size_t]
+            lib.edgetpu_create_delegate.argtypes = [
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.POINTER(_Option),
+                ctypes.c_size_t,
+            ]
             lib.edgetpu_create_delegate.restype = ctypes.c_void_p
             lib.edgetpu_free_delegate.argtypes = [ctypes.c_void_p]
             lib.edgetpu_free_delegate.restype = None
         except AttributeError as exc:
-            raise LibEdgeTpuError(f"{self.path} lacks libedgetpu's C API ({exc}): "
-                                  "it is not libedgetpu.so.1, or a very old one", self.path) from None
+            raise LibEdgeTpuError(
+                f"{self.path} lacks libedgetpu's C API ({exc}): it is not libedgetpu.so.1, or a very old one", self.path
+            ) from None
         # Both exist in every libedgetpu release; a library without them still runs models.
         self._version = getattr(lib, "edgetpu_version", None)
         if self._version is not None:
@@ -168,14 +180,17 @@ class EdgeTpuLibrary:
         count = ctypes.c_size_t(0)
         devices = self._lib.edgetpu_list_devices(ctypes.byref(count))
         try:
-            return [(_TYPE_NAMES.get(devices[i].type, str(devices[i].type)),
-                     devices[i].path.decode()) for i in range(count.value)]
+            return [
+                (_TYPE_NAMES.get(devices[i].type, str(devices[i].type)), devices[i].path.decode())
+                for i in range(count.value)
+            ]
         finally:
             if devices:
                 self._lib.edgetpu_free_devices(devices)
 
-    def create_delegate(self, device_type: str, path: str, options: dict[str, str] | None = None,
-                        log: list[str] | None = None) -> "EdgeTpuDelegate | None":
+    def create_delegate(
+        self, device_type: str, path: str, options: dict[str, str] | None = None, log: list[str] | None = None
+    ) -> EdgeTpuDelegate | None:
         """A delegate bound to the device at ``path``; None when libedgetpu cannot open it.
 
         With ``log``, libedgetpu's own messages during the attempt are appended to it:
@@ -192,8 +207,7 @@ class EdgeTpuLibrary:
             with native_stderr_captured() as lines:
                 self._verbosity(1)
                 try:
-                    pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), array,
-                                                                len(options))
+                    pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), array, len(options))
                 finally:
                     self._verbosity(0)  # quiet again before the model runs
             log.extend(lines)
@@ -245,19 +259,23 @@ class EdgeTpuDelegate:
 
 # -- engines -------------------------------------------------------------------------
 
+
 class InterpreterEngine:
     """A model in a TFLite Interpreter (CPU, or CPU + Edge TPU delegate)."""
 
-    def __init__(self, model_path: str, label: str, runtime: str, num_threads: int,
-                 delegate: EdgeTpuDelegate | None = None):
+    def __init__(
+        self, model_path: str, label: str, runtime: str, num_threads: int, delegate: EdgeTpuDelegate | None = None
+    ):
         self.label = label
         self.runtime = runtime
         module = _import_interpreter_module(runtime)
         delegates = [delegate] if delegate is not None else None
+        error: ValueError | RuntimeError | None
         with native_stderr_captured() as log:
             try:
-                interpreter = module.Interpreter(model_path=model_path, num_threads=num_threads,
-                                                 experimental_delegates=delegates)
+                interpreter = module.Interpreter(
+                    model_path=model_path, num_threads=num_threads, experimental_delegates=delegates
+                )
                 interpreter.allocate_tensors()
             except (ValueError, RuntimeError) as exc:
                 error = exc
@@ -267,11 +285,11 @@ class InterpreterEngine:
             if delegate is not None:
                 delegate.close()
             raise ModelError(_interpreter_failure(model_path, str(error), log), model_path)
-        self._interpreter = interpreter
+        self._interpreter: Any = interpreter  # None once closed
         self._delegate = delegate
         ins, outs = interpreter.get_input_details(), interpreter.get_output_details()
-        self.inputs = [_spec_from_details(d) for d in ins]
-        self.outputs = [_spec_from_details(d) for d in outs]
+        self.inputs: Sequence[TensorSpec] = [_spec_from_details(d) for d in ins]
+        self.outputs: Sequence[TensorSpec] = [_spec_from_details(d) for d in outs]
         self._in_index = [d["index"] for d in ins]
         self._out_index = [d["index"] for d in outs]
 
@@ -293,8 +311,10 @@ class InterpreterEngine:
 def _interpreter_failure(model_path: str, message: str, log: list[str]) -> str:
     text = " ".join([message] + log)
     if "edgetpu-custom-op" in text:
-        return (f"model {model_path} needs the Edge TPU but the Edge TPU runtime did not take its "
-                "edgetpu-custom-op: check that libedgetpu matches the compiler version")
+        return (
+            f"model {model_path} needs the Edge TPU but the Edge TPU runtime did not take its "
+            "edgetpu-custom-op: check that libedgetpu matches the compiler version"
+        )
     first = next((line for line in [message] + log if "ERROR" in line or "rror" in line), message)
     return f"cannot load model {model_path}: {first.strip().splitlines()[0][:200]}"
 
@@ -302,8 +322,9 @@ def _interpreter_failure(model_path: str, message: str, log: list[str]) -> str:
 class GpuEngine:
     """A model compiled for the GPU by LiteRT's CompiledModel (WebGPU over Vulkan)."""
 
-    def __init__(self, model_path: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                 accelerator: str = "gpu"):
+    def __init__(
+        self, model_path: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], accelerator: str = "gpu"
+    ):
         # accelerator="cpu" runs the very same CompiledModel path on LiteRT's CPU
         # accelerator: how tests exercise this class on machines without a GPU.
         self.label = accelerator
@@ -312,15 +333,16 @@ class GpuEngine:
             from ai_edge_litert.compiled_model import CompiledModel
             from ai_edge_litert.hardware_accelerator import HardwareAccelerator
         except ImportError as exc:
-            raise GpuError(f"GPU inference needs ai-edge-litert's CompiledModel ({exc}): "
-                           "pip install 'slurm-tpu[infer]'", "gpu") from None
+            raise GpuError(
+                f"GPU inference needs ai-edge-litert's CompiledModel ({exc}): pip install 'slurm-tpu[infer]'", "gpu"
+            ) from None
         with native_stderr_captured() as log:
             try:
                 accel = HardwareAccelerator.GPU if accelerator == "gpu" else HardwareAccelerator.CPU
                 model = CompiledModel.from_file(model_path, hardware_accel=accel)
                 in_buffers = model.create_input_buffers(0)
                 out_buffers = model.create_output_buffers(0)
-            except Exception:  # the wrapper raises RuntimeError with a multi-line trace
+            except Exception:  # noqa: BLE001 - the wrapper raises RuntimeError with a multi-line trace
                 failed = True
             else:
                 failed = False
@@ -331,20 +353,26 @@ class GpuEngine:
 
                 gc.collect()
         if failed:
-            raise GpuError("the GPU could not be set up by LiteRT's GPU accelerator (WebGPU over Vulkan: "
-                           f"{_gpu_reason(log)}): install libvulkan1 and the GPU's Vulkan driver, "
-                           "or pass --fallback cpu", "gpu")
+            raise GpuError(
+                "the GPU could not be set up by LiteRT's GPU accelerator (WebGPU over Vulkan: "
+                f"{_gpu_reason(log)}): install libvulkan1 and the GPU's Vulkan driver, "
+                "or pass --fallback cpu",
+                "gpu",
+            )
         self._model = model
         self._in, self._out = in_buffers, out_buffers
-        self.inputs, self.outputs = list(inputs), list(outputs)
+        self.inputs: Sequence[TensorSpec] = list(inputs)
+        self.outputs: Sequence[TensorSpec] = list(outputs)
         self._sizes = [int(np.prod(o.shape)) for o in self.outputs]
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         for buffer, value in zip(self._in, inputs):
             buffer.write(np.ascontiguousarray(value))
         self._model.run_by_index(0, self._in, self._out)
-        return [buffer.read(size, spec.dtype).reshape(spec.shape)
-                for buffer, size, spec in zip(self._out, self._sizes, self.outputs)]
+        return [
+            buffer.read(size, spec.dtype).reshape(spec.shape)
+            for buffer, size, spec in zip(self._out, self._sizes, self.outputs)
+        ]
 
     def close(self) -> None:
         # LiteRT logs its environment's teardown on fd 2; keep it off the user's terminal.

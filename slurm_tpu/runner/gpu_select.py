@@ -32,8 +32,9 @@ manifest and the variables its library reads).
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, MutableMapping
+from typing import Callable
 
 from ..protocol import jobenv
 
@@ -43,8 +44,11 @@ MESA_SELECT = "MESA_VK_DEVICE_SELECT"
 LAYER_OFF = "NODEVICE_SELECT"  # the layer manifest's disable_environment
 LAYER_NAME = "VK_LAYER_MESA_device_select"
 # Where the Vulkan loader looks for implicit layers (its default search path on Linux).
-LAYER_DIRS = ("/etc/vulkan/implicit_layer.d", "/usr/local/share/vulkan/implicit_layer.d",
-              "/usr/share/vulkan/implicit_layer.d")
+LAYER_DIRS = (
+    "/etc/vulkan/implicit_layer.d",
+    "/usr/local/share/vulkan/implicit_layer.d",
+    "/usr/share/vulkan/implicit_layer.d",
+)
 
 
 @dataclass(frozen=True)
@@ -70,7 +74,7 @@ def openable_gpu_nodes(dev: str = "/dev") -> list[str]:
         except OSError:
             continue
         for name in sorted(names):
-            if name.startswith(prefix) and name[len(prefix):].isdigit():
+            if name.startswith(prefix) and name[len(prefix) :].isdigit():
                 path = os.path.join(directory, name)
                 if os.access(path, os.R_OK | os.W_OK):
                     found.append(path)
@@ -88,13 +92,13 @@ def _uuid_addresses(driver_info: Mapping[str, Mapping[str, str]]) -> dict[str, s
     return {fields["GPU UUID"].lower(): bus for bus, fields in driver_info.items() if fields.get("GPU UUID")}
 
 
-def job_gpu_address(environ: Mapping[str, str],
-                    driver_info: Callable[[], Mapping[str, Mapping[str, str]]] | None = None
-                    ) -> tuple[str | None, str]:
+def job_gpu_address(
+    environ: Mapping[str, str], driver_info: Callable[[], Mapping[str, Mapping[str, str]]] | None = None
+) -> tuple[str | None, str]:
     """The PCI address of the job's first GPU and where it came from, or (None, why not)."""
     leased = [v for v in environ.get(jobenv.GPUS, "").split(",") if v.startswith("pci-")]
     if leased:
-        return leased[0][len("pci-"):].lower(), jobenv.GPUS
+        return leased[0][len("pci-") :].lower(), jobenv.GPUS
     visible = [v.strip() for v in environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if v.strip()]
     if visible and visible[0].lower().startswith("gpu-"):
         if driver_info is None:
@@ -128,28 +132,40 @@ def device_select_layer(dirs: tuple[str, ...] = LAYER_DIRS) -> str | None:
     return None
 
 
-def choose(environ: Mapping[str, str],
-           driver_info: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
-           layer_dirs: tuple[str, ...] = LAYER_DIRS,
-           openable: Callable[[], list[str]] = openable_gpu_nodes) -> GpuChoice:
+def choose(
+    environ: Mapping[str, str],
+    driver_info: Callable[[], Mapping[str, Mapping[str, str]]] | None = None,
+    layer_dirs: tuple[str, ...] = LAYER_DIRS,
+    openable: Callable[[], list[str]] = openable_gpu_nodes,
+) -> GpuChoice:
     """How this process will get the job's GPU from Vulkan (nothing is changed here)."""
     for name in (DRI_PRIME, MESA_SELECT, LAYER_OFF):
         if environ.get(name):
             return GpuChoice(None, {}, f"the GPU {name}={environ[name]} selects (set by the user)")
     address, source = job_gpu_address(environ, driver_info)
     if address is None:
-        return GpuChoice(None, {}, f"the first GPU Vulkan lists ({source}; the job's device cgroup or "
-                                   "leases decide which GPUs that is)")
+        return GpuChoice(
+            None,
+            {},
+            f"the first GPU Vulkan lists ({source}; the job's device cgroup or leases decide which GPUs that is)",
+        )
     tag = dri_prime_tag(address)
     layer = device_select_layer(layer_dirs)
     if layer is None:
-        return GpuChoice(address, {}, f"the first GPU Vulkan lists, which is not necessarily {address} (from "
-                                      f"{source}): Mesa's device-select layer is not installed "
-                                      "(apt install mesa-vulkan-drivers)",
-                         uncertain=len(openable()) > 1)
-    return GpuChoice(address, {DRI_PRIME: tag, FORCE_DEFAULT: "1"},
-                     f"GPU {address} (from {source}), the only one Vulkan lists: {DRI_PRIME}={tag} "
-                     f"{FORCE_DEFAULT}=1 through Mesa's device-select layer ({layer})")
+        return GpuChoice(
+            address,
+            {},
+            f"the first GPU Vulkan lists, which is not necessarily {address} (from "
+            f"{source}): Mesa's device-select layer is not installed "
+            "(apt install mesa-vulkan-drivers)",
+            uncertain=len(openable()) > 1,
+        )
+    return GpuChoice(
+        address,
+        {DRI_PRIME: tag, FORCE_DEFAULT: "1"},
+        f"GPU {address} (from {source}), the only one Vulkan lists: {DRI_PRIME}={tag} "
+        f"{FORCE_DEFAULT}=1 through Mesa's device-select layer ({layer})",
+    )
 
 
 def apply(choice: GpuChoice, environ: MutableMapping[str, str] | None = None) -> None:

@@ -8,8 +8,9 @@ import glob
 import os
 import re
 import socket
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence, TypeVar
+from typing import TypeVar
 
 from .errors import InputError, UsageError
 from .preprocess import is_input_file
@@ -27,8 +28,7 @@ def _list_file(path: Path) -> list[str]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"list file {path} cannot be read ({exc}): give one input path per line",
-                         str(path)) from None
+        raise InputError(f"list file {path} cannot be read ({exc}): give one input path per line", str(path)) from None
     return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
 
 
@@ -49,8 +49,9 @@ def list_inputs(specs: Sequence[str]) -> list[str]:
         elif _GLOB_CHARS & set(spec) and not path.exists():
             matches = sorted(m for m in glob.glob(spec) if os.path.isfile(m))
             if not matches:
-                raise InputError(f"input pattern {spec} matches no files (quote it so the shell "
-                                 "does not expand it)", spec)
+                raise InputError(
+                    f"input pattern {spec} matches no files (quote it so the shell does not expand it)", spec
+                )
             found.extend(matches)
         elif path.is_file() and not is_input_file(spec):
             found.extend(_list_file(path))
@@ -85,13 +86,17 @@ def array_share(environ: Mapping[str, str]) -> tuple[int, int] | None:
         first = int(environ.get("SLURM_ARRAY_TASK_MIN", "0"))
         step = int(environ.get("SLURM_ARRAY_TASK_STEP", "1") or 1)
     except (KeyError, ValueError):
-        raise UsageError("SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT/_MIN are missing or "
-                         "not numbers: pass --shard-index and --shard-count") from None
+        raise UsageError(
+            "SLURM_ARRAY_TASK_ID is set but SLURM_ARRAY_TASK_COUNT/_MIN are missing or "
+            "not numbers: pass --shard-index and --shard-count"
+        ) from None
     offset = task - first
     index = offset // step if step > 0 else -1
     if offset < 0 or offset % step or index >= count:
-        raise UsageError(f"array task {task} (min {first}, step {step}, count {count}) is not a regular "
-                         "range member: pass --shard-index and --shard-count explicitly")
+        raise UsageError(
+            f"array task {task} (min {first}, step {step}, count {count}) is not a regular "
+            "range member: pass --shard-index and --shard-count explicitly"
+        )
     return index, count
 
 
@@ -107,13 +112,15 @@ def step_share(environ: Mapping[str, str]) -> tuple[int, int] | None:
     try:
         tasks, rank = int(environ["SLURM_STEP_NUM_TASKS"]), int(environ["SLURM_PROCID"])
     except ValueError:
-        raise UsageError("SLURM_STEP_NUM_TASKS/SLURM_PROCID are not numbers: pass --shard-index and "
-                         "--shard-count") from None
+        raise UsageError(
+            "SLURM_STEP_NUM_TASKS/SLURM_PROCID are not numbers: pass --shard-index and --shard-count"
+        ) from None
     if tasks <= 1:
         return None
     if not 0 <= rank < tasks:
-        raise UsageError(f"SLURM_PROCID {rank} is not below SLURM_STEP_NUM_TASKS {tasks}: pass "
-                         "--shard-index and --shard-count")
+        raise UsageError(
+            f"SLURM_PROCID {rank} is not below SLURM_STEP_NUM_TASKS {tasks}: pass --shard-index and --shard-count"
+        )
     return rank, tasks
 
 

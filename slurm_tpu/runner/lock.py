@@ -12,8 +12,8 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Mapping
 
 from ..errors import DeviceError
 from .errors import DeviceBusyError
@@ -45,8 +45,9 @@ def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
             return path
         except OSError as exc:
             problems.append(f"{path}: {exc.strerror}")
-    raise DeviceError(f"no usable lock directory ({'; '.join(problems)}): set {LOCK_DIR_ENV} "
-                      "to a private writable directory", "-")
+    raise DeviceError(
+        f"no usable lock directory ({'; '.join(problems)}): set {LOCK_DIR_ENV} to a private writable directory", "-"
+    )
 
 
 def lock_path(identity: str, environ: Mapping[str, str] = os.environ) -> Path:
@@ -64,9 +65,11 @@ class DeviceLock:
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
         except OSError as exc:
-            raise DeviceError(f"cannot open the lock file {self.path} for Edge TPU {identity} "
-                              f"({exc.strerror}): set {LOCK_DIR_ENV} to a private writable directory",
-                              identity) from None
+            raise DeviceError(
+                f"cannot open the lock file {self.path} for Edge TPU {identity} "
+                f"({exc.strerror}): set {LOCK_DIR_ENV} to a private writable directory",
+                identity,
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -76,7 +79,9 @@ class DeviceLock:
             raise DeviceBusyError(
                 f"Edge TPU {identity} is in use by {holder}: one process per TPU; run all inputs "
                 f"through one 'slurm-tpu infer' (or wait for it), or ask for another TPU",
-                identity, pid) from None
+                identity,
+                pid,
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         self._fd: int | None = fd
@@ -86,7 +91,7 @@ class DeviceLock:
             os.close(self._fd)  # closing the last fd drops the flock
             self._fd = None
 
-    def __enter__(self) -> "DeviceLock":
+    def __enter__(self) -> DeviceLock:
         return self
 
     def __exit__(self, *exc: object) -> None:

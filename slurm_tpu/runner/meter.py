@@ -9,7 +9,7 @@ counts of leased accelerators are added to the job's usage box (see
 from __future__ import annotations
 
 import time
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 

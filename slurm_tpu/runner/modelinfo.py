@@ -43,8 +43,7 @@ def read_model_info(path: str | Path) -> ModelInfo:
         raise ModelError(f"model file {path} cannot be read: {exc.strerror}", path) from None
     # Bytes 4..8 hold the file identifier; every TFLite model carries "TFL3".
     if len(data) < 8 or data[4:8] != b"TFL3":
-        raise ModelError(f"model file {path} is not a TFLite model (no TFL3 identifier): "
-                         "pass a .tflite file", path)
+        raise ModelError(f"model file {path} is not a TFLite model (no TFL3 identifier): pass a .tflite file", path)
     import tflite  # schema package; imported here to keep `slurm-tpu --help` fast
 
     try:
@@ -57,15 +56,15 @@ def read_model_info(path: str | Path) -> ModelInfo:
         graph = model.Subgraphs(0)
         inputs = tuple(_spec(graph.Tensors(graph.Inputs(i))) for i in range(graph.InputsLength()))
         outputs = tuple(_spec(graph.Tensors(graph.Outputs(i))) for i in range(graph.OutputsLength()))
-    except Exception as exc:  # a corrupt flatbuffer raises anything from IndexError to struct.error
-        raise ModelError(f"model file {path} is corrupt ({type(exc).__name__}): rebuild or re-download it",
-                         path) from None
+    except Exception as exc:  # noqa: BLE001 - a corrupt flatbuffer raises anything from IndexError to struct.error
+        raise ModelError(
+            f"model file {path} is corrupt ({type(exc).__name__}): rebuild or re-download it", path
+        ) from None
     return ModelInfo(path, frozenset(custom), len(data), inputs, outputs)
 
 
 # tflite.TensorType values -> numpy dtypes (the types image/tensor models use)
-_DTYPES = {0: np.float32, 2: np.int32, 3: np.uint8, 4: np.int64, 7: np.int16, 9: np.int8,
-           1: np.float16, 10: np.float64}
+_DTYPES = {0: np.float32, 2: np.int32, 3: np.uint8, 4: np.int64, 7: np.int16, 9: np.int8, 1: np.float16, 10: np.float64}
 
 
 def _spec(tensor) -> TensorSpec:

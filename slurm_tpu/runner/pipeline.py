@@ -16,9 +16,10 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+from collections.abc import Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable, Iterator, Sequence
+from typing import Any, Callable
 
 import numpy as np
 
@@ -38,10 +39,12 @@ class Item:
     meta: Any = None  # what the loader knows about the input (e.g. its image geometry)
 
 
-def decode_ordered(keys: Iterable[str], load: Callable[[str], tuple[list[np.ndarray], Any]],
-                   threads: int = 2, lookahead: int = 16) -> Iterator[Item]:
+def decode_ordered(
+    keys: Iterable[str], load: Callable[[str], tuple[list[np.ndarray], Any]], threads: int = 2, lookahead: int = 16
+) -> Iterator[Item]:
     """Decode inputs in a pool (``load`` gives the tensors and their ``meta``); per-input
     errors (our SlurmTpuError) become ``Item.error``."""
+
     def task(seq: int, key: str) -> Item:
         try:
             inputs, meta = load(key)
@@ -79,8 +82,9 @@ def _run(engine: Engine, item: Item) -> Item:
     return item
 
 
-def infer_ordered(engines: Sequence[Engine], items: Iterable[Item], chain: bool = False,
-                  depth: int = 8) -> Iterator[Item]:
+def infer_ordered(
+    engines: Sequence[Engine], items: Iterable[Item], chain: bool = False, depth: int = 8
+) -> Iterator[Item]:
     """Run every item, yielding them in input order with ``outputs`` (or ``error``) set."""
     if len(engines) == 1:
         for item in items:
@@ -92,7 +96,7 @@ def infer_ordered(engines: Sequence[Engine], items: Iterable[Item], chain: bool 
         yield from _pool(engines, items, depth)
 
 
-def _feed(items: Iterable[Item], out: "queue.Queue[object]", stop: threading.Event, copies: int) -> None:
+def _feed(items: Iterable[Item], out: queue.Queue[Any], stop: threading.Event, copies: int) -> None:
     try:
         for item in items:
             while not stop.is_set():
@@ -103,15 +107,15 @@ def _feed(items: Iterable[Item], out: "queue.Queue[object]", stop: threading.Eve
                     continue
             if stop.is_set():
                 return
-    except BaseException as exc:  # decoding crashed: let the consumer raise it
+    except BaseException as exc:  # noqa: BLE001 - decoding crashed: let the consumer raise it
         out.put(_Failure(exc))
     for _ in range(copies):
         out.put(_DONE)
 
 
 def _pool(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iterator[Item]:
-    work: queue.Queue[object] = queue.Queue(maxsize=depth * len(engines))
-    done: queue.Queue[object] = queue.Queue()
+    work: queue.Queue[Any] = queue.Queue(maxsize=depth * len(engines))
+    done: queue.Queue[Any] = queue.Queue()
     stop = threading.Event()
 
     def worker(engine: Engine) -> None:
@@ -124,13 +128,14 @@ def _pool(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Itera
                 done.put(item)
                 continue
             try:
-                done.put(_run(engine, item))  # type: ignore[arg-type]
-            except BaseException as exc:
+                done.put(_run(engine, item))
+            except BaseException as exc:  # noqa: BLE001 - the worker's failure goes to the consumer, which raises it
                 done.put(_Failure(exc))
 
     threads = [threading.Thread(target=_feed, args=(items, work, stop, len(engines)), daemon=True)]
-    threads += [threading.Thread(target=worker, args=(e,), daemon=True, name=f"engine-{i}")
-                for i, e in enumerate(engines)]
+    threads += [
+        threading.Thread(target=worker, args=(e,), daemon=True, name=f"engine-{i}") for i, e in enumerate(engines)
+    ]
     for t in threads:
         t.start()
     pending: dict[int, Item] = {}
@@ -143,7 +148,7 @@ def _pool(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Itera
                 continue
             if isinstance(got, _Failure):
                 raise got.exc
-            pending[got.seq] = got  # type: ignore[union-attr]
+            pending[got.seq] = got
             while next_seq in pending:
                 yield pending.pop(next_seq)
                 next_seq += 1
@@ -154,27 +159,31 @@ def _pool(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Itera
 
 
 def _chain(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iterator[Item]:
-    queues: list[queue.Queue[object]] = [queue.Queue(maxsize=depth) for _ in range(len(engines) + 1)]
+    queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=depth) for _ in range(len(engines) + 1)]
     stop = threading.Event()
 
-    def stage(engine: Engine, inbox: "queue.Queue[object]", outbox: "queue.Queue[object]", last: bool) -> None:
+    def stage(engine: Engine, inbox: queue.Queue[Any], outbox: queue.Queue[Any], last: bool) -> None:
         while True:
             item = inbox.get()
             if item is _DONE or isinstance(item, _Failure) or stop.is_set():
                 outbox.put(item if not stop.is_set() else _DONE)
                 return
             try:
-                _run(engine, item)  # type: ignore[arg-type]
-                if not last and item.error is None:  # type: ignore[union-attr]
-                    item.inputs, item.outputs = item.outputs, None  # type: ignore[union-attr]
+                _run(engine, item)
+                if not last and item.error is None:
+                    item.inputs, item.outputs = item.outputs, None
                 outbox.put(item)
-            except BaseException as exc:
+            except BaseException as exc:  # noqa: BLE001 - the stage's failure goes to the consumer, which raises it
                 outbox.put(_Failure(exc))
                 return
 
     threads = [threading.Thread(target=_feed, args=(items, queues[0], stop, 1), daemon=True)]
-    threads += [threading.Thread(target=stage, args=(e, queues[i], queues[i + 1], i == len(engines) - 1),
-                                 daemon=True, name=f"segment-{i}") for i, e in enumerate(engines)]
+    threads += [
+        threading.Thread(
+            target=stage, args=(e, queues[i], queues[i + 1], i == len(engines) - 1), daemon=True, name=f"segment-{i}"
+        )
+        for i, e in enumerate(engines)
+    ]
     for t in threads:
         t.start()
     try:
@@ -184,13 +193,14 @@ def _chain(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iter
                 return
             if isinstance(got, _Failure):
                 raise got.exc
-            yield got  # type: ignore[misc]
+            yield got
     finally:
         _shutdown(stop, queues, threads, 1)
 
 
-def _shutdown(stop: threading.Event, queues: list["queue.Queue[object]"],
-              threads: list[threading.Thread], copies: int) -> None:
+def _shutdown(
+    stop: threading.Event, queues: list[queue.Queue[Any]], threads: list[threading.Thread], copies: int
+) -> None:
     """Stop early (consumer gone or failed): unblock every thread, then wait for them."""
     stop.set()
     for q in queues:
@@ -204,7 +214,7 @@ def _shutdown(stop: threading.Event, queues: list["queue.Queue[object]"],
         t.join(timeout=5)
 
 
-def _drain(q: "queue.Queue[object]") -> None:
+def _drain(q: queue.Queue[Any]) -> None:
     try:
         while True:
             q.get_nowait()

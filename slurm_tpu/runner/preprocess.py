@@ -81,8 +81,9 @@ def is_input_file(path: str) -> bool:
 def image_size(spec: TensorSpec) -> tuple[int, int, int]:
     """(height, width, channels) of an NHWC image input."""
     if len(spec.shape) != 4 or spec.shape[3] not in (1, 3):
-        raise InputError(f"model input '{spec.name}' has shape {spec.shape}, not an NHWC image: "
-                         "give .npy inputs instead", spec.name)
+        raise InputError(
+            f"model input '{spec.name}' has shape {spec.shape}, not an NHWC image: give .npy inputs instead", spec.name
+        )
     return spec.shape[1], spec.shape[2], spec.shape[3]
 
 
@@ -120,8 +121,9 @@ def fitted_size(source: tuple[int, int], target: tuple[int, int]) -> tuple[tuple
     return (max(1, int(source[0] * scale)), max(1, int(source[1] * scale))), scale
 
 
-def _decode(path: str | BinaryIO, mode: str, draft: Callable[[tuple[int, int]], tuple[int, int]] | None,
-            name: str | None = None):
+def _decode(
+    path: str | BinaryIO, mode: str, draft: Callable[[tuple[int, int]], tuple[int, int]] | None, name: str | None = None
+):
     """The image at ``path`` (or in a file object, called ``name`` in errors) in ``mode``
     and its original (width, height). ``draft`` (fast path only) gives, from the original
     size, the size the image will be resized to."""
@@ -146,11 +148,17 @@ def _resize(image, size: tuple[int, int], fast: bool):
 
     if image.size == size:
         return image
-    return image.resize(size, Image.BILINEAR if fast else Image.LANCZOS)
+    # Image.Resampling needs Pillow 9.1; the module-level names are set by a loop mypy cannot follow.
+    return image.resize(size, Image.BILINEAR if fast else Image.LANCZOS)  # type: ignore[attr-defined]
 
 
-def load_image(path: str | BinaryIO, spec: TensorSpec, norm: Normalization = Normalization(),
-               resize: Resize = Resize(), name: str | None = None) -> Prepared:
+def load_image(
+    path: str | BinaryIO,
+    spec: TensorSpec,
+    norm: Normalization = Normalization(),
+    resize: Resize = Resize(),
+    name: str | None = None,
+) -> Prepared:
     """Decode, convert and resize an image file (or file object, called ``name`` in
     errors) to the model's input (see the module doc)."""
     height, width, channels = image_size(spec)
@@ -160,8 +168,10 @@ def load_image(path: str | BinaryIO, spec: TensorSpec, norm: Normalization = Nor
         pixels = np.asarray(_resize(image, (width, height), resize.fast), dtype=np.uint8)
         if channels == 1:
             pixels = pixels[:, :, np.newaxis]
-        return Prepared(pixels_to_tensor(pixels, spec, norm),
-                        Geometry((width, height), size, (width / size[0], height / size[1]), (width, height)))
+        return Prepared(
+            pixels_to_tensor(pixels, spec, norm),
+            Geometry((width, height), size, (width / size[0], height / size[1]), (width, height)),
+        )
     fit = (lambda size: fitted_size(size, (width, height))[0]) if resize.fast else None
     image, size = _decode(path, mode, fit, name)
     (w, h), scale = fitted_size(size, (width, height))
@@ -199,8 +209,9 @@ def conform_array(array: np.ndarray, spec: TensorSpec, name: str) -> np.ndarray:
     raise InputError(f"input {name} has dtype {array.dtype}, the model wants {spec.dtype}", name)
 
 
-def load_input(path: str, spec: TensorSpec, norm: Normalization = Normalization(),
-               resize: Resize = Resize()) -> Prepared:
+def load_input(
+    path: str, spec: TensorSpec, norm: Normalization = Normalization(), resize: Resize = Resize()
+) -> Prepared:
     """The prepared input for one file, by its suffix. A .npy array is taken as the
     input tensor itself: its "image" is the input, at scale 1."""
     if path.lower().endswith(NPY_SUFFIX):

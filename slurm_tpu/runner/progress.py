@@ -15,8 +15,14 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Counts finished inputs; renders to ``stream`` (stderr by default)."""
 
-    def __init__(self, total: int, stream: TextIO | None = None, interval: float = 30.0,
-                 enabled: bool = True, clock=time.monotonic):
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        interval: float = 30.0,
+        enabled: bool = True,
+        clock=time.monotonic,
+    ):
         self.total, self.done, self.errors = total, 0, 0
         self.skipped = 0  # inputs already in the results file (a resumed run)
         self.stream = stream or sys.stderr
@@ -42,8 +48,10 @@ class Progress:
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
         pct = 100 * self.done / self.total if self.total else 100.0
         resumed = f" ({self.skipped} already done)" if self.skipped else ""
-        return (f"{self.done}/{self.total} inputs{resumed} ({pct:.0f}%), {rate:.1f}/s, {self.errors} errors, "
-                f"elapsed {_duration(elapsed)}, eta {_duration(eta)}")
+        return (
+            f"{self.done}/{self.total} inputs{resumed} ({pct:.0f}%), {rate:.1f}/s, {self.errors} errors, "
+            f"elapsed {_duration(elapsed)}, eta {_duration(eta)}"
+        )
 
     def _render(self, now: float) -> None:
         if self.tty:

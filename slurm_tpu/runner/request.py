@@ -8,8 +8,8 @@ Stdlib-only like ``choices``: the CLI reads these defaults at start-up.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from .choices import AUTO
 

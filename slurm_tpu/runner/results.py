@@ -79,17 +79,19 @@ class ResultWriter:
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
         except OSError as exc:
-            raise InputError(f"results file {path} cannot be opened ({exc.strerror}): check --output",
-                             path) from None
+            raise InputError(f"results file {path} cannot be opened ({exc.strerror}): check --output", path) from None
         try:
             # One writer per file: two tasks of a step (or array) given the same name would
             # cut each other's lines on resume. The lock goes with the descriptor.
             fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(self._fd)
-            raise InputError(f"results file {path} is being written by another process (another task of "
-                             "this job step or array?): give each task its own file with %t (task) or "
-                             "%a (array task) in --output", path) from None
+            raise InputError(
+                f"results file {path} is being written by another process (another task of "
+                "this job step or array?): give each task its own file with %t (task) or "
+                "%a (array task) in --output",
+                path,
+            ) from None
         self._recover()
 
     def _recover(self) -> None:
@@ -125,7 +127,7 @@ class ResultWriter:
     def write(self, record: dict[str, Any]) -> None:
         data = self.layout.render(record).encode("utf-8")
         while data:  # one write(2) for regular files; loop only if the kernel wrote less
-            data = data[os.write(self._fd, data):]
+            data = data[os.write(self._fd, data) :]
 
     def close(self) -> None:
         if self._fd >= 0:
@@ -133,7 +135,7 @@ class ResultWriter:
             os.close(self._fd)
             self._fd = -1
 
-    def __enter__(self) -> "ResultWriter":
+    def __enter__(self) -> ResultWriter:
         return self
 
     def __exit__(self, *exc: object) -> None:

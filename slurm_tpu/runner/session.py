@@ -10,8 +10,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
 from ..errors import DeviceError
 from ..protocol import jobenv
@@ -47,6 +48,7 @@ class EngineSet:
 
     def close(self) -> None:
         if self.engines:
+            # MeteredEngines since __init__ (see above), which the field types as Engine.
             report_usage(self.engines, self.environ)  # type: ignore[arg-type]
         for engine in reversed(self.engines):
             engine.close()
@@ -54,7 +56,7 @@ class EngineSet:
             lock.release()
         self.engines, self._locks = [], []
 
-    def __enter__(self) -> "EngineSet":
+    def __enter__(self) -> EngineSet:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -92,8 +94,7 @@ class _Opener:
         self.engines.append(engine)
         return engine
 
-    def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int,
-                      environ: Mapping[str, str]) -> Engine:
+    def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
         if self.library is None:
             self.library = engines.EdgeTpuLibrary(self.options.libedgetpu)
         # Never ask libedgetpu to open what it does not list: on a USB path it cannot
@@ -130,8 +131,13 @@ class _Opener:
             self.warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
             return engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
 
-    def open_all(self, pairs: Sequence[tuple[ModelInfo, Device]], environ: Mapping[str, str],
-                 warnings: Sequence[str], concurrent: int | None = None) -> None:
+    def open_all(
+        self,
+        pairs: Sequence[tuple[ModelInfo, Device]],
+        environ: Mapping[str, str],
+        warnings: Sequence[str],
+        concurrent: int | None = None,
+    ) -> None:
         """Open every (model, device) pair, or none: a failure closes what was opened.
 
         ``concurrent``: how many engines will run at once (default: all), which shares
@@ -163,17 +169,26 @@ def _check_model_fits(model: ModelInfo, devices: list[Device]) -> list[str]:
     (a failing run then prints only its error, on one line)."""
     kind = devices[0].kind
     if model.is_edgetpu and kind != EDGETPU:
-        raise ModelError(f"model {model.path} is compiled for the Edge TPU (contains edgetpu-custom-op) "
-                         f"but this job has no Edge TPU ({kind} only): submit with --gres=tpu:1, or "
-                         "pass --device usb:PATH|pci:PATH", model.path)
+        raise ModelError(
+            f"model {model.path} is compiled for the Edge TPU (contains edgetpu-custom-op) "
+            f"but this job has no Edge TPU ({kind} only): submit with --gres=tpu:1, or "
+            "pass --device usb:PATH|pci:PATH",
+            model.path,
+        )
     if kind == EDGETPU and not model.is_edgetpu:
-        return [f"model {model.path} is not compiled for the Edge TPU (no edgetpu-custom-op): it runs on "
-             "the CPU; compile it with edgetpu_compiler to use the TPU"]
+        return [
+            f"model {model.path} is not compiled for the Edge TPU (no edgetpu-custom-op): it runs on "
+            "the CPU; compile it with edgetpu_compiler to use the TPU"
+        ]
     return []
 
 
-def open_engines(model_path: str, options: OpenOptions | None = None,
-                 environ: Mapping[str, str] = os.environ, warn: Warn = _log.warning) -> EngineSet:
+def open_engines(
+    model_path: str,
+    options: OpenOptions | None = None,
+    environ: Mapping[str, str] = os.environ,
+    warn: Warn = _log.warning,
+) -> EngineSet:
     """One engine per device the job was given (or --device named)."""
     options = options or OpenOptions()
     model = read_model_info(model_path)
@@ -182,12 +197,24 @@ def open_engines(model_path: str, options: OpenOptions | None = None,
     started = time.perf_counter()
     opener = _Opener(options, warn)
     opener.open_all([(model, device) for device in devices], environ, warnings)
-    return EngineSet(opener.engines, devices, opener.runtime, time.perf_counter() - started,
-                     [model], opener.locks, environ, opener.edgetpu_version())
+    return EngineSet(
+        opener.engines,
+        devices,
+        opener.runtime,
+        time.perf_counter() - started,
+        [model],
+        opener.locks,
+        environ,
+        opener.edgetpu_version(),
+    )
 
 
-def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = None,
-                  environ: Mapping[str, str] = os.environ, warn: Warn = _log.warning) -> EngineSet:
+def open_segments(
+    segment_paths: Sequence[str],
+    options: OpenOptions | None = None,
+    environ: Mapping[str, str] = os.environ,
+    warn: Warn = _log.warning,
+) -> EngineSet:
     """Segment i of a model split by ``edgetpu_compiler --num_segments`` on device i.
 
     On the CPU (no TPU allocated) every segment gets its own CPU interpreter, which
@@ -198,20 +225,34 @@ def open_segments(segment_paths: Sequence[str], options: OpenOptions | None = No
     devices = resolve_devices(options.device, environ)
     kind = devices[0].kind
     if kind == EDGETPU and len(devices) < len(models):
-        raise UsageError(f"{len(models)} model segments need {len(models)} Edge TPUs but this job has "
-                         f"{len(devices)}: submit with --gres=tpu:{len(models)}")
+        raise UsageError(
+            f"{len(models)} model segments need {len(models)} Edge TPUs but this job has "
+            f"{len(devices)}: submit with --gres=tpu:{len(models)}"
+        )
     if kind != EDGETPU:
         devices = [devices[0]] * len(models)
     warnings = list(dict.fromkeys(w for m, d in zip(models, devices) for w in _check_model_fits(m, [d])))
     started = time.perf_counter()
     opener = _Opener(options, warn)
     opener.open_all(list(zip(models, devices)), environ, warnings)
-    return EngineSet(opener.engines, devices[:len(models)], opener.runtime,
-                     time.perf_counter() - started, models, opener.locks, environ, opener.edgetpu_version())
+    return EngineSet(
+        opener.engines,
+        devices[: len(models)],
+        opener.runtime,
+        time.perf_counter() - started,
+        models,
+        opener.locks,
+        environ,
+        opener.edgetpu_version(),
+    )
 
 
-def open_models(model_paths: Sequence[str], options: OpenOptions | None = None,
-                environ: Mapping[str, str] = os.environ, warn: Warn = _log.warning) -> EngineSet:
+def open_models(
+    model_paths: Sequence[str],
+    options: OpenOptions | None = None,
+    environ: Mapping[str, str] = os.environ,
+    warn: Warn = _log.warning,
+) -> EngineSet:
     """Several models on every device the job was given (``slurm-tpu serve``): one lock per
     device, one engine per (model, device), model-major: the engines of model i are
     ``engines[i * D:(i + 1) * D]`` for D devices. Edge TPU models compiled together
@@ -224,5 +265,13 @@ def open_models(model_paths: Sequence[str], options: OpenOptions | None = None,
     started = time.perf_counter()
     opener = _Opener(options, warn)
     opener.open_all(pairs, environ, warnings, concurrent=len(devices))  # one inference per device at a time
-    return EngineSet(opener.engines, [d for _, d in pairs], opener.runtime, time.perf_counter() - started,
-                     models, opener.locks, environ, opener.edgetpu_version())
+    return EngineSet(
+        opener.engines,
+        [d for _, d in pairs],
+        opener.runtime,
+        time.perf_counter() - started,
+        models,
+        opener.locks,
+        environ,
+        opener.edgetpu_version(),
+    )

@@ -5,8 +5,9 @@ Pure: no runtime imports, so preprocessing, batching and tests can use them free
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import numpy as np
 

@@ -12,7 +12,8 @@ not match); ``scontrol`` never. The hooks always use scontrol.
 
 from __future__ import annotations
 
-from typing import Protocol, Sequence
+from collections.abc import Sequence
+from typing import Protocol
 
 from ..config import Config
 from .commands import Slurm

@@ -13,19 +13,18 @@ safe by :func:`node_reason` there and nowhere else.
 
 from __future__ import annotations
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
-TYPE_CHECKING = False
-if TYPE_CHECKING:
-    from typing import Mapping, Sequence
-
-    from ..config import Config
-    from .jobdetail import GresAlloc
-    from .parse import NodeState
-
 from ..errors import SlurmCommandError, SlurmVersionError
 from . import installation as _installation
 from .spawn import run as _spawn
 
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping, Sequence
+
+    from ..config import Config
+    from .jobdetail import GresAlloc
+    from .parse import NodeState
 
 # A reason is for an admin to read in `sinfo -R`/`scontrol show node`: one line, and short
 # enough to read (the epilog's list of surviving processes can be long).
@@ -48,7 +47,7 @@ def node_reason(text: str, limit: int = MAX_REASON) -> str:
     cleaned = " ".join(printable.split()).strip('"').strip()
     limit = min(limit, MAX_REASON)
     if len(cleaned) > limit:
-        cleaned = cleaned[:limit - 3].rstrip() + "..."
+        cleaned = cleaned[: limit - 3].rstrip() + "..."
     return cleaned or NO_REASON
 
 
@@ -72,8 +71,12 @@ class Slurm(NodeStates):
 
     name = "scontrol"
 
-    def __init__(self, install: _installation.Installation | None = None, environ: Mapping[str, str] | None = None,
-                 timeout: float = 20.0):
+    def __init__(
+        self,
+        install: _installation.Installation | None = None,
+        environ: Mapping[str, str] | None = None,
+        timeout: float = 20.0,
+    ):
         import os
 
         self.environ = os.environ if environ is None else environ
@@ -81,7 +84,7 @@ class Slurm(NodeStates):
         self.timeout = timeout
 
     @classmethod
-    def for_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> "Slurm":
+    def for_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> Slurm:
         """The gateway for an admin command: env override, config keys, running slurmd, PATH, defaults."""
         return cls(_installation.find(environ, config.slurm_bin_dir, config.slurm_sbin_dir), environ)
 
@@ -171,8 +174,13 @@ class Slurm(NodeStates):
 
     def _update_node(self, node: str, state: str, reason: str | None) -> None:
         # Each an argument of its own, never seen by a shell: scontrol splits each at its first '='.
-        self.run("scontrol", "update", f"NodeName={node}", f"State={state}",
-                 *([f"Reason={reason}"] if reason is not None else []))
+        self.run(
+            "scontrol",
+            "update",
+            f"NodeName={node}",
+            f"State={state}",
+            *([f"Reason={reason}"] if reason is not None else []),
+        )
 
     def hardware(self, slurmd: str | None = None) -> dict[str, str]:
         """This node's CPU and memory facts from ``slurmd -C`` (``slurmd``: an explicit binary)."""

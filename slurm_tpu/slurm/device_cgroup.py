@@ -78,8 +78,11 @@ def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, 
     """Whether this configuration asks for the device cgroup: task/cgroup (``slurm_options``: slurm.conf's,
     lower-case keys) and ConstrainDevices=yes."""
     task_plugins = slurm_options.get("taskplugin", "")
-    return ("task/cgroup" in [p.strip() for p in task_plugins.split(",")] and cgroup_options is not None
-            and cgroup_options.get("constraindevices", "no").lower() == "yes")
+    return (
+        "task/cgroup" in [p.strip() for p in task_plugins.split(",")]
+        and cgroup_options is not None
+        and cgroup_options.get("constraindevices", "no").lower() == "yes"
+    )
 
 
 def covers_gres_without_plugin(version: str) -> bool:
@@ -91,16 +94,19 @@ def covers_gres_without_plugin(version: str) -> bool:
 def where_it_holds(version: str) -> str:
     """One sentence: what ConstrainDevices=yes does for our GRES under slurmd ``version``."""
     if not covers_gres_without_plugin(version):
-        return (f"ConstrainDevices=yes does nothing for gres/tpu or gres/npu under Slurm {version}: "
-                "gres_g_get_devices() skips a GRES without a gres plugin (fixed in "
-                f"{FIX}); the device files' ownership is the only layer")
-    return (f"ConstrainDevices=yes denies unallocated Edge TPUs under Slurm {version}: PCIe cards always; "
-            "USB sticks only until their first re-enumeration (every revocation), because slurmd reads "
-            "each File='s major:minor once at start")
+        return (
+            f"ConstrainDevices=yes does nothing for gres/tpu or gres/npu under Slurm {version}: "
+            "gres_g_get_devices() skips a GRES without a gres plugin (fixed in "
+            f"{FIX}); the device files' ownership is the only layer"
+        )
+    return (
+        f"ConstrainDevices=yes denies unallocated Edge TPUs under Slurm {version}: PCIe cards always; "
+        "USB sticks only until their first re-enumeration (every revocation), because slurmd reads "
+        "each File='s major:minor once at start"
+    )
 
 
-def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None,
-           has_tpu: bool) -> tuple[bool, str, str]:
+def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None, has_tpu: bool) -> tuple[bool, str, str]:
     """(fine, what, fix) about the device cgroup on a node: ``doctor``'s finding and ``install``'s note.
 
     ``has_tpu``: the node has devices of a GRES without a plugin (:func:`needs_the_fix`: Edge TPUs,
@@ -109,11 +115,23 @@ def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None,
     """
     cgroup_conf = cgroup_conf_path(slurm_conf)
     if not constrains_devices(slurm_options, read_cgroup_conf(cgroup_conf)):
-        return True, (f"off (no ConstrainDevices=yes in {cgroup_conf} with TaskPlugin=task/cgroup); "
-                      "the device files' ownership is the layer that isolates"), ""
+        return (
+            True,
+            (
+                f"off (no ConstrainDevices=yes in {cgroup_conf} with TaskPlugin=task/cgroup); "
+                "the device files' ownership is the layer that isolates"
+            ),
+            "",
+        )
     if version is None:
         return True, f"on ({cgroup_conf}); slurmd's release unknown", ""
     if has_tpu and not covers_gres_without_plugin(version):
-        return False, where_it_holds(version), (f"do not count on it for Edge TPUs or NPUs: run {FIRST_RELEASE_NAME} or "
-                                                "later for this second layer (it still constrains GPUs)")
+        return (
+            False,
+            where_it_holds(version),
+            (
+                f"do not count on it for Edge TPUs or NPUs: run {FIRST_RELEASE_NAME} or "
+                "later for this second layer (it still constrains GPUs)"
+            ),
+        )
     return True, where_it_holds(version), ""

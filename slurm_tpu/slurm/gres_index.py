@@ -13,13 +13,14 @@ usb3 gives IDX 0,1 = pci1,pci2 and IDX 2,3 = usb0,usb3.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from .parse import GresConfRecord
 
 
-def device_order(name: str, records: Sequence[GresConfRecord],
-                 node_gres: Sequence[tuple[str, str | None, int]] | None) -> list[tuple[str | None, str | None]]:
+def device_order(
+    name: str, records: Sequence[GresConfRecord], node_gres: Sequence[tuple[str, str | None, int]] | None
+) -> list[tuple[str | None, str | None]]:
     """(type, file) for each index of GRES ``name`` on the node, index = position.
 
     ``records`` are the node's gres.conf records (see ``parse_gres_conf``);
@@ -38,15 +39,14 @@ def device_order(name: str, records: Sequence[GresConfRecord],
                 types.append(record.type)
         wanted = [(t, sum(r.count for r in pool if r.type == t)) for t in types]
     else:
-        entries = [(t, c) for n, t, c in node_gres if n == name]
-        typed = [(t, c) for t, c in entries if t is not None]
+        entries: list[tuple[str | None, int]] = [(t, c) for n, t, c in node_gres if n == name]
+        typed: list[tuple[str | None, int]] = [(t, c) for t, c in entries if t is not None]
         wanted = typed or entries
     order: list[tuple[str | None, str | None]] = []
     for type_name, count in wanted:
         remaining = count
         while remaining > 0:
-            match = next((r for r in pool if type_name is None
-                          or (r.type or "").lower() == type_name.lower()), None)
+            match = next((r for r in pool if type_name is None or (r.type or "").lower() == type_name.lower()), None)
             if match is None:
                 break
             pool.remove(match)

@@ -64,9 +64,12 @@ class Installation:
         """The absolute path of Slurm program ``name``; SlurmCommandError saying where we looked."""
         found = _first_executable(name, self.dirs)
         if found is None:
-            raise SlurmCommandError(f"{name} not found in {', '.join(self.dirs)} (Slurm taken from "
-                                    f"{self.found_by}): install Slurm's {name}, or name its directories in "
-                                    f"slurm.bin_dir/sbin_dir ({BIN_ENV}/_SBIN)", name)
+            raise SlurmCommandError(
+                f"{name} not found in {', '.join(self.dirs)} (Slurm taken from "
+                f"{self.found_by}): install Slurm's {name}, or name its directories in "
+                f"slurm.bin_dir/sbin_dir ({BIN_ENV}/_SBIN)",
+                name,
+            )
         return found
 
     def command(self, name: str, environ=None) -> str:
@@ -83,13 +86,19 @@ class Installation:
                 raise SlurmCommandError(f"{name} is not an executable file: check the path", name)
             return path
         environ = os.environ if environ is None else environ
-        dirs = [*self.dirs, *(d for d in environ.get("PATH", "").split(":") if d.startswith("/")),
-                *USUAL_DIRS, *SYSTEM_DIRS]
+        dirs = [
+            *self.dirs,
+            *(d for d in environ.get("PATH", "").split(":") if d.startswith("/")),
+            *USUAL_DIRS,
+            *SYSTEM_DIRS,
+        ]
         found = _first_executable(name, dirs)
         if found is None:
-            raise SlurmCommandError(f"{name} not found in Slurm's directories ({', '.join(self.dirs)}), PATH "
-                                    f"or {', '.join(USUAL_DIRS + SYSTEM_DIRS)}: install it or give its full path",
-                                    name)
+            raise SlurmCommandError(
+                f"{name} not found in Slurm's directories ({', '.join(self.dirs)}), PATH "
+                f"or {', '.join(USUAL_DIRS + SYSTEM_DIRS)}: install it or give its full path",
+                name,
+            )
         return found
 
     def __repr__(self) -> str:
@@ -142,10 +151,10 @@ def _stat_fields(pid: int) -> tuple[str, int] | None:
     except OSError:
         return None
     start, end = data.find("("), data.rfind(")")
-    rest = data[end + 2:].split(" ")
+    rest = data[end + 2 :].split(" ")
     if start < 0 or end < 0 or len(rest) < 2 or not rest[1].isdigit() or rest[0] in ("Z", "X"):
         return None
-    return data[start + 1:end], int(rest[1])
+    return data[start + 1 : end], int(rest[1])
 
 
 def ancestor_daemon(levels: int = 4) -> tuple[int, str] | None:
@@ -232,8 +241,9 @@ def daemon_for_conf(slurm_conf: str | None) -> tuple[int, str] | None:
     """
     matches = []
     for pid, _, exe, conf in running_daemons(("slurmd", "slurmctld")):
-        if (slurm_conf is None and conf in (DEBIAN_CONF, f"{os.path.dirname(os.path.dirname(exe))}/etc/slurm.conf")) \
-                or (slurm_conf is not None and _same_file(conf, slurm_conf)):
+        if (
+            slurm_conf is None and conf in (DEBIAN_CONF, f"{os.path.dirname(os.path.dirname(exe))}/etc/slurm.conf")
+        ) or (slurm_conf is not None and _same_file(conf, slurm_conf)):
             matches.append((pid, exe))
     if len({os.path.dirname(exe) for _, exe in matches}) != 1:
         return None
@@ -248,8 +258,13 @@ def _from_daemon(pid: int, exe: str, how: str) -> Installation:
 _CACHE: dict[tuple, Installation] = {}
 
 
-def find(environ=None, bin_dir: str | None = None, sbin_dir: str | None = None,
-         use_path: bool = True, use_daemons: bool = True) -> Installation:
+def find(
+    environ=None,
+    bin_dir: str | None = None,
+    sbin_dir: str | None = None,
+    use_path: bool = True,
+    use_daemons: bool = True,
+) -> Installation:
     """The Slurm installation to use (see the module docstring for the order).
 
     ``bin_dir``/``sbin_dir`` are the config's ``slurm.*`` keys; ``use_path`` is
@@ -271,8 +286,9 @@ def from_prefix(prefix: str) -> Installation:
     """``<prefix>/bin`` and ``<prefix>/sbin`` (a source build's ``--prefix``; /usr for Debian's)."""
     if not os.path.isabs(prefix):
         raise SlurmCommandError(f"Slurm prefix {prefix!r} is not an absolute directory", prefix)
-    return Installation(_pair(f"{prefix.rstrip('/') or ''}/bin", f"{prefix.rstrip('/') or ''}/sbin"),
-                        f"prefix {prefix}")
+    return Installation(
+        _pair(f"{prefix.rstrip('/') or ''}/bin", f"{prefix.rstrip('/') or ''}/sbin"), f"prefix {prefix}"
+    )
 
 
 def environment(install: Installation) -> dict[str, str]:
@@ -281,8 +297,10 @@ def environment(install: Installation) -> dict[str, str]:
 
 
 def _find(env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons) -> Installation:
-    for given, where in (((env_bin, env_sbin), f"{BIN_ENV}/{SBIN_ENV}"),
-                         ((bin_dir, sbin_dir), "config slurm.bin_dir/slurm.sbin_dir")):
+    for given, where in (
+        ((env_bin, env_sbin), f"{BIN_ENV}/{SBIN_ENV}"),
+        ((bin_dir, sbin_dir), "config slurm.bin_dir/slurm.sbin_dir"),
+    ):
         for directory in given:
             if directory and not os.path.isabs(directory):
                 raise SlurmCommandError(f"{where}: {directory!r} is not an absolute directory", directory)
@@ -340,6 +358,8 @@ def version_mismatch(installation: Installation, program: str, environ=None) -> 
     client_version, daemon_version = version_of(program, environ), version_of(daemon, environ)
     if not client_version or not daemon_version or client_version == daemon_version:
         return None
-    return (f"Slurm client {os.path.basename(program)} {client_version} ({program}) cannot talk to the "
-            f"daemons' Slurm {daemon_version} ({daemon}): point slurm-tpu at the daemons' Slurm with "
-            f"slurm.bin_dir (config) or {BIN_ENV}")
+    return (
+        f"Slurm client {os.path.basename(program)} {client_version} ({program}) cannot talk to the "
+        f"daemons' Slurm {daemon_version} ({daemon}): point slurm-tpu at the daemons' Slurm with "
+        f"slurm.bin_dir (config) or {BIN_ENV}"
+    )

@@ -44,7 +44,9 @@ class GresAlloc:
 
 
 def _split_top_level(text: str, open_char: str = "[", close_char: str = "]") -> list[str]:
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char == open_char:
             depth += 1
@@ -84,7 +86,7 @@ def _expand_one(text: str) -> list[str]:
     end = text.find("]", start)
     if end < 0:
         raise ValueError(f"unbalanced '[' in '{text}'")
-    prefix, body, rest = text[:start], text[start + 1:end], text[end + 1:]
+    prefix, body, rest = text[:start], text[start + 1 : end], text[end + 1 :]
     values: list[str] = []
     for item in body.split(","):
         low, sep, high = item.partition("-")
@@ -149,7 +151,7 @@ def _header(line: str) -> dict[str, str]:
 
 
 def _covers(line: str, node: str) -> bool:
-    hosts = line[len("Nodes="):].split(" ", 1)[0]
+    hosts = line[len("Nodes=") :].split(" ", 1)[0]
     try:
         return node in expand_hostlist(hosts)
     except ValueError:
@@ -215,5 +217,5 @@ def parse_scontrol_job_detail(text: str, node: str, job_id: int, narrowed: bool 
         return None
     for token in own[0].split(" "):
         if token.startswith("GRES="):
-            return parse_gres_detail(token[len("GRES="):])
+            return parse_gres_detail(token[len("GRES=") :])
     return []

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Iterator, Mapping
 
 
 def parse_key_values(line: str) -> dict[str, str]:
@@ -27,8 +27,14 @@ def parse_slurmd_c(text: str) -> dict[str, str]:
 
 # ---- hostlists and a job's GRES (light, shared with the prolog) ---------------------
 
-from .jobdetail import (ForgedOutputError, GresAlloc, SiblingsOnNode, expand_hostlist,  # noqa: E402,F401
-                        parse_gres_detail, parse_scontrol_job_detail)
+from .jobdetail import (  # noqa: E402,F401
+    ForgedOutputError,
+    GresAlloc,
+    SiblingsOnNode,
+    expand_hostlist,
+    parse_gres_detail,
+    parse_scontrol_job_detail,
+)
 
 
 def _json_number(value: object) -> int | None:
@@ -90,20 +96,21 @@ def parse_node_state(text: str) -> NodeState:
         line = raw.strip()
         head, sep, tail = line.partition(" Reason=")
         if line.startswith("Reason="):
-            head, tail, sep = "", line[len("Reason="):], "Reason="
+            head, tail, sep = "", line[len("Reason=") :], "Reason="
         if sep:
             reason = tail
             if reason.endswith("]") and " [" in reason:
                 reason = reason[: reason.rindex(" [")]
         for token in head.split():
             if token.startswith("State="):
-                state = token[len("State="):]
+                state = token[len("State=") :]
             elif token.startswith("Gres="):
-                gres = token[len("Gres="):]
+                gres = token[len("Gres=") :]
     return {"state": state, "reason": reason, "gres": gres}
 
 
 # ---- gres.conf and slurm.conf -----------------------------------------------------
+
 
 @dataclass(frozen=True)
 class GresConfRecord:
@@ -154,8 +161,16 @@ def parse_gres_conf(text: str, node: str) -> list[GresConfRecord]:
         count = len(files) if files else int(fields.get("count", "1").rstrip("KMGkmg") or 1)
         if "count" in fields and files and fields["count"].isdigit():
             count = min(count, int(fields["count"]))
-        records.append(GresConfRecord(fields["name"], fields.get("type"), files, count,
-                                      by_name_line=not line.lower().startswith("nodename="), line=number))
+        records.append(
+            GresConfRecord(
+                fields["name"],
+                fields.get("type"),
+                files,
+                count,
+                by_name_line=not line.lower().startswith("nodename="),
+                line=number,
+            )
+        )
     return records
 
 

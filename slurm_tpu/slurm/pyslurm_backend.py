@@ -18,7 +18,8 @@ a silent wrong answer.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Sequence
+from collections.abc import Sequence
+from typing import Any, Callable
 
 from ..errors import SlurmCommandError, SlurmTpuError
 from . import installation
@@ -42,8 +43,10 @@ def _slurm_conf(slurm: Slurm) -> str:
         prefix = os.path.dirname(slurm.install.sbin_dir.rstrip("/"))
         conf = installation.DEBIAN_CONF if prefix in ("/usr", "") else f"{prefix}/etc/slurm.conf"
     if not os.path.isfile(conf):
-        raise PyslurmUnavailable(f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
-                                 "(libslurm would exit the process without one)")
+        raise PyslurmUnavailable(
+            f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
+            "(libslurm would exit the process without one)"
+        )
     return conf
 
 
@@ -55,11 +58,12 @@ def _daemon_version(slurm: Slurm) -> str:
             continue
         if version:
             return version
-    raise PyslurmUnavailable(f"cannot tell the daemons' Slurm release (no slurmd or slurmctld in "
-                             f"{', '.join(slurm.install.dirs)})")
+    raise PyslurmUnavailable(
+        f"cannot tell the daemons' Slurm release (no slurmd or slurmctld in {', '.join(slurm.install.dirs)})"
+    )
 
 
-def load(slurm: Slurm) -> "PySlurm":
+def load(slurm: Slurm) -> PySlurm:
     """pyslurm, initialised for this Slurm; PyslurmUnavailable when it does not match."""
     conf = _slurm_conf(slurm)
     daemons = _daemon_version(slurm)
@@ -69,10 +73,12 @@ def load(slurm: Slurm) -> "PySlurm":
     os.environ["PYSLURM_DISABLE_AUTO_INIT"] = "1"
     flags = sys.getdlopenflags()  # pyslurm sets RTLD_GLOBAL|RTLD_DEEPBIND for the whole process
     try:
-        import pyslurm  # type: ignore[import-not-found]
+        import pyslurm
     except ImportError as exc:
-        raise PyslurmUnavailable(f"pyslurm is not installed ({exc}); for Slurm {daemons}: "
-                                 f"pip install 'pyslurm=={'.'.join(_major_minor(daemons))}.*'") from exc
+        raise PyslurmUnavailable(
+            f"pyslurm is not installed ({exc}); for Slurm {daemons}: "
+            f"pip install 'pyslurm=={'.'.join(_major_minor(daemons))}.*'"
+        ) from exc
     finally:
         sys.setdlopenflags(flags)
         if previous is None:
@@ -82,9 +88,11 @@ def load(slurm: Slurm) -> "PySlurm":
     library = ".".join(str(part) for part in pyslurm.slurm_api_version())
     versions = {"pyslurm": pyslurm.__version__, "its libslurm": library, "the daemons": daemons}
     if len({_major_minor(v) for v in versions.values()}) != 1:
-        raise PyslurmUnavailable("pyslurm does not match this Slurm (" +
-                                 ", ".join(f"{k} {v}" for k, v in versions.items()) +
-                                 "): install the pyslurm release of the daemons' Slurm, or set slurm.backend: scontrol")
+        raise PyslurmUnavailable(
+            "pyslurm does not match this Slurm ("
+            + ", ".join(f"{k} {v}" for k, v in versions.items())
+            + "): install the pyslurm release of the daemons' Slurm, or set slurm.backend: scontrol"
+        )
     pyslurm.slurm_init(conf)
     return PySlurm(pyslurm, library, slurm)
 
@@ -104,7 +112,7 @@ class PySlurm(NodeStates):
     def _call(self, what: str, function: Callable[..., Any], *args: Any) -> Any:
         try:
             return function(*args)
-        except Exception as exc:  # noqa: BLE001 - every pyslurm failure is raised, with what it was doing
+        except Exception as exc:
             raise SlurmCommandError(f"pyslurm {what} failed: {exc}", "pyslurm") from exc
 
     def node_state(self, node: str) -> NodeState:
@@ -125,8 +133,11 @@ class PySlurm(NodeStates):
         jobs = self._call("Jobs.load()", self.pyslurm.Jobs.load)
         busy = []
         for job in jobs.values():
-            if job.state in ("RUNNING", "COMPLETING") and job.gres_per_node \
-                    and node in expand_hostlist(job.allocated_nodes or ""):
+            if (
+                job.state in ("RUNNING", "COMPLETING")
+                and job.gres_per_node
+                and node in expand_hostlist(job.allocated_nodes or "")
+            ):
                 busy.append(str(job.id))
         return busy
 

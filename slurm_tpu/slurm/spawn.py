@@ -31,9 +31,17 @@ def run(argv: list[str], env: dict[str, str] | None = None, timeout: float = 20.
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:
-        pid = os.posix_spawn(argv[0], argv, os.environ if env is None else env,
-                             file_actions=[(os.POSIX_SPAWN_DUP2, out_w, 1), (os.POSIX_SPAWN_DUP2, err_w, 2),
-                                           (os.POSIX_SPAWN_CLOSE, out_r), (os.POSIX_SPAWN_CLOSE, err_r)])
+        pid = os.posix_spawn(
+            argv[0],
+            argv,
+            os.environ if env is None else env,
+            file_actions=[
+                (os.POSIX_SPAWN_DUP2, out_w, 1),
+                (os.POSIX_SPAWN_DUP2, err_w, 2),
+                (os.POSIX_SPAWN_CLOSE, out_r),
+                (os.POSIX_SPAWN_CLOSE, err_r),
+            ],
+        )
     except OSError as exc:
         for fd in (out_r, out_w, err_r, err_w):
             os.close(fd)

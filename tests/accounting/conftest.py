@@ -18,11 +18,14 @@ def require_accounting() -> None:
     from slurm_tpu.slurm import installation
 
     install = installation.find(use_daemons=False)
-    missing = [p for p in ("mariadbd", "mariadb-install-db", "mariadb") if not shutil.which(p)
-               and not shutil.which(p, path="/usr/sbin")]
+    missing = [
+        p
+        for p in ("mariadbd", "mariadb-install-db", "mariadb")
+        if not shutil.which(p) and not shutil.which(p, path="/usr/sbin")
+    ]
     try:
         install.program("slurmdbd")
-    except Exception:
+    except Exception:  # noqa: BLE001 - whatever the lookup raises, slurmdbd is missing
         missing.append(f"slurmdbd in {install.sbin_dir}")
     if missing:
         pytest.skip(f"not installed: {', '.join(missing)} (scripts/setup.sh installs them)")

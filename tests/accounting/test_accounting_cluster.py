@@ -12,8 +12,8 @@ import stat
 
 import pytest
 
-from helpers import TESTS
 from harness.localcluster import leftovers
+from helpers import TESTS
 
 pytestmark = pytest.mark.slurm
 

@@ -24,18 +24,28 @@ SLEEP = "#!/bin/sh\nexec sleep 600\n"
 def cluster(accounting_factory):
     from harness.localcluster import NodeSpec
 
-    cluster = accounting_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n1_two_tpus.umockdev"),
-                                           cpus=4)])
+    cluster = accounting_factory(
+        [NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n1_two_tpus.umockdev"), cpus=4)]
+    )
     # The recipes: a capped QOS (per user at most one TPU; DenyOnLimit refuses a job over a
     # per-job cap at submit), and a wide one alice is not allowed.
-    cluster.sacctmgr("add", "qos", "tpucap", "MaxTRESPerUser=gres/tpu=1", "MaxTRESPerJob=gres/tpu=1",
-                     "Flags=DenyOnLimit")
+    cluster.sacctmgr(
+        "add", "qos", "tpucap", "MaxTRESPerUser=gres/tpu=1", "MaxTRESPerJob=gres/tpu=1", "Flags=DenyOnLimit"
+    )
     cluster.sacctmgr("add", "qos", "wide")
     cluster.sacctmgr("modify", "user", ALICE, "set", "qos=tpucap", "defaultqos=tpucap")
     # The controller has the QOS (one update carries all its limits) and lets alice use it.
     wait_until(lambda: "MaxTRESPJ=gres/tpu=1" in controller_view(cluster, "qos", "tpucap"), 60, "the QOS")
-    wait_until(lambda: cluster.command(["sbatch", "--test-only", "--qos=tpucap", "--wrap=true"], user=ALICE,
-                                       check=False).returncode == 0, 60, "alice allowed QOS tpucap")
+    wait_until(
+        lambda: (
+            cluster.command(
+                ["sbatch", "--test-only", "--qos=tpucap", "--wrap=true"], user=ALICE, check=False
+            ).returncode
+            == 0
+        ),
+        60,
+        "alice allowed QOS tpucap",
+    )
     return cluster
 
 
@@ -55,8 +65,11 @@ def test_qos_cap_holds_a_users_second_tpu_job_pending(cluster, cleanup):
     cleanup.append(second)
     wait_until(lambda: cluster.job_state(first) == "RUNNING", 60, "alice's first job to run")
     # The node has a second TPU free; only the QOS holds her second job back.
-    wait_until(lambda: job_field(cluster, second, "Reason") == "QOSMaxGRESPerUser", 60,
-               "alice's second job pending with QOSMaxGRESPerUser")
+    wait_until(
+        lambda: job_field(cluster, second, "Reason") == "QOSMaxGRESPerUser",
+        60,
+        "alice's second job pending with QOSMaxGRESPerUser",
+    )
     assert cluster.job_state(second) == "PENDING"
     # The cap is hers: bob (QOS normal) takes the second TPU.
     other = cluster.sbatch(["--gres=tpu:1", "-o", "/dev/null"], SLEEP, user=BOB)
@@ -73,8 +86,9 @@ def test_deny_on_limit_refuses_an_over_cap_request_at_submit(cluster):
 
 def test_a_user_cannot_bypass_her_cap_by_naming_another_qos(cluster):
     for qos in ("wide", "normal"):
-        refused = cluster.command(["sbatch", f"--qos={qos}", "--gres=tpu:2", "-o", "/dev/null"], user=ALICE,
-                                  input=SLEEP, check=False)
+        refused = cluster.command(
+            ["sbatch", f"--qos={qos}", "--gres=tpu:2", "-o", "/dev/null"], user=ALICE, input=SLEEP, check=False
+        )
         assert refused.returncode != 0, f"--qos={qos} accepted"
         assert "Invalid qos specification" in refused.stderr, refused.stderr
 
@@ -84,15 +98,19 @@ def test_tpu_minutes_budget_keeps_a_job_that_would_overrun_it_from_starting(clus
     # if it can finish within what is left: 1 TPU for 1 minute does, 1 TPU for 5 does not.
     cluster.sacctmgr("modify", "user", BOB, "set", "GrpTRESMins=gres/tpu=2")
     try:
-        wait_until(lambda: ",gres/tpu=2(" in controller_view(cluster, "assoc", BOB),
-                   60, "bob's budget at the controller")
+        wait_until(
+            lambda: ",gres/tpu=2(" in controller_view(cluster, "assoc", BOB), 60, "bob's budget at the controller"
+        )
         over = cluster.sbatch(["--gres=tpu:1", "--time=5", "-o", "/dev/null"], SLEEP, user=BOB)
         cleanup.append(over)
         within = cluster.sbatch(["--gres=tpu:1", "--time=1", "-o", "/dev/null"], SLEEP, user=BOB)
         cleanup.append(within)
         wait_until(lambda: cluster.job_state(within) == "RUNNING", 60, "bob's job within budget to run")
-        wait_until(lambda: job_field(cluster, over, "Reason") == "AssocGrpGRESMinutes", 60,
-                   "the over-budget job pending with AssocGrpGRESMinutes")
+        wait_until(
+            lambda: job_field(cluster, over, "Reason") == "AssocGrpGRESMinutes",
+            60,
+            "the over-budget job pending with AssocGrpGRESMinutes",
+        )
         assert cluster.job_state(over) == "PENDING"
     finally:
         cluster.sacctmgr("modify", "user", BOB, "set", "GrpTRESMins=gres/tpu=-1")

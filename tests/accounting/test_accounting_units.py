@@ -20,10 +20,19 @@ def test_accounting_tres_names_every_gres_and_type_of_a_node_line():
     from slurm_tpu.render.node_conf import accounting_tres, accounting_tres_of_nodes_conf
 
     assert accounting_tres("tpu:edgetpu_usb:2,tpu:edgetpu_pci:4,npu:hailo8:1,gpu:2,mps:4K") == [
-        "gres/tpu", "gres/tpu:edgetpu_usb", "gres/tpu:edgetpu_pci", "gres/npu", "gres/npu:hailo8", "gres/gpu",
-        "gres/mps"]
+        "gres/tpu",
+        "gres/tpu:edgetpu_usb",
+        "gres/tpu:edgetpu_pci",
+        "gres/npu",
+        "gres/npu:hailo8",
+        "gres/gpu",
+        "gres/mps",
+    ]
     assert accounting_tres("") == []
-    text = "NodeName=a Gres=tpu:edgetpu_usb:1\nNodeName=b CPUs=2\n# NodeName=c Gres=gpu:x:1\nNodeName=d Gres=npu:hailo8:2\n"
+    text = (
+        "NodeName=a Gres=tpu:edgetpu_usb:1\nNodeName=b CPUs=2\n# NodeName=c Gres=gpu:x:1\n"
+        "NodeName=d Gres=npu:hailo8:2\n"
+    )
     assert accounting_tres_of_nodes_conf(text) == ["gres/tpu", "gres/tpu:edgetpu_usb", "gres/npu", "gres/npu:hailo8"]
 
 
@@ -33,8 +42,14 @@ def test_tres_come_from_the_families_and_the_sites_gres_names():
 
     big, hailo = inventory("big_node"), inventory("hailo_node")
     assert inventory_tres(big, Config()) == [
-        "gres/tpu", "gres/tpu:edgetpu_usb", "gres/tpu:edgetpu_pci", "gres/gpu", "gres/gpu:a100_sxm4_80gb",
-        "gres/gpu:radeon_rx_6800", "gres/gpu:tegra_ga10b"]
+        "gres/tpu",
+        "gres/tpu:edgetpu_usb",
+        "gres/tpu:edgetpu_pci",
+        "gres/gpu",
+        "gres/gpu:a100_sxm4_80gb",
+        "gres/gpu:radeon_rx_6800",
+        "gres/gpu:tegra_ga10b",
+    ]
     assert [t for t in inventory_tres(hailo, Config()) if t.startswith("gres/npu")][:1] == ["gres/npu"]
     assert any(t.startswith("gres/npu:") for t in inventory_tres(hailo, Config()))
 
@@ -44,8 +59,10 @@ def test_node_conf_prints_the_accounting_tres_line(tmp_path):
     config.write_text("version: 1\ngres:\n  tpu_name: coral\n")  # a site's own GRES name is the one tracked
     result = run_cli(["--config", str(config), "node-conf", "--node", "big", "--no-hardware"], "big_node")
     assert result.returncode == 0, result.stderr
-    assert "needs: AccountingStorageTRES=gres/coral,gres/coral:edgetpu_usb,gres/coral:edgetpu_pci,gres/gpu," \
+    assert (
+        "needs: AccountingStorageTRES=gres/coral,gres/coral:edgetpu_usb,gres/coral:edgetpu_pci,gres/gpu,"
         in result.stderr
+    )
 
 
 def test_install_wants_the_tres_only_where_slurmdbd_records_jobs():
@@ -57,8 +74,9 @@ def test_install_wants_the_tres_only_where_slurmdbd_records_jobs():
     assert wanted[0].startswith("AccountingStorageTRES=gres/tpu,gres/tpu:edgetpu_usb,")
     off = parse_slurm_conf_options("AccountingStorageType=accounting_storage/none\n")
     assert not accounting_on(off)
-    on = parse_slurm_conf_options("AccountingStorageType=accounting_storage/slurmdbd\n"
-                                  "AccountingStorageTRES=gres/mps,gres/tpu\n")
+    on = parse_slurm_conf_options(
+        "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageTRES=gres/mps,gres/tpu\n"
+    )
     assert accounting_on(on)
     # A list: the site's entries are kept, ours added.
     [line] = missing_slurm_conf_lines(wanted, on)
@@ -87,9 +105,16 @@ def test_doctor_fails_in_one_line_when_a_gres_is_not_tracked(tmp_path):
 
 # ---- the spool entry and the AdminComment ----------------------------------------------
 
+
 def test_spool_entry_round_trip_and_admin_comment_merge():
-    from slurm_tpu.protocol.job_record import (decode_spool, encode_spool, merge, parse_admin_comment,
-                                               render_item, totals)
+    from slurm_tpu.protocol.job_record import (
+        decode_spool,
+        encode_spool,
+        merge,
+        parse_admin_comment,
+        render_item,
+        totals,
+    )
     from slurm_tpu.protocol.usage import UsageRecord
 
     entry = totals(42, "n1", 2, [UsageRecord("usb-2-1.3", 10, 0.25), UsageRecord("pci-0000:01:00.0", 2, 0.5, 3.0)])
@@ -99,22 +124,28 @@ def test_spool_entry_round_trip_and_admin_comment_merge():
     # An admin's note and another node's item are kept; this node's item is replaced.
     other = totals(42, "n2", 1, [UsageRecord("usb-1-1", 5, 1.0)])
     text = merge(merge("checked by ops", entry), other)
-    assert text == ("checked by ops;slurm-tpu/n1:devices=2,inferences=12,inference_seconds=0.75,energy_j=3;"
-                    "slurm-tpu/n2:devices=1,inferences=5,inference_seconds=1")
+    assert text == (
+        "checked by ops;slurm-tpu/n1:devices=2,inferences=12,inference_seconds=0.75,energy_j=3;"
+        "slurm-tpu/n2:devices=1,inferences=5,inference_seconds=1"
+    )
     again = totals(42, "n1", 1, [])
     assert merge(text, again).endswith(";slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0")
     assert parse_admin_comment(text) == {
         "n1": {"devices": 2, "inferences": 12, "inference_seconds": 0.75, "energy_j": 3.0},
-        "n2": {"devices": 1, "inferences": 5, "inference_seconds": 1.0}}
+        "n2": {"devices": 1, "inferences": 5, "inference_seconds": 1.0},
+    }
     assert parse_admin_comment("slurm-tpu/n1:inferences=x;slurm-tpu/:a=1;junk") == {}
 
 
-@pytest.mark.parametrize("raw, why", [
-    (b"version=2\njob=1\nnode=n1\ndevices=1\ninferences=1\ninference_seconds=1\nenergy_j=\n", "format version"),
-    (b"version=1\njob=1\nnode=n;1\ndevices=1\ninferences=1\ninference_seconds=1\nenergy_j=\n", "node name"),
-    (b"version=1\njob=1\nnode=n1\ndevices=1\ninference_seconds=1\n", "not a slurm-tpu spool entry"),
-    (b"x" * 2000, "over 1024 bytes"),
-])
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        (b"version=2\njob=1\nnode=n1\ndevices=1\ninferences=1\ninference_seconds=1\nenergy_j=\n", "format version"),
+        (b"version=1\njob=1\nnode=n;1\ndevices=1\ninferences=1\ninference_seconds=1\nenergy_j=\n", "node name"),
+        (b"version=1\njob=1\nnode=n1\ndevices=1\ninference_seconds=1\n", "not a slurm-tpu spool entry"),
+        (b"x" * 2000, "over 1024 bytes"),
+    ],
+)
 def test_a_bad_spool_entry_is_named(raw, why):
     from slurm_tpu.protocol.job_record import decode_spool
 
@@ -151,13 +182,15 @@ def test_sacct_rows_sum_to_tres_seconds_within_the_period():
     def stamp(minute: int) -> float:
         return datetime.datetime(2026, 11, 25, 12, minute).timestamp()
 
-    text = "\n".join([
-        f"7|alice|{at(0)}|{at(2)}|billing=1,cpu=1,gres/tpu:edgetpu_usb=1,gres/tpu=1,node=1|"
-        "slurm-tpu/n1:devices=1,inferences=12,inference_seconds=0.5",
-        f"8_1|alice|{at(1)}|Unknown|cpu=1,gres/tpu=2|note|with a bar",  # running; AdminComment holding '|'
-        f"9|bob|{at(3)}|{at(4)}|cpu=2,node=1|",  # no accelerator
-        f"10|bob|None|Unknown|gres/tpu=1|",  # never started
-    ])
+    text = "\n".join(
+        [
+            f"7|alice|{at(0)}|{at(2)}|billing=1,cpu=1,gres/tpu:edgetpu_usb=1,gres/tpu=1,node=1|"
+            "slurm-tpu/n1:devices=1,inferences=12,inference_seconds=0.5",
+            f"8_1|alice|{at(1)}|Unknown|cpu=1,gres/tpu=2|note|with a bar",  # running; AdminComment holding '|'
+            f"9|bob|{at(3)}|{at(4)}|cpu=2,node=1|",  # no accelerator
+            "10|bob|None|Unknown|gres/tpu=1|",  # never started
+        ]
+    )
     rows = parse_sacct(text)
     assert [r.job_id for r in rows] == ["7", "8_1", "9", "10"]
     # [12:01, 12:03): job 7 for 60 s, job 8_1 (still running at 12:05) for 120 s on 2 TPUs

@@ -30,8 +30,9 @@ def setup(accounting_factory):
     from harness.localcluster import NodeSpec
 
     with runner_job_workspace("slurm-tpu-accounting-", USER, image_count=3) as (_, models, double):
-        cluster = accounting_factory([NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))],
-                                     hooks=repo_hooks())
+        cluster = accounting_factory(
+            [NodeSpec("n1", str(TESTS / "isolation" / "hardware" / "n4_one_tpu.umockdev"))], hooks=repo_hooks()
+        )
         cluster.add_accounting_users([USER])
         out_dir = os.path.join(cluster.base, "out")
         os.makedirs(out_dir, exist_ok=True)
@@ -43,8 +44,9 @@ def setup(accounting_factory):
 def collect(cluster) -> subprocess.CompletedProcess:
     """`slurm-tpu accounting-collect` as root on the node."""
     env = cluster.env({"SLURM_TPU_CONFIG": cluster.node_config("n1")})
-    return subprocess.run([*cluster.slurm_tpu, "accounting-collect"], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return subprocess.run(
+        [*cluster.slurm_tpu, "accounting-collect"], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 def admin_comment(cluster, job: int) -> str:
@@ -55,6 +57,7 @@ def admin_comment(cluster, job: int) -> str:
 def collected(cluster, job: int) -> str:
     """The job's AdminComment once a collector run has applied its entry (collecting again until then:
     slurmctld sends the job's end to slurmdbd asynchronously)."""
+
     def applied() -> str:
         result = collect(cluster)
         assert result.returncode == 0, result.stderr
@@ -76,23 +79,36 @@ def spool_dir(cluster) -> str:
 
 def test_a_jobs_inferences_reach_its_admin_comment(setup):
     cluster, models, double = setup
-    job = run_job(cluster, f"""#!/bin/sh
+    job = run_job(
+        cluster,
+        f"""#!/bin/sh
 export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:/sys/bus/usb/devices/2-1.3
-exec {sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']}/img_00001.png -c 12
-""")
+exec {sys.executable} -m slurm_tpu.cli infer {models["classifier"]} {models["images"]}/img_00001.png -c 12
+""",
+    )
     comment = collected(cluster, job)
     assert comment.startswith("slurm-tpu/n1:devices=1,inferences=12,inference_seconds="), comment
     assert not os.path.exists(os.path.join(spool_dir(cluster), str(job)))  # removed once Slurm took it
     # Only root reads or writes the spool; the user cannot plant an entry there.
     info = os.stat(spool_dir(cluster))
     assert info.st_uid == 0 and info.st_mode & 0o777 == 0o700
-    plant = cluster.command(["sh", "-c", f"echo inferences=999 > {spool_dir(cluster)}/{job}"], user=USER,
-                            check=False)
+    plant = cluster.command(["sh", "-c", f"echo inferences=999 > {spool_dir(cluster)}/{job}"], user=USER, check=False)
     assert plant.returncode != 0
     # Slurm refuses the user's own change of her job's AdminComment; the figures stay.
-    forged = cluster.command(["sacctmgr", "-i", "modify", "job", "where", f"jobid={job}", "set",
-                              "AdminComment=slurm-tpu/n1:devices=1,inferences=999999,inference_seconds=1"],
-                             user=USER, check=False)
+    forged = cluster.command(
+        [
+            "sacctmgr",
+            "-i",
+            "modify",
+            "job",
+            "where",
+            f"jobid={job}",
+            "set",
+            "AdminComment=slurm-tpu/n1:devices=1,inferences=999999,inference_seconds=1",
+        ],
+        user=USER,
+        check=False,
+    )
     assert forged.returncode != 0
     assert "privilege" in forged.stderr or "denied" in forged.stderr, forged.stderr
     assert admin_comment(cluster, job) == comment
@@ -102,9 +118,12 @@ def test_a_forged_usage_record_of_the_job_is_refused(setup):
     cluster, _, _ = setup
     # The job writes its own usage record with an implausible count: the epilog refuses it,
     # so the job's record says it made no inferences.
-    job = run_job(cluster, f"""#!/bin/sh
+    job = run_job(
+        cluster,
+        f"""#!/bin/sh
 printf '{{"version": 1, "inferences": 1e400, "seconds": 1, "energy_j": null}}' > "$SLURM_TPU_USAGE_DIR/{IDENTITY}.json"
-""")
+""",
+    )
     assert collected(cluster, job) == "slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0"
 
 
@@ -119,7 +138,7 @@ export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:/sys/bus/usb/dev
 if [ "$SLURM_ARRAY_TASK_ID" = 1 ]; then
     while [ ! -e {gate} ]; do sleep 0.2; done
 fi
-exec {sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']}/img_00001.png \
+exec {sys.executable} -m slurm_tpu.cli infer {models["classifier"]} {models["images"]}/img_00001.png \
     -c $((3 + 4 * SLURM_ARRAY_TASK_ID))
 """
     array = cluster.sbatch(["--array=0-1", "--gres=tpu:1", "-o", "/dev/null"], script, user=USER)
@@ -130,12 +149,15 @@ exec {sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['ima
         return parse_key_values(cluster.command(["scontrol", "-o", "show", "job", f"{array}_{index}"]).stdout)
 
     def comment(index: int) -> str:
-        return cluster.command(["sacct", "-n", "-P", "-X", "-j", f"{array}_{index}", "-o", "AdminComment"]).stdout.strip()
+        return cluster.command(
+            ["sacct", "-n", "-P", "-X", "-j", f"{array}_{index}", "-o", "AdminComment"]
+        ).stdout.strip()
 
     # One TPU: the tasks run one after the other; each is collected as soon as it is done.
     for index in (0, 1):
-        wait_until(lambda: task(index).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 120,
-                   f"task {index} to finish")
+        wait_until(
+            lambda: task(index).get("JobState") in ("COMPLETED", "FAILED", "CANCELLED"), 120, f"task {index} to finish"
+        )
         assert task(index)["JobState"] == "COMPLETED"
         wait_until(lambda: collect(cluster).returncode == 0 and comment(index), 90, f"task {index}'s AdminComment")
         open(gate, "w").close()
@@ -173,22 +195,62 @@ def test_report_reads_sacct_and_equals_sreport(setup):
 
     def sreport_used() -> dict[str, int]:
         cluster.sacctmgr("rollup", start, end)
-        out = cluster.command(["sreport", "-n", "-P", "-t", "seconds", "-T", "gres/tpu", "cluster",
-                               "UserUtilizationByAccount", f"start={start}", f"end={end}"]).stdout
+        out = cluster.command(
+            [
+                "sreport",
+                "-n",
+                "-P",
+                "-t",
+                "seconds",
+                "-T",
+                "gres/tpu",
+                "cluster",
+                "UserUtilizationByAccount",
+                f"start={start}",
+                f"end={end}",
+            ]
+        ).stdout
         return {fields[1]: int(fields[-1]) for fields in (line.split("|") for line in out.splitlines() if line)}
 
     # The window's listing reaches slurmdbd's job table by its own path: wait until it has
     # this job (seen lagging behind `sacct -j` and the AdminComment on a busy machine).
-    wait_until(lambda: str(job) in cluster.command(["sacct", "-n", "-P", "-X", f"--user={USER}", "-S", start,
-                                                    "-E", end, "-o", "JobIDRaw"]).stdout.split(),
-               60, f"job {job} in sacct's listing of the period")
+    wait_until(
+        lambda: (
+            str(job)
+            in cluster.command(
+                ["sacct", "-n", "-P", "-X", f"--user={USER}", "-S", start, "-E", end, "-o", "JobIDRaw"]
+            ).stdout.split()
+        ),
+        60,
+        f"job {job} in sacct's listing of the period",
+    )
     env = cluster.env({"SLURM_TPU_CONFIG": cluster.node_config("n1")})
-    report = subprocess.run([*cluster.slurm_tpu, "report", "--json", "--since", start, "--until", end],
-                            capture_output=True, text=True, env=env, timeout=120)
+    report = subprocess.run(
+        [*cluster.slurm_tpu, "report", "--json", "--since", start, "--until", end],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert report.returncode == 0, report.stderr
     # What the report read, shown by pytest when an assertion below fails.
-    print(cluster.command(["sacct", "-a", "-n", "-P", "-X", "-S", start, "-E", end, "-o",
-                           "JobID,User,State,Start,End,Elapsed,AllocTRES,AdminComment"]).stdout)
+    print(
+        cluster.command(
+            [
+                "sacct",
+                "-a",
+                "-n",
+                "-P",
+                "-X",
+                "-S",
+                start,
+                "-E",
+                end,
+                "-o",
+                "JobID,User,State,Start,End,Elapsed,AllocTRES,AdminComment",
+            ]
+        ).stdout
+    )
     print(report.stdout)
     row = json.loads(report.stdout)[USER]
     assert row["source"] == "sacct"
@@ -206,14 +268,29 @@ def test_report_reads_sacct_and_equals_sreport(setup):
     try:
         wait_until(sreport_agrees, 60, "sreport's usage")
     except AssertionError:
-        jobs = cluster.command(["sacct", "-n", "-P", "-X", f"--user={USER}", "-S", start, "-E", end, "-o",
-                                "JobID,State,Start,End,Elapsed,AllocTRES"]).stdout
-        raise AssertionError(f"report: {expected} TPU-seconds for {USER}; sreport said {seen[-3:]}; "
-                             f"sacct:\n{jobs}") from None
+        jobs = cluster.command(
+            [
+                "sacct",
+                "-n",
+                "-P",
+                "-X",
+                f"--user={USER}",
+                "-S",
+                start,
+                "-E",
+                end,
+                "-o",
+                "JobID,State,Start,End,Elapsed,AllocTRES",
+            ]
+        ).stdout
+        raise AssertionError(
+            f"report: {expected} TPU-seconds for {USER}; sreport said {seen[-3:]}; sacct:\n{jobs}"
+        ) from None
     # Her inferences: the sum of her jobs' AdminComments (the first test's job made 12).
     comments = cluster.command(["sacct", "-n", "-P", "-X", f"--user={USER}", "-S", start, "-o", "AdminComment"]).stdout
     from slurm_tpu.protocol.job_record import parse_admin_comment
 
-    assert row["inferences"] == sum(int(figures["inferences"]) for line in comments.splitlines()
-                                    for figures in parse_admin_comment(line).values())
+    assert row["inferences"] == sum(
+        int(figures["inferences"]) for line in comments.splitlines() for figures in parse_admin_comment(line).values()
+    )
     assert row["jobs"] == len(comments.splitlines())

@@ -39,9 +39,11 @@ def test_libedgetpu_is_one_option_everywhere(command):
 
 def test_the_cli_imports_neither_numpy_nor_a_runtime():
     """Every command (health, run by slurmd, included) declares the runner's options at start-up."""
-    code = ("import sys, slurm_tpu.cli\n"
-            "print(sorted(m for m in ('numpy', 'ctypes', 'slurm_tpu.runner.api', 'slurm_tpu.runner.engines') "
-            "if m in sys.modules))")
+    code = (
+        "import sys, slurm_tpu.cli\n"
+        "print(sorted(m for m in ('numpy', 'ctypes', 'slurm_tpu.runner.api', 'slurm_tpu.runner.engines') "
+        "if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out == "[]\n"
 
@@ -66,24 +68,91 @@ def test_infer_with_no_options_asks_for_the_requests_defaults(requests):
 
 
 def test_infer_groups_its_options_into_the_request(requests):
-    args = ["infer", "-m", "m.tflite", "-i", "b.png", "a.png", "--segment", "s1.tflite", "--raw", "-l", "labels.txt",
-            "-k", "3", "-t", "0.2", "-c", "2", "--annotate", "out", "-o", "r.csv", "--format", "csv",
-            "--shard-index", "1", "--shard-count", "4", "--decode-threads", "2", "--progress-interval", "5",
-            "--no-progress", "--fast-resize", "--keep_aspect_ratio", "-a", "127.5", "--input_std", "128",
-            "--device", "cpu", "--libedgetpu", "/lib/x.so", "--fallback", "cpu", "--runtime", "litert",
-            "--threads", "3", "--server", "123", "--in-flight", "4", "--benchmark", "--iterations", "7"]
+    args = [
+        "infer",
+        "-m",
+        "m.tflite",
+        "-i",
+        "b.png",
+        "a.png",
+        "--segment",
+        "s1.tflite",
+        "--raw",
+        "-l",
+        "labels.txt",
+        "-k",
+        "3",
+        "-t",
+        "0.2",
+        "-c",
+        "2",
+        "--annotate",
+        "out",
+        "-o",
+        "r.csv",
+        "--format",
+        "csv",
+        "--shard-index",
+        "1",
+        "--shard-count",
+        "4",
+        "--decode-threads",
+        "2",
+        "--progress-interval",
+        "5",
+        "--no-progress",
+        "--fast-resize",
+        "--keep_aspect_ratio",
+        "-a",
+        "127.5",
+        "--input_std",
+        "128",
+        "--device",
+        "cpu",
+        "--libedgetpu",
+        "/lib/x.so",
+        "--fallback",
+        "cpu",
+        "--runtime",
+        "litert",
+        "--threads",
+        "3",
+        "--server",
+        "123",
+        "--in-flight",
+        "4",
+        "--benchmark",
+        "--iterations",
+        "7",
+    ]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
-    assert requests == [InferRequest(
-        model="m.tflite", inputs=("a.png", "b.png"), segments=("s1.tflite",),
-        reading=Reading(task=choices.AUTO, raw=True, labels="labels.txt", top_k=3, threshold=0.2),
-        preprocessing=Preprocessing(input_mean=127.5, input_std=128.0, fast_resize=True, keep_aspect_ratio=True),
-        opening=OpenOptions(device=("cpu",), libedgetpu="/lib/x.so", fallback="cpu", num_threads=3,
-                            runtime="litert"),
-        batch=BatchOptions(output="r.csv", fmt="csv", shard_index=1, shard_count=4, decode_threads=2,
-                           progress_interval=5.0, progress=False),
-        remote=RemoteOptions(server="123", in_flight=4), count=2, benchmark=True, iterations=7,
-        annotate_dir="out")]
+    assert requests == [
+        InferRequest(
+            model="m.tflite",
+            inputs=("a.png", "b.png"),
+            segments=("s1.tflite",),
+            reading=Reading(task=choices.AUTO, raw=True, labels="labels.txt", top_k=3, threshold=0.2),
+            preprocessing=Preprocessing(input_mean=127.5, input_std=128.0, fast_resize=True, keep_aspect_ratio=True),
+            opening=OpenOptions(
+                device=("cpu",), libedgetpu="/lib/x.so", fallback="cpu", num_threads=3, runtime="litert"
+            ),
+            batch=BatchOptions(
+                output="r.csv",
+                fmt="csv",
+                shard_index=1,
+                shard_count=4,
+                decode_threads=2,
+                progress_interval=5.0,
+                progress=False,
+            ),
+            remote=RemoteOptions(server="123", in_flight=4),
+            count=2,
+            benchmark=True,
+            iterations=7,
+            annotate_dir="out",
+        )
+    ]
 
 
 def test_infer_without_a_model_is_a_usage_error(requests):

@@ -22,11 +22,11 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import require_slurm
 
 from harness.demo.experiment import sbatch
 from harness.demo.layout import JOBS_DIR, Layout
 from harness.demo.provision import job_environment
+from helpers import require_slurm
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -38,8 +38,9 @@ NODES = ("node-usb", "node-pcie", "node-gpu", "node-plain")
 
 def run_demo(*args: str, timeout: float = 420) -> subprocess.CompletedProcess:
     """What demo.sh runs after scripts/setup.sh."""
-    return subprocess.run([sys.executable, "-m", "harness.demo", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "harness.demo", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO
+    )
 
 
 @pytest.fixture(scope="module")
@@ -59,6 +60,7 @@ def demo():
 
 
 # -- Slurm's records, parsed here (not with the demo's own parser) ------------------------
+
 
 def jobcomp(layout: Layout) -> list[dict]:
     with open(layout.jobcomp, encoding="utf-8") as handle:
@@ -111,8 +113,12 @@ def finished(layout: Layout, job_id: int, timeout: float = 120) -> list[dict]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         records = [r for r in jobcomp(layout) if job_id in (int(r["JobId"]), int(r.get("ArrayJobId") or 0))]
-        queued = subprocess.run(["squeue", "-h", "-o", "%F"], capture_output=True, text=True,
-                                env=dict(os.environ, SLURM_CONF=layout.slurm_conf)).stdout.split()
+        queued = subprocess.run(
+            ["squeue", "-h", "-o", "%F"],
+            capture_output=True,
+            text=True,
+            env=dict(os.environ, SLURM_CONF=layout.slurm_conf),
+        ).stdout.split()
         if records and str(job_id) not in queued:
             return records
         time.sleep(0.3)
@@ -133,6 +139,7 @@ def expected_label(layout: Layout, image: str) -> str:
 
 
 # -- the demo run --------------------------------------------------------------------------
+
 
 def test_demo_runs_to_completion_quickly_with_short_output(demo):
     done, layout = demo
@@ -157,8 +164,9 @@ def test_slurms_books_show_tpu_hours_a_qos_cap_and_each_jobs_inferences(demo):
 
     # TPU-hours per user, from sreport: the demo's line says what sacct's allocations add up to.
     tpu_seconds = 0
-    for line in slurm("sacct", "-a", "-n", "-P", "-X", f"--user={USER}", "-S", "now-1days", "-o",
-                      "ElapsedRaw,AllocTRES").splitlines():
+    for line in slurm(
+        "sacct", "-a", "-n", "-P", "-X", f"--user={USER}", "-S", "now-1days", "-o", "ElapsedRaw,AllocTRES"
+    ).splitlines():
         elapsed, tres = line.split("|")
         count = dict(item.split("=") for item in tres.split(",") if "=" in item).get("gres/tpu")
         tpu_seconds += int(elapsed) * int(count or 0)
@@ -169,9 +177,12 @@ def test_slurms_books_show_tpu_hours_a_qos_cap_and_each_jobs_inferences(demo):
     capped = slurm("sacct", "-a", "-n", "-P", "-X", "--name=qos-cap", "-S", "now-1days", "-o", "QOS,State")
     assert capped.splitlines() == ["onetpu|CANCELLED by 0"] * 2, capped
     # Every TPU job's inference figures in its AdminComment, where only admins can write.
-    for line in slurm("sacct", "-a", "-n", "-P", "-X", "--name=classify-tpu", "-S", "now-1days", "-o",
-                      "AdminComment").splitlines():
-        assert re.fullmatch(r"slurm-tpu/node-(usb|pcie):devices=1,inferences=[1-9][0-9]*,inference_seconds=[0-9.]+", line), line
+    for line in slurm(
+        "sacct", "-a", "-n", "-P", "-X", "--name=classify-tpu", "-S", "now-1days", "-o", "AdminComment"
+    ).splitlines():
+        assert re.fullmatch(
+            r"slurm-tpu/node-(usb|pcie):devices=1,inferences=[1-9][0-9]*,inference_seconds=[0-9.]+", line
+        ), line
 
 
 def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
@@ -180,11 +191,19 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
     by_name: dict[str, list[dict]] = {}
     for record in records:
         by_name.setdefault(record["Name"], []).append(record)
-    assert {name: len(rs) for name, rs in by_name.items()} == {"classify-tpu": 5, "classify-cpu": 8, "batch-tpu": 4,
-                                                              "step-tpu": 1, "serve-tpu": 1, "serve-client": 1,
-                                                              "classify-coral": 2, "qos-cap": 2}
+    assert {name: len(rs) for name, rs in by_name.items()} == {
+        "classify-tpu": 5,
+        "classify-cpu": 8,
+        "batch-tpu": 4,
+        "step-tpu": 1,
+        "serve-tpu": 1,
+        "serve-client": 1,
+        "classify-coral": 2,
+        "qos-cap": 2,
+    }
     assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] not in ("serve-tpu", "qos-cap")} == {
-        ("COMPLETED", "0:0")}
+        ("COMPLETED", "0:0")
+    }
     assert by_name["serve-tpu"][0]["JobState"] == "CANCELLED"  # a server runs until scancel
     assert all(r["UserId"].startswith(USER + "(") for r in records)
     tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"] + by_name["classify-coral"]
@@ -215,8 +234,9 @@ def test_detection_step_over_two_nodes_found_every_scene_once_and_drew_them(demo
     expected = json.load(open(os.path.join(layout.models, "scenes", "expected.json"), encoding="utf-8"))
     assert sorted(os.path.basename(r["input"]) for r in rows) == sorted(expected)
     for row in rows:
-        assert sorted((o["id"], o["bbox"]) for o in row["objects"]) == \
-            sorted((o[0], o[1:]) for o in expected[os.path.basename(row["input"])]["objects"])
+        assert sorted((o["id"], o["bbox"]) for o in row["objects"]) == sorted(
+            (o[0], o[1:]) for o in expected[os.path.basename(row["input"])]["objects"]
+        )
     (line,) = [line for line in done.stdout.splitlines() if line.strip().startswith("annotated: ")]
     assert os.path.isfile(line.split()[1])
 
@@ -227,14 +247,14 @@ def test_served_model_answered_another_node_and_stopped_cleanly_on_scancel(demo)
     (client,) = [r for r in jobcomp(layout) if r["Name"] == "serve-client"]
     assert (server["NodeList"], client["NodeList"]) == ("node-usb", "node-plain")
     answers = [line.split(": ", 1) for line in done.stdout.splitlines() if re.match(r"\s+img_\d+\.png: ", line)]
-    assert [(name.strip(), label.split()[0]) for name, label in answers] == \
-        [(f"img_{i:05d}.png", expected_label(layout, f"img_{i:05d}.png")) for i in range(3)]
+    assert [(name.strip(), label.split()[0]) for name, label in answers] == [
+        (f"img_{i:05d}.png", expected_label(layout, f"img_{i:05d}.png")) for i in range(3)
+    ]
     log = open(os.path.join(layout.out, f"serve-tpu-{server['JobId']}.out"), encoding="utf-8").read()
     assert "SIGTERM: stopping" in log and "devices released" in log and "cut off" not in log, log
     job = int(server["JobId"])
     assert [n for n, _, j, _, _ in held(layout) if j == job] == ["node-usb"]  # its TPU leased, then released
-    assert not os.path.exists(os.path.join(os.path.expanduser(f"~{USER}"), ".slurm-tpu", "serve",
-                                           f"{job}.json"))
+    assert not os.path.exists(os.path.join(os.path.expanduser(f"~{USER}"), ".slurm-tpu", "serve", f"{job}.json"))
 
 
 def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
@@ -252,10 +272,14 @@ def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
 def test_devices_are_idle_again_and_nobody_holds_a_lease(demo):
     _, layout = demo
     for node in TPUS:
+
         def leases() -> list[dict]:
-            done = subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "leases", "--json"], capture_output=True,
-                                  text=True, env=dict(os.environ, SLURM_TPU_CONFIG=os.path.join(
-                                      layout.node_dir(node), "config.yaml")))
+            done = subprocess.run(
+                [sys.executable, "-m", "slurm_tpu.cli", "leases", "--json"],
+                capture_output=True,
+                text=True,
+                env=dict(os.environ, SLURM_TPU_CONFIG=os.path.join(layout.node_dir(node), "config.yaml")),
+            )
             assert done.returncode == 0, done.stderr
             return json.loads(done.stdout)
 
@@ -272,6 +296,7 @@ def test_devices_are_idle_again_and_nobody_holds_a_lease(demo):
 
 
 # -- the job scripts in jobs/, against the demo cluster ----------------------------------
+
 
 def submit(layout: Layout, script: str, *args: str, options: tuple[str, ...] = (), **env: str) -> int:
     devices = read(layout.env_file).split("EDGETPU_DOUBLE_DEVICES=")[1].split()[0]
@@ -347,14 +372,16 @@ def test_batch_array_job_with_another_array_size_covers_every_image(demo, tmp_pa
     _, layout = demo
     results = tempfile.mkdtemp(dir=layout.results)
     os.chmod(results, 0o1777)
-    job = submit(layout, "batch_array.sbatch", layout.classifier, layout.images, results, layout.labels,
-                 options=("--array=0-1",))
+    job = submit(
+        layout, "batch_array.sbatch", layout.classifier, layout.images, results, layout.labels, options=("--array=0-1",)
+    )
     records = finished(layout, job)
     assert sorted(int(r["ArrayTaskId"]) for r in records) == [0, 1]
     assert {r["JobState"] for r in records} == {"COMPLETED"} and {r["NodeList"] for r in records} <= set(TPUS)
     rows = [json.loads(line) for f in Path(results).glob(f"batch-{job}_*.jsonl") for line in f.read_text().splitlines()]
     assert sorted(os.path.basename(r["input"]) for r in rows) == sorted(
-        f for f in os.listdir(layout.images) if f.endswith(".png"))
+        f for f in os.listdir(layout.images) if f.endswith(".png")
+    )
     assert all(r["classes"][0]["label"] == expected_label(layout, r["input"]) for r in rows)
 
 
@@ -364,8 +391,9 @@ def test_multi_tpu_job_opens_both_of_its_devices_and_only_those(demo):
     open(log, "w").close()
     os.chmod(log, 0o666)
     results = os.path.join(layout.results, "multi.jsonl")
-    job = submit(layout, "multi_tpu.sbatch", layout.classifier, layout.images, results, layout.labels,
-                 EDGETPU_DOUBLE_LOG=log)
+    job = submit(
+        layout, "multi_tpu.sbatch", layout.classifier, layout.images, results, layout.labels, EDGETPU_DOUBLE_LOG=log
+    )
     [record] = finished(layout, job)
     assert (record["JobState"], record["NodeList"]) == ("COMPLETED", "node-pcie")
     mine = sorted(lease[1] for lease in held(layout) if lease[2] == job)
@@ -381,9 +409,26 @@ def test_interactive_srun_recipe_prints_the_result_to_the_terminal(demo):
     image = os.path.join(layout.images, "img_00005.png")
     devices = read(layout.env_file).split("EDGETPU_DOUBLE_DEVICES=")[1].split()[0]
     env = job_environment(layout, devices, USER)
-    done = subprocess.run(["runuser", "-u", USER, "--", "env", "-i", *(f"{k}={v}" for k, v in env.items()),
-                           str(JOBS_DIR / "interactive.sh"), layout.classifier, image, "--labels", layout.labels],
-                          capture_output=True, text=True, timeout=120, cwd="/")
+    done = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            USER,
+            "--",
+            "env",
+            "-i",
+            *(f"{k}={v}" for k, v in env.items()),
+            str(JOBS_DIR / "interactive.sh"),
+            layout.classifier,
+            image,
+            "--labels",
+            layout.labels,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
     assert done.returncode == 0, done.stderr
     assert done.stdout.rstrip().endswith(f"{expected_label(layout, image)}: 0.99609")
     deadline = time.monotonic() + 30
@@ -397,8 +442,9 @@ def test_interactive_srun_recipe_prints_the_result_to_the_terminal(demo):
 
 @pytest.mark.parametrize("script", sorted(p.name for p in JOBS_DIR.iterdir()))
 def test_every_job_script_says_its_usage_in_one_line_without_arguments(script):
-    done = subprocess.run(["sh", str(JOBS_DIR / script)], capture_output=True, text=True, timeout=30,
-                          env={"PATH": "/usr/bin:/bin"})
+    done = subprocess.run(
+        ["sh", str(JOBS_DIR / script)], capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"}
+    )
     assert done.returncode == 2 and done.stdout == ""
     assert done.stderr.count("\n") == 1 and done.stderr.startswith("usage: ")
 
@@ -406,9 +452,9 @@ def test_every_job_script_says_its_usage_in_one_line_without_arguments(script):
 def guide_block(heading: str) -> str:
     """The first ```sh block after ``heading`` in docs/getting-started.md."""
     text = (REPO / "docs" / "getting-started.md").read_text()
-    after = text[text.index(heading):]
+    after = text[text.index(heading) :]
     start = after.index("```sh\n") + len("```sh\n")
-    return after[start:after.index("\n```", start)] + "\n"
+    return after[start : after.index("\n```", start)] + "\n"
 
 
 def test_getting_started_user_walkthrough_works_as_written(demo, tmp_path):
@@ -418,8 +464,9 @@ def test_getting_started_user_walkthrough_works_as_written(demo, tmp_path):
     script = script.replace("\nsqueue ", "\nwhile squeue -h | grep -q .; do sleep 0.5; done; squeue ")
     home = tempfile.mkdtemp(dir=layout.out)
     shutil.chown(home, USER)
-    done = subprocess.run(["runuser", "-u", USER, "--", "bash", "-e", "-c", script], capture_output=True,
-                          text=True, timeout=180, cwd=home)
+    done = subprocess.run(
+        ["runuser", "-u", USER, "--", "bash", "-e", "-c", script], capture_output=True, text=True, timeout=180, cwd=home
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     mine = read(next(str(p) for p in Path(home).glob("my-job-*.out")))
     assert re.match(r"my Edge TPU: (usb-1-1\.3 on node-usb|pci-0000:0[12]:00\.0 on node-pcie)\n", mine), mine
@@ -429,6 +476,7 @@ def test_getting_started_user_walkthrough_works_as_written(demo, tmp_path):
 
 # -- re-run, refusal, bad input, stop -------------------------------------------------------
 
+
 def running(pid: int) -> bool:
     """Whether ``pid`` runs. An exited daemon whose launcher is gone stays a zombie until
     PID 1 reaps it (here PID 1 may be slow to): it has stopped all the same."""
@@ -437,7 +485,7 @@ def running(pid: int) -> bool:
             stat = handle.read()
     except FileNotFoundError:
         return False
-    return stat[stat.rfind(b")") + 2:][:1] != b"Z"
+    return stat[stat.rfind(b")") + 2 :][:1] != b"Z"
 
 
 def daemon_pids(layout: Layout) -> dict[str, str]:
@@ -467,18 +515,25 @@ def test_refuses_while_a_slurm_it_did_not_create_runs_and_leaves_it_alone(demo, 
     _, layout = demo
     os.chmod(tmp_path, 0o755)
     conf = tmp_path / "slurm.conf"
-    conf.write_text(f"ClusterName=site\nSlurmctldHost=localhost\nSlurmctldPort={_free_port()}\n"
-                    f"StateSaveLocation={tmp_path}\nSlurmctldLogFile={tmp_path}/ctld.log\n"
-                    f"SlurmctldPidFile={tmp_path}/ctld.pid\nProctrackType=proctrack/linuxproc\n"
-                    # Slurm 25.11's slurmctld needs munge to start (22.05's did not): the demo's own.
-                    f"AuthInfo=socket={layout.path('munge', 'munge.socket')}\n"
-                    "NodeName=s1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=s1 Default=YES\n")
-    site = subprocess.Popen([shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-f", str(conf)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    conf.write_text(
+        f"ClusterName=site\nSlurmctldHost=localhost\nSlurmctldPort={_free_port()}\n"
+        f"StateSaveLocation={tmp_path}\nSlurmctldLogFile={tmp_path}/ctld.log\n"
+        f"SlurmctldPidFile={tmp_path}/ctld.pid\nProctrackType=proctrack/linuxproc\n"
+        # Slurm 25.11's slurmctld needs munge to start (22.05's did not): the demo's own.
+        f"AuthInfo=socket={layout.path('munge', 'munge.socket')}\n"
+        "NodeName=s1 CPUs=1 State=UNKNOWN\nPartitionName=p Nodes=s1 Default=YES\n"
+    )
+    site = subprocess.Popen(
+        [shutil.which("slurmctld") or "/usr/sbin/slurmctld", "-D", "-f", str(conf)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 30  # up once it says so in its log (and still running then)
-        while "Running as primary controller" not in (read(f"{tmp_path}/ctld.log") if os.path.exists(
-                f"{tmp_path}/ctld.log") else ""):
+        while "Running as primary controller" not in (
+            read(f"{tmp_path}/ctld.log") if os.path.exists(f"{tmp_path}/ctld.log") else ""
+        ):
             assert site.poll() is None and time.monotonic() < deadline, "the stand-in site slurmctld did not come up"
             time.sleep(0.1)
         assert site.poll() is None, "the stand-in site slurmctld did not stay up"
@@ -493,14 +548,17 @@ def test_refuses_while_a_slurm_it_did_not_create_runs_and_leaves_it_alone(demo, 
         site.wait(timeout=10)
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--images", "5"], "--images 5: give 20 to 5000"),
-    (["--timeout", "0"], "--timeout 0: give a positive number of seconds"),
-    (["--user", "Bad Name!"], "not a valid user name"),
-    (["--user", "root"], "is root"),
-    (["sideways"], "invalid choice: 'sideways'"),
-    (["--base", "relative"], "give an absolute path"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--images", "5"], "--images 5: give 20 to 5000"),
+        (["--timeout", "0"], "--timeout 0: give a positive number of seconds"),
+        (["--user", "Bad Name!"], "not a valid user name"),
+        (["--user", "root"], "is root"),
+        (["sideways"], "invalid choice: 'sideways'"),
+        (["--base", "relative"], "give an absolute path"),
+    ],
+)
 def test_bad_input_gets_one_line_and_exit_2(demo, args, message):
     _, layout = demo
     if "--base" not in args:

@@ -22,21 +22,38 @@ JobId=31 UserId=tpudemo(999) GroupId=tpudemo(995) Name=classify-gpu JobState=FAI
 not a job line
 """
 
-AUDIT = "\n".join(json.dumps(e) for e in [
-    {"event": "acquire", "identity": "usb-1-1.3", "job_id": 1, "t": 100.0, "uid": 999},
-    {"event": "acquire", "identity": "usb-1-1.3", "job_id": 9, "t": 100.5, "uid": 999},  # another job, same device
-    {"event": "release", "identity": "usb-1-1.3", "job_id": 1, "t": 101.5, "uid": 999},
-    {"event": "reclaim", "identity": "usb-1-1.3", "job_id": 9, "t": 102.0},
-    {"event": "acquire", "identity": "usb-1-1.3", "job_id": 2, "t": 103.0, "uid": 999},
-]) + "\nnot json\n"
+AUDIT = (
+    "\n".join(
+        json.dumps(e)
+        for e in [
+            {"event": "acquire", "identity": "usb-1-1.3", "job_id": 1, "t": 100.0, "uid": 999},
+            {
+                "event": "acquire",
+                "identity": "usb-1-1.3",
+                "job_id": 9,
+                "t": 100.5,
+                "uid": 999,
+            },  # another job, same device
+            {"event": "release", "identity": "usb-1-1.3", "job_id": 1, "t": 101.5, "uid": 999},
+            {"event": "reclaim", "identity": "usb-1-1.3", "job_id": 9, "t": 102.0},
+            {"event": "acquire", "identity": "usb-1-1.3", "job_id": 2, "t": 103.0, "uid": 999},
+        ]
+    )
+    + "\nnot json\n"
+)
 
 
 def test_jobcomp_lines_become_records_with_array_ids_and_local_times():
     records = parse_jobcomp(JOBCOMP)
     assert [r.job_id for r in records] == [8, 27, 31]
     plain, task, failed = records
-    assert (plain.user, plain.name, plain.node, plain.state, plain.exit_code) == \
-        ("tpudemo", "classify-cpu", "node-gpu", "COMPLETED", "0:0")
+    assert (plain.user, plain.name, plain.node, plain.state, plain.exit_code) == (
+        "tpudemo",
+        "classify-cpu",
+        "node-gpu",
+        "COMPLETED",
+        "0:0",
+    )
     assert plain.end - plain.start == 2
     assert plain.start == time.mktime(time.strptime("2026-11-22T02:43:38", "%Y-%m-%dT%H:%M:%S"))
     assert (task.array_job_id, task.array_task_id, task.submitted_as) == (25, 2, 25)
@@ -46,9 +63,11 @@ def test_jobcomp_lines_become_records_with_array_ids_and_local_times():
 
 def test_audit_pairs_each_acquire_with_its_own_release_and_keeps_open_leases():
     leases = parse_audit(AUDIT, "node-usb")
-    assert leases == [Lease("node-usb", "usb-1-1.3", 1, 100.0, 101.5),
-                      Lease("node-usb", "usb-1-1.3", 9, 100.5, 102.0),
-                      Lease("node-usb", "usb-1-1.3", 2, 103.0, None)]
+    assert leases == [
+        Lease("node-usb", "usb-1-1.3", 1, 100.0, 101.5),
+        Lease("node-usb", "usb-1-1.3", 9, 100.5, 102.0),
+        Lease("node-usb", "usb-1-1.3", 2, 103.0, None),
+    ]
 
 
 def test_max_overlap_is_half_open():
@@ -64,16 +83,22 @@ def _job(job_id, node, start, end, name="classify-tpu"):
     return JobRecord(job_id, name, "tpudemo", "COMPLETED", node, start, end, "0:0")
 
 
-DEVICES = {"node-usb": ["usb-1-1.3"], "node-pcie": ["pci-0000:01:00.0", "pci-0000:02:00.0"],
-           "node-gpu": [], "node-plain": []}
+DEVICES = {
+    "node-usb": ["usb-1-1.3"],
+    "node-pcie": ["pci-0000:01:00.0", "pci-0000:02:00.0"],
+    "node-gpu": [],
+    "node-plain": [],
+}
 
 
 def test_checks_hold_for_a_serial_usb_node_and_a_paired_pcie_node():
-    tpu = [_job(1, "node-usb", 0, 1), _job(2, "node-usb", 1, 2), _job(3, "node-pcie", 0, 2),
-           _job(4, "node-pcie", 0, 2)]
-    leases = [Lease("node-usb", "usb-1-1.3", 1, 0.1, 0.9), Lease("node-usb", "usb-1-1.3", 2, 1.0, 1.9),
-              Lease("node-pcie", "pci-0000:01:00.0", 3, 0.1, 1.9),
-              Lease("node-pcie", "pci-0000:02:00.0", 4, 0.1, 1.9)]
+    tpu = [_job(1, "node-usb", 0, 1), _job(2, "node-usb", 1, 2), _job(3, "node-pcie", 0, 2), _job(4, "node-pcie", 0, 2)]
+    leases = [
+        Lease("node-usb", "usb-1-1.3", 1, 0.1, 0.9),
+        Lease("node-usb", "usb-1-1.3", 2, 1.0, 1.9),
+        Lease("node-pcie", "pci-0000:01:00.0", 3, 0.1, 1.9),
+        Lease("node-pcie", "pci-0000:02:00.0", 4, 0.1, 1.9),
+    ]
     plain = [_job(10 + i, node, 0, 1, "classify-cpu") for i, node in enumerate(DEVICES)]
     checks = check_run(tpu, plain, leases, DEVICES)
     assert all(c.ok for c in checks), checks
@@ -82,29 +107,40 @@ def test_checks_hold_for_a_serial_usb_node_and_a_paired_pcie_node():
 
 def test_checks_catch_a_shared_device_a_tpu_job_off_tpu_nodes_and_a_plain_job_with_a_tpu():
     tpu = [_job(1, "node-usb", 0, 2), _job(2, "node-usb", 0, 2), _job(3, "node-gpu", 0, 1)]
-    leases = [Lease("node-usb", "usb-1-1.3", 1, 0.0, 2.0), Lease("node-usb", "usb-1-1.3", 2, 1.0, 2.0),
-              Lease("node-pcie", "pci-0000:01:00.0", 10, 0.0, 1.0)]
+    leases = [
+        Lease("node-usb", "usb-1-1.3", 1, 0.0, 2.0),
+        Lease("node-usb", "usb-1-1.3", 2, 1.0, 2.0),
+        Lease("node-pcie", "pci-0000:01:00.0", 10, 0.0, 1.0),
+    ]
     plain = [_job(10, "node-pcie", 0, 1, "classify-cpu")]
     ok = {c.text.split(" (")[0]: c.ok for c in check_run(tpu, plain, leases, DEVICES)}
-    assert ok == {"TPU jobs ran only on TPU nodes": False,
-                  "each TPU job held exactly one Edge TPU of its node": False,
-                  "never more TPU jobs at once than the node has TPUs": False,
-                  "no Edge TPU was ever held by two jobs at once": False,
-                  "plain jobs held no Edge TPU": False}
+    assert ok == {
+        "TPU jobs ran only on TPU nodes": False,
+        "each TPU job held exactly one Edge TPU of its node": False,
+        "never more TPU jobs at once than the node has TPUs": False,
+        "no Edge TPU was ever held by two jobs at once": False,
+        "plain jobs held no Edge TPU": False,
+    }
 
 
 def test_chart_draws_device_lanes_and_packs_cpu_jobs_into_as_few_lanes_as_overlap_needs():
-    jobs = [_job(1, "node-usb", 0, 1), _job(5, "node-gpu", 0, 2, "x"), _job(6, "node-gpu", 1, 2, "x"),
-            _job(7, "node-gpu", 2, 3, "x")]
+    jobs = [
+        _job(1, "node-usb", 0, 1),
+        _job(5, "node-gpu", 0, 2, "x"),
+        _job(6, "node-gpu", 1, 2, "x"),
+        _job(7, "node-gpu", 2, 3, "x"),
+    ]
     leases = [Lease("node-usb", "usb-1-1.3", 1, 0.0, 1.0)]
-    lanes = build_lanes(jobs, leases, {"node-usb": ["usb-1-1.3"], "node-gpu": []},
-                        {1: "A", 5: "a", 6: "b", 7: "c"}, step=0.5)
-    assert [(l.node, l.label, [b.symbol for b in l.bars]) for l in lanes] == [
-        ("node-usb", "usb-1-1.3", ["A"]), ("node-gpu", "cpu", ["a", "c"]), ("node-gpu", "cpu", ["b"])]
+    lanes = build_lanes(
+        jobs, leases, {"node-usb": ["usb-1-1.3"], "node-gpu": []}, {1: "A", 5: "a", 6: "b", 7: "c"}, step=0.5
+    )
+    assert [(lane.node, lane.label, [b.symbol for b in lane.bars]) for lane in lanes] == [
+        ("node-usb", "usb-1-1.3", ["A"]),
+        ("node-gpu", "cpu", ["a", "c"]),
+        ("node-gpu", "cpu", ["b"]),
+    ]
     chart = render(lanes, 0.0, 0.5, 7)
-    assert chart[1:] == ["node-usb  usb-1-1.3  AA.....",
-                         "node-gpu  cpu        aaaacc.",
-                         "          cpu        ..bb..."]
+    assert chart[1:] == ["node-usb  usb-1-1.3  AA.....", "node-gpu  cpu        aaaacc.", "          cpu        ..bb..."]
     assert chart[0].split() == ["|0s"]
     assert nice_step(4, 56) == 0.25 and nice_step(40, 56) == 1 and nice_step(200, 56) == 5
 
@@ -134,7 +170,8 @@ def test_listening_ports_reads_proc_net_tcp(tmp_path):
     (tmp_path / "net" / "tcp").write_text(
         "  sl  local_address rem_address   st\n"
         "   0: 0100007F:1AA1 00000000:0000 0A 00000000:00000000\n"  # 127.0.0.1:6817 LISTEN
-        "   1: 0100007F:9C40 0100007F:1AA1 01 00000000:00000000\n")  # an established connection
+        "   1: 0100007F:9C40 0100007F:1AA1 01 00000000:00000000\n"
+    )  # an established connection
     assert preflight.listening_ports(str(tmp_path)) == {6817}
 
 

@@ -29,8 +29,9 @@ def test_corrupt_config(tmp_path):
 def test_unknown_config_key_is_named(tmp_path):
     config = tmp_path / "config.yaml"
     config.write_text("version: 1\ndevices:\n  isolate_gpu: true\n")
-    assert_one_line_error(run_cli(["--config", str(config), "gres-conf"], "big_node"),
-                          "unknown key 'devices.isolate_gpu'")
+    assert_one_line_error(
+        run_cli(["--config", str(config), "gres-conf"], "big_node"), "unknown key 'devices.isolate_gpu'"
+    )
 
 
 def test_unwritable_output_leaves_nothing_half_written(tmp_path):
@@ -56,8 +57,9 @@ def _hide(path: str) -> list[str]:
     return ["unshare", "-m", "sh", "-c", f'mount --bind /dev/null "{real}" && exec "$0" "$@"']
 
 
-needs_unshare = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"),
-                                   reason="hiding a file needs root and unshare")
+needs_unshare = pytest.mark.skipif(
+    os.geteuid() != 0 or not shutil.which("unshare"), reason="hiding a file needs root and unshare"
+)
 
 
 @needs_unshare
@@ -72,8 +74,9 @@ def test_slurmd_not_installed():
 
 @needs_unshare
 def test_libudev_missing():
-    libudev = subprocess.run(["sh", "-c", "ldconfig -p | awk '/libudev.so.1 /{print $NF; exit}'"],
-                             capture_output=True, text=True).stdout.strip()
+    libudev = subprocess.run(
+        ["sh", "-c", "ldconfig -p | awk '/libudev.so.1 /{print $NF; exit}'"], capture_output=True, text=True
+    ).stdout.strip()
     assert libudev, "libudev.so.1 is not in the loader cache"
     result = run_cli(["detect"], prefix=_hide(libudev))
     assert_one_line_error(result, "libudev", "libudev1")

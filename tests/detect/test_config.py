@@ -24,7 +24,8 @@ def test_full_config_round_trip(tmp_path):
         "features: {tpu: [tpu], gpu: [gpu, cuda]}\n"
         "devices: {slot_dir: /dev/x, idle: {owner: root, group: adm, mode: '0640'}, lease: {mode: '0660'},"
         " isolate_gpus: true}\n"
-        "state_dir: /run/x\nudev: {run_program: /usr/bin/slurm-tpu}\n")
+        "state_dir: /run/x\nudev: {run_program: /usr/bin/slurm-tpu}\n"
+    )
     config = load_config(str(path))
     tpu, gpu = config.family("edgetpu"), config.family("gpu")
     assert config.node_name == "n7" and tpu.gres_name == "coral"
@@ -40,7 +41,8 @@ def test_full_config_round_trip(tmp_path):
         "  edgetpu: {gres_name: coral, types: {usb: u, pci: p}, features: [tpu]}\n"
         "  gpu: {gres_name: gpu, types: {a100_sxm4_80gb: a100}, features: [gpu, cuda], isolate: true}\n"
         "devices: {slot_dir: /dev/x, idle: {owner: root, group: adm, mode: '0640'}, lease: {mode: '0660'}}\n"
-        "state_dir: /run/x\nudev: {run_program: /usr/bin/slurm-tpu}\n")
+        "state_dir: /run/x\nudev: {run_program: /usr/bin/slurm-tpu}\n"
+    )
     assert load_config(str(nested)) == dataclasses.replace(config, path=str(nested))
 
 
@@ -51,22 +53,25 @@ def test_env_var_names_the_file(monkeypatch, tmp_path):
     assert load_config().node_name == "from-env"
 
 
-@pytest.mark.parametrize("text, key, words", [
-    ("version: 1\ngres: {tpu_nmae: x}\n", "gres.tpu_nmae", "unknown key 'gres.tpu_nmae'"),
-    ("version: 1\nfeatuers: {tpu: [a]}\n", "featuers.tpu", "unknown key 'featuers.tpu'"),
-    ("version: 3\n", "version", "version 3 is not supported"),
-    ("node_name: x\n", "version", "missing 'version: 2'"),
-    ("version: 2\nfamilies: {gpu: {isolat: true}}\n", "families.gpu.isolat", "unknown key 'families.gpu.isolat'"),
-    ("version: 2\nfamilies: {coral: {gres_name: x}}\n", "families.coral.gres_name", "unknown key"),
-    ("version: 2\ngres: {tpu_name: x}\n", "gres.tpu_name", "unknown key 'gres.tpu_name'"),
-    ("version: 1\nfamilies: {gpu: {isolate: true}}\n", "families.gpu.isolate", "unknown key"),
-    ("version: 2\nfamilies: {edgetpu: {features: [a, '']}}\n", "families.edgetpu.features", "non-empty strings"),
-    ("version: true\n", "version", "'version' has the wrong type"),
-    ("version: 1\ndevices: {isolate_gpus: 'yes'}\n", "devices.isolate_gpus", "wrong type"),
-    ("version: 1\ndevices: {idle: {mode: '0999'}}\n", "devices.idle.mode", "octal mode"),
-    ("version: 1\nstate_dir: run/x\n", "state_dir", "absolute path"),
-    ("version: 1\nfeatures: {tpu: [a, '']}\n", "features.tpu", "non-empty strings"),
-])
+@pytest.mark.parametrize(
+    "text, key, words",
+    [
+        ("version: 1\ngres: {tpu_nmae: x}\n", "gres.tpu_nmae", "unknown key 'gres.tpu_nmae'"),
+        ("version: 1\nfeatuers: {tpu: [a]}\n", "featuers.tpu", "unknown key 'featuers.tpu'"),
+        ("version: 3\n", "version", "version 3 is not supported"),
+        ("node_name: x\n", "version", "missing 'version: 2'"),
+        ("version: 2\nfamilies: {gpu: {isolat: true}}\n", "families.gpu.isolat", "unknown key 'families.gpu.isolat'"),
+        ("version: 2\nfamilies: {coral: {gres_name: x}}\n", "families.coral.gres_name", "unknown key"),
+        ("version: 2\ngres: {tpu_name: x}\n", "gres.tpu_name", "unknown key 'gres.tpu_name'"),
+        ("version: 1\nfamilies: {gpu: {isolate: true}}\n", "families.gpu.isolate", "unknown key"),
+        ("version: 2\nfamilies: {edgetpu: {features: [a, '']}}\n", "families.edgetpu.features", "non-empty strings"),
+        ("version: true\n", "version", "'version' has the wrong type"),
+        ("version: 1\ndevices: {isolate_gpus: 'yes'}\n", "devices.isolate_gpus", "wrong type"),
+        ("version: 1\ndevices: {idle: {mode: '0999'}}\n", "devices.idle.mode", "octal mode"),
+        ("version: 1\nstate_dir: run/x\n", "state_dir", "absolute path"),
+        ("version: 1\nfeatures: {tpu: [a, '']}\n", "features.tpu", "non-empty strings"),
+    ],
+)
 def test_bad_configs_name_the_key(tmp_path, text, key, words):
     path = tmp_path / "c.yaml"
     path.write_text(text)

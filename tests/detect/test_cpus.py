@@ -28,5 +28,7 @@ def test_smt_node_gets_cores_not_thread_ids():
     assert result.returncode == 0, result.stderr
     lines = [line for line in result.stdout.splitlines() if line.startswith("NodeName=")]
     # local_cpulist 0-1,4-5 is threads of cores 0-1; slurmd knows only cores 0-3.
-    assert lines == ["NodeName=g1 Name=gpu Type=a40 File=/dev/nvidia0 Cores=0-1",
-                     "NodeName=g1 Name=gpu Type=a40 File=/dev/nvidia1 Cores=2-3"]
+    assert lines == [
+        "NodeName=g1 Name=gpu Type=a40 File=/dev/nvidia0 Cores=0-1",
+        "NodeName=g1 Name=gpu Type=a40 File=/dev/nvidia1 Cores=2-3",
+    ]

@@ -11,15 +11,30 @@ def by_identity(document: dict) -> dict[str, dict]:
 
 def test_big_node_finds_exactly_the_accelerators():
     found = by_identity(detect_json("big_node"))
-    assert sorted(found) == sorted([
-        "usb-1-1.4", "usb-2-1",
-        "pci-0000:03:00.0", "pci-0000:04:00.0", "pci-0000:05:00.0", "pci-0000:06:00.0",
-        "pci-0000:41:00.0", "pci-0000:c1:00.0", "pci-0000:0a:00.0", "platform-17000000.gpu",
-    ])  # the keyboard and the Intel USB controller are ignored
+    assert sorted(found) == sorted(
+        [
+            "usb-1-1.4",
+            "usb-2-1",
+            "pci-0000:03:00.0",
+            "pci-0000:04:00.0",
+            "pci-0000:05:00.0",
+            "pci-0000:06:00.0",
+            "pci-0000:41:00.0",
+            "pci-0000:c1:00.0",
+            "pci-0000:0a:00.0",
+            "platform-17000000.gpu",
+        ]
+    )  # the keyboard and the Intel USB controller are ignored
     assert all(a["usable"] for a in found.values()), [a["reason"] for a in found.values()]
     kinds = {i: a["kind"] for i, a in found.items()}
     assert [i for i, k in kinds.items() if k == "edgetpu"] == [
-        "usb-1-1.4", "usb-2-1", "pci-0000:03:00.0", "pci-0000:04:00.0", "pci-0000:05:00.0", "pci-0000:06:00.0"]
+        "usb-1-1.4",
+        "usb-2-1",
+        "pci-0000:03:00.0",
+        "pci-0000:04:00.0",
+        "pci-0000:05:00.0",
+        "pci-0000:06:00.0",
+    ]
 
 
 def test_usb_sticks_in_both_modes_and_slow_port():

@@ -46,11 +46,9 @@ def test_unwritable_directory_leaves_the_old_file(tmp_path):
     path.write_text("old\n")
     os.chmod(tmp_path, 0o555)
     try:
-        if os.access(tmp_path, os.W_OK):  # root ignores mode bits: use a missing directory
-            target = str(tmp_path / "missing-dir" / "gres.conf")
-        else:
-            target = str(path)
-        with pytest.raises(OutputError, match="cannot write .*old file is unchanged"):
+        # root ignores mode bits: use a missing directory
+        target = str(tmp_path / "missing-dir" / "gres.conf") if os.access(tmp_path, os.W_OK) else str(path)
+        with pytest.raises(OutputError, match=r"cannot write .*old file is unchanged"):
             write_if_changed(target, "new\n")
     finally:
         os.chmod(tmp_path, 0o755)

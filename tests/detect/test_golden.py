@@ -30,8 +30,9 @@ def test_gres_conf_golden():
 
 
 def test_node_line_golden():
-    result = run_cli(["node-conf", "--node", "big", "--no-hardware", "--set", "CPUs=2",
-                      "--set", "RealMemory=1000"], "big_node")
+    result = run_cli(
+        ["node-conf", "--node", "big", "--no-hardware", "--set", "CPUs=2", "--set", "RealMemory=1000"], "big_node"
+    )
     assert result.returncode == 0, result.stderr
     check_golden("big_node.node.conf", result.stdout)
 
@@ -46,9 +47,11 @@ def test_udev_rules_golden():
 def test_udev_rules_with_gpu_isolation_and_site_ownership_golden(tmp_path):
     # An old config naming the slurm-tpu console script: rules that run `slurm-tpu udev-event`, as before.
     config = tmp_path / "config.yaml"
-    config.write_text("version: 1\ndevices:\n  isolate_gpus: true\n"
-                      "  idle: {owner: root, group: tpuadmin, mode: '0660'}\n"
-                      "udev: {run_program: /opt/slurm-tpu/bin/slurm-tpu}\n")
+    config.write_text(
+        "version: 1\ndevices:\n  isolate_gpus: true\n"
+        "  idle: {owner: root, group: tpuadmin, mode: '0660'}\n"
+        "udev: {run_program: /opt/slurm-tpu/bin/slurm-tpu}\n"
+    )
     result = run_cli(["--config", str(config), "udev-rules"])
     assert result.returncode == 0, result.stderr
     check_golden("60-slurm-tpu.isolate-gpus.rules", result.stdout)
@@ -56,8 +59,10 @@ def test_udev_rules_with_gpu_isolation_and_site_ownership_golden(tmp_path):
 
 def test_site_gres_names_and_types(tmp_path):
     config = tmp_path / "config.yaml"
-    config.write_text("version: 1\ngres:\n  tpu_name: coral\n  tpu_types: {usb: usbtpu}\n"
-                      "  gpu_types: {a100_sxm4_80gb: a100}\nfeatures:\n  tpu: [coral]\n")
+    config.write_text(
+        "version: 1\ngres:\n  tpu_name: coral\n  tpu_types: {usb: usbtpu}\n"
+        "  gpu_types: {a100_sxm4_80gb: a100}\nfeatures:\n  tpu: [coral]\n"
+    )
     result = run_cli(["--config", str(config), "node-conf", "--node", "big", "--no-hardware"], "big_node")
     assert result.returncode == 0, result.stderr
     line = result.stdout.splitlines()[1]

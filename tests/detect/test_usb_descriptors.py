@@ -52,7 +52,7 @@ def test_usb_devices_have_descriptors_up_to_the_root_hub(path):
         parent = os.path.dirname(syspath)
         assert parent in devices, f"{where}: its parent {os.path.basename(parent)} is not described"
         assert devices[parent]["busnum"] == attrs["busnum"], where
-    for syspath, attrs in devices.items():  # a device's parent is a hub
+    for syspath in devices:  # a device's parent is a hub
         parent = os.path.dirname(syspath)
         if parent in devices:
             assert usb_descriptors.parse(bytes.fromhex(devices[parent]["descriptors"])).device_class == 9

@@ -21,6 +21,10 @@ def build_double(out_dir: Path, ignores_visible: bool = False) -> Path:
         raise RuntimeError("no C compiler (gcc/cc) on PATH: cannot build the libedgetpu double")
     out = Path(out_dir) / "libedgetpu.so.1"
     flags = ["-DEDGETPU_DOUBLE_IGNORES_VISIBLE"] if ignores_visible else []
-    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", *flags, "-o", str(out), str(SOURCE)],
-                   check=True, capture_output=True, text=True)
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-O1", "-Wall", "-Werror", *flags, "-o", str(out), str(SOURCE)],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     return out

@@ -16,11 +16,11 @@ from slurm_tpu.errors import ConfigError
 from slurm_tpu.families import FAMILIES, family, inventory_from_json
 from slurm_tpu.families.hailo import HailoDetails
 from slurm_tpu.families.sysfs import Snapshot, SysDevice
-from slurm_tpu.protocol import envfile
 from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.hooks.udev_event import identity_for
-from slurm_tpu.protocol.inventory import parse_inventory
+from slurm_tpu.protocol import envfile
 from slurm_tpu.protocol.hooks_snapshot import SCAN, parse_snapshot
+from slurm_tpu.protocol.inventory import parse_inventory
 from slurm_tpu.render import node_features, node_gres, render_gres_conf, render_udev_rules
 from slurm_tpu.runner.devices import resolve_devices
 from slurm_tpu.runner.errors import UsageError
@@ -29,44 +29,68 @@ HAILO = family("hailo")
 
 
 def card(address: str, driver: str = "hailo") -> SysDevice:
-    return SysDevice(sys_path=f"/sys/devices/pci0000:00/0000:00:1c.0/{address}", sys_name=address,
-                     subsystem="pci", driver=driver, attributes={"vendor": "0x1e60", "device": "0x2864"})
+    return SysDevice(
+        sys_path=f"/sys/devices/pci0000:00/0000:00:1c.0/{address}",
+        sys_name=address,
+        subsystem="pci",
+        driver=driver,
+        attributes={"vendor": "0x1e60", "device": "0x2864"},
+    )
 
 
 def chardev(index: int, address: str, virtual: bool = True, node: bool = True) -> SysDevice:
     # Raspberry Pi OS's driver (4.17-4.22) puts the class device under virtual/; 4.23 under the card.
     parent = "/sys/devices/virtual" if virtual else f"/sys/devices/pci0000:00/0000:00:1c.0/{address}"
-    return SysDevice(sys_path=f"{parent}/hailo_chardev/hailo{index}", sys_name=f"hailo{index}",
-                     subsystem="hailo_chardev", device_node=f"/dev/hailo{index}" if node else "",
-                     attributes={"board_location": address, "device_id": "1e60:2864", "accelerator_type": "0"})
+    return SysDevice(
+        sys_path=f"{parent}/hailo_chardev/hailo{index}",
+        sys_name=f"hailo{index}",
+        subsystem="hailo_chardev",
+        device_node=f"/dev/hailo{index}" if node else "",
+        attributes={"board_location": address, "device_id": "1e60:2864", "accelerator_type": "0"},
+    )
 
 
 def snapshot(*devices: SysDevice) -> Snapshot:
     return Snapshot({d.sys_path: d for d in devices})
 
 
-TWO_CARDS = snapshot(card("0000:01:00.0"), card("0000:02:00.0"),
-                     chardev(0, "0000:02:00.0"), chardev(1, "0000:01:00.0"))  # probe order is not bus order
+TWO_CARDS = snapshot(
+    card("0000:01:00.0"), card("0000:02:00.0"), chardev(0, "0000:02:00.0"), chardev(1, "0000:01:00.0")
+)  # probe order is not bus order
 
 
 def test_is_registered_and_paired_by_board_location_not_by_the_tree():
     assert HAILO in FAMILIES
-    for layout in (TWO_CARDS, snapshot(card("0000:01:00.0"), card("0000:02:00.0"),
-                                       chardev(0, "0000:02:00.0", virtual=False),
-                                       chardev(1, "0000:01:00.0", virtual=False))):
+    for layout in (
+        TWO_CARDS,
+        snapshot(
+            card("0000:01:00.0"),
+            card("0000:02:00.0"),
+            chardev(0, "0000:02:00.0", virtual=False),
+            chardev(1, "0000:01:00.0", virtual=False),
+        ),
+    ):
         found = inventory_from_snapshot(layout)
         assert [(a.identity, a.kind, a.primary_node, a.usable) for a in found] == [
-            ("pci-0000:01:00.0", "hailo", "/dev/hailo1", True), ("pci-0000:02:00.0", "hailo", "/dev/hailo0", True)]
+            ("pci-0000:01:00.0", "hailo", "/dev/hailo1", True),
+            ("pci-0000:02:00.0", "hailo", "/dev/hailo0", True),
+        ]
         assert found.accelerators[0].details == HailoDetails("hailo1", 0)
         assert (found.accelerators[0].vendor, found.accelerators[0].model) == ("Hailo", "Hailo-8/8L")
 
 
-@pytest.mark.parametrize("devices, words", [
-    ((card("0000:01:00.0", driver=""),), ["0000:01:00.0 has no driver bound", "hailo_pci", "apt install hailo-all"]),
-    ((card("0000:01:00.0"),), ["driver hailo is bound to 0000:01:00.0 but created no hailo_chardev device"]),
-    ((card("0000:01:00.0", driver="vfio-pci"),), ["bound to vfio-pci, not the hailo driver", "hailo_pci"]),
-    ((card("0000:01:00.0"), chardev(0, "0000:01:00.0", node=False)), ["hailo0 of 0000:01:00.0 has no /dev node"]),
-])
+@pytest.mark.parametrize(
+    "devices, words",
+    [
+        (
+            (card("0000:01:00.0", driver=""),),
+            ["0000:01:00.0 has no driver bound", "hailo_pci", "apt install hailo-all"],
+        ),
+        ((card("0000:01:00.0"),), ["driver hailo is bound to 0000:01:00.0 but created no hailo_chardev device"]),
+        ((card("0000:01:00.0", driver="vfio-pci"),), ["bound to vfio-pci, not the hailo driver", "hailo_pci"]),
+        ((card("0000:01:00.0"), chardev(0, "0000:01:00.0", node=False)), ["hailo0 of 0000:01:00.0 has no /dev node"]),
+    ],
+)
 def test_unusable_cards_are_listed_with_the_fix(devices, words):
     (found,) = inventory_from_snapshot(snapshot(*devices))
     assert found.identity == "pci-0000:01:00.0" and not found.usable and found.device_nodes == ()
@@ -87,20 +111,34 @@ def test_gres_npu_hailo8_by_default_and_8l_where_the_site_says():
     inventory = inventory_from_snapshot(TWO_CARDS)
     assert render_gres_conf(inventory, Config(), "n1") == (
         "NodeName=n1 Name=npu Type=hailo8 File=/dev/slurm-tpu/pci-0000:01:00.0\n"
-        "NodeName=n1 Name=npu Type=hailo8 File=/dev/slurm-tpu/pci-0000:02:00.0\n")
+        "NodeName=n1 Name=npu Type=hailo8 File=/dev/slurm-tpu/pci-0000:02:00.0\n"
+    )
     assert node_gres(inventory, Config()) == "npu:hailo8:2"
     assert node_features(inventory, Config()) == ["npu", "hailo", "hailo8"]
-    config = parse_config({"version": 2, "families": {"hailo": {
-        "gres_name": "hailo", "types": {"by_address": {"0000:02:00.0": "hailo8l"}}, "features": ["ai"]}}})
+    config = parse_config(
+        {
+            "version": 2,
+            "families": {
+                "hailo": {
+                    "gres_name": "hailo",
+                    "types": {"by_address": {"0000:02:00.0": "hailo8l"}},
+                    "features": ["ai"],
+                }
+            },
+        }
+    )
     assert node_gres(inventory, config) == "hailo:hailo8:1,hailo:hailo8l:1"
     assert node_features(inventory, config) == ["ai", "hailo8", "hailo8l"]
 
 
-@pytest.mark.parametrize("section, key", [
-    ({"types": {"by_address": {"01:00": "hailo8l"}}}, "families.hailo.types.by_address"),
-    ({"types": {"default": 8}}, "families.hailo.types.default"),
-    ({"typo": 1}, "families.hailo.typo"),
-])
+@pytest.mark.parametrize(
+    "section, key",
+    [
+        ({"types": {"by_address": {"01:00": "hailo8l"}}}, "families.hailo.types.by_address"),
+        ({"types": {"default": 8}}, "families.hailo.types.default"),
+        ({"typo": 1}, "families.hailo.typo"),
+    ],
+)
 def test_bad_hailo_config_names_the_key(section, key):
     with pytest.raises(ConfigError) as caught:
         parse_config({"version": 2, "families": {"hailo": section}}, where="c.yaml")
@@ -113,10 +151,14 @@ def test_version_1_configs_get_the_hailo_defaults():
 
 def test_udev_rules_own_the_hailo_nodes_after_hailos_own_rules():
     rules = render_udev_rules(Config(), "/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event")
-    assert ('ACTION!="remove", SUBSYSTEM=="hailo_chardev", KERNEL=="hailo[0-9]*", OWNER:="root", GROUP:="root", '
-            'MODE:="0600", RUN+="/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event"') in rules.splitlines()
-    assert ('ACTION=="remove", SUBSYSTEM=="hailo_chardev", KERNEL=="hailo[0-9]*", '
-            'RUN+="/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event"') in rules.splitlines()
+    assert (
+        'ACTION!="remove", SUBSYSTEM=="hailo_chardev", KERNEL=="hailo[0-9]*", OWNER:="root", GROUP:="root", '
+        'MODE:="0600", RUN+="/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event"'
+    ) in rules.splitlines()
+    assert (
+        'ACTION=="remove", SUBSYSTEM=="hailo_chardev", KERNEL=="hailo[0-9]*", '
+        'RUN+="/usr/local/libexec/slurm-tpu/slurm-tpu-udev-event"'
+    ) in rules.splitlines()
 
 
 def hook_settings(inventory) -> HookSettings:
@@ -152,8 +194,12 @@ def test_udev_event_names_the_card_by_board_location_and_a_removal_by_its_node(t
     device = tmp_path / "devices" / "virtual" / "hailo_chardev" / "hailo0"
     device.mkdir(parents=True)
     (device / "board_location").write_text("0000:02:00.0")
-    add = {"ACTION": "add", "SUBSYSTEM": "hailo_chardev", "DEVPATH": "/devices/virtual/hailo_chardev/hailo0",
-           "DEVNAME": "/dev/hailo0"}
+    add = {
+        "ACTION": "add",
+        "SUBSYSTEM": "hailo_chardev",
+        "DEVPATH": "/devices/virtual/hailo_chardev/hailo0",
+        "DEVNAME": "/dev/hailo0",
+    }
     assert identity_for(add, settings.udev, str(tmp_path), settings.devices) == "pci-0000:02:00.0"
     (device / "board_location").write_text("../../etc")  # never a path, never outside the grammar
     assert identity_for(add, settings.udev, str(tmp_path), settings.devices) is None
@@ -170,7 +216,10 @@ def test_the_runner_says_hailo_runs_hef_models_with_hailort():
     assert "\n" not in message and ".hef" in message and "HailoRT" in message and "not TFLite" in message
     assert "0000:01:00.0" in message and "$SLURM_TPU_HAILO_DEVICES" in message
     # An Edge TPU in the same job, or an explicit --device, still runs.
-    both = {"SLURM_TPU_HAILO_DEVICES": "0000:01:00.0", "SLURM_TPU_DEVICES": "usb-2-1.3",
-            "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3"}
+    both = {
+        "SLURM_TPU_HAILO_DEVICES": "0000:01:00.0",
+        "SLURM_TPU_DEVICES": "usb-2-1.3",
+        "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3",
+    }
     assert [d.kind for d in resolve_devices(None, both)] == ["edgetpu"]
     assert [d.kind for d in resolve_devices(["cpu"], {"SLURM_TPU_HAILO_DEVICES": "0000:01:00.0"})] == ["cpu"]

@@ -24,9 +24,24 @@ import pytest
 from helpers import HARDWARE, detect_json, run_cli
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "isolation"))  # the cluster tests' support.py
-from support import audit, drain_reason, finish_cluster, inventory, leases, make_cluster  # noqa: E402
-from support import no_overlaps, node_on, open_as, out, owner, require_root_and_slurm, restore_node  # noqa: E402
-from support import resume, wait_until, SURVIVOR_JOB  # noqa: E402
+from support import (
+    SURVIVOR_JOB,
+    audit,
+    drain_reason,
+    finish_cluster,
+    inventory,
+    leases,
+    make_cluster,
+    no_overlaps,
+    node_on,
+    open_as,
+    out,
+    owner,
+    require_root_and_slurm,
+    restore_node,
+    resume,
+    wait_until,
+)
 
 NODE = HARDWARE / "hailo_node.umockdev"
 HAILO_1, HAILO_2, CORAL = "pci-0000:01:00.0", "pci-0000:02:00.0", "pci-0000:03:00.0"
@@ -35,6 +50,7 @@ HAILOS = (HAILO_1, HAILO_2)
 
 
 # ---- the real cluster ------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -70,10 +86,17 @@ class Job:
     def __init__(self, cluster, user: str, tag: str, gres: str, probes: tuple[str, ...] = ()):
         self.cluster, self.tag = cluster, tag
         script = JOB.format(out=os.path.join(cluster.base, "out"), tag=tag, probes=" ".join(probes))
-        self.id = cluster.sbatch(["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
-                                 script, user=user)
-        wait_until(lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(self.id) not in
-                   ("PENDING", "CONFIGURING", "RUNNING", ""), 60, f"job {self.id} ({tag}) to start")
+        self.id = cluster.sbatch(
+            ["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")], script, user=user
+        )
+        wait_until(
+            lambda: (
+                os.path.exists(out(cluster, f"{tag}.started"))
+                or cluster.job_state(self.id) not in ("PENDING", "CONFIGURING", "RUNNING", "")
+            ),
+            60,
+            f"job {self.id} ({tag}) to start",
+        )
         assert os.path.exists(out(cluster, f"{tag}.started")), self.read("err")
 
     def read(self, what: str) -> str:
@@ -117,7 +140,7 @@ def test_the_node_offers_two_hailo_npus_and_one_tpu(cluster, users):
     assert [os.path.basename(n) for n in nodes[HAILO_2]] == ["hailo0"]
     node = cluster.show_node("n1")
     assert "npu:hailo8:2" in node and "tpu:edgetpu_pci:1" in node
-    features = next(t for t in node.split() if t.startswith("AvailableFeatures="))[len("AvailableFeatures="):]
+    features = next(t for t in node.split() if t.startswith("AvailableFeatures="))[len("AvailableFeatures=") :]
     assert {"npu", "hailo", "tpu"} <= set(features.split(","))
     for identity in (HAILO_1, HAILO_2, CORAL):  # idle: out of every user's reach
         assert owner(nodes[identity][0]) == (0, 0, 0o600)
@@ -164,8 +187,11 @@ def test_npu_and_tpu_jobs_each_get_exactly_their_device_and_nothing_else(cluster
     finally:
         assert alice.finish() == "COMPLETED"
     assert_idle(cluster)
-    events = {(e["event"], e["job_id"], e["identity"]) for e in audit(cluster, "n1")
-              if e.get("job_id") == alice.id and e["event"] in ("acquire", "release")}
+    events = {
+        (e["event"], e["job_id"], e["identity"])
+        for e in audit(cluster, "n1")
+        if e.get("job_id") == alice.id and e["event"] in ("acquire", "release")
+    }
     assert events == {("acquire", alice.id, mine), ("release", alice.id, mine)}
     assert not os.listdir(os.path.join(cluster.node_dir("n1"), "state", "jobs"))
 
@@ -204,8 +230,9 @@ def test_a_process_keeping_a_hailo_open_after_its_job_drains_the_node(cluster, u
     try:
         script = SURVIVOR_JOB.format(node=node, pidfile=pidfile)
         # Both cards are free: ask for both so the job surely gets the repointed one.
-        held = cluster.sbatch(["-w", "n1", "--gres=npu:2", "-o", "/dev/null", "-e", "/dev/null"], script,
-                              user="stpu_alice")
+        held = cluster.sbatch(
+            ["-w", "n1", "--gres=npu:2", "-o", "/dev/null", "-e", "/dev/null"], script, user="stpu_alice"
+        )
         cluster.wait_for_jobs([held], timeout=60)
         survivor = int(open(pidfile).read())
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 30, "the epilog to drain n1")
@@ -232,9 +259,12 @@ def test_infer_in_a_hailo_job_says_in_one_line_that_hailo_runs_hef_models(cluste
     models = write_models(Path(out(cluster, "models")), image_count=1)
     image = sorted(Path(models["images"]).glob("*.png"))[0]
     said, status = out(cluster, "infer.out"), out(cluster, "infer.status")
-    job = cluster.sbatch(["-w", "n1", "--gres=npu:1", "-o", "/dev/null", "-e", "/dev/null"],
-                         f"#!/bin/sh\n{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {image} "
-                         f"> {said} 2>&1\necho $? > {status}\n", user="stpu_bob")
+    job = cluster.sbatch(
+        ["-w", "n1", "--gres=npu:1", "-o", "/dev/null", "-e", "/dev/null"],
+        f"#!/bin/sh\n{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {image} "
+        f"> {said} 2>&1\necho $? > {status}\n",
+        user="stpu_bob",
+    )
     assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED"
     lines = [line for line in open(said, encoding="utf-8").read().splitlines() if line.strip()]
     assert int(open(status).read()) != 0
@@ -284,6 +314,7 @@ def test_health_and_metrics_on_the_cluster_node_show_the_hailo_cards(cluster, tm
 
 # ---- the CLI on Hailo nodes (no cluster) ------------------------------------------------------------------
 
+
 def without_driver(text: str, address: str, class_device: str) -> str:
     """A umockdev description in which the card at ``address`` has no driver (and so no class device)."""
     blocks = []
@@ -300,8 +331,11 @@ def without_driver(text: str, address: str, class_device: str) -> str:
 def samples(text: str) -> dict[tuple[str, str], float]:
     from prometheus_client.parser import text_string_to_metric_families
 
-    return {(s.name, s.labels.get("identity", "")): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+    return {
+        (s.name, s.labels.get("identity", "")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
 
 
 def labels_of(text: str, name: str, identity: str) -> dict[str, str]:
@@ -359,9 +393,11 @@ def test_gres_and_node_lines_name_the_hailo_npus():
     gres = run_cli(["gres-conf", "--node", "n1"], "hailo_node")
     assert gres.returncode == 0, gres.stderr
     lines = [line for line in gres.stdout.splitlines() if line.startswith("NodeName=")]
-    assert sorted(lines) == ["NodeName=n1 Name=npu Type=hailo8 File=/dev/slurm-tpu/pci-0000:01:00.0",
-                             "NodeName=n1 Name=npu Type=hailo8 File=/dev/slurm-tpu/pci-0000:02:00.0",
-                             "NodeName=n1 Name=tpu Type=edgetpu_pci File=/dev/slurm-tpu/pci-0000:03:00.0"]
+    assert sorted(lines) == [
+        "NodeName=n1 Name=npu Type=hailo8 File=/dev/slurm-tpu/pci-0000:01:00.0",
+        "NodeName=n1 Name=npu Type=hailo8 File=/dev/slurm-tpu/pci-0000:02:00.0",
+        "NodeName=n1 Name=tpu Type=edgetpu_pci File=/dev/slurm-tpu/pci-0000:03:00.0",
+    ]
     node = run_cli(["node-conf", "--node", "n1", "--no-hardware"], "hailo_node")
     assert node.returncode == 0, node.stderr
     (line,) = [line for line in node.stdout.splitlines() if line.startswith("NodeName=")]
@@ -373,8 +409,9 @@ def test_gres_and_node_lines_name_the_hailo_npus():
 def test_udev_rules_take_hailo_nodes_from_the_upstream_world_writable_rule():
     rules = run_cli(["udev-rules"], "hailo_node")
     assert rules.returncode == 0, rules.stderr
-    hailo = [line for line in rules.stdout.splitlines()
-             if not line.startswith("#") and 'SUBSYSTEM=="hailo_chardev"' in line]
+    hailo = [
+        line for line in rules.stdout.splitlines() if not line.startswith("#") and 'SUBSYSTEM=="hailo_chardev"' in line
+    ]
     assert hailo, rules.stdout
     # Upstream's 51-hailo-udev.rules sets MODE="0666"; ours (60-...) must override it with := .
     adding = [line for line in hailo if 'ACTION=="remove"' not in line]

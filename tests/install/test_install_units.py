@@ -11,8 +11,14 @@ import pytest
 from helpers import REPO
 from slurm_tpu.config import DEFAULT_PATH
 from slurm_tpu.ops.doctor import state_dir_problems
-from slurm_tpu.ops.install import (HOOK_FILES, Layout, installed_hook_text, missing_slurm_conf_lines,
-                                   slurm_conf_lines, udev_run_program)
+from slurm_tpu.ops.install import (
+    HOOK_FILES,
+    Layout,
+    installed_hook_text,
+    missing_slurm_conf_lines,
+    slurm_conf_lines,
+    udev_run_program,
+)
 from slurm_tpu.slurm.parse import node_line_fields, parse_slurm_conf_options
 
 
@@ -30,12 +36,13 @@ def test_installed_hook_differs_from_the_shipped_one_only_in_marked_lines(direct
     if text.startswith("#!/usr/bin/python3"):
         assert new[0] == "#!/opt/venv/bin/python -IS"
         assert "_ROOT = '/opt/venv/lib/site'  # set by slurm-tpu install" in new
-        assert [line for line in new if line.startswith("_ROOT")] == ["_ROOT = '/opt/venv/lib/site'  # set by "
-                                                                     "slurm-tpu install"]
+        assert [line for line in new if line.startswith("_ROOT")] == [
+            "_ROOT = '/opt/venv/lib/site'  # set by slurm-tpu install"
+        ]
         old, new = old[1:], new[1:]
     added = [line for line in new if line not in old]
     assert all(line.endswith("# set by slurm-tpu install") for line in added), added
-    assert [line for line in old if line not in new] in ([], [l for l in old if l.startswith("_ROOT = ")])
+    assert [line for line in old if line not in new] in ([], [kept for kept in old if kept.startswith("_ROOT = ")])
     assert any(config in line for line in added) == (config != DEFAULT_PATH and text.startswith("#!"))
 
 
@@ -43,8 +50,9 @@ def test_a_python_path_that_cannot_be_a_shebang_is_refused():
     from slurm_tpu.errors import SlurmTpuError
 
     with pytest.raises(SlurmTpuError, match="#! line"):
-        installed_hook_text(shipped("epilog", "slurm-tpu-epilog.py"), "slurm-tpu-epilog.py", "/my venv/bin/python",
-                            "/x", DEFAULT_PATH)
+        installed_hook_text(
+            shipped("epilog", "slurm-tpu-epilog.py"), "slurm-tpu-epilog.py", "/my venv/bin/python", "/x", DEFAULT_PATH
+        )
 
 
 def test_udev_rules_run_the_installed_hook_unless_told_otherwise():
@@ -60,8 +68,12 @@ def test_udev_rules_run_the_installed_hook_unless_told_otherwise():
     assert udev_run_program(layout, old) == "/opt/venv/bin/slurm-tpu udev-event"
     # Any other program (a site's wrapper) runs as it is; --run-program wins over the config.
     assert udev_run_program(layout, old, "/usr/sbin/site-udev-hook") == "/usr/sbin/site-udev-hook"
-    for bad, why in (("bin/slurm-tpu", "absolute"), ("/opt/my venv/bin/slurm-tpu", "white space"),
-                     ("/opt/%k/hook", "white space, a quote"), ('/opt/"x/hook', "white space, a quote")):
+    for bad, why in (
+        ("bin/slurm-tpu", "absolute"),
+        ("/opt/my venv/bin/slurm-tpu", "white space"),
+        ("/opt/%k/hook", "white space, a quote"),
+        ('/opt/"x/hook', "white space, a quote"),
+    ):
         with pytest.raises(SlurmTpuError, match=why):
             udev_run_program(layout, config, bad)
 
@@ -80,8 +92,11 @@ def test_the_agent_unit_runs_the_installed_agent_before_slurmd():
     from slurm_tpu.ops.install import planned_files
 
     layout = Layout("/opt/st", "/srv/etc")
-    [unit] = [f for f in planned_files(layout, Config(), "/srv/etc/slurm")
-              if f.path == "/srv/etc/systemd/system/slurm-tpu-agent.service"]
+    [unit] = [
+        f
+        for f in planned_files(layout, Config(), "/srv/etc/slurm")
+        if f.path == "/srv/etc/systemd/system/slurm-tpu-agent.service"
+    ]
     lines = unit.content.splitlines()
     assert f"ExecStart={layout.hooks_dir}/slurm-tpu-agent" in lines
     assert ("systemd", "slurm-tpu-agent", 0o755) in HOOK_FILES
@@ -98,17 +113,26 @@ def test_each_shipped_file_is_in_the_directory_named_for_what_runs_or_reads_it()
     # setup.py copies these directories into the wheel: the same ones node_files looks in.
     with open(os.path.join(REPO, "setup.py"), encoding="utf-8") as handle:
         tree = ast.parse(handle.read())
-    [setup_dirs] = [ast.literal_eval(node.value) for node in tree.body if isinstance(node, ast.Assign)
-                    and any(isinstance(t, ast.Name) and t.id == "NODE_DIRS" for t in node.targets)]
+    [setup_dirs] = [
+        ast.literal_eval(node.value)
+        for node in tree.body
+        if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "NODE_DIRS" for t in node.targets)
+    ]
     assert setup_dirs == node_files.NODE_DIRS == ("prolog", "epilog", "udev", "systemd", "gres_conf")
-    shipped_files = {(directory, name) for directory, name, _ in HOOK_FILES} | \
-        {("systemd", name) for name, _ in SYSTEMD_FILES} | {("gres_conf", "slurm.conf.snippet")}
+    shipped_files = (
+        {(directory, name) for directory, name, _ in HOOK_FILES}
+        | {("systemd", name) for name, _ in SYSTEMD_FILES}
+        | {("gres_conf", "slurm.conf.snippet")}
+    )
     for directory, name in shipped_files:
         assert node_files.node_file(directory, name) == os.path.join(REPO, directory, name)
     # Nothing else there but the folders' READMEs (and what setup.py leaves out: the built client).
-    on_disk = {(directory, name) for directory in node_files.NODE_DIRS
-               for name in os.listdir(os.path.join(REPO, directory))
-               if name not in ("README.md", "slurm-tpu-hook-client") and not name.endswith(("~", ".pyc", ".tmp"))}
+    on_disk = {
+        (directory, name)
+        for directory in node_files.NODE_DIRS
+        for name in os.listdir(os.path.join(REPO, directory))
+        if name not in ("README.md", "slurm-tpu-hook-client") and not name.endswith(("~", ".pyc", ".tmp"))
+    }
     assert on_disk == shipped_files
     assert {d for d, name in shipped_files if name.endswith((".service", ".timer"))} == {"systemd"}
     assert ("udev", "slurm-tpu-udev-event") in shipped_files and ("systemd", "slurm-tpu-agent") in shipped_files
@@ -142,10 +166,12 @@ def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more():
     from slurm_tpu.ops.install import gres_types as gres_types_of
 
     wanted = slurm_conf_lines(Layout("/usr/local"), Config())
-    assert wanted[:4] == ["Prolog=/usr/local/libexec/slurm-tpu/slurm-tpu-prolog",
-                          "Epilog=/usr/local/libexec/slurm-tpu/slurm-tpu-epilog",
-                          "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog",
-                          "HealthCheckProgram=/usr/local/libexec/slurm-tpu/slurm-tpu-health"]
+    assert wanted[:4] == [
+        "Prolog=/usr/local/libexec/slurm-tpu/slurm-tpu-prolog",
+        "Epilog=/usr/local/libexec/slurm-tpu/slurm-tpu-epilog",
+        "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog",
+        "HealthCheckProgram=/usr/local/libexec/slurm-tpu/slurm-tpu-health",
+    ]
     # Ours among more (mps), in another order: every registered family's GRES name is there.
     gres_types = ",".join(["mps", *reversed(gres_types_of(Config()).split(","))])
     text = f"""
@@ -162,13 +188,19 @@ Include /etc/slurm/nodes.conf
     assert options["prolog"] == "/site/prolog,/usr/local/libexec/slurm-tpu/slurm-tpu-prolog"
     assert "include" not in options and "gres" not in options
     assert missing_slurm_conf_lines(wanted, options) == [
-        "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog", "HealthCheckNodeState=ANY"]
+        "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog",
+        "HealthCheckNodeState=ANY",
+    ]
 
 
 def test_node_line_fields_takes_defaults_and_ranges():
     text = "NodeName=DEFAULT Feature=x CPUs=2\nNodeName=n[1-3] Gres=tpu:edgetpu_usb:1\nNodeName=m1 Gres=gpu:a:1\n"
-    assert node_line_fields(text, "n2") == {"NodeName": "n[1-3]", "Feature": "x", "CPUs": "2",
-                                            "Gres": "tpu:edgetpu_usb:1"}
+    assert node_line_fields(text, "n2") == {
+        "NodeName": "n[1-3]",
+        "Feature": "x",
+        "CPUs": "2",
+        "Gres": "tpu:edgetpu_usb:1",
+    }
     assert node_line_fields(text, "n9") is None
 
 
@@ -176,9 +208,12 @@ def test_state_dir_problems_name_the_directory_and_the_fix(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("the state directory must be root's")
     state = tmp_path / "state"
-    assert state_dir_problems(str(state)) == [(f"state directory {state} does not exist",
-                                                "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after "
-                                                "a reboot)")]
+    assert state_dir_problems(str(state)) == [
+        (
+            f"state directory {state} does not exist",
+            "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after a reboot)",
+        )
+    ]
     state.mkdir(mode=0o755)
     (state / "jobs").mkdir(mode=0o755)
     assert state_dir_problems(str(state)) == []
@@ -201,8 +236,14 @@ def test_state_dir_problems_name_the_directory_and_the_fix(tmp_path):
 
 
 def slurm_tpu(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "slurm_tpu.cli", *args], capture_output=True, text=True,
-                          timeout=60, cwd="/", env={k: v for k, v in os.environ.items() if k != "SLURM_TPU_CONFIG"})
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_tpu.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={k: v for k, v in os.environ.items() if k != "SLURM_TPU_CONFIG"},
+    )
 
 
 def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
@@ -241,9 +282,14 @@ def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
 def test_install_refuses_non_root_without_dry_run(tmp_path):
     if os.geteuid() != 0:
         pytest.skip("needs root to run as nobody")
-    done = subprocess.run(["runuser", "-u", "nobody", "--", sys.executable, "-m", "slurm_tpu.cli", "install",
-                           "--prefix", str(tmp_path)], capture_output=True, text=True, timeout=60, cwd="/",
-                          env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"})
+    done = subprocess.run(
+        ["runuser", "-u", "nobody", "--", sys.executable, "-m", "slurm_tpu.cli", "install", "--prefix", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+        env={"PATH": "/usr/sbin:/usr/bin:/sbin:/bin"},
+    )
     assert done.returncode == 2, done.stderr
     assert "slurm-tpu install must run as root" in done.stderr
 
@@ -269,14 +315,18 @@ def test_doctor_checks_the_program_the_udev_rules_run(tmp_path):
         [finding] = check_udev_rules(Node(config, layout, str(tmp_path / "slurm.conf"), "n1", Inventory()))
         return " ".join(finding.line().split())
 
-    assert check(Config()) == (f"FAIL udev rules: {layout.udev_rules} runs {layout.udev_hook} is missing; "
-                               f"fix: slurm-tpu install --prefix {layout.prefix}")
+    assert check(Config()) == (
+        f"FAIL udev rules: {layout.udev_rules} runs {layout.udev_hook} is missing; "
+        f"fix: slurm-tpu install --prefix {layout.prefix}"
+    )
     os.makedirs(layout.hooks_dir)
     with open(layout.udev_hook, "w", encoding="utf-8") as handle:
         handle.write(shipped("udev", "slurm-tpu-udev-event"))
     os.chmod(layout.udev_hook, 0o775)
-    assert check(Config()).startswith(f"FAIL udev rules: {layout.udev_rules} runs {layout.udev_hook} is uid 0 "
-                                      "mode 0775: whoever can write it runs code as root on every device event")
+    assert check(Config()).startswith(
+        f"FAIL udev rules: {layout.udev_rules} runs {layout.udev_hook} is uid 0 "
+        "mode 0775: whoever can write it runs code as root on every device event"
+    )
     os.chmod(layout.udev_hook, 0o755)
     assert check(Config()) == f"ok udev rules: {layout.udev_rules} (RUN+={layout.udev_hook})"
     # An old config naming the console script through a link (docs/admin-guide.md's install steps make one).
@@ -285,7 +335,8 @@ def test_doctor_checks_the_program_the_udev_rules_run(tmp_path):
     assert check(old) == f"ok udev rules: {layout.udev_rules} (RUN+={tmp_path}/slurm-tpu udev-event)"
     bad = dataclasses.replace(Config(), udev_run_program="/opt/my venv/bin/slurm-tpu")
     assert check(bad, write_rules=False).startswith(
-        "FAIL udev rules: udev run program '/opt/my venv/bin/slurm-tpu' holds white space")
+        "FAIL udev rules: udev run program '/opt/my venv/bin/slurm-tpu' holds white space"
+    )
 
 
 @pytest.fixture(scope="module")
@@ -294,8 +345,10 @@ def doubles(tmp_path_factory):
     from edgetpu_double.build import build_double
 
     try:
-        return (build_double(tmp_path_factory.mktemp("patched")),
-                build_double(tmp_path_factory.mktemp("coral"), ignores_visible=True))
+        return (
+            build_double(tmp_path_factory.mktemp("patched")),
+            build_double(tmp_path_factory.mktemp("coral"), ignores_visible=True),
+        )
     except RuntimeError as exc:
         pytest.skip(str(exc))
 
@@ -317,7 +370,8 @@ def test_install_replaces_corals_libedgetpu_and_uninstall_puts_it_back(tmp_path,
     assert done.stderr.splitlines() == [
         f"slurm-tpu: error: --libedgetpu {coral} ignores EDGETPU_VISIBLE_DEVICES: unmodified Coral code in a job "
         "(pycoral's make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
-        "not the job's: build the patched one with scripts/build-libedgetpu.sh"]
+        "not the job's: build the patched one with scripts/build-libedgetpu.sh"
+    ]
     done = slurm_tpu(*install, "--libedgetpu", str(patched))
     assert done.returncode == 0, done.stderr
     assert f"replace {libdir}/libedgetpu.so.1.0" in done.stdout.splitlines()
@@ -341,8 +395,9 @@ def test_install_puts_the_library_on_a_node_without_one(tmp_path, doubles):
     patched, _ = doubles
     prefix, libdir = tmp_path / "p", tmp_path / "lib"
     args = ["--prefix", str(prefix), "--sysconfdir", str(prefix / "etc")]
-    done = slurm_tpu("install", *args, "--slurm-conf", str(tmp_path / "none"), "--libdir", str(libdir),
-                     "--libedgetpu", str(patched))
+    done = slurm_tpu(
+        "install", *args, "--slurm-conf", str(tmp_path / "none"), "--libdir", str(libdir), "--libedgetpu", str(patched)
+    )
     assert done.returncode == 0, done.stderr
     assert os.readlink(libdir / "libedgetpu.so.1") == "libedgetpu.so.1.0"
     assert (libdir / "libedgetpu.so.1.0").read_bytes() == patched.read_bytes()
@@ -354,16 +409,14 @@ def test_install_puts_the_library_on_a_node_without_one(tmp_path, doubles):
 def test_doctor_says_where_the_device_cgroup_holds(tmp_path):
     """ConstrainDevices=yes on an Edge TPU node: a failure under 22.05 (it does nothing for tpu), the
     holds/does-not-hold sentence from 23.02 on; off or on a node without Edge TPUs, nothing to fix."""
+    from helpers import detect_json
     from slurm_tpu.config import Config
+    from slurm_tpu.families import inventory_from_json
     from slurm_tpu.hardware import Inventory
     from slurm_tpu.ops.doctor import Node, check_device_cgroup
     from slurm_tpu.slurm import device_cgroup
     from slurm_tpu.slurm.commands import Slurm
     from slurm_tpu.slurm.installation import version_of
-
-    from helpers import detect_json
-
-    from slurm_tpu.families import inventory_from_json
 
     tpus = inventory_from_json(detect_json("big_node"))
     conf = tmp_path / "slurm.conf"
@@ -382,8 +435,9 @@ def test_doctor_says_where_the_device_cgroup_holds(tmp_path):
     if device_cgroup.covers_gres_without_plugin(version):
         assert on.ok and "PCIe cards always; USB sticks only until their first re-enumeration" in on.message
     else:
-        assert not on.ok and on.line().startswith(f"FAIL  device cgroup: ConstrainDevices=yes does nothing for "
-                                                  f"gres/tpu or gres/npu under Slurm {version}")
+        assert not on.ok and on.line().startswith(
+            f"FAIL  device cgroup: ConstrainDevices=yes does nothing for gres/tpu or gres/npu under Slurm {version}"
+        )
         assert "fix: do not count on it for Edge TPUs or NPUs: run Slurm 23.02 or later" in on.line()
     assert finding(Inventory()).ok  # GPUs only: the layer works for gres/gpu on every release
     # Both releases, without their slurmd: the facts of slurm_tpu/slurm/device_cgroup.py.

@@ -34,11 +34,23 @@ GRES_TYPES = gres_types(Config())
 
 pytestmark = pytest.mark.slurm
 NODE = "n1"
-SHIPPED = ("prolog/slurm-tpu-prolog", "prolog/slurm-tpu-prolog.py", "prolog/slurm-tpu-lib.sh",
-           "prolog/slurm-tpu-task-prolog", "udev/slurm-tpu-udev-event", "epilog/slurm-tpu-epilog",
-           "epilog/slurm-tpu-epilog.py", "systemd/slurm-tpu-agent", "prolog/slurm-tpu-hook-client.c",
-           "gres_conf/slurm.conf.snippet", "systemd/slurm-tpu-agent.service", "systemd/slurm-tpu-watch.service",
-           "systemd/slurm-tpu-metrics.service", "systemd/slurm-tpu-metrics.timer", "systemd/slurmd-slurm-tpu.conf")
+SHIPPED = (
+    "prolog/slurm-tpu-prolog",
+    "prolog/slurm-tpu-prolog.py",
+    "prolog/slurm-tpu-lib.sh",
+    "prolog/slurm-tpu-task-prolog",
+    "udev/slurm-tpu-udev-event",
+    "epilog/slurm-tpu-epilog",
+    "epilog/slurm-tpu-epilog.py",
+    "systemd/slurm-tpu-agent",
+    "prolog/slurm-tpu-hook-client.c",
+    "gres_conf/slurm.conf.snippet",
+    "systemd/slurm-tpu-agent.service",
+    "systemd/slurm-tpu-watch.service",
+    "systemd/slurm-tpu-metrics.service",
+    "systemd/slurm-tpu-metrics.timer",
+    "systemd/slurmd-slurm-tpu.conf",
+)
 
 
 def run(argv: list[str], env: dict | None = None, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
@@ -81,11 +93,27 @@ class Node:
         return env
 
     def doctor(self, *args: str, **env: str) -> subprocess.CompletedProcess:
-        argv = [self.slurm_tpu, "doctor", "--prefix", self.prefix, "--sysconfdir", self.sysconfdir,
-                "--slurm-conf", self.cluster.slurm_conf, "--inventory",
-                os.path.join(self.cluster.node_dir(NODE), "inventory.json"), *args]
-        return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/",
-                              env=self.env(**{"SLURM_TPU_LIBEDGETPU": real_libedgetpu(), **env}))
+        argv = [
+            self.slurm_tpu,
+            "doctor",
+            "--prefix",
+            self.prefix,
+            "--sysconfdir",
+            self.sysconfdir,
+            "--slurm-conf",
+            self.cluster.slurm_conf,
+            "--inventory",
+            os.path.join(self.cluster.node_dir(NODE), "inventory.json"),
+            *args,
+        ]
+        return subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd="/",
+            env=self.env(**{"SLURM_TPU_LIBEDGETPU": real_libedgetpu(), **env}),
+        )
 
 
 def build_wheel(dist: str) -> tuple[str, str]:
@@ -115,17 +143,25 @@ def node(users):
     os.mkdir(setup.prefix, 0o755)
     install = [setup.slurm_tpu, "install", "--prefix", setup.prefix, "--sysconfdir", setup.sysconfdir]
     # Before the cluster exists: no slurm.conf yet (and not another test's running one).
-    setup.first_install = run([*install, "--slurm-conf", os.path.join(work, "none", "slurm.conf")],
-                              env=setup.env(), cwd="/").stdout
+    setup.first_install = run(
+        [*install, "--slurm-conf", os.path.join(work, "none", "slurm.conf")], env=setup.env(), cwd="/"
+    ).stdout
     # The emulated udev runs the installed udev hook, as the installed rules name it.
-    hooks = Hooks(prolog=setup.hook("slurm-tpu-prolog"), epilog=setup.hook("slurm-tpu-epilog"),
-                  task_prolog=setup.hook("slurm-tpu-task-prolog"), udev=setup.hook("slurm-tpu-udev-event"))
+    hooks = Hooks(
+        prolog=setup.hook("slurm-tpu-prolog"),
+        epilog=setup.hook("slurm-tpu-epilog"),
+        task_prolog=setup.hook("slurm-tpu-task-prolog"),
+        udev=setup.hook("slurm-tpu-udev-event"),
+    )
     # HealthCheckProgram named, but never run (interval 0): `slurm-tpu health` would look at
     # this machine's real udev, where the node's umockdev TPU does not exist, and drain it.
-    setup.cluster = make_cluster([NodeSpec(NODE, os.path.join(HARDWARE, "n4_one_tpu.umockdev"))], hooks=hooks,
-                                 python=setup.python, config_file=os.path.join(setup.sysconfdir, "slurm-tpu",
-                                                                               "config.yaml"),
-                                 slurm_conf_extra=(f"HealthCheckProgram={setup.hook('slurm-tpu-health')}",))
+    setup.cluster = make_cluster(
+        [NodeSpec(NODE, os.path.join(HARDWARE, "n4_one_tpu.umockdev"))],
+        hooks=hooks,
+        python=setup.python,
+        config_file=os.path.join(setup.sysconfdir, "slurm-tpu", "config.yaml"),
+        slurm_conf_extra=(f"HealthCheckProgram={setup.hook('slurm-tpu-health')}",),
+    )
     # As an admin would, once slurm.conf exists: install again, naming it (the watcher's
     # unit takes gres.conf's directory from it; install checks the lines are there).
     run([*install, "--slurm-conf", setup.cluster.slurm_conf], env=setup.env(), cwd="/")
@@ -136,6 +172,7 @@ def node(users):
 
 
 # ---- the package --------------------------------------------------------------------------
+
 
 def test_sdist_and_wheel_carry_the_node_files_byte_for_byte(node):
     with tarfile.open(node.sdist) as sdist:
@@ -150,16 +187,24 @@ def test_sdist_and_wheel_carry_the_node_files_byte_for_byte(node):
             with open(os.path.join(REPO, name), "rb") as handle:
                 assert wheel.read(f"slurm_tpu/node_files/{name}") == handle.read(), name
         assert not [name for name in wheel.namelist() if name.startswith("harness")]
-    site = run([node.python, "-c", "import slurm_tpu, os; print(os.path.dirname(slurm_tpu.__file__))"],
-               cwd="/").stdout.strip()
+    site = run(
+        [node.python, "-c", "import slurm_tpu, os; print(os.path.dirname(slurm_tpu.__file__))"], cwd="/"
+    ).stdout.strip()
     assert site.startswith(node.venv)  # the wheel's package, not the checkout's
 
 
 def test_installed_hooks_are_roots_and_import_from_the_venv_without_site(node):
-    for name, mode in (("slurm-tpu-prolog", 0o755), ("slurm-tpu-prolog.py", 0o755), ("slurm-tpu-lib.sh", 0o644),
-                       ("slurm-tpu-task-prolog", 0o755), ("slurm-tpu-udev-event", 0o755), ("slurm-tpu-epilog", 0o755),
-                       ("slurm-tpu-epilog.py", 0o755), ("slurm-tpu-agent", 0o755),
-                       ("slurm-tpu-health", 0o755)):
+    for name, mode in (
+        ("slurm-tpu-prolog", 0o755),
+        ("slurm-tpu-prolog.py", 0o755),
+        ("slurm-tpu-lib.sh", 0o644),
+        ("slurm-tpu-task-prolog", 0o755),
+        ("slurm-tpu-udev-event", 0o755),
+        ("slurm-tpu-epilog", 0o755),
+        ("slurm-tpu-epilog.py", 0o755),
+        ("slurm-tpu-agent", 0o755),
+        ("slurm-tpu-health", 0o755),
+    ):
         info = os.lstat(node.hook(name))
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, mode), name
     for name in ("slurm-tpu-epilog.py", "slurm-tpu-udev-event", "slurm-tpu-agent"):
@@ -169,9 +214,11 @@ def test_installed_hooks_are_roots_and_import_from_the_venv_without_site(node):
     # slurm_tpu comes from the venv, and neither site nor any third-party module is loaded.
     with open(node.hook("slurm-tpu-epilog.py"), encoding="utf-8") as handle:
         head = handle.read().split("try:")[0]
-    probe = head + ("import slurm_tpu.hooks.epilog, slurm_tpu.hooks.prolog\n"
-                    "print(slurm_tpu.__file__)\n"
-                    "print(sorted(m for m in ('site', 'yaml', 'click', 'pyudev', 'numpy') if m in sys.modules))\n")
+    probe = head + (
+        "import slurm_tpu.hooks.epilog, slurm_tpu.hooks.prolog\n"
+        "print(slurm_tpu.__file__)\n"
+        "print(sorted(m for m in ('site', 'yaml', 'click', 'pyudev', 'numpy') if m in sys.modules))\n"
+    )
     out = run([node.python, "-I", "-S", "-c", probe], cwd="/").stdout.splitlines()
     assert out[0].startswith(node.venv) and out[1] == "[]"
 
@@ -179,9 +226,13 @@ def test_installed_hooks_are_roots_and_import_from_the_venv_without_site(node):
 def test_first_install_prints_the_slurm_conf_lines_to_add(node):
     out = node.first_install
     assert "Add to " in out
-    for line in (f"Prolog={node.hook('slurm-tpu-prolog')}", f"Epilog={node.hook('slurm-tpu-epilog')}",
-                 f"TaskProlog={node.hook('slurm-tpu-task-prolog')}",
-                 f"HealthCheckProgram={node.hook('slurm-tpu-health')}", f"GresTypes={GRES_TYPES}"):
+    for line in (
+        f"Prolog={node.hook('slurm-tpu-prolog')}",
+        f"Epilog={node.hook('slurm-tpu-epilog')}",
+        f"TaskProlog={node.hook('slurm-tpu-task-prolog')}",
+        f"HealthCheckProgram={node.hook('slurm-tpu-health')}",
+        f"GresTypes={GRES_TYPES}",
+    ):
         assert f"  {line}\n" in out, line
 
 
@@ -191,21 +242,44 @@ def test_the_installed_udev_rules_run_the_installed_udev_hook(node):
     runs = {line.split('RUN+="', 1)[1].rstrip('"') for line in installed.splitlines() if 'RUN+="' in line}
     assert runs == {node.hook("slurm-tpu-udev-event")}
     # What `slurm-tpu udev-rules` renders for that prefix and config is the installed file, byte for byte.
-    rendered = run([node.slurm_tpu, "--config", os.path.join(node.sysconfdir, "slurm-tpu", "config.yaml"),
-                    "udev-rules", "--prefix", node.prefix], env=node.env(), cwd="/").stdout
+    rendered = run(
+        [
+            node.slurm_tpu,
+            "--config",
+            os.path.join(node.sysconfdir, "slurm-tpu", "config.yaml"),
+            "udev-rules",
+            "--prefix",
+            node.prefix,
+        ],
+        env=node.env(),
+        cwd="/",
+    ).stdout
     assert rendered == installed
 
 
 def test_install_again_changes_nothing(node):
     before = tree(node.prefix)
-    out = run([node.slurm_tpu, "install", "--prefix", node.prefix, "--sysconfdir", node.sysconfdir,
-               "--slurm-conf", node.cluster.slurm_conf], env=node.env(), cwd="/").stdout
+    out = run(
+        [
+            node.slurm_tpu,
+            "install",
+            "--prefix",
+            node.prefix,
+            "--sysconfdir",
+            node.sysconfdir,
+            "--slurm-conf",
+            node.cluster.slurm_conf,
+        ],
+        env=node.env(),
+        cwd="/",
+    ).stdout
     assert not [line for line in out.splitlines() if line.startswith(("write", "replace", "create", "fix"))], out
     assert tree(node.prefix) == before
     # The cluster's slurm.conf names the hooks and has GresTypes; it runs no health check
     # (see the fixture), so only those lines are still to add.
-    to_add = [line.strip() for line in out.split("then `scontrol reconfigure`:\n")[1].splitlines()
-              if line.startswith("  ")]
+    to_add = [
+        line.strip() for line in out.split("then `scontrol reconfigure`:\n")[1].splitlines() if line.startswith("  ")
+    ]
     assert to_add == ["HealthCheckInterval=60", "HealthCheckNodeState=ANY"]
 
 
@@ -230,8 +304,11 @@ def test_tpu_job_gets_its_device_and_loses_it_at_the_end(node, users):
     device = inventory(cluster, NODE)["usb-2-1.3"][0]
     out = os.path.join(cluster.base, "out")
     assert owner(device) == (0, 0, 0o600) and open_as("stpu_alice", device) == "EACCES"
-    job = cluster.sbatch(["--gres=tpu:1", "-o", "/dev/null", "-e", os.path.join(out, "err")],
-                         JOB.format(out=out, device=device), user="stpu_alice")
+    job = cluster.sbatch(
+        ["--gres=tpu:1", "-o", "/dev/null", "-e", os.path.join(out, "err")],
+        JOB.format(out=out, device=device),
+        user="stpu_alice",
+    )
     assert cluster.wait_for_jobs([job])[job] == "COMPLETED"
     with open(os.path.join(out, "devices"), encoding="utf-8") as handle:
         assert handle.read().strip() == "usb-2-1.3"  # the installed task-prolog's export
@@ -246,6 +323,7 @@ def test_tpu_job_gets_its_device_and_loses_it_at_the_end(node, users):
 
 # ---- doctor ---------------------------------------------------------------------------------------
 
+
 def failures(done: subprocess.CompletedProcess) -> list[str]:
     return [line for line in done.stdout.splitlines() if line.startswith("FAIL")]
 
@@ -255,9 +333,24 @@ def test_doctor_passes_on_the_installed_node(node):
     assert done.returncode == 0, done.stdout + done.stderr
     assert failures(done) == []
     checks = {line.split(":")[0].split(None, 1)[1] for line in done.stdout.splitlines() if line.startswith("ok")}
-    assert checks == {"slurm.conf", "hooks", "GresTypes", "AccountingStorageTRES", "gres.conf", "NodeName",
-                      "udev rules", "udev loaded", "state dir", "hooks import", "slurmd", "device cgroup", "libedgetpu",
-                      "EDGETPU_VISIBLE_DEVICES", "TFLite runtime", "munge"}
+    assert checks == {
+        "slurm.conf",
+        "hooks",
+        "GresTypes",
+        "AccountingStorageTRES",
+        "gres.conf",
+        "NodeName",
+        "udev rules",
+        "udev loaded",
+        "state dir",
+        "hooks import",
+        "slurmd",
+        "device cgroup",
+        "libedgetpu",
+        "EDGETPU_VISIBLE_DEVICES",
+        "TFLite runtime",
+        "munge",
+    }
     as_json = node.doctor("--json")
     assert as_json.returncode == 0 and '"ok": true' in as_json.stdout
 
@@ -332,24 +425,34 @@ def broken(node, case: str):
     return {
         "hook missing": (moved(node.hook("slurm-tpu-epilog")), {}),
         "hook world-writable": (chmodded(node.hook("slurm-tpu-prolog"), 0o777), {}),
-        "GresTypes lacking tpu": (edited(cluster.slurm_conf, f"GresTypes={GRES_TYPES}",
-                                         f"GresTypes={GRES_TYPES.replace('tpu,', '')}"), {}),
-        "AccountingStorageTRES lacking the type": (edited(
-            cluster.slurm_conf, "AccountingStorageType=accounting_storage/none",
-            "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageTRES=gres/tpu"), {}),
+        "GresTypes lacking tpu": (
+            edited(cluster.slurm_conf, f"GresTypes={GRES_TYPES}", f"GresTypes={GRES_TYPES.replace('tpu,', '')}"),
+            {},
+        ),
+        "AccountingStorageTRES lacking the type": (
+            edited(
+                cluster.slurm_conf,
+                "AccountingStorageType=accounting_storage/none",
+                "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageTRES=gres/tpu",
+            ),
+            {},
+        ),
         "gres.conf stale": (edited(cluster.gres_conf, "Type=edgetpu_usb", "Type=edgetpu_pci"), {}),
         "udev rules not loaded": (chmodded(device, 0o666) if device else None, {}),
         "state dir wrong mode": (chmodded(state, 0o777), {}),
         "slurmd untested version": (contextlib.nullcontext(), {"SLURM_TPU_SLURM_SBIN": untested_slurmd(node.work)}),
-        "udev rules not installed": (moved(os.path.join(node.sysconfdir, "udev", "rules.d", "60-slurm-tpu.rules")),
-                                     {}),
+        "udev rules not installed": (moved(os.path.join(node.sysconfdir, "udev", "rules.d", "60-slurm-tpu.rules")), {}),
         "udev hook missing": (moved(node.hook("slurm-tpu-udev-event")), {}),
-        "NodeName Gres stale": (edited(os.path.join(cluster.base, "etc", "nodes.conf"), "Gres=tpu:edgetpu_usb:1",
-                                       "Gres=tpu:edgetpu_usb:2"), {}),
+        "NodeName Gres stale": (
+            edited(os.path.join(cluster.base, "etc", "nodes.conf"), "Gres=tpu:edgetpu_usb:1", "Gres=tpu:edgetpu_usb:2"),
+            {},
+        ),
         "munge not answering": (edited(cluster.slurm_conf, "AuthInfo=socket=", "AuthInfo=socket=/nonexistent"), {}),
         "no libedgetpu": (contextlib.nullcontext(), {"SLURM_TPU_LIBEDGETPU": "/nonexistent/libedgetpu.so.1"}),
-        "libedgetpu ignores EDGETPU_VISIBLE_DEVICES": (contextlib.nullcontext(),
-                                                       {"SLURM_TPU_LIBEDGETPU": corals_own(node.work)}),
+        "libedgetpu ignores EDGETPU_VISIBLE_DEVICES": (
+            contextlib.nullcontext(),
+            {"SLURM_TPU_LIBEDGETPU": corals_own(node.work)},
+        ),
         "hooks cannot import": (edited(node.hook("slurm-tpu-prolog.py"), root_line, "_ROOT = '/nonexistent'\n"), {}),
     }[case]
 
@@ -358,22 +461,30 @@ def broken(node, case: str):
 BROKEN = {
     "hook missing": ("hooks", ["Epilog", "slurm-tpu-epilog is missing"]),
     "hook world-writable": ("hooks", ["Prolog", "slurm-tpu-prolog is uid 0 mode 0777", "chmod 0755"]),
-    "GresTypes lacking tpu": ("GresTypes", [f"GresTypes={GRES_TYPES.replace('tpu,', '')} lacks tpu",
-                                            f"GresTypes={GRES_TYPES.replace('tpu,', '')},tpu"]),
-    "AccountingStorageTRES lacking the type": ("AccountingStorageTRES", [
-        "AccountingStorageTRES lacks gres/tpu:edgetpu_usb", "AccountingStorageTRES=gres/tpu,gres/tpu:edgetpu_usb"]),
+    "GresTypes lacking tpu": (
+        "GresTypes",
+        [f"GresTypes={GRES_TYPES.replace('tpu,', '')} lacks tpu", f"GresTypes={GRES_TYPES.replace('tpu,', '')},tpu"],
+    ),
+    "AccountingStorageTRES lacking the type": (
+        "AccountingStorageTRES",
+        ["AccountingStorageTRES lacks gres/tpu:edgetpu_usb", "AccountingStorageTRES=gres/tpu,gres/tpu:edgetpu_usb"],
+    ),
     "gres.conf stale": ("gres.conf", ["differs from n1's hardware", "slurm-tpu gres-conf --output"]),
     "udev rules not loaded": ("udev loaded", ["idle usb-2-1.3", "mode 0666", "udevadm control --reload"]),
     "state dir wrong mode": ("state dir", ["mode 0777", "chmod 0755"]),
     "slurmd untested version": ("slurmd", ["Slurm 23.02.7", "not tested", "22.05.x and 25.11.x"]),
     "udev rules not installed": ("udev rules", ["60-slurm-tpu.rules is missing", "slurm-tpu install"]),
-    "udev hook missing": ("udev rules", ["60-slurm-tpu.rules runs", "slurm-tpu-udev-event is missing",
-                                         "slurm-tpu install --prefix"]),
+    "udev hook missing": (
+        "udev rules",
+        ["60-slurm-tpu.rules runs", "slurm-tpu-udev-event is missing", "slurm-tpu install --prefix"],
+    ),
     "NodeName Gres stale": ("NodeName", ["Gres=tpu:edgetpu_usb:2", "the hardware gives Gres=tpu:edgetpu_usb:1"]),
     "munge not answering": ("munge", ["munge -n | unmunge fails", "munged"]),
     "no libedgetpu": ("libedgetpu", ["/nonexistent/libedgetpu.so.1", "libedgetpu1-std"]),
-    "libedgetpu ignores EDGETPU_VISIBLE_DEVICES": ("EDGETPU_VISIBLE_DEVICES", [
-        "ignores EDGETPU_VISIBLE_DEVICES", "opens the first, not the job's", "slurm-tpu install --libedgetpu"]),
+    "libedgetpu ignores EDGETPU_VISIBLE_DEVICES": (
+        "EDGETPU_VISIBLE_DEVICES",
+        ["ignores EDGETPU_VISIBLE_DEVICES", "opens the first, not the job's", "slurm-tpu install --libedgetpu"],
+    ),
     "hooks cannot import": ("hooks import", ["slurm-tpu-prolog.py", "-I -S cannot import slurm_tpu", "/nonexistent"]),
 }
 
@@ -396,6 +507,7 @@ def test_doctor_names_each_broken_setup_in_exactly_one_line(node, case):
 
 # ---- install / uninstall leave a prefix as it was -------------------------------------------
 
+
 def tree(root: str) -> dict[str, tuple]:
     """path -> (type, uid, gid, mode, sha256 of a file's bytes) for everything under ``root``."""
     listing = {}
@@ -407,8 +519,13 @@ def tree(root: str) -> dict[str, tuple]:
             if stat.S_ISREG(info.st_mode):
                 with open(path, "rb") as handle:
                     digest = hashlib.sha256(handle.read()).hexdigest()
-            listing[os.path.relpath(path, root)] = (stat.S_IFMT(info.st_mode), info.st_uid, info.st_gid,
-                                                    stat.S_IMODE(info.st_mode), digest)
+            listing[os.path.relpath(path, root)] = (
+                stat.S_IFMT(info.st_mode),
+                info.st_uid,
+                info.st_gid,
+                stat.S_IMODE(info.st_mode),
+                digest,
+            )
     return listing
 
 
@@ -448,6 +565,7 @@ def test_install_then_uninstall_leaves_the_prefix_exactly_as_it_was(node):
 
 
 # ---- last: it takes LiteRT away ------------------------------------------------------------------
+
 
 def test_zz_doctor_on_a_tpu_node_without_litert(node):
     run([node.python, "-m", "pip", "uninstall", "-q", "-y", "ai-edge-litert"])

@@ -27,7 +27,9 @@ def announce(text):
 
 # Item 1a: a thread unshares its fd table (unshare(CLONE_FILES) copies it), the main
 # thread closes the fd: only /proc/PID/task/TID/fd of that thread still shows it.
-PRIVATE_FD_TABLE = _PRELUDE + r"""
+PRIVATE_FD_TABLE = (
+    _PRELUDE
+    + r"""
 fd = os.open(node, os.O_RDWR | os.O_NOCTTY)
 ready = threading.Event()
 keeper_tid = []
@@ -45,12 +47,15 @@ os.close(fd)  # gone from the table the leader shares with the process; the keep
 announce(f"{os.getpid()} {keeper_tid[0]}")
 time.sleep(3600)
 """
+)
 
 # Item 1b: a worker thread maps the device (its fd closed), then the thread-group
 # leader exits alone (SYS_exit, not exit_group): the leader is a zombie whose
 # /proc/PID/maps, map_files and fd are empty; the worker keeps the mapping. With
 # option ``fd`` the worker keeps an open fd instead of a mapping.
-ZOMBIE_LEADER = _PRELUDE + r"""
+ZOMBIE_LEADER = (
+    _PRELUDE
+    + r"""
 SYS_EXIT = {"x86_64": 60, "aarch64": 93, "riscv64": 93}[os.uname().machine]
 libc.mmap.restype = ctypes.c_void_p
 libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
@@ -72,9 +77,12 @@ def worker():
 threading.Thread(target=worker).start()
 libc.syscall(SYS_EXIT, 0)
 """
+)
 
 # Item 3: the device's fd hidden among N (option ``fds=N``, default 19000) fds of /dev/null.
-AMONG_DECOYS = _PRELUDE + r"""
+AMONG_DECOYS = (
+    _PRELUDE
+    + r"""
 import resource
 soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
 resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
@@ -89,6 +97,7 @@ for _ in range(count - count // 2):
 announce(str(os.getpid()))
 time.sleep(3600)
 """
+)
 
 # Decoys: hold as many fds of /dev/null as the hard limit allows; "ready" on stdout, then wait on stdin.
 DECOYS = r"""

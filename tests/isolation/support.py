@@ -11,8 +11,10 @@ import stat
 import subprocess
 import tempfile
 
-from helpers import USERS  # noqa: F401  (the users the ``users`` fixture makes)
-from helpers import wait_until  # noqa: F401  (imported from here by the isolation tests)
+from helpers import (
+    USERS,  # noqa: F401  (the users the ``users`` fixture makes)
+    wait_until,
+)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware")
@@ -33,9 +35,11 @@ def make_cluster(nodes, **kwargs):
     os.chmod(base, 0o755)
     os.makedirs(os.path.join(base, "out"))
     os.chmod(os.path.join(base, "out"), 0o1777)
-    hooks = kwargs.pop("hooks", None) or Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
-                                               epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-                                               task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"))
+    hooks = kwargs.pop("hooks", None) or Hooks(
+        prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
+        epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
+        task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
+    )
     from helpers import first_job_id
 
     kwargs.setdefault("first_job_id", first_job_id())
@@ -86,8 +90,12 @@ def open_as(user: str, path: str) -> str:
     refused the user, anything else means the user got past the permissions. A PCIe
     Edge TPU's node is the emulated apex driver's pty: a permitted open() succeeds.
     """
-    done = subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-I", "-c", OPEN_PROBE, path],
-                          capture_output=True, text=True, timeout=30)
+    done = subprocess.run(
+        ["runuser", "-u", user, "--", "/usr/bin/python3", "-I", "-c", OPEN_PROBE, path],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     return done.stdout.strip() or done.stderr.strip()
 
 
@@ -203,16 +211,26 @@ def leases(cluster, node: str, settled: bool = True) -> list[dict]:
     """`slurm-tpu leases --json` on the node (after :func:`settle`)."""
     if settled:
         settle(cluster, node)
-    done = subprocess.run([*cluster.slurm_tpu, "leases", "--json"], capture_output=True, text=True,
-                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node)), timeout=60)
+    done = subprocess.run(
+        [*cluster.slurm_tpu, "leases", "--json"],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node)),
+        timeout=60,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
 
 
 def hook_env(cluster, node: str, job_id: int, uid: int | None = None, **extra: str) -> dict[str, str]:
     """The environment slurmd gives a Prolog/Epilog for a job on ``node``."""
-    env = {"PATH": "/usr/bin:/bin:/usr/sbin:/sbin", "SLURM_JOB_ID": str(job_id), "SLURMD_NODENAME": node,
-           "SLURM_CONF": cluster.slurm_conf, "SLURM_TPU_CONFIG": cluster.node_config(node)}
+    env = {
+        "PATH": "/usr/bin:/bin:/usr/sbin:/sbin",
+        "SLURM_JOB_ID": str(job_id),
+        "SLURMD_NODENAME": node,
+        "SLURM_CONF": cluster.slurm_conf,
+        "SLURM_TPU_CONFIG": cluster.node_config(node),
+    }
     # Not run by slurmd, the hook cannot take Slurm from its parent: name the tests' Slurm (if not Debian's).
     env.update({k: v for k, v in os.environ.items() if k in ("SLURM_TPU_SLURM_BIN", "SLURM_TPU_SLURM_SBIN")})
     if uid is not None:
@@ -223,17 +241,26 @@ def hook_env(cluster, node: str, job_id: int, uid: int | None = None, **extra: s
 
 def run_hook(kind: str, env: dict[str, str]) -> subprocess.CompletedProcess:
     """Run prolog/epilog/task-prolog exactly as Slurm would (the executable, this env)."""
-    program = {"prolog": "prolog/slurm-tpu-prolog", "epilog": "epilog/slurm-tpu-epilog",
-               "task-prolog": "prolog/slurm-tpu-task-prolog"}[kind]
+    program = {
+        "prolog": "prolog/slurm-tpu-prolog",
+        "epilog": "epilog/slurm-tpu-epilog",
+        "task-prolog": "prolog/slurm-tpu-task-prolog",
+    }[kind]
     return subprocess.run([os.path.join(REPO, program)], env=env, capture_output=True, text=True, timeout=60)
 
 
 def udev_event(cluster, node: str, **env: str) -> subprocess.CompletedProcess:
     """Run `slurm-tpu udev-event` as udev would, for the node's config."""
-    full = {"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": cluster.node_config(node), "SLURMD_NODENAME": node,
-            "SLURM_CONF": cluster.slurm_conf, **env}
-    return subprocess.run([*cluster.slurm_tpu, "udev-event"], env=full, capture_output=True, text=True,
-                          timeout=60, cwd=REPO)
+    full = {
+        "PATH": "/usr/bin:/bin",
+        "SLURM_TPU_CONFIG": cluster.node_config(node),
+        "SLURMD_NODENAME": node,
+        "SLURM_CONF": cluster.slurm_conf,
+        **env,
+    }
+    return subprocess.run(
+        [*cluster.slurm_tpu, "udev-event"], env=full, capture_output=True, text=True, timeout=60, cwd=REPO
+    )
 
 
 def no_overlaps(records: list[dict]) -> dict[str, int]:
@@ -260,7 +287,7 @@ def drain_reason(cluster, node: str = "n1") -> str:
     for token in cluster.show_node(node).splitlines():
         token = token.strip()
         if token.startswith("Reason="):
-            return token[len("Reason="):]
+            return token[len("Reason=") :]
     return ""
 
 
@@ -280,7 +307,9 @@ def holder_pids(text: str) -> list[int]:
     return [int(p) for p in found.group(1).split(",")] if found else []
 
 
-def clear_lease_when_free(cluster, identity: str, node: str = "n1", timeout: float = 180) -> subprocess.CompletedProcess:
+def clear_lease_when_free(
+    cluster, identity: str, node: str = "n1", timeout: float = 180
+) -> subprocess.CompletedProcess:
     """`leases --clear IDENTITY` once it succeeds: the test's holder is gone, but a holder of another
     test run beside this one (same driver numbers) may still hold the device for a while."""
     done: list[subprocess.CompletedProcess] = []
@@ -323,9 +352,13 @@ def kept_in_service(cluster, node: str = "n1"):
 
 def clear_lease(cluster, identity: str, node: str = "n1") -> subprocess.CompletedProcess:
     """`slurm-tpu leases --clear IDENTITY` on the node, as the admin would run it."""
-    return subprocess.run([*cluster.slurm_tpu, "leases", "--clear", identity], capture_output=True, text=True,
-                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node),
-                                   SLURM_CONF=cluster.slurm_conf), timeout=60)
+    return subprocess.run(
+        [*cluster.slurm_tpu, "leases", "--clear", identity],
+        capture_output=True,
+        text=True,
+        env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node), SLURM_CONF=cluster.slurm_conf),
+        timeout=60,
+    )
 
 
 def assert_idle_and_consistent(cluster, node: str = "n1", node_idle: bool = True) -> None:

@@ -13,13 +13,26 @@ import stat
 import subprocess
 
 import pytest
-from support import PCI, clear_lease_when_free, inventory, leases, one_node_two_tpus, open_as, out, owner, resume
-from support import node_on, restore_node, wait_until
+from support import (
+    PCI,
+    clear_lease_when_free,
+    inventory,
+    leases,
+    node_on,
+    one_node_two_tpus,
+    open_as,
+    out,
+    owner,
+    restore_node,
+    resume,
+    wait_until,
+)
 
 ACCESS_ACL = "system.posix_acl_access"
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")
-needs_setfacl = pytest.mark.skipif(not os.path.exists("/usr/bin/setfacl"),
-                                   reason="setfacl is not installed (scripts/setup.sh installs acl)")
+needs_setfacl = pytest.mark.skipif(
+    not os.path.exists("/usr/bin/setfacl"), reason="setfacl is not installed (scripts/setup.sh installs acl)"
+)
 
 
 def setfacl(*args: str) -> None:
@@ -91,12 +104,18 @@ def test_an_acl_the_job_owner_granted_is_gone_after_her_job_even_under_group_mod
     set_modes(cluster, "0660")  # an admin's group modes: a leftover ACL's mask would be rw
     try:
         started, stop_file, err = out(cluster, "acl.started"), out(cluster, "acl.stop"), out(cluster, "acl.err")
-        script = (f"#!/bin/sh\nset -e\nsetfacl -m u:stpu_bob:rw {node}\ntouch {started}\n"
-                  f"while [ ! -e {stop_file} ]; do sleep 0.1; done\n")
-        job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null", "-e", err], script,
-                             user="stpu_alice")
-        wait_until(lambda: os.path.exists(started) or cluster.job_state(job) in ("FAILED", "CANCELLED"),
-                   180, f"job {job} to start and set its ACL")
+        script = (
+            f"#!/bin/sh\nset -e\nsetfacl -m u:stpu_bob:rw {node}\ntouch {started}\n"
+            f"while [ ! -e {stop_file} ]; do sleep 0.1; done\n"
+        )
+        job = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null", "-e", err], script, user="stpu_alice"
+        )
+        wait_until(
+            lambda: os.path.exists(started) or cluster.job_state(job) in ("FAILED", "CANCELLED"),
+            180,
+            f"job {job} to start and set its ACL",
+        )
         assert os.path.exists(started), open(err).read()
         # Alice's grant works while she owns the node (ENXIO: past the permission check).
         assert owner(node) == (users["stpu_alice"], 0, 0o660) and ACCESS_ACL in os.listxattr(node)

@@ -18,15 +18,32 @@ import struct
 import subprocess
 
 import pytest
-
-from support import (PCI, REPO, USB, assert_idle_and_consistent, audit, finish_cluster, inventory,
-                     kept_in_service, leases, make_cluster, out, owner, require_root_and_slurm, resume, revoking, settle,
-                     state_dir, wait_until)
+from support import (
+    PCI,
+    REPO,
+    USB,
+    assert_idle_and_consistent,
+    audit,
+    finish_cluster,
+    inventory,
+    kept_in_service,
+    leases,
+    make_cluster,
+    out,
+    owner,
+    require_root_and_slurm,
+    resume,
+    revoking,
+    settle,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
-HOLD = "#!/bin/sh\necho \"$SLURM_TPU_DEVICES\" > {out}.devices\ntouch {out}.started\n" \
-       "while [ ! -e {out}.stop ]; do sleep 0.1; done\n"
+HOLD = (
+    '#!/bin/sh\necho "$SLURM_TPU_DEVICES" > {out}.devices\ntouch {out}.started\n'
+    "while [ ! -e {out}.stop ]; do sleep 0.1; done\n"
+)
 
 
 @pytest.fixture(scope="module")
@@ -44,14 +61,19 @@ def cluster():
     assert build(hooks_dir), "no C compiler: the agent's client cannot be built"
     marker = os.path.join(hooks_dir, "python-prolog-runs")
     with open(os.path.join(hooks_dir, "slurm-tpu-prolog.py"), "w", encoding="utf-8") as handle:
-        handle.write(f"#!/bin/sh\necho \"$SLURM_JOB_ID\" >> {marker}\n"
-                     f"exec {os.path.join(REPO, 'prolog', 'slurm-tpu-prolog.py')} \"$@\"\n")
+        handle.write(
+            f'#!/bin/sh\necho "$SLURM_JOB_ID" >> {marker}\n'
+            f'exec {os.path.join(REPO, "prolog", "slurm-tpu-prolog.py")} "$@"\n'
+        )
     os.chmod(os.path.join(hooks_dir, "slurm-tpu-prolog.py"), 0o755)
-    started = make_cluster([NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware",
-                                                        "n1_two_tpus.umockdev"))],
-                           hooks=Hooks(prolog=os.path.join(hooks_dir, "slurm-tpu-prolog"),
-                                       epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")))
+    started = make_cluster(
+        [NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev"))],
+        hooks=Hooks(
+            prolog=os.path.join(hooks_dir, "slurm-tpu-prolog"),
+            epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
+            task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
+        ),
+    )
     started.python_prolog_runs = marker
     try:
         yield started
@@ -69,10 +91,16 @@ def python_prolog_runs(cluster) -> list[str]:
 
 
 def hold(cluster, user: str, tag: str, gres: str) -> int:
-    job = cluster.sbatch(["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
-                         HOLD.format(out=out(cluster, tag)), user=user)
-    wait_until(lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(job) == "FAILED",
-               180, f"job {job} to start")
+    job = cluster.sbatch(
+        ["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
+        HOLD.format(out=out(cluster, tag)),
+        user=user,
+    )
+    wait_until(
+        lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(job) == "FAILED",
+        180,
+        f"job {job} to start",
+    )
     assert os.path.exists(out(cluster, f"{tag}.started")), open(out(cluster, f"{tag}.err")).read()
     return job
 
@@ -117,8 +145,9 @@ def test_a_dead_agent_refuses_the_job_and_the_devices_stay_roots(cluster, users)
         wait_until(lambda: "agent-n1" not in cluster.running_pids(), 30, "the agent to die")
         assert os.path.exists(cluster.agent_socket("n1"))
         try:
-            job = cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
-                                 user="stpu_alice")
+            job = cluster.sbatch(
+                ["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_alice"
+            )
             # A failing prolog: Slurm drains the node and requeues the job held.
             wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the prolog to refuse the job")
             log = open(cluster.path("log", "slurmd-n1.log"), encoding="utf-8", errors="replace").read()
@@ -167,7 +196,8 @@ env = b"SLURM_JOB_ID=1\0SLURM_JOB_UID=0\0SLURMD_NODENAME=n1\0"
 body = b"STPU1\0epilog\0" + env
 fds = [0, 1, 2]
 try:
-    sock.sendmsg([struct.pack("=I", len(body)) + body], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", *fds))])
+    rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("3i", *fds))]
+    sock.sendmsg([struct.pack("=I", len(body)) + body], rights)
     answer = sock.recv(1)
 except (BrokenPipeError, ConnectionResetError):
     answer = b""  # closed unread
@@ -195,11 +225,12 @@ def test_a_user_cannot_use_the_agents_socket(cluster, users):
 
 def test_a_malformed_request_is_refused_and_the_agent_serves_on(cluster, users):
     body = b"STPU1\0epilog\0SLURM_JOB_ID=1\0"
-    for payload, fds in ((struct.pack("=I", 1 << 30), False),  # far beyond the bound: never read
-                         (struct.pack("=I", 11) + b"STPU1\0shell\0", False),  # a hook that does not exist
-                         (b"\xff" * 16, False),
-                         (struct.pack("=I", len(body)) + body, True)):  # a valid request, with descriptors
-
+    for payload, fds in (
+        (struct.pack("=I", 1 << 30), False),  # far beyond the bound: never read
+        (struct.pack("=I", 11) + b"STPU1\0shell\0", False),  # a hook that does not exist
+        (b"\xff" * 16, False),
+        (struct.pack("=I", len(body)) + body, True),
+    ):  # a valid request, with descriptors
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.connect(cluster.agent_socket("n1"))
         if fds:
@@ -243,25 +274,33 @@ def test_the_next_job_on_another_device_never_waits_for_a_usb_power_cycle(users)
     os.makedirs(gate_dir, mode=0o755)
     gate, udev = os.path.join(gate_dir, "open"), os.path.join(gate_dir, "udev")
     with open(udev, "w", encoding="utf-8") as handle:
-        handle.write(GATED_UDEV.format(gate=gate, python=sys.executable,
-                                       hook=os.path.join(REPO, "udev", "slurm-tpu-udev-event")))
+        handle.write(
+            GATED_UDEV.format(gate=gate, python=sys.executable, hook=os.path.join(REPO, "udev", "slurm-tpu-udev-event"))
+        )
     os.chmod(udev, 0o755)
     from harness.localcluster.cluster import Hooks
 
-    cluster = make_cluster([NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware",
-                                                        "n1_two_tpus.umockdev"))],
-                           hooks=Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
-                                       epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
-                                       udev=udev))
+    cluster = make_cluster(
+        [NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev"))],
+        hooks=Hooks(
+            prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
+            epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
+            task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
+            udev=udev,
+        ),
+    )
     try:
-        first = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
-                               user="stpu_alice")
+        first = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_alice"
+        )
         assert cluster.wait_for_jobs([first], timeout=180) == {first: "COMPLETED"}
         # Its epilog power-cycled the port; the stick is away until the gate opens.
         assert revoking(cluster, "n1") == [USB]
-        other = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"],
-                               "#!/bin/sh\ntest -n \"$SLURM_TPU_DEVICES\"\n", user="stpu_bob")
+        other = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"],
+            '#!/bin/sh\ntest -n "$SLURM_TPU_DEVICES"\n',
+            user="stpu_bob",
+        )
         assert cluster.wait_for_jobs([other], timeout=180) == {other: "COMPLETED"}
         # The other device's job came and went while the stick was still away: it never waited.
         assert revoking(cluster, "n1") == [USB]
@@ -270,8 +309,9 @@ def test_the_next_job_on_another_device_never_waits_for_a_usb_power_cycle(users)
         assert ("release", USB, first) not in events
         open(gate, "w").close()
         settle(cluster, "n1")
-        after = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
-                               user="stpu_bob")
+        after = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_bob"
+        )
         assert cluster.wait_for_jobs([after], timeout=180) == {after: "COMPLETED"}
         assert_idle_and_consistent(cluster)
     finally:

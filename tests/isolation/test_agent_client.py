@@ -1,5 +1,6 @@
 """The hooks' C client (prolog/slurm-tpu-hook-client.c) against stand-in agents: the wire format the
-real agent reads (agent.read_request, the format protocol/agent_wire.py), and failing closed when the agent is gone or slow.
+real agent reads (agent.read_request, the format protocol/agent_wire.py), and failing closed when the
+agent is gone or slow.
 
 No cluster: each stand-in is a socket in a root-owned temp directory, driven by the test, and
 each assertion waits on the client's exit (its status and its one line), never on a clock.
@@ -15,7 +16,6 @@ import tempfile
 import threading
 
 import pytest
-
 from support import REPO
 
 
@@ -46,8 +46,14 @@ def listen(state_dir: str) -> socket.socket:
 
 
 def run_client(client: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([client, *args], env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242", **env},
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    return subprocess.run(
+        [client, *args],
+        env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242", **env},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
 
 
 def test_the_request_is_what_the_agent_reads_and_the_status_is_the_clients(client, state_dir):
@@ -116,7 +122,6 @@ def test_a_dead_agents_socket_refuses_a_prolog_and_falls_back_for_the_others(cli
     assert (done.returncode, done.stdout) == (0, "python epilog\n")
 
 
-
 @pytest.mark.parametrize("hook", ["prolog", "epilog"])
 def test_an_agent_that_stopped_accepting_does_not_hang_the_hook(client, state_dir, hook):
     """A hung agent's listen backlog fills; connect() on a full backlog blocks (no EOF, no refusal).
@@ -143,6 +148,7 @@ def test_an_agent_that_stopped_accepting_does_not_hang_the_hook(client, state_di
     else:
         assert (done.returncode, done.stdout) == (0, f"python {hook}\n")
 
+
 @pytest.mark.parametrize("hook", ["prolog", "epilog"])
 def test_an_environment_too_large_for_the_agent_runs_the_python_hook(client, state_dir, hook):
     """A job can grow the hooks' environment (slurmd passes its SPANK_ variables): the client
@@ -150,9 +156,14 @@ def test_an_environment_too_large_for_the_agent_runs_the_python_hook(client, sta
     (prolog) or a drained node (epilog)."""
     server = listen(state_dir)  # a live agent: the size alone decides
     try:
-        done = subprocess.run([client, hook, state_dir, "--", "/bin/echo", f"python {hook}"],
-                              env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SPANK_BIG": "x" * 70000},
-                              capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [client, hook, state_dir, "--", "/bin/echo", f"python {hook}"],
+            env={"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "4242", "SPANK_BIG": "x" * 70000},
+            capture_output=True,
+            text=True,
+            timeout=120,
+            stdin=subprocess.DEVNULL,
+        )
     finally:
         server.close()
     assert (done.returncode, done.stdout) == (0, f"python {hook}\n"), done.stderr

@@ -18,12 +18,13 @@ import subprocess
 import sys
 
 import pytest
-from helpers import wait_until
 
 from harness import module_command
+from helpers import wait_until
 
-pytestmark = pytest.mark.skipif(os.geteuid() != 0 or not os.path.exists("/dev/fuse"),
-                                reason="needs root and /dev/fuse (mount)")
+pytestmark = pytest.mark.skipif(
+    os.geteuid() != 0 or not os.path.exists("/dev/fuse"), reason="needs root and /dev/fuse (mount)"
+)
 
 
 def mounts_under(path: str) -> list[str]:
@@ -41,11 +42,17 @@ def driver(tmp_path):
         os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, number))
         nodes.append(str(node))
     sys_root = tmp_path / "sys"
-    process = subprocess.Popen(module_command(sys.executable, "harness.localcluster.apex", str(sys_root), *nodes),
-                               stdin=subprocess.DEVNULL, start_new_session=True)
+    process = subprocess.Popen(
+        module_command(sys.executable, "harness.localcluster.apex", str(sys_root), *nodes),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
-        wait_until(lambda: os.path.ismount(sys_root / "class" / "apex") or process.poll() is not None, 30,
-                   "the emulated driver to mount")
+        wait_until(
+            lambda: os.path.ismount(sys_root / "class" / "apex") or process.poll() is not None,
+            30,
+            "the emulated driver to mount",
+        )
         assert process.poll() is None, "the emulated driver exited"
 
         def count(number: int = 0) -> str:
@@ -69,8 +76,10 @@ def test_the_node_is_an_idle_card_with_its_class_attribute(driver):
     nodes, count, _ = driver
     info = os.lstat(nodes[0])
     assert stat.S_ISCHR(info.st_mode) and (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, 0o600)
-    assert os.listdir(os.path.join(os.path.dirname(os.path.dirname(nodes[0])), "sys", "class", "apex")) \
-        == ["apex_0", "apex_1"]
+    assert os.listdir(os.path.join(os.path.dirname(os.path.dirname(nodes[0])), "sys", "class", "apex")) == [
+        "apex_0",
+        "apex_1",
+    ]
     assert count(0) == "0\n" and count(1) == "0\n"
 
 
@@ -135,8 +144,9 @@ def test_what_is_written_to_the_card_is_drained(driver):
 
 def test_a_value_is_made_at_the_first_read_of_an_open_attribute_file(driver):
     nodes, _, _ = driver
-    path = os.path.join(os.path.dirname(os.path.dirname(nodes[0])), "sys", "class", "apex", "apex_0",
-                        "write_open_count")
+    path = os.path.join(
+        os.path.dirname(os.path.dirname(nodes[0])), "sys", "class", "apex", "apex_0", "write_open_count"
+    )
     with open(path, "rb", buffering=0) as handle:
         assert handle.read(1) == b"0"
         fd = os.open(nodes[0], os.O_RDWR | os.O_NOCTTY)

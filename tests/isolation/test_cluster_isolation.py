@@ -11,8 +11,21 @@ from __future__ import annotations
 import os
 
 import pytest
-from support import HARDWARE, finish_cluster, make_cluster, require_root_and_slurm
-from support import audit, inventory, leases, no_overlaps, open_as, owner, run_hook, hook_env, wait_until
+from support import (
+    HARDWARE,
+    audit,
+    finish_cluster,
+    hook_env,
+    inventory,
+    leases,
+    make_cluster,
+    no_overlaps,
+    open_as,
+    owner,
+    require_root_and_slurm,
+    run_hook,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -22,10 +35,12 @@ def cluster():
     require_root_and_slurm()
     from harness.localcluster.cluster import NodeSpec
 
-    nodes = [NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev")),
-             NodeSpec("n2", os.path.join(HARDWARE, "n2_gpu.umockdev")),
-             NodeSpec("n3"),
-             NodeSpec("n4", os.path.join(HARDWARE, "n4_one_tpu.umockdev"))]
+    nodes = [
+        NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev")),
+        NodeSpec("n2", os.path.join(HARDWARE, "n2_gpu.umockdev")),
+        NodeSpec("n3"),
+        NodeSpec("n4", os.path.join(HARDWARE, "n4_one_tpu.umockdev")),
+    ]
     started = make_cluster(nodes, node_config_extra={"devices": {"isolate_gpus": True}})
     yield started
     finish_cluster(started)
@@ -62,10 +77,19 @@ except OSError as exc:
 
 
 def hold(cluster, user: str, tag: str, args: list[str]) -> int:
-    job = cluster.sbatch([*args, "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
-                         HOLD.format(out=os.path.join(cluster.base, "out"), tag=tag), user=user)
-    wait_until(lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(job) not in
-               ("PENDING", "RUNNING", "CONFIGURING", ""), 60, f"job {job} to start")
+    job = cluster.sbatch(
+        [*args, "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
+        HOLD.format(out=os.path.join(cluster.base, "out"), tag=tag),
+        user=user,
+    )
+    wait_until(
+        lambda: (
+            os.path.exists(out(cluster, f"{tag}.started"))
+            or cluster.job_state(job) not in ("PENDING", "RUNNING", "CONFIGURING", "")
+        ),
+        60,
+        f"job {job} to start",
+    )
     return job
 
 
@@ -95,9 +119,11 @@ def test_user_b_cannot_open_user_a_device_and_env_names_exactly_it(cluster, user
         target = out(cluster, "target")
         with open(target, "w", encoding="utf-8") as handle:
             handle.write(usb_node)
-        job_b = cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"],
-                               PROBE.format(target=target, out=os.path.join(cluster.base, "out"), tag="b1"),
-                               user="stpu_bob")
+        job_b = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"],
+            PROBE.format(target=target, out=os.path.join(cluster.base, "out"), tag="b1"),
+            user="stpu_bob",
+        )
         assert cluster.wait_for_jobs([job_b], timeout=60)[job_b] == "COMPLETED"
         assert read(out(cluster, "b1.probe")).strip() == "EACCES"
     finally:
@@ -110,8 +136,12 @@ def test_user_b_cannot_open_user_a_device_and_env_names_exactly_it(cluster, user
     assert open_as("stpu_alice", usb_node) == "EACCES"
     events = [e for e in audit(cluster, "n1") if e.get("job_id") in (job_a, job_b)]
     assert {(e["event"], e["job_id"], e["identity"]) for e in events} == {
-        ("acquire", job_a, "usb-2-1.3"), ("revoke", job_a, "usb-2-1.3"), ("release", job_a, "usb-2-1.3"),
-        ("acquire", job_b, "pci-0000:03:00.0"), ("release", job_b, "pci-0000:03:00.0")}
+        ("acquire", job_a, "usb-2-1.3"),
+        ("revoke", job_a, "usb-2-1.3"),
+        ("release", job_a, "usb-2-1.3"),
+        ("acquire", job_b, "pci-0000:03:00.0"),
+        ("release", job_b, "pci-0000:03:00.0"),
+    }
     assert not os.listdir(os.path.join(cluster.node_dir("n1"), "state", "jobs"))
 
 
@@ -131,9 +161,10 @@ def test_gpu_is_leased_like_a_tpu_when_configured(cluster, users):
 
 
 def test_job_without_gres_gets_no_device_and_no_inherited_variables(cluster, users):
-    script = "#!/bin/sh\necho \"[$SLURM_TPU_DEVICES][${SLURM_TPU_EDGETPU_PATHS-unset}]\" > " + out(cluster, "plain.env")
-    job = cluster.sbatch(["-w", "n1", "-o", "/dev/null", "--export=ALL,SLURM_TPU_DEVICES=usb-2-1.3"], script,
-                         user="stpu_alice")
+    script = '#!/bin/sh\necho "[$SLURM_TPU_DEVICES][${SLURM_TPU_EDGETPU_PATHS-unset}]" > ' + out(cluster, "plain.env")
+    job = cluster.sbatch(
+        ["-w", "n1", "-o", "/dev/null", "--export=ALL,SLURM_TPU_DEVICES=usb-2-1.3"], script, user="stpu_alice"
+    )
     assert cluster.wait_for_jobs([job], timeout=60)[job] == "COMPLETED"
     assert read(out(cluster, "plain.env")).strip() == "[][unset]"
     assert all(owner(n[0]) == (0, 0, 0o600) for n in inventory(cluster, "n1").values())
@@ -173,8 +204,11 @@ def _intervals(cluster, jobs):
 
 
 def _max_concurrent(rows, key=lambda row: True) -> int:
-    points = sorted([(s, 1) for s, e, *rest in rows if key((s, e, *rest))] +
-                    [(e, -1) for s, e, *rest in rows if key((s, e, *rest))], key=lambda p: (p[0], p[1]))
+    points = sorted(
+        [(s, 1) for s, e, *rest in rows if key((s, e, *rest))]
+        + [(e, -1) for s, e, *rest in rows if key((s, e, *rest))],
+        key=lambda p: (p[0], p[1]),
+    )
     best = current = 0
     for _, delta in points:
         current += delta
@@ -184,10 +218,11 @@ def _max_concurrent(rows, key=lambda row: True) -> int:
 
 def test_seed_experiment_one_tpu_serial_two_tpus_pairwise_plain_jobs_spread(cluster, users):
     script = SEED.format(out=os.path.join(cluster.base, "out"))
-    one = [cluster.sbatch(["-w", "n4", "--gres=tpu:1", "-o", "/dev/null"], script, user="stpu_alice")
-           for _ in range(5)]
-    two = [cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"], script,
-                          user=("stpu_alice", "stpu_bob")[i % 2]) for i in range(5)]
+    one = [cluster.sbatch(["-w", "n4", "--gres=tpu:1", "-o", "/dev/null"], script, user="stpu_alice") for _ in range(5)]
+    two = [
+        cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null"], script, user=("stpu_alice", "stpu_bob")[i % 2])
+        for i in range(5)
+    ]
     plain_script = PLAIN_SEED.format(out=os.path.join(cluster.base, "out"), count=PLAIN)
     plain = [cluster.sbatch(["-c", "2", "-o", "/dev/null"], plain_script, user="stpu_bob") for _ in range(PLAIN)]
     states = cluster.wait_for_jobs(one + two + plain, timeout=180)
@@ -207,7 +242,7 @@ def test_seed_experiment_one_tpu_serial_two_tpus_pairwise_plain_jobs_spread(clus
         no_overlaps(audit(cluster, node))
         assert leases(cluster, node) == []
     # TPU nodes start the prolog's Slurm query early; the plain node never asks Slurm.
-    marker = lambda node: os.path.exists(os.path.join(cluster.node_dir(node), "state", "prolog.query"))  # noqa
+    marker = lambda node: os.path.exists(os.path.join(cluster.node_dir(node), "state", "prolog.query"))  # noqa: E731
     assert marker("n1") and marker("n4") and not marker("n3")
     assert os.path.exists(os.path.join(cluster.node_dir("n3"), "state", "hooks.snapshot"))  # its prolog ran
 
@@ -262,8 +297,11 @@ print(os.stat(box).st_uid, oct(os.stat(box).st_mode & 0o7777))
 
 
 def test_runner_usage_records_reach_the_audit_log(cluster, users):
-    job = cluster.sbatch(["-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", out(cluster, "usage.err")],
-                         USAGE_JOB.format(out=out(cluster, "usage.box")), user="stpu_alice")
+    job = cluster.sbatch(
+        ["-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", out(cluster, "usage.err")],
+        USAGE_JOB.format(out=out(cluster, "usage.box")),
+        user="stpu_alice",
+    )
     assert cluster.wait_for_jobs([job], timeout=60)[job] == "COMPLETED", read(out(cluster, "usage.err"))
     assert read(out(cluster, "usage.box")).split() == [str(users["stpu_alice"]), "0o700"]  # the job's own box
     usage = [e for e in audit(cluster, "n1") if e["event"] == "usage" and e["job_id"] == job]
@@ -275,8 +313,21 @@ def test_runner_usage_records_reach_the_audit_log(cluster, users):
 def test_two_node_job_gets_one_lease_per_node_and_each_task_its_nodes_device(cluster, users):
     result = out(cluster, "multi.txt")
     script = "#!/bin/sh\nsrun -l sh -c 'echo $SLURMD_NODENAME $SLURM_TPU_DEVICES' > " + result + "\n"
-    job = cluster.sbatch(["-N2", "-w", "n1,n4", "--ntasks-per-node=1", "--gres=tpu:edgetpu_usb:1", "-o",
-                          "/dev/null", "-e", out(cluster, "multi.err")], script, user="stpu_bob")
+    job = cluster.sbatch(
+        [
+            "-N2",
+            "-w",
+            "n1,n4",
+            "--ntasks-per-node=1",
+            "--gres=tpu:edgetpu_usb:1",
+            "-o",
+            "/dev/null",
+            "-e",
+            out(cluster, "multi.err"),
+        ],
+        script,
+        user="stpu_bob",
+    )
     assert cluster.wait_for_jobs([job], timeout=90)[job] == "COMPLETED", read(out(cluster, "multi.err"))
     lines = sorted(line.split(": ", 1)[1].split() for line in read(result).splitlines())
     assert lines == [["n1", "usb-2-1.3"], ["n4", "usb-2-1.3"]]
@@ -291,13 +342,23 @@ def test_leases_command_shows_who_holds_what(cluster, users):
 
     job = hold(cluster, "stpu_alice", "l1", ["-w", "n1", "--gres=tpu:edgetpu_pci:1"])
     try:
-        table = subprocess.run([*cluster.slurm_tpu, "leases"], capture_output=True, text=True, timeout=60,
-                               env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"))).stdout
+        table = subprocess.run(
+            [*cluster.slurm_tpu, "leases"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1")),
+        ).stdout
         row = [line for line in table.splitlines() if line.startswith("pci-0000:03:00.0")]
         assert len(row) == 1 and str(job) in row[0] and "stpu_alice" in row[0] and "running" in row[0]
         assert "usb-2-1.3" not in table
     finally:
         assert release(cluster, "l1", job) == "COMPLETED"
-    idle = subprocess.run([*cluster.slurm_tpu, "leases"], capture_output=True, text=True, timeout=60,
-                          env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1"))).stdout
+    idle = subprocess.run(
+        [*cluster.slurm_tpu, "leases"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config("n1")),
+    ).stdout
     assert idle.startswith("No accelerator is leased")

@@ -48,8 +48,10 @@ def cgroup_v1_devices_problem() -> str | None:
     if not os.path.isdir(os.path.join(CGROUP_ROOT, "devices")):
         with open("/proc/self/mounts", encoding="utf-8") as handle:
             kinds = sorted({line.split()[2] for line in handle if line.split()[1].startswith(CGROUP_ROOT)})
-        return (f"no cgroup v1 devices controller at {CGROUP_ROOT}/devices (mounted there: {', '.join(kinds)}); "
-                "cgroup/v1 cannot constrain devices and cgroup/v2 is not tested here")
+        return (
+            f"no cgroup v1 devices controller at {CGROUP_ROOT}/devices (mounted there: {', '.join(kinds)}); "
+            "cgroup/v1 cannot constrain devices and cgroup/v2 is not tested here"
+        )
     return None
 
 
@@ -61,8 +63,9 @@ def cluster(users):
         pytest.skip(problem)
     from harness.localcluster.cluster import Hooks, NodeSpec
 
-    started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))], hooks=Hooks(),
-                           cgroup_conf=CGROUP_CONF)
+    started = make_cluster(
+        [NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))], hooks=Hooks(), cgroup_conf=CGROUP_CONF
+    )
     try:
         # The PCIe card's node is the emulated apex driver's pty, bind-mounted once the cluster
         # started: point its slot at it (what `slurm-tpu gres-conf`/`boot` do on a real node before
@@ -80,8 +83,10 @@ def cluster(users):
 
 def regenerate_slots(cluster) -> None:
     inventory = os.path.join(cluster.node_dir("n1"), "inventory.json")
-    cluster._run([*cluster.slurm_tpu, "gres-conf", "--inventory", inventory, "--node", "n1",
-                  "--output", cluster.gres_conf], env={**cluster.env(), "SLURM_TPU_CONFIG": cluster.node_config("n1")})
+    cluster._run(
+        [*cluster.slurm_tpu, "gres-conf", "--inventory", inventory, "--node", "n1", "--output", cluster.gres_conf],
+        env={**cluster.env(), "SLURM_TPU_CONFIG": cluster.node_config("n1")},
+    )
 
 
 def restart_slurmd(cluster) -> None:

@@ -15,11 +15,32 @@ import stat
 import subprocess
 
 import pytest
-from support import HARDWARE, REPO, finish_cluster, make_cluster, require_root_and_slurm
-from support import (audit, clear_lease, drain_reason, hook_env, inventory, leases, no_overlaps, node_on, open_as,
-                     owner, restore_node, resume, run_hook, udev_event, wait_until, SURVIVOR_JOB)
-from support import clear_lease_when_free, holder_pids, kept_in_service
-from support import assert_idle_and_consistent as _assert_idle_and_consistent
+from support import (
+    HARDWARE,
+    REPO,
+    SURVIVOR_JOB,
+    assert_idle_and_consistent as _assert_idle_and_consistent,
+    audit,
+    clear_lease,
+    clear_lease_when_free,
+    drain_reason,
+    finish_cluster,
+    holder_pids,
+    hook_env,
+    inventory,
+    kept_in_service,
+    leases,
+    make_cluster,
+    node_on,
+    open_as,
+    owner,
+    require_root_and_slurm,
+    restore_node,
+    resume,
+    run_hook,
+    udev_event,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -50,9 +71,9 @@ exec "$real"
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
-    from harness.localcluster.cluster import Hooks, NodeSpec
-
     import tempfile
+
+    from harness.localcluster.cluster import Hooks, NodeSpec
 
     scratch = tempfile.mkdtemp(prefix="slurm-tpu-killer-", dir="/tmp")
     os.chmod(scratch, 0o755)
@@ -61,8 +82,11 @@ def cluster():
     with open(killer, "w", encoding="utf-8") as handle:
         handle.write(KILLER.format(real=os.path.join(REPO, "prolog", "slurm-tpu-prolog"), marker=marker))
     os.chmod(killer, 0o755)
-    hooks = Hooks(prolog=killer, epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-                  task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"))
+    hooks = Hooks(
+        prolog=killer,
+        epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
+        task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
+    )
     started = make_cluster([NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))], hooks=hooks)
     started.kill_marker = marker
     yield started
@@ -81,14 +105,19 @@ def outp(cluster, name):
     return os.path.join(cluster.base, "out", name)
 
 
-HOLD = "#!/bin/sh\necho \"$SLURM_TPU_DEVICES\" > {o}/{t}.devices\ntouch {o}/{t}.started\n" \
-       "i=0; while [ ! -e {o}/{t}.stop ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done\n"
+HOLD = (
+    '#!/bin/sh\necho "$SLURM_TPU_DEVICES" > {o}/{t}.devices\ntouch {o}/{t}.started\n'
+    "i=0; while [ ! -e {o}/{t}.stop ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done\n"
+)
 
 
 def hold(cluster, user, tag, args, name=None):
     extra = ["-J", name] if name else []
-    job = cluster.sbatch([*args, *extra, "-o", "/dev/null", "-e", "/dev/null"],
-                         HOLD.format(o=os.path.join(cluster.base, "out"), t=tag), user=user)
+    job = cluster.sbatch(
+        [*args, *extra, "-o", "/dev/null", "-e", "/dev/null"],
+        HOLD.format(o=os.path.join(cluster.base, "out"), t=tag),
+        user=user,
+    )
     wait_until(lambda: os.path.exists(outp(cluster, f"{tag}.started")), 180, f"job {job} to start")
     return job
 
@@ -111,14 +140,20 @@ def test_prolog_killed_half_way_is_reclaimed_by_the_next_job(cluster, users):
     sleeper = subprocess.Popen(["sleep", "60"])
     state = os.path.join(cluster.node_dir("n1"), "state")
     with Ledger(state) as ledger:
-        assert ledger.claim(Lease(identity=PCI, job_id=4242, uid=users["stpu_bob"], prolog_pid=sleeper.pid,
-                                  prolog_start=process_start_time(sleeper.pid)))
+        assert ledger.claim(
+            Lease(
+                identity=PCI,
+                job_id=4242,
+                uid=users["stpu_bob"],
+                prolog_pid=sleeper.pid,
+                prolog_start=process_start_time(sleeper.pid),
+            )
+        )
     open(cluster.kill_marker, "w").close()
     job = cluster.sbatch(["-w", "n1", "--gres=tpu:2", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_alice")
     wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "Slurm to drain n1 after the killed prolog")
     # Killed half-way: it had leased the USB stick (audited) but never the PCIe card.
-    assert any(e["event"] == "acquire" and e["job_id"] == job and e["identity"] == USB
-               for e in audit(cluster, "n1"))
+    assert any(e["event"] == "acquire" and e["job_id"] == job and e["identity"] == USB for e in audit(cluster, "n1"))
     held = {row["identity"]: row for row in leases(cluster, "n1")}
     assert held[PCI]["job_id"] == 4242
     # Slurm (measured: 22.05.8) runs the Epilog for a job whose prolog failed; if it
@@ -154,8 +189,9 @@ def test_stale_lease_of_a_dead_job_is_reclaimed(cluster, users):
     pci = inventory(cluster, "n1")[PCI][0]
     state = os.path.join(cluster.node_dir("n1"), "state")
     with Ledger(state) as ledger:  # what a job that died with its node's slurmd would leave
-        assert ledger.claim(Lease(identity=PCI, job_id=777777, uid=users["stpu_bob"], prolog_pid=1,
-                                  prolog_start=1, device_nodes=(pci,)))
+        assert ledger.claim(
+            Lease(identity=PCI, job_id=777777, uid=users["stpu_bob"], prolog_pid=1, prolog_start=1, device_nodes=(pci,))
+        )
     os.chown(pci, users["stpu_bob"], -1)
     job = hold(cluster, "stpu_alice", "s1", ["-w", "n1", "--gres=tpu:edgetpu_pci:1"])
     try:
@@ -179,8 +215,16 @@ def test_reenumerated_usb_node_is_handed_to_the_job_within_the_event(cluster, us
         new = os.path.join(os.path.dirname(old), "099")
         os.mknod(new, stat.S_IFCHR | 0o600, os.makedev(240, 99))
         os.unlink(old)
-        done = udev_event(cluster, "n1", ACTION="add", DEVPATH=USB_DEVPATH, DEVNAME=new, SUBSYSTEM="usb",
-                          DEVTYPE="usb_device", PRODUCT="18d1/9302/100")
+        done = udev_event(
+            cluster,
+            "n1",
+            ACTION="add",
+            DEVPATH=USB_DEVPATH,
+            DEVNAME=new,
+            SUBSYSTEM="usb",
+            DEVTYPE="usb_device",
+            PRODUCT="18d1/9302/100",
+        )
         assert done.returncode == 0, done.stderr
         assert owner(new) == (alice, 0, 0o600)  # the job's ownership, applied by the event itself
         assert open_as("stpu_alice", new) == "ENXIO" and open_as("stpu_bob", new) == "EACCES"
@@ -270,8 +314,10 @@ def test_non_numeric_job_uid_is_refused_with_one_line(cluster, users):
 def test_job_name_with_shell_metacharacters_and_a_forged_gres_line(cluster, users):
     marker = f"/tmp/slurm-tpu-pwned-{os.getpid()}"
     # Slurm's IDX for the USB stick is 0 on n1; the forged line claims the PCIe card (IDX 1).
-    name = (f"$(touch {marker});`touch {marker}`|touch {marker}&\n"
-            "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_pci:1(IDX:1)")
+    name = (
+        f"$(touch {marker});`touch {marker}`|touch {marker}&\n"
+        "     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_pci:1(IDX:1)"
+    )
     job = hold(cluster, "stpu_alice", "m1", ["-w", "n1", "--gres=tpu:edgetpu_usb:1"], name=name)
     try:
         assert open(outp(cluster, "m1.devices")).read().strip() == USB
@@ -284,8 +330,10 @@ def test_job_name_with_shell_metacharacters_and_a_forged_gres_line(cluster, user
 
 def test_a_job_name_forging_a_whole_record_gets_slurms_device(cluster, users):
     """A fake ``JobId=`` line moves Slurm's own detail line into a fake record (seen on 22.05 and 25.11)."""
-    name = ("split\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_pci:1(IDX:1)\n"
-            "JobId=77777 ArrayJobId=77777 ArrayTaskId=1 JobName=x")
+    name = (
+        "split\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_pci:1(IDX:1)\n"
+        "JobId=77777 ArrayJobId=77777 ArrayTaskId=1 JobName=x"
+    )
     job = hold(cluster, "stpu_alice", "r1", ["-w", "n1", "--gres=tpu:edgetpu_usb:1"], name=name)
     try:
         assert open(outp(cluster, "r1.devices")).read().strip() == USB
@@ -298,18 +346,25 @@ def test_a_job_name_forging_a_whole_record_gets_slurms_device(cluster, users):
 def test_array_tasks_sharing_a_node_each_get_their_own_device(cluster, users):
     """The task that runs under the array's id sees its siblings' lines too: they are not a forgery."""
     script = HOLD.format(o=os.path.join(cluster.base, "out"), t="a$SLURM_ARRAY_TASK_ID")
-    array = cluster.sbatch(["--array=0-1", "-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", "/dev/null"],
-                           script, user="stpu_alice")
+    array = cluster.sbatch(
+        ["--array=0-1", "-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", "/dev/null"], script, user="stpu_alice"
+    )
     try:
-        wait_until(lambda: all(os.path.exists(outp(cluster, f"a{t}.started")) for t in (0, 1)), 60,
-                   f"both tasks of array {array} to start")
+        wait_until(
+            lambda: all(os.path.exists(outp(cluster, f"a{t}.started")) for t in (0, 1)),
+            60,
+            f"both tasks of array {array} to start",
+        )
         devices = {open(outp(cluster, f"a{t}.devices")).read().strip() for t in (0, 1)}
         assert devices == {USB, PCI}
     finally:
         for t in (0, 1):
             open(outp(cluster, f"a{t}.stop"), "w").close()
-        wait_until(lambda: not cluster.command(["squeue", "-h", "-j", str(array)], check=False).stdout.strip(),
-                   60, f"array {array} to end")
+        wait_until(
+            lambda: not cluster.command(["squeue", "-h", "-j", str(array)], check=False).stdout.strip(),
+            60,
+            f"array {array} to end",
+        )
     assert_idle_and_consistent(cluster)
 
 
@@ -317,8 +372,10 @@ def test_gres_conf_naming_etc_shadow_is_refused(cluster, users, tmp_path):
     os.chmod(tmp_path, 0o755)
     with open(cluster.slurm_conf, encoding="utf-8") as handle:
         (tmp_path / "slurm.conf").write_text(handle.read())
-    (tmp_path / "gres.conf").write_text("NodeName=n1 Name=tpu Type=edgetpu_usb File=/etc/shadow\n"
-                                        "NodeName=n1 Name=tpu Type=edgetpu_pci File=/etc/shadow\n")
+    (tmp_path / "gres.conf").write_text(
+        "NodeName=n1 Name=tpu Type=edgetpu_usb File=/etc/shadow\n"
+        "NodeName=n1 Name=tpu Type=edgetpu_pci File=/etc/shadow\n"
+    )
     shadow = _fingerprint("/etc/shadow")
     job = hold(cluster, "stpu_alice", "x1", ["-w", "n1", "--gres=tpu:edgetpu_pci:1"])
     try:
@@ -341,8 +398,11 @@ def test_surviving_holder_drains_the_node_and_clearing_restores_idle_at_once(clu
     pci = inventory(cluster, "n1")[PCI][0]
     rdev = node_on(pci, "/dev/full")  # a real driver's numbers, so it can be held open
     pidfile = outp(cluster, "survivor.pid")
-    job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null", "-e", "/dev/null"],
-                         SURVIVOR_JOB.format(node=pci, pidfile=pidfile), user="stpu_alice")
+    job = cluster.sbatch(
+        ["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null", "-e", "/dev/null"],
+        SURVIVOR_JOB.format(node=pci, pidfile=pidfile),
+        user="stpu_alice",
+    )
     survivor = None
     try:
         cluster.wait_for_jobs([job], timeout=180)
@@ -371,5 +431,3 @@ def test_surviving_holder_drains_the_node_and_clearing_restores_idle_at_once(clu
     assert stop(cluster, "sv2", nxt) == "COMPLETED"
     assert_idle_and_consistent(cluster)
     restore_node(pci, rdev)
-
-

@@ -17,38 +17,62 @@ import stat
 import subprocess
 
 import pytest
-from support import PCI, audit, clear_lease, drain_reason, inventory, leases, one_node_two_tpus, out, owner
-from support import SMUGGLE, resume, wait_until
+from support import (
+    PCI,
+    SMUGGLE,
+    audit,
+    clear_lease,
+    drain_reason,
+    inventory,
+    leases,
+    one_node_two_tpus,
+    out,
+    owner,
+    resume,
+    wait_until,
+)
 
+from slurm_tpu.access.ledger import KEPT, Lease, Ledger
 from slurm_tpu.config import Config
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.hooks.settings import HookSettings, apply_families
-from slurm_tpu.access.ledger import KEPT, Lease, Ledger
-from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol import audit as audit_format
+from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")
 
 
 # ---- which job last held a device, from the audit log's own lines ---------------------
 
+
 def test_the_last_acquire_of_a_device_is_found_in_the_audit_lines():
-    lines = b"".join([
-        audit_format.encode("acquire", 1.0, {"identity": PCI, "job_id": 7, "uid": 1001, "nodes": ["/dev/apex_0"]}),
-        audit_format.encode("release", 2.0, {"identity": PCI, "job_id": 7, "uid": 1001, "by_job": None}),
-        audit_format.encode("acquire", 3.0, {"identity": "usb-2-1.3", "job_id": 8, "uid": 1002}),
-        # A string field holding what looks like a newer acquire of the card: escaped, never a field.
-        audit_format.encode("usage-rejected", 4.0, {"identity": "usb-2-1.3", "job_id": 8, "uid": 1002,
-                                                    "reason": f'"event": "acquire", "identity": "{PCI}", "job_id": 666'}),
-        b'{"t": 5.0, "event": "acquire", "identity": "' + PCI.encode(),  # a torn last line
-    ])
+    lines = b"".join(
+        [
+            audit_format.encode("acquire", 1.0, {"identity": PCI, "job_id": 7, "uid": 1001, "nodes": ["/dev/apex_0"]}),
+            audit_format.encode("release", 2.0, {"identity": PCI, "job_id": 7, "uid": 1001, "by_job": None}),
+            audit_format.encode("acquire", 3.0, {"identity": "usb-2-1.3", "job_id": 8, "uid": 1002}),
+            # A string field holding what looks like a newer acquire of the card: escaped, never a field.
+            audit_format.encode(
+                "usage-rejected",
+                4.0,
+                {
+                    "identity": "usb-2-1.3",
+                    "job_id": 8,
+                    "uid": 1002,
+                    "reason": f'"event": "acquire", "identity": "{PCI}", "job_id": 666',
+                },
+            ),
+            b'{"t": 5.0, "event": "acquire", "identity": "' + PCI.encode(),  # a torn last line
+        ]
+    )
     assert audit_format.last_acquire(lines, PCI) == (7, 1001)
     assert audit_format.last_acquire(lines, "usb-2-1.3") == (8, 1002)
     assert audit_format.last_acquire(lines, "pci-0000:04:00.0") is None
 
 
 # ---- the hooks' sequence against a materialized sysfs ------------------------------------
+
 
 @pytest.fixture()
 def card(tmp_path):
@@ -133,7 +157,7 @@ def test_a_card_whose_driver_shows_no_count_is_not_handed_over_nor_given_back(ca
         count.write_text("0\n")
         assert leasing.clear(ledger, settings) == [(PCI, "cleared")]
         count.write_text("garbled\n")
-        with pytest.raises(leasing.DeviceNotFree, match="no write_open_count.*last held by job 71"):
+        with pytest.raises(leasing.DeviceNotFree, match=r"no write_open_count.*last held by job 71"):
             leasing.acquire(ledger, JobContext(72, 5432, "bob", "n1"), [device], settings)
         assert os.lstat(node).st_uid == 0
 
@@ -141,6 +165,7 @@ def test_a_card_whose_driver_shows_no_count_is_not_handed_over_nor_given_back(ca
 # ---- on the cluster, with real users, against the emulated apex driver --------------------
 # The card's node is a pty whose write_open_count (a FUSE attribute) follows the node's real open
 # files, answered when read (harness/localcluster/apex.py): nothing here sets a count by hand.
+
 
 @pytest.fixture(scope="module")
 def cluster():
@@ -184,9 +209,15 @@ SEND = "#!/bin/sh\n" + SMUGGLE + "\n"
 
 def receiver(cluster, tag: str, mode: str):
     prefix = out(cluster, tag)
-    process = subprocess.Popen(["/usr/bin/python3", "-I", "-c", RECEIVER, prefix + ".sock", prefix, mode],
-                               user="stpu_alice", group="stpu_alice", extra_groups=[], cwd="/",
-                               stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        ["/usr/bin/python3", "-I", "-c", RECEIVER, prefix + ".sock", prefix, mode],
+        user="stpu_alice",
+        group="stpu_alice",
+        extra_groups=[],
+        cwd="/",
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+    )
     wait_until(lambda: os.path.exists(prefix + ".ready"), 30, f"the {tag} receiver to listen")
     return process, prefix
 
@@ -209,8 +240,11 @@ def test_an_fd_in_flight_after_alices_job_drains_the_node_naming_her_job_and_bob
     sink, prefix = receiver(cluster, "keep", "keep")
     bobs = None
     try:
-        job = cluster.sbatch(gres_args(out(cluster, "keep.err")), SEND.format(node=node, sock=prefix + ".sock",
-                                                                              mode="keep"), user="stpu_alice")
+        job = cluster.sbatch(
+            gres_args(out(cluster, "keep.err")),
+            SEND.format(node=node, sock=prefix + ".sock", mode="keep"),
+            user="stpu_alice",
+        )
         assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED", open(out(cluster, "keep.err")).read()
         # No process holds the card (alice's job is gone, the receiver never took the fd), yet the file lives.
         assert count(cluster) == "1\n"
@@ -248,12 +282,21 @@ def test_an_fd_the_receiver_took_and_closed_before_the_job_ended_leaves_the_node
     node = inventory(cluster, "n1")[PCI][0]
     taker, prefix = receiver(cluster, "take", "take")
     try:
-        job = cluster.sbatch(gres_args(out(cluster, "take.err")), SEND.format(node=node, sock=prefix + ".sock",
-                                                                              mode="take"), user="stpu_alice")
+        job = cluster.sbatch(
+            gres_args(out(cluster, "take.err")),
+            SEND.format(node=node, sock=prefix + ".sock", mode="take"),
+            user="stpu_alice",
+        )
         assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED", open(out(cluster, "take.err")).read()
         # The epilog's own record of the device going back: it drains before it would write it.
-        wait_until(lambda: any(e["event"] == "release" and e.get("job_id") == job and e.get("identity") == PCI
-                               for e in audit(cluster, "n1")), 60, "the epilog to release the card")
+        wait_until(
+            lambda: any(
+                e["event"] == "release" and e.get("job_id") == job and e.get("identity") == PCI
+                for e in audit(cluster, "n1")
+            ),
+            60,
+            "the epilog to release the card",
+        )
     finally:
         taker.kill()
         taker.wait()
@@ -268,8 +311,11 @@ def test_the_prolog_refuses_a_card_with_a_writer_and_the_drain_names_the_job_tha
     gres = gres_args("/dev/null")
     first = cluster.sbatch(gres, "#!/bin/sh\ntrue\n", user="stpu_alice")
     assert cluster.wait_for_jobs([first], timeout=120)[first] == "COMPLETED"
-    wait_until(lambda: any(e["event"] == "release" and e.get("job_id") == first for e in audit(cluster, "n1")),
-               60, "the first job's release")
+    wait_until(
+        lambda: any(e["event"] == "release" and e.get("job_id") == first for e in audit(cluster, "n1")),
+        60,
+        "the first job's release",
+    )
     # A writer no lease knows of: a root process opens the idle card (the driver counts it; no job owns it).
     writer = os.open(node, os.O_RDWR | os.O_NOCTTY)
     second = None
@@ -283,8 +329,10 @@ def test_the_prolog_refuses_a_card_with_a_writer_and_the_drain_names_the_job_tha
         assert owner(node) == (0, 0, 0o600) and not os.path.exists(marker)
         rows = {r["identity"]: r for r in leases(cluster, "n1")}
         assert rows[PCI]["job_id"] == first and rows[PCI]["phase"] == "kept"
-        assert any(r["event"] == "survivor" and r["job_id"] == first and r.get("by_job") == second
-                   for r in audit(cluster, "n1"))
+        assert any(
+            r["event"] == "survivor" and r["job_id"] == first and r.get("by_job") == second
+            for r in audit(cluster, "n1")
+        )
     finally:
         os.close(writer)
         if second is not None:

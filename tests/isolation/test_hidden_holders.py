@@ -19,8 +19,23 @@ import subprocess
 
 import pytest
 from hidden_holders import AMONG_DECOYS, DECOYS, PRIVATE_FD_TABLE, ZOMBIE_LEADER
-from support import PCI, USB, audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, out
-from support import assert_idle_and_consistent, one_node_two_tpus, owner, restore_node, resume, wait_until
+from support import (
+    PCI,
+    USB,
+    assert_idle_and_consistent,
+    audit,
+    clear_lease,
+    drain_reason,
+    inventory,
+    leases,
+    node_on,
+    one_node_two_tpus,
+    out,
+    owner,
+    restore_node,
+    resume,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
 
@@ -51,10 +66,10 @@ def job_leaving(cluster, user: str, gres: str, script: str, node: str, tag: str,
     """A job whose daemon (a hidden_holders program, detached) outlives it; returns (job, what it announced)."""
     pidfile = out(cluster, f"{tag}.pid")
     argv = " ".join([node, pidfile, "detach", *options])
-    body = (f"#!/bin/sh\n/usr/bin/python3 -I -c '{script}' {argv}\n"
-            f"while [ ! -s {pidfile} ]; do sleep 0.1; done\n")
-    job = cluster.sbatch(["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
-                         body, user=user)
+    body = f"#!/bin/sh\n/usr/bin/python3 -I -c '{script}' {argv}\nwhile [ ! -s {pidfile} ]; do sleep 0.1; done\n"
+    job = cluster.sbatch(
+        ["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")], body, user=user
+    )
     states = cluster.wait_for_jobs([job], timeout=120)
     assert os.path.exists(pidfile), (states, open(out(cluster, f"{tag}.err")).read())
     return job, open(pidfile).read()
@@ -128,8 +143,15 @@ def test_a_thread_under_a_zombie_leader_keeps_the_device_and_is_named(cluster, u
 def zombie_leader_is_named(cluster, node: str, how: str) -> None:
     pid = None
     try:
-        job, announced = job_leaving(cluster, "stpu_alice", "tpu:edgetpu_pci:1", ZOMBIE_LEADER, node,
-                                     f"zombie-{how}", *(["fd"] if how == "fd" else []))
+        job, announced = job_leaving(
+            cluster,
+            "stpu_alice",
+            "tpu:edgetpu_pci:1",
+            ZOMBIE_LEADER,
+            node,
+            f"zombie-{how}",
+            *(["fd"] if how == "fd" else []),
+        )
         pid = int(announced)
         assert "Z (zombie)" in open(f"/proc/{pid}/status").read()
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 60, "the epilog to drain n1")
@@ -143,9 +165,19 @@ def zombie_leader_is_named(cluster, node: str, how: str) -> None:
 
 def start_flood(user: str, processes: int, fds_each: int = 20000) -> list[subprocess.Popen]:
     """``user``'s processes outside Slurm, each holding as many fds as its hard limit allows."""
-    flood = [subprocess.Popen(["/usr/bin/python3", "-I", "-c", DECOYS, str(fds_each)], user=user, group=user,
-                              extra_groups=[], cwd="/", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-             for _ in range(processes)]
+    flood = [
+        subprocess.Popen(
+            ["/usr/bin/python3", "-I", "-c", DECOYS, str(fds_each)],
+            user=user,
+            group=user,
+            extra_groups=[],
+            cwd="/",
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
     for decoy in flood:
         assert decoy.stdout.readline().strip() == "ready"
     return flood
@@ -181,8 +213,9 @@ def million_decoys(cluster, node: str) -> None:
     try:
         assert open_fds() >= 1_000_000
         # A job that leaves nothing: its epilog reads every table in the flood, the node stays in service.
-        job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
-                             user="stpu_alice")
+        job = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_alice"
+        )
         assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED"
         assert settled(cluster) == "IDLE", drain_reason(cluster)
         assert leases(cluster, "n1") == [] and owner(node) == (0, 0, 0o600)
@@ -224,8 +257,9 @@ def test_an_unverifiable_scan_keeps_the_device_back_not_the_node(cluster, users)
     set_devices(cluster, revoke=False, holder_scan_seconds=0.05)
     flood = start_flood("stpu_bob", 10)
     try:
-        job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
-                             user="stpu_alice")
+        job = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_alice"
+        )
         assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED"
         assert settled(cluster) == "IDLE", drain_reason(cluster)  # bob did not take n1 out of service
         assert {r["identity"]: r["phase"] for r in leases(cluster, "n1")} == {USB: "kept"}
@@ -236,12 +270,14 @@ def test_an_unverifiable_scan_keeps_the_device_back_not_the_node(cluster, users)
         stop_flood(flood)
         set_devices(cluster, holder_scan_seconds=None)
     # The flood is gone: the next job given the stick scans again, completely, and gets it.
-    job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
-                         user="stpu_bob")
+    job = cluster.sbatch(
+        ["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_bob"
+    )
     try:
         assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED"
-        assert any(e["event"] == "acquire" and e["job_id"] == job and e["identity"] == USB
-                   for e in audit(cluster, "n1"))
+        assert any(
+            e["event"] == "acquire" and e["job_id"] == job and e["identity"] == USB for e in audit(cluster, "n1")
+        )
         assert settled(cluster) == "IDLE", drain_reason(cluster)
     finally:
         set_devices(cluster, revoke=None)

@@ -108,8 +108,12 @@ sys.stdin.read()
 def test_an_fd_table_shared_by_many_threads_is_read_once(device, monkeypatch):
     if processes._kcmp() is None:
         pytest.skip("no kcmp(2) here: every table is read")
-    many = subprocess.Popen([sys.executable, "-I", "-c", THREADS_SHARING_A_TABLE, "2000", "50"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    many = subprocess.Popen(
+        [sys.executable, "-I", "-c", THREADS_SHARING_A_TABLE, "2000", "50"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     read: list[str] = []
     real = processes._table_holds
 
@@ -129,8 +133,15 @@ def test_an_fd_table_shared_by_many_threads_is_read_once(device, monkeypatch):
 
 def start_decoys(count: int, fds_each: int, user: str | None = None) -> list[subprocess.Popen]:
     prefix = ["runuser", "-u", user, "--"] if user else []
-    decoys = [subprocess.Popen([*prefix, "/usr/bin/python3", "-I", "-c", DECOYS, str(fds_each)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    decoys = [
+        subprocess.Popen(
+            [*prefix, "/usr/bin/python3", "-I", "-c", DECOYS, str(fds_each)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
     for decoy in decoys:
         assert decoy.stdout.readline().strip() == "ready"
     return decoys

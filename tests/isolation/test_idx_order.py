@@ -9,8 +9,7 @@ import shutil
 import tempfile
 
 import pytest
-from support import HARDWARE, REPO, require_root_and_slurm
-from support import inventory, owner, wait_until
+from support import HARDWARE, REPO, inventory, owner, require_root_and_slurm, wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -18,18 +17,23 @@ pytestmark = pytest.mark.slurm
 @pytest.fixture(scope="module")
 def cluster():
     require_root_and_slurm()
-    from helpers import first_job_id
     from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec
+    from helpers import first_job_id
 
     base = tempfile.mkdtemp(prefix="slurm-tpu-idx-", dir="/tmp")
     os.chmod(base, 0o755)
     os.makedirs(os.path.join(base, "out"), mode=0o1777)
     os.chmod(os.path.join(base, "out"), 0o1777)
-    started = LocalCluster(base=base, nodes=[NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))],
-                           hooks=Hooks(prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
-                                       epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-                                       task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")),
-                           first_job_id=first_job_id())
+    started = LocalCluster(
+        base=base,
+        nodes=[NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))],
+        hooks=Hooks(
+            prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
+            epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
+            task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
+        ),
+        first_job_id=first_job_id(),
+    )
     started.configure()
     nodes_conf = started.path("etc", "nodes.conf")
     with open(nodes_conf, encoding="utf-8") as handle:
@@ -50,8 +54,10 @@ def cluster():
 def test_typed_request_gets_the_device_of_that_type_despite_reordered_types(cluster, users):
     out = os.path.join(cluster.base, "out")
     # Each job runs until the test lets it go: the checks below need the USB job still running.
-    script = (f"#!/bin/sh\necho $SLURM_TPU_DEVICES > {out}/$SLURM_JOB_ID.dev\n"
-              f"i=0; while [ ! -e {out}/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n")
+    script = (
+        f"#!/bin/sh\necho $SLURM_TPU_DEVICES > {out}/$SLURM_JOB_ID.dev\n"
+        f"i=0; while [ ! -e {out}/go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n"
+    )
     usb_job = cluster.sbatch(["--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], script, user="stpu_alice")
     wait_until(lambda: os.path.exists(f"{out}/{usb_job}.dev"), 60, "the usb job to start")
     detail = cluster.command(["scontrol", "show", "job", "-d", str(usb_job)]).stdout

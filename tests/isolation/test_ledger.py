@@ -10,12 +10,12 @@ import sys
 
 import pytest
 
-from slurm_tpu.errors import DeviceError
-from slurm_tpu.hooks.context import JobContext
-from slurm_tpu.hooks import leasing
-from slurm_tpu.hooks.settings import HookSettings
 from slurm_tpu.access import ownership, statedir
 from slurm_tpu.access.ledger import BadLease, Lease, Ledger
+from slurm_tpu.errors import DeviceError
+from slurm_tpu.hooks import leasing
+from slurm_tpu.hooks.context import JobContext
+from slurm_tpu.hooks.settings import HookSettings
 from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod/chown need root")
@@ -52,10 +52,13 @@ def test_racing_processes_never_share_a_lease(state):
         "with Ledger(sys.argv[2]) as l:\n"
         "    for r in range(30):\n"
         "        wins += l.claim(Lease(identity=f'usb-1-{r}', job_id=int(sys.argv[3]), uid=0))\n"
-        "print(wins)\n")
+        "print(wins)\n"
+    )
     repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    procs = [subprocess.Popen([sys.executable, "-c", script, repo, state, str(job)], stdout=subprocess.PIPE,
-                              text=True) for job in range(1, 9)]
+    procs = [
+        subprocess.Popen([sys.executable, "-c", script, repo, state, str(job)], stdout=subprocess.PIPE, text=True)
+        for job in range(1, 9)
+    ]
     wins = sum(int(p.communicate()[0]) for p in procs)
     assert wins == 30
     with Ledger(state) as ledger:

@@ -43,8 +43,13 @@ def cluster(users):
 
 def scrape(cluster, *args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "SLURM_TPU_CONFIG": cluster.node_config("n1")}
-    return subprocess.run([sys.executable, "-m", "slurm_tpu.cli", "metrics", "--node", "n1", *args],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_tpu.cli", "metrics", "--node", "n1", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def series(text: str) -> list[tuple[str, dict[str, str], float]]:
@@ -59,12 +64,16 @@ def of(found, name: str, identity: str) -> tuple[dict[str, str], float]:
 def test_device_series_carry_the_holding_job_and_user_until_it_ends(cluster, tmp_path):
     ready = {who: out(cluster, f"{who}.ready") for who in (ALICE, BOB)}
     release = out(cluster, "release")
-    alice = cluster.sbatch(["--gres=tpu:edgetpu_pci:1", "-o", out(cluster, "alice.out")],
-                           HOLD.format(python=sys.executable, identity=PCI, ready=ready[ALICE], release=release),
-                           user=ALICE)
-    bob = cluster.sbatch(["--gres=tpu:edgetpu_usb:1", "-o", out(cluster, "bob.out"), f"--job-name={HOSTILE}",
-                          f"--comment={HOSTILE}"],
-                         FORGE.format(identity=USB, ready=ready[BOB], release=release), user=BOB)
+    alice = cluster.sbatch(
+        ["--gres=tpu:edgetpu_pci:1", "-o", out(cluster, "alice.out")],
+        HOLD.format(python=sys.executable, identity=PCI, ready=ready[ALICE], release=release),
+        user=ALICE,
+    )
+    bob = cluster.sbatch(
+        ["--gres=tpu:edgetpu_usb:1", "-o", out(cluster, "bob.out"), f"--job-name={HOSTILE}", f"--comment={HOSTILE}"],
+        FORGE.format(identity=USB, ready=ready[BOB], release=release),
+        user=BOB,
+    )
     try:
         wait_until(lambda: all(os.path.exists(path) for path in ready.values()), 120, "both jobs to hold their TPU")
         shown = cluster.command(["scontrol", "-o", "show", "job", str(bob)]).stdout
@@ -79,6 +88,7 @@ def test_device_series_carry_the_holding_job_and_user_until_it_ends(cluster, tmp
         with open(release, "w"):
             pass
     found = series(during.stdout)
+
     # Textfile mode: the same series and figures (lease seconds grow between the two scrapes).
     def steady(found):
         return [(n, labels, None if n == "slurm_tpu_device_lease_seconds_total" else v) for n, labels, v in found]
@@ -92,21 +102,35 @@ def test_device_series_carry_the_holding_job_and_user_until_it_ends(cluster, tmp
     assert of(found, "slurm_tpu_device_leased", PCI)[1] == 1
     # Her job's own counters, from its usage record; bob's forged record is refused: no series.
     job_series = [(n, labels, v) for n, labels, v in found if n.startswith("slurm_tpu_job_")]
-    assert sorted((n, v) for n, _, v in job_series) == [("slurm_tpu_job_inference_seconds_total", 0.5),
-                                                         ("slurm_tpu_job_inferences_total", 42)]
-    assert all(labels == {"node": "n1", "identity": PCI, "hpc_job": str(alice), "hpc_user": ALICE}
-               for _, labels, _ in job_series)
+    assert sorted((n, v) for n, _, v in job_series) == [
+        ("slurm_tpu_job_inference_seconds_total", 0.5),
+        ("slurm_tpu_job_inferences_total", 42),
+    ]
+    assert all(
+        labels == {"node": "n1", "identity": PCI, "hpc_job": str(alice), "hpc_user": ALICE}
+        for _, labels, _ in job_series
+    )
     # Lifetime counters stay per device, without the job.
     assert "hpc_job" not in of(found, "slurm_tpu_device_inferences_total", PCI)[0]
     # Nothing bob chose reached the output: no label name or value but ours, no "evil" series.
-    assert {key for _, labels, _ in found for key in labels} <= {"node", "identity", "kind", "model", "hpc_job",
-                                                                 "hpc_user", "version"}
+    assert {key for _, labels, _ in found for key in labels} <= {
+        "node",
+        "identity",
+        "kind",
+        "model",
+        "hpc_job",
+        "hpc_user",
+        "version",
+    }
     assert "evil" not in during.stdout and "evil" not in from_file
     assert {labels["hpc_job"] for _, labels, _ in found if "hpc_job" in labels} == {str(alice), str(bob)}
 
     assert cluster.wait_for_jobs([alice, bob], 180) == {alice: "COMPLETED", bob: "COMPLETED"}
-    wait_until(lambda: {e.get("job_id") for e in audit(cluster, "n1") if e["event"] == "release"} >= {alice, bob},
-               120, "the epilogs to release both TPUs")
+    wait_until(
+        lambda: {e.get("job_id") for e in audit(cluster, "n1") if e["event"] == "release"} >= {alice, bob},
+        120,
+        "the epilogs to release both TPUs",
+    )
     after = scrape(cluster)
     assert after.returncode == 0, after.stderr
     found = series(after.stdout)

@@ -6,23 +6,40 @@ import json
 
 import pytest
 
+from slurm_tpu.config import parse_config
 from slurm_tpu.hooks.allocation import resolve
 from slurm_tpu.hooks.context import HookError
-from slurm_tpu.config import parse_config
 from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.slurm.gres_index import device_order
-from slurm_tpu.slurm.parse import (ForgedOutputError, GresAlloc, expand_hostlist, parse_gres_conf,
-                                   parse_gres_detail, parse_node_gres, parse_scontrol_job_detail,
-                                   parse_squeue_job_json)
+from slurm_tpu.slurm.parse import (
+    ForgedOutputError,
+    GresAlloc,
+    expand_hostlist,
+    parse_gres_conf,
+    parse_gres_detail,
+    parse_node_gres,
+    parse_scontrol_job_detail,
+    parse_squeue_job_json,
+)
 
 # Captured from `squeue --json -j 2` (Slurm 22.05.8), trimmed to the fields we read;
 # the job name holds a newline and a forged GRES line, which JSON keeps inert.
-SQUEUE_JSON = json.dumps({"jobs": [{
-    "job_id": 2, "name": "evil\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_usb:1(IDX:3)",
-    "gres_detail": ["tpu:edgetpu_usb:1(IDX:2)"], "nodes": "n1", "user_id": 0, "job_state": "RUNNING",
-    "job_resources": {"nodes": "n1", "allocated_nodes": [{"nodename": "n1", "cpus_used": 0}]},
-}]})
+SQUEUE_JSON = json.dumps(
+    {
+        "jobs": [
+            {
+                "job_id": 2,
+                "name": "evil\n     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_usb:1(IDX:3)",
+                "gres_detail": ["tpu:edgetpu_usb:1(IDX:2)"],
+                "nodes": "n1",
+                "user_id": 0,
+                "job_state": "RUNNING",
+                "job_resources": {"nodes": "n1", "allocated_nodes": [{"nodename": "n1", "cpus_used": 0}]},
+            }
+        ]
+    }
+)
 
 
 def test_hostlists_expand_ranges_and_padding():
@@ -36,7 +53,9 @@ def test_hostlists_expand_ranges_and_padding():
 def test_gres_detail_items():
     assert parse_gres_detail("tpu:edgetpu_usb:1(IDX:0)") == [GresAlloc("tpu", "edgetpu_usb", 1, (0,))]
     assert parse_gres_detail("tpu:edgetpu_pci:2(IDX:0-1),gpu:1(IDX:3)") == [
-        GresAlloc("tpu", "edgetpu_pci", 2, (0, 1)), GresAlloc("gpu", None, 1, (3,))]
+        GresAlloc("tpu", "edgetpu_pci", 2, (0, 1)),
+        GresAlloc("gpu", None, 1, (3,)),
+    ]
     assert parse_gres_detail("tpu:3(IDX:0,2-3)") == [GresAlloc("tpu", None, 3, (0, 2, 3))]
     assert parse_gres_detail("") == []
     with pytest.raises(ValueError):
@@ -68,8 +87,10 @@ def test_scontrol_detail_lines_and_forgery_detection():
     ranged = honest.replace("JobName=evil", "JobName=evil\n     Nodes=n[0-3] CPU_IDs=0 Mem=0 GRES=tpu:1(IDX:1)")
     with pytest.raises(ForgedOutputError):
         parse_scontrol_job_detail(ranged, "n1", 1)
-    multi = ("JobId=1 JobName=m\n   Nodes=n[1-2] CPU_IDs=0-1 Mem=0 GRES=tpu:edgetpu_pci:2(IDX:0-1)\n"
-             "   Nodes=n3 CPU_IDs=0 Mem=0 GRES=\n")
+    multi = (
+        "JobId=1 JobName=m\n   Nodes=n[1-2] CPU_IDs=0-1 Mem=0 GRES=tpu:edgetpu_pci:2(IDX:0-1)\n"
+        "   Nodes=n3 CPU_IDs=0 Mem=0 GRES=\n"
+    )
     assert parse_scontrol_job_detail(multi, "n2", 1) == [GresAlloc("tpu", "edgetpu_pci", 2, (0, 1))]
     assert parse_scontrol_job_detail(multi, "n3", 1) == []
 
@@ -112,8 +133,10 @@ def test_idx_name_lines_come_before_nodename_lines_and_counts_truncate():
 
 
 def test_node_gres_from_slurm_conf():
-    conf = ("NodeName=DEFAULT Gres=tpu:x:1\nNodeName=n[1-2] CPUs=2 Gres=tpu:edgetpu_pci:2,tpu:edgetpu_usb:1\n"
-            "NodeName=n3 CPUs=2\n")
+    conf = (
+        "NodeName=DEFAULT Gres=tpu:x:1\nNodeName=n[1-2] CPUs=2 Gres=tpu:edgetpu_pci:2,tpu:edgetpu_usb:1\n"
+        "NodeName=n3 CPUs=2\n"
+    )
     assert parse_node_gres(conf, "n2") == [("tpu", "edgetpu_pci", 2), ("tpu", "edgetpu_usb", 1)]
     assert parse_node_gres(conf, "n3") == [("tpu", "x", 1)]
     assert parse_node_gres(conf, "n9") is None
@@ -124,8 +147,10 @@ KNOWN = {
     "pci-0000:03:00.0": KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", ("/dev/apex_0",)),
     "pci-0000:41:00.0": KnownDevice("pci-0000:41:00.0", "gpu", "pci", ("/dev/nvidia0",)),
 }
-INDEX = {"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-2-1.3"), ("edgetpu_pci", "/dev/slurm-tpu/pci-0000:03:00.0")],
-         "gpu": [("a100", "/dev/nvidia0")]}
+INDEX = {
+    "tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-2-1.3"), ("edgetpu_pci", "/dev/slurm-tpu/pci-0000:03:00.0")],
+    "gpu": [("a100", "/dev/nvidia0")],
+}
 
 
 def settings(index=INDEX):
@@ -135,20 +160,24 @@ def settings(index=INDEX):
 
 
 def test_resolve_maps_indices_to_inventory_devices_in_order():
-    allocs = [GresAlloc("tpu", "edgetpu_pci", 1, (1,)), GresAlloc("tpu", "edgetpu_usb", 1, (0,)),
-              GresAlloc("gpu", "a100", 1, (0,))]
-    assert [d.identity for d in resolve(7, allocs, settings())] == [
-        "pci-0000:03:00.0", "usb-2-1.3", "pci-0000:41:00.0"]
+    allocs = [
+        GresAlloc("tpu", "edgetpu_pci", 1, (1,)),
+        GresAlloc("tpu", "edgetpu_usb", 1, (0,)),
+        GresAlloc("gpu", "a100", 1, (0,)),
+    ]
+    assert [d.identity for d in resolve(7, allocs, settings())] == ["pci-0000:03:00.0", "usb-2-1.3", "pci-0000:41:00.0"]
 
 
-@pytest.mark.parametrize("index, alloc, message", [
-    ({"tpu": [("edgetpu_usb", "/etc/shadow")]}, GresAlloc("tpu", "edgetpu_usb", 1, (0,)), "/etc/shadow"),
-    ({"tpu": [("edgetpu_usb", "/dev/slurm-tpu/../../etc/shadow")]}, GresAlloc("tpu", None, 1, (0,)), "shadow"),
-    ({"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-9-9")]}, GresAlloc("tpu", None, 1, (0,)), "usb-9-9"),
-    ({"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-2-1.3")]}, GresAlloc("tpu", None, 1, (1,)), "beyond"),
-    ({"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-2-1.3")]}, GresAlloc("tpu", "edgetpu_pci", 1, (0,)),
-     "disagree"),
-])
+@pytest.mark.parametrize(
+    "index, alloc, message",
+    [
+        ({"tpu": [("edgetpu_usb", "/etc/shadow")]}, GresAlloc("tpu", "edgetpu_usb", 1, (0,)), "/etc/shadow"),
+        ({"tpu": [("edgetpu_usb", "/dev/slurm-tpu/../../etc/shadow")]}, GresAlloc("tpu", None, 1, (0,)), "shadow"),
+        ({"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-9-9")]}, GresAlloc("tpu", None, 1, (0,)), "usb-9-9"),
+        ({"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-2-1.3")]}, GresAlloc("tpu", None, 1, (1,)), "beyond"),
+        ({"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-2-1.3")]}, GresAlloc("tpu", "edgetpu_pci", 1, (0,)), "disagree"),
+    ],
+)
 def test_resolve_refuses_paths_that_are_not_known_devices(index, alloc, message):
     with pytest.raises(HookError, match=message.replace(".", r"\.")):
         resolve(7, [alloc], settings(index))

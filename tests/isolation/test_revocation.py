@@ -17,12 +17,31 @@ import subprocess
 
 import pytest
 from hidden_holders import DECOYS
-from support import audit, clear_lease, drain_reason, inventory, leases, no_overlaps, node_on, open_as, owner
-from support import SMUGGLE, assert_idle_and_consistent, holder_pids, kept_in_service, restore_node, resume, settle
-from support import PCI, USB, one_node_two_tpus, out, udev_event, wait_until
+from support import (
+    PCI,
+    SMUGGLE,
+    USB,
+    assert_idle_and_consistent,
+    audit,
+    clear_lease,
+    drain_reason,
+    holder_pids,
+    inventory,
+    kept_in_service,
+    leases,
+    node_on,
+    one_node_two_tpus,
+    open_as,
+    out,
+    owner,
+    restore_node,
+    resume,
+    settle,
+    udev_event,
+    wait_until,
+)
 
 pytestmark = pytest.mark.slurm
-
 
 
 @pytest.fixture(scope="module")
@@ -57,12 +76,18 @@ def python_as(user: str, script: str, *args: str, **kwargs) -> subprocess.Popen:
 
 
 def hold(cluster, user: str, tag: str, gres: str, body: str = "") -> int:
-    script = (f"#!/bin/sh\n{body}\ntouch {out(cluster, tag)}.started\n"
-              f"while [ ! -e {out(cluster, tag)}.stop ]; do sleep 0.1; done\n")
-    job = cluster.sbatch(["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
-                         script, user=user)
-    wait_until(lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(job) == "FAILED",
-               180, f"job {job} to start")
+    script = (
+        f"#!/bin/sh\n{body}\ntouch {out(cluster, tag)}.started\n"
+        f"while [ ! -e {out(cluster, tag)}.stop ]; do sleep 0.1; done\n"
+    )
+    job = cluster.sbatch(
+        ["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")], script, user=user
+    )
+    wait_until(
+        lambda: os.path.exists(out(cluster, f"{tag}.started")) or cluster.job_state(job) == "FAILED",
+        180,
+        f"job {job} to start",
+    )
     assert os.path.exists(out(cluster, f"{tag}.started")), open(out(cluster, f"{tag}.err")).read()
     return job
 
@@ -83,8 +108,15 @@ def usb_on_a_pty(cluster):
     device = os.path.join(sys_root(cluster), "bus", "usb", "devices", "2-1.3")
     busnum, devnum = (int(open(os.path.join(device, name)).read()) for name in ("busnum", "devnum"))
     usb_sysfs_device(sys_root(cluster), "2-1.3", busnum, devnum, path)  # the kernel's DEVNAME
-    done = udev_event(cluster, "n1", ACTION="add", DEVPATH="/devices/emulated-usb/2-1/2-1.3", DEVNAME=path,
-                      SUBSYSTEM="usb", DEVTYPE="usb_device")
+    done = udev_event(
+        cluster,
+        "n1",
+        ACTION="add",
+        DEVPATH="/devices/emulated-usb/2-1/2-1.3",
+        DEVNAME=path,
+        SUBSYSTEM="usb",
+        DEVTYPE="usb_device",
+    )
     assert done.returncode == 0, done.stderr
     assert inventory(cluster, "n1")[USB] == [path] and owner(path) == (0, 0, 0o600)
     return master, path
@@ -125,6 +157,7 @@ while True:
     os.rename(request + ".tmp", request + ".result")  # whole, or not there
     number += 1
 """
+
 
 def test_fd_passed_over_scm_rights_is_dead_before_the_next_job_gets_the_stick(cluster, users):
     master, pty = usb_on_a_pty(cluster)
@@ -235,14 +268,20 @@ def test_mapping_with_its_fd_closed_is_found_and_the_health_check_restores_idle(
 
     node, rdev = pci_node_on(cluster, "/dev/zero")  # mappable, and the mapping keeps the device file
     pidfile = out(cluster, "mapper.pid")
-    job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null", "-e", "/dev/null"],
-                         "#!/bin/sh\n" + MAPPER.format(node=node, pidfile=pidfile) + "\n", user="stpu_alice")
+    job = cluster.sbatch(
+        ["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null", "-e", "/dev/null"],
+        "#!/bin/sh\n" + MAPPER.format(node=node, pidfile=pidfile) + "\n",
+        user="stpu_alice",
+    )
     mapper = None
     try:
         cluster.wait_for_jobs([job], timeout=180)
         mapper = int(open(pidfile).read())
-        assert not [fd for fd in os.listdir(f"/proc/{mapper}/fd") if os.stat(f"/proc/{mapper}/fd/{fd}").st_rdev
-                    == os.stat(node).st_rdev]  # no fd left: only the mapping
+        assert not [
+            fd
+            for fd in os.listdir(f"/proc/{mapper}/fd")
+            if os.stat(f"/proc/{mapper}/fd/{fd}").st_rdev == os.stat(node).st_rdev
+        ]  # no fd left: only the mapping
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the epilog to drain n1")
         reason = drain_reason(cluster)
         assert reason.startswith("slurm-tpu:") and mapper in holder_pids(reason) and "mmap" in reason, reason
@@ -253,8 +292,11 @@ def test_mapping_with_its_fd_closed_is_found_and_the_health_check_restores_idle(
     wait_until(lambda: not os.path.exists(f"/proc/{mapper}"), 30, "the mapper to die")
     # The admin resumes; the health check ends the kept lease and the card is idle at once
     # (once no process maps /dev/zero's numbers: a test run beside this one may, for a while).
-    wait_until(lambda: clear_kept_leases(load_config(cluster.node_config("n1"))) == [(PCI, "cleared")], 180,
-               "the health check to clear the kept lease")
+    wait_until(
+        lambda: clear_kept_leases(load_config(cluster.node_config("n1"))) == [(PCI, "cleared")],
+        180,
+        "the health check to clear the kept lease",
+    )
     assert leases(cluster, "n1") == [] and owner(node) == (0, 0, 0o600)
     resume(cluster)
     restore_node(node, rdev)
@@ -281,16 +323,22 @@ def test_a_flood_of_decoy_fds_neither_stretches_the_epilog_nor_drains_the_node(c
     # only read-only holders unseen (the residual docs/security.md names), so the card goes back.
     node = inventory(cluster, "n1")[PCI][0]
     set_scan_budget(cluster, 0.05)
-    decoys = [python_as("stpu_alice", DECOYS, "1000000", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-              for _ in range(10)]
+    decoys = [
+        python_as("stpu_alice", DECOYS, "1000000", stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        for _ in range(10)
+    ]
     try:
         for decoy in decoys:
             assert decoy.stdout.readline().strip() == "ready"  # ~20000 fds each: far more than 50 ms of stats
-        job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
-                             user="stpu_alice")
+        job = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:edgetpu_pci:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_alice"
+        )
         cluster.wait_for_jobs([job], timeout=180)
-        wait_until(lambda: any(e["event"] == "release" and e["job_id"] == job for e in audit(cluster, "n1")),
-                   120, "the epilog to release the card")
+        wait_until(
+            lambda: any(e["event"] == "release" and e["job_id"] == job for e in audit(cluster, "n1")),
+            120,
+            "the epilog to release the card",
+        )
         assert any(e["event"] == "scan-incomplete" and e["job_id"] == job for e in audit(cluster, "n1"))
         wait_until(lambda: "COMPLETING" not in cluster.node_states()["n1"], 120, "the epilog to end")
         assert "DRAIN" not in cluster.node_states()["n1"], drain_reason(cluster)
@@ -325,7 +373,9 @@ def test_pci_fd_in_flight_is_caught_by_the_drivers_count_of_writers(cluster, use
     try:
         wait_until(lambda: os.path.exists(ready), 30, "the sink to listen")
         assert open(count).read() == "0\n"
-        job = hold(cluster, "stpu_alice", "inflight", "tpu:edgetpu_pci:1", SMUGGLE.format(node=node, sock=sock, mode=""))
+        job = hold(
+            cluster, "stpu_alice", "inflight", "tpu:edgetpu_pci:1", SMUGGLE.format(node=node, sock=sock, mode="")
+        )
         assert stop(cluster, "inflight", job) == "COMPLETED"
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 120, "the epilog to drain n1")
         reason = drain_reason(cluster)
@@ -348,13 +398,17 @@ def test_a_user_process_titled_slurmstepd_does_not_keep_a_stale_lease_alive(clus
 
     node = inventory(cluster, "n1")[PCI][0]
     with Ledger(os.path.join(cluster.node_dir("n1"), "state")) as ledger:  # job 63 died with its node
-        assert ledger.claim(Lease(identity=PCI, job_id=63, uid=users["stpu_alice"], prolog_pid=1, prolog_start=1,
-                                  device_nodes=(node,)))
+        assert ledger.claim(
+            Lease(identity=PCI, job_id=63, uid=users["stpu_alice"], prolog_pid=1, prolog_start=1, device_nodes=(node,))
+        )
     os.chown(node, users["stpu_alice"], -1)
     forged = as_user("stpu_alice", ["bash", "-c", "exec -a 'slurmstepd: [63.batch]' sleep 120"])
     try:
-        wait_until(lambda: open(f"/proc/{forged.pid}/cmdline", "rb").read().startswith(b"slurmstepd: [63."),
-                   30, "the forged title")
+        wait_until(
+            lambda: open(f"/proc/{forged.pid}/cmdline", "rb").read().startswith(b"slurmstepd: [63."),
+            30,
+            "the forged title",
+        )
         row = {r["identity"]: r for r in leases(cluster, "n1")}[PCI]
         assert row["state"].startswith("stale")
         job = hold(cluster, "stpu_bob", "forged", "tpu:edgetpu_pci:1")
@@ -365,4 +419,3 @@ def test_a_user_process_titled_slurmstepd_does_not_keep_a_stale_lease_alive(clus
         forged.wait()
     assert any(e["event"] == "reclaim" and e["job_id"] == 63 for e in audit(cluster, "n1"))
     assert_idle_and_consistent(cluster)
-

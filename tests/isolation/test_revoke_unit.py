@@ -20,13 +20,13 @@ import time
 import pytest
 from hidden_holders import DECOYS
 
-from slurm_tpu.hooks import leasing
-from slurm_tpu.hooks.context import JobContext
-from slurm_tpu.config import Config
-from slurm_tpu.hooks.settings import HookSettings, apply_families
 from harness.localcluster.hardware import usb_sysfs_device
 from slurm_tpu.access import processes, revoke
 from slurm_tpu.access.ledger import Ledger
+from slurm_tpu.config import Config
+from slurm_tpu.hooks import leasing
+from slurm_tpu.hooks.context import JobContext
+from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.protocol.inventory import KnownDevice
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod, chown)")
@@ -124,8 +124,9 @@ def test_revoke_false_releases_at_once_after_the_holder_scan(tmp_path, usb_testb
         leasing.acquire(ledger, JobContext(7, 4321, "alice", "n1"), [device], settings)
         assert leasing.release(ledger, 7, settings) == []
         assert ledger.names() == []
-    with open(os.path.join(os.path.realpath(os.path.join(sys_root, "bus/usb/devices/2-1.3/port")),
-                           "disable")) as handle:
+    with open(
+        os.path.join(os.path.realpath(os.path.join(sys_root, "bus/usb/devices/2-1.3/port")), "disable")
+    ) as handle:
         assert handle.read().strip() == "0"  # never touched
 
 
@@ -168,8 +169,15 @@ def test_scan_finds_an_open_fd_and_a_mapping_whose_fd_is_closed(tmp_path):
 def start_decoys(count: int, fds_each: int, user: str | None = None) -> list[subprocess.Popen]:
     """Processes holding many fds of /dev/null each (this sandbox caps a process at 20000)."""
     prefix = ["runuser", "-u", user, "--"] if user else []
-    decoys = [subprocess.Popen([*prefix, "/usr/bin/python3", "-I", "-c", DECOYS, str(fds_each)],
-                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    decoys = [
+        subprocess.Popen(
+            [*prefix, "/usr/bin/python3", "-I", "-c", DECOYS, str(fds_each)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(count)
+    ]
     for decoy in decoys:
         assert decoy.stdout.readline().strip() == "ready"
     return decoys
@@ -231,4 +239,3 @@ def test_gasket_write_count_is_read_from_the_apex_class(tmp_path):
     (directory / "write_open_count").write_text("2\n")
     assert revoke.gasket_writers(str(tmp_path), "/dev/apex_0") == 2
     assert revoke.gasket_writers(str(tmp_path), "/dev/apex_1") is None
-

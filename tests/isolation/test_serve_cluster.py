@@ -132,8 +132,13 @@ def setup(users):
 
 
 def as_user(user: str, home: str, argv: list[str], *env: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME={home}", *env, *argv], capture_output=True,
-                          text=True, timeout=120, cwd="/")
+    return subprocess.run(
+        ["runuser", "-u", user, "--", "env", f"HOME={home}", *env, *argv],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd="/",
+    )
 
 
 def slurm_tpu(*args: str) -> list[str]:
@@ -142,18 +147,28 @@ def slurm_tpu(*args: str) -> list[str]:
 
 def _submit_server(cluster, models, double, homes, log: str, script: str) -> int:
     """Submit a serve job ``script`` (SERVE_JOB or a variant) as Alice, its output to ``log``; its id."""
-    return cluster.sbatch(["--gres=tpu:1", "-o", log, "-e", log],
-                          script.format(home=homes[ALICE], double=double, usb=USB, python=sys.executable,
-                                        model=models["classifier"], labels=models["classifier_labels"]),
-                          user=ALICE)
+    return cluster.sbatch(
+        ["--gres=tpu:1", "-o", log, "-e", log],
+        script.format(
+            home=homes[ALICE],
+            double=double,
+            usb=USB,
+            python=sys.executable,
+            model=models["classifier"],
+            labels=models["classifier_labels"],
+        ),
+        user=ALICE,
+    )
 
 
 def _published_address(cluster, homes, job: int, log: str) -> tuple[str, dict]:
     """Wait for the serve job to publish its address file; (its path, its content)."""
     address_file = os.path.join(homes[ALICE], ".slurm-tpu", "serve", f"{job}.json")
-    wait_until(lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING",
-                                                                                      "CONFIGURING", ""),
-               90, f"job {job} to publish its address")
+    wait_until(
+        lambda: os.path.exists(address_file) or cluster.job_state(job) not in ("PENDING", "RUNNING", "CONFIGURING", ""),
+        90,
+        f"job {job} to publish its address",
+    )
     assert os.path.exists(address_file), open(log).read()
     return address_file, json.load(open(address_file))
 
@@ -170,19 +185,40 @@ def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup,
 
     # The owner's client answers as local inference does (same model, same inputs).
     remote, local = os.path.join(out, "remote.jsonl"), os.path.join(out, "local.jsonl")
-    done = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", models["images"], "-k", "2",
-                                                  "-o", remote, "--no-progress"))
+    done = as_user(
+        ALICE,
+        homes[ALICE],
+        slurm_tpu("infer", "--server", job, "classifier", models["images"], "-k", "2", "-o", remote, "--no-progress"),
+    )
     assert done.returncode == 0, done.stderr
-    local_run = subprocess.run(slurm_tpu("infer", models["classifier"], models["images"], "-k", "2", "-o", local,
-                                         "-l", models["classifier_labels"], "--no-progress"),
-                               capture_output=True, text=True, timeout=120,
-                               env={k: v for k, v in os.environ.items() if not k.startswith("SLURM")})
+    local_run = subprocess.run(
+        slurm_tpu(
+            "infer",
+            models["classifier"],
+            models["images"],
+            "-k",
+            "2",
+            "-o",
+            local,
+            "-l",
+            models["classifier_labels"],
+            "--no-progress",
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM")},
+    )
     assert local_run.returncode == 0, local_run.stderr
     assert open(remote).read() == open(local).read()
     image = os.path.join(models["images"], "img_00002.png")
     single = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image, "--json", "-c", "1"))
-    local_single = subprocess.run(slurm_tpu("infer", models["classifier"], image, "-l", models["classifier_labels"],
-                                            "--json", "-c", "1"), capture_output=True, text=True, timeout=120)
+    local_single = subprocess.run(
+        slurm_tpu("infer", models["classifier"], image, "-l", models["classifier_labels"], "--json", "-c", "1"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert json.loads(single.stdout)["classes"] == json.loads(local_single.stdout)["classes"]
     assert json.loads(single.stdout)["devices"] == ["edgetpu usb-2-1.3"]
 
@@ -202,17 +238,28 @@ def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup,
     assert stolen.returncode == 2 and f"no server address for job {job}" in stolen.stderr
 
     # What the server counted, before it goes.
-    metrics = subprocess.run(["curl", "-s", "-H", f"Authorization: Bearer {address['token']}",
-                              f"http://{host_port}/metrics"], capture_output=True, text=True, timeout=30).stdout
+    metrics = subprocess.run(
+        ["curl", "-s", "-H", f"Authorization: Bearer {address['token']}", f"http://{host_port}/metrics"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
     from prometheus_client.parser import text_string_to_metric_families
 
-    [inferences] = [s.value for f in text_string_to_metric_families(metrics) for s in f.samples
-                    if s.name == "slurm_tpu_serve_inferences_total"]
+    [inferences] = [
+        s.value
+        for f in text_string_to_metric_families(metrics)
+        for s in f.samples
+        if s.name == "slurm_tpu_serve_inferences_total"
+    ]
     assert inferences == 6 + 1 + 1  # the batch, the single input, the predict
 
     cluster.command(["scancel", str(job)], user=ALICE)
-    released = wait_until(lambda: [e for e in audit(cluster, "n1") if e.get("job_id") == job and e["event"] == "release"],
-                          60, f"the epilog to release job {job}'s TPU")
+    released = wait_until(
+        lambda: [e for e in audit(cluster, "n1") if e.get("job_id") == job and e["event"] == "release"],
+        60,
+        f"the epilog to release job {job}'s TPU",
+    )
     assert [e["identity"] for e in released] == ["usb-2-1.3"]
     text = open(log).read()
     assert "SIGTERM: stopping" in text and "devices released" in text and "cut off" not in text, text
@@ -223,6 +270,7 @@ def test_served_model_answers_its_owner_only_and_stops_cleanly_on_scancel(setup,
 
 
 # -- a server killed without clean-up: its address file stays, another user takes its port ------
+
 
 def _start_and_kill(cluster, models, double, homes, script: str) -> tuple[int, dict, str]:
     """Submit ``script`` as Alice, wait for its address file, SIGKILL the server; (job, address, log)."""
@@ -240,8 +288,11 @@ def _squat(homes, port: int) -> tuple[subprocess.Popen, str]:
     out = tempfile.mkdtemp(prefix="squatter-", dir=homes[BOB])
     os.chown(out, *(os.stat(homes[BOB]).st_uid,) * 2)
     squatter = subprocess.Popen(["runuser", "-u", BOB, "--", sys.executable, "-c", SQUATTER, str(port), out], cwd="/")
-    wait_until(lambda: os.path.exists(os.path.join(out, "ready")) or squatter.poll() is not None, 60,
-               "Bob's listener on the port")
+    wait_until(
+        lambda: os.path.exists(os.path.join(out, "ready")) or squatter.poll() is not None,
+        60,
+        "Bob's listener on the port",
+    )
     assert squatter.poll() is None
     return squatter, out
 
@@ -262,8 +313,7 @@ def _squatter_saw(squatter: subprocess.Popen, out: str) -> list[bytes]:
 def _one_line_error(done: subprocess.CompletedProcess) -> str:
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("slurm-tpu: error:") and "Traceback" not in done.stderr, \
-        done.stderr
+    assert len(lines) == 1 and lines[0].startswith("slurm-tpu: error:") and "Traceback" not in done.stderr, done.stderr
     return lines[0]
 
 
@@ -278,8 +328,12 @@ def test_a_squatter_on_a_killed_servers_port_never_gets_the_token(setup, users):
         try:
             assert cluster.job_state(job) == "RUNNING"
             image = os.path.join(models["images"], "img_00002.png")
-            done = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image),
-                           f"SLURM_CONF={cluster.slurm_conf}")
+            done = as_user(
+                ALICE,
+                homes[ALICE],
+                slurm_tpu("infer", "--server", job, "classifier", image),
+                f"SLURM_CONF={cluster.slurm_conf}",
+            )
             line = _one_line_error(done)
             assert "did not prove" in line and "token was not sent" in line, line
         finally:
@@ -301,8 +355,12 @@ def test_an_address_file_of_a_job_that_ended_is_not_trusted(setup, users):
     squatter, out = _squat(homes, int(address["url"].rsplit(":", 1)[1]))
     try:
         image = os.path.join(models["images"], "img_00002.png")
-        done = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image),
-                       f"SLURM_CONF={cluster.slurm_conf}")
+        done = as_user(
+            ALICE,
+            homes[ALICE],
+            slurm_tpu("infer", "--server", job, "classifier", image),
+            f"SLURM_CONF={cluster.slurm_conf}",
+        )
         line = _one_line_error(done)
         assert f"job {job} is not running" in line, line
     finally:
@@ -328,11 +386,35 @@ def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, us
     try:
         _, address = _published_address(cluster, homes, job, log)
         port = int(address["url"].rsplit(":", 1)[1])
-        flood = subprocess.Popen(["runuser", "-u", BOB, "--", sys.executable, FLOODER, str(port), str(FLOOD),
-                                  str(TRICKLE), str(FLOOD_SECONDS)], stdout=subprocess.PIPE, text=True, cwd="/")
+        flood = subprocess.Popen(
+            [
+                "runuser",
+                "-u",
+                BOB,
+                "--",
+                sys.executable,
+                FLOODER,
+                str(port),
+                str(FLOOD),
+                str(TRICKLE),
+                str(FLOOD_SECONDS),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd="/",
+        )
         try:
-            curl = ["curl", "-s", "-o", "/dev/null", "-w", "%{http_code} %{time_total}", "-H",
-                    f"Authorization: Bearer {address['token']}", f"{address['url']}/v1/models/classifier"]
+            curl = [
+                "curl",
+                "-s",
+                "-o",
+                "/dev/null",
+                "-w",
+                "%{http_code} %{time_total}",
+                "-H",
+                f"Authorization: Bearer {address['token']}",
+                f"{address['url']}/v1/models/classifier",
+            ]
             assert json.loads(flood.stdout.readline()) == {"started": FLOOD}  # all open: now Alice comes
             answers = []
             started = time.monotonic()
@@ -341,8 +423,12 @@ def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, us
                 code, seconds = done.stdout.split()
                 answers.append((int(code), float(seconds)))
             image = os.path.join(models["images"], "img_00002.png")
-            client = as_user(ALICE, homes[ALICE], slurm_tpu("infer", "--server", job, "classifier", image, "--json"),
-                             f"SLURM_CONF={cluster.slurm_conf}")
+            client = as_user(
+                ALICE,
+                homes[ALICE],
+                slurm_tpu("infer", "--server", job, "classifier", image, "--json"),
+                f"SLURM_CONF={cluster.slurm_conf}",
+            )
             report = json.loads(flood.communicate(timeout=FLOOD_SECONDS + 30)[0])
         finally:
             if flood.poll() is None:

@@ -26,10 +26,13 @@ def cluster():
 def stress_run(cluster, users) -> list[str]:
     """Run the 300 jobs once per module; their final states. Each test that looks at
     the run asks for it, so any of them can run alone (`pytest -k report`)."""
-    script = "#!/bin/sh\ntest -n \"$SLURM_TPU_DEVICES\"\n"  # fails the job if the env is missing
+    script = '#!/bin/sh\ntest -n "$SLURM_TPU_DEVICES"\n'  # fails the job if the env is missing
     for user in ("stpu_alice", "stpu_bob"):
-        cluster.sbatch([f"--array=0-{JOBS_PER_USER - 1}", "-w", "n1", "--gres=tpu:1", "-o", "/dev/null",
-                              "-e", "/dev/null"], script, user=user)
+        cluster.sbatch(
+            [f"--array=0-{JOBS_PER_USER - 1}", "-w", "n1", "--gres=tpu:1", "-o", "/dev/null", "-e", "/dev/null"],
+            script,
+            user=user,
+        )
     final = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL")
     deadline = time.monotonic() + 480
     while time.monotonic() < deadline:
@@ -81,8 +84,12 @@ def test_report_totals_match_the_audit_log(cluster, users, stress_run):
             totals["seconds"] += event["t"] - acquire["t"]
     assert not started
     audit_log = os.path.join(cluster.node_dir("n1"), "state", "audit.log")
-    result = subprocess.run([*cluster.slurm_tpu, "report", "--by", "user", "--json", "--audit", audit_log],
-                            capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [*cluster.slurm_tpu, "report", "--by", "user", "--json", "--audit", audit_log],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
     assert set(report) == {"stpu_alice", "stpu_bob"}
@@ -90,6 +97,12 @@ def test_report_totals_match_the_audit_log(cluster, users, stress_run):
         assert report[name]["jobs"] == len(totals["jobs"]) == JOBS_PER_USER
         assert report[name]["leases"] == JOBS_PER_USER
         assert report[name]["lease_seconds"] == pytest.approx(totals["seconds"], abs=0.01)
-    by_device = json.loads(subprocess.run([*cluster.slurm_tpu, "report", "--by", "device", "--json", "--audit",
-                                           audit_log], capture_output=True, text=True, timeout=60).stdout)
+    by_device = json.loads(
+        subprocess.run(
+            [*cluster.slurm_tpu, "report", "--by", "device", "--json", "--audit", audit_log],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        ).stdout
+    )
     assert sum(d["leases"] for d in by_device.values()) == 2 * JOBS_PER_USER

@@ -16,8 +16,19 @@ import stat
 import subprocess
 
 import pytest
-from support import PCI, USB, audit, inventory, leases, no_overlaps, one_node_two_tpus, out, owner, state_dir
-from support import wait_until
+from support import (
+    PCI,
+    USB,
+    audit,
+    inventory,
+    leases,
+    no_overlaps,
+    one_node_two_tpus,
+    out,
+    owner,
+    state_dir,
+    wait_until,
+)
 
 from slurm_tpu.protocol.usage import BOX_BYTES, BOX_INODES
 
@@ -60,8 +71,11 @@ GOOD = json.dumps({"version": 1, "inferences": 7, "seconds": 0.25, "energy_j": N
 
 def record_job(cluster, user: str, tag: str, gres: str, record: str = GOOD, wait: bool = False) -> int:
     code = RECORD.format(tag=tag, out=os.path.join(cluster.base, "out"), wait=wait, record=record)
-    return cluster.sbatch(["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
-                          python_job(cluster, code, tag), user=user)
+    return cluster.sbatch(
+        ["-w", "n1", f"--gres={gres}", "-o", "/dev/null", "-e", out(cluster, f"{tag}.err")],
+        python_job(cluster, code, tag),
+        user=user,
+    )
 
 
 # Alice, inside her TPU job: fill her box, flood it with names (400k tries), then try
@@ -113,8 +127,11 @@ def test_filling_and_flooding_a_box_costs_no_other_job_anything(cluster, users):
     wait_until(lambda: os.path.exists(out(cluster, "bob1.box")), 60, "Bob's job to start")
     assert open(out(cluster, "bob1.box")).read().startswith(os.path.join(state(cluster), "job-usage", ""))
     code = FLOOD.format(out=os.path.join(cluster.base, "out"), victim=out(cluster, "bob1.box"))
-    alice = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null", "-e",
-                            out(cluster, "flood.err")], python_job(cluster, code, "flood"), user="stpu_alice")
+    alice = cluster.sbatch(
+        ["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null", "-e", out(cluster, "flood.err")],
+        python_job(cluster, code, "flood"),
+        user="stpu_alice",
+    )
     assert cluster.wait_for_jobs([alice], timeout=120)[alice] == "COMPLETED", open(out(cluster, "flood.err")).read()
     result = json.load(open(out(cluster, "flood.json")))
     # Her box held what its size allows and no more; the flood of names stopped at its inode limit.
@@ -144,14 +161,26 @@ def test_no_user_can_create_anything_on_the_ledgers_filesystem(cluster, users):
     directory there is root's and not group/world-writable, so a user can plant no name
     for a future job (or fill the ledger's filesystem) at all."""
     top = os.lstat(state(cluster))
-    for directory, subdirs, _ in os.walk(state(cluster)):
+    for directory, _subdirs, _ in os.walk(state(cluster)):
         info = os.lstat(directory)
         if info.st_dev != top.st_dev:
             continue  # a running job's own box: another filesystem
         assert info.st_uid == 0 and not info.st_mode & 0o022, (directory, oct(stat.S_IMODE(info.st_mode)))
-        probe = subprocess.run(["runuser", "-u", "stpu_alice", "--", "/usr/bin/python3", "-I", "-c",
-                                "import os, sys; os.close(os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644))",
-                                os.path.join(directory, "424242.usb-2-1.3.1")], capture_output=True, text=True)
+        probe = subprocess.run(
+            [
+                "runuser",
+                "-u",
+                "stpu_alice",
+                "--",
+                "/usr/bin/python3",
+                "-I",
+                "-c",
+                "import os, sys; os.close(os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY, 0o644))",
+                os.path.join(directory, "424242.usb-2-1.3.1"),
+            ],
+            capture_output=True,
+            text=True,
+        )
         assert probe.returncode != 0 and "Permission denied" in probe.stderr, (directory, probe.stderr)
 
 
@@ -162,8 +191,7 @@ ABSURD = [
 
 
 def test_absurd_numbers_change_only_the_attackers_records(cluster, users):
-    alice = [record_job(cluster, "stpu_alice", f"absurd{i}", "tpu:1", record=record) for i, record in
-             enumerate(ABSURD)]
+    alice = [record_job(cluster, "stpu_alice", f"absurd{i}", "tpu:1", record=record) for i, record in enumerate(ABSURD)]
     bob = record_job(cluster, "stpu_bob", "bob3", "tpu:1")
     states = cluster.wait_for_jobs([*alice, bob], timeout=120)
     assert set(states.values()) == {"COMPLETED"}, states
@@ -173,8 +201,11 @@ def test_absurd_numbers_change_only_the_attackers_records(cluster, users):
     for argv in (["report", "--by", "job", "--json"], ["report"], ["metrics"]):
         done = subprocess.run([*cluster.slurm_tpu, *argv], capture_output=True, text=True, env=env, timeout=60)
         assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
-    by_job = json.loads(subprocess.run([*cluster.slurm_tpu, "report", "--by", "job", "--json"], capture_output=True,
-                                       text=True, env=env, timeout=60).stdout)
+    by_job = json.loads(
+        subprocess.run(
+            [*cluster.slurm_tpu, "report", "--by", "job", "--json"], capture_output=True, text=True, env=env, timeout=60
+        ).stdout
+    )
     assert by_job[str(bob)]["inferences"] == 7 and all(by_job[str(j)]["inferences"] == 0 for j in alice)
     assert "DRAIN" not in cluster.node_states()["n1"]
 
@@ -187,10 +218,14 @@ def test_a_prolog_failing_after_the_lease_gives_the_devices_and_the_box_back(clu
     os.rename(jobs, jobs + ".away")
     open(jobs, "w").close()
     try:
-        job = cluster.sbatch(["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n",
-                             user="stpu_alice")
-        wait_until(lambda: any(e["event"] == "rollback" and e["job_id"] == job for e in audit(cluster, "n1")),
-                   60, "the prolog to roll back")
+        job = cluster.sbatch(
+            ["-w", "n1", "--gres=tpu:edgetpu_usb:1", "-o", "/dev/null"], "#!/bin/sh\ntrue\n", user="stpu_alice"
+        )
+        wait_until(
+            lambda: any(e["event"] == "rollback" and e["job_id"] == job for e in audit(cluster, "n1")),
+            60,
+            "the prolog to roll back",
+        )
         wait_until(lambda: "DRAIN" in cluster.node_states()["n1"], 60, "Slurm to drain n1 (a failed prolog)")
     finally:
         os.unlink(jobs)
@@ -198,8 +233,7 @@ def test_a_prolog_failing_after_the_lease_gives_the_devices_and_the_box_back(clu
     assert leases(cluster, "n1") == []
     assert owner(inventory(cluster, "n1")[USB][0]) == (0, 0, 0o600)
     assert os.listdir(os.path.join(state(cluster), "job-usage")) == []
-    assert "slurm-tpu" not in [line.split()[0] for line in open("/proc/self/mounts")
-                               if state(cluster) in line]
+    assert "slurm-tpu" not in [line.split()[0] for line in open("/proc/self/mounts") if state(cluster) in line]
     cluster.command(["scancel", str(job)])
     cluster.command(["scontrol", "update", "NodeName=n1", "State=RESUME"])
     wait_until(lambda: "DRAIN" not in cluster.node_states()["n1"], 60, "n1 to resume")

@@ -73,8 +73,7 @@ def test_job_without_tpu_sees_none(cluster, users):
     """No --gres=tpu on a TPU node, and an EDGETPU_VISIBLE_DEVICES brought from the submitting
     shell: the task prolog overwrites it with an empty list."""
     library = real_libedgetpu()
-    seen = run_job(cluster, "stpu_bob", "v2", ["-w", "n1", "--export=ALL,EDGETPU_VISIBLE_DEVICES=/dev/apex_0"],
-                   library)
+    seen = run_job(cluster, "stpu_bob", "v2", ["-w", "n1", "--export=ALL,EDGETPU_VISIBLE_DEVICES=/dev/apex_0"], library)
     assert seen["visible"] == ""
     assert seen["list"]["listed"] == [] and seen["list"]["opened"] == []
     assert seen["default"]["ok"] is False and seen["default"]["opened"] == []

@@ -13,17 +13,31 @@ from helpers import REPO
 HERE = Path(__file__).resolve().parent
 
 
-def in_testbed(description: Path | str, argv: list[str], env: dict[str, str] | None = None,
-               timeout: float = 120, user: str | None = None) -> subprocess.CompletedProcess:
+def in_testbed(
+    description: Path | str,
+    argv: list[str],
+    env: dict[str, str] | None = None,
+    timeout: float = 120,
+    user: str | None = None,
+) -> subprocess.CompletedProcess:
     """Run ``argv`` inside a umockdev testbed of ``description`` (real libudev, libusb, sysfs),
     as ``user`` when given (the testbed is then theirs)."""
     # Not the environment of a job the tests may run in: the test says what the job has.
-    full_env = {k: v for k, v in os.environ.items()
-                if not k.startswith(("SLURM_TPU_", "SLURM_JOB")) and k != "EDGETPU_VISIBLE_DEVICES"}
+    full_env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_TPU_", "SLURM_JOB")) and k != "EDGETPU_VISIBLE_DEVICES"
+    }
     full_env.update(env or {})
     prefix = ["runuser", "-u", user, "--"] if user else []
-    return subprocess.run([*prefix, "umockdev-run", "--device", str(description), "--", *argv],
-                          capture_output=True, text=True, timeout=timeout, env=full_env, cwd=REPO)
+    return subprocess.run(
+        [*prefix, "umockdev-run", "--device", str(description), "--", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=REPO,
+    )
 
 
 def run_probe(script: str, description: Path | str, args: list[str], env: dict[str, str] | None = None) -> dict:
@@ -44,9 +58,12 @@ def stick_behind_a_hub_without_descriptors(tmp_path: Path) -> Path:
     from helpers import HARDWARE
 
     hub = "P: /devices/pci0000:00/0000:00:14.0/usb2/2-1\n"
-    blocks = [block if not block.startswith(hub) else
-              "\n".join(line for line in block.splitlines() if not line.startswith("H: "))
-              for block in (HARDWARE / "usb_stick_after.umockdev").read_text().split("\n\n")]
+    blocks = [
+        block
+        if not block.startswith(hub)
+        else "\n".join(line for line in block.splitlines() if not line.startswith("H: "))
+        for block in (HARDWARE / "usb_stick_after.umockdev").read_text().split("\n\n")
+    ]
     path = tmp_path / "hub_without_descriptors.umockdev"
     path.write_text("\n\n".join(blocks))
     return path

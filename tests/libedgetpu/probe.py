@@ -17,10 +17,9 @@ from types import SimpleNamespace
 
 from slurm_tpu.config import Config
 from slurm_tpu.detect import detect_inventory
-from slurm_tpu.protocol import envfile
 from slurm_tpu.hooks.settings import HookSettings, apply_families
+from slurm_tpu.protocol import envfile, jobenv
 from slurm_tpu.protocol.inventory import parse_inventory
-from slurm_tpu.protocol import jobenv
 from slurm_tpu.runner.engines import EdgeTpuLibrary
 
 
@@ -29,20 +28,30 @@ def main() -> None:
     known = parse_inventory(document)
     settings = HookSettings("/nonexistent", devices=known)
     apply_families(settings, Config())
-    leases = [SimpleNamespace(identity=d.identity, kind=d.kind) for d in known.values()
-              if d.kind == "edgetpu" and jobenv.EDGETPU_PATHS in settings.values.get(d.identity, {})]
-    environ = dict(line.removeprefix("export ").split("=", 1)
-                   for line in envfile.render(leases, settings).splitlines() if line.startswith("export "))
+    leases = [
+        SimpleNamespace(identity=d.identity, kind=d.kind)
+        for d in known.values()
+        if d.kind == "edgetpu" and jobenv.EDGETPU_PATHS in settings.values.get(d.identity, {})
+    ]
+    environ = dict(
+        line.removeprefix("export ").split("=", 1)
+        for line in envfile.render(leases, settings).splitlines()
+        if line.startswith("export ")
+    )
     handles = jobenv.parse_environment(environ)
     library = EdgeTpuLibrary(sys.argv[1])
     listed = [f"{t}:{p}" for t, p in library.list_devices()]
     os.environ[jobenv.EDGETPU_VISIBLE] = environ[jobenv.EDGETPU_VISIBLE]  # libedgetpu reads it at each call
-    print(json.dumps({
-        "inventory": document,
-        "exported": {h.identity: f"{h.device_type}:{h.path}" for h in handles},
-        "listed": listed,
-        "visible": [f"{t}:{p}" for t, p in library.list_devices()],
-    }))
+    print(
+        json.dumps(
+            {
+                "inventory": document,
+                "exported": {h.identity: f"{h.device_type}:{h.path}" for h in handles},
+                "listed": listed,
+                "visible": [f"{t}:{p}" for t, p in library.list_devices()],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

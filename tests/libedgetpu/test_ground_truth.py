@@ -12,9 +12,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from libedgetpu_support import run_probe, stick_behind_a_hub_without_descriptors
 
 from helpers import HARDWARE, REPO, merge_umockdev
-from libedgetpu_support import run_probe, stick_behind_a_hub_without_descriptors
 
 ISOLATION_HARDWARE = REPO / "tests" / "isolation" / "hardware"
 DEMO_HARDWARE = REPO / "demo" / "hardware"
@@ -33,24 +33,40 @@ def two_sticks(tmp_path: Path, *files: str) -> Path:
 
 NODES = {
     # name: (description, the exported paths we expect, written out)
-    "stick awaiting firmware, behind a hub": (HARDWARE / "usb_stick_before.umockdev",
-                                              {"usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3"}),
-    "same stick re-enumerated with firmware": (HARDWARE / "usb_stick_after.umockdev",
-                                               {"usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3"}),
-    "stick on a root port": (HARDWARE / "usb_second_stick.umockdev",
-                             {"usb-2-2": "usb:/sys/bus/usb/devices/2-2"}),
-    "4 PCIe cards and 2 sticks (USB 2 hub, root port)": (HARDWARE / "big_node.umockdev", {
-        "usb-2-1": "usb:/sys/bus/usb/devices/2-1", "usb-1-1.4": "usb:/sys/bus/usb/devices/1-1.4",
-        "pci-0000:03:00.0": "pci:/dev/apex_0", "pci-0000:04:00.0": "pci:/dev/apex_1",
-        "pci-0000:05:00.0": "pci:/dev/apex_3", "pci-0000:06:00.0": "pci:/dev/apex_2"}),
+    "stick awaiting firmware, behind a hub": (
+        HARDWARE / "usb_stick_before.umockdev",
+        {"usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3"},
+    ),
+    "same stick re-enumerated with firmware": (
+        HARDWARE / "usb_stick_after.umockdev",
+        {"usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3"},
+    ),
+    "stick on a root port": (HARDWARE / "usb_second_stick.umockdev", {"usb-2-2": "usb:/sys/bus/usb/devices/2-2"}),
+    "4 PCIe cards and 2 sticks (USB 2 hub, root port)": (
+        HARDWARE / "big_node.umockdev",
+        {
+            "usb-2-1": "usb:/sys/bus/usb/devices/2-1",
+            "usb-1-1.4": "usb:/sys/bus/usb/devices/1-1.4",
+            "pci-0000:03:00.0": "pci:/dev/apex_0",
+            "pci-0000:04:00.0": "pci:/dev/apex_1",
+            "pci-0000:05:00.0": "pci:/dev/apex_3",
+            "pci-0000:06:00.0": "pci:/dev/apex_2",
+        },
+    ),
     "PCIe card without its driver": (HARDWARE / "pcie_no_driver.umockdev", {}),
     "no accelerator, a keyboard": (HARDWARE / "empty_node.umockdev", {}),
-    "cluster node: PCIe card and a stick": (ISOLATION_HARDWARE / "n1_two_tpus.umockdev", {
-        "usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3", "pci-0000:03:00.0": "pci:/dev/apex_0"}),
-    "demo: Raspberry Pi stick behind its on-board hub": (DEMO_HARDWARE / "node-usb.umockdev",
-                                                         {"usb-1-1.3": "usb:/sys/bus/usb/devices/1-1.3"}),
-    "demo: 2 PCIe cards": (DEMO_HARDWARE / "node-pcie.umockdev",
-                           {"pci-0000:01:00.0": "pci:/dev/apex_0", "pci-0000:02:00.0": "pci:/dev/apex_1"}),
+    "cluster node: PCIe card and a stick": (
+        ISOLATION_HARDWARE / "n1_two_tpus.umockdev",
+        {"usb-2-1.3": "usb:/sys/bus/usb/devices/2-1.3", "pci-0000:03:00.0": "pci:/dev/apex_0"},
+    ),
+    "demo: Raspberry Pi stick behind its on-board hub": (
+        DEMO_HARDWARE / "node-usb.umockdev",
+        {"usb-1-1.3": "usb:/sys/bus/usb/devices/1-1.3"},
+    ),
+    "demo: 2 PCIe cards": (
+        DEMO_HARDWARE / "node-pcie.umockdev",
+        {"pci-0000:01:00.0": "pci:/dev/apex_0", "pci-0000:02:00.0": "pci:/dev/apex_1"},
+    ),
 }
 
 

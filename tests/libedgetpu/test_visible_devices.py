@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from libedgetpu_support import HERE, in_testbed
 
 from helpers import HARDWARE, USERS, merge_umockdev
-from libedgetpu_support import HERE, in_testbed
 
 NODE = HARDWARE / "big_node.umockdev"
 VARIABLE = "EDGETPU_VISIBLE_DEVICES"
@@ -75,8 +75,15 @@ def typed(path: str) -> str:
     return ("usb:" if path.startswith("/sys/") else "pci:") + path
 
 
-def run(library: str, action: str, job: list[str] | None, user: str, traces: Path,
-        description: Path = NODE, nodes: dict[str, str] = NODES) -> Seen:
+def run(
+    library: str,
+    action: str,
+    job: list[str] | None,
+    user: str,
+    traces: Path,
+    description: Path = NODE,
+    nodes: dict[str, str] = NODES,
+) -> Seen:
     """``visible_probe.py ACTION`` as ``user`` owning only ``job``'s device nodes, under strace.
 
     ``job`` is what EDGETPU_VISIBLE_DEVICES lists (None: the variable is unset, as on a node
@@ -84,9 +91,11 @@ def run(library: str, action: str, job: list[str] | None, user: str, traces: Pat
     """
     trace = traces / f"trace-{uuid.uuid4().hex}"
     foreign = " ".join(f".{node}" for path, node in nodes.items() if path not in (job or []))
-    script = (f'cd "$UMOCKDEV_DIR" && {"chmod 000 " + foreign + " && " if foreign else ""}'
-              f'exec strace -f -qq -e trace=open,openat -o {trace} {sys.executable} '
-              f'{HERE / "visible_probe.py"} {library} {action}')
+    script = (
+        f'cd "$UMOCKDEV_DIR" && {"chmod 000 " + foreign + " && " if foreign else ""}'
+        f"exec strace -f -qq -e trace=open,openat -o {trace} {sys.executable} "
+        f"{HERE / 'visible_probe.py'} {library} {action}"
+    )
     env = {VARIABLE: ",".join(job)} if job is not None else {}
     done = in_testbed(description, ["sh", "-c", script], env=env, user=user)
     assert done.returncode == 0, done.stderr

@@ -21,8 +21,10 @@ def node(tmp_path):
     os.chmod(tmp_path, 0o755)
     os.chmod(root, 0o755)
     config = root / "config.yaml"
-    config.write_text(f"version: 1\nnode_name: big\ndevices: {{slot_dir: {root}/dev-slots}}\n"
-                      f"state_dir: {root}/run-state\ninventory_file: {root}/var/inventory.json\n")
+    config.write_text(
+        f"version: 1\nnode_name: big\ndevices: {{slot_dir: {root}/dev-slots}}\n"
+        f"state_dir: {root}/run-state\ninventory_file: {root}/var/inventory.json\n"
+    )
     result = run_cli(["--config", str(config), "gres-conf", "--output", str(root / "gres.conf")], "big_node")
     assert result.returncode == 0, result.stderr
     return root, config
@@ -40,8 +42,9 @@ def test_boot_restores_slots_and_state_even_for_an_absent_device(node, tmp_path)
     shutil.copytree(HARDWARE / "big_node.extra", tmp_path / "unplugged.extra")
     result = run_cli(["--config", str(config), "boot"], str(unplugged))
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == ("slurm-tpu boot: 9 of 10 configured accelerator(s) present; "
-                                     "absent: usb-2-1 (placeholder slots)")
+    assert result.stdout.strip() == (
+        "slurm-tpu boot: 9 of 10 configured accelerator(s) present; absent: usb-2-1 (placeholder slots)"
+    )
     assert sorted(os.listdir(root / "dev-slots")) == slots_before  # every File= exists again
     placeholder = os.stat(root / "dev-slots" / "usb-2-1")
     assert stat.S_ISCHR(placeholder.st_mode) and placeholder.st_rdev == os.makedev(0, 0)

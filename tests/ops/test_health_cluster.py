@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from helpers import HARDWARE, run_cli
 from harness import module_command
 from harness.localcluster import NodeSpec
 from harness.localcluster.cluster import Hooks
+from helpers import HARDWARE, run_cli
 from slurm_tpu.slurm.parse import parse_key_values, parse_node_state
 
 pytestmark = pytest.mark.slurm
@@ -40,10 +40,13 @@ exec umockdev-run --device "$node_dir/hardware.umockdev" -- \\
 """)
     program.chmod(0o755)
     cluster = cluster_factory(
-        [NodeSpec("n1", str(HARDWARE / "usb_stick_after.umockdev")),
-         NodeSpec("n2", str(HARDWARE / "big_node.umockdev")),
-         NodeSpec("n3", str(HARDWARE / "empty_node.umockdev"))],
-        hooks=Hooks(health=str(program), health_interval=INTERVAL))
+        [
+            NodeSpec("n1", str(HARDWARE / "usb_stick_after.umockdev")),
+            NodeSpec("n2", str(HARDWARE / "big_node.umockdev")),
+            NodeSpec("n3", str(HARDWARE / "empty_node.umockdev")),
+        ],
+        hooks=Hooks(health=str(program), health_interval=INTERVAL),
+    )
     for node, hardware in (("n1", "usb_stick_after"), ("n2", "big_node"), ("n3", "empty_node")):
         plug(cluster, node, HARDWARE / f"{hardware}.umockdev")
     return cluster
@@ -104,8 +107,13 @@ def after_two_health_runs(cluster, node: str, timeout: float = 4 * INTERVAL + 10
     test sees "the health check left this alone" without sleeping and hoping a check ran.
     """
     wanted = health_runs(cluster, node) + 2
-    return wait_for(cluster, node, lambda s: health_runs(cluster, node) >= wanted,
-                    f"two health checks (log lines '{node}: ...')", timeout)
+    return wait_for(
+        cluster,
+        node,
+        lambda s: health_runs(cluster, node) >= wanted,
+        f"two health checks (log lines '{node}: ...')",
+        timeout,
+    )
 
 
 def test_unplug_drains_and_replug_resumes(cluster):
@@ -141,15 +149,20 @@ def test_admin_drain_is_left_alone(cluster):
 
 def test_reenumeration_during_a_job_causes_no_drain_and_no_config_change(cluster):
     stop = cluster.path("reenumeration.stop")
-    job = cluster.sbatch(["--gres=tpu:1", "-w", "n1", "-o", "/dev/null"],
-                         f"#!/bin/sh\ni=0\nwhile [ ! -e {stop} ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done\n")
+    job = cluster.sbatch(
+        ["--gres=tpu:1", "-w", "n1", "-o", "/dev/null"],
+        f"#!/bin/sh\ni=0\nwhile [ ! -e {stop} ] && [ $i -lt 900 ]; do sleep 0.1; i=$((i+1)); done\n",
+    )
     wait_for(cluster, "n1", lambda s: cluster.job_state(job) == "RUNNING", f"job {job} to run", 30)
     # Firmware reload / port reset: same port, the other USB id, a new devnum.
     plug(cluster, "n1", HARDWARE / "usb_stick_before.umockdev")
     assert not drained(after_two_health_runs(cluster, "n1"))
     assert cluster.job_state(job) == "RUNNING"  # the checks above ran during the job
-    check = run_cli(["gres-conf", "--check", "--output", cluster.gres_conf], "usb_stick_before",
-                    env={"SLURM_TPU_CONFIG": cluster.node_config("n1")})
+    check = run_cli(
+        ["gres-conf", "--check", "--output", cluster.gres_conf],
+        "usb_stick_before",
+        env={"SLURM_TPU_CONFIG": cluster.node_config("n1")},
+    )
     assert check.returncode == 0, check.stderr
     plug(cluster, "n1", HARDWARE / "usb_stick_after.umockdev")
     open(stop, "w").close()

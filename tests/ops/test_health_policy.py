@@ -10,10 +10,21 @@ from slurm_tpu.slurm.parse import parse_node_state
 
 def tpu(identity: str, usable: bool = True, temperature: float | None = None) -> Accelerator:
     details = ApexDetails("apex_0", temperature, (85.0, 90.0)) if temperature is not None else Details()
-    return Accelerator(identity=identity, kind="edgetpu", bus=Bus.PCI, bus_address=identity[4:],
-                       vendor_id="1ac1", product_id="089a", vendor="Global Unichip", model="Coral PCIe Accelerator",
-                       sys_path="/sys/x", device_nodes=("/dev/apex_0",), usable=usable,
-                       reason="" if usable else "no driver", details=details)
+    return Accelerator(
+        identity=identity,
+        kind="edgetpu",
+        bus=Bus.PCI,
+        bus_address=identity[4:],
+        vendor_id="1ac1",
+        product_id="089a",
+        vendor="Global Unichip",
+        model="Coral PCIe Accelerator",
+        sys_path="/sys/x",
+        device_nodes=("/dev/apex_0",),
+        usable=usable,
+        reason="" if usable else "no driver",
+        details=details,
+    )
 
 
 def test_problems_missing_unusable_and_hot():
@@ -50,10 +61,16 @@ def test_parse_scontrol_show_node():
    State=IDLE+DRAIN ThreadsPerCore=1 TmpDisk=0 Weight=1 Owner=N/A MCS_label=N/A
    Reason=slurm-tpu: usb-2-1.3 missing; pci-x at 91.0 C [root@2026-11-22T02:30:00]
 """
-    assert parse_node_state(text) == {"state": "IDLE+DRAIN", "gres": "tpu:edgetpu_usb:2,gpu:a100:1(S:0-1)",
-                                      "reason": "slurm-tpu: usb-2-1.3 missing; pci-x at 91.0 C"}
+    assert parse_node_state(text) == {
+        "state": "IDLE+DRAIN",
+        "gres": "tpu:edgetpu_usb:2,gpu:a100:1(S:0-1)",
+        "reason": "slurm-tpu: usb-2-1.3 missing; pci-x at 91.0 C",
+    }
     assert parse_node_state("NodeName=n2\n   State=MIXED ThreadsPerCore=1\n") == {
-        "state": "MIXED", "reason": "", "gres": ""}
+        "state": "MIXED",
+        "reason": "",
+        "gres": "",
+    }
 
 
 def test_watcher_hold_is_resumed_only_when_the_controller_has_the_new_gres():

@@ -13,8 +13,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_every_entry_script_is_current():
     stale = hook_entries.stale(REPO)
-    assert not stale, (f"not what slurm_tpu/ops/hook_entries.py makes: {stale}; edit the template there, "
-                       "then run `python -m slurm_tpu.ops.hook_entries`")
+    assert not stale, (
+        f"not what slurm_tpu/ops/hook_entries.py makes: {stale}; edit the template there, "
+        "then run `python -m slurm_tpu.ops.hook_entries`"
+    )
 
 
 def test_every_entry_script_is_shipped_executable_and_runs_its_hook():
@@ -25,8 +27,12 @@ def test_every_entry_script_is_shipped_executable_and_runs_its_hook():
         text = hook_entries.render(entry)
         assert text.startswith("#!/usr/bin/python3 -IS\n") and f"from {entry.module} import main\n" in text
         assert text.endswith(f"sys.exit({entry.call})\n")
-    assert {e.module for e in hook_entries.ENTRIES} == {"slurm_tpu.hooks.prolog", "slurm_tpu.hooks.epilog",
-                                                      "slurm_tpu.hooks.udev_event", "slurm_tpu.hooks.agent"}
+    assert {e.module for e in hook_entries.ENTRIES} == {
+        "slurm_tpu.hooks.prolog",
+        "slurm_tpu.hooks.epilog",
+        "slurm_tpu.hooks.udev_event",
+        "slurm_tpu.hooks.agent",
+    }
 
 
 def test_install_can_still_point_each_at_the_installed_package():
@@ -38,8 +44,10 @@ def test_install_can_still_point_each_at_the_installed_package():
         assert "os.environ.setdefault('SLURM_TPU_CONFIG', '/etc/x.yaml')" in installed
         assert installed.startswith("#!/opt/venv/bin/python3 -IS\n")
         # Everything before the imports is the same in every entry (tests and bench run that head alone).
-        assert text.split("try:")[0].split('"""')[-1] == hook_entries.render(hook_entries.ENTRIES[0]).split(
-            "try:")[0].split('"""')[-1]
+        assert (
+            text.split("try:")[0].split('"""')[-1]
+            == hook_entries.render(hook_entries.ENTRIES[0]).split("try:")[0].split('"""')[-1]
+        )
 
 
 def test_the_writer_rewrites_a_stale_script(tmp_path):

@@ -28,19 +28,36 @@ def node_state(tmp_path):
     (tmp_path / "inv.json").write_text(json.dumps(detect_json("big_node")))
     config = tmp_path / "config.yaml"
     config.write_text(f"version: 1\nnode_name: big\nstate_dir: {state}\ndevices: {{slot_dir: {tmp_path}/slots}}\n")
-    result = run_cli(["--config", str(config), "gres-conf", "--inventory", str(tmp_path / "inv.json"),
-                      "--no-slots", "--output", str(tmp_path / "gres.conf")])
+    result = run_cli(
+        [
+            "--config",
+            str(config),
+            "gres-conf",
+            "--inventory",
+            str(tmp_path / "inv.json"),
+            "--no-slots",
+            "--output",
+            str(tmp_path / "gres.conf"),
+        ]
+    )
     assert result.returncode == 0, result.stderr
-    from slurm_tpu.access.node_inventory import write_state_inventory
     from slurm_tpu.access.ledger import Lease, Ledger
+    from slurm_tpu.access.node_inventory import write_state_inventory
 
     write_state_inventory(state, json.loads((tmp_path / "inv.json").read_text()))
     with Ledger(state) as ledger:
         assert ledger.claim(Lease("pci-0000:04:00.0", 77, 1001, start=time.time()))
     events = [
         {"event": "acquire", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "t": 1000.0},
-        {"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": 250, "seconds": 2.5,
-         "t": 1010.0},
+        {
+            "event": "usage",
+            "identity": "usb-2-1",
+            "job_id": 70,
+            "uid": 1001,
+            "inferences": 250,
+            "seconds": 2.5,
+            "t": 1010.0,
+        },
         {"event": "release", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "t": 1012.0},
         {"event": "acquire", "identity": "usb-2-1", "job_id": 71, "uid": 1002, "t": 1020.0},
         {"event": "release", "identity": "usb-2-1", "job_id": 71, "uid": 1002, "t": 1023.0},
@@ -79,8 +96,7 @@ def test_metrics_report_the_real_libedgetpu_version(node_state, tmp_path):
     library = real_libedgetpu()
     result = run_cli(["--config", str(node_state), "metrics", "--libedgetpu", library], "big_node")
     assert result.returncode == 0, result.stderr
-    [family] = [f for f in text_string_to_metric_families(result.stdout)
-                if f.name == "slurm_tpu_edgetpu_runtime_info"]
+    [family] = [f for f in text_string_to_metric_families(result.stdout) if f.name == "slurm_tpu_edgetpu_runtime_info"]
     assert family.type == "gauge"  # text format 0.0.4 has no info type: a constant-1 gauge
     [sample] = family.samples
     assert sample.labels["version"].startswith("BuildLabel(COMPILER=")
@@ -110,8 +126,19 @@ def test_metrics_over_http(node_state):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "slurm_tpu.cli", "--config", str(node_state), "metrics",
-                               "--listen", f"127.0.0.1:{port}"], stderr=subprocess.PIPE)
+    server = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slurm_tpu.cli",
+            "--config",
+            str(node_state),
+            "metrics",
+            "--listen",
+            f"127.0.0.1:{port}",
+        ],
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline, body = time.monotonic() + 20, ""
         while time.monotonic() < deadline and not body:
@@ -123,8 +150,9 @@ def test_metrics_over_http(node_state):
                 time.sleep(0.2)
         assert ("slurm_tpu_device_leased", "pci-0000:04:00.0") in samples(body)  # no hardware: from the state
         # prometheus_client's server: OpenMetrics for a scraper that asks for it.
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
-                                         headers={"Accept": "application/openmetrics-text; version=1.0.0"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Accept": "application/openmetrics-text; version=1.0.0"}
+        )
         with urllib.request.urlopen(request, timeout=5) as response:
             assert response.headers["Content-Type"].startswith("application/openmetrics-text")
             assert response.read().decode().endswith("# EOF\n")
@@ -148,12 +176,15 @@ def test_report_from_the_audit_log(node_state):
 def test_absurd_usage_in_the_audit_log_changes_nothing_in_report_and_metrics(node_state):
     """A record an older epilog accepted (1e400, a 400-digit count, negative energy, NaN)."""
     state = node_state.read_text().split("state_dir: ")[1].split("\n")[0]
-    forged = ['{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": 1e400, '
-              '"seconds": 1, "t": 1011.0}',
-              '{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": '
-              + "9" * 400 + ', "seconds": 1, "t": 1011.0}',
-              '{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": 1, '
-              '"seconds": NaN, "energy_j": -5, "t": 1011.0}']
+    forged = [
+        '{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": 1e400, '
+        '"seconds": 1, "t": 1011.0}',
+        '{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": '
+        + "9" * 400
+        + ', "seconds": 1, "t": 1011.0}',
+        '{"event": "usage", "identity": "usb-2-1", "job_id": 70, "uid": 1001, "inferences": 1, '
+        '"seconds": NaN, "energy_j": -5, "t": 1011.0}',
+    ]
     log = os.path.join(state, "audit.log")
     lines = open(log).read().splitlines(keepends=True)
     with open(log, "w") as handle:  # forged lines inside job 70's lease, before its release

@@ -12,10 +12,10 @@ import sys
 
 import pytest
 
-from helpers import HARDWARE, merge_umockdev, run_cli
 from harness import module_command
 from harness.localcluster import NodeSpec
 from harness.localcluster.hardware import materialize
+from helpers import HARDWARE, merge_umockdev, run_cli
 from slurm_tpu.ops.health_policy import HOLD_PREFIX
 from slurm_tpu.slurm.parse import parse_node_state
 
@@ -34,26 +34,33 @@ def test_count_change_is_held_until_the_controller_knows(cluster_factory, tmp_pa
     both.write_text(merge_umockdev(HARDWARE / "usb_stick_after.umockdev", HARDWARE / "usb_second_stick.umockdev"))
     detected = run_cli(["detect", "--json"], str(both))
     assert detected.returncode == 0, detected.stderr
-    live = materialize(inventory_from_json(json.loads(detected.stdout)),
-                       f"{cluster.node_dir('n1')}/dev", minor_start=100)
+    live = materialize(
+        inventory_from_json(json.loads(detected.stdout)), f"{cluster.node_dir('n1')}/dev", minor_start=100
+    )
     config = load_config(cluster.node_config("n1"))
     result = configure_node(config, live, "n1", cluster.gres_conf, cluster.path("etc", "nodes.conf"))
     assert result.changed and result.new_gres == "tpu:edgetpu_usb:2"
     manage = module_command(sys.executable, "harness.localcluster")
-    commands = RestartCommands([*manage, "stop-slurmd", cluster.base, "n1"],
-                               [*manage, "start-slurmd", cluster.base, "n1"], ())
+    commands = RestartCommands(
+        [*manage, "stop-slurmd", cluster.base, "n1"], [*manage, "start-slurmd", cluster.base, "n1"], ()
+    )
     logged: list[str] = []
     from slurm_tpu.slurm.commands import Slurm
 
-    assert apply_hardware_change(Slurm(environ=cluster.env()), "n1", True, commands, result.new_gres,
-                                 logged.append) is False
+    assert (
+        apply_hardware_change(Slurm(environ=cluster.env()), "n1", True, commands, result.new_gres, logged.append)
+        is False
+    )
     state = parse_node_state(cluster.show_node("n1"))
     assert "DRAIN" in state["state"] and state["reason"].startswith(HOLD_PREFIX)
     assert "restart slurmctld, then slurmd on n1, to apply Gres=tpu:edgetpu_usb:2" in state["reason"]
 
     def health() -> str:
-        out = run_cli(["health", "--node", "n1"], str(both),
-                      env={"SLURM_TPU_CONFIG": cluster.node_config("n1"), "SLURM_CONF": cluster.slurm_conf})
+        out = run_cli(
+            ["health", "--node", "n1"],
+            str(both),
+            env={"SLURM_TPU_CONFIG": cluster.node_config("n1"), "SLURM_CONF": cluster.slurm_conf},
+        )
         assert out.returncode == 0, out.stderr
         return out.stdout
 

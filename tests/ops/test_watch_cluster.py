@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from helpers import HARDWARE
 from harness import module_command
 from harness.localcluster import NodeSpec
+from helpers import HARDWARE
 from slurm_tpu.slurm.parse import parse_key_values
 
 pytestmark = pytest.mark.slurm
@@ -28,8 +28,7 @@ SETTLE = 2.0
 
 def debian_python_with_umockdev() -> str:
     python = "/usr/bin/python3"
-    probe = subprocess.run([python, "-c", "import gi; gi.require_version('UMockdev', '1.0')"],
-                           capture_output=True)
+    probe = subprocess.run([python, "-c", "import gi; gi.require_version('UMockdev', '1.0')"], capture_output=True)
     if probe.returncode != 0 or not shutil.which("umockdev-wrapper"):
         pytest.skip("needs Debian's python3-gi and gir1.2-umockdev-1.0 (installed by scripts/setup.sh)")
     return python
@@ -41,7 +40,10 @@ class UeventDriver:
     def __init__(self, initial: Path):
         self.process = subprocess.Popen(
             ["umockdev-wrapper", debian_python_with_umockdev(), str(DRIVER), str(initial)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
 
     def __call__(self, *words: str) -> None:
         assert self.process.stdin and self.process.stdout
@@ -58,12 +60,29 @@ def setup(cluster_factory, tmp_path_factory):
     testbed = UeventDriver(HARDWARE / "usb_stick_after.umockdev")
     env_cmd = ["env", f"SLURM_CONF={cluster.slurm_conf}", f"SLURM_TPU_CONFIG={cluster.node_config('n1')}"]
     manage = shlex.join(module_command(sys.executable, "harness.localcluster"))
-    testbed("spawn", str(log), *env_cmd, sys.executable, "-m", "slurm_tpu.cli", "watch", "--node", "n1",
-            "--gres-conf", cluster.gres_conf, "--node-conf", cluster.path("etc", "nodes.conf"),
-            "--settle", str(SETTLE),
-            "--stop-command", f"{manage} stop-slurmd {cluster.base} n1",
-            "--start-command", f"{manage} start-slurmd {cluster.base} n1",
-            "--controller-command", f"{manage} restart-slurmctld {cluster.base}")
+    testbed(
+        "spawn",
+        str(log),
+        *env_cmd,
+        sys.executable,
+        "-m",
+        "slurm_tpu.cli",
+        "watch",
+        "--node",
+        "n1",
+        "--gres-conf",
+        cluster.gres_conf,
+        "--node-conf",
+        cluster.path("etc", "nodes.conf"),
+        "--settle",
+        str(SETTLE),
+        "--stop-command",
+        f"{manage} stop-slurmd {cluster.base} n1",
+        "--start-command",
+        f"{manage} start-slurmd {cluster.base} n1",
+        "--controller-command",
+        f"{manage} restart-slurmctld {cluster.base}",
+    )
     wait_log(log, "following udev")
     yield cluster, testbed, log
     testbed("stop")
@@ -83,8 +102,9 @@ def wait_log(log: Path, text: str, count: int = 1, timeout: float = 60) -> str:
 def syncs(log: Path) -> int:
     """How many times the watcher has looked at the hardware: each look logs one
     "<N> event(s)" line (before a restart, if it regenerates)."""
-    return sum(1 for line in log.read_text().splitlines() if line.startswith("slurm-tpu watch: ")
-               and " event(s)" in line)
+    return sum(
+        1 for line in log.read_text().splitlines() if line.startswith("slurm-tpu watch: ") and " event(s)" in line
+    )
 
 
 def all_events_handled(testbed, log: Path) -> str:
@@ -107,8 +127,11 @@ def all_events_handled(testbed, log: Path) -> str:
 
 
 def gres_files(cluster) -> list[str]:
-    return [parse_key_values(line)["File"] for line in open(cluster.gres_conf).read().splitlines()
-            if line.startswith("NodeName=n1 ")]
+    return [
+        parse_key_values(line)["File"]
+        for line in open(cluster.gres_conf).read().splitlines()
+        if line.startswith("NodeName=n1 ")
+    ]
 
 
 def node_field(cluster, field: str) -> str:

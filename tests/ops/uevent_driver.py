@@ -85,7 +85,7 @@ def main():
         try:
             going = driver.handle(words)
             print("ok", flush=True)
-        except Exception as exc:  # report, keep serving
+        except Exception as exc:  # noqa: BLE001 - report, keep serving
             print(f"error: {exc}", flush=True)
             going = True
         if not going:

@@ -21,11 +21,14 @@ def test_a_request_round_trips_bytes_as_given():
     assert agent_wire.parse_request(b"STPU1\0udev\0") == ("udev", {})
 
 
-@pytest.mark.parametrize("body, words", [
-    (b"STPU2\0epilog\0", "not a slurm-tpu hook request"),
-    (b"STPU1\0epilog", "not a slurm-tpu hook request"),  # no terminating NUL
-    (b"STPU1\0shell\0", "unknown hook 'shell'"),
-])
+@pytest.mark.parametrize(
+    "body, words",
+    [
+        (b"STPU2\0epilog\0", "not a slurm-tpu hook request"),
+        (b"STPU1\0epilog", "not a slurm-tpu hook request"),  # no terminating NUL
+        (b"STPU1\0shell\0", "unknown hook 'shell'"),
+    ],
+)
 def test_what_is_no_request_is_refused(body, words):
     with pytest.raises(FormatError, match=words):
         agent_wire.parse_request(body)
@@ -48,15 +51,25 @@ def test_the_c_client_speaks_the_same_format():
         source = handle.read()
     defines = dict(re.findall(r"^#define (\w+) (.+?)(?:\s*/\*.*)?$", source, re.M))
     assert defines["MAGIC"] == f'"{agent_wire.MAGIC.decode()}"'
-    assert eval(defines["MAX_OUTPUT"]) == agent_wire.MAX_OUTPUT  # noqa: S307 - "(64 * 1024)", our own file
-    assert 0 < eval(defines["MAX_REQUEST"]) <= agent_wire.MAX_REQUEST  # noqa: S307
+    assert eval(defines["MAX_OUTPUT"]) == agent_wire.MAX_OUTPUT
+    assert 0 < eval(defines["MAX_REQUEST"]) <= agent_wire.MAX_REQUEST
     assert f'"/proc/self/fd/%d/{agent_wire.SOCKET}"' in source
 
 
-@pytest.mark.parametrize("selector, valid", [
-    ("123", True), ("123_4", True), ("123+1", True), ("", False), ("12_", False), ("1_2_3", False),
-    ("12;id", False), ("1" * 25, False), ("abc", False),
-])
+@pytest.mark.parametrize(
+    "selector, valid",
+    [
+        ("123", True),
+        ("123_4", True),
+        ("123+1", True),
+        ("", False),
+        ("12_", False),
+        ("1_2_3", False),
+        ("12;id", False),
+        ("1" * 25, False),
+        ("abc", False),
+    ],
+)
 def test_job_selectors(selector, valid):
     assert agent_wire.valid_selector(selector) is valid
 

@@ -33,8 +33,10 @@ def test_the_writer_writes_the_bytes_the_hooks_always_wrote():
     fields = {"identity": "usb-2-1.3", "job_id": 41, "uid": 4321, "nodes": ["/dev/bus/usb/002/005"]}
     assert audit.encode(audit.ACQUIRE, 100.0, fields) == OLD_LOG.splitlines()[0].encode() + b"\n"
     odd = audit.encode(audit.SURVIVOR, 1.0000004, {"how": 'a "quoted"\\ ünïcode\n\x01', "pids": (1, 2), "ok": True})
-    assert odd == b'{"event": "survivor", "how": "a \\"quoted\\"\\\\ \xc3\xbcn\xc3\xafcode\\u000a\\u0001", ' \
-                  b'"ok": true, "pids": [1, 2], "t": 1.0}\n'
+    assert (
+        odd == b'{"event": "survivor", "how": "a \\"quoted\\"\\\\ \xc3\xbcn\xc3\xafcode\\u000a\\u0001", '
+        b'"ok": true, "pids": [1, 2], "t": 1.0}\n'
+    )
     assert json.loads(odd)["how"] == 'a "quoted"\\ ünïcode\n\x01'
 
 
@@ -45,26 +47,31 @@ def test_round_trip_through_the_ledger(tmp_path):
         ledger.audit(audit.RELEASE, identity="usb-2-1.3", job_id=7, uid=1001, by_job=None)
     with open(tmp_path / "state" / audit.FILE, encoding="utf-8") as handle:
         events = list(audit.read_events(handle))
-    assert [(e[audit.EVENT], e[audit.JOB_ID], e["by_job"] if "by_job" in e else "-") for e in events] == [
-        ("acquire", 7, "-"), ("release", 7, None)]
+    assert [(e[audit.EVENT], e[audit.JOB_ID], e.get("by_job", "-")) for e in events] == [
+        ("acquire", 7, "-"),
+        ("release", 7, None),
+    ]
     assert all(isinstance(e[audit.T], float) for e in events)
 
 
-@pytest.mark.parametrize("line, why", [
-    ('{"event": "release", "identity": "usb-', "not a JSON object (not JSON, or a torn line)"),
-    ("[1, 2]", "not a JSON object"),
-    ("[" * 100000, "not a JSON object"),
-    ('{"identity": "usb-1-1", "job_id": 1, "t": 1}', "no event name"),
-    ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": NaN}', "'t' is not a finite number"),
-    ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": 1e400}', "'t' is not a finite number"),
-    ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": ' + "1" * 400 + "}", "not a finite number"),
-    ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": "100"}', "not a finite number"),
-    ('{"event": "acquire", "identity": ["usb-1-1"], "job_id": 1, "t": 1}', "'identity' is not a string"),
-    ('{"event": "acquire", "identity": "usb-1-1", "job_id": "1", "t": 1}', "'job_id' is not an integer"),
-    ('{"event": "acquire", "identity": "usb-1-1", "job_id": true, "t": 1}', "'job_id' is not an integer"),
-    ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "uid": 1.5, "t": 1}', "'uid' is not an integer"),
-    ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": 1, "v": 2}', "audit format version 2"),
-])
+@pytest.mark.parametrize(
+    "line, why",
+    [
+        ('{"event": "release", "identity": "usb-', "not a JSON object (not JSON, or a torn line)"),
+        ("[1, 2]", "not a JSON object"),
+        ("[" * 100000, "not a JSON object"),
+        ('{"identity": "usb-1-1", "job_id": 1, "t": 1}', "no event name"),
+        ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": NaN}', "'t' is not a finite number"),
+        ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": 1e400}', "'t' is not a finite number"),
+        ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": ' + "1" * 400 + "}", "not a finite number"),
+        ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": "100"}', "not a finite number"),
+        ('{"event": "acquire", "identity": ["usb-1-1"], "job_id": 1, "t": 1}', "'identity' is not a string"),
+        ('{"event": "acquire", "identity": "usb-1-1", "job_id": "1", "t": 1}', "'job_id' is not an integer"),
+        ('{"event": "acquire", "identity": "usb-1-1", "job_id": true, "t": 1}', "'job_id' is not an integer"),
+        ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "uid": 1.5, "t": 1}', "'uid' is not an integer"),
+        ('{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "t": 1, "v": 2}', "audit format version 2"),
+    ],
+)
 def test_lines_that_are_not_events_are_refused_with_one_line_and_skipped_by_the_reader(line, why):
     with pytest.raises(FormatError) as refused:
         audit.decode(line, "audit.log line 3")
@@ -78,7 +85,8 @@ def test_an_old_log_pairs_into_spans_with_usage_and_no_conflicts():
     assert [(s.identity, s.job_id, s.uid, s.start, s.end, s.freed) for s in pairing.spans] == [
         ("usb-2-1.3", 41, 4321, 100.0, 104.0, 105.3),  # the job lost it at its revocation; free once back
         ("usb-2-1.3", 42, 1001, 106.0, 110.0, 110.0),
-        ("pci-0000:03:00.0", 44, 1001, 111.5, None, None)]  # the planted lease's reclaim pairs with nothing
+        ("pci-0000:03:00.0", 44, 1001, 111.5, None, None),
+    ]  # the planted lease's reclaim pairs with nothing
     first = pairing.spans[0]
     assert (first.inferences, first.inference_seconds, first.energy_j) == (12, 0.25, None)
     assert first.seconds_within(None, None, now=200.0) == 4.0
@@ -86,29 +94,40 @@ def test_an_old_log_pairs_into_spans_with_usage_and_no_conflicts():
 
 
 def test_overlaps_and_foreign_releases_are_conflicts():
-    events = [{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "uid": 5, "t": 1.0},
-              {"event": "acquire", "identity": "usb-1-1", "job_id": 2, "uid": 6, "t": 2.0},
-              {"event": "release", "identity": "usb-1-1", "job_id": 1, "uid": 5, "t": 3.0},
-              {"event": "release", "identity": "usb-1-1", "job_id": 2, "uid": 6, "t": 4.0},
-              {"event": "rollback", "identity": "pci-0000:01:00.0", "job_id": 3, "uid": 6, "t": 5.0},
-              {"event": "clear", "identity": "pci-0000:02:00.0", "job_id": 9, "uid": 6, "t": 6.0}]
+    events = [
+        {"event": "acquire", "identity": "usb-1-1", "job_id": 1, "uid": 5, "t": 1.0},
+        {"event": "acquire", "identity": "usb-1-1", "job_id": 2, "uid": 6, "t": 2.0},
+        {"event": "release", "identity": "usb-1-1", "job_id": 1, "uid": 5, "t": 3.0},
+        {"event": "release", "identity": "usb-1-1", "job_id": 2, "uid": 6, "t": 4.0},
+        {"event": "rollback", "identity": "pci-0000:01:00.0", "job_id": 3, "uid": 6, "t": 5.0},
+        {"event": "clear", "identity": "pci-0000:02:00.0", "job_id": 9, "uid": 6, "t": 6.0},
+    ]
     pairing = audit.pair_leases(events)
     assert pairing.conflicts == [
         "usb-1-1 acquired by job 2 at 2.0 while job 1 held it",
         "release of usb-1-1 by job 1 at 3.0 while job 2 held it",
-        "rollback of pci-0000:01:00.0 by job 3 at 5.0, which never acquired it"]  # a clear may end a planted lease
+        "rollback of pci-0000:01:00.0 by job 3 at 5.0, which never acquired it",
+    ]  # a clear may end a planted lease
     assert [(s.job_id, s.end, s.freed) for s in pairing.spans] == [(1, 3.0, 3.0), (2, 4.0, 4.0)]
 
 
 def test_forged_usage_figures_are_not_counted():
-    events = [{"event": "acquire", "identity": "usb-1-1", "job_id": 1, "uid": 5, "t": 1.0},
-              {"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 5, "inferences": 10**20, "seconds": 1,
-               "t": 2.0},
-              {"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 5, "inferences": 3, "seconds": 0.5,
-               "energy_j": 2.0, "t": 2.5},
-              {"event": "usage", "identity": "usb-1-1", "job_id": 2, "uid": 5, "inferences": 3, "seconds": 0.5,
-               "t": 2.6}]  # a job that never held it
-    span, = audit.pair_leases(events).spans
+    events = [
+        {"event": "acquire", "identity": "usb-1-1", "job_id": 1, "uid": 5, "t": 1.0},
+        {"event": "usage", "identity": "usb-1-1", "job_id": 1, "uid": 5, "inferences": 10**20, "seconds": 1, "t": 2.0},
+        {
+            "event": "usage",
+            "identity": "usb-1-1",
+            "job_id": 1,
+            "uid": 5,
+            "inferences": 3,
+            "seconds": 0.5,
+            "energy_j": 2.0,
+            "t": 2.5,
+        },
+        {"event": "usage", "identity": "usb-1-1", "job_id": 2, "uid": 5, "inferences": 3, "seconds": 0.5, "t": 2.6},
+    ]  # a job that never held it
+    (span,) = audit.pair_leases(events).spans
     assert (span.inferences, span.inference_seconds, span.energy_j, span.end) == (3, 0.5, 2.0, None)
 
 

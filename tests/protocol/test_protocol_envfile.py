@@ -27,15 +27,22 @@ def task_prolog(state_dir: str, job: str) -> str:
     config = os.path.join(state_dir, "config.yaml")
     with open(config, "w", encoding="utf-8") as handle:
         handle.write(f"version: 2\nstate_dir: {state_dir}\n")
-    done = subprocess.run([TASK_PROLOG], env={"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": config,
-                                              "SLURM_JOB_ID": job}, capture_output=True, text=True, timeout=30,
-                          check=True)
+    done = subprocess.run(
+        [TASK_PROLOG],
+        env={"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": config, "SLURM_JOB_ID": job},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
     return done.stdout
 
 
 def test_the_task_prolog_prints_every_line_the_prolog_writes(tmp_path):
-    devices = [KnownDevice("usb-2-1.3", "edgetpu", "usb", ("/dev/bus/usb/002/005",)),
-               KnownDevice("pci-0000:02:00.0", "hailo", "pci", ("/dev/hailo0",))]
+    devices = [
+        KnownDevice("usb-2-1.3", "edgetpu", "usb", ("/dev/bus/usb/002/005",)),
+        KnownDevice("pci-0000:02:00.0", "hailo", "pci", ("/dev/hailo0",)),
+    ]
     state = tmp_path / "state"
     settings = settings_with(devices, str(state))
     leases = [Lease(identity=d.identity, job_id=12, uid=4321, kind=d.kind) for d in devices]
@@ -43,7 +50,8 @@ def test_the_task_prolog_prints_every_line_the_prolog_writes(tmp_path):
     (state / envfile.DIR).mkdir(parents=True)
     (state / envfile.DIR / envfile.file_name(12)).write_text(written)
     assert "export SLURM_TPU_DEVICES=usb-2-1.3\n" in written and written.endswith(
-        "export SLURM_TPU_USAGE_DIR=/run/x/job-usage/12\n")
+        "export SLURM_TPU_USAGE_DIR=/run/x/job-usage/12\n"
+    )
     # The reader drops nothing the writer wrote (a variable it did not print would be a job without it).
     assert task_prolog(str(state), "12") == "export EDGETPU_VISIBLE_DEVICES=\n" + written
     # And the file of a job with no device here: every variable of the contract, unset.

@@ -8,31 +8,45 @@ import stat
 
 import pytest
 
+from slurm_tpu.access.ledger import Ledger
 from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.settings import HookSettings
-from slurm_tpu.access.ledger import Ledger
-from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol import FormatError
+from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.protocol.leases import DIR, FIELDS, HELD, KEPT, REVOKING, VERSION, BadLease, Lease
 
 # Written by slurm-tpu before lease phases existed (commit c6d1bca^, Lease.to_bytes): a node
 # upgraded while this job ran must still read it as held, and release it.
 BEFORE_PHASES = (
-    "identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
-    "device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
-    "prolog_start\t987654\nversion\t1\n").encode()
+    b"identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
+    b"device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
+    b"prolog_start\t987654\nversion\t1\n"
+)
 
 # What this version writes for a revoking lease (the bytes are the format: a change here is a new version).
 CURRENT = (
-    "identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
-    "device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
-    "prolog_start\t987654\nversion\t1\nphase\trevoking\nphase_since\t1763776900.5\n").encode()
+    b"identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
+    b"device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
+    b"prolog_start\t987654\nversion\t1\nphase\trevoking\nphase_since\t1763776900.5\n"
+)
 
 
 def sample(**changes) -> Lease:
-    fields = dict(identity="usb-2-1.3", job_id=41, uid=4321, kind="edgetpu", user="alice", start=1763776812.123456,
-                  device_nodes=("/dev/bus/usb/002/005",), allocation=("usb-2-1.3", "pci-0000:03:00.0"), node="n1",
-                  prolog_pid=2345, prolog_start=987654, phase=REVOKING, phase_since=1763776900.5)
+    fields = dict(
+        identity="usb-2-1.3",
+        job_id=41,
+        uid=4321,
+        kind="edgetpu",
+        user="alice",
+        start=1763776812.123456,
+        device_nodes=("/dev/bus/usb/002/005",),
+        allocation=("usb-2-1.3", "pci-0000:03:00.0"),
+        node="n1",
+        prolog_pid=2345,
+        prolog_start=987654,
+        phase=REVOKING,
+        phase_since=1763776900.5,
+    )
     fields.update(changes)
     return Lease(**fields)
 
@@ -59,22 +73,28 @@ def test_fields_of_a_compatible_later_addition_are_ignored():
     assert Lease.decode("usb-2-1.3", CURRENT + b"holder_hint\tsomething new\n") == sample()
 
 
-@pytest.mark.parametrize("raw, why", [
-    (CURRENT.replace(b"identity\tusb-2-1.3", b"identity\tusb-2-1.4"), "names device 'usb-2-1.4', not its file name"),
-    (CURRENT.replace(b"job_id\t41\n", b""), "field 'job_id' is missing"),
-    (CURRENT.replace(b"job_id\t41", b"job_id\t4_1"), "field 'job_id' is not an integer: '4_1'"),
-    (CURRENT.replace(b"job_id\t41", b"job_id\t 41"), "field 'job_id' is not an integer"),
-    (CURRENT.replace(b"uid\t4321", "uid\t٤٣".encode()), "field 'uid' is not an integer"),  # Arabic-Indic digits
-    (CURRENT.replace(b"uid\t4321", b"uid\t" + b"9" * 4000), "field 'uid' is not an integer"),
-    (CURRENT.replace(b"start\t1763776812.123456", b"start\tnan"), "field 'start' is not a finite number: 'nan'"),
-    (CURRENT.replace(b"phase_since\t1763776900.5", b"phase_since\tinf"), "field 'phase_since' is not a finite"),
-    (CURRENT.replace(b"phase\trevoking", b"phase\tstolen"), "unknown phase 'stolen'"),
-    (CURRENT.replace(b"version\t1", b"version\t2"), "format version 2; this slurm-tpu reads up to 1"),
-    (CURRENT + b"uid\t0\n", "line 15: field 'uid' given twice"),
-    (CURRENT + b"no tab here\n", "line 15: no tab in 'no tab here'"),
-    (b"\xff\xfe" + CURRENT, "is not UTF-8 text"),
-    (json.dumps({"identity": "usb-2-1.3", "job_id": 41, "uid": 4321}).encode(), "no tab in"),
-])
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        (
+            CURRENT.replace(b"identity\tusb-2-1.3", b"identity\tusb-2-1.4"),
+            "names device 'usb-2-1.4', not its file name",
+        ),
+        (CURRENT.replace(b"job_id\t41\n", b""), "field 'job_id' is missing"),
+        (CURRENT.replace(b"job_id\t41", b"job_id\t4_1"), "field 'job_id' is not an integer: '4_1'"),
+        (CURRENT.replace(b"job_id\t41", b"job_id\t 41"), "field 'job_id' is not an integer"),
+        (CURRENT.replace(b"uid\t4321", "uid\t٤٣".encode()), "field 'uid' is not an integer"),  # Arabic-Indic digits
+        (CURRENT.replace(b"uid\t4321", b"uid\t" + b"9" * 4000), "field 'uid' is not an integer"),
+        (CURRENT.replace(b"start\t1763776812.123456", b"start\tnan"), "field 'start' is not a finite number: 'nan'"),
+        (CURRENT.replace(b"phase_since\t1763776900.5", b"phase_since\tinf"), "field 'phase_since' is not a finite"),
+        (CURRENT.replace(b"phase\trevoking", b"phase\tstolen"), "unknown phase 'stolen'"),
+        (CURRENT.replace(b"version\t1", b"version\t2"), "format version 2; this slurm-tpu reads up to 1"),
+        (CURRENT + b"uid\t0\n", "line 15: field 'uid' given twice"),
+        (CURRENT + b"no tab here\n", "line 15: no tab in 'no tab here'"),
+        (b"\xff\xfe" + CURRENT, "is not UTF-8 text"),
+        (json.dumps({"identity": "usb-2-1.3", "job_id": 41, "uid": 4321}).encode(), "no tab in"),
+    ],
+)
 def test_bad_or_forged_files_are_refused_with_one_line_naming_the_file(raw, why):
     with pytest.raises(FormatError) as refused:
         Lease.decode("usb-2-1.3", raw)
@@ -118,5 +138,4 @@ def test_a_lease_the_old_code_wrote_mid_job_is_released_by_this_epilog(tmp_path)
     assert (os.stat(node).st_uid, stat.S_IMODE(os.stat(node).st_mode)) == (settings.idle_uid, settings.idle_mode)
     with open(os.path.join(state, "audit.log"), encoding="utf-8") as handle:
         events = [json.loads(line) for line in handle]
-    assert [(e["event"], e["identity"], e["job_id"], e["uid"]) for e in events] == [
-        ("release", "usb-2-1.3", 41, 4321)]
+    assert [(e["event"], e["identity"], e["job_id"], e["uid"]) for e in events] == [("release", "usb-2-1.3", 41, 4321)]

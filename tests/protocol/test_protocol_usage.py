@@ -11,8 +11,8 @@ import os
 
 import pytest
 
-from slurm_tpu.hooks import jobusage
 from slurm_tpu.access.ledger import Ledger
+from slurm_tpu.hooks import jobusage
 from slurm_tpu.protocol import FormatError, audit
 from slurm_tpu.protocol.usage import FORMAT_VERSION, UsageRecord, decode, encode, record_name
 
@@ -27,16 +27,19 @@ def test_round_trip_and_the_bytes_older_runners_wrote():
     assert FORMAT_VERSION == 1 and record_name("usb-2-1.4") == "usb-2-1.4.json"
 
 
-@pytest.mark.parametrize("raw, why", [
-    (b'{"version": 2, "inferences": 1, "seconds": 1}', "is not format version 1"),
-    (b'{"inferences": 1, "seconds": 1}', "is not format version 1"),
-    (b'{"version": 1, "inferences": 1e400, "seconds": 1}', "figures out of bounds"),
-    (b'{"version": 1, "inferences": true, "seconds": 1}', "figures out of bounds"),
-    (b'{"version": 1, "inferences": 1, "seconds": 1, "energy_j": "lots"}', "figures out of bounds"),
-    (b"[1, 2]", ": not a JSON object"),
-    (b"\xff{", ": not a JSON object (not JSON"),
-    (b" " * 5000, "is over 4096 bytes"),
-])
+@pytest.mark.parametrize(
+    "raw, why",
+    [
+        (b'{"version": 2, "inferences": 1, "seconds": 1}', "is not format version 1"),
+        (b'{"inferences": 1, "seconds": 1}', "is not format version 1"),
+        (b'{"version": 1, "inferences": 1e400, "seconds": 1}', "figures out of bounds"),
+        (b'{"version": 1, "inferences": true, "seconds": 1}', "figures out of bounds"),
+        (b'{"version": 1, "inferences": 1, "seconds": 1, "energy_j": "lots"}', "figures out of bounds"),
+        (b"[1, 2]", ": not a JSON object"),
+        (b"\xff{", ": not a JSON object (not JSON"),
+        (b" " * 5000, "is over 4096 bytes"),
+    ],
+)
 def test_forged_records_are_refused_with_one_line_naming_the_file(raw, why):
     with pytest.raises(FormatError) as refused:
         decode(raw, "usb-2-1.4")
@@ -62,6 +65,9 @@ def test_the_epilog_audits_a_rejected_record_and_counts_a_good_one(tmp_path):
     with open(tmp_path / "state" / audit.FILE, encoding="utf-8") as handle:
         events = [json.loads(line) for line in handle]
     assert [(e["event"], e["identity"]) for e in events] == [
-        (audit.USAGE_REJECTED, "usb-2-1.4"), (audit.USAGE_REJECTED, "usb-2-1.5"), (audit.USAGE, "usb-2-1.6")]
+        (audit.USAGE_REJECTED, "usb-2-1.4"),
+        (audit.USAGE_REJECTED, "usb-2-1.5"),
+        (audit.USAGE, "usb-2-1.6"),
+    ]
     assert "figures out of bounds" in events[0]["reason"] and "is a symbolic link" in events[1]["reason"]
     assert (events[2]["inferences"], events[2]["seconds"], events[2]["job_id"]) == (8, 0.012345, 77)

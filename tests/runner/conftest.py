@@ -6,14 +6,13 @@ import os
 from pathlib import Path
 
 import pytest
+from runner_support import USB_A, USB_B
 
 from edgetpu_double.build import build_double
-from runner_support import USB_A, USB_B
 from harness.modelgen import write_models
 
 # Device and job variables a developer's shell (or a CI job inside Slurm) may carry.
 _SCRUB = ("SLURM_TPU_", "SLURM_ARRAY_", "CUDA_VISIBLE_DEVICES", "EDGETPU_DOUBLE_", "SLURM_JOB_ID")
-
 
 
 @pytest.fixture(scope="session")
@@ -43,11 +42,13 @@ def clean_env(tmp_path, monkeypatch) -> dict[str, str]:
 def tpu_env(clean_env, libedgetpu_double, tmp_path) -> dict[str, str]:
     """A job that was given the USB Edge TPU at 2-1.4 (the double sees 2-1.3 and 2-1.4)."""
     env = dict(clean_env)
-    env.update({
-        "SLURM_TPU_DEVICES": "usb-2-1.4",
-        "SLURM_TPU_EDGETPU_PATHS": f"usb:{USB_B}",
-        "SLURM_TPU_LIBEDGETPU": str(libedgetpu_double),
-        "EDGETPU_DOUBLE_DEVICES": f"usb:{USB_A},usb:{USB_B}",
-        "EDGETPU_DOUBLE_LOG": str(tmp_path / "double.log"),
-    })
+    env.update(
+        {
+            "SLURM_TPU_DEVICES": "usb-2-1.4",
+            "SLURM_TPU_EDGETPU_PATHS": f"usb:{USB_B}",
+            "SLURM_TPU_LIBEDGETPU": str(libedgetpu_double),
+            "EDGETPU_DOUBLE_DEVICES": f"usb:{USB_A},usb:{USB_B}",
+            "EDGETPU_DOUBLE_LOG": str(tmp_path / "double.log"),
+        }
+    )
     return env

@@ -26,5 +26,10 @@ def double_log(env: dict[str, str]) -> list[dict[str, str]]:
 
 def run_cli(args: list[str], env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess:
     """``slurm-tpu ARGS`` in a fresh process, as a job script would run it."""
-    return subprocess.run([sys.executable, "-c", "from slurm_tpu.cli import run; run()", *map(str, args)],
-                          env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", "from slurm_tpu.cli import run; run()", *map(str, args)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )

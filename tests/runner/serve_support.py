@@ -6,7 +6,8 @@ import http.client
 import json
 import socket
 import threading
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from slurm_tpu.runner.serve.app import Limits
 from slurm_tpu.runner.serve.models import ModelArg, Preparation, open_served
@@ -14,13 +15,19 @@ from slurm_tpu.runner.serve.server import Listen, Server
 from slurm_tpu.runner.session import OpenOptions
 
 
-def start_server(models: Sequence[tuple[str, str]], labels: Mapping[str, str], environ: Mapping[str, str],
-                 limits: Limits = Limits(), wrap=None) -> Server:
+def start_server(
+    models: Sequence[tuple[str, str]],
+    labels: Mapping[str, str],
+    environ: Mapping[str, str],
+    limits: Limits = Limits(),
+    wrap=None,
+) -> Server:
     """Open (path, name) models on the environment's devices and serve them on 127.0.0.1.
 
     ``wrap(engine) -> engine`` wraps every engine (to gate or observe the devices)."""
-    engine_set, served = open_served([ModelArg(p, n) for p, n in models], labels, OpenOptions(), Preparation(),
-                                     environ, lambda message: None)
+    engine_set, served = open_served(
+        [ModelArg(p, n) for p, n in models], labels, OpenOptions(), Preparation(), environ, lambda message: None
+    )
     if wrap is not None:
         for model in served:
             model.engines = [wrap(e) for e in model.engines]
@@ -37,8 +44,9 @@ class Client:
         self.token = server.token if token == "" else token
         self.connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
 
-    def request(self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
-                ) -> tuple[int, dict[str, str], bytes]:
+    def request(
+        self, method: str, path: str, body: bytes | None = None, headers: Mapping[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
         sent = dict(headers or {})
         if self.token is not None:
             sent.setdefault("Authorization", f"Bearer {self.token}")
@@ -53,8 +61,14 @@ class Client:
             self.connection.close()
         return response.status, dict(response.getheaders()), data
 
-    def json(self, method: str, path: str, payload: Any = None, body: bytes | None = None,
-             headers: Mapping[str, str] | None = None) -> tuple[int, Any]:
+    def json(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        body: bytes | None = None,
+        headers: Mapping[str, str] | None = None,
+    ) -> tuple[int, Any]:
         if payload is not None:
             body = json.dumps(payload).encode()
             headers = {"Content-Type": "application/json", **(headers or {})}
@@ -148,8 +162,14 @@ class Listener:
                 pending += chunk
                 while b"\r\n\r\n" in pending:
                     head, _, pending = pending.partition(b"\r\n\r\n")
-                    length = next((int(line.split(b":", 1)[1]) for line in head.split(b"\r\n")
-                                   if line.lower().startswith(b"content-length:")), 0)
+                    length = next(
+                        (
+                            int(line.split(b":", 1)[1])
+                            for line in head.split(b"\r\n")
+                            if line.lower().startswith(b"content-length:")
+                        ),
+                        0,
+                    )
                     while len(pending) < length:
                         chunk = conn.recv(65536)
                         if not chunk:
@@ -168,5 +188,7 @@ class Listener:
 
 def http_answer(body: bytes, status: str = "200 OK", extra: str = "") -> bytes:
     """A whole HTTP/1.1 response with ``body`` (JSON)."""
-    return (f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n"
-            .encode() + body)
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n{extra}\r\n".encode()
+        + body
+    )

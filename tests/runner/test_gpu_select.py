@@ -15,36 +15,49 @@ import pytest
 from slurm_tpu.runner import gpu_select
 
 H100_UUID = "GPU-4f6b0d8e-1c1e-7b2a-9f3e-0a1b2c3d4e5f"
-DRIVER_INFO = {"0000:c3:00.0": {"Model": "NVIDIA H100", "GPU UUID": H100_UUID, "Device Minor": "1"},
-               "0000:41:00.0": {"Model": "NVIDIA H100", "GPU UUID": "GPU-0000", "Device Minor": "0"}}
+DRIVER_INFO = {
+    "0000:c3:00.0": {"Model": "NVIDIA H100", "GPU UUID": H100_UUID, "Device Minor": "1"},
+    "0000:41:00.0": {"Model": "NVIDIA H100", "GPU UUID": "GPU-0000", "Device Minor": "0"},
+}
 
 
 @pytest.fixture
 def layer_dir(tmp_path):
     directory = tmp_path / "implicit_layer.d"
     directory.mkdir()
-    manifest = {"file_format_version": "1.0.0",
-                "layer": {"name": "VK_LAYER_MESA_device_select", "type": "GLOBAL",
-                          "library_path": "libVkLayer_MESA_device_select.so",
-                          "disable_environment": {"NODEVICE_SELECT": "1"}}}
+    manifest = {
+        "file_format_version": "1.0.0",
+        "layer": {
+            "name": "VK_LAYER_MESA_device_select",
+            "type": "GLOBAL",
+            "library_path": "libVkLayer_MESA_device_select.so",
+            "disable_environment": {"NODEVICE_SELECT": "1"},
+        },
+    }
     (directory / "VkLayer_MESA_device_select.json").write_text(json.dumps(manifest))
     return (str(directory),)
 
 
 def choose(environ, layer_dirs, openable=("/dev/nvidia0", "/dev/nvidia1")):
-    return gpu_select.choose(environ, driver_info=lambda: DRIVER_INFO, layer_dirs=layer_dirs,
-                             openable=lambda: list(openable))
+    return gpu_select.choose(
+        environ, driver_info=lambda: DRIVER_INFO, layer_dirs=layer_dirs, openable=lambda: list(openable)
+    )
 
 
-@pytest.mark.parametrize("address,tag", [("0000:03:00.0", "pci-0000_03_00_0"), ("0000:C3:00.1", "pci-0000_c3_00_1"),
-                                         ("10000:0a:1f.7", "pci-10000_0a_1f_7")])
+@pytest.mark.parametrize(
+    "address,tag",
+    [
+        ("0000:03:00.0", "pci-0000_03_00_0"),
+        ("0000:C3:00.1", "pci-0000_c3_00_1"),
+        ("10000:0a:1f.7", "pci-10000_0a_1f_7"),
+    ],
+)
 def test_the_tag_is_mesas_format(address, tag):
     assert gpu_select.dri_prime_tag(address) == tag
 
 
 def test_a_leased_gpu_is_the_only_one_vulkan_lists(layer_dir):
-    choice = choose({"SLURM_TPU_GPUS": "pci-0000:c3:00.0,pci-0000:41:00.0", "CUDA_VISIBLE_DEVICES": "1,0"},
-                    layer_dir)
+    choice = choose({"SLURM_TPU_GPUS": "pci-0000:c3:00.0,pci-0000:41:00.0", "CUDA_VISIBLE_DEVICES": "1,0"}, layer_dir)
     assert choice.pci_address == "0000:c3:00.0"
     assert choice.environment == {"DRI_PRIME": "pci-0000_c3_00_0", "MESA_VK_DEVICE_SELECT_FORCE_DEFAULT_DEVICE": "1"}
     assert choice.how.startswith("GPU 0000:c3:00.0 (from SLURM_TPU_GPUS), the only one Vulkan lists")
@@ -66,8 +79,10 @@ def test_an_unknown_uuid_leaves_the_choice_to_the_cgroup(layer_dir):
 def test_slurm_indices_name_no_address(layer_dir):
     choice = choose({"CUDA_VISIBLE_DEVICES": "1"}, layer_dir)
     assert (choice.pci_address, choice.environment) == (None, {})
-    assert choice.how == ("the first GPU Vulkan lists (CUDA_VISIBLE_DEVICES holds indices, which name no PCI "
-                          "address; the job's device cgroup or leases decide which GPUs that is)")
+    assert choice.how == (
+        "the first GPU Vulkan lists (CUDA_VISIBLE_DEVICES holds indices, which name no PCI "
+        "address; the job's device cgroup or leases decide which GPUs that is)"
+    )
 
 
 @pytest.mark.parametrize("name", ["DRI_PRIME", "MESA_VK_DEVICE_SELECT", "NODEVICE_SELECT"])

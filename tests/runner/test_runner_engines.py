@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-
 import numpy as np
 import pytest
-
 from runner_support import USB_A, USB_B, double_log
+
 from harness.modelgen import images
 from slurm_tpu.runner import OpenOptions, Runner
 from slurm_tpu.runner.engines import EdgeTpuLibrary, InterpreterEngine
@@ -73,8 +72,12 @@ def test_why_not_usb_index_the_same_index_names_another_device(libedgetpu_double
 def test_runner_api_on_the_double_releases_device_and_lock(models, tpu_env, monkeypatch):
     for key, value in tpu_env.items():  # the double reads its list from the real environment
         monkeypatch.setenv(key, value)
-    with Runner(str(models["classifier"]), environ=tpu_env, warn=lambda m: None,
-                options=OpenOptions(libedgetpu=tpu_env["SLURM_TPU_LIBEDGETPU"])) as runner:
+    with Runner(
+        str(models["classifier"]),
+        environ=tpu_env,
+        warn=lambda m: None,
+        options=OpenOptions(libedgetpu=tpu_env["SLURM_TPU_LIBEDGETPU"]),
+    ) as runner:
         assert runner.on_edgetpu and runner.device_labels == ["edgetpu usb-2-1.4"]
         with pytest.raises(DeviceBusyError, match="in use by pid"):
             DeviceLock("usb-2-1.4", tpu_env)
@@ -92,9 +95,12 @@ def test_tflite_runtime_backend_when_that_is_what_is_installed(models, tpu_env):
     if not python.exists():
         pytest.skip("no tflite-runtime venv (run bench/bench_runner_runtimes.py to create it)")
     repo = Path(__file__).resolve().parents[2]
-    code = ("from slurm_tpu.runner import Runner\n"
-            f"r = Runner({str(models['classifier'])!r}, warn=lambda m: None)\n"
-            f"print(r.engine_set.runtime, r.device_labels[0], r.classify({str(models['images'] / 'img_00007.png')!r})[0].index)")
+    code = (
+        "from slurm_tpu.runner import Runner\n"
+        f"r = Runner({str(models['classifier'])!r}, warn=lambda m: None)\n"
+        f"image = {str(models['images'] / 'img_00007.png')!r}\n"
+        "print(r.engine_set.runtime, r.device_labels[0], r.classify(image)[0].index)"
+    )
     env = dict(tpu_env, PYTHONPATH=str(repo))
     env.pop("SLURM_TPU_RUNTIME", None)
     out = subprocess.run([str(python), "-c", code], env=env, capture_output=True, text=True, timeout=60)

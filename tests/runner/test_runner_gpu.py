@@ -21,13 +21,17 @@ def _gpu_missing_reason() -> str | None:
     return None
 
 
-pytestmark = [pytest.mark.gpu, pytest.mark.skipif(_gpu_missing_reason() is not None,
-                                                  reason=_gpu_missing_reason() or "")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(_gpu_missing_reason() is not None, reason=_gpu_missing_reason() or ""),
+]
 
 
 def test_classifier_on_the_gpu_gives_the_cpu_answer(models, clean_env):
-    with Runner(str(models["classifier"]), options=OpenOptions(device=["gpu"]), environ=clean_env) as gpu, \
-            Runner(str(models["classifier"]), environ=clean_env) as cpu:
+    with (
+        Runner(str(models["classifier"]), options=OpenOptions(device=["gpu"]), environ=clean_env) as gpu,
+        Runner(str(models["classifier"]), environ=clean_env) as cpu,
+    ):
         assert gpu.device_labels == ["gpu"]
         for region in range(9):
             image = images.bright_region_image(region, 24, seed=region)[None]

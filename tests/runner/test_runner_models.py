@@ -59,8 +59,9 @@ def test_mobilenet_is_shaped_like_mobilenet_and_input_dependent(models, clean_en
             # Smooth images of different colours and frequencies, like photos, unlike noise.
             y, x = np.mgrid[0:224, 0:224] / 224
             f = rng.uniform(0.5, 6, size=3)
-            image = np.stack([np.sin(2 * np.pi * f[i] * (x + rng.uniform() * y) + i) * 127 + 128
-                              for i in range(3)], -1).astype(np.uint8)
+            image = np.stack(
+                [np.sin(2 * np.pi * f[i] * (x + rng.uniform() * y) + i) * 127 + 128 for i in range(3)], -1
+            ).astype(np.uint8)
             out = r.infer([image[np.newaxis]])[0]
             totals.append(out.astype(int).sum())
             outputs.add(out.tobytes())

@@ -117,8 +117,9 @@ def _detect_image_py(model, path, threshold=0.4):
     for i in range(count):
         if scores[i] >= threshold:
             ymin, xmin, ymax, xmax = boxes[i]
-            objects.append((int(class_ids[i]), float(scores[i]),
-                            (int(xmin * sx), int(ymin * sy), int(xmax * sx), int(ymax * sy))))
+            objects.append(
+                (int(class_ids[i]), float(scores[i]), (int(xmin * sx), int(ymin * sy), int(xmax * sx), int(ymax * sy)))
+            )
     return copy, objects
 
 
@@ -150,7 +151,9 @@ def test_segment_matches_semantic_segmentation_py(models, clean_env, photos):
 
 def test_fast_resize_is_opt_in_and_changes_the_tensor(models, clean_env, photos):
     big = str(photos[0][0])  # 640x480 JPEG: draft decoding kicks in
-    with Runner(str(models["mobilenet"]), environ=clean_env) as exact, \
-            Runner(str(models["mobilenet"]), environ=clean_env, fast_resize=True) as fast:
+    with (
+        Runner(str(models["mobilenet"]), environ=clean_env) as exact,
+        Runner(str(models["mobilenet"]), environ=clean_env, fast_resize=True) as fast,
+    ):
         assert not np.array_equal(exact.prepare(big).tensor, fast.prepare(big).tensor)
         assert np.array_equal(exact.prepare(big).tensor[0], _classify_image_py(models["mobilenet"], big)[0])

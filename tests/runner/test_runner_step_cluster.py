@@ -48,10 +48,12 @@ def _infer(models, out: Path, output: str) -> str:
     share this machine and both call their TPU usb-2-1.3, so each node gets its own lock
     directory, as real nodes have their own /tmp.
     """
-    return (f"srun sh -c 'EDGETPU_DOUBLE_LOG={out}/double-$SLURM_JOB_ID-$SLURMD_NODENAME.log "
-            f"SLURM_TPU_LOCK_DIR={out}/locks-$SLURMD_NODENAME exec "
-            f"{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']} "
-            f"-o {out}/{output} --no-progress'")
+    return (
+        f"srun sh -c 'EDGETPU_DOUBLE_LOG={out}/double-$SLURM_JOB_ID-$SLURMD_NODENAME.log "
+        f"SLURM_TPU_LOCK_DIR={out}/locks-$SLURMD_NODENAME exec "
+        f"{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']} "
+        f"-o {out}/{output} --no-progress'"
+    )
 
 
 def _keys(path: Path) -> list[str]:
@@ -71,8 +73,13 @@ def _acquired(cluster, node: str, job: int) -> list[str]:
 
 def _opened(out: Path, job: int, node: str) -> list[str]:
     lines = (out / f"double-{job}-{node}.log").read_text().splitlines()
-    return [field.split("=", 1)[1] for line in lines if line.startswith("create ")
-            for field in line.split() if field.startswith("path=")]
+    return [
+        field.split("=", 1)[1]
+        for line in lines
+        if line.startswith("create ")
+        for field in line.split()
+        if field.startswith("path=")
+    ]
 
 
 def _array_states(cluster, array: int, timeout: float) -> list[str]:
@@ -96,8 +103,11 @@ def _array_states(cluster, array: int, timeout: float) -> list[str]:
 def test_one_step_two_tasks_two_nodes_covers_every_input_once(setup):
     cluster, models, double, out = setup
     err = out / "step.err"
-    job = cluster.sbatch(["-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null", "-e", str(err)],
-                         _script(double, out, _infer(models, out, "step-%j-%t-%N.jsonl")), user=USER)
+    job = cluster.sbatch(
+        ["-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null", "-e", str(err)],
+        _script(double, out, _infer(models, out, "step-%j-%t-%N.jsonl")),
+        user=USER,
+    )
     assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED", err.read_text()
     files = sorted(out.glob(f"step-{job}-*.jsonl"))
     assert [f.name for f in files] == [f"step-{job}-0-n1.jsonl", f"step-{job}-1-n2.jsonl"]
@@ -112,9 +122,11 @@ def test_one_step_two_tasks_two_nodes_covers_every_input_once(setup):
 def test_steps_of_an_array_cover_every_input_once(setup):
     cluster, models, double, out = setup
     err = out / "array-%a.err"
-    array = cluster.sbatch(["--array=0-1", "-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null",
-                            "-e", str(err)],
-                           _script(double, out, _infer(models, out, "array-%A-%a-%t.jsonl")), user=USER)
+    array = cluster.sbatch(
+        ["--array=0-1", "-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null", "-e", str(err)],
+        _script(double, out, _infer(models, out, "array-%A-%a-%t.jsonl")),
+        user=USER,
+    )
     states = _array_states(cluster, array, timeout=240)
     assert states == ["COMPLETED", "COMPLETED"], [p.read_text() for p in out.glob("array-*.err")]
     files = sorted(out.glob(f"array-{array}-*.jsonl"))
@@ -129,10 +141,14 @@ def test_a_batch_script_without_srun_is_one_process_and_takes_everything(setup):
     take half the inputs (no other task would do the rest)."""
     cluster, models, double, out = setup
     err = out / "batch.err"
-    body = (f"{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']} "
-            f"-o {out}/batch-%j.jsonl --no-progress")
-    job = cluster.sbatch(["-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null", "-e", str(err)],
-                         _script(double, out, f"export EDGETPU_DOUBLE_LOG={out}/double-batch.log\n{body}"),
-                         user=USER)
+    body = (
+        f"{sys.executable} -m slurm_tpu.cli infer {models['classifier']} {models['images']} "
+        f"-o {out}/batch-%j.jsonl --no-progress"
+    )
+    job = cluster.sbatch(
+        ["-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null", "-e", str(err)],
+        _script(double, out, f"export EDGETPU_DOUBLE_LOG={out}/double-batch.log\n{body}"),
+        user=USER,
+    )
     assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED", err.read_text()
     assert sorted(_keys(out / f"batch-{job}.jsonl")) == _everything(models)

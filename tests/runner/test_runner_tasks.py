@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from runner_support import run_cli
+
 from harness.modelgen import detector, images, segmenter
 from harness.modelgen.flatbuf import Graph, Quant, softmax_options
 from slurm_tpu.runner.errors import UsageError
@@ -32,13 +32,17 @@ def _spec(name, shape, dtype=np.float32):
 
 # -- recognising the task ---------------------------------------------------------------
 
-@pytest.mark.parametrize("outputs, task", [
-    ([_spec("b", (1, 10, 4)), _spec("c", (1, 10)), _spec("s", (1, 10)), _spec("n", (1,))], "detect"),
-    ([_spec("scores", (1, 1001), np.uint8)], "classify"),
-    ([_spec("logits", (1, 1, 1, 1001), np.uint8)], "classify"),
-    ([_spec("map", (1, 513, 513), np.int32)], "segment"),
-    ([_spec("logits", (1, 32, 32, 21), np.uint8)], "segment"),
-])
+
+@pytest.mark.parametrize(
+    "outputs, task",
+    [
+        ([_spec("b", (1, 10, 4)), _spec("c", (1, 10)), _spec("s", (1, 10)), _spec("n", (1,))], "detect"),
+        ([_spec("scores", (1, 1001), np.uint8)], "classify"),
+        ([_spec("logits", (1, 1, 1, 1001), np.uint8)], "classify"),
+        ([_spec("map", (1, 513, 513), np.int32)], "segment"),
+        ([_spec("logits", (1, 32, 32, 21), np.uint8)], "segment"),
+    ],
+)
 def test_auto_recognises_the_task_from_the_outputs(outputs, task):
     assert choose_task("auto", outputs, frozenset(), "m.tflite")[0].name == task
 
@@ -55,19 +59,34 @@ def test_a_model_that_fits_no_task_names_its_outputs_and_task_raw():
 def test_labels_in_both_formats(tmp_path):
     (tmp_path / "pairs.txt").write_text("0 red\n1 green\n2  blue sky\n")
     (tmp_path / "lines.txt").write_text("red\ngreen\nblue sky\n")
-    assert read_labels(str(tmp_path / "pairs.txt")) == read_labels(str(tmp_path / "lines.txt")) \
+    assert (
+        read_labels(str(tmp_path / "pairs.txt"))
+        == read_labels(str(tmp_path / "lines.txt"))
         == {0: "red", 1: "green", 2: "blue sky"}
+    )
 
 
 # -- detection ---------------------------------------------------------------------------
+
 
 @pytest.mark.parametrize("scene", ["square_64", "landscape_160x96", "portrait_96x160", "photo_640x480"])
 def test_detect_boxes_are_in_original_pixels(models, clean_env, scene):
     """Objects fill one detector cell once scaled into the input; their boxes must come back
     in the source image's pixels whatever its size and aspect ratio. Red and blue objects
     keep their labels: a BGR mix-up would swap them."""
-    r = run_cli(["infer", models["detector"], models["scenes"] / f"{scene}.png", "--json", "-c", "1",
-                 "-l", models["detector_labels"]], clean_env)
+    r = run_cli(
+        [
+            "infer",
+            models["detector"],
+            models["scenes"] / f"{scene}.png",
+            "--json",
+            "-c",
+            "1",
+            "-l",
+            models["detector_labels"],
+        ],
+        clean_env,
+    )
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["task"] == "detect"
@@ -77,8 +96,20 @@ def test_detect_boxes_are_in_original_pixels(models, clean_env, scene):
 
 
 def test_detect_printout_threshold_and_empty_image(models, clean_env):
-    r = run_cli(["infer", "-m", models["detector"], "-i", models["scenes"] / "landscape_160x96.png",
-                 "-l", models["detector_labels"], "-c", "2"], clean_env)  # detect_image.py's flags
+    r = run_cli(
+        [
+            "infer",
+            "-m",
+            models["detector"],
+            "-i",
+            models["scenes"] / "landscape_160x96.png",
+            "-l",
+            models["detector_labels"],
+            "-c",
+            "2",
+        ],
+        clean_env,
+    )  # detect_image.py's flags
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0] == "----INFERENCE TIME----" and lines[1].endswith(" ms") and lines[3] == "-------RESULTS--------"
@@ -87,8 +118,7 @@ def test_detect_printout_threshold_and_empty_image(models, clean_env):
     r = run_cli(["infer", models["detector"], empty, "-c", "1"], clean_env)
     assert r.stdout.splitlines()[-1] == "No objects detected"
     # The model itself reports every cell at about 0.02: only the threshold keeps them out.
-    low = json.loads(run_cli(["infer", models["detector"], empty, "-c", "1", "-t", "0.01", "--json"],
-                             clean_env).stdout)
+    low = json.loads(run_cli(["infer", models["detector"], empty, "-c", "1", "-t", "0.01", "--json"], clean_env).stdout)
     assert len(low["objects"]) == detector.MAX_DETECTIONS
     assert all(o["score"] < 0.05 for o in low["objects"])
 
@@ -96,8 +126,20 @@ def test_detect_printout_threshold_and_empty_image(models, clean_env):
 def test_detect_batch_jsonl_csv_and_annotations(models, clean_env, tmp_path):
     expected = _expected(models)
     jsonl, table, drawn = tmp_path / "d.jsonl", tmp_path / "d.csv", tmp_path / "drawn"
-    r = run_cli(["infer", models["detector"], models["scenes"], "-o", jsonl, "-l", models["detector_labels"],
-                 "--annotate", drawn], clean_env)
+    r = run_cli(
+        [
+            "infer",
+            models["detector"],
+            models["scenes"],
+            "-o",
+            jsonl,
+            "-l",
+            models["detector_labels"],
+            "--annotate",
+            drawn,
+        ],
+        clean_env,
+    )
     assert r.returncode == 0, r.stderr
     assert "slurm-tpu: task: detect (recognised" in r.stderr
     records = {Path(rec["input"]).name: rec for rec in map(json.loads, jsonl.read_text().splitlines())}
@@ -122,15 +164,30 @@ def test_detect_batch_jsonl_csv_and_annotations(models, clean_env, tmp_path):
 
 
 def test_annotate_refuses_to_overwrite_inputs_and_raw_has_no_picture(models, clean_env, tmp_path):
-    r = run_cli(["infer", models["detector"], models["scenes"], "-o", tmp_path / "x.jsonl",
-                 "--annotate", models["scenes"]], clean_env)
+    r = run_cli(
+        ["infer", models["detector"], models["scenes"], "-o", tmp_path / "x.jsonl", "--annotate", models["scenes"]],
+        clean_env,
+    )
     assert r.returncode == 2 and "would overwrite input" in r.stderr and not (tmp_path / "x.jsonl").exists()
-    r = run_cli(["infer", models["detector"], models["scenes"], "--task", "raw", "-o", tmp_path / "r.jsonl",
-                 "--annotate", tmp_path / "a"], clean_env)
+    r = run_cli(
+        [
+            "infer",
+            models["detector"],
+            models["scenes"],
+            "--task",
+            "raw",
+            "-o",
+            tmp_path / "r.jsonl",
+            "--annotate",
+            tmp_path / "a",
+        ],
+        clean_env,
+    )
     assert r.returncode == 2 and "not raw" in r.stderr
 
 
 # -- segmentation ------------------------------------------------------------------------
+
 
 def _true_fractions(scene_name: str, models) -> dict[int, float]:
     entry = _expected(models)[scene_name]
@@ -143,8 +200,10 @@ def _true_fractions(scene_name: str, models) -> dict[int, float]:
 @pytest.mark.parametrize("model", ["segmenter", "segmenter_argmax"])
 def test_segment_fractions_and_mask(models, clean_env, tmp_path, model):
     out, masks = tmp_path / "s.jsonl", tmp_path / "masks"
-    r = run_cli(["infer", models[model], models["scenes"], "-o", out, "-l", models["segmenter_labels"],
-                 "--annotate", masks], clean_env)
+    r = run_cli(
+        ["infer", models[model], models["scenes"], "-o", out, "-l", models["segmenter_labels"], "--annotate", masks],
+        clean_env,
+    )
     assert r.returncode == 0, r.stderr
     from PIL import Image
 
@@ -175,9 +234,12 @@ def test_segment_variants_agree_and_csv_rows(models, clean_env, tmp_path):
 
 # -- raw and classification ----------------------------------------------------------------
 
+
 def test_raw_outputs_of_a_detector(models, clean_env):
-    r = run_cli(["infer", models["detector"], models["scenes"] / "square_64.png", "--task", "raw", "-c", "1",
-                 "--json"], clean_env)
+    r = run_cli(
+        ["infer", models["detector"], models["scenes"] / "square_64.png", "--task", "raw", "-c", "1", "--json"],
+        clean_env,
+    )
     boxes, classes, scores, count = json.loads(r.stdout)["outputs"]
     assert count == [detector.MAX_DETECTIONS] and len(boxes[0]) == detector.MAX_DETECTIONS
 
@@ -200,7 +262,23 @@ def test_a_model_that_fits_no_task_is_one_line(clean_env, tmp_path, models):
 
 
 def test_classify_accepts_classify_image_flags(models, clean_env):
-    r = run_cli(["infer", "-m", models["classifier"], "-i", models["images"] / "img_00005.png",
-                 "-l", models["classifier_labels"], "--top_k", "2", "-t", "0.0", "-c", "1"], clean_env)
+    r = run_cli(
+        [
+            "infer",
+            "-m",
+            models["classifier"],
+            "-i",
+            models["images"] / "img_00005.png",
+            "-l",
+            models["classifier_labels"],
+            "--top_k",
+            "2",
+            "-t",
+            "0.0",
+            "-c",
+            "1",
+        ],
+        clean_env,
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.splitlines()[-2:][0] == "right: 0.99609"

@@ -11,8 +11,8 @@ import math
 import os
 
 import pytest
-
 from runner_support import run_cli
+
 from slurm_tpu.protocol import FormatError
 from slurm_tpu.protocol.usage import MAX_BYTES, MAX_INFERENCES, UsageRecord, add_usage, checked, read_record
 
@@ -50,18 +50,39 @@ def test_a_job_without_a_box_runs_and_reports_nothing(models, tpu_env, tmp_path)
     assert not (tmp_path / "missing").exists()
 
 
-@pytest.mark.parametrize("figures", [
-    (1, 0.5, None), (0, 0.0, 0.0), (MAX_INFERENCES, 1e9, 1e12), (3, 2, 7),
-])
+@pytest.mark.parametrize(
+    "figures",
+    [
+        (1, 0.5, None),
+        (0, 0.0, 0.0),
+        (MAX_INFERENCES, 1e9, 1e12),
+        (3, 2, 7),
+    ],
+)
 def test_plausible_figures_pass(figures):
     assert checked(*figures) == (figures[0], float(figures[1]), None if figures[2] is None else float(figures[2]))
 
 
-@pytest.mark.parametrize("figures", [
-    (-1, 0.5, None), (1, -0.5, None), (1, 0.5, -3.0), (1.0, 0.5, None), (True, 0.5, None), (1, True, None),
-    (MAX_INFERENCES + 1, 0.5, None), (10**400, 0.5, None), (1, math.inf, None), (1, math.nan, None),
-    (1, 0.5, math.nan), (1, 0.5, math.inf), ("5", 0.5, None), (None, 0.5, None), (1, "0.5", None),
-])
+@pytest.mark.parametrize(
+    "figures",
+    [
+        (-1, 0.5, None),
+        (1, -0.5, None),
+        (1, 0.5, -3.0),
+        (1.0, 0.5, None),
+        (True, 0.5, None),
+        (1, True, None),
+        (MAX_INFERENCES + 1, 0.5, None),
+        (10**400, 0.5, None),
+        (1, math.inf, None),
+        (1, math.nan, None),
+        (1, 0.5, math.nan),
+        (1, 0.5, math.inf),
+        ("5", 0.5, None),
+        (None, 0.5, None),
+        (1, "0.5", None),
+    ],
+)
 def test_absurd_figures_are_refused(figures):
     assert checked(*figures) is None
 
@@ -80,11 +101,18 @@ def test_root_reads_only_plausible_regular_files_of_the_jobs_uid(box, tmp_path):
     assert read_record(fd, "usb-1-0", uid) is None  # the job left none
     with pytest.raises(FormatError, match=r"^usage record usb-1-1.json belongs to uid \d+, not the job's uid"):
         read_record(fd, "usb-1-1", uid + 1)
-    absurd = ['{"version": 1, "inferences": 1e400, "seconds": 1}', '{"version": 1, "inferences": 1, "seconds": 1e400}',
-              '{"version": 1, "inferences": 1, "seconds": NaN}', '{"version": 1, "inferences": -4, "seconds": 1}',
-              '{"version": 1, "inferences": 1, "seconds": 1, "energy_j": -2.5}',
-              '{"version": 1, "inferences": ' + "9" * 5000 + ', "seconds": 1}',
-              '{"version": 2, "inferences": 1, "seconds": 1}', '[1, 2]', "not json", "[" * 100000]
+    absurd = [
+        '{"version": 1, "inferences": 1e400, "seconds": 1}',
+        '{"version": 1, "inferences": 1, "seconds": 1e400}',
+        '{"version": 1, "inferences": 1, "seconds": NaN}',
+        '{"version": 1, "inferences": -4, "seconds": 1}',
+        '{"version": 1, "inferences": 1, "seconds": 1, "energy_j": -2.5}',
+        '{"version": 1, "inferences": ' + "9" * 5000 + ', "seconds": 1}',
+        '{"version": 2, "inferences": 1, "seconds": 1}',
+        "[1, 2]",
+        "not json",
+        "[" * 100000,
+    ]
     for i, text in enumerate(absurd):
         _write(path, f"usb-2-{i}.json", text)
         with pytest.raises(FormatError, match=f"^usage record usb-2-{i}.json(:| is)") as refused:
@@ -96,10 +124,10 @@ def test_root_reads_only_plausible_regular_files_of_the_jobs_uid(box, tmp_path):
     secret = tmp_path / "secret"
     secret.write_text(json.dumps(good))
     os.symlink(secret, path / "usb-3-2.json")  # a link planted to make root read elsewhere
-    with pytest.raises(FormatError, match="usb-3-2.json is a symbolic link"):
+    with pytest.raises(FormatError, match=r"usb-3-2.json is a symbolic link"):
         read_record(fd, "usb-3-2", uid)
     os.mkfifo(path / "usb-3-3.json")  # would block a reader without O_NONBLOCK
-    with pytest.raises(FormatError, match="usb-3-3.json is not a regular file"):
+    with pytest.raises(FormatError, match=r"usb-3-3.json is not a regular file"):
         read_record(fd, "usb-3-3", uid)
     with pytest.raises(FormatError, match="not a device identity"):
         read_record(fd, "../box/usb-1-1", uid)  # only plain identities name a file

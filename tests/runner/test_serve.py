@@ -19,14 +19,14 @@ import urllib.request
 
 import numpy as np
 import pytest
-
 from runner_support import USB_A, USB_B, run_cli
 from serve_support import Client, GatedEngine, raw_exchange, start_server
+
+from slurm_tpu.protocol.usage import read_record
 from slurm_tpu.runner import Runner
 from slurm_tpu.runner.serve import auth
 from slurm_tpu.runner.serve.app import Limits
 from slurm_tpu.runner.serve.devicequeue import DeviceQueue, Overloaded
-from slurm_tpu.protocol.usage import read_record
 
 
 @pytest.fixture(scope="module")
@@ -36,10 +36,19 @@ def served(tmp_path_factory, request):
 
     models = write_models(tmp_path_factory.mktemp("serve-models"), image_count=6)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE_DEVICES"))}
-    server = start_server([(str(models["classifier"]), "classifier"), (str(models["detector"]), "det"),
-                           (str(models["segmenter"]), "seg")],
-                          {"classifier": str(models["classifier_labels"]), "det": str(models["detector_labels"]),
-                           "seg": str(models["segmenter_labels"])}, env)
+    server = start_server(
+        [
+            (str(models["classifier"]), "classifier"),
+            (str(models["detector"]), "det"),
+            (str(models["segmenter"]), "seg"),
+        ],
+        {
+            "classifier": str(models["classifier_labels"]),
+            "det": str(models["detector_labels"]),
+            "seg": str(models["segmenter_labels"]),
+        },
+        env,
+    )
     yield server, models, env
     server.stop(5)
 
@@ -67,11 +76,18 @@ def _record(answer: dict) -> dict:
 
 # -- TF Serving's API -------------------------------------------------------------------
 
+
 def test_status_and_metadata_are_tf_servings(served):
     server, models, _ = served
     client = Client(server)
-    assert client.json("GET", "/v1/models/classifier") == (200, {"model_version_status": [
-        {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}]})
+    assert client.json("GET", "/v1/models/classifier") == (
+        200,
+        {
+            "model_version_status": [
+                {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+            ]
+        },
+    )
     assert client.json("GET", "/v1/models/classifier/versions/1")[0] == 200
     status, metadata = client.json("GET", "/v1/models/det/metadata")
     assert status == 200 and metadata["model_spec"] == {"name": "det", "signature_name": "", "version": "1"}
@@ -101,8 +117,11 @@ def test_predict_with_plain_urllib_as_a_tf_serving_client_would(served):
     server, models, _ = served
     image = _images(models)[1]
     body = json.dumps({"instances": [{"b64": base64.b64encode(image.read_bytes()).decode()}]}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{server.port}/v1/models/classifier:predict", data=body,
-                                     headers={"Authorization": f"Bearer {server.token}"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{server.port}/v1/models/classifier:predict",
+        data=body,
+        headers={"Authorization": f"Bearer {server.token}"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         predictions = json.load(response)["predictions"]
     assert int(np.argmax(predictions[0])) == 1  # img_00001 is bright in region 1 (modelgen's answer)
@@ -110,11 +129,15 @@ def test_predict_with_plain_urllib_as_a_tf_serving_client_would(served):
 
 # -- task endpoints equal `slurm-tpu infer --json` ---------------------------------------
 
-@pytest.mark.parametrize("kind, model, labels, name, inputs", [
-    ("classify", "classifier", "classifier_labels", "classifier", _images),
-    ("detect", "detector", "detector_labels", "det", _scenes),
-    ("segment", "segmenter", "segmenter_labels", "seg", _scenes),
-])
+
+@pytest.mark.parametrize(
+    "kind, model, labels, name, inputs",
+    [
+        ("classify", "classifier", "classifier_labels", "classifier", _images),
+        ("detect", "detector", "detector_labels", "det", _scenes),
+        ("segment", "segmenter", "segmenter_labels", "seg", _scenes),
+    ],
+)
 def test_task_endpoints_answer_what_infer_json_prints(served, kind, model, labels, name, inputs):
     server, models, env = served
     client = Client(server)
@@ -131,8 +154,9 @@ def test_json_task_request_and_npy_body(served):
     server, models, env = served
     client = Client(server)
     image = _images(models)[2]
-    status, answer = client.json("POST", "/v1/models/classifier:classify",
-                                 {"b64": base64.b64encode(image.read_bytes()).decode(), "top_k": 2})
+    status, answer = client.json(
+        "POST", "/v1/models/classifier:classify", {"b64": base64.b64encode(image.read_bytes()).decode(), "top_k": 2}
+    )
     assert status == 200 and [c["index"] for c in answer["classes"]][:1] == [2] and len(answer["classes"]) == 2
     with Runner(str(models["classifier"]), environ=env) as runner:
         tensor = runner.load(str(image))[0]
@@ -144,6 +168,7 @@ def test_json_task_request_and_npy_body(served):
 
 # -- bad input: the right 4xx, one line, and the server stays up -------------------------
 
+
 def _npy(array) -> bytes:
     buffer = io.BytesIO()
     np.save(buffer, array)
@@ -154,26 +179,91 @@ BAD_REQUESTS = [
     # (what, method, path, body, headers, status, words in the error)
     ("malformed JSON", "POST", "/v1/models/classifier:predict", b'{"instances": [1, 2', {}, 400, "malformed JSON"),
     ("not an object", "POST", "/v1/models/classifier:predict", b"[1, 2]", {}, 400, "'instances'"),
-    ("wrong shape", "POST", "/v1/models/classifier:predict", b'{"instances": [[1, 2, 3]]}', {}, 400, "wants [24, 24, 3]"),
+    (
+        "wrong shape",
+        "POST",
+        "/v1/models/classifier:predict",
+        b'{"instances": [[1, 2, 3]]}',
+        {},
+        400,
+        "wants [24, 24, 3]",
+    ),
     ("ragged", "POST", "/v1/models/classifier:predict", b'{"instances": [[[1], [1, 2]]]}', {}, 400, "rectangular"),
-    ("strings", "POST", "/v1/models/classifier:predict",
-     json.dumps({"instances": [[[["a"] * 3] * 24] * 24]}).encode(), {}, 400, "strings"),
-    ("fractions for uint8", "POST", "/v1/models/classifier:predict",
-     json.dumps({"instances": [[[[0.5] * 3] * 24] * 24]}).encode(), {}, 400, "whole numbers"),
-    ("out of range", "POST", "/v1/models/classifier:predict",
-     json.dumps({"instances": [[[[300] * 3] * 24] * 24]}).encode(), {}, 400, "0..255"),
+    (
+        "strings",
+        "POST",
+        "/v1/models/classifier:predict",
+        json.dumps({"instances": [[[["a"] * 3] * 24] * 24]}).encode(),
+        {},
+        400,
+        "strings",
+    ),
+    (
+        "fractions for uint8",
+        "POST",
+        "/v1/models/classifier:predict",
+        json.dumps({"instances": [[[[0.5] * 3] * 24] * 24]}).encode(),
+        {},
+        400,
+        "whole numbers",
+    ),
+    (
+        "out of range",
+        "POST",
+        "/v1/models/classifier:predict",
+        json.dumps({"instances": [[[[300] * 3] * 24] * 24]}).encode(),
+        {},
+        400,
+        "0..255",
+    ),
     ("bad base64", "POST", "/v1/models/classifier:predict", b'{"instances": [{"b64": "%%%"}]}', {}, 400, "base64"),
-    ("b64 not an image", "POST", "/v1/models/classifier:predict",
-     json.dumps({"instances": [{"b64": base64.b64encode(b"hello").decode()}]}).encode(), {}, 400, "not a readable image"),
-    ("too many instances", "POST", "/v1/models/classifier:predict",
-     json.dumps({"instances": [{"b64": ""}] * 65}).encode(), {}, 400, "at most 64"),
-    ("deep JSON", "POST", "/v1/models/classifier:predict", b'{"instances": ' + b"[" * 100000 + b"]" * 100000 + b"}",
-     {}, 400, "malformed JSON"),
-    ("non-image bytes", "POST", "/v1/models/classifier:classify", b"GIF89a not really", {}, 400, "not a readable image"),
+    (
+        "b64 not an image",
+        "POST",
+        "/v1/models/classifier:predict",
+        json.dumps({"instances": [{"b64": base64.b64encode(b"hello").decode()}]}).encode(),
+        {},
+        400,
+        "not a readable image",
+    ),
+    (
+        "too many instances",
+        "POST",
+        "/v1/models/classifier:predict",
+        json.dumps({"instances": [{"b64": ""}] * 65}).encode(),
+        {},
+        400,
+        "at most 64",
+    ),
+    (
+        "deep JSON",
+        "POST",
+        "/v1/models/classifier:predict",
+        b'{"instances": ' + b"[" * 100000 + b"]" * 100000 + b"}",
+        {},
+        400,
+        "malformed JSON",
+    ),
+    (
+        "non-image bytes",
+        "POST",
+        "/v1/models/classifier:classify",
+        b"GIF89a not really",
+        {},
+        400,
+        "not a readable image",
+    ),
     ("empty body", "POST", "/v1/models/classifier:classify", b"", {}, 400, "empty body"),
     ("decompression bomb", "POST", "/v1/models/classifier:classify", None, {}, 400, "pixels"),
-    ("npy of the wrong shape", "POST", "/v1/models/classifier:classify", _npy(np.zeros((5, 5), np.uint8)), {}, 400,
-     "shape (5, 5)"),
+    (
+        "npy of the wrong shape",
+        "POST",
+        "/v1/models/classifier:classify",
+        _npy(np.zeros((5, 5), np.uint8)),
+        {},
+        400,
+        "shape (5, 5)",
+    ),
     ("npy claiming a huge shape", "POST", "/v1/models/classifier:classify", None, {}, 400, "shape (1000000000,"),
     ("bad option", "POST", "/v1/models/classifier:classify?top_k=zero", b"x", {}, 400, "top_k"),
     ("task the model lacks", "POST", "/v1/models/classifier:detect", b"x", {}, 400, "--task detect needs"),
@@ -202,8 +292,9 @@ def _body(what: str, body: bytes | None) -> bytes | None:
     return body
 
 
-@pytest.mark.parametrize("what, method, path, body, headers, status, words", BAD_REQUESTS,
-                         ids=[r[0] for r in BAD_REQUESTS])
+@pytest.mark.parametrize(
+    "what, method, path, body, headers, status, words", BAD_REQUESTS, ids=[r[0] for r in BAD_REQUESTS]
+)
 def test_bad_requests_get_the_right_status_and_one_line(served, what, method, path, body, headers, status, words):
     server, _, _ = served
     client = Client(server)
@@ -218,20 +309,26 @@ def test_bad_requests_get_the_right_status_and_one_line(served, what, method, pa
 def test_oversized_and_unsized_bodies_are_refused_before_they_are_read(served):
     server, _, _ = served
     limit = server.app.limits.max_body
-    head = (f"POST /v1/models/classifier:classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
-            f"Content-Length: {limit + 1}\r\n\r\n").encode()
+    head = (
+        f"POST /v1/models/classifier:classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
+        f"Content-Length: {limit + 1}\r\n\r\n"
+    ).encode()
     answer = raw_exchange(server.port, head)  # no body sent: the answer cannot wait for it
     assert answer.startswith(b"HTTP/1.1 413") and b"Connection: close" in answer
-    chunked = (f"POST /v1/models/classifier:classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
-               "Transfer-Encoding: chunked\r\n\r\n").encode()
+    chunked = (
+        f"POST /v1/models/classifier:classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
+        "Transfer-Encoding: chunked\r\n\r\n"
+    ).encode()
     assert raw_exchange(server.port, chunked).startswith(b"HTTP/1.1 411")
     unauthorized = f"POST /v1/models/classifier:classify HTTP/1.1\r\nHost: x\r\nContent-Length: {limit}\r\n\r\n"
     assert raw_exchange(server.port, unauthorized.encode()).startswith(b"HTTP/1.1 401")
     assert raw_exchange(server.port, b"GARBAGE\r\n\r\n").startswith(b"HTTP/1.1 400")
     # A refused POST whose body was not read closes the connection: the body is never taken
     # for the next request (here a pipelined GET that must not be answered).
-    pipelined = (f"POST /v1/models/nope:predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
-                 "Content-Length: 25\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n").encode()
+    pipelined = (
+        f"POST /v1/models/nope:predict HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n"
+        "Content-Length: 25\r\n\r\nGET /metrics HTTP/1.1\r\n\r\n"
+    ).encode()
     answer = raw_exchange(server.port, pipelined)
     assert answer.startswith(b"HTTP/1.1 404") and answer.count(b"HTTP/1.1") == 1 and b"Connection: close" in answer
 
@@ -256,6 +353,7 @@ def test_metrics_are_prometheus_text(served):
 
 
 # -- devices: one inference at a time each, spread, bounded -----------------------------
+
 
 @pytest.fixture
 def tpu_process(tpu_env, monkeypatch) -> dict[str, str]:
@@ -284,8 +382,12 @@ def test_requests_spread_over_devices_never_two_at_once_on_one(models, two_tpus)
     try:
         image = (models["images"] / "img_00004.png").read_bytes()
         answers: list[int] = []
-        threads = [threading.Thread(target=lambda: answers.append(
-            Client(server).request("POST", "/v1/models/c:classify", image)[0])) for _ in range(4)]
+        threads = [
+            threading.Thread(
+                target=lambda: answers.append(Client(server).request("POST", "/v1/models/c:classify", image)[0])
+            )
+            for _ in range(4)
+        ]
         for t in threads:
             t.start()
         # Both devices take one request each and hold it: the other two must wait in the queue.
@@ -313,12 +415,14 @@ def test_a_full_queue_answers_503_with_retry_after(models, tpu_process):
     try:
         image = (models["images"] / "img_00004.png").read_bytes()
         answers: list[int] = []
-        first = threading.Thread(target=lambda: answers.append(Client(server).request("POST", "/v1/models/c:classify",
-                                                                                      image)[0]))
+        first = threading.Thread(
+            target=lambda: answers.append(Client(server).request("POST", "/v1/models/c:classify", image)[0])
+        )
         first.start()
         assert gated[0].entered.acquire(timeout=30)  # the device holds the first
-        second = threading.Thread(target=lambda: answers.append(Client(server).request("POST", "/v1/models/c:classify",
-                                                                                       image)[0]))
+        second = threading.Thread(
+            target=lambda: answers.append(Client(server).request("POST", "/v1/models/c:classify", image)[0])
+        )
         second.start()
         wait_for(lambda: server.queue.depth == 1, "the second request to queue")
         status, headers, data = Client(server).request("POST", "/v1/models/c:classify", image)
@@ -361,16 +465,19 @@ def test_connections_beyond_the_cap_get_503_and_only_token_holders_count(models,
     try:
         for client in holders:  # kept alive: each holds one of the two places
             assert client.json("GET", "/v1/models/c")[0] == 200
-        wait_for(lambda: server.app.connections == 2 and server.app.pending_connections == 4,
-                 "two authenticated and four pending connections")
+        wait_for(
+            lambda: server.app.connections == 2 and server.app.pending_connections == 4,
+            "two authenticated and four pending connections",
+        )
         get = f"GET /v1/models/c HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}\r\n\r\n".encode()
         answer = raw_exchange(server.port, get)
         assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer and b"too many connections" in answer
         assert raw_exchange(server.port, b"GET /v1/models/c HTTP/1.1\r\n\r\n").startswith(b"HTTP/1.1 401")
         holders.pop().close()
         wait_for(lambda: server.app.connections == 1, "a place to free up")
-        assert raw_exchange(server.port, get.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")) \
-            .startswith(b"HTTP/1.1 200")
+        assert raw_exchange(server.port, get.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n")).startswith(
+            b"HTTP/1.1 200"
+        )
     finally:
         for sock in idle:
             sock.close()
@@ -380,6 +487,7 @@ def test_connections_beyond_the_cap_get_503_and_only_token_holders_count(models,
 
 
 # -- graceful stop ------------------------------------------------------------------------
+
 
 def test_stop_finishes_requests_in_flight_refuses_new_ones_and_writes_usage(models, tpu_process, tmp_path):
     box = tmp_path / "box"  # the job's usage box (a private tmpfs in a real job)
@@ -395,8 +503,9 @@ def test_stop_finishes_requests_in_flight_refuses_new_ones_and_writes_usage(mode
     image = (models["images"] / "img_00003.png").read_bytes()
     client = Client(server)
     answers: list = []
-    in_flight = threading.Thread(target=lambda: answers.append(client.json("POST", "/v1/models/c:classify",
-                                                                          body=image)))
+    in_flight = threading.Thread(
+        target=lambda: answers.append(client.json("POST", "/v1/models/c:classify", body=image))
+    )
     in_flight.start()
     assert gated[0].entered.acquire(timeout=30)
     stopped: list[bool] = []
@@ -417,6 +526,7 @@ def test_stop_finishes_requests_in_flight_refuses_new_ones_and_writes_usage(mode
 
 
 # -- the address file -----------------------------------------------------------------------
+
 
 def test_address_file_is_private_atomic_and_never_follows_links(tmp_path):
     home = tmp_path / "home"
@@ -465,11 +575,13 @@ def test_token_comparison():
     token = auth.new_token()
     assert len(token) >= 40 and auth.new_token() != token
     assert auth.token_matches(f"Bearer {token}", token) and auth.token_matches(f"bearer  {token} ", token)
-    assert not any(auth.token_matches(h, token) for h in (None, "", token, f"Bearer {token}x", f"Basic {token}",
-                                                          "Bearer \udcff"))
+    assert not any(
+        auth.token_matches(h, token) for h in (None, "", token, f"Bearer {token}x", f"Basic {token}", "Bearer \udcff")
+    )
 
 
 # -- the client -------------------------------------------------------------------------------
+
 
 def test_infer_server_writes_what_local_infer_writes(served, tmp_path):
     server, models, env = served
@@ -479,14 +591,56 @@ def test_infer_server_writes_what_local_infer_writes(served, tmp_path):
     client_env = dict(env, HOME=str(home))
     local = tmp_path / "local.jsonl"
     remote = tmp_path / "remote.jsonl"
-    assert run_cli(["infer", models["classifier"], models["images"], "-l", models["classifier_labels"], "-k", "2",
-                    "-o", local, "--no-progress"], env).returncode == 0
-    done = run_cli(["infer", "--server", "31", "classifier", models["images"], "-k", "2", "-o", remote,
-                    "--no-progress", "--in-flight", "3"], client_env)
+    assert (
+        run_cli(
+            [
+                "infer",
+                models["classifier"],
+                models["images"],
+                "-l",
+                models["classifier_labels"],
+                "-k",
+                "2",
+                "-o",
+                local,
+                "--no-progress",
+            ],
+            env,
+        ).returncode
+        == 0
+    )
+    done = run_cli(
+        [
+            "infer",
+            "--server",
+            "31",
+            "classifier",
+            models["images"],
+            "-k",
+            "2",
+            "-o",
+            remote,
+            "--no-progress",
+            "--in-flight",
+            "3",
+        ],
+        client_env,
+    )
     assert done.returncode == 0, done.stderr
     assert remote.read_text() == local.read_text()
-    single = run_cli(["infer", "--server", f"127.0.0.1:{server.port}", models["classifier"],
-                      models["images"] / "img_00002.png", "--json", "-c", "3"], client_env)
+    single = run_cli(
+        [
+            "infer",
+            "--server",
+            f"127.0.0.1:{server.port}",
+            models["classifier"],
+            models["images"] / "img_00002.png",
+            "--json",
+            "-c",
+            "3",
+        ],
+        client_env,
+    )
     record = json.loads(single.stdout)
     assert record["classes"][0]["label"] == "top-right" and len(record["times_ms"]) == 2
     refused = run_cli(["infer", "--server", "32", "classifier", models["images"]], client_env)
@@ -507,6 +661,7 @@ def wait_for(predicate, what: str, timeout: float = 30) -> None:
 
 def test_several_models_share_the_jobs_tpu_under_one_lock(models, tpu_process):
     from runner_support import double_log
+
     from slurm_tpu.runner.errors import DeviceBusyError
     from slurm_tpu.runner.lock import DeviceLock
 
@@ -517,8 +672,9 @@ def test_several_models_share_the_jobs_tpu_under_one_lock(models, tpu_process):
         with pytest.raises(DeviceBusyError):  # held once, by this process: another process is refused
             DeviceLock("usb-2-1.4", tpu_process)
         client = Client(server)
-        assert client.json("POST", "/v1/models/c:classify", body=(models["images"] / "img_00005.png").read_bytes()
-                           )[1]["devices"] == ["edgetpu usb-2-1.4"]
+        assert client.json("POST", "/v1/models/c:classify", body=(models["images"] / "img_00005.png").read_bytes())[1][
+            "devices"
+        ] == ["edgetpu usb-2-1.4"]
         scene = sorted(models["scenes"].glob("*.png"))[-1]
         assert client.json("POST", "/v1/models/d:detect", body=scene.read_bytes())[0] == 200
     finally:

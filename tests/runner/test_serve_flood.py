@@ -21,6 +21,7 @@ import sys
 import time
 
 from serve_support import Client, start_server
+
 from slurm_tpu.runner.serve.app import Limits
 
 FLOOD = 128
@@ -35,8 +36,11 @@ FLOODER = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 def test_a_slow_header_flood_never_locks_out_the_token_holder(models, clean_env):
     server = start_server([(str(models["classifier"]), "c")], {}, clean_env, limits=Limits(io_timeout=IO_TIMEOUT))
-    flood = subprocess.Popen([sys.executable, FLOODER, str(server.port), str(FLOOD), str(TRICKLE),
-                              str(FLOOD_SECONDS)], stdout=subprocess.PIPE, text=True)
+    flood = subprocess.Popen(
+        [sys.executable, FLOODER, str(server.port), str(FLOOD), str(TRICKLE), str(FLOOD_SECONDS)],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     owner = Client(server, timeout=30)
     results: list[tuple[str, float, int]] = []
     try:
@@ -47,8 +51,10 @@ def test_a_slow_header_flood_never_locks_out_the_token_holder(models, clean_env)
                 began = time.monotonic()
                 if kind == "fresh":
                     with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-                        sock.sendall(f"GET /v1/models/c HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}"
-                                     "\r\nConnection: close\r\n\r\n".encode())
+                        sock.sendall(
+                            f"GET /v1/models/c HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {server.token}"
+                            "\r\nConnection: close\r\n\r\n".encode()
+                        )
                         answer = b""
                         while chunk := sock.recv(65536):
                             answer += chunk
@@ -82,8 +88,11 @@ def test_a_head_without_the_token_stops_at_max_head(models, clean_env):
     server = start_server([(str(models["classifier"]), "c")], {}, clean_env)
     try:
         with socket.create_connection(("127.0.0.1", server.port), timeout=30) as sock:
-            head = b"GET /v1/models/c HTTP/1.1\r\n" + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 2048)
-                                                                for i in range(60)) + b"\r\n"
+            head = (
+                b"GET /v1/models/c HTTP/1.1\r\n"
+                + b"".join(b"X-Pad-%d: %s\r\n" % (i, b"a" * 2048) for i in range(60))
+                + b"\r\n"
+            )
             try:
                 sock.sendall(head)
             except OSError:

@@ -17,8 +17,8 @@ import sys
 import threading
 
 import pytest
-
 from serve_support import raw_exchange
+
 from slurm_tpu.runner import Runner
 from slurm_tpu.runner.serve import auth
 
@@ -39,10 +39,28 @@ def server_process(models, clean_env, tmp_path):
     home.mkdir(mode=0o700)
     env = dict(clean_env, HOME=str(home), SLURM_JOB_ID="9191")
     log = open(tmp_path / "serve.log", "w+")
-    process = subprocess.Popen([sys.executable, "-m", "slurm_tpu.cli", "serve", f"{models['classifier']}=c",
-                                "-l", str(models["classifier_labels"]), "--host", "127.0.0.1", "--queue", "16",
-                                "--max-body", str(MAX_BODY_MIB), "--max-connections", str(2 * CLIENTS)],
-                               env=env, stdout=log, stderr=subprocess.STDOUT)
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "slurm_tpu.cli",
+            "serve",
+            f"{models['classifier']}=c",
+            "-l",
+            str(models["classifier_labels"]),
+            "--host",
+            "127.0.0.1",
+            "--queue",
+            "16",
+            "--max-body",
+            str(MAX_BODY_MIB),
+            "--max-connections",
+            str(2 * CLIENTS),
+        ],
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     try:
         # The address file appears once the server listens (it is renamed into place whole).
         address = _wait_for_address(process, env, log)
@@ -71,12 +89,17 @@ def _wait_for_address(process, env, log) -> auth.Address:
 
 def _bad_requests(token: str, image: bytes) -> list[tuple[str, bytes, int]]:
     """(what, raw HTTP request, expected status) for the malformed share of the load."""
-    def post(path: str, body: bytes, auth_header: str = f"Bearer {token}", extra: str = "") -> bytes:
-        return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header}\r\nContent-Length: {len(body)}\r\n"
-                f"{extra}Connection: close\r\n\r\n").encode() + body
 
-    oversized = (f"POST /v1/models/c:classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
-                 f"Content-Length: {16 << 20}\r\n\r\n").encode()
+    def post(path: str, body: bytes, auth_header: str = f"Bearer {token}", extra: str = "") -> bytes:
+        return (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: {auth_header}\r\nContent-Length: {len(body)}\r\n"
+            f"{extra}Connection: close\r\n\r\n"
+        ).encode() + body
+
+    oversized = (
+        f"POST /v1/models/c:classify HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
+        f"Content-Length: {16 << 20}\r\n\r\n"
+    ).encode()
     return [
         ("malformed JSON", post("/v1/models/c:predict", b'{"instances": [[1,'), 400),
         ("wrong shape", post("/v1/models/c:predict", b'{"instances": [[1, 2]]}'), 400),
@@ -98,8 +121,9 @@ def test_concurrent_clients_with_faults(server_process, models, clean_env):
     port = int(address.url.rsplit(":", 1)[1])
     bad = _bad_requests(address.token, images[0].read_bytes())
     # Warm up (first inferences, imports), then take the baseline.
-    assert raw_exchange(port, _post(address.token, "/v1/models/c:classify", images[0].read_bytes())) \
-        .startswith(b"HTTP/1.1 200")
+    assert raw_exchange(port, _post(address.token, "/v1/models/c:classify", images[0].read_bytes())).startswith(
+        b"HTTP/1.1 200"
+    )
     with open(f"/proc/{process.pid}/status") as handle:
         baseline = _kib(handle.read(), "VmRSS")
     failures: list[str] = []
@@ -126,8 +150,9 @@ def test_concurrent_clients_with_faults(server_process, models, clean_env):
                 connection.request("POST", "/v1/models/c:classify", body=image.read_bytes(), headers=headers)
                 want = expected[image.name]
             else:
-                body = json.dumps({"instances": [tensors[image.name], {"b64": base64.b64encode(
-                    image.read_bytes()).decode()}]}).encode()
+                body = json.dumps(
+                    {"instances": [tensors[image.name], {"b64": base64.b64encode(image.read_bytes()).decode()}]}
+                ).encode()
                 connection.request("POST", "/v1/models/c:predict", body=body, headers=headers)
                 want = {"predictions": [outputs[image.name]] * 2}
             response = connection.getresponse()
@@ -161,8 +186,10 @@ def test_concurrent_clients_with_faults(server_process, models, clean_env):
 
 
 def _post(token: str, path: str, body: bytes) -> bytes:
-    return (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
-            "Connection: close\r\n\r\n").encode() + body
+    return (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    ).encode() + body
 
 
 def _get(token: str, path: str) -> bytes:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from runner_support import run_cli
 from serve_support import Client, Listener, http_answer, raw_exchange, start_server
+
 from slurm_tpu.runner.serve import auth
 from slurm_tpu.runner.serve.client import ServeClient, ServerError
 
@@ -32,7 +32,8 @@ SQUATTERS = {
     "answers {} to everything": lambda n, head: http_answer(b"{}"),
     "a proof that is not the HMAC": lambda n, head: http_answer(json.dumps({"proof": "0" * 64}).encode()),
     "echoes the nonce": lambda n, head: http_answer(
-        json.dumps({"proof": head.split(b"nonce=", 1)[1].split(b" ", 1)[0].decode()}).encode()),
+        json.dumps({"proof": head.split(b"nonce=", 1)[1].split(b" ", 1)[0].decode()}).encode()
+    ),
     "an old server's 401": lambda n, head: http_answer(b'{"error": "missing or wrong token"}', "401 Unauthorized"),
     "not HTTP": lambda n, head: b"SSH-2.0-OpenSSH_9.2\r\n",
     "closes at once": lambda n, head: b"",
@@ -51,8 +52,7 @@ def client_home(tmp_path, clean_env):
 def _one_line_error(done) -> str:
     assert done.returncode == 2, (done.returncode, done.stdout, done.stderr)
     lines = done.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("slurm-tpu: error:") and "Traceback" not in done.stderr, \
-        done.stderr
+    assert len(lines) == 1 and lines[0].startswith("slurm-tpu: error:") and "Traceback" not in done.stderr, done.stderr
     return lines[0]
 
 
@@ -63,8 +63,7 @@ def test_the_token_never_reaches_a_listener_that_cannot_prove_it_holds_it(behavi
         # By job id (the address file the dead server left) and by HOST:PORT with the token in the environment.
         auth.write_address(auth.Address("77", f"http://127.0.0.1:{squatter.port}", TOKEN), client_home)
         for target in ("77", f"127.0.0.1:{squatter.port}"):
-            done = run_cli(["infer", "--server", target, "classifier", models["images"] / "img_00002.png"],
-                           client_home)
+            done = run_cli(["infer", "--server", target, "classifier", models["images"] / "img_00002.png"], client_home)
             line = _one_line_error(done)
             assert f"127.0.0.1:{squatter.port}" in line and "token was not sent" in line, line
         assert squatter.received, "the client never tried the listener"
@@ -77,6 +76,7 @@ def test_the_token_never_reaches_a_listener_that_cannot_prove_it_holds_it(behavi
 def test_a_reconnect_after_the_server_died_is_proven_again(tmp_path):
     """Connection 0 is the genuine server (it proves, answers once and closes); connection 1 is a
     squatter that took over. The second request must not carry the token to it."""
+
     def answer(number: int, head: bytes) -> bytes:
         if number == 0 and b"/v1/slurm-tpu/proof" in head:
             return _proof_of(head)
@@ -98,16 +98,20 @@ def test_a_reconnect_after_the_server_died_is_proven_again(tmp_path):
         listener.close()
 
 
-@pytest.mark.parametrize("metadata, task", [
-    (b"{}", None),
-    (b'{"metadata": {"signature_def": {"signature_def": {"serving_default": {"outputs": {"o": {}}}}}}}', None),
-    (b'{"metadata": []}', None),
-    (None, b"[1, 2]"),
-    (None, b'{"classes": [], "lines": 3}'),
-])
+@pytest.mark.parametrize(
+    "metadata, task",
+    [
+        (b"{}", None),
+        (b'{"metadata": {"signature_def": {"signature_def": {"serving_default": {"outputs": {"o": {}}}}}}}', None),
+        (b'{"metadata": []}', None),
+        (None, b"[1, 2]"),
+        (None, b'{"classes": [], "lines": 3}'),
+    ],
+)
 def test_unexpected_answers_of_a_proven_listener_are_one_line(metadata, task, client_home, models, served_metadata):
     """A listener that does hold the token (a server of another version, a bug) but answers
     what the client does not expect: one line, exit 2."""
+
     def answer(number: int, head: bytes) -> bytes:
         if b"/v1/slurm-tpu/proof" in head:
             return _proof_of(head)
@@ -117,8 +121,10 @@ def test_unexpected_answers_of_a_proven_listener_are_one_line(metadata, task, cl
 
     listener = Listener(answer)
     try:
-        done = run_cli(["infer", "--server", f"127.0.0.1:{listener.port}", "classifier",
-                        models["images"] / "img_00002.png"], client_home)
+        done = run_cli(
+            ["infer", "--server", f"127.0.0.1:{listener.port}", "classifier", models["images"] / "img_00002.png"],
+            client_home,
+        )
         assert "the server at" in _one_line_error(done)
     finally:
         listener.close()
@@ -151,8 +157,9 @@ def test_the_server_answers_the_challenge_with_the_hmac_and_nothing_else(models,
         status, answer = anonymous.json("GET", f"{auth.PROOF_PATH}?nonce={auth.new_nonce()}")
         assert status == 401
         for bad in ("", "nonce=xyz", "nonce=" + "ab" * 8, "nonce=" + "AB" * 32):
-            answer_bytes = raw_exchange(server.port, f"GET {auth.PROOF_PATH}?{bad} HTTP/1.1\r\n"
-                                                     "Connection: close\r\n\r\n".encode())
+            answer_bytes = raw_exchange(
+                server.port, f"GET {auth.PROOF_PATH}?{bad} HTTP/1.1\r\nConnection: close\r\n\r\n".encode()
+            )
             assert answer_bytes.startswith(b"HTTP/1.1 400"), answer_bytes
         # The proven connection then carries the token as any client's does.
         proven = Client(server)

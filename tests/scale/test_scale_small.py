@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from helpers import USERS, require_root_and
 
 pytestmark = pytest.mark.slurm
@@ -32,8 +33,9 @@ def report(users):
     from harness.localcluster.users import real_users
 
     with real_users(MORE_USERS):
-        found = run_scale(len(SMALL), JOBS, [*USERS, *MORE_USERS], ratio_jobs=20, cancels=1,
-                          restarts=1, hotplugs=1, pattern=SMALL)
+        found = run_scale(
+            len(SMALL), JOBS, [*USERS, *MORE_USERS], ratio_jobs=20, cancels=1, restarts=1, hotplugs=1, pattern=SMALL
+        )
     print(json.dumps({k: v for k, v in found.items() if k not in ("sdiag", "checks")}, indent=1))
     return found
 
@@ -71,8 +73,7 @@ def test_the_events_happened_as_planned(report):
 
 
 def test_the_report_has_the_benchmark_figures(report):
-    for key in ("nodes", "jobs", "overlaps", "leases_left", "drained", "jobs_per_s_hooks", "jobs_per_s_true",
-                "ratio"):
+    for key in ("nodes", "jobs", "overlaps", "leases_left", "drained", "jobs_per_s_hooks", "jobs_per_s_true", "ratio"):
         assert key in report
     assert report["jobs_per_s_hooks"] > 0 and report["jobs_per_s_true"] > 0
     slices = report["sdiag"]

@@ -32,21 +32,43 @@ def main(prefix: str, out: str) -> None:
     base = tempfile.mkdtemp(prefix="slurm-tpu-capture-", dir="/tmp")
     os.chmod(base, 0o755)
     os.makedirs(out, exist_ok=True)
-    cluster = LocalCluster(base=base, slurm_prefix=prefix, nodes=[
-        NodeSpec("n1", BIG, cpus=8), NodeSpec("n2", BIG, cpus=8), NodeSpec("n3", ONE)])
+    cluster = LocalCluster(
+        base=base,
+        slurm_prefix=prefix,
+        nodes=[NodeSpec("n1", BIG, cpus=8), NodeSpec("n2", BIG, cpus=8), NodeSpec("n3", ONE)],
+    )
     cluster.configure()
     cluster.start()
     try:
+
         def submit(*args: str) -> int:
             return cluster.sbatch([*args, "-o", "/dev/null"], SLEEP)
 
-        jobs = {"single": submit("--gres=tpu:1", "-w", "n3", "-J", "single"),
-                "typed": submit("--gres=tpu:edgetpu_pci:2", "-w", "n1", "-J", "typed"),
-                "multi": submit("--gres=tpu:1", "-N", "2", "-w", "n1,n2", "-J", "multi"),
-                "forged": submit("--gres=tpu:1", "-w", "n2", "-J", FORGED_NAME),
-                "array": submit("--gres=tpu:1", "--array=0-2", "-w", "n2", "-J", "arr")}
-        het = cluster.command(["sbatch", "--parsable", "-o", "/dev/null", "--gres=tpu:1", "-w", "n1", "-J", "het",
-                               ":", "--gres=tpu:1", "-w", "n2"], input=SLEEP).stdout.strip()
+        jobs = {
+            "single": submit("--gres=tpu:1", "-w", "n3", "-J", "single"),
+            "typed": submit("--gres=tpu:edgetpu_pci:2", "-w", "n1", "-J", "typed"),
+            "multi": submit("--gres=tpu:1", "-N", "2", "-w", "n1,n2", "-J", "multi"),
+            "forged": submit("--gres=tpu:1", "-w", "n2", "-J", FORGED_NAME),
+            "array": submit("--gres=tpu:1", "--array=0-2", "-w", "n2", "-J", "arr"),
+        }
+        het = cluster.command(
+            [
+                "sbatch",
+                "--parsable",
+                "-o",
+                "/dev/null",
+                "--gres=tpu:1",
+                "-w",
+                "n1",
+                "-J",
+                "het",
+                ":",
+                "--gres=tpu:1",
+                "-w",
+                "n2",
+            ],
+            input=SLEEP,
+        ).stdout.strip()
         jobs["het"] = int(het)
         assert list(jobs.values()) == [1, 2, 3, 4, 5, 6], jobs
         deadline = time.monotonic() + 60
@@ -65,7 +87,9 @@ def main(prefix: str, out: str) -> None:
         save("show_job_d_array_master_task.txt", "scontrol", "show", "job", "-d", "5_2")
         save("show_job_d_het_comp1.txt", "scontrol", "show", "job", "-d", "7")
         save("show_node_o.txt", "scontrol", "-o", "show", "node")
-        cluster.command(["scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=slurm-tpu: test reason with spaces"])
+        cluster.command(
+            ["scontrol", "update", "NodeName=n3", "State=DRAIN", "Reason=slurm-tpu: test reason with spaces"]
+        )
         save("show_node_o_drained.txt", "scontrol", "-o", "show", "node", "n3")
         save("show_node_n3_drained.txt", "scontrol", "show", "node", "n3")
         save("version.txt", "scontrol", "--version")

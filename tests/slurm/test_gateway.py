@@ -27,6 +27,7 @@ def script(path, body: str) -> str:
 
 # ---- node_reason: the one place a reason is made safe -------------------------------
 
+
 def test_a_reason_is_one_line_without_control_characters():
     forged = "slurm-tpu: usb-2-1.3 held by pid 7 (evil\nNodeName=n2 State=IDLE\r\x1b[2J\ttab)  "
     assert node_reason(forged) == "slurm-tpu: usb-2-1.3 held by pid 7 (evil NodeName=n2 State=IDLE [2J tab)"
@@ -37,13 +38,18 @@ def test_a_reason_is_one_line_without_control_characters():
 
 def test_a_reason_is_cut_never_empty_and_stable():
     long = node_reason("slurm-tpu: " + "; ".join(f"usb-{i}-1 missing" for i in range(100)))
-    assert MAX_REASON - 1 <= len(long) <= MAX_REASON and long.endswith(";...") and long.startswith("slurm-tpu: usb-0-1 missing; ")
-    assert node_reason("") == node_reason(" \n\t\"\" ") == NO_REASON
+    assert (
+        MAX_REASON - 1 <= len(long) <= MAX_REASON
+        and long.endswith(";...")
+        and long.startswith("slurm-tpu: usb-0-1 missing; ")
+    )
+    assert node_reason("") == node_reason(' \n\t"" ') == NO_REASON
     for text in (long, "slurm-tpu: x", 'a "b" c', "x" * 1000 + '"'):
         assert node_reason(node_reason(text)) == node_reason(text)
 
 
 # ---- the program finder ---------------------------------------------------------------
+
 
 def test_admin_commands_take_slurms_directories_first_then_path(tmp_path):
     prefix = tmp_path / "slurm"
@@ -58,7 +64,7 @@ def test_admin_commands_take_slurms_directories_first_then_path(tmp_path):
     assert install.command("restart-it", environ) == tool
     assert install.command("sh", {"PATH": ""}) in ("/usr/bin/sh", "/bin/sh")  # the system directories
     assert install.command(tool, {}) == tool  # a path is that file, PATH or not
-    with pytest.raises(SlurmCommandError, match="restart-it not found in Slurm's directories .*PATH"):
+    with pytest.raises(SlurmCommandError, match=r"restart-it not found in Slurm's directories .*PATH"):
         install.command("restart-it", {"PATH": "/usr/bin"})
     with pytest.raises(SlurmCommandError, match=f"{tmp_path}/nothing is not an executable file"):
         install.command(f"{tmp_path}/nothing", environ)
@@ -69,6 +75,7 @@ def test_admin_commands_take_slurms_directories_first_then_path(tmp_path):
 
 # ---- the runner -----------------------------------------------------------------------
 
+
 def test_a_failure_carries_stderr_and_its_last_line(tmp_path):
     failing = script(tmp_path / "fails", "echo out; echo first >&2; echo 'the real cause' >&2; exit 3\n")
     with pytest.raises(SlurmCommandError) as caught:
@@ -76,13 +83,13 @@ def test_a_failure_carries_stderr_and_its_last_line(tmp_path):
     assert str(caught.value) == f"{failing} an argument failed: the real cause"
     assert caught.value.stderr == "first\nthe real cause" and caught.value.command == f"{failing} an argument"
     silent = script(tmp_path / "silent", "exit 4\n")
-    with pytest.raises(SlurmCommandError, match="failed: exit status 4$"):
+    with pytest.raises(SlurmCommandError, match=r"failed: exit status 4$"):
         run([silent])
 
 
 def test_a_command_that_hangs_is_killed_at_its_timeout(tmp_path):
     hangs = script(tmp_path / "hangs", "exec sleep 600\n")
-    with pytest.raises(SlurmCommandError, match="did not finish in 0.5 s"):
+    with pytest.raises(SlurmCommandError, match=r"did not finish in 0.5 s"):
         run([hangs], timeout=0.5)
 
 
@@ -99,6 +106,7 @@ def test_arguments_reach_the_program_untouched_by_any_shell(tmp_path):
 
 # ---- drain and resume on a real slurmctld ---------------------------------------------
 
+
 @pytest.mark.slurm
 def test_drain_stores_the_clean_reason_and_resume_ends_it(cluster_factory):
     from harness.localcluster import NodeSpec
@@ -114,5 +122,5 @@ def test_drain_stores_the_clean_reason_and_resume_ends_it(cluster_factory):
     assert slurm.node_state("n1")["reason"] == node_reason(forged)
     slurm.resume("n1")
     assert "DRAIN" not in slurm.node_state("n1")["state"]
-    with pytest.raises(SlurmCommandError, match="scontrol update NodeName=nx .*failed: "):
+    with pytest.raises(SlurmCommandError, match=r"scontrol update NodeName=nx .*failed: "):
         slurm.drain("nx", "slurm-tpu: no such node")

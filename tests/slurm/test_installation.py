@@ -76,8 +76,9 @@ def test_only_roots_daemons_choose_what_root_runs():
     conf = str(tmp_path / "slurm.conf")
     open(conf, "w").close()
     env = dict(os.environ, SLURM_CONF=conf)
-    users = subprocess.Popen([str(prefix / "sbin" / "slurmd"), "30"], env=env, user="nobody", group="nogroup",
-                             extra_groups=[])
+    users = subprocess.Popen(
+        [str(prefix / "sbin" / "slurmd"), "30"], env=env, user="nobody", group="nogroup", extra_groups=[]
+    )
     try:
         _wait_for_comm(users.pid, "slurmd")
         assert installation.daemon_for_conf(conf) is None
@@ -121,5 +122,6 @@ def test_client_and_daemons_of_different_releases_are_named_in_one_line(cluster_
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert f"Slurm client scontrol {theirs}" in done.stderr and f"daemons' Slurm {ours}" in done.stderr
     # Without the override, the running slurmd for that slurm.conf decides: the right release.
-    assert Slurm(environ={"SLURM_CONF": cluster.slurm_conf, "PATH": f"{other}/bin"}).install.program("scontrol") \
-        == cluster.slurm.program("scontrol")
+    assert Slurm(environ={"SLURM_CONF": cluster.slurm_conf, "PATH": f"{other}/bin"}).install.program(
+        "scontrol"
+    ) == cluster.slurm.program("scontrol")

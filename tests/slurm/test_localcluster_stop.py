@@ -11,9 +11,9 @@ import os
 
 import pytest
 
-from helpers import wait_until
 from harness.localcluster import leftovers
 from harness.localcluster.cluster import NodeSpec
+from helpers import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -37,10 +37,14 @@ def test_stop_ends_a_running_jobs_slurmstepd_and_processes(cluster_factory, user
     os.makedirs(cluster.path("out"), mode=0o1777)
     os.chmod(cluster.path("out"), 0o1777)
     pidfile = cluster.path("out", "daemon.pid")
-    job = cluster.sbatch(["-w", "n1", "-o", "/dev/null", "-e", "/dev/null"], RUNS_ON.format(pidfile=pidfile),
-                         user="stpu_alice")
-    wait_until(lambda: os.path.exists(pidfile) or cluster.job_state(job) not in ("PENDING", "RUNNING"), 180,
-               f"job {job}'s daemon to start")
+    job = cluster.sbatch(
+        ["-w", "n1", "-o", "/dev/null", "-e", "/dev/null"], RUNS_ON.format(pidfile=pidfile), user="stpu_alice"
+    )
+    wait_until(
+        lambda: os.path.exists(pidfile) or cluster.job_state(job) not in ("PENDING", "RUNNING"),
+        180,
+        f"job {job}'s daemon to start",
+    )
     daemon = int(open(pidfile).read())
 
     running = leftovers.processes_of([cluster.base])

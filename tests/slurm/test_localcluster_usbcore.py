@@ -13,9 +13,9 @@ import os
 
 import pytest
 
-from helpers import wait_until
 from harness.localcluster import scalenodes
 from harness.localcluster.cluster import NodeSpec
+from helpers import wait_until
 
 pytestmark = pytest.mark.slurm
 
@@ -44,8 +44,11 @@ def test_a_stick_detaches_while_another_sticks_udev_hook_waits_for_the_state_loc
             # Its udev remove hook now waits for the lock; the kernel goes on with the second stick.
             with open(disables["1-1.4"], "w") as handle:
                 handle.write("1\n")
-            wait_until(lambda: not os.path.lexists(os.path.join(devices, "1-1.4")), 60,
-                       "the second stick to detach while the first one's udev hook waits")
+            wait_until(
+                lambda: not os.path.lexists(os.path.join(devices, "1-1.4")),
+                60,
+                "the second stick to detach while the first one's udev hook waits",
+            )
         finally:
             for disable in disables.values():
                 with open(disable, "w") as handle:

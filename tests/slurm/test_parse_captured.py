@@ -45,14 +45,17 @@ def test_versions_are_what_the_directories_say(release):
 
 
 @pytest.mark.parametrize("release", RELEASES)
-@pytest.mark.parametrize("job, key, node, expected", [
-    (SINGLE, "single", "n3", [usb(1, 0)]),
-    (SINGLE, "single", "n1", None),
-    (TYPED, "typed", "n1", [pci(2, 2, 3)]),
-    (MULTI, "multi", "n1", [usb(1, 0), pci(0)]),
-    (MULTI, "multi", "n2", [usb(1, 0), pci(0)]),
-    (HET, "het", "n1", [usb(1, 1), pci(0)]),
-])
+@pytest.mark.parametrize(
+    "job, key, node, expected",
+    [
+        (SINGLE, "single", "n3", [usb(1, 0)]),
+        (SINGLE, "single", "n1", None),
+        (TYPED, "typed", "n1", [pci(2, 2, 3)]),
+        (MULTI, "multi", "n1", [usb(1, 0), pci(0)]),
+        (MULTI, "multi", "n2", [usb(1, 0), pci(0)]),
+        (HET, "het", "n1", [usb(1, 1), pci(0)]),
+    ],
+)
 def test_scontrol_and_squeue_json_agree(release, job, key, node, expected):
     assert parse_scontrol_job_detail(text(release, f"show_job_d_{key}.txt"), node, job) == expected
     assert parse_squeue_job_json(squeue_json(release, key), job, node) == expected
@@ -96,7 +99,9 @@ def test_a_name_forging_a_line_and_a_record_is_caught_and_json_has_the_truth(rel
     assert parse_squeue_job_json(squeue_json(release, "forged"), FORGED, "n2") == [usb(1, 1), pci(0)]
 
 
-FAKE_SIBLING = "\n     Nodes=n2 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_pci:1(IDX:0)\nJobId=99 ArrayJobId=5 ArrayTaskId=7 JobName=x"
+FAKE_SIBLING = (
+    "\n     Nodes=n2 CPU_IDs=0 Mem=0 GRES=tpu:edgetpu_pci:1(IDX:0)\nJobId=99 ArrayJobId=5 ArrayTaskId=7 JobName=x"
+)
 
 
 @pytest.mark.parametrize("release", RELEASES)
@@ -122,8 +127,11 @@ def test_the_first_record_must_be_the_job_asked_for():
 @pytest.mark.parametrize("name", ["show_node_o_drained.txt", "show_node_n3_drained.txt"])
 def test_node_state_in_both_layouts(release, name):
     state = parse_node_state(text(release, name))
-    assert state == {"state": "MIXED+DRAIN", "reason": "slurm-tpu: test reason with spaces",
-                     "gres": "tpu:edgetpu_usb:1"}
+    assert state == {
+        "state": "MIXED+DRAIN",
+        "reason": "slurm-tpu: test reason with spaces",
+        "gres": "tpu:edgetpu_usb:1",
+    }
 
 
 @pytest.mark.parametrize("release", RELEASES)

@@ -14,9 +14,9 @@ import os
 
 import pytest
 
+from harness.localcluster import NodeSpec
 from slurm_tpu.config import Config
 from slurm_tpu.errors import SlurmCommandError
-from harness.localcluster import NodeSpec
 from slurm_tpu.slurm import installation
 from slurm_tpu.slurm.commands import Slurm
 
@@ -87,14 +87,17 @@ def test_drain_resume_and_node_state_through_pyslurm(backends, cluster):
     slurm, pyslurm = backends
     pyslurm.drain("n1", "slurm-tpu: pyslurm test")
     assert "DRAIN" in slurm.node_state("n1")["state"] and slurm.node_state("n1")["reason"] == "slurm-tpu: pyslurm test"
-    assert "DRAIN" in pyslurm.node_state("n1")["state"] and pyslurm.node_state("n1")["reason"] == "slurm-tpu: pyslurm test"
+    assert (
+        "DRAIN" in pyslurm.node_state("n1")["state"] and pyslurm.node_state("n1")["reason"] == "slurm-tpu: pyslurm test"
+    )
     pyslurm.resume("n1")
     assert "DRAIN" not in slurm.node_state("n1")["state"]
     from slurm_tpu.ops.health_policy import strip_affinity
 
     assert pyslurm.node_state("n2")["gres"] == strip_affinity(slurm.node_state("n2")["gres"])
     assert sorted(pyslurm.jobs_with_gres("n2")) == sorted(
-        str(job) for kind in ("multi", "forged", "array") for job in cluster.jobs[kind])
+        str(job) for kind in ("multi", "forged", "array") for job in cluster.jobs[kind]
+    )
 
 
 def test_pyslurm_errors_are_raised_never_swallowed(backends):
@@ -110,7 +113,7 @@ def test_a_missing_slurm_conf_or_another_release_refuses_pyslurm_in_one_line(clu
     from slurm_tpu.slurm.pyslurm_backend import PyslurmUnavailable, load
 
     missing = Slurm(environ={**cluster.env(), "SLURM_CONF": str(tmp_path / "absent.conf")})
-    with pytest.raises(PyslurmUnavailable, match="absent.conf does not exist"):
+    with pytest.raises(PyslurmUnavailable, match=r"absent.conf does not exist"):
         load(missing)
     config = dataclasses.replace(Config(), slurm_backend="pyslurm")
     os.environ["SLURM_CONF"] = cluster.slurm_conf

@@ -6,8 +6,8 @@ import subprocess
 
 import pytest
 
-from helpers import HARDWARE, run_cli
 from harness.localcluster import NodeSpec
+from helpers import HARDWARE, run_cli
 from slurm_tpu.slurm.parse import parse_key_values, parse_slurmd_c
 
 pytestmark = pytest.mark.slurm
@@ -15,11 +15,13 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def cluster(cluster_factory):
-    return cluster_factory([
-        NodeSpec("n1", str(HARDWARE / "big_node.umockdev")),
-        NodeSpec("n2", str(HARDWARE / "usb_stick_after.umockdev")),
-        NodeSpec("n3", str(HARDWARE / "empty_node.umockdev")),
-    ])
+    return cluster_factory(
+        [
+            NodeSpec("n1", str(HARDWARE / "big_node.umockdev")),
+            NodeSpec("n2", str(HARDWARE / "usb_stick_after.umockdev")),
+            NodeSpec("n3", str(HARDWARE / "empty_node.umockdev")),
+        ]
+    )
 
 
 def node(cluster, name: str) -> dict[str, str]:
@@ -29,10 +31,13 @@ def node(cluster, name: str) -> dict[str, str]:
 def test_nodes_report_generated_gres_and_features(cluster):
     n1, n2, n3 = (node(cluster, n) for n in ("n1", "n2", "n3"))
     # Slurm adds each GPU type's socket affinity, derived from our Cores= lines.
-    assert n1["Gres"] == ("tpu:edgetpu_usb:2,tpu:edgetpu_pci:4,gpu:a100_sxm4_80gb:2(S:0-1),"
-                          "gpu:radeon_rx_6800:1(S:0-1),gpu:tegra_ga10b:1(S:0-1)")
-    assert n1["AvailableFeatures"] == ("tpu,edgetpu,edgetpu_usb,edgetpu_pci,gpu,nvidia,a100_sxm4_80gb,"
-                                       "amd,radeon_rx_6800,tegra_ga10b")
+    assert n1["Gres"] == (
+        "tpu:edgetpu_usb:2,tpu:edgetpu_pci:4,gpu:a100_sxm4_80gb:2(S:0-1),"
+        "gpu:radeon_rx_6800:1(S:0-1),gpu:tegra_ga10b:1(S:0-1)"
+    )
+    assert n1["AvailableFeatures"] == (
+        "tpu,edgetpu,edgetpu_usb,edgetpu_pci,gpu,nvidia,a100_sxm4_80gb,amd,radeon_rx_6800,tegra_ga10b"
+    )
     assert n2["Gres"] == "tpu:edgetpu_usb:1" and n2["AvailableFeatures"] == "tpu,edgetpu,edgetpu_usb"
     assert n3["Gres"] == "(null)"
     for state in (n1["State"], n2["State"], n3["State"]):
@@ -64,8 +69,7 @@ def test_tpu_job_starts_and_too_many_is_refused(cluster):
 
 
 def test_gpu_and_constraint_requests(cluster):
-    job = cluster.sbatch(["--gres=gpu:a100_sxm4_80gb:2", "--constraint=amd", "-o", "/dev/null"],
-                         "#!/bin/sh\ntrue\n")
+    job = cluster.sbatch(["--gres=gpu:a100_sxm4_80gb:2", "--constraint=amd", "-o", "/dev/null"], "#!/bin/sh\ntrue\n")
     assert cluster.wait_for_jobs([job], timeout=60) == {job: "COMPLETED"}
     assert "NodeList=n1" in cluster.command(["scontrol", "show", "job", str(job)]).stdout
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import json
 import re
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from ...errors import SlurmTpuError
 from ..errors import InputError, UsageError
@@ -21,8 +22,7 @@ from ..tasks import TASK_NAMES
 from . import codec
 from .codec import RequestError
 from .devicequeue import DeviceQueue, Overloaded
-from .metrics import CONTENT_TYPE as METRICS_TYPE
-from .metrics import ServeMetrics
+from .metrics import CONTENT_TYPE as METRICS_TYPE, ServeMetrics
 from .models import ServedModel, describe
 
 JSON_TYPE = "application/json"
@@ -103,8 +103,9 @@ class ByteBudget:
 class ServeApp:
     """The served models behind the endpoints; counts requests in flight for a graceful stop."""
 
-    def __init__(self, models: Sequence[ServedModel], queue: DeviceQueue, limits: Limits, token: str,
-                 runtime: str = ""):
+    def __init__(
+        self, models: Sequence[ServedModel], queue: DeviceQueue, limits: Limits, token: str, runtime: str = ""
+    ):
         self.models: Mapping[str, ServedModel] = {m.name: m for m in models}
         self.queue = queue
         self.limits = limits
@@ -145,9 +146,13 @@ class ServeApp:
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
     def _gauges(self) -> dict[str, float]:
-        return {"queue_depth": self.queue.depth, "queue_capacity": self.queue.capacity,
-                "in_flight_requests": self._in_flight, "open_connections": self.connections,
-                "pending_connections": self.pending_connections}
+        return {
+            "queue_depth": self.queue.depth,
+            "queue_capacity": self.queue.capacity,
+            "in_flight_requests": self._in_flight,
+            "open_connections": self.connections,
+            "pending_connections": self.pending_connections,
+        }
 
     # -- routing -----------------------------------------------------------------------
 
@@ -157,8 +162,11 @@ class ServeApp:
             return self._allow(Route("metrics", None, method), "GET")
         match = _ROUTE.match(path)
         if not match:
-            raise RequestError(404, f"no endpoint {path}: use /v1/models/NAME[/metadata|:predict|:classify|"
-                               ":detect|:segment|:raw] or /metrics")
+            raise RequestError(
+                404,
+                f"no endpoint {path}: use /v1/models/NAME[/metadata|:predict|:classify|"
+                ":detect|:segment|:raw] or /metrics",
+            )
         name, version, metadata, verb = match.groups()
         model = self.models.get(name)
         if model is None:
@@ -220,9 +228,14 @@ class ServeApp:
         outputs = self._wait(inference)
         with self._decoders:  # segmentation maps are resized to the source image: memory again
             result = task.process(outputs, model.outputs, prepared.geometry, model.options(**options))
-        record = {"task": task.name, "devices": [inference.device], "runtime": self.runtime,
-                  "times_ms": [round(inference.seconds * 1000, 3)], **task.record(result),
-                  "lines": task.lines(result)}  # the printout of 'slurm-tpu infer' for one input
+        record = {
+            "task": task.name,
+            "devices": [inference.device],
+            "runtime": self.runtime,
+            "times_ms": [round(inference.seconds * 1000, 3)],
+            **task.record(result),
+            "lines": task.lines(result),
+        }  # the printout of 'slurm-tpu infer' for one input
         return json_response(200, record)
 
     def _submit_all(self, model: ServedModel, instances):
@@ -237,5 +250,6 @@ class ServeApp:
         except TimeoutError as exc:
             raise RequestError(503, str(exc), retry_after=1) from None
         except (SlurmTpuError, ValueError, RuntimeError) as exc:  # the runtime refused the tensors
-            raise RequestError(500, f"inference failed on {inference.device}: {str(exc).splitlines()[0][:300]}") \
-                from None
+            raise RequestError(
+                500, f"inference failed on {inference.device}: {str(exc).splitlines()[0][:300]}"
+            ) from None

@@ -41,11 +41,11 @@ import json
 import os
 import secrets
 import stat
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Mapping
 
-from ..errors import UsageError
 from ...errors import SlurmTpuError
+from ..errors import UsageError
 
 TOKEN_BYTES = 32
 SCHEME = "Bearer"
@@ -141,15 +141,17 @@ def _own_private_dir(parent_fd: int, name: str, path: str, create: bool) -> int:
         except FileExistsError:
             pass
         except OSError as exc:
-            raise AddressFileError(f"cannot create {path} ({exc.strerror}): check that your home "
-                                   "directory is writable on this node", path) from None
+            raise AddressFileError(
+                f"cannot create {path} ({exc.strerror}): check that your home directory is writable on this node", path
+            ) from None
     try:
         fd = os.open(name, _DIR_FLAGS, dir_fd=parent_fd)
     except FileNotFoundError:
         raise AddressFileError(f"{path} does not exist", path) from None
     except OSError as exc:
-        raise AddressFileError(f"cannot open {path} ({exc.strerror}): it must be a directory of yours, "
-                               "not a symlink", path) from None
+        raise AddressFileError(
+            f"cannot open {path} ({exc.strerror}): it must be a directory of yours, not a symlink", path
+        ) from None
     info = os.fstat(fd)
     if info.st_uid != os.getuid():
         os.close(fd)
@@ -157,8 +159,10 @@ def _own_private_dir(parent_fd: int, name: str, path: str, create: bool) -> int:
     if stat.S_IMODE(info.st_mode) != 0o700:
         if not create:
             os.close(fd)
-            raise AddressFileError(f"{path} has mode {stat.S_IMODE(info.st_mode):o}: others may see your "
-                                   "server's token; chmod 700 it", path)
+            raise AddressFileError(
+                f"{path} has mode {stat.S_IMODE(info.st_mode):o}: others may see your server's token; chmod 700 it",
+                path,
+            )
         os.fchmod(fd, 0o700)
     return fd
 
@@ -168,8 +172,9 @@ def _open_serve_dir(environ: Mapping[str, str], create: bool) -> int:
     try:
         home_fd = os.open(home, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)  # $HOME itself may be a link
     except OSError as exc:
-        raise AddressFileError(f"home directory {home} cannot be opened ({exc.strerror}): set HOME to a "
-                               "private directory of yours", home) from None
+        raise AddressFileError(
+            f"home directory {home} cannot be opened ({exc.strerror}): set HOME to a private directory of yours", home
+        ) from None
     try:
         top = _own_private_dir(home_fd, DIR_PARTS[0], os.path.join(home, DIR_PARTS[0]), create)
     finally:
@@ -188,11 +193,13 @@ def write_address(address: Address, environ: Mapping[str, str] = os.environ) -> 
     temporary = f".{address.job_id}.{os.getpid()}.{secrets.token_hex(4)}.tmp"
     try:
         try:
-            fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600,
-                         dir_fd=dir_fd)
+            fd = os.open(
+                temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=dir_fd
+            )
         except OSError as exc:
-            raise AddressFileError(f"cannot create the address file in {serve_dir(environ)} ({exc.strerror})",
-                                   path) from None
+            raise AddressFileError(
+                f"cannot create the address file in {serve_dir(environ)} ({exc.strerror})", path
+            ) from None
         try:
             with os.fdopen(fd, "w", encoding="utf-8") as handle:
                 json.dump(asdict(address), handle)
@@ -238,13 +245,17 @@ def read_address(job_id: str, environ: Mapping[str, str] = os.environ) -> Addres
     try:
         dir_fd = _open_serve_dir(environ, create=False)
     except AddressFileError as exc:
-        raise AddressFileError(f"no server address for job {job_id} ({exc}): is 'slurm-tpu serve' running in "
-                               "that job, as you?", path) from None
+        raise AddressFileError(
+            f"no server address for job {job_id} ({exc}): is 'slurm-tpu serve' running in that job, as you?", path
+        ) from None
     try:
         fd = os.open(f"{job_id}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
-        raise AddressFileError(f"no server address for job {job_id} ({path} does not exist): is 'slurm-tpu "
-                               "serve' running in that job (squeue -j), and did it start?", path) from None
+        raise AddressFileError(
+            f"no server address for job {job_id} ({path} does not exist): is 'slurm-tpu "
+            "serve' running in that job (squeue -j), and did it start?",
+            path,
+        ) from None
     except OSError as exc:
         raise AddressFileError(f"cannot open {path} ({exc.strerror})", path) from None
     finally:
@@ -256,11 +267,15 @@ def read_address(job_id: str, environ: Mapping[str, str] = os.environ) -> Addres
         raw = handle.read(65536)
     try:
         data = json.loads(raw)
-        return Address(str(data["job_id"]), str(data["url"]), str(data["token"]), str(data.get("node", "")),
-                       int(data.get("pid", 0)))
+        return Address(
+            str(data["job_id"]),
+            str(data["url"]),
+            str(data["token"]),
+            str(data.get("node", "")),
+            int(data.get("pid", 0)),
+        )
     except (ValueError, KeyError, TypeError):
-        raise AddressFileError(f"{path} is not a server address file (JSON with job_id, url, token)", path) \
-            from None
+        raise AddressFileError(f"{path} is not a server address file (JSON with job_id, url, token)", path) from None
 
 
 def find_address(host_port: str, environ: Mapping[str, str] = os.environ) -> Address | None:
@@ -275,7 +290,7 @@ def find_address(host_port: str, environ: Mapping[str, str] = os.environ) -> Add
         os.close(dir_fd)
     for name in sorted(names):
         try:
-            address = read_address(name[:-len(".json")], environ)
+            address = read_address(name[: -len(".json")], environ)
         except SlurmTpuError:
             continue
         if address.host_port == host_port:

@@ -26,7 +26,8 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, Callable
 from urllib.parse import quote, urlencode, urlsplit
 
 import numpy as np
@@ -70,8 +71,11 @@ def resolve_target(target: str, environ: Mapping[str, str] = os.environ) -> Addr
         return found
     token = environ.get(TOKEN_ENV, "")
     if not token:
-        raise ServerError(f"no token for {target}: none of your address files (~/.slurm-tpu/serve/) names it; "
-                          f"use --server JOBID, or set {TOKEN_ENV}", target)
+        raise ServerError(
+            f"no token for {target}: none of your address files (~/.slurm-tpu/serve/) names it; "
+            f"use --server JOBID, or set {TOKEN_ENV}",
+            target,
+        )
     return Address("", f"http://{target}", token)
 
 
@@ -89,9 +93,12 @@ def check_job_runs(job_id: str, environ: Mapping[str, str] = os.environ) -> None
         return
     if state != "RUNNING":
         path = address_path(job_id, environ)
-        raise ServerError(f"job {job_id} is not running ({state or 'Slurm no longer knows it'}): {path} was left "
-                          "by a server that did not stop cleanly; not connecting (remove the file, start a new "
-                          "server)", path)
+        raise ServerError(
+            f"job {job_id} is not running ({state or 'Slurm no longer knows it'}): {path} was left "
+            "by a server that did not stop cleanly; not connecting (remove the file, start a new "
+            "server)",
+            path,
+        )
 
 
 def model_name(value: str) -> str:
@@ -136,15 +143,20 @@ class ProvenConnection(http.client.HTTPConnection):
                 response.close()
             self.sock.settimeout(self.timeout)
         except (OSError, http.client.HTTPException) as exc:
-            raise ProofError(f"the listener at {self._url} did not answer the proof challenge "
-                             f"({type(exc).__name__}: {_one_line(str(exc))}): {_NOT_OURS}", self._url) from None
+            raise ProofError(
+                f"the listener at {self._url} did not answer the proof challenge "
+                f"({type(exc).__name__}: {_one_line(str(exc))}): {_NOT_OURS}",
+                self._url,
+            ) from None
         try:
             answer = json.loads(data) if status == 200 and whole else None
         except ValueError:
             answer = None
         if not isinstance(answer, dict) or not proof_matches(self._token, nonce, answer.get("proof")):
-            raise ProofError(f"the listener at {self._url} did not prove it holds the server's token "
-                             f"(HTTP {status}): {_NOT_OURS}", self._url)
+            raise ProofError(
+                f"the listener at {self._url} did not prove it holds the server's token (HTTP {status}): {_NOT_OURS}",
+                self._url,
+            )
 
 
 def _one_line(text: str, limit: int = 200) -> str:
@@ -153,8 +165,10 @@ def _one_line(text: str, limit: int = 200) -> str:
     return " ".join(printable.split())[:limit]
 
 
-_NOT_OURS = ("it is not your server, so the token was not sent (did the server die and another program take "
-             "its port? check squeue)")
+_NOT_OURS = (
+    "it is not your server, so the token was not sent (did the server die and another program take "
+    "its port? check squeue)"
+)
 
 
 class ServeClient:
@@ -186,8 +200,9 @@ class ServeClient:
             connection.close()
             self._local.connection = None
 
-    def request(self, method: str, path: str, body: bytes = b"", content_type: str = "application/octet-stream"
-                ) -> tuple[int, bytes, Mapping[str, str]]:
+    def request(
+        self, method: str, path: str, body: bytes = b"", content_type: str = "application/octet-stream"
+    ) -> tuple[int, bytes, Mapping[str, str]]:
         """Status, body and headers; reconnects once when a kept-alive connection was closed, and
         waits out 503s (at most RETRIES times)."""
         headers = {"Authorization": f"Bearer {self.address.token}"}
@@ -207,7 +222,7 @@ class ServeClient:
                 connection.request(method, path, body=body if method == "POST" else None, headers=headers)
                 response = connection.getresponse()
                 data = response.read()
-                answer = {k: v for k, v in response.getheaders()}
+                answer = dict(response.getheaders())
                 if response.will_close:
                     self._drop()
                 return response.status, data, answer
@@ -215,8 +230,11 @@ class ServeClient:
                 self._drop()
                 # A keep-alive connection the server closed meanwhile fails on first use: retry once.
                 if retry or isinstance(exc, (ConnectionRefusedError, TimeoutError, socket.gaierror)):
-                    raise ServerError(f"cannot reach the server at {self.url} ({exc.__class__.__name__}: {exc}): "
-                                      "has its job ended? (squeue)", self.url) from None
+                    raise ServerError(
+                        f"cannot reach the server at {self.url} ({exc.__class__.__name__}: {exc}): "
+                        "has its job ended? (squeue)",
+                        self.url,
+                    ) from None
         raise AssertionError("unreachable")
 
     def json(self, method: str, path: str, body: bytes = b"", content_type: str = "application/json") -> Any:
@@ -239,12 +257,10 @@ class ServeClient:
         if status in (400, 413):
             raise InputError(f"input {what}: the server refused it ({_message(payload)})", what)
         if status != 200:
-            raise ServerError(f"the server at {self.url} answered {status} for {what}: {_message(payload)}",
-                              self.url)
+            raise ServerError(f"the server at {self.url} answered {status} for {what}: {_message(payload)}", self.url)
         lines = payload.get("lines", []) if isinstance(payload, dict) else None
         if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
-            raise ServerError(f"the server at {self.url} answered {what} with something not a task's record",
-                              self.url)
+            raise ServerError(f"the server at {self.url} answered {what} with something not a task's record", self.url)
         return payload
 
     def close(self) -> None:
@@ -287,8 +303,11 @@ class RemoteModel:
             served_task = str(extra.get("task", "raw"))
             outputs = _specs(signature["outputs"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
-            raise ServerError(f"the server at {client.url} answered model {name}'s metadata without "
-                              f"TF Serving's signature ({type(exc).__name__}: {_one_line(str(exc), 100)})", client.url) from None
+            raise ServerError(
+                f"the server at {client.url} answered model {name}'s metadata without "
+                f"TF Serving's signature ({type(exc).__name__}: {_one_line(str(exc), 100)})",
+                client.url,
+            ) from None
         self.task: Task = choose_task(served_task if task == "auto" else task, outputs, frozenset(), name)[0]
 
     def infer(self, path: str, options: Mapping[str, Any]) -> dict[str, Any]:
@@ -311,8 +330,9 @@ class _Fatal(Exception):
         self.error = error
 
 
-def remote_records(model: RemoteModel, keys: Sequence[str], options: Mapping[str, Any],
-                   in_flight: int) -> Iterator[dict[str, Any]]:
+def remote_records(
+    model: RemoteModel, keys: Sequence[str], options: Mapping[str, Any], in_flight: int
+) -> Iterator[dict[str, Any]]:
     """Every input's record, in input order, ``in_flight`` requests at a time. An input the
     server refuses gets an ``error`` record; a server that fails altogether raises ServerError."""
     from ..pipeline import decode_ordered
@@ -333,8 +353,13 @@ def remote_records(model: RemoteModel, keys: Sequence[str], options: Mapping[str
         raise fatal.error from None
 
 
-def timed(model: RemoteModel, path: str, count: int, options: Mapping[str, Any],
-          clock: Callable[[], float] = time.perf_counter) -> tuple[dict[str, Any], list[float]]:
+def timed(
+    model: RemoteModel,
+    path: str,
+    count: int,
+    options: Mapping[str, Any],
+    clock: Callable[[], float] = time.perf_counter,
+) -> tuple[dict[str, Any], list[float]]:
     """One input sent ``count`` times: its record and each round trip in ms."""
     times, record = [], {}
     for _ in range(max(1, count)):
@@ -353,8 +378,9 @@ def result_fields(record: Mapping[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in record.items() if k not in SERVER_FIELDS}
 
 
-def write_remote_batch(model: RemoteModel, keys: Sequence[str], writer, options: Mapping[str, Any],
-                       in_flight: int, progress) -> tuple[int, int]:
+def write_remote_batch(
+    model: RemoteModel, keys: Sequence[str], writer, options: Mapping[str, Any], in_flight: int, progress
+) -> tuple[int, int]:
     """Every input not yet in ``writer`` (a resumable results file, or stdout) through the
     server, in order; (processed, failed)."""
     todo = [k for k in keys if k not in writer.done]

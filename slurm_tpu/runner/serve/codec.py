@@ -25,7 +25,8 @@ from __future__ import annotations
 import base64
 import binascii
 import json
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any, Callable
 from urllib.parse import parse_qs
 
 import numpy as np
@@ -33,8 +34,17 @@ import numpy as np
 from ..spec import TensorSpec
 
 VERSION = "1"  # one version per served model
-_DTYPES = {"uint8": "DT_UINT8", "int8": "DT_INT8", "int16": "DT_INT16", "int32": "DT_INT32", "int64": "DT_INT64",
-           "float16": "DT_HALF", "float32": "DT_FLOAT", "float64": "DT_DOUBLE", "bool": "DT_BOOL"}
+_DTYPES = {
+    "uint8": "DT_UINT8",
+    "int8": "DT_INT8",
+    "int16": "DT_INT16",
+    "int32": "DT_INT32",
+    "int64": "DT_INT64",
+    "float16": "DT_HALF",
+    "float32": "DT_FLOAT",
+    "float64": "DT_DOUBLE",
+    "bool": "DT_BOOL",
+}
 
 
 class RequestError(Exception):
@@ -53,25 +63,34 @@ def error_body(message: str) -> dict[str, str]:
 
 def model_status() -> dict[str, Any]:
     """TF Serving's GetModelStatus answer for a loaded model."""
-    return {"model_version_status": [{"version": VERSION, "state": "AVAILABLE",
-                                      "status": {"error_code": "OK", "error_message": ""}}]}
+    return {
+        "model_version_status": [
+            {"version": VERSION, "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        ]
+    }
 
 
 def _tensor_info(spec: TensorSpec) -> dict[str, Any]:
-    return {"dtype": _DTYPES.get(np.dtype(spec.dtype).name, "DT_INVALID"),
-            "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in spec.shape], "unknown_rank": False},
-            "name": spec.name}
+    return {
+        "dtype": _DTYPES.get(np.dtype(spec.dtype).name, "DT_INVALID"),
+        "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in spec.shape], "unknown_rank": False},
+        "name": spec.name,
+    }
 
 
-def model_metadata(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
-                   extra: Mapping[str, Any]) -> dict[str, Any]:
+def model_metadata(
+    name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], extra: Mapping[str, Any]
+) -> dict[str, Any]:
     """TF Serving's GetModelMetadata answer (the signature), plus ``extra`` under ``slurm_tpu``."""
-    signature = {"inputs": {s.name: _tensor_info(s) for s in inputs},
-                 "outputs": {s.name: _tensor_info(s) for s in outputs},
-                 "method_name": "tensorflow/serving/predict"}
-    return {"model_spec": {"name": name, "signature_name": "", "version": VERSION},
-            "metadata": {"signature_def": {"signature_def": {"serving_default": signature}},
-                         "slurm_tpu": dict(extra)}}
+    signature = {
+        "inputs": {s.name: _tensor_info(s) for s in inputs},
+        "outputs": {s.name: _tensor_info(s) for s in outputs},
+        "method_name": "tensorflow/serving/predict",
+    }
+    return {
+        "model_spec": {"name": name, "signature_name": "", "version": VERSION},
+        "metadata": {"signature_def": {"signature_def": {"serving_default": signature}}, "slurm_tpu": dict(extra)},
+    }
 
 
 def parse_json(body: bytes) -> Any:
@@ -99,11 +118,13 @@ def _array(value: Any, spec: TensorSpec, shape: tuple[int, ...], where: str) -> 
     try:
         array = np.asarray(value)
     except (ValueError, TypeError):
-        raise RequestError(400, f"{where}: not a rectangular array of numbers "
-                           f"(input '{spec.name}' wants shape {list(shape)})") from None
+        raise RequestError(
+            400, f"{where}: not a rectangular array of numbers (input '{spec.name}' wants shape {list(shape)})"
+        ) from None
     if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
-        raise RequestError(400, f"{where}: holds {_kind(array)}, input '{spec.name}' wants "
-                           f"{np.dtype(spec.dtype).name} numbers")
+        raise RequestError(
+            400, f"{where}: holds {_kind(array)}, input '{spec.name}' wants {np.dtype(spec.dtype).name} numbers"
+        )
     if array.shape != shape:
         raise RequestError(400, f"{where}: shape {list(array.shape)}, input '{spec.name}' wants {list(shape)}")
     dtype = np.dtype(spec.dtype)
@@ -112,8 +133,9 @@ def _array(value: Any, spec: TensorSpec, shape: tuple[int, ...], where: str) -> 
             raise RequestError(400, f"{where}: input '{spec.name}' is {dtype.name}: give whole numbers")
         info = np.iinfo(dtype)
         if array.size and (array.min() < info.min or array.max() > info.max):
-            raise RequestError(400, f"{where}: values outside {info.min}..{info.max} for {dtype.name} "
-                               f"input '{spec.name}'")
+            raise RequestError(
+                400, f"{where}: values outside {info.min}..{info.max} for {dtype.name} input '{spec.name}'"
+            )
     return array.astype(dtype)
 
 
@@ -127,7 +149,7 @@ Binary = Callable[[bytes, str], np.ndarray]  # b64 bytes -> one instance's input
 def _value(value: Any, spec: TensorSpec, shape: tuple[int, ...], where: str, binary: Binary) -> np.ndarray:
     if isinstance(value, dict):
         if set(value) != {"b64"}:
-            raise RequestError(400, f"{where}: an object value must be {{\"b64\": ...}}")
+            raise RequestError(400, f'{where}: an object value must be {{"b64": ...}}')
         return binary(decode_b64(value["b64"], where), where)
     return _array(value, spec, shape, where)
 
@@ -142,8 +164,9 @@ def _by_input(value: Any, specs: Sequence[TensorSpec], where: str) -> list[Any]:
     return [value[n] for n in names]
 
 
-def parse_predict(body: bytes, specs: Sequence[TensorSpec], binary: Binary,
-                  max_instances: int) -> tuple[list[list[np.ndarray]], bool]:
+def parse_predict(
+    body: bytes, specs: Sequence[TensorSpec], binary: Binary, max_instances: int
+) -> tuple[list[list[np.ndarray]], bool]:
     """A :predict body as per-inference input tensors (each with its batch dimension of 1),
     and whether it was columnar (``inputs``) rather than rows (``instances``)."""
     request = parse_json(body)
@@ -155,9 +178,13 @@ def parse_predict(body: bytes, specs: Sequence[TensorSpec], binary: Binary,
         if not isinstance(instances, list) or not instances:
             raise RequestError(400, "'instances' must be a non-empty list, one element per inference")
         _check_count(len(instances), max_instances)
-        return [[_value(v, spec, tuple(row), f"instances[{i}]", binary)[np.newaxis]
-                 for v, spec, row in zip(_by_input(instance, specs, f"instances[{i}]"), specs, rows)]
-                for i, instance in enumerate(instances)], False
+        return [
+            [
+                _value(v, spec, tuple(row), f"instances[{i}]", binary)[np.newaxis]
+                for v, spec, row in zip(_by_input(instance, specs, f"instances[{i}]"), specs, rows)
+            ]
+            for i, instance in enumerate(instances)
+        ], False
     columns = _by_input(request["inputs"], specs, "inputs")
     per_input = []
     count = None
@@ -168,8 +195,12 @@ def parse_predict(body: bytes, specs: Sequence[TensorSpec], binary: Binary,
         if count is not None and len(value) != count:
             raise RequestError(400, "inputs: every input needs the same batch size")
         count = len(value)
-        per_input.append([_value(v, spec, tuple(row), f"inputs['{spec.name}'][{i}]", binary)[np.newaxis]
-                          for i, v in enumerate(value)])
+        per_input.append(
+            [
+                _value(v, spec, tuple(row), f"inputs['{spec.name}'][{i}]", binary)[np.newaxis]
+                for i, v in enumerate(value)
+            ]
+        )
     return [list(values) for values in zip(*per_input)], True
 
 
@@ -178,8 +209,9 @@ def _check_count(count: int, max_instances: int) -> None:
         raise RequestError(400, f"{count} instances in one request, at most {max_instances}: split the request")
 
 
-def encode_predict(results: Sequence[Sequence[np.ndarray]], specs: Sequence[TensorSpec],
-                   columnar: bool) -> dict[str, Any]:
+def encode_predict(
+    results: Sequence[Sequence[np.ndarray]], specs: Sequence[TensorSpec], columnar: bool
+) -> dict[str, Any]:
     """Per-inference outputs as TF Serving answers them (``predictions`` rows or ``outputs``)."""
     if columnar:
         stacked = [np.concatenate([r[i] for r in results]).tolist() for i in range(len(specs))]
@@ -197,8 +229,9 @@ def task_request(body: bytes, content_type: str, query: str) -> tuple[bytes, dic
     if content_type.split(";")[0].strip().lower() == "application/json":
         request = parse_json(body)
         if not isinstance(request, dict) or "b64" not in request:
-            raise RequestError(400, "a JSON task request is {\"b64\": <image or .npy bytes>, \"top_k\": ..., "
-                               "\"threshold\": ...}")
+            raise RequestError(
+                400, 'a JSON task request is {"b64": <image or .npy bytes>, "top_k": ..., "threshold": ...}'
+            )
         data = decode_b64(request.pop("b64"), "b64")
         options.update(request)
     else:

@@ -15,7 +15,7 @@ import math
 import queue
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -67,8 +67,10 @@ class DeviceQueue:
         self._engines = engines
         self._queue: queue.Queue[object] = queue.Queue(maxsize=capacity)
         self.capacity = capacity
-        self._threads = [threading.Thread(target=self._work, args=(list(device),), daemon=True,
-                                          name=f"device-{i}") for i, device in enumerate(engines)]
+        self._threads = [
+            threading.Thread(target=self._work, args=(list(device),), daemon=True, name=f"device-{i}")
+            for i, device in enumerate(engines)
+        ]
         self._closing = False
         self._producing = threading.Lock()
         self._mean_seconds = 0.0  # a running mean of inference time, for Retry-After
@@ -97,8 +99,11 @@ class DeviceQueue:
             if self._closing:
                 raise Overloaded("the server is shutting down", 1)
             if self._queue.qsize() + len(instances) > self.capacity:
-                raise Overloaded(f"{self._queue.qsize()} of {self.capacity} queue places are taken and the request "
-                                 f"needs {len(instances)}: retry later", self.retry_after())
+                raise Overloaded(
+                    f"{self._queue.qsize()} of {self.capacity} queue places are taken and the request "
+                    f"needs {len(instances)}: retry later",
+                    self.retry_after(),
+                )
             queued = [Inference(model, inputs) for inputs in instances]
             for inference in queued:
                 self._queue.put_nowait(inference)
@@ -117,7 +122,7 @@ class DeviceQueue:
             started = time.perf_counter()
             try:
                 item.outputs = engine.run(item.inputs)
-            except BaseException as exc:  # reported to the request, never kills the worker
+            except BaseException as exc:  # noqa: BLE001 - reported to the request, never kills the worker
                 item.error = exc
             item.seconds = time.perf_counter() - started
             item.device = engine.label

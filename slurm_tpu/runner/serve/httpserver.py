@@ -48,9 +48,11 @@ from .app import JSON_TYPE, Response, Route, ServeApp, json_response
 from .auth import PROOF_PATH, SCHEME, proof, token_matches, valid_nonce
 from .codec import RequestError, error_body
 
-_SHUTTING_DOWN = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
-                  b"Connection: close\r\nContent-Length: 39\r\n\r\n"
-                  b'{"error":"the server is shutting down"}')
+_SHUTTING_DOWN = (
+    b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+    b"Connection: close\r\nContent-Length: 39\r\n\r\n"
+    b'{"error":"the server is shutting down"}'
+)
 
 
 @dataclass
@@ -135,7 +137,7 @@ class ServeHTTPServer(ThreadingHTTPServer):
         # never shuts down a socket object this thread has already closed.
         try:
             self.finish_request(request, client_address)
-        except Exception:
+        except Exception:  # noqa: BLE001 - ThreadingMixIn's own handling: report, keep serving
             self.handle_error(request, client_address)
         finally:
             with self._lock:
@@ -164,22 +166,23 @@ class _HeadLimitedReader(socket.SocketIO):
 
     def __init__(self, sock: socket.socket, deadline: float | None, max_bytes: int, io_timeout: float):
         super().__init__(sock, "rb")
+        self._socket = sock  # SocketIO keeps it as the private, untyped _sock
         self.deadline = deadline
         self._left = max_bytes
         self._io_timeout = io_timeout
 
     def authenticated(self) -> None:
         self.deadline = None
-        self._sock.settimeout(self._io_timeout)
+        self._socket.settimeout(self._io_timeout)
 
-    def readinto(self, buffer) -> int:  # type: ignore[override]
+    def readinto(self, buffer) -> int | None:
         if self.deadline is None:
             return super().readinto(buffer)
         left = self.deadline - time.monotonic()
         if left <= 0 or self._left <= 0:
             raise TimeoutError("no request head with the token in time")  # http.server closes the connection
-        self._sock.settimeout(min(left, self._io_timeout))
-        count = super().readinto(memoryview(buffer)[:self._left])
+        self._socket.settimeout(min(left, self._io_timeout))
+        count = super().readinto(memoryview(buffer)[: self._left])
         self._left -= count or 0
         return count
 
@@ -196,18 +199,20 @@ class _Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         limits = self.server.app.limits
-        self.timeout = limits.io_timeout  # idle keep-alives and stalled bodies end
+        # Per connection (typeshed declares the class's default a ClassVar): idle keep-alives and stalled bodies end.
+        self.timeout = limits.io_timeout  # type: ignore[misc]
         super().setup()
         self.rfile.close()  # replaced: reads before the token keep to the head deadline
-        self._reader = _HeadLimitedReader(self.connection, self.server.deadline(self.connection), limits.max_head,
-                                          limits.io_timeout)
+        self._reader = _HeadLimitedReader(
+            self.connection, self.server.deadline(self.connection), limits.max_head, limits.io_timeout
+        )
         self.rfile = io.BufferedReader(self._reader)
         self._challenged = False
 
-    def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+    def do_GET(self) -> None:
         self._handle("GET")
 
-    def do_POST(self) -> None:  # noqa: N802
+    def do_POST(self) -> None:
         self._handle("POST")
 
     def _handle(self, method: str) -> None:
@@ -226,8 +231,11 @@ class _Handler(BaseHTTPRequestHandler):
                 response = self._prove(query)
             else:
                 if not token_matches(self.headers.get("Authorization"), app.token):
-                    raise RequestError(401, "missing or wrong token: send 'Authorization: Bearer <token>' with the "
-                                       "token from ~/.slurm-tpu/serve/<jobid>.json")
+                    raise RequestError(
+                        401,
+                        "missing or wrong token: send 'Authorization: Bearer <token>' with the "
+                        "token from ~/.slurm-tpu/serve/<jobid>.json",
+                    )
                 if self._reader.deadline is not None:
                     self._admit()
                 route = app.route(method, path)
@@ -236,8 +244,7 @@ class _Handler(BaseHTTPRequestHandler):
                     held = self._content_length()
                     if not app.budget.take(held):
                         held = 0
-                        raise RequestError(503, "the server holds too many request bodies: retry later",
-                                           retry_after=1)
+                        raise RequestError(503, "the server holds too many request bodies: retry later", retry_after=1)
                     body = self._read_body(held)
                     consumed = True
                 response = app.dispatch(route, body, self.headers.get("Content-Type", ""), query)
@@ -249,7 +256,7 @@ class _Handler(BaseHTTPRequestHandler):
         except (ConnectionError, TimeoutError):
             self.close_connection = True
             response = None
-        except Exception as exc:  # a bug must cost one request, not the server
+        except Exception as exc:  # noqa: BLE001 - a bug must cost one request, not the server
             self._refuse(RequestError(500, f"internal error ({type(exc).__name__}: {str(exc)[:200]})"), close=True)
             response = None
         finally:
@@ -258,8 +265,9 @@ class _Handler(BaseHTTPRequestHandler):
             app.end()
         status = response.status if response is not None else self._status
         model = route.model.name if route is not None and route.model is not None else ""
-        app.metrics.observe(model, route.endpoint if route is not None else "other", status,
-                            time.perf_counter() - started)
+        app.metrics.observe(
+            model, route.endpoint if route is not None else "other", status, time.perf_counter() - started
+        )
 
     def _admit(self) -> None:
         """A pending connection just showed the token: count it with the authenticated ones."""
@@ -290,8 +298,11 @@ class _Handler(BaseHTTPRequestHandler):
         length = int(value)
         limit = self.server.app.limits.max_body
         if length > limit:
-            raise RequestError(413, f"the body is {length} bytes, more than {limit} allowed: send smaller "
-                               "requests (or start the server with a larger --max-body)")
+            raise RequestError(
+                413,
+                f"the body is {length} bytes, more than {limit} allowed: send smaller "
+                "requests (or start the server with a larger --max-body)",
+            )
         return length
 
     def _read_body(self, length: int) -> bytes:
@@ -332,5 +343,5 @@ class _Handler(BaseHTTPRequestHandler):
         self.close_connection = True
         self._refuse(RequestError(code, message or self.responses.get(code, ("error",))[0]), close=True)
 
-    def log_message(self, format: str, *args) -> None:  # noqa: A002
+    def log_message(self, format: str, *args) -> None:
         pass  # one line per request would flood the job's log; /metrics counts them

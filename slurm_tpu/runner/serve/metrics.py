@@ -16,7 +16,8 @@ from __future__ import annotations
 
 import bisect
 import threading
-from typing import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
+from typing import Callable
 
 from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
@@ -76,9 +77,11 @@ class ServeMetrics(Collector):
             add(requests_f, labels, value)
             if int(code) >= 400:
                 add(errors_f, labels, value)
-        duration = HistogramMetricFamily(f"{PREFIX}_request_duration_seconds",
-                                         "time from request line to response, by model and endpoint",
-                                         labels=("model", "endpoint"))
+        duration = HistogramMetricFamily(
+            f"{PREFIX}_request_duration_seconds",
+            "time from request line to response, by model and endpoint",
+            labels=("model", "endpoint"),
+        )
         for (model, endpoint), (counts, total, count) in latency:
             cumulative, running = [], 0
             for bound, n in zip(BUCKETS, counts):
@@ -89,13 +92,14 @@ class ServeMetrics(Collector):
         inferences = counter(f"{PREFIX}_inferences", "inferences run, by model and device")
         device_seconds = counter(f"{PREFIX}_device_seconds", "seconds devices spent in inferences, by model and device")
         for model, engine in self._engines:
+            # MeteredEngines (session.EngineSet wraps every engine), which EngineSet types as Engine.
             labels = {"model": model, "device": engine.label}  # type: ignore[attr-defined]
             add(inferences, labels, engine.inferences)  # type: ignore[attr-defined]
             add(device_seconds, labels, engine.seconds)  # type: ignore[attr-defined]
         families: list[Metric] = [requests_f, errors_f, duration, inferences, device_seconds]
-        for name, value in self._gauges().items():
+        for name, reading in self._gauges().items():
             family = gauge(f"{PREFIX}_{name}", _GAUGE_HELP.get(name, name))
-            add(family, {}, value)
+            add(family, {}, reading)
             families.append(family)
         return families
 

@@ -13,8 +13,9 @@ from __future__ import annotations
 import io
 import os
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -41,7 +42,7 @@ class ModelArg:
 def default_name(path: str) -> str:
     """The name a model file is served under when none is given: its file name without .tflite."""
     base = os.path.basename(path)
-    return base[:-len(".tflite")] if base.endswith(".tflite") else base
+    return base[: -len(".tflite")] if base.endswith(".tflite") else base
 
 
 def parse_model_args(values: Sequence[str]) -> list[ModelArg]:
@@ -53,8 +54,10 @@ def parse_model_args(values: Sequence[str]) -> list[ModelArg]:
         if not path:
             raise UsageError(f"'{value}': give MODEL or MODEL=NAME")
         if not NAME_PATTERN.match(name):
-            raise UsageError(f"model name '{name}' (from '{value}') must be letters, digits, '.', '_' or '-' "
-                             "(it is a URL path segment): give MODEL=NAME")
+            raise UsageError(
+                f"model name '{name}' (from '{value}') must be letters, digits, '.', '_' or '-' "
+                "(it is a URL path segment): give MODEL=NAME"
+            )
         parsed.append(ModelArg(path, name))
     names = [m.name for m in parsed]
     for name in names:
@@ -71,8 +74,9 @@ def parse_labels_args(values: Sequence[str], models: Sequence[ModelArg]) -> dict
         name, sep, path = value.partition("=")
         if not (sep and name in known):
             if len(models) != 1:
-                raise UsageError(f"--labels {value}: with several models give NAME=FILE (names: "
-                                 f"{', '.join(sorted(known))})")
+                raise UsageError(
+                    f"--labels {value}: with several models give NAME=FILE (names: {', '.join(sorted(known))})"
+                )
             name, path = models[0].name, value
         found[name] = path
     return found
@@ -117,8 +121,9 @@ class ServedModel:
         if name == self.task.name:
             return self.task
         if name not in self._tasks:
-            self._tasks[name] = choose_task(name, self.outputs, self.info.custom_ops, self.name,
-                                            self.preparation.keep_aspect_ratio)[0]
+            self._tasks[name] = choose_task(
+                name, self.outputs, self.info.custom_ops, self.name, self.preparation.keep_aspect_ratio
+            )[0]
         return self._tasks[name]
 
     def options(self, top_k: int = 1, threshold: float | None = None) -> TaskOptions:
@@ -127,8 +132,11 @@ class ServedModel:
     def prepare_image(self, data: bytes, task: Task, what: str) -> Prepared:
         """Encoded image bytes (JPEG, PNG...) as the input tensor, as the runner prepares files."""
         if len(self.inputs) != 1:
-            raise InputError(f"model {self.name} has {len(self.inputs)} inputs: images feed single-input "
-                             "models only; send tensors to :predict", what)
+            raise InputError(
+                f"model {self.name} has {len(self.inputs)} inputs: images feed single-input "
+                "models only; send tensors to :predict",
+                what,
+            )
         check_image_size(data, what)
         resize = Resize(keep_aspect=task.keep_aspect, fast=self.preparation.fast_resize)
         return load_image(io.BytesIO(data), self.inputs[0], self.preparation.normalization, resize, name=what)
@@ -161,11 +169,13 @@ def check_image_size(data: bytes, what: str) -> None:
     except Image.DecompressionBombError:
         raise InputError(f"{what} declares more than {MAX_IMAGE_PIXELS} pixels: scale it down", what) from None
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise InputError(f"{what} is not a readable image ({type(exc).__name__}): send JPEG/PNG bytes or a .npy "
-                         "array", what) from None
+        raise InputError(
+            f"{what} is not a readable image ({type(exc).__name__}): send JPEG/PNG bytes or a .npy array", what
+        ) from None
     if width * height > MAX_IMAGE_PIXELS:
-        raise InputError(f"{what} is {width}x{height} pixels, more than {MAX_IMAGE_PIXELS} allowed: scale it down",
-                         what)
+        raise InputError(
+            f"{what} is {width}x{height} pixels, more than {MAX_IMAGE_PIXELS} allowed: scale it down", what
+        )
 
 
 def read_npy(data: bytes, spec: TensorSpec, what: str) -> np.ndarray:
@@ -188,9 +198,15 @@ def read_npy(data: bytes, spec: TensorSpec, what: str) -> np.ndarray:
         raise InputError(f"{what} is not a readable .npy array ({exc})", what) from None
 
 
-def open_served(args: Sequence[ModelArg], labels: Mapping[str, str], open_options: OpenOptions,
-                preparation: Preparation, environ: Mapping[str, str], warn, task: str = AUTO
-                ) -> tuple[EngineSet, list[ServedModel]]:
+def open_served(
+    args: Sequence[ModelArg],
+    labels: Mapping[str, str],
+    open_options: OpenOptions,
+    preparation: Preparation,
+    environ: Mapping[str, str],
+    warn,
+    task: str = AUTO,
+) -> tuple[EngineSet, list[ServedModel]]:
     """Open every model on every device (see :func:`open_models`); the engine set and the models."""
     label_maps = {name: read_labels(path) for name, path in labels.items()}  # before the devices: fail fast
     engine_set = open_models([a.path for a in args], open_options, environ, warn)
@@ -199,7 +215,7 @@ def open_served(args: Sequence[ModelArg], labels: Mapping[str, str], open_option
         served = []
         for i, arg in enumerate(args):
             info = engine_set.models[i]
-            engines = engine_set.engines[i * devices:(i + 1) * devices]
+            engines = engine_set.engines[i * devices : (i + 1) * devices]
             chosen, _ = choose_task(task, info.outputs, info.custom_ops, arg.path, preparation.keep_aspect_ratio)
             served.append(ServedModel(arg.name, i, info, engines, chosen, label_maps.get(arg.name, {}), preparation))
     except BaseException:

@@ -19,8 +19,9 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Callable
 
 from ..errors import UsageError
 from ..session import EngineSet, OpenOptions
@@ -49,8 +50,15 @@ class Listen:
 class Server:
     """Served models behind HTTP: ``start``, then ``stop`` (graceful) exactly once."""
 
-    def __init__(self, models: Sequence[ServedModel], listen: Listen = Listen(), limits: Limits = Limits(),
-                 token: str | None = None, runtime: str = "", engine_set: EngineSet | None = None):
+    def __init__(
+        self,
+        models: Sequence[ServedModel],
+        listen: Listen = Listen(),
+        limits: Limits = Limits(),
+        token: str | None = None,
+        runtime: str = "",
+        engine_set: EngineSet | None = None,
+    ):
         devices = len(models[0].engines)
         # engines[d][m]: model m on device d (a device's worker runs whichever model comes next)
         self.queue = DeviceQueue([[m.engines[d] for m in models] for d in range(devices)], limits.queue)
@@ -61,10 +69,13 @@ class Server:
         try:
             self.http = ServeHTTPServer((listen.host, listen.port), self.app)
         except OSError as exc:
-            raise UsageError(f"cannot listen on {listen.host or '*'}:{listen.port} ({exc.strerror}): choose "
-                             "another --port (0 picks a free one)") from None
-        self._thread = threading.Thread(target=self.http.serve_forever, kwargs={"poll_interval": 0.2},
-                                        daemon=True, name="http-accept")
+            raise UsageError(
+                f"cannot listen on {listen.host or '*'}:{listen.port} ({exc.strerror}): choose "
+                "another --port (0 picks a free one)"
+            ) from None
+        self._thread = threading.Thread(
+            target=self.http.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="http-accept"
+        )
         self.stopped = False
 
     @property
@@ -98,9 +109,17 @@ class Server:
         return drained
 
 
-def open_server(args: Sequence[ModelArg], labels: Mapping[str, str], open_options: OpenOptions,
-                preparation: Preparation, listen: Listen, limits: Limits, environ: Mapping[str, str],
-                warn: Callable[[str], None], task: str = "auto") -> Server:
+def open_server(
+    args: Sequence[ModelArg],
+    labels: Mapping[str, str],
+    open_options: OpenOptions,
+    preparation: Preparation,
+    listen: Listen,
+    limits: Limits,
+    environ: Mapping[str, str],
+    warn: Callable[[str], None],
+    task: str = "auto",
+) -> Server:
     """Open the models on the job's devices and bind the port (not yet serving)."""
     engine_set, models = open_served(args, labels, open_options, preparation, environ, warn, task)
     try:
@@ -113,26 +132,36 @@ def open_server(args: Sequence[ModelArg], labels: Mapping[str, str], open_option
 def job_id_of(environ: Mapping[str, str]) -> str:
     job = environ.get("SLURM_JOB_ID", "")
     if not job.isdigit():
-        raise UsageError("slurm-tpu serve runs inside a Slurm job (sbatch/srun): SLURM_JOB_ID names its address "
-                         "file; outside Slurm set SLURM_JOB_ID to any number")
+        raise UsageError(
+            "slurm-tpu serve runs inside a Slurm job (sbatch/srun): SLURM_JOB_ID names its address "
+            "file; outside Slurm set SLURM_JOB_ID to any number"
+        )
     return job
 
 
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
-def serve_job(args: Sequence[ModelArg], labels: Mapping[str, str], open_options: OpenOptions,
-              preparation: Preparation, listen: Listen, limits: Limits, drain_timeout: float,
-              say: Callable[[str], None], warn: Callable[[str], None], task: str = "auto",
-              environ: Mapping[str, str] = os.environ) -> int:
+def serve_job(
+    args: Sequence[ModelArg],
+    labels: Mapping[str, str],
+    open_options: OpenOptions,
+    preparation: Preparation,
+    listen: Listen,
+    limits: Limits,
+    drain_timeout: float,
+    say: Callable[[str], None],
+    warn: Callable[[str], None],
+    task: str = "auto",
+    environ: Mapping[str, str] = os.environ,
+) -> int:
     """``slurm-tpu serve``: serve until SIGTERM/SIGINT, then stop gracefully; the exit status."""
     job = job_id_of(environ)
     # Blocked in this thread before any other starts, so every thread inherits the mask and
     # the signal waits for sigwait below, even one sent while the devices are opening.
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
     server = open_server(args, labels, open_options, preparation, listen, limits, environ, warn, task)
-    address = Address(job, server.url, server.token, environ.get("SLURMD_NODENAME", socket.gethostname()),
-                      os.getpid())
+    address = Address(job, server.url, server.token, environ.get("SLURMD_NODENAME", socket.gethostname()), os.getpid())
     try:
         server.start()
         write_address(address, environ)
@@ -141,8 +170,10 @@ def serve_job(args: Sequence[ModelArg], labels: Mapping[str, str], open_options:
         raise
     for model in server.app.models.values():
         say(f"model {model.name}: {model.info.path}, task {model.task.name}, on {', '.join(model.device_labels)}")
-    say(f"listening on {server.url} (job {job}; token and address in {address_path(job, environ)}, "
-        "readable only by you)")
+    say(
+        f"listening on {server.url} (job {job}; token and address in {address_path(job, environ)}, "
+        "readable only by you)"
+    )
     received = signal.sigwait(_SIGNALS)
     say(f"{signal.Signals(received).name}: stopping (no new connections; finishing requests in flight)")
     remove_address(address, environ)

@@ -8,7 +8,7 @@ an error naming its outputs and ``--task raw``.
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..choices import AUTO, TASK_NAMES
 from ..errors import UsageError
@@ -24,16 +24,16 @@ from .segment import Segment, Segmentation
 _RECOGNISED = (Detect, Classify, Segment)
 _BY_NAME_ONLY = (Raw,)
 
-__all__ = ["AUTO", "TASK_NAMES", "Task", "TaskOptions", "Class", "Object", "Segmentation",
-           "choose_task", "read_labels"]
+__all__ = ["AUTO", "TASK_NAMES", "Task", "TaskOptions", "Class", "Object", "Segmentation", "choose_task", "read_labels"]
 
 
 def _make(cls: type[Task], keep_aspect: bool) -> Task:
-    return cls(keep_aspect) if cls is Segment else cls()  # type: ignore[call-arg]
+    return cls(keep_aspect) if cls is Segment else cls()
 
 
-def choose_task(name: str, outputs: Sequence[TensorSpec], custom_ops: frozenset[str], model: str,
-                keep_aspect: bool = False) -> tuple[Task, str]:
+def choose_task(
+    name: str, outputs: Sequence[TensorSpec], custom_ops: frozenset[str], model: str, keep_aspect: bool = False
+) -> tuple[Task, str]:
     """The task for a model and how it was chosen (for the user: "auto: ..."/"--task")."""
     classes = {t.name: t for t in _RECOGNISED + _BY_NAME_ONLY}
     if name != AUTO:
@@ -41,13 +41,17 @@ def choose_task(name: str, outputs: Sequence[TensorSpec], custom_ops: frozenset[
             raise UsageError(f"--task {name}: unknown; use one of {AUTO}, {', '.join(TASK_NAMES)}")
         task = _make(classes[name], keep_aspect)
         if not task.fits(outputs, custom_ops):
-            raise UsageError(f"--task {name} needs {task.expects}; model {model} has "
-                             f"{describe_outputs(outputs)}: pass --task raw for its outputs as they are")
+            raise UsageError(
+                f"--task {name} needs {task.expects}; model {model} has "
+                f"{describe_outputs(outputs)}: pass --task raw for its outputs as they are"
+            )
         return task, "--task"
     for cls in _RECOGNISED:
         task = _make(cls, keep_aspect)
         if task.fits(outputs, custom_ops):
             return task, f"auto: {task.expects}"
-    raise UsageError(f"model {model} has outputs {describe_outputs(outputs)}, which fit no task "
-                     "(detect: TFLite_Detection_PostProcess outputs; classify: one [1, N] output; segment: "
-                     "one [1, H, W] or [1, H, W, C] output): pass --task raw for its dequantized outputs")
+    raise UsageError(
+        f"model {model} has outputs {describe_outputs(outputs)}, which fit no task "
+        "(detect: TFLite_Detection_PostProcess outputs; classify: one [1, N] output; segment: "
+        "one [1, H, W] or [1, H, W, C] output): pass --task raw for its dequantized outputs"
+    )

@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -74,8 +75,9 @@ class Task:
     def threshold(self, options: TaskOptions) -> float:
         return self.default_threshold if options.threshold is None else options.threshold
 
-    def process(self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry,
-                options: TaskOptions) -> Any:
+    def process(
+        self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry, options: TaskOptions
+    ) -> Any:
         """The result of one inference (a task-specific value)."""
         raise NotImplementedError
 
@@ -109,8 +111,9 @@ def open_rgb(path: str):
         with Image.open(path) as image:
             return image.convert("RGB")
     except (UnidentifiedImageError, OSError, ValueError) as exc:
-        raise InputError(f"input {path} cannot be annotated: not a readable image ({type(exc).__name__})",
-                         path) from None
+        raise InputError(
+            f"input {path} cannot be annotated: not a readable image ({type(exc).__name__})", path
+        ) from None
 
 
 def save_png(image, target: str) -> None:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -25,8 +26,9 @@ def scores_of(output: np.ndarray, spec: TensorSpec) -> np.ndarray:
     return spec.dequantize(np.asarray(output).reshape(-1))
 
 
-def top_classes(output: np.ndarray, spec: TensorSpec, labels: Mapping[int, str],
-                top_k: int = 1, threshold: float = 0.0) -> list[Class]:
+def top_classes(
+    output: np.ndarray, spec: TensorSpec, labels: Mapping[int, str], top_k: int = 1, threshold: float = 0.0
+) -> list[Class]:
     """The ``top_k`` best classes scoring at least ``threshold``, best first (ties: lower index)."""
     scores = scores_of(output, spec)
     k = max(0, min(top_k, scores.size))
@@ -50,8 +52,9 @@ class Classify(Task):
     def fits(self, outputs: Sequence[TensorSpec], custom_ops: frozenset[str]) -> bool:
         return len(outputs) == 1 and is_vector(outputs[0])
 
-    def process(self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry,
-                options: TaskOptions) -> list[Class]:
+    def process(
+        self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry, options: TaskOptions
+    ) -> list[Class]:
         return top_classes(outputs[0], specs[0], options.labels, options.top_k, self.threshold(options))
 
     def record(self, result: list[Class]) -> dict[str, Any]:

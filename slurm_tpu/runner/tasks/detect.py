@@ -11,8 +11,9 @@ detect_image.py) is ours to apply.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -39,12 +40,17 @@ def has_detection_outputs(outputs: Sequence[TensorSpec]) -> bool:
     if len(outputs) != 4:
         return False
     boxes, classes, scores, count = (o.shape for o in outputs)
-    return (len(boxes) == 3 and boxes[2] == 4 and classes == scores == boxes[:2]
-            and tuple(count) in ((1,), (1, 1)))
+    return len(boxes) == 3 and boxes[2] == 4 and classes == scores == boxes[:2] and tuple(count) in ((1,), (1, 1))
 
 
-def get_objects(outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], input_size: tuple[int, int],
-                scale: tuple[float, float], threshold: float, labels) -> list[Object]:
+def get_objects(
+    outputs: Sequence[np.ndarray],
+    specs: Sequence[TensorSpec],
+    input_size: tuple[int, int],
+    scale: tuple[float, float],
+    threshold: float,
+    labels,
+) -> list[Object]:
     """pycoral's ``detect.get_objects``: objects scoring at least ``threshold``, boxes in source pixels."""
     boxes, classes, scores = (spec.dequantize(np.asarray(o))[0] for o, spec in zip(outputs[:3], specs[:3]))
     count = int(specs[3].dequantize(np.asarray(outputs[3])).reshape(-1)[0])
@@ -54,15 +60,20 @@ def get_objects(outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], inpu
         if scores[i] < threshold:
             continue
         ymin, xmin, ymax, xmax = (float(v) for v in boxes[i])
-        found.append(Object(int(classes[i]), label_of(labels, int(classes[i])), float(scores[i]),
-                            (int(xmin * sx), int(ymin * sy), int(xmax * sx), int(ymax * sy))))
+        found.append(
+            Object(
+                int(classes[i]),
+                label_of(labels, int(classes[i])),
+                float(scores[i]),
+                (int(xmin * sx), int(ymin * sy), int(xmax * sx), int(ymax * sy)),
+            )
+        )
     return found
 
 
 class Detect(Task):
     name = DETECT
-    expects = ("TFLite_Detection_PostProcess's four outputs: boxes [1, M, 4], classes [1, M], "
-               "scores [1, M], count [1]")
+    expects = "TFLite_Detection_PostProcess's four outputs: boxes [1, M, 4], classes [1, M], scores [1, M], count [1]"
     keep_aspect = True
     default_threshold = 0.4  # detect_image.py's
     time_format = "{:.2f} ms"  # detect_image.py's
@@ -70,14 +81,18 @@ class Detect(Task):
     def fits(self, outputs: Sequence[TensorSpec], custom_ops: frozenset[str]) -> bool:
         return has_detection_outputs(outputs)
 
-    def process(self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry,
-                options: TaskOptions) -> list[Object]:
+    def process(
+        self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry, options: TaskOptions
+    ) -> list[Object]:
         input_size = geometry.input or (1, 1)  # a non-image input: boxes stay normalized
         return get_objects(outputs, specs, input_size, geometry.scale, self.threshold(options), options.labels)
 
     def record(self, result: list[Object]) -> dict[str, Any]:
-        return {"objects": [{"id": o.id, "label": o.label, "score": round(o.score, 6), "bbox": list(o.bbox)}
-                            for o in result]}
+        return {
+            "objects": [
+                {"id": o.id, "label": o.label, "score": round(o.score, 6), "bbox": list(o.bbox)} for o in result
+            ]
+        }
 
     def lines(self, result: list[Object]) -> list[str]:
         if not result:

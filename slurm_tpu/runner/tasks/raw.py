@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -24,8 +25,9 @@ class Raw(Task):
     def fits(self, outputs: Sequence[TensorSpec], custom_ops: frozenset[str]) -> bool:
         return True
 
-    def process(self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry,
-                options: TaskOptions) -> list[tuple[TensorSpec, np.ndarray]]:
+    def process(
+        self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry, options: TaskOptions
+    ) -> list[tuple[TensorSpec, np.ndarray]]:
         return [(spec, spec.dequantize(np.asarray(o))) for o, spec in zip(outputs, specs)]
 
     def record(self, result: list[tuple[TensorSpec, np.ndarray]]) -> dict[str, Any]:

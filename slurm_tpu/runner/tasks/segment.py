@@ -9,8 +9,9 @@ the colour mask (PASCAL VOC colours, as pycoral's ``label_to_color_image``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -53,7 +54,8 @@ def resize_map(class_map: np.ndarray, size: tuple[int, int]) -> np.ndarray:
         return class_map
     mode_type = np.uint8 if class_map.max(initial=0) < 256 else np.int32
     image = Image.fromarray(class_map.astype(mode_type))
-    return np.asarray(image.resize(size, Image.NEAREST))
+    # Image.Resampling needs Pillow 9.1; the module-level names are set by a loop mypy cannot follow.
+    return np.asarray(image.resize(size, Image.NEAREST))  # type: ignore[attr-defined]
 
 
 def segment(output: np.ndarray, geometry: Geometry, labels) -> Segmentation:
@@ -89,14 +91,17 @@ class Segment(Task):
         shape = outputs[0].shape
         return len(shape) in (3, 4) and shape[0] == 1 and shape[1] > 1 and shape[2] > 1
 
-    def process(self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry,
-                options: TaskOptions) -> Segmentation:
+    def process(
+        self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry, options: TaskOptions
+    ) -> Segmentation:
         return segment(outputs[0], geometry, options.labels)
 
     def record(self, result: Segmentation) -> dict[str, Any]:
         height, width = result.class_map.shape
-        return {"size": [width, height],
-                "classes": [{"id": i, "label": label, "fraction": round(f, 6)} for i, label, f in result.fractions]}
+        return {
+            "size": [width, height],
+            "classes": [{"id": i, "label": label, "fraction": round(f, 6)} for i, label, f in result.fractions],
+        }
 
     def lines(self, result: Segmentation) -> list[str]:
         return [f"{label}: {fraction:.5f}" for _, label, fraction in result.fractions]
