@@ -42,7 +42,7 @@ SLURM_BACKENDS = ("auto", "scontrol", "pyslurm")
 # or raises ConfigError naming the key.
 
 
-def _parse_mode(value: str | int, key: str, where: str) -> int:
+def parse_mode(value: str | int, key: str, where: str) -> int:
     text = str(value)
     try:
         mode = int(text, 8)
@@ -108,7 +108,7 @@ class Ownership:
     owner: str = setting("devices.idle.owner", str, "owner of idle accelerator nodes", IDLE_OWNER)
     group: str = setting("devices.idle.group", str, "group of idle accelerator nodes", IDLE_GROUP)
     mode: int = setting(
-        "devices.idle.mode", (str, int), "mode of idle accelerator nodes, e.g. '0600'", NODE_MODE, _parse_mode
+        "devices.idle.mode", (str, int), "mode of idle accelerator nodes, e.g. '0600'", NODE_MODE, parse_mode
     )
 
 
@@ -145,7 +145,7 @@ class Config:
     # The keys devices.idle.* (see Ownership).
     idle: Ownership = field(default=Ownership(), metadata={"keys": Ownership})
     lease_mode: int = setting(
-        "devices.lease.mode", (str, int), "mode of a leased node, owned by the job's user", NODE_MODE, _parse_mode
+        "devices.lease.mode", (str, int), "mode of a leased node, owned by the job's user", NODE_MODE, parse_mode
     )
     # At job end, make every fd of the job's devices useless (USB: the hub port is
     # power-cycled, see slurm_tpu/access/revoke.py); false keeps ownership-only isolation.

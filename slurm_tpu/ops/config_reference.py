@@ -8,9 +8,10 @@ Regenerate it after changing a config key, its default or its description::
 Keys, types and descriptions come from the config schema (slurm_tpu/config.py's
 ``schema()``, which holds each family's ``config_keys()`` too); defaults are read
 from what ``Config()`` and each family's ``default_config`` hold, so the page
-states what the code does. The one thing kept here is how a dotted key reads its
-default off those objects (:data:`_COMMON_DEFAULTS`, :func:`_family_default`); a
-key this module cannot place is an error naming it, never a silent gap.
+states what the code does: a top-level key's default is its Config field's
+(``config_keys()``), a family key's is read off the family's ``default_config``
+(:func:`_family_default`); a key this module cannot place is an error naming it,
+never a silent gap.
 """
 
 from __future__ import annotations
@@ -18,11 +19,21 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any, Callable
+from typing import Any
 
 import yaml
 
-from ..config import CURRENT_VERSION, DEFAULT_PATH, ENV_VAR, VERSION_1_KEYS, Config, schema
+from ..config import (
+    CURRENT_VERSION,
+    DEFAULT_PATH,
+    ENV_VAR,
+    VERSION,
+    VERSION_1_KEYS,
+    Config,
+    config_keys,
+    parse_mode,
+    schema,
+)
 from ..families import FAMILIES, FamilyConfig
 
 COMMAND = "python -m slurm_tpu.ops.config_reference --output docs/configuration.md"
@@ -35,30 +46,13 @@ SECTIONS = (
 )
 
 
-def _mode(mode: int) -> str:
-    """A mode as the file writes it ('0600'), not as the int it is parsed into."""
-    return f"{mode:04o}"
-
-
-# Dotted key -> its default, read off a default Config (in the form the file writes it).
-_COMMON_DEFAULTS: dict[str, Callable[[Config], Any]] = {
-    "version": lambda c: CURRENT_VERSION,
-    "node_name": lambda c: c.node_name,
-    "devices.slot_dir": lambda c: c.slot_dir,
-    "devices.idle.owner": lambda c: c.idle.owner,
-    "devices.idle.group": lambda c: c.idle.group,
-    "devices.idle.mode": lambda c: _mode(c.idle.mode),
-    "devices.lease.mode": lambda c: _mode(c.lease_mode),
-    "devices.revoke": lambda c: c.revoke,
-    "devices.holder_scan_seconds": lambda c: c.holder_scan_seconds,
-    "sysfs_root": lambda c: c.sysfs_root,
-    "state_dir": lambda c: c.state_dir,
-    "inventory_file": lambda c: c.inventory_file,
-    "udev.run_program": lambda c: c.udev_run_program,
-    "slurm.bin_dir": lambda c: c.slurm_bin_dir,
-    "slurm.sbin_dir": lambda c: c.slurm_sbin_dir,
-    "slurm.backend": lambda c: c.slurm_backend,
-}
+def _common_defaults() -> dict[str, Any]:
+    """Dotted key -> the default its Config field declares, in the form the file writes it
+    (a mode as '0600', not as the int it is parsed into)."""
+    found: dict[str, Any] = {VERSION.name: CURRENT_VERSION}
+    for key, default in config_keys():
+        found[key.name] = f"{default:04o}" if key.convert is parse_mode else default
+    return found
 
 
 class UnknownDefault(Exception):
@@ -94,17 +88,17 @@ def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, s
 
 def defaults() -> dict[str, Any]:
     """Dotted key -> default for every key of the current version (None: unset by default)."""
-    config, keys = Config(), schema()
+    config, keys, common = Config(), schema(), _common_defaults()
     found: dict[str, Any] = {}
     for key in keys:
-        if key in _COMMON_DEFAULTS:
-            found[key] = _COMMON_DEFAULTS[key](config)
+        if key in common:
+            found[key] = common[key]
             continue
         parts = key.split(".", 2)
         if parts[0] != "families" or len(parts) < 3:
             raise UnknownDefault(
-                f"no default known for config key '{key}': add it to "
-                f"slurm_tpu/ops/config_reference.py's _COMMON_DEFAULTS"
+                f"no default known for config key '{key}': declare it on its Config field "
+                f"(slurm_tpu/config.py setting())"
             )
         section = {k.split(".", 2)[2]: v for k, v in keys.items() if k.startswith(f"families.{parts[1]}.")}
         found[key] = _family_default(config.family(parts[1]), parts[2], section)
