@@ -5,7 +5,8 @@ It is built next to the sh hooks that run it (``<dir>/slurm-tpu-hook-client``): 
 scripts/setup.sh for a checkout, by LocalCluster before it starts a cluster (both through
 slurm_tpu/ops/hook_client.py, which knows where the shipped source is), and by the
 agent itself when it starts from a hooks directory that has the source but no current
-client (``slurm-tpu install`` copies the source there; see :func:`build_beside`). Without a C compiler nothing is built
+client (``slurm-tpu install`` installs the source and a client built from it there; see
+:func:`build_beside`). Without a C compiler nothing is built
 and the hooks run the Python hooks, as before the agent. Not on the hooks' fast path:
 only the agent imports this, once, at its start.
 """

@@ -564,8 +564,9 @@ def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) 
     from . import hook_client
 
     data = hook_client.compiled()
-    if data is None:
-        say(f"no C compiler: {hook_client.PROGRAM} not built; the hooks run the Python hooks (slower)")
+    if data is None:  # no compiler, or the build failed (said on stderr)
+        why = "no C compiler" if hook_client.compiler() is None else "its build failed"
+        say(f"{hook_client.PROGRAM} not built ({why}); the hooks run the Python hooks (slower)")
         return
     _install_bytes(os.path.join(layout.hooks_dir, hook_client.PROGRAM), data, 0o755, manifest, dry_run, say)
 
