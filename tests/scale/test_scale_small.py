@@ -85,11 +85,18 @@ def test_the_report_has_the_benchmark_figures(report):
 
 def test_the_hooks_cost_the_controller_one_job_query_per_job_and_nothing_else(report):
     """The prolog's allocation query is ``scontrol --local show job -d`` from the agent's resident
-    scontrol: no REQUEST_FED_INFO before it (slurm_load_job's federation lookup, skipped by --local)
-    and no REQUEST_NODE_INFO (a new scontrol's start). Counted by slurmctld itself (sdiag, by type)."""
+    scontrol: no REQUEST_FED_INFO before it (slurm_load_job's federation lookup, skipped by --local,
+    which every path of the query uses) and no REQUEST_NODE_INFO per job (a new scontrol's start).
+    Counted by slurmctld itself (sdiag, by type)."""
     slices = report["sdiag"]
     hooks, true = slices["slice-hooks"], slices["slice-true"]
-    for rpc in ("REQUEST_FED_INFO", "REQUEST_NODE_INFO"):
-        assert hooks["by_type"].get(rpc, 0) <= true["by_type"].get(rpc, 0) + 1, (rpc, hooks["by_type"])
-    # One per job; a second, narrowed query for an array task that shares its node (a few).
-    assert hooks["jobs"] <= hooks["REQUEST_JOB_INFO_SINGLE"] <= 1.5 * hooks["jobs"], hooks["by_type"]
+    by_type, jobs = hooks["by_type"], hooks["jobs"]
+    assert by_type.get("REQUEST_FED_INFO", 0) <= true["by_type"].get("REQUEST_FED_INFO", 0) + 1, by_type
+    # One per job; a second, narrowed query for an array task that shares its node (a few), or the
+    # worker's own scontrol when the resident one stalled (a loaded machine).
+    extra_queries = hooks["REQUEST_JOB_INFO_SINGLE"] - jobs
+    assert 0 <= extra_queries <= 0.5 * jobs, by_type
+    # A fresh scontrol (the worker's own, or the resident one restarted after a stall) may load the
+    # node table once: at most two per extra query, never one per job as before the agent.
+    node_info = by_type.get("REQUEST_NODE_INFO", 0) - true["by_type"].get("REQUEST_NODE_INFO", 0)
+    assert node_info <= 2 * extra_queries + 1, by_type
