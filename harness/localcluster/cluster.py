@@ -867,6 +867,37 @@ class LocalCluster:
         while time.monotonic() < deadline:
             states = {job: self.job_state(job) for job in job_ids}
             if all(s in final for s in states.values()):
+                self.wait_for_releases(timeout=max(deadline - time.monotonic(), 30))
                 return states
             time.sleep(0.5)
         raise RuntimeError(f"jobs not finished within {timeout:g} s: {states}")
+
+    def wait_for_releases(self, nodes: Sequence[str] | None = None, timeout: float = 60) -> None:
+        """Wait until no node's epilog is still releasing devices after it answered Slurm.
+
+        With the node agent, the epilog answers as soon as it holds the node's state lock
+        and releases under it (slurm_tpu/hooks/epilog.py), so a job Slurm reports ended
+        may have its release still running for some milliseconds. Taking that lock once
+        is the event to wait for: whatever the epilog does under it has been done.
+        """
+        import fcntl
+
+        from slurm_tpu.access.ledger import LOCK
+
+        deadline = time.monotonic() + timeout
+        for node in nodes or [n.name for n in self.nodes]:
+            try:
+                fd = os.open(os.path.join(self.state_dir(node), LOCK), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                continue  # nothing was ever leased on this node
+            try:
+                while True:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        break
+                    except BlockingIOError:
+                        if time.monotonic() > deadline:
+                            raise RuntimeError(f"{node}: its state lock still held after {timeout:g} s") from None
+                        time.sleep(0.01)
+            finally:
+                os.close(fd)

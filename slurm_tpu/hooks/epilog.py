@@ -12,8 +12,14 @@ import os
 
 from .context import drain, job_from_env, node_from_env, run_guarded, say
 
+# Annotations only: typing costs the hooks milliseconds per job at run time.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
-def run(environ) -> int:
+
+def run(environ, answer: Callable[[], None] | None = None) -> int:
+    """The epilog's work. ``answer``: the node agent's early answer (see below); None in a hook process."""
     from ..access.ledger import Ledger
     from . import envfile, jobusage, leasing, probe, settings as hook_settings
 
@@ -30,7 +36,19 @@ def run(environ) -> int:
         probe.mark("ledger_read")
         if not leases:
             return 0
-        # Usage first, outside the ledger lock: it reads only the job's own box.
+        if answer is not None:
+            # The node agent answers Slurm here and does the rest after: the usage box, the
+            # release (take the device away, scan for holders, power-cycle, give it back) are off
+            # the path of the node's next job. Safe because the state lock is taken first and held
+            # until the release ends: the next prolog waits for it, and so does anything that
+            # must see the release done (harness: LocalCluster.wait_for_releases). A release that
+            # fails still drains the node below (this process says so, with scontrol), and its
+            # device stays root's 0600, so no job gets it. The usage entry is spooled a few
+            # milliseconds later than the job's end: the collector takes it on its next round.
+            ledger.lock()
+            answer()
+            probe.mark("answered")
+        # Usage before the release (outside the lock in a hook process: it reads only the job's own box).
         records = jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
         # For Slurm's own job record (AdminComment), applied later by the accounting collector.
         jobusage.spool(ledger, job.job_id, leases[0].uid, settings.node, len(leases), records)
@@ -50,11 +68,11 @@ def run(environ) -> int:
     return 0 if drain(job.node, reason, settings, environ, "epilog") else 1
 
 
-def main(environ=None) -> int:
-    """Entry point for epilog/slurm-tpu-epilog."""
+def main(environ=None, answer: Callable[[], None] | None = None) -> int:
+    """Entry point for epilog/slurm-tpu-epilog; the node agent's worker passes ``answer`` (see run)."""
     from . import probe
 
     try:
-        return run_guarded("epilog", run, os.environ if environ is None else environ)
+        return run_guarded("epilog", lambda env: run(env, answer), os.environ if environ is None else environ)
     finally:
         probe.finish("epilog")

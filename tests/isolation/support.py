@@ -187,6 +187,7 @@ def settle(cluster, node: str, timeout: float = 60) -> None:
     stick comes back (and the lease goes) asynchronously, through the emulated
     USB core and the udev hook.
     """
+    cluster.wait_for_releases([node], timeout)  # an epilog that answered Slurm first releases under the lock
     wait_until(lambda: not revoking(cluster, node), timeout, f"revoked devices on {node} to come back")
 
 
