@@ -35,6 +35,7 @@ from support import (
     resume,
     revoking,
     settle,
+    state_dir,
     wait_until,
 )
 
@@ -179,6 +180,50 @@ def test_an_agent_killed_while_a_job_holds_its_devices_loses_no_lease(cluster, u
         finally:
             cluster.start_agent("n1")  # replaces the dead agent's socket
         assert release(cluster, "crash", job) == "COMPLETED"
+        events = [(e["event"], e.get("job_id")) for e in audit(cluster, "n1") if e.get("identity") == PCI]
+        assert events[-2:] == [("acquire", job), ("release", job)]
+        assert_idle_and_consistent(cluster)
+
+
+def _epilog_clients() -> list[int]:
+    """Pids of running hook clients doing an epilog (their argv: client, "epilog", state dir, ...)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                argv = handle.read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[0].endswith(b"slurm-tpu-hook-client") and argv[1] == b"epilog":
+            pids.append(int(name))
+    return pids
+
+
+def test_the_epilog_answers_slurm_only_once_it_holds_the_state_lock(cluster, users):
+    """The agent's epilog answers Slurm before it releases (the release is off the path of the node's
+    next job), but only once it holds the node's state lock, which it keeps until the release ends: so
+    whoever takes the lock after Slurm ended the job (the next prolog; the harness's
+    wait_for_releases) finds the device released. Here the test holds the lock: the job stays
+    COMPLETING, its lease in place, until the test lets go."""
+    import fcntl
+
+    from slurm_tpu.access.ledger import LOCK
+
+    with kept_in_service(cluster):
+        job = hold(cluster, "stpu_alice", "lockorder", "tpu:edgetpu_pci:1")
+        lock = os.open(os.path.join(state_dir(cluster, "n1"), LOCK), os.O_RDWR | os.O_NOFOLLOW)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            open(out(cluster, "lockorder.stop"), "w").close()
+            wait_until(lambda: cluster.job_state(job) == "COMPLETING" and _epilog_clients(), 120, "the epilog to start")
+            assert [(row["identity"], row["job_id"]) for row in leases(cluster, "n1", settled=False)] == [(PCI, job)]
+            assert cluster.job_state(job) == "COMPLETING"  # no answer to Slurm without the lock
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            os.close(lock)
+        assert cluster.wait_for_jobs([job], timeout=180) == {job: "COMPLETED"}
         events = [(e["event"], e.get("job_id")) for e in audit(cluster, "n1") if e.get("identity") == PCI]
         assert events[-2:] == [("acquire", job), ("release", job)]
         assert_idle_and_consistent(cluster)
