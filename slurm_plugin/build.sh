@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build the gres/tpu Slurm plugin (gres_tpu.c beside this script) against one Slurm source tree.
 #   slurm_plugin/build.sh SLURM_SOURCE_TREE OUTPUT_DIR
+#   OUTPUT_DIR may hold "{version}", replaced by the tree's release (22.05.8): one folder per release.
 #   env: GRES_NAME=tpu  (the GRES the plugin serves; the .so is gres_<name>.so)
 #        SLURM_CONFIGURE_FLAGS="--enable-multiple-slurmd"  (only when the tree is not configured yet:
 #        configure it as the installed Slurm was, so the structures the plugin shares match)
@@ -35,6 +36,7 @@ version=$(sed -n 's/^#define SLURM_VERSION_STRING "\(.*\)"$/\1/p' "$tree/config.
 # live there; 25.11 keeps those in libslurmfull, and gres_common.c is linked all the same).
 common=("$tree/src/plugins/gres/common/gres_common.c")
 stamp="$version $name $(cat "$HERE/gres_tpu.c" "$HERE/build.sh" "${common[@]}" | sha256sum | cut -c1-16)"
+out_dir=${out_dir//\{version\}/$version}
 so="$out_dir/gres_$name.so"
 if [ -f "$so" ] && [ "$(cat "$so.built" 2>/dev/null)" = "$stamp" ]; then
     exit 0
