@@ -14,7 +14,7 @@ cd "$(dirname "$0")/.."
 REPO=$(pwd)
 CACHE=${SLURM_TPU_SLURM_SRC_CACHE:-/var/cache/slurm-tpu/slurm-src}
 OUT=${SLURM_TPU_GRES_PLUGINS:-/opt/slurm-tpu-plugins}
-fail() { echo "build-gres-plugin: $*" >&2; exit 1; }
+fail() { echo "build-gres-plugin: $*; without the plugin the hooks ask Slurm for each job's devices" >&2; exit 1; }
 debian=0 slurm25=0
 for arg in "$@"; do
     case $arg in
@@ -76,7 +76,8 @@ if [ "$slurm25" = 1 ]; then
         [ -z "$source_dir" ] && [ -f "$candidate/SHA256SUMS" ] && source_dir=$candidate
     done
     [ -n "$source_dir" ] || fail "no Slurm 25.11 source archive in ../shared/slurm or ./shared/slurm; set SLURM_SOURCE"
-    archive=$(ls "$source_dir"/slurm-25.11.*.tar.xz | tail -1)
+    archive=$(ls "$source_dir"/slurm-25.11.*.tar.xz 2>/dev/null | tail -1) || true
+    [ -n "$archive" ] || fail "no slurm-25.11.*.tar.xz in $source_dir"
     name=$(basename "$archive" .tar.xz)
     tree="$CACHE/$name"
     if [ ! -d "$tree/src" ]; then
