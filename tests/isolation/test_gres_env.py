@@ -23,7 +23,8 @@ def test_well_formed_values_give_the_indices_in_slurms_order(value, indices):
 
 @pytest.mark.parametrize(
     "value",
-    ["", ",", "0,", ",0", "1,,2", " 1", "1 ", "-1", "+1", "0x1", "a", "1;2", "1\n2", "\u0661", "1,1", "12345", "1," * 3000],
+    ["", ",", "0,", ",0", "1,,2", " 1", "1 ", "-1", "+1", "0x1", "a", "1;2", "1\n2", "\u0661", "1,1", "12345"]
+    + ["1," * 3000],
 )
 def test_malformed_values_are_refused(value):
     assert allocation.parse_indices(value) is None
