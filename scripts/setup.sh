@@ -11,6 +11,8 @@ cd "$(dirname "$0")/.."
 # tests drive real uevents through UMockdev's GObject API.
 APT_PACKAGES=(slurm-wlm slurmd slurmctld munge umockdev libudev1 gcc python3 python3-venv python3-yaml
               util-linux passwd python3-gi gir1.2-umockdev-1.0 strace)
+# dpkg-dev: dpkg-source, which unpacks Debian's Slurm source for our gres/tpu plugin (below).
+APT_PACKAGES+=(dpkg-dev)
 # acl: setfacl/getfacl, with which the isolation tests play a job owner who grants another
 # user access to her leased node (the hooks must strip it).
 APT_PACKAGES+=(acl)
@@ -64,6 +66,15 @@ scripts/build-libedgetpu.sh
 # SLURM_TPU_WITH_SLURM25=1 scripts/setup.sh (CI does; see scripts/build-slurm.sh).
 if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then
     scripts/build-slurm.sh --pyslurm
+fi
+
+# Our gres/tpu Slurm plugin (slurm_plugin/) for each Slurm here, in /opt/slurm-tpu-plugins/<release>
+# (sources cached in /var/cache/slurm-tpu/slurm-src): the test clusters load it, and the prolog
+# then reads each job's Edge TPUs from its environment instead of asking slurmctld. Optional:
+# a failed build says so in one line and setup goes on (the hooks ask Slurm, as without it).
+scripts/build-gres-plugin.sh --debian || true
+if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then
+    scripts/build-gres-plugin.sh --slurm25 || true
 fi
 
 echo "setup: ready ($(.venv/bin/slurm-tpu --version))"

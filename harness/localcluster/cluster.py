@@ -124,6 +124,10 @@ class LocalCluster:
     accounting: bool = False
     accounting_enforce: str | None = None
     accounting_db: AccountingDB | None = field(default=None, init=False, repr=False)
+    # Load our gres/tpu plugin (slurm_plugin/) when one is built for this cluster's Slurm release
+    # (slurm_tpu.slurm.gres_plugin): Slurm then hands the hooks SLURM_JOB_TPUS and they ask it nothing.
+    # False keeps the plugin-less cluster, whose hooks query the controller for every job.
+    gres_plugin: bool = True
 
     @property
     def slurm(self) -> installation.Installation:
@@ -131,6 +135,16 @@ class LocalCluster:
         if self.slurm_prefix:
             return installation.from_prefix(self.slurm_prefix)
         return installation.find(use_daemons=False)
+
+    @property
+    def gres_plugin_dir(self) -> str | None:
+        """The directory with our gres_tpu.so this cluster's daemons load, or None (off, or none built)."""
+        if not self.gres_plugin:
+            return None
+        from slurm_tpu.slurm import gres_plugin
+
+        version = installation.version_of(self.slurm.program("slurmd"))
+        return gres_plugin.built_for(version) if version else None
 
     # ---- paths -----------------------------------------------------------------
     def path(self, *parts: str) -> str:
@@ -380,6 +394,11 @@ class LocalCluster:
                 f"HealthCheckInterval={self.hooks.health_interval or 60}",
                 "HealthCheckNodeState=ANY",
             ]
+        ours = self.gres_plugin_dir
+        if ours:
+            from slurm_tpu.slurm import gres_plugin
+
+            lines.append(gres_plugin.plugin_dir_line(gres_plugin.slurm_plugin_dir(self.slurm), ours))
         lines += list(self.slurm_conf_extra)
         lines.append(f"Include {self.path('etc', 'nodes.conf')}")
         names = ",".join(n.name for n in self.nodes)

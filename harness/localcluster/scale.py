@@ -860,6 +860,9 @@ def run_scale(
             },
             "phases": {p.name: {"mode": p.mode, "jobs": p.jobs, "seconds": round(p.seconds, 1)} for p in run.phases},
             "sdiag": rpc_figures(run.phases),
+            # Our gres/tpu plugin's directory when the cluster loaded it: the prolog then reads the job's
+            # Edge TPUs from SLURM_JOB_TPUS and asks the controller nothing (None: one query per job).
+            "gres_plugin": run.cluster.gres_plugin_dir if run.cluster else None,
             # Per job of the slice: what the hooks add to the controller's load.
             "rpcs_per_job_from_hooks": attributable_to_hooks(slices[TRUE_MODE], slices[HOOKS_MODE])
             if throughput

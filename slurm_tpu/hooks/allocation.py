@@ -1,7 +1,15 @@
 """Which of this node's accelerators Slurm gave a job, in Slurm's order.
 
-Slurm tells the prolog nothing about a ``tpu`` GRES (22.05 and 25.11 alike), so
-the prolog asks ``scontrol show job -d JOB`` (about 8 ms; pyslurm's 45 ms import
+Slurm tells the prolog about a GRES only through that GRES's plugin. With our
+gres/tpu plugin loaded (slurm_plugin/, built per Slurm release; docs/admin-guide.md)
+slurmd sets ``SLURM_JOB_TPUS=<idx>,<idx>`` in the prolog's environment (the
+``IDX`` numbers below, this node's only): when every GRES this node leases has
+such a variable (``PLUGIN_ENV``: today only ``tpu``; a node that also leases
+GPUs or Hailo NPUs still asks, the variable says nothing of them), the allocation
+is read from it and Slurm is not asked. A malformed value (root set it, but fail
+safe) or a job without the variable (no plugin; no ``tpu`` in this job) is asked about.
+
+Asking: ``scontrol show job -d JOB`` (about 8 ms; pyslurm's 45 ms import
 would cost more than the query). That text can be forged by a job name holding
 newlines; the parser (``slurm.jobdetail``) tells an array's sibling tasks from a
 forgery, and only a forgery costs a second query, ``squeue --json`` (about 20 ms,
@@ -18,7 +26,7 @@ from __future__ import annotations
 
 import os
 
-from .context import HookError
+from .context import HookError, say
 
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
@@ -55,6 +63,47 @@ def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None)
     return text if text.strip() else None
 
 
+# GRES name -> the prolog variable our gres plugin (slurm_plugin/gres_tpu.c) sets to the job's indices
+# on this node. Only GRES whose plugin is ours: Slurm's gres/gpu sets SLURM_JOB_GPUS, but overwrites
+# it for each type a job asked for, so it cannot stand in for the query.
+PLUGIN_ENV = {"tpu": "SLURM_JOB_TPUS"}
+# Longest value read: 1,000 indices of up to 4 digits and their commas; a node has far fewer.
+MAX_ENV_VALUE = 5000
+
+
+def parse_indices(value: str) -> tuple[int, ...] | None:
+    """``"0,3"`` -> (0, 3): digits and commas only, no empty item, no repeat, bounded; else None."""
+    if not value or len(value) > MAX_ENV_VALUE or value.strip("0123456789,"):
+        return None
+    items = value.split(",")
+    if any(not item or len(item) > 4 for item in items):
+        return None
+    indices = tuple(int(item) for item in items)
+    return indices if len(set(indices)) == len(indices) else None
+
+
+def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str]) -> list[GresAlloc] | None:
+    """The job's GRES on this node from our gres plugin's variables, or None: ask Slurm.
+
+    ``names``: the GRES this node leases. None unless every one of them has its
+    variable set and well-formed (a malformed one says so in one line).
+    """
+    found: list[tuple[str, tuple[int, ...]]] = []
+    for name in names:
+        variable = PLUGIN_ENV.get(name)
+        value = environ.get(variable) if variable else None
+        if variable is None or value is None:
+            return None
+        indices = parse_indices(value)
+        if indices is None:
+            say(f"job {job_id}: {variable} from Slurm's gres plugin is malformed ({value[:40]!r}); asking Slurm")
+            return None
+        found.append((name, indices))
+    from ..slurm.jobdetail import GresAlloc
+
+    return [GresAlloc(name, None, len(indices), indices) for name, indices in found]
+
+
 # Set by the node agent's worker (hooks/agent.py): its resident scontrol, asked before a new one is
 # run (see ``Slurm.detail_source``). None in a hook process of its own.
 DETAIL_SOURCE = None
@@ -63,7 +112,14 @@ DETAIL_SOURCE = None
 def query_job_gres(
     job_id: int, node: str, settings: HookSettings, environ: Mapping[str, str]
 ) -> list[GresAlloc] | None:
-    """The job's GRES on this node. None if Slurm does not list the job on this node."""
+    """The job's GRES on this node. None if Slurm does not list the job on this node.
+
+    From our gres plugin's variables when they cover every GRES this node leases
+    (:func:`gres_from_env`), else from Slurm.
+    """
+    from_env = gres_from_env(job_id, settings.leasable_names(), environ)
+    if from_env is not None:
+        return from_env
     from ..errors import SlurmCommandError
 
     slurm = settings.slurm(environ)

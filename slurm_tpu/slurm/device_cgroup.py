@@ -11,7 +11,10 @@ say what this module says.
   the device cgroup leaves our devices alone there. Fixed upstream in 23.02
   (commit dd2e76b9df, bug 14139). Measured: on Debian's 22.05 a job without the
   GRES opens a PCIe Edge TPU whose mode allows it; on 25.11 it gets EPERM
-  (tests/isolation/test_device_cgroup.py).
+  (tests/isolation/test_device_cgroup.py). Our gres/tpu plugin (slurm_plugin/,
+  named in slurm.conf's PluginDir) gives ``tpu`` a plugin on 22.05 too: its
+  get_devices hands slurmd gres.conf's File= devices, and the job without the
+  GRES gets EPERM there as well (measured, same test). ``npu`` has none.
 * **Bus.** slurmd stat()s each ``File=`` once, when it starts, and denies those
   major:minor numbers. A PCIe card's node (``/dev/apex_N``) keeps its numbers,
   so the layer holds for it. A USB stick re-enumerates at every revocation (and
@@ -85,6 +88,15 @@ def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, 
     )
 
 
+def gres_plugin_loaded(slurm_options: dict[str, str]) -> bool:
+    """Whether slurm.conf's PluginDir (``slurm_options``: lower-case keys) holds our gres_tpu.so."""
+    return any(
+        os.path.isfile(os.path.join(directory, "gres_tpu.so"))
+        for directory in slurm_options.get("plugindir", "").split(":")
+        if directory.startswith("/")
+    )
+
+
 def covers_gres_without_plugin(version: str) -> bool:
     """Whether slurmd ``version`` (``25.11.7``) puts a plugin-less GRES such as ``tpu`` in the device cgroup."""
     release = _release(version)
@@ -125,7 +137,7 @@ def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None, 
         )
     if version is None:
         return True, f"on ({cgroup_conf}); slurmd's release unknown", ""
-    if has_tpu and not covers_gres_without_plugin(version):
+    if has_tpu and not covers_gres_without_plugin(version) and not gres_plugin_loaded(slurm_options):
         return (
             False,
             where_it_holds(version),
@@ -133,5 +145,15 @@ def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None, 
                 f"do not count on it for Edge TPUs or NPUs: run {FIRST_RELEASE_NAME} or "
                 "later for this second layer (it still constrains GPUs)"
             ),
+        )
+    if not covers_gres_without_plugin(version):
+        return (
+            True,
+            (
+                f"ConstrainDevices=yes denies unallocated Edge TPUs under Slurm {version} through our "
+                "gres/tpu plugin (PluginDir); USB sticks only until their first re-enumeration; "
+                "not Hailo NPUs (no plugin)"
+            ),
+            "",
         )
     return True, where_it_holds(version), ""

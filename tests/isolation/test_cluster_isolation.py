@@ -41,7 +41,9 @@ def cluster():
         NodeSpec("n3"),
         NodeSpec("n4", os.path.join(HARDWARE, "n4_one_tpu.umockdev")),
     ]
-    started = make_cluster(nodes, node_config_extra={"devices": {"isolate_gpus": True}})
+    # Without our gres/tpu plugin: these hooks ask Slurm for every job's allocation (the fallback the
+    # plugin-less sites run; the plugin's path: test_gres_plugin.py and tests/scale).
+    started = make_cluster(nodes, node_config_extra={"devices": {"isolate_gpus": True}}, gres_plugin=False)
     yield started
     finish_cluster(started)
 

@@ -10,8 +10,12 @@ layer alone.
   without the GRES, or with another TPU, gets EPERM on the PCIe card; the job
   allocated the card opens it. A USB stick that re-enumerated (new node, slot
   re-pointed as the udev hook does) is no longer covered until slurmd restarts.
-* Slurm 22.05: the same job without the GRES opens the card (the layer does
-  nothing for ``tpu``: gres_g_get_devices() skips a GRES without a plugin).
+* Slurm 22.05 without our gres/tpu plugin: the same job without the GRES opens
+  the card (the layer does nothing for ``tpu``: gres_g_get_devices() skips a GRES
+  without a plugin). With the plugin (slurm_plugin/, the cluster's PluginDir) the
+  plugin hands slurmd the devices and 22.05 refuses as 25.11 does.
+
+Each release runs twice: with the plugin (when one is built for it) and without.
 
 The cgroup config is this module's cluster's alone (LocalCluster.cgroup_conf):
 the other cluster tests keep task/none.
@@ -55,16 +59,21 @@ def cgroup_v1_devices_problem() -> str | None:
     return None
 
 
-@pytest.fixture(scope="module")
-def cluster(users):
+@pytest.fixture(scope="module", params=[True, False], ids=["gres-plugin", "no-gres-plugin"])
+def cluster(users, request):
     require_root_and_slurm()
     problem = cgroup_v1_devices_problem()
     if problem:
         pytest.skip(problem)
-    from harness.localcluster.cluster import Hooks, NodeSpec
+    from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec
 
+    if request.param and not LocalCluster(base="/nonexistent", nodes=[]).gres_plugin_dir:
+        pytest.skip("no gres/tpu plugin built for this Slurm (scripts/build-gres-plugin.sh)")
     started = make_cluster(
-        [NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))], hooks=Hooks(), cgroup_conf=CGROUP_CONF
+        [NodeSpec("n1", os.path.join(HARDWARE, "n1_two_tpus.umockdev"))],
+        hooks=Hooks(),
+        cgroup_conf=CGROUP_CONF,
+        gres_plugin=request.param,
     )
     try:
         # The PCIe card's node is the emulated apex driver's pty, bind-mounted once the cluster
@@ -93,6 +102,11 @@ def restart_slurmd(cluster) -> None:
     cluster.stop_slurmd("n1")
     cluster.start_slurmd("n1")
     cluster._wait(cluster._all_nodes_up, 90, "n1 did not come back")
+
+
+def covered(cluster) -> bool:
+    """Whether the device cgroup covers tpu here: Slurm >= 23.02, or our gres/tpu plugin loaded."""
+    return device_cgroup.covers_gres_without_plugin(slurmd_version(cluster)) or bool(cluster.gres_plugin_dir)
 
 
 def slurmd_version(cluster) -> str:
@@ -142,10 +156,9 @@ def test_a_job_without_the_gres_is_refused_the_pcie_card_by_the_cgroup(cluster):
     permissive(card)
     assert os.stat(card).st_rdev == slot_rdev(cluster, PCI)  # slurmd read these numbers at its start
     assert open_as("stpu_alice", card) == "OPENED"  # the mode lets her in outside a job
-    version = slurmd_version(cluster)
     without = run_probe(cluster, "without", [card])
-    if not device_cgroup.covers_gres_without_plugin(version):
-        # 22.05: the job is in a devices cgroup, yet tpu is not in it: the layer does nothing.
+    if not covered(cluster):
+        # 22.05 without the plugin: the job is in a devices cgroup, yet tpu is not in it: nothing.
         assert without[card] == "OPENED", without
         return
     assert without[card] == "EPERM", without
@@ -157,7 +170,7 @@ def test_a_job_without_the_gres_is_refused_the_pcie_card_by_the_cgroup(cluster):
 
 def test_a_re_enumerated_usb_stick_is_not_covered_until_slurmd_restarts(cluster):
     version = slurmd_version(cluster)
-    if not device_cgroup.covers_gres_without_plugin(version):
+    if not covered(cluster):
         pytest.skip(f"Slurm {version}: {device_cgroup.where_it_holds(version)}")
     old = node_of(cluster, USB)
     permissive(old)
