@@ -587,6 +587,38 @@ def check_device_cgroup(node: Node) -> list[Finding]:
     return [Finding("device cgroup", fine, what, fix)]
 
 
+def check_gres_plugin(node: Node) -> list[Finding]:
+    """Our gres/tpu Slurm plugin in slurm.conf's PluginDir, on a node with Edge TPUs: with it the
+    Prolog reads the job's Edge TPUs from its environment, without it each Prolog asks slurmctld.
+    Optional, so never a failure; the line says which of the two the node does."""
+    from ..hooks.allocation import PLUGIN_ENV
+    from ..slurm.gres_plugin import PLUGIN_FILE
+
+    names = {node.config.family(a.kind).gres_name for a in node.inventory}
+    covered = sorted(names & set(PLUGIN_ENV))
+    if not covered:
+        return []
+    directories = [d for d in node.options().get("plugindir", "").split(":") if d.startswith("/")]
+    found = next((d for d in directories if os.path.isfile(os.path.join(d, PLUGIN_FILE))), None)
+    if found is None:
+        return [
+            Finding(
+                "gres plugin",
+                True,
+                f"no {PLUGIN_FILE} in slurm.conf's PluginDir: each Prolog asks slurmctld for the job's "
+                "Edge TPUs (one RPC per job); to spare it, build the plugin for this Slurm release "
+                "(docs/admin-guide.md, 'The gres/tpu Slurm plugin')",
+            )
+        ]
+    others = sorted(names - set(PLUGIN_ENV))
+    how = (
+        f"yet this node also leases {', '.join(others)}, so each Prolog still asks slurmctld"
+        if others
+        else "the Prolog takes the job's Edge TPUs from SLURM_JOB_TPUS and asks slurmctld nothing"
+    )
+    return [Finding("gres plugin", True, f"{found}/{PLUGIN_FILE} is in PluginDir: {how}")]
+
+
 def _visible_devices(library: str) -> Finding:
     """Whether the node's libedgetpu shows a job only its own Edge TPUs (EDGETPU_VISIBLE_DEVICES)."""
     from .edgetpu_runtime import visible_devices_problem
@@ -718,6 +750,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_hooks_import,
     check_slurmd_version,
     check_device_cgroup,
+    check_gres_plugin,
     check_runtimes,
     check_munge,
 )

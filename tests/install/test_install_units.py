@@ -446,3 +446,40 @@ def test_doctor_says_where_the_device_cgroup_holds(tmp_path):
     assert device_cgroup.status(options, str(conf), "23.02.0", True)[0] is True
     assert device_cgroup.status(options, str(conf), "25.11.7", True)[0] is True
     assert device_cgroup.status({"taskplugin": "task/none"}, str(conf), "22.05.8", True)[0] is True
+
+
+def test_doctor_says_whether_the_gres_plugin_spares_the_prologs_query(tmp_path):
+    """An Edge TPU node: with gres_tpu.so in a PluginDir directory the Prolog asks slurmctld nothing (unless
+    the node leases another GRES too); without it, one line says each Prolog asks, and how to spare it.
+    Never a failure (the plugin is optional); nothing on a node without Edge TPUs."""
+    from helpers import detect_json
+    from slurm_tpu.config import Config
+    from slurm_tpu.families import inventory_from_json
+    from slurm_tpu.hardware import Inventory
+    from slurm_tpu.ops.doctor import Node, check_gres_plugin
+
+    tpus = inventory_from_json(detect_json("big_node"))
+    conf = tmp_path / "slurm.conf"
+    layout = Layout(str(tmp_path / "p"), str(tmp_path / "etc"))
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+
+    def finding(inventory=tpus):
+        found = check_gres_plugin(Node(Config(), layout, str(conf), "n1", inventory))
+        assert all(f.ok for f in found)
+        return [f.message for f in found]
+
+    conf.write_text("ClusterName=x\n")
+    [without] = finding()
+    assert without.startswith("no gres_tpu.so in slurm.conf's PluginDir: each Prolog asks slurmctld")
+    conf.write_text(f"ClusterName=x\nPluginDir=/usr/lib/x86_64-linux-gnu/slurm-wlm:{plugins}\n")
+    assert finding()[0].startswith("no gres_tpu.so")  # the directory is named, the plugin is not there
+    (plugins / "gres_tpu.so").write_bytes(b"")
+    [loaded] = finding()
+    kinds = {Config().family(a.kind).gres_name for a in tpus}
+    assert loaded.startswith(f"{plugins}/gres_tpu.so is in PluginDir: ")
+    if kinds == {"tpu"}:
+        assert loaded.endswith("asks slurmctld nothing")
+    else:
+        assert "so each Prolog still asks slurmctld" in loaded
+    assert finding(Inventory()) == []
