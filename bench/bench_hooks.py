@@ -104,6 +104,25 @@ def run_round(cluster: LocalCluster, jobs: int, user: str | None) -> float:
         time.sleep(0.05)
 
 
+def steady_ms_per_job(prolog_starts: list[tuple[str, float]], jobs_per_round: int) -> dict[str, float]:
+    """Hook set -> median over its rounds of ms per job between the round's first and last prolog start.
+
+    Rounds run one at a time, so the wrappers' records come in runs of one hook set;
+    the warm-up round (fewer jobs) is left out.
+    """
+    rounds: list[tuple[str, list[float]]] = []
+    for mode, start in prolog_starts:
+        if rounds and rounds[-1][0] == mode and len(rounds[-1][1]) < jobs_per_round:
+            rounds[-1][1].append(start)
+        else:
+            rounds.append((mode, [start]))
+    per_job: dict[str, list[float]] = {}
+    for mode, starts in rounds:
+        if len(starts) == jobs_per_round and jobs_per_round > 1:
+            per_job.setdefault(mode, []).append((max(starts) - min(starts)) * 1000 / (jobs_per_round - 1))
+    return {mode: statistics.median(values) for mode, values in per_job.items()}
+
+
 def profile_medians(path: str) -> dict[str, dict[str, float]]:
     """hook -> step -> median ms over the runs that had the step (probe.py's lines)."""
     steps: dict[str, dict[str, list[float]]] = {}
@@ -139,6 +158,11 @@ def main() -> int:
         "(e.g. /work/main, the hooks before the node agent); ratio_vs_baseline in the report",
     )
     parser.add_argument(
+        "--no-gres-plugin",
+        action="store_true",
+        help="run the cluster without our gres/tpu plugin even where one is built (the Prolog asks scontrol)",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="per-step medians of each hook (slurm_tpu/hooks/probe.py) in the report"
     )
     parser.add_argument(
@@ -155,7 +179,7 @@ def main() -> int:
     mode_file, times = os.path.join(base, "mode"), os.path.join(base, "hook-times.txt")
     profile = os.path.join(base, "hook-profile.txt") if args.profile else None
     with open(mode_file, "w", encoding="utf-8") as handle:
-        handle.write("true\n")
+        handle.write("warmup\n")  # /bin/true hooks, recorded apart from the measured rounds
     # Production keeps the ledger in /run (tmpfs); keep the bench's there too, not on
     # the test machine's disk (each lease and env file is fsync'ed).
     tmpfs = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/dev/shm") if os.path.isdir("/dev/shm") else base
@@ -165,6 +189,7 @@ def main() -> int:
         nodes=[NodeSpec("n1", HARDWARE)],
         hooks=make_wrappers(base, mode_file, times, profile, args.baseline),
         node_config_extra={"state_dir": os.path.join(tmpfs, "state"), "devices": {"revoke": not args.no_revoke}},
+        gres_plugin=not args.no_gres_plugin,
     )
     results: dict[str, list[float]] = {"true": [], "hooks": []}
     if args.baseline:
@@ -199,23 +224,32 @@ def main() -> int:
         if made_user:
             subprocess.run(["userdel", user], capture_output=True)
     durations: dict[str, list[float]] = {}
+    prolog_starts: list[tuple[str, float]] = []
     failures = 0
     with open(times, encoding="utf-8") as handle:
         for line in handle:
             mode, kind, start, end, rc = line.split()
             failures += rc != "0"
             durations.setdefault(f"{mode}_{kind}", []).append((float(end) - float(start)) * 1000)
+            if kind == "prolog":
+                prolog_starts.append((mode, float(start)))
     jobs = args.jobs_per_round * args.rounds
     throughput = {mode: jobs / sum(seconds) for mode, seconds in results.items()}
+    steady = steady_ms_per_job(prolog_starts, args.jobs_per_round)
     report = {
         "jobs_per_hook_set": jobs,
         "user": args.user,
         "revoke": not args.no_revoke,
+        "gres_plugin": cluster.gres_plugin_dir,
         "round_seconds": {mode: [round(s, 2) for s in seconds] for mode, seconds in results.items()},
         "jobs_per_second": {mode: round(value, 2) for mode, value in throughput.items()},
         "ratio": round(throughput["hooks"] / throughput["true"], 3),
         # Per round (the hook sets of one round ran back to back): less exposed to one slow stretch.
         "ratio_of_medians": round(statistics.median(results["true"]) / statistics.median(results["hooks"]), 3),
+        # Without each round's start (the scheduler picks the new array up 0.2 to 1 s after the
+        # submit, the same wait for every hook set) and end: the steady state of the round.
+        "steady_ms_per_job": {mode: round(value, 1) for mode, value in steady.items()},
+        "steady_ratio": round(steady["true"] / steady["hooks"], 3) if steady.get("hooks") else None,
         "median_ms": {key: round(statistics.median(values), 1) for key, values in sorted(durations.items())},
         "hook_failures": failures,
         "node_states_after": states,

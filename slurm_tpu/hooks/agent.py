@@ -12,7 +12,9 @@ messages and exit status, which the client writes to its stderr and exits with.
 
 Workers are forked ahead (:data:`IDLE_WORKERS` wait in ``accept()`` on the shared listening
 socket), so a hook never waits for a fork: the one that takes a connection tells the agent
-(its pid on a pipe), which forks its replacement while the hook's work runs. The agent
+(its pid on a pipe), and again when it is done. The agent forks replacements once no worker
+is busy, so forks and their warm-up do not take the CPU from the hooks in flight, unless
+none would be left waiting: then at once. The agent
 freezes its heap before forking (``gc.freeze``), so a worker's garbage collections never
 touch, and copy, the pages of everything the agent imported. An idle worker exits when the
 agent's end of a second pipe closes: when the agent stops, and also when it dies, so a dead
@@ -56,11 +58,16 @@ from .context import say
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import NoReturn
 
 READ_TIMEOUT_S = 5.0
-# Workers waiting for a connection. Two: a node's jobs tend to start and end in pairs and more
-# (an array's tasks are dispatched together), and a third hook waits only for one fork (~1 ms).
-IDLE_WORKERS = 2
+# Workers waiting for a connection. Three: a node's jobs start and end together (an array's tasks
+# are dispatched together: on a 2-device node, two prologs, then two epilogs), and the workers are
+# replaced only once none is busy, or at once when the last one is taken.
+IDLE_WORKERS = 3
+# The worker's end of the agent's pipe, where it says it took a connection (its pid) and is done
+# (minus its pid); -1 in the agent and in a worker forked for one request.
+_pool_pipe = -1
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _PID = struct.Struct("i")  # a worker's pid on the "taken" pipe (one write, atomic: under PIPE_BUF)
 
@@ -210,20 +217,33 @@ def _idle_worker(listener: socket.socket, queries: socket.socket | None, taken: 
             except (BlockingIOError, InterruptedError):
                 continue
             break
-        try:
-            os.write(taken, _PID.pack(os.getpid()))
-        except OSError:
-            pass  # the agent is gone: serve this hook all the same (it is the agent's own code)
-        os.close(taken)
+        global _pool_pipe
+        _pool_pipe = taken
+        _tell_pool(os.getpid())
         os.close(agent_alive)
         conn.setblocking(True)
         pid, uid = _peer(conn)
         if uid != 0:
             say(f"agent: refused a connection from pid {pid} (uid {uid}): only root's hooks may ask")
-            os._exit(0)
+            _exit(0)
         _worker(conn, listener, queries)
     finally:
         os._exit(1)
+
+
+def _tell_pool(value: int) -> None:
+    """Tell the agent this worker took a connection (its pid) or is done (minus its pid)."""
+    if _pool_pipe >= 0:
+        try:
+            os.write(_pool_pipe, _PID.pack(value))
+        except OSError:
+            pass  # the agent is gone: the hook is served all the same (it is the agent's own code)
+
+
+def _exit(code: int) -> NoReturn:
+    """End a worker, telling the agent first."""
+    _tell_pool(-os.getpid())
+    os._exit(code)
 
 
 def _warm_up() -> None:
@@ -269,7 +289,7 @@ def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket
             hook, environ = read_request(conn)
         except (BadRequest, OSError, ValueError) as exc:  # ValueError: FormatError too
             say(f"agent: refused a request: {exc}")
-            os._exit(2)
+            _exit(2)
         conn.settimeout(None)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -290,7 +310,7 @@ def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket
     if answered:
         if status != 0:
             say(f"agent: job {environ.get('SLURM_JOB_ID', '?')}: the epilog failed after it answered Slurm (see above)")
-        os._exit(0)
+        _exit(0)
     text = b""
     try:
         sys.stdout.flush()
@@ -303,11 +323,11 @@ def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket
         conn.sendall(encode_answer(status, text))
     except OSError:
         pass
-    os._exit(0)
+    _exit(0)
 
 
-def _reap(idle: set[int]) -> None:
-    """Collect ended workers; an idle one that ended (killed) is no longer counted as waiting."""
+def _reap(idle: set[int], busy: set[int]) -> None:
+    """Collect ended workers; one that ended without saying so (killed) is forgotten all the same."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -316,6 +336,7 @@ def _reap(idle: set[int]) -> None:
         if pid == 0:
             return
         idle.discard(pid)
+        busy.discard(pid)
 
 
 class _Pool:
@@ -327,10 +348,12 @@ class _Pool:
         self.alive_r, self.alive_w = os.pipe2(os.O_CLOEXEC)
         listener.setblocking(False)
         self.idle: set[int] = set()
+        self.busy: set[int] = set()
 
     def fill(self) -> None:
-        """Fork workers until IDLE_WORKERS wait (a failed fork is tried again on the next round)."""
-        while len(self.idle) < IDLE_WORKERS:
+        """Fork workers until IDLE_WORKERS wait, or only one while a hook runs (a failed fork is
+        tried again on the next round)."""
+        while len(self.idle) < (1 if self.busy else IDLE_WORKERS):
             sys.stdout.flush()
             sys.stderr.flush()
             try:
@@ -350,7 +373,7 @@ class _Pool:
             self.idle.add(pid)
 
     def collect_taken(self) -> None:
-        """Forget the workers that took a connection (they say so on the pipe)."""
+        """Move the workers that took a connection to busy, and forget those done (they say so on the pipe)."""
         while True:
             try:
                 data = os.read(self.taken_r, 4096)
@@ -359,7 +382,11 @@ class _Pool:
             if not data:
                 return
             for (pid,) in _PID.iter_unpack(data[: len(data) // _PID.size * _PID.size]):
-                self.idle.discard(pid)
+                if pid > 0:
+                    self.idle.discard(pid)
+                    self.busy.add(pid)
+                else:
+                    self.busy.discard(-pid)
 
     def close(self) -> None:
         """Idle workers exit (their end of the agent's pipe reads EOF); busy ones finish their hook."""
@@ -427,7 +454,7 @@ def serve(environ=None) -> int:
             except InterruptedError:
                 pass
             pool.collect_taken()
-            _reap(pool.idle)
+            _reap(pool.idle, pool.busy)
     finally:
         pool.close()
         # Remove the socket only if it is still ours (a new agent may have replaced it): the
