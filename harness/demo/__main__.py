@@ -167,7 +167,7 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
         _say("  " + line)
     for line in report.serve_lines(experiment.serve_and_query(layout, user, env)):
         _say("  " + line)
-    coral, coral_ok = report.coral_lines(experiment.run_coral_examples(layout, user, env, timeout))
+    coral, coral_ok = report.coral_lines(layout, *experiment.run_coral_examples(layout, user, env, timeout))
     for line in coral:
         _say("  " + line)
     for line in books.show_limit(cluster, user, layout.out):

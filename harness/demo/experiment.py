@@ -48,9 +48,14 @@ class Submitted:
 
 
 def sbatch(
-    layout: Layout, user: str, env: Mapping[str, str], args: Sequence[str], script: str, script_args: Sequence[str]
+    layout: Layout,
+    user: str,
+    env: Mapping[str, str],
+    args: Sequence[str],
+    script: str | None,
+    script_args: Sequence[str],
 ) -> int:
-    """Submit ``jobs/<script>`` as ``user`` with exactly ``env``; the job id."""
+    """Submit ``jobs/<script>`` (None: ``args`` has ``--wrap``) as ``user`` with exactly ``env``; the job id."""
     argv = [
         "runuser",
         "-u",
@@ -63,12 +68,11 @@ def sbatch(
         "--parsable",
         f"--chdir={layout.out}",
         *args,
-        str(JOBS_DIR / script),
-        *script_args,
+        *([str(JOBS_DIR / script), *script_args] if script else []),
     ]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd="/")
     if done.returncode != 0:
-        raise DemoError(f"sbatch jobs/{script} failed: {done.stderr.strip() or done.stdout.strip()}")
+        raise DemoError(f"sbatch jobs/{script or '--wrap'} failed: {done.stderr.strip() or done.stdout.strip()}")
     return int(done.stdout.strip().split(";")[0])
 
 
@@ -200,32 +204,76 @@ def wait_for_job(env: Mapping[str, str], job: int, timeout: float = 120) -> None
         time.sleep(0.5)
 
 
-CORAL_NODE = "node-pcie"  # two Edge TPUs: two jobs there, each must get its own card by default
+CORAL_NODE = "node-pcie"  # two Edge TPUs: one kept busy, the example must get (and see) the other
 CORAL_JOBS = 2
+CORAL_HOLDER = "coral-holder"
+
+
+def _running(env: Mapping[str, str], job: int) -> bool:
+    done = subprocess.run(
+        [installation.find(use_daemons=False).program("squeue"), "-h", "-j", str(job), "-o", "%T"],
+        env=dict(env),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    return done.stdout.strip() == "RUNNING"
 
 
 def run_coral_examples(
     layout: Layout, user: str, env: Mapping[str, str], timeout: float = 120
-) -> list[tuple[int, str]]:
+) -> tuple[int, list[tuple[int, str]]]:
     """Coral's own example code, no device argument (jobs/coral_example.sbatch), twice on ``CORAL_NODE``
-    at once; (job, its output) each."""
-    jobs = [
-        sbatch(
-            layout,
-            user,
-            env,
-            [f"--nodelist={CORAL_NODE}"],
-            "coral_example.sbatch",
-            [layout.classifier, os.path.join(layout.images, f"img_{i:05d}.png"), layout.labels],
-        )
-        for i in range(CORAL_JOBS)
-    ]
-    outputs = []
-    for job in jobs:
-        wait_for_job(env, job, timeout)
-        with open(os.path.join(layout.out, f"classify-coral-{job}.out"), encoding="utf-8") as handle:
-            outputs.append((job, handle.read()))
-    return outputs
+    while a holder job keeps one of its two cards: (the holder's job id, [(job, its output)]).
+
+    With the holder running, Slurm can give the examples only the other card, whether they
+    run at once or one after the other: a library that opened the node's first card (or the
+    busy one) instead of the job's own would show here every time, not only when the two
+    examples happen to overlap.
+    """
+    marker = os.path.join(layout.out, f"{CORAL_HOLDER}-{os.getpid()}.done")
+    holder = sbatch(
+        layout,
+        user,
+        env,
+        [
+            f"--nodelist={CORAL_NODE}",
+            "--gres=tpu:1",
+            f"--job-name={CORAL_HOLDER}",
+            "--output=/dev/null",
+            f"--wrap=while [ ! -e {marker} ]; do sleep 0.2; done",
+        ],
+        None,
+        [],
+    )
+    try:
+        deadline = time.monotonic() + timeout
+        while not _running(env, holder):
+            if holder not in _queued(env) or time.monotonic() > deadline:
+                raise DemoError(f"job {holder} (holding one of {CORAL_NODE}'s cards) did not start: see squeue")
+            time.sleep(0.2)
+        jobs = [
+            sbatch(
+                layout,
+                user,
+                env,
+                [f"--nodelist={CORAL_NODE}"],
+                "coral_example.sbatch",
+                [layout.classifier, os.path.join(layout.images, f"img_{i:05d}.png"), layout.labels],
+            )
+            for i in range(CORAL_JOBS)
+        ]
+        outputs = []
+        for job in jobs:
+            wait_for_job(env, job, timeout)
+            with open(os.path.join(layout.out, f"classify-coral-{job}.out"), encoding="utf-8") as handle:
+                outputs.append((job, handle.read()))
+    finally:
+        with open(marker, "w", encoding="utf-8"):
+            pass
+        wait_for_job(env, holder, timeout)
+        os.unlink(marker)
+    return holder, outputs
 
 
 SERVE_NODE, CLIENT_NODE = "node-usb", "node-plain"  # the server on a TPU node, its client elsewhere

@@ -11,7 +11,7 @@ from collections.abc import Sequence
 
 from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
 from .layout import JOBS_DIR, NODES, Layout
-from .records import JobRecord, Lease
+from .records import JobRecord, Lease, parse_audit
 from .timeline import Check, build_lanes, check_run, nice_step, render
 
 INTRO = """\
@@ -177,8 +177,14 @@ def detection_lines(layout: Layout, job: int) -> list[str]:
     return lines
 
 
-def coral_lines(outputs: list[tuple[int, str]]) -> tuple[list[str], bool]:
-    """The unmodified Coral code step, in one line: the TPU each job saw; ok when each saw one, not the same."""
+def coral_lines(layout: Layout, holder: int, outputs: list[tuple[int, str]]) -> tuple[list[str], bool]:
+    """The unmodified Coral code step, in one line: the TPU each job saw; ok when each saw exactly the
+    card it was leased (the hooks' audit log), never the card the holder job kept busy."""
+    with open(os.path.join(layout.node_dir(CORAL_NODE), "inventory.json"), encoding="utf-8") as handle:
+        nodes = {a["identity"]: a["device_nodes"] for a in json.load(handle)["accelerators"]}
+    with open(layout.audit_log(CORAL_NODE), encoding="utf-8") as handle:
+        leases = parse_audit(handle.read(), CORAL_NODE)
+    cards = {lease.job_id: nodes.get(lease.identity, [])[:1] for lease in leases}
     seen = [
         next(
             (line.split(": ", 1)[1] for line in output.splitlines() if line.startswith("Edge TPUs this job sees: ")),
@@ -186,11 +192,17 @@ def coral_lines(outputs: list[tuple[int, str]]) -> tuple[list[str], bool]:
         )
         for _, output in outputs
     ]
-    ok = all("," not in s and s.startswith(("pci:", "usb:")) for s in seen) and len(set(seen)) == len(seen)
+    busy = cards.get(holder, [])
+    ok = bool(busy) and all(
+        "," not in s and s.startswith(("pci:", "usb:")) and [s.split(":", 1)[1]] == cards.get(job) != busy
+        for (job, _), s in zip(outputs, seen)
+    )
     shown = " | ".join(f"{s.split(':', 1)[0]} {os.path.basename(s)}" if ":" in s else s for s in seen)
+    held = os.path.basename(busy[0]) if busy else "?"
     return [
         f"{'ok  ' if ok else 'FAIL'}  unmodified Coral code, no device argument: {len(outputs)} jobs on "
-        f"{CORAL_NODE} saw {shown}"
+        f"{CORAL_NODE} saw {shown}",
+        f"      each the card it was leased; {held} was another job's (job {holder})",
     ], ok
 
 

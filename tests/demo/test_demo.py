@@ -199,6 +199,7 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
         "serve-tpu": 1,
         "serve-client": 1,
         "classify-coral": 2,
+        "coral-holder": 1,
         "qos-cap": 2,
     }
     assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] not in ("serve-tpu", "qos-cap")} == {
@@ -206,7 +207,7 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
     }
     assert by_name["serve-tpu"][0]["JobState"] == "CANCELLED"  # a server runs until scancel
     assert all(r["UserId"].startswith(USER + "(") for r in records)
-    tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"] + by_name["classify-coral"]
+    tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"] + by_name["classify-coral"] + by_name["coral-holder"]
     assert {r["NodeList"] for r in tpu_jobs} <= set(TPUS)  # TPU jobs only on TPU nodes
     leases = held(layout)
     for record in tpu_jobs:  # each on exactly one device of its own node
@@ -316,13 +317,16 @@ def test_classify_tpu_job_runs_on_the_device_it_was_leased(demo):
 
 
 def test_unmodified_coral_code_got_each_job_its_own_tpu_on_the_two_tpu_node(demo):
-    """The demo ran jobs/coral_example.sbatch (no device argument) twice on node-pcie: each job's
-    libedgetpu (the double, honouring EDGETPU_VISIBLE_DEVICES as the node's patched one does)
-    listed and used only the card the job was leased."""
+    """The demo ran jobs/coral_example.sbatch (no device argument) twice on node-pcie while a holder job
+    kept one of its two cards: each job's libedgetpu (the double, honouring EDGETPU_VISIBLE_DEVICES as
+    the node's patched one does) listed and used only the card the job was leased, never the busy one
+    (whether the two examples overlapped or not)."""
     done, layout = demo
     jobs = [r for r in jobcomp(layout) if r["Name"] == "classify-coral"]
     assert len(jobs) == 2 and {(r["JobState"], r["NodeList"]) for r in jobs} == {("COMPLETED", "node-pcie")}
     cards = inventory(layout, "node-pcie")
+    [holder] = [int(r["JobId"]) for r in jobcomp(layout) if r["Name"] == "coral-holder"]
+    [busy] = [lease[1] for lease in held(layout) if lease[2] == holder]
     seen = []
     for record in jobs:
         job = int(record["JobId"])
@@ -333,9 +337,12 @@ def test_unmodified_coral_code_got_each_job_its_own_tpu_on_the_two_tpu_node(demo
         assert sees == f"Edge TPUs this job sees: pci:{cards[lease[1]][0]}"
         seen.append(sees)
         assert output[-1].endswith(": 0.99609")
-    assert len(set(seen)) == 2  # not the node's first card twice
-    [line] = [line for line in done.stdout.splitlines() if "unmodified Coral code" in line]
-    assert line.startswith("  ok    unmodified Coral code, no device argument: 2 jobs on node-pcie saw pci apex_")
+    assert f"Edge TPUs this job sees: pci:{cards[busy][0]}" not in seen  # never the card another job holds
+    lines = done.stdout.splitlines()
+    [at] = [i for i, line in enumerate(lines) if "unmodified Coral code" in line]
+    assert lines[at].startswith("  ok    unmodified Coral code, no device argument: 2 jobs on node-pcie saw pci apex_")
+    busy_card = os.path.basename(cards[busy][0])
+    assert lines[at + 1].endswith(f"each the card it was leased; {busy_card} was another job's (job {holder})")
 
 
 def test_classify_gpu_job_fails_cleanly_without_a_gpu_and_falls_back_when_asked(demo):
@@ -500,9 +507,9 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert again.returncode == 0, again.stdout + again.stderr
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
-    # 17 + detection + client + 2 Coral examples, + server, + the 2 jobs the QOS cap is shown on
+    # 17 + detection + client + 2 Coral examples and their holder, + server, + the 2 jobs the QOS cap is shown on
     states = sorted((r["Name"] if r["Name"] in ("serve-tpu", "qos-cap") else "", r["JobState"]) for r in new)
-    assert states == [("", "COMPLETED")] * 21 + [("qos-cap", "CANCELLED")] * 2 + [("serve-tpu", "CANCELLED")]
+    assert states == [("", "COMPLETED")] * 22 + [("qos-cap", "CANCELLED")] * 2 + [("serve-tpu", "CANCELLED")]
 
 
 def _free_port() -> int:
