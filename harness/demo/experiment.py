@@ -7,6 +7,7 @@ classifies a few hundred images over the cluster's TPUs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -209,17 +210,6 @@ CORAL_JOBS = 2
 CORAL_HOLDER = "coral-holder"
 
 
-def _running(env: Mapping[str, str], job: int) -> bool:
-    done = subprocess.run(
-        [installation.find(use_daemons=False).program("squeue"), "-h", "-j", str(job), "-o", "%T"],
-        env=dict(env),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    )
-    return done.stdout.strip() == "RUNNING"
-
-
 def run_coral_examples(
     layout: Layout, user: str, env: Mapping[str, str], timeout: float = 120
 ) -> tuple[int, list[tuple[int, str]]]:
@@ -231,6 +221,7 @@ def run_coral_examples(
     busy one) instead of the job's own would show here every time, not only when the two
     examples happen to overlap.
     """
+    started = os.path.join(layout.out, f"{CORAL_HOLDER}-{os.getpid()}.started")
     marker = os.path.join(layout.out, f"{CORAL_HOLDER}-{os.getpid()}.done")
     holder = sbatch(
         layout,
@@ -241,14 +232,14 @@ def run_coral_examples(
             "--gres=tpu:1",
             f"--job-name={CORAL_HOLDER}",
             "--output=/dev/null",
-            f"--wrap=while [ ! -e {marker} ]; do sleep 0.2; done",
+            f"--wrap=touch {started}; while [ ! -e {marker} ]; do sleep 0.2; done",
         ],
         None,
         [],
     )
     try:
         deadline = time.monotonic() + timeout
-        while not _running(env, holder):
+        while not os.path.exists(started):  # its prolog has leased it a card
             if holder not in _queued(env) or time.monotonic() > deadline:
                 raise DemoError(f"job {holder} (holding one of {CORAL_NODE}'s cards) did not start: see squeue")
             time.sleep(0.2)
@@ -272,7 +263,9 @@ def run_coral_examples(
         with open(marker, "w", encoding="utf-8"):
             pass
         wait_for_job(env, holder, timeout)
-        os.unlink(marker)
+        for path in (marker, started):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(path)
     return holder, outputs
 
 

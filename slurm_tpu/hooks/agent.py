@@ -65,8 +65,8 @@ READ_TIMEOUT_S = 5.0
 # are dispatched together: on a 2-device node, two prologs, then two epilogs), and the workers are
 # replaced only once none is busy, or at once when the last one is taken.
 IDLE_WORKERS = 3
-# The worker's end of the agent's pipe, where it says it took a connection (its pid) and is done
-# (minus its pid); -1 in the agent and in a worker forked for one request.
+# A worker's end of the agent's pipe, where it says it took a connection (its pid) and is done
+# (minus its pid); -1 in the agent and in a worker still waiting for a connection.
 _pool_pipe = -1
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 _PID = struct.Struct("i")  # a worker's pid on the "taken" pipe (one write, atomic: under PIPE_BUF)
@@ -197,7 +197,7 @@ def run_hook(
 def _idle_worker(listener: socket.socket, queries: socket.socket | None, taken: int, agent_alive: int) -> None:
     """A forked worker: wait for one connection, tell the agent, serve it, exit (never returns).
 
-    ``taken``: the pipe on which it tells the agent it took a connection (its pid);
+    ``taken``: the pipe on which it tells the agent it took a connection and is done (:func:`_tell_pool`);
     ``agent_alive``: readable (EOF) once the agent stopped or died, and then it exits unused.
     """
     try:

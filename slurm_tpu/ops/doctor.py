@@ -592,14 +592,12 @@ def check_gres_plugin(node: Node) -> list[Finding]:
     Prolog reads the job's Edge TPUs from its environment, without it each Prolog asks slurmctld.
     Optional, so never a failure; the line says which of the two the node does."""
     from ..hooks.allocation import PLUGIN_ENV
-    from ..slurm.gres_plugin import PLUGIN_FILE
+    from ..slurm.gres_plugin import PLUGIN_FILE, in_plugin_dir
 
     names = {node.config.family(a.kind).gres_name for a in node.inventory}
-    covered = sorted(names & set(PLUGIN_ENV))
-    if not covered:
+    if not names & set(PLUGIN_ENV):
         return []
-    directories = [d for d in node.options().get("plugindir", "").split(":") if d.startswith("/")]
-    found = next((d for d in directories if os.path.isfile(os.path.join(d, PLUGIN_FILE))), None)
+    found = in_plugin_dir(node.options())
     if found is None:
         return [
             Finding(

@@ -88,15 +88,6 @@ def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, 
     )
 
 
-def gres_plugin_loaded(slurm_options: dict[str, str]) -> bool:
-    """Whether slurm.conf's PluginDir (``slurm_options``: lower-case keys) holds our gres_tpu.so."""
-    return any(
-        os.path.isfile(os.path.join(directory, "gres_tpu.so"))
-        for directory in slurm_options.get("plugindir", "").split(":")
-        if directory.startswith("/")
-    )
-
-
 def covers_gres_without_plugin(version: str) -> bool:
     """Whether slurmd ``version`` (``25.11.7``) puts a plugin-less GRES such as ``tpu`` in the device cgroup."""
     release = _release(version)
@@ -137,7 +128,9 @@ def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None, 
         )
     if version is None:
         return True, f"on ({cgroup_conf}); slurmd's release unknown", ""
-    if has_tpu and not covers_gres_without_plugin(version) and not gres_plugin_loaded(slurm_options):
+    from .gres_plugin import in_plugin_dir
+
+    if has_tpu and not covers_gres_without_plugin(version) and in_plugin_dir(slurm_options) is None:
         return (
             False,
             where_it_holds(version),

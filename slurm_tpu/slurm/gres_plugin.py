@@ -40,6 +40,15 @@ def built_for(version: str, environ=None) -> str | None:
     return directory if os.path.isfile(os.path.join(directory, PLUGIN_FILE)) else None
 
 
+def in_plugin_dir(slurm_options: dict[str, str]) -> str | None:
+    """The directory of slurm.conf's PluginDir (``slurm_options``: lower-case keys) that holds our
+    gres_tpu.so, or None."""
+    for directory in slurm_options.get("plugindir", "").split(":"):
+        if directory.startswith("/") and os.path.isfile(os.path.join(directory, PLUGIN_FILE)):
+            return directory
+    return None
+
+
 def slurm_plugin_dir(install: Installation) -> str:
     """Slurm's own plugin directory for ``install`` (where its ``select_cons_tres.so`` is).
 
