@@ -71,10 +71,12 @@ def environment_of(path: str) -> dict[str, str]:
         return dict(line.split("=", 1) for line in handle.read().splitlines() if "=" in line)
 
 
-def run_job(cluster, name: str, gres: str | None) -> tuple[int, dict[str, str], dict[str, str], dict[str, str]]:
+def run_job(
+    cluster, name: str, gres: str | None, extra: tuple[str, ...] = ()
+) -> tuple[int, dict[str, str], dict[str, str], dict[str, str]]:
     """(job id, the prolog's environment, the epilog's, the job's own) for a job asking ``gres``."""
     job_env = out(cluster, f"{name}.out")
-    args = ["-w", "n1", "-o", job_env] + ([f"--gres={gres}"] if gres else [])
+    args = ["-w", "n1", "-o", job_env, *extra] + ([f"--gres={gres}"] if gres else [])
     job = cluster.sbatch(args, "#!/bin/sh\nenv\n", user="stpu_alice")
     assert cluster.wait_for_jobs([job], 120)[job] == "COMPLETED"
     prolog = environment_of(os.path.join(cluster.records, f"prolog-{job}.env"))
@@ -117,3 +119,15 @@ def test_the_prolog_and_epilog_get_the_jobs_tpu_indices(cluster, name, gres, cou
 def test_a_job_without_a_tpu_gets_no_variable(cluster):
     _, prolog, epilog, _ = run_job(cluster, "none", None)
     assert "SLURM_JOB_TPUS" not in prolog and "SLURM_JOB_TPUS" not in epilog
+
+
+def test_a_user_cannot_put_the_variable_in_the_prolog(cluster):
+    """The hooks trust SLURM_JOB_TPUS because slurmd builds the Prolog's environment itself: a user's
+    own (sbatch --export) reaches the job, never the Prolog or Epilog. Index 7 is no device of n1."""
+    forged = ("--export=ALL,SLURM_JOB_TPUS=7",)
+    _, prolog, epilog, own = run_job(cluster, "forged-none", None, forged)
+    assert own.get("SLURM_JOB_TPUS") == "7"  # the export did reach the job
+    assert "SLURM_JOB_TPUS" not in prolog and "SLURM_JOB_TPUS" not in epilog
+    job, prolog, epilog, own = run_job(cluster, "forged-one", "tpu:1", forged)
+    assert own.get("SLURM_JOB_TPUS") == "7"
+    assert prolog["SLURM_JOB_TPUS"] == epilog["SLURM_JOB_TPUS"] == ",".join(map(str, slurm_indices(cluster, job)))
