@@ -33,7 +33,8 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec  # noqa: E402
+from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec, project_hooks  # noqa: E402
+from slurm_tpu.ops.hook_client import build_native  # noqa: E402
 
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
 BENCH_USER = "stpu_bench"
@@ -59,7 +60,12 @@ exit $rc
 
 
 def make_wrappers(
-    directory: str, mode_file: str, times: str, profile: str | None = None, baseline: str | None = None
+    directory: str,
+    mode_file: str,
+    times: str,
+    profile: str | None = None,
+    baseline: str | None = None,
+    native: bool = True,
 ) -> Hooks:
     # --profile: slurm_tpu/hooks/probe.py appends each hook's per-step times to ``profile``.
     exports = (
@@ -71,13 +77,14 @@ def make_wrappers(
         else ""
     )
     paths = {}
+    hooks = project_hooks(native)  # this tree's native entries where built, else its sh hooks
     for kind, hook in HOOKS.items():
         path = os.path.join(directory, f"timed-{kind}")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(
                 WRAPPER.format(
                     mode_file=mode_file,
-                    hook=os.path.join(REPO, hook),
+                    hook=getattr(hooks, kind),
                     kind=kind,
                     times=times,
                     profile=exports,
@@ -163,6 +170,11 @@ def main() -> int:
         help="run the cluster without our gres/tpu plugin even where one is built (the Prolog asks scontrol)",
     )
     parser.add_argument(
+        "--sh-hooks",
+        action="store_true",
+        help="run this tree's sh hooks, not their native entries (the C client under the hook's name)",
+    )
+    parser.add_argument(
         "--profile", action="store_true", help="per-step medians of each hook (slurm_tpu/hooks/probe.py) in the report"
     )
     parser.add_argument(
@@ -184,10 +196,11 @@ def main() -> int:
     # the test machine's disk (each lease and env file is fsync'ed).
     tmpfs = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/dev/shm") if os.path.isdir("/dev/shm") else base
     os.chmod(tmpfs, 0o755)
+    native = not args.sh_hooks and bool(build_native())
     cluster = LocalCluster(
         base=base,
         nodes=[NodeSpec("n1", HARDWARE)],
-        hooks=make_wrappers(base, mode_file, times, profile, args.baseline),
+        hooks=make_wrappers(base, mode_file, times, profile, args.baseline, native),
         node_config_extra={"state_dir": os.path.join(tmpfs, "state"), "devices": {"revoke": not args.no_revoke}},
         gres_plugin=not args.no_gres_plugin,
     )
@@ -240,6 +253,7 @@ def main() -> int:
         "jobs_per_hook_set": jobs,
         "user": args.user,
         "revoke": not args.no_revoke,
+        "native_entries": native,
         "gres_plugin": cluster.gres_plugin_dir,
         "round_seconds": {mode: [round(s, 2) for s in seconds] for mode, seconds in results.items()},
         "jobs_per_second": {mode: round(value, 2) for mode, value in throughput.items()},

@@ -141,14 +141,10 @@ def real_libedgetpu() -> str:
 
 
 def repo_hooks():
-    """The checkout's Prolog, Epilog and TaskProlog, for a LocalCluster."""
-    from harness.localcluster.cluster import Hooks
+    """The checkout's Prolog, Epilog and TaskProlog (their native entries where built), for a LocalCluster."""
+    from harness.localcluster.cluster import project_hooks
 
-    return Hooks(
-        prolog=str(REPO / "prolog" / "slurm-tpu-prolog"),
-        epilog=str(REPO / "epilog" / "slurm-tpu-epilog"),
-        task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"),
-    )
+    return project_hooks()
 
 
 @contextlib.contextmanager

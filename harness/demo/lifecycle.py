@@ -15,7 +15,7 @@ from typing import Callable
 from slurm_tpu.protocol.jobenv import libedgetpu_path
 from slurm_tpu.slurm import installation
 
-from ..localcluster.cluster import Hooks, LocalCluster, NodeSpec
+from ..localcluster.cluster import LocalCluster, NodeSpec, project_hooks
 from .errors import DemoError
 from .layout import NODES, PARTITION_EXTRA, REPO, Layout
 from .preflight import classify, running_slurm_daemons
@@ -26,13 +26,7 @@ _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 
 def make_cluster(layout: Layout) -> LocalCluster:
     """The demo's LocalCluster object (nothing is started or written)."""
-    from slurm_tpu.ops.node_files import node_file
-
-    hooks = Hooks(
-        prolog=node_file("prolog", "slurm-tpu-prolog"),
-        epilog=node_file("epilog", "slurm-tpu-epilog"),
-        task_prolog=node_file("prolog", "slurm-tpu-task-prolog"),
-    )
+    hooks = project_hooks()
     nodes = [NodeSpec(n.name, n.hardware_path, n.cpus, n.real_memory_mb) for n in NODES]
     # accounting: its own MariaDB + slurmdbd, so sacct/sreport and QOS limits know the TPUs.
     return LocalCluster(

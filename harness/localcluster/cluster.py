@@ -48,6 +48,18 @@ class Hooks:
     udev: str | None = None
 
 
+def project_hooks(native: bool = True) -> Hooks:
+    """slurm-tpu's Prolog, Epilog and TaskProlog as shipped (a checkout's or the wheel's): their native
+    entries where the C client builds (prolog/slurm-tpu-hook-client.c: what ``slurm-tpu install`` puts
+    in slurm.conf then), else, or with ``native=False``, the sh hooks."""
+    from slurm_tpu.ops.hook_client import build_native, hook_program, shipped_sh_hook
+
+    pick = hook_program if native and build_native() else shipped_sh_hook
+    return Hooks(
+        prolog=pick("slurm-tpu-prolog"), epilog=pick("slurm-tpu-epilog"), task_prolog=pick("slurm-tpu-task-prolog")
+    )
+
+
 def _free_ports(count: int) -> list[int]:
     sockets, ports = [], []
     for _ in range(count):
@@ -240,9 +252,9 @@ class LocalCluster:
         self._configure_accounting()
         self._write_slurm_conf()
         if self.agents:
-            from slurm_tpu.ops.hook_client import build
+            from slurm_tpu.ops.hook_client import build_native
 
-            build()  # the hooks' thin client, beside them (None: no cc, the Python hooks run)
+            build_native()  # the hooks' thin client and native entries, beside them ({}: no cc, the sh hooks run)
 
     def _configure_munge(self) -> None:
         key = self.path("munge", "munge.key")

@@ -46,14 +46,9 @@ import time
 from dataclasses import dataclass, field
 
 from . import scalenodes
-from .cluster import Hooks, LocalCluster
+from .cluster import Hooks, LocalCluster, project_hooks
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-HOOKS = {
-    "prolog": "prolog/slurm-tpu-prolog",
-    "epilog": "epilog/slurm-tpu-epilog",
-    "task_prolog": "prolog/slurm-tpu-task-prolog",
-}
 HOOKS_MODE, TRUE_MODE = "hooks", "true"
 # Above the test suite's job ids (tests/helpers.py first_job_id: < 60,000,000) and below Slurm's
 # MaxJobId (0x03ff0000): a run's ids never meet another cluster's on this machine.
@@ -275,14 +270,15 @@ class ScaleRun:
     def _wrappers(self) -> Hooks:
         paths = {}
         os.makedirs(self.path("wrappers"))
-        for kind, hook in HOOKS.items():
+        hooks = project_hooks()
+        for kind in ("prolog", "epilog", "task_prolog"):
             path = self.path("wrappers", kind)
             with open(path, "w", encoding="utf-8") as handle:
                 handle.write(
                     WRAPPER.format(
                         mode_file=self.mode_file,
                         kind=kind,
-                        hook=os.path.join(REPO, hook),
+                        hook=getattr(hooks, kind),
                         failures=self.failures,
                         pause=self.path("pause"),
                         pause_ticks=int(PAUSE_WAIT_S / 0.05),

@@ -160,12 +160,15 @@ def run_hook(
     conn: socket.socket | None = None,
     queries: socket.socket | None = None,
     answer: Callable[[], None] | None = None,
+    woke: tuple[float, tuple[tuple[str, float], ...]] = (0.0, ()),
 ) -> int:
     """Run one hook in this (worker) process, as its Python entry script would; returns its status.
 
     ``answer``: lets the epilog answer its client before it releases (hooks/epilog.py says why).
+    ``woke``: when the worker woke for this request and (step, when it ended) since, for the probe.
     """
-    probe.begin(environ, time.time())
+    now = time.time()
+    probe.begin(environ, woke[0] or now, (*woke[1], ("environ", now)) if woke[0] else ())
     if hook == "prolog":
         from . import epilog, prolog
 
@@ -209,6 +212,7 @@ def _idle_worker(listener: socket.socket, queries: socket.socket | None, taken: 
                 readable, _, _ = select.select([listener.fileno(), agent_alive], [], [])
             except InterruptedError:
                 continue
+            woke = time.time()  # for the probe (slurm_tpu/hooks/probe.py)
             if agent_alive in readable:
                 os._exit(0)
             try:
@@ -226,7 +230,7 @@ def _idle_worker(listener: socket.socket, queries: socket.socket | None, taken: 
         if uid != 0:
             say(f"agent: refused a connection from pid {pid} (uid {uid}): only root's hooks may ask")
             _exit(0)
-        _worker(conn, listener, queries)
+        _worker(conn, listener, queries, (woke, (("accept", time.time()),)))
     finally:
         os._exit(1)
 
@@ -264,8 +268,13 @@ def _warm_up() -> None:
         pass
 
 
-def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket | None) -> None:
-    """Serve one accepted connection: read, run, answer, exit (never returns)."""
+def _worker(
+    conn: socket.socket,
+    listener: socket.socket,
+    queries: socket.socket | None,
+    woke: tuple[float, tuple[tuple[str, float], ...]] = (0.0, ()),
+) -> None:
+    """Serve one accepted connection: read, run, answer, exit (never returns). ``woke``: see run_hook."""
     status, output = 1, -1
     answered = False
     log = os.dup(2)  # the agent's log: where a worker that already answered says what it has to say
@@ -290,6 +299,7 @@ def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket
         except (BadRequest, OSError, ValueError) as exc:  # ValueError: FormatError too
             say(f"agent: refused a request: {exc}")
             _exit(2)
+        woke = (woke[0], (*woke[1], ("request", time.time())))
         conn.settimeout(None)
         sys.stdout.flush()
         sys.stderr.flush()
@@ -303,7 +313,7 @@ def _worker(conn: socket.socket, listener: socket.socket, queries: socket.socket
         os.dup2(output, 2)
         os.environ.clear()
         os.environ.update(environ)
-        status = run_hook(hook, environ, conn, queries, answer_now if hook == "epilog" else None)
+        status = run_hook(hook, environ, conn, queries, answer_now if hook == "epilog" else None, woke)
     except BaseException as exc:  # noqa: BLE001 - one line, then fail closed
         say(f"agent: worker failed: {type(exc).__name__}: {exc}")
         status = 1

@@ -20,6 +20,10 @@ import sys
 
 SOURCE = "slurm-tpu-hook-client.c"
 PROGRAM = "slurm-tpu-hook-client"
+# The sh hooks the client also is, without a shell, under the sh hook's name and this suffix (its
+# "native entries", hard links to it beside the sh hook: the client's source says what each does).
+NATIVE_SUFFIX = "-native"
+NATIVE_HOOKS = ("slurm-tpu-prolog", "slurm-tpu-epilog", "slurm-tpu-task-prolog")
 
 
 def compiler() -> str | None:
@@ -67,6 +71,34 @@ def build(directory: str | None, source: str) -> str | None:
     os.chmod(temporary, 0o755)
     os.replace(temporary, target)
     return target
+
+
+def native_entry(sh_hook: str) -> str:
+    """The path of the native entry of the sh hook at ``sh_hook`` (beside it, see :data:`NATIVE_SUFFIX`)."""
+    return sh_hook + NATIVE_SUFFIX
+
+
+def link_native_entries(client: str, sh_hooks: list[str]) -> list[str]:
+    """Make each sh hook's native entry a hard link to the built ``client``; their paths.
+
+    Done by a temp link and a rename, so a hook starting meanwhile runs the old program or the
+    new one, whole; a link that already is the client is left alone. The sh hooks' directories
+    must be on the client's file system (a checkout's prolog/ and epilog/, an install's one
+    directory)."""
+    client_inode = os.stat(client).st_ino
+    made = []
+    for sh_hook in sh_hooks:
+        entry = native_entry(sh_hook)
+        try:
+            current = os.stat(entry, follow_symlinks=False).st_ino == client_inode
+        except FileNotFoundError:
+            current = False
+        if not current:
+            temporary = f"{entry}.{os.getpid()}.tmp"
+            os.link(client, temporary)
+            os.replace(temporary, entry)
+        made.append(entry)
+    return made
 
 
 def build_beside(entry_script: str) -> str | None:

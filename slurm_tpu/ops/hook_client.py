@@ -9,14 +9,55 @@ from __future__ import annotations
 
 import sys
 
-from ..hooks.agent_client import PROGRAM, SOURCE, build as _build, build_beside, compiler  # noqa: F401 - this module's interface
+from ..hooks.agent_client import (  # noqa: F401 - this module's interface
+    NATIVE_HOOKS,
+    PROGRAM,
+    SOURCE,
+    build as _build,
+    build_beside,
+    compiler,
+    link_native_entries,
+    native_entry,
+)
 from .node_files import node_file
+
+# Where each sh hook that has a native entry is shipped (NODE_DIRS' prolog/ and epilog/).
+SH_HOOK_DIRS = {"slurm-tpu-prolog": "prolog", "slurm-tpu-epilog": "epilog", "slurm-tpu-task-prolog": "prolog"}
 
 
 def build(directory: str | None = None, source: str | None = None) -> str | None:
     """Build the client into ``directory`` (default: beside its source, the shipped one by default)
     unless it is current; its path, or None (no compiler, or the build failed: said on stderr)."""
     return _build(directory, source or node_file("prolog", SOURCE))
+
+
+def shipped_sh_hook(name: str) -> str:
+    """The shipped sh hook ``name`` (one of NATIVE_HOOKS)."""
+    return node_file(SH_HOOK_DIRS[name], name)
+
+
+def build_native() -> dict[str, str]:
+    """Build the client beside its shipped source, and each shipped sh hook's native entry beside the
+    hook; {sh hook name: native entry}, {} when the client cannot be built (the sh hooks then run)."""
+    client = build()
+    if client is None:
+        return {}
+    return dict(zip(NATIVE_HOOKS, link_native_entries(client, [shipped_sh_hook(name) for name in NATIVE_HOOKS])))
+
+
+def hook_program(name: str) -> str:
+    """What slurm.conf should run for the shipped hook ``name`` (one of NATIVE_HOOKS): its native entry
+    when one was built (:func:`build_native`) and is the current client, else the sh hook."""
+    import os
+
+    sh_hook = shipped_sh_hook(name)
+    entry = native_entry(sh_hook)
+    client = os.path.join(os.path.dirname(node_file("prolog", SOURCE)), PROGRAM)
+    try:
+        current = os.stat(entry).st_ino == os.stat(client).st_ino
+    except OSError:
+        current = False
+    return entry if current else sh_hook
 
 
 def compiled() -> bytes | None:
@@ -33,6 +74,11 @@ def compiled() -> bytes | None:
 
 
 if __name__ == "__main__":
-    path = build(sys.argv[1] if len(sys.argv) > 1 else None)
+    if len(sys.argv) > 1:
+        path = build(sys.argv[1])
+    else:  # the shipped client, and the shipped sh hooks' native entries
+        path = build()
+        entries = build_native() if path else {}
+        print("\n".join(entries.values()))
     print(path or "not built")
     sys.exit(0 if path else 1)

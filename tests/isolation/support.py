@@ -29,17 +29,13 @@ def require_root_and_slurm() -> None:
 
 def make_cluster(nodes, **kwargs):
     """Configure and start a LocalCluster with the project's hooks; caller stops it."""
-    from harness.localcluster.cluster import Hooks, LocalCluster
+    from harness.localcluster.cluster import LocalCluster, project_hooks
 
     base = tempfile.mkdtemp(prefix="slurm-tpu-iso-", dir="/tmp")
     os.chmod(base, 0o755)
     os.makedirs(os.path.join(base, "out"))
     os.chmod(os.path.join(base, "out"), 0o1777)
-    hooks = kwargs.pop("hooks", None) or Hooks(
-        prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
-        epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-        task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
-    )
+    hooks = kwargs.pop("hooks", None) or project_hooks()
     from helpers import first_job_id
 
     kwargs.setdefault("first_job_id", first_job_id())
