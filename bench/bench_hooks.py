@@ -130,22 +130,31 @@ def steady_ms_per_job(prolog_starts: list[tuple[str, float]], jobs_per_round: in
     return {mode: statistics.median(values) for mode, values in per_job.items()}
 
 
-def profile_medians(path: str) -> dict[str, dict[str, float]]:
-    """hook -> step -> median ms over the runs that had the step (probe.py's lines)."""
+def profile_medians(path: str, ends: dict[tuple[str, str], float]) -> tuple[dict[str, dict[str, float]], int]:
+    """hook -> step -> median ms over the runs that had the step (probe.py's lines), with ``tail``: from
+    the hook's last line to its wrapper's end (``ends``: (hook, wrapper start as written) -> end; an
+    Epilog's line comes after its early answer, so it has none); and how many processes ran them."""
     steps: dict[str, dict[str, list[float]]] = {}
+    workers: set[str] = set()  # the processes that ran the hooks (the agent's workers serve many)
     try:
         with open(path, encoding="utf-8") as handle:
             for line in handle:
                 hook, *fields = line.split()
-                for field in fields:
-                    step, _, value = field.partition("=")
+                values = dict(field.partition("=")[::2] for field in fields)
+                end = ends.get((hook, values.pop("t0", "")))
+                at = values.pop("at", None)
+                workers.add(values.pop("pid", ""))
+                if end is not None and at is not None and end > float(at):
+                    values["tail"] = str((end - float(at)) * 1000)
+                for step, value in values.items():
                     steps.setdefault(hook, {}).setdefault(step, []).append(float(value))
     except FileNotFoundError:
-        return {}
-    return {
+        return {}, 0
+    medians = {
         hook: {step: round(statistics.median(values), 2) for step, values in by_step.items()}
         for hook, by_step in steps.items()
     }
+    return medians, len(workers - {""})
 
 
 def main() -> int:
@@ -238,12 +247,14 @@ def main() -> int:
             subprocess.run(["userdel", user], capture_output=True)
     durations: dict[str, list[float]] = {}
     prolog_starts: list[tuple[str, float]] = []
+    ends: dict[tuple[str, str], float] = {}
     failures = 0
     with open(times, encoding="utf-8") as handle:
         for line in handle:
             mode, kind, start, end, rc = line.split()
             failures += rc != "0"
             durations.setdefault(f"{mode}_{kind}", []).append((float(end) - float(start)) * 1000)
+            ends[(kind, start)] = float(end)
             if kind == "prolog":
                 prolog_starts.append((mode, float(start)))
     jobs = args.jobs_per_round * args.rounds
@@ -274,7 +285,7 @@ def main() -> int:
         report["ratio_vs_baseline"] = round(throughput["hooks"] / throughput["baseline"], 3)
         report["baseline_ratio"] = round(throughput["baseline"] / throughput["true"], 3)
     if profile:
-        report["profile_median_ms"] = profile_medians(profile)
+        report["profile_median_ms"], report["profile_processes"] = profile_medians(profile, ends)
     print(json.dumps(report, indent=2))
     if not args.keep:
         shutil.rmtree(base, ignore_errors=True)

@@ -6,27 +6,34 @@ root process per node (``systemd/slurm-tpu-agent``; LocalCluster starts one per
 node, a site runs it as a service) that has imported everything the hooks need
 once. The hooks become thin clients (``prolog/slurm-tpu-hook-client``, ~150 lines
 of C, see its source): each connects to ``<state_dir>/agent.sock`` and hands over
-its environment; the agent forks a worker that runs the very same hook code
+its environment; one of the agent's workers runs the very same hook code
 (prolog.main, epilog.main, udev_event.main) with it and answers with the hook's
 messages and exit status, which the client writes to its stderr and exits with.
 
 Workers are forked ahead (:data:`IDLE_WORKERS` wait in ``accept()`` on the shared listening
-socket), so a hook never waits for a fork: the one that takes a connection tells the agent
-(its pid on a pipe), and again when it is done. The agent forks replacements once no worker
-is busy, so forks and their warm-up do not take the CPU from the hooks in flight, unless
-none would be left waiting: then at once. The agent
-freezes its heap before forking (``gc.freeze``), so a worker's garbage collections never
-touch, and copy, the pages of everything the agent imported. An idle worker exits when the
-agent's end of a second pipe closes: when the agent stops, and also when it dies, so a dead
-agent's socket is refused by the kernel (the hooks then refuse the job, as before).
+socket), so a hook never waits for a fork, and each serves hook after hook (up to
+:data:`MAX_REQUESTS`), so a hook pays for no fork, exit or first-touch page copies either:
+forking the agent and copying the pages a hook writes cost about 2 ms of CPU per hook on a
+2-core node, taken from the job starting beside it. After each hook the worker puts back its
+descriptors and environment, and ends instead when the hook raised or left a descriptor open
+(a fresh worker serves on). It tells the agent, on a pipe, when it takes a connection, is
+idle again, or ends; the agent forks a replacement once no worker is busy (so a fork never
+takes the CPU from a hook in flight), or at once when none would be left waiting: such an
+extra worker serves one hook. The agent freezes its heap before forking (``gc.freeze``), so
+a worker's garbage collections never touch, and copy, the pages of everything the agent
+imported. An idle worker exits when the agent's end of a second pipe closes: when the agent
+stops, and also when it dies, so a dead agent's socket is refused by the kernel (the hooks
+then refuse the job, as before; a worker busy at that moment finishes its hook first).
 
-Why a fork per request, not threads or an in-memory ledger: the ledger on disk
-stays the only truth (the worker writes it before it answers, so an agent crash
-or restart loses no lease, and the Python hooks, the fallback, share it under the
-same flock); each worker has its own pid, which the lease records as its prolog's
-(leasing.holder_alive: alive while the worker runs, like a prolog process); a
-prolog waiting for a revoked USB stick never holds up a job on another device
-(workers run side by side); and a worker that fails harms no other request.
+Why worker processes, not threads or an in-memory ledger: the ledger on disk stays
+the only truth (the worker writes it before it answers, so an agent crash or restart
+loses no lease, and the Python hooks, the fallback, share it under the same flock);
+a prolog waiting for a revoked USB stick never holds up a job on another device
+(workers run side by side); and a worker that fails harms no other request. A lease
+records the hook client's pid as its prolog's (leasing.holder_alive: the process
+Slurm started for the prolog, as the Python prolog records itself), since the worker
+outlives the prolog; every change the worker makes to a device after its claim checks
+the lease is still this prolog's (leasing._still_ours).
 
 Wire format: slurm_tpu/protocol/agent_wire.py (a length, the hook and its
 environment; the answer: a length, the hook's messages, its exit status). Nothing
@@ -58,18 +65,24 @@ from .context import say
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from typing import NoReturn
 
 READ_TIMEOUT_S = 5.0
 # Workers waiting for a connection. Three: a node's jobs start and end together (an array's tasks
 # are dispatched together: on a 2-device node, two prologs, then two epilogs), and the workers are
 # replaced only once none is busy, or at once when the last one is taken.
 IDLE_WORKERS = 3
-# A worker's end of the agent's pipe, where it says it took a connection (its pid) and is done
-# (minus its pid); -1 in the agent and in a worker still waiting for a connection.
+# A worker's end of the agent's pipe, where it says it took a connection, is idle again or ends
+# (:func:`_tell_pool`); -1 in the agent.
 _pool_pipe = -1
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
-_PID = struct.Struct("i")  # a worker's pid on the "taken" pipe (one write, atomic: under PIPE_BUF)
+# A worker's message on the pool pipe: its pid and its state (one write, atomic: under PIPE_BUF).
+_POOL_MESSAGE = struct.Struct("ii")
+TAKEN, IDLE_AGAIN, ENDING = 1, 2, 3
+# Hooks one kept worker serves before it ends and is replaced: bounds what a long-lived process
+# could gather (memory, a cache gone stale); forking one costs about 1 ms of CPU.
+MAX_REQUESTS = 500
+# When a worker woke for a request, and (step, when it ended) since: for the probe (run_hook).
+Woke = tuple[float, tuple[tuple[str, float], ...]]
 
 
 class BadRequest(Exception):
@@ -160,12 +173,16 @@ def run_hook(
     conn: socket.socket | None = None,
     queries: socket.socket | None = None,
     answer: Callable[[], None] | None = None,
-    woke: tuple[float, tuple[tuple[str, float], ...]] = (0.0, ()),
+    woke: Woke = (0.0, ()),
+    client_pid: int | None = None,
 ) -> int:
     """Run one hook in this (worker) process, as its Python entry script would; returns its status.
 
     ``answer``: lets the epilog answer its client before it releases (hooks/epilog.py says why).
     ``woke``: when the worker woke for this request and (step, when it ended) since, for the probe.
+    ``client_pid``: the hook client's (SO_PEERCRED): the process Slurm started for this prolog, which
+    its leases record as such (leasing.acquire), as the Python prolog records itself; this worker
+    serves other hooks after it.
     """
     now = time.time()
     probe.begin(environ, woke[0] or now, (*woke[1], ("environ", now)) if woke[0] else ())
@@ -177,7 +194,10 @@ def run_hook(
 
             allocation.DETAIL_SOURCE = _resident_scontrol(queries, environ)
 
-        status = prolog.main(environ)
+        from ..access.ledger import process_start_time
+
+        process = (client_pid, process_start_time(client_pid)) if client_pid else None
+        status = prolog.main(environ, process)
         if status == 0 and conn is not None and _client_gone(conn):
             # Nobody waits for this prolog any more (slurmd killed it, the client gave up): the
             # job was refused, so it must not keep devices. The epilog's release is idempotent.
@@ -197,57 +217,95 @@ def run_hook(
     return udev_event.main(environ)
 
 
-def _idle_worker(listener: socket.socket, queries: socket.socket | None, taken: int, agent_alive: int) -> None:
-    """A forked worker: wait for one connection, tell the agent, serve it, exit (never returns).
+def _idle_worker(
+    listener: socket.socket, queries: socket.socket | None, pool_pipe: int, agent_alive: int, keep: bool
+) -> None:
+    """A forked worker: serve connections one at a time, telling the agent, until it must end (never returns).
 
-    ``taken``: the pipe on which it tells the agent it took a connection and is done (:func:`_tell_pool`);
-    ``agent_alive``: readable (EOF) once the agent stopped or died, and then it exits unused.
+    ``pool_pipe``: where it tells the agent it took a connection, is idle again, or ends (:func:`_tell_pool`);
+    ``agent_alive``: readable (EOF) once the agent stopped or died, and then it exits unused. ``keep``: it
+    serves up to :data:`MAX_REQUESTS` hooks; else (a worker forked while all the kept ones were busy) one.
+    It also ends after a hook that failed or left a descriptor open (:func:`_serve`, :func:`_open_fds`).
     """
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        _warm_up()
-        while True:
-            try:
-                readable, _, _ = select.select([listener.fileno(), agent_alive], [], [])
-            except InterruptedError:
-                continue
-            woke = time.time()  # for the probe (slurm_tpu/hooks/probe.py)
-            if agent_alive in readable:
-                os._exit(0)
-            try:
-                # Non-blocking: the other idle workers woke for the same connection.
-                conn, _ = listener.accept()
-            except (BlockingIOError, InterruptedError):
-                continue
-            break
         global _pool_pipe
-        _pool_pipe = taken
-        _tell_pool(os.getpid())
-        os.close(agent_alive)
-        conn.setblocking(True)
-        pid, uid = _peer(conn)
-        if uid != 0:
-            say(f"agent: refused a connection from pid {pid} (uid {uid}): only root's hooks may ask")
-            _exit(0)
-        _worker(conn, listener, queries, (woke, (("accept", time.time()),)))
+        _pool_pipe = pool_pipe
+        # What each hook's run changes, and is put back after it: the standard descriptors (the
+        # agent's log) and the environment (the agent's, which the hook's replaces).
+        standard = [os.dup(fd) for fd in (0, 1, 2)]
+        base_environ = dict(os.environ)
+        _warm_up()
+        idle_fds = _open_fds()
+        for served in range(1, (MAX_REQUESTS if keep else 1) + 1):
+            conn, woke = _next_connection(listener, agent_alive)
+            _tell_pool(TAKEN)
+            clean = _serve(conn, queries, standard[2], woke)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            for fd, saved in enumerate(standard):
+                os.dup2(saved, fd)
+            _set_environ(base_environ)
+            from . import allocation
+
+            allocation.DETAIL_SOURCE = None
+            if not clean or _open_fds() != idle_fds:
+                break  # a hook that failed, or left a descriptor open, ends its worker: a fresh one serves on
+            if served < (MAX_REQUESTS if keep else 1):
+                _tell_pool(IDLE_AGAIN)
+        _tell_pool(ENDING)
+        os._exit(0)
     finally:
         os._exit(1)
 
 
-def _tell_pool(value: int) -> None:
-    """Tell the agent this worker took a connection (its pid) or is done (minus its pid)."""
+def _next_connection(listener: socket.socket, agent_alive: int) -> tuple[socket.socket, Woke]:
+    """The next hook's connection (a root peer's or not: :func:`_serve` checks), and when this worker woke
+    for it and accepted it (see run_hook); exits the worker once the agent is gone (its pipe reads EOF)."""
+    while True:
+        try:
+            readable, _, _ = select.select([listener.fileno(), agent_alive], [], [])
+        except InterruptedError:
+            continue
+        woke = time.time()  # for the probe (slurm_tpu/hooks/probe.py)
+        if agent_alive in readable:
+            os._exit(0)
+        try:
+            # Non-blocking: the other idle workers woke for the same connection.
+            conn, _ = listener.accept()
+        except (BlockingIOError, InterruptedError):
+            continue
+        conn.setblocking(True)
+        return conn, (woke, (("accept", time.time()),))
+
+
+def _open_fds() -> list[str]:
+    """This process's open descriptors (the listing's own excluded)."""
+    fd = os.open("/proc/self/fd", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        return sorted(name for name in os.listdir(fd) if name != str(fd))
+    finally:
+        os.close(fd)
+
+
+def _set_environ(target: dict[str, str]) -> None:
+    """Make this process's environment ``target``, changing only what differs (each change is a
+    putenv or unsetenv: the hook's environment and the agent's share most of their variables)."""
+    for name in [name for name in os.environ if name not in target]:
+        del os.environ[name]
+    for name, value in target.items():
+        if os.environ.get(name) != value:
+            os.environ[name] = value
+
+
+def _tell_pool(state: int) -> None:
+    """Tell the agent this worker took a connection (TAKEN), is idle again, or ends."""
     if _pool_pipe >= 0:
         try:
-            os.write(_pool_pipe, _PID.pack(value))
+            os.write(_pool_pipe, _POOL_MESSAGE.pack(os.getpid(), state))
         except OSError:
             pass  # the agent is gone: the hook is served all the same (it is the agent's own code)
-
-
-def _exit(code: int) -> NoReturn:
-    """End a worker, telling the agent first."""
-    _tell_pool(-os.getpid())
-    os._exit(code)
 
 
 def _warm_up() -> None:
@@ -268,16 +326,13 @@ def _warm_up() -> None:
         pass
 
 
-def _worker(
-    conn: socket.socket,
-    listener: socket.socket,
-    queries: socket.socket | None,
-    woke: tuple[float, tuple[tuple[str, float], ...]] = (0.0, ()),
-) -> None:
-    """Serve one accepted connection: read, run, answer, exit (never returns). ``woke``: see run_hook."""
-    status, output = 1, -1
+def _serve(conn: socket.socket, queries: socket.socket | None, log: int, woke: Woke = (0.0, ())) -> bool:
+    """Serve one accepted connection: check the peer, read, run, answer, close it; whether the worker may
+    serve another (False after a hook that raised). ``log``: the agent's log, where a worker that already
+    answered says what it has to say. ``woke``: when the worker woke for it (see run_hook)."""
+    status, output, clean = 1, -1, True
     answered = False
-    log = os.dup(2)  # the agent's log: where a worker that already answered says what it has to say
+    environ: dict[str, str] = {}
 
     def answer_now() -> None:
         """Send the hook's status (0) and its messages so far; the worker goes on, its client is done."""
@@ -293,12 +348,15 @@ def _worker(
         os.dup2(log, 2)
 
     try:
-        listener.close()
+        pid, uid = _peer(conn)
+        if uid != 0:
+            say(f"agent: refused a connection from pid {pid} (uid {uid}): only root's hooks may ask")
+            return True
         try:
             hook, environ = read_request(conn)
         except (BadRequest, OSError, ValueError) as exc:  # ValueError: FormatError too
             say(f"agent: refused a request: {exc}")
-            _exit(2)
+            return True
         woke = (woke[0], (*woke[1], ("request", time.time())))
         conn.settimeout(None)
         sys.stdout.flush()
@@ -311,32 +369,37 @@ def _worker(
         os.close(null)
         os.dup2(output, 1)
         os.dup2(output, 2)
-        os.environ.clear()
-        os.environ.update(environ)
-        status = run_hook(hook, environ, conn, queries, answer_now if hook == "epilog" else None, woke)
+        _set_environ(environ)
+        status = run_hook(hook, environ, conn, queries, answer_now if hook == "epilog" else None, woke, pid)
     except BaseException as exc:  # noqa: BLE001 - one line, then fail closed
         say(f"agent: worker failed: {type(exc).__name__}: {exc}")
-        status = 1
-    if answered:
-        if status != 0:
-            say(f"agent: job {environ.get('SLURM_JOB_ID', '?')}: the epilog failed after it answered Slurm (see above)")
-        _exit(0)
-    text = b""
+        status, clean = 1, False
     try:
-        sys.stdout.flush()
-        sys.stderr.flush()
+        if answered:
+            if status != 0:
+                job = environ.get("SLURM_JOB_ID", "?")
+                say(f"agent: job {job}: the epilog failed after it answered Slurm (see above)")
+            return clean
+        text = b""
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if output >= 0:
+                text = os.pread(output, MAX_OUTPUT, 0)
+        except (OSError, ValueError):
+            pass
+        try:
+            conn.sendall(encode_answer(status, text))
+        except OSError:
+            pass
+        return clean
+    finally:
+        conn.close()
         if output >= 0:
-            text = os.pread(output, MAX_OUTPUT, 0)
-    except (OSError, ValueError):
-        pass
-    try:
-        conn.sendall(encode_answer(status, text))
-    except OSError:
-        pass
-    _exit(0)
+            os.close(output)
 
 
-def _reap(idle: set[int], busy: set[int]) -> None:
+def _reap(pool: _Pool) -> None:
     """Collect ended workers; one that ended without saying so (killed) is forgotten all the same."""
     while True:
         try:
@@ -345,8 +408,7 @@ def _reap(idle: set[int], busy: set[int]) -> None:
             return
         if pid == 0:
             return
-        idle.discard(pid)
-        busy.discard(pid)
+        pool.forget(pid)
 
 
 class _Pool:
@@ -359,11 +421,13 @@ class _Pool:
         listener.setblocking(False)
         self.idle: set[int] = set()
         self.busy: set[int] = set()
+        self.kept: set[int] = set()  # the workers that serve up to MAX_REQUESTS hooks (at most IDLE_WORKERS)
 
     def fill(self) -> None:
         """Fork workers until IDLE_WORKERS wait, or only one while a hook runs (a failed fork is
         tried again on the next round)."""
         while len(self.idle) < (1 if self.busy else IDLE_WORKERS):
+            keep = len(self.kept) < IDLE_WORKERS
             sys.stdout.flush()
             sys.stderr.flush()
             try:
@@ -375,15 +439,17 @@ class _Pool:
                 try:
                     os.close(self.taken_r)
                     os.close(self.alive_w)
-                    _idle_worker(self.listener, self.queries, self.taken_w, self.alive_r)
+                    _idle_worker(self.listener, self.queries, self.taken_w, self.alive_r, keep)
                 finally:
                     # Never past here in a worker: the agent's shutdown below would remove
                     # the live agent's socket.
                     os._exit(1)
             self.idle.add(pid)
+            if keep:
+                self.kept.add(pid)
 
     def collect_taken(self) -> None:
-        """Move the workers that took a connection to busy, and forget those done (they say so on the pipe)."""
+        """Follow what the workers say on the pipe: took a connection, idle again, ending."""
         while True:
             try:
                 data = os.read(self.taken_r, 4096)
@@ -391,12 +457,23 @@ class _Pool:
                 return
             if not data:
                 return
-            for (pid,) in _PID.iter_unpack(data[: len(data) // _PID.size * _PID.size]):
-                if pid > 0:
+            usable = len(data) // _POOL_MESSAGE.size * _POOL_MESSAGE.size
+            for pid, state in _POOL_MESSAGE.iter_unpack(data[:usable]):
+                # Only a worker still known: one reaped already (killed after it wrote) stays forgotten.
+                if state == TAKEN and pid in self.idle:
                     self.idle.discard(pid)
                     self.busy.add(pid)
-                else:
-                    self.busy.discard(-pid)
+                elif state == IDLE_AGAIN and pid in self.busy:
+                    self.busy.discard(pid)
+                    self.idle.add(pid)
+                elif state == ENDING:
+                    self.forget(pid)
+
+    def forget(self, pid: int) -> None:
+        """A worker that ended (or says it is ending)."""
+        self.idle.discard(pid)
+        self.busy.discard(pid)
+        self.kept.discard(pid)
 
     def close(self) -> None:
         """Idle workers exit (their end of the agent's pipe reads EOF); busy ones finish their hook."""
@@ -464,7 +541,7 @@ def serve(environ=None) -> int:
             except InterruptedError:
                 pass
             pool.collect_taken()
-            _reap(pool.idle, pool.busy)
+            _reap(pool)
     finally:
         pool.close()
         # Remove the socket only if it is still ours (a new agent may have replaced it): the

@@ -395,15 +395,23 @@ def acquire(
     devices: list[KnownDevice],
     settings: HookSettings,
     wait_s: float = LIVE_HOLDER_WAIT_S,
+    prolog_process: tuple[int, int] | None = None,
 ) -> list[Lease]:
     """Lease every device for the job and hand its nodes to the job's user.
 
     All or nothing: on failure the leases taken here are rolled back and
     HookError says which device is held by whom (or is missing).
+    ``prolog_process``: (pid, start time) of the process Slurm started for this
+    prolog, which the leases record (:func:`holder_alive`); this process by
+    default. The node agent's worker, which outlives the prolog it serves, gives
+    its hook client's. Every change to a device after its claim checks, under the
+    ledger's lock, that the lease is still this prolog's (:func:`_still_ours`).
     """
     assert job.uid is not None
     allocation = tuple(d.identity for d in devices)
-    me, my_start = os.getpid(), process_start_time(os.getpid())
+    me, my_start = prolog_process or (os.getpid(), process_start_time(os.getpid()))
+    if my_start <= 0:
+        raise HookError(f"job {job.job_id}: its prolog process (pid {me}) is gone; nothing was leased")
     taken: list[Lease] = []
     try:
         for device in devices:
@@ -432,6 +440,11 @@ def acquire(
             taken.append(lease)
             ledger.lock()
             try:
+                if not _still_ours(ledger, lease):
+                    raise HookError(
+                        f"job {job.job_id}: {device.identity}'s lease was ended while its prolog ran "
+                        f"(its prolog process, pid {me}, was gone); the device stays with its new holder"
+                    )
                 for node in device.device_nodes:
                     ownership.set_owner(node, device.identity, *ownership.owner_for(lease, settings))
                 if not device.device_nodes:
@@ -455,15 +468,28 @@ def acquire(
 
 
 def roll_back(ledger: Ledger, job: JobContext, leases: list[Lease], settings: HookSettings) -> None:
-    """Undo :func:`acquire` for ``leases``: idle ownership back, then the lease files go."""
+    """Undo :func:`acquire` for ``leases``: idle ownership back, then the lease files go; a lease
+    another hook ended meanwhile (the prolog's process was gone) is no longer this prolog's to undo."""
     ledger.lock()
     try:
         for lease in leases:
+            if not _still_ours(ledger, lease):
+                continue
             restore_idle(settings.devices.get(lease.identity), settings)
             ledger.drop(lease.identity)
             ledger.audit(audit.ROLLBACK, identity=lease.identity, job_id=job.job_id, uid=job.uid)
     finally:
         ledger.unlock()
+
+
+def _still_ours(ledger: Ledger, lease: Lease) -> bool:
+    """Whether the ledger still holds ``lease`` as its prolog wrote it (same job, same prolog process).
+    Under the ledger's lock."""
+    held = ledger.read(lease.identity)
+    return (
+        isinstance(held, Lease)
+        and (held.job_id, held.prolog_pid, held.prolog_start) == (lease.job_id, lease.prolog_pid, lease.prolog_start)
+    )
 
 
 def _current_nodes(ledger: Ledger, device: KnownDevice, lease: Lease) -> KnownDevice:

@@ -20,6 +20,7 @@ _file: str | None = None
 _marks: list[tuple[str, int]] = []
 _start_ms: float | None = None
 _before: list[tuple[str, float]] = []  # (step, ms): steps timed before begin() (the agent's worker's)
+_t0 = ""  # the wrapper's SLURM_TPU_PROFILE_T0, as it gave it: joins this line to the wrapper's own record
 
 
 def begin(environ, wall_at_entry: float | None = None, before: tuple[tuple[str, float], ...] = ()) -> None:
@@ -28,14 +29,14 @@ def begin(environ, wall_at_entry: float | None = None, before: tuple[tuple[str, 
     ``before``: (step, wall clock at its end) of steps after ``wall_at_entry`` that ran before
     the hook's code (the agent's worker: reading the request, taking its environment).
     """
-    global _file, _start_ms
+    global _file, _start_ms, _t0
     _file = environ.get("SLURM_TPU_HOOK_PROFILE") or None
     if _file is None:
         return
     _marks.clear()
     _marks.append(("", time.perf_counter_ns()))
     _before.clear()
-    t0 = environ.get("SLURM_TPU_PROFILE_T0", "")
+    _t0 = t0 = environ.get("SLURM_TPU_PROFILE_T0", "")
     _start_ms = None
     try:
         if wall_at_entry is not None and t0:
@@ -65,6 +66,9 @@ def finish(hook: str) -> None:
     fields += [f"{step}={ms:.2f}" for step, ms in _before]
     for (_, before), (step, after) in zip(_marks, _marks[1:]):
         fields.append(f"{step}={(after - before) / 1e6:.2f}")
+    # Where the line was written (wall clock) and which wrapper run it belongs to: the time from
+    # here to the wrapper's end is the hook's tail (its answer, the client's and the wrapper's exit).
+    fields += [f"t0={_t0}", f"at={time.time():.6f}", f"pid={os.getpid()}"] if _t0 else []
     try:
         fd = os.open(_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:

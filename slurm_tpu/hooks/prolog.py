@@ -14,8 +14,8 @@ import os
 from .context import HookError, drain, job_from_env, node_from_env, run_guarded
 
 
-def run(environ) -> int:
-    """The prolog; returns the exit status."""
+def run(environ, prolog_process: tuple[int, int] | None = None) -> int:
+    """The prolog; returns the exit status. ``prolog_process``: see leasing.acquire."""
     from ..access.ledger import Ledger
     from . import allocation, envfile, jobusage, leasing, probe, settings as hook_settings
 
@@ -46,7 +46,7 @@ def run(environ) -> int:
         ledger.sweep_temps()
         probe.mark("ledger_open")
         try:
-            leases = leasing.acquire(ledger, job, devices, settings)
+            leases = leasing.acquire(ledger, job, devices, settings, prolog_process=prolog_process)
             probe.mark("acquire")
         except leasing.DeviceNotFree as exc:
             # Kept for the job that left it written (see leasing._refuse_if_written): drain with
@@ -75,11 +75,12 @@ def run(environ) -> int:
     return 0
 
 
-def main(environ=None) -> int:
-    """Entry point for prolog/slurm-tpu-prolog."""
+def main(environ=None, prolog_process: tuple[int, int] | None = None) -> int:
+    """Entry point for prolog/slurm-tpu-prolog, and the node agent's worker (which gives its hook
+    client as the ``prolog_process``, see leasing.acquire)."""
     from . import probe
 
     try:
-        return run_guarded("prolog", run, os.environ if environ is None else environ)
+        return run_guarded("prolog", lambda env: run(env, prolog_process), os.environ if environ is None else environ)
     finally:
         probe.finish("prolog")
