@@ -486,9 +486,10 @@ def _still_ours(ledger: Ledger, lease: Lease) -> bool:
     """Whether the ledger still holds ``lease`` as its prolog wrote it (same job, same prolog process).
     Under the ledger's lock."""
     held = ledger.read(lease.identity)
-    return (
-        isinstance(held, Lease)
-        and (held.job_id, held.prolog_pid, held.prolog_start) == (lease.job_id, lease.prolog_pid, lease.prolog_start)
+    return isinstance(held, Lease) and (held.job_id, held.prolog_pid, held.prolog_start) == (
+        lease.job_id,
+        lease.prolog_pid,
+        lease.prolog_start,
     )
 
 
