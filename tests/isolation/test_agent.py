@@ -250,6 +250,37 @@ print("ANSWER" if answer else "CLOSED")
 """
 
 
+def _children(pid: int) -> set[int]:
+    with open(f"/proc/{pid}/task/{pid}/children", encoding="ascii") as handle:
+        return {int(child) for child in handle.read().split()}
+
+
+def test_workers_serve_job_after_job_and_a_lease_names_the_prolog_process(cluster, users):
+    """A worker serves hook after hook (no fork per hook: the agent's children stay the same over several
+    jobs), and a lease names the process Slurm started for its prolog (the hook client), never a worker,
+    which lives on after the prolog (leasing.holder_alive would think the prolog still ran)."""
+    from slurm_tpu.access.ledger import Ledger
+    from slurm_tpu.hooks.agent import IDLE_WORKERS
+
+    cluster.stop_agent("n1")
+    cluster.start_agent("n1")  # a fresh pool: its kept workers, and the resident scontrol's helper
+    agent = agent_pid(cluster)
+    wait_until(lambda: len(_children(agent)) == IDLE_WORKERS + 1, 60, "the agent's workers to be forked")
+    before = _children(agent)
+    with kept_in_service(cluster):
+        # The PCIe card only: a USB stick's power-cycle brings udev events, more hooks at once.
+        for number in range(3):
+            job = hold(cluster, "stpu_alice", f"serve{number}", "tpu:edgetpu_pci:1")
+            with Ledger(state_dir(cluster, "n1")) as ledger:
+                lease = ledger.read(PCI)
+            assert lease is not None and lease.job_id == job
+            assert lease.prolog_pid not in before | {agent}
+            assert release(cluster, f"serve{number}", job) == "COMPLETED"
+            settle(cluster, "n1")
+    assert _children(agent) == before
+    assert_idle_and_consistent(cluster)
+
+
 def test_a_user_cannot_use_the_agents_socket(cluster, users):
     path = cluster.agent_socket("n1")
     info = os.lstat(path)

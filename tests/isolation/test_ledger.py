@@ -138,6 +138,80 @@ def test_acquire_release_roundtrip_and_idempotent_release(state, tmp_path):
     assert events == ["acquire", "release"]
 
 
+def _process(pid: int) -> tuple[int, int]:
+    from slurm_tpu.access.ledger import process_start_time
+
+    return pid, process_start_time(pid)
+
+
+@needs_root
+def test_a_lease_names_the_prolog_process_it_is_given_and_lives_as_long(state, tmp_path):
+    # The node agent's worker outlives the prolog it serves: it gives its hook client (here: a sleep).
+    node = tmp_path / "apex_0"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 203))
+    device = KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(node),))
+    settings = HookSettings(state, devices={device.identity: device})
+    client = subprocess.Popen(["sleep", "60"])
+    try:
+        with Ledger(state) as ledger:
+            leasing.acquire(
+                ledger, JobContext(41, 4321, "alice", "n1"), [device], settings, prolog_process=_process(client.pid)
+            )
+            held = ledger.read(device.identity)
+            assert isinstance(held, Lease) and held.prolog_pid == client.pid
+            with pytest.raises(leasing.HookError, match="held by live job 41"):
+                leasing.acquire(ledger, JobContext(42, 555, "bob", "n1"), [device], settings, wait_s=0.3)
+            client.kill()
+            client.wait()
+            # The prolog process is gone (and job 41 has no slurmstepd): its lease is stale, reclaimed.
+            leasing.acquire(ledger, JobContext(42, 555, "bob", "n1"), [device], settings, wait_s=0.3)
+            assert ledger.read(device.identity).job_id == 42
+        assert os.stat(node).st_uid == 555
+    finally:
+        client.kill()
+        client.wait()
+
+
+@needs_root
+def test_a_prolog_whose_process_is_gone_leases_nothing(state, tmp_path):
+    node = tmp_path / "apex_0"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 204))
+    device = KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(node),))
+    settings = HookSettings(state, devices={device.identity: device})
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    with Ledger(state) as ledger:
+        with pytest.raises(leasing.HookError, match=r"prolog process \(pid \d+\) is gone"):
+            leasing.acquire(
+                ledger, JobContext(43, 4321, "alice", "n1"), [device], settings, prolog_process=_process(gone.pid)
+            )
+        assert ledger.names() == []
+    assert os.stat(node).st_uid == 0
+
+
+@needs_root
+def test_a_roll_back_leaves_a_lease_another_prolog_took_over(state, tmp_path):
+    # Job 41's prolog process died mid-prolog; job 42's prolog reclaimed the device. Job 41's worker
+    # rolling back afterwards must not take the device from job 42.
+    node = tmp_path / "apex_0"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 205))
+    device = KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(node),))
+    settings = HookSettings(state, devices={device.identity: device})
+    client = subprocess.Popen(["sleep", "60"])
+    job41 = JobContext(41, 4321, "alice", "n1")
+    with Ledger(state) as ledger:
+        taken = leasing.acquire(ledger, job41, [device], settings, prolog_process=_process(client.pid))
+        client.kill()
+        client.wait()
+        leasing.acquire(ledger, JobContext(42, 555, "bob", "n1"), [device], settings, wait_s=0.3)
+        leasing.roll_back(ledger, job41, taken, settings)
+        held = ledger.read(device.identity)
+        assert isinstance(held, Lease) and held.job_id == 42
+    assert os.stat(node).st_uid == 555
+    events = [(e["event"], e["job_id"]) for e in map(json.loads, open(os.path.join(state, "audit.log")))]
+    assert ("rollback", 41) not in events
+
+
 @needs_root
 def test_stale_lease_of_a_dead_job_is_reclaimed(state, tmp_path):
     node = tmp_path / "apex_0"
