@@ -236,10 +236,14 @@ def _idle_worker(
         # agent's log) and the environment (the agent's, which the hook's replaces).
         standard = [os.dup(fd) for fd in (0, 1, 2)]
         base_environ = dict(os.environ)
+        # One idle worker woken per connection (EPOLLEXCLUSIVE), not every one of them to race for it.
+        poller = select.epoll()
+        poller.register(listener.fileno(), select.EPOLLIN | select.EPOLLEXCLUSIVE)
+        poller.register(agent_alive, select.EPOLLIN)
         _warm_up()
         idle_fds = _open_fds()
         for served in range(1, (MAX_REQUESTS if keep else 1) + 1):
-            conn, woke = _next_connection(listener, agent_alive)
+            conn, woke = _next_connection(listener, agent_alive, poller)
             _tell_pool(TAKEN)
             clean = _serve(conn, queries, standard[2], woke)
             sys.stdout.flush()
@@ -260,19 +264,19 @@ def _idle_worker(
         os._exit(1)
 
 
-def _next_connection(listener: socket.socket, agent_alive: int) -> tuple[socket.socket, Woke]:
+def _next_connection(listener: socket.socket, agent_alive: int, poller: select.epoll) -> tuple[socket.socket, Woke]:
     """The next hook's connection (a root peer's or not: :func:`_serve` checks), and when this worker woke
     for it and accepted it (see run_hook); exits the worker once the agent is gone (its pipe reads EOF)."""
     while True:
         try:
-            readable, _, _ = select.select([listener.fileno(), agent_alive], [], [])
+            events = poller.poll()
         except InterruptedError:
             continue
         woke = time.time()  # for the probe (slurm_tpu/hooks/probe.py)
-        if agent_alive in readable:
+        if any(fd == agent_alive for fd, _ in events):
             os._exit(0)
         try:
-            # Non-blocking: the other idle workers woke for the same connection.
+            # Non-blocking: another idle worker may have taken it (EPOLLEXCLUSIVE wakes one or more).
             conn, _ = listener.accept()
         except (BlockingIOError, InterruptedError):
             continue
