@@ -420,6 +420,13 @@ def slurmstepd_files() -> set[tuple[int, int]]:
     return found
 
 
+def forget_slurmstepd_files() -> None:
+    """Drop the cache of :func:`slurmstepd_files` (the node agent's worker, between two hooks: Slurm may
+    have been upgraded meanwhile, and a stale answer would hide a live job's steps)."""
+    global _STEPD
+    _STEPD = None
+
+
 def is_slurmstepd(pid: int) -> bool:
     """True when ``pid`` is a root process running Slurm's slurmstepd executable."""
     try:

@@ -241,6 +241,7 @@ def _idle_worker(
         poller.register(listener.fileno(), select.EPOLLIN | select.EPOLLEXCLUSIVE)
         poller.register(agent_alive, select.EPOLLIN)
         _warm_up()
+        _forget_caches()  # the agent's, and the warm-up's: every hook finds its own
         idle_fds = _open_fds()
         for served in range(1, (MAX_REQUESTS if keep else 1) + 1):
             conn, woke = _next_connection(listener, agent_alive, poller)
@@ -251,9 +252,7 @@ def _idle_worker(
             for fd, saved in enumerate(standard):
                 os.dup2(saved, fd)
             _set_environ(base_environ)
-            from . import allocation
-
-            allocation.DETAIL_SOURCE = None
+            _forget_caches()
             if not clean or _open_fds() != idle_fds:
                 break  # a hook that failed, or left a descriptor open, ends its worker: a fresh one serves on
             if served < (MAX_REQUESTS if keep else 1):
@@ -282,6 +281,19 @@ def _next_connection(listener: socket.socket, agent_alive: int, poller: select.e
             continue
         conn.setblocking(True)
         return conn, (woke, (("accept", time.time()),))
+
+
+def _forget_caches() -> None:
+    """Forget what the hook code keeps for the life of its process, which was one hook's before
+    workers served many: the Slurm installation found, the slurmstepd files, this hook's resident
+    scontrol."""
+    from ..access import processes
+    from ..slurm import installation
+    from . import allocation
+
+    allocation.DETAIL_SOURCE = None
+    installation.forget_found()
+    processes.forget_slurmstepd_files()
 
 
 def _open_fds() -> list[str]:

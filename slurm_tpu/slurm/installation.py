@@ -282,6 +282,12 @@ def find(
     return cached
 
 
+def forget_found() -> None:
+    """Drop :func:`find`'s cache (the node agent's worker, between two hooks: its process outlives a
+    Slurm upgrade, which a hook's own process never did)."""
+    _CACHE.clear()
+
+
 def from_prefix(prefix: str) -> Installation:
     """``<prefix>/bin`` and ``<prefix>/sbin`` (a source build's ``--prefix``; /usr for Debian's)."""
     if not os.path.isabs(prefix):
