@@ -234,6 +234,8 @@ def test_first_install_prints_the_slurm_conf_lines_to_add(node):
         f"GresTypes={GRES_TYPES}",
     ):
         assert f"  {line}\n" in out, line
+    # The sh hooks, not their native entries: those read /etc/slurm-tpu/config.yaml, not P/etc's.
+    assert "native entries not installed: " in out
 
 
 def test_the_installed_udev_rules_run_the_installed_udev_hook(node):
