@@ -127,12 +127,13 @@ def test_each_shipped_file_is_in_the_directory_named_for_what_runs_or_reads_it()
     )
     for directory, name in shipped_files:
         assert node_files.node_file(directory, name) == os.path.join(REPO, directory, name)
-    # Nothing else there but the folders' READMEs (and what setup.py leaves out: the built client).
+    # Nothing else there but the folders' READMEs (and what setup.py leaves out: the built client and
+    # the native entries made beside the sh hooks, hook_client.build_native).
     on_disk = {
         (directory, name)
         for directory in node_files.NODE_DIRS
         for name in os.listdir(os.path.join(REPO, directory))
-        if name not in ("README.md", "slurm-tpu-hook-client") and not name.endswith(("~", ".pyc", ".tmp"))
+        if name not in ("README.md", "slurm-tpu-hook-client") and not name.endswith(("-native", "~", ".pyc", ".tmp"))
     }
     assert on_disk == shipped_files
     assert {d for d, name in shipped_files if name.endswith((".service", ".timer"))} == {"systemd"}
