@@ -23,12 +23,13 @@ def _node_files():
     for directory in NODE_DIRS:
         for name in sorted(os.listdir(directory)):
             source = os.path.join(directory, name)
-            # slurm-tpu-hook-client: built from its .c on the node (slurm_tpu/ops/hook_client.py), never shipped.
+            # slurm-tpu-hook-client and the sh hooks' native entries (<hook>-native, links to it): built
+            # from its .c on the node (slurm_tpu/ops/hook_client.py), never shipped.
             if (
                 os.path.isfile(source)
                 and not name.endswith((".pyc", "~"))
                 and name != "slurm-tpu-hook-client"
-                and not name.endswith(".tmp")
+                and not name.endswith((".tmp", "-native"))
             ):
                 yield source, os.path.join(PACKAGE_DIR, directory, name)
 

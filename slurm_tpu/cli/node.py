@@ -79,7 +79,9 @@ def install(
 
     \b
     DIR/libexec/slurm-tpu/   Prolog, Epilog, TaskProlog, HealthCheckProgram and the
-                             udev hook (root's, run by this Python with -I -S)
+                             udev hook (root's, run by this Python with -I -S); with
+                             a C compiler, the hooks' C client and their -native
+                             entries (the same hooks without a shell)
     SYSCONFDIR/udev/rules.d/60-slurm-tpu.rules        (then udev is reloaded; its RUN+=
                              names DIR/libexec/slurm-tpu/slurm-tpu-udev-event)
     SYSCONFDIR/systemd/system/slurm-tpu-*, slurmd.service.d/slurm-tpu.conf

@@ -124,13 +124,33 @@ def _root_program_problem(path: str, when: str, prefix: str) -> tuple[str, str] 
 
 
 def check_hooks(node: Node) -> list[Finding]:
-    """slurm.conf names our Prolog/Epilog/TaskProlog/HealthCheckProgram; they exist, root's, not writable."""
-    options = node.options()
-    findings = []
+    """slurm.conf names our Prolog/Epilog/TaskProlog/HealthCheckProgram (a hook or its native entry, both
+    ours); what it names exists, root's, not writable by others, and so does the sh hook a native entry runs."""
+    from ..defaults import CONFIG_PATH
+
+    options, layout = node.options(), node.layout
+    findings, natives = [], []
     for option in SLURM_HOOKS:
-        ours = node.layout.hook(option)
+        sh_hook, entry = layout.sh_hook(option), layout.native_entry(option)
         named = [p for p in options.get(option.lower(), "").split(",") if p]
-        if ours not in named:
+        if entry and entry in named:
+            natives.append(option)
+            if not layout.native_entries_fit:
+                findings.append(
+                    Finding(
+                        "hooks",
+                        False,
+                        f"slurm.conf {option}={entry} reads {CONFIG_PATH}, "
+                        f"not this installation's {layout.config_file}",
+                        f"set {option}={sh_hook} in {node.slurm_conf}, then scontrol reconfigure",
+                    )
+                )
+                continue
+            programs = [entry, sh_hook]  # the native entry execs its sh hook when the agent is away
+        elif sh_hook in named:
+            programs = [sh_hook]
+        else:
+            ours = layout.hook(option)
             now = f"names {','.join(named)}" if named else "has no such line"
             findings.append(
                 Finding(
@@ -141,24 +161,27 @@ def check_hooks(node: Node) -> list[Finding]:
                 )
             )
             continue
-        problem = _root_program_problem(ours, "on every job", node.layout.prefix)
-        if problem:
-            findings.append(Finding("hooks", False, f"{option} {problem[0]}", problem[1]))
-    directory = _unsafe(node.layout.hooks_dir)
-    if directory and os.path.isdir(node.layout.hooks_dir):
+        for program in programs:
+            problem = _root_program_problem(program, "on every job", layout.prefix)
+            if problem:
+                findings.append(Finding("hooks", False, f"{option} {problem[0]}", problem[1]))
+                break
+    directory = _unsafe(layout.hooks_dir)
+    if directory and os.path.isdir(layout.hooks_dir):
         findings.append(
             Finding(
                 "hooks",
                 False,
                 f"hooks directory {directory}",
-                f"chown root:root {node.layout.hooks_dir} && chmod 0755 {node.layout.hooks_dir}",
+                f"chown root:root {layout.hooks_dir} && chmod 0755 {layout.hooks_dir}",
             )
         )
+    native = f" ({', '.join(natives)}: native entries)" if natives else ""
     return findings or [
         Finding(
             "hooks",
             True,
-            f"{', '.join(SLURM_HOOKS)} are slurm-tpu's in {node.layout.hooks_dir}, root's, not writable by others",
+            f"{', '.join(SLURM_HOOKS)} are slurm-tpu's in {layout.hooks_dir}{native}, root's, not writable by others",
         )
     ]
 

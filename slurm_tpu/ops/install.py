@@ -8,6 +8,10 @@ What a node needs besides the package (``node_files.py`` finds the shipped files
   from the directory pip put it in (written into the copy: no site-packages scan,
   so a job start stays in the milliseconds);
 - ``slurm-tpu-health``: Slurm runs HealthCheckProgram without arguments;
+- where a C compiler is, the agent's C client built from the shipped source, and copies of
+  it named ``<sh hook>-native`` beside the Prolog, Epilog and TaskProlog: those hooks
+  without a shell (they fall back to the sh hook), which slurm.conf then names
+  (:meth:`Layout.hook`);
 - the udev rules (``<sysconfdir>/udev/rules.d``), whose ``RUN+=`` names the installed
   ``slurm-tpu-udev-event`` (an ``-I -S`` hook like the epilog), then udev reloaded;
 - the systemd units and slurmd's drop-in (``<sysconfdir>/systemd/system``);
@@ -39,11 +43,12 @@ from ..config import Config
 from ..defaults import CONFIG_ENV, CONFIG_PATH as DEFAULT_CONFIG, PREFIX, SYSCONFDIR
 from ..errors import SlurmTpuError
 from ..files import BACKUP_SUFFIX, read_text, write_if_changed
+from ..hooks.agent_client import NATIVE_HOOKS, native_entry
 from . import node_files
 
 MANIFEST = "install-manifest.json"
 MANIFEST_FORMAT = 1
-# slurm.conf option -> the installed program it names.
+# slurm.conf option -> the installed program it names (the hooks: or their native entries, see Layout.hook).
 SLURM_HOOKS = {
     "Prolog": "slurm-tpu-prolog",
     "Epilog": "slurm-tpu-epilog",
@@ -108,9 +113,35 @@ class Layout:
     def hooks_dir(self) -> str:
         return os.path.join(self.prefix, "libexec", "slurm-tpu")
 
-    def hook(self, option: str) -> str:
-        """The installed program slurm.conf's ``option`` (Prolog, Epilog, ...) should name."""
+    def sh_hook(self, option: str) -> str:
+        """The installed hook (or HealthCheckProgram wrapper) for slurm.conf's ``option`` (Prolog, Epilog, ...)."""
         return os.path.join(self.hooks_dir, SLURM_HOOKS[option])
+
+    def native_entry(self, option: str) -> str | None:
+        """Where ``install`` puts the native entry of ``option``'s sh hook (None: that hook has none)."""
+        return native_entry(self.sh_hook(option)) if SLURM_HOOKS[option] in NATIVE_HOOKS else None
+
+    @property
+    def native_entries_fit(self) -> bool:
+        """Whether the native entries would read this installation's config.
+
+        They read ``$SLURM_TPU_CONFIG``, else the path compiled into the client (its
+        DEFAULT_CONFIG, :data:`DEFAULT_CONFIG`); slurmd gives a Prolog or Epilog no
+        ``SLURM_TPU_CONFIG``, and the installed sh hooks carry this layout's config
+        instead (:func:`installed_hook_text`). Under another ``--sysconfdir`` a native
+        TaskProlog would look for the job's lines in another state directory: there,
+        the sh hooks run.
+        """
+        return self.config_file == DEFAULT_CONFIG
+
+    def hook(self, option: str) -> str:
+        """The installed program slurm.conf's ``option`` (Prolog, Epilog, ...) should name: its native
+        entry where one is installed (the hook without a shell, which falls back to the sh hook beside
+        it), else the sh hook. The one place that decides it: install's slurm.conf lines, doctor."""
+        entry = self.native_entry(option)
+        if entry and self.native_entries_fit and os.path.isfile(entry):
+            return entry
+        return self.sh_hook(option)
 
     @property
     def udev_hook(self) -> str:
@@ -255,10 +286,16 @@ def gres_types(config: Config) -> str:
 
 
 def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
-    """The option lines of the shipped slurm.conf snippet, filled in (``Prolog=...``)."""
+    """The option lines of the shipped slurm.conf snippet, filled in (``Prolog=...``); a hook's line
+    names what :meth:`Layout.hook` says (its native entry where one is installed)."""
     text = node_files.read_node_file("gres_conf", "slurm.conf.snippet")
     text = text.replace("@HOOKS_DIR@", layout.hooks_dir).replace("@GRES_TYPES@", gres_types(config))
-    return [line for line in text.splitlines() if line and not line.startswith("#")]
+    lines = []
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            option = line.partition("=")[0]
+            lines.append(f"{option}={layout.hook(option)}" if option in SLURM_HOOKS else line)
+    return lines
 
 
 def accounting_on(options: dict[str, str]) -> bool:
@@ -559,8 +596,14 @@ def install_libedgetpu(layout: Layout, data: bytes, manifest: Manifest, dry_run:
 
 
 def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) -> None:
-    """Build the agent's thin client into the hooks directory and record it (uninstall removes
-    it). Without a C compiler nothing is installed: the hooks run the Python hooks."""
+    """Build the agent's thin client into the hooks directory, with the sh hooks' native entries
+    beside them (where they fit: :attr:`Layout.native_entries_fit`), and record them (uninstall
+    removes them). Without a C compiler nothing is installed: the hooks run the Python hooks.
+
+    The native entries are copies of the client, not hard links: each is then one more file
+    under the manifest's rules (written only when its bytes differ, a site's file there kept
+    as a backup, removed by uninstall unless changed since), at the cost of ~0.8 MB each.
+    """
     from . import hook_client
 
     data = hook_client.compiled()
@@ -569,6 +612,16 @@ def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) 
         say(f"{hook_client.PROGRAM} not built ({why}); the hooks run the Python hooks (slower)")
         return
     _install_bytes(os.path.join(layout.hooks_dir, hook_client.PROGRAM), data, 0o755, manifest, dry_run, say)
+    if not layout.native_entries_fit:
+        say(
+            f"native entries not installed: they read {DEFAULT_CONFIG}, this installation's hooks "
+            f"{layout.config_file}; slurm.conf names the sh hooks"
+        )
+        return
+    for option in SLURM_HOOKS:
+        entry = layout.native_entry(option)
+        if entry:
+            _install_bytes(entry, data, 0o755, manifest, dry_run, say)
 
 
 def _ldconfig(layout: Layout, dry_run: bool, say) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import subprocess
 import sys
 
@@ -126,12 +127,13 @@ def test_each_shipped_file_is_in_the_directory_named_for_what_runs_or_reads_it()
     )
     for directory, name in shipped_files:
         assert node_files.node_file(directory, name) == os.path.join(REPO, directory, name)
-    # Nothing else there but the folders' READMEs (and what setup.py leaves out: the built client).
+    # Nothing else there but the folders' READMEs (and what setup.py leaves out: the built client and
+    # the native entries made beside the sh hooks, hook_client.build_native).
     on_disk = {
         (directory, name)
         for directory in node_files.NODE_DIRS
         for name in os.listdir(os.path.join(REPO, directory))
-        if name not in ("README.md", "slurm-tpu-hook-client") and not name.endswith(("~", ".pyc", ".tmp"))
+        if name not in ("README.md", "slurm-tpu-hook-client") and not name.endswith(("-native", "~", ".pyc", ".tmp"))
     }
     assert on_disk == shipped_files
     assert {d for d, name in shipped_files if name.endswith((".service", ".timer"))} == {"systemd"}
@@ -161,36 +163,65 @@ def test_the_agent_builds_the_client_in_the_prolog_directory_beside_its_own(tmp_
     assert not (tmp_path / "prolog" / PROGRAM).exists()
 
 
-def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more():
+def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more(tmp_path):
     from slurm_tpu.config import Config
     from slurm_tpu.ops.install import gres_types as gres_types_of
 
-    wanted = slurm_conf_lines(Layout("/usr/local"), Config())
+    hooks = f"{tmp_path}/libexec/slurm-tpu"  # nothing installed there: the sh hooks
+    wanted = slurm_conf_lines(Layout(str(tmp_path)), Config())
     assert wanted[:4] == [
-        "Prolog=/usr/local/libexec/slurm-tpu/slurm-tpu-prolog",
-        "Epilog=/usr/local/libexec/slurm-tpu/slurm-tpu-epilog",
-        "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog",
-        "HealthCheckProgram=/usr/local/libexec/slurm-tpu/slurm-tpu-health",
+        f"Prolog={hooks}/slurm-tpu-prolog",
+        f"Epilog={hooks}/slurm-tpu-epilog",
+        f"TaskProlog={hooks}/slurm-tpu-task-prolog",
+        f"HealthCheckProgram={hooks}/slurm-tpu-health",
     ]
     # Ours among more (mps), in another order: every registered family's GRES name is there.
     gres_types = ",".join(["mps", *reversed(gres_types_of(Config()).split(","))])
     text = f"""
 ClusterName=c   # a comment
-Prolog=/site/prolog,/usr/local/libexec/slurm-tpu/slurm-tpu-prolog
-epilog=/usr/local/libexec/slurm-tpu/slurm-tpu-epilog
+Prolog=/site/prolog,{hooks}/slurm-tpu-prolog
+epilog={hooks}/slurm-tpu-epilog
 TaskProlog=/opt/slurm-tpu/prolog/slurm-tpu-task-prolog
-HealthCheckProgram=/usr/local/libexec/slurm-tpu/slurm-tpu-health HealthCheckInterval=300
+HealthCheckProgram={hooks}/slurm-tpu-health HealthCheckInterval=300
 GresTypes={gres_types}
 NodeName=n1 Gres=tpu:edgetpu_usb:1 Prolog=/not/an/option
 Include /etc/slurm/nodes.conf
 """
     options = parse_slurm_conf_options(text)
-    assert options["prolog"] == "/site/prolog,/usr/local/libexec/slurm-tpu/slurm-tpu-prolog"
+    assert options["prolog"] == f"/site/prolog,{hooks}/slurm-tpu-prolog"
     assert "include" not in options and "gres" not in options
     assert missing_slurm_conf_lines(wanted, options) == [
-        "TaskProlog=/usr/local/libexec/slurm-tpu/slurm-tpu-task-prolog",
+        f"TaskProlog={hooks}/slurm-tpu-task-prolog",
         "HealthCheckNodeState=ANY",
     ]
+
+
+def test_slurm_conf_names_the_native_entries_where_they_are_installed(tmp_path):
+    """Layout.hook decides, from what is in the hooks directory: a native entry there is named (the
+    hook without a shell), else the sh hook; never under a config the native entries do not read."""
+    from slurm_tpu.config import Config
+
+    layout = Layout(str(tmp_path), "/etc")  # reads /etc/slurm-tpu/config.yaml, as the native entries do
+    hooks = layout.hooks_dir
+    os.makedirs(hooks)
+    sh_lines = [
+        f"Prolog={hooks}/slurm-tpu-prolog",
+        f"Epilog={hooks}/slurm-tpu-epilog",
+        f"TaskProlog={hooks}/slurm-tpu-task-prolog",
+        f"HealthCheckProgram={hooks}/slurm-tpu-health",
+    ]
+    assert slurm_conf_lines(layout, Config())[:4] == sh_lines
+    for name in ("slurm-tpu-prolog-native", "slurm-tpu-epilog-native", "slurm-tpu-task-prolog-native"):
+        with open(os.path.join(hooks, name), "wb") as handle:
+            handle.write(b"\x7fELF")
+    assert slurm_conf_lines(layout, Config())[:4] == [
+        f"Prolog={hooks}/slurm-tpu-prolog-native",
+        f"Epilog={hooks}/slurm-tpu-epilog-native",
+        f"TaskProlog={hooks}/slurm-tpu-task-prolog-native",
+        f"HealthCheckProgram={hooks}/slurm-tpu-health",  # no native entry: a sh wrapper
+    ]
+    # The same hooks directory under another config: the native entries would not read it.
+    assert slurm_conf_lines(Layout(str(tmp_path), str(tmp_path / "etc")), Config())[:4] == sh_lines
 
 
 def test_node_line_fields_takes_defaults_and_ranges():
@@ -267,6 +298,13 @@ def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
     client = prefix / "libexec" / "slurm-tpu" / "slurm-tpu-hook-client"
     assert os.access(client, os.X_OK)
     assert client.stat().st_mtime_ns >= (client.parent / "slurm-tpu-hook-client.c").stat().st_mtime_ns
+    # Its native entries read /etc/slurm-tpu/config.yaml, not this --sysconfdir's config: not installed.
+    assert (
+        f"native entries not installed: they read {DEFAULT_PATH}, this installation's hooks "
+        f"{prefix}/etc/slurm-tpu/config.yaml; slurm.conf names the sh hooks"
+    ) in done.stdout.splitlines()
+    assert not [name for name in os.listdir(client.parent) if name.endswith("-native")]
+    assert f"  Prolog={prefix}/libexec/slurm-tpu/slurm-tpu-prolog" in done.stdout.splitlines()
     prolog = prefix / "libexec" / "slurm-tpu" / "slurm-tpu-prolog"
     prolog.write_text(prolog.read_text() + "# a local change\n")
     done = slurm_tpu("uninstall", *args, "--purge")
@@ -277,6 +315,170 @@ def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
     assert not (prefix / "etc" / "slurm-tpu").exists() and not (prefix / "etc" / "systemd").exists()
     done = slurm_tpu("uninstall", *args)
     assert done.returncode == 2 and "nothing to uninstall" in done.stderr
+
+
+NATIVE_ENTRIES = ("slurm-tpu-prolog-native", "slurm-tpu-epilog-native", "slurm-tpu-task-prolog-native")
+
+
+def snapshot(root) -> dict[str, tuple]:
+    """path -> (inode, mtime, owner, mode, sha256 of a file's bytes) of everything under ``root``:
+    a file written again, even with the same bytes, shows as changed."""
+    import hashlib
+
+    listing = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            digest = None
+            if stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as handle:
+                    digest = hashlib.sha256(handle.read()).hexdigest()
+            listing[path] = (info.st_ino, info.st_mtime_ns, info.st_uid, info.st_gid, info.st_mode, digest)
+    return listing
+
+
+def install_in_process(tmp_path, monkeypatch, compiler_needed: bool = True):
+    """(layout, what install said, its result): ``install`` into a prefix under ``tmp_path`` whose
+    config is, for install and doctor, the one the native entries read (they read
+    /etc/slurm-tpu/config.yaml, which a test cannot install into: the layout's own config stands in
+    for it as ``install.DEFAULT_CONFIG``, so the installed hooks do not name it either, as on a
+    default installation)."""
+    from slurm_tpu.config import Config
+    from slurm_tpu.ops import install as install_module
+    from slurm_tpu.ops.hook_client import compiler
+
+    if os.geteuid() != 0:
+        pytest.skip("install runs as root")
+    if compiler_needed and compiler() is None:
+        pytest.skip("no C compiler: no native entries")
+    layout = Layout(str(tmp_path / "p"), str(tmp_path / "p" / "etc"))
+    monkeypatch.setattr(install_module, "DEFAULT_CONFIG", layout.config_file)
+    assert layout.native_entries_fit
+    said: list[str] = []
+    result = install_module.install(layout, Config(), str(tmp_path / "none"), say=said.append)
+    return layout, said, result
+
+
+def test_install_puts_the_native_entries_beside_the_hooks_and_uninstall_removes_them(tmp_path, monkeypatch):
+    from slurm_tpu.config import Config
+    from slurm_tpu.ops.install import Manifest, install, uninstall
+
+    layout, said, result = install_in_process(tmp_path, monkeypatch)
+    hooks = layout.hooks_dir
+    with open(os.path.join(hooks, "slurm-tpu-hook-client"), "rb") as handle:
+        client = handle.read()
+    recorded = Manifest.load(layout).files
+    for name in NATIVE_ENTRIES:
+        entry = os.path.join(hooks, name)
+        assert f"write {entry}" in said
+        info = os.lstat(entry)
+        assert (stat.S_ISREG(info.st_mode), info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (
+            True,
+            0,
+            0,
+            0o755,
+        )
+        with open(entry, "rb") as handle:
+            assert handle.read() == client  # a copy of the client, under the manifest's rules
+        assert os.access(entry.removesuffix("-native"), os.X_OK)  # its sh hook, beside it
+        assert recorded[entry]["before"] == "absent"
+    # slurm.conf is to name them (HealthCheckProgram has none: the sh wrapper).
+    assert list(result.missing_lines[:4]) == [
+        f"Prolog={hooks}/slurm-tpu-prolog-native",
+        f"Epilog={hooks}/slurm-tpu-epilog-native",
+        f"TaskProlog={hooks}/slurm-tpu-task-prolog-native",
+        f"HealthCheckProgram={hooks}/slurm-tpu-health",
+    ]
+    # The installed TaskProlog entry is the task prolog: the job's lines from the state directory.
+    state = tmp_path / "state"
+    (state / "jobs").mkdir(parents=True)
+    (state / "jobs" / "7.env").write_text("export SLURM_TPU_DEVICES=usb-1\n", encoding="utf-8")
+    (tmp_path / "config.yaml").write_text(f"state_dir: {state}\n", encoding="utf-8")
+    done = subprocess.run(
+        [os.path.join(hooks, "slurm-tpu-task-prolog-native")],
+        env={"PATH": "/usr/bin:/bin", "SLURM_TPU_CONFIG": str(tmp_path / "config.yaml"), "SLURM_JOB_ID": "7"},
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (done.returncode, done.stdout) == (0, "export EDGETPU_VISIBLE_DEVICES=\nexport SLURM_TPU_DEVICES=usb-1\n")
+    # Again: nothing is written, not even the same bytes.
+    before = snapshot(tmp_path / "p")
+    again: list[str] = []
+    install(layout, Config(), str(tmp_path / "none"), say=again.append)
+    assert snapshot(tmp_path / "p") == before
+    assert not [line for line in again if line.startswith(("write", "replace", "create", "fix"))], again
+    assert {f"unchanged {hooks}/{name}" for name in NATIVE_ENTRIES} <= set(again)
+    # Uninstall removes them with the rest of what install made.
+    removed: list[str] = []
+    assert uninstall(layout, purge=True, say=removed.append) == []
+    assert {f"remove {hooks}/{name}" for name in NATIVE_ENTRIES} <= set(removed)
+    assert not (tmp_path / "p").exists()
+
+
+def test_without_a_compiler_install_names_the_sh_hooks(tmp_path, monkeypatch):
+    (tmp_path / "no-cc").mkdir()
+    monkeypatch.setenv("PATH", str(tmp_path / "no-cc"))  # neither cc nor gcc: the client cannot be built
+    monkeypatch.delenv("CC", raising=False)
+    layout, said, result = install_in_process(tmp_path, monkeypatch, compiler_needed=False)
+    hooks = layout.hooks_dir
+    assert "slurm-tpu-hook-client not built (no C compiler); the hooks run the Python hooks (slower)" in said
+    assert not [name for name in os.listdir(hooks) if name == "slurm-tpu-hook-client" or name.endswith("-native")]
+    assert list(result.missing_lines[:3]) == [
+        f"Prolog={hooks}/slurm-tpu-prolog",
+        f"Epilog={hooks}/slurm-tpu-epilog",
+        f"TaskProlog={hooks}/slurm-tpu-task-prolog",
+    ]
+
+
+def test_doctor_accepts_a_hook_or_its_native_entry_and_flags_a_writable_one(tmp_path, monkeypatch):
+    from slurm_tpu.config import Config
+    from slurm_tpu.hardware import Inventory
+    from slurm_tpu.ops.doctor import Node, check_hooks
+
+    layout, _, _ = install_in_process(tmp_path, monkeypatch)
+    hooks, conf = layout.hooks_dir, tmp_path / "slurm.conf"
+
+    def lines(which: Layout = layout) -> list[str]:
+        return [finding.line() for finding in check_hooks(Node(Config(), which, str(conf), "n1", Inventory()))]
+
+    def name(suffix: str) -> None:
+        conf.write_text(
+            f"Prolog={hooks}/slurm-tpu-prolog{suffix}\nEpilog={hooks}/slurm-tpu-epilog{suffix}\n"
+            f"TaskProlog={hooks}/slurm-tpu-task-prolog{suffix}\nHealthCheckProgram={hooks}/slurm-tpu-health\n",
+            encoding="utf-8",
+        )
+
+    everything = "Prolog, Epilog, TaskProlog, HealthCheckProgram are slurm-tpu's in"
+    name("")
+    assert lines() == [f"ok    hooks: {everything} {hooks}, root's, not writable by others"]
+    name("-native")
+    natives = "(Prolog, Epilog, TaskProlog: native entries)"
+    assert lines() == [f"ok    hooks: {everything} {hooks} {natives}, root's, not writable by others"]
+    # Whoever can write a native entry, or the sh hook it runs without the agent, runs code as root.
+    for path in (f"{hooks}/slurm-tpu-prolog-native", f"{hooks}/slurm-tpu-prolog"):
+        os.chmod(path, 0o777)
+        assert lines() == [
+            f"FAIL  hooks: Prolog {path} is uid 0 mode 0777: whoever can write it runs code as root on every job; "
+            f"fix: chown root:root {path} && chmod 0755 {path}"
+        ]
+        os.chmod(path, 0o755)
+    # Under a config the native entries do not read, slurm.conf must name the sh hooks.
+    other = Layout(layout.prefix, str(tmp_path / "elsewhere"))
+    assert lines(other)[0] == (
+        f"FAIL  hooks: slurm.conf Prolog={hooks}/slurm-tpu-prolog-native reads {DEFAULT_PATH}, not this "
+        f"installation's {other.config_file}; fix: set Prolog={hooks}/slurm-tpu-prolog in {conf}, "
+        "then scontrol reconfigure"
+    )
+    # Naming neither: the fix names what install prints, the native entry.
+    conf.write_text("Epilog=/site/epilog\n", encoding="utf-8")
+    assert lines()[:2] == [
+        f"FAIL  hooks: slurm.conf Prolog= has no such line, not slurm-tpu's {hooks}/slurm-tpu-prolog-native; "
+        f"fix: set Prolog={hooks}/slurm-tpu-prolog-native in {conf}, then scontrol reconfigure",
+        f"FAIL  hooks: slurm.conf Epilog= names /site/epilog, not slurm-tpu's {hooks}/slurm-tpu-epilog-native; "
+        f"fix: set Epilog={hooks}/slurm-tpu-epilog-native in {conf}, then scontrol reconfigure",
+    ]
 
 
 def test_install_refuses_non_root_without_dry_run(tmp_path):

@@ -52,6 +52,9 @@ SHIPPED = (
     "systemd/slurmd-slurm-tpu.conf",
 )
 
+# Built in a checkout (slurm_tpu/ops/hook_client.py), on each node again: never in the sdist or the wheel.
+BUILT_HERE = ("/slurm-tpu-hook-client", "-native")
+
 
 def run(argv: list[str], env: dict | None = None, timeout: float = 300, **kwargs) -> subprocess.CompletedProcess:
     done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=env, **kwargs)
@@ -182,11 +185,13 @@ def test_sdist_and_wheel_carry_the_node_files_byte_for_byte(node):
                 assert sdist.extractfile(f"{top}/{name}").read() == handle.read(), name
         # The test and demo harness stays in the checkout.
         assert not [name for name in sdist.getnames() if name.startswith(f"{top}/harness")]
+        # So does what was built here (the hook client, the native entries beside the sh hooks).
+        assert not [name for name in sdist.getnames() if name.endswith(BUILT_HERE)]
     with zipfile.ZipFile(node.wheel) as wheel:
         for name in SHIPPED:
             with open(os.path.join(REPO, name), "rb") as handle:
                 assert wheel.read(f"slurm_tpu/node_files/{name}") == handle.read(), name
-        assert not [name for name in wheel.namelist() if name.startswith("harness")]
+        assert not [name for name in wheel.namelist() if name.startswith("harness") or name.endswith(BUILT_HERE)]
     site = run(
         [node.python, "-c", "import slurm_tpu, os; print(os.path.dirname(slurm_tpu.__file__))"], cwd="/"
     ).stdout.strip()
@@ -234,6 +239,8 @@ def test_first_install_prints_the_slurm_conf_lines_to_add(node):
         f"GresTypes={GRES_TYPES}",
     ):
         assert f"  {line}\n" in out, line
+    # The sh hooks, not their native entries: those read /etc/slurm-tpu/config.yaml, not P/etc's.
+    assert "native entries not installed: " in out
 
 
 def test_the_installed_udev_rules_run_the_installed_udev_hook(node):
