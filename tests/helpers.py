@@ -9,6 +9,7 @@ import contextlib
 import json
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -184,3 +185,20 @@ def wait_until(predicate, timeout: float = 60, what: str = "condition"):
             return value
         time.sleep(0.2)
     raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
+
+
+def walk_files(root) -> dict[str, tuple[os.stat_result, str | None]]:
+    """path -> (its lstat, the sha256 of a regular file's bytes, else None) for everything under ``root``."""
+    import hashlib
+
+    listing: dict[str, tuple[os.stat_result, str | None]] = {}
+    for directory, dirs, files in os.walk(root):
+        for name in dirs + files:
+            path = os.path.join(directory, name)
+            info = os.lstat(path)
+            digest = None
+            if stat.S_ISREG(info.st_mode):
+                with open(path, "rb") as handle:
+                    digest = hashlib.sha256(handle.read()).hexdigest()
+            listing[path] = (info, digest)
+    return listing

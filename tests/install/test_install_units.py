@@ -323,19 +323,12 @@ NATIVE_ENTRIES = ("slurm-tpu-prolog-native", "slurm-tpu-epilog-native", "slurm-t
 def snapshot(root) -> dict[str, tuple]:
     """path -> (inode, mtime, owner, mode, sha256 of a file's bytes) of everything under ``root``:
     a file written again, even with the same bytes, shows as changed."""
-    import hashlib
+    from helpers import walk_files
 
-    listing = {}
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(directory, name)
-            info = os.lstat(path)
-            digest = None
-            if stat.S_ISREG(info.st_mode):
-                with open(path, "rb") as handle:
-                    digest = hashlib.sha256(handle.read()).hexdigest()
-            listing[path] = (info.st_ino, info.st_mtime_ns, info.st_uid, info.st_gid, info.st_mode, digest)
-    return listing
+    return {
+        path: (info.st_ino, info.st_mtime_ns, info.st_uid, info.st_gid, info.st_mode, digest)
+        for path, (info, digest) in walk_files(root).items()
+    }
 
 
 def install_in_process(tmp_path, monkeypatch, compiler_needed: bool = True):

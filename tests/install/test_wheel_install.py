@@ -13,7 +13,6 @@ The last test removes LiteRT from the venv (so it runs last).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shutil
 import stat
@@ -518,23 +517,18 @@ def test_doctor_names_each_broken_setup_in_exactly_one_line(node, case):
 
 def tree(root: str) -> dict[str, tuple]:
     """path -> (type, uid, gid, mode, sha256 of a file's bytes) for everything under ``root``."""
-    listing = {}
-    for directory, dirs, files in os.walk(root):
-        for name in dirs + files:
-            path = os.path.join(directory, name)
-            info = os.lstat(path)
-            digest = None
-            if stat.S_ISREG(info.st_mode):
-                with open(path, "rb") as handle:
-                    digest = hashlib.sha256(handle.read()).hexdigest()
-            listing[os.path.relpath(path, root)] = (
-                stat.S_IFMT(info.st_mode),
-                info.st_uid,
-                info.st_gid,
-                stat.S_IMODE(info.st_mode),
-                digest,
-            )
-    return listing
+    from helpers import walk_files
+
+    return {
+        os.path.relpath(path, root): (
+            stat.S_IFMT(info.st_mode),
+            info.st_uid,
+            info.st_gid,
+            stat.S_IMODE(info.st_mode),
+            digest,
+        )
+        for path, (info, digest) in walk_files(root).items()
+    }
 
 
 def test_install_then_uninstall_leaves_the_prefix_exactly_as_it_was(node):

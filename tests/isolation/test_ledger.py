@@ -144,13 +144,18 @@ def _process(pid: int) -> tuple[int, int]:
     return pid, process_start_time(pid)
 
 
+def _pci_card(state: str, tmp_path, minor: int) -> tuple[str, KnownDevice, HookSettings]:
+    """A PCIe Edge TPU's node (root 0600) and the settings that know it."""
+    node = tmp_path / "apex_0"
+    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, minor))
+    device = KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(node),))
+    return str(node), device, HookSettings(state, devices={device.identity: device})
+
+
 @needs_root
 def test_a_lease_names_the_prolog_process_it_is_given_and_lives_as_long(state, tmp_path):
     # The node agent's worker outlives the prolog it serves: it gives its hook client (here: a sleep).
-    node = tmp_path / "apex_0"
-    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 203))
-    device = KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(node),))
-    settings = HookSettings(state, devices={device.identity: device})
+    node, device, settings = _pci_card(state, tmp_path, 203)
     client = subprocess.Popen(["sleep", "60"])
     try:
         with Ledger(state) as ledger:
@@ -174,10 +179,7 @@ def test_a_lease_names_the_prolog_process_it_is_given_and_lives_as_long(state, t
 
 @needs_root
 def test_a_prolog_whose_process_is_gone_leases_nothing(state, tmp_path):
-    node = tmp_path / "apex_0"
-    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 204))
-    device = KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(node),))
-    settings = HookSettings(state, devices={device.identity: device})
+    node, device, settings = _pci_card(state, tmp_path, 204)
     gone = subprocess.Popen(["true"])
     gone.wait()
     with Ledger(state) as ledger:
@@ -193,10 +195,7 @@ def test_a_prolog_whose_process_is_gone_leases_nothing(state, tmp_path):
 def test_a_roll_back_leaves_a_lease_another_prolog_took_over(state, tmp_path):
     # Job 41's prolog process died mid-prolog; job 42's prolog reclaimed the device. Job 41's worker
     # rolling back afterwards must not take the device from job 42.
-    node = tmp_path / "apex_0"
-    os.mknod(node, stat.S_IFCHR | 0o600, os.makedev(240, 205))
-    device = KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(node),))
-    settings = HookSettings(state, devices={device.identity: device})
+    node, device, settings = _pci_card(state, tmp_path, 205)
     client = subprocess.Popen(["sleep", "60"])
     job41 = JobContext(41, 4321, "alice", "n1")
     with Ledger(state) as ledger:
