@@ -15,7 +15,10 @@ udev hook bring it back, and the next job on that stick waits for that in its
 prolog. The emulated core is no measure of real hardware (a real stick takes
 about a second to re-enumerate); what this measures is the hooks' own cost.
 
-Prints one JSON document; ``ratio`` = throughput(slurm-tpu) / throughput(/bin/true).
+Prints one JSON document; ``ratio`` = throughput(slurm-tpu) / throughput(/bin/true), each round
+from its submit to its end; ``window_ratio`` the same from each round's first Prolog to its last
+Epilog (without the scheduler's pick-up wait, which biases ``ratio``: see window_seconds);
+``steady_ratio`` from each round's first to its last Prolog.
 """
 
 from __future__ import annotations
