@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec, project_hooks  # noqa: E402
-from slurm_tpu.ops.hook_client import build_native  # noqa: E402
+from slurm_tpu.ops.hook_client import shipped_sh_hook  # noqa: E402
 
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
 BENCH_USER = "stpu_bench"
@@ -68,7 +68,7 @@ def make_wrappers(
     times: str,
     profile: str | None = None,
     baseline: str | None = None,
-    native: bool = True,
+    hooks: Hooks | None = None,
 ) -> Hooks:
     # --profile: slurm_tpu/hooks/probe.py appends each hook's per-step times to ``profile``.
     exports = (
@@ -80,7 +80,7 @@ def make_wrappers(
         else ""
     )
     paths = {}
-    hooks = project_hooks(native)  # this tree's native entries where built, else its sh hooks
+    hooks = hooks or project_hooks()  # this tree's native entries where built, else its sh hooks
     for kind, hook in HOOKS.items():
         path = os.path.join(directory, f"timed-{kind}")
         with open(path, "w", encoding="utf-8") as handle:
@@ -235,11 +235,12 @@ def main() -> int:
     # the test machine's disk (each lease and env file is fsync'ed).
     tmpfs = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/dev/shm") if os.path.isdir("/dev/shm") else base
     os.chmod(tmpfs, 0o755)
-    native = not args.sh_hooks and bool(build_native())
+    hooks = project_hooks(native=not args.sh_hooks)
+    native = hooks.prolog != shipped_sh_hook("slurm-tpu-prolog")
     cluster = LocalCluster(
         base=base,
         nodes=[NodeSpec("n1", HARDWARE)],
-        hooks=make_wrappers(base, mode_file, times, profile, args.baseline, native),
+        hooks=make_wrappers(base, mode_file, times, profile, args.baseline, hooks),
         node_config_extra={"state_dir": os.path.join(tmpfs, "state"), "devices": {"revoke": not args.no_revoke}},
         gres_plugin=not args.no_gres_plugin,
     )

@@ -52,9 +52,13 @@ def project_hooks(native: bool = True) -> Hooks:
     """slurm-tpu's Prolog, Epilog and TaskProlog as shipped (a checkout's or the wheel's): their native
     entries where the C client builds (prolog/slurm-tpu-hook-client.c: what ``slurm-tpu install`` puts
     in slurm.conf then), else, or with ``native=False``, the sh hooks."""
-    from slurm_tpu.ops.hook_client import build_native, hook_program, shipped_sh_hook
+    from slurm_tpu.ops.hook_client import build_native, shipped_sh_hook
 
-    pick = hook_program if native and build_native() else shipped_sh_hook
+    entries = build_native() if native else {}
+
+    def pick(name: str) -> str:
+        return entries.get(name) or shipped_sh_hook(name)
+
     return Hooks(
         prolog=pick("slurm-tpu-prolog"), epilog=pick("slurm-tpu-epilog"), task_prolog=pick("slurm-tpu-task-prolog")
     )

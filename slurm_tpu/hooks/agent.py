@@ -243,7 +243,8 @@ def _idle_worker(
         _warm_up()
         _forget_caches()  # the agent's, and the warm-up's: every hook finds its own
         idle_fds = _open_fds()
-        for served in range(1, (MAX_REQUESTS if keep else 1) + 1):
+        limit = MAX_REQUESTS if keep else 1
+        for served in range(1, limit + 1):
             conn, woke = _next_connection(listener, agent_alive, poller)
             _tell_pool(TAKEN)
             clean = _serve(conn, queries, standard[2], woke)
@@ -255,7 +256,7 @@ def _idle_worker(
             _forget_caches()
             if not clean or _open_fds() != idle_fds:
                 break  # a hook that failed, or left a descriptor open, ends its worker: a fresh one serves on
-            if served < (MAX_REQUESTS if keep else 1):
+            if served < limit:
                 _tell_pool(IDLE_AGAIN)
         _tell_pool(ENDING)
         os._exit(0)

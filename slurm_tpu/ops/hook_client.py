@@ -17,7 +17,6 @@ from ..hooks.agent_client import (  # noqa: F401 - this module's interface
     build_beside,
     compiler,
     link_native_entries,
-    native_entry,
 )
 from .node_files import node_file
 
@@ -43,21 +42,6 @@ def build_native() -> dict[str, str]:
     if client is None:
         return {}
     return dict(zip(NATIVE_HOOKS, link_native_entries(client, [shipped_sh_hook(name) for name in NATIVE_HOOKS])))
-
-
-def hook_program(name: str) -> str:
-    """What slurm.conf should run for the shipped hook ``name`` (one of NATIVE_HOOKS): its native entry
-    when one was built (:func:`build_native`) and is the current client, else the sh hook."""
-    import os
-
-    sh_hook = shipped_sh_hook(name)
-    entry = native_entry(sh_hook)
-    client = os.path.join(os.path.dirname(node_file("prolog", SOURCE)), PROGRAM)
-    try:
-        current = os.stat(entry).st_ino == os.stat(client).st_ino
-    except OSError:
-        current = False
-    return entry if current else sh_hook
 
 
 def compiled() -> bytes | None:
