@@ -137,7 +137,7 @@ def disconnect_usb(sysfs_root: str, identity: str, wait_s: float = DISCONNECT_WA
     _write_attribute(disable, b"1", identity)
     try:
         deadline = time.monotonic() + wait_s
-        pause = 0.001
+        pause = 0.0001
         while os.path.lexists(device) and _devnum(device) == devnum:
             if time.monotonic() >= deadline:
                 raise RevokeError(
@@ -162,10 +162,20 @@ def _devnum(device: str) -> int:
 
 
 def gasket_writers(sysfs_root: str, node: str) -> int | None:
-    """How many writable files the apex driver counts open on ``/dev/apex_N``; None if unknown."""
+    """How many writable files the apex driver counts open on ``/dev/apex_N``; None if unknown.
+
+    One read(2): sysfs makes an attribute's whole text at the first read of an open
+    file (fs/sysfs/file.c sysfs_kf_seq_show(), at most a page), so reading on to
+    EOF, as a buffered reader does, only costs a second call into the filesystem.
+    """
     path = os.path.join(sysfs_root, "class", "apex", os.path.basename(node), "write_open_count")
     try:
-        with open(path, "rb") as handle:
-            return int(handle.read().strip())
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return int(os.read(fd, 4096).strip())
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)

@@ -15,8 +15,8 @@ socket), so a hook never waits for a fork, and each serves hook after hook (up t
 :data:`MAX_REQUESTS`), so a hook pays for no fork, exit or first-touch page copies either:
 forking the agent and copying the pages a hook writes cost about 2 ms of CPU per hook on a
 2-core node, taken from the job starting beside it. After each hook the worker puts back its
-descriptors and environment, and ends instead when the hook raised or left a descriptor open
-(a fresh worker serves on). It tells the agent, on a pipe, when it takes a connection, is
+standard descriptors, and ends instead when the hook raised or left a descriptor open (a fresh
+worker serves on); each hook's environment replaces the last one's, variable by variable. It tells the agent, on a pipe, when it takes a connection, is
 idle again, or ends; the agent forks a replacement once no worker is busy (so a fork never
 takes the CPU from a hook in flight), or at once when none would be left waiting: such an
 extra worker serves one hook. The agent freezes its heap before forking (``gc.freeze``), so
@@ -233,9 +233,10 @@ def _idle_worker(
         global _pool_pipe
         _pool_pipe = pool_pipe
         # What each hook's run changes, and is put back after it: the standard descriptors (the
-        # agent's log) and the environment (the agent's, which the hook's replaces).
+        # agent's log). The environment is not put back: the next hook's replaces this one's
+        # (_serve, _set_environ), and going from one hook's to the next costs the few variables
+        # that differ (job id, user...) where a round trip through the agent's cost them all twice.
         standard = [os.dup(fd) for fd in (0, 1, 2)]
-        base_environ = dict(os.environ)
         # One idle worker woken per connection (EPOLLEXCLUSIVE), not every one of them to race for it.
         poller = select.epoll()
         poller.register(listener.fileno(), select.EPOLLIN | select.EPOLLEXCLUSIVE)
@@ -252,7 +253,6 @@ def _idle_worker(
             sys.stderr.flush()
             for fd, saved in enumerate(standard):
                 os.dup2(saved, fd)
-            _set_environ(base_environ)
             _forget_caches()
             if not clean or _open_fds() != idle_fds:
                 break  # a hook that failed, or left a descriptor open, ends its worker: a fresh one serves on

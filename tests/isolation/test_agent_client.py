@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 
@@ -187,3 +188,28 @@ def test_bad_arguments_are_one_line_and_status_2(client):
     done = subprocess.run([client], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.startswith("usage: slurm-tpu-hook-client")
     assert os.path.isfile(os.path.join(REPO, "prolog", "slurm-tpu-hook-client.c"))
+
+
+def test_a_worker_gives_each_hook_exactly_its_own_environment():
+    """A worker goes from one hook's environment to the next one's without the agent's in between
+    (agent._set_environ): the next hook, and any program it starts, sees its own variables and none
+    left from the hook before it or from the agent."""
+    code = (
+        "import os, subprocess, sys\n"
+        "from slurm_tpu.hooks.agent import _set_environ\n"
+        "_set_environ({'PATH': '/usr/bin:/bin', 'SLURM_JOB_ID': '1', 'SLURM_JOB_USER': 'alice', 'ONLY_JOB_1': 'x'})\n"
+        "_set_environ({'PATH': '/usr/bin:/bin', 'SLURM_JOB_ID': '2', 'SLURM_JOB_USER': 'bob'})\n"
+        "print(dict(os.environ) == {'PATH': '/usr/bin:/bin', 'SLURM_JOB_ID': '2', 'SLURM_JOB_USER': 'bob'})\n"
+        "print(subprocess.run(['env'], capture_output=True, text=True).stdout, end='')\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        env={"PATH": "/usr/bin:/bin", "AGENT_ONLY": "y", "SLURM_JOB_ID": "0"},
+    )
+    assert done.returncode == 0, done.stderr
+    same, *seen = done.stdout.splitlines()
+    assert same == "True"
+    assert sorted(seen) == ["PATH=/usr/bin:/bin", "SLURM_JOB_ID=2", "SLURM_JOB_USER=bob"]
