@@ -16,14 +16,15 @@ socket), so a hook never waits for a fork, and each serves hook after hook (up t
 forking the agent and copying the pages a hook writes cost about 2 ms of CPU per hook on a
 2-core node, taken from the job starting beside it. After each hook the worker puts back its
 standard descriptors, and ends instead when the hook raised or left a descriptor open (a fresh
-worker serves on); each hook's environment replaces the last one's, variable by variable.
-It tells the agent, on a pipe, when it takes a connection, is idle again, or ends; the agent
-forks a replacement once no worker is busy (so a fork never takes the CPU from a hook in
-flight), or at once when none would be left waiting: such an extra worker serves one hook. The agent freezes its heap before forking (``gc.freeze``), so
-a worker's garbage collections never touch, and copy, the pages of everything the agent
-imported. An idle worker exits when the agent's end of a second pipe closes: when the agent
-stops, and also when it dies, so a dead agent's socket is refused by the kernel (the hooks
-then refuse the job, as before; a worker busy at that moment finishes its hook first).
+worker serves on); each hook's environment replaces the last one's, variable by variable. It
+tells the agent, on a pipe, when it takes a connection, is idle again, or ends; the agent forks
+a replacement once no worker is busy (so a fork never takes the CPU from a hook in flight), or
+at once when none would be left waiting: such an extra worker serves one hook. The agent freezes
+its heap before forking (``gc.freeze``), so a worker's garbage collections never touch, and
+copy, the pages of everything the agent imported. An idle worker exits when the agent's end of a
+second pipe closes: when the agent stops, and also when it dies, so a dead agent's socket is
+refused by the kernel (the hooks then refuse the job, as before; a worker busy at that moment
+finishes its hook first).
 
 Why worker processes, not threads or an in-memory ledger: the ledger on disk stays
 the only truth (the worker writes it before it answers, so an agent crash or restart
