@@ -912,12 +912,14 @@ class LocalCluster:
 
         With the node agent, the epilog answers as soon as it holds the node's state lock
         and releases under it (slurm_tpu/hooks/epilog.py), so a job Slurm reports ended
-        may have its release still running for some milliseconds. Taking that lock once
-        is the event to wait for: whatever the epilog does under it has been done.
+        may have its release still running for some milliseconds. The events to wait for:
+        that lock taken once (whatever the epilog did under it has been done), with no
+        lease left in phase ``releasing`` (a scan for holders runs without the lock,
+        slurm_tpu/hooks/leasing.py end_lease).
         """
         import fcntl
 
-        from slurm_tpu.access.ledger import LOCK
+        from slurm_tpu.access.ledger import LOCK, RELEASING, Lease, Ledger
 
         deadline = time.monotonic() + timeout
         for node in nodes or [n.name for n in self.nodes]:
@@ -929,10 +931,21 @@ class LocalCluster:
                 while True:
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                        break
                     except BlockingIOError:
-                        if time.monotonic() > deadline:
-                            raise RuntimeError(f"{node}: its state lock still held after {timeout:g} s") from None
-                        time.sleep(0.01)
+                        what = "its state lock still held"
+                    else:
+                        with Ledger(self.state_dir(node), create=False) as ledger:
+                            releasing = [
+                                lease.identity
+                                for lease in ledger.all()
+                                if isinstance(lease, Lease) and lease.phase == RELEASING
+                            ]
+                        fcntl.flock(fd, fcntl.LOCK_UN)
+                        if not releasing:
+                            break
+                        what = f"{', '.join(releasing)} still releasing"
+                    if time.monotonic() > deadline:
+                        raise RuntimeError(f"{node}: {what} after {timeout:g} s")
+                    time.sleep(0.01)
             finally:
                 os.close(fd)

@@ -23,8 +23,8 @@ import time
 
 from ..protocol import FormatError, audit, leases
 
-# The ledger's records and phases, for its callers (HELD, KEPT, REVOKING are re-exported).
-from ..protocol.leases import HELD, KEPT, REVOKING, BadLease, Lease  # noqa: F401
+# The ledger's records and phases, for its callers (HELD, KEPT, RELEASING, REVOKING are re-exported).
+from ..protocol.leases import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease  # noqa: F401
 from . import statedir
 
 # Annotations only: importing typing costs the hooks milliseconds per job.

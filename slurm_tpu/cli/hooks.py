@@ -15,7 +15,7 @@ def _rows(obj: Obj) -> list[dict]:
     import os
 
     from ..access import node_inventory, ownership
-    from ..access.ledger import KEPT, REVOKING, BadLease, Ledger
+    from ..access.ledger import KEPT, RELEASING, REVOKING, BadLease, Ledger
     from ..hooks.leasing import holder_alive
 
     config = obj.config
@@ -47,6 +47,8 @@ def _rows(obj: Obj) -> list[dict]:
                     )
                 elif lease.phase == REVOKING:
                     state = "revoking (" + (alive or "the device did not come back; replug it") + ")"
+                elif lease.phase == RELEASING:
+                    state = "releasing (" + (alive or "its release was cut short; the next prolog redoes it") + ")"
                 else:
                     state = "running" if alive else "stale (job gone; reclaimed by the next prolog)"
                 row.update(

@@ -12,7 +12,11 @@ revocation (every fd anybody still holds is made useless, see
 slurm_tpu/access/revoke.py), then the check, then idle ownership. A revoked USB
 stick re-enumerates; its lease stays in phase ``revoking`` until udev reports it
 back and slurm_tpu/hooks/udev_event.py finishes the release, so the epilog
-itself never waits for the hardware.
+itself never waits for the hardware. A device that cannot be revoked is checked
+by a scan of every process (and its driver's count); the scan runs without the
+node's state lock, its lease in phase ``releasing``, so hooks for the node's
+other devices never wait for it, and a prolog for this device waits for the
+release to end instead of reclaiming the lease under it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ import os
 import time
 
 from ..access import ownership, processes, revoke
-from ..access.ledger import HELD, KEPT, REVOKING, BadLease, Lease, Ledger, process_start_time
+from ..access.ledger import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease, Ledger, process_start_time
 from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from . import probe
@@ -54,10 +58,15 @@ def holder_alive(lease: Lease | BadLease) -> str | None:
     see processes.job_step_pids) or while the prolog that took the lease still
     runs (it runs before any slurmstepd). A job Slurm has finished has neither;
     its epilog may still be running, and it releases the lease under the same
-    lock as a reclaim. A revoked USB stick is busy until it is back.
+    lock as a reclaim. A revoked USB stick is busy until it is back; a lease being
+    released (holder scan) while the process releasing it runs.
     """
     if isinstance(lease, BadLease) or lease.phase == KEPT:
         return None
+    if lease.phase == RELEASING:
+        if processes.process_alive(lease.releaser_pid, lease.releaser_start):
+            return f"its release is running (pid {lease.releaser_pid}: the scan for processes holding it)"
+        return None  # the hook releasing it died: the next one starts the release again
     if lease.phase == REVOKING:
         age = time.time() - lease.phase_since
         if age < REENUMERATE_S:
@@ -103,6 +112,27 @@ def take_away(nodes: Iterable[str], identity: str) -> list[str]:
         except Exception as exc:  # noqa: BLE001 - DeviceError, OSError
             problems.append(str(exc))
     return problems
+
+
+def _begin_release(ledger: Ledger, lease: Lease | BadLease, present: list[str]) -> Lease:
+    """Mark the lease ``releasing`` by this process (under the state lock); the lease as written."""
+    if isinstance(lease, BadLease):  # unreadable: replace it by a readable one of nobody's
+        lease = Lease(identity=lease.identity, job_id=-1, uid=-1, device_nodes=tuple(present))
+    me = os.getpid()
+    lease.releaser_pid, lease.releaser_start = me, process_start_time(me)
+    _set_phase(ledger, lease, RELEASING)
+    return lease
+
+
+def _still_releasing(ledger: Ledger, lease: Lease) -> bool:
+    """Whether the ledger still holds ``lease`` as :func:`_begin_release` wrote it. Under the lock."""
+    held = ledger.read(lease.identity)
+    return isinstance(held, Lease) and (held.job_id, held.phase, held.phase_since, held.releaser_pid) == (
+        lease.job_id,
+        RELEASING,
+        lease.phase_since,
+        lease.releaser_pid,
+    )
 
 
 def _set_phase(ledger: Ledger, lease: Lease | BadLease, phase: str) -> None:
@@ -155,7 +185,11 @@ def _unrevocable_holders(
     settings: HookSettings,
     wait_s: float,
 ) -> str | None:
-    """Why a device that cannot be revoked is not free yet (a :class:`Withheld` when unverified), or None."""
+    """Why a device that cannot be revoked is not free yet (a :class:`Withheld` when unverified), or None.
+
+    Called without the state lock, the lease in phase ``releasing`` (:func:`end_lease`): it
+    only reads /proc and sysfs and appends to the audit log, which needs no lock.
+    """
     identity, job_id = lease.identity, lease.job_id
     rdevs, filesystems = _rdevs(present), _filesystems(present, settings, identity)
     skip_root = lease.uid != 0  # a user's fd reaches a root process only if root software takes it
@@ -167,9 +201,7 @@ def _unrevocable_holders(
     found = scan()
     deadline = time.monotonic() + wait_s
     while found.holders and time.monotonic() < deadline:
-        ledger.unlock()  # the job's last processes may be exiting right now
-        time.sleep(0.1)
-        ledger.lock()
+        time.sleep(0.1)  # the job's last processes may be exiting right now
         again = scan(sorted(found.holders))  # cheap: only those; all of them again once they let go
         found = again if again.holders else scan()
     if found.holders:  # named even when the rest could not be read: a real holder is caught
@@ -197,9 +229,7 @@ def _unrevocable_holders(
         # what was not read, the residual docs/security.md's coverage table names.
     writers = gasket_writers(device, present, settings)
     while writers and time.monotonic() < deadline:
-        ledger.unlock()  # an exiting process's files are released at the end of its do_exit()
-        time.sleep(0.1)
-        ledger.lock()
+        time.sleep(0.1)  # an exiting process's files are released at the end of its do_exit()
         writers = gasket_writers(device, present, settings)
     if writers is None:
         return (
@@ -297,9 +327,11 @@ def end_lease(
 ) -> list[str]:
     """Take the device away from the lease's job, revoke, check, give it back; returns problems.
 
-    Called with the state lock held. ``event`` names the audit record
-    (release, reclaim, clear). A problem keeps the lease (phase ``kept``, the
-    node root 0600) so nobody else gets a device that is not free.
+    Called with the state lock held, and returns with it held; a device that
+    cannot be revoked is scanned for holders without it (phase ``releasing``).
+    ``event`` names the audit record (release, reclaim, clear). A problem keeps
+    the lease (phase ``kept``, the node root 0600) so nobody else gets a device
+    that is not free.
     """
     identity, job_id = lease.identity, lease.job_id
     device = settings.devices.get(identity)
@@ -336,8 +368,18 @@ def end_lease(
         # No usb_device in sysfs: nothing is left whose fds could work. Release now.
         why = None
     else:
-        why = _unrevocable_holders(ledger, lease, device, present, settings, wait_s)
+        # The scan (and the wait for the job's last processes) without the state lock: the lease
+        # says who releases it, so a prolog for this device waits for it (holder_alive) instead of
+        # reclaiming it meanwhile, and the node's other devices' hooks do not wait at all.
+        lease = _begin_release(ledger, lease, present)
+        ledger.unlock()
+        try:
+            why = _unrevocable_holders(ledger, lease, device, present, settings, wait_s)
+        finally:
+            ledger.lock()
         probe.mark("holder_scan")
+        if not _still_releasing(ledger, lease):
+            return []  # another hook took this process for gone and ended the lease itself
     if why is not None:
         _set_phase(ledger, lease, KEPT)
         return [why]
@@ -533,7 +575,10 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
                 continue
         finally:
             ledger.unlock()
-        if time.monotonic() >= deadline:
+        releasing = isinstance(holder, Lease) and holder.phase == RELEASING
+        # A release in progress is waited for to its end, as the state lock it once held was: its
+        # scan is time-boxed (devices.holder_scan_seconds), its wait for the job's last processes too.
+        if time.monotonic() >= deadline and not releasing:
             if isinstance(holder, Lease) and holder.phase == REVOKING:
                 raise HookError(
                     f"job {lease.job_id}: {device.identity} did not come back after its port was "
@@ -545,9 +590,10 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
                 f"(uid {holder.uid}: {why}); Slurm allocated it twice or the ledger is wrong: "
                 "check `slurm-tpu leases` on this node"
             )
-        # A stick coming back after revocation is the common wait: look often (each look is a lock,
-        # a stat and a small read; with the node agent the release it waits for takes milliseconds).
-        time.sleep(0.005 if isinstance(holder, Lease) and holder.phase == REVOKING else 0.1)
+        # A stick coming back after revocation, or a release's scan, is the common wait: look often
+        # (each look is a lock, a stat and a small read; with the node agent the release it waits for
+        # takes milliseconds).
+        time.sleep(0.005 if releasing or (isinstance(holder, Lease) and holder.phase == REVOKING) else 0.1)
 
 
 def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSettings, job_id: int) -> None:

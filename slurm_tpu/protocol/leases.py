@@ -30,8 +30,8 @@ if TYPE_CHECKING:
 DIR = "leases"  # under the state directory
 VERSION = 1
 MAX_BYTES = 65536  # a lease is ~300 bytes; anything larger is not one
-HELD, REVOKING, KEPT = "held", "revoking", "kept"  # Lease.phase
-PHASES = (HELD, REVOKING, KEPT)
+HELD, REVOKING, RELEASING, KEPT = "held", "revoking", "releasing", "kept"  # Lease.phase
+PHASES = (HELD, REVOKING, RELEASING, KEPT)
 
 # Field names, in the order they are written.
 IDENTITY, JOB_ID, UID, KIND, USER, START = "identity", "job_id", "uid", "kind", "user", "start"
@@ -43,6 +43,7 @@ PROLOG_PID, PROLOG_START, FORMAT_VERSION, PHASE, PHASE_SINCE = (
     "phase",
     "phase_since",
 )
+RELEASER_PID, RELEASER_START = "releaser_pid", "releaser_start"
 FIELDS = (
     IDENTITY,
     JOB_ID,
@@ -58,9 +59,11 @@ FIELDS = (
     FORMAT_VERSION,
     PHASE,
     PHASE_SINCE,
+    RELEASER_PID,
+    RELEASER_START,
 )
 REQUIRED = (IDENTITY, JOB_ID, UID)
-_INT_FIELDS = (JOB_ID, UID, PROLOG_PID, PROLOG_START, FORMAT_VERSION)
+_INT_FIELDS = (JOB_ID, UID, PROLOG_PID, PROLOG_START, FORMAT_VERSION, RELEASER_PID, RELEASER_START)
 _FLOAT_FIELDS = (START, PHASE_SINCE)
 _LIST_FIELDS = (DEVICE_NODES, ALLOCATION)
 
@@ -86,15 +89,20 @@ class Lease:
         version: int = VERSION,
         phase: str = HELD,
         phase_since: float = 0.0,
+        releaser_pid: int = 0,
+        releaser_start: int = 0,
     ):
         self.identity, self.job_id, self.uid, self.kind, self.user = identity, job_id, uid, kind, user
         self.start, self.device_nodes, self.allocation, self.node = start, tuple(device_nodes), tuple(allocation), node
         # prolog_start: /proc/<pid>/stat start time, to tell a reused pid apart.
         self.prolog_pid, self.prolog_start, self.version = prolog_pid, prolog_start, version
         # HELD while the job may use it; REVOKING from the moment its end began a USB
-        # disconnect until udev reports the re-enumerated device; KEPT when its end
-        # found a problem (a holder, a scan that could not finish) and kept it.
+        # disconnect until udev reports the re-enumerated device; RELEASING while a hook
+        # that took it away scans for holders without the state lock (releaser_pid and
+        # releaser_start name that hook's process); KEPT when its end found a problem (a
+        # holder, a scan that could not finish) and kept it.
         self.phase, self.phase_since = phase, phase_since
+        self.releaser_pid, self.releaser_start = releaser_pid, releaser_start
 
     def as_dict(self) -> dict:
         return {name: getattr(self, name) for name in FIELDS}

@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -209,6 +210,99 @@ def test_a_roll_back_leaves_a_lease_another_prolog_took_over(state, tmp_path):
     assert os.stat(node).st_uid == 555
     events = [(e["event"], e["job_id"]) for e in map(json.loads, open(os.path.join(state, "audit.log")))]
     assert ("rollback", 41) not in events
+
+
+@needs_root
+def test_a_prolog_for_a_card_being_released_waits_for_the_release_and_keeps_what_it_gets(state, tmp_path):
+    """A PCIe card cannot be revoked: its epilog scans for the job's processes that still hold it,
+    and waits for them, without the node's state lock (the other devices' hooks go on meanwhile;
+    the lease says ``releasing``). Job 42's prolog for that card waits for the release to end,
+    however long that takes, instead of reclaiming the lease under it; and the release, once it
+    ends, never touches job 42's lease (it used to: give the card back to root, drop the lease)."""
+    import threading
+
+    node, device, settings = _pci_card(state, tmp_path, 206)
+    os.unlink(node)
+    os.mknod(node, stat.S_IFCHR | 0o600, os.stat("/dev/full").st_rdev)  # openable: a process can hold it
+    prolog41 = subprocess.Popen(["sleep", "60"])
+    with Ledger(state) as ledger:
+        leasing.acquire(
+            ledger, JobContext(41, 4321, "alice", "n1"), [device], settings, prolog_process=_process(prolog41.pid)
+        )
+    prolog41.kill()
+    prolog41.wait()  # job 41 is over: its prolog is gone and it has no slurmstepd
+    # A process of job 41 (its user's: the scan leaves root's alone) still exiting, the card open.
+    survivor = subprocess.Popen(["sleep", "60"], stdin=open(node, "rb"), user=4321, group=4321)
+    outcome: dict = {}
+
+    def epilog41() -> None:
+        with Ledger(state) as ledger:
+            outcome[41] = leasing.release(ledger, 41, settings, wait_s=60)
+
+    def prolog42() -> None:
+        with Ledger(state) as ledger:
+            try:
+                outcome[42] = leasing.acquire(ledger, JobContext(42, 555, "bob", "n1"), [device], settings, wait_s=0.3)
+            except leasing.HookError as exc:
+                outcome[42] = exc
+
+    hooks = [threading.Thread(target=epilog41)]
+    try:
+        hooks[0].start()
+        with Ledger(state) as ledger:
+            deadline = time.monotonic() + 60
+            while getattr(ledger.read(device.identity), "phase", None) != "releasing":
+                assert time.monotonic() < deadline and hooks[0].is_alive(), f"no release began: {outcome}"
+                time.sleep(0.01)
+            held = ledger.read(device.identity)
+            assert held.job_id == 41 and held.releaser_pid == os.getpid()
+            assert os.stat(node).st_uid == 0  # taken away before the scan
+            # The release holds no lock while it waits for the survivor.
+            ledger.lock()
+            ledger.unlock()
+        hooks.append(threading.Thread(target=prolog42))
+        hooks[1].start()
+    finally:
+        survivor.kill()
+        survivor.wait()
+        for hook in hooks:
+            hook.join(60)
+    assert not any(hook.is_alive() for hook in hooks)
+    assert outcome[41] == [], outcome
+    assert [lease.job_id for lease in outcome[42]] == [42], outcome
+    with Ledger(state) as ledger:
+        held = ledger.read(device.identity)
+        assert isinstance(held, Lease) and (held.job_id, held.phase) == (42, "held")
+    assert os.stat(node).st_uid == 555
+    events = [(e["event"], e["job_id"]) for e in map(json.loads, open(os.path.join(state, "audit.log")))]
+    assert events == [("acquire", 41), ("release", 41), ("acquire", 42)]
+
+
+@needs_root
+def test_a_release_whose_hook_died_is_done_again_by_the_next_prolog(state, tmp_path):
+    node, device, settings = _pci_card(state, tmp_path, 207)
+    os.chown(node, 777, -1)  # as a release cut short might leave it: still the old job's user's
+    with Ledger(state) as ledger:
+        # The releasing hook's process (pid 1 never matches start time 5) is gone, as is job 999999.
+        cut_short = Lease(
+            identity=device.identity,
+            job_id=999999,
+            uid=777,
+            prolog_pid=1,
+            prolog_start=5,
+            phase="releasing",
+            phase_since=1.0,
+            releaser_pid=1,
+            releaser_start=5,
+        )
+        assert ledger.claim(cut_short)
+        assert leasing.holder_alive(ledger.read(device.identity)) is None
+        leasing.acquire(ledger, JobContext(7, 4321, "alice", "n1"), [device], settings, wait_s=0.2)
+        held = ledger.read(device.identity)
+        assert isinstance(held, Lease) and (held.job_id, held.phase) == (7, "held")
+    assert os.stat(node).st_uid == 4321
+    events = [(e["event"], e["job_id"]) for e in map(json.loads, open(os.path.join(state, "audit.log")))]
+    assert events == [("reclaim", 999999), ("acquire", 7)]
 
 
 @needs_root
