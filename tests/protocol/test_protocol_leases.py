@@ -23,12 +23,16 @@ BEFORE_PHASES = (
     b"prolog_start\t987654\nversion\t1\n"
 )
 
-# What this version writes for a revoking lease (the bytes are the format: a change here is a new version).
-CURRENT = (
+# Written before a lease named the process releasing it (releaser_pid/releaser_start, a compatible
+# addition): read as "no releaser", which only a lease in phase releasing consults.
+BEFORE_RELEASER = (
     b"identity\tusb-2-1.3\njob_id\t41\nuid\t4321\nkind\tedgetpu\nuser\talice\nstart\t1763776812.123456\n"
     b"device_nodes\t/dev/bus/usb/002/005\nallocation\tusb-2-1.3,pci-0000:03:00.0\nnode\tn1\nprolog_pid\t2345\n"
     b"prolog_start\t987654\nversion\t1\nphase\trevoking\nphase_since\t1763776900.5\n"
 )
+
+# What this version writes for a revoking lease (the bytes are the format: a change here is a new version).
+CURRENT = BEFORE_RELEASER + b"releaser_pid\t0\nreleaser_start\t0\n"
 
 
 def sample(**changes) -> Lease:
@@ -69,6 +73,17 @@ def test_a_lease_written_before_phases_existed_reads_as_held():
     assert Lease.decode("usb-2-1.3", lease.encode()).phase == KEPT
 
 
+def test_a_lease_written_before_releasers_existed_reads_the_same():
+    assert Lease.decode("usb-2-1.3", BEFORE_RELEASER) == sample()
+
+
+def test_a_releasing_lease_names_its_releaser():
+    releasing = sample(phase="releasing", releaser_pid=777, releaser_start=123456)
+    raw = releasing.encode()
+    assert raw.endswith(b"phase\treleasing\nphase_since\t1763776900.5\nreleaser_pid\t777\nreleaser_start\t123456\n")
+    assert Lease.decode("usb-2-1.3", raw) == releasing
+
+
 def test_fields_of_a_compatible_later_addition_are_ignored():
     assert Lease.decode("usb-2-1.3", CURRENT + b"holder_hint\tsomething new\n") == sample()
 
@@ -89,8 +104,8 @@ def test_fields_of_a_compatible_later_addition_are_ignored():
         (CURRENT.replace(b"phase_since\t1763776900.5", b"phase_since\tinf"), "field 'phase_since' is not a finite"),
         (CURRENT.replace(b"phase\trevoking", b"phase\tstolen"), "unknown phase 'stolen'"),
         (CURRENT.replace(b"version\t1", b"version\t2"), "format version 2; this slurm-tpu reads up to 1"),
-        (CURRENT + b"uid\t0\n", "line 15: field 'uid' given twice"),
-        (CURRENT + b"no tab here\n", "line 15: no tab in 'no tab here'"),
+        (CURRENT + b"uid\t0\n", "line 17: field 'uid' given twice"),
+        (CURRENT + b"no tab here\n", "line 17: no tab in 'no tab here'"),
         (b"\xff\xfe" + CURRENT, "is not UTF-8 text"),
         (json.dumps({"identity": "usb-2-1.3", "job_id": 41, "uid": 4321}).encode(), "no tab in"),
     ],
