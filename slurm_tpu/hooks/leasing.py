@@ -409,8 +409,13 @@ def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -
     outcomes = []
     ledger.lock()
     try:
-        for lease in list(ledger.all()):
-            if identity is not None and lease.identity != identity:
+        # Each lease read when its turn comes, not listed ahead: end_lease lets the lock go while it
+        # scans, so a lease read before that may have been ended, and its device leased again, since.
+        for name in ledger.names():
+            if identity is not None and name != identity:
+                continue
+            lease = ledger.read(name)
+            if lease is None:
                 continue
             if identity is None and isinstance(lease, Lease) and lease.phase != KEPT:
                 continue
@@ -527,12 +532,24 @@ def roll_back(ledger: Ledger, job: JobContext, leases: list[Lease], settings: Ho
 def _still_ours(ledger: Ledger, lease: Lease) -> bool:
     """Whether the ledger still holds ``lease`` as its prolog wrote it (same job, same prolog process).
     Under the ledger's lock."""
+    return _current(ledger, lease) is not None
+
+
+def _current(ledger: Ledger, lease: Lease) -> Lease | None:
+    """The ledger's lease on ``lease``'s device when it is still that lease (same job, same prolog
+    process; its phase may have moved on), else None. Under the ledger's lock.
+
+    A list of leases read earlier can be stale: :func:`end_lease` lets the lock go while it scans
+    for holders, and meanwhile another hook may end a lease of the list and a new job take it.
+    """
     held = ledger.read(lease.identity)
-    return isinstance(held, Lease) and (held.job_id, held.prolog_pid, held.prolog_start) == (
+    if isinstance(held, Lease) and (held.job_id, held.prolog_pid, held.prolog_start) == (
         lease.job_id,
         lease.prolog_pid,
         lease.prolog_start,
-    )
+    ):
+        return held
+    return None
 
 
 def _current_nodes(ledger: Ledger, device: KnownDevice, lease: Lease) -> KnownDevice:
@@ -618,7 +635,9 @@ def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float =
         leases = ledger.of_job(job_id)
         # Usage records are collected by the epilog before this, outside the lock (hooks/jobusage.py).
         for lease in leases:
-            problems.extend(end_lease(ledger, lease, settings, audit.RELEASE, wait_s=wait_s))
+            current = _current(ledger, lease)  # the scan of the one before ran without the lock
+            if current is not None:
+                problems.extend(end_lease(ledger, current, settings, audit.RELEASE, wait_s=wait_s))
     finally:
         ledger.unlock()
     return problems

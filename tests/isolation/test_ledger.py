@@ -279,6 +279,65 @@ def test_a_prolog_for_a_card_being_released_waits_for_the_release_and_keeps_what
 
 
 @needs_root
+def test_a_release_never_ends_a_lease_a_new_job_took_while_it_scanned(state, tmp_path):
+    """Job 41 held two cards. Its epilog scans the first without the state lock (a process of the job
+    still has it open); meanwhile job 42's prolog reclaims the second, whose lease the epilog had
+    listed, and is given it. The epilog, once at the second, must leave job 42's lease alone."""
+    import threading
+
+    first, second = tmp_path / "apex_0", tmp_path / "apex_1"
+    os.mknod(first, stat.S_IFCHR | 0o600, os.stat("/dev/full").st_rdev)
+    os.mknod(second, stat.S_IFCHR | 0o600, os.makedev(240, 208))
+    cards = [
+        KnownDevice("pci-0000:03:00.0", "edgetpu", "pci", (str(first),)),
+        KnownDevice("pci-0000:04:00.0", "edgetpu", "pci", (str(second),)),
+    ]
+    settings = HookSettings(state, devices={card.identity: card for card in cards})
+    prolog41 = subprocess.Popen(["sleep", "60"])
+    with Ledger(state) as ledger:
+        leasing.acquire(
+            ledger, JobContext(41, 4321, "alice", "n1"), cards, settings, prolog_process=_process(prolog41.pid)
+        )
+    prolog41.kill()
+    prolog41.wait()
+    survivor = subprocess.Popen(["sleep", "60"], stdin=open(first, "rb"), user=4321, group=4321)
+    outcome: dict = {}
+
+    def epilog41() -> None:
+        with Ledger(state) as ledger:
+            outcome[41] = leasing.release(ledger, 41, settings, wait_s=60)
+
+    epilog = threading.Thread(target=epilog41)
+    try:
+        epilog.start()
+        with Ledger(state) as ledger:
+            deadline = time.monotonic() + 60
+            while getattr(ledger.read(cards[0].identity), "phase", None) != "releasing":
+                assert time.monotonic() < deadline and epilog.is_alive(), f"no release began: {outcome}"
+                time.sleep(0.01)
+            # Job 41 is over (no prolog, no slurmstepd): job 42's prolog reclaims the second card.
+            leasing.acquire(ledger, JobContext(42, 555, "bob", "n1"), [cards[1]], settings, wait_s=0.3)
+    finally:
+        survivor.kill()
+        survivor.wait()
+        epilog.join(60)
+    assert not epilog.is_alive() and outcome[41] == [], outcome
+    with Ledger(state) as ledger:
+        assert ledger.read(cards[0].identity) is None
+        held = ledger.read(cards[1].identity)
+        assert isinstance(held, Lease) and (held.job_id, held.phase) == (42, "held")
+    assert (os.stat(first).st_uid, os.stat(second).st_uid) == (0, 555)
+    events = [(e["event"], e["job_id"], e["identity"]) for e in map(json.loads, open(os.path.join(state, "audit.log")))]
+    assert events == [
+        ("acquire", 41, cards[0].identity),
+        ("acquire", 41, cards[1].identity),
+        ("reclaim", 41, cards[1].identity),
+        ("acquire", 42, cards[1].identity),
+        ("release", 41, cards[0].identity),
+    ]
+
+
+@needs_root
 def test_a_release_whose_hook_died_is_done_again_by_the_next_prolog(state, tmp_path):
     node, device, settings = _pci_card(state, tmp_path, 207)
     os.chown(node, 777, -1)  # as a release cut short might leave it: still the old job's user's
