@@ -350,7 +350,7 @@ def end_lease(
         _set_phase(ledger, lease, KEPT)
         return problems
     assert device is not None
-    if settings.revoke and settings.revocation(device.kind, device.bus) == USB_PORT:
+    if _power_cycled(device, settings):
         # Phase first: the udev events of the disconnect must find it revoking; the
         # nodes it had tell udev_event the old device's events from the new one's.
         lease.device_nodes = tuple(present)
@@ -621,6 +621,17 @@ def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSet
         )
 
 
+def _power_cycled(device: KnownDevice, settings: HookSettings) -> bool:
+    """Whether the device is revoked by a power-cycle of its USB port (else scanned for holders)."""
+    return settings.revoke and settings.revocation(device.kind, device.bus) == USB_PORT
+
+
+def _scanned_unlocked(lease: Lease, settings: HookSettings) -> bool:
+    """Whether ending ``lease`` scans for holders without the state lock (a device that cannot be revoked)."""
+    device = settings.devices.get(lease.identity)
+    return device is not None and not _power_cycled(device, settings)
+
+
 def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S) -> list[str]:
     """End the job's leases (see :func:`end_lease`); returns problems, which drain the node unless :class:`Withheld`.
 
@@ -632,7 +643,10 @@ def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float =
     problems: list[str] = []
     ledger.lock()
     try:
-        leases = ledger.of_job(job_id)
+        # Those ended under the lock (a USB stick's power-cycle) first, the ones scanned without it
+        # last: a Prolog that comes meanwhile for another of the job's devices finds it released,
+        # instead of reclaiming it itself.
+        leases = sorted(ledger.of_job(job_id), key=lambda lease: _scanned_unlocked(lease, settings))
         # Usage records are collected by the epilog before this, outside the lock (hooks/jobusage.py).
         for lease in leases:
             current = _current(ledger, lease)  # the scan of the one before ran without the lock
