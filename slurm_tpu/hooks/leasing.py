@@ -114,14 +114,10 @@ def take_away(nodes: Iterable[str], identity: str) -> list[str]:
     return problems
 
 
-def _begin_release(ledger: Ledger, lease: Lease | BadLease, present: list[str]) -> Lease:
+def _begin_release(ledger: Ledger, lease: Lease | BadLease) -> Lease:
     """Mark the lease ``releasing`` by this process (under the state lock); the lease as written."""
-    if isinstance(lease, BadLease):  # unreadable: replace it by a readable one of nobody's
-        lease = Lease(identity=lease.identity, job_id=-1, uid=-1, device_nodes=tuple(present))
     me = os.getpid()
-    lease.releaser_pid, lease.releaser_start = me, process_start_time(me)
-    _set_phase(ledger, lease, RELEASING)
-    return lease
+    return _set_phase(ledger, lease, RELEASING, releaser=(me, process_start_time(me)))
 
 
 def _still_releasing(ledger: Ledger, lease: Lease) -> bool:
@@ -135,11 +131,16 @@ def _still_releasing(ledger: Ledger, lease: Lease) -> bool:
     )
 
 
-def _set_phase(ledger: Ledger, lease: Lease | BadLease, phase: str) -> None:
+def _set_phase(ledger: Ledger, lease: Lease | BadLease, phase: str, releaser: tuple[int, int] | None = None) -> Lease:
+    """Write the lease in ``phase`` (``releaser``: the releasing process's pid and start time); the lease
+    as written."""
     if isinstance(lease, BadLease):  # unreadable: replace it by a readable one of nobody's
         lease = Lease(identity=lease.identity, job_id=-1, uid=-1)
     lease.phase, lease.phase_since = phase, round(time.time(), 6)
+    if releaser is not None:
+        lease.releaser_pid, lease.releaser_start = releaser
     ledger.rewrite(lease)
+    return lease
 
 
 def _filesystems(nodes: Iterable[str], settings: HookSettings, identity: str) -> set[int]:
@@ -371,7 +372,7 @@ def end_lease(
         # The scan (and the wait for the job's last processes) without the state lock: the lease
         # says who releases it, so a prolog for this device waits for it (holder_alive) instead of
         # reclaiming it meanwhile, and the node's other devices' hooks do not wait at all.
-        lease = _begin_release(ledger, lease, present)
+        lease = _begin_release(ledger, lease)
         ledger.unlock()
         try:
             why = _unrevocable_holders(ledger, lease, device, present, settings, wait_s)
@@ -610,7 +611,7 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
         # A stick coming back after revocation, or a release's scan, is the common wait: look often
         # (each look is a lock, a stat and a small read; with the node agent the release it waits for
         # takes milliseconds).
-        time.sleep(0.005 if releasing or (isinstance(holder, Lease) and holder.phase == REVOKING) else 0.1)
+        time.sleep(0.005 if isinstance(holder, Lease) and holder.phase in (RELEASING, REVOKING) else 0.1)
 
 
 def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSettings, job_id: int) -> None:
