@@ -384,8 +384,6 @@ def _any_device(paths: list[str], wanted: set[int], deadline: float) -> bool | N
 
 # ---- job steps ---------------------------------------------------------------------
 
-_STEPD: set[tuple[int, int]] | None = None
-
 
 def _exe_key(pid: int | str) -> tuple[int, int] | None:
     try:
@@ -408,33 +406,25 @@ def slurmstepd_files() -> set[tuple[int, int]]:
 
     slurmd starts steps from the slurmstepd in its own sbin directory, so the
     file is found from the daemon, wherever Slurm is installed (/usr/sbin,
-    /opt/slurm-25.11/sbin...). Cached for the life of the process.
+    /opt/slurm-25.11/sbin...). Not cached: Slurm may be upgraded under a long-lived process (the node
+    agent's workers), and a stale answer would hide a live job's steps.
     """
-    global _STEPD
-    if _STEPD is not None:
-        return _STEPD
     from ..slurm.installation import running_daemons  # the one scan for Slurm's daemons
 
-    found = {key for _, _, exe, _ in running_daemons(("slurmd",)) if (key := _stepd_beside(exe)) is not None}
-    _STEPD = found
-    return found
+    return {key for _, _, exe, _ in running_daemons(("slurmd",)) if (key := _stepd_beside(exe)) is not None}
 
 
-def forget_slurmstepd_files() -> None:
-    """Drop the cache of :func:`slurmstepd_files` (the node agent's worker, between two hooks: Slurm may
-    have been upgraded meanwhile, and a stale answer would hide a live job's steps)."""
-    global _STEPD
-    _STEPD = None
+def is_slurmstepd(pid: int, known: set[tuple[int, int]] | None = None) -> bool:
+    """True when ``pid`` is a root process running Slurm's slurmstepd executable.
 
-
-def is_slurmstepd(pid: int) -> bool:
-    """True when ``pid`` is a root process running Slurm's slurmstepd executable."""
+    ``known``: :func:`slurmstepd_files`, when the caller asks about several processes at once.
+    """
     try:
         if os.stat(f"/proc/{pid}").st_uid != 0:
             return False
     except OSError:
         return False
-    known = slurmstepd_files()
+    known = slurmstepd_files() if known is None else known
     if not known:
         # No slurmd runs (restarting?): its steps outlive it. Fall back to the
         # executable's name; uid 0 is what a user cannot forge.
@@ -449,7 +439,8 @@ def is_slurmstepd(pid: int) -> bool:
 def job_step_pids(job_id: int) -> list[int]:
     """PIDs of this node's slurmstepd processes for ``job_id`` (title ``slurmstepd: [<job>.*]``)."""
     prefix = f"slurmstepd: [{job_id}.".encode()
-    pids = []
+    pids: list[int] = []
+    known: set[tuple[int, int]] | None = None  # looked up at the first candidate: most scans find none
     for pid in _pids():
         try:
             with open(f"/proc/{pid}/cmdline", "rb") as handle:
@@ -457,8 +448,10 @@ def job_step_pids(job_id: int) -> list[int]:
         except OSError:
             continue
         # The title only picks candidates; what the process *is* decides.
-        if head.startswith(prefix) and is_slurmstepd(pid):
-            pids.append(pid)
+        if head.startswith(prefix):
+            known = slurmstepd_files() if known is None else known
+            if is_slurmstepd(pid, known):
+                pids.append(pid)
     return pids
 
 

@@ -15,8 +15,9 @@ socket), so a hook never waits for a fork, and each serves hook after hook (up t
 :data:`MAX_REQUESTS`), so a hook pays for no fork, exit or first-touch page copies either:
 forking the agent and copying the pages a hook writes cost about 2 ms of CPU per hook on a
 2-core node, taken from the job starting beside it. After each hook the worker puts back its
-standard descriptors, and ends instead when the hook raised or left a descriptor open (a fresh
-worker serves on); each hook's environment replaces the last one's, variable by variable. It
+standard descriptors, working directory and umask, and ends instead when the hook raised or left a
+descriptor open (a fresh worker serves on); each hook's environment replaces the last one's,
+variable by variable. Everything else a hook learns lives on its run (hooks/context.py HookRun). It
 tells the agent, on a pipe, when it takes a connection, is idle again, or ends; the agent forks
 a replacement once no worker is busy (so a fork never takes the CPU from a hook in flight), or
 at once when none would be left waiting: such an extra worker serves one hook. The agent freezes
@@ -188,17 +189,11 @@ def run_hook(
     now = time.time()
     probe.begin(environ, woke[0] or now, (*woke[1], ("environ", now)) if woke[0] else ())
     if hook == "prolog":
+        from ..access.ledger import process_start_time
         from . import epilog, prolog
 
-        if queries is not None:
-            from . import allocation
-
-            allocation.DETAIL_SOURCE = _resident_scontrol(queries, environ)
-
-        from ..access.ledger import process_start_time
-
         process = (client_pid, process_start_time(client_pid)) if client_pid else None
-        status = prolog.main(environ, process)
+        status = prolog.main(environ, process, _resident_scontrol(queries, environ) if queries is not None else None)
         if status == 0 and conn is not None and _client_gone(conn):
             # Nobody waits for this prolog any more (slurmd killed it, the client gave up): the
             # job was refused, so it must not keep devices. The epilog's release is idempotent.
@@ -243,8 +238,11 @@ def _idle_worker(
         poller.register(listener.fileno(), select.EPOLLIN | select.EPOLLEXCLUSIVE)
         poller.register(agent_alive, select.EPOLLIN)
         _warm_up()
-        _forget_caches()  # the agent's, and the warm-up's: every hook finds its own
         idle_fds = _open_fds()
+        # Where each hook starts, as the agent's own: a hook that moved (chdir) or changed its umask
+        # leaves the next one nothing.
+        cwd, umask = os.getcwd(), os.umask(0o022)
+        os.umask(umask)
         limit = MAX_REQUESTS if keep else 1
         for served in range(1, limit + 1):
             conn, woke = _next_connection(listener, agent_alive, poller)
@@ -254,7 +252,8 @@ def _idle_worker(
             sys.stderr.flush()
             for fd, saved in enumerate(standard):
                 os.dup2(saved, fd)
-            _forget_caches()
+            os.chdir(cwd)
+            os.umask(umask)
             if not clean or _open_fds() != idle_fds:
                 break  # a hook that failed, or left a descriptor open, ends its worker: a fresh one serves on
             if served < limit:
@@ -283,19 +282,6 @@ def _next_connection(listener: socket.socket, agent_alive: int, poller: select.e
             continue
         conn.setblocking(True)
         return conn, (woke, (("accept", time.time()),))
-
-
-def _forget_caches() -> None:
-    """Forget what the hook code keeps for the life of its process, which was one hook's before
-    workers served many: the Slurm installation found, the slurmstepd files, this hook's resident
-    scontrol."""
-    from ..access import processes
-    from ..slurm import installation
-    from . import allocation
-
-    allocation.DETAIL_SOURCE = None
-    installation.forget_found()
-    processes.forget_slurmstepd_files()
 
 
 def _open_fds() -> list[str]:

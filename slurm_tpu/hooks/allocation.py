@@ -36,31 +36,8 @@ if TYPE_CHECKING:
     from ..protocol.hooks_snapshot import FamilyPolicy
     from ..protocol.inventory import KnownDevice
     from ..slurm.jobdetail import GresAlloc
+    from .context import HookRun
     from .settings import HookSettings
-
-
-def _piped_answer(job_id: int, scontrol: str, environ: Mapping[str, str] | None) -> str | None:
-    """The ``scontrol show job -d`` text prolog/slurm-tpu-prolog piped in, if any.
-
-    The sh entry point starts the query concurrently with Python's start-up and
-    says so with SLURM_TPU_JOB_ON_STDIN=<job id> and SLURM_TPU_SCONTROL=<the
-    scontrol it ran> (slurmd's hook environment is not job-controlled). An answer
-    from another scontrol than ours (Slurm moved since the snapshot named it) or
-    empty output (scontrol failed) is not used: ask again below.
-    """
-    if (
-        environ is None
-        or environ.get("SLURM_TPU_JOB_ON_STDIN") != str(job_id)
-        or environ.get("SLURM_TPU_SCONTROL") != scontrol
-    ):
-        return None
-    import sys
-
-    try:
-        text = sys.stdin.read(4 << 20)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return None
-    return text if text.strip() else None
 
 
 # GRES name -> the prolog variable our gres plugin (slurm_plugin/gres_tpu.c) sets to the job's indices
@@ -104,28 +81,21 @@ def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str])
     return [GresAlloc(name, None, len(indices), indices) for name, indices in found]
 
 
-# Set by the node agent's worker (hooks/agent.py): its resident scontrol, asked before a new one is
-# run (see ``Slurm.detail_source``). None in a hook process of its own.
-DETAIL_SOURCE = None
-
-
-def query_job_gres(
-    job_id: int, node: str, settings: HookSettings, environ: Mapping[str, str]
-) -> list[GresAlloc] | None:
-    """The job's GRES on this node. None if Slurm does not list the job on this node.
+def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
+    """The GRES of the hook's job on its node. None if Slurm does not list the job on this node.
 
     From our gres plugin's variables when they cover every GRES this node leases
-    (:func:`gres_from_env`), else from Slurm.
+    (:func:`gres_from_env`), else from Slurm (the run's gateway: the agent's resident
+    scontrol first, where the hook runs in the agent).
     """
-    from_env = gres_from_env(job_id, settings.leasable_names(), environ)
+    job_id, node = hook.job.job_id, hook.job.node
+    from_env = gres_from_env(job_id, hook.settings.leasable_names(), hook.environ)
     if from_env is not None:
         return from_env
     from ..errors import SlurmCommandError
 
-    slurm = settings.slurm(environ)
-    slurm.detail_source = DETAIL_SOURCE
     try:
-        return slurm.job_gres(job_id, node, _piped_answer(job_id, slurm.program("scontrol"), environ))
+        return hook.slurm().job_gres(job_id, node)
     except SlurmCommandError as exc:
         raise HookError(f"job {job_id}: cannot ask Slurm for its devices: {exc}") from exc
     except ValueError as exc:

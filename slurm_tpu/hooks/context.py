@@ -9,6 +9,8 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .settings import HookSettings
+
 TAG = "slurm-tpu"
 
 
@@ -31,21 +33,6 @@ def say(message: str, error: bool = True) -> None:
         syslog.syslog(syslog.LOG_ERR if error else syslog.LOG_INFO, message)
     except OSError:
         pass
-
-
-def drain(node: str, reason: str, settings, environ, hook: str) -> bool:
-    """Drain ``node`` with ``reason`` through the Slurm gateway (``Slurm.drain``); False, said, when Slurm refuses.
-
-    Our own reason is more useful than Slurm's generic "Prolog error"/"Epilog error".
-    """
-    from ..errors import SlurmCommandError
-
-    try:
-        settings.slurm(environ).drain(node, reason)
-        return True
-    except SlurmCommandError as exc:
-        say(f"{hook}: cannot drain {node}: {exc}")
-        return False
 
 
 def load_hook_config(environ: Mapping[str, str]):  # -> Config
@@ -109,16 +96,48 @@ def job_from_env(environ: Mapping[str, str], node: str, need_uid: bool = True) -
     return JobContext(job_id, uid, user if user.isprintable() else "", node)
 
 
-def run_guarded(name: str, run, environ) -> int:
-    """Run a hook's ``run(environ)``; any failure becomes one line and exit status 1.
+class HookRun:
+    """One run of a root hook: what it was given and what it finds, built at its entry and passed down.
 
-    Slurm drains the node on a failing prolog/epilog; the line says why, never a
-    traceback (SlurmTpuError, OSError... included).
+    A node agent's worker runs hook after hook, so whatever a hook learns for its own use
+    (its settings, its job, its Slurm gateway) lives here and ends with the run: no hook
+    module keeps state of its own from one hook to the next.
     """
-    try:
-        return run(environ)
-    except HookError as exc:
-        say(f"{name}: {exc}")
-    except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
-        say(f"{name}: job {environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
-    return 1
+
+    __slots__ = ("hook", "environ", "node", "settings", "job", "detail_source", "_slurm")
+    # Set by the hook once it has read them (its first steps).
+    settings: HookSettings
+    job: JobContext
+
+    def __init__(self, hook: str, environ: Mapping[str, str], detail_source=None):
+        """``detail_source``: the node agent's resident scontrol for this hook (``Slurm.detail_source``)."""
+        self.hook, self.environ, self.detail_source = hook, environ, detail_source
+        self.node = node_from_env(environ)
+        self._slurm = None
+
+    def slurm(self):  # -> slurm.commands.Slurm
+        """This run's Slurm gateway (found once per run: see ``HookSettings.slurm``)."""
+        if self._slurm is None:
+            self._slurm = self.settings.slurm(self.environ, self.detail_source)
+        return self._slurm
+
+    def drain(self, node: str, reason: str) -> bool:
+        """Drain ``node`` with ``reason`` (more useful than Slurm's generic "Prolog error"/"Epilog error");
+        False, said, when Slurm refuses."""
+        from ..errors import SlurmCommandError
+
+        try:
+            self.slurm().drain(node, reason)
+            return True
+        except SlurmCommandError as exc:
+            say(f"{self.hook}: cannot drain {node}: {exc}")
+            return False
+
+    def failed(self, exc: Exception) -> int:
+        """A hook's failure as one line (Slurm drains the node on a failing prolog/epilog; never a
+        traceback), and its exit status 1."""
+        if isinstance(exc, HookError):
+            say(f"{self.hook}: {exc}")
+        else:
+            say(f"{self.hook}: job {self.environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
+        return 1

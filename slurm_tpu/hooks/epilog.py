@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .context import drain, job_from_env, node_from_env, run_guarded, say
+from .context import HookRun, job_from_env, say
 
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
@@ -18,16 +18,15 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-def run(environ, answer: Callable[[], None] | None = None) -> int:
+def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     """The epilog's work. ``answer``: the node agent's early answer (see below); None in a hook process."""
     from ..access.ledger import Ledger
     from . import envfile, jobusage, leasing, probe, settings as hook_settings
 
     probe.mark("imports")
-    node = node_from_env(environ)
-    settings = hook_settings.load(environ, node, create=False)
+    settings = hook.settings = hook_settings.load(hook.environ, hook.node, create=False)
     probe.mark("settings")
-    job = job_from_env(environ, settings.node, need_uid=False)
+    job = hook.job = job_from_env(hook.environ, settings.node, need_uid=False)
     if not os.path.lexists(settings.state_dir):
         return 0  # never leased anything on this node
     with Ledger(settings.state_dir) as ledger:
@@ -65,14 +64,17 @@ def run(environ, answer: Callable[[], None] | None = None) -> int:
     reason = "slurm-tpu: " + "; ".join(problems)
     say(f"epilog: {reason}")
     # Our own reason is more useful than Slurm's generic "Epilog error".
-    return 0 if drain(job.node, reason, settings, environ, "epilog") else 1
+    return 0 if hook.drain(job.node, reason) else 1
 
 
 def main(environ=None, answer: Callable[[], None] | None = None) -> int:
     """Entry point for epilog/slurm-tpu-epilog; the node agent's worker passes ``answer`` (see run)."""
     from . import probe
 
+    hook = HookRun("epilog", os.environ if environ is None else environ)
     try:
-        return run_guarded("epilog", lambda env: run(env, answer), os.environ if environ is None else environ)
+        return run(hook, answer)
+    except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
+        return hook.failed(exc)
     finally:
         probe.finish("epilog")

@@ -11,23 +11,21 @@ from __future__ import annotations
 
 import os
 
-from .context import HookError, drain, job_from_env, node_from_env, run_guarded
+from .context import HookError, HookRun, job_from_env
 
 
-def run(environ, prolog_process: tuple[int, int] | None = None) -> int:
+def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     """The prolog; returns the exit status. ``prolog_process``: see leasing.acquire."""
     from ..access.ledger import Ledger
     from . import allocation, envfile, jobusage, leasing, probe, settings as hook_settings
 
     probe.mark("imports")
-    node = node_from_env(environ)
-    settings = hook_settings.load(environ, node)
+    settings = hook.settings = hook_settings.load(hook.environ, hook.node)
     probe.mark("settings")
-    job = job_from_env(environ, settings.node)
-    names = settings.leasable_names()
-    if not names:
+    job = hook.job = job_from_env(hook.environ, settings.node)
+    if not settings.leasable_names():
         return 0  # nothing to lease on this node: no Slurm query at all
-    allocs = allocation.query_job_gres(job.job_id, job.node, settings, environ)
+    allocs = allocation.query_job_gres(hook)
     probe.mark("slurm_query")
     if not allocs:
         return 0
@@ -51,7 +49,7 @@ def run(environ, prolog_process: tuple[int, int] | None = None) -> int:
         except leasing.DeviceNotFree as exc:
             # Kept for the job that left it written (see leasing._refuse_if_written): drain with
             # that reason; the failing prolog then makes Slurm requeue and hold this job.
-            drain(job.node, f"slurm-tpu: {exc}", settings, environ, "prolog")
+            hook.drain(job.node, f"slurm-tpu: {exc}")
             raise
         # Everything after the lease is rolled back with it: a prolog that fails
         # here must not leave the devices with the job's user. The usage box never
@@ -75,12 +73,16 @@ def run(environ, prolog_process: tuple[int, int] | None = None) -> int:
     return 0
 
 
-def main(environ=None, prolog_process: tuple[int, int] | None = None) -> int:
-    """Entry point for prolog/slurm-tpu-prolog, and the node agent's worker (which gives its hook
-    client as the ``prolog_process``, see leasing.acquire)."""
+def main(environ=None, prolog_process: tuple[int, int] | None = None, detail_source=None) -> int:
+    """Entry point for prolog/slurm-tpu-prolog.py, and the node agent's worker (which gives its hook
+    client as the ``prolog_process``, see leasing.acquire, and its resident scontrol as the
+    ``detail_source``, see ``Slurm.detail_source``)."""
     from . import probe
 
+    hook = HookRun("prolog", os.environ if environ is None else environ, detail_source)
     try:
-        return run_guarded("prolog", lambda env: run(env, prolog_process), os.environ if environ is None else environ)
+        return run(hook, prolog_process)
+    except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
+        return hook.failed(exc)
     finally:
         probe.finish("prolog")

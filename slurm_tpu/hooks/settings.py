@@ -22,27 +22,21 @@ import os
 
 from ..access import statedir
 from ..defaults import CONFIG_ENV, CONFIG_PATH, STATE_DIR
-from ..protocol.hooks_snapshot import (
-    FILE as SNAPSHOT,
-    QUERY_MARKER,
-    HookSnapshot,
-    format_snapshot,
-    parse_snapshot,
-    query_marker,
-)
+from ..protocol.hooks_snapshot import FILE as SNAPSHOT, HookSnapshot, format_snapshot, parse_snapshot
 from ..protocol.inventory import FILE_NAME as INVENTORY
 
 
 class HookSettings(HookSnapshot):
     """Config values, the families' policies, this node's devices and its GRES index, as the hooks use them."""
 
-    def slurm(self, environ):  # -> slurm.commands.Slurm
-        """The Slurm gateway for a hook: no PATH (slurmd gives hooks none, and a job must not choose)."""
+    def slurm(self, environ, detail_source=None):  # -> slurm.commands.Slurm
+        """The Slurm gateway for a hook: no PATH (slurmd gives hooks none, and a job must not choose).
+        ``detail_source``: see ``Slurm.detail_source``."""
         from ..slurm import installation
         from ..slurm.commands import Slurm
 
         install = installation.find(environ, self.slurm_bin_dir or None, self.slurm_sbin_dir or None, use_path=False)
-        return Slurm(install, environ)
+        return Slurm(install, environ, detail_source=detail_source)
 
     def leasable_names(self) -> list[str]:
         """GRES names whose devices this node leases (families that lease, with devices here)."""
@@ -210,23 +204,13 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         settings.sources = keys_before
         # Only a root hook writes; a file changed while we read it is not snapshotted.
         if os.geteuid() == 0 and all(file_key(p) == k for p, k in keys_before.items()):
-            _write_snapshot(fd, settings, environ)
+            _write_snapshot(fd, settings)
     finally:
         os.close(fd)
     return settings
 
 
-def _scontrol_for_sh(settings: HookSettings, environ) -> str | None:
-    """The scontrol the sh prolog starts early (None: let the Python side ask)."""
-    from ..errors import SlurmCommandError
-
-    try:
-        return settings.slurm(environ).program("scontrol")
-    except SlurmCommandError:
-        return None
-
-
-def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
+def _write_snapshot(fd: int, settings: HookSettings) -> None:
     try:
         text = settings.to_text()
     except ValueError:
@@ -234,13 +218,6 @@ def _write_snapshot(fd: int, settings: HookSettings, environ) -> None:
         return
     statedir.write_atomic(fd, SNAPSHOT, text.encode())
     _write_no_devices_env(fd, settings)
-    # Tells prolog/slurm-tpu-prolog (sh) whether to start the Slurm query early, and
-    # with which scontrol (sh cannot read /proc/PID/exe without forking).
-    scontrol = _scontrol_for_sh(settings, environ) if settings.leasable_names() else None
-    if scontrol:
-        statedir.write_atomic(fd, QUERY_MARKER, query_marker(scontrol))
-    else:
-        statedir.remove(fd, QUERY_MARKER)
 
 
 def _write_no_devices_env(state_fd: int, settings: HookSettings) -> None:
@@ -263,4 +240,4 @@ def store_snapshot(state_fd: int, settings: HookSettings, environ) -> None:
     inventory = os.path.join(settings.state_dir, INVENTORY)
     if inventory in settings.sources and os.geteuid() == 0:
         settings.sources[inventory] = file_key(inventory)
-        _write_snapshot(state_fd, settings, environ)
+        _write_snapshot(state_fd, settings)

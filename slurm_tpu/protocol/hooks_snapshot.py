@@ -25,11 +25,6 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 ``dev``     identity, kind, bus, nodes: a configured device
 ``val``     identity, name, value: a device's entry in a job variable
 ``idx``     name, type, file: slurmd's IDX order of a GRES name on this node
-
-Written with it (and removed with it when this node has nothing to lease): the
-marker ``<state_dir>/prolog.query`` (:data:`QUERY_MARKER`), one line holding the
-absolute path of the scontrol the Python side chose, which prolog/slurm-tpu-prolog
-(sh: ``read -r``, then checked to be an absolute executable path) starts early.
 """
 
 from __future__ import annotations
@@ -56,14 +51,6 @@ SETTINGS = (
     ("holder_scan_s", float),
     ("sysfs_root", str),
 )
-
-
-QUERY_MARKER = "prolog.query"  # under the state directory
-
-
-def query_marker(scontrol: str) -> bytes:
-    """The marker's bytes: the scontrol's absolute path and a newline."""
-    return scontrol.encode() + b"\n"
 
 
 class FamilyPolicy:

@@ -20,7 +20,7 @@ from .spawn import run as _spawn
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from ..config import Config
     from .jobdetail import GresAlloc
@@ -76,12 +76,17 @@ class Slurm(NodeStates):
         install: _installation.Installation | None = None,
         environ: Mapping[str, str] | None = None,
         timeout: float = 20.0,
+        detail_source: Callable[[str, str], str | None] | None = None,
     ):
+        """``detail_source``: another way to ``scontrol show job -d``'s answer, tried first: (scontrol
+        path, selector) -> text, or None to run scontrol here (the node agent's resident scontrol,
+        hooks/agent_query.py, given to each of its prologs)."""
         import os
 
         self.environ = os.environ if environ is None else environ
         self.install = install or _installation.find(self.environ)
         self.timeout = timeout
+        self.detail_source = detail_source
 
     @classmethod
     def for_config(cls, config: Config, environ: Mapping[str, str] | None = None) -> Slurm:
@@ -104,8 +109,8 @@ class Slurm(NodeStates):
             raise
 
     # ---- jobs --------------------------------------------------------------------
-    def job_gres(self, job_id: int, node: str, answer: str | None = None) -> list[GresAlloc] | None:
-        """Job ``job_id``'s GRES on ``node`` (None: not on the node). ``answer``: a ``show job -d`` already run.
+    def job_gres(self, job_id: int, node: str) -> list[GresAlloc] | None:
+        """Job ``job_id``'s GRES on ``node`` (None: not on the node).
 
         One ``scontrol show job -d`` in the usual case; a second, narrowed to the
         job alone, when other tasks of its array share the node; ``squeue --json``
@@ -114,7 +119,7 @@ class Slurm(NodeStates):
         """
         from .jobdetail import ForgedOutputError, SiblingsOnNode, parse_scontrol_job_detail
 
-        text = self.job_detail(str(job_id)) if answer is None else answer
+        text = self.job_detail(str(job_id))
         try:
             try:
                 return parse_scontrol_job_detail(text, node, job_id)
@@ -124,10 +129,6 @@ class Slurm(NodeStates):
             from .parse import parse_squeue_job_json
 
             return parse_squeue_job_json(self.squeue_json(job_id), job_id, node)
-
-    # Another way to the same answer, tried first: (scontrol path, selector) -> text, or None to run
-    # scontrol here. The node agent's workers set it to its resident scontrol (hooks/agent_query.py).
-    detail_source = None
 
     def job_detail(self, selector: str) -> str:
         """``scontrol show job -d SELECTOR`` (``123``, ``123_4`` an array task, ``123+1`` a het component)."""

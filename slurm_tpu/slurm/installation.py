@@ -255,9 +255,6 @@ def _from_daemon(pid: int, exe: str, how: str) -> Installation:
     return Installation(_pair(None, sbin), f"{how} {os.path.basename(exe)} pid {pid} ({exe})", exe)
 
 
-_CACHE: dict[tuple, Installation] = {}
-
-
 def find(
     environ=None,
     bin_dir: str | None = None,
@@ -269,40 +266,13 @@ def find(
 
     ``bin_dir``/``sbin_dir`` are the config's ``slurm.*`` keys; ``use_path`` is
     False for the root hooks; ``use_daemons`` False for whoever starts daemons
-    (a local cluster). Cached per process and arguments.
+    (a local cluster). Not cached: a long-lived process (the node agent's workers, the watcher)
+    outlives a Slurm upgrade, so each caller keeps what it found for as long as it may.
     """
     environ = os.environ if environ is None else environ
     env_bin, env_sbin = environ.get(BIN_ENV) or None, environ.get(SBIN_ENV) or None
     conf = environ.get("SLURM_CONF") or None
     path = environ.get("PATH", "") if use_path else None
-    key = (env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons)
-    cached = _CACHE.get(key)
-    if cached is None:
-        cached = _CACHE[key] = _find(env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons)
-    return cached
-
-
-def forget_found() -> None:
-    """Drop :func:`find`'s cache (the node agent's worker, between two hooks: its process outlives a
-    Slurm upgrade, which a hook's own process never did)."""
-    _CACHE.clear()
-
-
-def from_prefix(prefix: str) -> Installation:
-    """``<prefix>/bin`` and ``<prefix>/sbin`` (a source build's ``--prefix``; /usr for Debian's)."""
-    if not os.path.isabs(prefix):
-        raise SlurmCommandError(f"Slurm prefix {prefix!r} is not an absolute directory", prefix)
-    return Installation(
-        _pair(f"{prefix.rstrip('/') or ''}/bin", f"{prefix.rstrip('/') or ''}/sbin"), f"prefix {prefix}"
-    )
-
-
-def environment(install: Installation) -> dict[str, str]:
-    """Variables that make child processes (slurm-tpu itself included) use ``install``."""
-    return {BIN_ENV: install.bin_dir, SBIN_ENV: install.sbin_dir}
-
-
-def _find(env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons) -> Installation:
     for given, where in (
         ((env_bin, env_sbin), f"{BIN_ENV}/{SBIN_ENV}"),
         ((bin_dir, sbin_dir), "config slurm.bin_dir/slurm.sbin_dir"),
@@ -323,6 +293,20 @@ def _find(env_bin, env_sbin, bin_dir, sbin_dir, conf, path, use_daemons) -> Inst
         if directory.startswith("/") and os.access(f"{directory}/scontrol", os.X_OK):
             return Installation(_pair(directory, None), f"PATH ({directory})")
     return Installation(USUAL_DIRS, "default directories")
+
+
+def from_prefix(prefix: str) -> Installation:
+    """``<prefix>/bin`` and ``<prefix>/sbin`` (a source build's ``--prefix``; /usr for Debian's)."""
+    if not os.path.isabs(prefix):
+        raise SlurmCommandError(f"Slurm prefix {prefix!r} is not an absolute directory", prefix)
+    return Installation(
+        _pair(f"{prefix.rstrip('/') or ''}/bin", f"{prefix.rstrip('/') or ''}/sbin"), f"prefix {prefix}"
+    )
+
+
+def environment(install: Installation) -> dict[str, str]:
+    """Variables that make child processes (slurm-tpu itself included) use ``install``."""
+    return {BIN_ENV: install.bin_dir, SBIN_ENV: install.sbin_dir}
 
 
 def sbin_dir(environ=None, configured: str | None = None) -> str:

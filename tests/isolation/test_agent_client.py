@@ -8,6 +8,7 @@ each assertion waits on the client's exit (its status and its one line), never o
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -190,26 +191,118 @@ def test_bad_arguments_are_one_line_and_status_2(client):
     assert os.path.isfile(os.path.join(REPO, "prolog", "slurm-tpu-hook-client.c"))
 
 
-def test_a_worker_gives_each_hook_exactly_its_own_environment():
-    """A worker goes from one hook's environment to the next one's without the agent's in between
-    (agent._set_environ): the next hook, and any program it starts, sees its own variables and none
-    left from the hook before it or from the agent."""
-    code = (
-        "import os, subprocess, sys\n"
-        "from slurm_tpu.hooks.agent import _set_environ\n"
-        "_set_environ({'PATH': '/usr/bin:/bin', 'SLURM_JOB_ID': '1', 'SLURM_JOB_USER': 'alice', 'ONLY_JOB_1': 'x'})\n"
-        "_set_environ({'PATH': '/usr/bin:/bin', 'SLURM_JOB_ID': '2', 'SLURM_JOB_USER': 'bob'})\n"
-        "print(dict(os.environ) == {'PATH': '/usr/bin:/bin', 'SLURM_JOB_ID': '2', 'SLURM_JOB_USER': 'bob'})\n"
-        "print(subprocess.run(['env'], capture_output=True, text=True).stdout, end='')\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
+# A driver for the test below: the agent's own worker loop (agent._idle_worker) on a socket in STATE,
+# its run_hook wrapped to report what each hook met on arrival and, after the real hook ran, to leave
+# behind what a careless hook might (a variable, a working directory, a umask); then it serves until
+# this driver's stdin closes.
+WORKER = """
+import json, os, socket, sys, types
+from slurm_tpu.hooks import agent
+
+state = sys.argv[1]
+agent.preload()
+
+
+def modules():
+    # Every value a loaded slurm_tpu module holds (functions and classes by identity; submodules, which
+    # a hook's first lazy import adds, aside): hook state kept at module level would show here.
+    return {
+        name: sorted(
+            (key, repr(value))
+            for key, value in vars(module).items()
+            if not key.startswith("__") and not isinstance(value, types.ModuleType)
+        )
+        for name, module in sorted(sys.modules.items())
+        if name.startswith("slurm_tpu") and module is not None
+    }
+
+
+real = agent.run_hook
+first = []  # the modules as the worker's first hook found them
+
+
+def changed():
+    now = modules()
+    first[:] = first or [now]
+    return [name for name in sorted(first[0]) if now[name] != first[0][name]]
+
+
+def spy(hook, environ, *args, **kwargs):
+    umask = os.umask(0o022)
+    os.umask(umask)
+    seen = {"pid": os.getpid(), "env": dict(os.environ), "cwd": os.getcwd(), "umask": umask,
+            "fds": agent._open_fds(), "modules_changed": changed()}
+    status = real(hook, environ, *args, **kwargs)
+    seen["modules_changed_after"] = changed()
+    print("SEEN " + json.dumps(seen), flush=True)
+    os.environ["LEFT_BY_JOB_" + environ["SLURM_JOB_ID"]] = "1"
+    os.chdir(state)
+    os.umask(0)
+    return status
+
+
+agent.run_hook = spy
+listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+listener.bind(os.path.join(state, "agent.sock"))
+listener.listen(4)
+listener.setblocking(False)
+pool_r, pool_w = os.pipe()
+alive_r, alive_w = os.pipe()
+worker = os.fork()
+if worker == 0:
+    os.close(alive_w)
+    agent._idle_worker(listener, None, pool_w, alive_r, True)
+print("ready", flush=True)
+sys.stdin.read()
+os.close(alive_w)
+os.waitpid(worker, 0)
+"""
+
+
+def test_one_worker_gives_a_hook_nothing_of_the_hook_before_it(client, state_dir):
+    """Two jobs' prologs through one worker of the node agent (the real hook code, down to its Slurm query,
+    answered by a stand-in scontrol that knows no job): the second meets exactly its own environment, the
+    agent's working directory and umask, the same descriptors, and every slurm_tpu module as it was before
+    the first (no hook keeps module state)."""
+    from slurm_tpu.access import node_inventory
+
+    config = os.path.join(state_dir, "config.yaml")
+    with open(config, "w", encoding="utf-8") as handle:
+        handle.write(f"version: 2\nstate_dir: {state_dir}/state\nslurm:\n  bin_dir: {state_dir}/bin\n")
+        handle.write(f"devices:\n  slot_dir: {state_dir}/slots\n")
+    with open(os.path.join(state_dir, "slurm.conf"), "w", encoding="utf-8") as handle:
+        handle.write("ClusterName=t\nSlurmctldHost=localhost\nNodeName=n1 CPUs=1 Gres=tpu:edgetpu_usb:1\n")
+    with open(os.path.join(state_dir, "gres.conf"), "w", encoding="utf-8") as handle:
+        handle.write(f"NodeName=n1 Name=tpu Type=edgetpu_usb File={state_dir}/slots/usb-2-1.3\n")
+    os.makedirs(os.path.join(state_dir, "bin"))
+    shutil.copy("/bin/true", os.path.join(state_dir, "bin", "scontrol"))  # Slurm lists no job on n1
+    stick = {"identity": "usb-2-1.3", "kind": "edgetpu", "bus": "usb", "device_nodes": ["/dev/bus/usb/002/005"]}
+    node_inventory.write_state_inventory(os.path.join(state_dir, "state"), {"accelerators": [stick]})
+    driver = subprocess.Popen(
+        [sys.executable, "-c", WORKER, state_dir],
+        cwd="/",
+        env={"PATH": "/usr/bin:/bin", "PYTHONPATH": REPO, "AGENT_ONLY": "y"},
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
         text=True,
-        cwd=REPO,
-        env={"PATH": "/usr/bin:/bin", "AGENT_ONLY": "y", "SLURM_JOB_ID": "0"},
     )
-    assert done.returncode == 0, done.stderr
-    same, *seen = done.stdout.splitlines()
-    assert same == "True"
-    assert sorted(seen) == ["PATH=/usr/bin:/bin", "SLURM_JOB_ID=2", "SLURM_JOB_USER=bob"]
+    try:
+        assert driver.stdout is not None and driver.stdout.readline() == "ready\n"
+        seen = []
+        for job, user in (("101", "alice"), ("102", "bob")):
+            env = {"SLURM_JOB_ID": job, "SLURM_JOB_UID": "0", "SLURM_JOB_USER": user, "SLURMD_NODENAME": "n1"}
+            env |= {"SLURM_TPU_CONFIG": config, "SLURM_CONF": os.path.join(state_dir, "slurm.conf")}
+            done = run_client(client, "prolog", state_dir, **env)
+            assert done.returncode == 0, done.stderr
+            [line] = [line for line in done.stderr.splitlines() if line.startswith("SEEN ")]
+            seen.append((env, json.loads(line[5:])))
+    finally:
+        driver.communicate("", timeout=60)
+    (_, first), (env, second) = seen
+    assert first["pid"] == second["pid"]  # one worker served both
+    assert second["env"] == {"PATH": "/usr/bin:/bin", **env}  # nothing of job 101's, nor of the agent's
+    assert (first["cwd"], second["cwd"]) == ("/", "/")
+    assert first["umask"] == second["umask"] != 0
+    assert first["fds"] == second["fds"]
+    for hook in (first, second):
+        assert hook["modules_changed"] == hook["modules_changed_after"] == []

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from slurm_tpu.hooks import allocation
-from slurm_tpu.hooks.context import HookError
+from slurm_tpu.hooks.context import HookError, HookRun, JobContext
 from slurm_tpu.slurm.jobdetail import GresAlloc
 
 
@@ -60,15 +60,20 @@ class _Settings:
     def leasable_names(self) -> list[str]:
         return self.names
 
-    def slurm(self, environ):
+    def slurm(self, environ, detail_source=None):
         self.asked += 1
         raise HookError("asked Slurm")
 
 
+def _run(settings: _Settings, env: dict[str, str]) -> HookRun:
+    hook = HookRun("prolog", {**env, "SLURMD_NODENAME": "n1"})
+    hook.settings, hook.job = settings, JobContext(7, 1000, "alice", "n1")  # type: ignore[assignment]
+    return hook
+
+
 def test_query_job_gres_asks_slurm_nothing_when_the_variable_covers_the_node():
     settings = _Settings(["tpu"])
-    env = {"SLURM_JOB_TPUS": "1"}
-    assert allocation.query_job_gres(7, "n1", settings, env) == [GresAlloc("tpu", None, 1, (1,))]  # type: ignore[arg-type]
+    assert allocation.query_job_gres(_run(settings, {"SLURM_JOB_TPUS": "1"})) == [GresAlloc("tpu", None, 1, (1,))]
     assert settings.asked == 0
 
 
@@ -76,5 +81,5 @@ def test_query_job_gres_asks_slurm_nothing_when_the_variable_covers_the_node():
 def test_query_job_gres_asks_slurm_otherwise(env):
     settings = _Settings(["tpu"])
     with pytest.raises(HookError, match="asked Slurm"):
-        allocation.query_job_gres(7, "n1", settings, env)  # type: ignore[arg-type]
+        allocation.query_job_gres(_run(settings, env))
     assert settings.asked == 1

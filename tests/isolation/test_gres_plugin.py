@@ -87,11 +87,11 @@ def run_job(
 
 def slurm_indices(cluster, job: int) -> list[int]:
     """The job's tpu IDX numbers on n1, in the order ``scontrol show job -d`` lists them."""
-    from slurm_tpu.slurm.commands import Slurm
+    from slurm_tpu.slurm.jobdetail import parse_scontrol_job_detail
 
     with open(os.path.join(cluster.records, f"prolog-{job}.detail"), encoding="utf-8") as handle:
         detail = handle.read()
-    allocs = Slurm(cluster.slurm, cluster.env()).job_gres(job, "n1", detail) or []
+    allocs = parse_scontrol_job_detail(detail, "n1", job) or []
     return [i for alloc in allocs if alloc.name == "tpu" for i in alloc.indices]
 
 
