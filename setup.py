@@ -23,7 +23,7 @@ def _node_files():
     for directory in NODE_DIRS:
         for name in sorted(os.listdir(directory)):
             source = os.path.join(directory, name)
-            # slurm-tpu-hook-client and the sh hooks' native entries (<hook>-native, links to it): built
+            # slurm-tpu-hook-client and the hooks' native entries (<hook>-native, links to it): built
             # from its .c on the node (slurm_tpu/ops/hook_client.py), never shipped.
             if (
                 os.path.isfile(source)

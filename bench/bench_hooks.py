@@ -37,7 +37,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
 from harness.localcluster.cluster import Hooks, LocalCluster, NodeSpec, project_hooks  # noqa: E402
-from slurm_tpu.ops.hook_client import shipped_sh_hook  # noqa: E402
+from slurm_tpu.ops.hook_client import shipped_hook  # noqa: E402
 
 HARDWARE = os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev")
 BENCH_USER = "stpu_bench"
@@ -80,7 +80,7 @@ def make_wrappers(
         else ""
     )
     paths = {}
-    hooks = hooks or project_hooks()  # this tree's native entries where built, else its sh hooks
+    hooks = hooks or project_hooks()  # this tree's native entries where built, else its hooks themselves
     for kind, hook in HOOKS.items():
         path = os.path.join(directory, f"timed-{kind}")
         with open(path, "w", encoding="utf-8") as handle:
@@ -209,9 +209,9 @@ def main() -> int:
         help="run the cluster without our gres/tpu plugin even where one is built (the Prolog asks scontrol)",
     )
     parser.add_argument(
-        "--sh-hooks",
+        "--python-hooks",
         action="store_true",
-        help="run this tree's sh hooks, not their native entries (the C client under the hook's name)",
+        help="run this tree's hooks themselves (Python), not their native entries (the C client)",
     )
     parser.add_argument(
         "--profile", action="store_true", help="per-step medians of each hook (slurm_tpu/hooks/probe.py) in the report"
@@ -235,8 +235,8 @@ def main() -> int:
     # the test machine's disk (each lease and env file is fsync'ed).
     tmpfs = tempfile.mkdtemp(prefix="slurm-tpu-bench-", dir="/dev/shm") if os.path.isdir("/dev/shm") else base
     os.chmod(tmpfs, 0o755)
-    hooks = project_hooks(native=not args.sh_hooks)
-    native = hooks.prolog != shipped_sh_hook("slurm-tpu-prolog")
+    hooks = project_hooks(native=not args.python_hooks)
+    native = hooks.prolog != shipped_hook("slurm-tpu-prolog")
     cluster = LocalCluster(
         base=base,
         nodes=[NodeSpec("n1", HARDWARE)],

@@ -4,8 +4,8 @@
  *
  *   slurm-tpu-hook-client HOOK STATE_DIR [-- FALLBACK ARGV...]
  *
- * Run by prolog/slurm-tpu-prolog, epilog/slurm-tpu-epilog and the udev hook's
- * agent path (root, started by slurmd or udev). It hands the agent
+ * Run as a native entry (below) by slurmd, or as slurm-tpu-hook-client by the udev hook's agent
+ * path (root, started by udev). It hands the agent
  * (slurm_tpu/hooks/agent.py; the wire format: slurm_tpu/protocol/agent_wire.py) its
  * whole environment over STATE_DIR/agent.sock; the agent's worker runs the hook
  * and answers with the hook's messages, written here to stderr (slurmd's log, as
@@ -14,19 +14,19 @@
  * never given to a shell.
  *
  * Native entries: run under the name slurm-tpu-prolog-native, slurm-tpu-epilog-native
- * or slurm-tpu-task-prolog-native (hard links to this program, made beside the sh
- * hook of the same name without "-native": slurm_tpu/hooks/agent_client.py), it is
- * that hook, for slurm.conf's Prolog=, Epilog=, TaskProlog=: it finds the state
- * directory as prolog/slurm-tpu-lib.sh does and does what the sh hook does on its
- * fast path, without starting a shell (about 1.4 ms less per hook, measured in
- * docs/benchmarks.md). The Prolog and Epilog ask the agent; with no agent socket, or
- * wherever the sh hook would do more (an environment too large for the agent), they
- * exec the sh hook, which runs the Python hook. The TaskProlog prints the job's
- * environment lines (prolog/slurm-tpu-task-prolog says which, and why).
+ * or slurm-tpu-task-prolog-native (hard links to this program, made beside the hook
+ * of the same name without "-native": slurm_tpu/hooks/agent_client.py), it is that
+ * hook, for slurm.conf's Prolog=, Epilog=, TaskProlog=. It finds the state directory
+ * (the one place in C that does) and hands it, in SLURM_TPU_STATE_DIR, to whoever it
+ * asks or starts. The Prolog and Epilog ask the agent; with no agent socket, or an
+ * environment too large for the agent, they exec the Python hook beside them
+ * (prolog/slurm-tpu-prolog, epilog/slurm-tpu-epilog): the only two ways into a hook.
+ * The TaskProlog prints the job's environment lines (prolog/slurm-tpu-task-prolog, its
+ * sh twin for nodes without a compiler, says which, and why).
  *
- * Fail closed: when the agent cannot be reached, the prolog prints one line and
- * its status is 1 (Slurm refuses the job, the devices stay root's); the epilog
- * and the udev hook exec their FALLBACK (the Python hook), which gives the
+ * Fail closed: when the agent's socket is there but nobody answers on it, the prolog
+ * prints one line and its status is 1 (Slurm refuses the job, the devices stay root's);
+ * the epilog and the udev hook exec their FALLBACK (the Python hook), which gives the
  * devices back. An environment too large for one request (a job can grow it
  * with SPANK_ variables) execs the FALLBACK for every hook. Once the
  * request is sent, no answer within the time limit (SLURM_TPU_AGENT_TIMEOUT
@@ -36,7 +36,7 @@
  *
  * Built with the system cc (slurm_tpu/ops/hook_client.py) by scripts/setup.sh,
  * LocalCluster, slurm-tpu install and the agent itself beside installed hooks;
- * without it the sh hooks run the Python hooks as before.
+ * without it slurm.conf names the Python hooks (and the sh task prolog).
  */
 #define _GNU_SOURCE
 #include <ctype.h>
@@ -56,6 +56,7 @@
 #define MAX_REQUEST (60 * 1024) /* slurm_tpu/protocol/agent_wire.py MAX_REQUEST is 64 KiB */
 #define MAX_OUTPUT (64 * 1024)  /* slurm_tpu/protocol/agent_wire.py MAX_OUTPUT */
 #define MAGIC "STPU1"
+#define STATE_DIR_ENV "SLURM_TPU_STATE_DIR" /* slurm_tpu/defaults.py STATE_DIR_ENV */
 
 extern char **environ;
 
@@ -71,7 +72,7 @@ static int fail(const char *hook, const char *what)
     return 1;
 }
 
-/* FALLBACK: the Python hook (the sh hooks give it), or the sh hook (a native entry gives it). */
+/* FALLBACK: the Python hook. */
 static int fallback(char **fallback_argv, const char *hook, const char *why)
 {
     if (fallback_argv && fallback_argv[0]) {
@@ -85,6 +86,9 @@ static int fallback(char **fallback_argv, const char *hook, const char *why)
  * hook's status, or FALLBACK_ARGV's exec where the agent cannot take it (see the top). */
 static int ask_agent(const char *hook, const char *path, char **fallback_argv)
 {
+    /* What this program found, for the agent's hook and the FALLBACK: neither reads the config for it. */
+    if (setenv(STATE_DIR_ENV, path, 1) != 0)
+        return fail(hook, "cannot hand the state directory on (out of memory)");
 
     /* The request: MAGIC \0 HOOK \0 then every NAME=value \0 of the environment. */
     static char buf[MAX_REQUEST];
@@ -197,7 +201,7 @@ static int ask_agent(const char *hook, const char *path, char **fallback_argv)
     return (unsigned char)answer[want - 1];
 }
 
-/* ---- native entries: the sh hooks' fast path without a shell ---------------------------- */
+/* ---- native entries: the hooks slurm.conf names, without an interpreter ------------------- */
 
 /* slurm_tpu/defaults.py STATE_DIR, CONFIG_ENV, CONFIG_PATH (tests/test_fast_path.py checks they agree). */
 #define DEFAULT_STATE_DIR "/run/slurm-tpu"
@@ -240,7 +244,7 @@ static ssize_t read_file(int dir, const char *name, char *buf, size_t size)
     return (ssize_t)len;
 }
 
-/* The config's top-level "state_dir:" into OUT, as prolog/slurm-tpu-lib.sh and
+/* The config's top-level "state_dir:" into OUT, as prolog/slurm-tpu-task-prolog and
  * slurm_tpu/hooks/settings.py scan_state_dir read it: the first line that starts with it, up to
  * a " #" comment, blanks trimmed, one pair of matching quotes removed; else the default. */
 static void find_state_dir(char *out, size_t size)
@@ -298,7 +302,7 @@ static int task_prolog(const char *state_dir)
             len = read_file(dir, "no-devices.env", text, sizeof text);
         close(dir);
     }
-    /* Whole lines only, as the sh hook's "while read" takes them (an unterminated last one is not). */
+    /* Whole lines only, as the sh task prolog's "while read" takes them (an unterminated last one is not). */
     for (char *line = text; len > 0 && line < text + len;) {
         char *end = memchr(line, '\n', (size_t)(text + len - line));
         if (!end)
@@ -324,27 +328,28 @@ static int task_prolog(const char *state_dir)
     return 0;
 }
 
-/* The native entry HOOK, run as SELF: the agent when its socket is there, else the sh hook. */
+/* The native entry HOOK, run as SELF: the agent when its socket is there, else the Python hook. */
 static int run_native(const char *hook, const char *self)
 {
-    char state_dir[4096], sh[4096];
+    char state_dir[4096], python_hook[4096];
     find_state_dir(state_dir, sizeof state_dir);
     if (strcmp(hook, "task-prolog") == 0)
         return task_prolog(state_dir);
-    /* The sh hook of the same name: this program's path without "-native". */
+    /* The Python hook of the same name: this program's path without "-native". */
     size_t n = strlen(self) - strlen(NATIVE_SUFFIX);
-    snprintf(sh, sizeof sh, "%.*s", (int)n, self);
-    char *sh_argv[] = {sh, NULL};
+    snprintf(python_hook, sizeof python_hook, "%.*s", (int)n, self);
+    char *hook_argv[] = {python_hook, NULL};
     struct stat info;
     int dir = open(state_dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
     int agent = dir >= 0 && fstatat(dir, "agent.sock", &info, AT_SYMLINK_NOFOLLOW) == 0 && S_ISSOCK(info.st_mode);
     if (dir >= 0)
         close(dir);
-    if (!agent) { /* no agent on this node (or it was stopped): the sh hook runs the Python hook */
-        execv(sh, sh_argv);
-        return fail(hook, "no agent socket, and the sh hook beside this program cannot be run");
+    if (!agent) { /* no agent on this node (or it was stopped): the Python hook does the work */
+        if (setenv(STATE_DIR_ENV, state_dir, 1) == 0)
+            execv(python_hook, hook_argv);
+        return fail(hook, "no agent socket, and the Python hook beside this program cannot be run");
     }
-    return ask_agent(hook, state_dir, sh_argv);
+    return ask_agent(hook, state_dir, hook_argv);
 }
 
 int main(int argc, char **argv)

@@ -3,9 +3,9 @@
 The site config (slurm_tpu/config.py) starts from these; the root hooks use them
 before (or instead of) reading it, so this module is stdlib-only and imports
 nothing (it is on the hooks' fast path, see slurm_tpu/hooks/__init__.py). The sh
-hooks cannot import it: prolog/slurm-tpu-lib.sh repeats :data:`CONFIG_ENV`,
-:data:`CONFIG_PATH` and :data:`STATE_DIR`, and tests/test_fast_path.py checks that
-they agree.
+task prolog and the C client cannot import it: they repeat :data:`CONFIG_ENV`,
+:data:`CONFIG_PATH` and :data:`STATE_DIR` (and the client :data:`STATE_DIR_ENV`), and
+tests/test_fast_path.py checks that they agree.
 """
 
 # The site config: this file, or the one the environment variable names.
@@ -14,6 +14,9 @@ CONFIG_ENV = "SLURM_TPU_CONFIG"
 
 # The root-owned state directory: leases, audit log, the hooks' snapshot and inventory (tmpfs).
 STATE_DIR = "/run/slurm-tpu"
+# The state directory as the C client (a native entry) found it, in the environment of the Python
+# hook it runs or the node agent it asks: they read the config for it only without this.
+STATE_DIR_ENV = "SLURM_TPU_STATE_DIR"
 # The node inventory's file name: <state_dir>/inventory.json (the hooks' copy, see
 # slurm_tpu/protocol/inventory.py) and its persistent copy, restored at boot (/run is tmpfs).
 INVENTORY_NAME = "inventory.json"

@@ -111,11 +111,11 @@ def test_the_entry_scripts_import_only_the_stdlib_set_and_the_fast_path():
     assert not found, "\n".join(found)
 
 
-def test_the_sh_hooks_defaults_are_the_packages():
-    # prolog/slurm-tpu-lib.sh finds the state directory without Python: the same defaults.
-    text = (REPO / "prolog" / "slurm-tpu-lib.sh").read_text(encoding="utf-8")
-    assert f"    state_dir={defaults.STATE_DIR}\n" in text
-    assert f"    _config=${{{defaults.CONFIG_ENV}:-{defaults.CONFIG_PATH}}}\n" in text
+def test_the_sh_task_prologs_defaults_are_the_packages():
+    # prolog/slurm-tpu-task-prolog finds the state directory without Python: the same defaults.
+    text = (REPO / "prolog" / "slurm-tpu-task-prolog").read_text(encoding="utf-8")
+    assert f"\nstate_dir={defaults.STATE_DIR}\n" in text
+    assert f"\nconfig=${{{defaults.CONFIG_ENV}:-{defaults.CONFIG_PATH}}}\n" in text
 
 
 # ---- the checker itself, on a package written for the purpose ------------------------------

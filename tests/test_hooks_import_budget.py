@@ -128,16 +128,13 @@ def measured(cluster_factory, tmp_path_factory):
     logs, hooks = work / "logs", work / "prolog"
     logs.mkdir()
     hooks.mkdir()
-    # The sh prolog runs "${0%/*}/slurm-tpu-prolog.py": linked here, it runs the shim beside it.
-    for name in ("slurm-tpu-prolog", "slurm-tpu-lib.sh"):
-        (hooks / name).symlink_to(REPO / "prolog" / name)
-    _shim(hooks, "slurm-tpu-prolog.py", "prolog", REPO / "prolog" / "slurm-tpu-prolog.py", logs)
-    epilog = _shim(hooks, "epilog", "epilog", REPO / "epilog" / "slurm-tpu-epilog.py", logs)
+    prolog = _shim(hooks, "prolog", "prolog", REPO / "prolog" / "slurm-tpu-prolog", logs)
+    epilog = _shim(hooks, "epilog", "epilog", REPO / "epilog" / "slurm-tpu-epilog", logs)
     udev = _shim(hooks, "udev", "revocation", UDEV_HOOK, logs)
     cluster = cluster_factory(
         [NodeSpec("n1", str(HARDWARE))],
         hooks=Hooks(
-            prolog=str(hooks / "slurm-tpu-prolog"),
+            prolog=str(prolog),
             epilog=str(epilog),
             task_prolog=str(REPO / "prolog" / "slurm-tpu-task-prolog"),
             udev=str(udev),

@@ -51,13 +51,13 @@ class Hooks:
 def project_hooks(native: bool = True) -> Hooks:
     """slurm-tpu's Prolog, Epilog and TaskProlog as shipped (a checkout's or the wheel's): their native
     entries where the C client builds (prolog/slurm-tpu-hook-client.c: what ``slurm-tpu install`` puts
-    in slurm.conf then), else, or with ``native=False``, the sh hooks."""
-    from slurm_tpu.ops.hook_client import build_native, shipped_sh_hook
+    in slurm.conf then), else, or with ``native=False``, the hooks themselves (Python; sh for the task prolog)."""
+    from slurm_tpu.ops.hook_client import build_native, shipped_hook
 
     entries = build_native() if native else {}
 
     def pick(name: str) -> str:
-        return entries.get(name) or shipped_sh_hook(name)
+        return entries.get(name) or shipped_hook(name)
 
     return Hooks(
         prolog=pick("slurm-tpu-prolog"), epilog=pick("slurm-tpu-epilog"), task_prolog=pick("slurm-tpu-task-prolog")
@@ -126,7 +126,7 @@ class LocalCluster:
     # cluster on the same machine with the same (small) job id would look like ours.
     first_job_id: int = 1
     # Start the node agent (slurm_tpu/hooks/agent.py) of every node with the daemons; the
-    # sh hooks use it when its socket is there and the C client is built (built by configure()).
+    # native entries use it when its socket is there (the C client is built by configure()).
     agents: bool = True
     # One node whose hooks find their config by themselves (installed by `slurm-tpu install
     # --sysconfdir`, which writes its path into them): the node's config is written to this
@@ -258,7 +258,7 @@ class LocalCluster:
         if self.agents:
             from slurm_tpu.ops.hook_client import build_native
 
-            build_native()  # the hooks' thin client and native entries, beside them ({}: no cc, the sh hooks run)
+            build_native()  # the hooks' thin client and native entries, beside them ({}: no cc)
 
     def _configure_munge(self) -> None:
         key = self.path("munge", "munge.key")

@@ -1,13 +1,13 @@
 """Building the hooks' thin client of the node agent (prolog/slurm-tpu-hook-client.c) with the system cc.
 
 The client is C so that a hook starts no interpreter (see slurm_tpu/hooks/agent.py).
-It is built next to the sh hooks that run it (``<dir>/slurm-tpu-hook-client``): by
+It is built next to the hooks whose native entries it is (``<dir>/slurm-tpu-hook-client``): by
 scripts/setup.sh for a checkout, by LocalCluster before it starts a cluster (both through
 slurm_tpu/ops/hook_client.py, which knows where the shipped source is), and by the
 agent itself when it starts from a hooks directory that has the source but no current
 client (``slurm-tpu install`` installs the source and a client built from it there; see
 :func:`build_beside`). Without a C compiler nothing is built
-and the hooks run the Python hooks, as before the agent. Not on the hooks' fast path:
+and slurm.conf names the Python hooks (and the sh task prolog). Not on the hooks' fast path:
 only the agent imports this, once, at its start.
 """
 
@@ -20,8 +20,8 @@ import sys
 
 SOURCE = "slurm-tpu-hook-client.c"
 PROGRAM = "slurm-tpu-hook-client"
-# The sh hooks the client also is, without a shell, under the sh hook's name and this suffix (its
-# "native entries", hard links to it beside the sh hook: the client's source says what each does).
+# The hooks the client also is, without an interpreter, under the hook's name and this suffix (its
+# "native entries", hard links to it beside the hook: the client's source says what each does).
 NATIVE_SUFFIX = "-native"
 NATIVE_HOOKS = ("slurm-tpu-prolog", "slurm-tpu-epilog", "slurm-tpu-task-prolog")
 
@@ -73,22 +73,22 @@ def build(directory: str | None, source: str) -> str | None:
     return target
 
 
-def native_entry(sh_hook: str) -> str:
-    """The path of the native entry of the sh hook at ``sh_hook`` (beside it, see :data:`NATIVE_SUFFIX`)."""
-    return sh_hook + NATIVE_SUFFIX
+def native_entry(hook: str) -> str:
+    """The path of the native entry of the hook at ``hook`` (beside it, see :data:`NATIVE_SUFFIX`)."""
+    return hook + NATIVE_SUFFIX
 
 
-def link_native_entries(client: str, sh_hooks: list[str]) -> list[str]:
-    """Make each sh hook's native entry a hard link to the built ``client``; their paths.
+def link_native_entries(client: str, hooks: list[str]) -> list[str]:
+    """Make each hook's native entry a hard link to the built ``client``; their paths.
 
     Done by a temp link and a rename, so a hook starting meanwhile runs the old program or the
-    new one, whole; a link that already is the client is left alone. The sh hooks' directories
+    new one, whole; a link that already is the client is left alone. The hooks' directories
     must be on the client's file system (a checkout's prolog/ and epilog/, an install's one
     directory)."""
     client_inode = os.stat(client).st_ino
     made = []
-    for sh_hook in sh_hooks:
-        entry = native_entry(sh_hook)
+    for hook in hooks:
+        entry = native_entry(hook)
         try:
             current = os.stat(entry, follow_symlinks=False).st_ino == client_inode
         except FileNotFoundError:

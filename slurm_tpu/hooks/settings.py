@@ -11,9 +11,10 @@ from; later hooks only ``stat`` those files and read the snapshot (no json, re,
 yaml, typing or dataclasses import, and never the families package).
 
 The state directory is found by a cheap scan of the config for a top-level
-``state_dir:`` line; if that scan is ever wrong the snapshot is simply not
-found (or its sources differ) and the slow path runs, so it costs speed, never
-correctness.
+``state_dir:`` line, or taken from the C client that found it so (``SLURM_TPU_STATE_DIR``,
+:data:`~slurm_tpu.defaults.STATE_DIR_ENV`); if either is ever wrong the snapshot is
+simply not found (or its sources differ) and the slow path runs, so it costs speed,
+never correctness.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from __future__ import annotations
 import os
 
 from ..access import statedir
-from ..defaults import CONFIG_ENV, CONFIG_PATH, STATE_DIR
+from ..defaults import CONFIG_ENV, CONFIG_PATH, STATE_DIR, STATE_DIR_ENV
 from ..protocol.hooks_snapshot import FILE as SNAPSHOT, HookSnapshot, format_snapshot, parse_snapshot
 from ..protocol.inventory import FILE_NAME as INVENTORY
 
@@ -99,7 +100,7 @@ def scan_state_dir(path: str) -> str:
 def load(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The hook settings for this node: from the snapshot when it is current."""
     cfg = config_path(environ)
-    state_dir = scan_state_dir(cfg)
+    state_dir = environ.get(STATE_DIR_ENV) or scan_state_dir(cfg)
     fast = _from_snapshot(state_dir, cfg, environ, node)
     if fast is not None:
         return fast

@@ -125,13 +125,13 @@ def _root_program_problem(path: str, when: str, prefix: str) -> tuple[str, str] 
 
 def check_hooks(node: Node) -> list[Finding]:
     """slurm.conf names our Prolog/Epilog/TaskProlog/HealthCheckProgram (a hook or its native entry, both
-    ours); what it names exists, root's, not writable by others, and so does the sh hook a native entry runs."""
+    ours); what it names exists, root's, not writable by others, and so does the Python hook a native entry runs."""
     from ..defaults import CONFIG_PATH
 
     options, layout = node.options(), node.layout
     findings, natives = [], []
     for option in SLURM_HOOKS:
-        sh_hook, entry = layout.sh_hook(option), layout.native_entry(option)
+        hook_file, entry = layout.hook_file(option), layout.native_entry(option)
         named = [p for p in options.get(option.lower(), "").split(",") if p]
         if entry and entry in named:
             natives.append(option)
@@ -142,13 +142,13 @@ def check_hooks(node: Node) -> list[Finding]:
                         False,
                         f"slurm.conf {option}={entry} reads {CONFIG_PATH}, "
                         f"not this installation's {layout.config_file}",
-                        f"set {option}={sh_hook} in {node.slurm_conf}, then scontrol reconfigure",
+                        f"set {option}={hook_file} in {node.slurm_conf}, then scontrol reconfigure",
                     )
                 )
                 continue
-            programs = [entry, sh_hook]  # the native entry execs its sh hook when the agent is away
-        elif sh_hook in named:
-            programs = [sh_hook]
+            programs = [entry, hook_file]  # the native entry execs its Python hook when the agent is away
+        elif hook_file in named:
+            programs = [hook_file]
         else:
             ours = layout.hook(option)
             now = f"names {','.join(named)}" if named else "has no such line"

@@ -20,8 +20,8 @@ from ..hooks.agent_client import (  # noqa: F401 - this module's interface
 )
 from .node_files import node_file
 
-# Where each sh hook that has a native entry is shipped (NODE_DIRS' prolog/ and epilog/).
-SH_HOOK_DIRS = {"slurm-tpu-prolog": "prolog", "slurm-tpu-epilog": "epilog", "slurm-tpu-task-prolog": "prolog"}
+# Where each hook that has a native entry is shipped (NODE_DIRS' prolog/ and epilog/).
+HOOK_DIRS = {"slurm-tpu-prolog": "prolog", "slurm-tpu-epilog": "epilog", "slurm-tpu-task-prolog": "prolog"}
 
 
 def build(directory: str | None = None, source: str | None = None) -> str | None:
@@ -30,18 +30,18 @@ def build(directory: str | None = None, source: str | None = None) -> str | None
     return _build(directory, source or node_file("prolog", SOURCE))
 
 
-def shipped_sh_hook(name: str) -> str:
-    """The shipped sh hook ``name`` (one of NATIVE_HOOKS)."""
-    return node_file(SH_HOOK_DIRS[name], name)
+def shipped_hook(name: str) -> str:
+    """The shipped hook ``name`` (one of NATIVE_HOOKS)."""
+    return node_file(HOOK_DIRS[name], name)
 
 
 def build_native() -> dict[str, str]:
-    """Build the client beside its shipped source, and each shipped sh hook's native entry beside the
-    hook; {sh hook name: native entry}, {} when the client cannot be built (the sh hooks then run)."""
+    """Build the client beside its shipped source, and each shipped hook's native entry beside the
+    hook; {hook name: native entry}, {} when the client cannot be built (the hooks then run themselves)."""
     client = build()
     if client is None:
         return {}
-    return dict(zip(NATIVE_HOOKS, link_native_entries(client, [shipped_sh_hook(name) for name in NATIVE_HOOKS])))
+    return dict(zip(NATIVE_HOOKS, link_native_entries(client, [shipped_hook(name) for name in NATIVE_HOOKS])))
 
 
 def compiled() -> bytes | None:
@@ -60,7 +60,7 @@ def compiled() -> bytes | None:
 if __name__ == "__main__":
     if len(sys.argv) > 1:
         path = build(sys.argv[1])
-    else:  # the shipped client, and the shipped sh hooks' native entries
+    else:  # the shipped client, and the shipped hooks' native entries
         path = build()
         entries = build_native() if path else {}
         print("\n".join(entries.values()))

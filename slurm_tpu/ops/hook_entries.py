@@ -1,11 +1,12 @@
 """The hooks' Python entry scripts, from one template (``python -m slurm_tpu.ops.hook_entries``).
 
-slurm.conf's sh hooks and the udev rules run small Python programs as root
-(prolog/slurm-tpu-prolog.py, epilog/slurm-tpu-epilog.py, the udev hook, and the
-node agent's program). Each must start fast (``#!/usr/bin/python3 -IS``: no
-site-packages scan), find ``slurm_tpu`` beside itself in a checkout or where ``slurm-tpu
-install`` wrote it (its ``_ROOT =`` line, which install rewrites: see
-``install.installed_hook_text``), fall back to site-packages only when it is not
+slurm.conf and the udev rules run small Python programs as root
+(prolog/slurm-tpu-prolog, epilog/slurm-tpu-epilog, the udev hook, and the node
+agent's program): the Python hooks, run by slurmd where no native entry is (and by
+a native entry where the node runs no agent: prolog/slurm-tpu-hook-client.c).
+Each must start fast (``#!/usr/bin/python3 -IS``: no site-packages scan), find
+``slurm_tpu`` beside itself in a checkout or where ``slurm-tpu install`` wrote it
+(its ``_ROOT =`` line, which install rewrites: see ``install.installed_hook_text``), fall back to site-packages only when it is not
 there, mark the import time for the hooks' probe (slurm_tpu/hooks/probe.py, off
 unless ``SLURM_TPU_HOOK_PROFILE`` is set) and exit with the hook's status. That is
 :data:`TEMPLATE`; :data:`ENTRIES` says which hook each program runs. The files are
@@ -69,15 +70,17 @@ class Entry(NamedTuple):
 
 ENTRIES = (
     Entry(
-        "slurm-tpu-prolog.py",
-        "Slurm Prolog= worker (root): lease the job's accelerators; run by prolog/slurm-tpu-prolog.",
-        "",
+        "slurm-tpu-prolog",
+        "Slurm Prolog= (root, on each node at job start): lease the job's accelerators.",
+        "The Python hook: slurm.conf names it where no native entry is installed, and the\n"
+        "native entry (slurm-tpu-prolog-native) runs it where the node runs no agent.\n\n",
         "slurm_tpu.hooks.prolog",
     ),
     Entry(
-        "slurm-tpu-epilog.py",
-        "Slurm Epilog= worker (root): release the job's accelerators; run by epilog/slurm-tpu-epilog.",
-        "",
+        "slurm-tpu-epilog",
+        "Slurm Epilog= (root, on each node at job end): release the job's accelerators.",
+        "The Python hook: slurm.conf names it where no native entry is installed, and the\n"
+        "native entry (slurm-tpu-epilog-native) runs it where the node runs no agent.\n\n",
         "slurm_tpu.hooks.epilog",
     ),
     Entry(

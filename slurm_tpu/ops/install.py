@@ -9,9 +9,9 @@ What a node needs besides the package (``node_files.py`` finds the shipped files
   so a job start stays in the milliseconds);
 - ``slurm-tpu-health``: Slurm runs HealthCheckProgram without arguments;
 - where a C compiler is, the agent's C client built from the shipped source, and copies of
-  it named ``<sh hook>-native`` beside the Prolog, Epilog and TaskProlog: those hooks
-  without a shell (they fall back to the sh hook), which slurm.conf then names
-  (:meth:`Layout.hook`);
+  it named ``<hook>-native`` beside the Prolog, Epilog and TaskProlog: those hooks
+  without an interpreter (they ask the node agent, and run the Python hook where none
+  runs), which slurm.conf then names (:meth:`Layout.hook`);
 - the udev rules (``<sysconfdir>/udev/rules.d``), whose ``RUN+=`` names the installed
   ``slurm-tpu-udev-event`` (an ``-I -S`` hook like the epilog), then udev reloaded;
 - the systemd units and slurmd's drop-in (``<sysconfdir>/systemd/system``);
@@ -60,12 +60,9 @@ UDEV_HOOK = "slurm-tpu-udev-event"
 # (shipped directory, name, mode) of the hook files copied into the hooks directory.
 HOOK_FILES = (
     ("prolog", "slurm-tpu-prolog", 0o755),
-    ("prolog", "slurm-tpu-prolog.py", 0o755),
-    ("prolog", "slurm-tpu-lib.sh", 0o644),
     ("prolog", "slurm-tpu-task-prolog", 0o755),
     ("udev", UDEV_HOOK, 0o755),
     ("epilog", "slurm-tpu-epilog", 0o755),
-    ("epilog", "slurm-tpu-epilog.py", 0o755),
     ("systemd", "slurm-tpu-agent", 0o755),
     ("prolog", "slurm-tpu-hook-client.c", 0o644),
 )
@@ -113,13 +110,13 @@ class Layout:
     def hooks_dir(self) -> str:
         return os.path.join(self.prefix, "libexec", "slurm-tpu")
 
-    def sh_hook(self, option: str) -> str:
+    def hook_file(self, option: str) -> str:
         """The installed hook (or HealthCheckProgram wrapper) for slurm.conf's ``option`` (Prolog, Epilog, ...)."""
         return os.path.join(self.hooks_dir, SLURM_HOOKS[option])
 
     def native_entry(self, option: str) -> str | None:
-        """Where ``install`` puts the native entry of ``option``'s sh hook (None: that hook has none)."""
-        return native_entry(self.sh_hook(option)) if SLURM_HOOKS[option] in NATIVE_HOOKS else None
+        """Where ``install`` puts the native entry of ``option``'s hook (None: that hook has none)."""
+        return native_entry(self.hook_file(option)) if SLURM_HOOKS[option] in NATIVE_HOOKS else None
 
     @property
     def native_entries_fit(self) -> bool:
@@ -127,21 +124,22 @@ class Layout:
 
         They read ``$SLURM_TPU_CONFIG``, else the path compiled into the client (its
         DEFAULT_CONFIG, :data:`DEFAULT_CONFIG`); slurmd gives a Prolog or Epilog no
-        ``SLURM_TPU_CONFIG``, and the installed sh hooks carry this layout's config
+        ``SLURM_TPU_CONFIG``, and the installed hooks carry this layout's config
         instead (:func:`installed_hook_text`). Under another ``--sysconfdir`` a native
         TaskProlog would look for the job's lines in another state directory: there,
-        the sh hooks run.
+        slurm.conf names the hooks themselves (the Python ones, and the sh task prolog).
         """
         return self.config_file == DEFAULT_CONFIG
 
     def hook(self, option: str) -> str:
         """The installed program slurm.conf's ``option`` (Prolog, Epilog, ...) should name: its native
-        entry where one is installed (the hook without a shell, which falls back to the sh hook beside
-        it), else the sh hook. The one place that decides it: install's slurm.conf lines, doctor."""
+        entry where one is installed (the hook without an interpreter, which runs the Python hook beside
+        it where the node runs no agent), else the hook. The one place that decides it: install's
+        slurm.conf lines, doctor."""
         entry = self.native_entry(option)
         if entry and self.native_entries_fit and os.path.isfile(entry):
             return entry
-        return self.sh_hook(option)
+        return self.hook_file(option)
 
     @property
     def udev_hook(self) -> str:
@@ -596,7 +594,7 @@ def install_libedgetpu(layout: Layout, data: bytes, manifest: Manifest, dry_run:
 
 
 def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) -> None:
-    """Build the agent's thin client into the hooks directory, with the sh hooks' native entries
+    """Build the agent's thin client into the hooks directory, with the hooks' native entries
     beside them (where they fit: :attr:`Layout.native_entries_fit`), and record them (uninstall
     removes them). Without a C compiler nothing is installed: the hooks run the Python hooks.
 
@@ -615,7 +613,7 @@ def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) 
     if not layout.native_entries_fit:
         say(
             f"native entries not installed: they read {DEFAULT_CONFIG}, this installation's hooks "
-            f"{layout.config_file}; slurm.conf names the sh hooks"
+            f"{layout.config_file}; slurm.conf names the hooks themselves"
         )
         return
     for option in SLURM_HOOKS:

@@ -52,7 +52,7 @@ def test_a_python_path_that_cannot_be_a_shebang_is_refused():
 
     with pytest.raises(SlurmTpuError, match="#! line"):
         installed_hook_text(
-            shipped("epilog", "slurm-tpu-epilog.py"), "slurm-tpu-epilog.py", "/my venv/bin/python", "/x", DEFAULT_PATH
+            shipped("epilog", "slurm-tpu-epilog"), "slurm-tpu-epilog", "/my venv/bin/python", "/x", DEFAULT_PATH
         )
 
 
@@ -128,7 +128,7 @@ def test_each_shipped_file_is_in_the_directory_named_for_what_runs_or_reads_it()
     for directory, name in shipped_files:
         assert node_files.node_file(directory, name) == os.path.join(REPO, directory, name)
     # Nothing else there but the folders' READMEs (and what setup.py leaves out: the built client and
-    # the native entries made beside the sh hooks, hook_client.build_native).
+    # the native entries made beside the hooks, hook_client.build_native).
     on_disk = {
         (directory, name)
         for directory in node_files.NODE_DIRS
@@ -142,7 +142,7 @@ def test_each_shipped_file_is_in_the_directory_named_for_what_runs_or_reads_it()
 
 def test_the_agent_builds_the_client_in_the_prolog_directory_beside_its_own(tmp_path):
     """As shipped, the agent (systemd/) builds the hooks' client beside its source in prolog/, where
-    the sh hooks run it; installed, everything is in one hooks directory. Only a root-owned directory
+    its native entries are; installed, everything is in one hooks directory. Only a root-owned directory
     nobody else may write gets a build."""
     from slurm_tpu.ops.hook_client import PROGRAM, SOURCE, build_beside, compiler
 
@@ -167,7 +167,7 @@ def test_slurm_conf_lines_come_from_the_snippet_and_lists_may_hold_more(tmp_path
     from slurm_tpu.config import Config
     from slurm_tpu.ops.install import gres_types as gres_types_of
 
-    hooks = f"{tmp_path}/libexec/slurm-tpu"  # nothing installed there: the sh hooks
+    hooks = f"{tmp_path}/libexec/slurm-tpu"  # nothing installed there: the hooks themselves
     wanted = slurm_conf_lines(Layout(str(tmp_path)), Config())
     assert wanted[:4] == [
         f"Prolog={hooks}/slurm-tpu-prolog",
@@ -198,7 +198,7 @@ Include /etc/slurm/nodes.conf
 
 def test_slurm_conf_names_the_native_entries_where_they_are_installed(tmp_path):
     """Layout.hook decides, from what is in the hooks directory: a native entry there is named (the
-    hook without a shell), else the sh hook; never under a config the native entries do not read."""
+    hook without an interpreter), else the hook; never under a config the native entries do not read."""
     from slurm_tpu.config import Config
 
     layout = Layout(str(tmp_path), "/etc")  # reads /etc/slurm-tpu/config.yaml, as the native entries do
@@ -301,7 +301,7 @@ def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
     # Its native entries read /etc/slurm-tpu/config.yaml, not this --sysconfdir's config: not installed.
     assert (
         f"native entries not installed: they read {DEFAULT_PATH}, this installation's hooks "
-        f"{prefix}/etc/slurm-tpu/config.yaml; slurm.conf names the sh hooks"
+        f"{prefix}/etc/slurm-tpu/config.yaml; slurm.conf names the hooks themselves"
     ) in done.stdout.splitlines()
     assert not [name for name in os.listdir(client.parent) if name.endswith("-native")]
     assert f"  Prolog={prefix}/libexec/slurm-tpu/slurm-tpu-prolog" in done.stdout.splitlines()
@@ -374,7 +374,7 @@ def test_install_puts_the_native_entries_beside_the_hooks_and_uninstall_removes_
         )
         with open(entry, "rb") as handle:
             assert handle.read() == client  # a copy of the client, under the manifest's rules
-        assert os.access(entry.removesuffix("-native"), os.X_OK)  # its sh hook, beside it
+        assert os.access(entry.removesuffix("-native"), os.X_OK)  # its Python hook, beside it
         assert recorded[entry]["before"] == "absent"
     # slurm.conf is to name them (HealthCheckProgram has none: the sh wrapper).
     assert list(result.missing_lines[:4]) == [
@@ -449,7 +449,7 @@ def test_doctor_accepts_a_hook_or_its_native_entry_and_flags_a_writable_one(tmp_
     name("-native")
     natives = "(Prolog, Epilog, TaskProlog: native entries)"
     assert lines() == [f"ok    hooks: {everything} {hooks} {natives}, root's, not writable by others"]
-    # Whoever can write a native entry, or the sh hook it runs without the agent, runs code as root.
+    # Whoever can write a native entry, or the Python hook it runs without the agent, runs code as root.
     for path in (f"{hooks}/slurm-tpu-prolog-native", f"{hooks}/slurm-tpu-prolog"):
         os.chmod(path, 0o777)
         assert lines() == [
@@ -457,7 +457,7 @@ def test_doctor_accepts_a_hook_or_its_native_entry_and_flags_a_writable_one(tmp_
             f"fix: chown root:root {path} && chmod 0755 {path}"
         ]
         os.chmod(path, 0o755)
-    # Under a config the native entries do not read, slurm.conf must name the sh hooks.
+    # Under a config the native entries do not read, slurm.conf must name the hooks themselves.
     other = Layout(layout.prefix, str(tmp_path / "elsewhere"))
     assert lines(other)[0] == (
         f"FAIL  hooks: slurm.conf Prolog={hooks}/slurm-tpu-prolog-native reads {DEFAULT_PATH}, not this "

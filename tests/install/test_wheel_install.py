@@ -35,12 +35,9 @@ pytestmark = pytest.mark.slurm
 NODE = "n1"
 SHIPPED = (
     "prolog/slurm-tpu-prolog",
-    "prolog/slurm-tpu-prolog.py",
-    "prolog/slurm-tpu-lib.sh",
     "prolog/slurm-tpu-task-prolog",
     "udev/slurm-tpu-udev-event",
     "epilog/slurm-tpu-epilog",
-    "epilog/slurm-tpu-epilog.py",
     "systemd/slurm-tpu-agent",
     "prolog/slurm-tpu-hook-client.c",
     "gres_conf/slurm.conf.snippet",
@@ -184,7 +181,7 @@ def test_sdist_and_wheel_carry_the_node_files_byte_for_byte(node):
                 assert sdist.extractfile(f"{top}/{name}").read() == handle.read(), name
         # The test and demo harness stays in the checkout.
         assert not [name for name in sdist.getnames() if name.startswith(f"{top}/harness")]
-        # So does what was built here (the hook client, the native entries beside the sh hooks).
+        # So does what was built here (the hook client, the native entries beside the hooks).
         assert not [name for name in sdist.getnames() if name.endswith(BUILT_HERE)]
     with zipfile.ZipFile(node.wheel) as wheel:
         for name in SHIPPED:
@@ -200,23 +197,20 @@ def test_sdist_and_wheel_carry_the_node_files_byte_for_byte(node):
 def test_installed_hooks_are_roots_and_import_from_the_venv_without_site(node):
     for name, mode in (
         ("slurm-tpu-prolog", 0o755),
-        ("slurm-tpu-prolog.py", 0o755),
-        ("slurm-tpu-lib.sh", 0o644),
         ("slurm-tpu-task-prolog", 0o755),
         ("slurm-tpu-udev-event", 0o755),
         ("slurm-tpu-epilog", 0o755),
-        ("slurm-tpu-epilog.py", 0o755),
         ("slurm-tpu-agent", 0o755),
         ("slurm-tpu-health", 0o755),
     ):
         info = os.lstat(node.hook(name))
         assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (0, 0, mode), name
-    for name in ("slurm-tpu-epilog.py", "slurm-tpu-udev-event", "slurm-tpu-agent"):
+    for name in ("slurm-tpu-prolog", "slurm-tpu-epilog", "slurm-tpu-udev-event", "slurm-tpu-agent"):
         with open(node.hook(name), encoding="utf-8") as handle:
             assert handle.readline() == f"#!{node.python} -IS\n", name
     # The entry point's own lines, run as Slurm would run it but stopping before main():
     # slurm_tpu comes from the venv, and neither site nor any third-party module is loaded.
-    with open(node.hook("slurm-tpu-epilog.py"), encoding="utf-8") as handle:
+    with open(node.hook("slurm-tpu-epilog"), encoding="utf-8") as handle:
         head = handle.read().split("try:")[0]
     probe = head + (
         "import slurm_tpu.hooks.epilog, slurm_tpu.hooks.prolog\n"
@@ -238,7 +232,7 @@ def test_first_install_prints_the_slurm_conf_lines_to_add(node):
         f"GresTypes={GRES_TYPES}",
     ):
         assert f"  {line}\n" in out, line
-    # The sh hooks, not their native entries: those read /etc/slurm-tpu/config.yaml, not P/etc's.
+    # The hooks themselves, not their native entries: those read /etc/slurm-tpu/config.yaml, not P/etc's.
     assert "native entries not installed: " in out
 
 
@@ -427,7 +421,7 @@ def broken(node, case: str):
         from support import inventory
 
         device = inventory(cluster, NODE)["usb-2-1.3"][0]
-    with open(node.hook("slurm-tpu-prolog.py"), encoding="utf-8") as handle:
+    with open(node.hook("slurm-tpu-prolog"), encoding="utf-8") as handle:
         root_line = next(line for line in handle if line.startswith("_ROOT = "))
     return {
         "hook missing": (moved(node.hook("slurm-tpu-epilog")), {}),
@@ -460,7 +454,7 @@ def broken(node, case: str):
             contextlib.nullcontext(),
             {"SLURM_TPU_LIBEDGETPU": corals_own(node.work)},
         ),
-        "hooks cannot import": (edited(node.hook("slurm-tpu-prolog.py"), root_line, "_ROOT = '/nonexistent'\n"), {}),
+        "hooks cannot import": (edited(node.hook("slurm-tpu-prolog"), root_line, "_ROOT = '/nonexistent'\n"), {}),
     }[case]
 
 
@@ -492,7 +486,7 @@ BROKEN = {
         "EDGETPU_VISIBLE_DEVICES",
         ["ignores EDGETPU_VISIBLE_DEVICES", "opens the first, not the job's", "slurm-tpu install --libedgetpu"],
     ),
-    "hooks cannot import": ("hooks import", ["slurm-tpu-prolog.py", "-I -S cannot import slurm_tpu", "/nonexistent"]),
+    "hooks cannot import": ("hooks import", ["slurm-tpu-prolog", "-I -S cannot import slurm_tpu", "/nonexistent"]),
 }
 
 

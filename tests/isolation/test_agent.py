@@ -49,31 +49,29 @@ HOLD = (
 
 @pytest.fixture(scope="module")
 def cluster():
-    """n1 (a USB stick and a PCIe card) whose prolog directory holds a marker shim in place of the
-    Python prolog: the shim records every run, so the test sees whether the agent did the work."""
+    """n1 (a USB stick and a PCIe card) whose Prolog is a native entry with a marker shim in place of the
+    Python prolog beside it: the shim records every run, so the test sees whether the agent did the work."""
     require_root_and_slurm()
-    from harness.localcluster.cluster import Hooks, NodeSpec
+    from dataclasses import replace
+
+    from harness.localcluster.cluster import NodeSpec, project_hooks
+    from slurm_tpu.hooks.agent_client import link_native_entries
     from slurm_tpu.ops.hook_client import build
 
     hooks_dir = os.path.join("/tmp", f"slurm-tpu-agent-hooks-{os.getpid()}")
     os.makedirs(hooks_dir, mode=0o755)
-    for name in ("slurm-tpu-prolog", "slurm-tpu-lib.sh"):
-        shutil.copy2(os.path.join(REPO, "prolog", name), hooks_dir)
-    assert build(hooks_dir), "no C compiler: the agent's client cannot be built"
+    client = build(hooks_dir)
+    assert client, "no C compiler: the agent's client cannot be built"
     marker = os.path.join(hooks_dir, "python-prolog-runs")
-    with open(os.path.join(hooks_dir, "slurm-tpu-prolog.py"), "w", encoding="utf-8") as handle:
-        handle.write(
-            f'#!/bin/sh\necho "$SLURM_JOB_ID" >> {marker}\n'
-            f'exec {os.path.join(REPO, "prolog", "slurm-tpu-prolog.py")} "$@"\n'
-        )
-    os.chmod(os.path.join(hooks_dir, "slurm-tpu-prolog.py"), 0o755)
+    prolog = os.path.join(hooks_dir, "slurm-tpu-prolog")  # what the native entry runs without an agent
+    with open(prolog, "w", encoding="utf-8") as handle:
+        real = os.path.join(REPO, "prolog", "slurm-tpu-prolog")
+        handle.write(f'#!/bin/sh\necho "$SLURM_JOB_ID" >> {marker}\nexec {real} "$@"\n')
+    os.chmod(prolog, 0o755)
+    [native] = link_native_entries(client, [prolog])
     started = make_cluster(
         [NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev"))],
-        hooks=Hooks(
-            prolog=os.path.join(hooks_dir, "slurm-tpu-prolog"),
-            epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-            task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
-        ),
+        hooks=replace(project_hooks(), prolog=native),
     )
     started.python_prolog_runs = marker
     try:
@@ -354,16 +352,13 @@ def test_the_next_job_on_another_device_never_waits_for_a_usb_power_cycle(users)
             GATED_UDEV.format(gate=gate, python=sys.executable, hook=os.path.join(REPO, "udev", "slurm-tpu-udev-event"))
         )
     os.chmod(udev, 0o755)
-    from harness.localcluster.cluster import Hooks
+    from dataclasses import replace
+
+    from harness.localcluster.cluster import project_hooks
 
     cluster = make_cluster(
         [NodeSpec("n1", os.path.join(REPO, "tests", "isolation", "hardware", "n1_two_tpus.umockdev"))],
-        hooks=Hooks(
-            prolog=os.path.join(REPO, "prolog", "slurm-tpu-prolog"),
-            epilog=os.path.join(REPO, "epilog", "slurm-tpu-epilog"),
-            task_prolog=os.path.join(REPO, "prolog", "slurm-tpu-task-prolog"),
-            udev=udev,
-        ),
+        hooks=replace(project_hooks(), udev=udev),  # the native entries: the agent does the work
     )
     try:
         first = cluster.sbatch(

@@ -300,7 +300,8 @@ def test_one_worker_gives_a_hook_nothing_of_the_hook_before_it(client, state_dir
         driver.communicate("", timeout=60)
     (_, first), (env, second) = seen
     assert first["pid"] == second["pid"]  # one worker served both
-    assert second["env"] == {"PATH": "/usr/bin:/bin", **env}  # nothing of job 101's, nor of the agent's
+    # Nothing of job 101's, nor of the agent's: what slurmd gave the hook, and the state directory its client found.
+    assert second["env"] == {"PATH": "/usr/bin:/bin", **env, "SLURM_TPU_STATE_DIR": state_dir}
     assert (first["cwd"], second["cwd"]) == ("/", "/")
     assert first["umask"] == second["umask"] != 0
     assert first["fds"] == second["fds"]

@@ -1,9 +1,11 @@
 """The hooks' native entries (prolog/slurm-tpu-hook-client.c run as slurm-tpu-prolog-native,
-slurm-tpu-epilog-native, slurm-tpu-task-prolog-native) do what the sh hooks of the same name do.
+slurm-tpu-epilog-native, slurm-tpu-task-prolog-native): the task prolog prints what the sh task
+prolog prints; the Prolog and Epilog ask the node agent, else run the Python hook beside them,
+handing each the state directory they found.
 
-No cluster: each case runs the native entry and the sh hook on the same state directory and
+No cluster: each case runs the native task prolog and the sh one on the same state directory and
 config and compares what they print, or drives the native Prolog/Epilog against a stand-in
-agent socket and a stand-in sh hook beside it. The real cluster runs the native entries in
+agent socket and a stand-in Python hook beside it. The real cluster runs the native entries in
 tests/isolation/test_agent.py and bench/bench_hooks.py.
 """
 
@@ -27,18 +29,17 @@ SH_TASK_PROLOG = os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")
 @pytest.fixture(scope="module")
 def hooks_dir():
     """A root-owned directory as `slurm-tpu install` makes: the client, its native entries beside
-    the sh hooks (copies of the shipped ones and the sh library they source)."""
+    the hooks (copies of the shipped ones)."""
     from slurm_tpu.hooks.agent_client import NATIVE_HOOKS, link_native_entries
-    from slurm_tpu.ops.hook_client import build, shipped_sh_hook
+    from slurm_tpu.ops.hook_client import build, shipped_hook
 
     directory = tempfile.mkdtemp(prefix="slurm-tpu-native-", dir="/tmp")
     os.chmod(directory, 0o755)
     client = build(directory)
     if client is None:
-        pytest.skip("no C compiler: the sh hooks run")
-    shutil.copy(os.path.join(REPO, "prolog", "slurm-tpu-lib.sh"), directory)
+        pytest.skip("no C compiler: slurm.conf names the hooks themselves")
     for name in NATIVE_HOOKS:
-        shutil.copy(shipped_sh_hook(name), directory)
+        shutil.copy(shipped_hook(name), directory)
     link_native_entries(client, [os.path.join(directory, name) for name in NATIVE_HOOKS])
     yield directory
     shutil.rmtree(directory, ignore_errors=True)
@@ -134,24 +135,25 @@ def test_the_state_directory_is_the_one_python_reads(hooks_dir, tmp_path, line):
     assert "export SLURM_TPU_FOUND=1\n" in native.stdout
 
 
-def stand_in_sh_hook(hooks_dir: str, name: str) -> str:
-    """A copy of hooks_dir with the sh hook ``name`` replaced by one that says it ran."""
-    directory = tempfile.mkdtemp(prefix="slurm-tpu-native-sh-", dir="/tmp")
+def stand_in_hook(hooks_dir: str, name: str) -> str:
+    """A copy of hooks_dir with the Python hook ``name`` replaced by one that says it ran, and with
+    which state directory."""
+    directory = tempfile.mkdtemp(prefix="slurm-tpu-native-hook-", dir="/tmp")
     for entry in os.listdir(hooks_dir):
         shutil.copy(os.path.join(hooks_dir, entry), directory)
     with open(os.path.join(directory, name), "w", encoding="utf-8") as handle:
-        handle.write('#!/bin/sh\necho "sh hook ran: $0"\nexit 7\n')
+        handle.write(f'#!/bin/sh\necho "hook ran: $0 in ${defaults.STATE_DIR_ENV}"\nexit 7\n')
     os.chmod(os.path.join(directory, name), 0o755)
     return directory
 
 
 @pytest.mark.parametrize("name", ["slurm-tpu-prolog", "slurm-tpu-epilog"])
-def test_without_an_agent_socket_the_native_entry_runs_the_sh_hook(hooks_dir, state, name):
+def test_without_an_agent_socket_the_native_entry_runs_the_python_hook(hooks_dir, state, name):
     state_dir, config = state
-    directory = stand_in_sh_hook(hooks_dir, name)
+    directory = stand_in_hook(hooks_dir, name)
     try:
         done = run(os.path.join(directory, name + "-native"), config, SLURM_JOB_ID="5")
-        assert (done.returncode, done.stdout) == (7, f"sh hook ran: {os.path.join(directory, name)}\n")
+        assert (done.returncode, done.stdout) == (7, f"hook ran: {os.path.join(directory, name)} in {state_dir}\n")
     finally:
         shutil.rmtree(directory, ignore_errors=True)
 
@@ -162,7 +164,7 @@ def test_with_an_agent_socket_the_native_entry_asks_the_agent(hooks_dir, state, 
     from slurm_tpu.protocol.agent_wire import encode_answer
 
     state_dir, config = state
-    directory = stand_in_sh_hook(hooks_dir, name)
+    directory = stand_in_hook(hooks_dir, name)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(str(state_dir / "agent.sock"))
     server.listen(1)
@@ -179,8 +181,8 @@ def test_with_an_agent_socket_the_native_entry_asks_the_agent(hooks_dir, state, 
         conn.sendall(encode_answer(3, b"the agent's line\n"))
         conn.close()
         out, err = program.communicate(timeout=60)
-        assert (asked, environ["SLURM_JOB_ID"]) == (hook, "5")
-        assert (program.returncode, out, err) == (3, "", "the agent's line\n")  # never the sh hook
+        assert (asked, environ["SLURM_JOB_ID"], environ[defaults.STATE_DIR_ENV]) == (hook, "5", str(state_dir))
+        assert (program.returncode, out, err) == (3, "", "the agent's line\n")  # never the Python hook
     finally:
         server.close()
         shutil.rmtree(directory, ignore_errors=True)
@@ -191,3 +193,4 @@ def test_the_c_defaults_are_the_packages():
     assert f'#define DEFAULT_STATE_DIR "{defaults.STATE_DIR}"\n' in text
     assert f'#define CONFIG_ENV "{defaults.CONFIG_ENV}"\n' in text
     assert f'#define DEFAULT_CONFIG "{defaults.CONFIG_PATH}"\n' in text
+    assert f'#define STATE_DIR_ENV "{defaults.STATE_DIR_ENV}"' in text
