@@ -6,8 +6,8 @@ agent's program): the Python hooks, run by slurmd where no native entry is (and 
 a native entry where the node runs no agent: prolog/slurm-tpu-hook-client.c).
 Each must start fast (``#!/usr/bin/python3 -IS``: no site-packages scan), find
 ``slurm_tpu`` beside itself in a checkout or where ``slurm-tpu install`` wrote it
-(its ``_ROOT =`` line, which install rewrites: see ``install.installed_hook_text``), fall back to site-packages only when it is not
-there, mark the import time for the hooks' probe (slurm_tpu/hooks/probe.py, off
+(its ``_ROOT =`` line, which install rewrites: see ``install.installed_hook_text``),
+fall back to site-packages only when it is not there, mark the import time for the hooks' probe (slurm_tpu/hooks/probe.py, off
 unless ``SLURM_TPU_HOOK_PROFILE`` is set) and exit with the hook's status. That is
 :data:`TEMPLATE`; :data:`ENTRIES` says which hook each program runs. The files are
 committed, where install.HOOK_FILES ships them from (slurm.conf and tests run them
