@@ -1,9 +1,9 @@
-"""The documentation: links that lead somewhere, and a configuration reference that is current.
+"""The documentation: links that lead somewhere, and configuration and command references that are current.
 
 Every relative link in README.md and docs/*.md must name a file or directory of the
 repository, and a link with ``#anchor`` into a Markdown file a heading of that file
-(GitHub's anchors). docs/configuration.md is generated from the code; when it is
-stale the failure says the command that regenerates it.
+(GitHub's anchors). docs/configuration.md and docs/cli.md are generated from the code;
+when one is stale the failure says the command that regenerates it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from slurm_tpu.cli import reference as cli_reference
 from slurm_tpu.config import Config, parse_config
 from slurm_tpu.ops.config_reference import COMMAND, default_document, render
 
@@ -88,3 +89,11 @@ def test_configuration_reference_defaults_are_the_codes():
     page = (REPO / "docs" / "configuration.md").read_text()
     block = re.search(r"```yaml\n(.*?)```", page.split("## Every default, as a file", 1)[1], re.S)
     assert block and parse_config(yaml.safe_load(block.group(1))) == Config()
+
+
+def test_command_reference_is_current():
+    page = REPO / "docs" / "cli.md"
+    assert page.exists() and page.read_text() == cli_reference.render(), (
+        f"docs/cli.md is stale (a command, option or help text changed): "
+        f"regenerate it with `{cli_reference.COMMAND}` and commit it"
+    )

@@ -10,9 +10,9 @@ from __future__ import annotations
 from . import (
     hooks,  # noqa: F401  (leases, udev-event)
     infer,  # noqa: F401  (infer)
-    inventory,  # noqa: F401  (detect, gres-conf, node-conf, udev-rules, boot)
+    inventory,  # noqa: F401  (detect, gres-conf, node-conf, udev-rules)
     node,  # noqa: F401  (install, uninstall, doctor)
-    ops,  # noqa: F401  (health, watch, metrics, report)
+    ops,  # noqa: F401  (health, watch, metrics, report, accounting-collect, boot)
     serve,  # noqa: F401  (serve)
 )
 from .group import EXIT_DIFFERS, EXIT_ERROR, Obj, main  # noqa: F401  (the package's public names)

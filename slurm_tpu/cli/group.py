@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from .. import __version__
-from ..defaults import CONFIG_ENV
+from ..defaults import CONFIG_ENV, CONFIG_PATH
 from ..errors import SlurmTpuError
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ pass_obj = click.make_pass_decorator(Obj)
     "config_path",
     metavar="FILE",
     envvar=CONFIG_ENV,
-    help="Site config (YAML). Default: /etc/slurm-tpu/config.yaml if present; env SLURM_TPU_CONFIG.",
+    help=f"Site config (YAML). Default: {CONFIG_PATH} if present; env {CONFIG_ENV}.",
 )
 @click.pass_context
 def main(ctx: click.Context, config_path: str | None) -> None:

@@ -77,7 +77,7 @@ def format_table(inventory: Inventory) -> str:
 )
 @libedgetpu_option("libedgetpu.so.1 for --check-runtime")
 def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
-    """List this node's accelerators (Edge TPUs, GPUs, Hailo NPUs...) through libudev."""
+    """List this node's accelerators (Edge TPUs, GPUs, Hailo NPUs...) through libudev (and NVML when present)."""
     inventory = _inventory()
     if check_runtime:
         from ..ops.edgetpu_runtime import check_runtime as run_check
@@ -154,14 +154,19 @@ _with_output_options = options(
 @main.command("gres-conf")
 @_with_output_options
 @pass_obj
-@click.option("--no-slots", is_flag=True, help="Do not create slot nodes (when writing a file for another node).")
+@click.option(
+    "--no-slots",
+    is_flag=True,
+    help="Create no slot nodes and save no inventory (when writing a file for another node).",
+)
 def gres_conf(
     obj: Obj, node: str | None, output: str | None, diff: bool, check: bool, saved: str | None, no_slots: bool
 ) -> None:
     """Render gres.conf lines for this node's usable accelerators.
 
     Edge TPUs and Hailo NPUs are named by stable slot nodes (<slot_dir>/<identity>) that survive
-    USB re-enumeration and unplugging; writing --output creates them (as root).
+    USB re-enumeration and unplugging. Writing --output (as root) creates them and saves the
+    inventory the hooks and `slurm-tpu boot` read, unless --no-slots.
     """
     from ..render import render_gres_conf
 

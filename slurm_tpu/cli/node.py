@@ -19,14 +19,14 @@ layout_options = options(
         default=PREFIX,
         show_default=True,
         metavar="DIR",
-        help="The hooks go to DIR/libexec/slurm-tpu (root-owned; slurm.conf names them there).",
+        help="The hooks are in DIR/libexec/slurm-tpu (root-owned; slurm.conf names them there).",
     ),
     click.option(
         "--sysconfdir",
         default=SYSCONFDIR,
         show_default=True,
         metavar="DIR",
-        help="udev rules, systemd units and the slurm-tpu config go under DIR (udev and systemd "
+        help="udev rules, systemd units and the slurm-tpu config are under DIR (udev and systemd "
         "read only /etc; another DIR is for staging and tests).",
     ),
 )

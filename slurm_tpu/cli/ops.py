@@ -1,4 +1,4 @@
-"""Operations commands: health (and the watcher, metrics, report)."""
+"""Operations commands: health, watch, metrics, report, accounting-collect, boot."""
 
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
 
     For slurm.conf's HealthCheckProgram. Resumes the node once healthy, but only
     if slurm-tpu drained it (reason starting 'slurm-tpu:'); an admin's drain is
-    never overridden.
+    never overridden. As root (not with --dry-run) it also ends the leases an
+    epilog kept whose holder is gone, as `slurm-tpu leases --clear` does.
     """
     from ..ops.health_check import check_node
 
@@ -186,7 +187,7 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
 @click.option(
     "--listen",
     metavar="[HOST:]PORT",
-    help="Serve /metrics over HTTP instead (each scrape detects afresh); Ctrl-C stops.",
+    help="Serve /metrics over HTTP instead (HOST default: 127.0.0.1; each scrape detects afresh); Ctrl-C stops.",
 )
 @libedgetpu_option("libedgetpu.so.1 whose version to report")
 @pass_obj
@@ -240,8 +241,12 @@ def _parse_time(value: str | None, option: str) -> float | None:
 @click.option(
     "--by", type=click.Choice(["user", "device", "job"]), default="user", show_default=True, help="Group the totals by."
 )
-@click.option("--since", metavar="WHEN", help="Start of the period: a date/time or an age (24h, 7d).")
-@click.option("--until", metavar="WHEN", help="End of the period (default: now).")
+@click.option(
+    "--since",
+    metavar="WHEN",
+    help="Start of the period: a local date/time (2026-11-01T08:00) or an age (90m, 24h, 7d).",
+)
+@click.option("--until", metavar="WHEN", help="End of the period, in the same forms (default: now).")
 @click.option(
     "--audit",
     "audit_logs",
@@ -371,8 +376,8 @@ def accounting_collect(obj: Obj, every: float | None) -> None:
     run: its first run makes the root-only spool); this applies them with
     `sacctmgr modify job ... set AdminComment=...` and removes an entry only once
     Slurm took it. Entries of jobs whose end is not recorded yet, or that Slurm
-    refuses now, wait for the next run. Exit 1 when a spool file is not an entry
-    (it is left there, named).
+    refuses now, wait for the next run. Without --every, exit 1 when a spool file
+    is not an entry (it is left there, named).
     """
     import time
 

@@ -106,7 +106,7 @@ def open_options() -> Decorator:
             "--runtime",
             type=click.Choice(choices.RUNTIMES),
             envvar=choices.RUNTIME_ENV,
-            help="TFLite runtime (default: LiteRT if installed, else tflite-runtime).",
+            help=f"TFLite runtime (env {choices.RUNTIME_ENV}; default: LiteRT if installed, else tflite-runtime).",
         ),
         click.option(
             "--threads",

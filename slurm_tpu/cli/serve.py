@@ -53,7 +53,7 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
 @grouped(
     "listen",
     _listen,
-    click.option("--host", default="0.0.0.0", show_default=True, help="Address to listen on."),
+    click.option("--host", default="0.0.0.0", show_default=True, metavar="ADDRESS", help="Address to listen on."),
     click.option(
         "--port",
         default=0,
