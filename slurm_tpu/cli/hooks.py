@@ -63,14 +63,12 @@ def _rows(obj: Obj) -> list[dict]:
     return rows
 
 
-def _clear(identity: str) -> None:
+def _clear(obj: Obj, identity: str) -> None:
     """End the stale lease on ``identity`` now: take it away, revoke, check, idle ownership."""
-    import os
-
     from ..access.ledger import Ledger
     from ..hooks import leasing, settings as hook_settings
 
-    settings = hook_settings.rebuild(dict(os.environ))
+    settings = hook_settings.for_config(obj.config)
     with Ledger(settings.state_dir, create=False) as ledger:
         outcomes = leasing.clear(ledger, settings, identity)
     if not outcomes:
@@ -99,7 +97,7 @@ def _clear(identity: str) -> None:
 def leases(obj: Obj, as_json: bool, clear_identity: str | None) -> None:
     """Show which job holds which accelerator on this node (the lease ledger)."""
     if clear_identity:
-        _clear(clear_identity)
+        _clear(obj, clear_identity)
         return
     rows = _rows(obj)
     if as_json:

@@ -231,6 +231,15 @@ def _write_no_devices_env(state_fd: int, settings: HookSettings) -> None:
         statedir.write_atomic(state_fd, envfile.NO_DEVICES, data, mode=0o644)
 
 
+def for_config(config) -> HookSettings:
+    """The hook settings under an admin command's config (its file, its node name): what
+    ``leases --clear`` and ``health`` end a lease with, as the node's hooks would."""
+    environ = dict(os.environ)
+    if config.path:
+        environ[CONFIG_ENV] = config.path
+    return rebuild(environ, config.node_name)
+
+
 def store_snapshot(state_fd: int, settings: HookSettings, environ) -> None:
     """Rewrite the snapshot after the caller changed the inventory file it holds the lock on.
 

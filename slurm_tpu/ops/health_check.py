@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass
 
 from ..config import Config
-from ..defaults import CONFIG_ENV
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
 from ..hardware import Bus, Inventory
@@ -61,10 +60,7 @@ def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
     leases_dir = os.path.join(config.state_dir, LEASES)
     if os.geteuid() != 0 or not os.path.isdir(leases_dir) or not os.listdir(leases_dir):
         return []
-    environ = dict(os.environ)
-    if config.path:
-        environ[CONFIG_ENV] = config.path
-    settings = hook_settings.rebuild(environ, config.node_name)
+    settings = hook_settings.for_config(config)
     with Ledger(settings.state_dir, create=False) as ledger:
         return leasing.clear(ledger, settings)
 

@@ -348,12 +348,13 @@ def kept_in_service(cluster, node: str = "n1"):
 
 
 def clear_lease(cluster, identity: str, node: str = "n1") -> subprocess.CompletedProcess:
-    """`slurm-tpu leases --clear IDENTITY` on the node, as the admin would run it."""
+    """`slurm-tpu --config NODE_CONFIG leases --clear IDENTITY` on the node, as the admin would run it."""
+    environ = {k: v for k, v in os.environ.items() if k != "SLURM_TPU_CONFIG"}
     return subprocess.run(
-        [*cluster.slurm_tpu, "leases", "--clear", identity],
+        [*cluster.slurm_tpu, "--config", cluster.node_config(node), "leases", "--clear", identity],
         capture_output=True,
         text=True,
-        env=dict(os.environ, SLURM_TPU_CONFIG=cluster.node_config(node), SLURM_CONF=cluster.slurm_conf),
+        env=dict(environ, SLURM_CONF=cluster.slurm_conf),
         timeout=60,
     )
 
