@@ -15,7 +15,7 @@
  *
  * Native entries: run under the name slurm-tpu-prolog-native, slurm-tpu-epilog-native
  * or slurm-tpu-task-prolog-native (hard links to this program, made beside the hook
- * of the same name without "-native": slurm_tpu/hooks/agent_client.py), it is that
+ * of the same name without "-native": slurm_tpu/ops/hook_client.py), it is that
  * hook, for slurm.conf's Prolog=, Epilog=, TaskProlog=. It finds the state directory
  * (the one place in C that does) and hands it, in SLURM_TPU_STATE_DIR, to whoever it
  * asks or starts. The Prolog and Epilog ask the agent; with no agent socket, or an
@@ -35,7 +35,7 @@
  * undoes a lease it took (agent.py: _client_gone).
  *
  * Built with the system cc (slurm_tpu/ops/hook_client.py) by scripts/setup.sh,
- * LocalCluster, slurm-tpu install and the agent itself beside installed hooks;
+ * LocalCluster and slurm-tpu install;
  * without it slurm.conf names the Python hooks (and the sh task prolog).
  */
 #define _GNU_SOURCE

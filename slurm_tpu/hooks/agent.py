@@ -562,13 +562,10 @@ def serve(environ=None) -> int:
     return 0
 
 
-def main(entry_script: str | None = None) -> int:
-    """Entry point for systemd/slurm-tpu-agent: build the hooks' client beside it if needed, then serve."""
+def main() -> int:
+    """Entry point for systemd/slurm-tpu-agent: serve until SIGTERM (its C client is built by whoever
+    put the hooks in place: ``slurm-tpu install``, scripts/setup.sh, LocalCluster)."""
     try:
-        if entry_script is not None:
-            from .agent_client import build_beside
-
-            build_beside(entry_script)  # None: no compiler (the hooks run the Python hooks)
         return serve()
     except Exception as exc:  # noqa: BLE001 - one line
         say(f"agent: {type(exc).__name__}: {exc}")

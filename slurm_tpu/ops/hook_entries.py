@@ -94,11 +94,9 @@ ENTRIES = (
         "slurm-tpu-agent",
         "The node's resident slurm-tpu agent (root): runs the hooks' work for prolog/slurm-tpu-hook-client.",
         "See slurm_tpu.hooks.agent. Environment: SLURM_TPU_CONFIG (default\n"
-        "/etc/slurm-tpu/config.yaml), SLURMD_NODENAME. Stop it with SIGTERM; the hooks\n"
-        "then run the Python hooks themselves. It builds the hooks' C client beside\n"
-        "itself when that is missing or older than its source (hence main(__file__)).\n\n",
+        "/etc/slurm-tpu/config.yaml), SLURMD_NODENAME. Stop it with SIGTERM; the native\n"
+        "entries then run the Python hooks.\n\n",
         "slurm_tpu.hooks.agent",
-        "main(__file__)",
     ),
 )
 

@@ -43,8 +43,8 @@ from ..config import Config
 from ..defaults import CONFIG_ENV, CONFIG_PATH as DEFAULT_CONFIG, PREFIX, SYSCONFDIR
 from ..errors import SlurmTpuError
 from ..files import BACKUP_SUFFIX, read_text, write_if_changed
-from ..hooks.agent_client import NATIVE_HOOKS, native_entry
 from . import node_files
+from .hook_client import NATIVE_HOOKS, native_entry
 
 MANIFEST = "install-manifest.json"
 MANIFEST_FORMAT = 1
@@ -64,7 +64,6 @@ HOOK_FILES = (
     ("udev", UDEV_HOOK, 0o755),
     ("epilog", "slurm-tpu-epilog", 0o755),
     ("systemd", "slurm-tpu-agent", 0o755),
-    ("prolog", "slurm-tpu-hook-client.c", 0o644),
 )
 HEALTH_PROGRAM = "slurm-tpu-health"
 # (shipped name in systemd/, installed path under <sysconfdir>/systemd/system).

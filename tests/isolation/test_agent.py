@@ -55,8 +55,7 @@ def cluster():
     from dataclasses import replace
 
     from harness.localcluster.cluster import NodeSpec, project_hooks
-    from slurm_tpu.hooks.agent_client import link_native_entries
-    from slurm_tpu.ops.hook_client import build
+    from slurm_tpu.ops.hook_client import build, link_native_entries
 
     hooks_dir = os.path.join("/tmp", f"slurm-tpu-agent-hooks-{os.getpid()}")
     os.makedirs(hooks_dir, mode=0o755)

@@ -30,8 +30,7 @@ SH_TASK_PROLOG = os.path.join(REPO, "prolog", "slurm-tpu-task-prolog")
 def hooks_dir():
     """A root-owned directory as `slurm-tpu install` makes: the client, its native entries beside
     the hooks (copies of the shipped ones)."""
-    from slurm_tpu.hooks.agent_client import NATIVE_HOOKS, link_native_entries
-    from slurm_tpu.ops.hook_client import build, shipped_hook
+    from slurm_tpu.ops.hook_client import NATIVE_HOOKS, build, link_native_entries, shipped_hook
 
     directory = tempfile.mkdtemp(prefix="slurm-tpu-native-", dir="/tmp")
     os.chmod(directory, 0o755)
