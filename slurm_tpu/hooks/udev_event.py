@@ -118,8 +118,7 @@ def run(environ: Mapping[str, str]) -> int:
     identity = identity_for(environ, settings.udev, settings.sysfs_root, settings.devices)
     if identity is None:
         return 0
-    with Ledger(settings.state_dir) as ledger:
-        ledger.lock()
+    with Ledger(settings.state_dir) as ledger, ledger.locked():
         device = _known_devices(ledger.dir_fd, settings).get(identity)
         if device is None:
             return 0  # not configured on this node (gres-conf has not been run for it)
@@ -149,16 +148,9 @@ def run(environ: Mapping[str, str]) -> int:
         for node in nodes:
             ownership.set_owner(node, identity, uid, gid, mode)
         if finishing and isinstance(lease, Lease):  # finishing: always a Lease (the isinstance is for mypy)
-            ledger.drop(identity)
-            # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
-            ledger.audit(
-                audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM,
-                identity=identity,
-                job_id=lease.job_id,
-                uid=lease.uid,
-                nodes=list(nodes),
-                revoked=True,
-            )
+            from .leasing import end_revocation  # only then: the usual event need not load it
+
+            end_revocation(ledger, lease, nodes)
         elif isinstance(lease, Lease) and lease.phase == HELD:
             ledger.audit(
                 audit.REENUMERATE,
