@@ -67,16 +67,14 @@ class Ledger:
 
     # ---- locking ---------------------------------------------------------------
     def locked(self, when: bool = True) -> _Block:
-        """``with ledger.locked():`` holds the state lock (blocking ``flock``) for the block, even one
-        left by an exception; the one way to take it. Nested blocks of one ledger share it: only the
-        outermost takes it and lets it go (the epilog holds it for the node agent, and
-        slurm_tpu/hooks/leasing.py ``release`` inside takes it again). ``when`` False: a block that
-        leaves the lock as it is (the epilog in a hook process)."""
+        """``with ledger.locked():`` holds the state lock (``flock``, blocking) for the block, the one
+        way to take it. Nested blocks share it: the outermost takes it and lets it go, exception or
+        not. ``when`` False: a block that leaves the lock as it is."""
         return _Block(self, 1 if when else 0)
 
     def unlocked(self) -> _Block:
         """``with ledger.unlocked():`` lets the held lock go for the block, however deeply it is held,
-        and takes it back (blocking) at the same depth after it (a release's holder scan)."""
+        and takes it back after it (a release's holder scan)."""
         assert self._depth, "unlocked() outside locked()"
         return _Block(self, None)
 
@@ -186,9 +184,7 @@ class Ledger:
 
 
 class _Block:
-    """A :meth:`Ledger.locked` (``deeper`` 1, or 0: a block that changes nothing) or
-    :meth:`Ledger.unlocked` (``deeper`` None) block: the ledger's lock depth inside it, the
-    depth it had before restored after it. A small class: contextlib is an import per hook."""
+    """A locked() block (``deeper`` 1, or 0) or an unlocked() one (None); not contextlib: an import per hook."""
 
     __slots__ = ("ledger", "deeper", "outer")
 

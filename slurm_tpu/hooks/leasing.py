@@ -16,7 +16,8 @@ itself never waits for the hardware. A device that cannot be revoked is checked
 by a scan of every process (and its driver's count); the scan runs without the
 node's state lock, its lease in phase ``releasing``, so hooks for the node's
 other devices never wait for it, and a prolog for this device waits for the
-release to end instead of reclaiming the lease under it.
+release to end instead of reclaiming the lease under it. Every phase change is
+one :func:`_move`, under the state lock, as protocol/leases.py TRANSITIONS allows.
 """
 
 from __future__ import annotations
@@ -27,8 +28,8 @@ import time
 from ..access import ownership, processes, revoke
 from ..access.ledger import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease, Ledger, process_start_time
 from ..protocol import audit
-from ..protocol.leases import FREE, UNREADABLE, check_transition
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
+from ..protocol.leases import FREE, UNREADABLE, check_transition
 from . import probe
 from .context import HookError
 
@@ -459,7 +460,7 @@ def acquire(
     prolog, which the leases record (:func:`holder_alive`); this process by
     default. The node agent's worker, which outlives the prolog it serves, gives
     its hook client's. Every change to a device after its claim checks, under the
-    ledger's lock, that the lease is still this prolog's (:func:`_still_ours`).
+    ledger's lock, that the lease is still this prolog's (:func:`_current`).
     """
     assert job.uid is not None
     allocation = tuple(d.identity for d in devices)
@@ -490,7 +491,7 @@ def acquire(
             probe.mark("writers_check")
             taken.append(lease)
             with ledger.locked():
-                if not _still_ours(ledger, lease):
+                if _current(ledger, lease) is None:
                     raise HookError(
                         f"job {job.job_id}: {device.identity}'s lease was ended while its prolog ran "
                         f"(its prolog process, pid {me}, was gone); the device stays with its new holder"
@@ -524,11 +525,6 @@ def roll_back(ledger: Ledger, leases: list[Lease], settings: HookSettings) -> No
             if current is not None:
                 restore_idle(settings.devices.get(lease.identity), settings)
                 _end(ledger, current, audit.ROLLBACK)
-
-
-def _still_ours(ledger: Ledger, lease: Lease) -> bool:
-    """Whether the ledger still holds ``lease`` as its prolog wrote it (same job, same prolog process)."""
-    return _current(ledger, lease) is not None
 
 
 def _current(ledger: Ledger, lease: Lease) -> Lease | None:

@@ -13,7 +13,7 @@ accelerator the inventory knows:
   denied" on its own device after a USB re-enumeration (firmware load, reset).
   If the lease is being revoked (the epilog power-cycled the port, see
   slurm_tpu/access/revoke.py), this event is the stick coming back: it gets idle
-  ownership and the lease is dropped, ending the release.
+  ownership and leasing.end_revocation ends the release.
 * remove: record that the device has no node (the epilog then drains the node
   if a job held it).
 """

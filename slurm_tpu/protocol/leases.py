@@ -32,19 +32,12 @@ VERSION = 1
 MAX_BYTES = 65536  # a lease is ~300 bytes; anything larger is not one
 HELD, REVOKING, RELEASING, KEPT = "held", "revoking", "releasing", "kept"  # Lease.phase
 PHASES = (HELD, REVOKING, RELEASING, KEPT)
-# Not phases a file holds: FREE is no lease file (before its claim, after its drop), UNREADABLE a
-# file that is no readable lease (a BadLease), which ending it replaces with a lease of job -1.
-FREE, UNREADABLE = "free", "unreadable"
+FREE, UNREADABLE = "free", "unreadable"  # no lease file (before its claim, after its drop); a BadLease
 _ENDING = (RELEASING, REVOKING, KEPT, FREE)
-# What a lease's phase may become, applied by slurm_tpu/hooks/leasing.py ``_move``, which refuses
-# the rest. A lease is born HELD by its prolog's exclusive claim (Ledger.claim: FREE -> HELD, the
-# one write that is no ``_move``: it must fail when a lease exists), and nothing makes it HELD
-# again. Ending it (leasing.end_lease: epilog, reclaim, leases --clear, health check) may begin in
-# any phase (a kept lease cleared, a release or revocation begun again after its hook died, an
-# unreadable file) and goes to RELEASING (a holder scan without the lock), REVOKING (a USB
-# power-cycle), KEPT (a problem keeps it) or FREE (a device that vanished); from RELEASING and
-# REVOKING on to KEPT or FREE (udev_event frees a revoked stick once it is back). A prolog's
-# roll-back frees its own lease; the writers check turns it KEPT for the job that left writers.
+# What a phase may become (leasing._move applies it). Only a claim makes a lease HELD (Ledger.claim,
+# exclusive: no _move). Ending it (leasing.end_lease) may begin in any phase, again after its hook
+# died or a kept lease is cleared, and goes through RELEASING (holder scan) or REVOKING (USB
+# power-cycle) to KEPT (a problem) or FREE (udev_event frees a revoked stick once it is back).
 TRANSITIONS = {
     FREE: (HELD,),
     HELD: _ENDING,
@@ -59,6 +52,7 @@ def check_transition(old: str, new: str) -> None:
     """Raise ValueError unless :data:`TRANSITIONS` lets phase ``old`` become ``new``."""
     if new not in TRANSITIONS.get(old, ()):
         raise ValueError(f"lease phase {old!r} may not become {new!r}")
+
 
 # Field names, in the order they are written.
 IDENTITY, JOB_ID, UID, KIND, USER, START = "identity", "job_id", "uid", "kind", "user", "start"
