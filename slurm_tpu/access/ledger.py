@@ -13,7 +13,7 @@ module owns how they are written (exclusive, atomic, never through a link).
 
 Read-modify-write sequences that span the ledger and device ownership (release
 vs. a udev re-enumeration, reclaim vs. a late epilog) run under one ``flock`` on
-``<state_dir>/.lock``; they take milliseconds.
+``<state_dir>/.lock`` (``with ledger.locked():``); they take milliseconds.
 """
 
 from __future__ import annotations
@@ -51,12 +51,13 @@ class Ledger:
                 str(exc).replace(LEASES, os.path.join(state_dir, LEASES), 1), os.path.join(state_dir, LEASES)
             ) from exc
         self._lock_fd: int | None = None
+        self._depth = 0  # nested locked() blocks; 0: not held
 
     def close(self) -> None:
         for fd in (self.leases_fd, self.dir_fd, self._lock_fd):
             if fd is not None:
                 os.close(fd)
-        self._lock_fd = None
+        self._lock_fd, self._depth = None, 0
 
     def __enter__(self) -> Ledger:
         return self
@@ -65,22 +66,34 @@ class Ledger:
         self.close()
 
     # ---- locking ---------------------------------------------------------------
-    def lock(self) -> Ledger:
-        """Take the state lock (blocking); released by :meth:`unlock` or close()."""
-        import fcntl
+    def locked(self, when: bool = True) -> _Block:
+        """``with ledger.locked():`` holds the state lock (``flock``, blocking) for the block, the one
+        way to take it. Nested blocks share it: the outermost takes it and lets it go, exception or
+        not. ``when`` False: a block that leaves the lock as it is."""
+        return _Block(self, 1 if when else 0)
 
-        if self._lock_fd is None:
-            self._lock_fd = os.open(
-                LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd
-            )
-        fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        return self
+    def unlocked(self) -> _Block:
+        """``with ledger.unlocked():`` lets the held lock go for the block, however deeply it is held,
+        and takes it back after it (a release's holder scan)."""
+        assert self._depth, "unlocked() outside locked()"
+        return _Block(self, None)
 
-    def unlock(self) -> None:
-        import fcntl
+    @property
+    def held(self) -> bool:
+        """Whether this ledger holds the state lock (what functions that need it assert)."""
+        return self._depth > 0
 
-        if self._lock_fd is not None:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+    def _hold(self, depth: int) -> None:
+        """Hold the lock ``depth`` blocks deep: taken when the depth leaves 0, let go when it returns."""
+        if bool(depth) != bool(self._depth):
+            import fcntl
+
+            if self._lock_fd is None:
+                self._lock_fd = os.open(
+                    LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=self.dir_fd
+                )
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX if depth else fcntl.LOCK_UN)
+        self._depth = depth
 
     # ---- leases ----------------------------------------------------------------
     def read(self, identity: str) -> Lease | BadLease | None:
@@ -168,6 +181,23 @@ class Ledger:
         if start:
             tail = tail[tail.find(b"\n") + 1 :]  # the first line is cut
         return audit.last_acquire(tail, identity)
+
+
+class _Block:
+    """A locked() block (``deeper`` 1, or 0) or an unlocked() one (None); not contextlib: an import per hook."""
+
+    __slots__ = ("ledger", "deeper", "outer")
+
+    def __init__(self, ledger: Ledger, deeper: int | None):
+        self.ledger, self.deeper, self.outer = ledger, deeper, 0
+
+    def __enter__(self) -> Ledger:
+        self.outer = self.ledger._depth
+        self.ledger._hold(0 if self.deeper is None else self.outer + self.deeper)
+        return self.ledger
+
+    def __exit__(self, *exc: object) -> None:
+        self.ledger._hold(self.outer)
 
 
 def process_start_time(pid: int) -> int:

@@ -35,7 +35,7 @@ a prolog waiting for a revoked USB stick never holds up a job on another device
 records the hook client's pid as its prolog's (leasing.holder_alive: the process
 Slurm started for the prolog, as the Python prolog records itself), since the worker
 outlives the prolog; every change the worker makes to a device after its claim checks
-the lease is still this prolog's (leasing._still_ours).
+the lease is still this prolog's (leasing._current).
 
 Wire format: slurm_tpu/protocol/agent_wire.py (a length, the hook and its
 environment; the answer: a length, the hook's messages, its exit status). Nothing

@@ -35,25 +35,25 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
         probe.mark("ledger_read")
         if not leases:
             return 0
-        if answer is not None:
-            # The node agent answers Slurm here and does the rest after: the usage box, the
-            # release (take the device away, scan for holders, power-cycle, give it back) are off
-            # the path of the node's next job. Safe because the state lock is taken first and held
-            # until the release ends: the next prolog waits for it, and so does anything that
-            # must see the release done (harness: LocalCluster.wait_for_releases). A release that
-            # fails still drains the node below (this process says so, with scontrol), and its
-            # device stays root's 0600, so no job gets it. The usage entry is spooled a few
-            # milliseconds later than the job's end: the collector takes it on its next round.
-            ledger.lock()
-            answer()
-            probe.mark("answered")
-        # Usage before the release (outside the lock in a hook process: it reads only the job's own box).
-        records = jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
-        # For Slurm's own job record (AdminComment), applied later by the accounting collector.
-        jobusage.spool(ledger, job.job_id, leases[0].uid, settings.node, len(leases), records)
-        jobusage.discard(ledger, job.job_id)
-        probe.mark("usage_box")
-        problems = leasing.release(ledger, job.job_id, settings)
+        # The node agent (``answer``) answers Slurm here and does the rest after: the usage box, the
+        # release (take the device away, scan for holders, power-cycle, give it back) are off the
+        # path of the node's next job. Safe because the state lock is taken first and held until
+        # the release ends: the next prolog waits for it, and so does anything that must see the
+        # release done (harness: LocalCluster.wait_for_releases). A release that fails still
+        # drains the node below (this process says so, with scontrol), and its device stays
+        # root's 0600, so no job gets it. The usage entry is spooled a few milliseconds later than
+        # the job's end: the collector takes it on its next round.
+        with ledger.locked(when=answer is not None):
+            if answer is not None:
+                answer()
+                probe.mark("answered")
+            # Usage before the release (outside the lock in a hook process: it reads only the job's own box).
+            records = jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
+            # For Slurm's own job record (AdminComment), applied later by the accounting collector.
+            jobusage.spool(ledger, job.job_id, leases[0].uid, settings.node, len(leases), records)
+            jobusage.discard(ledger, job.job_id)
+            probe.mark("usage_box")
+            problems = leasing.release(ledger, job.job_id, settings)
         probe.mark("release")
     for notice in problems:
         if isinstance(notice, leasing.Withheld):  # the device waits, the node serves on

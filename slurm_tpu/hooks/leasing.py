@@ -16,7 +16,8 @@ itself never waits for the hardware. A device that cannot be revoked is checked
 by a scan of every process (and its driver's count); the scan runs without the
 node's state lock, its lease in phase ``releasing``, so hooks for the node's
 other devices never wait for it, and a prolog for this device waits for the
-release to end instead of reclaiming the lease under it.
+release to end instead of reclaiming the lease under it. Every phase change is
+one :func:`_move`, under the state lock, as protocol/leases.py TRANSITIONS allows.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ..access import ownership, processes, revoke
 from ..access.ledger import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease, Ledger, process_start_time
 from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
+from ..protocol.leases import FREE, UNREADABLE, check_transition
 from . import probe
 from .context import HookError
 
@@ -114,14 +116,9 @@ def take_away(nodes: Iterable[str], identity: str) -> list[str]:
     return problems
 
 
-def _begin_release(ledger: Ledger, lease: Lease | BadLease) -> Lease:
-    """Mark the lease ``releasing`` by this process (under the state lock); the lease as written."""
-    me = os.getpid()
-    return _set_phase(ledger, lease, RELEASING, releaser=(me, process_start_time(me)))
-
-
 def _still_releasing(ledger: Ledger, lease: Lease) -> bool:
-    """Whether the ledger still holds ``lease`` as :func:`_begin_release` wrote it. Under the lock."""
+    """Whether the ledger still holds ``lease`` as :func:`end_lease` wrote it before its scan."""
+    assert ledger.held
     held = ledger.read(lease.identity)
     return isinstance(held, Lease) and (held.job_id, held.phase, held.phase_since, held.releaser_pid) == (
         lease.job_id,
@@ -131,16 +128,38 @@ def _still_releasing(ledger: Ledger, lease: Lease) -> bool:
     )
 
 
-def _set_phase(ledger: Ledger, lease: Lease | BadLease, phase: str, releaser: tuple[int, int] | None = None) -> Lease:
-    """Write the lease in ``phase`` (``releaser``: the releasing process's pid and start time); the lease
-    as written."""
-    if isinstance(lease, BadLease):  # unreadable: replace it by a readable one of nobody's
+def _move(ledger: Ledger, lease: Lease | BadLease, phase: str, releaser: tuple[int, int] | None = None) -> Lease:
+    """Write the lease in ``phase`` (FREE: remove its file), under the state lock; the lease as written.
+
+    The one writer of a lease's phase: ValueError unless protocol/leases.py TRANSITIONS lets the
+    phase the lease was read in become ``phase``. ``releaser``: the releasing process's pid and
+    start time. An unreadable lease is replaced by a readable one of nobody's (job -1).
+    """
+    assert ledger.held, "a lease's phase changes under the state lock"
+    check_transition(lease.phase if isinstance(lease, Lease) else UNREADABLE, phase)
+    if isinstance(lease, BadLease):
         lease = Lease(identity=lease.identity, job_id=-1, uid=-1)
+    if phase == FREE:
+        ledger.drop(lease.identity)
+        return lease
     lease.phase, lease.phase_since = phase, round(time.time(), 6)
     if releaser is not None:
         lease.releaser_pid, lease.releaser_start = releaser
     ledger.rewrite(lease)
     return lease
+
+
+def _end(ledger: Ledger, lease: Lease | BadLease, event: str, **fields: object) -> None:
+    """Free the device (the lease file goes, see :func:`_move`) and audit ``event`` for the lease."""
+    lease = _move(ledger, lease, FREE)
+    ledger.audit(event, identity=lease.identity, job_id=lease.job_id, uid=lease.uid, **fields)
+
+
+def end_revocation(ledger: Ledger, lease: Lease, nodes: Iterable[str]) -> None:
+    """Finish the release of a power-cycled USB stick (:func:`end_lease`) once it is back on ``nodes``
+    with idle ownership (udev_event); job -1: an unreadable lease being reclaimed (:func:`_move`)."""
+    assert lease.phase == REVOKING
+    _end(ledger, lease, audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM, nodes=list(nodes), revoked=True)
 
 
 def _filesystems(nodes: Iterable[str], settings: HookSettings, identity: str) -> set[int]:
@@ -191,6 +210,7 @@ def _unrevocable_holders(
     Called without the state lock, the lease in phase ``releasing`` (:func:`end_lease`): it
     only reads /proc and sysfs and appends to the audit log, which needs no lock.
     """
+    assert not ledger.held
     identity, job_id = lease.identity, lease.job_id
     rdevs, filesystems = _rdevs(present), _filesystems(present, settings, identity)
     skip_root = lease.uid != 0  # a user's fd reaches a root process only if root software takes it
@@ -277,10 +297,9 @@ def _refuse_if_written(ledger: Ledger, lease: Lease, device: KnownDevice, settin
     """Before the device is handed over: raise DeviceNotFree if the apex driver counts writers on it
     (or shows no count: fail closed).
 
-    Called with the state lock held, the job's lease just claimed and the device
-    still root 0600. A writer here was left behind by an earlier holder (a root
-    process that opened it while idle, an fd an epilog could not see), never by
-    this job: the lease is turned into a kept lease of the last job the audit log
+    The job's lease just claimed, the device still root 0600. A writer here was
+    left behind by an earlier holder (a root process that opened it while idle, an
+    fd an epilog could not see), never by this job: the lease is turned into a kept lease of the last job the audit log
     shows holding the device, so the drain reason, ``slurm-tpu leases``, the next
     prolog and ``leases --clear`` all name that job, not this one, and nobody
     gets the device until the count is 0 again.
@@ -298,10 +317,8 @@ def _refuse_if_written(ledger: Ledger, lease: Lease, device: KnownDevice, settin
         start=round(time.time(), 6),
         device_nodes=device.device_nodes,
         node=lease.node,
-        phase=KEPT,
-        phase_since=round(time.time(), 6),
     )
-    ledger.rewrite(kept)
+    _move(ledger, kept, KEPT)  # written over the job's lease, held until now
     blame = f"last held by job {job_id}" if last is not None else "no job in the audit log held it"
     if writers is None:
         raise DeviceNotFree(
@@ -328,68 +345,61 @@ def end_lease(
 ) -> list[str]:
     """Take the device away from the lease's job, revoke, check, give it back; returns problems.
 
-    Called with the state lock held, and returns with it held; a device that
-    cannot be revoked is scanned for holders without it (phase ``releasing``).
-    ``event`` names the audit record (release, reclaim, clear). A problem keeps
-    the lease (phase ``kept``, the node root 0600) so nobody else gets a device
-    that is not free.
+    Under the state lock; a device that cannot be revoked is scanned for holders
+    without it (phase ``releasing``). ``event`` names the audit record (release,
+    reclaim, clear). A problem keeps the lease (phase ``kept``, the node root 0600)
+    so nobody else gets a device that is not free.
     """
+    assert ledger.held, "end_lease runs under the state lock"
     identity, job_id = lease.identity, lease.job_id
     device = settings.devices.get(identity)
     present = [n for n in (device.device_nodes if device else ()) if ownership.node_state(n)]
     if not present:
         if isinstance(lease, Lease) and lease.phase == REVOKING and event == audit.RELEASE:
             return []  # a second epilog run while the stick re-enumerates: udev finishes it
-        ledger.drop(identity)
-        ledger.audit(event, identity=identity, job_id=job_id, uid=lease.uid, by_job=by_job, vanished=True)
+        _end(ledger, lease, event, by_job=by_job, vanished=True)
         if event != audit.RELEASE:
             return []
         return [f"{identity} vanished during job {job_id}; check the device and its cable, then resume the node"]
     problems = take_away(present, identity)
     probe.mark("take_away")
     if problems:
-        _set_phase(ledger, lease, KEPT)
+        _move(ledger, lease, KEPT)
         return problems
     assert device is not None
     if _power_cycled(device, settings):
         # Phase first: the udev events of the disconnect must find it revoking; the
         # nodes it had tell udev_event the old device's events from the new one's.
         lease.device_nodes = tuple(present)
-        _set_phase(ledger, lease, REVOKING)
+        lease = _move(ledger, lease, REVOKING)
         try:
             devnum = revoke.disconnect_usb(settings.sysfs_root, identity)
             probe.mark("revoke_usb")
         except revoke.RevokeError as exc:
-            _set_phase(ledger, lease, KEPT)
+            _move(ledger, lease, KEPT)
             ledger.audit(audit.REVOKE_FAILED, identity=identity, job_id=job_id, uid=lease.uid, error=str(exc))
             return [str(exc)]
         if devnum is not None:
             ledger.audit(audit.REVOKE, identity=identity, job_id=job_id, uid=lease.uid, devnum=devnum, by_job=by_job)
             return []  # every fd on it is dead; udev_event releases it once it is back
         # No usb_device in sysfs: nothing is left whose fds could work. Release now.
-        why = None
+        problems = restore_idle(device, settings)
     else:
         # The scan (and the wait for the job's last processes) without the state lock: the lease
         # says who releases it, so a prolog for this device waits for it (holder_alive) instead of
         # reclaiming it meanwhile, and the node's other devices' hooks do not wait at all.
-        lease = _begin_release(ledger, lease)
-        ledger.unlock()
-        try:
+        me = os.getpid()
+        lease = _move(ledger, lease, RELEASING, releaser=(me, process_start_time(me)))
+        with ledger.unlocked():
             why = _unrevocable_holders(ledger, lease, device, present, settings, wait_s)
-        finally:
-            ledger.lock()
         probe.mark("holder_scan")
         if not _still_releasing(ledger, lease):
             return []  # another hook took this process for gone and ended the lease itself
-    if why is not None:
-        _set_phase(ledger, lease, KEPT)
-        return [why]
-    problems = restore_idle(device, settings)
+        problems = [why] if why is not None else restore_idle(device, settings)
     if problems:
-        _set_phase(ledger, lease, KEPT)
+        _move(ledger, lease, KEPT)
         return problems
-    ledger.drop(identity)
-    ledger.audit(event, identity=identity, job_id=job_id, uid=lease.uid, by_job=by_job)
+    _end(ledger, lease, event, by_job=by_job)
     probe.mark("restore_idle")
     return []
 
@@ -408,8 +418,7 @@ def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -
     ownership when the stick is back) or the problem that keeps it.
     """
     outcomes = []
-    ledger.lock()
-    try:
+    with ledger.locked():
         # Each lease read when its turn comes, not listed ahead: end_lease lets the lock go while it
         # scans, so a lease read before that may have been ended, and its device leased again, since.
         for name in ledger.names():
@@ -432,8 +441,6 @@ def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -
                 outcomes.append((lease.identity, "revoking"))
             else:
                 outcomes.append((lease.identity, "cleared"))
-    finally:
-        ledger.unlock()
     return outcomes
 
 
@@ -453,7 +460,7 @@ def acquire(
     prolog, which the leases record (:func:`holder_alive`); this process by
     default. The node agent's worker, which outlives the prolog it serves, gives
     its hook client's. Every change to a device after its claim checks, under the
-    ledger's lock, that the lease is still this prolog's (:func:`_still_ours`).
+    ledger's lock, that the lease is still this prolog's (:func:`_current`).
     """
     assert job.uid is not None
     allocation = tuple(d.identity for d in devices)
@@ -478,17 +485,13 @@ def acquire(
             )
             _claim(ledger, lease, device, settings, wait_s)
             probe.mark("claim")
-            ledger.lock()
-            try:
+            with ledger.locked():
                 device = _current_nodes(ledger, device, lease)
                 _refuse_if_written(ledger, lease, device, settings)  # before it counts as this job's
-            finally:
-                ledger.unlock()
             probe.mark("writers_check")
             taken.append(lease)
-            ledger.lock()
-            try:
-                if not _still_ours(ledger, lease):
+            with ledger.locked():
+                if _current(ledger, lease) is None:
                     raise HookError(
                         f"job {job.job_id}: {device.identity}'s lease was ended while its prolog ran "
                         f"(its prolog process, pid {me}, was gone); the device stays with its new holder"
@@ -500,49 +503,38 @@ def acquire(
                         f"job {job.job_id}: {device.identity} has no device node (unplugged?); "
                         "replug it or drain the node"
                     )
-            finally:
-                ledger.unlock()
             probe.mark("chown")
             ledger.audit(
                 audit.ACQUIRE, identity=device.identity, job_id=job.job_id, uid=job.uid, nodes=list(device.device_nodes)
             )
             probe.mark("audit")
     except BaseException as exc:
-        roll_back(ledger, job, taken, settings)
+        roll_back(ledger, taken, settings)
         if isinstance(exc, Exception) and not isinstance(exc, HookError):
             raise HookError(f"job {job.job_id}: {exc}") from exc
         raise
     return taken
 
 
-def roll_back(ledger: Ledger, job: JobContext, leases: list[Lease], settings: HookSettings) -> None:
+def roll_back(ledger: Ledger, leases: list[Lease], settings: HookSettings) -> None:
     """Undo :func:`acquire` for ``leases``: idle ownership back, then the lease files go; a lease
     another hook ended meanwhile (the prolog's process was gone) is no longer this prolog's to undo."""
-    ledger.lock()
-    try:
+    with ledger.locked():
         for lease in leases:
-            if not _still_ours(ledger, lease):
-                continue
-            restore_idle(settings.devices.get(lease.identity), settings)
-            ledger.drop(lease.identity)
-            ledger.audit(audit.ROLLBACK, identity=lease.identity, job_id=job.job_id, uid=job.uid)
-    finally:
-        ledger.unlock()
-
-
-def _still_ours(ledger: Ledger, lease: Lease) -> bool:
-    """Whether the ledger still holds ``lease`` as its prolog wrote it (same job, same prolog process).
-    Under the ledger's lock."""
-    return _current(ledger, lease) is not None
+            current = _current(ledger, lease)
+            if current is not None:
+                restore_idle(settings.devices.get(lease.identity), settings)
+                _end(ledger, current, audit.ROLLBACK)
 
 
 def _current(ledger: Ledger, lease: Lease) -> Lease | None:
     """The ledger's lease on ``lease``'s device when it is still that lease (same job, same prolog
-    process; its phase may have moved on), else None. Under the ledger's lock.
+    process; its phase may have moved on), else None. Under the state lock.
 
     A list of leases read earlier can be stale: :func:`end_lease` lets the lock go while it scans
     for holders, and meanwhile another hook may end a lease of the list and a new job take it.
     """
+    assert ledger.held
     held = ledger.read(lease.identity)
     if isinstance(held, Lease) and (held.job_id, held.prolog_pid, held.prolog_start) == (
         lease.job_id,
@@ -568,15 +560,15 @@ def _current_nodes(ledger: Ledger, device: KnownDevice, lease: Lease) -> KnownDe
     if fresh is None or fresh.device_nodes == device.device_nodes:
         return device
     lease.device_nodes = fresh.device_nodes
-    ledger.rewrite(lease)
+    assert ledger.held
+    ledger.rewrite(lease)  # its nodes, not its phase (still held): no transition
     return fresh
 
 
 def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSettings, wait_s: float) -> None:
     deadline = time.monotonic() + wait_s
     while True:
-        ledger.lock()
-        try:
+        with ledger.locked():
             if ledger.claim(lease):
                 return
             holder = ledger.read(lease.identity)
@@ -591,8 +583,6 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
             if why is None:
                 _reclaim_or_fail(ledger, holder, settings, lease.job_id)
                 continue
-        finally:
-            ledger.unlock()
         releasing = isinstance(holder, Lease) and holder.phase == RELEASING
         # A release in progress is waited for to its end, as the state lock it once held was: its
         # scan is time-boxed (devices.holder_scan_seconds), its wait for the job's last processes too.
@@ -642,8 +632,7 @@ def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float =
     A device the scan could not verify is kept the same way, without a drain.
     """
     problems: list[str] = []
-    ledger.lock()
-    try:
+    with ledger.locked():
         # Those ended under the lock (a USB stick's power-cycle) first, the ones scanned without it
         # last: a Prolog that comes meanwhile for another of the job's devices finds it released,
         # instead of reclaiming it itself.
@@ -653,6 +642,4 @@ def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float =
             current = _current(ledger, lease)  # the scan of the one before ran without the lock
             if current is not None:
                 problems.extend(end_lease(ledger, current, settings, audit.RELEASE, wait_s=wait_s))
-    finally:
-        ledger.unlock()
     return problems

@@ -62,7 +62,7 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
             probe.mark("env_file")
         except BaseException as exc:
             jobusage.discard(ledger, job.job_id)
-            leasing.roll_back(ledger, job, leases, settings)
+            leasing.roll_back(ledger, leases, settings)
             if not isinstance(exc, Exception):
                 raise
             raise HookError(

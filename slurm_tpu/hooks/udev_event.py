@@ -13,7 +13,7 @@ accelerator the inventory knows:
   denied" on its own device after a USB re-enumeration (firmware load, reset).
   If the lease is being revoked (the epilog power-cycled the port, see
   slurm_tpu/access/revoke.py), this event is the stick coming back: it gets idle
-  ownership and the lease is dropped, ending the release.
+  ownership and leasing.end_revocation ends the release.
 * remove: record that the device has no node (the epilog then drains the node
   if a job held it).
 """
@@ -118,8 +118,7 @@ def run(environ: Mapping[str, str]) -> int:
     identity = identity_for(environ, settings.udev, settings.sysfs_root, settings.devices)
     if identity is None:
         return 0
-    with Ledger(settings.state_dir) as ledger:
-        ledger.lock()
+    with Ledger(settings.state_dir) as ledger, ledger.locked():
         device = _known_devices(ledger.dir_fd, settings).get(identity)
         if device is None:
             return 0  # not configured on this node (gres-conf has not been run for it)
@@ -149,16 +148,9 @@ def run(environ: Mapping[str, str]) -> int:
         for node in nodes:
             ownership.set_owner(node, identity, uid, gid, mode)
         if finishing and isinstance(lease, Lease):  # finishing: always a Lease (the isinstance is for mypy)
-            ledger.drop(identity)
-            # job -1: an unreadable lease that was being reclaimed (leasing._set_phase).
-            ledger.audit(
-                audit.RELEASE if lease.job_id >= 0 else audit.RECLAIM,
-                identity=identity,
-                job_id=lease.job_id,
-                uid=lease.uid,
-                nodes=list(nodes),
-                revoked=True,
-            )
+            from .leasing import end_revocation  # only then: the usual event need not load it
+
+            end_revocation(ledger, lease, nodes)
         elif isinstance(lease, Lease) and lease.phase == HELD:
             ledger.audit(
                 audit.REENUMERATE,

@@ -32,6 +32,27 @@ VERSION = 1
 MAX_BYTES = 65536  # a lease is ~300 bytes; anything larger is not one
 HELD, REVOKING, RELEASING, KEPT = "held", "revoking", "releasing", "kept"  # Lease.phase
 PHASES = (HELD, REVOKING, RELEASING, KEPT)
+FREE, UNREADABLE = "free", "unreadable"  # no lease file (before its claim, after its drop); a BadLease
+_ENDING = (RELEASING, REVOKING, KEPT, FREE)
+# What a phase may become (leasing._move applies it). Only a claim makes a lease HELD (Ledger.claim,
+# exclusive: no _move). Ending it (leasing.end_lease) may begin in any phase, again after its hook
+# died or a kept lease is cleared, and goes through RELEASING (holder scan) or REVOKING (USB
+# power-cycle) to KEPT (a problem) or FREE (udev_event frees a revoked stick once it is back).
+TRANSITIONS = {
+    FREE: (HELD,),
+    HELD: _ENDING,
+    RELEASING: _ENDING,
+    REVOKING: _ENDING,
+    KEPT: _ENDING,
+    UNREADABLE: _ENDING,
+}
+
+
+def check_transition(old: str, new: str) -> None:
+    """Raise ValueError unless :data:`TRANSITIONS` lets phase ``old`` become ``new``."""
+    if new not in TRANSITIONS.get(old, ()):
+        raise ValueError(f"lease phase {old!r} may not become {new!r}")
+
 
 # Field names, in the order they are written.
 IDENTITY, JOB_ID, UID, KIND, USER, START = "identity", "job_id", "uid", "kind", "user", "start"

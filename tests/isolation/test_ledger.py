@@ -18,6 +18,7 @@ from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.hooks.settings import HookSettings
 from slurm_tpu.protocol.inventory import KnownDevice
+from slurm_tpu.protocol.leases import FREE, HELD, KEPT
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod/chown need root")
 
@@ -40,6 +41,57 @@ def test_claim_is_exclusive_and_complete(state):
         assert isinstance(held, Lease) and held.job_id == 1
         assert ledger.names() == ["usb-2-1.3"]  # no temp file left behind
         assert ledger.drop("usb-2-1.3") and not ledger.drop("usb-2-1.3")
+        assert ledger.read("usb-2-1.3") is None
+
+
+def _taken_elsewhere(state) -> bool:
+    """Whether another open file (as another process's hook would) finds the state lock taken."""
+    import fcntl
+
+    fd = os.open(os.path.join(state, ".lock"), os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # lets go of it when this took it
+    return False
+
+
+def test_the_state_lock_is_let_go_after_an_exception_and_taken_back_after_unlocked(state):
+    with Ledger(state) as ledger:
+        with pytest.raises(RuntimeError), ledger.locked():
+            assert ledger.held and _taken_elsewhere(state)
+            raise RuntimeError("a hook failed while it held the lock")
+        assert not ledger.held and not _taken_elsewhere(state)
+        with ledger.locked():
+            with ledger.locked():  # nested (the epilog holds it, release takes it again): one lock
+                with ledger.unlocked():  # a release's holder scan: let go however deep it is held
+                    assert not ledger.held and not _taken_elsewhere(state)
+                assert ledger.held and _taken_elsewhere(state)
+                with pytest.raises(RuntimeError), ledger.unlocked():
+                    raise RuntimeError("the scan failed")
+                assert ledger.held and _taken_elsewhere(state)  # taken back after an exception too
+            assert ledger.held and _taken_elsewhere(state)  # the inner block leaves the outer's lock
+        assert not ledger.held and not _taken_elsewhere(state)
+        with ledger.locked(when=False):
+            assert not ledger.held and not _taken_elsewhere(state)
+        with pytest.raises(AssertionError):
+            ledger.unlocked()  # nothing to let go of
+
+
+def test_a_lease_phase_changes_only_under_the_lock_and_as_the_table_allows(state):
+    with Ledger(state) as ledger:
+        assert ledger.claim(lease(job=1))
+        held = ledger.read("usb-2-1.3")
+        with pytest.raises(AssertionError):
+            leasing._move(ledger, held, KEPT)  # without the lock
+        with ledger.locked():
+            kept = leasing._move(ledger, held, KEPT)
+            with pytest.raises(ValueError, match="'kept' may not become 'held'"):
+                leasing._move(ledger, kept, HELD)
+            assert ledger.read("usb-2-1.3") == kept and kept.phase == KEPT
+            leasing._move(ledger, BadLease("usb-2-1.3", "garbled"), FREE)
         assert ledger.read("usb-2-1.3") is None
 
 
@@ -204,7 +256,7 @@ def test_a_roll_back_leaves_a_lease_another_prolog_took_over(state, tmp_path):
         client.kill()
         client.wait()
         leasing.acquire(ledger, JobContext(42, 555, "bob", "n1"), [device], settings, wait_s=0.3)
-        leasing.roll_back(ledger, job41, taken, settings)
+        leasing.roll_back(ledger, taken, settings)
         held = ledger.read(device.identity)
         assert isinstance(held, Lease) and held.job_id == 42
     assert os.stat(node).st_uid == 555
@@ -258,8 +310,8 @@ def test_a_prolog_for_a_card_being_released_waits_for_the_release_and_keeps_what
             assert held.job_id == 41 and held.releaser_pid == os.getpid()
             assert os.stat(node).st_uid == 0  # taken away before the scan
             # The release holds no lock while it waits for the survivor.
-            ledger.lock()
-            ledger.unlock()
+            with ledger.locked():
+                pass
         hooks.append(threading.Thread(target=prolog42))
         hooks[1].start()
     finally:

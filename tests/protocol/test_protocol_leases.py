@@ -13,7 +13,21 @@ from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.settings import HookSettings
 from slurm_tpu.protocol import FormatError
 from slurm_tpu.protocol.inventory import KnownDevice
-from slurm_tpu.protocol.leases import DIR, FIELDS, HELD, KEPT, REVOKING, VERSION, BadLease, Lease
+from slurm_tpu.protocol.leases import (
+    DIR,
+    FIELDS,
+    FREE,
+    HELD,
+    KEPT,
+    PHASES,
+    RELEASING,
+    REVOKING,
+    UNREADABLE,
+    VERSION,
+    BadLease,
+    Lease,
+    check_transition,
+)
 
 # Written by slurm-tpu before lease phases existed (commit c6d1bca^, Lease.to_bytes): a node
 # upgraded while this job ran must still read it as held, and release it.
@@ -154,3 +168,67 @@ def test_a_lease_the_old_code_wrote_mid_job_is_released_by_this_epilog(tmp_path)
     with open(os.path.join(state, "audit.log"), encoding="utf-8") as handle:
         events = [json.loads(line) for line in handle]
     assert [(e["event"], e["identity"], e["job_id"], e["uid"]) for e in events] == [("release", "usb-2-1.3", 41, 4321)]
+
+
+# Every phase change the hooks make (slurm_tpu/hooks/leasing.py, udev_event.py), by who makes it.
+ALLOWED = {
+    (FREE, HELD),  # a prolog's claim
+    (HELD, RELEASING),  # a release scans for holders (a device that cannot be revoked)
+    (HELD, REVOKING),  # a release power-cycles a USB stick
+    (HELD, KEPT),  # the device could not be taken away; the writers check keeps it for an earlier job
+    (HELD, FREE),  # a prolog's roll-back; a release of a vanished device
+    (RELEASING, KEPT),  # the scan found a holder, or could not read every open file
+    (RELEASING, FREE),  # the scan found none: idle ownership back, the lease goes
+    (REVOKING, KEPT),  # the power-cycle failed
+    (REVOKING, FREE),  # udev_event: the stick is back
+    # Ending a lease again: a kept one cleared or reclaimed, a release or revocation whose hook
+    # died (or that took too long), an unreadable file; each may end as any lease ends.
+    (KEPT, RELEASING),
+    (KEPT, REVOKING),
+    (KEPT, KEPT),
+    (KEPT, FREE),
+    (RELEASING, RELEASING),
+    (RELEASING, REVOKING),
+    (REVOKING, RELEASING),
+    (REVOKING, REVOKING),
+    (UNREADABLE, RELEASING),
+    (UNREADABLE, REVOKING),
+    (UNREADABLE, KEPT),
+    (UNREADABLE, FREE),
+}
+
+
+def test_the_phase_table_allows_every_change_the_hooks_make():
+    for old, new in sorted(ALLOWED):
+        check_transition(old, new)
+
+
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        (KEPT, HELD),  # nothing makes a lease held again but a new claim
+        (RELEASING, HELD),
+        (REVOKING, HELD),
+        (UNREADABLE, HELD),
+        (HELD, HELD),
+        (FREE, KEPT),  # a lease is born held, by its claim
+        (FREE, RELEASING),
+        (FREE, FREE),  # nothing to free
+        (HELD, UNREADABLE),  # never written
+        ("bogus", FREE),
+    ],
+)
+def test_the_phase_table_refuses_the_rest(old, new):
+    with pytest.raises(ValueError, match="may not become"):
+        check_transition(old, new)
+
+
+def test_the_phase_table_is_exactly_what_the_hooks_do():
+    every = (FREE, UNREADABLE, *PHASES)
+    for old in every:
+        for new in every:
+            if (old, new) in ALLOWED:
+                check_transition(old, new)
+            else:
+                with pytest.raises(ValueError):
+                    check_transition(old, new)

@@ -35,8 +35,7 @@ def test_a_stick_detaches_while_another_sticks_udev_hook_waits_for_the_state_loc
     disables = {port: _port_disable(cluster, "n1", port) for port in ("1-1.4", "2-1")}
     state = os.path.join(cluster.node_dir("n1"), "state")
     os.makedirs(state, exist_ok=True)
-    with Ledger(state) as ledger:
-        ledger.lock()  # as an epilog waiting for a stick to detach holds it
+    with Ledger(state) as ledger, ledger.locked():  # as an epilog waiting for a stick to detach holds it
         try:
             with open(disables["2-1"], "w") as handle:
                 handle.write("1\n")
@@ -53,5 +52,4 @@ def test_a_stick_detaches_while_another_sticks_udev_hook_waits_for_the_state_loc
             for disable in disables.values():
                 with open(disable, "w") as handle:
                     handle.write("0\n")
-            ledger.unlock()
     wait_until(lambda: sorted(os.listdir(devices)) == ["1-1.4", "2-1"], 60, "both sticks to come back")
