@@ -61,8 +61,8 @@ import sys
 import time
 
 from ..protocol.agent_wire import MAX_OUTPUT, PIDFILE, SOCKET, encode_answer, parse_request, request_length
-from . import probe
 from .context import say
+from .probe import Probe
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -156,14 +156,14 @@ def _client_gone(conn: socket.socket) -> bool:
         return True
 
 
-def _resident_scontrol(queries: socket.socket, environ: dict[str, str]):
+def _resident_scontrol(queries: socket.socket, environ: dict[str, str], timing: Probe):
     """A ``Slurm.detail_source`` asking the agent's query helper (agent_query.py) for this hook's Slurm."""
     from . import agent_query
 
     def source(scontrol: str, selector: str) -> str | None:
         answer = agent_query.ask(queries, selector, environ)
         text = answer[1] if answer is not None and answer[0] == scontrol else None
-        probe.mark("resident_scontrol" if text is not None else "resident_scontrol_unused")
+        timing.mark("resident_scontrol" if text is not None else "resident_scontrol_unused")
         return text
 
     return source
@@ -187,13 +187,14 @@ def run_hook(
     serves other hooks after it.
     """
     now = time.time()
-    probe.begin(environ, woke[0] or now, (*woke[1], ("environ", now)) if woke[0] else ())
+    timing = Probe(environ, woke[0] or now, (*woke[1], ("environ", now)) if woke[0] else ())
     if hook == "prolog":
         from ..access.ledger import process_start_time
         from . import epilog, prolog
 
         process = (client_pid, process_start_time(client_pid)) if client_pid else None
-        status = prolog.main(environ, process, _resident_scontrol(queries, environ) if queries is not None else None)
+        scontrol = _resident_scontrol(queries, environ, timing) if queries is not None else None
+        status = prolog.main(environ, process, scontrol, timing)
         if status == 0 and conn is not None and _client_gone(conn):
             # Nobody waits for this prolog any more (slurmd killed it, the client gave up): the
             # job was refused, so it must not keep devices. The epilog's release is idempotent.
@@ -207,10 +208,10 @@ def run_hook(
     if hook == "epilog":
         from . import epilog
 
-        return epilog.main(environ, answer)
+        return epilog.main(environ, answer, timing)
     from . import udev_event
 
-    return udev_event.main(environ)
+    return udev_event.main(environ, timing)
 
 
 def _idle_worker(

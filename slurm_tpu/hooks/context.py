@@ -9,6 +9,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from .probe import Probe
     from .settings import HookSettings
 
 TAG = "slurm-tpu"
@@ -104,14 +105,19 @@ class HookRun:
     module keeps state of its own from one hook to the next.
     """
 
-    __slots__ = ("hook", "environ", "node", "settings", "job", "detail_source", "_slurm")
+    __slots__ = ("hook", "environ", "node", "settings", "job", "probe", "detail_source", "_slurm")
     # Set by the hook once it has read them (its first steps).
     settings: HookSettings
     job: JobContext
 
-    def __init__(self, hook: str, environ: Mapping[str, str], detail_source=None):
-        """``detail_source``: the node agent's resident scontrol for this hook (``Slurm.detail_source``)."""
+    def __init__(self, hook: str, environ: Mapping[str, str], probe: Probe | None = None, detail_source=None):
+        """``probe``: the run's timing (made where the hook started, see hooks/probe.py; by default
+        from ``environ``). ``detail_source``: the node agent's resident scontrol for this hook
+        (``Slurm.detail_source``)."""
+        from .probe import Probe
+
         self.hook, self.environ, self.detail_source = hook, environ, detail_source
+        self.probe = probe if probe is not None else Probe(environ)
         self.node = node_from_env(environ)
         self._slurm = None
 

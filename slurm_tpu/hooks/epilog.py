@@ -21,18 +21,18 @@ if TYPE_CHECKING:
 def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     """The epilog's work. ``answer``: the node agent's early answer (see below); None in a hook process."""
     from ..access.ledger import Ledger
-    from . import envfile, jobusage, leasing, probe, settings as hook_settings
+    from . import envfile, jobusage, leasing, settings as hook_settings
 
-    probe.mark("imports")
+    hook.probe.mark("imports")
     settings = hook.settings = hook_settings.load(hook.environ, hook.node, create=False)
-    probe.mark("settings")
+    hook.probe.mark("settings")
     job = hook.job = job_from_env(hook.environ, settings.node, need_uid=False)
     if not os.path.lexists(settings.state_dir):
         return 0  # never leased anything on this node
     with Ledger(settings.state_dir) as ledger:
         envfile.remove(ledger, job.job_id)
         leases = ledger.of_job(job.job_id)
-        probe.mark("ledger_read")
+        hook.probe.mark("ledger_read")
         if not leases:
             return 0
         # The node agent (``answer``) answers Slurm here and does the rest after: the usage box, the
@@ -46,15 +46,15 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
         with ledger.locked(when=answer is not None):
             if answer is not None:
                 answer()
-                probe.mark("answered")
+                hook.probe.mark("answered")
             # Usage before the release (outside the lock in a hook process: it reads only the job's own box).
             records = jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
             # For Slurm's own job record (AdminComment), applied later by the accounting collector.
             jobusage.spool(ledger, job.job_id, leases[0].uid, settings.node, len(leases), records)
             jobusage.discard(ledger, job.job_id)
-            probe.mark("usage_box")
-            problems = leasing.release(ledger, job.job_id, settings)
-        probe.mark("release")
+            hook.probe.mark("usage_box")
+            problems = leasing.release(ledger, job.job_id, settings, probe=hook.probe)
+        hook.probe.mark("release")
     for notice in problems:
         if isinstance(notice, leasing.Withheld):  # the device waits, the node serves on
             say(f"epilog: slurm-tpu: {notice}")
@@ -67,14 +67,13 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     return 0 if hook.drain(job.node, reason) else 1
 
 
-def main(environ=None, answer: Callable[[], None] | None = None) -> int:
-    """Entry point for epilog/slurm-tpu-epilog; the node agent's worker passes ``answer`` (see run)."""
-    from . import probe
-
-    hook = HookRun("epilog", os.environ if environ is None else environ)
+def main(environ=None, answer: Callable[[], None] | None = None, probe=None) -> int:
+    """Entry point for epilog/slurm-tpu-epilog; the node agent's worker passes ``answer`` (see run).
+    ``probe``: see HookRun."""
+    hook = HookRun("epilog", os.environ if environ is None else environ, probe)
     try:
         return run(hook, answer)
     except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
         return hook.failed(exc)
     finally:
-        probe.finish("epilog")
+        hook.probe.finish("epilog")

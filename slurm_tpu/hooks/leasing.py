@@ -30,8 +30,8 @@ from ..access.ledger import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease, Le
 from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from ..protocol.leases import FREE, UNREADABLE, check_transition
-from . import probe
 from .context import HookError
+from .probe import OFF as NO_PROBE
 
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
@@ -40,6 +40,7 @@ if TYPE_CHECKING:
 
     from ..protocol.inventory import KnownDevice
     from .context import JobContext
+    from .probe import Probe
     from .settings import HookSettings
 
 # How long a prolog waits for another job's lease to go (its epilog may be
@@ -342,6 +343,7 @@ def end_lease(
     event: str,
     by_job: int | None = None,
     wait_s: float = 0.0,
+    probe: Probe = NO_PROBE,
 ) -> list[str]:
     """Take the device away from the lease's job, revoke, check, give it back; returns problems.
 
@@ -451,6 +453,7 @@ def acquire(
     settings: HookSettings,
     wait_s: float = LIVE_HOLDER_WAIT_S,
     prolog_process: tuple[int, int] | None = None,
+    probe: Probe = NO_PROBE,
 ) -> list[Lease]:
     """Lease every device for the job and hand its nodes to the job's user.
 
@@ -485,17 +488,18 @@ def acquire(
             )
             _claim(ledger, lease, device, settings, wait_s)
             probe.mark("claim")
-            with ledger.locked():
-                device = _current_nodes(ledger, device, lease)
-                _refuse_if_written(ledger, lease, device, settings)  # before it counts as this job's
-            probe.mark("writers_check")
-            taken.append(lease)
+            # One block from here to the chown: nothing of the device changes unless the lease is
+            # still this prolog's (a release may have taken its process for gone while it waited).
             with ledger.locked():
                 if _current(ledger, lease) is None:
                     raise HookError(
                         f"job {job.job_id}: {device.identity}'s lease was ended while its prolog ran "
                         f"(its prolog process, pid {me}, was gone); the device stays with its new holder"
                     )
+                device = _current_nodes(ledger, device, lease)
+                _refuse_if_written(ledger, lease, device, settings)  # before it counts as this job's
+                probe.mark("writers_check")
+                taken.append(lease)
                 for node in device.device_nodes:
                     ownership.set_owner(node, device.identity, *ownership.owner_for(lease, settings))
                 if not device.device_nodes:
@@ -623,7 +627,9 @@ def _scanned_unlocked(lease: Lease, settings: HookSettings) -> bool:
     return device is not None and not _power_cycled(device, settings)
 
 
-def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S) -> list[str]:
+def release(
+    ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S, probe: Probe = NO_PROBE
+) -> list[str]:
     """End the job's leases (see :func:`end_lease`); returns problems, which drain the node unless :class:`Withheld`.
 
     A device that could not be revoked and is still open keeps its lease (phase
@@ -641,5 +647,5 @@ def release(ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float =
         for lease in leases:
             current = _current(ledger, lease)  # the scan of the one before ran without the lock
             if current is not None:
-                problems.extend(end_lease(ledger, current, settings, audit.RELEASE, wait_s=wait_s))
+                problems.extend(end_lease(ledger, current, settings, audit.RELEASE, wait_s=wait_s, probe=probe))
     return problems

@@ -8,7 +8,9 @@ hook run then appends one line: ``<hook> start=<ms> <step>=<ms> ...``, where
 (sh, exec, interpreter start-up), or to the agent's worker waking for the hook's
 connection (its own steps follow: ``accept``, ``request``, ``environ``), and every step is the time since the previous
 mark. Off, a mark costs one attribute test; stdlib only, no import the hooks'
-budget forbids.
+budget forbids. One :class:`Probe` per hook run, made where the run starts (the entry
+script, the agent's worker) and carried on it (hooks/context.py HookRun): nothing here
+is kept between two runs of one process.
 """
 
 from __future__ import annotations
@@ -16,64 +18,63 @@ from __future__ import annotations
 import os
 import time
 
-_file: str | None = None
-_marks: list[tuple[str, int]] = []
-_start_ms: float | None = None
-_before: list[tuple[str, float]] = []  # (step, ms): steps timed before begin() (the agent's worker's)
-_t0 = ""  # the wrapper's SLURM_TPU_PROFILE_T0, as it gave it: joins this line to the wrapper's own record
 
+class Probe:
+    """One hook run's timing line (see the module docstring); off (every call a no-op) unless the
+    environment names a profile file. Made at the hook's entry, it travels on the run (HookRun)."""
 
-def begin(environ, wall_at_entry: float | None = None, before: tuple[tuple[str, float], ...] = ()) -> None:
-    """Start profiling this hook run if the environment asks for it.
+    __slots__ = ("file", "marks", "start_ms", "before", "t0")
 
-    ``before``: (step, wall clock at its end) of steps after ``wall_at_entry`` that ran before
-    the hook's code (the agent's worker: reading the request, taking its environment).
-    """
-    global _file, _start_ms, _t0
-    _file = environ.get("SLURM_TPU_HOOK_PROFILE") or None
-    if _file is None:
-        return
-    _marks.clear()
-    _marks.append(("", time.perf_counter_ns()))
-    _before.clear()
-    _t0 = t0 = environ.get("SLURM_TPU_PROFILE_T0", "")
-    _start_ms = None
-    try:
-        if wall_at_entry is not None and t0:
-            _start_ms = (wall_at_entry - float(t0)) * 1000
-    except ValueError:
-        return
-    if wall_at_entry is not None:
-        previous = wall_at_entry
-        for step, wall in before:
-            _before.append((step, (wall - previous) * 1000))
-            previous = wall
-
-
-def mark(step: str) -> None:
-    """Close the step that ran since the previous mark."""
-    if _file is not None:
-        _marks.append((step, time.perf_counter_ns()))
-
-
-def finish(hook: str) -> None:
-    """Append this run's line to the profile file (never fails the hook)."""
-    if _file is None:
-        return
-    fields = [hook]
-    if _start_ms is not None:
-        fields.append(f"start={_start_ms:.2f}")
-    fields += [f"{step}={ms:.2f}" for step, ms in _before]
-    for (_, before), (step, after) in zip(_marks, _marks[1:]):
-        fields.append(f"{step}={(after - before) / 1e6:.2f}")
-    # Where the line was written (wall clock) and which wrapper run it belongs to: the time from
-    # here to the wrapper's end is the hook's tail (its answer, the client's and the wrapper's exit).
-    fields += [f"t0={_t0}", f"at={time.time():.6f}", f"pid={os.getpid()}"] if _t0 else []
-    try:
-        fd = os.open(_file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    def __init__(self, environ, wall_at_entry: float | None = None, before: tuple[tuple[str, float], ...] = ()):
+        """``wall_at_entry``: when the hook's process (or the agent's worker) started on it. ``before``:
+        (step, wall clock at its end) of steps after it that ran before the hook's code (the agent's
+        worker: reading the request, taking its environment)."""
+        self.file: str | None = environ.get("SLURM_TPU_HOOK_PROFILE") or None
+        self.marks: list[tuple[str, int]] = []
+        self.before: list[tuple[str, float]] = []  # (step, ms)
+        self.start_ms: float | None = None
+        self.t0 = ""  # the wrapper's SLURM_TPU_PROFILE_T0, as it gave it: joins this line to its own record
+        if self.file is None:
+            return
+        self.marks.append(("", time.perf_counter_ns()))
+        self.t0 = t0 = environ.get("SLURM_TPU_PROFILE_T0", "")
         try:
-            os.write(fd, (" ".join(fields) + "\n").encode())
-        finally:
-            os.close(fd)
-    except OSError:
-        pass
+            if wall_at_entry is not None and t0:
+                self.start_ms = (wall_at_entry - float(t0)) * 1000
+        except ValueError:
+            return
+        if wall_at_entry is not None:
+            previous = wall_at_entry
+            for step, wall in before:
+                self.before.append((step, (wall - previous) * 1000))
+                previous = wall
+
+    def mark(self, step: str) -> None:
+        """Close the step that ran since the previous mark."""
+        if self.file is not None:
+            self.marks.append((step, time.perf_counter_ns()))
+
+    def finish(self, hook: str) -> None:
+        """Append this run's line to the profile file (never fails the hook)."""
+        if self.file is None:
+            return
+        fields = [hook]
+        if self.start_ms is not None:
+            fields.append(f"start={self.start_ms:.2f}")
+        fields += [f"{step}={ms:.2f}" for step, ms in self.before]
+        for (_, before), (step, after) in zip(self.marks, self.marks[1:]):
+            fields.append(f"{step}={(after - before) / 1e6:.2f}")
+        # Where the line was written (wall clock) and which wrapper run it belongs to: the time from
+        # here to the wrapper's end is the hook's tail (its answer, the client's and the wrapper's exit).
+        fields += [f"t0={self.t0}", f"at={time.time():.6f}", f"pid={os.getpid()}"] if self.t0 else []
+        try:
+            fd = os.open(self.file, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+            try:
+                os.write(fd, (" ".join(fields) + "\n").encode())
+            finally:
+                os.close(fd)
+        except OSError:
+            pass
+
+
+OFF = Probe({})  # for a caller that times nothing (an admin command ending a lease)

@@ -17,16 +17,16 @@ from .context import HookError, HookRun, job_from_env
 def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     """The prolog; returns the exit status. ``prolog_process``: see leasing.acquire."""
     from ..access.ledger import Ledger
-    from . import allocation, envfile, jobusage, leasing, probe, settings as hook_settings
+    from . import allocation, envfile, jobusage, leasing, settings as hook_settings
 
-    probe.mark("imports")
+    hook.probe.mark("imports")
     settings = hook.settings = hook_settings.load(hook.environ, hook.node)
-    probe.mark("settings")
+    hook.probe.mark("settings")
     job = hook.job = job_from_env(hook.environ, settings.node)
     if not settings.leasable_names():
         return 0  # nothing to lease on this node: no Slurm query at all
     allocs = allocation.query_job_gres(hook)
-    probe.mark("slurm_query")
+    hook.probe.mark("slurm_query")
     if not allocs:
         return 0
     devices = allocation.resolve(job.job_id, allocs, settings)
@@ -42,10 +42,10 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
                 )
     with Ledger(settings.state_dir) as ledger:
         ledger.sweep_temps()
-        probe.mark("ledger_open")
+        hook.probe.mark("ledger_open")
         try:
-            leases = leasing.acquire(ledger, job, devices, settings, prolog_process=prolog_process)
-            probe.mark("acquire")
+            leases = leasing.acquire(ledger, job, devices, settings, prolog_process=prolog_process, probe=hook.probe)
+            hook.probe.mark("acquire")
         except leasing.DeviceNotFree as exc:
             # Kept for the job that left it written (see leasing._refuse_if_written): drain with
             # that reason; the failing prolog then makes Slurm requeue and hold this job.
@@ -57,9 +57,9 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
         # broken state filesystem, which no user can fill (see jobusage.py).
         try:
             usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)  # type: ignore[arg-type]  # need_uid: an int
-            probe.mark("usage_box")
+            hook.probe.mark("usage_box")
             envfile.write(ledger, job.job_id, leases, settings, usage_dir)
-            probe.mark("env_file")
+            hook.probe.mark("env_file")
         except BaseException as exc:
             jobusage.discard(ledger, job.job_id)
             leasing.roll_back(ledger, leases, settings)
@@ -73,16 +73,14 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     return 0
 
 
-def main(environ=None, prolog_process: tuple[int, int] | None = None, detail_source=None) -> int:
-    """Entry point for prolog/slurm-tpu-prolog.py, and the node agent's worker (which gives its hook
+def main(environ=None, prolog_process: tuple[int, int] | None = None, detail_source=None, probe=None) -> int:
+    """Entry point for prolog/slurm-tpu-prolog, and the node agent's worker (which gives its hook
     client as the ``prolog_process``, see leasing.acquire, and its resident scontrol as the
-    ``detail_source``, see ``Slurm.detail_source``)."""
-    from . import probe
-
-    hook = HookRun("prolog", os.environ if environ is None else environ, detail_source)
+    ``detail_source``, see ``Slurm.detail_source``). ``probe``: see HookRun."""
+    hook = HookRun("prolog", os.environ if environ is None else environ, probe, detail_source)
     try:
         return run(hook, prolog_process)
     except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
         return hook.failed(exc)
     finally:
-        probe.finish("prolog")
+        hook.probe.finish("prolog")

@@ -173,8 +173,9 @@ def run(environ: Mapping[str, str]) -> int:
     return 0
 
 
-def main(environ: Mapping[str, str] | None = None) -> int:
-    """Entry point (udev/slurm-tpu-udev-event and ``slurm-tpu udev-event``); 0, or 1 after one error line."""
+def main(environ: Mapping[str, str] | None = None, probe=None) -> int:
+    """Entry point (udev/slurm-tpu-udev-event and ``slurm-tpu udev-event``); 0, or 1 after one error line.
+    ``probe``: the event's timing (hooks/probe.py), whose line this writes."""
     environ = os.environ if environ is None else environ
     try:
         return run(environ)
@@ -182,4 +183,7 @@ def main(environ: Mapping[str, str] | None = None) -> int:
         say(str(exc))
     except Exception as exc:  # noqa: BLE001 - one error line for whatever went wrong, exit 1
         say(f"udev-event: {environ.get('DEVPATH', '?')}: {type(exc).__name__}: {exc}")
+    finally:
+        if probe is not None:
+            probe.finish("udev-event")
     return 1

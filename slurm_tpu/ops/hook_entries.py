@@ -40,20 +40,20 @@ _ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
 if os.path.isfile(os.path.join(_ROOT, "slurm_tpu", "__init__.py")):
     sys.path.insert(0, _ROOT)
 try:
-    from slurm_tpu.hooks import probe
+    from slurm_tpu.hooks.probe import Probe
 
-    probe.begin(os.environ, _WALL)
+    timing = Probe(os.environ, _WALL)
     from {module} import main
 except ImportError:  # installed as a package: look in site-packages too
     import site
 
     site.main()
-    from slurm_tpu.hooks import probe
+    from slurm_tpu.hooks.probe import Probe
 
-    probe.begin(os.environ, _WALL)
+    timing = Probe(os.environ, _WALL)
     from {module} import main
 
-probe.mark("imports")
+timing.mark("imports")
 sys.exit({call})
 '''
 
@@ -65,7 +65,7 @@ class Entry(NamedTuple):
     summary: str
     notes: str  # "" or whole lines, each ending in a newline, then a blank line
     module: str
-    call: str = "main()"
+    call: str = "main(probe=timing)"
 
 
 ENTRIES = (
@@ -97,6 +97,7 @@ ENTRIES = (
         "/etc/slurm-tpu/config.yaml), SLURMD_NODENAME. Stop it with SIGTERM; the native\n"
         "entries then run the Python hooks.\n\n",
         "slurm_tpu.hooks.agent",
+        "main()",
     ),
 )
 
