@@ -169,17 +169,3 @@ class Ledger:
             tail = tail[tail.find(b"\n") + 1 :]  # the first line is cut
         return audit.last_acquire(tail, identity)
 
-
-def process_start_time(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat (clock ticks since boot), 0 if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return 0
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return 0

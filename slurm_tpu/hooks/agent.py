@@ -195,7 +195,7 @@ def run_hook(
 
             allocation.DETAIL_SOURCE = _resident_scontrol(queries, environ)
 
-        from ..access.ledger import process_start_time
+        from ..access.processes import process_start_time
 
         process = (client_pid, process_start_time(client_pid)) if client_pid else None
         status = prolog.main(environ, process)
