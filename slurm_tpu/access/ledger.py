@@ -168,4 +168,3 @@ class Ledger:
         if start:
             tail = tail[tail.find(b"\n") + 1 :]  # the first line is cut
         return audit.last_acquire(tail, identity)
-

@@ -47,6 +47,7 @@ from ..protocol.job_record import SPOOL_DIR, decode_spool, merge, parse_admin_co
 
 # ---- the audit log ------------------------------------------------------------------------
 
+
 @dataclass
 class Totals:
     """Sums over a group of lease records."""
