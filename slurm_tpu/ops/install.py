@@ -287,7 +287,7 @@ def gres_types(config: Config) -> str:
 def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
     """The option lines of the shipped slurm.conf snippet, filled in (``Prolog=...``); a hook's line
     names what :meth:`Layout.hook` says (its native entry where one is installed)."""
-    text = node_files.read_node_file("gres_conf", "slurm.conf.snippet")
+    text = node_files.read_node_file("slurm_conf", "slurm.conf.snippet")
     text = text.replace("@HOOKS_DIR@", layout.hooks_dir).replace("@GRES_TYPES@", gres_types(config))
     lines = []
     for line in text.splitlines():
