@@ -14,8 +14,9 @@ Format, its module, where it lives, writer -> readers:
   job scripts.
 - **job environment file** -- :mod:`.envfile`:
   ``<state_dir>/jobs/<id>.env`` and ``no-devices.env``, ``export``/``unset`` lines.
-  The prolog (root, through ``slurm_tpu/hooks/envfile.py``) -> the task-prolog
-  (the job's user, a ``sh`` script: ``prolog/slurm-tpu-task-prolog``).
+  The prolog (root, through ``slurm_tpu/hooks/envfile.py``; ``no-devices.env`` with the
+  hooks' snapshot) -> the task-prolog (the job's user, a ``sh`` script:
+  ``prolog/slurm-tpu-task-prolog``).
 - **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``,
   config + inventory + IDX table keyed by the source files' versions. The first
   hook after any change (root) -> every hook (root). With it, the prolog's
