@@ -1,13 +1,9 @@
 """The inference server's address file ``~/.slurm-tpu/serve/<job>.json``: ``slurm-tpu serve`` -> its clients.
 
-Where a job's server listens and the token it wants, for the job's owner and no
-one else: one JSON object, ``{"job_id": "12", "url": "http://host:port", "token":
-"...", "node": "n1", "pid": 4242}`` (``node`` and ``pid`` may be missing). The server
-(slurm_tpu/runner/serve/server.py, the job's user) writes it when it listens and
-removes it when it stops; ``slurm-tpu infer --server`` (slurm_tpu/runner/serve/client.py,
-the same user) reads it. Both go through :mod:`slurm_tpu.runner.serve.auth`, which owns
-the I/O: private 0700 directories and a 0600 file, never through a link, written
-atomically, and a file others could read is refused.
+One JSON object, ``{"job_id": "12", "url": "http://host:port", "token": "...", "node":
+"n1", "pid": 4242}`` (``node`` and ``pid`` optional): where a job's server listens and
+the token it wants. The server writes it, ``slurm-tpu infer --server`` reads it (the
+job's user, both), through :mod:`slurm_tpu.runner.serve.auth`, which owns the I/O.
 """
 
 from __future__ import annotations
