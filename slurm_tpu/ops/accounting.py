@@ -104,13 +104,15 @@ def summarize_audit(
 FIELDS = ("JobID", "User", "Start", "End", "AllocTRES", "AdminComment")
 
 
+def accounting_on(options: dict[str, str]) -> bool:
+    """Whether slurm.conf's ``options`` (lower-case keys) record jobs through slurmdbd (Slurm's own accounting)."""
+    return "slurmdbd" in options.get("accountingstoragetype", "")
+
+
 def accounting_enabled(slurm) -> bool:
     """Whether the controller records jobs through slurmdbd (``scontrol show config``)."""
-    for line in slurm.run("scontrol", "show", "config").splitlines():
-        key, _, value = line.partition("=")
-        if key.strip() == "AccountingStorageType":
-            return "slurmdbd" in value
-    return False
+    pairs = (line.partition("=") for line in slurm.run("scontrol", "show", "config").splitlines())
+    return accounting_on({key.strip().lower(): value for key, _, value in pairs})
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,7 @@ from ..hooks.agent_client import NATIVE_HOOKS, native_entry
 from ..protocol import install_manifest
 from ..protocol.install_manifest import ABSENT, SAME, file_entry
 from . import node_files
+from .accounting import accounting_on
 
 # slurm.conf option -> the installed program it names (the hooks: or their native entries, see Layout.hook).
 SLURM_HOOKS = {
@@ -295,11 +296,6 @@ def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
             option = line.partition("=")[0]
             lines.append(f"{option}={layout.hook(option)}" if option in SLURM_HOOKS else line)
     return lines
-
-
-def accounting_on(options: dict[str, str]) -> bool:
-    """Whether slurm.conf's ``options`` (lower-case keys) record jobs through slurmdbd (Slurm's own accounting)."""
-    return "slurmdbd" in options.get("accountingstoragetype", "")
 
 
 def accounting_tres_line(inventory, config: Config) -> list[str]:

@@ -67,7 +67,8 @@ def test_node_conf_prints_the_accounting_tres_line(tmp_path):
 
 def test_install_wants_the_tres_only_where_slurmdbd_records_jobs():
     from slurm_tpu.config import Config
-    from slurm_tpu.ops.install import accounting_on, accounting_tres_line, missing_slurm_conf_lines
+    from slurm_tpu.ops.accounting import accounting_on
+    from slurm_tpu.ops.install import accounting_tres_line, missing_slurm_conf_lines
     from slurm_tpu.slurm.parse import parse_slurm_conf_options
 
     wanted = accounting_tres_line(inventory("big_node"), Config())
