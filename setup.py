@@ -1,6 +1,6 @@
 """Build hook: the wheel carries the node's files, so ``pip install slurm-tpu`` is the whole install.
 
-``prolog/``, ``epilog/``, ``udev/``, ``systemd/`` and ``gres_conf/`` stay at the top of
+``prolog/``, ``epilog/``, ``udev/``, ``systemd/`` and ``slurm_conf/`` stay at the top of
 the repository: they are the source of truth, and a checkout's slurm.conf can name its
 hooks there.
 Every build (wheel, or a wheel built from the sdist) copies them into the package
@@ -14,7 +14,7 @@ import os
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-NODE_DIRS = ("prolog", "epilog", "udev", "systemd", "gres_conf")  # = slurm_tpu.ops.node_files.NODE_DIRS
+NODE_DIRS = ("prolog", "epilog", "udev", "systemd", "slurm_conf")  # = slurm_tpu.ops.node_files.NODE_DIRS
 PACKAGE_DIR = os.path.join("slurm_tpu", "node_files")
 
 

@@ -41,7 +41,7 @@ def _wait(predicate, timeout: float, what: str):
 def collect(cluster: LocalCluster, node: str):
     """What one run of the node's ``slurm-tpu accounting-collect`` does, in this (root) process: the demo
     stands in for each node's collector service without starting a Python per node."""
-    from slurm_tpu.ops.job_records import collect as collect_spool
+    from slurm_tpu.ops.accounting import collect as collect_spool
     from slurm_tpu.slurm.commands import Slurm
 
     return collect_spool(os.path.join(cluster.node_dir(node), "state"), Slurm(cluster.slurm, cluster.env()))

@@ -198,18 +198,3 @@ class _Block:
 
     def __exit__(self, *exc: object) -> None:
         self.ledger._hold(self.outer)
-
-
-def process_start_time(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat (clock ticks since boot), 0 if the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return 0
-    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[19])
-    except (IndexError, ValueError):
-        return 0

@@ -457,6 +457,19 @@ def job_step_pids(job_id: int) -> list[int]:
 
 def process_alive(pid: int, start_time: int) -> bool:
     """True when ``pid`` runs and is the same process (same start time) as recorded."""
-    from .ledger import process_start_time
-
     return pid > 0 and start_time > 0 and process_start_time(pid) == start_time
+
+
+def process_start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat (clock ticks since boot), 0 if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return 0
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[19])
+    except (IndexError, ValueError):
+        return 0

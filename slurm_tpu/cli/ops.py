@@ -273,7 +273,7 @@ def report(
     import pwd
     import time
 
-    from ..ops.accounting import summarize
+    from ..ops.accounting import summarize_audit
     from ..ops.node_state import audit_records, default_audit_log
 
     start, end = _parse_time(since, "--since"), _parse_time(until, "--until")
@@ -293,7 +293,7 @@ def report(
     missing = [p for p in audit_logs if not os.path.exists(p)]
     if missing:
         raise click.BadParameter(f"{missing[0]} does not exist", param_hint="--audit")
-    groups = summarize(audit_records(paths), by, start, end, time.time(), user_name)
+    groups = summarize_audit(audit_records(paths), by, start, end, time.time(), user_name)
     if as_json:
         click.echo(json.dumps({key: totals.to_json() for key, totals in groups.items()}, indent=2))
         return
@@ -314,7 +314,7 @@ def report(
 def _slurm_accounting(obj: Obj) -> bool:
     """Whether this cluster's slurmctld records jobs through slurmdbd (False when it cannot be asked)."""
     from ..errors import SlurmTpuError
-    from ..ops.slurm_accounting import accounting_enabled
+    from ..ops.accounting import accounting_enabled
     from ..slurm.commands import Slurm
 
     try:
@@ -327,11 +327,11 @@ def _report_from_sacct(obj: Obj, by: str, start: float | None, end: float | None
     import time
 
     from ..families import FAMILIES
-    from ..ops.slurm_accounting import sacct_jobs, summarize
+    from ..ops.accounting import sacct_jobs, summarize_sacct
     from ..slurm.commands import Slurm
 
     tres = list(dict.fromkeys(f"gres/{obj.config.family(f.kind).gres_name}" for f in FAMILIES))
-    groups = summarize(sacct_jobs(Slurm.for_config(obj.config), start, end), by, tres, start, end, time.time())
+    groups = summarize_sacct(sacct_jobs(Slurm.for_config(obj.config), start, end), by, tres, start, end, time.time())
     if as_json:
         click.echo(json.dumps({key: totals.to_json() for key, totals in groups.items()}, indent=2))
         return
@@ -381,7 +381,7 @@ def accounting_collect(obj: Obj, every: float | None) -> None:
     """
     import time
 
-    from ..ops.job_records import collect
+    from ..ops.accounting import collect
     from ..slurm.commands import Slurm
 
     slurm = Slurm.for_config(obj.config)

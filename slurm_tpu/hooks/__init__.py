@@ -13,7 +13,7 @@ The fast path
 -------------
 :data:`FAST_PATH` is every module a root hook loads for a job or a device event
 when nothing changed (the hooks' snapshot is current): the entry scripts
-(prolog/slurm-tpu-prolog.py, epilog/slurm-tpu-epilog.py, the udev hook) and the
+(prolog/slurm-tpu-prolog, epilog/slurm-tpu-epilog, the udev hook) and the
 node agent's workers. It spans several packages (the formats in protocol/, the
 ledger and ownership in access/, the Slurm query in slurm/), so it is declared
 here, in one list, rather than by a folder. The rule for these modules: at module

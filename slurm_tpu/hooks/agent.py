@@ -189,7 +189,7 @@ def run_hook(
     now = time.time()
     timing = Probe(environ, woke[0] or now, (*woke[1], ("environ", now)) if woke[0] else ())
     if hook == "prolog":
-        from ..access.ledger import process_start_time
+        from ..access.processes import process_start_time
         from . import epilog, prolog
 
         process = (client_pid, process_start_time(client_pid)) if client_pid else None

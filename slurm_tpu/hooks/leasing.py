@@ -26,7 +26,8 @@ import os
 import time
 
 from ..access import ownership, processes, revoke
-from ..access.ledger import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease, Ledger, process_start_time
+from ..access.ledger import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease, Ledger
+from ..access.processes import process_start_time
 from ..protocol import audit
 from ..protocol.hooks_snapshot import GASKET_WRITERS, USB_PORT
 from ..protocol.leases import FREE, UNREADABLE, check_transition

@@ -209,7 +209,7 @@ def check_gres_types(node: Node) -> list[Finding]:
 def check_accounting_tres(node: Node) -> list[Finding]:
     """With Slurm's accounting on, AccountingStorageTRES lists every GRES name and type of the node."""
     from ..render.node_conf import inventory_tres
-    from .install import accounting_on
+    from .accounting import accounting_on
 
     options = node.options()
     if not accounting_on(options):

@@ -31,7 +31,6 @@ config unless asked (``--purge``).
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
 import shutil
@@ -43,11 +42,12 @@ from ..config import Config
 from ..defaults import CONFIG_ENV, CONFIG_PATH as DEFAULT_CONFIG, PREFIX, SYSCONFDIR
 from ..errors import SlurmTpuError
 from ..files import BACKUP_SUFFIX, read_text, write_if_changed
+from ..protocol import install_manifest
+from ..protocol.install_manifest import ABSENT, SAME, file_entry
 from . import node_files
+from .accounting import accounting_on
 from .hook_client import NATIVE_HOOKS, native_entry
 
-MANIFEST = "install-manifest.json"
-MANIFEST_FORMAT = 1
 # slurm.conf option -> the installed program it names (the hooks: or their native entries, see Layout.hook).
 SLURM_HOOKS = {
     "Prolog": "slurm-tpu-prolog",
@@ -147,7 +147,7 @@ class Layout:
 
     @property
     def manifest(self) -> str:
-        return os.path.join(self.hooks_dir, MANIFEST)
+        return os.path.join(self.hooks_dir, install_manifest.NAME)
 
     @property
     def udev_rules(self) -> str:
@@ -285,7 +285,7 @@ def gres_types(config: Config) -> str:
 def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
     """The option lines of the shipped slurm.conf snippet, filled in (``Prolog=...``); a hook's line
     names what :meth:`Layout.hook` says (its native entry where one is installed)."""
-    text = node_files.read_node_file("gres_conf", "slurm.conf.snippet")
+    text = node_files.read_node_file("slurm_conf", "slurm.conf.snippet")
     text = text.replace("@HOOKS_DIR@", layout.hooks_dir).replace("@GRES_TYPES@", gres_types(config))
     lines = []
     for line in text.splitlines():
@@ -293,11 +293,6 @@ def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
             option = line.partition("=")[0]
             lines.append(f"{option}={layout.hook(option)}" if option in SLURM_HOOKS else line)
     return lines
-
-
-def accounting_on(options: dict[str, str]) -> bool:
-    """Whether slurm.conf's ``options`` (lower-case keys) record jobs through slurmdbd (Slurm's own accounting)."""
-    return "slurmdbd" in options.get("accountingstoragetype", "")
 
 
 def accounting_tres_line(inventory, config: Config) -> list[str]:
@@ -384,12 +379,8 @@ def _sha256(text: str) -> str:
 
 @dataclass
 class Manifest:
-    """What an install did: directories it created, files it wrote and what was there before.
-
-    Each file entry: ``path``, ``sha256`` (what was written), ``before`` ("absent",
-    "same": an identical file was already there, or the backup path of the file it
-    replaced) and ``config``.
-    """
+    """What an install did: directories it created, files it wrote and what was there before
+    (the format: :mod:`slurm_tpu.protocol.install_manifest`)."""
 
     layout: Layout
     dirs: list[str] = field(default_factory=list)
@@ -399,34 +390,19 @@ class Manifest:
     def load(cls, layout: Layout) -> Manifest | None:
         try:
             with open(layout.manifest, encoding="utf-8") as handle:
-                data = json.load(handle)
+                raw = handle.read()
         except FileNotFoundError:
             return None
-        except (OSError, ValueError) as exc:
+        except OSError as exc:
             raise SlurmTpuError(
                 f"install manifest {layout.manifest} is unreadable ({exc}): remove it and the files it listed by hand"
             ) from exc
-        if data.get("format") != MANIFEST_FORMAT:
-            raise SlurmTpuError(
-                f"install manifest {layout.manifest} has format {data.get('format')!r}, "
-                f"this slurm-tpu reads {MANIFEST_FORMAT}: uninstall with the version that wrote it"
-            )
-        return cls(layout, list(data["dirs"]), {entry["path"]: entry for entry in data["files"]})
+        return cls(layout, *install_manifest.decode(raw, layout.manifest))
 
     def text(self) -> str:
-        return (
-            json.dumps(
-                {
-                    "format": MANIFEST_FORMAT,
-                    "slurm_tpu": __version__,
-                    "prefix": self.layout.prefix,
-                    "sysconfdir": self.layout.sysconfdir,
-                    "dirs": self.dirs,
-                    "files": list(self.files.values()),
-                },
-                indent=1,
-            )
-            + "\n"
+        layout = self.layout
+        return install_manifest.encode(
+            __version__, layout.prefix, layout.sysconfdir, self.dirs, list(self.files.values())
         )
 
 
@@ -467,29 +443,20 @@ def _install_file(spec: FileSpec, manifest: Manifest, dry_run: bool, say) -> Non
         else:
             say(f"unchanged {spec.path}")
         if previous is None:  # an identical file was there before: not ours to remove
-            manifest.files[spec.path] = {
-                "path": spec.path,
-                "sha256": _sha256(spec.content),
-                "before": "same",
-                "config": spec.config,
-            }
+            manifest.files[spec.path] = file_entry(spec.path, SAME, _sha256(spec.content), config=spec.config)
         return
     say(f"{'replace' if exists else 'write'} {spec.path}")
     if dry_run:
         return
     # A file an earlier install wrote is replaced without a backup: the backup (if
     # any) holds what was there before the first install, which uninstall restores.
-    ours = previous is not None and previous["before"] != "same"
+    ours = previous is not None and previous["before"] != SAME
     if exists and os.path.islink(spec.path):
         os.unlink(spec.path)
     result = write_if_changed(spec.path, spec.content, spec.mode, backup=not ours)
     _settle(spec.path, spec.mode)
-    manifest.files[spec.path] = {
-        "path": spec.path,
-        "sha256": _sha256(spec.content),
-        "before": previous["before"] if ours and previous is not None else (result.backup or "absent"),
-        "config": spec.config,
-    }
+    before = previous["before"] if ours and previous is not None else (result.backup or ABSENT)
+    manifest.files[spec.path] = file_entry(spec.path, before, _sha256(spec.content), config=spec.config)
 
 
 def _file_sha256(path: str) -> str | None:
@@ -516,9 +483,9 @@ def _backup(path: str) -> str:
 def _before_replacing(path: str, previous: dict | None, exists: bool) -> str:
     """What the manifest records as there before we wrote ``path``: our earlier record's, else a
     backup of the site's own file (libedgetpu1-std's, kept for uninstall), else ``absent``."""
-    if previous is not None and previous["before"] != "same":
+    if previous is not None and previous["before"] != SAME:
         return previous["before"]
-    return _backup(path) if exists else "absent"
+    return _backup(path) if exists else ABSENT
 
 
 def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say) -> None:
@@ -530,7 +497,7 @@ def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_ru
         if not dry_run:
             _settle(path, mode)
         if previous is None:
-            manifest.files[path] = {"path": path, "sha256": digest, "before": "same", "config": False}
+            manifest.files[path] = file_entry(path, SAME, digest)
         return
     exists = os.path.lexists(path)
     say(f"{'replace' if exists else 'write'} {path}")
@@ -545,7 +512,7 @@ def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_ru
         os.fsync(handle.fileno())
     _settle(temporary, mode)
     os.replace(temporary, path)
-    manifest.files[path] = {"path": path, "sha256": digest, "before": before, "config": False}
+    manifest.files[path] = file_entry(path, before, digest)
 
 
 def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say) -> None:
@@ -554,7 +521,7 @@ def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say
     if os.path.islink(path) and os.readlink(path) == target:
         say(f"unchanged {path} -> {target}")
         if previous is None:
-            manifest.files[path] = {"path": path, "link": target, "before": "same", "config": False}
+            manifest.files[path] = file_entry(path, SAME, link=target)
         return
     exists = os.path.lexists(path)
     say(f"{'replace' if exists else 'write'} {path} -> {target}")
@@ -566,7 +533,7 @@ def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say
         os.unlink(temporary)
     os.symlink(target, temporary)
     os.replace(temporary, path)  # never a moment without libedgetpu.so.1
-    manifest.files[path] = {"path": path, "link": target, "before": before, "config": False}
+    manifest.files[path] = file_entry(path, before, link=target)
 
 
 def read_libedgetpu(source: str) -> bytes:
@@ -759,7 +726,7 @@ def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=pr
     kept = []
     for entry in reversed(list(manifest.files.values())):
         path, before = entry["path"], entry["before"]
-        if before == "same":
+        if before == SAME:
             continue  # it was there before install: not ours to remove
         if entry["config"] and not purge:
             kept.append(f"{path} (the site's config; uninstall --purge removes it)")
@@ -772,7 +739,7 @@ def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=pr
         if changed:
             kept.append(f"{path} (changed since slurm-tpu install wrote it; remove it by hand)")
             continue
-        if before == "absent":
+        if before == ABSENT:
             say(f"remove {path}")
             if not dry_run and os.path.lexists(path):
                 os.unlink(path)

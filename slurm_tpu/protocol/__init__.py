@@ -14,18 +14,19 @@ Format, its module, where it lives, writer -> readers:
   job scripts.
 - **job environment file** -- :mod:`.envfile`:
   ``<state_dir>/jobs/<id>.env`` and ``no-devices.env``, ``export``/``unset`` lines.
-  The prolog (root, through ``slurm_tpu/hooks/envfile.py``) -> the task-prolog
-  (the job's user, a ``sh`` script: ``prolog/slurm-tpu-task-prolog``).
+  The prolog (root, through ``slurm_tpu/hooks/envfile.py``; ``no-devices.env`` with the
+  hooks' snapshot) -> the task-prolog (the job's user: its native entry, or the ``sh``
+  ``prolog/slurm-tpu-task-prolog``).
 - **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``,
   config + inventory + IDX table keyed by the source files' versions. The first
-  hook after any change (root) -> every hook (root). With it, the prolog's
-  scontrol marker ``<state_dir>/prolog.query`` (one absolute path) -> the sh
-  prolog (``prolog/slurm-tpu-prolog``).
+  hook after any change (root) -> every hook (root).
 - **node inventory** -- :mod:`.inventory`: ``<state_dir>/inventory.json``, the
-  shape of ``slurm-tpu detect --json``. ``gres-conf --output``, ``boot`` and the
-  udev hook (root, through :mod:`slurm_tpu.access.node_inventory`) -> every hook.
+  shape of ``slurm-tpu detect --json``, the only source of the device node paths the
+  hooks chown. ``gres-conf --output``, ``boot`` and the udev hook (root, through
+  :mod:`slurm_tpu.access.node_inventory`) -> every hook.
 - **node agent** -- :mod:`.agent_wire`: ``<state_dir>/agent.sock``, a length-prefixed
-  request (the hook and its environment) and answer (messages, exit status). The
+  request (the hook and its environment) and answer (messages, exit status), and
+  ``agent.pid``, written once the socket listens. The
   hooks' C client (``prolog/slurm-tpu-hook-client.c``, root) -> the agent (root,
   slurm_tpu/hooks/agent.py); and the agent's workers -> its resident scontrol helper
   (slurm_tpu/hooks/agent_query.py).
@@ -37,19 +38,37 @@ Format, its module, where it lives, writer -> readers:
   timeline, the isolation tests, all through :func:`.audit.read_events` and
   :func:`.audit.pair_leases`.
 - **usage records** -- :mod:`.usage`: ``<state_dir>/job-usage/<job>/<identity>.json``
-  in the job's own tmpfs. The runner (the job's user: hostile input) -> the
-  epilog (root), which audits them as ``usage`` events.
+  in the job's own tmpfs (``job-usage/<job>``, mounted by the prolog, unmounted by the
+  epilog: slurm_tpu/hooks/jobusage.py). The runner (the job's user: hostile input) ->
+  the epilog (root), which audits them as ``usage`` events.
+- **job records** -- :mod:`.job_record`: ``<state_dir>/accounting-spool/<job>`` (only
+  where a collector runs) and the ``slurm-tpu/<node>:`` items of the job's
+  ``AdminComment`` in Slurm's database. The epilog (root, through
+  slurm_tpu/hooks/jobusage.py) -> the collector (``slurm-tpu accounting-collect``, root)
+  -> ``slurm-tpu report`` (sacct), both in :mod:`slurm_tpu.ops.accounting`.
+- **server address** -- :mod:`.serve_address`: ``~/.slurm-tpu/serve/<job>.json``, the
+  job's user's own. ``slurm-tpu serve`` -> ``slurm-tpu infer --server`` and the user's
+  scripts, through :mod:`slurm_tpu.runner.serve.auth` (private files, never a link).
+- **install manifest** -- :mod:`.install_manifest`:
+  ``<prefix>/libexec/slurm-tpu/install-manifest.json``. ``slurm-tpu install`` (root) ->
+  ``slurm-tpu uninstall`` (root), through :mod:`slurm_tpu.ops.install`.
+
+The state directory (``state_dir``, default ``/run/slurm-tpu``; root's, never followed
+through a link) holds the files above and one without a format, ``.lock``: the
+``flock`` that serialises lease and ownership changes (every hook). This list is the
+one of its files (docs/architecture.md points here).
 
 Formats that cross a boundary but have their own home, named here so this list
 is the one place to look: the runner's per-device lock files (:mod:`slurm_tpu.runner.lock`, a pid), the site config
 (:mod:`slurm_tpu.config`) and the inference server's HTTP API
 (:mod:`slurm_tpu.runner.serve.codec`, TF Serving's REST format).
 
-Root hooks import these modules on every job under ``python3 -I -S`` (they are
-on the hooks' fast path, slurm_tpu/hooks/__init__.py FAST_PATH): they import no
-json, re, typing or dataclasses at module level, and nothing of slurm_tpu above
-this package (tests/test_import_graph.py); readers that need json import it inside
-the function, off the hooks' path.
+Root hooks import these modules (all but the server address and the install manifest,
+which no hook reads) on every job under ``python3 -I -S`` (they are on the hooks'
+fast path, slurm_tpu/hooks/__init__.py FAST_PATH): they import no json, re, typing or
+dataclasses at module level. No module here imports anything of slurm_tpu above this
+package (tests/test_import_graph.py); readers that need json import it inside the
+function, off the hooks' path.
 """
 
 from __future__ import annotations

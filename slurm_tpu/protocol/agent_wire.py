@@ -2,7 +2,7 @@
 
 **Hook requests** (``<state_dir>/agent.sock``, :data:`SOCKET`, a SOCK_STREAM Unix
 socket; host byte order: both ends are on the node). The client
-(prolog/slurm-tpu-hook-client.c, root, started by the sh hooks) sends a 4-byte
+(prolog/slurm-tpu-hook-client.c, root, run as a hook's native entry) sends a 4-byte
 length N (0 < N <= :data:`MAX_REQUEST`), then N bytes: ``STPU1\\0<hook>\\0`` and
 ``NAME=value\\0`` per environment variable, no descriptors. ``<hook>`` is one of
 :data:`HOOKS`. The agent (slurm_tpu/hooks/agent.py, root) answers with a 4-byte

@@ -8,10 +8,10 @@ which GRES names are leased, whether gres.conf names slot nodes, how each bus is
 revoked, how udev events name a device, the job variables and their per-device
 values.
 
-Format (version in the first line; a reader meets any other first line, unknown
-tag or missing key with None, and the hook takes the slow path):
+Format (the first line is :data:`FORMAT`, which names its version; a reader meets any
+other first line, unknown tag or missing key with None, and the hook takes the slow path):
 
-    slurm-tpu hooks snapshot 6
+    slurm-tpu hooks snapshot <version>
     <tag>\t<key>=<value>\t<key>=<value>...
 
 one record per line, keyed fields (a value runs to the next tab; it never holds a

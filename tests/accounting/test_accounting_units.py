@@ -67,7 +67,8 @@ def test_node_conf_prints_the_accounting_tres_line(tmp_path):
 
 def test_install_wants_the_tres_only_where_slurmdbd_records_jobs():
     from slurm_tpu.config import Config
-    from slurm_tpu.ops.install import accounting_on, accounting_tres_line, missing_slurm_conf_lines
+    from slurm_tpu.ops.accounting import accounting_on
+    from slurm_tpu.ops.install import accounting_tres_line, missing_slurm_conf_lines
     from slurm_tpu.slurm.parse import parse_slurm_conf_options
 
     wanted = accounting_tres_line(inventory("big_node"), Config())
@@ -154,7 +155,7 @@ def test_a_bad_spool_entry_is_named(raw, why):
 
 
 def test_collector_makes_a_root_only_spool_and_names_what_is_not_an_entry(tmp_path):
-    from slurm_tpu.ops.job_records import collect
+    from slurm_tpu.ops.accounting import collect
 
     state = tmp_path / "state"
     state.mkdir(mode=0o755)
@@ -174,7 +175,7 @@ def test_collector_makes_a_root_only_spool_and_names_what_is_not_an_entry(tmp_pa
 def test_sacct_rows_sum_to_tres_seconds_within_the_period():
     import datetime
 
-    from slurm_tpu.ops.slurm_accounting import parse_sacct, summarize
+    from slurm_tpu.ops.accounting import parse_sacct, summarize_sacct
 
     def at(minute: int, second: int = 0) -> str:
         return datetime.datetime(2026, 11, 25, 12, minute, second).isoformat()
@@ -194,9 +195,9 @@ def test_sacct_rows_sum_to_tres_seconds_within_the_period():
     rows = parse_sacct(text)
     assert [r.job_id for r in rows] == ["7", "8_1", "9", "10"]
     # [12:01, 12:03): job 7 for 60 s, job 8_1 (still running at 12:05) for 120 s on 2 TPUs
-    groups = summarize(rows, "user", ["gres/tpu", "gres/npu"], stamp(1), stamp(3), now=stamp(5))
+    groups = summarize_sacct(rows, "user", ["gres/tpu", "gres/npu"], stamp(1), stamp(3), now=stamp(5))
     assert list(groups) == ["alice"]
     data = groups["alice"].to_json()
     assert data["tres_seconds"] == {"gres/tpu": 60 + 240} and data["jobs"] == 2 and data["inferences"] == 12
-    by_job = summarize(rows, "job", ["gres/tpu"], None, None, now=stamp(5))
+    by_job = summarize_sacct(rows, "job", ["gres/tpu"], None, None, now=stamp(5))
     assert by_job["8_1"].tres_seconds == {"gres/tpu": 2 * 240} and by_job["7"].tres_seconds == {"gres/tpu": 120}

@@ -40,7 +40,7 @@ SHIPPED = (
     "epilog/slurm-tpu-epilog",
     "systemd/slurm-tpu-agent",
     "prolog/slurm-tpu-hook-client.c",
-    "gres_conf/slurm.conf.snippet",
+    "slurm_conf/slurm.conf.snippet",
     "systemd/slurm-tpu-agent.service",
     "systemd/slurm-tpu-watch.service",
     "systemd/slurm-tpu-metrics.service",

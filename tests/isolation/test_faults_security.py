@@ -135,7 +135,8 @@ def test_prolog_killed_half_way_is_reclaimed_by_the_next_job(cluster, users):
     alice = users["stpu_alice"]
     # A live "holder" of the PCIe TPU (a real process standing in for another job's
     # running prolog) makes the prolog wait after it has leased the USB stick.
-    from slurm_tpu.access.ledger import Lease, Ledger, process_start_time
+    from slurm_tpu.access.ledger import Lease, Ledger
+    from slurm_tpu.access.processes import process_start_time
 
     sleeper = subprocess.Popen(["sleep", "60"])
     state = os.path.join(cluster.node_dir("n1"), "state")

@@ -192,7 +192,7 @@ def test_acquire_release_roundtrip_and_idempotent_release(state, tmp_path):
 
 
 def _process(pid: int) -> tuple[int, int]:
-    from slurm_tpu.access.ledger import process_start_time
+    from slurm_tpu.access.processes import process_start_time
 
     return pid, process_start_time(pid)
 

@@ -72,7 +72,7 @@ ENV_FILE = (
     "export LD_PRELOAD=/tmp/evil.so\n"  # not ours to export: neither hook prints it
     "# a comment\n"
     "export SLURM_TPU_SPACES='a b  c'\n"
-    "export SLURM_TPU_UNTERMINATED=1"  # no newline: the sh hook's "while read" drops it, and so does C
+    "export SLURM_TPU_UNTERMINATED=1"  # no newline: the sh task prolog's "while read" drops it, and so does C
 )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from slurm_tpu.ops.accounting import summarize
+from slurm_tpu.ops.accounting import summarize_audit
 from slurm_tpu.protocol.audit import pair_leases, read_events
 
 
@@ -41,7 +41,7 @@ def test_leases_are_paired_and_usage_attached():
 
 
 def test_totals_by_user_device_and_job():
-    by_user = summarize(records(), "user", None, None, now=130.0, user_name=lambda uid: f"u{uid}")
+    by_user = summarize_audit(records(), "user", None, None, now=130.0, user_name=lambda uid: f"u{uid}")
     assert by_user["u1001"].to_json() == {
         "jobs": 2,
         "leases": 2,
@@ -52,16 +52,16 @@ def test_totals_by_user_device_and_job():
         "energy_j": None,
     }
     assert by_user["u1002"].to_json()["lease_seconds"] == 20.0 + 4.0  # job 4 still running at t=130
-    by_device = summarize(records(), "device", None, None, now=130.0)
+    by_device = summarize_audit(records(), "device", None, None, now=130.0)
     assert by_device["usb-1-1"].to_json()["jobs"] == 2 and by_device["usb-1-2"].to_json()["jobs"] == 2
-    assert list(summarize(records(), "job", None, None, now=130.0)) == ["1", "2", "3", "4"]
+    assert list(summarize_audit(records(), "job", None, None, now=130.0)) == ["1", "2", "3", "4"]
 
 
 def test_period_clips_lease_time():
-    window = summarize(records(), "device", since=108.0, until=120.0, now=130.0)
+    window = summarize_audit(records(), "device", since=108.0, until=120.0, now=130.0)
     assert window["usb-1-1"].to_json()["lease_seconds"] == 2.0 + 1.0  # job 1: 108-110, job 3: 111-112
     assert window["usb-1-2"].to_json()["lease_seconds"] == 12.0  # job 2: 108-120
-    late = summarize(records(), "job", since=126.5, until=None, now=130.0)
+    late = summarize_audit(records(), "job", since=126.5, until=None, now=130.0)
     assert list(late) == ["4"]
 
 
@@ -91,7 +91,7 @@ def test_absurd_numbers_already_in_an_audit_log_are_skipped_not_fatal():
         ("usb-1-1", 1, 40, 0.6, None),
         ("usb-1-2", 2, 0, 0.0, None),
     ]
-    totals = summarize(found, "user", None, None, now=130.0, user_name=str)
+    totals = summarize_audit(found, "user", None, None, now=130.0, user_name=str)
     assert totals["1001"].to_json()["inferences"] == 40
     json.dumps({k: t.to_json() for k, t in totals.items()}, allow_nan=False)  # strict JSON out
 

@@ -5,12 +5,13 @@ random bytes made at start-up, required on every request as ``Authorization: Bea
 <token>`` and compared in constant time (:func:`hmac.compare_digest`).
 
 The server writes its address and the token to ``~/.slurm-tpu/serve/<jobid>.json``
-(:func:`address_path`). Both directories are the user's own, mode 0700, opened without
-following symlinks and checked with ``fstat`` after opening (not before: no check/act
-race); the file is created under a temporary name with ``O_CREAT | O_EXCL |
-O_NOFOLLOW`` and mode 0600, then renamed into place, so a reader never sees half a
-file and a planted link is replaced, never written through. Readers
-(:func:`read_address`) apply the same checks and refuse a file that others could read.
+(:func:`address_path`; what it holds: :mod:`slurm_tpu.protocol.serve_address`). Both
+directories are the user's own, mode 0700, opened without following symlinks and checked
+with ``fstat`` after opening (not before: no check/act race); the file is created under
+a temporary name with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600, then renamed into
+place, so a reader never sees half a file and a planted link is replaced, never written
+through. Readers (:func:`read_address`) apply the same checks and refuse a file that
+others could read.
 
 The address file can outlive its server (SIGKILL, the OOM killer: no clean-up), and
 then any user may bind the freed port. So our client never sends the token to a
@@ -37,19 +38,18 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import os
 import secrets
 import stat
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
 
 from ...errors import SlurmTpuError
+from ...protocol import FormatError
+from ...protocol.serve_address import DIR_PARTS, SUFFIX, Address, decode, encode, file_name
 from ..errors import UsageError
 
 TOKEN_BYTES = 32
 SCHEME = "Bearer"
-DIR_PARTS = (".slurm-tpu", "serve")
 TOKEN_ENV = "SLURM_TPU_SERVE_TOKEN"  # a client's token when it has no address file (host:port)
 PROOF_PATH = "/v1/slurm-tpu/proof"  # answered without the token (the challenge of the module docstring)
 NONCE_BYTES = 32
@@ -63,21 +63,6 @@ class AddressFileError(SlurmTpuError):
     def __init__(self, message: str, path: str):
         super().__init__(message)
         self.path = path
-
-
-@dataclass(frozen=True)
-class Address:
-    """Where a job's server listens and the token it wants (the address file's content)."""
-
-    job_id: str
-    url: str  # http://host:port
-    token: str
-    node: str = ""
-    pid: int = 0
-
-    @property
-    def host_port(self) -> str:
-        return self.url.split("://", 1)[-1].rstrip("/")
 
 
 def new_token() -> str:
@@ -124,7 +109,7 @@ def serve_dir(environ: Mapping[str, str] = os.environ) -> str:
 
 
 def address_path(job_id: str, environ: Mapping[str, str] = os.environ) -> str:
-    return os.path.join(serve_dir(environ), f"{job_id}.json")
+    return os.path.join(serve_dir(environ), file_name(job_id))
 
 
 def _check_job_id(job_id: str) -> None:
@@ -201,12 +186,11 @@ def write_address(address: Address, environ: Mapping[str, str] = os.environ) -> 
                 f"cannot create the address file in {serve_dir(environ)} ({exc.strerror})", path
             ) from None
         try:
-            with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                json.dump(asdict(address), handle)
-                handle.write("\n")
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(encode(address))
                 handle.flush()
                 os.fsync(handle.fileno())
-            os.rename(temporary, f"{address.job_id}.json", src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.rename(temporary, file_name(address.job_id), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
             try:
                 os.unlink(temporary, dir_fd=dir_fd)
@@ -231,7 +215,7 @@ def remove_address(address: Address, environ: Mapping[str, str] = os.environ) ->
     except SlurmTpuError:
         return
     try:
-        os.unlink(f"{address.job_id}.json", dir_fd=dir_fd)
+        os.unlink(file_name(address.job_id), dir_fd=dir_fd)
     except OSError:
         pass
     finally:
@@ -249,7 +233,7 @@ def read_address(job_id: str, environ: Mapping[str, str] = os.environ) -> Addres
             f"no server address for job {job_id} ({exc}): is 'slurm-tpu serve' running in that job, as you?", path
         ) from None
     try:
-        fd = os.open(f"{job_id}.json", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
+        fd = os.open(file_name(job_id), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
     except FileNotFoundError:
         raise AddressFileError(
             f"no server address for job {job_id} ({path} does not exist): is 'slurm-tpu "
@@ -266,16 +250,9 @@ def read_address(job_id: str, environ: Mapping[str, str] = os.environ) -> Addres
             raise AddressFileError(f"{path} is not a private file of yours (mode 0600): not trusted", path)
         raw = handle.read(65536)
     try:
-        data = json.loads(raw)
-        return Address(
-            str(data["job_id"]),
-            str(data["url"]),
-            str(data["token"]),
-            str(data.get("node", "")),
-            int(data.get("pid", 0)),
-        )
-    except (ValueError, KeyError, TypeError):
-        raise AddressFileError(f"{path} is not a server address file (JSON with job_id, url, token)", path) from None
+        return decode(raw, path)
+    except FormatError as exc:
+        raise AddressFileError(str(exc), path) from None
 
 
 def find_address(host_port: str, environ: Mapping[str, str] = os.environ) -> Address | None:
@@ -285,12 +262,12 @@ def find_address(host_port: str, environ: Mapping[str, str] = os.environ) -> Add
     except SlurmTpuError:
         return None
     try:
-        names = [n for n in os.listdir(dir_fd) if n.endswith(".json")]
+        names = [n for n in os.listdir(dir_fd) if n.endswith(SUFFIX)]
     finally:
         os.close(dir_fd)
     for name in sorted(names):
         try:
-            address = read_address(name[: -len(".json")], environ)
+            address = read_address(name[: -len(SUFFIX)], environ)
         except SlurmTpuError:
             continue
         if address.host_port == host_port:
