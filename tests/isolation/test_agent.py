@@ -183,7 +183,8 @@ def test_an_agent_killed_while_a_job_holds_its_devices_loses_no_lease(cluster, u
 
 
 def _epilog_clients() -> list[int]:
-    """Pids of running hook clients doing an epilog (their argv: client, "epilog", state dir, ...)."""
+    """Pids of running hook clients doing an epilog: the native entry slurm.conf names (argv[0]
+    slurm-tpu-epilog-native), or the client asked for one (argv: client, "epilog", state dir, ...)."""
     pids = []
     for name in os.listdir("/proc"):
         if not name.isdigit():
@@ -193,7 +194,8 @@ def _epilog_clients() -> list[int]:
                 argv = handle.read().split(b"\0")
         except OSError:
             continue
-        if len(argv) > 1 and argv[0].endswith(b"slurm-tpu-hook-client") and argv[1] == b"epilog":
+        native = argv[0].endswith(b"slurm-tpu-epilog-native")
+        if native or (len(argv) > 1 and argv[0].endswith(b"slurm-tpu-hook-client") and argv[1] == b"epilog"):
             pids.append(int(name))
     return pids
 
