@@ -50,7 +50,7 @@ class Hooks:
 
 def project_hooks(native: bool = True) -> Hooks:
     """slurm-tpu's Prolog, Epilog and TaskProlog as shipped (a checkout's or the wheel's): their native
-    entries where the C client builds (prolog/slurm-tpu-hook-client.c: what ``slurm-tpu install`` puts
+    entries where the C client builds (hook_client/slurm-tpu-hook-client.c: what ``slurm-tpu install`` puts
     in slurm.conf then), else, or with ``native=False``, the hooks themselves (Python; sh for the task prolog)."""
     from slurm_tpu.ops.hook_client import build_native, shipped_hook
 
@@ -214,10 +214,10 @@ class LocalCluster:
     def udev_command(self, node: str) -> list[str]:
         """What the node's emulated udev runs: :attr:`udev_hook`, through the node's agent when it runs one
         (the thin client falls back to the Python hook when the agent's socket does not answer)."""
-        from slurm_tpu.ops.hook_client import PROGRAM
+        from slurm_tpu.ops.hook_client import PROGRAM, SOURCE
         from slurm_tpu.ops.node_files import node_file
 
-        client = os.path.join(os.path.dirname(node_file("prolog", "slurm-tpu-prolog")), PROGRAM)
+        client = os.path.join(os.path.dirname(node_file("hook_client", SOURCE)), PROGRAM)
         if self.hooks.udev or not self.agents or not os.access(client, os.X_OK):
             return self.udev_hook
         return [client, "udev", self.state_dir(node), "--", *self.udev_hook]

@@ -4,7 +4,7 @@ Two interpreter starts per job (prolog, epilog) plus two per revoked USB stick
 (udev remove/add) cost most of what a job may spend in its hooks. The agent is one
 root process per node (``systemd/slurm-tpu-agent``; LocalCluster starts one per
 node, a site runs it as a service) that has imported everything the hooks need
-once. The hooks become thin clients (``prolog/slurm-tpu-hook-client``, ~150 lines
+once. The hooks become thin clients (``hook_client/slurm-tpu-hook-client``, ~150 lines
 of C, see its source): each connects to ``<state_dir>/agent.sock`` and hands over
 its environment; one of the agent's workers runs the very same hook code
 (prolog.main, epilog.main, udev_event.main) with it and answers with the hook's

@@ -1,4 +1,4 @@
-"""The hooks' C client (``prolog/slurm-tpu-hook-client.c``): built with the system cc, and its native entries.
+"""The hooks' C client (``hook_client/slurm-tpu-hook-client.c``): built with the system cc, and its native entries.
 
 The client is C so that a hook starts no interpreter (see slurm_tpu/hooks/agent.py). It is built
 beside its shipped source by scripts/setup.sh (``python -m slurm_tpu.ops.hook_client``) and by
@@ -107,7 +107,7 @@ HOOK_DIRS = {"slurm-tpu-prolog": "prolog", "slurm-tpu-epilog": "epilog", "slurm-
 def build(directory: str | None = None, source: str | None = None) -> str | None:
     """Build the client into ``directory`` (default: beside its source, the shipped one by default)
     unless it is current; its path, or None (no compiler, or the build failed: said on stderr)."""
-    return _build(directory, source or node_file("prolog", SOURCE))
+    return _build(directory, source or node_file("hook_client", SOURCE))
 
 
 def shipped_hook(name: str) -> str:

@@ -3,7 +3,7 @@
 slurm.conf and the udev rules run small Python programs as root (prolog/slurm-tpu-prolog,
 epilog/slurm-tpu-epilog, the udev hook, and the node agent's program): the Python hooks, run
 by slurmd where no native entry is (and by a native entry where the node runs no agent:
-prolog/slurm-tpu-hook-client.c). Each must start fast (``#!/usr/bin/python3 -IS``: no site-
+hook_client/slurm-tpu-hook-client.c). Each must start fast (``#!/usr/bin/python3 -IS``: no site-
 packages scan), find ``slurm_tpu`` beside itself in a checkout or where ``slurm-tpu
 install`` wrote it (its ``_ROOT =`` line, which install rewrites: see
 ``install.installed_hook_text``), fall back to site-packages only when it is not there, mark
@@ -92,7 +92,7 @@ ENTRIES = (
     ),
     Entry(
         "slurm-tpu-agent",
-        "The node's resident slurm-tpu agent (root): runs the hooks' work for prolog/slurm-tpu-hook-client.",
+        "The node's resident slurm-tpu agent (root): runs the hooks' work for hook_client/slurm-tpu-hook-client.",
         "See slurm_tpu.hooks.agent. Environment: SLURM_TPU_CONFIG (default\n"
         "/etc/slurm-tpu/config.yaml), SLURMD_NODENAME. Stop it with SIGTERM; the native\n"
         "entries then run the Python hooks.\n\n",

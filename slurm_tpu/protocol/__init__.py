@@ -27,7 +27,7 @@ Format, its module, where it lives, writer -> readers:
 - **node agent** -- :mod:`.agent_wire`: ``<state_dir>/agent.sock``, a length-prefixed
   request (the hook and its environment) and answer (messages, exit status), and
   ``agent.pid``, written once the socket listens. The
-  hooks' C client (``prolog/slurm-tpu-hook-client.c``, root) -> the agent (root,
+  hooks' C client (``hook_client/slurm-tpu-hook-client.c``, root) -> the agent (root,
   slurm_tpu/hooks/agent.py); and the agent's workers -> its resident scontrol helper
   (slurm_tpu/hooks/agent_query.py).
 - **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The

@@ -2,7 +2,7 @@
 
 **Hook requests** (``<state_dir>/agent.sock``, :data:`SOCKET`, a SOCK_STREAM Unix
 socket; host byte order: both ends are on the node). The client
-(prolog/slurm-tpu-hook-client.c, root, run as a hook's native entry) sends a 4-byte
+(hook_client/slurm-tpu-hook-client.c, root, run as a hook's native entry) sends a 4-byte
 length N (0 < N <= :data:`MAX_REQUEST`), then N bytes: ``STPU1\\0<hook>\\0`` and
 ``NAME=value\\0`` per environment variable, no descriptors. ``<hook>`` is one of
 :data:`HOOKS`. The agent (slurm_tpu/hooks/agent.py, root) answers with a 4-byte
@@ -35,7 +35,7 @@ SOCKET = "agent.sock"  # under the state directory
 PIDFILE = "agent.pid"  # under the state directory
 MAGIC = b"STPU1"
 MAX_REQUEST = 64 << 10
-MAX_OUTPUT = 64 << 10  # the hook's messages sent back (prolog/slurm-tpu-hook-client.c MAX_OUTPUT)
+MAX_OUTPUT = 64 << 10  # the hook's messages sent back (hook_client/slurm-tpu-hook-client.c MAX_OUTPUT)
 HOOKS = ("prolog", "epilog", "udev")
 LENGTH = struct.Struct("=I")  # the length before a request or an answer
 MAX_ANSWER = 4 << 20  # a job query's answer

@@ -119,12 +119,12 @@ def test_each_shipped_file_is_in_the_directory_named_for_what_runs_or_reads_it()
         for node in tree.body
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "NODE_DIRS" for t in node.targets)
     ]
-    assert setup_dirs == node_files.NODE_DIRS == ("prolog", "epilog", "udev", "systemd", "slurm_conf")
+    assert setup_dirs == node_files.NODE_DIRS == ("prolog", "epilog", "udev", "systemd", "slurm_conf", "hook_client")
     shipped_files = (
         {(directory, name) for directory, name, _ in HOOK_FILES}
         | {("systemd", name) for name, _ in SYSTEMD_FILES}
         | {("slurm_conf", "slurm.conf.snippet")}
-        | {("prolog", "slurm-tpu-hook-client.c")}  # what install builds the client from, never installed
+        | {("hook_client", "slurm-tpu-hook-client.c")}  # what install builds the client from, never installed
     )
     for directory, name in shipped_files:
         assert node_files.node_file(directory, name) == os.path.join(REPO, directory, name)

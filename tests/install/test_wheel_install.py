@@ -39,7 +39,7 @@ SHIPPED = (
     "udev/slurm-tpu-udev-event",
     "epilog/slurm-tpu-epilog",
     "systemd/slurm-tpu-agent",
-    "prolog/slurm-tpu-hook-client.c",
+    "hook_client/slurm-tpu-hook-client.c",
     "slurm_conf/slurm.conf.snippet",
     "systemd/slurm-tpu-agent.service",
     "systemd/slurm-tpu-watch.service",

@@ -1,4 +1,4 @@
-"""The hooks' C client (prolog/slurm-tpu-hook-client.c) against stand-in agents: the wire format the
+"""The hooks' C client (hook_client/slurm-tpu-hook-client.c) against stand-in agents: the wire format the
 real agent reads (agent.read_request, the format protocol/agent_wire.py), and failing closed when the
 agent is gone or slow.
 
@@ -188,7 +188,7 @@ def test_a_socket_in_a_state_directory_others_control_is_not_asked(client, state
 def test_bad_arguments_are_one_line_and_status_2(client):
     done = subprocess.run([client], capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.startswith("usage: slurm-tpu-hook-client")
-    assert os.path.isfile(os.path.join(REPO, "prolog", "slurm-tpu-hook-client.c"))
+    assert os.path.isfile(os.path.join(REPO, "hook_client", "slurm-tpu-hook-client.c"))
 
 
 # A driver for the test below: the agent's own worker loop (agent._idle_worker) on a socket in STATE,

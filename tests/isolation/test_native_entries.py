@@ -1,4 +1,4 @@
-"""The hooks' native entries (prolog/slurm-tpu-hook-client.c run as slurm-tpu-prolog-native,
+"""The hooks' native entries (hook_client/slurm-tpu-hook-client.c run as slurm-tpu-prolog-native,
 slurm-tpu-epilog-native, slurm-tpu-task-prolog-native): the task prolog prints what the sh task
 prolog prints; the Prolog and Epilog ask the node agent, else run the Python hook beside them,
 handing each the state directory they found.
@@ -188,7 +188,7 @@ def test_with_an_agent_socket_the_native_entry_asks_the_agent(hooks_dir, state, 
 
 
 def test_the_c_defaults_are_the_packages():
-    text = open(os.path.join(REPO, "prolog", "slurm-tpu-hook-client.c"), encoding="utf-8").read()
+    text = open(os.path.join(REPO, "hook_client", "slurm-tpu-hook-client.c"), encoding="utf-8").read()
     assert f'#define DEFAULT_STATE_DIR "{defaults.STATE_DIR}"\n' in text
     assert f'#define CONFIG_ENV "{defaults.CONFIG_ENV}"\n' in text
     assert f'#define DEFAULT_CONFIG "{defaults.CONFIG_PATH}"\n' in text

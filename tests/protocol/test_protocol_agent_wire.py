@@ -47,7 +47,7 @@ def test_the_answer_is_bounded_and_ends_with_the_status():
 
 
 def test_the_c_client_speaks_the_same_format():
-    with open(os.path.join(REPO, "prolog", "slurm-tpu-hook-client.c"), encoding="utf-8") as handle:
+    with open(os.path.join(REPO, "hook_client", "slurm-tpu-hook-client.c"), encoding="utf-8") as handle:
         source = handle.read()
     defines = dict(re.findall(r"^#define (\w+) (.+?)(?:\s*/\*.*)?$", source, re.M))
     assert defines["MAGIC"] == f'"{agent_wire.MAGIC.decode()}"'
