@@ -93,29 +93,20 @@ def _rdevs(nodes: Iterable[str]) -> list[int]:
     return rdevs
 
 
-def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str]:
-    """Give the device's current nodes back to the idle owner; returns problems."""
-    if device is None:
-        return []
+def _set_owners(nodes: Iterable[str], identity: str, owner: tuple[int, int, int]) -> list[str]:
+    """Give each node ``owner`` (uid, gid, mode); returns problems (DeviceError, OSError: each said, the rest done)."""
     problems = []
-    uid, gid, mode = ownership.owner_for(None, settings)
-    for node in device.device_nodes:
+    for node in nodes:
         try:
-            ownership.set_owner(node, device.identity, uid, gid, mode)
+            ownership.set_owner(node, identity, *owner)
         except Exception as exc:  # noqa: BLE001 - DeviceError, OSError: report, keep going
             problems.append(str(exc))
     return problems
 
 
-def take_away(nodes: Iterable[str], identity: str) -> list[str]:
-    """Make the nodes root:root 0600 (no new opens by anyone else); returns problems."""
-    problems = []
-    for node in nodes:
-        try:
-            ownership.set_owner(node, identity, *ownership.ROOT_ONLY)
-        except Exception as exc:  # noqa: BLE001 - DeviceError, OSError
-            problems.append(str(exc))
-    return problems
+def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str]:
+    """Give the device's current nodes back to the idle owner; returns problems."""
+    return _set_owners(device.device_nodes, device.identity, ownership.owner_for(None, settings)) if device else []
 
 
 def _still_releasing(ledger: Ledger, lease: Lease) -> bool:
@@ -364,7 +355,7 @@ def end_lease(
         if event != audit.RELEASE:
             return []
         return [f"{identity} vanished during job {job_id}; check the device and its cable, then resume the node"]
-    problems = take_away(present, identity)
+    problems = _set_owners(present, identity, ownership.ROOT_ONLY)  # nobody else opens it any more
     probe.mark("take_away")
     if problems:
         _move(ledger, lease, KEPT)

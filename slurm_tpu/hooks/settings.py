@@ -59,15 +59,6 @@ class HookSettings(HookSnapshot):
                 return policy
         return None
 
-    def to_text(self) -> str:
-        """The snapshot file's text (raises ValueError for a value it cannot hold)."""
-        return format_snapshot(self)
-
-    @classmethod
-    def from_text(cls, text: str) -> HookSettings | None:
-        """The settings in a snapshot file's text, or None when it is no current snapshot."""
-        return parse_snapshot(text, cls)
-
 
 def file_key(path: str) -> str:
     """What identifies a file's version: device, inode, size, mtime; '-' if missing."""
@@ -122,7 +113,7 @@ def _from_snapshot(state_dir: str, cfg: str, environ, node: str | None) -> HookS
         os.close(fd)
     if raw is None:
         return None
-    settings = HookSettings.from_text(raw.decode("utf-8", "replace"))
+    settings = parse_snapshot(raw.decode("utf-8", "replace"), HookSettings)
     if settings is None or settings.state_dir != state_dir:
         return None
     if node is not None and settings.node != node:
@@ -213,7 +204,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
 
 def _write_snapshot(fd: int, settings: HookSettings) -> None:
     try:
-        text = settings.to_text()
+        text = format_snapshot(settings)
     except ValueError:
         statedir.remove(fd, SNAPSHOT)  # a value it cannot hold (a tab in a path): the slow path every time
         return

@@ -19,7 +19,7 @@ from slurm_tpu.families.sysfs import Snapshot, SysDevice
 from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.hooks.udev_event import identity_for
 from slurm_tpu.protocol import envfile
-from slurm_tpu.protocol.hooks_snapshot import SCAN, parse_snapshot
+from slurm_tpu.protocol.hooks_snapshot import SCAN, format_snapshot, parse_snapshot
 from slurm_tpu.protocol.inventory import parse_inventory
 from slurm_tpu.render import node_features, node_gres, render_gres_conf, render_udev_rules
 from slurm_tpu.runner.devices import resolve_devices
@@ -174,7 +174,7 @@ def test_hooks_lease_it_with_slots_scan_holders_and_export_the_pci_address():
     assert settings.revocation("hailo", "pci") == SCAN  # unbind is unsafe: see families/hailo.py
     assert settings.values["pci-0000:02:00.0"] == {"SLURM_TPU_HAILO_DEVICES": "0000:02:00.0"}
     # Through the snapshot file's one writer and one reader, unchanged.
-    again = parse_snapshot(settings.to_text(), HookSettings)
+    again = parse_snapshot(format_snapshot(settings), HookSettings)
     assert again.values == settings.values and again.families["hailo"].slot
 
     class Lease:
