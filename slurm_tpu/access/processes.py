@@ -251,11 +251,7 @@ def scan_holders(
     pending: dict[int, int] = {}  # pid -> heavy tables of it still to read
     for index, pid in enumerate(pids):
         if time.monotonic() >= deadline:
-            result.complete = False
-            for rest in pids[index:]:
-                rest_uid = _uid(rest)
-                if rest_uid is not None and not (skip_root and rest_uid == 0):  # None: gone
-                    result.unverified.append((rest, rest_uid, _fd_count(f"/proc/{rest}/fd")))
+            _unverified_rest(result, pids[index:], skip_root)
             break
         if pid == me:
             result.scanned += 1
@@ -297,7 +293,30 @@ def scan_holders(
             result.unverified.append((pid, uid, _fd_count(f"/proc/{pid}/fd")))
         elif pid not in pending:
             result.scanned += 1
-    heavy.sort()
+    _read_heavy_tables(result, sorted(heavy), pending, wanted, deadline)
+    return result
+
+
+def _unverified_rest(result: Scan, pids: list[int], skip_root: bool) -> None:
+    """The processes the box left unread, each unverified with its fd count (gone ones, and root's
+    where skipped, aside)."""
+    result.complete = False
+    for pid in pids:
+        uid = _uid(pid)
+        if uid is not None and not (skip_root and uid == 0):  # None: gone
+            result.unverified.append((pid, uid, _fd_count(f"/proc/{pid}/fd")))
+
+
+def _read_heavy_tables(
+    result: Scan,
+    heavy: list[tuple[bool, int, int, int, str]],
+    pending: dict[int, int],
+    wanted: set[int],
+    deadline: float,
+) -> None:
+    """The large fd tables :func:`scan_holders` put off, in ``heavy``'s order (the ended job's user's first,
+    then the smallest), into ``result``: a process counts as scanned once all of its ``pending`` tables are
+    read; once the box runs out, each process whose table is left is unverified."""
     for index, (_, _count, pid, _owner, fd_dir) in enumerate(heavy):
         found = _table_holds(fd_dir, wanted, deadline)
         if found is None:
@@ -307,13 +326,12 @@ def scan_holders(
                 if rest_pid not in seen:
                     seen.add(rest_pid)
                     result.unverified.append((rest_pid, rest_uid, rest_count))
-            break
+            return
         if found:
             result.holders.setdefault(pid, "fd")
         pending[pid] -= 1
         if not pending[pid]:
             result.scanned += 1
-    return result
 
 
 def _uid(pid: int) -> int | None:
