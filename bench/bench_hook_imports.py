@@ -27,7 +27,6 @@ HOOK_MODULES = (
     "slurm_tpu.access.ledger",
     "slurm_tpu.hooks.leasing",
     "slurm_tpu.hooks.jobusage",
-    "slurm_tpu.hooks.envfile",
     "slurm_tpu.hooks.prolog",
     "slurm_tpu.hooks.epilog",
 )

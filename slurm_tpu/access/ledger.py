@@ -21,7 +21,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..protocol import FormatError, audit, leases
+from ..protocol import FormatError, audit, envfile, leases
 
 # The ledger's records and phases, for its callers (HELD, KEPT, RELEASING, REVOKING are re-exported).
 from ..protocol.leases import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease  # noqa: F401
@@ -150,6 +150,27 @@ class Ledger:
                 if not os.path.exists(f"/proc/{pid}"):
                     removed += statedir.remove(self.leases_fd, name)
         return removed
+
+    # ---- the job's environment file (its format: protocol/envfile.py) -----------
+    def write_job_env(self, job_id: int, text: str) -> None:
+        """Write ``jobs/<job>.env`` atomically, readable by the job's task prolog (raises OSError or
+        StateDirError, e.g. ENOSPC)."""
+        fd = statedir.open_dir(envfile.DIR, create=True, parent_fd=self.dir_fd)
+        try:
+            statedir.write_atomic(fd, envfile.file_name(job_id), text.encode(), mode=0o644)
+        finally:
+            os.close(fd)
+
+    def remove_job_env(self, job_id: int) -> None:
+        """Remove the job's environment file, if any (the epilog; a second run changes nothing)."""
+        try:
+            fd = statedir.open_dir(envfile.DIR, parent_fd=self.dir_fd)
+        except statedir.StateDirError:
+            return
+        try:
+            statedir.remove(fd, envfile.file_name(job_id))
+        finally:
+            os.close(fd)
 
     # ---- audit -----------------------------------------------------------------
     def audit(self, event: str, **fields: object) -> None:

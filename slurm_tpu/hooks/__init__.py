@@ -64,7 +64,6 @@ FAST_PATH = (
     "slurm_tpu.hooks.agent_query",
     "slurm_tpu.hooks.allocation",
     "slurm_tpu.hooks.context",
-    "slurm_tpu.hooks.envfile",
     "slurm_tpu.hooks.epilog",
     "slurm_tpu.hooks.jobusage",
     "slurm_tpu.hooks.leasing",

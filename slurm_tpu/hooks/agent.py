@@ -94,9 +94,14 @@ class BadRequest(Exception):
 def preload() -> None:
     """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
     from ..access import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
-    from ..protocol import audit, hooks_snapshot, usage  # noqa: F401
+    from ..protocol import (  # noqa: F401
+        audit,
+        envfile,
+        hooks_snapshot,
+        usage,
+    )
     from ..slurm import commands, installation, jobdetail  # noqa: F401
-    from . import agent_query, allocation, envfile, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
+    from . import agent_query, allocation, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
 
     jobusage._libc()  # ctypes + libc, for the usage box mount
 

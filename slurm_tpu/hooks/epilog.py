@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     """The epilog's work. ``answer``: the node agent's early answer (see below); None in a hook process."""
     from ..access.ledger import Ledger
-    from . import envfile, jobusage, leasing, settings as hook_settings
+    from . import jobusage, leasing, settings as hook_settings
 
     hook.probe.mark("imports")
     settings = hook.settings = hook_settings.load(hook.environ, hook.node, create=False)
@@ -30,7 +30,7 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     if not os.path.lexists(settings.state_dir):
         return 0  # never leased anything on this node
     with Ledger(settings.state_dir) as ledger:
-        envfile.remove(ledger, job.job_id)
+        ledger.remove_job_env(job.job_id)
         leases = ledger.of_job(job.job_id)
         hook.probe.mark("ledger_read")
         if not leases:

@@ -17,7 +17,8 @@ from .context import HookError, HookRun, job_from_env
 def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     """The prolog; returns the exit status. ``prolog_process``: see leasing.acquire."""
     from ..access.ledger import Ledger
-    from . import allocation, envfile, jobusage, leasing, settings as hook_settings
+    from ..protocol import envfile
+    from . import allocation, jobusage, leasing, settings as hook_settings
 
     hook.probe.mark("imports")
     settings = hook.settings = hook_settings.load(hook.environ, hook.node)
@@ -58,7 +59,7 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
         try:
             usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)  # type: ignore[arg-type]  # need_uid: an int
             hook.probe.mark("usage_box")
-            envfile.write(ledger, job.job_id, leases, settings, usage_dir)
+            ledger.write_job_env(job.job_id, envfile.render(leases, settings, usage_dir))
             hook.probe.mark("env_file")
         except BaseException as exc:
             jobusage.discard(ledger, job.job_id)

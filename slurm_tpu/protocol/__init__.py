@@ -14,7 +14,7 @@ Format, its module, where it lives, writer -> readers:
   job scripts.
 - **job environment file** -- :mod:`.envfile`:
   ``<state_dir>/jobs/<id>.env`` and ``no-devices.env``, ``export``/``unset`` lines.
-  The prolog (root, through ``slurm_tpu/hooks/envfile.py``; ``no-devices.env`` with the
+  The prolog (root, through ``slurm_tpu/access/ledger.py``; ``no-devices.env`` with the
   hooks' snapshot) -> the task-prolog (the job's user: its native entry, or the ``sh``
   ``prolog/slurm-tpu-task-prolog``).
 - **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``,

@@ -16,7 +16,7 @@ this tuple), so a line a family could add under another name never reaches the
 job's shell. ``<state_dir>/no-devices.env`` (:func:`render_unset`: every variable
 unset but ``EDGETPU_VISIBLE_DEVICES``, exported empty; written with the hooks'
 snapshot) is what the task-prolog prints for a job with no device here. Writing
-the files safely is slurm_tpu/hooks/envfile.py.
+the files safely is slurm_tpu/access/ledger.py (``Ledger.write_job_env``).
 """
 
 from __future__ import annotations
