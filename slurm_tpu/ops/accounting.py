@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import pwd
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -78,6 +79,14 @@ class Totals:
             "mean_latency_ms": round(self.inference_seconds / self.inferences * 1000, 3) if self.inferences else None,
             "energy_j": None if self.energy_j is None else round(self.energy_j, 3),
         }
+
+
+def user_name(uid: int) -> str:
+    """The user's name from the password database (what slurmd resolves too), else the uid."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def summarize_audit(

@@ -366,7 +366,7 @@ def check_udev_loaded(node: Node) -> list[Finding]:
     import grp
     import pwd
 
-    from .node_state import current_leases
+    from .node_state import lease_holders
 
     idle = node.config.idle
     try:
@@ -380,7 +380,7 @@ def check_udev_loaded(node: Node) -> list[Finding]:
                 "fix devices.idle in the slurm-tpu config",
             )
         ]
-    leased = set(current_leases(node.config))
+    leased = lease_holders(node.config)[0]
     findings, checked = [], 0
     for identity, path in _managed_nodes(node):
         if identity in leased:

@@ -30,7 +30,6 @@ environment) becomes a label. ``prometheus_client`` escapes every value anyway.
 
 from __future__ import annotations
 
-import pwd
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Callable
@@ -41,6 +40,7 @@ from prometheus_client.registry import Collector
 from ..hardware import Inventory
 from ..promtext import add, counter, gauge
 from ..protocol.audit import LeaseSpan
+from .accounting import user_name
 from .health_policy import find_problems
 
 JOB_LABEL, USER_LABEL = "hpc_job", "hpc_user"  # dcgm-exporter's hpc_job, and its like for the user
@@ -82,14 +82,6 @@ class NodeSnapshot:
     edgetpu_version: str | None = None
     holders: Mapping[str, Holder] | None = None  # None: every lease in ``leased``
     usage: Iterable[JobUsage] = field(default_factory=tuple)
-
-
-def user_name(uid: int) -> str:
-    """The user's name from the password database (what slurmd resolves too), else the uid."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
 
 
 def families(snap: NodeSnapshot) -> list[Metric]:
