@@ -309,21 +309,10 @@ def check_udev_rules(node: Node) -> list[Finding]:
                 f"fix udev.run_program in {node.config.path or 'the slurm-tpu config'}, or drop it",
             )
         ]
-    want = render_udev_rules(node.config, run)
-    if not os.path.exists(path):
+    if not os.path.exists(path) or read_text(path) != render_udev_rules(node.config, run):
+        what = "differs from what this config renders" if os.path.exists(path) else "is missing"
         return [
-            Finding(
-                "udev rules", False, f"{path} is missing", f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}"
-            )
-        ]
-    if read_text(path) != want:
-        return [
-            Finding(
-                "udev rules",
-                False,
-                f"{path} differs from what this config renders",
-                f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}",
-            )
+            Finding("udev rules", False, f"{path} {what}", f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}")
         ]
     # The program udev runs on every device event: there, and only root can change it. The one
     # install writes is a plain file; a site's udev.run_program may be a link (to a venv's console script).
