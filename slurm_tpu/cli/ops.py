@@ -379,7 +379,7 @@ def boot(obj: Obj) -> None:
     the health check then drains the node for it.
     """
     from ..detect import detect_inventory
-    from ..ops.boot import restore_node_state
+    from ..ops.configure import restore_node_state
 
     result = restore_node_state(obj.config, detect_inventory(use_nvml=False))
     absent = f"; absent: {', '.join(result.absent)} (placeholder slots)" if result.absent else ""
