@@ -21,8 +21,6 @@ def _inventory(saved: str | None = None) -> Inventory:
         from ..detect import detect_inventory
 
         return detect_inventory()
-    from ..errors import SlurmTpuError
-
     try:
         with open(saved, encoding="utf-8") as handle:
             return inventory_from_json(json.load(handle))

@@ -164,11 +164,11 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
             configured_inventory(config),
             detect_inventory(use_nvml=False),
             leased,
+            held,
             audit_records([default_audit_log(config)]),
             time.time(),
             installed_version(libedgetpu),
-            holders=held,
-            usage=running_usage(config, held),
+            running_usage(config, held),
         )
 
     return NodeCollector(snapshot)
