@@ -22,7 +22,7 @@ from ..config import Config
 from ..errors import SlurmTpuError
 from ..families import FAMILIES, family
 from ..hardware import Inventory
-from .install import SLURM_HOOKS, Layout, udev_run_program
+from .install import SLURM_HOOKS, Layout, udev_reload, udev_run_program
 
 
 @dataclass(frozen=True)
@@ -387,8 +387,7 @@ def check_udev_loaded(node: Node) -> list[Finding]:
                     f"idle {identity} {path} is uid {info.st_uid} gid {info.st_gid} mode "
                     f"{_mode(info)}, the rules give {idle.owner}:{idle.group} {idle.mode:04o}: "
                     "udev has not applied slurm-tpu's rules (or a later rule overrides them)",
-                    "udevadm control --reload && udevadm trigger --action=change "
-                    "--subsystem-match=usb --subsystem-match=apex",
+                    " && ".join(" ".join(argv) for argv in udev_reload(node.config)),
                 )
             )
     return findings or [

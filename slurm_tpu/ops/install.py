@@ -577,6 +577,17 @@ def _run_quietly(argv: list[str]) -> str | None:
     return lines[-1] if lines else f"exit status {done.returncode}"
 
 
+def udev_reload(config: Config) -> list[list[str]]:
+    """The commands that make udev apply changed rules: reload them, then a change event for every
+    device they own (every leased family's subsystems). Install runs them; doctor names them as a fix."""
+    from ..families import FAMILIES
+
+    subsystems = [
+        f"--subsystem-match={u.subsystem}" for f in FAMILIES if config.family(f.kind).lease for u in f.udev_identities
+    ]
+    return [["udevadm", "control", "--reload"], ["udevadm", "trigger", "--action=change", *subsystems]]
+
+
 def reload_services(layout: Layout, config: Config, dry_run: bool, say, ldconfig: bool = False) -> None:
     """Make udev and systemd read what changed, and with ``ldconfig`` refresh the dynamic linker's cache
     for the library (only for the system's own directories, which they read)."""
@@ -585,16 +596,7 @@ def reload_services(layout: Layout, config: Config, dry_run: bool, say, ldconfig
         return
     steps = []
     if os.path.exists("/run/udev/control"):
-        from ..families import FAMILIES
-
-        # The subsystems whose devices the rules own: every leased family's.
-        subsystems = [
-            f"--subsystem-match={u.subsystem}"
-            for f in FAMILIES
-            if config.family(f.kind).lease
-            for u in f.udev_identities
-        ]
-        steps += [["udevadm", "control", "--reload"], ["udevadm", "trigger", "--action=change", *subsystems]]
+        steps += udev_reload(config)
     else:
         say("udev is not running here: the rules apply when it starts")
     if os.path.isdir("/run/systemd/system"):
