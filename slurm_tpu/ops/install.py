@@ -483,7 +483,9 @@ def _install_file(
         return
     before = _before_replacing(path, previous, exists)
     temporary = f"{path}.slurm-tpu.new"
-    with open(temporary, "wb") as handle:
+    if os.path.lexists(temporary):  # left by an interrupted run: never written through
+        os.unlink(temporary)
+    with open(temporary, "xb") as handle:
         handle.write(data)
         handle.flush()
         os.fsync(handle.fileno())
@@ -613,8 +615,6 @@ def reload_services(layout: Layout, config: Config, dry_run: bool, say, ldconfig
 
 @dataclass(frozen=True)
 class InstallResult:
-    layout: Layout
-    slurm_conf: str
     missing_lines: tuple[str, ...]  # what slurm.conf still needs
     slurm_conf_read: bool
 
@@ -682,7 +682,7 @@ def install(
         from .health_check import configured_inventory
 
         wanted += accounting_tres_line(configured_inventory(config), config)
-    return InstallResult(layout, slurm_conf, tuple(missing_slurm_conf_lines(wanted, options)), read)
+    return InstallResult(tuple(missing_slurm_conf_lines(wanted, options)), read)
 
 
 def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=print) -> list[str]:
