@@ -86,7 +86,7 @@ def install(
     Then prints the slurm.conf lines still to add (or says they are there).
     Running it again changes only what differs; `slurm-tpu uninstall` undoes it.
     """
-    from ..ops.install import Layout, install as run_install, layout_config
+    from ..ops.install import Layout, device_cgroup_note, install as run_install, layout_config
 
     layout = Layout(prefix, sysconfdir, libdir or "")
     config = layout_config(layout, obj.config_path)
@@ -102,8 +102,6 @@ def install(
             click.echo(f"  {line}")
     else:
         click.echo(f"\n{conf} has slurm-tpu's lines.")
-    from ..ops.install import device_cgroup_note
-
     note = device_cgroup_note(config, conf)
     if note:
         click.echo(note)

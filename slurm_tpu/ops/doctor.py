@@ -19,10 +19,10 @@ from typing import Callable
 
 from .. import __version__
 from ..config import Config
-from ..errors import SlurmTpuError
+from ..errors import SlurmCommandError, SlurmTpuError
 from ..families import FAMILIES, family
 from ..hardware import Inventory
-from .install import SLURM_HOOKS, Layout, udev_reload, udev_run_program
+from .install import HOOK_FILES, SLURM_HOOKS, Layout, udev_reload, udev_run_program
 
 
 @dataclass(frozen=True)
@@ -491,8 +491,6 @@ def _hook_python(path: str) -> tuple[str, str] | None:
 def check_hooks_import(node: Node) -> list[Finding]:
     """The Python hooks import slurm-tpu under ``-I -S`` (no site-packages), this very version,
     from files only root can change."""
-    from .install import HOOK_FILES
-
     findings, probed = [], set()
     fix = f"slurm-tpu install --prefix {node.layout.prefix} (with the slurm-tpu jobs and health use)"
     for _, name, _ in HOOK_FILES:
@@ -550,7 +548,6 @@ def check_hooks_import(node: Node) -> list[Finding]:
 
 
 def check_slurmd_version(node: Node) -> list[Finding]:
-    from ..errors import SlurmCommandError
     from ..slurm.commands import Slurm
     from ..slurm.installation import TESTED_RELEASES, is_tested_release, version_of
 
@@ -584,7 +581,6 @@ def check_slurmd_version(node: Node) -> list[Finding]:
 def check_device_cgroup(node: Node) -> list[Finding]:
     """Slurm's device cgroup (ConstrainDevices=yes): where it holds for the node's Edge TPUs
     (slurm_tpu/slurm/device_cgroup.py says why)."""
-    from ..errors import SlurmCommandError
     from ..slurm import device_cgroup
     from ..slurm.commands import Slurm
     from ..slurm.installation import version_of

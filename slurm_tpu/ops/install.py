@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from .. import __version__
 from ..config import Config
 from ..defaults import CONFIG_ENV, CONFIG_PATH as DEFAULT_CONFIG, PREFIX, SYSCONFDIR
-from ..errors import SlurmTpuError
+from ..errors import SlurmCommandError, SlurmTpuError
 from ..files import BACKUP_SUFFIX, write_if_changed
 from ..protocol import install_manifest
 from ..protocol.install_manifest import ABSENT, SAME, file_entry
@@ -622,7 +622,6 @@ class InstallResult:
 def device_cgroup_note(config: Config, slurm_conf: str, has_tpu: bool = True) -> str | None:
     """One line on Slurm's device cgroup for this node's slurmd (slurm_tpu/slurm/device_cgroup.py), or
     None when slurmd cannot say its release."""
-    from ..errors import SlurmCommandError
     from ..slurm import device_cgroup
     from ..slurm.commands import Slurm
     from ..slurm.installation import version_of
