@@ -483,14 +483,17 @@ def _install_file(
         return
     before = _before_replacing(path, previous, exists)
     temporary = f"{path}.slurm-tpu.new"
-    if os.path.lexists(temporary):  # left by an interrupted run: never written through
-        os.unlink(temporary)
-    with open(temporary, "xb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _settle(temporary, mode)
-    os.replace(temporary, path)
+    try:
+        if os.path.lexists(temporary):  # left by an interrupted run: never written through
+            os.unlink(temporary)
+        with open(temporary, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _settle(temporary, mode)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise SlurmTpuError(f"cannot write {path}: {exc.strerror or exc} (the file there is unchanged)") from exc
     manifest.files[path] = file_entry(path, before, digest, config=config)
 
 
