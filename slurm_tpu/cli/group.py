@@ -6,6 +6,7 @@ they register on without importing the package that imports them.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -62,6 +63,18 @@ class Obj:
 
 # A command's ``obj`` parameter: this invocation's :class:`Obj`.
 pass_obj = click.make_pass_decorator(Obj)
+
+
+def table(rows: Sequence[Sequence[str]], numbers: bool = False) -> str:
+    """``rows`` (the header first) in columns two spaces apart, the last one unpadded; with ``numbers``,
+    every column but the first right-aligned (the tables of detect, leases and report)."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    last = len(widths) - 1
+
+    def fit(i: int, cell: str) -> str:
+        return cell.rjust(widths[i]) if numbers and i else cell if i == last else cell.ljust(widths[i])
+
+    return "".join("  ".join(fit(i, cell) for i, cell in enumerate(row)) + "\n" for row in rows)
 
 
 @click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})

@@ -8,7 +8,7 @@ import time
 
 import click
 
-from .group import EXIT_ERROR, Obj, main, pass_obj
+from .group import EXIT_ERROR, Obj, main, pass_obj, table
 
 
 def _rows(obj: Obj) -> list[dict]:
@@ -106,14 +106,12 @@ def leases(obj: Obj, as_json: bool, clear_identity: str | None) -> None:
     if not rows:
         click.echo(f"No accelerator is leased on this node ({obj.config.state_dir}).")
         return
-    table = [("IDENTITY", "JOB", "USER", "SINCE", "NODE OWNER", "STATE")]
+    shown = [("IDENTITY", "JOB", "USER", "SINCE", "NODE OWNER", "STATE")]
     for row in rows:
         since = time.strftime("%H:%M:%S", time.localtime(row["start"])) if row.get("start") else "-"
         owners = ",".join(f"{n['path']}={n['uid']}" for n in row["nodes"]) or "-"
-        table.append((row["identity"], str(row["job_id"]), row["user"] or str(row["uid"]), since, owners, row["state"]))
-    widths = [max(len(r[i]) for r in table) for i in range(5)]
-    for r in table:
-        click.echo("  ".join(c.ljust(widths[i]) for i, c in enumerate(r[:5])) + "  " + r[5])
+        shown.append((row["identity"], str(row["job_id"]), row["user"] or str(row["uid"]), since, owners, row["state"]))
+    click.echo(table(shown), nl=False)
 
 
 @main.command("udev-event")

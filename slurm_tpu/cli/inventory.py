@@ -11,7 +11,7 @@ from ..defaults import PREFIX
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
 from ..hardware import Inventory
-from .group import EXIT_DIFFERS, Obj, main, pass_obj
+from .group import EXIT_DIFFERS, Obj, main, pass_obj, table
 from .options import libedgetpu_option, node_option, options
 
 
@@ -21,8 +21,6 @@ def _inventory(saved: str | None = None) -> Inventory:
         from ..detect import detect_inventory
 
         return detect_inventory()
-    from ..errors import SlurmTpuError
-
     try:
         with open(saved, encoding="utf-8") as handle:
             return inventory_from_json(json.load(handle))
@@ -60,11 +58,8 @@ def format_table(inventory: Inventory) -> str:
                 _status(a),
             )
         )
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
-    lines = ["  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:5])) + "  " + row[5] for row in rows]
     usable = len(inventory.usable())
-    lines.append(f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable")
-    return "\n".join(lines) + "\n"
+    return table(rows) + f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable\n"
 
 
 @main.command()

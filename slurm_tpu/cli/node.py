@@ -37,12 +37,6 @@ _slurm_conf_option = click.option(
 )
 
 
-def _layout(prefix: str, sysconfdir: str):
-    from ..ops.install import Layout
-
-    return Layout(prefix, sysconfdir)
-
-
 def _slurm_conf(given: str | None) -> str:
     from ..slurm.installation import slurm_conf
 
@@ -92,7 +86,7 @@ def install(
     Then prints the slurm.conf lines still to add (or says they are there).
     Running it again changes only what differs; `slurm-tpu uninstall` undoes it.
     """
-    from ..ops.install import Layout, install as run_install, layout_config
+    from ..ops.install import Layout, device_cgroup_note, install as run_install, layout_config
 
     layout = Layout(prefix, sysconfdir, libdir or "")
     config = layout_config(layout, obj.config_path)
@@ -108,8 +102,6 @@ def install(
             click.echo(f"  {line}")
     else:
         click.echo(f"\n{conf} has slurm-tpu's lines.")
-    from ..ops.install import device_cgroup_note
-
     note = device_cgroup_note(config, conf)
     if note:
         click.echo(note)
@@ -130,10 +122,10 @@ def uninstall(prefix: str, sysconfdir: str, purge: bool, dry_run: bool) -> None:
     Files install replaced get their previous version back; files changed since
     install are left in place and named. Remove slurm-tpu's lines from slurm.conf first.
     """
-    from ..ops.install import uninstall as run_uninstall
+    from ..ops.install import Layout, uninstall as run_uninstall
 
     prefix_word = "would: " if dry_run else ""
-    kept = run_uninstall(_layout(prefix, sysconfdir), purge, dry_run, say=lambda line: click.echo(prefix_word + line))
+    kept = run_uninstall(Layout(prefix, sysconfdir), purge, dry_run, say=lambda line: click.echo(prefix_word + line))
     for line in kept:
         click.echo(f"kept {line}")
 
@@ -171,10 +163,10 @@ def doctor(
     Exit 0 only when every check passes (1: problems). Root or not.
     """
     from ..ops.doctor import Node, as_json as findings_json, diagnose
-    from ..ops.install import layout_config
+    from ..ops.install import Layout, layout_config
     from .inventory import _inventory
 
-    layout = _layout(prefix, sysconfdir)
+    layout = Layout(prefix, sysconfdir)
     config = layout_config(layout, obj.config_path)
     name = node or config.node_name or obj.node_name(None)
     findings = diagnose(Node(config, layout, _slurm_conf(slurm_conf), name, _inventory(saved), libedgetpu))

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any
 
 import click
 
-from .group import Obj, main, pass_obj
+from .group import Obj, main, pass_obj, table
 from .options import libedgetpu_option, node_option
 
 
@@ -163,11 +164,11 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
             configured_inventory(config),
             detect_inventory(use_nvml=False),
             leased,
+            held,
             audit_records([default_audit_log(config)]),
             time.time(),
             installed_version(libedgetpu),
-            holders=held,
-            usage=running_usage(config, held),
+            running_usage(config, held),
         )
 
     return NodeCollector(snapshot)
@@ -270,45 +271,54 @@ def report(
     obj: Obj, by: str, since: str | None, until: str | None, audit_logs: tuple[str, ...], source: str, as_json: bool
 ) -> None:
     """Accelerator use per user, device or job: leases, lease time, inferences, mean latency."""
-    import pwd
     import time
-
-    from ..ops.accounting import summarize_audit
-    from ..ops.node_state import audit_records, default_audit_log
 
     start, end = _parse_time(since, "--since"), _parse_time(until, "--until")
     if source == "sacct" and by == "device":
         raise click.BadParameter("Slurm's accounting does not know devices: use --source audit", param_hint="--by")
     if source == "sacct" or (source == "auto" and by != "device" and not audit_logs and _slurm_accounting(obj)):
-        _report_from_sacct(obj, by, start, end, as_json)
-        return
+        from ..families import FAMILIES
+        from ..ops.accounting import sacct_jobs, summarize_sacct
+        from ..slurm.commands import Slurm
 
-    def user_name(uid: int) -> str:
-        try:
-            return pwd.getpwuid(uid).pw_name
-        except KeyError:
-            return str(uid)
+        tres = list(dict.fromkeys(f"gres/{obj.config.family(f.kind).gres_name}" for f in FAMILIES))
+        jobs = sacct_jobs(Slurm.for_config(obj.config), start, end)
+        groups: dict = summarize_sacct(jobs, by, tres, start, end, time.time())
+        used = [name for name in tres if any(name in t.tres_seconds for t in groups.values())]
+        # The columns between JOBS and INFERENCES: the accelerator-hours of each GRES the jobs had.
+        columns = [f"{name.split('/', 1)[1].upper()}-HOURS" for name in used]
 
-    paths = list(audit_logs) or [default_audit_log(obj.config)]
-    missing = [p for p in audit_logs if not os.path.exists(p)]
-    if missing:
-        raise click.BadParameter(f"{missing[0]} does not exist", param_hint="--audit")
-    groups = summarize_audit(audit_records(paths), by, start, end, time.time(), user_name)
+        def cells(totals: Any) -> list[str]:
+            return [f"{totals.tres_seconds.get(name, 0.0) / 3600:.4f}" for name in used]
+
+        empty = "no accelerator jobs in this period (sacct)"
+    else:
+        from ..ops.accounting import summarize_audit, user_name
+        from ..ops.node_state import audit_records, default_audit_log
+
+        missing = [p for p in audit_logs if not os.path.exists(p)]
+        if missing:
+            raise click.BadParameter(f"{missing[0]} does not exist", param_hint="--audit")
+        records = audit_records(list(audit_logs) or [default_audit_log(obj.config)])
+        groups = summarize_audit(records, by, start, end, time.time(), user_name)
+        columns = ["LEASE TIME"]
+
+        def cells(totals: Any) -> list[str]:
+            return [f"{round(totals.lease_seconds, 3):.1f} s"]
+
+        empty = "no accelerator leases in this period"
     if as_json:
         click.echo(json.dumps({key: totals.to_json() for key, totals in groups.items()}, indent=2))
         return
     if not groups:
-        click.echo("no accelerator leases in this period")
+        click.echo(empty)
         return
-    header = (by.upper(), "JOBS", "LEASE TIME", "INFERENCES", "MEAN LATENCY")
-    rows = [header]
+    rows = [(by.upper(), "JOBS", *columns, "INFERENCES", "MEAN LATENCY")]
     for key, totals in groups.items():
         data = totals.to_json()
         latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
-        rows.append((key, str(data["jobs"]), f"{data['lease_seconds']:.1f} s", str(data["inferences"]), latency))
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
+        rows.append((key, str(data["jobs"]), *cells(totals), str(data["inferences"]), latency))
+    click.echo(table(rows, numbers=True), nl=False)
 
 
 def _slurm_accounting(obj: Obj) -> bool:
@@ -321,47 +331,6 @@ def _slurm_accounting(obj: Obj) -> bool:
         return accounting_enabled(Slurm.for_config(obj.config))
     except SlurmTpuError:
         return False
-
-
-def _report_from_sacct(obj: Obj, by: str, start: float | None, end: float | None, as_json: bool) -> None:
-    import time
-
-    from ..families import FAMILIES
-    from ..ops.accounting import sacct_jobs, summarize_sacct
-    from ..slurm.commands import Slurm
-
-    tres = list(dict.fromkeys(f"gres/{obj.config.family(f.kind).gres_name}" for f in FAMILIES))
-    groups = summarize_sacct(sacct_jobs(Slurm.for_config(obj.config), start, end), by, tres, start, end, time.time())
-    if as_json:
-        click.echo(json.dumps({key: totals.to_json() for key, totals in groups.items()}, indent=2))
-        return
-    if not groups:
-        click.echo("no accelerator jobs in this period (sacct)")
-        return
-    used = [name for name in tres if any(name in t.tres_seconds for t in groups.values())]
-    header = (
-        by.upper(),
-        "JOBS",
-        *(f"{name.split('/', 1)[1].upper()}-HOURS" for name in used),
-        "INFERENCES",
-        "MEAN LATENCY",
-    )
-    rows = [header]
-    for key, totals in groups.items():
-        data = totals.to_json()
-        latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
-        rows.append(
-            (
-                key,
-                str(data["jobs"]),
-                *(f"{totals.tres_seconds.get(n, 0.0) / 3600:.4f}" for n in used),
-                str(data["inferences"]),
-                latency,
-            )
-        )
-    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
-    for row in rows:
-        click.echo("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)))
 
 
 @main.command("accounting-collect")
@@ -410,7 +379,7 @@ def boot(obj: Obj) -> None:
     the health check then drains the node for it.
     """
     from ..detect import detect_inventory
-    from ..ops.boot import restore_node_state
+    from ..ops.configure import restore_node_state
 
     result = restore_node_state(obj.config, detect_inventory(use_nvml=False))
     absent = f"; absent: {', '.join(result.absent)} (placeholder slots)" if result.absent else ""

@@ -12,7 +12,6 @@ wrapped to a terminal's width; a help text's ``\\b`` paragraph becomes a code bl
 
 from __future__ import annotations
 
-import argparse
 import inspect
 import re
 import sys
@@ -118,22 +117,9 @@ def render() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """Print the page, or write it to ``--output``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m slurm_tpu.cli.reference", description="Render the command reference (docs/cli.md)."
-    )
-    parser.add_argument("--output", "-o", help="write the page to this file instead of stdout")
-    options = parser.parse_args(argv)
-    text = render()
-    if not options.output:
-        sys.stdout.write(text)
-        return 0
-    try:
-        with open(options.output, "w", encoding="utf-8") as handle:
-            handle.write(text)
-    except OSError as exc:
-        print(f"cli_reference: error: cannot write {options.output}: {exc.strerror}", file=sys.stderr)
-        return 2
-    return 0
+    from ..ops.config_reference import write_page
+
+    return write_page(argv, "cli.reference", "command reference (docs/cli.md)", render, "cli_reference")
 
 
 if __name__ == "__main__":

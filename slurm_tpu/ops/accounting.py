@@ -2,15 +2,10 @@
 
 Three parts, one topic:
 
-- **the audit log** (:func:`summarize_audit`): pure functions over lease spans.
-  :func:`slurm_tpu.protocol.audit.pair_leases` pairs each ``acquire`` with the event
-  that closed it and attaches the job's ``usage`` figures (inference counts, inference
-  time, energy); here they are summed per user, device or job over a period. An audit
-  log may hold anything an older version let through (a job's forged ``inferences:
-  1e400``, negative energy, NaN): the audit reader skips lines that are not
-  well-formed events and the pairing skips implausible figures
-  (:func:`slurm_tpu.protocol.usage.checked`), so a report can never die of them or be
-  dominated by them.
+- **the audit log** (:func:`summarize_audit`): pure functions over lease spans
+  (:func:`slurm_tpu.protocol.audit.pair_leases`: each lease with its job's ``usage``
+  figures; that module says why a malformed or forged line can neither kill a report
+  nor dominate it), summed per user, device or job over a period.
 - **Slurm's accounting** (:func:`sacct_jobs`, :func:`summarize_sacct`): where slurmctld
   records jobs through slurmdbd, Slurm's books are the ones admins already trust and
   reconcile (sacct, sreport, QOS limits, fair-share): ``slurm-tpu report`` reads them, so
@@ -22,21 +17,18 @@ Three parts, one topic:
   -T gres/tpu cluster UserUtilizationByAccount``).
 - **the collector** (:func:`collect`, ``slurm-tpu accounting-collect``, root on each
   node, once or ``--every`` seconds as a service): each job's spooled figures into its
-  ``AdminComment``. The epilog spools one entry per job that leased devices here
-  (:mod:`slurm_tpu.protocol.job_record` says why there and in that form); the collector
-  applies each with ``sacctmgr -i modify job where jobid=N set AdminComment=...`` (an
-  argument list, no shell), merging the node's item into what the field already holds,
-  and removes the entry only once Slurm took it. An entry whose job has no finished
-  record yet (slurmctld sends the job's end to slurmdbd asynchronously), or that Slurm
-  refuses (slurmdbd down), stays for the next run: nothing here can fail a job or drain
-  a node. The spool directory is made by the first run (root, 0700): its existence is
-  what tells the epilog that a collector runs on this node.
+  ``AdminComment`` (:mod:`slurm_tpu.protocol.job_record` says why there, in that form, and
+  what the spool's existence tells the epilog), merged into what the field holds, with
+  ``sacctmgr`` (an argument list, no shell). An entry whose job has no finished record yet
+  (slurmctld sends the job's end to slurmdbd asynchronously), or that Slurm refuses
+  (slurmdbd down), stays for the next run: nothing here can fail a job or drain a node.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
+import pwd
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -78,6 +70,14 @@ class Totals:
             "mean_latency_ms": round(self.inference_seconds / self.inferences * 1000, 3) if self.inferences else None,
             "energy_j": None if self.energy_j is None else round(self.energy_j, 3),
         }
+
+
+def user_name(uid: int) -> str:
+    """The user's name from the password database (what slurmd resolves too), else the uid."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 
 
 def summarize_audit(

@@ -19,7 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
@@ -212,29 +212,35 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the page, or write it to ``--output``."""
-    parser = argparse.ArgumentParser(
-        prog="python -m slurm_tpu.ops.config_reference",
-        description="Render the configuration reference (docs/configuration.md).",
-    )
+def write_page(argv: list[str] | None, name: str, what: str, render: Callable[[], str], label: str) -> int:
+    """``python -m slurm_tpu.<name> [--output FILE]``: print the page ``render`` makes, or write it to FILE;
+    errors are said as ``<label>: error: ...`` (this module's main, and slurm_tpu/cli/reference.py's)."""
+    parser = argparse.ArgumentParser(prog=f"python -m slurm_tpu.{name}", description=f"Render the {what}.")
     parser.add_argument("--output", "-o", help="write the page to this file instead of stdout")
     options = parser.parse_args(argv)
+    prefix = f"{label}: error:"
     try:
         text = render()
     except UnknownDefault as exc:
-        print(f"config_reference: error: {exc}", file=sys.stderr)
+        print(f"{prefix} {exc}", file=sys.stderr)
         return 2
-    if options.output:
-        try:
-            with open(options.output, "w", encoding="utf-8") as handle:
-                handle.write(text)
-        except OSError as exc:
-            print(f"config_reference: error: cannot write {options.output}: {exc.strerror}", file=sys.stderr)
-            return 2
-    else:
+    if not options.output:
         sys.stdout.write(text)
+        return 0
+    try:
+        with open(options.output, "w", encoding="utf-8") as handle:
+            handle.write(text)
+    except OSError as exc:
+        print(f"{prefix} cannot write {options.output}: {exc.strerror}", file=sys.stderr)
+        return 2
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Print the page, or write it to ``--output``."""
+    return write_page(
+        argv, "ops.config_reference", "configuration reference (docs/configuration.md)", render, "config_reference"
+    )
 
 
 if __name__ == "__main__":

@@ -1,19 +1,30 @@
-"""Bring a node's generated configuration in line with an inventory.
+"""Bring a node's slot nodes, state inventory and generated configuration in line with an inventory.
 
 Shared by ``slurm-tpu gres-conf --output`` and the hotplug watcher, so both keep
 the same order: slot nodes first (gres.conf must never name a missing path),
 then the state-dir inventory the hooks read, then the files.
+
+``slurm-tpu boot`` (:func:`restore_node_state`) restores what a reboot wipes, before
+slurmd starts: ``/dev`` (slot nodes) and ``/run`` (the state inventory the hooks read)
+are tmpfs. Without them slurmd exits 20 s after start on a missing ``File=`` and the
+hooks know no devices. Both come back from the persistent copy of the configured
+inventory (``inventory_file``): present devices get their real slot and current node
+paths; a configured device absent at boot gets an inert placeholder slot, so slurmd
+still starts, and ``slurm-tpu health`` drains the node for it.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 from dataclasses import dataclass
 
 from ..config import Config
-from ..families import family
+from ..errors import SlurmTpuError
+from ..families import family, inventory_from_json
 from ..files import block_markers, merge_block, read_text, write_if_changed
-from ..hardware import Inventory
+from ..hardware import Accelerator, Inventory
 from ..render import node_features, node_gres, render_gres_conf, slot_path
 from ..slurm.parse import parse_key_values
 
@@ -21,8 +32,6 @@ from ..slurm.parse import parse_key_values
 def prepare_node_state(config: Config, inventory: Inventory) -> None:
     """Create/re-point slot nodes (families with slots: Edge TPUs...), save the state inventory and
     its persistent copy (restored by ``slurm-tpu boot`` after a reboot)."""
-    import json
-
     from ..access.node_inventory import write_state_inventory
     from ..access.slots import ensure_slot
 
@@ -62,14 +71,8 @@ def _node_block_line(text: str, node: str) -> str | None:
 
 @dataclass(frozen=True)
 class ConfigureResult:
-    gres_changed: bool
-    node_changed: bool
-    old_gres: str
-    new_gres: str
-
-    @property
-    def changed(self) -> bool:
-        return self.gres_changed or self.node_changed
+    changed: bool  # a file was rewritten
+    new_gres: str  # the node's Gres= now
 
 
 def configure_node(
@@ -79,12 +82,56 @@ def configure_node(
     prepare_node_state(config, inventory)
     gres_text = read_text(gres_conf)
     new_gres_text = merge_block(gres_text, "gres", node, render_gres_conf(inventory, config, node), gres_conf)
-    gres_changed = write_if_changed(gres_conf, new_gres_text).changed
-    node_changed, old_gres, new_gres = False, "", node_gres(inventory, config)
+    changed = write_if_changed(gres_conf, new_gres_text).changed
     if node_conf:
         node_text = read_text(node_conf)
-        line = _node_block_line(node_text, node) or f"NodeName={node}"
-        old_gres = parse_key_values(line).get("Gres", "")
-        updated = update_node_line(line, inventory, config)
-        node_changed = write_if_changed(node_conf, merge_block(node_text, "node", node, updated, node_conf)).changed
-    return ConfigureResult(gres_changed, node_changed, old_gres, new_gres)
+        line = update_node_line(_node_block_line(node_text, node) or f"NodeName={node}", inventory, config)
+        changed = write_if_changed(node_conf, merge_block(node_text, "node", node, line, node_conf)).changed or changed
+    return ConfigureResult(changed, node_gres(inventory, config))
+
+
+@dataclass(frozen=True)
+class BootResult:
+    configured: int
+    present: tuple[str, ...]
+    absent: tuple[str, ...]
+
+
+def restore_node_state(config: Config, live: Inventory) -> BootResult:
+    """Slots and state inventory from ``config.inventory_file`` and the live hardware."""
+    from ..access.node_inventory import write_state_inventory
+    from ..access.slots import ensure_placeholder_slot, ensure_slot
+
+    try:
+        with open(config.inventory_file, encoding="utf-8") as handle:
+            configured = inventory_from_json(json.load(handle))
+    except FileNotFoundError:
+        raise SlurmTpuError(
+            f"no configured inventory at {config.inventory_file}: run "
+            "`slurm-tpu gres-conf --output /etc/slurm/gres.conf` once on this node"
+        ) from None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SlurmTpuError(
+            f"{config.inventory_file} is unreadable ({exc}); rerun `slurm-tpu gres-conf --output ...` to rewrite it"
+        ) from exc
+    present: list[str] = []
+    absent: list[str] = []
+    restored: list[Accelerator] = []
+    for accelerator in configured:
+        now = live.by_identity(accelerator.identity)
+        if accelerator.usable and family(accelerator.kind).slot:
+            directory = os.path.dirname(slot_path(config, accelerator))
+            if now is not None and now.usable and now.primary_node:
+                ensure_slot(directory, accelerator.identity, now.primary_node)
+            else:
+                ensure_placeholder_slot(directory, accelerator.identity)
+        if accelerator.usable:
+            (present if now is not None and now.usable else absent).append(accelerator.identity)
+        # Current node paths where the device is here; the configured ones otherwise.
+        restored.append(
+            dataclasses.replace(accelerator, device_nodes=now.device_nodes)
+            if now is not None and now.device_nodes
+            else accelerator
+        )
+    write_state_inventory(config.state_dir, dataclasses.replace(configured, accelerators=tuple(restored)).to_json())
+    return BootResult(len(configured.usable()), tuple(present), tuple(absent))

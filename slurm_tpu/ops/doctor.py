@@ -19,10 +19,10 @@ from typing import Callable
 
 from .. import __version__
 from ..config import Config
-from ..errors import SlurmTpuError
+from ..errors import SlurmCommandError, SlurmTpuError
 from ..families import FAMILIES, family
 from ..hardware import Inventory
-from .install import SLURM_HOOKS, Layout, udev_run_program
+from .install import HOOK_FILES, SLURM_HOOKS, Layout, udev_reload, udev_run_program
 
 
 @dataclass(frozen=True)
@@ -309,21 +309,10 @@ def check_udev_rules(node: Node) -> list[Finding]:
                 f"fix udev.run_program in {node.config.path or 'the slurm-tpu config'}, or drop it",
             )
         ]
-    want = render_udev_rules(node.config, run)
-    if not os.path.exists(path):
+    if not os.path.exists(path) or read_text(path) != render_udev_rules(node.config, run):
+        what = "differs from what this config renders" if os.path.exists(path) else "is missing"
         return [
-            Finding(
-                "udev rules", False, f"{path} is missing", f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}"
-            )
-        ]
-    if read_text(path) != want:
-        return [
-            Finding(
-                "udev rules",
-                False,
-                f"{path} differs from what this config renders",
-                f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}",
-            )
+            Finding("udev rules", False, f"{path} {what}", f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}")
         ]
     # The program udev runs on every device event: there, and only root can change it. The one
     # install writes is a plain file; a site's udev.run_program may be a link (to a venv's console script).
@@ -366,7 +355,7 @@ def check_udev_loaded(node: Node) -> list[Finding]:
     import grp
     import pwd
 
-    from .node_state import current_leases
+    from .node_state import lease_holders
 
     idle = node.config.idle
     try:
@@ -380,7 +369,7 @@ def check_udev_loaded(node: Node) -> list[Finding]:
                 "fix devices.idle in the slurm-tpu config",
             )
         ]
-    leased = set(current_leases(node.config))
+    leased = lease_holders(node.config)[0]
     findings, checked = [], 0
     for identity, path in _managed_nodes(node):
         if identity in leased:
@@ -398,8 +387,7 @@ def check_udev_loaded(node: Node) -> list[Finding]:
                     f"idle {identity} {path} is uid {info.st_uid} gid {info.st_gid} mode "
                     f"{_mode(info)}, the rules give {idle.owner}:{idle.group} {idle.mode:04o}: "
                     "udev has not applied slurm-tpu's rules (or a later rule overrides them)",
-                    "udevadm control --reload && udevadm trigger --action=change "
-                    "--subsystem-match=usb --subsystem-match=apex",
+                    " && ".join(" ".join(argv) for argv in udev_reload(node.config)),
                 )
             )
     return findings or [
@@ -503,8 +491,6 @@ def _hook_python(path: str) -> tuple[str, str] | None:
 def check_hooks_import(node: Node) -> list[Finding]:
     """The Python hooks import slurm-tpu under ``-I -S`` (no site-packages), this very version,
     from files only root can change."""
-    from .install import HOOK_FILES
-
     findings, probed = [], set()
     fix = f"slurm-tpu install --prefix {node.layout.prefix} (with the slurm-tpu jobs and health use)"
     for _, name, _ in HOOK_FILES:
@@ -562,7 +548,6 @@ def check_hooks_import(node: Node) -> list[Finding]:
 
 
 def check_slurmd_version(node: Node) -> list[Finding]:
-    from ..errors import SlurmCommandError
     from ..slurm.commands import Slurm
     from ..slurm.installation import TESTED_RELEASES, is_tested_release, version_of
 
@@ -596,7 +581,6 @@ def check_slurmd_version(node: Node) -> list[Finding]:
 def check_device_cgroup(node: Node) -> list[Finding]:
     """Slurm's device cgroup (ConstrainDevices=yes): where it holds for the node's Edge TPUs
     (slurm_tpu/slurm/device_cgroup.py says why)."""
-    from ..errors import SlurmCommandError
     from ..slurm import device_cgroup
     from ..slurm.commands import Slurm
     from ..slurm.installation import version_of

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 from .. import __version__
 from ..config import Config
 from ..defaults import CONFIG_ENV, CONFIG_PATH as DEFAULT_CONFIG, PREFIX, SYSCONFDIR
-from ..errors import SlurmTpuError
-from ..files import BACKUP_SUFFIX, read_text, write_if_changed
+from ..errors import SlurmCommandError, SlurmTpuError
+from ..files import BACKUP_SUFFIX, write_if_changed
 from ..protocol import install_manifest
 from ..protocol.install_manifest import ABSENT, SAME, file_entry
 from . import node_files
@@ -65,7 +65,6 @@ HOOK_FILES = (
     ("epilog", "slurm-tpu-epilog", 0o755),
     ("systemd", "slurm-tpu-agent", 0o755),
 )
-HEALTH_PROGRAM = "slurm-tpu-health"
 # (shipped name in systemd/, installed path under <sysconfdir>/systemd/system).
 SYSTEMD_FILES = (
     ("slurm-tpu-agent.service", "slurm-tpu-agent.service"),
@@ -226,17 +225,18 @@ def installed_hook_text(text: str, name: str, python: str, package_root: str, co
             insert.append(f"os.environ.setdefault({CONFIG_ENV!r}, {config_file!r}){_MARK}\n")
         lines[roots[0] : roots[0] + 1] = insert
     elif config_file != DEFAULT_CONFIG and lines and lines[0].startswith("#!"):
-        lines.insert(1, f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; export {CONFIG_ENV}{_MARK}\n")
+        lines.insert(1, f"{_sh_config(config_file)}{_MARK}\n")
     return "".join(lines)
+
+
+def _sh_config(config_file: str) -> str:
+    """The sh line that makes the programs below it read ``config_file`` (unless the caller names one)."""
+    return f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; export {CONFIG_ENV}"
 
 
 def health_program_text(python: str, config_file: str) -> str:
     """The HealthCheckProgram wrapper: Slurm passes no arguments, so this adds ``health``."""
-    config = (
-        ""
-        if config_file == DEFAULT_CONFIG
-        else f"{CONFIG_ENV}=${{{CONFIG_ENV}:-{shlex.quote(config_file)}}}; export {CONFIG_ENV}\n"
-    )
+    config = "" if config_file == DEFAULT_CONFIG else f"{_sh_config(config_file)}\n"
     return (
         "#!/bin/sh\n"
         "# Slurm HealthCheckProgram= (root, every HealthCheckInterval seconds; Slurm passes no\n"
@@ -358,7 +358,7 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
         for directory, name, mode in HOOK_FILES
     ]
     files.append(
-        FileSpec(os.path.join(layout.hooks_dir, HEALTH_PROGRAM), health_program_text(python, layout.config_file), 0o755)
+        FileSpec(layout.hook_file("HealthCheckProgram"), health_program_text(python, layout.config_file), 0o755)
     )
     files.append(FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644))
     for shipped, target in SYSTEMD_FILES:
@@ -371,10 +371,6 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
         )
     files.append(FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True))
     return files
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 @dataclass
@@ -427,38 +423,6 @@ def _settle(path: str, mode: int) -> None:
     os.chmod(path, mode)
 
 
-def _install_file(spec: FileSpec, manifest: Manifest, dry_run: bool, say) -> None:
-    previous = manifest.files.get(spec.path)
-    exists = os.path.lexists(spec.path)
-    if spec.config and exists:
-        say(f"keep {spec.path} (the site's config)")
-        return
-    old = read_text(spec.path) if exists and not os.path.islink(spec.path) else None
-    if old == spec.content:
-        info = os.stat(spec.path)
-        if (info.st_uid, info.st_gid, info.st_mode & 0o7777) != (0, 0, spec.mode):
-            say(f"fix owner/mode of {spec.path} (root:root {spec.mode:04o})")
-            if not dry_run:
-                _settle(spec.path, spec.mode)
-        else:
-            say(f"unchanged {spec.path}")
-        if previous is None:  # an identical file was there before: not ours to remove
-            manifest.files[spec.path] = file_entry(spec.path, SAME, _sha256(spec.content), config=spec.config)
-        return
-    say(f"{'replace' if exists else 'write'} {spec.path}")
-    if dry_run:
-        return
-    # A file an earlier install wrote is replaced without a backup: the backup (if
-    # any) holds what was there before the first install, which uninstall restores.
-    ours = previous is not None and previous["before"] != SAME
-    if exists and os.path.islink(spec.path):
-        os.unlink(spec.path)
-    result = write_if_changed(spec.path, spec.content, spec.mode, backup=not ours)
-    _settle(spec.path, spec.mode)
-    before = previous["before"] if ours and previous is not None else (result.backup or ABSENT)
-    manifest.files[spec.path] = file_entry(spec.path, before, _sha256(spec.content), config=spec.config)
-
-
 def _file_sha256(path: str) -> str | None:
     """sha256 of a regular file's bytes (None: absent, or not a regular file)."""
     if os.path.islink(path) or not os.path.isfile(path):
@@ -481,38 +445,56 @@ def _backup(path: str) -> str:
 
 
 def _before_replacing(path: str, previous: dict | None, exists: bool) -> str:
-    """What the manifest records as there before we wrote ``path``: our earlier record's, else a
-    backup of the site's own file (libedgetpu1-std's, kept for uninstall), else ``absent``."""
+    """What the manifest records as there before we wrote ``path``: our earlier record's (a file an earlier
+    install wrote is replaced without a backup: the backup, if any, holds what was there before the first
+    install), else a backup of the site's own file (libedgetpu1-std's, kept for uninstall), else ``absent``."""
     if previous is not None and previous["before"] != SAME:
         return previous["before"]
     return _backup(path) if exists else ABSENT
 
 
-def _install_bytes(path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say) -> None:
-    """``_install_file`` for a binary (the library): same manifest entries, same backup rule."""
+def _install_file(
+    path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say, config: bool = False
+) -> None:
+    """Put ``data`` at ``path`` (root's, ``mode``) unless it is there already, and record it in the manifest.
+
+    A site's config (``config``) already there is kept as it is. The file is written beside ``path``,
+    then renamed over it: a reader (udev, a job's dlopen) finds the old or the new file, never half of one.
+    """
     previous = manifest.files.get(path)
+    exists = os.path.lexists(path)
+    if config and exists:
+        say(f"keep {path} (the site's config)")
+        return
     digest = hashlib.sha256(data).hexdigest()
     if _file_sha256(path) == digest:
-        say(f"unchanged {path}")
-        if not dry_run:
-            _settle(path, mode)
-        if previous is None:
-            manifest.files[path] = file_entry(path, SAME, digest)
+        info = os.stat(path)
+        if (info.st_uid, info.st_gid, info.st_mode & 0o7777) != (0, 0, mode):
+            say(f"fix owner/mode of {path} (root:root {mode:04o})")
+            if not dry_run:
+                _settle(path, mode)
+        else:
+            say(f"unchanged {path}")
+        if previous is None:  # an identical file was there before: not ours to remove
+            manifest.files[path] = file_entry(path, SAME, digest, config=config)
         return
-    exists = os.path.lexists(path)
     say(f"{'replace' if exists else 'write'} {path}")
     if dry_run:
         return
     before = _before_replacing(path, previous, exists)
-    # Written beside it, then renamed over it: a job's dlopen finds the old or the new library.
     temporary = f"{path}.slurm-tpu.new"
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    _settle(temporary, mode)
-    os.replace(temporary, path)
-    manifest.files[path] = file_entry(path, before, digest)
+    try:
+        if os.path.lexists(temporary):  # left by an interrupted run: never written through
+            os.unlink(temporary)
+        with open(temporary, "xb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        _settle(temporary, mode)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise SlurmTpuError(f"cannot write {path}: {exc.strerror or exc} (the file there is unchanged)") from exc
+    manifest.files[path] = file_entry(path, before, digest, config=config)
 
 
 def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say) -> None:
@@ -555,7 +537,7 @@ def read_libedgetpu(source: str) -> bytes:
 def install_libedgetpu(layout: Layout, data: bytes, manifest: Manifest, dry_run: bool, say) -> None:
     """Put the patched libedgetpu where ``libedgetpu.so.1`` resolves for users' code (see the module docstring)."""
     _make_dirs(layout.libdir, manifest, dry_run, say)
-    _install_bytes(os.path.join(layout.libdir, LIBEDGETPU_FILE), data, 0o644, manifest, dry_run, say)
+    _install_file(os.path.join(layout.libdir, LIBEDGETPU_FILE), data, 0o644, manifest, dry_run, say)
     _install_link(os.path.join(layout.libdir, LIBEDGETPU_SONAME), LIBEDGETPU_FILE, manifest, dry_run, say)
 
 
@@ -575,7 +557,7 @@ def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) 
         why = "no C compiler" if hook_client.compiler() is None else "its build failed"
         say(f"{hook_client.PROGRAM} not built ({why}); the hooks run the Python hooks (slower)")
         return
-    _install_bytes(os.path.join(layout.hooks_dir, hook_client.PROGRAM), data, 0o755, manifest, dry_run, say)
+    _install_file(os.path.join(layout.hooks_dir, hook_client.PROGRAM), data, 0o755, manifest, dry_run, say)
     if not layout.native_entries_fit:
         say(
             f"native entries not installed: they read {DEFAULT_CONFIG}, this installation's hooks "
@@ -585,18 +567,7 @@ def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) 
     for option in SLURM_HOOKS:
         entry = layout.native_entry(option)
         if entry:
-            _install_bytes(entry, data, 0o755, manifest, dry_run, say)
-
-
-def _ldconfig(layout: Layout, dry_run: bool, say) -> None:
-    """Refresh the dynamic linker's cache for the library (only when the system's loader reads it)."""
-    if not layout.is_system:
-        return
-    say("ldconfig")
-    if not dry_run:
-        error = _run_quietly(["ldconfig"])
-        if error:
-            say(f"  failed: {error}")
+            _install_file(entry, data, 0o755, manifest, dry_run, say)
 
 
 def _run_quietly(argv: list[str]) -> str | None:
@@ -611,27 +582,32 @@ def _run_quietly(argv: list[str]) -> str | None:
     return lines[-1] if lines else f"exit status {done.returncode}"
 
 
-def reload_services(layout: Layout, config: Config, dry_run: bool, say) -> None:
-    """Make udev and systemd read what changed (only for the system's own directories)."""
+def udev_reload(config: Config) -> list[list[str]]:
+    """The commands that make udev apply changed rules: reload them, then a change event for every
+    device they own (every leased family's subsystems). Install runs them; doctor names them as a fix."""
+    from ..families import FAMILIES
+
+    subsystems = [
+        f"--subsystem-match={u.subsystem}" for f in FAMILIES if config.family(f.kind).lease for u in f.udev_identities
+    ]
+    return [["udevadm", "control", "--reload"], ["udevadm", "trigger", "--action=change", *subsystems]]
+
+
+def reload_services(layout: Layout, config: Config, dry_run: bool, say, ldconfig: bool = False) -> None:
+    """Make udev and systemd read what changed, and with ``ldconfig`` refresh the dynamic linker's cache
+    for the library (only for the system's own directories, which they read)."""
     if not layout.is_system:
         say(f"udev and systemd not reloaded: {layout.sysconfdir} is not /etc, which they read")
         return
     steps = []
     if os.path.exists("/run/udev/control"):
-        from ..families import FAMILIES
-
-        # The subsystems whose devices the rules own: every leased family's.
-        subsystems = [
-            f"--subsystem-match={u.subsystem}"
-            for f in FAMILIES
-            if config.family(f.kind).lease
-            for u in f.udev_identities
-        ]
-        steps += [["udevadm", "control", "--reload"], ["udevadm", "trigger", "--action=change", *subsystems]]
+        steps += udev_reload(config)
     else:
         say("udev is not running here: the rules apply when it starts")
     if os.path.isdir("/run/systemd/system"):
         steps.append(["systemctl", "daemon-reload"])
+    if ldconfig:
+        steps.append(["ldconfig"])
     for argv in steps:
         say(" ".join(argv))
         if not dry_run:
@@ -642,8 +618,6 @@ def reload_services(layout: Layout, config: Config, dry_run: bool, say) -> None:
 
 @dataclass(frozen=True)
 class InstallResult:
-    layout: Layout
-    slurm_conf: str
     missing_lines: tuple[str, ...]  # what slurm.conf still needs
     slurm_conf_read: bool
 
@@ -651,7 +625,6 @@ class InstallResult:
 def device_cgroup_note(config: Config, slurm_conf: str, has_tpu: bool = True) -> str | None:
     """One line on Slurm's device cgroup for this node's slurmd (slurm_tpu/slurm/device_cgroup.py), or
     None when slurmd cannot say its release."""
-    from ..errors import SlurmCommandError
     from ..slurm import device_cgroup
     from ..slurm.commands import Slurm
     from ..slurm.installation import version_of
@@ -692,16 +665,14 @@ def install(
     manifest = Manifest.load(layout) or Manifest(layout)
     for spec in planned_files(layout, config, os.path.dirname(slurm_conf)):
         _make_dirs(os.path.dirname(spec.path), manifest, dry_run, say)
-        _install_file(spec, manifest, dry_run, say)
+        _install_file(spec.path, spec.content.encode("utf-8"), spec.mode, manifest, dry_run, say, spec.config)
     if library is not None:
         install_libedgetpu(layout, library, manifest, dry_run, say)
     install_hook_client(layout, manifest, dry_run, say)
     if not dry_run:
         write_if_changed(layout.manifest, manifest.text(), 0o644, backup=False)
         _settle(layout.manifest, 0o644)
-    reload_services(layout, config, dry_run, say)
-    if library is not None:
-        _ldconfig(layout, dry_run, say)
+    reload_services(layout, config, dry_run, say, ldconfig=library is not None)
     wanted = slurm_conf_lines(layout, config)
     try:
         with open(slurm_conf, encoding="utf-8") as handle:
@@ -713,7 +684,7 @@ def install(
         from .health_check import configured_inventory
 
         wanted += accounting_tres_line(configured_inventory(config), config)
-    return InstallResult(layout, slurm_conf, tuple(missing_slurm_conf_lines(wanted, options)), read)
+    return InstallResult(tuple(missing_slurm_conf_lines(wanted, options)), read)
 
 
 def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=print) -> list[str]:
@@ -761,7 +732,6 @@ def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=pr
             pass
         except OSError:
             kept.append(f"{directory} (not empty)")
-    reload_services(layout, Config(), dry_run, say)
-    if any(os.path.basename(path) == LIBEDGETPU_SONAME for path in manifest.files):
-        _ldconfig(layout, dry_run, say)
+    library = any(os.path.basename(path) == LIBEDGETPU_SONAME for path in manifest.files)
+    reload_services(layout, Config(), dry_run, say, ldconfig=library)
     return kept

@@ -30,9 +30,8 @@ environment) becomes a label. ``prometheus_client`` escapes every value anyway.
 
 from __future__ import annotations
 
-import pwd
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable
 
 from prometheus_client.core import Metric
@@ -41,6 +40,7 @@ from prometheus_client.registry import Collector
 from ..hardware import Inventory
 from ..promtext import add, counter, gauge
 from ..protocol.audit import LeaseSpan
+from .accounting import user_name
 from .health_policy import find_problems
 
 JOB_LABEL, USER_LABEL = "hpc_job", "hpc_user"  # dcgm-exporter's hpc_job, and its like for the user
@@ -71,25 +71,17 @@ class JobUsage:
 class NodeSnapshot:
     """What one scrape reports. ``leased``: identity -> holder of every lease on the node;
     ``holders``: the leases a job holds now (phase held); ``edgetpu_version``: edgetpu_version() of
-    the node's libedgetpu, if it has one."""
+    the node's libedgetpu, if it has one; ``usage``: the running jobs' usage records."""
 
     node: str
     configured: Inventory
     live: Inventory
     leased: Mapping[str, Holder]
+    holders: Mapping[str, Holder]
     records: Iterable[LeaseSpan]
     now: float
-    edgetpu_version: str | None = None
-    holders: Mapping[str, Holder] | None = None  # None: every lease in ``leased``
-    usage: Iterable[JobUsage] = field(default_factory=tuple)
-
-
-def user_name(uid: int) -> str:
-    """The user's name from the password database (what slurmd resolves too), else the uid."""
-    try:
-        return pwd.getpwuid(uid).pw_name
-    except KeyError:
-        return str(uid)
+    edgetpu_version: str | None
+    usage: Iterable[JobUsage]
 
 
 def families(snap: NodeSnapshot) -> list[Metric]:
@@ -116,8 +108,7 @@ def families(snap: NodeSnapshot) -> list[Metric]:
     # The usual *_info pattern: a constant 1 whose labels carry the version.
     runtime = gauge("slurm_tpu_edgetpu_runtime_info", "libedgetpu on the node, by its edgetpu_version()")
 
-    configured, live, node = snap.configured, snap.live, snap.node
-    holders = snap.leased if snap.holders is None else snap.holders
+    configured, live, node, holders = snap.configured, snap.live, snap.node, snap.holders
     problems = {p.identity for p in find_problems([a.identity for a in configured], live)}
     identities = [a.identity for a in configured] + [
         a.identity for a in live.usable() if configured.by_identity(a.identity) is None

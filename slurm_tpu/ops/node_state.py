@@ -42,20 +42,6 @@ def configured_document(config: Config) -> dict | None:
         os.close(fd)
 
 
-def current_leases(config: Config) -> dict[str, int]:
-    """identity -> job id of the leases held now ({} without a state directory)."""
-    from ..access.ledger import Lease, Ledger
-
-    try:
-        ledger = Ledger(config.state_dir, create=False)
-    except statedir.StateDirError:
-        return {}
-    try:
-        return {lease.identity: lease.job_id for lease in ledger.all() if isinstance(lease, Lease)}
-    finally:
-        ledger.close()
-
-
 def lease_holders(config: Config) -> tuple[dict, dict]:
     """(identity -> Holder of every lease, identity -> Holder of the leases a job holds now) from the
     ledger; ({}, {}) without a state directory. A lease being revoked or kept after its job is not held."""

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..config import Config
-from ..families import FAMILIES, inventory_from_json
+from ..families import FAMILIES
 from ..hardware import Inventory
 from .restart import RestartCommands
 
@@ -53,13 +53,6 @@ class SettleTimer:
         return events
 
 
-def configured_ids(document: dict[str, Any] | None) -> set[str]:
-    """Usable identities in a saved inventory document."""
-    if not document:
-        return set()
-    return {a["identity"] for a in document.get("accelerators", ()) if a.get("usable", True)}
-
-
 @dataclass
 class Watcher:
     """The watch loop's state and actions (I/O is injected for clarity and tests)."""
@@ -86,12 +79,12 @@ class Watcher:
         from ..detect import detect_inventory
         from ..render import node_gres
         from .configure import configure_node, prepare_node_state
-        from .node_state import configured_document
+        from .health_check import configured_inventory
         from .restart import apply_hardware_change
 
         live: Inventory = detect_inventory(use_nvml=False)
-        document = configured_document(self.config)
-        before = configured_ids(document)
+        configured = configured_inventory(self.config)
+        before = {a.identity for a in configured}
         after = {a.identity for a in live.usable()}
         if before == after:
             # Same devices; nodes may have moved (re-enumeration): refresh slots and state.
@@ -107,7 +100,7 @@ class Watcher:
             f"slurm-tpu watch: {events} event(s); added {added or 'none'}, removed {removed or 'none'}; "
             f"regenerated {self.gres_conf} (Gres={result.new_gres or 'none'})"
         )
-        old_gres = node_gres(inventory_from_json(document), self.config) if document else ""
+        old_gres = node_gres(configured, self.config)
         if (
             result.changed
             and self.commands is not None
