@@ -669,6 +669,7 @@ def install(
     if library is not None:
         install_libedgetpu(layout, library, manifest, dry_run, say)
     install_hook_client(layout, manifest, dry_run, say)
+    _retire(layout, manifest, dry_run, say)
     if not dry_run:
         write_if_changed(layout.manifest, manifest.text(), 0o644, backup=False)
         _settle(layout.manifest, 0o644)
@@ -685,6 +686,30 @@ def install(
 
         wanted += accounting_tres_line(configured_inventory(config), config)
     return InstallResult(tuple(missing_slurm_conf_lines(wanted, options)), read)
+
+
+# Hook files an earlier slurm-tpu installed that this one no longer ships (its Prolog and Epilog are
+# each one Python file, its C client is built, not installed from source). slurm.conf never named
+# any of them, so an upgrade removes them.
+RETIRED_HOOK_FILES = ("slurm-tpu-prolog.py", "slurm-tpu-epilog.py", "slurm-tpu-lib.sh", "slurm-tpu-hook-client.c")
+
+
+def _retire(layout: Layout, manifest: Manifest, dry_run: bool, say) -> None:
+    """Remove :data:`RETIRED_HOOK_FILES` an earlier install wrote (the manifest says so, nothing was
+    there before it) and nobody changed since; a changed one is left, said."""
+    for name in RETIRED_HOOK_FILES:
+        path = os.path.join(layout.hooks_dir, name)
+        entry = manifest.files.get(path)
+        if entry is None or entry["before"] != ABSENT:
+            continue
+        if _file_sha256(path) not in (None, entry.get("sha256")):
+            say(f"kept {path}: no longer used, but changed since slurm-tpu install wrote it (remove it by hand)")
+            continue
+        say(f"remove {path} (no longer used)")
+        if not dry_run:
+            if os.path.lexists(path):
+                os.unlink(path)
+            del manifest.files[path]
 
 
 def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=print) -> list[str]:

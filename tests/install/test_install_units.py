@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import subprocess
@@ -253,6 +254,37 @@ def slurm_tpu(*args: str) -> subprocess.CompletedProcess:
         cwd="/",
         env={k: v for k, v in os.environ.items() if k != "SLURM_TPU_CONFIG"},
     )
+
+
+def test_an_upgrade_removes_the_hook_files_it_no_longer_ships_unless_changed(tmp_path):
+    """What an earlier install wrote that this version does not ship (the sh Prolog's .py worker, the sh
+    library, the client's source): gone after install, and from the manifest, unless changed since."""
+    if os.geteuid() != 0:
+        pytest.skip("install runs as root")
+    from slurm_tpu.ops.install import Layout, Manifest
+    from slurm_tpu.protocol.install_manifest import ABSENT, file_entry
+
+    prefix = tmp_path / "p"
+    args = ["--prefix", str(prefix), "--sysconfdir", str(prefix / "etc"), "--slurm-conf", str(tmp_path / "none")]
+    assert slurm_tpu("install", *args).returncode == 0
+    layout = Layout(str(prefix), str(prefix / "etc"))
+    manifest = Manifest.load(layout)
+    assert manifest is not None
+    old = {name: os.path.join(layout.hooks_dir, name) for name in ("slurm-tpu-lib.sh", "slurm-tpu-prolog.py")}
+    for path in old.values():  # as an earlier install wrote them
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("# an earlier slurm-tpu's\n")
+        manifest.files[path] = file_entry(path, ABSENT, hashlib.sha256(b"# an earlier slurm-tpu's\n").hexdigest())
+    with open(layout.manifest, "w", encoding="utf-8") as handle:
+        handle.write(manifest.text())
+    with open(old["slurm-tpu-prolog.py"], "a", encoding="utf-8") as handle:
+        handle.write("# the admin's line\n")
+    done = slurm_tpu("install", *args)
+    assert done.returncode == 0, done.stderr
+    assert f"remove {old['slurm-tpu-lib.sh']} (no longer used)" in done.stdout.splitlines()
+    assert not os.path.lexists(old["slurm-tpu-lib.sh"]) and os.path.exists(old["slurm-tpu-prolog.py"])
+    files = Manifest.load(layout).files  # type: ignore[union-attr]
+    assert old["slurm-tpu-lib.sh"] not in files and old["slurm-tpu-prolog.py"] in files
 
 
 def test_uninstall_leaves_what_was_there_and_what_changed_since(tmp_path):
