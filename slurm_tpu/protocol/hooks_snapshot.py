@@ -1,4 +1,4 @@
-"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot`` and its marker for the sh prolog.
+"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot``.
 
 The slow path (slurm_tpu/hooks/settings.py ``rebuild``: YAML config, inventory,
 slurm.conf, gres.conf, the families registry) writes what every later hook needs;
