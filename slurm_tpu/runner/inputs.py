@@ -19,10 +19,6 @@ T = TypeVar("T")
 _GLOB_CHARS = set("*?[")
 
 
-def _list_dir(path: Path) -> list[str]:
-    return sorted(str(p) for p in path.iterdir() if p.is_file() and is_input_file(p.name))
-
-
 def _list_file(path: Path) -> list[str]:
     """One input per line; blank lines and #comments skipped; relative paths as written."""
     try:
@@ -42,7 +38,7 @@ def list_inputs(specs: Sequence[str]) -> list[str]:
             continue
         path = Path(spec)
         if path.is_dir():
-            entries = _list_dir(path)
+            entries = sorted(str(p) for p in path.iterdir() if p.is_file() and is_input_file(p.name))
             if not entries:
                 raise InputError(f"input directory {spec} has no .jpg/.png/.npy files", spec)
             found.extend(entries)

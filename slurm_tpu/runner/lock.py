@@ -50,17 +50,12 @@ def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
     )
 
 
-def lock_path(identity: str, environ: Mapping[str, str] = os.environ) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", identity)
-    return lock_dir(environ) / f"{safe}.lock"
-
-
 class DeviceLock:
     """An exclusive lock on one device identity, held until ``release``/process exit."""
 
     def __init__(self, identity: str, environ: Mapping[str, str] = os.environ):
         self.identity = identity
-        self.path = lock_path(identity, environ)
+        self.path = lock_dir(environ) / (re.sub(r"[^A-Za-z0-9._-]", "_", identity) + ".lock")
         # No O_TRUNC: the holder's pid must stay readable for the loser.
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -90,12 +85,6 @@ class DeviceLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the last fd drops the flock
             self._fd = None
-
-    def __enter__(self) -> DeviceLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def _read_pid(fd: int) -> int | None:

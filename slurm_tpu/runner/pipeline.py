@@ -14,6 +14,7 @@ TFLite's invoke() releases the GIL, so these threads really overlap.
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -204,7 +205,9 @@ def _shutdown(
     """Stop early (consumer gone or failed): unblock every thread, then wait for them."""
     stop.set()
     for q in queues:
-        _drain(q)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                q.get_nowait()
         for _ in range(copies):
             try:
                 q.put_nowait(_DONE)
@@ -212,11 +215,3 @@ def _shutdown(
                 pass
     for t in threads:
         t.join(timeout=5)
-
-
-def _drain(q: queue.Queue[Any]) -> None:
-    try:
-        while True:
-            q.get_nowait()
-    except queue.Empty:
-        pass

@@ -209,15 +209,16 @@ def conform_array(array: np.ndarray, spec: TensorSpec, name: str) -> np.ndarray:
     raise InputError(f"input {name} has dtype {array.dtype}, the model wants {spec.dtype}", name)
 
 
+def as_input(tensor: np.ndarray, spec: TensorSpec) -> Prepared:
+    """An array taken as the input tensor itself: its "image" is the input, at scale 1."""
+    size = (spec.shape[2], spec.shape[1]) if len(spec.shape) == 4 else None
+    return Prepared(tensor, Geometry(size, size, (1.0, 1.0), size))
+
+
 def load_input(
     path: str, spec: TensorSpec, norm: Normalization = Normalization(), resize: Resize = Resize()
 ) -> Prepared:
-    """The prepared input for one file, by its suffix. A .npy array is taken as the
-    input tensor itself: its "image" is the input, at scale 1."""
+    """The prepared input for one file, by its suffix (a .npy array: :func:`as_input`)."""
     if path.lower().endswith(NPY_SUFFIX):
-        tensor = load_npy(path, spec)
-        if len(spec.shape) == 4:
-            size = (spec.shape[2], spec.shape[1])
-            return Prepared(tensor, Geometry(size, size, (1.0, 1.0), size))
-        return Prepared(tensor)
+        return as_input(load_npy(path, spec), spec)
     return load_image(path, spec, norm, resize)

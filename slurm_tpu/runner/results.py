@@ -15,11 +15,13 @@ import fcntl
 import io
 import json
 import os
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from .choices import CSV, JSONL
 from .errors import InputError
+from .progress import Progress
 from .tasks import Task, TaskOptions
 
 
@@ -140,3 +142,42 @@ class ResultWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class StdoutWriter:
+    """Batch results to stdout (not resumable) when no --output is given."""
+
+    def __init__(self, layout: Layout, write: Callable[[str], Any]):
+        self.layout, self._write = layout, write
+        self.done: set[str] = set()
+        if layout.fmt != JSONL:
+            write(layout.header())
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._write(self.layout.render(record))
+
+    def close(self) -> None:
+        pass
+
+
+def write_batch(
+    keys: Sequence[str],
+    writer: ResultWriter | StdoutWriter,
+    progress: Progress,
+    records: Callable[[list[str]], Iterable[dict[str, Any]]],
+) -> tuple[int, int]:
+    """Write the records ``records(todo)`` yields, in order, for the inputs of ``keys`` not yet
+    in ``writer``, counting them on ``progress``; closes both. (Processed, failed.)"""
+    todo = [k for k in keys if k not in writer.done]
+    progress.total, progress.skipped = len(todo), len(keys) - len(todo)
+    processed = errors = 0
+    try:
+        for record in records(todo):
+            writer.write(record)
+            processed += 1
+            errors += "error" in record
+            progress.update(1, int("error" in record))
+    finally:
+        writer.close()
+        progress.close()
+    return processed, errors

@@ -46,7 +46,7 @@ from urllib.parse import parse_qs
 
 from .app import JSON_TYPE, Response, Route, ServeApp, json_response
 from .auth import PROOF_PATH, SCHEME, proof, token_matches, valid_nonce
-from .codec import RequestError, error_body
+from .codec import RequestError
 
 _SHUTTING_DOWN = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
@@ -334,7 +334,7 @@ class _Handler(BaseHTTPRequestHandler):
         if close:
             self.close_connection = True
         try:
-            self._send(Response(error.status, json.dumps(error_body(error.message)).encode(), JSON_TYPE), extra)
+            self._send(Response(error.status, json.dumps({"error": error.message}).encode(), JSON_TYPE), extra)
         except OSError:
             self.close_connection = True
 

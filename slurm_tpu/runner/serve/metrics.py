@@ -2,7 +2,7 @@
 
 Requests and errors by model, endpoint and status code, a latency histogram by model
 and endpoint, and per model and device the inferences and seconds the device spent
-on them (read from the engines' own meters, :class:`~slurm_tpu.runner.meter.MeteredEngine`,
+on them (read from the engines' own meters, :class:`~slurm_tpu.runner.session.MeteredEngine`,
 the figures the usage record gets). Label values come from a fixed set (endpoints,
 status codes, served model names checked at start-up, device labels): a client
 cannot grow the series by sending odd names.
