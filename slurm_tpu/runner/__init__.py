@@ -6,7 +6,7 @@ model is), ``engines`` (LiteRT / tflite-runtime / libedgetpu / GPU), ``session``
 (open in the right order, with the right errors, metered), ``preprocess`` (files to tensors,
 the pycoral way), ``tasks/`` (what outputs mean: classify, detect, segment, raw),
 ``inputs`` (listing, sharding over arrays and step tasks), ``results`` (resumable
-files), ``pipeline`` (decode ahead, dispatch, keep order), ``progress``,
+files, progress lines), ``pipeline`` (decode ahead, dispatch, keep order),
 ``api`` (the :class:`Runner` tying them together, and its benchmark), ``choices`` (the
 names users choose among), ``request`` (what ``slurm-tpu infer`` asks for) and
 ``dispatch`` (which mode a request runs in, and running it).

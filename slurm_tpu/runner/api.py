@@ -21,12 +21,11 @@ import numpy as np
 from .devices import EDGETPU
 from .errors import SlurmTpuError, UsageError
 from .inputs import list_inputs
+from .modelinfo import TensorSpec
 from .pipeline import decode_ordered, infer_ordered
 from .preprocess import Geometry, Normalization, Prepared, Resize, as_input, load_input
-from .progress import Progress
-from .results import JSONL, Layout, ResultWriter, StdoutWriter, write_batch
+from .results import JSONL, Layout, Progress, ResultWriter, StdoutWriter, write_batch
 from .session import EngineSet, OpenOptions, open_engines, open_segments, usable_cpus
-from .spec import TensorSpec
 from .tasks import AUTO, Class, Task, TaskOptions, choose_task, read_labels
 from .tasks.classify import Classify
 

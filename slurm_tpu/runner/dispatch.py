@@ -22,9 +22,8 @@ from .choices import AUTO, RAW
 from .errors import UsageError
 from .inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
 from .preprocess import Normalization, is_input_file
-from .progress import Progress
 from .request import InferRequest
-from .results import Layout, ResultWriter, StdoutWriter, format_for, write_batch
+from .results import Layout, Progress, ResultWriter, StdoutWriter, format_for, write_batch
 from .tasks import Task, TaskOptions
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from .choices import LIBEDGETPU_DEFAULT, LIBEDGETPU_ENV, RUNTIME_ENV, RUNTIME_MODULES
 from .errors import GpuError, LibEdgeTpuError, ModelError, RuntimeMissingError
-from .spec import TensorSpec
+from .modelinfo import TensorSpec
 
 DEBUG_ENV = "SLURM_TPU_DEBUG"
 

@@ -21,22 +21,16 @@ from .errors import DeviceBusyError
 LOCK_DIR_ENV = "SLURM_TPU_LOCK_DIR"
 
 
-def _candidates(environ: Mapping[str, str]) -> list[Path]:
-    if environ.get(LOCK_DIR_ENV):
-        return [Path(environ[LOCK_DIR_ENV])]
-    found = []
-    if environ.get("XDG_RUNTIME_DIR"):
-        # Often inherited from the login node's session: /run/user/UID may not exist here.
-        found.append(Path(environ["XDG_RUNTIME_DIR"]) / "slurm-tpu")
-    found.append(Path(f"/tmp/slurm-tpu-{os.getuid()}"))
-    return found
-
-
 def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
     """$SLURM_TPU_LOCK_DIR, else $XDG_RUNTIME_DIR/slurm-tpu, else /tmp/slurm-tpu-<uid>:
     the first that exists (or can be made) and belongs to us."""
+    if environ.get(LOCK_DIR_ENV):
+        candidates = [Path(environ[LOCK_DIR_ENV])]
+    else:  # XDG_RUNTIME_DIR is often inherited from the login node's session: /run/user/UID may not exist here
+        candidates = [Path(environ["XDG_RUNTIME_DIR"]) / "slurm-tpu"] if environ.get("XDG_RUNTIME_DIR") else []
+        candidates.append(Path(f"/tmp/slurm-tpu-{os.getuid()}"))
     problems = []
-    for path in _candidates(environ):
+    for path in candidates:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             if path.stat().st_uid != os.getuid():

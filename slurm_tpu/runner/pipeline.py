@@ -25,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import SlurmTpuError
-from .spec import Engine
+from .modelinfo import Engine
 
 
 @dataclass

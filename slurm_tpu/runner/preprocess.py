@@ -33,7 +33,7 @@ from typing import BinaryIO, Callable
 import numpy as np
 
 from .errors import InputError
-from .spec import TensorSpec
+from .modelinfo import TensorSpec
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm"})
 NPY_SUFFIX = ".npy"

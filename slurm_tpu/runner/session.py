@@ -41,9 +41,8 @@ from . import engines, gpu_select
 from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
-from .modelinfo import ModelInfo, read_model_info
+from .modelinfo import Engine, ModelInfo, read_model_info
 from .request import OpenOptions  # defined with the rest of a request; api and serve import it here
-from .spec import Engine
 
 Warn = Callable[[str], None]
 _log = logging.getLogger("slurm_tpu.runner")

@@ -31,7 +31,7 @@ import numpy as np
 
 from ...errors import SlurmTpuError
 from ..errors import InputError
-from ..spec import TensorSpec
+from ..modelinfo import TensorSpec
 from ..tasks import Task, choose_task
 from .auth import PROOF_PATH, TOKEN_ENV, Address, address_path, find_address, new_nonce, proof_matches, read_address
 from .codec import DTYPES

@@ -31,7 +31,7 @@ from urllib.parse import parse_qs
 
 import numpy as np
 
-from ..spec import TensorSpec
+from ..modelinfo import TensorSpec
 
 VERSION = "1"  # one version per served model
 # TF Serving's names of the dtypes models use (metadata), both ways

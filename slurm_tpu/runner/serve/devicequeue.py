@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..spec import Engine
+from ..modelinfo import Engine
 
 _STOP = object()
 

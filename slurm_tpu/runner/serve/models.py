@@ -20,11 +20,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..modelinfo import ModelInfo
+from ..modelinfo import Engine, ModelInfo, TensorSpec
 from ..preprocess import Normalization, Prepared, Resize, as_input, conform_array, load_image
 from ..request import Preprocessing
 from ..session import EngineSet, OpenOptions, open_models
-from ..spec import Engine, TensorSpec
 from ..tasks import AUTO, Task, TaskOptions, choose_task, read_labels
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a URL path segment: no '/', no ':'

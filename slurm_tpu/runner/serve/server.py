@@ -110,16 +110,6 @@ class Server:
         return drained
 
 
-def job_id_of(environ: Mapping[str, str]) -> str:
-    job = environ.get("SLURM_JOB_ID", "")
-    if not job.isdigit():
-        raise UsageError(
-            "slurm-tpu serve runs inside a Slurm job (sbatch/srun): SLURM_JOB_ID names its address "
-            "file; outside Slurm set SLURM_JOB_ID to any number"
-        )
-    return job
-
-
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -137,7 +127,12 @@ def serve_job(
     environ: Mapping[str, str] = os.environ,
 ) -> int:
     """``slurm-tpu serve``: serve until SIGTERM/SIGINT, then stop gracefully; the exit status."""
-    job = job_id_of(environ)
+    job = environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        raise UsageError(
+            "slurm-tpu serve runs inside a Slurm job (sbatch/srun): SLURM_JOB_ID names its address "
+            "file; outside Slurm set SLURM_JOB_ID to any number"
+        )
     # Blocked in this thread before any other starts, so every thread inherits the mask and
     # the signal waits for sigwait below, even one sent while the devices are opening.
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from ..choices import CLASSIFY
+from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
-from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, open_rgb, save_png
 
 

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..choices import DETECT
+from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
-from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, open_rgb, save_png
 
 POSTPROCESS_OP = "TFLite_Detection_PostProcess"

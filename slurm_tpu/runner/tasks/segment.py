@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..choices import SEGMENT
+from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
-from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, save_png
 
 
