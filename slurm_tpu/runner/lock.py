@@ -62,7 +62,10 @@ class DeviceLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = _read_pid(fd)
+            try:
+                pid = int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+            except (OSError, ValueError):
+                pid = None
             os.close(fd)
             holder = f"pid {pid}" if pid else "another process"
             raise DeviceBusyError(
@@ -79,10 +82,3 @@ class DeviceLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the last fd drops the flock
             self._fd = None
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
-    except (OSError, ValueError):
-        return None

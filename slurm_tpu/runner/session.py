@@ -231,7 +231,7 @@ class _Opener:
         self.engines: list[Engine] = []
         self._held: dict[str, DeviceLock] = {}  # identity -> its lock: several models may share a device
 
-    def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
+    def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> None:
         if device.kind == EDGETPU:
             engine = self._open_edgetpu(model, device, threads, environ)
         elif device.kind == GPU:
@@ -239,7 +239,6 @@ class _Opener:
         else:
             engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
         self.engines.append(engine)
-        return engine
 
     def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
         if self.library is None:
@@ -338,10 +337,8 @@ def open_engines(
     environ: Mapping[str, str] = os.environ,
     warn: Warn = _log.warning,
 ) -> EngineSet:
-    """One engine per device the job was given (or --device named)."""
-    options = options or OpenOptions()
-    model = read_model_info(model_path)
-    return _open([model], [(model, d) for d in resolve_devices(options.device, environ)], options, environ, warn)
+    """One engine per device the job was given (or --device named): :func:`open_models` of one model."""
+    return open_models([model_path], options, environ, warn)
 
 
 def open_segments(

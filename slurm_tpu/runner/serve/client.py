@@ -243,9 +243,6 @@ class ServeClient:
             raise ServerError(f"the server at {self.url} answered {status}: {_message(payload)}", self.url)
         return payload
 
-    def metadata(self, model: str) -> dict[str, Any]:
-        return self.json("GET", f"/v1/models/{quote(model, safe='')}/metadata")
-
     def task(self, model: str, task: str, data: bytes, what: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """One input's record from a task endpoint; a refusal of the input itself is an InputError."""
         query = urlencode({k: v for k, v in options.items() if v is not None})
@@ -295,7 +292,7 @@ class RemoteModel:
     def __init__(self, client: ServeClient, name: str, task: str):
         self.client = client
         self.name = name
-        metadata = client.metadata(name)
+        metadata = client.json("GET", f"/v1/models/{quote(name, safe='')}/metadata")
         try:
             extra = metadata.get("metadata", {}).get("slurm_tpu", {})
             signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
