@@ -281,10 +281,25 @@ class Runner:
         return BatchSummary(len(keys), progress.skipped, processed, errors, time.perf_counter() - started)
 
     def check_annotate(self, directory: str, keys: Sequence[str]) -> None:
-        """Refuse --annotate before any work when it cannot be done (see :func:`check_annotate_dir`)."""
+        """Refuse --annotate before any work when it cannot be done: a task that draws nothing, two
+        inputs that would share an annotated file, or an annotated file that would overwrite an input."""
         if not self.task.draws:
             raise UsageError(f"--annotate draws classify, detect and segment results, not {self.task.name}")
-        check_annotate_dir(directory, keys)
+        os.makedirs(directory, exist_ok=True)
+        seen: dict[str, str] = {}
+        inputs = {os.path.realpath(k) for k in keys}
+        for key in keys:
+            if key.lower().endswith(".npy"):
+                continue
+            target = annotated_path(directory, key)
+            if target in seen:
+                raise UsageError(
+                    f"inputs {seen[target]} and {key} would both be annotated as {target}: "
+                    "rename one, or annotate them in separate runs"
+                )
+            if os.path.realpath(target) in inputs:
+                raise UsageError(f"--annotate {directory} would overwrite input {key}: choose another directory")
+            seen[target] = key
 
     def _decode_threads(self) -> int:
         """Decoders to run ahead of the device.
@@ -343,23 +358,3 @@ class Runner:
 def annotated_path(directory: str, key: str) -> str:
     """Where the annotated copy of input ``key`` goes: ``DIR/<input name without suffix>.png``."""
     return os.path.join(directory, os.path.splitext(os.path.basename(key))[0] + ".png")
-
-
-def check_annotate_dir(directory: str, keys: Sequence[str]) -> None:
-    """Refuse before any work: two inputs that would share an annotated file, or an
-    annotated file that would overwrite an input."""
-    os.makedirs(directory, exist_ok=True)
-    seen: dict[str, str] = {}
-    inputs = {os.path.realpath(k) for k in keys}
-    for key in keys:
-        if key.lower().endswith(".npy"):
-            continue
-        target = annotated_path(directory, key)
-        if target in seen:
-            raise UsageError(
-                f"inputs {seen[target]} and {key} would both be annotated as {target}: "
-                "rename one, or annotate them in separate runs"
-            )
-        if os.path.realpath(target) in inputs:
-            raise UsageError(f"--annotate {directory} would overwrite input {key}: choose another directory")
-        seen[target] = key

@@ -78,15 +78,6 @@ def is_input_file(path: str) -> bool:
     return suffix in IMAGE_SUFFIXES or suffix == NPY_SUFFIX
 
 
-def image_size(spec: TensorSpec) -> tuple[int, int, int]:
-    """(height, width, channels) of an NHWC image input."""
-    if len(spec.shape) != 4 or spec.shape[3] not in (1, 3):
-        raise InputError(
-            f"model input '{spec.name}' has shape {spec.shape}, not an NHWC image: give .npy inputs instead", spec.name
-        )
-    return spec.shape[1], spec.shape[2], spec.shape[3]
-
-
 def pixels_to_tensor(pixels: np.ndarray, spec: TensorSpec, norm: Normalization = Normalization()) -> np.ndarray:
     """[H, W, C] uint8 pixels -> [1, H, W, C] tensor of the spec's dtype."""
     explicit = norm.mean is not None or norm.std is not None
@@ -161,7 +152,11 @@ def load_image(
 ) -> Prepared:
     """Decode, convert and resize an image file (or file object, called ``name`` in
     errors) to the model's input (see the module doc)."""
-    height, width, channels = image_size(spec)
+    if len(spec.shape) != 4 or spec.shape[3] not in (1, 3):
+        raise InputError(
+            f"model input '{spec.name}' has shape {spec.shape}, not an NHWC image: give .npy inputs instead", spec.name
+        )
+    height, width, channels = spec.shape[1:]
     mode = "RGB" if channels == 3 else "L"
     if not resize.keep_aspect:
         image, size = _decode(path, mode, (lambda _: (width, height)) if resize.fast else None, name)
@@ -179,17 +174,6 @@ def load_image(
     tensor = np.zeros(spec.shape, dtype=spec.dtype)  # set_resized_input: tensor.fill(0), then paste
     tensor[0, :h, :w] = pixels_to_tensor(pixels, spec, norm)[0]
     return Prepared(tensor, Geometry((width, height), size, (scale, scale), (w, h)))
-
-
-def load_npy(path: str, spec: TensorSpec) -> np.ndarray:
-    """A .npy array as the model's input (see :func:`conform_array`)."""
-    try:
-        array = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise InputError(f"input {path} does not exist", path) from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"input {path} is not a readable .npy file ({exc})", path) from None
-    return conform_array(array, spec, path)
 
 
 def conform_array(array: np.ndarray, spec: TensorSpec, name: str) -> np.ndarray:
@@ -218,7 +202,13 @@ def as_input(tensor: np.ndarray, spec: TensorSpec) -> Prepared:
 def load_input(
     path: str, spec: TensorSpec, norm: Normalization = Normalization(), resize: Resize = Resize()
 ) -> Prepared:
-    """The prepared input for one file, by its suffix (a .npy array: :func:`as_input`)."""
+    """The prepared input for one file, by its suffix (a .npy array: :func:`conform_array`, :func:`as_input`)."""
     if path.lower().endswith(NPY_SUFFIX):
-        return as_input(load_npy(path, spec), spec)
+        try:
+            array = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise InputError(f"input {path} does not exist", path) from None
+        except (OSError, ValueError) as exc:
+            raise InputError(f"input {path} is not a readable .npy file ({exc})", path) from None
+        return as_input(conform_array(array, spec, path), spec)
     return load_image(path, spec, norm, resize)

@@ -29,9 +29,7 @@ from .tasks import Task, TaskOptions
 
 
 def format_for(path: str, explicit: str | None = None) -> str:
-    if explicit:
-        return explicit
-    return CSV if path.lower().endswith(".csv") else JSONL
+    return explicit or (CSV if path.lower().endswith(".csv") else JSONL)
 
 
 class Layout:

@@ -212,9 +212,7 @@ def encode_predict(
 
 def task_request(body: bytes, content_type: str, query: str) -> tuple[bytes, dict[str, Any]]:
     """A task endpoint's input bytes and options (``top_k``, ``threshold``)."""
-    options: dict[str, Any] = {}
-    for key, values in parse_qs(query, keep_blank_values=True).items():
-        options[key] = values[-1]
+    options: dict[str, Any] = {key: values[-1] for key, values in parse_qs(query, keep_blank_values=True).items()}
     if content_type.split(";")[0].strip().lower() == "application/json":
         request = parse_json(body)
         if not isinstance(request, dict) or "b64" not in request:
