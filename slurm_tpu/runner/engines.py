@@ -252,7 +252,7 @@ class InterpreterEngine:
         self.runtime = runtime
         module = importlib.import_module(RUNTIME_MODULES[runtime])
         delegates = [delegate] if delegate is not None else None
-        error: ValueError | RuntimeError | None
+        error: ValueError | RuntimeError | None = None
         with native_stderr_captured() as log:
             try:
                 interpreter = module.Interpreter(
@@ -261,8 +261,6 @@ class InterpreterEngine:
                 interpreter.allocate_tensors()
             except (ValueError, RuntimeError) as exc:
                 error = exc
-            else:
-                error = None
         if error is not None:
             if delegate is not None:
                 delegate.close()

@@ -4,21 +4,14 @@ The order matters and is the reason this module exists: lock the device, create 
 delegate by path, build the interpreter; on close, the reverse (interpreter, then
 delegate, then lock), so no other process can grab a TPU that is still in use.
 
-Why an allocated Edge TPU cannot be used is said in one line naming it, the cause and
-the fix, at two moments, both seen with the real libedgetpu (tests/libedgetpu):
+Why an allocated Edge TPU cannot be used is one line naming it, the cause and the fix,
+as seen with the real libedgetpu (tests/libedgetpu): a device the library does not list
+fails at once, and sysfs says why (:func:`absent_message`: unplugged or moved, not a
+Coral, hidden by ``EDGETPU_VISIBLE_DEVICES``, invisible to libusb or the apex driver); a
+failed open quotes the library's own reason (:func:`open_failure_message`).
 
-- Before asking libedgetpu to open a device, the runner checks that the library lists
-  it. Asked to open a USB path it cannot enumerate, the real library retries for about
-  25 s; a device it does not list therefore fails at once, and sysfs says why
-  (:func:`absent_message`): unplugged or moved, not a Coral at all, hidden from this
-  process by ``EDGETPU_VISIBLE_DEVICES`` (which the node's patched libedgetpu obeys), or
-  present but invisible to libusb or to the apex driver.
-- When an open fails, the library's own reason (captured from its verbose log, see
-  ``engines.libedgetpu_reason``) is quoted with what to do (:func:`open_failure_message`).
-
-Every engine is counted (:class:`MeteredEngine`), whatever the mode (single input,
-batch, benchmark, segments, serve), so the counts cannot miss a path; on close the
-counts of leased accelerators go to the job's usage box (:mod:`slurm_tpu.protocol.usage`).
+Every engine is counted (:class:`MeteredEngine`) whatever the mode, so the counts cannot
+miss a path; on close they go to the job's usage box (:meth:`EngineSet.report_usage`).
 """
 
 from __future__ import annotations
