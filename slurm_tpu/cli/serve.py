@@ -132,17 +132,11 @@ def serve(
     ~/.slurm-tpu/serve/JOBID.json (mode 0600). Clients: slurm-tpu infer --server JOBID NAME INPUTS.
     SIGTERM (scancel, time limit) stops it gracefully and writes the usage record.
     """
-    from ..runner.preprocess import Normalization
-    from ..runner.serve.models import Preparation, parse_labels_args, parse_model_args
+    from ..runner.serve.models import parse_labels_args, parse_model_args
     from ..runner.serve.server import serve_job
 
     args = parse_model_args(models)
-    preparation = Preparation(
-        Normalization(preprocessing.input_mean, preprocessing.input_std),
-        preprocessing.fast_resize,
-        preprocessing.keep_aspect_ratio,
-    )
     code = serve_job(
-        args, parse_labels_args(labels, args), opening, preparation, listen, limits, drain_timeout, _say, _warn, task
+        args, parse_labels_args(labels, args), opening, preprocessing, listen, limits, drain_timeout, _say, _warn, task
     )
     sys.exit(code)

@@ -3,11 +3,11 @@
 Layout (one concern per module; only ``engines`` imports a runtime or libedgetpu):
 ``devices`` (which device), ``lock`` (one process per TPU), ``modelinfo`` (what the
 model is), ``engines`` (LiteRT / tflite-runtime / libedgetpu / GPU), ``session``
-(open in the right order, with the right errors), ``preprocess`` (files to tensors,
+(open in the right order, with the right errors, metered), ``preprocess`` (files to tensors,
 the pycoral way), ``tasks/`` (what outputs mean: classify, detect, segment, raw),
 ``inputs`` (listing, sharding over arrays and step tasks), ``results`` (resumable
-files), ``pipeline`` (decode ahead, dispatch, keep order), ``progress``,
-``benchmark``, ``api`` (the :class:`Runner` tying them together), ``choices`` (the
+files, progress lines), ``pipeline`` (decode ahead, dispatch, keep order),
+``api`` (the :class:`Runner` tying them together, and its benchmark), ``choices`` (the
 names users choose among), ``request`` (what ``slurm-tpu infer`` asks for) and
 ``dispatch`` (which mode a request runs in, and running it).
 

@@ -10,24 +10,23 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
 import numpy as np
 
-from .benchmark import BenchResult, benchmark, random_inputs
 from .devices import EDGETPU
 from .errors import SlurmTpuError, UsageError
 from .inputs import list_inputs
+from .modelinfo import TensorSpec
 from .pipeline import decode_ordered, infer_ordered
-from .preprocess import Geometry, Normalization, Prepared, Resize, load_input
-from .progress import Progress
-from .results import JSONL, Layout, ResultWriter
-from .session import EngineSet, OpenOptions, open_engines, open_segments
-from .spec import TensorSpec
-from .tasks import AUTO, Class, TaskOptions, choose_task, read_labels
+from .preprocess import Geometry, Normalization, Prepared, Resize, as_input, load_input
+from .results import JSONL, Layout, Progress, ResultWriter, StdoutWriter, write_batch
+from .session import EngineSet, OpenOptions, open_engines, open_segments, usable_cpus
+from .tasks import AUTO, Class, Task, TaskOptions, choose_task, read_labels
 from .tasks.classify import Classify
 
 _log = logging.getLogger("slurm_tpu.runner")
@@ -46,27 +45,64 @@ class BatchSummary:
         return self.processed / self.seconds if self.seconds > 0 else 0.0
 
 
-class _StdoutWriter:
-    """Batch results to stdout (not resumable) when no --output is given."""
+@dataclass(frozen=True)
+class BenchResult:
+    """A benchmark's figures (:meth:`Runner.benchmark`): load time, first inference apart, latency
+    percentiles, throughput."""
 
-    def __init__(self, layout: Layout, write: Callable[[str], Any]):
-        self.layout, self._write = layout, write
-        self.done: set[str] = set()
-        if layout.fmt != JSONL:
-            write(layout.header())
+    device: str
+    runtime: str
+    load_ms: float
+    first_ms: float  # includes the Edge TPU's model upload
+    iterations: int
+    p50_ms: float
+    p90_ms: float
+    p99_ms: float
+    mean_ms: float
+    throughput_per_s: float
+    edgetpu_version: str | None = None  # edgetpu_version() of the libedgetpu used, on an Edge TPU
 
-    def write(self, record: dict) -> None:
-        self._write(self.layout.render(record))
+    def as_dict(self) -> dict:
+        return asdict(self)
 
-    def close(self) -> None:
-        pass
+    def table(self) -> str:
+        rows = [
+            ("device", self.device),
+            ("runtime", self.runtime),
+            ("load", f"{self.load_ms:.1f} ms"),
+            ("first inference", f"{self.first_ms:.2f} ms"),
+            ("iterations", str(self.iterations)),
+            ("latency p50", f"{self.p50_ms:.2f} ms"),
+            ("latency p90", f"{self.p90_ms:.2f} ms"),
+            ("latency p99", f"{self.p99_ms:.2f} ms"),
+            ("mean", f"{self.mean_ms:.2f} ms"),
+            ("throughput", f"{self.throughput_per_s:.1f} inferences/s"),
+        ]
+        if self.edgetpu_version:
+            rows.insert(2, ("libedgetpu", self.edgetpu_version))
+        width = max(len(k) for k, _ in rows)
+        return "\n".join(f"{k.ljust(width)}  {v}" for k, v in rows) + "\n"
 
 
-def _cpus() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:
-        return os.cpu_count() or 1
+def random_inputs(specs: Sequence[TensorSpec], seed: int = 0) -> list[np.ndarray]:
+    """Inputs of the right shape and dtype (benchmarks do not depend on the values)."""
+    rng = np.random.default_rng(seed)
+    out = []
+    for s in specs:
+        if np.issubdtype(s.dtype, np.integer):
+            info = np.iinfo(s.dtype)
+            out.append(rng.integers(info.min, info.max, size=s.shape, dtype=s.dtype, endpoint=True))
+        else:
+            out.append(rng.standard_normal(s.shape).astype(s.dtype))
+    return out
+
+
+def percentile(sorted_ms: Sequence[float], q: float) -> float:
+    """Nearest-rank percentile of an ascending list."""
+    if not sorted_ms:
+        return 0.0
+    rank = max(1, int(np.ceil(q / 100 * len(sorted_ms))))
+    return float(sorted_ms[rank - 1])
 
 
 class Runner:
@@ -151,27 +187,23 @@ class Runner:
             values = engine.run(values)
         return values
 
-    def _source(self, source: str | np.ndarray) -> Prepared:
-        if isinstance(source, str):
-            return self.prepare(source)
-        array = np.asarray(source)
-        shape = self.input_specs[0].shape
-        size = (shape[2], shape[1]) if len(shape) == 4 else None
-        return Prepared(array, Geometry(size, size, (1.0, 1.0), size))
-
     def run_timed(
-        self, source: str | np.ndarray, count: int = 1, options: TaskOptions | None = None
+        self, source: str | np.ndarray, count: int = 1, options: TaskOptions | None = None, task: Task | None = None
     ) -> tuple[Any, list[float]]:
-        """Run one input ``count`` times (as pycoral's examples do): this task's result and
-        each time in ms. The first time includes the Edge TPU's model upload; report it apart."""
-        prepared = self._source(source)
+        """Run one input ``count`` times (as pycoral's examples do): the result of ``task``
+        (default: this runner's) and each time in ms. The first time includes the Edge TPU's
+        model upload; report it apart."""
+        if isinstance(source, str):
+            prepared = self.prepare(source)
+        else:
+            prepared = as_input(np.asarray(source), self.input_specs[0])
         times, outputs = [], []
         for _ in range(max(1, count)):
             started = time.perf_counter()
             outputs = self.infer([prepared.tensor])
             times.append((time.perf_counter() - started) * 1000)
         options = options or TaskOptions(labels=self.labels)
-        return self.task.process(outputs, self.output_specs, prepared.geometry, options), times
+        return (task or self.task).process(outputs, self.output_specs, prepared.geometry, options), times
 
     def run(self, source: str | np.ndarray, options: TaskOptions | None = None) -> Any:
         """This task's result for one input: classes, objects, a segmentation or raw outputs."""
@@ -180,11 +212,7 @@ class Runner:
     def classify(self, source: str | np.ndarray, top_k: int = 1, threshold: float = 0.0) -> list[Class]:
         """Top classes of one input, whatever the recognised task (the model must have one [1, N] output)."""
         classify = self.task if isinstance(self.task, Classify) else Classify()
-        prepared = self._source(source)
-        outputs = self.infer([prepared.tensor])
-        return classify.process(
-            outputs, self.output_specs, prepared.geometry, TaskOptions(self.labels, top_k, threshold)
-        )
+        return self.run_timed(source, 1, self.options(top_k, threshold), classify)[0]
 
     def options(self, top_k: int = 1, threshold: float | None = None) -> TaskOptions:
         """Task options with this runner's labels."""
@@ -238,44 +266,40 @@ class Runner:
         if annotate_dir:
             self.check_annotate(annotate_dir, keys)
         layout = Layout(fmt, self.task, options)
-        writer: ResultWriter | _StdoutWriter
-        if output:
-            writer = ResultWriter(output, layout)
-        else:
-            import sys
-
-            writer = _StdoutWriter(layout, stdout_write or sys.stdout.write)
+        writer = ResultWriter(output, layout) if output else StdoutWriter(layout, stdout_write or sys.stdout.write)
         started = time.perf_counter()
-        todo = [k for k in keys if k not in writer.done]
-        skipped = len(keys) - len(todo)
-        progress = progress or Progress(len(todo), enabled=False)
-        progress.total, progress.skipped = len(todo), skipped
-        processed = errors = 0
+        progress = progress or Progress(0, enabled=False)
         threads = decode_threads or self._decode_threads()
-        try:
-            decoded = decode_ordered(
-                todo,
-                self._load_with_geometry,
-                threads=threads,
-                lookahead=max(8, 4 * threads * len(self.engine_set.engines)),
-            )
+
+        def records(todo: list[str]) -> Iterator[dict]:
+            lookahead = max(8, 4 * threads * len(self.engine_set.engines))
+            decoded = decode_ordered(todo, self._load_with_geometry, threads=threads, lookahead=lookahead)
             for item in infer_ordered(self.engine_set.engines, decoded, chain=self.segmented):
-                record = self._record(item.key, item.outputs, item.meta, item.error, options, annotate_dir)
-                writer.write(record)
-                processed += 1
-                failed = "error" in record
-                errors += failed
-                progress.update(1, int(failed))
-        finally:
-            writer.close()
-            progress.close()
-        return BatchSummary(len(keys), skipped, processed, errors, time.perf_counter() - started)
+                yield self._record(item.key, item.outputs, item.meta, item.error, options, annotate_dir)
+
+        processed, errors = write_batch(keys, writer, progress, records)
+        return BatchSummary(len(keys), progress.skipped, processed, errors, time.perf_counter() - started)
 
     def check_annotate(self, directory: str, keys: Sequence[str]) -> None:
-        """Refuse --annotate before any work when it cannot be done (see :func:`check_annotate_dir`)."""
+        """Refuse --annotate before any work when it cannot be done: a task that draws nothing, two
+        inputs that would share an annotated file, or an annotated file that would overwrite an input."""
         if not self.task.draws:
             raise UsageError(f"--annotate draws classify, detect and segment results, not {self.task.name}")
-        check_annotate_dir(directory, keys)
+        os.makedirs(directory, exist_ok=True)
+        seen: dict[str, str] = {}
+        inputs = {os.path.realpath(k) for k in keys}
+        for key in keys:
+            if key.lower().endswith(".npy"):
+                continue
+            target = annotated_path(directory, key)
+            if target in seen:
+                raise UsageError(
+                    f"inputs {seen[target]} and {key} would both be annotated as {target}: "
+                    "rename one, or annotate them in separate runs"
+                )
+            if os.path.realpath(target) in inputs:
+                raise UsageError(f"--annotate {directory} would overwrite input {key}: choose another directory")
+            seen[target] = key
 
     def _decode_threads(self) -> int:
         """Decoders to run ahead of the device.
@@ -287,20 +311,37 @@ class Runner:
         """
         if all(e.label == "cpu" for e in self.engine_set.engines):
             return 1
-        return max(1, min(4, _cpus()))
+        return max(1, min(4, usable_cpus()))
 
     # -- benchmark -----------------------------------------------------------------------
 
     def benchmark(self, iterations: int = 100, source: str | None = None) -> BenchResult:
-        """Latency and throughput on the first device (the whole chain when segmented)."""
+        """Latency and throughput on the first device (the whole chain when segmented, one input
+        at a time): ``iterations`` inferences timed after the first one, which is reported apart."""
         inputs = self.load(source) if source else random_inputs(self.input_specs)
-        engine = _Chain(self) if self.segmented else self.engine_set.engines[0]
-        return benchmark(
-            engine,
-            inputs,
-            iterations,
-            self.engine_set.load_seconds,
+        run = self.infer if self.segmented else self.engine_set.engines[0].run
+        started = time.perf_counter()
+        run(inputs)
+        first = time.perf_counter() - started
+        latencies = []
+        total_start = time.perf_counter()
+        for _ in range(iterations):
+            t = time.perf_counter()
+            run(inputs)
+            latencies.append((time.perf_counter() - t) * 1000)
+        total = time.perf_counter() - total_start
+        latencies.sort()
+        return BenchResult(
+            " -> ".join(self.device_labels) if self.segmented else self.device_labels[0],
             self.engine_set.runtime,
+            self.engine_set.load_seconds * 1000,
+            first * 1000,
+            iterations,
+            percentile(latencies, 50),
+            percentile(latencies, 90),
+            percentile(latencies, 99),
+            float(np.mean(latencies)) if latencies else 0.0,
+            iterations / total if total > 0 else 0.0,
             self.engine_set.edgetpu_version,
         )
 
@@ -314,41 +355,6 @@ class Runner:
         self.close()
 
 
-class _Chain:
-    """All segments as one engine (for latency: one input at a time through the chain)."""
-
-    def __init__(self, runner: Runner):
-        self._runner = runner
-        self.label = " -> ".join(runner.device_labels)
-        self.inputs, self.outputs = runner.input_specs, runner.output_specs
-
-    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-        return self._runner.infer(inputs)
-
-    def close(self) -> None:
-        pass
-
-
 def annotated_path(directory: str, key: str) -> str:
     """Where the annotated copy of input ``key`` goes: ``DIR/<input name without suffix>.png``."""
     return os.path.join(directory, os.path.splitext(os.path.basename(key))[0] + ".png")
-
-
-def check_annotate_dir(directory: str, keys: Sequence[str]) -> None:
-    """Refuse before any work: two inputs that would share an annotated file, or an
-    annotated file that would overwrite an input."""
-    os.makedirs(directory, exist_ok=True)
-    seen: dict[str, str] = {}
-    inputs = {os.path.realpath(k) for k in keys}
-    for key in keys:
-        if key.lower().endswith(".npy"):
-            continue
-        target = annotated_path(directory, key)
-        if target in seen:
-            raise UsageError(
-                f"inputs {seen[target]} and {key} would both be annotated as {target}: "
-                "rename one, or annotate them in separate runs"
-            )
-        if os.path.realpath(target) in inputs:
-            raise UsageError(f"--annotate {directory} would overwrite input {key}: choose another directory")
-        seen[target] = key

@@ -37,14 +37,6 @@ class Device:
         return cls(EDGETPU, handle.identity, handle.device_type, handle.path)
 
 
-def _cuda_visible(environ: Mapping[str, str]) -> list[str]:
-    value = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    # Slurm sets "NoDevFiles" or an empty string when a GPU GRES has no device files.
-    if not value or value in ("-1", "NoDevFiles"):
-        return []
-    return [v for v in value.split(",") if v]
-
-
 def _identity_for_path(device_type: str, path: str, handles: Iterable[EdgeTpuHandle]) -> str:
     for h in handles:
         if (h.device_type, h.path) == (device_type, path):
@@ -101,7 +93,9 @@ def resolve_devices(requested: Iterable[str] | None, environ: Mapping[str, str])
         return devices
     if handles:
         return [Device.from_handle(h) for h in handles]
-    if _cuda_visible(environ):
+    visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    # Slurm sets "NoDevFiles" or an empty string when a GPU GRES has no device files.
+    if any(visible.split(",")) and visible not in ("-1", "NoDevFiles"):
         return [Device(GPU, GPU)]
     from ..families import FAMILIES
 

@@ -12,19 +12,18 @@ output file) and its progress lines stream out through :class:`Streams` meanwhil
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Callable, TextIO, Union
 
-from .api import Runner, _StdoutWriter, annotated_path
-from .benchmark import BenchResult
+from .api import BenchResult, Runner, annotated_path
 from .choices import AUTO, RAW
 from .errors import UsageError
 from .inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
 from .preprocess import Normalization, is_input_file
-from .progress import Progress
 from .request import InferRequest
-from .results import Layout, ResultWriter, format_for
+from .results import Layout, Progress, ResultWriter, StdoutWriter, format_for, write_batch
 from .tasks import Task, TaskOptions
 
 
@@ -135,13 +134,14 @@ def infer(request: InferRequest, streams: Streams, environ: Mapping[str, str] = 
             if batch.shard_count is not None and share[0] >= share[1]:  # type: ignore[operator]
                 raise UsageError(f"--shard-index {batch.shard_index} must be below --shard-count {batch.shard_count}")
             keys = shard(keys, *share)  # type: ignore[arg-type]
+    out = expand_output_pattern(batch.output, environ) if batched and batch.output else None
     if request.remote.server:
         given = _set_locally(request)
         if given:
             raise UsageError(f"{', '.join(given)}: set at the server ('slurm-tpu serve'), not with --server")
         progress = Progress(len(keys), streams.progress, batch.progress_interval, enabled=batch.progress)
-        return _remote(request, task, request.inputs[0] if not batched else None, keys, progress, streams, environ)
-    return _local(request, task, keys if batched else None, listed, streams, environ)
+        return _remote(request, task, request.inputs[0] if not batched else None, keys, out, progress, streams, environ)
+    return _local(request, task, keys if batched else None, listed, out, streams, environ)
 
 
 def _local(
@@ -149,10 +149,11 @@ def _local(
     task: str,
     keys: list[str] | None,
     listed: list[str],
+    out: str | None,
     streams: Streams,
     environ: Mapping[str, str],
 ) -> Outcome:
-    """On this job's device(s): a benchmark, a batch (``keys``: this share) or one input."""
+    """On this job's device(s): a benchmark, a batch (``keys``: this share, into ``out``) or one input."""
     prep, batch, reading = request.preprocessing, request.batch, request.reading
     model_files = [request.model, *request.segments]
     with Runner(
@@ -169,9 +170,24 @@ def _local(
         task_options = runner.options(reading.top_k, reading.threshold)
         if request.benchmark:
             return runner.benchmark(request.iterations, request.inputs[0] if request.inputs else None)
-        if keys is None:
-            return _timed(runner, request.inputs[0], request.count, task_options, request.annotate_dir)
-        out = expand_output_pattern(batch.output, environ) if batch.output else None
+        if keys is None:  # one input, timed
+            path, annotated = request.inputs[0], None
+            result, times = runner.run_timed(path, request.count, task_options)
+            if request.annotate_dir:
+                runner.check_annotate(request.annotate_dir, [path])
+                annotated = annotated_path(request.annotate_dir, path)
+                runner.task.annotate(path, result, annotated)
+            return Timed(
+                path,
+                runner.task,
+                result,
+                times,
+                runner.device_labels,
+                runner.engine_set.runtime,
+                runner.engine_set.load_seconds,
+                runner.on_edgetpu,
+                annotated,
+            )
         if request.annotate_dir:
             runner.check_annotate(request.annotate_dir, listed)  # all shares: names must not collide across tasks
         if runner.task_reason != "--task" and batch.progress:
@@ -193,52 +209,38 @@ def _local(
         return BatchDone(summary.processed, summary.errors, out)
 
 
-def _timed(runner: Runner, path: str, count: int, options: TaskOptions, annotate_dir: str | None) -> Timed:
-    result, times = runner.run_timed(path, count, options)
-    annotated = None
-    if annotate_dir:
-        runner.check_annotate(annotate_dir, [path])
-        annotated = annotated_path(annotate_dir, path)
-        runner.task.annotate(path, result, annotated)
-    return Timed(
-        path,
-        runner.task,
-        result,
-        times,
-        runner.device_labels,
-        runner.engine_set.runtime,
-        runner.engine_set.load_seconds,
-        runner.on_edgetpu,
-        annotated,
-    )
-
-
 def _remote(
     request: InferRequest,
     task: str,
     single: str | None,
     keys: list[str],
+    out: str | None,
     progress: Progress,
     streams: Streams,
     environ: Mapping[str, str],
 ) -> Outcome:
     """``infer --server``: the same inputs and outputs as local inference, answered by a server."""
-    from .serve.client import RemoteModel, ServeClient, model_name, resolve_target, timed, write_remote_batch
+    from .serve.client import RemoteModel, ServeClient, model_name, remote_records, resolve_target, result_fields
 
     reading, batch = request.reading, request.batch
     client = ServeClient(resolve_target(request.remote.server or "", environ))
     try:
         remote = RemoteModel(client, model_name(request.model), task)
         options = {"top_k": reading.top_k, "threshold": reading.threshold}
-        if single is not None:
-            record, times = timed(remote, single, request.count, options)
+        if single is not None:  # sent ``count`` times: the record and each round trip in ms
+            times, record = [], {}
+            for _ in range(max(1, request.count)):
+                started = time.perf_counter()
+                record = remote.infer(single, options)
+                times.append((time.perf_counter() - started) * 1000)
             return RemoteTimed(single, remote.task, record, times, client.url)
-        out = expand_output_pattern(batch.output, environ) if batch.output else None
-        layout = Layout(
-            format_for(out or "", batch.fmt), remote.task, TaskOptions(top_k=reading.top_k, threshold=reading.threshold)
+        task_options = TaskOptions(top_k=reading.top_k, threshold=reading.threshold)
+        layout = Layout(format_for(out or "", batch.fmt), remote.task, task_options)
+        writer = ResultWriter(out, layout) if out else StdoutWriter(layout, streams.write)
+        in_flight = request.remote.in_flight
+        processed, errors = write_batch(
+            keys, writer, progress, lambda todo: map(result_fields, remote_records(remote, todo, options, in_flight))
         )
-        writer = ResultWriter(out, layout) if out else _StdoutWriter(layout, streams.write)
-        processed, errors = write_remote_batch(remote, keys, writer, options, request.remote.in_flight, progress)
         return BatchDone(processed, errors, out)
     finally:
         client.close()

@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
+import importlib
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
@@ -34,18 +36,12 @@ import numpy as np
 
 from .choices import LIBEDGETPU_DEFAULT, LIBEDGETPU_ENV, RUNTIME_ENV, RUNTIME_MODULES
 from .errors import GpuError, LibEdgeTpuError, ModelError, RuntimeMissingError
-from .spec import TensorSpec
+from .modelinfo import TensorSpec
 
 DEBUG_ENV = "SLURM_TPU_DEBUG"
 
 
 # -- runtime selection ---------------------------------------------------------------
-
-
-def _import_interpreter_module(name: str):
-    import importlib
-
-    return importlib.import_module(RUNTIME_MODULES[name])
 
 
 def select_runtime(preferred: str | None = None) -> str:
@@ -58,7 +54,7 @@ def select_runtime(preferred: str | None = None) -> str:
     errors = []
     for name in [preferred] if preferred else list(RUNTIME_MODULES):
         try:
-            _import_interpreter_module(name)
+            importlib.import_module(RUNTIME_MODULES[name])
             return name
         except ImportError as exc:  # tflite-runtime under numpy 2 also lands here
             errors.append(f"{name}: {exc}".splitlines()[0])
@@ -120,10 +116,6 @@ class _Device(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("path", ctypes.c_char_p)]
 
 
-class _Option(ctypes.Structure):
-    _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_char_p)]
-
-
 _TYPES = {"pci": 0, "usb": 1}  # enum edgetpu_device_type: EDGETPU_APEX_PCI, EDGETPU_APEX_USB
 _TYPE_NAMES = {v: k for k, v in _TYPES.items()}
 
@@ -147,12 +139,8 @@ class EdgeTpuLibrary:
             lib.edgetpu_list_devices.restype = ctypes.POINTER(_Device)
             lib.edgetpu_free_devices.argtypes = [ctypes.POINTER(_Device)]
             lib.edgetpu_free_devices.restype = None
-            lib.edgetpu_create_delegate.argtypes = [
-                ctypes.c_int,
-                ctypes.c_char_p,
-                ctypes.POINTER(_Option),
-                ctypes.c_size_t,
-            ]
+            # (type, path, options, number of options): no options, libedgetpu's defaults
+            lib.edgetpu_create_delegate.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
             lib.edgetpu_create_delegate.restype = ctypes.c_void_p
             lib.edgetpu_free_delegate.argtypes = [ctypes.c_void_p]
             lib.edgetpu_free_delegate.restype = None
@@ -188,26 +176,20 @@ class EdgeTpuLibrary:
             if devices:
                 self._lib.edgetpu_free_devices(devices)
 
-    def create_delegate(
-        self, device_type: str, path: str, options: dict[str, str] | None = None, log: list[str] | None = None
-    ) -> EdgeTpuDelegate | None:
+    def create_delegate(self, device_type: str, path: str, log: list[str] | None = None) -> EdgeTpuDelegate | None:
         """A delegate bound to the device at ``path``; None when libedgetpu cannot open it.
 
         With ``log``, libedgetpu's own messages during the attempt are appended to it:
         the library says why an open failed only on stderr and only with its verbosity
         raised, so both are done for this one call (see :func:`libedgetpu_reason`).
         """
-        options = options or {}
-        array = (_Option * max(len(options), 1))()
-        for i, (key, value) in enumerate(options.items()):
-            array[i] = _Option(key.encode(), str(value).encode())
         if log is None or self._verbosity is None:
-            pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), array, len(options))
+            pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), None, 0)
         else:
             with native_stderr_captured() as lines:
                 self._verbosity(1)
                 try:
-                    pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), array, len(options))
+                    pointer = self._lib.edgetpu_create_delegate(_TYPES[device_type], path.encode(), None, 0)
                 finally:
                     self._verbosity(0)  # quiet again before the model runs
             log.extend(lines)
@@ -268,9 +250,9 @@ class InterpreterEngine:
     ):
         self.label = label
         self.runtime = runtime
-        module = _import_interpreter_module(runtime)
+        module = importlib.import_module(RUNTIME_MODULES[runtime])
         delegates = [delegate] if delegate is not None else None
-        error: ValueError | RuntimeError | None
+        error: ValueError | RuntimeError | None = None
         with native_stderr_captured() as log:
             try:
                 interpreter = module.Interpreter(
@@ -279,8 +261,6 @@ class InterpreterEngine:
                 interpreter.allocate_tensors()
             except (ValueError, RuntimeError) as exc:
                 error = exc
-            else:
-                error = None
         if error is not None:
             if delegate is not None:
                 delegate.close()
@@ -336,6 +316,7 @@ class GpuEngine:
             raise GpuError(
                 f"GPU inference needs ai-edge-litert's CompiledModel ({exc}): pip install 'slurm-tpu[infer]'", "gpu"
             ) from None
+        failed = False
         with native_stderr_captured() as log:
             try:
                 accel = HardwareAccelerator.GPU if accelerator == "gpu" else HardwareAccelerator.CPU
@@ -344,13 +325,9 @@ class GpuEngine:
                 out_buffers = model.create_output_buffers(0)
             except Exception:  # noqa: BLE001 - the wrapper raises RuntimeError with a multi-line trace
                 failed = True
-            else:
-                failed = False
-            if failed:
-                # Destroy the half-built LiteRT environment now, while its log goes to the
+            if failed:  # out of the except block, whose traceback would keep it alive:
+                # destroy the half-built LiteRT environment now, while its log goes to the
                 # capture; otherwise its teardown prints INFO lines at interpreter exit.
-                import gc
-
                 gc.collect()
         if failed:
             raise GpuError(
@@ -376,8 +353,6 @@ class GpuEngine:
 
     def close(self) -> None:
         # LiteRT logs its environment's teardown on fd 2; keep it off the user's terminal.
-        import gc
-
         with native_stderr_captured():
             self._in = self._out = []
             if getattr(self, "_model", None) is not None:

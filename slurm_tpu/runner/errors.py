@@ -5,20 +5,18 @@ from __future__ import annotations
 from ..errors import DeviceError, SlurmTpuError
 
 
-class ModelError(SlurmTpuError):
+class _FileError(SlurmTpuError):
+    def __init__(self, message: str, path: str):
+        super().__init__(message)
+        self.path = path  # the file the error is about
+
+
+class ModelError(_FileError):
     """The model file is missing, unreadable, not TFLite, or needs a device we lack."""
 
-    def __init__(self, message: str, path: str):
-        super().__init__(message)
-        self.path = path
 
-
-class InputError(SlurmTpuError):
+class InputError(_FileError):
     """An input (image, .npy, list file, directory, glob) is missing or unusable."""
-
-    def __init__(self, message: str, path: str):
-        super().__init__(message)
-        self.path = path
 
 
 class RuntimeMissingError(SlurmTpuError):

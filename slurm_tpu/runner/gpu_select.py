@@ -88,10 +88,6 @@ def dri_prime_tag(pci_address: str) -> str:
     return f"pci-{int(domain, 16):04x}_{int(bus, 16):02x}_{int(device, 16):02x}_{int(function, 16):1x}"
 
 
-def _uuid_addresses(driver_info: Mapping[str, Mapping[str, str]]) -> dict[str, str]:
-    return {fields["GPU UUID"].lower(): bus for bus, fields in driver_info.items() if fields.get("GPU UUID")}
-
-
 def job_gpu_address(
     environ: Mapping[str, str], driver_info: Callable[[], Mapping[str, Mapping[str, str]]] | None = None
 ) -> tuple[str | None, str]:
@@ -105,7 +101,8 @@ def job_gpu_address(
             from ..families.gpu import FAMILY
 
             driver_info = FAMILY.driver_info
-        address = _uuid_addresses(driver_info()).get(visible[0].lower())
+        uuids = {fields["GPU UUID"].lower(): bus for bus, fields in driver_info().items() if fields.get("GPU UUID")}
+        address = uuids.get(visible[0].lower())
         if address:
             return address, "CUDA_VISIBLE_DEVICES"
         return None, f"the NVIDIA driver does not list CUDA_VISIBLE_DEVICES' {visible[0]}"

@@ -19,10 +19,6 @@ T = TypeVar("T")
 _GLOB_CHARS = set("*?[")
 
 
-def _list_dir(path: Path) -> list[str]:
-    return sorted(str(p) for p in path.iterdir() if p.is_file() and is_input_file(p.name))
-
-
 def _list_file(path: Path) -> list[str]:
     """One input per line; blank lines and #comments skipped; relative paths as written."""
     try:
@@ -42,7 +38,7 @@ def list_inputs(specs: Sequence[str]) -> list[str]:
             continue
         path = Path(spec)
         if path.is_dir():
-            entries = _list_dir(path)
+            entries = sorted(str(p) for p in path.iterdir() if p.is_file() and is_input_file(p.name))
             if not entries:
                 raise InputError(f"input directory {spec} has no .jpg/.png/.npy files", spec)
             found.extend(entries)
@@ -142,8 +138,10 @@ def shard_from_environment(environ: Mapping[str, str]) -> tuple[int, int] | None
 _PATTERN = re.compile(r"%(\d*)([AaJjNnstux%])")
 
 
-def output_pattern_values(environ: Mapping[str, str]) -> dict[str, str]:
-    """What sbatch's filename patterns stand for in this process (see ``man sbatch``)."""
+def expand_output_pattern(path: str, environ: Mapping[str, str]) -> str:
+    """sbatch-style patterns in --output: ``%A %a %J %j %N %n %s %t %u %x`` and ``%%``, as they
+    stand in this process (see ``man sbatch``); a number after % zero-pads numeric values
+    (``%3t`` -> ``007``). Others are kept as written."""
     job = environ.get("SLURM_JOB_ID", "0")
     step = environ.get("SLURM_STEP_ID")
     node = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
@@ -151,7 +149,7 @@ def output_pattern_values(environ: Mapping[str, str]) -> dict[str, str]:
         user = environ.get("SLURM_JOB_USER") or getpass.getuser()
     except (KeyError, OSError):  # no passwd entry for this uid
         user = str(os.getuid())
-    return {
+    values = {
         "A": environ.get("SLURM_ARRAY_JOB_ID") or job,  # array master job id
         "a": environ.get("SLURM_ARRAY_TASK_ID", "0"),  # array task id
         "j": job,
@@ -164,12 +162,6 @@ def output_pattern_values(environ: Mapping[str, str]) -> dict[str, str]:
         "x": environ.get("SLURM_JOB_NAME", ""),
         "%": "%",
     }
-
-
-def expand_output_pattern(path: str, environ: Mapping[str, str]) -> str:
-    """sbatch-style patterns in --output: ``%A %a %J %j %N %n %s %t %u %x`` and ``%%``; a
-    number after % zero-pads numeric values (``%3t`` -> ``007``). Others are kept as written."""
-    values = output_pattern_values(environ)
 
     def substitute(match: re.Match) -> str:
         width, key = match.group(1), match.group(2)

@@ -21,22 +21,16 @@ from .errors import DeviceBusyError
 LOCK_DIR_ENV = "SLURM_TPU_LOCK_DIR"
 
 
-def _candidates(environ: Mapping[str, str]) -> list[Path]:
-    if environ.get(LOCK_DIR_ENV):
-        return [Path(environ[LOCK_DIR_ENV])]
-    found = []
-    if environ.get("XDG_RUNTIME_DIR"):
-        # Often inherited from the login node's session: /run/user/UID may not exist here.
-        found.append(Path(environ["XDG_RUNTIME_DIR"]) / "slurm-tpu")
-    found.append(Path(f"/tmp/slurm-tpu-{os.getuid()}"))
-    return found
-
-
 def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
     """$SLURM_TPU_LOCK_DIR, else $XDG_RUNTIME_DIR/slurm-tpu, else /tmp/slurm-tpu-<uid>:
     the first that exists (or can be made) and belongs to us."""
+    if environ.get(LOCK_DIR_ENV):
+        candidates = [Path(environ[LOCK_DIR_ENV])]
+    else:  # XDG_RUNTIME_DIR is often inherited from the login node's session: /run/user/UID may not exist here
+        candidates = [Path(environ["XDG_RUNTIME_DIR"]) / "slurm-tpu"] if environ.get("XDG_RUNTIME_DIR") else []
+        candidates.append(Path(f"/tmp/slurm-tpu-{os.getuid()}"))
     problems = []
-    for path in _candidates(environ):
+    for path in candidates:
         try:
             path.mkdir(mode=0o700, parents=True, exist_ok=True)
             if path.stat().st_uid != os.getuid():
@@ -50,17 +44,12 @@ def lock_dir(environ: Mapping[str, str] = os.environ) -> Path:
     )
 
 
-def lock_path(identity: str, environ: Mapping[str, str] = os.environ) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", identity)
-    return lock_dir(environ) / f"{safe}.lock"
-
-
 class DeviceLock:
     """An exclusive lock on one device identity, held until ``release``/process exit."""
 
     def __init__(self, identity: str, environ: Mapping[str, str] = os.environ):
         self.identity = identity
-        self.path = lock_path(identity, environ)
+        self.path = lock_dir(environ) / (re.sub(r"[^A-Za-z0-9._-]", "_", identity) + ".lock")
         # No O_TRUNC: the holder's pid must stay readable for the loser.
         try:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
@@ -73,7 +62,10 @@ class DeviceLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            pid = _read_pid(fd)
+            try:
+                pid = int(os.pread(fd, 32, 0).decode().strip() or 0) or None
+            except (OSError, ValueError):
+                pid = None
             os.close(fd)
             holder = f"pid {pid}" if pid else "another process"
             raise DeviceBusyError(
@@ -90,16 +82,3 @@ class DeviceLock:
         if self._fd is not None:
             os.close(self._fd)  # closing the last fd drops the flock
             self._fd = None
-
-    def __enter__(self) -> DeviceLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
-
-
-def _read_pid(fd: int) -> int | None:
-    try:
-        return int(os.pread(fd, 32, 0).decode().strip() or 0) or None
-    except (OSError, ValueError):
-        return None

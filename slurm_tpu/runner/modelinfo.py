@@ -1,4 +1,7 @@
-"""What a .tflite file is, read from its flatbuffer before any runtime opens it.
+"""What a model is: its tensors (:class:`TensorSpec`), what a .tflite file holds (read from
+its flatbuffer before any runtime opens it), and the :class:`Engine` protocol every backend
+implements to run it. Pure: no runtime imports, so preprocessing, batching and tests can
+use them freely.
 
 We need to know whether a model was compiled for the Edge TPU (it then contains the
 custom operator ``edgetpu-custom-op``) *before* choosing a device, so that a
@@ -8,15 +11,53 @@ The ``tflite`` package is generated schema code, not a runtime.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 
 from .errors import ModelError
-from .spec import TensorSpec
 
 EDGETPU_CUSTOM_OP = "edgetpu-custom-op"
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """One model input or output as the runtime reports it."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    scale: float = 0.0  # 0.0: not quantized
+    zero_point: int = 0
+
+    @property
+    def quantized(self) -> bool:
+        return self.scale != 0.0
+
+    def dequantize(self, values: np.ndarray) -> np.ndarray:
+        """Real values of a tensor of this spec (float32)."""
+        if not self.quantized:
+            return values.astype(np.float32, copy=False)
+        return (values.astype(np.float32) - self.zero_point) * self.scale
+
+
+class Engine(Protocol):
+    """A loaded model on one device. Not thread-safe: one thread drives one engine."""
+
+    label: str  # e.g. "edgetpu usb-2-1.3", "cpu", "gpu"
+    inputs: Sequence[TensorSpec]
+    outputs: Sequence[TensorSpec]
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run one inference; returns copies of the outputs (safe to keep)."""
+        ...
+
+    def close(self) -> None:
+        """Release the interpreter, then the device (in that order)."""
+        ...
 
 
 @dataclass(frozen=True)

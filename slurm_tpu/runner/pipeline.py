@@ -7,13 +7,14 @@
   engines each get a thread pulling from one bounded queue (whichever is free takes
   the next input) and a reorder buffer restores input order; ``chain=True`` instead
   runs engine i on the output of engine i-1 (a model split in segments), each stage
-  in its own thread so N segments work on N inputs at once.
+  in its own thread, with a queue of its own, so N segments work on N inputs at once.
 TFLite's invoke() releases the GIL, so these threads really overlap.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -24,7 +25,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import SlurmTpuError
-from .spec import Engine
+from .modelinfo import Engine
 
 
 @dataclass
@@ -90,10 +91,60 @@ def infer_ordered(
         for item in items:
             yield _run(engines[0], item)
         return
-    if chain:
-        yield from _chain(engines, items, depth)
-    else:
-        yield from _pool(engines, items, depth)
+    # Stages of worker threads, each stage's workers pulling from one queue: a pool is one
+    # stage of every engine (the free one takes the next input), a chain one stage per engine.
+    stages = [[e] for e in engines] if chain else [list(engines)]
+    copies = len(stages[0])  # end markers each queue carries: one per worker of a stage
+    queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=depth * copies) for _ in stages]
+    queues.append(queue.Queue(maxsize=depth if chain else 0))  # the results (a pool's out of order)
+    stop = threading.Event()
+
+    def work(engine: Engine, inbox: queue.Queue[Any], outbox: queue.Queue[Any], last: bool) -> None:
+        while True:
+            item = inbox.get()
+            if item is _DONE or stop.is_set():
+                outbox.put(_DONE)
+                return
+            if not isinstance(item, _Failure):
+                try:
+                    _run(engine, item)
+                    if not last and item.error is None:  # the next segment's input
+                        item.inputs, item.outputs = item.outputs, None
+                except BaseException as exc:  # noqa: BLE001 - the worker's failure goes to the consumer, which raises it
+                    item = _Failure(exc)
+            outbox.put(item)
+
+    threads = [threading.Thread(target=_feed, args=(items, queues[0], stop, copies), daemon=True)]
+    for i, stage in enumerate(stages):
+        threads += [
+            threading.Thread(
+                target=work,
+                args=(e, queues[i], queues[i + 1], i == len(stages) - 1),
+                daemon=True,
+                name=f"segment-{i}" if chain else f"engine-{j}",
+            )
+            for j, e in enumerate(stage)
+        ]
+    for t in threads:
+        t.start()
+    pending: dict[int, Item] = {}
+    next_seq, finished = 0, 0
+    try:
+        while finished < copies:
+            got = queues[-1].get()
+            if got is _DONE:
+                finished += 1
+                continue
+            if isinstance(got, _Failure):
+                raise got.exc
+            pending[got.seq] = got
+            while next_seq in pending:
+                yield pending.pop(next_seq)
+                next_seq += 1
+        for seq in sorted(pending):  # only if sequence numbers had gaps
+            yield pending.pop(seq)
+    finally:
+        _shutdown(stop, queues, threads, copies)
 
 
 def _feed(items: Iterable[Item], out: queue.Queue[Any], stop: threading.Event, copies: int) -> None:
@@ -113,98 +164,15 @@ def _feed(items: Iterable[Item], out: queue.Queue[Any], stop: threading.Event, c
         out.put(_DONE)
 
 
-def _pool(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iterator[Item]:
-    work: queue.Queue[Any] = queue.Queue(maxsize=depth * len(engines))
-    done: queue.Queue[Any] = queue.Queue()
-    stop = threading.Event()
-
-    def worker(engine: Engine) -> None:
-        while True:
-            item = work.get()
-            if item is _DONE or stop.is_set():
-                done.put(_DONE)
-                return
-            if isinstance(item, _Failure):
-                done.put(item)
-                continue
-            try:
-                done.put(_run(engine, item))
-            except BaseException as exc:  # noqa: BLE001 - the worker's failure goes to the consumer, which raises it
-                done.put(_Failure(exc))
-
-    threads = [threading.Thread(target=_feed, args=(items, work, stop, len(engines)), daemon=True)]
-    threads += [
-        threading.Thread(target=worker, args=(e,), daemon=True, name=f"engine-{i}") for i, e in enumerate(engines)
-    ]
-    for t in threads:
-        t.start()
-    pending: dict[int, Item] = {}
-    next_seq, finished = 0, 0
-    try:
-        while finished < len(engines):
-            got = done.get()
-            if got is _DONE:
-                finished += 1
-                continue
-            if isinstance(got, _Failure):
-                raise got.exc
-            pending[got.seq] = got
-            while next_seq in pending:
-                yield pending.pop(next_seq)
-                next_seq += 1
-        for seq in sorted(pending):  # only if sequence numbers had gaps
-            yield pending.pop(seq)
-    finally:
-        _shutdown(stop, [work], threads, len(engines))
-
-
-def _chain(engines: Sequence[Engine], items: Iterable[Item], depth: int) -> Iterator[Item]:
-    queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=depth) for _ in range(len(engines) + 1)]
-    stop = threading.Event()
-
-    def stage(engine: Engine, inbox: queue.Queue[Any], outbox: queue.Queue[Any], last: bool) -> None:
-        while True:
-            item = inbox.get()
-            if item is _DONE or isinstance(item, _Failure) or stop.is_set():
-                outbox.put(item if not stop.is_set() else _DONE)
-                return
-            try:
-                _run(engine, item)
-                if not last and item.error is None:
-                    item.inputs, item.outputs = item.outputs, None
-                outbox.put(item)
-            except BaseException as exc:  # noqa: BLE001 - the stage's failure goes to the consumer, which raises it
-                outbox.put(_Failure(exc))
-                return
-
-    threads = [threading.Thread(target=_feed, args=(items, queues[0], stop, 1), daemon=True)]
-    threads += [
-        threading.Thread(
-            target=stage, args=(e, queues[i], queues[i + 1], i == len(engines) - 1), daemon=True, name=f"segment-{i}"
-        )
-        for i, e in enumerate(engines)
-    ]
-    for t in threads:
-        t.start()
-    try:
-        while True:
-            got = queues[-1].get()
-            if got is _DONE:
-                return
-            if isinstance(got, _Failure):
-                raise got.exc
-            yield got
-    finally:
-        _shutdown(stop, queues, threads, 1)
-
-
 def _shutdown(
     stop: threading.Event, queues: list[queue.Queue[Any]], threads: list[threading.Thread], copies: int
 ) -> None:
     """Stop early (consumer gone or failed): unblock every thread, then wait for them."""
     stop.set()
     for q in queues:
-        _drain(q)
+        with contextlib.suppress(queue.Empty):
+            while True:
+                q.get_nowait()
         for _ in range(copies):
             try:
                 q.put_nowait(_DONE)
@@ -212,11 +180,3 @@ def _shutdown(
                 pass
     for t in threads:
         t.join(timeout=5)
-
-
-def _drain(q: queue.Queue[Any]) -> None:
-    try:
-        while True:
-            q.get_nowait()
-    except queue.Empty:
-        pass

@@ -33,7 +33,7 @@ from typing import BinaryIO, Callable
 import numpy as np
 
 from .errors import InputError
-from .spec import TensorSpec
+from .modelinfo import TensorSpec
 
 IMAGE_SUFFIXES = frozenset({".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".ppm"})
 NPY_SUFFIX = ".npy"
@@ -76,15 +76,6 @@ class Prepared:
 def is_input_file(path: str) -> bool:
     suffix = Path(path).suffix.lower()
     return suffix in IMAGE_SUFFIXES or suffix == NPY_SUFFIX
-
-
-def image_size(spec: TensorSpec) -> tuple[int, int, int]:
-    """(height, width, channels) of an NHWC image input."""
-    if len(spec.shape) != 4 or spec.shape[3] not in (1, 3):
-        raise InputError(
-            f"model input '{spec.name}' has shape {spec.shape}, not an NHWC image: give .npy inputs instead", spec.name
-        )
-    return spec.shape[1], spec.shape[2], spec.shape[3]
 
 
 def pixels_to_tensor(pixels: np.ndarray, spec: TensorSpec, norm: Normalization = Normalization()) -> np.ndarray:
@@ -161,7 +152,11 @@ def load_image(
 ) -> Prepared:
     """Decode, convert and resize an image file (or file object, called ``name`` in
     errors) to the model's input (see the module doc)."""
-    height, width, channels = image_size(spec)
+    if len(spec.shape) != 4 or spec.shape[3] not in (1, 3):
+        raise InputError(
+            f"model input '{spec.name}' has shape {spec.shape}, not an NHWC image: give .npy inputs instead", spec.name
+        )
+    height, width, channels = spec.shape[1:]
     mode = "RGB" if channels == 3 else "L"
     if not resize.keep_aspect:
         image, size = _decode(path, mode, (lambda _: (width, height)) if resize.fast else None, name)
@@ -181,17 +176,6 @@ def load_image(
     return Prepared(tensor, Geometry((width, height), size, (scale, scale), (w, h)))
 
 
-def load_npy(path: str, spec: TensorSpec) -> np.ndarray:
-    """A .npy array as the model's input (see :func:`conform_array`)."""
-    try:
-        array = np.load(path, allow_pickle=False)
-    except FileNotFoundError:
-        raise InputError(f"input {path} does not exist", path) from None
-    except (OSError, ValueError) as exc:
-        raise InputError(f"input {path} is not a readable .npy file ({exc})", path) from None
-    return conform_array(array, spec, path)
-
-
 def conform_array(array: np.ndarray, spec: TensorSpec, name: str) -> np.ndarray:
     """An array as the model's input, as .npy inputs are taken: the batch dimension may be
     omitted; float arrays are quantized for quantized models (errors name ``name``)."""
@@ -209,15 +193,22 @@ def conform_array(array: np.ndarray, spec: TensorSpec, name: str) -> np.ndarray:
     raise InputError(f"input {name} has dtype {array.dtype}, the model wants {spec.dtype}", name)
 
 
+def as_input(tensor: np.ndarray, spec: TensorSpec) -> Prepared:
+    """An array taken as the input tensor itself: its "image" is the input, at scale 1."""
+    size = (spec.shape[2], spec.shape[1]) if len(spec.shape) == 4 else None
+    return Prepared(tensor, Geometry(size, size, (1.0, 1.0), size))
+
+
 def load_input(
     path: str, spec: TensorSpec, norm: Normalization = Normalization(), resize: Resize = Resize()
 ) -> Prepared:
-    """The prepared input for one file, by its suffix. A .npy array is taken as the
-    input tensor itself: its "image" is the input, at scale 1."""
+    """The prepared input for one file, by its suffix (a .npy array: :func:`conform_array`, :func:`as_input`)."""
     if path.lower().endswith(NPY_SUFFIX):
-        tensor = load_npy(path, spec)
-        if len(spec.shape) == 4:
-            size = (spec.shape[2], spec.shape[1])
-            return Prepared(tensor, Geometry(size, size, (1.0, 1.0), size))
-        return Prepared(tensor)
+        try:
+            array = np.load(path, allow_pickle=False)
+        except FileNotFoundError:
+            raise InputError(f"input {path} does not exist", path) from None
+        except (OSError, ValueError) as exc:
+            raise InputError(f"input {path} is not a readable .npy file ({exc})", path) from None
+        return as_input(conform_array(array, spec, path), spec)
     return load_image(path, spec, norm, resize)

@@ -1,4 +1,6 @@
-"""Resumable result files (JSONL or CSV): whole lines, appended, flushed one by one.
+"""A batch's output: resumable result files (JSONL or CSV) and its progress lines.
+
+Result files: whole lines, appended, flushed one by one.
 
 Crash safety: each input's result is one ``write(2)`` of complete lines on an O_APPEND
 descriptor, so a killed run leaves complete lines plus at most one torn last line
@@ -15,8 +17,11 @@ import fcntl
 import io
 import json
 import os
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from .choices import CSV, JSONL
 from .errors import InputError
@@ -24,9 +29,7 @@ from .tasks import Task, TaskOptions
 
 
 def format_for(path: str, explicit: str | None = None) -> str:
-    if explicit:
-        return explicit
-    return CSV if path.lower().endswith(".csv") else JSONL
+    return explicit or (CSV if path.lower().endswith(".csv") else JSONL)
 
 
 class Layout:
@@ -140,3 +143,111 @@ class ResultWriter:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# -- progress: a live bar on a terminal, a one-line report every N seconds in batch logs --------
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(seconds)
+    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+
+
+class Progress:
+    """Counts finished inputs; renders to ``stream`` (stderr by default)."""
+
+    def __init__(
+        self,
+        total: int,
+        stream: TextIO | None = None,
+        interval: float = 30.0,
+        enabled: bool = True,
+        clock=time.monotonic,
+    ):
+        self.total, self.done, self.errors = total, 0, 0
+        self.skipped = 0  # inputs already in the results file (a resumed run)
+        self.stream = stream or sys.stderr
+        self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
+        self.enabled = enabled
+        self.interval = 0.1 if self.tty else interval
+        self.clock = clock
+        self.started = self._last = clock()
+
+    def update(self, n: int = 1, errors: int = 0) -> None:
+        self.done += n
+        self.errors += errors
+        now = self.clock()
+        if self.enabled and now - self._last >= self.interval:
+            self._last = now
+            self._render(now)
+
+    def line(self, now: float | None = None) -> str:
+        """E.g. ``120/1000 inputs (12%), 45.2/s, 0 errors, elapsed 0:00:02, eta 0:00:19``."""
+        now = self.clock() if now is None else now
+        elapsed = max(now - self.started, 1e-9)
+        rate = self.done / elapsed
+        eta = (self.total - self.done) / rate if rate > 0 else 0.0
+        pct = 100 * self.done / self.total if self.total else 100.0
+        resumed = f" ({self.skipped} already done)" if self.skipped else ""
+        return (
+            f"{self.done}/{self.total} inputs{resumed} ({pct:.0f}%), {rate:.1f}/s, {self.errors} errors, "
+            f"elapsed {_duration(elapsed)}, eta {_duration(eta)}"
+        )
+
+    def _render(self, now: float) -> None:
+        if self.tty:
+            width = 30
+            filled = int(width * self.done / self.total) if self.total else width
+            self.stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {self.line(now)}\033[K")
+        else:
+            self.stream.write(f"slurm-tpu: progress: {self.line(now)}\n")
+        self.stream.flush()
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.tty:
+            self._render(self.clock())
+            self.stream.write("\n")
+        else:
+            self.stream.write(f"slurm-tpu: done: {self.line()}\n")
+        self.stream.flush()
+
+
+class StdoutWriter:
+    """Batch results to stdout (not resumable) when no --output is given."""
+
+    def __init__(self, layout: Layout, write: Callable[[str], Any]):
+        self.layout, self._write = layout, write
+        self.done: set[str] = set()
+        if layout.fmt != JSONL:
+            write(layout.header())
+
+    def write(self, record: dict[str, Any]) -> None:
+        self._write(self.layout.render(record))
+
+    def close(self) -> None:
+        pass
+
+
+def write_batch(
+    keys: Sequence[str],
+    writer: ResultWriter | StdoutWriter,
+    progress: Progress,
+    records: Callable[[list[str]], Iterable[dict[str, Any]]],
+) -> tuple[int, int]:
+    """Write the records ``records(todo)`` yields, in order, for the inputs of ``keys`` not yet
+    in ``writer``, counting them on ``progress``; closes both. (Processed, failed.)"""
+    todo = [k for k in keys if k not in writer.done]
+    progress.total, progress.skipped = len(todo), len(keys) - len(todo)
+    processed = errors = 0
+    try:
+        for record in records(todo):
+            writer.write(record)
+            processed += 1
+            errors += "error" in record
+            progress.update(1, int("error" in record))
+    finally:
+        writer.close()
+        progress.close()
+    return processed, errors

@@ -3,6 +3,15 @@
 The order matters and is the reason this module exists: lock the device, create its
 delegate by path, build the interpreter; on close, the reverse (interpreter, then
 delegate, then lock), so no other process can grab a TPU that is still in use.
+
+Why an allocated Edge TPU cannot be used is one line naming it, the cause and the fix,
+as seen with the real libedgetpu (tests/libedgetpu): a device the library does not list
+fails at once, and sysfs says why (:func:`absent_message`: unplugged or moved, not a
+Coral, hidden by ``EDGETPU_VISIBLE_DEVICES``, invisible to libusb or the apex driver); a
+failed open quotes the library's own reason (:func:`open_failure_message`).
+
+Every engine is counted (:class:`MeteredEngine`) whatever the mode, so the counts cannot
+miss a path; on close they go to the job's usage box (:meth:`EngineSet.report_usage`).
 """
 
 from __future__ import annotations
@@ -14,19 +23,49 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
+
 from ..errors import DeviceError
+from ..families.coral import USB_BOOTLOADER, USB_IDS, USB_RUNTIME
+from ..identity import is_identity
 from ..protocol import jobenv
-from . import edgetpu_faults, engines, gpu_select
+from ..protocol.usage import USAGE_DIR_ENV, add_usage
+from . import engines, gpu_select
 from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
-from .meter import MeteredEngine, report_usage
-from .modelinfo import ModelInfo, read_model_info
+from .modelinfo import Engine, ModelInfo, read_model_info
 from .request import OpenOptions  # defined with the rest of a request; api and serve import it here
-from .spec import Engine
 
 Warn = Callable[[str], None]
 _log = logging.getLogger("slurm_tpu.runner")
+
+
+class MeteredEngine:
+    """An Engine that counts its runs and the wall time spent in them."""
+
+    def __init__(self, engine, identity: str):
+        self._engine = engine
+        self.identity = identity
+        self.label = engine.label
+        self.inputs = engine.inputs
+        self.outputs = engine.outputs
+        self.inferences = 0
+        self.seconds = 0.0
+
+    def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        started = time.perf_counter()
+        try:
+            return self._engine.run(inputs)
+        finally:
+            self.seconds += time.perf_counter() - started
+            self.inferences += 1
+
+    def close(self) -> None:
+        self._engine.close()
+
+    def __getattr__(self, name: str):  # anything else an engine offers (e.g. GPU details)
+        return getattr(self._engine, name)
 
 
 @dataclass
@@ -46,32 +85,136 @@ class EngineSet:
         # Count every inference per device, whichever mode drives the engines.
         self.engines = [MeteredEngine(e, d.identity) for e, d in zip(self.engines, self.devices)]
 
+    def report_usage(self) -> int:
+        """Add this process's counts per leased device used to the job's usage box; how many were written.
+
+        Called while the runner still holds its device locks: that serialises the
+        read-modify-write of each device's record between the job's processes.
+        """
+        directory = self.environ.get(USAGE_DIR_ENV)
+        if not directory:
+            return 0
+        totals: dict[str, tuple[int, float]] = {}
+        for engine in self.engines:
+            assert isinstance(engine, MeteredEngine)  # since __post_init__; the field types them as Engine
+            if engine.inferences and is_identity(engine.identity):
+                count, seconds = totals.get(engine.identity, (0, 0.0))
+                totals[engine.identity] = (count + engine.inferences, seconds + engine.seconds)
+        return sum(add_usage(directory, identity, count, seconds) for identity, (count, seconds) in totals.items())
+
     def close(self) -> None:
-        if self.engines:
-            # MeteredEngines since __init__ (see above), which the field types as Engine.
-            report_usage(self.engines, self.environ)  # type: ignore[arg-type]
+        self.report_usage()
         for engine in reversed(self.engines):
             engine.close()
         for lock in reversed(self._locks):
             lock.release()
         self.engines, self._locks = [], []
 
-    def __enter__(self) -> EngineSet:
-        return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+# -- why an Edge TPU cannot be used (module docstring) ---------------------------------------
+
+CHECK = "run 'slurm-tpu detect --check-runtime' on the node"
 
 
-def _cpu_threads(engines: int) -> int:
+def _read_text(path: str) -> str:
     try:
-        cpus = len(os.sched_getaffinity(0))  # what Slurm's cgroup/affinity gave us
+        with open(path, encoding="ascii", errors="replace") as handle:
+            return handle.read().strip()
+    except OSError:
+        return ""
+
+
+def hidden_by_visible_devices(path: str, visible: str | None) -> str | None:
+    """Why ``EDGETPU_VISIBLE_DEVICES`` keeps ``path`` out of libedgetpu's list, or None.
+
+    ``visible`` is the variable's value in this process (None: unset, every device
+    visible). The node's libedgetpu enumerates only the paths it names, so a job
+    whose variable and ``SLURM_TPU_EDGETPU_PATHS`` disagree (the user changed one of
+    them) must be told that, not sent to debug libusb.
+    """
+    if visible is None or path in [entry.strip() for entry in visible.split(",")]:
+        return None
+    shown = visible if visible.strip() else "empty"
+    return (
+        f"{path} is not in EDGETPU_VISIBLE_DEVICES ({shown}), so libedgetpu hides it from this "
+        "process; the task prolog sets that variable to the job's Edge TPUs: do not change it, or "
+        "name one of its devices"
+    )
+
+
+def absent_message(device: Device, listed: Sequence[tuple[str, str]], visible: str | None = None) -> str:
+    """The device is not in libedgetpu's list: say why, from the process's
+    ``EDGETPU_VISIBLE_DEVICES`` (``visible``) and what sysfs and /dev show."""
+    path = device.path or ""
+    name = f"Edge TPU {device.identity}"
+    seen = ", ".join(f"{t}:{p}" for t, p in listed) or "none"
+    hidden = hidden_by_visible_devices(path, visible)
+    if device.edgetpu_type == "usb":
+        if not os.path.exists(path):
+            return (
+                f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
+                "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'"
+            )
+        ids = (_read_text(f"{path}/idVendor"), _read_text(f"{path}/idProduct"))
+        if ids not in USB_IDS:
+            coral = " or ".join(":".join(pair) for pair in (USB_RUNTIME, USB_BOOTLOADER))
+            return (
+                f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
+                f"({coral}): check --device or the node's inventory"
+            )
+        if hidden:
+            return f"{name}: {hidden}"
+        return (
+            f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
+            f"enumerate it; {CHECK}"
+        )
+    if not os.path.exists(path):
+        return (
+            f"{name} is not present: {path} does not exist (the apex driver is not loaded, or the card "
+            f"is gone): {CHECK}"
+        )
+    if hidden:
+        return f"{name}: {hidden}"
+    return (
+        f"{name}: {path} exists but libedgetpu does not list it (it lists: {seen}; it looks in "
+        f"/sys/class/apex): {CHECK}"
+    )
+
+
+def open_failure_message(device: Device, reason: str | None) -> str:
+    """libedgetpu listed the device but could not open it: its reason, and what to do."""
+    said = f"libedgetpu says: {reason}" if reason else "libedgetpu gave no reason"
+    head = f"libedgetpu cannot open Edge TPU {device.identity} at {device.edgetpu_type}:{device.path} ({said})"
+    text = reason or ""
+    if "Permission denied" in text or "Operation not permitted" in text:
+        return (
+            f"{head}: this job may not open {device.path}; the node's slurm-tpu prolog did not hand "
+            f"it over (see its log), or another process holds it; {CHECK}"
+        )
+    if device.edgetpu_type == "usb":
+        return (
+            f"{head}: the stick does not answer; unplug it and plug it back in (a USB 3 port, or a "
+            f"powered hub), look for USB errors in 'dmesg', then {CHECK}"
+        )
+    if "mmap" in text:
+        return (
+            f"{head}: the apex driver could not map the card; look for apex errors in 'dmesg', "
+            f"reload the driver (modprobe -r apex; modprobe apex) or reboot the node, then {CHECK}"
+        )
+    return f"{head}: {CHECK}"
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (what Slurm's cgroup/affinity gave it)."""
+    try:
+        return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux
-        cpus = os.cpu_count() or 1
-    return max(1, cpus // max(engines, 1))
+        return os.cpu_count() or 1
 
 
 class _Opener:
+    """Opens (model, device) pairs one by one, keeping what it opened for the caller."""
+
     def __init__(self, options: OpenOptions, warn: Warn):
         self.options = options
         self.warn = warn
@@ -81,10 +224,7 @@ class _Opener:
         self.engines: list[Engine] = []
         self._held: dict[str, DeviceLock] = {}  # identity -> its lock: several models may share a device
 
-    def threads(self, engines: int) -> int:
-        return self.options.num_threads or _cpu_threads(engines)
-
-    def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
+    def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> None:
         if device.kind == EDGETPU:
             engine = self._open_edgetpu(model, device, threads, environ)
         elif device.kind == GPU:
@@ -92,7 +232,6 @@ class _Opener:
         else:
             engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
         self.engines.append(engine)
-        return engine
 
     def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
         if self.library is None:
@@ -103,7 +242,7 @@ class _Opener:
         if (device.edgetpu_type, device.path) not in listed:
             # The library reads the variable from this process's own environment.
             visible = os.environ.get(jobenv.EDGETPU_VISIBLE)
-            raise DeviceError(edgetpu_faults.absent_message(device, listed, visible), device.identity)
+            raise DeviceError(absent_message(device, listed, visible), device.identity)
         lock = self._held.get(device.identity) or DeviceLock(device.identity, environ)
         log: list[str] = []
         delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
@@ -111,7 +250,7 @@ class _Opener:
             if device.identity not in self._held:
                 lock.release()
             reason = engines.libedgetpu_reason(log, device.path or "")
-            raise DeviceError(edgetpu_faults.open_failure_message(device, reason), device.identity)
+            raise DeviceError(open_failure_message(device, reason), device.identity)
         if device.identity not in self._held:
             self._held[device.identity] = lock
             self.locks.append(lock)
@@ -131,43 +270,9 @@ class _Opener:
             self.warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
             return engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
 
-    def open_all(
-        self,
-        pairs: Sequence[tuple[ModelInfo, Device]],
-        environ: Mapping[str, str],
-        warnings: Sequence[str],
-        concurrent: int | None = None,
-    ) -> None:
-        """Open every (model, device) pair, or none: a failure closes what was opened.
 
-        ``concurrent``: how many engines will run at once (default: all), which shares
-        out the CPU threads. The warnings are emitted only once every device opened,
-        so a failing run prints its one error line and nothing else.
-        """
-        threads = self.threads(concurrent or len(pairs))
-        try:
-            for model, device in pairs:
-                self.open(model, device, threads, environ)
-        except BaseException:
-            self.abort()
-            raise
-        for message in warnings:
-            self.warn(message)
-
-    def edgetpu_version(self) -> str | None:
-        return self.library.version() if self.library is not None else None
-
-    def abort(self) -> None:
-        for engine in reversed(self.engines):
-            engine.close()
-        for lock in reversed(self.locks):
-            lock.release()
-
-
-def _check_model_fits(model: ModelInfo, devices: list[Device]) -> list[str]:
-    """Raise when the model cannot run on these devices; return warnings to emit once opened
-    (a failing run then prints only its error, on one line)."""
-    kind = devices[0].kind
+def _check_model_fits(model: ModelInfo, kind: str) -> list[str]:
+    """Raise when the model cannot run on this kind of device; return warnings to emit once opened."""
     if model.is_edgetpu and kind != EDGETPU:
         raise ModelError(
             f"model {model.path} is compiled for the Edge TPU (contains edgetpu-custom-op) "
@@ -183,30 +288,50 @@ def _check_model_fits(model: ModelInfo, devices: list[Device]) -> list[str]:
     return []
 
 
+def _open(
+    models: list[ModelInfo],
+    pairs: Sequence[tuple[ModelInfo, Device]],
+    options: OpenOptions,
+    environ: Mapping[str, str],
+    warn: Warn,
+    concurrent: int | None = None,
+) -> EngineSet:
+    """Open every (model, device) pair, or none: a failure closes what was opened.
+
+    ``concurrent``: how many engines will run at once (default: all), which shares out
+    the CPU threads. The warnings are emitted only once every device opened, so a
+    failing run prints its one error line and nothing else.
+    """
+    warnings = list(dict.fromkeys(w for model, device in pairs for w in _check_model_fits(model, device.kind)))
+    started = time.perf_counter()
+    opener = _Opener(options, warn)
+    threads = options.num_threads or max(1, usable_cpus() // max(concurrent or len(pairs), 1))
+    try:
+        for model, device in pairs:
+            opener.open(model, device, threads, environ)
+    except BaseException:
+        for engine in reversed(opener.engines):
+            engine.close()
+        for lock in reversed(opener.locks):
+            lock.release()
+        raise
+    for message in warnings:
+        warn(message)
+    version = opener.library.version() if opener.library is not None else None
+    devices = [device for _, device in pairs]
+    return EngineSet(
+        opener.engines, devices, opener.runtime, time.perf_counter() - started, models, opener.locks, environ, version
+    )
+
+
 def open_engines(
     model_path: str,
     options: OpenOptions | None = None,
     environ: Mapping[str, str] = os.environ,
     warn: Warn = _log.warning,
 ) -> EngineSet:
-    """One engine per device the job was given (or --device named)."""
-    options = options or OpenOptions()
-    model = read_model_info(model_path)
-    devices = resolve_devices(options.device, environ)
-    warnings = _check_model_fits(model, devices)
-    started = time.perf_counter()
-    opener = _Opener(options, warn)
-    opener.open_all([(model, device) for device in devices], environ, warnings)
-    return EngineSet(
-        opener.engines,
-        devices,
-        opener.runtime,
-        time.perf_counter() - started,
-        [model],
-        opener.locks,
-        environ,
-        opener.edgetpu_version(),
-    )
+    """One engine per device the job was given (or --device named): :func:`open_models` of one model."""
+    return open_models([model_path], options, environ, warn)
 
 
 def open_segments(
@@ -223,28 +348,14 @@ def open_segments(
     options = options or OpenOptions()
     models = [read_model_info(p) for p in segment_paths]
     devices = resolve_devices(options.device, environ)
-    kind = devices[0].kind
-    if kind == EDGETPU and len(devices) < len(models):
+    if devices[0].kind == EDGETPU and len(devices) < len(models):
         raise UsageError(
             f"{len(models)} model segments need {len(models)} Edge TPUs but this job has "
             f"{len(devices)}: submit with --gres=tpu:{len(models)}"
         )
-    if kind != EDGETPU:
+    if devices[0].kind != EDGETPU:
         devices = [devices[0]] * len(models)
-    warnings = list(dict.fromkeys(w for m, d in zip(models, devices) for w in _check_model_fits(m, [d])))
-    started = time.perf_counter()
-    opener = _Opener(options, warn)
-    opener.open_all(list(zip(models, devices)), environ, warnings)
-    return EngineSet(
-        opener.engines,
-        devices[: len(models)],
-        opener.runtime,
-        time.perf_counter() - started,
-        models,
-        opener.locks,
-        environ,
-        opener.edgetpu_version(),
-    )
+    return _open(models, list(zip(models, devices)), options, environ, warn)
 
 
 def open_models(
@@ -260,18 +371,5 @@ def open_models(
     options = options or OpenOptions()
     models = [read_model_info(p) for p in model_paths]
     devices = resolve_devices(options.device, environ)
-    warnings = list(dict.fromkeys(w for m in models for w in _check_model_fits(m, devices)))
     pairs = [(model, device) for model in models for device in devices]
-    started = time.perf_counter()
-    opener = _Opener(options, warn)
-    opener.open_all(pairs, environ, warnings, concurrent=len(devices))  # one inference per device at a time
-    return EngineSet(
-        opener.engines,
-        [d for _, d in pairs],
-        opener.runtime,
-        time.perf_counter() - started,
-        models,
-        opener.locks,
-        environ,
-        opener.edgetpu_version(),
-    )
+    return _open(models, pairs, options, environ, warn, concurrent=len(devices))  # one inference per device at a time

@@ -9,8 +9,9 @@ import threading
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from slurm_tpu.runner.request import Preprocessing
 from slurm_tpu.runner.serve.app import Limits
-from slurm_tpu.runner.serve.models import ModelArg, Preparation, open_served
+from slurm_tpu.runner.serve.models import ModelArg, open_served
 from slurm_tpu.runner.serve.server import Listen, Server
 from slurm_tpu.runner.session import OpenOptions
 
@@ -26,7 +27,7 @@ def start_server(
 
     ``wrap(engine) -> engine`` wraps every engine (to gate or observe the devices)."""
     engine_set, served = open_served(
-        [ModelArg(p, n) for p, n in models], labels, OpenOptions(), Preparation(), environ, lambda message: None
+        [ModelArg(p, n) for p, n in models], labels, OpenOptions(), Preprocessing(), environ, lambda message: None
     )
     if wrap is not None:
         for model in served:

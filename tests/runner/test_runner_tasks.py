@@ -13,7 +13,7 @@ from runner_support import run_cli
 from harness.modelgen import detector, images, segmenter
 from harness.modelgen.flatbuf import Graph, Quant, softmax_options
 from slurm_tpu.runner.errors import UsageError
-from slurm_tpu.runner.spec import TensorSpec
+from slurm_tpu.runner.modelinfo import TensorSpec
 from slurm_tpu.runner.tasks import choose_task, read_labels
 from slurm_tpu.runner.tasks.segment import pascal_colormap
 

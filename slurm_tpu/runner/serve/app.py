@@ -145,13 +145,16 @@ class ServeApp:
             self.draining = True
             return self._idle.wait_for(lambda: self._in_flight == 0, timeout)
 
-    def _gauges(self) -> dict[str, float]:
-        return {
-            "queue_depth": self.queue.depth,
-            "queue_capacity": self.queue.capacity,
-            "in_flight_requests": self._in_flight,
-            "open_connections": self.connections,
-            "pending_connections": self.pending_connections,
+    def _gauges(self) -> dict[str, tuple[float, str]]:
+        return {  # name: (value, help)
+            "queue_depth": (self.queue.depth, "inferences waiting for a device"),
+            "queue_capacity": (self.queue.capacity, "inferences that may wait before requests are refused with 503"),
+            "in_flight_requests": (self._in_flight, "requests being handled"),
+            "open_connections": (self.connections, "client connections open that have shown the token"),
+            "pending_connections": (
+                self.pending_connections,
+                "client connections open that have not yet shown the token",
+            ),
         }
 
     # -- routing -----------------------------------------------------------------------

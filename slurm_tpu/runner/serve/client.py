@@ -9,13 +9,10 @@ sharded). Several requests are in flight at once over keep-alive connections (on
 per thread), so the server's queue stays fed; a 503 is retried after its
 Retry-After.
 
-An address file can outlive its server (SIGKILL, OOM: no clean-up) and another user
-can then listen on its port. So, before the token leaves this process: a job's
-server is used only while Slurm says the job runs (when Slurm can be asked at all),
-and every connection is a :class:`ProvenConnection`, whose listener must first answer
-the proof challenge (:mod:`.auth`'s docstring) with an HMAC only the token's holder
-can make. Anything unexpected from a listener, before or after, is one line
-(:class:`ServerError`), never a traceback.
+Before the token leaves this process (an address file can outlive its server, and its
+port be anyone's: :mod:`.auth`'s docstring), a job's server is used only while Slurm says
+the job runs, and every connection is a :class:`ProvenConnection`. Anything unexpected
+from a listener is one line (:class:`ServerError`), never a traceback.
 """
 
 from __future__ import annotations
@@ -27,16 +24,17 @@ import socket
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any, Callable
+from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 import numpy as np
 
 from ...errors import SlurmTpuError
 from ..errors import InputError
-from ..spec import TensorSpec
+from ..modelinfo import TensorSpec
 from ..tasks import Task, choose_task
 from .auth import PROOF_PATH, TOKEN_ENV, Address, address_path, find_address, new_nonce, proof_matches, read_address
+from .codec import DTYPES
 from .models import default_name
 
 RETRIES = 5  # answers 503 (overloaded) before giving up on an input
@@ -245,9 +243,6 @@ class ServeClient:
             raise ServerError(f"the server at {self.url} answered {status}: {_message(payload)}", self.url)
         return payload
 
-    def metadata(self, model: str) -> dict[str, Any]:
-        return self.json("GET", f"/v1/models/{quote(model, safe='')}/metadata")
-
     def task(self, model: str, task: str, data: bytes, what: str, options: Mapping[str, Any]) -> dict[str, Any]:
         """One input's record from a task endpoint; a refusal of the input itself is an InputError."""
         query = urlencode({k: v for k, v in options.items() if v is not None})
@@ -279,13 +274,16 @@ def _message(payload: Any) -> str:
 
 
 def _specs(signature: Mapping[str, Any]) -> list[TensorSpec]:
-    """Output specs from TF Serving metadata (names, shapes; dtype only as far as tasks need)."""
-    specs = []
-    for name, info in signature.items():
-        shape = tuple(int(d["size"]) for d in info["tensor_shape"]["dim"])
-        dtype = {"DT_UINT8": np.uint8, "DT_INT8": np.int8, "DT_INT32": np.int32}.get(info["dtype"], np.float32)
-        specs.append(TensorSpec(name, shape, np.dtype(dtype)))
-    return specs
+    """Output specs from TF Serving metadata (names, shapes, dtypes: what choosing a task needs)."""
+    dtypes = {tf: name for name, tf in DTYPES.items()}
+    return [
+        TensorSpec(
+            name,
+            tuple(int(d["size"]) for d in info["tensor_shape"]["dim"]),
+            np.dtype(dtypes.get(info["dtype"], "float32")),
+        )
+        for name, info in signature.items()
+    ]
 
 
 class RemoteModel:
@@ -294,7 +292,7 @@ class RemoteModel:
     def __init__(self, client: ServeClient, name: str, task: str):
         self.client = client
         self.name = name
-        metadata = client.metadata(name)
+        metadata = client.json("GET", f"/v1/models/{quote(name, safe='')}/metadata")
         try:
             extra = metadata.get("metadata", {}).get("slurm_tpu", {})
             signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
@@ -322,14 +320,6 @@ class RemoteModel:
         return self.client.task(self.name, self.task.name, data, path, options)
 
 
-class _Fatal(Exception):
-    """Carries a ServerError through the pipeline's per-input error handling."""
-
-    def __init__(self, error: ServerError):
-        super().__init__(str(error))
-        self.error = error
-
-
 def remote_records(
     model: RemoteModel, keys: Sequence[str], options: Mapping[str, Any], in_flight: int
 ) -> Iterator[dict[str, Any]]:
@@ -337,36 +327,16 @@ def remote_records(
     server refuses gets an ``error`` record; a server that fails altogether raises ServerError."""
     from ..pipeline import decode_ordered
 
-    def load(key: str) -> tuple[list[np.ndarray], dict[str, Any]]:
+    def load(key: str) -> tuple[list[np.ndarray], dict[str, Any] | ServerError]:
         try:
             return [], model.infer(key, options)
-        except ServerError as exc:
-            raise _Fatal(exc) from None
+        except ServerError as exc:  # past the pipeline's per-input errors (InputError) to the consumer
+            return [], exc
 
-    try:
-        for item in decode_ordered(keys, load, threads=in_flight, lookahead=2 * in_flight):
-            if item.error is not None:
-                yield {"input": item.key, "error": item.error}
-            else:
-                yield {"input": item.key, **item.meta}
-    except _Fatal as fatal:
-        raise fatal.error from None
-
-
-def timed(
-    model: RemoteModel,
-    path: str,
-    count: int,
-    options: Mapping[str, Any],
-    clock: Callable[[], float] = time.perf_counter,
-) -> tuple[dict[str, Any], list[float]]:
-    """One input sent ``count`` times: its record and each round trip in ms."""
-    times, record = [], {}
-    for _ in range(max(1, count)):
-        started = clock()
-        record = model.infer(path, options)
-        times.append((clock() - started) * 1000)
-    return record, times
+    for item in decode_ordered(keys, load, threads=in_flight, lookahead=2 * in_flight):
+        if isinstance(item.meta, ServerError):
+            raise item.meta
+        yield {"input": item.key, "error": item.error} if item.error is not None else {"input": item.key, **item.meta}
 
 
 # Per-request details the server adds to a task's record, not part of the result itself.
@@ -376,24 +346,3 @@ SERVER_FIELDS = ("task", "devices", "runtime", "times_ms", "lines")
 def result_fields(record: Mapping[str, Any]) -> dict[str, Any]:
     """A served record without the per-request details: what ``slurm-tpu infer`` writes per input."""
     return {k: v for k, v in record.items() if k not in SERVER_FIELDS}
-
-
-def write_remote_batch(
-    model: RemoteModel, keys: Sequence[str], writer, options: Mapping[str, Any], in_flight: int, progress
-) -> tuple[int, int]:
-    """Every input not yet in ``writer`` (a resumable results file, or stdout) through the
-    server, in order; (processed, failed)."""
-    todo = [k for k in keys if k not in writer.done]
-    progress.total, progress.skipped = len(todo), len(keys) - len(todo)
-    processed = errors = 0
-    try:
-        for record in remote_records(model, todo, options, in_flight):
-            writer.write(result_fields(record))
-            failed = "error" in record
-            errors += failed
-            processed += 1
-            progress.update(1, int(failed))
-    finally:
-        writer.close()
-        progress.close()
-    return processed, errors

@@ -31,19 +31,12 @@ from urllib.parse import parse_qs
 
 import numpy as np
 
-from ..spec import TensorSpec
+from ..modelinfo import TensorSpec
 
 VERSION = "1"  # one version per served model
-_DTYPES = {
-    "uint8": "DT_UINT8",
-    "int8": "DT_INT8",
-    "int16": "DT_INT16",
-    "int32": "DT_INT32",
-    "int64": "DT_INT64",
-    "float16": "DT_HALF",
-    "float32": "DT_FLOAT",
-    "float64": "DT_DOUBLE",
-    "bool": "DT_BOOL",
+# TF Serving's names of the dtypes models use (metadata), both ways
+DTYPES = {"float16": "DT_HALF", "float32": "DT_FLOAT", "float64": "DT_DOUBLE"} | {
+    name: f"DT_{name.upper()}" for name in ("uint8", "int8", "int16", "int32", "int64", "bool")
 }
 
 
@@ -57,10 +50,6 @@ class RequestError(Exception):
         self.retry_after = retry_after
 
 
-def error_body(message: str) -> dict[str, str]:
-    return {"error": message}
-
-
 def model_status() -> dict[str, Any]:
     """TF Serving's GetModelStatus answer for a loaded model."""
     return {
@@ -72,7 +61,7 @@ def model_status() -> dict[str, Any]:
 
 def _tensor_info(spec: TensorSpec) -> dict[str, Any]:
     return {
-        "dtype": _DTYPES.get(np.dtype(spec.dtype).name, "DT_INVALID"),
+        "dtype": DTYPES.get(np.dtype(spec.dtype).name, "DT_INVALID"),
         "tensor_shape": {"dim": [{"size": str(d), "name": ""} for d in spec.shape], "unknown_rank": False},
         "name": spec.name,
     }
@@ -223,9 +212,7 @@ def encode_predict(
 
 def task_request(body: bytes, content_type: str, query: str) -> tuple[bytes, dict[str, Any]]:
     """A task endpoint's input bytes and options (``top_k``, ``threshold``)."""
-    options: dict[str, Any] = {}
-    for key, values in parse_qs(query, keep_blank_values=True).items():
-        options[key] = values[-1]
+    options: dict[str, Any] = {key: values[-1] for key, values in parse_qs(query, keep_blank_values=True).items()}
     if content_type.split(";")[0].strip().lower() == "application/json":
         request = parse_json(body)
         if not isinstance(request, dict) or "b64" not in request:

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from ..spec import Engine
+from ..modelinfo import Engine
 
 _STOP = object()
 
@@ -142,7 +142,3 @@ class DeviceQueue:
             return  # a device that does not finish; its daemon thread goes with the process
         for thread in self._threads:
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
-
-    @property
-    def alive(self) -> bool:
-        return all(t.is_alive() for t in self._threads)

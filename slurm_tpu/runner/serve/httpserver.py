@@ -35,6 +35,7 @@ errors too, never a traceback; a handler bug is a 500 for that request only.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import socket
@@ -46,7 +47,7 @@ from urllib.parse import parse_qs
 
 from .app import JSON_TYPE, Response, Route, ServeApp, json_response
 from .auth import PROOF_PATH, SCHEME, proof, token_matches, valid_nonce
-from .codec import RequestError, error_body
+from .codec import RequestError
 
 _SHUTTING_DOWN = (
     b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
@@ -103,10 +104,7 @@ class ServeHTTPServer(ThreadingHTTPServer):
     def _evict(self, sock: socket.socket) -> None:
         """Forget a pending connection and wake its thread (its read returns EOF; the thread closes it)."""
         del self._pending[sock]
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
+        _wake(sock)
 
     def _count(self) -> None:
         self.app.connections = len(self._authenticated)
@@ -154,10 +152,13 @@ class ServeHTTPServer(ThreadingHTTPServer):
         with self._lock:
             sockets = [*self._pending, *self._authenticated]
         for sock in sockets:
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _wake(sock)
+
+
+def _wake(sock: socket.socket) -> None:
+    """Shut a connection's socket down: its thread's read returns EOF and the thread closes it."""
+    with contextlib.suppress(OSError):
+        sock.shutdown(socket.SHUT_RDWR)
 
 
 class _HeadLimitedReader(socket.SocketIO):
@@ -334,7 +335,7 @@ class _Handler(BaseHTTPRequestHandler):
         if close:
             self.close_connection = True
         try:
-            self._send(Response(error.status, json.dumps(error_body(error.message)).encode(), JSON_TYPE), extra)
+            self._send(Response(error.status, json.dumps({"error": error.message}).encode(), JSON_TYPE), extra)
         except OSError:
             self.close_connection = True
 

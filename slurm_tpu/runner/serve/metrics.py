@@ -2,7 +2,7 @@
 
 Requests and errors by model, endpoint and status code, a latency histogram by model
 and endpoint, and per model and device the inferences and seconds the device spent
-on them (read from the engines' own meters, :class:`~slurm_tpu.runner.meter.MeteredEngine`,
+on them (read from the engines' own meters, :class:`~slurm_tpu.runner.session.MeteredEngine`,
 the figures the usage record gets). Label values come from a fixed set (endpoints,
 status codes, served model names checked at start-up, device labels): a client
 cannot grow the series by sending odd names.
@@ -48,8 +48,8 @@ class _Histogram:
 class ServeMetrics(Collector):
     """Thread-safe request counters; device figures and gauges are read when collected."""
 
-    def __init__(self, engines: Sequence[tuple[str, object]], gauges: Callable[[], dict[str, float]]):
-        """``engines``: (model name, metered engine) pairs; ``gauges``: name -> value, read at scrape time."""
+    def __init__(self, engines: Sequence[tuple[str, object]], gauges: Callable[[], dict[str, tuple[float, str]]]):
+        """``engines``: (model name, metered engine) pairs; ``gauges``: name -> (value, help), read at scrape time."""
         self._engines = engines
         self._gauges = gauges
         self._lock = threading.Lock()
@@ -97,8 +97,8 @@ class ServeMetrics(Collector):
             add(inferences, labels, engine.inferences)  # type: ignore[attr-defined]
             add(device_seconds, labels, engine.seconds)  # type: ignore[attr-defined]
         families: list[Metric] = [requests_f, errors_f, duration, inferences, device_seconds]
-        for name, reading in self._gauges().items():
-            family = gauge(f"{PREFIX}_{name}", _GAUGE_HELP.get(name, name))
+        for name, (reading, text) in self._gauges().items():
+            family = gauge(f"{PREFIX}_{name}", text)
             add(family, {}, reading)
             families.append(family)
         return families
@@ -106,12 +106,3 @@ class ServeMetrics(Collector):
     def render(self) -> str:
         """The exposition text of one collection."""
         return render(self).decode()
-
-
-_GAUGE_HELP = {
-    "queue_depth": "inferences waiting for a device",
-    "queue_capacity": "inferences that may wait before requests are refused with 503",
-    "in_flight_requests": "requests being handled",
-    "open_connections": "client connections open that have shown the token",
-    "pending_connections": "client connections open that have not yet shown the token",
-}

@@ -20,10 +20,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..modelinfo import ModelInfo
-from ..preprocess import Geometry, Normalization, Prepared, Resize, conform_array, load_image
+from ..modelinfo import Engine, ModelInfo, TensorSpec
+from ..preprocess import Normalization, Prepared, Resize, as_input, conform_array, load_image
+from ..request import Preprocessing
 from ..session import EngineSet, OpenOptions, open_models
-from ..spec import Engine, TensorSpec
 from ..tasks import AUTO, Task, TaskOptions, choose_task, read_labels
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a URL path segment: no '/', no ':'
@@ -82,15 +82,6 @@ def parse_labels_args(values: Sequence[str], models: Sequence[ModelArg]) -> dict
     return found
 
 
-@dataclass(frozen=True)
-class Preparation:
-    """How request inputs become tensors, as ``slurm-tpu infer`` does it (set at serve time)."""
-
-    normalization: Normalization = Normalization()
-    fast_resize: bool = False
-    keep_aspect_ratio: bool = False  # segmentation: pad instead of stretch
-
-
 @dataclass
 class ServedModel:
     """One model as served: its name, engines (one per device, in device order) and task."""
@@ -101,7 +92,7 @@ class ServedModel:
     engines: list[Engine]
     task: Task  # recognised from the outputs (or --task)
     labels: Mapping[int, str]
-    preparation: Preparation = Preparation()
+    preprocessing: Preprocessing = field(default_factory=Preprocessing)  # as ``infer`` does it (set at serve time)
     _tasks: dict[str, Task] = field(default_factory=dict)
 
     @property
@@ -122,41 +113,29 @@ class ServedModel:
             return self.task
         if name not in self._tasks:
             self._tasks[name] = choose_task(
-                name, self.outputs, self.info.custom_ops, self.name, self.preparation.keep_aspect_ratio
+                name, self.outputs, self.info.custom_ops, self.name, self.preprocessing.keep_aspect_ratio
             )[0]
         return self._tasks[name]
 
     def options(self, top_k: int = 1, threshold: float | None = None) -> TaskOptions:
         return TaskOptions(self.labels, top_k, threshold)
 
-    def prepare_image(self, data: bytes, task: Task, what: str) -> Prepared:
-        """Encoded image bytes (JPEG, PNG...) as the input tensor, as the runner prepares files."""
+    def prepare(self, data: bytes, task: Task, what: str) -> Prepared:
+        """Request bytes as the input, as the runner prepares files: a .npy array (by its
+        magic) or an encoded image (JPEG, PNG...)."""
         if len(self.inputs) != 1:
             raise InputError(
-                f"model {self.name} has {len(self.inputs)} inputs: images feed single-input "
-                "models only; send tensors to :predict",
+                f"model {self.name} has {len(self.inputs)} inputs: images and .npy bodies feed "
+                "single-input models only; send tensors to :predict",
                 what,
             )
-        check_image_size(data, what)
-        resize = Resize(keep_aspect=task.keep_aspect, fast=self.preparation.fast_resize)
-        return load_image(io.BytesIO(data), self.inputs[0], self.preparation.normalization, resize, name=what)
-
-    def prepare_npy(self, data: bytes, what: str) -> Prepared:
-        """A .npy file's bytes as the input tensor, as the runner takes .npy inputs."""
-        if len(self.inputs) != 1:
-            raise InputError(f"model {self.name} has {len(self.inputs)} inputs: send tensors to :predict", what)
-        spec = self.inputs[0]
-        tensor = conform_array(read_npy(data, spec, what), spec, what)
-        if len(spec.shape) == 4:
-            size = (spec.shape[2], spec.shape[1])
-            return Prepared(tensor, Geometry(size, size, (1.0, 1.0), size))
-        return Prepared(tensor)
-
-    def prepare(self, data: bytes, task: Task, what: str) -> Prepared:
-        """Request bytes as the input: a .npy array (by its magic) or an encoded image."""
+        spec, prep = self.inputs[0], self.preprocessing
         if data.startswith(NPY_MAGIC):
-            return self.prepare_npy(data, what)
-        return self.prepare_image(data, task, what)
+            return as_input(conform_array(read_npy(data, spec, what), spec, what), spec)
+        check_image_size(data, what)
+        resize = Resize(keep_aspect=task.keep_aspect, fast=prep.fast_resize)
+        norm = Normalization(prep.input_mean, prep.input_std)
+        return load_image(io.BytesIO(data), spec, norm, resize, name=what)
 
 
 def check_image_size(data: bytes, what: str) -> None:
@@ -202,7 +181,7 @@ def open_served(
     args: Sequence[ModelArg],
     labels: Mapping[str, str],
     open_options: OpenOptions,
-    preparation: Preparation,
+    preprocessing: Preprocessing,
     environ: Mapping[str, str],
     warn,
     task: str = AUTO,
@@ -216,8 +195,8 @@ def open_served(
         for i, arg in enumerate(args):
             info = engine_set.models[i]
             engines = engine_set.engines[i * devices : (i + 1) * devices]
-            chosen, _ = choose_task(task, info.outputs, info.custom_ops, arg.path, preparation.keep_aspect_ratio)
-            served.append(ServedModel(arg.name, i, info, engines, chosen, label_maps.get(arg.name, {}), preparation))
+            chosen, _ = choose_task(task, info.outputs, info.custom_ops, arg.path, preprocessing.keep_aspect_ratio)
+            served.append(ServedModel(arg.name, i, info, engines, chosen, label_maps.get(arg.name, {}), preprocessing))
     except BaseException:
         engine_set.close()
         raise

@@ -6,8 +6,8 @@ layer. :func:`serve_job` is ``slurm-tpu serve``: it blocks SIGTERM and SIGINT fi
 (so a ``scancel`` during start-up still ends in a graceful stop), opens every model
 on the job's devices, publishes the address file, waits for a signal, then stops:
 no new connections, requests in flight finished, devices released in the runner's
-order (interpreters, delegates, locks) and the usage record written by the runner's
-meter (:func:`~slurm_tpu.runner.meter.report_usage`, via ``EngineSet.close``).
+order (interpreters, delegates, locks) and the usage record written
+(:meth:`~slurm_tpu.runner.session.EngineSet.report_usage`, via ``EngineSet.close``).
 
 Slurm sends SIGTERM on ``scancel`` and at the time limit, then SIGKILL ``KillWait``
 seconds later (30 by default): the drain timeout stays below that.
@@ -24,12 +24,13 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..errors import UsageError
-from ..session import EngineSet, OpenOptions
+from ..request import OpenOptions, Preprocessing
+from ..session import EngineSet
 from .app import Limits, ServeApp
 from .auth import Address, address_path, new_token, remove_address, write_address
 from .devicequeue import DeviceQueue
 from .httpserver import ServeHTTPServer
-from .models import ModelArg, Preparation, ServedModel, open_served
+from .models import ModelArg, ServedModel, open_served
 
 _ANY_ADDRESS = ("", "0.0.0.0", "::")
 
@@ -109,36 +110,6 @@ class Server:
         return drained
 
 
-def open_server(
-    args: Sequence[ModelArg],
-    labels: Mapping[str, str],
-    open_options: OpenOptions,
-    preparation: Preparation,
-    listen: Listen,
-    limits: Limits,
-    environ: Mapping[str, str],
-    warn: Callable[[str], None],
-    task: str = "auto",
-) -> Server:
-    """Open the models on the job's devices and bind the port (not yet serving)."""
-    engine_set, models = open_served(args, labels, open_options, preparation, environ, warn, task)
-    try:
-        return Server(models, listen, limits, runtime=engine_set.runtime, engine_set=engine_set)
-    except BaseException:
-        engine_set.close()
-        raise
-
-
-def job_id_of(environ: Mapping[str, str]) -> str:
-    job = environ.get("SLURM_JOB_ID", "")
-    if not job.isdigit():
-        raise UsageError(
-            "slurm-tpu serve runs inside a Slurm job (sbatch/srun): SLURM_JOB_ID names its address "
-            "file; outside Slurm set SLURM_JOB_ID to any number"
-        )
-    return job
-
-
 _SIGNALS = {signal.SIGTERM, signal.SIGINT}
 
 
@@ -146,7 +117,7 @@ def serve_job(
     args: Sequence[ModelArg],
     labels: Mapping[str, str],
     open_options: OpenOptions,
-    preparation: Preparation,
+    preprocessing: Preprocessing,
     listen: Listen,
     limits: Limits,
     drain_timeout: float,
@@ -156,11 +127,21 @@ def serve_job(
     environ: Mapping[str, str] = os.environ,
 ) -> int:
     """``slurm-tpu serve``: serve until SIGTERM/SIGINT, then stop gracefully; the exit status."""
-    job = job_id_of(environ)
+    job = environ.get("SLURM_JOB_ID", "")
+    if not job.isdigit():
+        raise UsageError(
+            "slurm-tpu serve runs inside a Slurm job (sbatch/srun): SLURM_JOB_ID names its address "
+            "file; outside Slurm set SLURM_JOB_ID to any number"
+        )
     # Blocked in this thread before any other starts, so every thread inherits the mask and
     # the signal waits for sigwait below, even one sent while the devices are opening.
     signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
-    server = open_server(args, labels, open_options, preparation, listen, limits, environ, warn, task)
+    engine_set, models = open_served(args, labels, open_options, preprocessing, environ, warn, task)
+    try:  # binds the port (not yet serving)
+        server = Server(models, listen, limits, runtime=engine_set.runtime, engine_set=engine_set)
+    except BaseException:
+        engine_set.close()
+        raise
     address = Address(job, server.url, server.token, environ.get("SLURMD_NODENAME", socket.gethostname()), os.getpid())
     try:
         server.start()

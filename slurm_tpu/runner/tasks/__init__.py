@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 from ..choices import AUTO, TASK_NAMES
 from ..errors import UsageError
-from ..spec import TensorSpec
+from ..modelinfo import TensorSpec
 from .base import Task, TaskOptions, describe_outputs, read_labels
 from .classify import Class, Classify
 from .detect import Detect, Object

@@ -20,8 +20,8 @@ from typing import Any, ClassVar
 import numpy as np
 
 from ..errors import InputError
+from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
-from ..spec import TensorSpec
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,8 @@ from typing import Any
 import numpy as np
 
 from ..choices import CLASSIFY
+from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
-from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, open_rgb, save_png
 
 
@@ -21,16 +21,11 @@ class Class:
     score: float
 
 
-def scores_of(output: np.ndarray, spec: TensorSpec) -> np.ndarray:
-    """Dequantized 1-D scores of a [1, N] (or [N]) classification output."""
-    return spec.dequantize(np.asarray(output).reshape(-1))
-
-
 def top_classes(
     output: np.ndarray, spec: TensorSpec, labels: Mapping[int, str], top_k: int = 1, threshold: float = 0.0
 ) -> list[Class]:
     """The ``top_k`` best classes scoring at least ``threshold``, best first (ties: lower index)."""
-    scores = scores_of(output, spec)
+    scores = spec.dequantize(np.asarray(output).reshape(-1))  # a [1, N] (or [N]) output's
     k = max(0, min(top_k, scores.size))
     if k == 0:
         return []

@@ -18,8 +18,8 @@ from typing import Any
 import numpy as np
 
 from ..choices import DETECT
+from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
-from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, open_rgb, save_png
 
 POSTPROCESS_OP = "TFLite_Detection_PostProcess"
@@ -33,14 +33,6 @@ class Object:
     label: str
     score: float
     bbox: tuple[int, int, int, int]
-
-
-def has_detection_outputs(outputs: Sequence[TensorSpec]) -> bool:
-    """boxes [1, M, 4], classes [1, M], scores [1, M], count [1], in that order (TF1 SSDs)."""
-    if len(outputs) != 4:
-        return False
-    boxes, classes, scores, count = (o.shape for o in outputs)
-    return len(boxes) == 3 and boxes[2] == 4 and classes == scores == boxes[:2] and tuple(count) in ((1,), (1, 1))
 
 
 def get_objects(
@@ -79,7 +71,11 @@ class Detect(Task):
     time_format = "{:.2f} ms"  # detect_image.py's
 
     def fits(self, outputs: Sequence[TensorSpec], custom_ops: frozenset[str]) -> bool:
-        return has_detection_outputs(outputs)
+        """boxes [1, M, 4], classes [1, M], scores [1, M], count [1], in that order (TF1 SSDs)."""
+        if len(outputs) != 4:
+            return False
+        boxes, classes, scores, count = (o.shape for o in outputs)
+        return len(boxes) == 3 and boxes[2] == 4 and classes == scores == boxes[:2] and tuple(count) in ((1,), (1, 1))
 
     def process(
         self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry, options: TaskOptions

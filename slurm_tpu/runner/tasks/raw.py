@@ -10,8 +10,8 @@ import numpy as np
 
 from ..choices import RAW
 from ..errors import UsageError
+from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
-from ..spec import TensorSpec
 from .base import Task, TaskOptions
 
 _SHOWN = 20  # values per output in the single-input printout

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 
 from ..choices import SEGMENT
+from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
-from ..spec import TensorSpec
 from .base import Task, TaskOptions, label_of, save_png
 
 
@@ -40,12 +40,6 @@ def pascal_colormap() -> np.ndarray:
     return colormap.astype(np.uint8)
 
 
-def class_map_of(output: np.ndarray) -> np.ndarray:
-    """[H, W] class ids from a [1, H, W] map or [1, H, W, C] scores."""
-    result = np.asarray(output)[0]
-    return np.argmax(result, axis=-1) if result.ndim == 3 else result
-
-
 def resize_map(class_map: np.ndarray, size: tuple[int, int]) -> np.ndarray:
     """Nearest-neighbour resize of a class map to (width, height)."""
     from PIL import Image
@@ -60,7 +54,8 @@ def resize_map(class_map: np.ndarray, size: tuple[int, int]) -> np.ndarray:
 
 def segment(output: np.ndarray, geometry: Geometry, labels) -> Segmentation:
     """The class map back at the source's size, and per-class fractions."""
-    class_map = class_map_of(output)
+    result = np.asarray(output)[0]  # [H, W] class ids, or [H, W, C] scores: their argmax
+    class_map = np.argmax(result, axis=-1) if result.ndim == 3 else result
     input_size = geometry.input
     if input_size is not None and geometry.resized is not None and geometry.resized != input_size:
         # Padded input: keep the part of the map that covers the image (the map may be
