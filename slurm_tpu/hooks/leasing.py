@@ -130,8 +130,8 @@ def _move(ledger: Ledger, lease: Lease | BadLease, phase: str, releaser: tuple[i
     """
     assert ledger.held, "a lease's phase changes under the state lock"
     check_transition(lease.phase if isinstance(lease, Lease) else UNREADABLE, phase)
-    if isinstance(lease, BadLease):
-        lease = Lease(identity=lease.identity, job_id=-1, uid=-1)
+    if isinstance(lease, BadLease):  # the nodes it is revoked on stay known (see udev_event)
+        lease = Lease(identity=lease.identity, job_id=-1, uid=-1, device_nodes=lease.device_nodes)
     if phase == FREE:
         ledger.drop(lease.identity)
         return lease

@@ -18,7 +18,7 @@ from slurm_tpu.hooks import leasing
 from slurm_tpu.hooks.context import JobContext
 from slurm_tpu.hooks.settings import HookSettings
 from slurm_tpu.protocol.inventory import KnownDevice
-from slurm_tpu.protocol.leases import FREE, HELD, KEPT
+from slurm_tpu.protocol.leases import FREE, HELD, KEPT, REVOKING
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="mknod/chown need root")
 
@@ -93,6 +93,17 @@ def test_a_lease_phase_changes_only_under_the_lock_and_as_the_table_allows(state
             assert ledger.read("usb-2-1.3") == kept and kept.phase == KEPT
             leasing._move(ledger, BadLease("usb-2-1.3", "garbled"), FREE)
         assert ledger.read("usb-2-1.3") is None
+
+
+def test_an_unreadable_lease_revoked_keeps_the_nodes_it_is_revoked_on(state):
+    """end_lease names the nodes a power-cycled stick had, so udev_event tells the old device's events from
+    the new one's: an unreadable lease, replaced by nobody's (job -1), must keep them too."""
+    with Ledger(state) as ledger, ledger.locked():
+        unreadable = BadLease("usb-2-1.3", "garbled")
+        unreadable.device_nodes = ("/dev/bus/usb/002/005",)
+        revoking = leasing._move(ledger, unreadable, REVOKING)
+        assert (revoking.job_id, revoking.device_nodes) == (-1, ("/dev/bus/usb/002/005",))
+        assert ledger.read("usb-2-1.3") == revoking
 
 
 def test_racing_processes_never_share_a_lease(state):
