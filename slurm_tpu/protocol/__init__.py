@@ -102,3 +102,26 @@ def json_object(raw: str | bytes, source: str) -> dict:
     if not isinstance(data, dict):
         raise FormatError(f"{source}: not a JSON object", source)
     return data
+
+
+class Record:
+    """A value class of a format, compared, hashed and shown by its ``__slots__``.
+
+    Plain classes with slots (no dataclasses: the root hooks import these modules);
+    a subclass lists its fields in ``__slots__`` and writes its ``__init__``.
+    """
+
+    __slots__ = ()
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._values() == other._values()  # type: ignore[attr-defined]
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"
