@@ -37,6 +37,8 @@ Text in the ``AdminComment`` that is not ours (an admin's note) is kept.
 
 from __future__ import annotations
 
+from . import Record
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -49,7 +51,7 @@ MAX_SPOOL_BYTES = 1024
 FIGURES = ("devices", "inferences", "inference_seconds", "energy_j")
 
 
-class SpoolEntry:
+class SpoolEntry(Record):
     """One node's figures for one job."""
 
     __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j")
@@ -65,12 +67,6 @@ class SpoolEntry:
     ):
         self.job_id, self.node, self.devices = job_id, node, devices
         self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SpoolEntry) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    def __repr__(self) -> str:
-        return "SpoolEntry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
 def totals(job_id: int, node: str, devices: int, records: Iterable) -> SpoolEntry:

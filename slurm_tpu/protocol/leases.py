@@ -21,7 +21,7 @@ Imported by the root hooks on every job: no json, re, typing or dataclasses.
 
 from __future__ import annotations
 
-from . import FormatError
+from . import FormatError, Record
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
@@ -89,7 +89,7 @@ _FLOAT_FIELDS = (START, PHASE_SINCE)
 _LIST_FIELDS = (DEVICE_NODES, ALLOCATION)
 
 
-class Lease:
+class Lease(Record):
     """One device held by one job on this node."""
 
     __slots__ = FIELDS
@@ -124,12 +124,6 @@ class Lease:
         # holder, a scan that could not finish) and kept it.
         self.phase, self.phase_since = phase, phase_since
         self.releaser_pid, self.releaser_start = releaser_pid, releaser_start
-
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in FIELDS}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Lease) and self.as_dict() == other.as_dict()
 
     def __repr__(self) -> str:
         return f"Lease({self.identity!r}, job {self.job_id}, uid {self.uid})"
