@@ -13,8 +13,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details
 from ..protocol import jobenv
-from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
-from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, millidegrees
+from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevIdentity
+from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, millidegrees, pci_accelerator
 
 KIND = "edgetpu"
 USB_BOOTLOADER = ("1a6e", "089a")  # Global Unichip: waiting for its firmware
@@ -31,7 +31,7 @@ def usb_product_prefix(ids: tuple[str, str]) -> str:
 
 
 @dataclass(frozen=True)
-class UsbDetails(Details):
+class UsbDetails(FamilyDetails):
     """A Coral USB Accelerator: its link and whether its firmware is loaded."""
 
     usb_speed_mbps: int | None = None
@@ -47,15 +47,6 @@ class UsbDetails(Details):
         if not self.firmware_loaded:
             notes.append("firmware not loaded yet")
         return notes
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "usb_speed_mbps": self.usb_speed_mbps,
-            "slow_link": self.slow_link,
-            "firmware_loaded": self.firmware_loaded,
-            "busnum": self.busnum,
-            "devnum": self.devnum,
-        }
 
 
 @dataclass(frozen=True)
@@ -155,20 +146,7 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
             nodes = (class_device.device_node,)
         else:
             usable, reason = False, f"apex device {class_device.sys_name} has no /dev node"
-    return accelerator_from(
-        device,
-        identity=f"pci-{device.sys_name}",
-        kind=KIND,
-        bus=Bus.PCI,
-        vendor_id=PCI_ID[0][2:],
-        product_id=PCI_ID[1][2:],
-        vendor="Global Unichip",
-        model="Coral PCIe Accelerator",
-        device_nodes=nodes,
-        usable=usable,
-        reason=reason,
-        details=details,
-    )
+    return pci_accelerator(device, KIND, "Global Unichip", "Coral PCIe Accelerator", nodes, usable, reason, details)
 
 
 def _libedgetpu_entry(identity: str, node: str | None) -> str:
@@ -230,13 +208,7 @@ class EdgeTpuFamily(Family):
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         data = item.get("details") or {}
         if item.get("bus") == "usb":
-            return UsbDetails(
-                data.get("usb_speed_mbps"),
-                bool(data.get("slow_link")),
-                bool(data.get("firmware_loaded")),
-                data.get("busnum"),
-                data.get("devnum"),
-            )
+            return UsbDetails.from_json(data)
         if "apex" in data:
             return ApexDetails(
                 data["apex"], data.get("temperature_c"), tuple(data.get("trip_points_c") or ()), data.get("unique_id")

@@ -15,8 +15,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details, slug
 from ..protocol import jobenv
-from .base import Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
-from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
+from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevIdentity
+from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, pci_accelerator
 
 KIND = "gpu"
 NVIDIA, AMD, INTEL = "0x10de", "0x1002", "0x8086"
@@ -30,7 +30,7 @@ TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,
 
 
 @dataclass(frozen=True)
-class NvidiaDetails(Details):
+class NvidiaDetails(FamilyDetails):
     """A discrete NVIDIA GPU: UUID, its /dev/nvidiaN minor and where that came from, NVML facts."""
 
     uuid: str | None = None
@@ -52,7 +52,7 @@ class NvidiaDetails(Details):
 
 
 @dataclass(frozen=True)
-class DrmDetails(Details):
+class DrmDetails(FamilyDetails):
     """An AMD or Intel GPU: VRAM size and unique id where the driver reports them."""
 
     memory_bytes: int | None = None
@@ -61,18 +61,15 @@ class DrmDetails(Details):
     def notes(self) -> list[str]:
         return [f"{self.memory_bytes / 2**30:.0f} GiB"] if self.memory_bytes else []
 
-    def to_json(self) -> dict[str, Any]:
-        return {"memory_bytes": self.memory_bytes, "unique_id": self.unique_id}
-
 
 @dataclass(frozen=True)
-class TegraDetails(Details):
+class TegraDetails(FamilyDetails):
     """A Jetson's integrated GPU, by its device-tree compatible string."""
 
     compatible: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"compatible": self.compatible, "integrated": True}
+        return {**super().to_json(), "integrated": True}
 
 
 def _is_display(device: SysDevice) -> bool:
@@ -133,7 +130,7 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
             if not snapshot.node_exists(node):
                 usable = False
                 reason = f"device node {node} is missing: run nvidia-modprobe -c {minor} or load the driver"
-        found.append(_gpu(device, "NVIDIA", model, nodes, usable, reason, details))
+        found.append(pci_accelerator(device, KIND, "NVIDIA", model, nodes, usable, reason, details))
 
     def minor_order(a: Accelerator) -> tuple[int, str]:
         minor = getattr(a.details, "minor", None)
@@ -163,26 +160,7 @@ def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
         usable, reason = False, f"GPU {device.sys_name} has no driver bound"
     elif not render:
         usable, reason = False, f"GPU {device.sys_name} ({device.driver}) has no DRM render node"
-    return _gpu(device, vendor, model, tuple(render + cards), usable, reason, details)
-
-
-def _gpu(
-    device: SysDevice, vendor: str, model: str, nodes: tuple[str, ...], usable: bool, reason: str, details: Details
-) -> Accelerator:
-    return accelerator_from(
-        device,
-        identity=f"pci-{device.sys_name}",
-        kind=KIND,
-        bus=Bus.PCI,
-        vendor_id=device.attributes.get("vendor", "")[2:],
-        product_id=device.attributes.get("device", "")[2:],
-        vendor=vendor,
-        model=model,
-        device_nodes=nodes,
-        usable=usable,
-        reason=reason,
-        details=details,
-    )
+    return pci_accelerator(device, KIND, vendor, model, tuple(render + cards), usable, reason, details)
 
 
 def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
@@ -290,16 +268,8 @@ class GpuFamily(Family):
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         data = item.get("details") or {}
         if item.get("bus") == "platform" or "compatible" in data:
-            return TegraDetails(str(data.get("compatible", "")))
-        if item.get("vendor") == "NVIDIA":
-            return NvidiaDetails(
-                data.get("uuid"),
-                data.get("minor"),
-                data.get("minor_source"),
-                data.get("memory_bytes"),
-                bool(data.get("nvml")),
-            )
-        return DrmDetails(data.get("memory_bytes"), data.get("unique_id"))
+            return TegraDetails.from_json(data)
+        return (NvidiaDetails if item.get("vendor") == "NVIDIA" else DrmDetails).from_json(data)
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
         return {

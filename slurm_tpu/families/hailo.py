@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..hardware import Accelerator, Bus, Details
-from .base import Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
-from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
+from ..hardware import Accelerator, Details
+from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevIdentity
+from .sysfs import Snapshot, SysDevice, int_or_none, pci_accelerator
 
 KIND = "hailo"
 PCI_ID = ("0x1e60", "0x2864")  # Hailo-8 and Hailo-8L
@@ -65,14 +65,11 @@ DRIVER_FIX = (
 
 
 @dataclass(frozen=True)
-class HailoDetails(Details):
+class HailoDetails(FamilyDetails):
     """A Hailo card: its class device (``hailoN``) and the driver's accelerator type (0: NNC)."""
 
     chardev: str | None = None
     accelerator_type: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"chardev": self.chardev, "accelerator_type": self.accelerator_type}
 
 
 def _address(identity: str) -> str:
@@ -114,20 +111,7 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
             nodes = (chardev.device_node,)
         else:
             usable, reason = False, f"Hailo device {chardev.sys_name} of {address} has no /dev node"
-    return accelerator_from(
-        device,
-        identity=f"pci-{address}",
-        kind=KIND,
-        bus=Bus.PCI,
-        vendor_id=PCI_ID[0][2:],
-        product_id=PCI_ID[1][2:],
-        vendor="Hailo",
-        model=MODEL,
-        device_nodes=nodes,
-        usable=usable,
-        reason=reason,
-        details=details,
-    )
+    return pci_accelerator(device, KIND, "Hailo", MODEL, nodes, usable, reason, details)
 
 
 class HailoFamily(Family):
@@ -160,8 +144,7 @@ class HailoFamily(Family):
         return sorted((a for a in found if a), key=lambda a: a.bus_address)
 
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
-        data = item.get("details") or {}
-        return HailoDetails(data.get("chardev"), data.get("accelerator_type"))
+        return HailoDetails.from_json(item.get("details") or {})
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
         return {

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hardware import Accelerator
+from ..hardware import Accelerator, Bus, Details
 
 
 @dataclass(frozen=True)
@@ -67,6 +67,33 @@ def accelerator_from(device: SysDevice, **fields: Any) -> Accelerator:
         numa_node=device.numa_node,
         local_cpus=device.local_cpus,
         **fields,
+    )
+
+
+def pci_accelerator(
+    device: SysDevice,
+    kind: str,
+    vendor: str,
+    model: str,
+    nodes: tuple[str, ...],
+    usable: bool,
+    reason: str,
+    details: Details,
+) -> Accelerator:
+    """The Accelerator of a PCI device: identity ``pci-<address>``, ids from its sysfs attributes."""
+    return accelerator_from(
+        device,
+        identity=f"pci-{device.sys_name}",
+        kind=kind,
+        bus=Bus.PCI,
+        vendor_id=device.attributes.get("vendor", "")[2:],
+        product_id=device.attributes.get("device", "")[2:],
+        vendor=vendor,
+        model=model,
+        device_nodes=nodes,
+        usable=usable,
+        reason=reason,
+        details=details,
     )
 
 

@@ -33,6 +33,10 @@ from ..defaults import HOLDER_SCAN_S, NODE_MODE, SLOT_DIR, SYSFS_ROOT
 from . import Record
 from .inventory import KnownDevice
 
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
+if TYPE_CHECKING:
+    from typing import Any
+
 FILE = "hooks.snapshot"  # under the state directory
 FORMAT = "slurm-tpu hooks snapshot 7"
 # Revocation methods (slurm_tpu/families/base.py names them for the families).
@@ -89,7 +93,7 @@ class EnvVariable(Record):
 
 # The records of one object each, in written order: tag, class, the snapshot's collection
 # (a dict is keyed by the first field), and the record's keys and types for the class's __slots__.
-OBJECTS = (
+OBJECTS: tuple[tuple[str, Any, str, tuple[str, ...], tuple[type, ...]], ...] = (
     ("family", FamilyPolicy, "families", ("kind", "gres", "leased", "slot", "revoke"), (str, str, bool, bool, dict)),
     ("udev", UdevRule, "udev", ("subsystem", "devtype", "bus", "depth", "attribute"), (str, str, str, int, str)),
     ("var", EnvVariable, "variables", ("name", "kind", "unset", "keep"), (str, str, bool, bool)),
