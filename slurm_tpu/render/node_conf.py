@@ -29,15 +29,11 @@ def accounting_tres(gres: str) -> list[str]:
     the GRES named in AccountingStorageTRES; a typed GRES needs both the name (limits
     such as ``MaxTRESPerUser=gres/tpu=1``) and the name:type (usage per type).
     """
+    from ..slurm.parse import parse_gres_items
+
     entries: list[str] = []
-    for item in filter(None, gres.split(",")):
-        parts = item.split(":")
-        name = parts[0]
-        # name[:type][:count]; the count may carry a unit suffix (4K)
-        kind = parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1][:1].isdigit()) else ""
-        entries.append(f"gres/{name}")
-        if kind:
-            entries.append(f"gres/{name}:{kind}")
+    for name, kind, _ in parse_gres_items(gres):
+        entries += [f"gres/{name}", f"gres/{name}:{kind}"] if kind else [f"gres/{name}"]
     return list(dict.fromkeys(entries))
 
 

@@ -37,8 +37,6 @@ import os
 FIRST_RELEASE = (23, 2)
 FIRST_RELEASE_NAME = "Slurm 23.02"
 FIX = f"{FIRST_RELEASE_NAME} (commit dd2e76b9df, bug 14139)"
-# Buses whose device node keeps its major:minor for as long as the device is present.
-STABLE_BUSES = ("pci",)
 # GRES names Slurm has a gres plugin for (gres_<name>.so): the device cgroup covers them on every release.
 GRES_WITH_PLUGIN = ("gpu", "mps", "shard", "nic")
 
@@ -69,14 +67,6 @@ def read_cgroup_conf(path: str) -> dict[str, str] | None:
     return options
 
 
-def _release(version: str) -> tuple[int, int] | None:
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
-
-
 def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, str] | None) -> bool:
     """Whether this configuration asks for the device cgroup: task/cgroup (``slurm_options``: slurm.conf's,
     lower-case keys) and ConstrainDevices=yes."""
@@ -90,8 +80,11 @@ def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, 
 
 def covers_gres_without_plugin(version: str) -> bool:
     """Whether slurmd ``version`` (``25.11.7``) puts a plugin-less GRES such as ``tpu`` in the device cgroup."""
-    release = _release(version)
-    return release is not None and release >= FIRST_RELEASE
+    parts = version.split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= FIRST_RELEASE
+    except (IndexError, ValueError):
+        return False
 
 
 def where_it_holds(version: str) -> str:

@@ -189,9 +189,14 @@ def _nul_separated(path: str) -> list[str]:
         return [os.fsdecode(part) for part in handle.read().split(b"\0") if part]
 
 
+def compiled_conf(sbin_dir: str) -> str:
+    """The slurm.conf Slurm's daemons in ``sbin_dir`` read by default (Debian's for /usr, else <prefix>/etc)."""
+    prefix = os.path.dirname(sbin_dir.rstrip("/"))
+    return DEBIAN_CONF if prefix in ("/usr", "/", "") else f"{prefix}/etc/slurm.conf"
+
+
 def _daemon_conf(pid: int, exe: str) -> str:
-    prefix = os.path.dirname(os.path.dirname(exe))
-    default = DEBIAN_CONF if prefix in ("/usr", "/") else f"{prefix}/etc/slurm.conf"
+    default = compiled_conf(os.path.dirname(exe))
     try:
         argv = _nul_separated(f"/proc/{pid}/cmdline")
         environ = dict(item.partition("=")[::2] for item in _nul_separated(f"/proc/{pid}/environ"))

@@ -1,7 +1,7 @@
 """A job's GRES indices on one node, from ``scontrol show job -d`` text.
 
 Deliberately light (no ``re``, ``json``, ``dataclasses``): the prolog imports it
-on every job. ``parse.py`` re-exports these names for everything else.
+on every job.
 """
 
 from __future__ import annotations

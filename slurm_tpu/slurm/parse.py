@@ -1,10 +1,13 @@
-"""Pure parsers of Slurm command output, tested on captured text."""
+"""Pure parsers of Slurm command output and configuration, tested on captured text (a job's GRES
+from ``scontrol show job -d``, which the prolog reads, is jobdetail.py's)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+
+from .jobdetail import GresAlloc, expand_hostlist, parse_gres_detail
 
 
 def parse_key_values(line: str) -> dict[str, str]:
@@ -25,16 +28,7 @@ def parse_slurmd_c(text: str) -> dict[str, str]:
     return {}
 
 
-# ---- hostlists and a job's GRES (light, shared with the prolog) ---------------------
-
-from .jobdetail import (  # noqa: E402,F401
-    ForgedOutputError,
-    GresAlloc,
-    SiblingsOnNode,
-    expand_hostlist,
-    parse_gres_detail,
-    parse_scontrol_job_detail,
-)
+# ---- a job's GRES in JSON -------------------------------------------------------------
 
 
 def _json_number(value: object) -> int | None:
@@ -180,23 +174,17 @@ def parse_node_gres(text: str, node: str) -> list[tuple[str, str | None, int]] |
     None when no NodeName line names the node (e.g. configless, or an Include
     the caller has not read). ``NodeName=DEFAULT`` Gres= applies to later lines.
     """
-    default: str | None = None
-    found: str | None = None
-    seen = False
-    for _, line in _config_lines(text):
-        if not line.lower().startswith("nodename="):
-            continue
-        fields = _keys(line)
-        if fields["nodename"].upper() == "DEFAULT":
-            default = fields.get("gres", default)
-            continue
-        if _matches_node(fields["nodename"], node):
-            seen = True
-            found = fields.get("gres", default)
-    if not seen:
+    fields = node_line_fields(text, node)
+    if fields is None:
         return None
+    return parse_gres_items(([value for key, value in fields.items() if key.lower() == "gres"] or [""])[-1])
+
+
+def parse_gres_items(value: str) -> list[tuple[str, str | None, int]]:
+    """(name, type, count) of each item of a ``Gres=`` value (``tpu:edgetpu_usb:2,gpu:1``; the count may
+    carry a unit suffix, 4K), in written order; ``(null)`` is none."""
     result = []
-    for item in (found or "").split(","):
+    for item in value.split(","):
         if not item or item.lower() == "(null)":
             continue
         parts = item.split(":")

@@ -38,10 +38,7 @@ def _major_minor(version: str) -> tuple[str, ...]:
 
 def _slurm_conf(slurm: Slurm) -> str:
     """The slurm.conf libslurm would read: $SLURM_CONF, else the daemons' compiled-in default."""
-    conf = slurm.environ.get("SLURM_CONF")
-    if not conf:
-        prefix = os.path.dirname(slurm.install.sbin_dir.rstrip("/"))
-        conf = installation.DEBIAN_CONF if prefix in ("/usr", "") else f"{prefix}/etc/slurm.conf"
+    conf = slurm.environ.get("SLURM_CONF") or installation.compiled_conf(slurm.install.sbin_dir)
     if not os.path.isfile(conf):
         raise PyslurmUnavailable(
             f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
