@@ -215,25 +215,12 @@ class LeaseSpan(Record):
 
     __slots__ = ("identity", "job_id", "uid", "start", "end", "freed", "inferences", "inference_seconds", "energy_j")
 
-    def __init__(
-        self,
-        identity: str,
-        job_id: int,
-        uid: int,
-        start: float,
-        end: float | None = None,
-        freed: float | None = None,
-        inferences: int = 0,
-        inference_seconds: float = 0.0,
-        energy_j: float | None = None,
-    ):
-        self.identity, self.job_id, self.uid, self.start, self.end = identity, job_id, uid, start, end
-        self.freed, self.inferences, self.inference_seconds, self.energy_j = (
-            freed,
-            inferences,
-            inference_seconds,
-            energy_j,
-        )
+    def __init__(self, identity: str, job_id: int, uid: int, start: float):
+        self.identity, self.job_id, self.uid, self.start = identity, job_id, uid, start
+        self.end: float | None = None
+        self.freed: float | None = None
+        self.inferences, self.inference_seconds = 0, 0.0
+        self.energy_j: float | None = None
 
     def seconds_within(self, since: float | None, until: float | None, now: float) -> float:
         """Lease time (start to end) overlapping [since, until); a lease still held counts up to ``now``."""

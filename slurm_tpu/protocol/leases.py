@@ -54,39 +54,29 @@ def check_transition(old: str, new: str) -> None:
         raise ValueError(f"lease phase {old!r} may not become {new!r}")
 
 
-# Field names, in the order they are written.
-IDENTITY, JOB_ID, UID, KIND, USER, START = "identity", "job_id", "uid", "kind", "user", "start"
-DEVICE_NODES, ALLOCATION, NODE = "device_nodes", "allocation", "node"
-PROLOG_PID, PROLOG_START, FORMAT_VERSION, PHASE, PHASE_SINCE = (
+# Field names, in the order they are written (the order of Lease's constructor).
+FIELDS = (
+    "identity",
+    "job_id",
+    "uid",
+    "kind",
+    "user",
+    "start",
+    "device_nodes",
+    "allocation",
+    "node",
     "prolog_pid",
     "prolog_start",
     "version",
     "phase",
     "phase_since",
+    "releaser_pid",
+    "releaser_start",
 )
-RELEASER_PID, RELEASER_START = "releaser_pid", "releaser_start"
-FIELDS = (
-    IDENTITY,
-    JOB_ID,
-    UID,
-    KIND,
-    USER,
-    START,
-    DEVICE_NODES,
-    ALLOCATION,
-    NODE,
-    PROLOG_PID,
-    PROLOG_START,
-    FORMAT_VERSION,
-    PHASE,
-    PHASE_SINCE,
-    RELEASER_PID,
-    RELEASER_START,
-)
-REQUIRED = (IDENTITY, JOB_ID, UID)
-_INT_FIELDS = (JOB_ID, UID, PROLOG_PID, PROLOG_START, FORMAT_VERSION, RELEASER_PID, RELEASER_START)
-_FLOAT_FIELDS = (START, PHASE_SINCE)
-_LIST_FIELDS = (DEVICE_NODES, ALLOCATION)
+REQUIRED = ("identity", "job_id", "uid")
+_INT_FIELDS = ("job_id", "uid", "prolog_pid", "prolog_start", "version", "releaser_pid", "releaser_start")
+_FLOAT_FIELDS = ("start", "phase_since")
+_LIST_FIELDS = ("device_nodes", "allocation")
 
 
 class Lease(Record):
@@ -132,7 +122,7 @@ class Lease(Record):
         """The lease file's bytes (always the current :data:`VERSION`)."""
         lines = []
         for name in FIELDS:
-            item: Any = VERSION if name == FORMAT_VERSION else getattr(self, name)  # a list field's: strings
+            item: Any = VERSION if name == "version" else getattr(self, name)  # a list field's: strings
             text = ",".join(item) if name in _LIST_FIELDS else str(item)
             if "\n" in text or "\t" in text or (name in _LIST_FIELDS and any("," in i for i in item)):
                 raise ValueError(f"lease field {name} holds a tab, newline or (in a list) a comma")
@@ -160,20 +150,22 @@ class Lease(Record):
         for name in REQUIRED:
             if name not in fields:
                 raise FormatError(f"lease file {source}: field {name!r} is missing", source)
-        if fields[IDENTITY] != identity:
-            raise FormatError(f"lease file {source}: names device {fields[IDENTITY][:80]!r}, not its file name", source)
+        if fields["identity"] != identity:
+            raise FormatError(
+                f"lease file {source}: names device {fields['identity'][:80]!r}, not its file name", source
+            )
         kwargs: dict = {}
         for name in FIELDS:
             if name in fields:
                 kwargs[name] = _value(name, fields[name], source)
-        if kwargs.get(FORMAT_VERSION, VERSION) > VERSION:
+        if kwargs.get("version", VERSION) > VERSION:
             raise FormatError(
-                f"lease file {source} has format version {kwargs[FORMAT_VERSION]}; this slurm-tpu "
+                f"lease file {source} has format version {kwargs['version']}; this slurm-tpu "
                 f"reads up to {VERSION}: run the same slurm-tpu on every node and hook",
                 source,
             )
-        if kwargs.get(PHASE, HELD) not in PHASES:
-            raise FormatError(f"lease file {source}: unknown phase {kwargs[PHASE][:40]!r}", source)
+        if kwargs.get("phase", HELD) not in PHASES:
+            raise FormatError(f"lease file {source}: unknown phase {kwargs['phase'][:40]!r}", source)
         return cls(**kwargs)
 
 
