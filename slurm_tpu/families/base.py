@@ -93,14 +93,10 @@ class JobVariable:
 
 @dataclass(frozen=True)
 class UdevIdentity:
-    """How ``slurm-tpu udev-event`` names the device of an event (no families import there).
-
-    The identity is ``<bus>-`` + the event device's sysfs ``attribute`` when one is
-    named (a class device that is no child of its PCI device, e.g. Hailo's), else
-    the DEVPATH component ``depth`` levels up (1: the last one), for events of
-    ``subsystem`` (and ``devtype`` when not ''). A remove event, whose sysfs is
-    gone, is matched by its device node instead.
-    """
+    """How ``slurm-tpu udev-event`` names the device of an event of ``subsystem`` (and ``devtype``
+    when not ''): the hooks get it as a :class:`~slurm_tpu.protocol.hooks_snapshot.UdevRule`,
+    whose docstring says how. ``attribute`` is for a class device that is no child of its PCI
+    device (Hailo's); a remove event, whose sysfs is gone, is matched by its device node."""
 
     subsystem: str
     bus: str

@@ -7,51 +7,31 @@ line naming the file or field, what is wrong, and (where there is one) what to
 do. Stored formats carry a version; readers keep accepting what older releases
 wrote (a node upgraded while a job runs) and refuse newer versions by name.
 
-Format, its module, where it lives, writer -> readers:
+Format, its module, where it lives, writer -> readers (each module's docstring says more):
 
-- **job environment** -- :mod:`.jobenv`: the ``SLURM_TPU_*`` variables of each
-  task. The task-prolog exports them (from ``jobs/<id>.env``) -> the runner and
-  job scripts.
-- **job environment file** -- :mod:`.envfile`:
-  ``<state_dir>/jobs/<id>.env`` and ``no-devices.env``, ``export``/``unset`` lines.
-  The prolog (root, through ``slurm_tpu/hooks/envfile.py``; ``no-devices.env`` with the
-  hooks' snapshot) -> the task-prolog (the job's user: its native entry, or the ``sh``
-  ``prolog/slurm-tpu-task-prolog``).
-- **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``,
-  config + inventory + IDX table keyed by the source files' versions. The first
-  hook after any change (root) -> every hook (root).
-- **node inventory** -- :mod:`.inventory`: ``<state_dir>/inventory.json``, the
-  shape of ``slurm-tpu detect --json``, the only source of the device node paths the
-  hooks chown. ``gres-conf --output``, ``boot`` and the udev hook (root, through
-  :mod:`slurm_tpu.access.node_inventory`) -> every hook.
-- **node agent** -- :mod:`.agent_wire`: ``<state_dir>/agent.sock``, a length-prefixed
-  request (the hook and its environment) and answer (messages, exit status), and
-  ``agent.pid``, written once the socket listens. The
-  hooks' C client (``prolog/slurm-tpu-hook-client.c``, root) -> the agent (root,
-  slurm_tpu/hooks/agent.py); and the agent's workers -> its resident scontrol helper
-  (slurm_tpu/hooks/agent_query.py).
-- **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The
-  prolog, epilog, udev-event, ``leases --clear``, health (root, through
-  :mod:`slurm_tpu.access.ledger`) -> the same, ``slurm-tpu leases``, ``metrics``.
-- **audit events** -- :mod:`.audit`: ``<state_dir>/audit.log``, JSON lines.
-  Every hook (root) -> ``slurm-tpu report`` and ``metrics``, the demo's
-  timeline, the isolation tests, all through :func:`.audit.read_events` and
-  :func:`.audit.pair_leases`.
+- **job environment** -- :mod:`.jobenv`: the ``SLURM_TPU_*`` variables of each task.
+  The task-prolog -> the runner and job scripts.
+- **job environment file** -- :mod:`.envfile`: ``<state_dir>/jobs/<id>.env`` and
+  ``no-devices.env``. The prolog (root) -> the task-prolog (the job's user).
+- **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``. The
+  first hook after any change (root) -> every hook (root).
+- **node inventory** -- :mod:`.inventory`: ``<state_dir>/inventory.json``. ``gres-conf
+  --output``, ``boot``, the udev hook (root) -> every hook.
+- **node agent** -- :mod:`.agent_wire`: ``<state_dir>/agent.sock`` and ``agent.pid``. The
+  hooks' C client (root) -> the agent (root); its workers -> its scontrol helper.
+- **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The hooks,
+  ``leases --clear``, health (root, through :mod:`slurm_tpu.access.ledger`) -> the same,
+  ``slurm-tpu leases``, ``metrics``.
+- **audit events** -- :mod:`.audit`: ``<state_dir>/audit.log``. Every hook (root) ->
+  ``report``, ``metrics``, the demo, the isolation tests.
 - **usage records** -- :mod:`.usage`: ``<state_dir>/job-usage/<job>/<identity>.json``
-  in the job's own tmpfs (``job-usage/<job>``, mounted by the prolog, unmounted by the
-  epilog: slurm_tpu/hooks/jobusage.py). The runner (the job's user: hostile input) ->
-  the epilog (root), which audits them as ``usage`` events.
-- **job records** -- :mod:`.job_record`: ``<state_dir>/accounting-spool/<job>`` (only
-  where a collector runs) and the ``slurm-tpu/<node>:`` items of the job's
-  ``AdminComment`` in Slurm's database. The epilog (root, through
-  slurm_tpu/hooks/jobusage.py) -> the collector (``slurm-tpu accounting-collect``, root)
-  -> ``slurm-tpu report`` (sacct), both in :mod:`slurm_tpu.ops.accounting`.
-- **server address** -- :mod:`.serve_address`: ``~/.slurm-tpu/serve/<job>.json``, the
-  job's user's own. ``slurm-tpu serve`` -> ``slurm-tpu infer --server`` and the user's
-  scripts, through :mod:`slurm_tpu.runner.serve.auth` (private files, never a link).
+  (the job's own tmpfs). The runner (the job's user: hostile input) -> the epilog (root).
+- **job records** -- :mod:`.job_record`: ``<state_dir>/accounting-spool/<job>`` and the
+  job's ``AdminComment``. The epilog (root) -> ``accounting-collect`` (root) -> ``report``.
+- **server address** -- :mod:`.serve_address`: ``~/.slurm-tpu/serve/<job>.json``.
+  ``slurm-tpu serve`` -> ``infer --server`` and the user's scripts.
 - **install manifest** -- :mod:`.install_manifest`:
-  ``<prefix>/libexec/slurm-tpu/install-manifest.json``. ``slurm-tpu install`` (root) ->
-  ``slurm-tpu uninstall`` (root), through :mod:`slurm_tpu.ops.install`.
+  ``<prefix>/libexec/slurm-tpu/install-manifest.json``. ``install`` -> ``uninstall`` (root).
 
 The state directory (``state_dir``, default ``/run/slurm-tpu``; root's, never followed
 through a link) holds the files above and one without a format, ``.lock``: the

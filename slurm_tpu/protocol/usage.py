@@ -23,14 +23,8 @@ self-reported by the job, which is fine for accounting: a user can only inflate
 their own numbers, and :func:`checked` bounds them so a forged record can neither
 crash ``slurm-tpu report``/``metrics`` nor dominate a total.
 
-This module is the format's one writer (:func:`add_usage`, job side, bytes from
-:func:`encode`) and one reader (:func:`read_record`, root side, through
-:func:`decode`). The reader refuses a record that is there but not acceptable
-(a link, not a regular file, not the job's uid's, too big, not JSON, another
-version, implausible figures) with :class:`~slurm_tpu.protocol.FormatError`,
-one line naming the file; the epilog audits that as ``usage-rejected``.
-
-Stdlib only, and no json/re at import time: the epilog imports this.
+Writer: :func:`add_usage` (job side); reader: :func:`read_record` (root side), whose
+:class:`~slurm_tpu.protocol.FormatError` the epilog audits as ``usage-rejected``.
 """
 
 from __future__ import annotations

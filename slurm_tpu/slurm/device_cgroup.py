@@ -1,32 +1,18 @@
 """Slurm's device cgroup (``ConstrainDevices=yes``) as a second layer: where it holds for our GRES.
 
-The one place that knows these facts; ``doctor``, ``install`` and docs/security.md
-say what this module says.
+The one place in the code that knows these facts (``doctor`` and ``install`` report
+:func:`status`); docs/security.md ("Slurm's device cgroup as a second layer") gives the
+measurements, per release and bus, from tests/isolation/test_device_cgroup.py:
 
-* **Release.** With ``TaskPlugin=task/cgroup`` and ``ConstrainDevices=yes`` in
-  cgroup.conf, slurmstepd denies a job every ``File=`` of gres.conf it was not
-  allocated (task_cgroup_devices.c, from the list ``gres_g_get_devices()``
-  returns). Up to 22.05 that function skipped a GRES that has no gres plugin of
-  its own (``gpu``, ``mps``, ``shard``, ``nic`` have one; ``tpu``, ``npu`` do not), so
-  the device cgroup leaves our devices alone there. Fixed upstream in 23.02
-  (commit dd2e76b9df, bug 14139). Measured: on Debian's 22.05 a job without the
-  GRES opens a PCIe Edge TPU whose mode allows it; on 25.11 it gets EPERM
-  (tests/isolation/test_device_cgroup.py). Our gres/tpu plugin (slurm_plugin/,
-  named in slurm.conf's PluginDir) gives ``tpu`` a plugin on 22.05 too: its
-  get_devices hands slurmd gres.conf's File= devices, and the job without the
-  GRES gets EPERM there as well (measured, same test). ``npu`` has none.
-* **Bus.** slurmd stat()s each ``File=`` once, when it starts, and denies those
-  major:minor numbers. A PCIe card's node (``/dev/apex_N``) keeps its numbers,
-  so the layer holds for it. A USB stick re-enumerates at every revocation (and
-  on every replug): udev gives it a new ``/dev/bus/usb/BBB/DDD`` node, the slot
-  node is re-pointed at it, and slurmd still denies the *old* numbers until it
-  restarts. So for USB sticks the layer holds only until the stick's first
-  re-enumeration after slurmd started; the file ownership the hooks manage is
-  what keeps them private.
-* **cgroup version.** Tested with ``CgroupPlugin=cgroup/v1`` on a hybrid
-  mount (v1 controllers under /sys/fs/cgroup, v2 only at
-  /sys/fs/cgroup/unified), the layout of these machines; cgroup/v2 needs the
-  unified hierarchy mounted at /sys/fs/cgroup and is not tested here.
+* **Release.** Up to 22.05 ``gres_g_get_devices()`` (task_cgroup_devices.c) skips a
+  GRES without a gres plugin of its own (:data:`GRES_WITH_PLUGIN` have one; ``tpu``,
+  ``npu`` do not), so ``ConstrainDevices=yes`` leaves our devices alone there; fixed in
+  :data:`FIX`. Our gres/tpu plugin (slurm_plugin/, in slurm.conf's PluginDir) gives
+  ``tpu`` one on 22.05 too; ``npu`` has none.
+* **Bus.** slurmd reads each ``File=``'s major:minor once, at start: a PCIe node keeps
+  its numbers, a USB stick gets a new node at every re-enumeration (each revocation),
+  so for sticks the layer holds only until then.
+* **cgroup version.** Tested with cgroup/v1 on a hybrid mount; cgroup/v2 is not.
 """
 
 from __future__ import annotations
