@@ -9,7 +9,7 @@ snapshot is pure and testable on literal data.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import DetectionError
@@ -143,11 +143,11 @@ def _cpu_topology() -> dict[int, tuple[int, int]]:
     return topology
 
 
-def take_snapshot(only: Iterable[str] | None = None) -> Snapshot:
-    """Enumerate the udev devices some family wants (of ``only`` these subsystems) into a :class:`Snapshot`."""
+def take_snapshot() -> Snapshot:
+    """Enumerate the udev devices some family wants into a :class:`Snapshot`."""
     context = _load_pyudev()
     devices: dict[str, SysDevice] = {}
-    for subsystem in subsystems() if only is None else only:
+    for subsystem in subsystems():
         try:
             for device in context.list_devices(subsystem=subsystem):
                 if _wanted(device):

@@ -4,7 +4,7 @@ A family (Coral Edge TPUs, GPUs, Hailo NPUs...) is one module with one
 :class:`Family` subclass. The rest of the suite never asks "is this a TPU?":
 detection asks each family which udev devices it wants and what they are,
 rendering asks for GRES names, types, features and udev rule lines, config asks
-for the family's section, and the hooks get a precomputed :class:`HookPolicy`
+for the family's section, and the hooks get a precomputed :class:`FamilyPolicy`
 and the job variables' values through their snapshot (they never import this
 package: see slurm_tpu/protocol/hooks_snapshot.py).
 """

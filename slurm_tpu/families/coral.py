@@ -78,13 +78,9 @@ class ApexDetails(Details):
         }
 
 
-def _usb_ids(device: SysDevice) -> tuple[str, str]:
-    return device.attributes.get("idVendor", ""), device.attributes.get("idProduct", "")
-
-
 def usb_edgetpu(device: SysDevice) -> Accelerator | None:
     """An Accelerator for a Coral USB stick in either mode, else None."""
-    ids = _usb_ids(device)
+    ids = device.attributes.get("idVendor", ""), device.attributes.get("idProduct", "")
     if ids not in USB_IDS:
         return None
     speed = int_or_none(device.attributes.get("speed"))
@@ -149,15 +145,6 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
     return pci_accelerator(device, KIND, "Global Unichip", "Coral PCIe Accelerator", nodes, usable, reason, details)
 
 
-def _libedgetpu_entry(identity: str, node: str | None) -> str:
-    kind, path = jobenv.libedgetpu_path(identity, node)
-    return f"{kind}:{path}"
-
-
-def _visible_entry(identity: str, node: str | None) -> str:
-    return jobenv.libedgetpu_path(identity, node)[1]
-
-
 class EdgeTpuFamily(Family):
     """Coral Edge TPUs: leased, slot nodes, USB revocation by port power-cycle."""
 
@@ -176,9 +163,18 @@ class EdgeTpuFamily(Family):
     udev_identities = (UdevIdentity("usb", "usb", 1, devtype="usb_device"), UdevIdentity("apex", "pci", 3))
     variables = (
         JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),
-        JobVariable(jobenv.EDGETPU_PATHS, _libedgetpu_entry, unset_when_empty=False),
+        JobVariable(
+            jobenv.EDGETPU_PATHS,
+            lambda identity, node: ":".join(jobenv.libedgetpu_path(identity, node)),  # type:path
+            unset_when_empty=False,
+        ),
         # The node's libedgetpu reads it (our patch): unmodified Coral code sees only these.
-        JobVariable(jobenv.EDGETPU_VISIBLE, _visible_entry, unset_when_empty=False, never_unset=True),
+        JobVariable(
+            jobenv.EDGETPU_VISIBLE,
+            lambda identity, node: jobenv.libedgetpu_path(identity, node)[1],
+            unset_when_empty=False,
+            never_unset=True,
+        ),
     )
     runner = "edgetpu"
 

@@ -72,10 +72,6 @@ class HailoDetails(FamilyDetails):
     accelerator_type: int | None = None
 
 
-def _address(identity: str) -> str:
-    return identity[len("pci-") :]
-
-
 def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
     """An Accelerator for a Hailo PCIe card, usable only with hailo_pci bound and its /dev/hailoN."""
     if (device.attributes.get("vendor"), device.attributes.get("device")) != PCI_ID:
@@ -125,7 +121,7 @@ class HailoFamily(Family):
     slot = True
     revocation: Mapping[str, str] = {}  # holder scan only: see the module docstring
     udev_identities = (UdevIdentity(CLASS, "pci", attribute="board_location"),)
-    variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: _address(identity)),)
+    variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: identity[len("pci-") :]),)
     runner = ""
     runner_note = (
         "this job's Hailo device(s) ({devices}, in ${variable}) run .hef models with HailoRT, not "

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from ..config import Config
 from ..families import FAMILIES
 from ..hardware import Inventory
-from .gres_conf import gres_name, gres_type
+from .gres_conf import gres_name_type
 
 # slurmd -C facts we carry into the NodeName line, in slurm.conf's usual order.
 HARDWARE_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
@@ -17,7 +17,7 @@ def node_gres(inventory: Inventory, config: Config) -> str:
     """``Gres=`` value: ``name:type:count`` per (name, type), in inventory order."""
     counts: dict[tuple[str, str], int] = {}
     for accelerator in inventory.usable():
-        key = (gres_name(config, accelerator), gres_type(config, accelerator))
+        key = gres_name_type(config, accelerator)
         counts[key] = counts.get(key, 0) + 1
     return ",".join(f"{name}:{kind}:{count}" for (name, kind), count in counts.items())
 

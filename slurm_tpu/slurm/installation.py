@@ -120,13 +120,13 @@ def _first_executable(name: str, dirs) -> str | None:
 
 def _pair(bin_dir: str | None, sbin_dir: str | None) -> tuple[str, ...]:
     """(bin, sbin), the missing one being the other's sibling when it exists."""
-    if bin_dir and not sbin_dir:
-        sibling = os.path.join(os.path.dirname(bin_dir.rstrip("/")), "sbin")
-        sbin_dir = sibling if os.path.isdir(sibling) else bin_dir
-    elif sbin_dir and not bin_dir:
-        sibling = os.path.join(os.path.dirname(sbin_dir.rstrip("/")), "bin")
-        bin_dir = sibling if os.path.isdir(sibling) else sbin_dir
-    assert bin_dir and sbin_dir
+
+    def sibling(given: str, name: str) -> str:
+        path = os.path.join(os.path.dirname(given.rstrip("/")), name)
+        return path if os.path.isdir(path) else given
+
+    bin_dir = bin_dir or sibling(sbin_dir or "", "bin")
+    sbin_dir = sbin_dir or sibling(bin_dir, "sbin")
     return (bin_dir, sbin_dir) if bin_dir != sbin_dir else (bin_dir,)
 
 
@@ -304,9 +304,7 @@ def from_prefix(prefix: str) -> Installation:
     """``<prefix>/bin`` and ``<prefix>/sbin`` (a source build's ``--prefix``; /usr for Debian's)."""
     if not os.path.isabs(prefix):
         raise SlurmCommandError(f"Slurm prefix {prefix!r} is not an absolute directory", prefix)
-    return Installation(
-        _pair(f"{prefix.rstrip('/') or ''}/bin", f"{prefix.rstrip('/') or ''}/sbin"), f"prefix {prefix}"
-    )
+    return Installation(_pair(f"{prefix.rstrip('/')}/bin", f"{prefix.rstrip('/')}/sbin"), f"prefix {prefix}")
 
 
 def environment(install: Installation) -> dict[str, str]:
