@@ -50,32 +50,19 @@ class UsbDetails(FamilyDetails):
 
 
 @dataclass(frozen=True)
-class ApexDetails(Details):
+class ApexDetails(FamilyDetails):
     """A Coral PCIe card with its apex class device: temperature, trip points, serial."""
 
     apex: str = ""
-    temperature: float | None = None
-    trip_points: tuple[float, ...] = ()
+    temperature_c: float | None = None
+    trip_points_c: tuple[float, ...] = ()
     unique_id: str | None = None
 
-    @property
-    def temperature_c(self) -> float | None:
-        return self.temperature
-
-    @property
-    def trip_points_c(self) -> tuple[float, ...]:
-        return self.trip_points
-
     def notes(self) -> list[str]:
-        return [f"{self.temperature:.1f} C"] if self.temperature is not None else []
+        return [f"{self.temperature_c:.1f} C"] if self.temperature_c is not None else []
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "apex": self.apex,
-            "temperature_c": self.temperature,
-            "trip_points_c": list(self.trip_points),
-            "unique_id": self.unique_id,
-        }
+        return {**super().to_json(), "trip_points_c": list(self.trip_points_c)}
 
 
 def usb_edgetpu(device: SysDevice) -> Accelerator | None:
@@ -134,8 +121,8 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         trips = (millidegrees(attrs.get(f"trip_point{i}_temp")) for i in range(3))
         details = ApexDetails(
             apex=class_device.sys_name,
-            temperature=millidegrees(attrs.get("temp")),
-            trip_points=tuple(t for t in trips if t is not None),
+            temperature_c=millidegrees(attrs.get("temp")),
+            trip_points_c=tuple(t for t in trips if t is not None),
             unique_id=attrs.get("unique_id") or None,
         )
         if class_device.device_node:
