@@ -1,4 +1,4 @@
-"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot`` and its marker for the sh prolog.
+"""The root hooks' snapshot file ``<state_dir>/hooks.snapshot``.
 
 The slow path (slurm_tpu/hooks/settings.py ``rebuild``: YAML config, inventory,
 slurm.conf, gres.conf, the families registry) writes what every later hook needs;
@@ -19,10 +19,8 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 
 ``src``     path, key: a source file and its version (device:inode:size:mtime_ns)
 ``set``     the scalar settings (:data:`SETTINGS`)
-``family``  kind, gres, leased, slot, revoke (bus:how,...)
-``udev``    subsystem, devtype, bus, depth, attribute: how udev-event names a device
-``var``     name, kind, unset: a job variable of a family, in export order
-``dev``     identity, kind, bus, nodes: a configured device
+``family``, ``udev``, ``var``, ``dev``: a family's policy, how udev-event names a device, a job
+            variable (in export order), a configured device; keys and types in :data:`OBJECTS`
 ``val``     identity, name, value: a device's entry in a job variable
 ``idx``     name, type, file: slurmd's IDX order of a GRES name on this node
 """

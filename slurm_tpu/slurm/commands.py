@@ -5,7 +5,7 @@ failure raises SlurmCommandError, or SlurmVersionError naming both versions when
 client is another release than the daemons. Light enough for the hooks.
 
 Draining and resuming a node are written once, in :class:`NodeStates`, for
-this class and for pyslurm (``pyslurm_backend.py``) alike: the reason is made
+this class and for pyslurm (``backend.py``) alike: the reason is made
 safe by :func:`node_reason` there and nowhere else.
 """
 
