@@ -21,7 +21,7 @@ from ..hardware import Accelerator, Details
 # How a device's open files are made useless at job end (slurm_tpu/access/revoke.py):
 # USB_PORT power-cycles the hub port (every usbfs fd dies); GASKET_WRITERS is the
 # holder scan plus the apex driver's count of writable files; SCAN the holder scan only.
-from ..protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT, FamilyPolicy  # noqa: F401 - re-exported
+from ..protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT, FamilyPolicy, UdevRule  # noqa: F401 - re-exported
 from .sysfs import Snapshot
 
 
@@ -91,20 +91,6 @@ class JobVariable:
     never_unset: bool = False
 
 
-@dataclass(frozen=True)
-class UdevIdentity:
-    """How ``slurm-tpu udev-event`` names the device of an event of ``subsystem`` (and ``devtype``
-    when not ''): the hooks get it as a :class:`~slurm_tpu.protocol.hooks_snapshot.UdevRule`,
-    whose docstring says how. ``attribute`` is for a class device that is no child of its PCI
-    device (Hailo's); a remove event, whose sysfs is gone, is matched by its device node."""
-
-    subsystem: str
-    bus: str
-    depth: int = 0
-    devtype: str = ""
-    attribute: str = ""
-
-
 class Family:
     """One accelerator family. Subclasses set the class attributes and implement detection."""
 
@@ -124,7 +110,8 @@ class Family:
     cores: bool = False
     # bus -> how its devices are revoked at job end (USB_PORT, GASKET_WRITERS; SCAN when absent).
     revocation: Mapping[str, str] = {}
-    udev_identities: tuple[UdevIdentity, ...] = ()
+    # How udev-event names the family's devices (copied into the hooks' snapshot as they are).
+    udev_identities: tuple[UdevRule, ...] = ()
     variables: tuple[JobVariable, ...] = ()
     # The runner backend that can run on these devices ("edgetpu", "gpu"), or "" with
     # ``runner_note`` saying what to use instead.

@@ -13,7 +13,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details
 from ..protocol import jobenv
-from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevIdentity
+from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
 from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, millidegrees, pci_accelerator
 
 KIND = "edgetpu"
@@ -147,7 +147,7 @@ class EdgeTpuFamily(Family):
     slot = True
     # See slurm_tpu/access/revoke.py for why each.
     revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}
-    udev_identities = (UdevIdentity("usb", "usb", 1, devtype="usb_device"), UdevIdentity("apex", "pci", 3))
+    udev_identities = (UdevRule("usb", "usb_device", "usb", 1), UdevRule("apex", "", "pci", 3))
     variables = (
         JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),
         JobVariable(

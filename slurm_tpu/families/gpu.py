@@ -15,7 +15,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details, slug
 from ..protocol import jobenv
-from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevIdentity
+from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
 from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, pci_accelerator
 
 KIND = "gpu"
@@ -216,7 +216,7 @@ class GpuFamily(Family):
     # gres.conf names the driver's own node (/dev/nvidiaN, a render node): it never moves.
     slot = False
     cores = True
-    udev_identities = (UdevIdentity("drm", "pci", 3),)
+    udev_identities = (UdevRule("drm", "", "pci", 3),)
     variables = (JobVariable(jobenv.GPUS, lambda identity, node: identity),)
     runner = "gpu"
 

@@ -46,7 +46,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Details
-from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevIdentity
+from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
 from .sysfs import Snapshot, SysDevice, int_or_none, pci_accelerator
 
 KIND = "hailo"
@@ -120,7 +120,7 @@ class HailoFamily(Family):
     default_config = FamilyConfig("npu", {"default": "hailo8"}, ("npu", "hailo"))
     slot = True
     revocation: Mapping[str, str] = {}  # holder scan only: see the module docstring
-    udev_identities = (UdevIdentity(CLASS, "pci", attribute="board_location"),)
+    udev_identities = (UdevRule(CLASS, "", "pci", 0, "board_location"),)
     variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: identity[len("pci-") :]),)
     runner = ""
     runner_note = (

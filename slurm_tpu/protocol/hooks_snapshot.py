@@ -67,11 +67,13 @@ class FamilyPolicy(Record):
 
 
 class UdevRule(Record):
-    """How ``slurm-tpu udev-event`` names the device of an event of one subsystem.
+    """How ``slurm-tpu udev-event`` names the device of an event of ``subsystem`` (and ``devtype``
+    when not ''); each family declares its own (``Family.udev_identities``).
 
     The identity is ``<bus>-`` followed by the sysfs ``attribute`` of the event's
-    device when one is named (read at add time), else by the DEVPATH component
-    ``depth`` levels up (1: the last).
+    device when one is named (read at add time: a class device that is no child of its
+    PCI device, Hailo's), else by the DEVPATH component ``depth`` levels up (1: the
+    last). A remove event, whose sysfs is gone, is matched by its device node.
     """
 
     __slots__ = ("subsystem", "devtype", "bus", "depth", "attribute")
