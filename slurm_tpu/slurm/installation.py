@@ -327,33 +327,24 @@ def version_of(program: str, environ=None) -> str | None:
     """
     from .spawn import run
 
-    out: str | None
+    environ = os.environ if environ is None else environ
     try:
-        out = run([program, "-V"], None if environ is None else dict(environ), timeout=10)
+        out = run([program, "-V"], dict(environ), timeout=10)
     except SlurmCommandError:
         # A client of another release than the slurm.conf's daemons dies before it prints its
         # version when that slurm.conf names a PluginDir (it loads the other release's auth
         # plugin first): ask it again with a slurm.conf of its own that names nothing.
-        out = _version_without_site_conf(program, environ)
-        if out is None:
-            return None
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", prefix="slurm-tpu-version-", suffix=".conf") as conf:
+            conf.write("ClusterName=version\nSlurmctldHost=localhost\n")
+            conf.flush()
+            try:
+                out = run([program, "-V"], {**environ, "SLURM_CONF": conf.name}, 10)
+            except SlurmCommandError:
+                return None
     words = out.split()
     return words[-1] if words and words[-1][:1].isdigit() else None
-
-
-def _version_without_site_conf(program: str, environ) -> str | None:
-    """``program -V``'s output under a minimal slurm.conf (ClusterName and a host only), or None."""
-    import tempfile
-
-    from .spawn import run
-
-    with tempfile.NamedTemporaryFile("w", prefix="slurm-tpu-version-", suffix=".conf") as conf:
-        conf.write("ClusterName=version\nSlurmctldHost=localhost\n")
-        conf.flush()
-        try:
-            return run([program, "-V"], {**(os.environ if environ is None else environ), "SLURM_CONF": conf.name}, 10)
-        except SlurmCommandError:
-            return None
 
 
 def version_mismatch(installation: Installation, program: str, environ=None) -> str | None:
