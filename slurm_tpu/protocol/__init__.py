@@ -43,12 +43,10 @@ is the one place to look: the runner's per-device lock files (:mod:`slurm_tpu.ru
 (:mod:`slurm_tpu.config`) and the inference server's HTTP API
 (:mod:`slurm_tpu.runner.serve.codec`, TF Serving's REST format).
 
-Root hooks import these modules (all but the server address and the install manifest,
-which no hook reads) on every job under ``python3 -I -S`` (they are on the hooks'
-fast path, slurm_tpu/hooks/__init__.py FAST_PATH): they import no json, re, typing or
-dataclasses at module level. No module here imports anything of slurm_tpu above this
-package (tests/test_import_graph.py); readers that need json import it inside the
-function, off the hooks' path.
+Root hooks import all of these but the server address and the install manifest on every
+job: they are on the hooks' fast path and keep its rule (slurm_tpu/hooks/__init__.py
+FAST_PATH); readers that need json import it inside the function. No module here imports
+anything of slurm_tpu above this package (tests/test_import_graph.py).
 """
 
 from __future__ import annotations

@@ -1,8 +1,6 @@
 """Lease files: ``<state_dir>/leases/<identity>``, one per leased device (root only).
 
-Written by the prolog (claim), the epilog and udev-event (phase changes), read
-by every hook, ``slurm-tpu leases``, the health check and the metrics. The
-ledger (:mod:`slurm_tpu.access.ledger`) owns where and how the files are created
+The ledger (:mod:`slurm_tpu.access.ledger`) owns where and how the files are created
 (exclusively, atomically, never through a link); this module owns what is in
 them: :meth:`Lease.encode` is the one writer, :meth:`Lease.decode` the one
 reader.

@@ -39,18 +39,14 @@ def cgroup_conf_path(slurm_conf: str) -> str:
 
 def read_cgroup_conf(path: str) -> dict[str, str] | None:
     """cgroup.conf's ``Key=Value`` lines, keys lower-cased (Slurm's keys are case-insensitive); None if unreadable."""
+    from .parse import config_lines
+
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
+            lines = [line.partition("=") for _, line in config_lines(handle.read())]
     except OSError:
         return None
-    options: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        key, sep, value = line.partition("=")
-        if sep:
-            options[key.strip().lower()] = value.strip()
-    return options
+    return {key.strip().lower(): value.strip() for key, sep, value in lines if sep}
 
 
 def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, str] | None) -> bool:

@@ -118,7 +118,8 @@ class GresConfRecord:
     line: int
 
 
-def _config_lines(text: str) -> Iterator[tuple[int, str]]:
+def config_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a Slurm config file's lines that say something (comments and blanks dropped)."""
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if line:
@@ -145,7 +146,7 @@ def parse_gres_conf(text: str, node: str) -> list[GresConfRecord]:
     ``Include`` is not followed (the caller reads included files if needed).
     """
     records = []
-    for number, line in _config_lines(text):
+    for number, line in config_lines(text):
         fields = _keys(line)
         if "name" not in fields or not _matches_node(fields.get("nodename"), node):
             continue
@@ -198,7 +199,7 @@ def parse_gres_items(value: str) -> list[tuple[str, str | None, int]]:
 def include_paths(text: str, base_dir: str) -> list[str]:
     """Files named by ``Include``/``include`` lines (relative to ``base_dir``)."""
     paths = []
-    for _, line in _config_lines(text):
+    for _, line in config_lines(text):
         keyword, _, rest = line.partition(" ")
         if keyword.lower() == "include" and rest.strip():
             path = rest.strip()
@@ -214,7 +215,7 @@ def parse_slurm_conf_options(text: str) -> dict[str, str]:
     included files appended if they matter).
     """
     options: dict[str, str] = {}
-    for _, line in _config_lines(text):
+    for _, line in config_lines(text):
         head = line.split("=", 1)[0].lower()
         if head in ("nodename", "partitionname", "nodeset", "downnodes") or line.lower().startswith("include "):
             continue
@@ -229,7 +230,7 @@ def node_line_fields(text: str, node: str) -> dict[str, str] | None:
     """
     default: dict[str, str] = {}
     found: dict[str, str] | None = None
-    for _, line in _config_lines(text):
+    for _, line in config_lines(text):
         if not line.lower().startswith("nodename="):
             continue
         fields = parse_key_values(line)
