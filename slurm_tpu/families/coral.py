@@ -79,9 +79,7 @@ def usb_edgetpu(device: SysDevice) -> Accelerator | None:
         busnum=int_or_none(device.attributes.get("busnum")),
         devnum=int_or_none(device.attributes.get("devnum")),
     )
-    usable, reason = True, ""
-    if not device.device_node:
-        usable, reason = False, f"USB device {device.sys_name} has no device node under /dev/bus/usb"
+    reason = "" if device.device_node else f"USB device {device.sys_name} has no device node under /dev/bus/usb"
     return accelerator_from(
         device,
         identity=f"usb-{device.sys_name}",
@@ -92,7 +90,6 @@ def usb_edgetpu(device: SysDevice) -> Accelerator | None:
         vendor="Google" if firmware_loaded else "Global Unichip",
         model="Coral USB Accelerator",
         device_nodes=(device.device_node,) if device.device_node else (),
-        usable=usable,
         reason=reason,
         details=details,
     )
@@ -104,16 +101,14 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         return None
     apex = snapshot.children(device, "apex")
     details: Details = Details()
-    nodes: tuple[str, ...]
-    usable, reason, nodes = True, "", ()
+    nodes: tuple[str, ...] = ()
+    reason = ""
     if not device.driver:
-        usable = False
         reason = (
             f"PCI device {device.sys_name} has no driver bound: install gasket-dkms "
             "and load the apex module (modprobe apex)"
         )
     elif not apex:
-        usable = False
         reason = f"driver {device.driver} is bound to {device.sys_name} but created no apex device"
     else:
         class_device = apex[0]
@@ -128,8 +123,8 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         if class_device.device_node:
             nodes = (class_device.device_node,)
         else:
-            usable, reason = False, f"apex device {class_device.sys_name} has no /dev node"
-    return pci_accelerator(device, KIND, "Global Unichip", "Coral PCIe Accelerator", nodes, usable, reason, details)
+            reason = f"apex device {class_device.sys_name} has no /dev node"
+    return pci_accelerator(device, KIND, "Global Unichip", "Coral PCIe Accelerator", nodes, reason, details)
 
 
 class EdgeTpuFamily(Family):

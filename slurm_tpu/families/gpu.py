@@ -111,9 +111,8 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
         uuid = proc.get("GPU UUID") or None
         details = NvidiaDetails(uuid=uuid)
         nodes: tuple[str, ...] = ()
-        usable, reason = True, ""
+        reason = ""
         if device.driver != "nvidia":
-            usable = False
             reason = (
                 f"GPU {device.sys_name} is bound to {device.driver}, not the NVIDIA driver"
                 if device.driver
@@ -128,9 +127,8 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
             node = f"/dev/nvidia{minor}"
             nodes = (node,)
             if not snapshot.node_exists(node):
-                usable = False
                 reason = f"device node {node} is missing: run nvidia-modprobe -c {minor} or load the driver"
-        found.append(pci_accelerator(device, KIND, "NVIDIA", model, nodes, usable, reason, details))
+        found.append(pci_accelerator(device, KIND, "NVIDIA", model, nodes, reason, details))
 
     def minor_order(a: Accelerator) -> tuple[int, str]:
         minor = getattr(a.details, "minor", None)
@@ -155,12 +153,12 @@ def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
         memory_bytes=int_or_none(device.attributes.get("mem_info_vram_total")),
         unique_id=device.attributes.get("unique_id") or None,
     )
-    usable, reason = True, ""
+    reason = ""
     if not device.driver:
-        usable, reason = False, f"GPU {device.sys_name} has no driver bound"
+        reason = f"GPU {device.sys_name} has no driver bound"
     elif not render:
-        usable, reason = False, f"GPU {device.sys_name} ({device.driver}) has no DRM render node"
-    return pci_accelerator(device, KIND, vendor, model, tuple(render + cards), usable, reason, details)
+        reason = f"GPU {device.sys_name} ({device.driver}) has no DRM render node"
+    return pci_accelerator(device, KIND, vendor, model, tuple(render + cards), reason, details)
 
 
 def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
@@ -171,9 +169,9 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     drm = snapshot.children(device, "drm")
     nodes = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
     nodes += sorted(p for p in TEGRA_NODES if snapshot.node_exists(p))
-    usable, reason = bool(nodes), ""
+    reason = ""
     if not device.driver:
-        usable, reason = False, f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
+        reason = f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
     elif not nodes:
         reason = f"integrated GPU {device.sys_name} has no device node (/dev/nvhost-gpu or a render node)"
     return accelerator_from(
@@ -186,7 +184,6 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
         vendor="NVIDIA",
         model=f"Tegra {chip}",
         device_nodes=tuple(nodes),
-        usable=usable,
         reason=reason,
         details=TegraDetails(compatible),
     )

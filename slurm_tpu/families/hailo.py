@@ -80,25 +80,18 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
     # Paired by board_location, never by the sysfs tree (see the module docstring).
     chardevs = [d for d in snapshot.of_subsystem(CLASS) if d.attributes.get("board_location") == address]
     details = HailoDetails()
-    nodes: tuple[str, ...]
-    usable, reason, nodes = True, "", ()
+    nodes: tuple[str, ...] = ()
+    reason = ""
     if not device.driver:
-        usable, reason = False, f"Hailo PCI device {address} has no driver bound: {DRIVER_FIX}"
+        reason = f"Hailo PCI device {address} has no driver bound: {DRIVER_FIX}"
     elif device.driver != DRIVER:
-        usable, reason = (
-            False,
-            (
-                f"Hailo PCI device {address} is bound to {device.driver}, not the hailo driver: "
-                f"unbind it and {DRIVER_FIX}"
-            ),
+        reason = (
+            f"Hailo PCI device {address} is bound to {device.driver}, not the hailo driver: unbind it and {DRIVER_FIX}"
         )
     elif not chardevs:
-        usable, reason = (
-            False,
-            (
-                f"driver hailo is bound to {address} but created no {CLASS} device (/dev/hailoN): "
-                "its firmware may have failed to load (see dmesg); reload hailo_pci"
-            ),
+        reason = (
+            f"driver hailo is bound to {address} but created no {CLASS} device (/dev/hailoN): "
+            "its firmware may have failed to load (see dmesg); reload hailo_pci"
         )
     else:
         chardev = chardevs[0]
@@ -106,8 +99,8 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         if chardev.device_node:
             nodes = (chardev.device_node,)
         else:
-            usable, reason = False, f"Hailo device {chardev.sys_name} of {address} has no /dev node"
-    return pci_accelerator(device, KIND, "Hailo", MODEL, nodes, usable, reason, details)
+            reason = f"Hailo device {chardev.sys_name} of {address} has no /dev node"
+    return pci_accelerator(device, KIND, "Hailo", MODEL, nodes, reason, details)
 
 
 class HailoFamily(Family):

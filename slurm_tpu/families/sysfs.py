@@ -57,15 +57,18 @@ class Snapshot:
         return path in self.dev_entries
 
 
-def accelerator_from(device: SysDevice, **fields: Any) -> Accelerator:
+def accelerator_from(device: SysDevice, reason: str = "", **fields: Any) -> Accelerator:
     """An Accelerator whose sysfs path, bus address, driver and CPU affinity come
-    from ``device``; ``fields`` gives the rest (identity, kind, bus, model...)."""
+    from ``device``, usable unless there is a ``reason`` it is not; ``fields`` gives
+    the rest (identity, kind, bus, model...)."""
     fields.setdefault("bus_address", device.sys_name)
     return Accelerator(
         sys_path=device.sys_path,
         driver=device.driver,
         numa_node=device.numa_node,
         local_cpus=device.local_cpus,
+        usable=not reason,
+        reason=reason,
         **fields,
     )
 
@@ -76,7 +79,6 @@ def pci_accelerator(
     vendor: str,
     model: str,
     nodes: tuple[str, ...],
-    usable: bool,
     reason: str,
     details: Details,
 ) -> Accelerator:
@@ -91,7 +93,6 @@ def pci_accelerator(
         vendor=vendor,
         model=model,
         device_nodes=nodes,
-        usable=usable,
         reason=reason,
         details=details,
     )
