@@ -77,16 +77,16 @@ def _is_display(device: SysDevice) -> bool:
     return device.attributes.get("class", "").lower().startswith("0x03")
 
 
-def hwdb_model(name: str) -> str:
-    """The marketing name in a PCI database name: ``Navi 21 [Radeon RX 6800/6800 XT]`` -> ``Radeon RX 6800``.
+def _model(device: SysDevice, vendor: str, known: str | None) -> str:
+    """The marketing name: ``known`` (the driver's), else the PCI database's, else ``<vendor> GPU <id>``.
 
-    hwdb names put the chip codename first and the product in brackets, with
-    variants split by ``/``; the first variant makes a readable GRES type.
+    hwdb names put the chip codename first and the product in brackets, with variants
+    split by ``/``: ``Navi 21 [Radeon RX 6800/6800 XT]`` gives ``Radeon RX 6800``.
     """
+    name = device.properties.get("ID_MODEL_FROM_DATABASE", "")
     if "[" in name and "]" in name:
-        inner = name[name.index("[") + 1 : name.rindex("]")]
-        return inner.split("/")[0].strip() or name
-    return name
+        name = name[name.index("[") + 1 : name.rindex("]")].split("/")[0].strip() or name
+    return known or name or f"{vendor} GPU {device.attributes.get('device', '?')}"
 
 
 def model_slug(model: str) -> str:
@@ -103,11 +103,7 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
     found = []
     for device in devices:
         proc = snapshot.driver_info.get(device.sys_name.lower(), {})
-        model = (
-            proc.get("Model")
-            or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", ""))
-            or f"NVIDIA GPU {device.attributes.get('device', '?')}"
-        )
+        model = _model(device, "NVIDIA", proc.get("Model"))
         uuid = proc.get("GPU UUID") or None
         details = NvidiaDetails(uuid=uuid)
         nodes: tuple[str, ...] = ()
@@ -144,11 +140,7 @@ def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     cards = [
         d.device_node for d in drm if d.sys_name.startswith("card") and d.device_node and "-" not in d.sys_name
     ]  # card0-DP-1 and such are connectors
-    model = (
-        device.attributes.get("product_name")
-        or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", ""))
-        or f"{vendor} GPU {device.attributes.get('device', '?')}"
-    )
+    model = _model(device, vendor, device.attributes.get("product_name"))
     details = DrmDetails(
         memory_bytes=int_or_none(device.attributes.get("mem_info_vram_total")),
         unique_id=device.attributes.get("unique_id") or None,
