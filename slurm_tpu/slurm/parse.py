@@ -95,11 +95,8 @@ def parse_node_state(text: str) -> NodeState:
             reason = tail
             if reason.endswith("]") and " [" in reason:
                 reason = reason[: reason.rindex(" [")]
-        for token in head.split():
-            if token.startswith("State="):
-                state = token[len("State=") :]
-            elif token.startswith("Gres="):
-                gres = token[len("Gres=") :]
+        fields = parse_key_values(head)
+        state, gres = fields.get("State", state), fields.get("Gres", gres)
     return {"state": state, "reason": reason, "gres": gres}
 
 
