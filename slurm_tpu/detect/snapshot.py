@@ -17,17 +17,8 @@ from ..families import FAMILIES, subsystems
 from ..families.base import Candidate
 from ..families.sysfs import Snapshot, SysDevice
 
-
-def _attribute_names() -> dict[str, tuple[str, ...]]:
-    """subsystem -> the sysfs attributes some family reads from its devices."""
-    names: dict[str, dict[str, None]] = {}
-    for family in FAMILIES:
-        for subsystem, attributes in family.attributes.items():
-            names.setdefault(subsystem, {}).update(dict.fromkeys(attributes))
-    return {subsystem: tuple(found) for subsystem, found in names.items()}
-
-
-_ATTRIBUTES = _attribute_names()
+# subsystem -> the sysfs attributes some family reads from its devices.
+_ATTRIBUTES = {s: tuple(dict.fromkeys(a for f in FAMILIES for a in f.attributes.get(s, ()))) for s in subsystems()}
 
 
 def _text(value: Any) -> str:
