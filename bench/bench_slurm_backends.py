@@ -40,7 +40,7 @@ Slurm(installation.find(use_path=False)).job_gres(int(sys.argv[1]), "n1")
 PYSLURM_QUERY = f"""
 import sys; sys.path.insert(0, {REPO!r})
 from slurm_tpu.slurm.commands import Slurm
-from slurm_tpu.slurm.pyslurm_backend import load
+from slurm_tpu.slurm.backend import load
 load(Slurm()).job_gres(int(sys.argv[1]), "n1")
 """
 POLLS = 20
@@ -50,7 +50,7 @@ from slurm_tpu.slurm.commands import Slurm
 started = time.perf_counter()
 slurm = Slurm()
 if sys.argv[1] == "pyslurm":
-    from slurm_tpu.slurm.pyslurm_backend import load
+    from slurm_tpu.slurm.backend import load
     slurm = load(slurm)
 for _ in range({POLLS}):
     slurm.node_state("n1")

@@ -1,10 +1,15 @@
-"""Detection: a udev/sysfs snapshot turned into an :class:`~slurm_tpu.hardware.Inventory`."""
+"""Detection: a udev/sysfs snapshot turned into an :class:`~slurm_tpu.hardware.Inventory`,
+optionally enriched by NVML (nvidia-ml-py: memory, UUID, marketing name), which is never
+required: without the package or the driver library the inventory stays as it is."""
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any
+
 from ..cpulist import core_indices
 from ..families import FAMILIES
-from ..hardware import Inventory
+from ..hardware import Accelerator, Inventory
 from .snapshot import Snapshot, take_snapshot
 
 
@@ -17,11 +22,51 @@ def inventory_from_snapshot(snapshot: Snapshot) -> Inventory:
 def detect_inventory(use_nvml: bool = True) -> Inventory:
     """Detect this node's accelerators through libudev (and NVML when present)."""
     inventory = inventory_from_snapshot(take_snapshot())
-    if use_nvml:
-        from .nvml import enrich_with_nvml
-
-        inventory = enrich_with_nvml(inventory)
-    return inventory
+    return enrich_with_nvml(inventory) if use_nvml else inventory
 
 
-__all__ = ["detect_inventory", "inventory_from_snapshot", "take_snapshot", "Snapshot"]
+def _nvml() -> Any | None:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        return pynvml
+    except Exception:  # noqa: BLE001 - missing package, library or driver: all mean "no NVML"
+        return None
+
+
+def enrich_with_nvml(inventory: Inventory) -> Inventory:
+    """Add NVML facts to usable NVIDIA GPUs, when NVML can be initialised."""
+    if not any(a.vendor == "NVIDIA" and a.bus.value == "pci" and a.usable for a in inventory):
+        return inventory
+    nvml = _nvml()
+    if nvml is None:
+        return inventory
+    enriched: list[Accelerator] = []
+    try:
+        for accelerator in inventory:
+            if accelerator.vendor != "NVIDIA" or accelerator.bus.value != "pci" or not accelerator.usable:
+                enriched.append(accelerator)
+                continue
+            try:
+                handle = nvml.nvmlDeviceGetHandleByPciBusId(accelerator.bus_address)
+                memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
+                name = nvml.nvmlDeviceGetName(handle)
+                uuid = nvml.nvmlDeviceGetUUID(handle)
+            except Exception:  # noqa: BLE001 - one GPU NVML cannot see keeps its sysfs facts
+                enriched.append(accelerator)
+                continue
+            name = name.decode() if isinstance(name, bytes) else name
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            # An NVIDIA GPU's details are the GPU family's (GpuDetails), which Accelerator types as Details.
+            details = dataclasses.replace(accelerator.details, memory_bytes=memory, uuid=uuid, nvml=True)  # type: ignore[call-arg]
+            enriched.append(dataclasses.replace(accelerator, model=name, details=details))
+    finally:
+        try:
+            nvml.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
+    return dataclasses.replace(inventory, accelerators=tuple(enriched))
+
+
+__all__ = ["detect_inventory", "enrich_with_nvml", "inventory_from_snapshot", "take_snapshot", "Snapshot"]

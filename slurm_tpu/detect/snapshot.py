@@ -9,7 +9,7 @@ snapshot is pure and testable on literal data.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from ..errors import DetectionError
@@ -17,17 +17,8 @@ from ..families import FAMILIES, subsystems
 from ..families.base import Candidate
 from ..families.sysfs import Snapshot, SysDevice
 
-
-def _attribute_names() -> dict[str, tuple[str, ...]]:
-    """subsystem -> the sysfs attributes some family reads from its devices."""
-    names: dict[str, dict[str, None]] = {}
-    for family in FAMILIES:
-        for subsystem, attributes in family.attributes.items():
-            names.setdefault(subsystem, {}).update(dict.fromkeys(attributes))
-    return {subsystem: tuple(found) for subsystem, found in names.items()}
-
-
-_ATTRIBUTES = _attribute_names()
+# subsystem -> the sysfs attributes some family reads from its devices.
+_ATTRIBUTES = {s: tuple(dict.fromkeys(a for f in FAMILIES for a in f.attributes.get(s, ()))) for s in subsystems()}
 
 
 def _text(value: Any) -> str:
@@ -143,11 +134,11 @@ def _cpu_topology() -> dict[int, tuple[int, int]]:
     return topology
 
 
-def take_snapshot(only: Iterable[str] | None = None) -> Snapshot:
-    """Enumerate the udev devices some family wants (of ``only`` these subsystems) into a :class:`Snapshot`."""
+def take_snapshot() -> Snapshot:
+    """Enumerate the udev devices some family wants into a :class:`Snapshot`."""
     context = _load_pyudev()
     devices: dict[str, SysDevice] = {}
-    for subsystem in subsystems() if only is None else only:
+    for subsystem in subsystems():
         try:
             for device in context.list_devices(subsystem=subsystem):
                 if _wanted(device):

@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from importlib import import_module
 from typing import Any
 
-from ..hardware import Details, Inventory
+from ..hardware import Inventory
 from .base import Family, FamilyConfig
 
 # The registered family modules (each defines FAMILY), in registry order.
@@ -37,14 +37,10 @@ def family(kind: str) -> Family:
     raise KeyError(f"unknown accelerator kind {kind!r} (known: {', '.join(KINDS)})")
 
 
-def details_from_json(item: Mapping[str, Any]) -> Details:
-    """Typed details for one ``detect --json`` item, by its family (KeyError: unknown kind)."""
-    return family(str(item["kind"])).details_from_json(item)
-
-
 def inventory_from_json(document: Mapping[str, Any]) -> Inventory:
-    """An Inventory from a ``detect --json`` document (KeyError/TypeError/ValueError on bad input)."""
-    return Inventory.from_json(dict(document), details_from_json)
+    """An Inventory from a ``detect --json`` document, each item's details typed by its family
+    (KeyError/TypeError/ValueError on bad input, an unknown kind included)."""
+    return Inventory.from_json(dict(document), lambda item: family(str(item["kind"])).details_from_json(item))
 
 
 def subsystems() -> tuple[str, ...]:
@@ -58,7 +54,6 @@ __all__ = [
     "Family",
     "FamilyConfig",
     "family",
-    "details_from_json",
     "inventory_from_json",
     "subsystems",
 ]

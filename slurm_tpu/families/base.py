@@ -4,7 +4,7 @@ A family (Coral Edge TPUs, GPUs, Hailo NPUs...) is one module with one
 :class:`Family` subclass. The rest of the suite never asks "is this a TPU?":
 detection asks each family which udev devices it wants and what they are,
 rendering asks for GRES names, types, features and udev rule lines, config asks
-for the family's section, and the hooks get a precomputed :class:`HookPolicy`
+for the family's section, and the hooks get a precomputed :class:`FamilyPolicy`
 and the job variables' values through their snapshot (they never import this
 package: see slurm_tpu/protocol/hooks_snapshot.py).
 """
@@ -12,7 +12,7 @@ package: see slurm_tpu/protocol/hooks_snapshot.py).
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 from ..errors import ConfigError
@@ -21,7 +21,7 @@ from ..hardware import Accelerator, Details
 # How a device's open files are made useless at job end (slurm_tpu/access/revoke.py):
 # USB_PORT power-cycles the hub port (every usbfs fd dies); GASKET_WRITERS is the
 # holder scan plus the apex driver's count of writable files; SCAN the holder scan only.
-from ..protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT, FamilyPolicy  # noqa: F401 - re-exported
+from ..protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT, FamilyPolicy, UdevRule  # noqa: F401 - re-exported
 from .sysfs import Snapshot
 
 
@@ -38,6 +38,24 @@ class Candidate:
     def properties(self) -> Mapping[str, str]:
         """The udev properties."""
         raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class FamilyDetails(Details):
+    """Details whose ``detect --json`` object is their fields (a subclass may add keys to :meth:`to_json`)."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Details:
+        """The details :meth:`to_json` wrote: a missing key gives the field's default, a flag a bool."""
+        return cls(
+            **{
+                f.name: bool(data.get(f.name)) if isinstance(f.default, bool) else data.get(f.name, f.default)
+                for f in fields(cls)
+            }
+        )
 
 
 @dataclass(frozen=True)
@@ -73,24 +91,6 @@ class JobVariable:
     never_unset: bool = False
 
 
-@dataclass(frozen=True)
-class UdevIdentity:
-    """How ``slurm-tpu udev-event`` names the device of an event (no families import there).
-
-    The identity is ``<bus>-`` + the event device's sysfs ``attribute`` when one is
-    named (a class device that is no child of its PCI device, e.g. Hailo's), else
-    the DEVPATH component ``depth`` levels up (1: the last one), for events of
-    ``subsystem`` (and ``devtype`` when not ''). A remove event, whose sysfs is
-    gone, is matched by its device node instead.
-    """
-
-    subsystem: str
-    bus: str
-    depth: int = 0
-    devtype: str = ""
-    attribute: str = ""
-
-
 class Family:
     """One accelerator family. Subclasses set the class attributes and implement detection."""
 
@@ -110,7 +110,8 @@ class Family:
     cores: bool = False
     # bus -> how its devices are revoked at job end (USB_PORT, GASKET_WRITERS; SCAN when absent).
     revocation: Mapping[str, str] = {}
-    udev_identities: tuple[UdevIdentity, ...] = ()
+    # How udev-event names the family's devices (copied into the hooks' snapshot as they are).
+    udev_identities: tuple[UdevRule, ...] = ()
     variables: tuple[JobVariable, ...] = ()
     # The runner backend that can run on these devices ("edgetpu", "gpu"), or "" with
     # ``runner_note`` saying what to use instead.

@@ -13,8 +13,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details
 from ..protocol import jobenv
-from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
-from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, millidegrees
+from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
+from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, millidegrees, pci_accelerator
 
 KIND = "edgetpu"
 USB_BOOTLOADER = ("1a6e", "089a")  # Global Unichip: waiting for its firmware
@@ -31,7 +31,7 @@ def usb_product_prefix(ids: tuple[str, str]) -> str:
 
 
 @dataclass(frozen=True)
-class UsbDetails(Details):
+class UsbDetails(FamilyDetails):
     """A Coral USB Accelerator: its link and whether its firmware is loaded."""
 
     usb_speed_mbps: int | None = None
@@ -48,52 +48,26 @@ class UsbDetails(Details):
             notes.append("firmware not loaded yet")
         return notes
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "usb_speed_mbps": self.usb_speed_mbps,
-            "slow_link": self.slow_link,
-            "firmware_loaded": self.firmware_loaded,
-            "busnum": self.busnum,
-            "devnum": self.devnum,
-        }
-
 
 @dataclass(frozen=True)
-class ApexDetails(Details):
+class ApexDetails(FamilyDetails):
     """A Coral PCIe card with its apex class device: temperature, trip points, serial."""
 
     apex: str = ""
-    temperature: float | None = None
-    trip_points: tuple[float, ...] = ()
+    temperature_c: float | None = None
+    trip_points_c: tuple[float, ...] = ()
     unique_id: str | None = None
 
-    @property
-    def temperature_c(self) -> float | None:
-        return self.temperature
-
-    @property
-    def trip_points_c(self) -> tuple[float, ...]:
-        return self.trip_points
-
     def notes(self) -> list[str]:
-        return [f"{self.temperature:.1f} C"] if self.temperature is not None else []
+        return [f"{self.temperature_c:.1f} C"] if self.temperature_c is not None else []
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "apex": self.apex,
-            "temperature_c": self.temperature,
-            "trip_points_c": list(self.trip_points),
-            "unique_id": self.unique_id,
-        }
-
-
-def _usb_ids(device: SysDevice) -> tuple[str, str]:
-    return device.attributes.get("idVendor", ""), device.attributes.get("idProduct", "")
+        return {**super().to_json(), "trip_points_c": list(self.trip_points_c)}
 
 
 def usb_edgetpu(device: SysDevice) -> Accelerator | None:
     """An Accelerator for a Coral USB stick in either mode, else None."""
-    ids = _usb_ids(device)
+    ids = device.attributes.get("idVendor", ""), device.attributes.get("idProduct", "")
     if ids not in USB_IDS:
         return None
     speed = int_or_none(device.attributes.get("speed"))
@@ -105,9 +79,7 @@ def usb_edgetpu(device: SysDevice) -> Accelerator | None:
         busnum=int_or_none(device.attributes.get("busnum")),
         devnum=int_or_none(device.attributes.get("devnum")),
     )
-    usable, reason = True, ""
-    if not device.device_node:
-        usable, reason = False, f"USB device {device.sys_name} has no device node under /dev/bus/usb"
+    reason = "" if device.device_node else f"USB device {device.sys_name} has no device node under /dev/bus/usb"
     return accelerator_from(
         device,
         identity=f"usb-{device.sys_name}",
@@ -118,7 +90,6 @@ def usb_edgetpu(device: SysDevice) -> Accelerator | None:
         vendor="Google" if firmware_loaded else "Global Unichip",
         model="Coral USB Accelerator",
         device_nodes=(device.device_node,) if device.device_node else (),
-        usable=usable,
         reason=reason,
         details=details,
     )
@@ -130,16 +101,14 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         return None
     apex = snapshot.children(device, "apex")
     details: Details = Details()
-    nodes: tuple[str, ...]
-    usable, reason, nodes = True, "", ()
+    nodes: tuple[str, ...] = ()
+    reason = ""
     if not device.driver:
-        usable = False
         reason = (
             f"PCI device {device.sys_name} has no driver bound: install gasket-dkms "
             "and load the apex module (modprobe apex)"
         )
     elif not apex:
-        usable = False
         reason = f"driver {device.driver} is bound to {device.sys_name} but created no apex device"
     else:
         class_device = apex[0]
@@ -147,37 +116,15 @@ def pci_edgetpu(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         trips = (millidegrees(attrs.get(f"trip_point{i}_temp")) for i in range(3))
         details = ApexDetails(
             apex=class_device.sys_name,
-            temperature=millidegrees(attrs.get("temp")),
-            trip_points=tuple(t for t in trips if t is not None),
+            temperature_c=millidegrees(attrs.get("temp")),
+            trip_points_c=tuple(t for t in trips if t is not None),
             unique_id=attrs.get("unique_id") or None,
         )
         if class_device.device_node:
             nodes = (class_device.device_node,)
         else:
-            usable, reason = False, f"apex device {class_device.sys_name} has no /dev node"
-    return accelerator_from(
-        device,
-        identity=f"pci-{device.sys_name}",
-        kind=KIND,
-        bus=Bus.PCI,
-        vendor_id=PCI_ID[0][2:],
-        product_id=PCI_ID[1][2:],
-        vendor="Global Unichip",
-        model="Coral PCIe Accelerator",
-        device_nodes=nodes,
-        usable=usable,
-        reason=reason,
-        details=details,
-    )
-
-
-def _libedgetpu_entry(identity: str, node: str | None) -> str:
-    kind, path = jobenv.libedgetpu_path(identity, node)
-    return f"{kind}:{path}"
-
-
-def _visible_entry(identity: str, node: str | None) -> str:
-    return jobenv.libedgetpu_path(identity, node)[1]
+            reason = f"apex device {class_device.sys_name} has no /dev node"
+    return pci_accelerator(device, KIND, "Global Unichip", "Coral PCIe Accelerator", nodes, reason, details)
 
 
 class EdgeTpuFamily(Family):
@@ -195,12 +142,21 @@ class EdgeTpuFamily(Family):
     slot = True
     # See slurm_tpu/access/revoke.py for why each.
     revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}
-    udev_identities = (UdevIdentity("usb", "usb", 1, devtype="usb_device"), UdevIdentity("apex", "pci", 3))
+    udev_identities = (UdevRule("usb", "usb_device", "usb", 1), UdevRule("apex", "", "pci", 3))
     variables = (
         JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),
-        JobVariable(jobenv.EDGETPU_PATHS, _libedgetpu_entry, unset_when_empty=False),
+        JobVariable(
+            jobenv.EDGETPU_PATHS,
+            lambda identity, node: ":".join(jobenv.libedgetpu_path(identity, node)),  # type:path
+            unset_when_empty=False,
+        ),
         # The node's libedgetpu reads it (our patch): unmodified Coral code sees only these.
-        JobVariable(jobenv.EDGETPU_VISIBLE, _visible_entry, unset_when_empty=False, never_unset=True),
+        JobVariable(
+            jobenv.EDGETPU_VISIBLE,
+            lambda identity, node: jobenv.libedgetpu_path(identity, node)[1],
+            unset_when_empty=False,
+            never_unset=True,
+        ),
     )
     runner = "edgetpu"
 
@@ -230,13 +186,7 @@ class EdgeTpuFamily(Family):
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         data = item.get("details") or {}
         if item.get("bus") == "usb":
-            return UsbDetails(
-                data.get("usb_speed_mbps"),
-                bool(data.get("slow_link")),
-                bool(data.get("firmware_loaded")),
-                data.get("busnum"),
-                data.get("devnum"),
-            )
+            return UsbDetails.from_json(data)
         if "apex" in data:
             return ApexDetails(
                 data["apex"], data.get("temperature_c"), tuple(data.get("trip_points_c") or ()), data.get("unique_id")

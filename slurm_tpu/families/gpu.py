@@ -15,8 +15,8 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details, slug
 from ..protocol import jobenv
-from .base import Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
-from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
+from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
+from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, pci_accelerator
 
 KIND = "gpu"
 NVIDIA, AMD, INTEL = "0x10de", "0x1002", "0x8086"
@@ -30,7 +30,7 @@ TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,
 
 
 @dataclass(frozen=True)
-class NvidiaDetails(Details):
+class NvidiaDetails(FamilyDetails):
     """A discrete NVIDIA GPU: UUID, its /dev/nvidiaN minor and where that came from, NVML facts."""
 
     uuid: str | None = None
@@ -52,7 +52,7 @@ class NvidiaDetails(Details):
 
 
 @dataclass(frozen=True)
-class DrmDetails(Details):
+class DrmDetails(FamilyDetails):
     """An AMD or Intel GPU: VRAM size and unique id where the driver reports them."""
 
     memory_bytes: int | None = None
@@ -61,18 +61,15 @@ class DrmDetails(Details):
     def notes(self) -> list[str]:
         return [f"{self.memory_bytes / 2**30:.0f} GiB"] if self.memory_bytes else []
 
-    def to_json(self) -> dict[str, Any]:
-        return {"memory_bytes": self.memory_bytes, "unique_id": self.unique_id}
-
 
 @dataclass(frozen=True)
-class TegraDetails(Details):
+class TegraDetails(FamilyDetails):
     """A Jetson's integrated GPU, by its device-tree compatible string."""
 
     compatible: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        return {"compatible": self.compatible, "integrated": True}
+        return {**super().to_json(), "integrated": True}
 
 
 def _is_display(device: SysDevice) -> bool:
@@ -80,16 +77,16 @@ def _is_display(device: SysDevice) -> bool:
     return device.attributes.get("class", "").lower().startswith("0x03")
 
 
-def hwdb_model(name: str) -> str:
-    """The marketing name in a PCI database name: ``Navi 21 [Radeon RX 6800/6800 XT]`` -> ``Radeon RX 6800``.
+def _model(device: SysDevice, vendor: str, known: str | None) -> str:
+    """The marketing name: ``known`` (the driver's), else the PCI database's, else ``<vendor> GPU <id>``.
 
-    hwdb names put the chip codename first and the product in brackets, with
-    variants split by ``/``; the first variant makes a readable GRES type.
+    hwdb names put the chip codename first and the product in brackets, with variants
+    split by ``/``: ``Navi 21 [Radeon RX 6800/6800 XT]`` gives ``Radeon RX 6800``.
     """
+    name = device.properties.get("ID_MODEL_FROM_DATABASE", "")
     if "[" in name and "]" in name:
-        inner = name[name.index("[") + 1 : name.rindex("]")]
-        return inner.split("/")[0].strip() or name
-    return name
+        name = name[name.index("[") + 1 : name.rindex("]")].split("/")[0].strip() or name
+    return known or name or f"{vendor} GPU {device.attributes.get('device', '?')}"
 
 
 def model_slug(model: str) -> str:
@@ -106,17 +103,12 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
     found = []
     for device in devices:
         proc = snapshot.driver_info.get(device.sys_name.lower(), {})
-        model = (
-            proc.get("Model")
-            or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", ""))
-            or f"NVIDIA GPU {device.attributes.get('device', '?')}"
-        )
+        model = _model(device, "NVIDIA", proc.get("Model"))
         uuid = proc.get("GPU UUID") or None
         details = NvidiaDetails(uuid=uuid)
         nodes: tuple[str, ...] = ()
-        usable, reason = True, ""
+        reason = ""
         if device.driver != "nvidia":
-            usable = False
             reason = (
                 f"GPU {device.sys_name} is bound to {device.driver}, not the NVIDIA driver"
                 if device.driver
@@ -131,9 +123,8 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
             node = f"/dev/nvidia{minor}"
             nodes = (node,)
             if not snapshot.node_exists(node):
-                usable = False
                 reason = f"device node {node} is missing: run nvidia-modprobe -c {minor} or load the driver"
-        found.append(_gpu(device, "NVIDIA", model, nodes, usable, reason, details))
+        found.append(pci_accelerator(device, KIND, "NVIDIA", model, nodes, reason, details))
 
     def minor_order(a: Accelerator) -> tuple[int, str]:
         minor = getattr(a.details, "minor", None)
@@ -149,40 +140,17 @@ def _drm_gpu(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     cards = [
         d.device_node for d in drm if d.sys_name.startswith("card") and d.device_node and "-" not in d.sys_name
     ]  # card0-DP-1 and such are connectors
-    model = (
-        device.attributes.get("product_name")
-        or hwdb_model(device.properties.get("ID_MODEL_FROM_DATABASE", ""))
-        or f"{vendor} GPU {device.attributes.get('device', '?')}"
-    )
+    model = _model(device, vendor, device.attributes.get("product_name"))
     details = DrmDetails(
         memory_bytes=int_or_none(device.attributes.get("mem_info_vram_total")),
         unique_id=device.attributes.get("unique_id") or None,
     )
-    usable, reason = True, ""
+    reason = ""
     if not device.driver:
-        usable, reason = False, f"GPU {device.sys_name} has no driver bound"
+        reason = f"GPU {device.sys_name} has no driver bound"
     elif not render:
-        usable, reason = False, f"GPU {device.sys_name} ({device.driver}) has no DRM render node"
-    return _gpu(device, vendor, model, tuple(render + cards), usable, reason, details)
-
-
-def _gpu(
-    device: SysDevice, vendor: str, model: str, nodes: tuple[str, ...], usable: bool, reason: str, details: Details
-) -> Accelerator:
-    return accelerator_from(
-        device,
-        identity=f"pci-{device.sys_name}",
-        kind=KIND,
-        bus=Bus.PCI,
-        vendor_id=device.attributes.get("vendor", "")[2:],
-        product_id=device.attributes.get("device", "")[2:],
-        vendor=vendor,
-        model=model,
-        device_nodes=nodes,
-        usable=usable,
-        reason=reason,
-        details=details,
-    )
+        reason = f"GPU {device.sys_name} ({device.driver}) has no DRM render node"
+    return pci_accelerator(device, KIND, vendor, model, tuple(render + cards), reason, details)
 
 
 def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
@@ -193,9 +161,9 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     drm = snapshot.children(device, "drm")
     nodes = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
     nodes += sorted(p for p in TEGRA_NODES if snapshot.node_exists(p))
-    usable, reason = bool(nodes), ""
+    reason = ""
     if not device.driver:
-        usable, reason = False, f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
+        reason = f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
     elif not nodes:
         reason = f"integrated GPU {device.sys_name} has no device node (/dev/nvhost-gpu or a render node)"
     return accelerator_from(
@@ -208,7 +176,6 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
         vendor="NVIDIA",
         model=f"Tegra {chip}",
         device_nodes=tuple(nodes),
-        usable=usable,
         reason=reason,
         details=TegraDetails(compatible),
     )
@@ -238,7 +205,7 @@ class GpuFamily(Family):
     # gres.conf names the driver's own node (/dev/nvidiaN, a render node): it never moves.
     slot = False
     cores = True
-    udev_identities = (UdevIdentity("drm", "pci", 3),)
+    udev_identities = (UdevRule("drm", "", "pci", 3),)
     variables = (JobVariable(jobenv.GPUS, lambda identity, node: identity),)
     runner = "gpu"
 
@@ -290,16 +257,8 @@ class GpuFamily(Family):
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         data = item.get("details") or {}
         if item.get("bus") == "platform" or "compatible" in data:
-            return TegraDetails(str(data.get("compatible", "")))
-        if item.get("vendor") == "NVIDIA":
-            return NvidiaDetails(
-                data.get("uuid"),
-                data.get("minor"),
-                data.get("minor_source"),
-                data.get("memory_bytes"),
-                bool(data.get("nvml")),
-            )
-        return DrmDetails(data.get("memory_bytes"), data.get("unique_id"))
+            return TegraDetails.from_json(data)
+        return (NvidiaDetails if item.get("vendor") == "NVIDIA" else DrmDetails).from_json(data)
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
         return {

@@ -45,9 +45,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import ConfigError
-from ..hardware import Accelerator, Bus, Details
-from .base import Candidate, Family, FamilyConfig, JobVariable, UdevIdentity
-from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none
+from ..hardware import Accelerator, Details
+from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
+from .sysfs import Snapshot, SysDevice, int_or_none, pci_accelerator
 
 KIND = "hailo"
 PCI_ID = ("0x1e60", "0x2864")  # Hailo-8 and Hailo-8L
@@ -65,18 +65,11 @@ DRIVER_FIX = (
 
 
 @dataclass(frozen=True)
-class HailoDetails(Details):
+class HailoDetails(FamilyDetails):
     """A Hailo card: its class device (``hailoN``) and the driver's accelerator type (0: NNC)."""
 
     chardev: str | None = None
     accelerator_type: int | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {"chardev": self.chardev, "accelerator_type": self.accelerator_type}
-
-
-def _address(identity: str) -> str:
-    return identity[len("pci-") :]
 
 
 def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
@@ -87,25 +80,18 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
     # Paired by board_location, never by the sysfs tree (see the module docstring).
     chardevs = [d for d in snapshot.of_subsystem(CLASS) if d.attributes.get("board_location") == address]
     details = HailoDetails()
-    nodes: tuple[str, ...]
-    usable, reason, nodes = True, "", ()
+    nodes: tuple[str, ...] = ()
+    reason = ""
     if not device.driver:
-        usable, reason = False, f"Hailo PCI device {address} has no driver bound: {DRIVER_FIX}"
+        reason = f"Hailo PCI device {address} has no driver bound: {DRIVER_FIX}"
     elif device.driver != DRIVER:
-        usable, reason = (
-            False,
-            (
-                f"Hailo PCI device {address} is bound to {device.driver}, not the hailo driver: "
-                f"unbind it and {DRIVER_FIX}"
-            ),
+        reason = (
+            f"Hailo PCI device {address} is bound to {device.driver}, not the hailo driver: unbind it and {DRIVER_FIX}"
         )
     elif not chardevs:
-        usable, reason = (
-            False,
-            (
-                f"driver hailo is bound to {address} but created no {CLASS} device (/dev/hailoN): "
-                "its firmware may have failed to load (see dmesg); reload hailo_pci"
-            ),
+        reason = (
+            f"driver hailo is bound to {address} but created no {CLASS} device (/dev/hailoN): "
+            "its firmware may have failed to load (see dmesg); reload hailo_pci"
         )
     else:
         chardev = chardevs[0]
@@ -113,21 +99,8 @@ def hailo_card(device: SysDevice, snapshot: Snapshot) -> Accelerator | None:
         if chardev.device_node:
             nodes = (chardev.device_node,)
         else:
-            usable, reason = False, f"Hailo device {chardev.sys_name} of {address} has no /dev node"
-    return accelerator_from(
-        device,
-        identity=f"pci-{address}",
-        kind=KIND,
-        bus=Bus.PCI,
-        vendor_id=PCI_ID[0][2:],
-        product_id=PCI_ID[1][2:],
-        vendor="Hailo",
-        model=MODEL,
-        device_nodes=nodes,
-        usable=usable,
-        reason=reason,
-        details=details,
-    )
+            reason = f"Hailo device {chardev.sys_name} of {address} has no /dev node"
+    return pci_accelerator(device, KIND, "Hailo", MODEL, nodes, reason, details)
 
 
 class HailoFamily(Family):
@@ -140,8 +113,8 @@ class HailoFamily(Family):
     default_config = FamilyConfig("npu", {"default": "hailo8"}, ("npu", "hailo"))
     slot = True
     revocation: Mapping[str, str] = {}  # holder scan only: see the module docstring
-    udev_identities = (UdevIdentity(CLASS, "pci", attribute="board_location"),)
-    variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: _address(identity)),)
+    udev_identities = (UdevRule(CLASS, "", "pci", 0, "board_location"),)
+    variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: identity[len("pci-") :]),)
     runner = ""
     runner_note = (
         "this job's Hailo device(s) ({devices}, in ${variable}) run .hef models with HailoRT, not "
@@ -160,8 +133,7 @@ class HailoFamily(Family):
         return sorted((a for a in found if a), key=lambda a: a.bus_address)
 
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
-        data = item.get("details") or {}
-        return HailoDetails(data.get("chardev"), data.get("accelerator_type"))
+        return HailoDetails.from_json(item.get("details") or {})
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
         return {

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..hardware import Accelerator
+from ..hardware import Accelerator, Bus, Details
 
 
 @dataclass(frozen=True)
@@ -57,16 +57,44 @@ class Snapshot:
         return path in self.dev_entries
 
 
-def accelerator_from(device: SysDevice, **fields: Any) -> Accelerator:
+def accelerator_from(device: SysDevice, reason: str = "", **fields: Any) -> Accelerator:
     """An Accelerator whose sysfs path, bus address, driver and CPU affinity come
-    from ``device``; ``fields`` gives the rest (identity, kind, bus, model...)."""
+    from ``device``, usable unless there is a ``reason`` it is not; ``fields`` gives
+    the rest (identity, kind, bus, model...)."""
     fields.setdefault("bus_address", device.sys_name)
     return Accelerator(
         sys_path=device.sys_path,
         driver=device.driver,
         numa_node=device.numa_node,
         local_cpus=device.local_cpus,
+        usable=not reason,
+        reason=reason,
         **fields,
+    )
+
+
+def pci_accelerator(
+    device: SysDevice,
+    kind: str,
+    vendor: str,
+    model: str,
+    nodes: tuple[str, ...],
+    reason: str,
+    details: Details,
+) -> Accelerator:
+    """The Accelerator of a PCI device: identity ``pci-<address>``, ids from its sysfs attributes."""
+    return accelerator_from(
+        device,
+        identity=f"pci-{device.sys_name}",
+        kind=kind,
+        bus=Bus.PCI,
+        vendor_id=device.attributes.get("vendor", "")[2:],
+        product_id=device.attributes.get("device", "")[2:],
+        vendor=vendor,
+        model=model,
+        device_nodes=nodes,
+        reason=reason,
+        details=details,
     )
 
 

@@ -7,51 +7,32 @@ line naming the file or field, what is wrong, and (where there is one) what to
 do. Stored formats carry a version; readers keep accepting what older releases
 wrote (a node upgraded while a job runs) and refuse newer versions by name.
 
-Format, its module, where it lives, writer -> readers:
+Format, its module, where it lives, writer -> readers (each module's docstring says more):
 
-- **job environment** -- :mod:`.jobenv`: the ``SLURM_TPU_*`` variables of each
-  task. The task-prolog exports them (from ``jobs/<id>.env``) -> the runner and
-  job scripts.
-- **job environment file** -- :mod:`.envfile`:
-  ``<state_dir>/jobs/<id>.env`` and ``no-devices.env``, ``export``/``unset`` lines.
-  The prolog (root, through ``slurm_tpu/access/ledger.py``; ``no-devices.env`` with the
-  hooks' snapshot) -> the task-prolog (the job's user: its native entry, or the ``sh``
-  ``prolog/slurm-tpu-task-prolog``).
-- **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``,
-  config + inventory + IDX table keyed by the source files' versions. The first
-  hook after any change (root) -> every hook (root).
-- **node inventory** -- :mod:`.inventory`: ``<state_dir>/inventory.json``, the
-  shape of ``slurm-tpu detect --json``, the only source of the device node paths the
-  hooks chown. ``gres-conf --output``, ``boot`` and the udev hook (root, through
-  :mod:`slurm_tpu.access.node_inventory`) -> every hook.
-- **node agent** -- :mod:`.agent_wire`: ``<state_dir>/agent.sock``, a length-prefixed
-  request (the hook and its environment) and answer (messages, exit status), and
-  ``agent.pid``, written once the socket listens. The
-  hooks' C client (``hook_client/slurm-tpu-hook-client.c``, root) -> the agent (root,
-  slurm_tpu/hooks/agent.py); and the agent's workers -> its resident scontrol helper
-  (slurm_tpu/hooks/agent_query.py).
-- **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The
-  prolog, epilog, udev-event, ``leases --clear``, health (root, through
-  :mod:`slurm_tpu.access.ledger`) -> the same, ``slurm-tpu leases``, ``metrics``.
-- **audit events** -- :mod:`.audit`: ``<state_dir>/audit.log``, JSON lines.
-  Every hook (root) -> ``slurm-tpu report`` and ``metrics``, the demo's
-  timeline, the isolation tests, all through :func:`.audit.read_events` and
-  :func:`.audit.pair_leases`.
+- **job environment** -- :mod:`.jobenv`: the ``SLURM_TPU_*`` variables of each task.
+  The task-prolog -> the runner and job scripts.
+- **job environment file** -- :mod:`.envfile`: ``<state_dir>/jobs/<id>.env`` and
+  ``no-devices.env``. The prolog (root, through :mod:`slurm_tpu.access.ledger`) -> the task-prolog (the
+  job's user: its native entry, or the sh ``prolog/slurm-tpu-task-prolog``).
+- **hooks' snapshot** -- :mod:`.hooks_snapshot`: ``<state_dir>/hooks.snapshot``. The
+  first hook after any change (root) -> every hook (root).
+- **node inventory** -- :mod:`.inventory`: ``<state_dir>/inventory.json``. ``gres-conf
+  --output``, ``boot``, the udev hook (root) -> every hook.
+- **node agent** -- :mod:`.agent_wire`: ``<state_dir>/agent.sock`` and ``agent.pid``. The
+  hooks' C client (``hook_client/``, root) -> the agent (root); its workers -> its scontrol helper.
+- **lease files** -- :mod:`.leases`: ``<state_dir>/leases/<identity>``. The hooks,
+  ``leases --clear``, health (root, through :mod:`slurm_tpu.access.ledger`) -> the same,
+  ``slurm-tpu leases``, ``metrics``.
+- **audit events** -- :mod:`.audit`: ``<state_dir>/audit.log``. Every hook (root) ->
+  ``report``, ``metrics``, the demo, the isolation tests.
 - **usage records** -- :mod:`.usage`: ``<state_dir>/job-usage/<job>/<identity>.json``
-  in the job's own tmpfs (``job-usage/<job>``, mounted by the prolog, unmounted by the
-  epilog: slurm_tpu/hooks/jobusage.py). The runner (the job's user: hostile input) ->
-  the epilog (root), which audits them as ``usage`` events.
-- **job records** -- :mod:`.job_record`: ``<state_dir>/accounting-spool/<job>`` (only
-  where a collector runs) and the ``slurm-tpu/<node>:`` items of the job's
-  ``AdminComment`` in Slurm's database. The epilog (root, through
-  slurm_tpu/hooks/jobusage.py) -> the collector (``slurm-tpu accounting-collect``, root)
-  -> ``slurm-tpu report`` (sacct), both in :mod:`slurm_tpu.ops.accounting`.
-- **server address** -- :mod:`.serve_address`: ``~/.slurm-tpu/serve/<job>.json``, the
-  job's user's own. ``slurm-tpu serve`` -> ``slurm-tpu infer --server`` and the user's
-  scripts, through :mod:`slurm_tpu.runner.serve.auth` (private files, never a link).
+  (the job's own tmpfs). The runner (the job's user: hostile input) -> the epilog (root).
+- **job records** -- :mod:`.job_record`: ``<state_dir>/accounting-spool/<job>`` and the
+  job's ``AdminComment``. The epilog (root) -> ``accounting-collect`` (root) -> ``report``.
+- **server address** -- :mod:`.serve_address`: ``~/.slurm-tpu/serve/<job>.json``.
+  ``slurm-tpu serve`` -> ``infer --server`` and the user's scripts.
 - **install manifest** -- :mod:`.install_manifest`:
-  ``<prefix>/libexec/slurm-tpu/install-manifest.json``. ``slurm-tpu install`` (root) ->
-  ``slurm-tpu uninstall`` (root), through :mod:`slurm_tpu.ops.install`.
+  ``<prefix>/libexec/slurm-tpu/install-manifest.json``. ``install`` -> ``uninstall`` (root).
 
 The state directory (``state_dir``, default ``/run/slurm-tpu``; root's, never followed
 through a link) holds the files above and one without a format, ``.lock``: the
@@ -63,12 +44,10 @@ is the one place to look: the runner's per-device lock files (:mod:`slurm_tpu.ru
 (:mod:`slurm_tpu.config`) and the inference server's HTTP API
 (:mod:`slurm_tpu.runner.serve.codec`, TF Serving's REST format).
 
-Root hooks import these modules (all but the server address and the install manifest,
-which no hook reads) on every job under ``python3 -I -S`` (they are on the hooks'
-fast path, slurm_tpu/hooks/__init__.py FAST_PATH): they import no json, re, typing or
-dataclasses at module level. No module here imports anything of slurm_tpu above this
-package (tests/test_import_graph.py); readers that need json import it inside the
-function, off the hooks' path.
+Root hooks import all of these but the server address and the install manifest on every
+job: they are on the hooks' fast path and keep its rule (slurm_tpu/hooks/__init__.py
+FAST_PATH); readers that need json import it inside the function. No module here imports
+anything of slurm_tpu above this package (tests/test_import_graph.py).
 """
 
 from __future__ import annotations
@@ -102,3 +81,26 @@ def json_object(raw: str | bytes, source: str) -> dict:
     if not isinstance(data, dict):
         raise FormatError(f"{source}: not a JSON object", source)
     return data
+
+
+class Record:
+    """A value class of a format, compared, hashed and shown by its ``__slots__``.
+
+    Plain classes with slots (no dataclasses: the root hooks import these modules);
+    a subclass lists its fields in ``__slots__`` and writes its ``__init__``.
+    """
+
+    __slots__: tuple[str, ...] = ()
+
+    def _values(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__slots__)
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is type(self) and self._values() == other._values()
+
+    def __hash__(self) -> int:
+        return hash(self._values())
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{name}={getattr(self, name)!r}" for name in self.__slots__)
+        return f"{type(self).__name__}({fields})"

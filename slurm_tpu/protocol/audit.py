@@ -27,7 +27,7 @@ The writer is on the root hooks' path: it builds the JSON text by hand (no
 
 from __future__ import annotations
 
-from . import FormatError, json_object
+from . import FormatError, Record, json_object
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
@@ -204,7 +204,7 @@ def _finite(value: float) -> bool:
 
 
 # ---- pairing -------------------------------------------------------------------
-class LeaseSpan:
+class LeaseSpan(Record):
     """One job's lease on one device, from its ``acquire`` on, with the job's reported usage.
 
     ``end``: when the job lost the device (the first closing event: a USB
@@ -215,36 +215,12 @@ class LeaseSpan:
 
     __slots__ = ("identity", "job_id", "uid", "start", "end", "freed", "inferences", "inference_seconds", "energy_j")
 
-    def __init__(
-        self,
-        identity: str,
-        job_id: int,
-        uid: int,
-        start: float,
-        end: float | None = None,
-        freed: float | None = None,
-        inferences: int = 0,
-        inference_seconds: float = 0.0,
-        energy_j: float | None = None,
-    ):
-        self.identity, self.job_id, self.uid, self.start, self.end, self.freed = (
-            identity,
-            job_id,
-            uid,
-            start,
-            end,
-            freed,
-        )
-        self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
-
-    def __eq__(self, other: object) -> bool:
-        return type(other) is type(self) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    def __repr__(self) -> str:
-        return (
-            f"LeaseSpan({self.identity!r}, job {self.job_id}, uid {self.uid}, {self.start}-{self.end}, "
-            f"freed {self.freed})"
-        )
+    def __init__(self, identity: str, job_id: int, uid: int, start: float):
+        self.identity, self.job_id, self.uid, self.start = identity, job_id, uid, start
+        self.end: float | None = None
+        self.freed: float | None = None
+        self.inferences, self.inference_seconds = 0, 0.0
+        self.energy_j: float | None = None
 
     def seconds_within(self, since: float | None, until: float | None, now: float) -> float:
         """Lease time (start to end) overlapping [since, until); a lease still held counts up to ``now``."""

@@ -19,10 +19,8 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 
 ``src``     path, key: a source file and its version (device:inode:size:mtime_ns)
 ``set``     the scalar settings (:data:`SETTINGS`)
-``family``  kind, gres, leased, slot, revoke (bus:how,...)
-``udev``    subsystem, devtype, bus, depth, attribute: how udev-event names a device
-``var``     name, kind, unset: a job variable of a family, in export order
-``dev``     identity, kind, bus, nodes: a configured device
+``family``, ``udev``, ``var``, ``dev``: a family's policy, how udev-event names a device, a job
+            variable (in export order), a configured device; keys and types in :data:`OBJECTS`
 ``val``     identity, name, value: a device's entry in a job variable
 ``idx``     name, type, file: slurmd's IDX order of a GRES name on this node
 """
@@ -30,7 +28,12 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 from __future__ import annotations
 
 from ..defaults import HOLDER_SCAN_S, NODE_MODE, SLOT_DIR, SYSFS_ROOT
+from . import Record
 from .inventory import KnownDevice
+
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
+if TYPE_CHECKING:
+    from typing import Any
 
 FILE = "hooks.snapshot"  # under the state directory
 FORMAT = "slurm-tpu hooks snapshot 7"
@@ -53,7 +56,7 @@ SETTINGS = (
 )
 
 
-class FamilyPolicy:
+class FamilyPolicy(Record):
     """What the hooks do with one family's devices."""
 
     __slots__ = ("kind", "gres_name", "leased", "slot", "revocation")
@@ -62,16 +65,15 @@ class FamilyPolicy:
         self.kind, self.gres_name, self.leased, self.slot = kind, gres_name, leased, slot
         self.revocation = revocation  # bus -> USB_PORT / GASKET_WRITERS (SCAN when absent)
 
-    def __repr__(self) -> str:
-        return f"FamilyPolicy({self.kind!r}, {self.gres_name!r}, {self.leased}, {self.slot}, {self.revocation!r})"
 
-
-class UdevRule:
-    """How ``slurm-tpu udev-event`` names the device of an event of one subsystem.
+class UdevRule(Record):
+    """How ``slurm-tpu udev-event`` names the device of an event of ``subsystem`` (and ``devtype``
+    when not ''); each family declares its own (``Family.udev_identities``).
 
     The identity is ``<bus>-`` followed by the sysfs ``attribute`` of the event's
-    device when one is named (read at add time), else by the DEVPATH component
-    ``depth`` levels up (1: the last).
+    device when one is named (read at add time: a class device that is no child of its
+    PCI device, Hailo's), else by the DEVPATH component ``depth`` levels up (1: the
+    last). A remove event, whose sysfs is gone, is matched by its device node.
     """
 
     __slots__ = ("subsystem", "devtype", "bus", "depth", "attribute")
@@ -80,13 +82,23 @@ class UdevRule:
         self.subsystem, self.devtype, self.bus, self.depth, self.attribute = subsystem, devtype, bus, depth, attribute
 
 
-class EnvVariable:
+class EnvVariable(Record):
     """A job variable of one family (see slurm_tpu/protocol/jobenv.py)."""
 
     __slots__ = ("name", "kind", "unset_when_empty", "never_unset")
 
     def __init__(self, name: str, kind: str, unset_when_empty: bool, never_unset: bool = False):
         self.name, self.kind, self.unset_when_empty, self.never_unset = name, kind, unset_when_empty, never_unset
+
+
+# The records of one object each, in written order: tag, class, the snapshot's collection
+# (a dict is keyed by the first field), and the record's keys and types for the class's __slots__.
+OBJECTS: tuple[tuple[str, Any, str, tuple[str, ...], tuple[type, ...]], ...] = (
+    ("family", FamilyPolicy, "families", ("kind", "gres", "leased", "slot", "revoke"), (str, str, bool, bool, dict)),
+    ("udev", UdevRule, "udev", ("subsystem", "devtype", "bus", "depth", "attribute"), (str, str, str, int, str)),
+    ("var", EnvVariable, "variables", ("name", "kind", "unset", "keep"), (str, str, bool, bool)),
+    ("dev", KnownDevice, "devices", ("identity", "kind", "bus", "nodes"), (str, str, str, tuple)),
+)
 
 
 class HookSnapshot:
@@ -127,6 +139,10 @@ class HookSnapshot:
 
 
 def _field(key: str, value: object) -> str:
+    if isinstance(value, dict):  # bus:how,...
+        value = _listed(key, (f"{k}:{v}" for k, v in value.items()))
+    elif isinstance(value, tuple):
+        value = _listed(key, value)
     text = (
         ("1" if value else "0")
         if isinstance(value, bool)
@@ -154,49 +170,10 @@ def format_snapshot(snapshot: HookSnapshot) -> str:
     for path, key in sorted(snapshot.sources.items()):
         lines.append(_record("src", ("path", path), ("key", key)))
     lines.append(_record("set", *((name, getattr(snapshot, name)) for name, _ in SETTINGS)))
-    for policy in snapshot.families.values():
-        revoke = _listed("revoke", (f"{bus}:{how}" for bus, how in policy.revocation.items()))
-        lines.append(
-            _record(
-                "family",
-                ("kind", policy.kind),
-                ("gres", policy.gres_name),
-                ("leased", policy.leased),
-                ("slot", policy.slot),
-                ("revoke", revoke),
-            )
-        )
-    for rule in snapshot.udev:
-        lines.append(
-            _record(
-                "udev",
-                ("subsystem", rule.subsystem),
-                ("devtype", rule.devtype),
-                ("bus", rule.bus),
-                ("depth", rule.depth),
-                ("attribute", rule.attribute),
-            )
-        )
-    for variable in snapshot.variables:
-        lines.append(
-            _record(
-                "var",
-                ("name", variable.name),
-                ("kind", variable.kind),
-                ("unset", variable.unset_when_empty),
-                ("keep", variable.never_unset),
-            )
-        )
-    for device in snapshot.devices.values():
-        lines.append(
-            _record(
-                "dev",
-                ("identity", device.identity),
-                ("kind", device.kind),
-                ("bus", device.bus),
-                ("nodes", _listed("nodes", device.device_nodes)),
-            )
-        )
+    for tag, _, collection, keys, _ in OBJECTS:
+        items = getattr(snapshot, collection)
+        for item in items.values() if isinstance(items, dict) else items:
+            lines.append(_record(tag, *zip(keys, item._values())))
     for identity, entries in snapshot.values.items():
         for name, value in entries.items():
             lines.append(_record("val", ("identity", identity), ("name", name), ("value", value)))
@@ -206,10 +183,20 @@ def format_snapshot(snapshot: HookSnapshot) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _bool(text: str) -> bool:
-    if text not in ("0", "1"):
-        raise ValueError(text)
-    return text == "1"
+def _value(kind: type, text: str) -> object:
+    """A field's value of type ``kind`` (ValueError when it is not one)."""
+    if kind is bool:
+        if text not in ("0", "1"):
+            raise ValueError(text)
+        return text == "1"
+    if kind is tuple:
+        return tuple(filter(None, text.split(",")))
+    if kind is dict:
+        pairs = [entry.partition(":") for entry in filter(None, text.split(","))]
+        if not all(sep for _, sep, _ in pairs):
+            raise ValueError(text)
+        return {bus: how for bus, _, how in pairs}
+    return kind(text)
 
 
 def parse_snapshot(text: str, cls=HookSnapshot):
@@ -218,6 +205,7 @@ def parse_snapshot(text: str, cls=HookSnapshot):
     if not lines or lines[0] != FORMAT:
         return None
     result = cls("")
+    objects = {tag: rest for tag, *rest in OBJECTS}
     seen_settings = False
     try:
         for line in lines[1:]:
@@ -234,34 +222,16 @@ def parse_snapshot(text: str, cls=HookSnapshot):
                 result.sources[record["path"]] = record["key"]
             elif tag == "set":
                 for name, kind in SETTINGS:
-                    value = record[name]
-                    setattr(result, name, _bool(value) if kind is bool else kind(value))
+                    setattr(result, name, _value(kind, record[name]))
                 seen_settings = True
-            elif tag == "family":
-                revocation = {}
-                for entry in filter(None, record["revoke"].split(",")):
-                    bus, sep, how = entry.partition(":")
-                    if not sep:
-                        return None
-                    revocation[bus] = how
-                result.families[record["kind"]] = FamilyPolicy(
-                    record["kind"], record["gres"], _bool(record["leased"]), _bool(record["slot"]), revocation
-                )
-            elif tag == "udev":
-                result.udev.append(
-                    UdevRule(
-                        record["subsystem"], record["devtype"], record["bus"], int(record["depth"]), record["attribute"]
-                    )
-                )
-            elif tag == "var":
-                result.variables.append(
-                    EnvVariable(record["name"], record["kind"], _bool(record["unset"]), _bool(record["keep"]))
-                )
-            elif tag == "dev":
-                nodes = tuple(filter(None, record["nodes"].split(",")))
-                result.devices[record["identity"]] = KnownDevice(
-                    record["identity"], record["kind"], record["bus"], nodes
-                )
+            elif tag in objects:
+                make, collection, keys, kinds = objects[tag]
+                item = make(*(_value(kind, record[key]) for key, kind in zip(keys, kinds)))
+                items = getattr(result, collection)
+                if isinstance(items, dict):
+                    items[record[keys[0]]] = item
+                else:
+                    items.append(item)
             elif tag == "val":
                 result.values.setdefault(record["identity"], {})[record["name"]] = record["value"]
             elif tag == "idx":

@@ -18,7 +18,7 @@ path reads :class:`KnownDevice` records from their snapshot instead.
 from __future__ import annotations
 
 from ..defaults import INVENTORY_NAME
-from . import FormatError
+from . import FormatError, Record
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 FILE_NAME = INVENTORY_NAME
 
 
-class KnownDevice:
+class KnownDevice(Record):
     """What a hook needs to know about one accelerator (no slurm_tpu.hardware import)."""
 
     __slots__ = ("identity", "kind", "bus", "device_nodes")
@@ -37,20 +37,6 @@ class KnownDevice:
         self.kind = kind  # a family kind (slurm_tpu/families): "edgetpu", "gpu", "hailo"...
         self.bus = bus  # "usb", "pci", "platform"
         self.device_nodes = tuple(device_nodes)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, KnownDevice) and (self.identity, self.kind, self.bus, self.device_nodes) == (
-            other.identity,
-            other.kind,
-            other.bus,
-            other.device_nodes,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.identity, self.device_nodes))
-
-    def __repr__(self) -> str:
-        return f"KnownDevice({self.identity!r}, {self.kind!r}, {self.bus!r}, {self.device_nodes!r})"
 
     @property
     def primary_node(self) -> str | None:

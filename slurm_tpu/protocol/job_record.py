@@ -1,19 +1,10 @@
 """A job's accelerator usage in Slurm's own job record: the spool entry and the ``AdminComment`` text.
 
-Where the figures go, and why there:
-
-- ``AdminComment`` is set with ``sacctmgr -i modify job where jobid=N set
-  AdminComment=...``, which works after the job ended and which Slurm allows
-  only to its operators and administrators (a job's user gets "Access/permission
-  denied"). The job's ``Comment`` is not used: its user can rewrite it with the
-  same command on her own job.
-- The epilog never runs a Slurm command for it (SchedMD's advice: keep the epilog's
-  critical path free of RPCs; ``scontrol update`` of a finished job fails anyway).
-  It *spools*: one file per job, ``<state_dir>/accounting-spool/<job id>``, root's
-  0600 in a root-only 0700 directory, written atomically (temp file + rename).
-  The spool exists only where a collector runs (``slurm-tpu accounting-collect``
-  makes it): a node without Slurm accounting never accumulates entries.
-- The collector (root) applies each entry and removes it only when Slurm took it.
+The epilog (root) spools one file per job, ``<state_dir>/accounting-spool/<job id>``
+(root's 0600 in a 0700 directory, written atomically; only where a collector runs), and
+the collector (``slurm-tpu accounting-collect``, root) sets the job's ``AdminComment``
+with ``sacctmgr`` and removes the entry once Slurm took it. Why there (admin-only,
+works after the job ended, no RPC on the epilog's path): docs/accounting.md.
 
 The spool entry is ``key=value`` lines (no JSON: the epilog imports this module
 under the hooks' import budget)::
@@ -37,6 +28,8 @@ Text in the ``AdminComment`` that is not ours (an admin's note) is kept.
 
 from __future__ import annotations
 
+from . import Record
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -49,7 +42,7 @@ MAX_SPOOL_BYTES = 1024
 FIGURES = ("devices", "inferences", "inference_seconds", "energy_j")
 
 
-class SpoolEntry:
+class SpoolEntry(Record):
     """One node's figures for one job."""
 
     __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j")
@@ -65,12 +58,6 @@ class SpoolEntry:
     ):
         self.job_id, self.node, self.devices = job_id, node, devices
         self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, SpoolEntry) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    def __repr__(self) -> str:
-        return "SpoolEntry(" + ", ".join(f"{n}={getattr(self, n)!r}" for n in self.__slots__) + ")"
 
 
 def totals(job_id: int, node: str, devices: int, records: Iterable) -> SpoolEntry:

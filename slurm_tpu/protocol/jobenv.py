@@ -38,6 +38,8 @@ runner reads the Edge TPU pair with :func:`parse_environment`.
 
 from __future__ import annotations
 
+from . import Record
+
 # Annotations only: the root hooks import this module (the names), and typing costs them.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -50,7 +52,7 @@ GPUS = "SLURM_TPU_GPUS"
 USAGE_DIR = "SLURM_TPU_USAGE_DIR"
 
 
-class EdgeTpuHandle:
+class EdgeTpuHandle(Record):
     """One allocated Edge TPU as libedgetpu addresses it (a plain class: no dataclasses import)."""
 
     __slots__ = ("identity", "device_type", "path")
@@ -59,19 +61,6 @@ class EdgeTpuHandle:
         self.identity = identity
         self.device_type = device_type  # "usb" or "pci"
         self.path = path  # /sys/bus/usb/devices/<topology> or /dev/apex_N
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, EdgeTpuHandle) and (self.identity, self.device_type, self.path) == (
-            other.identity,
-            other.device_type,
-            other.path,
-        )
-
-    def __hash__(self) -> int:
-        return hash((self.identity, self.device_type, self.path))
-
-    def __repr__(self) -> str:
-        return f"EdgeTpuHandle({self.identity!r}, {self.device_type!r}, {self.path!r})"
 
 
 def libedgetpu_path(identity: str, device_node: str | None) -> tuple[str, str]:

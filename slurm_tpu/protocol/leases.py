@@ -1,8 +1,6 @@
 """Lease files: ``<state_dir>/leases/<identity>``, one per leased device (root only).
 
-Written by the prolog (claim), the epilog and udev-event (phase changes), read
-by every hook, ``slurm-tpu leases``, the health check and the metrics. The
-ledger (:mod:`slurm_tpu.access.ledger`) owns where and how the files are created
+The ledger (:mod:`slurm_tpu.access.ledger`) owns where and how the files are created
 (exclusively, atomically, never through a link); this module owns what is in
 them: :meth:`Lease.encode` is the one writer, :meth:`Lease.decode` the one
 reader.
@@ -21,7 +19,7 @@ Imported by the root hooks on every job: no json, re, typing or dataclasses.
 
 from __future__ import annotations
 
-from . import FormatError
+from . import FormatError, Record
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
@@ -54,42 +52,32 @@ def check_transition(old: str, new: str) -> None:
         raise ValueError(f"lease phase {old!r} may not become {new!r}")
 
 
-# Field names, in the order they are written.
-IDENTITY, JOB_ID, UID, KIND, USER, START = "identity", "job_id", "uid", "kind", "user", "start"
-DEVICE_NODES, ALLOCATION, NODE = "device_nodes", "allocation", "node"
-PROLOG_PID, PROLOG_START, FORMAT_VERSION, PHASE, PHASE_SINCE = (
+# Field names, in the order they are written (the order of Lease's constructor).
+FIELDS = (
+    "identity",
+    "job_id",
+    "uid",
+    "kind",
+    "user",
+    "start",
+    "device_nodes",
+    "allocation",
+    "node",
     "prolog_pid",
     "prolog_start",
     "version",
     "phase",
     "phase_since",
+    "releaser_pid",
+    "releaser_start",
 )
-RELEASER_PID, RELEASER_START = "releaser_pid", "releaser_start"
-FIELDS = (
-    IDENTITY,
-    JOB_ID,
-    UID,
-    KIND,
-    USER,
-    START,
-    DEVICE_NODES,
-    ALLOCATION,
-    NODE,
-    PROLOG_PID,
-    PROLOG_START,
-    FORMAT_VERSION,
-    PHASE,
-    PHASE_SINCE,
-    RELEASER_PID,
-    RELEASER_START,
-)
-REQUIRED = (IDENTITY, JOB_ID, UID)
-_INT_FIELDS = (JOB_ID, UID, PROLOG_PID, PROLOG_START, FORMAT_VERSION, RELEASER_PID, RELEASER_START)
-_FLOAT_FIELDS = (START, PHASE_SINCE)
-_LIST_FIELDS = (DEVICE_NODES, ALLOCATION)
+REQUIRED = ("identity", "job_id", "uid")
+_INT_FIELDS = ("job_id", "uid", "prolog_pid", "prolog_start", "version", "releaser_pid", "releaser_start")
+_FLOAT_FIELDS = ("start", "phase_since")
+_LIST_FIELDS = ("device_nodes", "allocation")
 
 
-class Lease:
+class Lease(Record):
     """One device held by one job on this node."""
 
     __slots__ = FIELDS
@@ -125,12 +113,6 @@ class Lease:
         self.phase, self.phase_since = phase, phase_since
         self.releaser_pid, self.releaser_start = releaser_pid, releaser_start
 
-    def as_dict(self) -> dict:
-        return {name: getattr(self, name) for name in FIELDS}
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Lease) and self.as_dict() == other.as_dict()
-
     def __repr__(self) -> str:
         return f"Lease({self.identity!r}, job {self.job_id}, uid {self.uid})"
 
@@ -138,7 +120,7 @@ class Lease:
         """The lease file's bytes (always the current :data:`VERSION`)."""
         lines = []
         for name in FIELDS:
-            item: Any = VERSION if name == FORMAT_VERSION else getattr(self, name)  # a list field's: strings
+            item: Any = VERSION if name == "version" else getattr(self, name)  # a list field's: strings
             text = ",".join(item) if name in _LIST_FIELDS else str(item)
             if "\n" in text or "\t" in text or (name in _LIST_FIELDS and any("," in i for i in item)):
                 raise ValueError(f"lease field {name} holds a tab, newline or (in a list) a comma")
@@ -166,20 +148,22 @@ class Lease:
         for name in REQUIRED:
             if name not in fields:
                 raise FormatError(f"lease file {source}: field {name!r} is missing", source)
-        if fields[IDENTITY] != identity:
-            raise FormatError(f"lease file {source}: names device {fields[IDENTITY][:80]!r}, not its file name", source)
+        if fields["identity"] != identity:
+            raise FormatError(
+                f"lease file {source}: names device {fields['identity'][:80]!r}, not its file name", source
+            )
         kwargs: dict = {}
         for name in FIELDS:
             if name in fields:
                 kwargs[name] = _value(name, fields[name], source)
-        if kwargs.get(FORMAT_VERSION, VERSION) > VERSION:
+        if kwargs.get("version", VERSION) > VERSION:
             raise FormatError(
-                f"lease file {source} has format version {kwargs[FORMAT_VERSION]}; this slurm-tpu "
+                f"lease file {source} has format version {kwargs['version']}; this slurm-tpu "
                 f"reads up to {VERSION}: run the same slurm-tpu on every node and hook",
                 source,
             )
-        if kwargs.get(PHASE, HELD) not in PHASES:
-            raise FormatError(f"lease file {source}: unknown phase {kwargs[PHASE][:40]!r}", source)
+        if kwargs.get("phase", HELD) not in PHASES:
+            raise FormatError(f"lease file {source}: unknown phase {kwargs['phase'][:40]!r}", source)
         return cls(**kwargs)
 
 

@@ -23,14 +23,8 @@ self-reported by the job, which is fine for accounting: a user can only inflate
 their own numbers, and :func:`checked` bounds them so a forged record can neither
 crash ``slurm-tpu report``/``metrics`` nor dominate a total.
 
-This module is the format's one writer (:func:`add_usage`, job side, bytes from
-:func:`encode`) and one reader (:func:`read_record`, root side, through
-:func:`decode`). The reader refuses a record that is there but not acceptable
-(a link, not a regular file, not the job's uid's, too big, not JSON, another
-version, implausible figures) with :class:`~slurm_tpu.protocol.FormatError`,
-one line naming the file; the epilog audits that as ``usage-rejected``.
-
-Stdlib only, and no json/re at import time: the epilog imports this.
+Writer: :func:`add_usage` (job side); reader: :func:`read_record` (root side), whose
+:class:`~slurm_tpu.protocol.FormatError` the epilog audits as ``usage-rejected``.
 """
 
 from __future__ import annotations
@@ -40,7 +34,7 @@ import os
 import stat
 
 from ..identity import is_identity
-from . import FormatError, jobenv, json_object
+from . import FormatError, Record, jobenv, json_object
 
 USAGE_DIR_ENV = jobenv.USAGE_DIR  # the job environment contract names it
 FORMAT_VERSION = 1
@@ -58,19 +52,13 @@ MAX_SECONDS = 10.0**9
 MAX_ENERGY_J = 10.0**12
 
 
-class UsageRecord:
+class UsageRecord(Record):
     """What a job did on one device: inference count, seconds in inference, energy (GPUs)."""
 
     __slots__ = ("identity", "inferences", "seconds", "energy_j")
 
     def __init__(self, identity: str, inferences: int, seconds: float, energy_j: float | None = None):
         self.identity, self.inferences, self.seconds, self.energy_j = identity, inferences, seconds, energy_j
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, UsageRecord) and all(getattr(self, n) == getattr(other, n) for n in self.__slots__)
-
-    def __repr__(self) -> str:
-        return f"UsageRecord({self.identity!r}, {self.inferences}, {self.seconds}, {self.energy_j})"
 
 
 def checked(inferences: object, seconds: object, energy_j: object = None) -> tuple[int, float, float | None] | None:

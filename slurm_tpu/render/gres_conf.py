@@ -31,14 +31,11 @@ def gres_file(config: Config, accelerator: Accelerator) -> str:
     return accelerator.primary_node
 
 
-def gres_type(config: Config, accelerator: Accelerator) -> str:
-    """The GRES type, as the device's family decides it under the config."""
-    return family(accelerator.kind).gres_type(config.family(accelerator.kind), accelerator)
-
-
-def gres_name(config: Config, accelerator: Accelerator) -> str:
-    """The GRES name of the device's family (``tpu``, ``gpu``... unless the config renames them)."""
-    return config.family(accelerator.kind).gres_name
+def gres_name_type(config: Config, accelerator: Accelerator) -> tuple[str, str]:
+    """The GRES name of the device's family (``tpu``, ``gpu``... unless the config renames them)
+    and its type, as the family decides it under the config."""
+    settings = config.family(accelerator.kind)
+    return settings.gres_name, family(accelerator.kind).gres_type(settings, accelerator)
 
 
 def _cores(accelerator: Accelerator, inventory: Inventory) -> str:
@@ -72,9 +69,9 @@ def render_gres_conf(inventory: Inventory, config: Config, node_name: str) -> st
     for accelerator in inventory:
         if not accelerator.usable:
             continue
+        name, kind = gres_name_type(config, accelerator)
         lines.append(
-            f"NodeName={node_name} Name={gres_name(config, accelerator)} "
-            f"Type={gres_type(config, accelerator)} File={gres_file(config, accelerator)}"
+            f"NodeName={node_name} Name={name} Type={kind} File={gres_file(config, accelerator)}"
             f"{_cores(accelerator, inventory)}"
         )
     for accelerator in inventory:

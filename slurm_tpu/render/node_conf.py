@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from ..config import Config
 from ..families import FAMILIES
 from ..hardware import Inventory
-from .gres_conf import gres_name, gres_type
+from .gres_conf import gres_name_type
 
 # slurmd -C facts we carry into the NodeName line, in slurm.conf's usual order.
 HARDWARE_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
@@ -17,7 +17,7 @@ def node_gres(inventory: Inventory, config: Config) -> str:
     """``Gres=`` value: ``name:type:count`` per (name, type), in inventory order."""
     counts: dict[tuple[str, str], int] = {}
     for accelerator in inventory.usable():
-        key = (gres_name(config, accelerator), gres_type(config, accelerator))
+        key = gres_name_type(config, accelerator)
         counts[key] = counts.get(key, 0) + 1
     return ",".join(f"{name}:{kind}:{count}" for (name, kind), count in counts.items())
 
@@ -29,15 +29,11 @@ def accounting_tres(gres: str) -> list[str]:
     the GRES named in AccountingStorageTRES; a typed GRES needs both the name (limits
     such as ``MaxTRESPerUser=gres/tpu=1``) and the name:type (usage per type).
     """
+    from ..slurm.parse import parse_gres_items
+
     entries: list[str] = []
-    for item in filter(None, gres.split(",")):
-        parts = item.split(":")
-        name = parts[0]
-        # name[:type][:count]; the count may carry a unit suffix (4K)
-        kind = parts[1] if len(parts) > 2 or (len(parts) == 2 and not parts[1][:1].isdigit()) else ""
-        entries.append(f"gres/{name}")
-        if kind:
-            entries.append(f"gres/{name}:{kind}")
+    for name, kind, _ in parse_gres_items(gres):
+        entries += [f"gres/{name}", f"gres/{name}:{kind}"] if kind else [f"gres/{name}"]
     return list(dict.fromkeys(entries))
 
 

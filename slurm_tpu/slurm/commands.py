@@ -1,13 +1,11 @@
 """Slurm's command-line tools as one object: the gateway every scontrol/squeue call goes through.
 
-Programs come from one installation (``installation.py``), run as argument
-lists with a timeout (``spawn.py``); a failure raises SlurmCommandError whose
-message ends with the command's last stderr line, or, when the client is another
-release than the daemons, one line naming both versions. Light enough for the
-hooks: no subprocess, re or json at import.
+Programs come from one installation (``installation.py``), run by ``spawn.py``; a
+failure raises SlurmCommandError, or SlurmVersionError naming both versions when the
+client is another release than the daemons. Light enough for the hooks.
 
 Draining and resuming a node are written once, in :class:`NodeStates`, for
-this class and for pyslurm (``pyslurm_backend.py``) alike: the reason is made
+this class and for pyslurm (``backend.py``) alike: the reason is made
 safe by :func:`node_reason` there and nowhere else.
 """
 

@@ -1,32 +1,18 @@
 """Slurm's device cgroup (``ConstrainDevices=yes``) as a second layer: where it holds for our GRES.
 
-The one place that knows these facts; ``doctor``, ``install`` and docs/security.md
-say what this module says.
+The one place in the code that knows these facts (``doctor`` and ``install`` report
+:func:`status`); docs/security.md ("Slurm's device cgroup as a second layer") gives the
+measurements, per release and bus, from tests/isolation/test_device_cgroup.py:
 
-* **Release.** With ``TaskPlugin=task/cgroup`` and ``ConstrainDevices=yes`` in
-  cgroup.conf, slurmstepd denies a job every ``File=`` of gres.conf it was not
-  allocated (task_cgroup_devices.c, from the list ``gres_g_get_devices()``
-  returns). Up to 22.05 that function skipped a GRES that has no gres plugin of
-  its own (``gpu``, ``mps``, ``shard``, ``nic`` have one; ``tpu``, ``npu`` do not), so
-  the device cgroup leaves our devices alone there. Fixed upstream in 23.02
-  (commit dd2e76b9df, bug 14139). Measured: on Debian's 22.05 a job without the
-  GRES opens a PCIe Edge TPU whose mode allows it; on 25.11 it gets EPERM
-  (tests/isolation/test_device_cgroup.py). Our gres/tpu plugin (slurm_plugin/,
-  named in slurm.conf's PluginDir) gives ``tpu`` a plugin on 22.05 too: its
-  get_devices hands slurmd gres.conf's File= devices, and the job without the
-  GRES gets EPERM there as well (measured, same test). ``npu`` has none.
-* **Bus.** slurmd stat()s each ``File=`` once, when it starts, and denies those
-  major:minor numbers. A PCIe card's node (``/dev/apex_N``) keeps its numbers,
-  so the layer holds for it. A USB stick re-enumerates at every revocation (and
-  on every replug): udev gives it a new ``/dev/bus/usb/BBB/DDD`` node, the slot
-  node is re-pointed at it, and slurmd still denies the *old* numbers until it
-  restarts. So for USB sticks the layer holds only until the stick's first
-  re-enumeration after slurmd started; the file ownership the hooks manage is
-  what keeps them private.
-* **cgroup version.** Tested with ``CgroupPlugin=cgroup/v1`` on a hybrid
-  mount (v1 controllers under /sys/fs/cgroup, v2 only at
-  /sys/fs/cgroup/unified), the layout of these machines; cgroup/v2 needs the
-  unified hierarchy mounted at /sys/fs/cgroup and is not tested here.
+* **Release.** Up to 22.05 ``gres_g_get_devices()`` (task_cgroup_devices.c) skips a
+  GRES without a gres plugin of its own (:data:`GRES_WITH_PLUGIN` have one; ``tpu``,
+  ``npu`` do not), so ``ConstrainDevices=yes`` leaves our devices alone there; fixed in
+  :data:`FIX`. Our gres/tpu plugin (slurm_plugin/, in slurm.conf's PluginDir) gives
+  ``tpu`` one on 22.05 too; ``npu`` has none.
+* **Bus.** slurmd reads each ``File=``'s major:minor once, at start: a PCIe node keeps
+  its numbers, a USB stick gets a new node at every re-enumeration (each revocation),
+  so for sticks the layer holds only until then.
+* **cgroup version.** Tested with cgroup/v1 on a hybrid mount; cgroup/v2 is not.
 """
 
 from __future__ import annotations
@@ -37,8 +23,6 @@ import os
 FIRST_RELEASE = (23, 2)
 FIRST_RELEASE_NAME = "Slurm 23.02"
 FIX = f"{FIRST_RELEASE_NAME} (commit dd2e76b9df, bug 14139)"
-# Buses whose device node keeps its major:minor for as long as the device is present.
-STABLE_BUSES = ("pci",)
 # GRES names Slurm has a gres plugin for (gres_<name>.so): the device cgroup covers them on every release.
 GRES_WITH_PLUGIN = ("gpu", "mps", "shard", "nic")
 
@@ -55,26 +39,14 @@ def cgroup_conf_path(slurm_conf: str) -> str:
 
 def read_cgroup_conf(path: str) -> dict[str, str] | None:
     """cgroup.conf's ``Key=Value`` lines, keys lower-cased (Slurm's keys are case-insensitive); None if unreadable."""
+    from .parse import config_lines
+
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            text = handle.read()
+            lines = [line.partition("=") for _, line in config_lines(handle.read())]
     except OSError:
         return None
-    options: dict[str, str] = {}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        key, sep, value = line.partition("=")
-        if sep:
-            options[key.strip().lower()] = value.strip()
-    return options
-
-
-def _release(version: str) -> tuple[int, int] | None:
-    parts = version.split(".")
-    try:
-        return int(parts[0]), int(parts[1])
-    except (IndexError, ValueError):
-        return None
+    return {key.strip().lower(): value.strip() for key, sep, value in lines if sep}
 
 
 def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, str] | None) -> bool:
@@ -90,8 +62,11 @@ def constrains_devices(slurm_options: dict[str, str], cgroup_options: dict[str, 
 
 def covers_gres_without_plugin(version: str) -> bool:
     """Whether slurmd ``version`` (``25.11.7``) puts a plugin-less GRES such as ``tpu`` in the device cgroup."""
-    release = _release(version)
-    return release is not None and release >= FIRST_RELEASE
+    parts = version.split(".")
+    try:
+        return (int(parts[0]), int(parts[1])) >= FIRST_RELEASE
+    except (IndexError, ValueError):
+        return False
 
 
 def where_it_holds(version: str) -> str:

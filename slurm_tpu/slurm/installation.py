@@ -120,13 +120,13 @@ def _first_executable(name: str, dirs) -> str | None:
 
 def _pair(bin_dir: str | None, sbin_dir: str | None) -> tuple[str, ...]:
     """(bin, sbin), the missing one being the other's sibling when it exists."""
-    if bin_dir and not sbin_dir:
-        sibling = os.path.join(os.path.dirname(bin_dir.rstrip("/")), "sbin")
-        sbin_dir = sibling if os.path.isdir(sibling) else bin_dir
-    elif sbin_dir and not bin_dir:
-        sibling = os.path.join(os.path.dirname(sbin_dir.rstrip("/")), "bin")
-        bin_dir = sibling if os.path.isdir(sibling) else sbin_dir
-    assert bin_dir and sbin_dir
+
+    def sibling(given: str, name: str) -> str:
+        path = os.path.join(os.path.dirname(given.rstrip("/")), name)
+        return path if os.path.isdir(path) else given
+
+    bin_dir = bin_dir or sibling(sbin_dir or "", "bin")
+    sbin_dir = sbin_dir or sibling(bin_dir, "sbin")
     return (bin_dir, sbin_dir) if bin_dir != sbin_dir else (bin_dir,)
 
 
@@ -189,9 +189,14 @@ def _nul_separated(path: str) -> list[str]:
         return [os.fsdecode(part) for part in handle.read().split(b"\0") if part]
 
 
+def compiled_conf(sbin_dir: str) -> str:
+    """The slurm.conf Slurm's daemons in ``sbin_dir`` read by default (Debian's for /usr, else <prefix>/etc)."""
+    prefix = os.path.dirname(sbin_dir.rstrip("/"))
+    return DEBIAN_CONF if prefix in ("/usr", "/", "") else f"{prefix}/etc/slurm.conf"
+
+
 def _daemon_conf(pid: int, exe: str) -> str:
-    prefix = os.path.dirname(os.path.dirname(exe))
-    default = DEBIAN_CONF if prefix in ("/usr", "/") else f"{prefix}/etc/slurm.conf"
+    default = compiled_conf(os.path.dirname(exe))
     try:
         argv = _nul_separated(f"/proc/{pid}/cmdline")
         environ = dict(item.partition("=")[::2] for item in _nul_separated(f"/proc/{pid}/environ"))
@@ -299,9 +304,7 @@ def from_prefix(prefix: str) -> Installation:
     """``<prefix>/bin`` and ``<prefix>/sbin`` (a source build's ``--prefix``; /usr for Debian's)."""
     if not os.path.isabs(prefix):
         raise SlurmCommandError(f"Slurm prefix {prefix!r} is not an absolute directory", prefix)
-    return Installation(
-        _pair(f"{prefix.rstrip('/') or ''}/bin", f"{prefix.rstrip('/') or ''}/sbin"), f"prefix {prefix}"
-    )
+    return Installation(_pair(f"{prefix.rstrip('/')}/bin", f"{prefix.rstrip('/')}/sbin"), f"prefix {prefix}")
 
 
 def environment(install: Installation) -> dict[str, str]:
@@ -324,33 +327,24 @@ def version_of(program: str, environ=None) -> str | None:
     """
     from .spawn import run
 
-    out: str | None
+    environ = os.environ if environ is None else environ
     try:
-        out = run([program, "-V"], None if environ is None else dict(environ), timeout=10)
+        out = run([program, "-V"], dict(environ), timeout=10)
     except SlurmCommandError:
         # A client of another release than the slurm.conf's daemons dies before it prints its
         # version when that slurm.conf names a PluginDir (it loads the other release's auth
         # plugin first): ask it again with a slurm.conf of its own that names nothing.
-        out = _version_without_site_conf(program, environ)
-        if out is None:
-            return None
+        import tempfile
+
+        with tempfile.NamedTemporaryFile("w", prefix="slurm-tpu-version-", suffix=".conf") as conf:
+            conf.write("ClusterName=version\nSlurmctldHost=localhost\n")
+            conf.flush()
+            try:
+                out = run([program, "-V"], {**environ, "SLURM_CONF": conf.name}, 10)
+            except SlurmCommandError:
+                return None
     words = out.split()
     return words[-1] if words and words[-1][:1].isdigit() else None
-
-
-def _version_without_site_conf(program: str, environ) -> str | None:
-    """``program -V``'s output under a minimal slurm.conf (ClusterName and a host only), or None."""
-    import tempfile
-
-    from .spawn import run
-
-    with tempfile.NamedTemporaryFile("w", prefix="slurm-tpu-version-", suffix=".conf") as conf:
-        conf.write("ClusterName=version\nSlurmctldHost=localhost\n")
-        conf.flush()
-        try:
-            return run([program, "-V"], {**(os.environ if environ is None else environ), "SLURM_CONF": conf.name}, 10)
-        except SlurmCommandError:
-            return None
 
 
 def version_mismatch(installation: Installation, program: str, environ=None) -> str | None:

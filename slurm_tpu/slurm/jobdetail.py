@@ -1,10 +1,12 @@
 """A job's GRES indices on one node, from ``scontrol show job -d`` text.
 
 Deliberately light (no ``re``, ``json``, ``dataclasses``): the prolog imports it
-on every job. ``parse.py`` re-exports these names for everything else.
+on every job.
 """
 
 from __future__ import annotations
+
+from ..protocol import Record
 
 
 class ForgedOutputError(ValueError):
@@ -22,25 +24,13 @@ class SiblingsOnNode(Exception):
         self.selector = selector
 
 
-class GresAlloc:
+class GresAlloc(Record):
     """One ``name:type:count(IDX:...)`` item of a job's per-node GRES detail."""
 
     __slots__ = ("name", "type", "count", "indices")
 
     def __init__(self, name: str, type: str | None, count: int, indices: tuple[int, ...]):
         self.name, self.type, self.count, self.indices = name, type, count, tuple(indices)
-
-    def _key(self) -> tuple:
-        return (self.name, self.type, self.count, self.indices)
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, GresAlloc) and self._key() == other._key()
-
-    def __hash__(self) -> int:
-        return hash(self._key())
-
-    def __repr__(self) -> str:
-        return f"GresAlloc(name={self.name!r}, type={self.type!r}, count={self.count}, indices={self.indices})"
 
 
 def _split_top_level(text: str, open_char: str = "[", close_char: str = "]") -> list[str]:

@@ -1,10 +1,13 @@
-"""Pure parsers of Slurm command output, tested on captured text."""
+"""Pure parsers of Slurm command output and configuration, tested on captured text (a job's GRES
+from ``scontrol show job -d``, which the prolog reads, is jobdetail.py's)."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+
+from .jobdetail import GresAlloc, expand_hostlist, parse_gres_detail
 
 
 def parse_key_values(line: str) -> dict[str, str]:
@@ -25,16 +28,7 @@ def parse_slurmd_c(text: str) -> dict[str, str]:
     return {}
 
 
-# ---- hostlists and a job's GRES (light, shared with the prolog) ---------------------
-
-from .jobdetail import (  # noqa: E402,F401
-    ForgedOutputError,
-    GresAlloc,
-    SiblingsOnNode,
-    expand_hostlist,
-    parse_gres_detail,
-    parse_scontrol_job_detail,
-)
+# ---- a job's GRES in JSON -------------------------------------------------------------
 
 
 def _json_number(value: object) -> int | None:
@@ -101,11 +95,8 @@ def parse_node_state(text: str) -> NodeState:
             reason = tail
             if reason.endswith("]") and " [" in reason:
                 reason = reason[: reason.rindex(" [")]
-        for token in head.split():
-            if token.startswith("State="):
-                state = token[len("State=") :]
-            elif token.startswith("Gres="):
-                gres = token[len("Gres=") :]
+        fields = parse_key_values(head)
+        state, gres = fields.get("State", state), fields.get("Gres", gres)
     return {"state": state, "reason": reason, "gres": gres}
 
 
@@ -124,7 +115,8 @@ class GresConfRecord:
     line: int
 
 
-def _config_lines(text: str) -> Iterator[tuple[int, str]]:
+def config_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(line number, line) of a Slurm config file's lines that say something (comments and blanks dropped)."""
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.split("#", 1)[0].strip()
         if line:
@@ -151,7 +143,7 @@ def parse_gres_conf(text: str, node: str) -> list[GresConfRecord]:
     ``Include`` is not followed (the caller reads included files if needed).
     """
     records = []
-    for number, line in _config_lines(text):
+    for number, line in config_lines(text):
         fields = _keys(line)
         if "name" not in fields or not _matches_node(fields.get("nodename"), node):
             continue
@@ -180,23 +172,17 @@ def parse_node_gres(text: str, node: str) -> list[tuple[str, str | None, int]] |
     None when no NodeName line names the node (e.g. configless, or an Include
     the caller has not read). ``NodeName=DEFAULT`` Gres= applies to later lines.
     """
-    default: str | None = None
-    found: str | None = None
-    seen = False
-    for _, line in _config_lines(text):
-        if not line.lower().startswith("nodename="):
-            continue
-        fields = _keys(line)
-        if fields["nodename"].upper() == "DEFAULT":
-            default = fields.get("gres", default)
-            continue
-        if _matches_node(fields["nodename"], node):
-            seen = True
-            found = fields.get("gres", default)
-    if not seen:
+    fields = node_line_fields(text, node)
+    if fields is None:
         return None
+    return parse_gres_items(([value for key, value in fields.items() if key.lower() == "gres"] or [""])[-1])
+
+
+def parse_gres_items(value: str) -> list[tuple[str, str | None, int]]:
+    """(name, type, count) of each item of a ``Gres=`` value (``tpu:edgetpu_usb:2,gpu:1``; the count may
+    carry a unit suffix, 4K), in written order; ``(null)`` is none."""
     result = []
-    for item in (found or "").split(","):
+    for item in value.split(","):
         if not item or item.lower() == "(null)":
             continue
         parts = item.split(":")
@@ -210,7 +196,7 @@ def parse_node_gres(text: str, node: str) -> list[tuple[str, str | None, int]] |
 def include_paths(text: str, base_dir: str) -> list[str]:
     """Files named by ``Include``/``include`` lines (relative to ``base_dir``)."""
     paths = []
-    for _, line in _config_lines(text):
+    for _, line in config_lines(text):
         keyword, _, rest = line.partition(" ")
         if keyword.lower() == "include" and rest.strip():
             path = rest.strip()
@@ -226,7 +212,7 @@ def parse_slurm_conf_options(text: str) -> dict[str, str]:
     included files appended if they matter).
     """
     options: dict[str, str] = {}
-    for _, line in _config_lines(text):
+    for _, line in config_lines(text):
         head = line.split("=", 1)[0].lower()
         if head in ("nodename", "partitionname", "nodeset", "downnodes") or line.lower().startswith("include "):
             continue
@@ -241,7 +227,7 @@ def node_line_fields(text: str, node: str) -> dict[str, str] | None:
     """
     default: dict[str, str] = {}
     found: dict[str, str] | None = None
-    for _, line in _config_lines(text):
+    for _, line in config_lines(text):
         if not line.lower().startswith("nodename="):
             continue
         fields = parse_key_values(line)

@@ -3,13 +3,9 @@
 ``subprocess`` costs the prolog several milliseconds of imports on every job
 (threading, selectors, signal...); ``os.posix_spawn`` plus a pipe does the
 same job here, for the hooks and the admin commands alike. No shell is
-involved, so job-controlled strings are inert. Which program to run is
-``installation.py``'s business (Slurm's programs, and an admin's commands such
-as the watcher's slurmd restarts); ``commands.py`` puts the two together.
-The hooks, health, the watcher (restarts included) and doctor run every Slurm
-program through here; the local test cluster and the demo, which start daemons
-and submit jobs as other users, use ``subprocess`` with programs that
-``installation.py`` found.
+involved, so job-controlled strings are inert. The local test cluster and the
+demo, which start daemons and submit jobs as other users, use ``subprocess``
+with programs that ``installation.py`` found.
 """
 
 from __future__ import annotations

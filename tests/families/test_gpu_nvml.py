@@ -10,8 +10,7 @@ import json
 import sys
 import types
 
-from slurm_tpu.detect import inventory_from_snapshot
-from slurm_tpu.detect.nvml import enrich_with_nvml
+from slurm_tpu.detect import enrich_with_nvml, inventory_from_snapshot
 from slurm_tpu.families import inventory_from_json
 from slurm_tpu.families.gpu import NvidiaDetails
 from slurm_tpu.families.sysfs import Snapshot, SysDevice

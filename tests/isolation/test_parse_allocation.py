@@ -12,16 +12,14 @@ from slurm_tpu.hooks.context import HookError
 from slurm_tpu.hooks.settings import HookSettings, apply_families
 from slurm_tpu.protocol.inventory import KnownDevice
 from slurm_tpu.slurm.gres_index import device_order
-from slurm_tpu.slurm.parse import (
+from slurm_tpu.slurm.jobdetail import (
     ForgedOutputError,
     GresAlloc,
     expand_hostlist,
-    parse_gres_conf,
     parse_gres_detail,
-    parse_node_gres,
     parse_scontrol_job_detail,
-    parse_squeue_job_json,
 )
+from slurm_tpu.slurm.parse import parse_gres_conf, parse_node_gres, parse_squeue_job_json
 
 # Captured from `squeue --json -j 2` (Slurm 22.05.8), trimmed to the fields we read;
 # the job name holds a newline and a forged GRES line, which JSON keeps inert.

@@ -64,7 +64,7 @@ def cluster(cluster_factory):
 
 @pytest.fixture(scope="module")
 def backends(cluster):
-    from slurm_tpu.slurm.pyslurm_backend import load
+    from slurm_tpu.slurm.backend import load
 
     slurm = Slurm(environ=cluster.env())
     os.environ["SLURM_CONF"] = cluster.slurm_conf  # libslurm (in this process) reads it at init
@@ -109,8 +109,7 @@ def test_pyslurm_errors_are_raised_never_swallowed(backends):
 
 
 def test_a_missing_slurm_conf_or_another_release_refuses_pyslurm_in_one_line(cluster, tmp_path):
-    from slurm_tpu.slurm.backend import open_backend
-    from slurm_tpu.slurm.pyslurm_backend import PyslurmUnavailable, load
+    from slurm_tpu.slurm.backend import PyslurmUnavailable, load, open_backend
 
     missing = Slurm(environ={**cluster.env(), "SLURM_CONF": str(tmp_path / "absent.conf")})
     with pytest.raises(PyslurmUnavailable, match=r"absent.conf does not exist"):
