@@ -142,13 +142,13 @@ def apply_families(settings: HookSettings, config) -> None:
     Edge TPU without its node) is refused by the prolog.
     """
     from ..families import FAMILIES
-    from ..protocol.hooks_snapshot import EnvVariable, UdevRule
+    from ..protocol.hooks_snapshot import EnvVariable
 
     by_kind = {}
     for family in FAMILIES:
         by_kind[family.kind] = family
         settings.families[family.kind] = family.hook_policy(config.family(family.kind))
-        settings.udev += [UdevRule(u.subsystem, u.devtype, u.bus, u.depth, u.attribute) for u in family.udev_identities]
+        settings.udev += family.udev_identities
         settings.variables += [
             EnvVariable(v.name, family.kind, v.unset_when_empty, v.never_unset) for v in family.variables
         ]
