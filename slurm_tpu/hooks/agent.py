@@ -73,9 +73,6 @@ READ_TIMEOUT_S = 5.0
 # are dispatched together: on a 2-device node, two prologs, then two epilogs), and the workers are
 # replaced only once none is busy, or at once when the last one is taken.
 IDLE_WORKERS = 3
-# A worker's end of the agent's pipe, where it says it took a connection, is idle again or ends
-# (:func:`_tell_pool`); -1 in the agent.
-_pool_pipe = -1
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # A worker's message on the pool pipe: its pid and its state (one write, atomic: under PIPE_BUF).
 _POOL_MESSAGE = struct.Struct("ii")
@@ -232,8 +229,6 @@ def _idle_worker(
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        global _pool_pipe
-        _pool_pipe = pool_pipe
         # What each hook's run changes, and is put back after it: the standard descriptors (the
         # agent's log). The environment is not put back: the next hook's replaces this one's
         # (_serve, _set_environ), and going from one hook's to the next costs the few variables
@@ -252,7 +247,7 @@ def _idle_worker(
         limit = MAX_REQUESTS if keep else 1
         for served in range(1, limit + 1):
             conn, woke = _next_connection(listener, agent_alive, poller)
-            _tell_pool(TAKEN)
+            _tell_pool(pool_pipe, TAKEN)
             clean = _serve(conn, queries, standard[2], woke)
             sys.stdout.flush()
             sys.stderr.flush()
@@ -263,8 +258,8 @@ def _idle_worker(
             if not clean or _open_fds() != idle_fds:
                 break  # a hook that failed, or left a descriptor open, ends its worker: a fresh one serves on
             if served < limit:
-                _tell_pool(IDLE_AGAIN)
-        _tell_pool(ENDING)
+                _tell_pool(pool_pipe, IDLE_AGAIN)
+        _tell_pool(pool_pipe, ENDING)
         os._exit(0)
     finally:
         os._exit(1)
@@ -309,13 +304,13 @@ def _set_environ(target: dict[str, str]) -> None:
             os.environ[name] = value
 
 
-def _tell_pool(state: int) -> None:
-    """Tell the agent this worker took a connection (TAKEN), is idle again, or ends."""
-    if _pool_pipe >= 0:
-        try:
-            os.write(_pool_pipe, _POOL_MESSAGE.pack(os.getpid(), state))
-        except OSError:
-            pass  # the agent is gone: the hook is served all the same (it is the agent's own code)
+def _tell_pool(pool_pipe: int, state: int) -> None:
+    """Tell the agent, on the worker's end of its pipe, that this worker took a connection (TAKEN), is
+    idle again, or ends."""
+    try:
+        os.write(pool_pipe, _POOL_MESSAGE.pack(os.getpid(), state))
+    except OSError:
+        pass  # the agent is gone: the hook is served all the same (it is the agent's own code)
 
 
 def _warm_up() -> None:
