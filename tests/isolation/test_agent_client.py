@@ -297,7 +297,11 @@ def test_one_worker_gives_a_hook_nothing_of_the_hook_before_it(client, state_dir
             [line] = [line for line in done.stderr.splitlines() if line.startswith("SEEN ")]
             seen.append((env, json.loads(line[5:])))
     finally:
-        driver.communicate("", timeout=60)
+        try:
+            driver.communicate("", timeout=60)  # its stdin closed: the worker ends, then the driver
+        except subprocess.TimeoutExpired:
+            driver.kill()  # the worker sees the driver's end of its pipe close, and ends too
+            driver.communicate()
     (_, first), (env, second) = seen
     assert first["pid"] == second["pid"]  # one worker served both
     # Nothing of job 101's, nor of the agent's: what slurmd gave the hook, and the state directory its client found.
