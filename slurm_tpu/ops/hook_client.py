@@ -22,7 +22,9 @@ PROGRAM = "slurm-tpu-hook-client"
 # The hooks the client also is, without an interpreter, under the hook's name and this suffix (its
 # "native entries", hard links to it beside the hook: the client's source says what each does).
 NATIVE_SUFFIX = "-native"
-NATIVE_HOOKS = ("slurm-tpu-prolog", "slurm-tpu-epilog", "slurm-tpu-task-prolog")
+# Each hook that has a native entry, and where it is shipped (NODE_DIRS' prolog/ and epilog/).
+HOOK_DIRS = {"slurm-tpu-prolog": "prolog", "slurm-tpu-epilog": "epilog", "slurm-tpu-task-prolog": "prolog"}
+NATIVE_HOOKS = tuple(HOOK_DIRS)
 
 
 def compiler() -> str | None:
@@ -33,13 +35,15 @@ def compiler() -> str | None:
     return None
 
 
-def _build(directory: str | None, source: str) -> str | None:
-    """Build the client into ``directory`` (None: beside its source) from ``source`` unless it is current.
+def build(directory: str | None = None, source: str | None = None) -> str | None:
+    """Build the client into ``directory`` (None: beside its source) from ``source`` (None: the shipped
+    one) unless it is current.
 
     Returns its path, or None when there is no compiler or the build failed (said
     on stderr): the hooks then run the Python hooks. Written to a temp file and
     renamed, so several clusters starting at once never run a half-written program.
     """
+    source = source or node_file("hook_client", SOURCE)
     target = os.path.join(directory or os.path.dirname(source), PROGRAM)
     try:
         if os.stat(target).st_mtime_ns >= os.stat(source).st_mtime_ns:
@@ -98,16 +102,6 @@ def link_native_entries(client: str, hooks: list[str]) -> list[str]:
             os.replace(temporary, entry)
         made.append(entry)
     return made
-
-
-# Where each hook that has a native entry is shipped (NODE_DIRS' prolog/ and epilog/).
-HOOK_DIRS = {"slurm-tpu-prolog": "prolog", "slurm-tpu-epilog": "epilog", "slurm-tpu-task-prolog": "prolog"}
-
-
-def build(directory: str | None = None, source: str | None = None) -> str | None:
-    """Build the client into ``directory`` (default: beside its source, the shipped one by default)
-    unless it is current; its path, or None (no compiler, or the build failed: said on stderr)."""
-    return _build(directory, source or node_file("hook_client", SOURCE))
 
 
 def shipped_hook(name: str) -> str:
