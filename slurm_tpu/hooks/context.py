@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import sys
 
+from .probe import Probe
+
 # Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from .probe import Probe
     from .settings import HookSettings
 
 TAG = "slurm-tpu"
@@ -114,8 +115,6 @@ class HookRun:
         """``probe``: the run's timing (made where the hook started, see hooks/probe.py; by default
         from ``environ``). ``detail_source``: the node agent's resident scontrol for this hook
         (``Slurm.detail_source``)."""
-        from .probe import Probe
-
         self.hook, self.environ, self.detail_source = hook, environ, detail_source
         self.probe = probe if probe is not None else Probe(environ)
         self.node = node_from_env(environ)

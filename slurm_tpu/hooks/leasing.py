@@ -292,10 +292,10 @@ def _refuse_if_written(ledger: Ledger, lease: Lease, device: KnownDevice, settin
 
     The job's lease just claimed, the device still root 0600. A writer here was
     left behind by an earlier holder (a root process that opened it while idle, an
-    fd an epilog could not see), never by this job: the lease is turned into a kept lease of the last job the audit log
-    shows holding the device, so the drain reason, ``slurm-tpu leases``, the next
-    prolog and ``leases --clear`` all name that job, not this one, and nobody
-    gets the device until the count is 0 again.
+    fd an epilog could not see), never by this job: the lease is turned into a kept
+    lease of the last job the audit log shows holding the device, so the drain
+    reason, ``slurm-tpu leases``, the next prolog and ``leases --clear`` all name
+    that job, not this one, and nobody gets the device until the count is 0 again.
     """
     writers = gasket_writers(device, device.device_nodes, settings)
     if writers == 0:

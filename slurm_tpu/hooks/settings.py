@@ -231,7 +231,7 @@ def for_config(config) -> HookSettings:
     return rebuild(environ, config.node_name)
 
 
-def store_snapshot(state_fd: int, settings: HookSettings, environ) -> None:
+def store_snapshot(state_fd: int, settings: HookSettings) -> None:
     """Rewrite the snapshot after the caller changed the inventory file it holds the lock on.
 
     ``settings`` must already carry the change (udev_event: a re-enumerated

@@ -126,7 +126,7 @@ def run(environ: Mapping[str, str]) -> int:
             if device.device_nodes and node_inventory.set_device_nodes(ledger.dir_fd, identity, ()):
                 ledger.audit(audit.REMOVE, identity=identity)
                 settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, ())
-                hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
+                hook_settings.store_snapshot(ledger.dir_fd, settings)
             return 0
         if action not in ("add", "change", "bind"):
             return 0
@@ -169,7 +169,7 @@ def run(environ: Mapping[str, str]) -> int:
         if changed:
             # Keep the hooks' snapshot current, or the next prolog rereads the YAML config.
             settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, nodes)
-            hook_settings.store_snapshot(ledger.dir_fd, settings, environ)
+            hook_settings.store_snapshot(ledger.dir_fd, settings)
     return 0
 
 
