@@ -431,6 +431,15 @@ def _file_sha256(path: str) -> str | None:
         return hashlib.sha256(handle.read()).hexdigest()
 
 
+def _changed_since(entry: dict) -> bool:
+    """Whether what is at a manifest entry's path is no longer what install wrote there (gone: unchanged)."""
+    path = entry["path"]
+    if "link" in entry:
+        return os.path.lexists(path) and not (os.path.islink(path) and os.readlink(path) == entry["link"])
+    current = _file_sha256(path)
+    return current is not None and current != entry["sha256"]
+
+
 def _backup(path: str) -> str:
     """A copy of what is at ``path`` (a link stays a link) beside it; its path. The original stays in
     place until the caller renames the new file over it."""
@@ -702,7 +711,7 @@ def _retire(layout: Layout, manifest: Manifest, dry_run: bool, say) -> None:
         entry = manifest.files.get(path)
         if entry is None or entry["before"] != ABSENT:
             continue
-        if _file_sha256(path) not in (None, entry.get("sha256")):
+        if _changed_since(entry):
             say(f"kept {path}: no longer used, but changed since slurm-tpu install wrote it (remove it by hand)")
             continue
         say(f"remove {path} (no longer used)")
@@ -727,12 +736,7 @@ def uninstall(layout: Layout, purge: bool = False, dry_run: bool = False, say=pr
         if entry["config"] and not purge:
             kept.append(f"{path} (the site's config; uninstall --purge removes it)")
             continue
-        if "link" in entry:
-            changed = os.path.lexists(path) and not (os.path.islink(path) and os.readlink(path) == entry["link"])
-        else:
-            current = _file_sha256(path)
-            changed = current is not None and current != entry["sha256"] and not entry["config"]
-        if changed:
+        if _changed_since(entry) and not entry["config"]:
             kept.append(f"{path} (changed since slurm-tpu install wrote it; remove it by hand)")
             continue
         if before == ABSENT:
