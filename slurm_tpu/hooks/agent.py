@@ -1,53 +1,18 @@
 """The node's resident slurm-tpu agent: the root hooks' work without a Python start per hook.
 
-Two interpreter starts per job (prolog, epilog) plus two per revoked USB stick
-(udev remove/add) cost most of what a job may spend in its hooks. The agent is one
-root process per node (``systemd/slurm-tpu-agent``; LocalCluster starts one per
-node, a site runs it as a service) that has imported everything the hooks need
-once. The hooks become thin clients (``hook_client/slurm-tpu-hook-client``, ~150 lines
-of C, see its source): each connects to ``<state_dir>/agent.sock`` and hands over
-its environment; one of the agent's workers runs the very same hook code
-(prolog.main, epilog.main, udev_event.main) with it and answers with the hook's
-messages and exit status, which the client writes to its stderr and exits with.
+One root process per node (``systemd/slurm-tpu-agent``) that has imported everything the hooks
+need once. The hooks become thin C clients (``hook_client/slurm-tpu-hook-client``) that connect to
+``<state_dir>/agent.sock`` and hand over their environment; a pre-forked worker runs the very same
+hook code (prolog.main, epilog.main, udev_event.main) with it and answers with the hook's messages
+and exit status (wire format: protocol/agent_wire.py). docs/architecture.md ("The node agent")
+gives the design: why workers and not threads, the worker pool, what is put back after each hook.
 
-Workers are forked ahead (:data:`IDLE_WORKERS` wait in ``accept()`` on the shared listening
-socket), so a hook never waits for a fork, and each serves hook after hook (up to
-:data:`MAX_REQUESTS`), so a hook pays for no fork, exit or first-touch page copies either:
-forking the agent and copying the pages a hook writes cost about 2 ms of CPU per hook on a
-2-core node, taken from the job starting beside it. After each hook the worker puts back its
-standard descriptors, working directory and umask, and ends instead when the hook raised or left a
-descriptor open (a fresh worker serves on); each hook's environment replaces the last one's,
-variable by variable. Everything else a hook learns lives on its run (hooks/context.py HookRun). It
-tells the agent, on a pipe, when it takes a connection, is idle again, or ends; the agent forks
-a replacement once no worker is busy (so a fork never takes the CPU from a hook in flight), or
-at once when none would be left waiting: such an extra worker serves one hook. The agent freezes
-its heap before forking (``gc.freeze``), so a worker's garbage collections never touch, and
-copy, the pages of everything the agent imported. An idle worker exits when the agent's end of a
-second pipe closes: when the agent stops, and also when it dies, so a dead agent's socket is
-refused by the kernel (the hooks then refuse the job, as before; a worker busy at that moment
-finishes its hook first).
-
-Why worker processes, not threads or an in-memory ledger: the ledger on disk stays
-the only truth (the worker writes it before it answers, so an agent crash or restart
-loses no lease, and the Python hooks, the fallback, share it under the same flock);
-a prolog waiting for a revoked USB stick never holds up a job on another device
-(workers run side by side); and a worker that fails harms no other request. A lease
-records the hook client's pid as its prolog's (leasing.holder_alive: the process
-Slurm started for the prolog, as the Python prolog records itself), since the worker
-outlives the prolog; every change the worker makes to a device after its claim checks
-the lease is still this prolog's (leasing._current).
-
-Wire format: slurm_tpu/protocol/agent_wire.py (a length, the hook and its
-environment; the answer: a length, the hook's messages, its exit status). Nothing
-of the client's (slurmd's output pipe) is held by the agent: a hung worker cannot
-keep slurmd waiting past the client's own time limit.
-
-Safety: the socket is created 0600 in the root-owned state directory, and every
-connection's SO_PEERCRED must be uid 0, or it is closed unread; reads are bounded
-(size and time); no string of the request reaches a shell (it becomes the hook's
-environment, as slurmd's would). A prolog worker whose client is gone by the time
-the devices are leased (slurmd killed the prolog, the client timed out) gives
-them back at once (:func:`_client_gone`), so a job that was refused never keeps them.
+Safety: the socket is 0600 in the root-owned state directory, every connection's SO_PEERCRED must
+be uid 0 or it is closed unread, reads are bounded (size and time), and no string of the request
+reaches a shell (it becomes the hook's environment, as slurmd's would). The ledger on disk stays
+the only truth (written before the answer, under the same flock as the Python hooks), so an agent
+crash loses no lease. A prolog worker whose client is gone once the devices are leased gives them
+back at once (:func:`_client_gone`): a job that was refused never keeps them.
 """
 
 from __future__ import annotations
@@ -61,6 +26,7 @@ import sys
 import time
 
 from ..protocol.agent_wire import MAX_OUTPUT, PIDFILE, SOCKET, encode_answer, parse_request, request_length
+from . import agent_query
 from .context import say
 from .probe import Probe
 
@@ -91,12 +57,7 @@ class BadRequest(Exception):
 def preload() -> None:
     """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
     from ..access import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
-    from ..protocol import (  # noqa: F401
-        audit,
-        envfile,
-        hooks_snapshot,
-        usage,
-    )
+    from ..protocol import audit, envfile, hooks_snapshot, usage  # noqa: F401
     from ..slurm import commands, installation, jobdetail  # noqa: F401
     from . import agent_query, allocation, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
 
@@ -130,12 +91,7 @@ def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
     deadline = time.monotonic() + READ_TIMEOUT_S
     conn.settimeout(READ_TIMEOUT_S)
     head, ancillary, flags, _ = conn.recvmsg(4, socket.CMSG_SPACE(16 * 4))
-    fds = [
-        fd
-        for level, kind, data in ancillary
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-        for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
-    ]
+    fds = agent_query.received_fds(ancillary)
     for fd in fds:
         os.close(fd)
     if fds or flags & socket.MSG_CTRUNC:
@@ -160,7 +116,6 @@ def _client_gone(conn: socket.socket) -> bool:
 
 def _resident_scontrol(queries: socket.socket, environ: dict[str, str], timing: Probe):
     """A ``Slurm.detail_source`` asking the agent's query helper (agent_query.py) for this hook's Slurm."""
-    from . import agent_query
 
     def source(scontrol: str, selector: str) -> str | None:
         answer = agent_query.ask(queries, selector, environ)
@@ -183,10 +138,8 @@ def run_hook(
     """Run one hook in this (worker) process, as its Python entry script would; returns its status.
 
     ``answer``: lets the epilog answer its client before it releases (hooks/epilog.py says why).
-    ``woke``: when the worker woke for this request and (step, when it ended) since, for the probe.
-    ``client_pid``: the hook client's (SO_PEERCRED): the process Slurm started for this prolog, which
-    its leases record as such (leasing.acquire), as the Python prolog records itself; this worker
-    serves other hooks after it.
+    ``woke``: see :data:`Woke`. ``client_pid``: the hook client's (SO_PEERCRED), the process Slurm
+    started for this prolog, which its leases record (leasing.acquire): this worker outlives it.
     """
     now = time.time()
     timing = Probe(environ, woke[0] or now, (*woke[1], ("environ", now)) if woke[0] else ())
@@ -221,18 +174,15 @@ def _idle_worker(
 ) -> None:
     """A forked worker: serve connections one at a time, telling the agent, until it must end (never returns).
 
-    ``pool_pipe``: where it tells the agent it took a connection, is idle again, or ends (:func:`_tell_pool`);
-    ``agent_alive``: readable (EOF) once the agent stopped or died, and then it exits unused. ``keep``: it
-    serves up to :data:`MAX_REQUESTS` hooks; else (a worker forked while all the kept ones were busy) one.
-    It also ends after a hook that failed or left a descriptor open (:func:`_serve`, :func:`_open_fds`).
+    ``agent_alive``: reads EOF once the agent stopped or died, and then it exits unused. ``keep``: it
+    serves up to :data:`MAX_REQUESTS` hooks, else one (forked while all the kept ones were busy). It
+    also ends after a hook that failed or left a descriptor open.
     """
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        # What each hook's run changes, and is put back after it: the standard descriptors (the
-        # agent's log). The environment is not put back: the next hook's replaces this one's
-        # (_serve, _set_environ), and going from one hook's to the next costs the few variables
-        # that differ (job id, user...) where a round trip through the agent's cost them all twice.
+        # Put back after each hook: the standard descriptors (the agent's log). The environment
+        # is not: the next hook's replaces this one's variable by variable (_set_environ).
         standard = [os.dup(fd) for fd in (0, 1, 2)]
         # One idle worker woken per connection (EPOLLEXCLUSIVE), not every one of them to race for it.
         poller = select.epoll()
@@ -240,8 +190,7 @@ def _idle_worker(
         poller.register(agent_alive, select.EPOLLIN)
         _warm_up()
         idle_fds = _open_fds()
-        # Where each hook starts, as the agent's own: a hook that moved (chdir) or changed its umask
-        # leaves the next one nothing.
+        # A hook that moved (chdir) or changed its umask leaves the next one nothing.
         cwd, umask = os.getcwd(), os.umask(0o022)
         os.umask(umask)
         limit = MAX_REQUESTS if keep else 1
@@ -266,8 +215,8 @@ def _idle_worker(
 
 
 def _next_connection(listener: socket.socket, agent_alive: int, poller: select.epoll) -> tuple[socket.socket, Woke]:
-    """The next hook's connection (a root peer's or not: :func:`_serve` checks), and when this worker woke
-    for it and accepted it (see run_hook); exits the worker once the agent is gone (its pipe reads EOF)."""
+    """The next hook's connection (its peer unchecked: :func:`_serve` checks) and its :data:`Woke`;
+    exits the worker once the agent is gone (its pipe reads EOF)."""
     while True:
         try:
             events = poller.poll()
@@ -296,7 +245,7 @@ def _open_fds() -> list[str]:
 
 def _set_environ(target: dict[str, str]) -> None:
     """Make this process's environment ``target``, changing only what differs (each change is a
-    putenv or unsetenv: the hook's environment and the agent's share most of their variables)."""
+    putenv or unsetenv, and consecutive hooks share most of their variables)."""
     for name in [name for name in os.environ if name not in target]:
         del os.environ[name]
     for name, value in target.items():
@@ -305,8 +254,7 @@ def _set_environ(target: dict[str, str]) -> None:
 
 
 def _tell_pool(pool_pipe: int, state: int) -> None:
-    """Tell the agent, on the worker's end of its pipe, that this worker took a connection (TAKEN), is
-    idle again, or ends."""
+    """Tell the agent that this worker took a connection (TAKEN), is idle again, or ends."""
     try:
         os.write(pool_pipe, _POOL_MESSAGE.pack(os.getpid(), state))
     except OSError:
@@ -317,10 +265,8 @@ def _warm_up() -> None:
     """Read the node's settings once, and forget them, before any hook asks.
 
     A fresh worker's first run through the hook code copies the agent's pages it writes
-    (reference counts), a fault each: measured, the settings step took 0.75 ms in a new
-    worker against 0.19 ms in a warm one. Done here, while the worker waits, that cost
-    is off the hook's path. Read-only but for what a hook would write itself (a stale
-    snapshot rebuilt); the hook reads its own settings again from its own environment.
+    (reference counts), a fault each: the settings step took 0.75 ms in a new worker against
+    0.19 ms in a warm one. Done here, while the worker waits, that cost is off the hook's path.
     """
     from . import settings as hook_settings
     from .context import node_from_env
@@ -333,14 +279,14 @@ def _warm_up() -> None:
 
 def _serve(conn: socket.socket, queries: socket.socket | None, log: int, woke: Woke = (0.0, ())) -> bool:
     """Serve one accepted connection: check the peer, read, run, answer, close it; whether the worker may
-    serve another (False after a hook that raised). ``log``: the agent's log, where a worker that already
-    answered says what it has to say. ``woke``: when the worker woke for it (see run_hook)."""
+    serve another (False after a hook that raised). ``log``: the agent's log, for what an epilog says
+    after it answered."""
     status, output, clean = 1, -1, True
     answered = False
     environ: dict[str, str] = {}
 
     def answer_now() -> None:
-        """Send the hook's status (0) and its messages so far; the worker goes on, its client is done."""
+        """Send status 0 and the hook's messages so far; the worker goes on, its client is done."""
         nonlocal answered
         sys.stdout.flush()
         sys.stderr.flush()
@@ -482,10 +428,8 @@ class _Pool:
 
     def close(self) -> None:
         """Idle workers exit (their end of the agent's pipe reads EOF); busy ones finish their hook."""
-        os.close(self.alive_w)
-        os.close(self.alive_r)
-        os.close(self.taken_r)
-        os.close(self.taken_w)
+        for fd in (self.alive_w, self.alive_r, self.taken_r, self.taken_w):
+            os.close(fd)
 
 
 def _bind(state_fd: int) -> tuple[socket.socket, int]:
@@ -515,8 +459,6 @@ def serve(environ=None) -> int:
     if os.geteuid() != 0:
         say("agent: must run as root (it leases devices for the hooks)")
         return 2
-    from . import agent_query
-
     preload()
     settings = hook_settings.load(environ, node_from_env(environ))
     state_fd = statedir.open_dir(settings.state_dir, create=True)
