@@ -114,22 +114,16 @@ def _open_box(parent: int, job_id: int, uid: int) -> int | None:
     return box
 
 
-def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
-    """identity -> UsageRecord: a running job's records as they are now (for metrics), read as
-    :func:`collect` reads them; a record that is not acceptable is left out (the epilog audits it)."""
+def _records(parent: int, job_id: int, uid: int, identities, rejected=None) -> dict:
+    """identity -> UsageRecord, from the job's own box under ``parent`` (closed here).
+
+    Reads only ``<identity>.json`` for ``identities`` (at most one small file per device,
+    whatever the job left). A record that is not acceptable is left out, after
+    ``rejected(identity, why)`` when given: the job's own file, it loses only its own accounting.
+    """
     from ..protocol import FormatError
     from ..protocol.usage import read_record
 
-    try:
-        state = statedir.open_dir(state_dir)
-    except statedir.StateDirError:
-        return {}
-    try:
-        parent = statedir.open_dir(BOX_DIR, parent_fd=state)
-    except statedir.StateDirError:
-        return {}
-    finally:
-        os.close(state)
     try:
         box = _open_box(parent, job_id, uid)
     finally:
@@ -141,7 +135,9 @@ def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
         for identity in identities:
             try:
                 record = read_record(box, identity, uid)
-            except (FormatError, OSError):
+            except FormatError as exc:
+                if rejected is not None:
+                    rejected(identity, str(exc))
                 continue
             if record is not None:
                 records[identity] = record
@@ -150,46 +146,46 @@ def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
     return records
 
 
+def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
+    """identity -> UsageRecord: a running job's records as they are now (for metrics), read as
+    :func:`collect` reads them; a record that is not acceptable is left out (the epilog audits it)."""
+    try:
+        state = statedir.open_dir(state_dir)
+    except statedir.StateDirError:
+        return {}
+    try:
+        parent = statedir.open_dir(BOX_DIR, parent_fd=state)
+    except statedir.StateDirError:
+        return {}
+    finally:
+        os.close(state)
+    return _records(parent, job_id, uid, identities)
+
+
 def collect(ledger, job_id: int, uid: int, identities) -> list:
     """Audit the job's usage record for each of its devices; the records accepted (UsageRecord).
+    Needs no lock: the audit append is atomic."""
+    from ..protocol import audit
 
-    Reads only ``<identity>.json`` for the devices the job leased (so at most one
-    small file per device, whatever the job left), only from the job's own box
-    (a mount owned by its uid). Needs no lock: the audit append is atomic.
-    """
     parent = _open_parent(ledger, create=False)
     if parent is None:
         return []
-    found: list = []
-    box = _open_box(parent, job_id, uid)
-    if box is None:
-        os.close(parent)
-        return []
-    try:
-        from ..protocol import FormatError, audit
-        from ..protocol.usage import read_record
 
-        for identity in identities:
-            try:
-                record = read_record(box, identity, uid)
-            except FormatError as exc:  # the job's own file: it loses only its own accounting
-                ledger.audit(audit.USAGE_REJECTED, identity=identity, job_id=job_id, uid=uid, reason=str(exc))
-                continue
-            if record is not None:
-                ledger.audit(
-                    audit.USAGE,
-                    identity=identity,
-                    job_id=job_id,
-                    uid=uid,
-                    inferences=record.inferences,
-                    seconds=record.seconds,
-                    energy_j=record.energy_j,
-                )
-                found.append(record)
-    finally:
-        os.close(box)
-        os.close(parent)
-    return found
+    def rejected(identity: str, why: str) -> None:
+        ledger.audit(audit.USAGE_REJECTED, identity=identity, job_id=job_id, uid=uid, reason=why)
+
+    records = _records(parent, job_id, uid, identities, rejected)
+    for identity, record in records.items():
+        ledger.audit(
+            audit.USAGE,
+            identity=identity,
+            job_id=job_id,
+            uid=uid,
+            inferences=record.inferences,
+            seconds=record.seconds,
+            energy_j=record.energy_j,
+        )
+    return list(records.values())
 
 
 def spool(ledger, job_id: int, uid: int, node: str, devices: int, records) -> bool:

@@ -1,20 +1,14 @@
 """Everything a hook needs, from a snapshot file instead of YAML and two Slurm configs.
 
-On every job a prolog would otherwise import PyYAML (plus site-packages) to read
-the site config, parse inventory.json, slurm.conf and gres.conf and rebuild the
-IDX -> device table: tens of milliseconds of a job's start-up. Instead the first
-hook after any change builds :class:`HookSettings` the slow way (the families
-registry included) and writes them to ``<state_dir>/hooks.snapshot``
-(slurm_tpu/protocol/hooks_snapshot.py: the format, its one writer and reader),
-together with the identity (device, inode, size, mtime) of every file they came
-from; later hooks only ``stat`` those files and read the snapshot (no json, re,
-yaml, typing or dataclasses import, and never the families package).
+Reading the site config (PyYAML), inventory.json, slurm.conf and gres.conf costs tens of
+milliseconds per job. So the first hook after any change builds :class:`HookSettings` the
+slow way and writes them to ``<state_dir>/hooks.snapshot`` (protocol/hooks_snapshot.py)
+with the identity (device, inode, size, mtime) of every file they came from; later hooks
+only ``stat`` those files and read the snapshot.
 
-The state directory is found by a cheap scan of the config for a top-level
-``state_dir:`` line, or taken from the C client that found it so (``SLURM_TPU_STATE_DIR``,
-:data:`~slurm_tpu.defaults.STATE_DIR_ENV`); if either is ever wrong the snapshot is
-simply not found (or its sources differ) and the slow path runs, so it costs speed,
-never correctness.
+The state directory is found by a line scan of the config for ``state_dir:``, or taken
+from the C client (``SLURM_TPU_STATE_DIR``); if either is ever wrong the snapshot is not
+found (or its sources differ) and the slow path runs: it costs speed, never correctness.
 """
 
 from __future__ import annotations
@@ -135,12 +129,9 @@ def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
 
 
 def apply_families(settings: HookSettings, config) -> None:
-    """Precompute what the hooks need of the families (slow path only: imports the registry).
-
-    Policies, udev naming rules and job variables per family, and each known
-    device's entry in its family's variables. A device without an entry (a PCIe
-    Edge TPU without its node) is refused by the prolog.
-    """
+    """Precompute what the hooks need of the families (slow path only: imports the registry):
+    policies, udev rules and job variables per family, and each known device's entry in them
+    (a device without one, a PCIe Edge TPU without its node, is refused by the prolog)."""
     from ..families import FAMILIES
     from ..protocol.hooks_snapshot import EnvVariable
 
@@ -234,9 +225,8 @@ def for_config(config) -> HookSettings:
 def store_snapshot(state_fd: int, settings: HookSettings) -> None:
     """Rewrite the snapshot after the caller changed the inventory file it holds the lock on.
 
-    ``settings`` must already carry the change (udev_event: a re-enumerated
-    device's new node); only the inventory file's key is renewed, so any other
-    source that changed meanwhile still sends the next hook down the slow path.
+    ``settings`` must already carry the change; only the inventory file's key is renewed, so
+    any other source that changed meanwhile still sends the next hook down the slow path.
     """
     inventory = os.path.join(settings.state_dir, INVENTORY)
     if inventory in settings.sources and os.geteuid() == 0:

@@ -1,21 +1,14 @@
-"""The udev hook, run by udev as root on device events.
+"""The udev hook, run by udev as root on device events (``udev/slurm-tpu-udev-event``, or
+``slurm-tpu udev-event`` for rules that name the console script and for replaying an event).
 
-udev runs it through ``udev/slurm-tpu-udev-event`` (``-I -S``, installed as
-``<prefix>/libexec/slurm-tpu/slurm-tpu-udev-event``); ``slurm-tpu udev-event`` is
-the same for rules that name the console script, and for replaying an event.
+For an accelerator the inventory knows (ACTION, DEVPATH, DEVNAME, SUBSYSTEM from udev):
 
-udev gives ACTION, DEVPATH, DEVNAME and SUBSYSTEM in the environment. For an
-accelerator the inventory knows:
-
-* add/change/bind: re-point its slot node at the new node, record the new node
-  in the inventory file, and if a job leases the device, hand the *new* node to
-  the job's user at once, within the event, so the job never sees "permission
-  denied" on its own device after a USB re-enumeration (firmware load, reset).
-  If the lease is being revoked (the epilog power-cycled the port, see
-  slurm_tpu/access/revoke.py), this event is the stick coming back: it gets idle
+* add/change/bind: re-point its slot node, record the new node in the inventory file,
+  and if a job leases the device, hand the *new* node to the job's user within the
+  event, so the job never sees "permission denied" after a USB re-enumeration. If the
+  lease is being revoked (access/revoke.py), this is the stick coming back: it gets idle
   ownership and leasing.end_revocation ends the release.
-* remove: record that the device has no node (the epilog then drains the node
-  if a job held it).
+* remove: record that the device has no node (the epilog then drains the node if a job held it).
 """
 
 from __future__ import annotations
@@ -88,12 +81,8 @@ def _char_node(path: str) -> bool:
 
 
 def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
-    """The inventory file's devices (caller holds the state lock).
-
-    The snapshot's copy while the file is still the version it was taken from
-    (a stat, no json import), else the file itself: another event may have
-    rewritten it between the snapshot's load and our lock.
-    """
+    """The inventory file's devices (caller holds the state lock): the snapshot's copy while the
+    file is the version it was taken from, else the file (another event may have rewritten it)."""
     from ..access import node_inventory
     from ..protocol.inventory import FILE_NAME
     from .settings import file_key
