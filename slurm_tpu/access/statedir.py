@@ -1,11 +1,8 @@
 """Safe file operations inside the root-owned state directory (/run/slurm-tpu).
 
-Everything here works relative to an open directory descriptor with
-``O_NOFOLLOW``: a symlink planted in the state directory (or in place of it) is
-refused, never followed, so root hooks cannot be tricked into writing, reading
-or chowning something outside it. Writes are atomic (temp file + rename, or
-temp file + ``link()`` for an exclusive create) so a crash leaves either the old
-or the new file, never half of one.
+Everything works relative to an open directory descriptor with ``O_NOFOLLOW``: a planted
+symlink is refused, never followed. Writes are atomic (temp file + rename, or + ``link()``
+for an exclusive create): a crash leaves the old or the new file, never half of one.
 """
 
 from __future__ import annotations
@@ -42,12 +39,9 @@ def _check_dir(fd: int, path: str, require_root: bool) -> None:
 
 
 def open_dir(path: str, create: bool = False, parent_fd: int | None = None, require_root: bool = True) -> int:
-    """Open a directory without following a symlink at its last component.
-
-    ``parent_fd`` opens ``path`` relative to an already-checked directory.
-    ``create`` makes it (mode 0755) when missing. Returns a descriptor the caller
-    closes. Raises :class:`StateDirError` for symlinks, files, or unsafe owners.
-    """
+    """Open a directory (a descriptor the caller closes) without following a symlink at its last
+    component, relative to ``parent_fd`` if given; ``create`` makes it (0755) when missing.
+    Raises :class:`StateDirError` for symlinks, files, or unsafe owners."""
     shown = path
     for attempt in range(2):
         try:
@@ -146,12 +140,8 @@ def write_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None
 
 
 def create_exclusive(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> bool:
-    """Create ``name`` holding ``data`` only if nothing (not even a symlink) is there.
-
-    The content is complete before the name appears (``link()`` of a finished
-    temp file), so a reader or a crash never sees a half-written file. Returns
-    False when ``name`` already exists.
-    """
+    """Create ``name`` holding ``data`` only if nothing (not even a symlink) is there; False when
+    something is. The content is complete before the name appears (``link()`` of a temp file)."""
     tmp = _write_temp(dir_fd, name, data, mode)
     try:
         os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)

@@ -285,15 +285,25 @@ def _serve(conn: socket.socket, queries: socket.socket | None, log: int, woke: W
     answered = False
     environ: dict[str, str] = {}
 
+    def send(status: int) -> None:
+        """Send ``status`` and the hook's messages so far."""
+        text = b""
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if output >= 0:
+                text = os.pread(output, MAX_OUTPUT, 0)
+        except (OSError, ValueError):
+            pass
+        try:
+            conn.sendall(encode_answer(status, text))
+        except OSError:
+            pass  # the client is gone: the hook's work goes on all the same
+
     def answer_now() -> None:
         """Send status 0 and the hook's messages so far; the worker goes on, its client is done."""
         nonlocal answered
-        sys.stdout.flush()
-        sys.stderr.flush()
-        try:
-            conn.sendall(encode_answer(0, os.pread(output, MAX_OUTPUT, 0)))
-        except OSError:
-            pass  # the client is gone: the release goes on all the same
+        send(0)
         answered = True
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -326,23 +336,11 @@ def _serve(conn: socket.socket, queries: socket.socket | None, log: int, woke: W
         say(f"agent: worker failed: {type(exc).__name__}: {exc}")
         status, clean = 1, False
     try:
-        if answered:
-            if status != 0:
-                job = environ.get("SLURM_JOB_ID", "?")
-                say(f"agent: job {job}: the epilog failed after it answered Slurm (see above)")
-            return clean
-        text = b""
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            if output >= 0:
-                text = os.pread(output, MAX_OUTPUT, 0)
-        except (OSError, ValueError):
-            pass
-        try:
-            conn.sendall(encode_answer(status, text))
-        except OSError:
-            pass
+        if not answered:
+            send(status)
+        elif status != 0:
+            job = environ.get("SLURM_JOB_ID", "?")
+            say(f"agent: job {job}: the epilog failed after it answered Slurm (see above)")
         return clean
     finally:
         conn.close()

@@ -79,9 +79,4 @@ def main(environ=None, prolog_process: tuple[int, int] | None = None, detail_sou
     client as the ``prolog_process``, see leasing.acquire, and its resident scontrol as the
     ``detail_source``, see ``Slurm.detail_source``). ``probe``: see HookRun."""
     hook = HookRun("prolog", os.environ if environ is None else environ, probe, detail_source)
-    try:
-        return run(hook, prolog_process)
-    except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
-        return hook.failed(exc)
-    finally:
-        hook.probe.finish("prolog")
+    return hook.main(run, prolog_process)

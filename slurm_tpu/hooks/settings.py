@@ -108,17 +108,12 @@ def _from_snapshot(state_dir: str, cfg: str, environ, node: str | None) -> HookS
     if raw is None:
         return None
     settings = parse_snapshot(raw.decode("utf-8", "replace"), HookSettings)
-    if settings is None or settings.state_dir != state_dir:
+    if settings is None or settings.state_dir != state_dir or node not in (None, settings.node):
         return None
-    if node is not None and settings.node != node:
+    if set(_source_paths(cfg, state_dir, environ)) - set(settings.sources):
         return None
-    wanted = _source_paths(cfg, state_dir, environ)
-    if set(wanted) - set(settings.sources):
-        return None
-    for path, key in settings.sources.items():
-        if file_key(path) != key:
-            return None
-    return settings
+    current = all(file_key(path) == key for path, key in settings.sources.items())
+    return settings if current else None
 
 
 def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
@@ -200,17 +195,12 @@ def _write_snapshot(fd: int, settings: HookSettings) -> None:
         statedir.remove(fd, SNAPSHOT)  # a value it cannot hold (a tab in a path): the slow path every time
         return
     statedir.write_atomic(fd, SNAPSHOT, text.encode())
-    _write_no_devices_env(fd, settings)
-
-
-def _write_no_devices_env(state_fd: int, settings: HookSettings) -> None:
-    """``<state_dir>/no-devices.env``: every job variable unset (EDGETPU_VISIBLE_DEVICES empty), for the
-    task-prolog of a job with no device here."""
+    # The task-prolog's file for a job with no device here: every job variable unset.
     from ..protocol import envfile
 
     data = envfile.render_unset(settings).encode()
-    if statedir.read_file(state_fd, envfile.NO_DEVICES) != data:
-        statedir.write_atomic(state_fd, envfile.NO_DEVICES, data, mode=0o644)
+    if statedir.read_file(fd, envfile.NO_DEVICES) != data:
+        statedir.write_atomic(fd, envfile.NO_DEVICES, data, mode=0o644)
 
 
 def for_config(config) -> HookSettings:

@@ -140,21 +140,13 @@ def run(environ: Mapping[str, str]) -> int:
             from .leasing import end_revocation  # only then: the usual event need not load it
 
             end_revocation(ledger, lease, nodes)
-        elif isinstance(lease, Lease) and lease.phase == HELD:
-            ledger.audit(
-                audit.REENUMERATE,
-                identity=identity,
-                job_id=lease.job_id,
-                uid=lease.uid,
-                nodes=list(nodes),
-                changed=changed,
-            )
-        elif lease is not None:
-            # Kept by an epilog, being revoked (the old device's own event), or unreadable: not
-            # free, and not the job's any more (owner_for: root only).
-            ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, nodes=list(nodes), changed=changed)
-        elif changed:
-            ledger.audit(audit.REENUMERATE, identity=identity, nodes=list(nodes))
+        elif lease is not None or changed:
+            # The uid only for a lease its job holds: one kept by an epilog, being revoked (the old
+            # device's own event) or unreadable is not free, and not the job's (owner_for: root only).
+            holder = {} if lease is None else {"job_id": lease.job_id}
+            if isinstance(lease, Lease) and lease.phase == HELD:
+                holder["uid"] = lease.uid
+            ledger.audit(audit.REENUMERATE, identity=identity, **holder, nodes=list(nodes), changed=changed)
         if changed:
             # Keep the hooks' snapshot current, or the next prolog rereads the YAML config.
             settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, nodes)
