@@ -61,17 +61,9 @@ class Scan:
 # include/uapi/asm-generic/unistd.h, serves arm64, riscv and loongarch).
 _KCMP_NR = {
     "x86_64": 312,
-    "i386": 349,
-    "i486": 349,
-    "i586": 349,
-    "i686": 349,
-    "aarch64": 272,
-    "arm64": 272,
-    "riscv64": 272,
-    "loongarch64": 272,
-    "ppc64": 354,
-    "ppc64le": 354,
-    "ppc": 354,
+    **dict.fromkeys(("i386", "i486", "i586", "i686"), 349),
+    **dict.fromkeys(("aarch64", "arm64", "riscv64", "loongarch64"), 272),
+    **dict.fromkeys(("ppc64", "ppc64le", "ppc"), 354),
     "s390x": 343,
 }
 KCMP_FILES = 2  # include/uapi/linux/kcmp.h

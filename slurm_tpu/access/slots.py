@@ -1,10 +1,8 @@
-"""Slot nodes: the stable device paths gres.conf names for Edge TPUs.
+"""Slot nodes: the stable device paths gres.conf names for Edge TPUs (docs/architecture.md).
 
-A slot is a character device node ``<slot_dir>/<identity>``, root:root 0600, made
-with the major:minor of the device's current node. It is re-pointed (atomically,
-by mknod + rename) whenever udev reports the device again, and never deleted on
-unplug: slurmd must never find a ``File=`` path missing. Nobody opens a slot; the
-runtime opens the real node, whose ownership the lease hooks manage.
+A slot is a char device node ``<slot_dir>/<identity>``, root:root 0600, with the major:minor
+of the device's current node, re-pointed (mknod + rename) whenever udev reports the device
+again and never deleted: slurmd must never find a ``File=`` path missing. Nobody opens a slot.
 """
 
 from __future__ import annotations

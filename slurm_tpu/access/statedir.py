@@ -42,14 +42,13 @@ def open_dir(path: str, create: bool = False, parent_fd: int | None = None, requ
     """Open a directory (a descriptor the caller closes) without following a symlink at its last
     component, relative to ``parent_fd`` if given; ``create`` makes it (0755) when missing.
     Raises :class:`StateDirError` for symlinks, files, or unsafe owners."""
-    shown = path
     for attempt in range(2):
         try:
             fd = os.open(path, _DIR_FLAGS, dir_fd=parent_fd)
             break
         except FileNotFoundError:
             if not create or attempt:
-                raise StateDirError(f"{shown} does not exist", shown) from None
+                raise StateDirError(f"{path} does not exist", path) from None
             try:
                 if parent_fd is None:
                     os.makedirs(path, mode=0o755, exist_ok=True)
@@ -60,12 +59,12 @@ def open_dir(path: str, create: bool = False, parent_fd: int | None = None, requ
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise StateDirError(
-                    f"{shown} is a symlink or not a directory; refusing to use it (remove it, slurm-tpu recreates it)",
-                    shown,
+                    f"{path} is a symlink or not a directory; refusing to use it (remove it, slurm-tpu recreates it)",
+                    path,
                 ) from exc
-            raise StateDirError(f"cannot open {shown}: {exc.strerror}", shown) from exc
+            raise StateDirError(f"cannot open {path}: {exc.strerror}", path) from exc
     try:
-        _check_dir(fd, shown, require_root)
+        _check_dir(fd, path, require_root)
     except BaseException:
         os.close(fd)
         raise
@@ -93,17 +92,12 @@ def read_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise StateDirError(f"{name} in the state directory is not a regular file", name)
-        chunks = []
-        size = 0
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > limit:
+        data = bytearray()
+        while chunk := os.read(fd, 65536):
+            data += chunk
+            if len(data) > limit:
                 raise StateDirError(f"{name} in the state directory is larger than {limit} bytes", name)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return bytes(data)
     finally:
         os.close(fd)
 

@@ -1,4 +1,4 @@
-"""What every hook needs: the job from the environment, the config, messages."""
+"""What every hook needs: the job from the environment, its run, messages."""
 
 from __future__ import annotations
 
@@ -35,29 +35,6 @@ def say(message: str, error: bool = True) -> None:
         syslog.syslog(syslog.LOG_ERR if error else syslog.LOG_INFO, message)
     except OSError:
         pass
-
-
-def load_hook_config(environ: Mapping[str, str]):  # -> Config
-    """The site config named by the hook's environment (or the default path).
-
-    Hooks run under ``python3 -I -S`` for a fast start, which leaves site-packages (and so
-    PyYAML) off sys.path: it is added only when a config file must be read.
-    """
-    import os
-
-    from ..config import Config, load_config
-    from ..defaults import CONFIG_ENV, CONFIG_PATH
-
-    path = environ.get(CONFIG_ENV) or CONFIG_PATH
-    if path == CONFIG_PATH and not os.path.exists(path):
-        return Config()
-    try:
-        return load_config(path)
-    except ImportError:
-        import site
-
-        site.main()
-        return load_config(path)
 
 
 class JobContext:

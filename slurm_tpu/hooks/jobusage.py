@@ -1,16 +1,11 @@
 """The job's usage box: a private tmpfs per job for the runner's usage records.
 
-``<state_dir>/job-usage/`` is root-owned (0755) and holds only mount points, one
-per job that leased devices here, named by job id. The prolog mounts a tmpfs on
-the job's one (owner the job's uid, mode 0700, size and inode count bounded, see
-:mod:`slurm_tpu.protocol.usage`); the epilog reads one record per leased device from it,
-outside the ledger lock, and unmounts it (lazily: a process still inside cannot
-hold the epilog up). Nothing a user writes lands on the ledger's filesystem, and
-no user can create a name anywhere but in their own job's box.
-
-The box is a convenience, never a reason to fail: if it cannot be made (mount
-refused, e.g. in a container without CAP_SYS_ADMIN), the job runs without usage
-accounting and the audit log says why once per job.
+``<state_dir>/job-usage/`` (root's, 0755) holds only mount points named by job id. The prolog
+mounts a tmpfs on the job's (owner the job's uid, 0700, size and inodes bounded: protocol/usage.py);
+the epilog reads one record per leased device from it and unmounts it lazily (a process still
+inside cannot hold the epilog up). Nothing a user writes lands on the ledger's filesystem.
+The box never fails a job: if it cannot be made (no CAP_SYS_ADMIN in a container...), the job
+runs without usage accounting and the audit log says why.
 """
 
 from __future__ import annotations
@@ -42,12 +37,6 @@ def _mount_box(target: str, uid: int) -> None:
         raise OSError(err, os.strerror(err), target)
 
 
-def _unmount(target: str) -> None:
-    """Detach whatever is mounted at ``target`` (no error if nothing is)."""
-    _, libc = _libc()
-    libc.umount2(target.encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW)
-
-
 def _open_parent(ledger, create: bool) -> int | None:
     try:
         return statedir.open_dir(BOX_DIR, create=create, parent_fd=ledger.dir_fd)
@@ -61,7 +50,7 @@ def _discard(parent_fd: int, name: str) -> None:
         os.lstat(target)
     except OSError:
         return
-    _unmount(target)
+    _libc()[1].umount2(target.encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW)  # no error if nothing is mounted
     try:
         os.rmdir(name, dir_fd=parent_fd)
     except OSError:

@@ -1,10 +1,8 @@
 """Prolog (root, on each node at job start): lease the job's accelerators.
 
-Exit status 0 unless the node really cannot serve the job (a device missing,
-held by a live job, or gres.conf naming something unknown): then one line says
-why and Slurm drains the node and requeues (and holds) the job. A device that
-is not free (a writer the apex driver still counts, a stale lease that cannot be
-ended) drains the node with that reason, which names the job that left it so.
+Exit status 0 unless the node cannot serve the job (a device missing, held by a live job or
+not free, gres.conf naming something unknown): then one line says why, and Slurm drains the
+node and requeues (and holds) the job.
 """
 
 from __future__ import annotations

@@ -35,23 +35,13 @@ class HookSettings(HookSnapshot):
 
     def leasable_names(self) -> list[str]:
         """GRES names whose devices this node leases (families that lease, with devices here)."""
-        names = []
-        for policy in self.families.values():
-            if (
-                policy.leased
-                and policy.gres_name in self.index
-                and policy.gres_name not in names
-                and any(d.kind == policy.kind for d in self.devices.values())
-            ):
-                names.append(policy.gres_name)
-        return names
+        kinds = {device.kind for device in self.devices.values()}
+        leased = [p for p in self.families.values() if p.leased and p.gres_name in self.index and p.kind in kinds]
+        return list(dict.fromkeys(policy.gres_name for policy in leased))
 
     def policy_of_gres(self, name: str):  # -> FamilyPolicy | None
         """The leasing family whose GRES name this is (None: not ours)."""
-        for policy in self.families.values():
-            if policy.leased and policy.gres_name == name:
-                return policy
-        return None
+        return next((p for p in self.families.values() if p.leased and p.gres_name == name), None)
 
 
 def file_key(path: str) -> str:
@@ -148,15 +138,33 @@ def apply_families(settings: HookSettings, config) -> None:
             settings.values.setdefault(device.identity, {})[variable.name] = entry
 
 
+def _load_config(path: str):  # -> Config
+    """The site config at ``path`` (the defaults when the default path has none).
+
+    Hooks run under ``python3 -I -S`` for a fast start, which leaves site-packages (and so
+    PyYAML) off sys.path: it is added only when a config file must be read.
+    """
+    from ..config import Config, load_config
+
+    if path == CONFIG_PATH and not os.path.exists(path):
+        return Config()
+    try:
+        return load_config(path)
+    except ImportError:
+        import site
+
+        site.main()
+        return load_config(path)
+
+
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf, the families."""
     from .. import families
     from ..access import node_inventory, ownership
     from . import slurm_files
-    from .context import load_hook_config
 
     cfg = config_path(environ)
-    config = load_hook_config(environ)
+    config = _load_config(cfg)
     node = node or config.node_name or os.uname().nodename.split(".")[0]
     settings = HookSettings(config.state_dir, config.slot_dir, config.lease_mode, 0, 0, config.idle.mode, node)
     settings.idle_uid, settings.idle_gid = ownership.resolve_ids(config.idle.owner, config.idle.group)

@@ -14,7 +14,6 @@ For an accelerator the inventory knows (ACTION, DEVPATH, DEVNAME, SUBSYSTEM from
 from __future__ import annotations
 
 import os
-import stat
 
 from ..defaults import SYSFS_ROOT
 from .context import HookError, node_from_env, say
@@ -73,13 +72,6 @@ def identity_for(environ: Mapping[str, str], rules, sysfs_root: str = SYSFS_ROOT
     return None
 
 
-def _char_node(path: str) -> bool:
-    try:
-        return stat.S_ISCHR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
     """The inventory file's devices (caller holds the state lock): the snapshot's copy while the
     file is the version it was taken from, else the file (another event may have rewritten it)."""
@@ -120,7 +112,7 @@ def run(environ: Mapping[str, str]) -> int:
         if action not in ("add", "change", "bind"):
             return 0
         devname = os.path.normpath(environ.get("DEVNAME", ""))
-        if not os.path.isabs(devname) or not _char_node(devname):
+        if not os.path.isabs(devname) or ownership.node_state(devname) is None:  # not a char device
             raise HookError(f"udev-event: {identity}: DEVNAME {devname!r} is not a character device node")
         policy = settings.families.get(device.kind)
         slotted = policy is not None and policy.slot
