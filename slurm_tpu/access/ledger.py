@@ -94,13 +94,8 @@ class Ledger:
         """The lease on ``identity``, a BadLease if unreadable, None if free."""
         try:
             raw = statedir.read_file(self.leases_fd, identity, limit=leases.MAX_BYTES)
-        except statedir.StateDirError as exc:
-            return BadLease(identity, str(exc))
-        if raw is None:
-            return None
-        try:
-            return Lease.decode(identity, raw)
-        except FormatError as exc:
+            return None if raw is None else Lease.decode(identity, raw)
+        except (statedir.StateDirError, FormatError) as exc:
             return BadLease(identity, str(exc))
 
     def claim(self, lease: Lease) -> bool:
@@ -132,18 +127,12 @@ class Ledger:
         rank = {identity: i for i, identity in enumerate(order)}
         return sorted(mine, key=lambda lease: (rank.get(lease.identity, len(rank)), lease.identity))
 
-    def sweep_temps(self) -> int:
+    def sweep_temps(self) -> None:
         """Remove temp files of processes that died between write and link."""
-        removed = 0
         for name in os.listdir(self.leases_fd):
-            if name.startswith(".") and name.endswith(".tmp"):
-                try:
-                    pid = int(name.rsplit(".", 2)[-2])
-                except ValueError:
-                    continue
-                if not os.path.exists(f"/proc/{pid}"):
-                    removed += statedir.remove(self.leases_fd, name)
-        return removed
+            pid = name.rsplit(".", 2)[-2] if name.startswith(".") and name.endswith(".tmp") else ""
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                statedir.remove(self.leases_fd, name)
 
     # ---- the job's environment file (its format: protocol/envfile.py) -----------
     def write_job_env(self, job_id: int, text: str) -> None:

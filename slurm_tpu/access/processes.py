@@ -22,15 +22,13 @@ if TYPE_CHECKING:
 
 _S_IFMT, _S_IFCHR = 0o170000, 0o020000
 _CHECK_EVERY = 256  # fds/mappings between two looks at the clock
-# An fd table with at least this many fds, or of a process with more threads than
-# this, is compared (kcmp) with the tables already seen before it is read. Below
-# both, reading the table of each thread costs less than loading kcmp (ctypes, some
-# 4 ms) for the node's ordinary processes; above either, a user could multiply the
-# scan's work by sharing one table among many tasks.
+# An fd table with at least this many fds, or of a process with more threads than this, is
+# compared (kcmp) with the tables already seen before it is read. Below both, reading it costs
+# less than loading kcmp (ctypes, some 4 ms); above either, a user could multiply the scan's
+# work by sharing one table among many tasks.
 _DEDUPE_FDS, _DEDUPE_THREADS = 64, 8
-# Tables with at least this many fds are read last (the ended job's user's
-# first, then the smallest first): a flood of decoys can then only leave its own
-# processes unverified, never the node's ordinary ones.
+# Tables with at least this many fds are read last (the ended job's user's first, then the
+# smallest): a flood of decoys can then only leave its own processes unverified.
 _HEAVY_FDS = 1024
 
 

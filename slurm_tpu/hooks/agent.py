@@ -35,9 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 READ_TIMEOUT_S = 5.0
-# Workers waiting for a connection. Three: a node's jobs start and end together (an array's tasks
-# are dispatched together: on a 2-device node, two prologs, then two epilogs), and the workers are
-# replaced only once none is busy, or at once when the last one is taken.
+# Workers waiting for a connection: a node's jobs start and end together (on a 2-device node, two
+# prologs, then two epilogs), and workers are replaced once none is busy (or the last one is taken).
 IDLE_WORKERS = 3
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # A worker's message on the pool pipe: its pid and its state (one write, atomic: under PIPE_BUF).
@@ -390,8 +389,7 @@ class _Pool:
                     os.close(self.alive_w)
                     _idle_worker(self.listener, self.queries, self.taken_w, self.alive_r, keep)
                 finally:
-                    # Never past here in a worker: the agent's shutdown below would remove
-                    # the live agent's socket.
+                    # Never past here in a worker: the agent's shutdown would remove its socket.
                     os._exit(1)
             self.idle.add(pid)
             if keep:
@@ -472,8 +470,7 @@ def serve(environ=None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})", error=False)
-    # Everything imported so far stays put in the workers: no collection of theirs walks it
-    # (walking it would write every object's header, copying all of the agent's pages).
+    # No worker's garbage collection walks (and so copies) what the agent imported.
     import gc
 
     gc.freeze()
@@ -489,8 +486,7 @@ def serve(environ=None) -> int:
             _reap(pool)
     finally:
         pool.close()
-        # Remove the socket only if it is still ours (a new agent may have replaced it): the
-        # hooks then run the Python hooks themselves. Workers still running finish their requests.
+        # Remove the socket only if it is still ours (a new agent may have replaced it).
         try:
             if os.stat(SOCKET, dir_fd=state_fd, follow_symlinks=False).st_ino == inode:
                 os.unlink(SOCKET, dir_fd=state_fd)

@@ -178,20 +178,16 @@ def ask(requests: socket.socket, selector: str, environ) -> tuple[str, str] | No
                 [selector.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))]
             )
         mine.settimeout(ANSWER_TIMEOUT_S + 1)
-        chunks, size = [], 0
-        while size <= MAX_ANSWER:
-            chunk = mine.recv(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        else:
-            return None
+        data = bytearray()
+        while chunk := mine.recv(1 << 16):
+            data += chunk
+            if len(data) > MAX_ANSWER:
+                return None
     except OSError:
         return None
     finally:
         mine.close()
-    scontrol, conf, text = parse_query_answer(b"".join(chunks))
+    scontrol, conf, text = parse_query_answer(bytes(data))
     if not text.strip() or conf != conf_paths(environ)[0]:
         return None
     return scontrol, text

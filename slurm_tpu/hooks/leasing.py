@@ -523,8 +523,7 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
                 _reclaim_or_fail(ledger, holder, settings, lease.job_id)
                 continue
         releasing = isinstance(holder, Lease) and holder.phase == RELEASING
-        # A release in progress is waited for to its end, as the state lock it once held was: its
-        # scan is time-boxed (devices.holder_scan_seconds), its wait for the job's last processes too.
+        # A release in progress is waited for to its end (its scan and wait are time-boxed).
         if time.monotonic() >= deadline and not releasing:
             if isinstance(holder, Lease) and holder.phase == REVOKING:
                 raise HookError(
@@ -537,9 +536,7 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
                 f"(uid {holder.uid}: {why}); Slurm allocated it twice or the ledger is wrong: "
                 "check `slurm-tpu leases` on this node"
             )
-        # A stick coming back after revocation, or a release's scan, is the common wait: look often
-        # (each look is a lock, a stat and a small read; with the node agent the release it waits for
-        # takes milliseconds).
+        # The common waits (a stick coming back, a release's scan): look often, a look is cheap.
         time.sleep(0.005 if isinstance(holder, Lease) and holder.phase in (RELEASING, REVOKING) else 0.1)
 
 
@@ -573,11 +570,9 @@ def release(
     """
     problems: list[str] = []
     with ledger.locked():
-        # Those ended under the lock (a USB stick's power-cycle) first, the ones scanned without it
-        # last: a Prolog that comes meanwhile for another of the job's devices finds it released,
-        # instead of reclaiming it itself.
+        # Those scanned without the lock last: a Prolog that comes meanwhile for another of the
+        # job's devices finds it released, instead of reclaiming it itself.
         leases = sorted(ledger.of_job(job_id), key=lambda lease: _scanned_unlocked(lease, settings))
-        # Usage records are collected by the epilog before this, outside the lock (hooks/jobusage.py).
         for lease in leases:
             current = _current(ledger, lease)  # the scan of the one before ran without the lock
             if current is not None:

@@ -38,10 +38,8 @@ class Probe:
         except ValueError:
             return
         if wall_at_entry is not None:
-            previous = wall_at_entry
-            for step, wall in before:
-                self.before.append((step, (wall - previous) * 1000))
-                previous = wall
+            previous = [wall_at_entry, *(wall for _, wall in before)]
+            self.before = [(step, (wall - since) * 1000) for (step, wall), since in zip(before, previous)]
 
     def mark(self, step: str) -> None:
         """Close the step that ran since the previous mark."""
