@@ -45,10 +45,8 @@ def acl_xattrs(path: str) -> list[str]:
 
 def strip_acl(path: str) -> bool:
     """Remove ``path``'s extended POSIX ACLs (access and default); True when one was there.
-
     ``path`` is followed: pass a ``/proc/self/fd/N`` of a node opened ``O_PATH |
-    O_NOFOLLOW`` (or a name only root controls), never a name a user could swap.
-    """
+    O_NOFOLLOW`` (or a name only root controls), never a name a user could swap."""
     names = acl_xattrs(path)
     for name in names:
         try:

@@ -38,12 +38,10 @@ def _pids() -> list[int]:
 
 class Scan:
     """The outcome of one holder scan.
-
     ``holders``: pid -> how it holds the device (``fd`` or ``mmap``). ``complete``: False when
     the time box ran out first (``scanned`` of ``total`` processes fully looked at): then an
     empty ``holders`` proves nothing, and ``unverified`` lists (pid, uid, fds) of the
-    processes whose fd tables were not read.
-    """
+    processes whose fd tables were not read."""
 
     __slots__ = ("holders", "complete", "scanned", "total", "unverified")
 
@@ -372,11 +370,9 @@ def _file_key(path: str) -> tuple[int, int] | None:
 
 def slurmstepd_files() -> set[tuple[int, int]]:
     """(st_dev, st_ino) of the slurmstepd beside each running slurmd (root's).
-
     slurmd starts steps from the slurmstepd in its own sbin directory, wherever Slurm is
     installed. Not cached: Slurm may be upgraded under a long-lived process (the node
-    agent's workers), and a stale answer would hide a live job's steps.
-    """
+    agent's workers), and a stale answer would hide a live job's steps."""
     from ..slurm.installation import running_daemons  # the one scan for Slurm's daemons
 
     beside = (os.path.join(os.path.dirname(exe), "slurmstepd") for _, _, exe, _ in running_daemons(("slurmd",)))

@@ -80,11 +80,9 @@ class ScontrolSession:
         out = self.process.stdout.fileno()
         while end not in self.buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or len(self.buffer) > MAX_ANSWER or not select.select([out], [], [], left)[0]:
-                self.stop()
-                return ""
-            chunk = os.read(out, 1 << 16)
-            if not chunk:
+            ready = left > 0 and len(self.buffer) <= MAX_ANSWER and select.select([out], [], [], left)[0]
+            chunk = os.read(out, 1 << 16) if ready else b""
+            if not chunk:  # stalled, too long, or scontrol is gone
                 self.stop()
                 return ""
             self.buffer += chunk

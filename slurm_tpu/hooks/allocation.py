@@ -54,10 +54,8 @@ def parse_indices(value: str) -> tuple[int, ...] | None:
 
 def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str]) -> list[GresAlloc] | None:
     """The job's GRES on this node from our gres plugin's variables, or None: ask Slurm.
-
     ``names``: the GRES this node leases. None unless every one of them has its
-    variable set and well-formed (a malformed one says so in one line).
-    """
+    variable set and well-formed (a malformed one says so in one line)."""
     found: list[tuple[str, tuple[int, ...]]] = []
     for name in names:
         variable = PLUGIN_ENV.get(name)
@@ -93,10 +91,8 @@ def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
 
 def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) -> list[KnownDevice]:
     """The job's devices on this node, in allocation order (pure).
-
     Raises HookError (the node cannot serve the job) when an index has no
-    device, names a path that is no known device, or disagrees with its type.
-    """
+    device, names a path that is no known device, or disagrees with its type."""
     index, known = settings.index, settings.devices
     slot_dir = os.path.normpath(settings.slot_dir)
     devices: list[KnownDevice] = []

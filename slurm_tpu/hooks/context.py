@@ -76,10 +76,8 @@ def job_from_env(environ: Mapping[str, str], node: str, need_uid: bool = True) -
 
 class HookRun:
     """One run of a root hook: what it was given and what it finds, built at its entry and passed down.
-
     A node agent's worker runs hook after hook, so whatever a hook learns lives here and ends
-    with the run: no hook module keeps state of its own from one hook to the next.
-    """
+    with the run: no hook module keeps state of its own from one hook to the next."""
 
     __slots__ = ("hook", "environ", "node", "settings", "job", "probe", "detail_source", "_slurm")
     # Set by the hook once it has read them (its first steps).

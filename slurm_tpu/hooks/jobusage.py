@@ -37,9 +37,9 @@ def _mount_box(target: str, uid: int) -> None:
         raise OSError(err, os.strerror(err), target)
 
 
-def _open_parent(ledger, create: bool) -> int | None:
+def _open_parent(state_fd: int, create: bool) -> int | None:
     try:
-        return statedir.open_dir(BOX_DIR, create=create, parent_fd=ledger.dir_fd)
+        return statedir.open_dir(BOX_DIR, create=create, parent_fd=state_fd)
     except statedir.StateDirError:
         return None
 
@@ -59,11 +59,9 @@ def _discard(parent_fd: int, name: str) -> None:
 
 def prepare(ledger, job_id: int, uid: int) -> str | None:
     """Mount the job's usage box; its path, or None when there is none (the job runs unmetered).
-
     Also removes boxes of jobs that no longer hold a lease here (an epilog that
-    never ran). Never raises for an OSError: the box must not fail the prolog.
-    """
-    parent = _open_parent(ledger, create=True)
+    never ran). Never raises for an OSError: the box must not fail the prolog."""
+    parent = _open_parent(ledger.dir_fd, create=True)
     if parent is None:
         ledger.audit(USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"{BOX_DIR} is unusable")
         return None
@@ -143,12 +141,10 @@ def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
     except statedir.StateDirError:
         return {}
     try:
-        parent = statedir.open_dir(BOX_DIR, parent_fd=state)
-    except statedir.StateDirError:
-        return {}
+        parent = _open_parent(state, create=False)
     finally:
         os.close(state)
-    return _records(parent, job_id, uid, identities)
+    return {} if parent is None else _records(parent, job_id, uid, identities)
 
 
 def collect(ledger, job_id: int, uid: int, identities) -> list:
@@ -156,7 +152,7 @@ def collect(ledger, job_id: int, uid: int, identities) -> list:
     Needs no lock: the audit append is atomic."""
     from ..protocol import audit
 
-    parent = _open_parent(ledger, create=False)
+    parent = _open_parent(ledger.dir_fd, create=False)
     if parent is None:
         return []
 
@@ -180,11 +176,9 @@ def collect(ledger, job_id: int, uid: int, identities) -> list:
 def spool(ledger, job_id: int, uid: int, node: str, devices: int, records) -> bool:
     """Leave the job's figures on this node for the accounting collector; whether an entry was written.
 
-    Only where a collector runs (``slurm-tpu accounting-collect`` makes the root-only
-    ``<state_dir>/accounting-spool``); written atomically, root's 0600. Never raises
-    for an OSError: a full disk costs the job's AdminComment, never the job or the
-    node (see :mod:`slurm_tpu.protocol.job_record`).
-    """
+    Only where a collector runs (it makes the root-only ``<state_dir>/accounting-spool``); written
+    atomically, 0600. Never raises for an OSError: a full disk costs the job's AdminComment
+    (protocol/job_record.py), never the job or the node."""
     from ..protocol.job_record import SPOOL_DIR, encode_spool, totals
 
     try:
@@ -207,7 +201,7 @@ def spool(ledger, job_id: int, uid: int, node: str, devices: int, records) -> bo
 
 def discard(ledger, job_id: int) -> None:
     """Unmount and remove the job's usage box, if it has one."""
-    parent = _open_parent(ledger, create=False)
+    parent = _open_parent(ledger.dir_fd, create=False)
     if parent is None:
         return
     try:

@@ -160,10 +160,8 @@ def _unrevocable_holders(
     wait_s: float,
 ) -> str | None:
     """Why a device that cannot be revoked is not free yet (a :class:`Withheld` when unverified), or None.
-
     Called without the state lock, the lease in phase ``releasing``: it only reads /proc
-    and sysfs and appends to the audit log, which needs no lock.
-    """
+    and sysfs and appends to the audit log, which needs no lock."""
     assert not ledger.held
     identity, job_id = lease.identity, lease.job_id
     rdevs = [state.rdev for state in map(ownership.node_state, present) if state is not None]
@@ -472,10 +470,8 @@ def roll_back(ledger: Ledger, leases: list[Lease], settings: HookSettings) -> No
 def _current(ledger: Ledger, lease: Lease) -> Lease | None:
     """The ledger's lease on ``lease``'s device when it is still that lease (same job, same prolog
     process; its phase may have moved on), else None.
-
     A list of leases read earlier can be stale: :func:`end_lease` lets the lock go while it scans
-    for holders, and meanwhile another hook may end a lease of the list and a new job take it.
-    """
+    for holders, and meanwhile another hook may end a lease of the list and a new job take it."""
     return _held_as(ledger, lease, ("job_id", "prolog_pid", "prolog_start"))
 
 
@@ -564,10 +560,8 @@ def release(
     ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S, probe: Probe = NO_PROBE
 ) -> list[str]:
     """End the job's leases (see :func:`end_lease`); returns problems, which drain the node unless :class:`Withheld`.
-
     A device still held keeps its lease (phase ``kept``, root 0600) until the next prolog,
-    the health check or ``slurm-tpu leases --clear`` gives it back once the holder is gone.
-    """
+    the health check or ``slurm-tpu leases --clear`` gives it back once the holder is gone."""
     problems: list[str] = []
     with ledger.locked():
         # Those scanned without the lock last: a Prolog that comes meanwhile for another of the

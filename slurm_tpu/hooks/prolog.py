@@ -26,9 +26,7 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
         return 0  # nothing to lease on this node: no Slurm query at all
     allocs = allocation.query_job_gres(hook)
     hook.probe.mark("slurm_query")
-    if not allocs:
-        return 0
-    devices = allocation.resolve(job.job_id, allocs, settings)
+    devices = allocation.resolve(job.job_id, allocs or [], settings)
     if not devices:
         return 0
     for device in devices:
@@ -50,10 +48,8 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
             # that reason; the failing prolog then makes Slurm requeue and hold this job.
             hook.drain(job.node, f"slurm-tpu: {exc}")
             raise
-        # Everything after the lease is rolled back with it: a prolog that fails
-        # here must not leave the devices with the job's user. The usage box never
-        # fails (the job then runs unmetered); the env file only on a full or
-        # broken state filesystem, which no user can fill (see jobusage.py).
+        # Everything after the lease is rolled back with it: a prolog that fails here must not leave
+        # the devices with the job's user (the env file fails only on a full or broken state filesystem).
         try:
             usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)  # type: ignore[arg-type]  # need_uid: an int
             hook.probe.mark("usage_box")

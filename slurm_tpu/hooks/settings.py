@@ -140,10 +140,8 @@ def apply_families(settings: HookSettings, config) -> None:
 
 def _load_config(path: str):  # -> Config
     """The site config at ``path`` (the defaults when the default path has none).
-
     Hooks run under ``python3 -I -S`` for a fast start, which leaves site-packages (and so
-    PyYAML) off sys.path: it is added only when a config file must be read.
-    """
+    PyYAML) off sys.path: it is added only when a config file must be read."""
     from ..config import Config, load_config
 
     if path == CONFIG_PATH and not os.path.exists(path):
@@ -222,10 +220,8 @@ def for_config(config) -> HookSettings:
 
 def store_snapshot(state_fd: int, settings: HookSettings) -> None:
     """Rewrite the snapshot after the caller changed the inventory file it holds the lock on.
-
     ``settings`` must already carry the change; only the inventory file's key is renewed, so
-    any other source that changed meanwhile still sends the next hook down the slow path.
-    """
+    any other source that changed meanwhile still sends the next hook down the slow path."""
     inventory = os.path.join(settings.state_dir, INVENTORY)
     if inventory in settings.sources and os.geteuid() == 0:
         settings.sources[inventory] = file_key(inventory)

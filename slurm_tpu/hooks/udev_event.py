@@ -40,13 +40,11 @@ def _sysfs_attribute(sysfs_root: str, parts: list[str], name: str) -> str | None
 def identity_for(environ: Mapping[str, str], rules, sysfs_root: str = SYSFS_ROOT, known=None) -> str | None:
     """The stable identity of the event's device, or None if it is not ours.
 
-    ``rules`` (the families' UdevRule list, from the hooks' snapshot) say how: for
-    USB ``usb-`` + the topology path (DEVPATH's last component), for a PCIe Edge
-    TPU (``apex``) and DRM nodes ``pci-`` + the PCI address two levels up, for a
-    class device that is no child of its PCI device (Hailo's) ``pci-`` + its
-    ``board_location`` attribute; a remove event of that kind has no sysfs left and
-    is found by its DEVNAME among the ``known`` devices.
-    """
+    ``rules`` (the families' UdevRule list) say how: for USB ``usb-`` + the topology path
+    (DEVPATH's last component), for a PCIe Edge TPU and DRM nodes ``pci-`` + the PCI address
+    two levels up, for a class device that is no child of its PCI device (Hailo's) ``pci-`` +
+    its ``board_location`` attribute; a remove event of that kind has no sysfs left and is
+    found by its DEVNAME among the ``known`` devices."""
     from ..identity import is_identity
 
     devpath = environ.get("DEVPATH", "")
