@@ -1,19 +1,14 @@
-"""The lease ledger: one file per leased device under ``<state_dir>/leases/``.
+"""The lease ledger: one file per leased device under ``<state_dir>/leases/``, and ``audit.log``.
 
-A lease is taken by creating ``leases/<identity>`` exclusively (a finished temp
-file ``link()``-ed into place), so two prologs can never both hold a device and
-a crash leaves a whole lease or none. Each lease records the job, its user, the
-device nodes it was given and the job's whole allocation on this node, so the
-epilog never needs to ask Slurm (the task-prolog reads ``jobs/<job>.env``, which
-the prolog writes from the same leases). ``audit.log`` gets one JSON
-line per acquire/release/reclaim/reenumerate, for the stress test and for
-accounting. What the lease files and audit lines hold is
-:mod:`slurm_tpu.protocol.leases` and :mod:`slurm_tpu.protocol.audit`; this
+A lease is taken by creating ``leases/<identity>`` exclusively (a finished temp file
+``link()``-ed into place), so two prologs can never both hold a device and a crash leaves a
+whole lease or none. Each lease records what the epilog needs, so it never asks Slurm. What
+the files hold is :mod:`slurm_tpu.protocol.leases` and :mod:`slurm_tpu.protocol.audit`; this
 module owns how they are written (exclusive, atomic, never through a link).
 
-Read-modify-write sequences that span the ledger and device ownership (release
-vs. a udev re-enumeration, reclaim vs. a late epilog) run under one ``flock`` on
-``<state_dir>/.lock`` (``with ledger.locked():``); they take milliseconds.
+Read-modify-write sequences that span the ledger and device ownership (release vs. a udev
+re-enumeration, reclaim vs. a late epilog) run under one ``flock`` on ``<state_dir>/.lock``
+(``with ledger.locked():``).
 """
 
 from __future__ import annotations
@@ -68,13 +63,12 @@ class Ledger:
     # ---- locking ---------------------------------------------------------------
     def locked(self, when: bool = True) -> _Block:
         """``with ledger.locked():`` holds the state lock (``flock``, blocking) for the block, the one
-        way to take it. Nested blocks share it: the outermost takes it and lets it go, exception or
-        not. ``when`` False: a block that leaves the lock as it is."""
+        way to take it; nested blocks share it. ``when`` False: a block that leaves the lock as it is."""
         return _Block(self, 1 if when else 0)
 
     def unlocked(self) -> _Block:
-        """``with ledger.unlocked():`` lets the held lock go for the block, however deeply it is held,
-        and takes it back after it (a release's holder scan)."""
+        """``with ledger.unlocked():`` lets the held lock go for the block, however deeply held, and
+        takes it back after it (a release's holder scan)."""
         assert self._depth, "unlocked() outside locked()"
         return _Block(self, None)
 
@@ -100,13 +94,8 @@ class Ledger:
         """The lease on ``identity``, a BadLease if unreadable, None if free."""
         try:
             raw = statedir.read_file(self.leases_fd, identity, limit=leases.MAX_BYTES)
-        except statedir.StateDirError as exc:
-            return BadLease(identity, str(exc))
-        if raw is None:
-            return None
-        try:
-            return Lease.decode(identity, raw)
-        except FormatError as exc:
+            return None if raw is None else Lease.decode(identity, raw)
+        except (statedir.StateDirError, FormatError) as exc:
             return BadLease(identity, str(exc))
 
     def claim(self, lease: Lease) -> bool:
@@ -138,23 +127,17 @@ class Ledger:
         rank = {identity: i for i, identity in enumerate(order)}
         return sorted(mine, key=lambda lease: (rank.get(lease.identity, len(rank)), lease.identity))
 
-    def sweep_temps(self) -> int:
+    def sweep_temps(self) -> None:
         """Remove temp files of processes that died between write and link."""
-        removed = 0
         for name in os.listdir(self.leases_fd):
-            if name.startswith(".") and name.endswith(".tmp"):
-                try:
-                    pid = int(name.rsplit(".", 2)[-2])
-                except ValueError:
-                    continue
-                if not os.path.exists(f"/proc/{pid}"):
-                    removed += statedir.remove(self.leases_fd, name)
-        return removed
+            pid = name.rsplit(".", 2)[-2] if name.startswith(".") and name.endswith(".tmp") else ""
+            if pid.isdigit() and not os.path.exists(f"/proc/{pid}"):
+                statedir.remove(self.leases_fd, name)
 
     # ---- the job's environment file (its format: protocol/envfile.py) -----------
     def write_job_env(self, job_id: int, text: str) -> None:
         """Write ``jobs/<job>.env`` atomically, readable by the job's task prolog (raises OSError or
-        StateDirError, e.g. ENOSPC)."""
+        StateDirError)."""
         fd = statedir.open_dir(envfile.DIR, create=True, parent_fd=self.dir_fd)
         try:
             statedir.write_atomic(fd, envfile.file_name(job_id), text.encode(), mode=0o644)
@@ -182,11 +165,7 @@ class Ledger:
 
     def last_holder(self, identity: str, limit: int = 1 << 20) -> tuple[int, int] | None:
         """(job_id, uid) of the last job the audit log shows acquiring ``identity``; None if unknown.
-
-        Reads only the log's last ``limit`` bytes: it is for a failure path (naming
-        the job that leaked a device), and a device that no job took within them
-        is one the log cannot attribute any more.
-        """
+        Reads only the log's last ``limit`` bytes (a failure path: naming the job that leaked a device)."""
         try:
             fd = os.open(AUDIT, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
         except OSError:

@@ -37,10 +37,8 @@ def load(dir_fd: int) -> dict[str, KnownDevice]:
 
 def set_device_nodes(dir_fd: int, identity: str, nodes: tuple[str, ...]) -> bool:
     """Record a device's new node path(s). True when the file changed.
-
     The caller holds the state lock (``Ledger.locked()``, access/ledger.py) so two udev events
-    cannot lose each other's update.
-    """
+    cannot lose each other's update."""
     document = load_document(dir_fd)
     if document is None or not inventory.set_device_nodes(document, identity, nodes):
         return False

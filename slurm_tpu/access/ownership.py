@@ -1,19 +1,15 @@
 """Changing who owns an accelerator's device node, safely.
 
-Only character device nodes are touched, and never through a symlink: the node
-is opened with ``O_PATH | O_NOFOLLOW`` (which neither opens the device nor
-follows a link), checked with ``fstat`` and then changed through
-``/proc/self/fd/N``, so the file that was checked is the file that is changed
-even if someone swaps the path in between.
+Only character device nodes are touched, never through a symlink: the node is opened
+``O_PATH | O_NOFOLLOW`` (neither opens the device nor follows a link), checked with
+``fstat`` and changed through ``/proc/self/fd/N``, so the file checked is the file changed.
 
-Every ownership change also strips the node's extended POSIX ACL. chmod only
-rewrites an ACL's mask entry (fs/posix_acl.c ``posix_acl_chmod``), so a job
-owner's ``setfacl -m u:OTHER:rw`` would outlive her lease, masked by a 0600 mode
-and live again under any mode with group bits. Only the node's owner (or root)
-can set an ACL, so stripping it whenever the owner changes leaves none behind.
+Every ownership change also strips the node's extended POSIX ACL: chmod only rewrites an
+ACL's mask entry (fs/posix_acl.c ``posix_acl_chmod``), so a job owner's ``setfacl -m
+u:OTHER:rw`` would outlive her lease and live again under any mode with group bits. Only
+the owner (or root) can set an ACL, so stripping it whenever the owner changes leaves none.
 
-Who should own a node is decided in one place, :func:`owner_for`, from its
-device's lease: the prolog, the epilog and the udev hook all ask it.
+Who should own a node is decided in one place, :func:`owner_for`, from its device's lease.
 """
 
 from __future__ import annotations
@@ -49,10 +45,8 @@ def acl_xattrs(path: str) -> list[str]:
 
 def strip_acl(path: str) -> bool:
     """Remove ``path``'s extended POSIX ACLs (access and default); True when one was there.
-
     ``path`` is followed: pass a ``/proc/self/fd/N`` of a node opened ``O_PATH |
-    O_NOFOLLOW`` (or a name only root controls), never a name a user could swap.
-    """
+    O_NOFOLLOW`` (or a name only root controls), never a name a user could swap."""
     names = acl_xattrs(path)
     for name in names:
         try:
@@ -70,11 +64,9 @@ ROOT_ONLY = (0, 0, 0o600)
 def owner_for(lease: Lease | BadLease | None, settings: HookSnapshot) -> tuple[int, int, int]:
     """(uid, gid, mode) for a device's nodes while ``lease`` is its lease (-1: keep that id).
 
-    No lease (None, or one whose release is being finished): the idle owner, group
-    and mode. A lease its job holds: the job's user with the lease mode, the group
-    kept. Any other (kept after a problem, being revoked, unreadable): root only, so
-    neither the job that had it nor the next one can open it. ``settings`` gives the
-    idle owner and the modes (the hooks' settings).
+    No lease: the idle owner, group and mode. A lease its job holds: the job's user with the
+    lease mode, the group kept. Any other (kept, being revoked, unreadable): root only, so
+    neither the job that had it nor the next one can open it.
     """
     if lease is None:
         return settings.idle_uid, settings.idle_gid, settings.idle_mode
@@ -120,10 +112,7 @@ def _open_char_device(path: str, identity: str) -> int:
 
 def set_owner(path: str, identity: str, uid: int, gid: int, mode: int) -> bool:
     """Make ``path`` (a char device) ``uid:gid`` with ``mode`` and no extended ACL; -1 keeps uid/gid.
-
-    Returns True when something changed. Raises DeviceError when the node is
-    missing or not a character device.
-    """
+    True when something changed; DeviceError when the node is missing or not a character device."""
     fd = _open_char_device(path, identity)
     try:
         info = os.fstat(fd)

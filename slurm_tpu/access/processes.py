@@ -1,21 +1,13 @@
 """What /proc says about jobs and devices, without asking Slurm.
 
-Two questions, both answered by scanning /proc:
-
-* Which processes hold a device, by an open fd or by a mapping whose fd is
-  closed? Every uid is scanned: a job's fd can be handed to anybody's process.
-  See :func:`scan_holders` for where the kernel keeps what a process holds (a
-  thread can have a private fd table; a thread-group leader that exited with
-  ``SYS_exit`` shows nothing of its own) and how the scan stays bounded when a
-  user opens a million decoy fds: it is time-boxed, and a box that runs out
-  makes the scan *incomplete*, which the caller treats as "could not check"
-  (the device is kept back), never as "free".
+* Which processes hold a device, by an open fd or by a mapping whose fd is closed?
+  Every uid is scanned (a job's fd can be handed to anybody's process), time-boxed:
+  a box that runs out makes the scan *incomplete*, which the caller treats as "could
+  not check" (the device is kept back), never as "free" (:func:`scan_holders`).
 * Does a job still run on this node? Slurm runs every step of a job under a
-  ``slurmstepd: [<job>.<step>]`` process on each of its nodes (batch, extern and
-  srun steps alike), and runs the prolog before any of them. A process is taken
-  for a step only if it *is* Slurm's slurmstepd — uid 0 and ``/proc/PID/exe``
-  the slurmstepd installed beside the running slurmd — never because of its
-  command line, which any user can set (``exec -a 'slurmstepd: [63.batch]'``).
+  ``slurmstepd: [<job>.<step>]`` process. A process is taken for a step only if it
+  *is* Slurm's slurmstepd (uid 0, ``/proc/PID/exe`` the one beside the running
+  slurmd), never because of its command line, which any user can set.
 """
 
 from __future__ import annotations
@@ -30,15 +22,13 @@ if TYPE_CHECKING:
 
 _S_IFMT, _S_IFCHR = 0o170000, 0o020000
 _CHECK_EVERY = 256  # fds/mappings between two looks at the clock
-# An fd table with at least this many fds, or of a process with more threads than
-# this, is compared (kcmp) with the tables already seen before it is read. Below
-# both, reading the table of each thread costs less than loading kcmp (ctypes, some
-# 4 ms) for the node's ordinary processes; above either, a user could multiply the
-# scan's work by sharing one table among many tasks.
+# An fd table with at least this many fds, or of a process with more threads than this, is
+# compared (kcmp) with the tables already seen before it is read. Below both, reading it costs
+# less than loading kcmp (ctypes, some 4 ms); above either, a user could multiply the scan's
+# work by sharing one table among many tasks.
 _DEDUPE_FDS, _DEDUPE_THREADS = 64, 8
-# Tables with at least this many fds are read last (the ended job's user's
-# first, then the smallest first): a flood of decoys can then only leave its own
-# processes unverified, never the node's ordinary ones.
+# Tables with at least this many fds are read last (the ended job's user's first, then the
+# smallest): a flood of decoys can then only leave its own processes unverified.
 _HEAVY_FDS = 1024
 
 
@@ -48,13 +38,10 @@ def _pids() -> list[int]:
 
 class Scan:
     """The outcome of one holder scan.
-
-    ``holders``: pid -> how it holds the device (``fd`` or ``mmap``).
-    ``complete``: False when the time box ran out first (``scanned`` of ``total``
-    processes fully looked at): then an empty ``holders`` proves nothing, and
-    ``unverified`` lists (pid, uid, fds) of the processes whose fd tables were
-    not read, the largest last.
-    """
+    ``holders``: pid -> how it holds the device (``fd`` or ``mmap``). ``complete``: False when
+    the time box ran out first (``scanned`` of ``total`` processes fully looked at): then an
+    empty ``holders`` proves nothing, and ``unverified`` lists (pid, uid, fds) of the
+    processes whose fd tables were not read."""
 
     __slots__ = ("holders", "complete", "scanned", "total", "unverified")
 
@@ -64,41 +51,30 @@ class Scan:
         self.unverified: list[tuple[int, int, int]] = []
 
 
-# ---- kcmp: do two tasks share one fd table / one address space? ----------------------
+# ---- kcmp: do two tasks share one fd table? ------------------------------------------
 
 # kcmp(2) numbers per architecture (arch/*/syscall tables; the generic table,
 # include/uapi/asm-generic/unistd.h, serves arm64, riscv and loongarch).
 _KCMP_NR = {
     "x86_64": 312,
-    "i386": 349,
-    "i486": 349,
-    "i586": 349,
-    "i686": 349,
-    "aarch64": 272,
-    "arm64": 272,
-    "riscv64": 272,
-    "loongarch64": 272,
-    "ppc64": 354,
-    "ppc64le": 354,
-    "ppc": 354,
+    **dict.fromkeys(("i386", "i486", "i586", "i686"), 349),
+    **dict.fromkeys(("aarch64", "arm64", "riscv64", "loongarch64"), 272),
+    **dict.fromkeys(("ppc64", "ppc64le", "ppc"), 354),
     "s390x": 343,
 }
-KCMP_FILES, KCMP_VM = 2, 1  # include/uapi/linux/kcmp.h
+KCMP_FILES = 2  # include/uapi/linux/kcmp.h
 _kcmp_fn: Callable[[int, int, int], int] | bool | None = False  # False: not looked up yet
 
 
 def _kcmp() -> Callable[[int, int, int], int] | None:
     """kcmp(pid1, pid2, type) through libc's syscall(), or None where it cannot be had.
 
-    Loaded the first time a scan meets a process with many threads or a
-    large fd table (ctypes costs the hook a few ms to import, so not before).
-    kcmp (kernel/kcmp.c, kcmp_ptr) answers 0 when both tasks point to the same
-    object and otherwise 1 or 2 by an order of the (obfuscated) kernel
-    pointers that is the same for every call: a total order, so the tables
-    already seen can be kept sorted and searched by halves. It needs
-    PTRACE_MODE_READ on both tasks, which root has. A kernel without
-    CONFIG_KCMP (ENOSYS) or an unknown architecture: no dedupe, every table is
-    read (correct, slower).
+    Loaded the first time a scan meets a process with many threads or a large fd table
+    (ctypes costs the hook a few ms to import). kcmp (kernel/kcmp.c, kcmp_ptr) answers 0
+    when both tasks point to the same object, else 1 or 2 by an order of the (obfuscated)
+    kernel pointers that is the same for every call: a total order, so the tables already
+    seen can be kept sorted and searched by halves. No CONFIG_KCMP (ENOSYS) or an unknown
+    architecture: no dedupe, every table is read (correct, slower).
     """
     global _kcmp_fn
     if _kcmp_fn is not False:
@@ -126,11 +102,8 @@ def _kcmp() -> Callable[[int, int, int], int] | None:
 
 
 class _Seen:
-    """Kernel objects (fd tables or address spaces) already seen, one task standing for each.
-
-    Kept sorted in kcmp's order. A task that cannot be compared counts as
-    unseen: its object is read, never skipped unread.
-    """
+    """Kernel objects (fd tables) already seen, one task standing for each, sorted in kcmp's order.
+    A task that cannot be compared counts as unseen: its object is read, never skipped unread."""
 
     __slots__ = ("kind", "tasks")
 
@@ -167,12 +140,10 @@ class _Seen:
 def _maps_candidates(maps_path: str, filesystems: set[int]) -> list[str] | None:
     """``start-end`` of the mappings in ``maps_path`` whose file lies on one of ``filesystems``.
 
-    /proc/PID/maps names each mapping's file by the device of the filesystem that
-    holds its inode: only mappings on a filesystem holding one of the device's
-    nodes can be a mapping of the device (only root can mknod a device node).
-    None when the file cannot be read or is empty (a task without an address
-    space: a zombie, a kernel thread). The filesystems are looked for as text,
-    at C speed, so a process with many unrelated mappings costs one read.
+    Only a mapping on a filesystem holding one of the device's nodes can map the device
+    (only root can mknod a device node). None when the file cannot be read or is empty (no
+    address space: a zombie, a kernel thread). The filesystems are looked for as text, at
+    C speed, so a process with many unrelated mappings costs one read.
     """
     try:
         with open(maps_path, "rb") as handle:
@@ -213,30 +184,21 @@ def scan_holders(
 ) -> Scan:
     """Every process (any uid) with one of the char devices ``rdevs`` open or mapped.
 
-    ``filesystems``: st_dev of the filesystems that hold the device's nodes (see
-    :func:`_maps_candidates`). Stops after ``budget_s`` seconds with
-    ``complete=False``. ``skip_root`` leaves out root's processes (for a user's
-    job: root daemons such as nvidia-persistenced keep GPUs open all the time,
-    and no user can make a root process hold an fd it does not accept).
-    ``first_uid``: whose large fd tables are read first (the ended job's user).
-    ``only``: look at these pids alone (do they still hold it?).
+    ``filesystems``: st_dev of the filesystems that hold the device's nodes. Stops after
+    ``budget_s`` seconds with ``complete=False``. ``skip_root`` leaves out root's processes
+    (for a user's job: root daemons such as nvidia-persistenced keep GPUs open, and no user
+    can make a root process hold an fd it does not accept). ``first_uid``: whose large fd
+    tables are read first (the ended job's user). ``only``: look at these pids alone.
 
-    Where a process keeps what it holds. Fds: in the fd table of each of its
-    threads, /proc/PID/task/TID/fd; threads share one table unless one called
-    unshare(CLONE_FILES) (or was cloned without CLONE_FILES), and /proc/PID/fd
-    shows the leader's only, nothing at all once the leader exited alone
-    (SYS_exit leaves a zombie leader whose files and mm are released,
-    kernel/exit.c do_exit). Mappings: in the one address space all threads of
-    a group share (CLONE_THREAD requires CLONE_VM); read through a live thread,
-    /proc/TID/maps and /proc/TID/map_files (a thread's id works as a /proc
-    entry, fs/proc/base.c proc_pid_lookup). Each fd table is read once however
-    many tasks share it (kcmp, see :func:`_kcmp`).
+    Where a process keeps what it holds. Fds: in the fd table of each of its threads,
+    /proc/PID/task/TID/fd (a thread that called unshare(CLONE_FILES) has its own, and
+    /proc/PID/fd shows nothing once the leader exited alone with SYS_exit, kernel/exit.c
+    do_exit). Mappings: in the one address space of the group, read through a live
+    thread (/proc/TID/maps and /proc/TID/map_files, fs/proc/base.c proc_pid_lookup).
+    Each fd table is read once however many tasks share it (:func:`_kcmp`).
 
-    Cost: one stat per fd, about 3 us (a million fds: some 3 s on a quiet
-    2-core machine, 8 to 12 s under load; the kernel's proc lookups dominate,
-    readlink saves a fifth and threads nothing). Large tables (a flood of
-    decoys) are read after everything else, the ``first_uid``'s first, so a
-    flood can leave only large tables unverified when the box runs out.
+    Cost: one stat per fd, about 3 us (docs/security.md). Large tables (a flood of decoys)
+    are read after everything else, so a flood can leave only large tables unverified.
     """
     result = Scan()
     wanted = set(rdevs)
@@ -314,9 +276,9 @@ def _read_heavy_tables(
     wanted: set[int],
     deadline: float,
 ) -> None:
-    """The large fd tables :func:`scan_holders` put off, in ``heavy``'s order (the ended job's user's first,
-    then the smallest), into ``result``: a process counts as scanned once all of its ``pending`` tables are
-    read; once the box runs out, each process whose table is left is unverified."""
+    """The large fd tables :func:`scan_holders` put off, in ``heavy``'s order, into ``result``: a process
+    counts as scanned once all of its ``pending`` tables are read; once the box runs out, each process
+    whose table is left is unverified."""
     for index, (_, _count, pid, _owner, fd_dir) in enumerate(heavy):
         found = _table_holds(fd_dir, wanted, deadline)
         if found is None:
@@ -342,11 +304,8 @@ def _uid(pid: int) -> int | None:
 
 
 def _mapped(pid: int, tids: list[int], wanted: set[int], filesystems: set[int], deadline: float) -> str | None:
-    """'mmap' when the thread group maps one of ``wanted``, else ''; None past the deadline.
-
-    Read through the first thread that still has the address space (a zombie
-    leader has none).
-    """
+    """'mmap' when the thread group maps one of ``wanted``, else ''; None past the deadline (read
+    through the first thread that still has the address space: a zombie leader has none)."""
     for tid in tids:
         spans = _maps_candidates(f"/proc/{pid}/task/{tid}/maps", filesystems)
         if spans is None:
@@ -357,11 +316,8 @@ def _mapped(pid: int, tids: list[int], wanted: set[int], filesystems: set[int], 
 
 
 def _table_holds(fd_dir: str, wanted: set[int], deadline: float) -> bool | None:
-    """Whether the fd table at ``fd_dir`` has one of ``wanted`` open; None past the deadline.
-
-    One open of the directory, then a stat relative to it per fd: the path
-    to the table is resolved once, not once per fd.
-    """
+    """Whether the fd table at ``fd_dir`` has one of ``wanted`` open; None past the deadline (the
+    directory is opened once, then each fd is a stat relative to it)."""
     try:
         dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
@@ -403,17 +359,10 @@ def _any_device(paths: list[str], wanted: set[int], deadline: float) -> bool | N
 # ---- job steps ---------------------------------------------------------------------
 
 
-def _exe_key(pid: int | str) -> tuple[int, int] | None:
+def _file_key(path: str) -> tuple[int, int] | None:
+    """(st_dev, st_ino) of the file ``path`` leads to, None if there is none."""
     try:
-        info = os.stat(f"/proc/{pid}/exe")
-    except OSError:
-        return None
-    return info.st_dev, info.st_ino
-
-
-def _stepd_beside(exe: str) -> tuple[int, int] | None:
-    try:
-        info = os.stat(os.path.join(os.path.dirname(exe), "slurmstepd"))
+        info = os.stat(path)
     except OSError:
         return None
     return info.st_dev, info.st_ino
@@ -421,15 +370,13 @@ def _stepd_beside(exe: str) -> tuple[int, int] | None:
 
 def slurmstepd_files() -> set[tuple[int, int]]:
     """(st_dev, st_ino) of the slurmstepd beside each running slurmd (root's).
-
-    slurmd starts steps from the slurmstepd in its own sbin directory, so the
-    file is found from the daemon, wherever Slurm is installed (/usr/sbin,
-    /opt/slurm-25.11/sbin...). Not cached: Slurm may be upgraded under a long-lived process (the node
-    agent's workers), and a stale answer would hide a live job's steps.
-    """
+    slurmd starts steps from the slurmstepd in its own sbin directory, wherever Slurm is
+    installed. Not cached: Slurm may be upgraded under a long-lived process (the node
+    agent's workers), and a stale answer would hide a live job's steps."""
     from ..slurm.installation import running_daemons  # the one scan for Slurm's daemons
 
-    return {key for _, _, exe, _ in running_daemons(("slurmd",)) if (key := _stepd_beside(exe)) is not None}
+    beside = (os.path.join(os.path.dirname(exe), "slurmstepd") for _, _, exe, _ in running_daemons(("slurmd",)))
+    return {key for path in beside if (key := _file_key(path)) is not None}
 
 
 def is_slurmstepd(pid: int, known: set[tuple[int, int]] | None = None) -> bool:
@@ -450,7 +397,7 @@ def is_slurmstepd(pid: int, known: set[tuple[int, int]] | None = None) -> bool:
             return os.path.basename(os.readlink(f"/proc/{pid}/exe")).split(" ")[0] == "slurmstepd"
         except OSError:
             return False
-    key = _exe_key(pid)
+    key = _file_key(f"/proc/{pid}/exe")
     return key is not None and key in known
 
 

@@ -1,73 +1,51 @@
 """Revocation: making every open fd and mapping of a device useless at job end.
 
-A file mode only stops *new* opens. An fd opened during the job survives a chown;
-it can be handed to any process over a Unix socket (SCM_RIGHTS), where no /proc
-scan sees it while it is in flight, and an ``mmap`` outlives its fd. Only the
-kernel can be made to forget such fds, and how depends on the driver. What
-follows was read in the kernel's and the driver's own code (function names are
-given so the next engineer can check them against a newer release).
+A file mode only stops *new* opens: an fd opened during the job survives a chown, can
+be in flight over a Unix socket (SCM_RIGHTS) where no /proc scan sees it, and an
+``mmap`` outlives its fd. docs/security.md says what each method covers; what follows
+was read in the kernel's and the driver's code (function names given, to check them
+against a newer release).
 
 USB Edge TPU (usbfs, /dev/bus/usb/BBB/DDD) — chosen: the hub port's ``disable``
 attribute (drivers/usb/core/port.c ``disable_store()``, since Linux 4.20,
 commit f061f43d7418 "usb: hub: port: add sysfs entry to switch port power"):
 
-* writing ``1`` calls ``usb_disconnect(&port_dev->child)`` before the write
-  returns. That destroys the ``usb_device``: the USB_DEVICE_REMOVE notifier runs
-  drivers/usb/core/devio.c ``usbdev_remove()``, which takes every open file's
-  ``usb_dev_state`` off ``udev->filelist``; from then on devio.c ``connected()``
-  is false and every usbfs ioctl (``usbdev_do_ioctl()``) fails with ENODEV —
-  for every fd on the device, whoever holds it, in flight or not. A usbfs
-  mapping (``usbdev_mmap()``) is the fd's own DMA buffer, never device memory, so
-  it cannot reach the device either.
-* writing ``0`` powers the port again; hub_wq sees the connection change and
-  enumerates a *new* usb_device (new devnum, new /dev/bus/usb node): the stick
-  comes back as 1a6e:089a without firmware, as after libedgetpu's own reset, and
-  udev runs ``slurm-tpu udev-event`` for it, which finishes the release
-  (slurm_tpu/hooks/udev_event.py).
+* writing ``1`` calls ``usb_disconnect(&port_dev->child)`` before the write returns,
+  destroying the ``usb_device``: devio.c ``usbdev_remove()`` takes every open file's
+  ``usb_dev_state`` off ``udev->filelist``, so ``connected()`` is false and every usbfs
+  ioctl (``usbdev_do_ioctl()``) fails with ENODEV, for every fd, in flight or not. A
+  usbfs mapping (``usbdev_mmap()``) is the fd's own DMA buffer, never device memory.
+* writing ``0`` powers the port again; hub_wq enumerates a *new* usb_device, and udev
+  runs ``slurm-tpu udev-event`` for it, which finishes the release.
 
-Rejected: ``authorized`` 0 then 1 (drivers/usb/core/hub.c
-``usb_deauthorize_device()`` / ``usb_authorize_device()`` only unconfigure and
-reconfigure the *same* usb_device: its usbfs fds stay on ``filelist`` and work
-again); ``USBDEVFS_RESET`` (hub.c ``usb_reset_device()`` keeps the usb_device
-unless its descriptors changed); the device's ``remove`` attribute
-(drivers/usb/core/sysfs.c ``remove_store()`` -> hub.c ``usb_remove_device()``
-sets ``hub->removed_bits``, and hub.c only forgets that on a *physical*
-connect change: the stick would stay gone until someone replugs it). A hub
-without per-port power switching still disconnects on ``1`` (usb_disconnect
-comes first) but may not re-enumerate on ``0``: the next job's prolog then says
-so and the node is drained, isolation intact.
+Rejected: ``authorized`` 0 then 1 (hub.c ``usb_deauthorize_device()`` /
+``usb_authorize_device()`` reconfigure the *same* usb_device: its fds work again);
+``USBDEVFS_RESET`` (hub.c ``usb_reset_device()`` keeps the usb_device unless its
+descriptors changed); the device's ``remove`` attribute (sysfs.c ``remove_store()`` ->
+hub.c ``usb_remove_device()`` sets ``hub->removed_bits``, forgotten only on a *physical*
+connect change). A hub without per-port power switching still disconnects on ``1`` but
+may not re-enumerate on ``0``: the next job's prolog then fails, isolation intact.
 
 PCIe Edge TPU (google/gasket-driver, ``apex`` on ``gasket``) — no revocation is
 safe, so the driver's own count is checked instead:
 
-* unbinding the driver frees the device under open files: apex_driver.c
-  ``apex_pci_remove()`` -> gasket_core.c ``gasket_pci_remove_device()`` ->
-  ``__gasket_remove_device()`` -> ``gasket_free_dev()`` ``kfree()``s the
-  gasket_dev that every open file's ``private_data`` still points to (no
-  reference count): a later ioctl or close is a use-after-free in the kernel;
+* unbinding the driver (apex_driver.c ``apex_pci_remove()`` -> gasket_core.c
+  ``gasket_pci_remove_device()`` -> ``gasket_free_dev()``) ``kfree()``s the gasket_dev
+  every open file's ``private_data`` still points to: a later ioctl or close is a
+  use-after-free in the kernel;
 * a PCI function reset leaves the driver bound; fds, ioctls and BAR mappings
-  (gasket_core.c ``gasket_mmap()``) keep working.
-* gasket_core.c ``gasket_open()`` makes the first writer the owner and refuses
-  other writers EPERM; ``gasket_release()`` decrements ``write_open_count`` and,
-  at 0, resets the chip and unmaps its page tables. sysfs ``write_open_count``
-  (``gasket_sysfs_data_show()``) therefore counts every writable open file,
-  including one in flight over SCM_RIGHTS and one kept alive by a mapping
-  (a vma holds its file). A non-zero count after the job is a holder the /proc
-  scan cannot see, and the epilog drains the node. Read-only opens are not
-  counted (``gasket_open()`` allows them to anyone who passes the file mode,
-  and ``gasket_mmap_has_permissions()`` lets them map BARs read-only): a
-  read-only fd smuggled out of a job is a residual, read-only exposure.
+  (``gasket_mmap()``) keep working.
+* ``gasket_open()`` makes the first writer the owner and refuses other writers EPERM;
+  ``gasket_release()`` decrements ``write_open_count``. So sysfs ``write_open_count``
+  (``gasket_sysfs_data_show()``) counts every writable open file, one in flight over
+  SCM_RIGHTS or kept alive by a mapping (a vma holds its file) too. Read-only opens are
+  not counted (``gasket_mmap_has_permissions()`` lets them map BARs read-only): the
+  residual, read-only exposure.
 
-GPUs: not revoked (the NVIDIA driver offers no per-fd revocation); the
-ownership change and the holder scan are all there is.
-
-Which method applies to a device is its family's ``revocation`` (bus -> method,
-slurm_tpu/families/; the hooks get it through their snapshot): ``usb-port``
-(:func:`disconnect_usb`), ``gasket-writers`` (holder scan + :func:`gasket_writers`),
-anything else the holder scan alone. A family module that leases devices says
-there, with the driver code it read, why its method is the right one.
-
-``sysfs_root`` is a parameter so tests can point it at a materialized testbed.
+Which method applies to a device is its family's ``revocation`` (slurm_tpu/families/,
+where each family says why): ``usb-port`` (:func:`disconnect_usb`), ``gasket-writers``
+(holder scan + :func:`gasket_writers`), anything else the holder scan alone. GPUs are
+not revoked (no per-fd revocation in the driver).
 """
 
 from __future__ import annotations
@@ -84,15 +62,6 @@ DISCONNECT_WAIT_S = 10.0
 
 class RevokeError(Exception):
     """Revocation could not be done or verified; the message is the drain reason."""
-
-
-def usb_port_path(identity: str) -> str:
-    """``usb-2-1.3`` -> ``2-1.3`` (the sysfs name, the topology path)."""
-    return identity[len("usb-") :]
-
-
-def usb_device_dir(sysfs_root: str, identity: str) -> str:
-    return os.path.join(sysfs_root, "bus", "usb", "devices", usb_port_path(identity))
 
 
 def _write_attribute(path: str, value: bytes, identity: str) -> None:
@@ -116,11 +85,10 @@ def _write_attribute(path: str, value: bytes, identity: str) -> None:
 def disconnect_usb(sysfs_root: str, identity: str, wait_s: float = DISCONNECT_WAIT_S) -> int | None:
     """Destroy the stick's usb_device (every usbfs fd on it dies), then power its port again.
 
-    Returns the devnum the device had (for the audit), or None when it was
-    already gone (nothing left to revoke). Raises RevokeError when the
-    disconnect cannot be done or is not seen in sysfs within ``wait_s``.
-    """
-    device = usb_device_dir(sysfs_root, identity)
+    Returns the devnum the device had (for the audit), or None when it was already gone. Raises
+    RevokeError when the disconnect cannot be done or is not seen in sysfs within ``wait_s``."""
+    # usb-2-1.3 -> 2-1.3: the sysfs name, the topology path.
+    device = os.path.join(sysfs_root, "bus", "usb", "devices", identity[len("usb-") :])
     try:
         # The kernel's own link from the device to its hub port; resolved now,
         # because the device directory (and the link) goes with the disconnect.
@@ -163,11 +131,8 @@ def _devnum(device: str) -> int:
 
 def gasket_writers(sysfs_root: str, node: str) -> int | None:
     """How many writable files the apex driver counts open on ``/dev/apex_N``; None if unknown.
-
-    One read(2): sysfs makes an attribute's whole text at the first read of an open
-    file (fs/sysfs/file.c sysfs_kf_seq_show(), at most a page), so reading on to
-    EOF, as a buffered reader does, only costs a second call into the filesystem.
-    """
+    One read(2): sysfs makes an attribute's whole text at the first read (fs/sysfs/file.c
+    sysfs_kf_seq_show(), at most a page)."""
     path = os.path.join(sysfs_root, "class", "apex", os.path.basename(node), "write_open_count")
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)

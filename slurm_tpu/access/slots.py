@@ -1,10 +1,8 @@
-"""Slot nodes: the stable device paths gres.conf names for Edge TPUs.
+"""Slot nodes: the stable device paths gres.conf names for Edge TPUs (docs/architecture.md).
 
-A slot is a character device node ``<slot_dir>/<identity>``, root:root 0600, made
-with the major:minor of the device's current node. It is re-pointed (atomically,
-by mknod + rename) whenever udev reports the device again, and never deleted on
-unplug: slurmd must never find a ``File=`` path missing. Nobody opens a slot; the
-runtime opens the real node, whose ownership the lease hooks manage.
+A slot is a char device node ``<slot_dir>/<identity>``, root:root 0600, with the major:minor
+of the device's current node, re-pointed (mknod + rename) whenever udev reports the device
+again and never deleted: slurmd must never find a ``File=`` path missing. Nobody opens a slot.
 """
 
 from __future__ import annotations
@@ -14,25 +12,23 @@ import stat
 
 from ..errors import DeviceError
 from ..identity import is_identity
-from .ownership import strip_acl
+from .ownership import node_state, strip_acl
 
 
-def check_identity(identity: str) -> str:
-    """Return ``identity`` if it is a well-formed accelerator identity (slurm_tpu/identity.py), else raise."""
+def _slot_path(slot_dir: str, identity: str) -> str:
+    """``<slot_dir>/<identity>`` for a well-formed identity (slurm_tpu/identity.py), the directory made
+    if missing; DeviceError for a bad identity or a slot directory that is no plain directory."""
     if not is_identity(identity):
         raise DeviceError(f"'{identity}' is not an accelerator identity (e.g. usb-2-1.3, pci-0000:03:00.0)", identity)
-    return identity
-
-
-def _ensure_dir(slot_dir: str) -> None:
     try:
         info = os.lstat(slot_dir)
     except FileNotFoundError:
         os.makedirs(slot_dir, mode=0o755, exist_ok=True)
-        return
-    if not stat.S_ISDIR(info.st_mode):
-        # A planted symlink or file here must not redirect our mknod/rename.
-        raise DeviceError(f"slot directory {slot_dir} is not a plain directory; remove it", slot_dir)
+    else:
+        if not stat.S_ISDIR(info.st_mode):
+            # A planted symlink or file here must not redirect our mknod/rename.
+            raise DeviceError(f"slot directory {slot_dir} is not a plain directory; remove it", slot_dir)
+    return os.path.join(slot_dir, identity)
 
 
 # An inert placeholder: char 0:0 reaches no driver (open gives ENXIO). Used for a
@@ -62,38 +58,24 @@ def _make_slot(slot_dir: str, identity: str, rdev: int) -> None:
 
 def ensure_placeholder_slot(slot_dir: str, identity: str) -> bool:
     """Make sure ``<slot_dir>/<identity>`` exists; create an inert node if not. True if created."""
-    check_identity(identity)
-    _ensure_dir(slot_dir)
-    if os.path.lexists(os.path.join(slot_dir, identity)):
+    if os.path.lexists(_slot_path(slot_dir, identity)):
         return False
     _make_slot(slot_dir, identity, PLACEHOLDER_RDEV)
     return True
 
 
 def ensure_slot(slot_dir: str, identity: str, device_node: str) -> bool:
-    """Make ``<slot_dir>/<identity>`` a node with ``device_node``'s major:minor.
-
-    Returns True when the slot was created or re-pointed, False when it was right.
-    """
-    check_identity(identity)
-    _ensure_dir(slot_dir)
+    """Make ``<slot_dir>/<identity>`` a node with ``device_node``'s major:minor; True when the slot
+    was created or re-pointed, False when it was right."""
+    path = _slot_path(slot_dir, identity)
     try:
         source = os.stat(device_node)
     except OSError as exc:
         raise DeviceError(f"{identity}: cannot stat its device node {device_node}: {exc.strerror}", identity) from exc
     if not stat.S_ISCHR(source.st_mode):
         raise DeviceError(f"{identity}: {device_node} is not a character device", identity)
-    path = os.path.join(slot_dir, identity)
-    try:
-        current = os.lstat(path)
-        if (
-            stat.S_ISCHR(current.st_mode)
-            and current.st_rdev == source.st_rdev
-            and stat.S_IMODE(current.st_mode) == 0o600
-            and current.st_uid == 0
-        ):
-            return False
-    except FileNotFoundError:
-        pass
+    current = node_state(path)
+    if current is not None and (current.rdev, current.mode, current.uid) == (source.st_rdev, 0o600, 0):
+        return False
     _make_slot(slot_dir, identity, source.st_rdev)
     return True

@@ -1,11 +1,8 @@
 """Safe file operations inside the root-owned state directory (/run/slurm-tpu).
 
-Everything here works relative to an open directory descriptor with
-``O_NOFOLLOW``: a symlink planted in the state directory (or in place of it) is
-refused, never followed, so root hooks cannot be tricked into writing, reading
-or chowning something outside it. Writes are atomic (temp file + rename, or
-temp file + ``link()`` for an exclusive create) so a crash leaves either the old
-or the new file, never half of one.
+Everything works relative to an open directory descriptor with ``O_NOFOLLOW``: a planted
+symlink is refused, never followed. Writes are atomic (temp file + rename, or + ``link()``
+for an exclusive create): a crash leaves the old or the new file, never half of one.
 """
 
 from __future__ import annotations
@@ -42,20 +39,16 @@ def _check_dir(fd: int, path: str, require_root: bool) -> None:
 
 
 def open_dir(path: str, create: bool = False, parent_fd: int | None = None, require_root: bool = True) -> int:
-    """Open a directory without following a symlink at its last component.
-
-    ``parent_fd`` opens ``path`` relative to an already-checked directory.
-    ``create`` makes it (mode 0755) when missing. Returns a descriptor the caller
-    closes. Raises :class:`StateDirError` for symlinks, files, or unsafe owners.
-    """
-    shown = path
+    """Open a directory (a descriptor the caller closes) without following a symlink at its last
+    component, relative to ``parent_fd`` if given; ``create`` makes it (0755) when missing.
+    Raises :class:`StateDirError` for symlinks, files, or unsafe owners."""
     for attempt in range(2):
         try:
             fd = os.open(path, _DIR_FLAGS, dir_fd=parent_fd)
             break
         except FileNotFoundError:
             if not create or attempt:
-                raise StateDirError(f"{shown} does not exist", shown) from None
+                raise StateDirError(f"{path} does not exist", path) from None
             try:
                 if parent_fd is None:
                     os.makedirs(path, mode=0o755, exist_ok=True)
@@ -66,12 +59,12 @@ def open_dir(path: str, create: bool = False, parent_fd: int | None = None, requ
         except OSError as exc:
             if exc.errno in (errno.ELOOP, errno.ENOTDIR):
                 raise StateDirError(
-                    f"{shown} is a symlink or not a directory; refusing to use it (remove it, slurm-tpu recreates it)",
-                    shown,
+                    f"{path} is a symlink or not a directory; refusing to use it (remove it, slurm-tpu recreates it)",
+                    path,
                 ) from exc
-            raise StateDirError(f"cannot open {shown}: {exc.strerror}", shown) from exc
+            raise StateDirError(f"cannot open {path}: {exc.strerror}", path) from exc
     try:
-        _check_dir(fd, shown, require_root)
+        _check_dir(fd, path, require_root)
     except BaseException:
         os.close(fd)
         raise
@@ -99,17 +92,12 @@ def read_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise StateDirError(f"{name} in the state directory is not a regular file", name)
-        chunks = []
-        size = 0
-        while True:
-            chunk = os.read(fd, 65536)
-            if not chunk:
-                break
-            size += len(chunk)
-            if size > limit:
+        data = bytearray()
+        while chunk := os.read(fd, 65536):
+            data += chunk
+            if len(data) > limit:
                 raise StateDirError(f"{name} in the state directory is larger than {limit} bytes", name)
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return bytes(data)
     finally:
         os.close(fd)
 
@@ -146,12 +134,8 @@ def write_atomic(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> None
 
 
 def create_exclusive(dir_fd: int, name: str, data: bytes, mode: int = 0o644) -> bool:
-    """Create ``name`` holding ``data`` only if nothing (not even a symlink) is there.
-
-    The content is complete before the name appears (``link()`` of a finished
-    temp file), so a reader or a crash never sees a half-written file. Returns
-    False when ``name`` already exists.
-    """
+    """Create ``name`` holding ``data`` only if nothing (not even a symlink) is there; False when
+    something is. The content is complete before the name appears (``link()`` of a temp file)."""
     tmp = _write_temp(dir_fd, name, data, mode)
     try:
         os.link(tmp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd, follow_symlinks=False)

@@ -1,29 +1,18 @@
 """Slurm and udev hooks: prolog, epilog, task-prolog, udev event, and the node agent that runs them.
 
-They run as root on every job, so they import little (no click, pyudev,
-json, re, dataclasses, typing, enum or subprocess per job; yaml only when the
-settings snapshot must be rebuilt, see settings.py), ask Slurm at most once (the
-prolog, and only on nodes with leasable devices), never hand job-controlled
-strings to a shell, never follow symlinks in the state directory, and only touch
-device nodes the node's inventory file lists. The task-prolog is a POSIX sh script
+They run as root on every job, so they import little, ask Slurm at most once (the
+prolog, and only on nodes with leasable devices), never hand job-controlled strings
+to a shell, never follow symlinks in the state directory, and only touch device
+nodes the node's inventory file lists. The task-prolog is a POSIX sh script
 (prolog/slurm-tpu-task-prolog) printing what the prolog prepared (protocol/envfile.py).
-Each entry point returns an exit status; messages are one line each.
 
-The fast path
--------------
-:data:`FAST_PATH` is every module a root hook loads for a job or a device event
-when nothing changed (the hooks' snapshot is current): the entry scripts
-(prolog/slurm-tpu-prolog, epilog/slurm-tpu-epilog, the udev hook) and the
-node agent's workers. It spans several packages (the formats in protocol/, the
-ledger and ownership in access/, the Slurm query in slurm/), so it is declared
-here, in one list, rather than by a folder. The rule for these modules: at module
-level they import only :data:`FAST_PATH_STDLIB` and each other; anything else
-(json, re, typing, yaml, subprocess, the families, the config...) is imported
-inside the function that needs it, off the per-job path (annotations use
-``TYPE_CHECKING = False`` / ``if TYPE_CHECKING:``). tests/test_fast_path.py checks
-the rule from the source, naming module and line; tests/test_hooks_import_budget.py
-measures what real hooks under slurmd import (``-X importtime``). A module that
-joins the fast path (a hook imports it per job) is added here.
+:data:`FAST_PATH` is every module a root hook (or the agent's worker) loads for a job or
+a device event when the hooks' snapshot is current, across packages. At module level
+they import only :data:`FAST_PATH_STDLIB` and each other; anything else (json, re,
+typing, yaml, subprocess, the families, the config...) is imported inside the function
+that needs it (annotations: ``TYPE_CHECKING = False`` / ``if TYPE_CHECKING:``).
+tests/test_fast_path.py checks the rule; tests/test_hooks_import_budget.py measures
+what real hooks import. A module a hook imports per job is added here.
 """
 
 # Lowest layer first (see tests/test_import_graph.py LAYERS).

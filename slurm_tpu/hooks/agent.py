@@ -1,53 +1,18 @@
 """The node's resident slurm-tpu agent: the root hooks' work without a Python start per hook.
 
-Two interpreter starts per job (prolog, epilog) plus two per revoked USB stick
-(udev remove/add) cost most of what a job may spend in its hooks. The agent is one
-root process per node (``systemd/slurm-tpu-agent``; LocalCluster starts one per
-node, a site runs it as a service) that has imported everything the hooks need
-once. The hooks become thin clients (``hook_client/slurm-tpu-hook-client``, ~150 lines
-of C, see its source): each connects to ``<state_dir>/agent.sock`` and hands over
-its environment; one of the agent's workers runs the very same hook code
-(prolog.main, epilog.main, udev_event.main) with it and answers with the hook's
-messages and exit status, which the client writes to its stderr and exits with.
+One root process per node (``systemd/slurm-tpu-agent``) that has imported everything the hooks
+need once. The hooks become thin C clients (``hook_client/slurm-tpu-hook-client``) that connect to
+``<state_dir>/agent.sock`` and hand over their environment; a pre-forked worker runs the very same
+hook code (prolog.main, epilog.main, udev_event.main) with it and answers with the hook's messages
+and exit status (wire format: protocol/agent_wire.py). docs/architecture.md ("The node agent")
+gives the design: why workers and not threads, the worker pool, what is put back after each hook.
 
-Workers are forked ahead (:data:`IDLE_WORKERS` wait in ``accept()`` on the shared listening
-socket), so a hook never waits for a fork, and each serves hook after hook (up to
-:data:`MAX_REQUESTS`), so a hook pays for no fork, exit or first-touch page copies either:
-forking the agent and copying the pages a hook writes cost about 2 ms of CPU per hook on a
-2-core node, taken from the job starting beside it. After each hook the worker puts back its
-standard descriptors, working directory and umask, and ends instead when the hook raised or left a
-descriptor open (a fresh worker serves on); each hook's environment replaces the last one's,
-variable by variable. Everything else a hook learns lives on its run (hooks/context.py HookRun). It
-tells the agent, on a pipe, when it takes a connection, is idle again, or ends; the agent forks
-a replacement once no worker is busy (so a fork never takes the CPU from a hook in flight), or
-at once when none would be left waiting: such an extra worker serves one hook. The agent freezes
-its heap before forking (``gc.freeze``), so a worker's garbage collections never touch, and
-copy, the pages of everything the agent imported. An idle worker exits when the agent's end of a
-second pipe closes: when the agent stops, and also when it dies, so a dead agent's socket is
-refused by the kernel (the hooks then refuse the job, as before; a worker busy at that moment
-finishes its hook first).
-
-Why worker processes, not threads or an in-memory ledger: the ledger on disk stays
-the only truth (the worker writes it before it answers, so an agent crash or restart
-loses no lease, and the Python hooks, the fallback, share it under the same flock);
-a prolog waiting for a revoked USB stick never holds up a job on another device
-(workers run side by side); and a worker that fails harms no other request. A lease
-records the hook client's pid as its prolog's (leasing.holder_alive: the process
-Slurm started for the prolog, as the Python prolog records itself), since the worker
-outlives the prolog; every change the worker makes to a device after its claim checks
-the lease is still this prolog's (leasing._current).
-
-Wire format: slurm_tpu/protocol/agent_wire.py (a length, the hook and its
-environment; the answer: a length, the hook's messages, its exit status). Nothing
-of the client's (slurmd's output pipe) is held by the agent: a hung worker cannot
-keep slurmd waiting past the client's own time limit.
-
-Safety: the socket is created 0600 in the root-owned state directory, and every
-connection's SO_PEERCRED must be uid 0, or it is closed unread; reads are bounded
-(size and time); no string of the request reaches a shell (it becomes the hook's
-environment, as slurmd's would). A prolog worker whose client is gone by the time
-the devices are leased (slurmd killed the prolog, the client timed out) gives
-them back at once (:func:`_client_gone`), so a job that was refused never keeps them.
+Safety: the socket is 0600 in the root-owned state directory, every connection's SO_PEERCRED must
+be uid 0 or it is closed unread, reads are bounded (size and time), and no string of the request
+reaches a shell (it becomes the hook's environment, as slurmd's would). The ledger on disk stays
+the only truth (written before the answer, under the same flock as the Python hooks), so an agent
+crash loses no lease. A prolog worker whose client is gone once the devices are leased gives them
+back at once (:func:`_client_gone`): a job that was refused never keeps them.
 """
 
 from __future__ import annotations
@@ -61,6 +26,7 @@ import sys
 import time
 
 from ..protocol.agent_wire import MAX_OUTPUT, PIDFILE, SOCKET, encode_answer, parse_request, request_length
+from . import agent_query
 from .context import say
 from .probe import Probe
 
@@ -69,9 +35,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 READ_TIMEOUT_S = 5.0
-# Workers waiting for a connection. Three: a node's jobs start and end together (an array's tasks
-# are dispatched together: on a 2-device node, two prologs, then two epilogs), and the workers are
-# replaced only once none is busy, or at once when the last one is taken.
+# Workers waiting for a connection: a node's jobs start and end together (on a 2-device node, two
+# prologs, then two epilogs), and workers are replaced once none is busy (or the last one is taken).
 IDLE_WORKERS = 3
 _UCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # A worker's message on the pool pipe: its pid and its state (one write, atomic: under PIPE_BUF).
@@ -91,12 +56,7 @@ class BadRequest(Exception):
 def preload() -> None:
     """Import what the hooks import lazily, so that no worker pays for it (the point of the agent)."""
     from ..access import ledger, node_inventory, ownership, processes, revoke, slots  # noqa: F401
-    from ..protocol import (  # noqa: F401
-        audit,
-        envfile,
-        hooks_snapshot,
-        usage,
-    )
+    from ..protocol import audit, envfile, hooks_snapshot, usage  # noqa: F401
     from ..slurm import commands, installation, jobdetail  # noqa: F401
     from . import agent_query, allocation, epilog, jobusage, leasing, prolog, settings, udev_event  # noqa: F401
 
@@ -110,18 +70,17 @@ def _peer(conn: socket.socket) -> tuple[int, int]:
 
 
 def _recv_exact(conn: socket.socket, count: int, deadline: float) -> bytes:
-    chunks, got = [], 0
-    while got < count:
+    data = bytearray()
+    while len(data) < count:
         left = deadline - time.monotonic()
         if left <= 0:
             raise BadRequest(f"request not complete within {READ_TIMEOUT_S:g} s")
         conn.settimeout(left)
-        chunk = conn.recv(count - got)
+        chunk = conn.recv(count - len(data))
         if not chunk:
             raise BadRequest("client closed the connection mid-request")
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)
+        data += chunk
+    return bytes(data)
 
 
 def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
@@ -130,12 +89,7 @@ def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
     deadline = time.monotonic() + READ_TIMEOUT_S
     conn.settimeout(READ_TIMEOUT_S)
     head, ancillary, flags, _ = conn.recvmsg(4, socket.CMSG_SPACE(16 * 4))
-    fds = [
-        fd
-        for level, kind, data in ancillary
-        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-        for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
-    ]
+    fds = agent_query.received_fds(ancillary)
     for fd in fds:
         os.close(fd)
     if fds or flags & socket.MSG_CTRUNC:
@@ -160,7 +114,6 @@ def _client_gone(conn: socket.socket) -> bool:
 
 def _resident_scontrol(queries: socket.socket, environ: dict[str, str], timing: Probe):
     """A ``Slurm.detail_source`` asking the agent's query helper (agent_query.py) for this hook's Slurm."""
-    from . import agent_query
 
     def source(scontrol: str, selector: str) -> str | None:
         answer = agent_query.ask(queries, selector, environ)
@@ -183,10 +136,8 @@ def run_hook(
     """Run one hook in this (worker) process, as its Python entry script would; returns its status.
 
     ``answer``: lets the epilog answer its client before it releases (hooks/epilog.py says why).
-    ``woke``: when the worker woke for this request and (step, when it ended) since, for the probe.
-    ``client_pid``: the hook client's (SO_PEERCRED): the process Slurm started for this prolog, which
-    its leases record as such (leasing.acquire), as the Python prolog records itself; this worker
-    serves other hooks after it.
+    ``woke``: see :data:`Woke`. ``client_pid``: the hook client's (SO_PEERCRED), the process Slurm
+    started for this prolog, which its leases record (leasing.acquire): this worker outlives it.
     """
     now = time.time()
     timing = Probe(environ, woke[0] or now, (*woke[1], ("environ", now)) if woke[0] else ())
@@ -220,19 +171,14 @@ def _idle_worker(
     listener: socket.socket, queries: socket.socket | None, pool_pipe: int, agent_alive: int, keep: bool
 ) -> None:
     """A forked worker: serve connections one at a time, telling the agent, until it must end (never returns).
-
-    ``pool_pipe``: where it tells the agent it took a connection, is idle again, or ends (:func:`_tell_pool`);
-    ``agent_alive``: readable (EOF) once the agent stopped or died, and then it exits unused. ``keep``: it
-    serves up to :data:`MAX_REQUESTS` hooks; else (a worker forked while all the kept ones were busy) one.
-    It also ends after a hook that failed or left a descriptor open (:func:`_serve`, :func:`_open_fds`).
-    """
+    ``agent_alive``: reads EOF once the agent stopped or died, and then it exits unused. ``keep``: it
+    serves up to :data:`MAX_REQUESTS` hooks, else one (forked while all the kept ones were busy). It
+    also ends after a hook that failed or left a descriptor open."""
     try:
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
             signal.signal(sig, signal.SIG_DFL)
-        # What each hook's run changes, and is put back after it: the standard descriptors (the
-        # agent's log). The environment is not put back: the next hook's replaces this one's
-        # (_serve, _set_environ), and going from one hook's to the next costs the few variables
-        # that differ (job id, user...) where a round trip through the agent's cost them all twice.
+        # Put back after each hook: the standard descriptors (the agent's log). The environment
+        # is not: the next hook's replaces this one's variable by variable (_set_environ).
         standard = [os.dup(fd) for fd in (0, 1, 2)]
         # One idle worker woken per connection (EPOLLEXCLUSIVE), not every one of them to race for it.
         poller = select.epoll()
@@ -240,8 +186,7 @@ def _idle_worker(
         poller.register(agent_alive, select.EPOLLIN)
         _warm_up()
         idle_fds = _open_fds()
-        # Where each hook starts, as the agent's own: a hook that moved (chdir) or changed its umask
-        # leaves the next one nothing.
+        # A hook that moved (chdir) or changed its umask leaves the next one nothing.
         cwd, umask = os.getcwd(), os.umask(0o022)
         os.umask(umask)
         limit = MAX_REQUESTS if keep else 1
@@ -266,8 +211,8 @@ def _idle_worker(
 
 
 def _next_connection(listener: socket.socket, agent_alive: int, poller: select.epoll) -> tuple[socket.socket, Woke]:
-    """The next hook's connection (a root peer's or not: :func:`_serve` checks), and when this worker woke
-    for it and accepted it (see run_hook); exits the worker once the agent is gone (its pipe reads EOF)."""
+    """The next hook's connection (its peer unchecked: :func:`_serve` checks) and its :data:`Woke`;
+    exits the worker once the agent is gone (its pipe reads EOF)."""
     while True:
         try:
             events = poller.poll()
@@ -296,7 +241,7 @@ def _open_fds() -> list[str]:
 
 def _set_environ(target: dict[str, str]) -> None:
     """Make this process's environment ``target``, changing only what differs (each change is a
-    putenv or unsetenv: the hook's environment and the agent's share most of their variables)."""
+    putenv or unsetenv, and consecutive hooks share most of their variables)."""
     for name in [name for name in os.environ if name not in target]:
         del os.environ[name]
     for name, value in target.items():
@@ -305,8 +250,7 @@ def _set_environ(target: dict[str, str]) -> None:
 
 
 def _tell_pool(pool_pipe: int, state: int) -> None:
-    """Tell the agent, on the worker's end of its pipe, that this worker took a connection (TAKEN), is
-    idle again, or ends."""
+    """Tell the agent that this worker took a connection (TAKEN), is idle again, or ends."""
     try:
         os.write(pool_pipe, _POOL_MESSAGE.pack(os.getpid(), state))
     except OSError:
@@ -315,13 +259,9 @@ def _tell_pool(pool_pipe: int, state: int) -> None:
 
 def _warm_up() -> None:
     """Read the node's settings once, and forget them, before any hook asks.
-
     A fresh worker's first run through the hook code copies the agent's pages it writes
-    (reference counts), a fault each: measured, the settings step took 0.75 ms in a new
-    worker against 0.19 ms in a warm one. Done here, while the worker waits, that cost
-    is off the hook's path. Read-only but for what a hook would write itself (a stale
-    snapshot rebuilt); the hook reads its own settings again from its own environment.
-    """
+    (reference counts), a fault each: the settings step took 0.75 ms in a new worker against
+    0.19 ms in a warm one. Done here, while the worker waits, that cost is off the hook's path."""
     from . import settings as hook_settings
     from .context import node_from_env
 
@@ -333,21 +273,31 @@ def _warm_up() -> None:
 
 def _serve(conn: socket.socket, queries: socket.socket | None, log: int, woke: Woke = (0.0, ())) -> bool:
     """Serve one accepted connection: check the peer, read, run, answer, close it; whether the worker may
-    serve another (False after a hook that raised). ``log``: the agent's log, where a worker that already
-    answered says what it has to say. ``woke``: when the worker woke for it (see run_hook)."""
+    serve another (False after a hook that raised). ``log``: the agent's log, for what an epilog says
+    after it answered."""
     status, output, clean = 1, -1, True
     answered = False
     environ: dict[str, str] = {}
 
-    def answer_now() -> None:
-        """Send the hook's status (0) and its messages so far; the worker goes on, its client is done."""
-        nonlocal answered
-        sys.stdout.flush()
-        sys.stderr.flush()
+    def send(status: int) -> None:
+        """Send ``status`` and the hook's messages so far."""
+        text = b""
         try:
-            conn.sendall(encode_answer(0, os.pread(output, MAX_OUTPUT, 0)))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            if output >= 0:
+                text = os.pread(output, MAX_OUTPUT, 0)
+        except (OSError, ValueError):
+            pass
+        try:
+            conn.sendall(encode_answer(status, text))
         except OSError:
-            pass  # the client is gone: the release goes on all the same
+            pass  # the client is gone: the hook's work goes on all the same
+
+    def answer_now() -> None:
+        """Send status 0 and the hook's messages so far; the worker goes on, its client is done."""
+        nonlocal answered
+        send(0)
         answered = True
         os.dup2(log, 1)
         os.dup2(log, 2)
@@ -380,23 +330,11 @@ def _serve(conn: socket.socket, queries: socket.socket | None, log: int, woke: W
         say(f"agent: worker failed: {type(exc).__name__}: {exc}")
         status, clean = 1, False
     try:
-        if answered:
-            if status != 0:
-                job = environ.get("SLURM_JOB_ID", "?")
-                say(f"agent: job {job}: the epilog failed after it answered Slurm (see above)")
-            return clean
-        text = b""
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            if output >= 0:
-                text = os.pread(output, MAX_OUTPUT, 0)
-        except (OSError, ValueError):
-            pass
-        try:
-            conn.sendall(encode_answer(status, text))
-        except OSError:
-            pass
+        if not answered:
+            send(status)
+        elif status != 0:
+            job = environ.get("SLURM_JOB_ID", "?")
+            say(f"agent: job {job}: the epilog failed after it answered Slurm (see above)")
         return clean
     finally:
         conn.close()
@@ -446,8 +384,7 @@ class _Pool:
                     os.close(self.alive_w)
                     _idle_worker(self.listener, self.queries, self.taken_w, self.alive_r, keep)
                 finally:
-                    # Never past here in a worker: the agent's shutdown below would remove
-                    # the live agent's socket.
+                    # Never past here in a worker: the agent's shutdown would remove its socket.
                     os._exit(1)
             self.idle.add(pid)
             if keep:
@@ -482,10 +419,8 @@ class _Pool:
 
     def close(self) -> None:
         """Idle workers exit (their end of the agent's pipe reads EOF); busy ones finish their hook."""
-        os.close(self.alive_w)
-        os.close(self.alive_r)
-        os.close(self.taken_r)
-        os.close(self.taken_w)
+        for fd in (self.alive_w, self.alive_r, self.taken_r, self.taken_w):
+            os.close(fd)
 
 
 def _bind(state_fd: int) -> tuple[socket.socket, int]:
@@ -515,8 +450,6 @@ def serve(environ=None) -> int:
     if os.geteuid() != 0:
         say("agent: must run as root (it leases devices for the hooks)")
         return 2
-    from . import agent_query
-
     preload()
     settings = hook_settings.load(environ, node_from_env(environ))
     state_fd = statedir.open_dir(settings.state_dir, create=True)
@@ -532,8 +465,7 @@ def serve(environ=None) -> int:
     signal.signal(signal.SIGTERM, stop)
     signal.signal(signal.SIGINT, stop)
     say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})", error=False)
-    # Everything imported so far stays put in the workers: no collection of theirs walks it
-    # (walking it would write every object's header, copying all of the agent's pages).
+    # No worker's garbage collection walks (and so copies) what the agent imported.
     import gc
 
     gc.freeze()
@@ -549,8 +481,7 @@ def serve(environ=None) -> int:
             _reap(pool)
     finally:
         pool.close()
-        # Remove the socket only if it is still ours (a new agent may have replaced it): the
-        # hooks then run the Python hooks themselves. Workers still running finish their requests.
+        # Remove the socket only if it is still ours (a new agent may have replaced it).
         try:
             if os.stat(SOCKET, dir_fd=state_fd, follow_symlinks=False).st_ino == inode:
                 os.unlink(SOCKET, dir_fd=state_fd)

@@ -1,28 +1,20 @@
 """The agent's Slurm query: one resident ``scontrol -d`` per node instead of one per job.
 
-Slurm gives a prolog nothing about a ``tpu`` GRES in its environment (22.05 and
-25.11: slurmd's gres_g_prep_set_env() only calls plugins that have a
-prep_set_env, gpu and friends), so each prolog must ask the controller which
-indices its job holds (hooks/allocation.py). Run per job, ``scontrol show job -d``
-loads libslurm, reads slurm.conf and connects: 4 ms on a quiet machine, 15 ms
-and more under load, most of what the agent's prolog still costs. Asked of one
-``scontrol`` that stays in interactive mode, the same RPC costs about 1 ms.
+Run per job, ``scontrol show job -d`` loads libslurm, reads slurm.conf and connects: 4 ms on a
+quiet machine, 15 ms and more under load; asked of one ``scontrol`` in interactive mode, the
+same RPC costs about 1 ms (docs/architecture.md, "The node agent", says why the prolog asks).
 
-The query helper is a process the agent forks at start (before it has any
-thread, so nothing here is shared with the workers but one socket). A worker
-sends it the job selector (``123``, ``123_4``; one SOCK_SEQPACKET message carrying, over SCM_RIGHTS, the
-end of a fresh socketpair to answer on); the helper writes
-``<scontrol>\\n<SLURM_CONF>\\n`` and the text of ``show job`` for that job, then
-closes (the format: slurm_tpu/protocol/agent_wire.py). ``Slurm.job_detail`` asks it first (both
-the job's query and the narrowed one for an array task sharing the node), through
-``allocation.DETAIL_SOURCE``. Each answer ends at a line only this query can produce: ``show
-hostnames q<random>[1-2]`` expands to two lines that neither scontrol's echo of
-the command nor any job string can contain, so a forged job name never shifts
-one job's answer into the next one's. The worker uses the text only when its own
-hook environment names the same scontrol and slurm.conf, and the text goes through
-the same parser as before (slurm.jobdetail: forgeries detected, then ``squeue
---json``). Anything else (no helper, a timeout, an empty answer): the worker asks
-Slurm itself as the Python prolog does. One job's query at a time, each bounded.
+The query helper is a process the agent forks at start (before it has any thread, so it shares
+nothing with the workers but one socket). A worker sends it the job selector (``123``,
+``123_4``) in one SOCK_SEQPACKET message carrying, over SCM_RIGHTS, the end of a fresh
+socketpair to answer on; the helper writes ``<scontrol>\\n<SLURM_CONF>\\n`` and the ``show
+job`` text, then closes (protocol/agent_wire.py). Each answer ends at a line only this query
+can produce: ``show hostnames q<random>[1-2]`` expands to two lines that neither scontrol's
+echo nor any job string can contain, so a forged job name never shifts one job's answer into
+the next one's. The worker uses the text only when its own environment names the same
+scontrol and slurm.conf, and it goes through the same parser (slurm.jobdetail: forgeries
+detected, then ``squeue --json``). Anything else (no helper, a timeout, an empty answer): the
+worker asks Slurm itself, as the Python prolog does.
 """
 
 from __future__ import annotations
@@ -88,16 +80,24 @@ class ScontrolSession:
         out = self.process.stdout.fileno()
         while end not in self.buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or len(self.buffer) > MAX_ANSWER or not select.select([out], [], [], left)[0]:
-                self.stop()
-                return ""
-            chunk = os.read(out, 1 << 16)
-            if not chunk:
+            ready = left > 0 and len(self.buffer) <= MAX_ANSWER and select.select([out], [], [], left)[0]
+            chunk = os.read(out, 1 << 16) if ready else b""
+            if not chunk:  # stalled, too long, or scontrol is gone
                 self.stop()
                 return ""
             self.buffer += chunk
         text, _, self.buffer = self.buffer.partition(end)
         return _record(text.decode("utf-8", "replace"))
+
+
+def received_fds(ancillary: list[tuple[int, int, bytes]]) -> list[int]:
+    """The descriptors that came with a message over SCM_RIGHTS (``recvmsg``'s ancillary data)."""
+    return [
+        fd
+        for level, kind, data in ancillary
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
+        for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
+    ]
 
 
 def _record(text: str) -> str:
@@ -121,12 +121,7 @@ def serve(requests: socket.socket, scontrol: str, slurm_conf: str, parent: int) 
             if not select.select([requests], [], [], 1.0)[0]:
                 continue
             message, ancillary, _, _ = requests.recvmsg(32, socket.CMSG_SPACE(4))
-            fds = [
-                fd
-                for level, kind, data in ancillary
-                if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS
-                for fd in struct.unpack(f"{len(data) // 4}i", data[: len(data) // 4 * 4])
-            ]
+            fds = received_fds(ancillary)
             if not message and not fds:
                 return
             try:
@@ -181,20 +176,16 @@ def ask(requests: socket.socket, selector: str, environ) -> tuple[str, str] | No
                 [selector.encode()], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, struct.pack("i", theirs.fileno()))]
             )
         mine.settimeout(ANSWER_TIMEOUT_S + 1)
-        chunks, size = [], 0
-        while size <= MAX_ANSWER:
-            chunk = mine.recv(1 << 16)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        else:
-            return None
+        data = bytearray()
+        while chunk := mine.recv(1 << 16):
+            data += chunk
+            if len(data) > MAX_ANSWER:
+                return None
     except OSError:
         return None
     finally:
         mine.close()
-    scontrol, conf, text = parse_query_answer(b"".join(chunks))
+    scontrol, conf, text = parse_query_answer(bytes(data))
     if not text.strip() or conf != conf_paths(environ)[0]:
         return None
     return scontrol, text

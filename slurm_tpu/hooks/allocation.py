@@ -1,25 +1,18 @@
 """Which of this node's accelerators Slurm gave a job, in Slurm's order.
 
-Slurm tells the prolog about a GRES only through that GRES's plugin. With our
-gres/tpu plugin loaded (slurm_plugin/, built per Slurm release; docs/admin-guide.md)
-slurmd sets ``SLURM_JOB_TPUS=<idx>,<idx>`` in the prolog's environment (the
-``IDX`` numbers below, this node's only): when every GRES this node leases has
-such a variable (``PLUGIN_ENV``: today only ``tpu``; a node that also leases
-GPUs or Hailo NPUs still asks, the variable says nothing of them), the allocation
-is read from it and Slurm is not asked. A malformed value (root set it, but fail
-safe) or a job without the variable (no plugin; no ``tpu`` in this job) is asked about.
+Slurm tells the prolog about a GRES only through that GRES's plugin. With our gres/tpu
+plugin loaded (slurm_plugin/) slurmd sets ``SLURM_JOB_TPUS=<idx>,<idx>`` (this node's
+``IDX`` numbers): when every GRES this node leases has such a variable (``PLUGIN_ENV``),
+Slurm is not asked. Otherwise (no plugin, a malformed value, GPUs or Hailo NPUs leased
+too) the prolog asks ``scontrol show job -d JOB`` (8 ms; importing pyslurm alone takes
+45), whose text a job name holding newlines can forge: ``slurm.jobdetail`` detects a
+forgery, which costs a second query, ``squeue --json`` (unforgeable).
 
-Asking: ``scontrol show job -d JOB`` (about 8 ms; pyslurm's 45 ms import
-would cost more than the query). That text can be forged by a job name holding
-newlines; the parser (``slurm.jobdetail``) tells an array's sibling tasks from a
-forgery, and only a forgery costs a second query, ``squeue --json`` (about 20 ms,
-unforgeable). The prolog
-turns each ``IDX`` into a gres.conf ``File=`` path exactly as slurmd numbers
-them (see ``slurm.gres_index``), and that path into an identity: for a family
-with slot nodes (Edge TPUs, Hailo) the file must be ``<slot_dir>/<identity>``,
-for the others (GPUs) a node the inventory lists, of a device of that family.
-The device nodes to chown always come from the inventory file, never from
-gres.conf or the job.
+Each ``IDX`` becomes a gres.conf ``File=`` path as slurmd numbers them
+(``slurm.gres_index``), and that path an identity: for a family with slot nodes the file
+must be ``<slot_dir>/<identity>``, for the others a node the inventory lists, of a device
+of that family. The device nodes to chown always come from the inventory file, never
+from gres.conf or the job.
 """
 
 from __future__ import annotations
@@ -61,10 +54,8 @@ def parse_indices(value: str) -> tuple[int, ...] | None:
 
 def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str]) -> list[GresAlloc] | None:
     """The job's GRES on this node from our gres plugin's variables, or None: ask Slurm.
-
     ``names``: the GRES this node leases. None unless every one of them has its
-    variable set and well-formed (a malformed one says so in one line).
-    """
+    variable set and well-formed (a malformed one says so in one line)."""
     found: list[tuple[str, tuple[int, ...]]] = []
     for name in names:
         variable = PLUGIN_ENV.get(name)
@@ -82,12 +73,8 @@ def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str])
 
 
 def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
-    """The GRES of the hook's job on its node. None if Slurm does not list the job on this node.
-
-    From our gres plugin's variables when they cover every GRES this node leases
-    (:func:`gres_from_env`), else from Slurm (the run's gateway: the agent's resident
-    scontrol first, where the hook runs in the agent).
-    """
+    """The GRES of the hook's job on its node (None if Slurm does not list the job on this node):
+    from our gres plugin's variables (:func:`gres_from_env`), else from Slurm."""
     job_id, node = hook.job.job_id, hook.job.node
     from_env = gres_from_env(job_id, hook.settings.leasable_names(), hook.environ)
     if from_env is not None:
@@ -104,10 +91,8 @@ def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
 
 def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) -> list[KnownDevice]:
     """The job's devices on this node, in allocation order (pure).
-
     Raises HookError (the node cannot serve the job) when an index has no
-    device, names a path that is no known device, or disagrees with its type.
-    """
+    device, names a path that is no known device, or disagrees with its type."""
     index, known = settings.index, settings.devices
     slot_dir = os.path.normpath(settings.slot_dir)
     devices: list[KnownDevice] = []

@@ -1,4 +1,4 @@
-"""What every hook needs: the job from the environment, the config, messages."""
+"""What every hook needs: the job from the environment, its run, messages."""
 
 from __future__ import annotations
 
@@ -35,30 +35,6 @@ def say(message: str, error: bool = True) -> None:
         syslog.syslog(syslog.LOG_ERR if error else syslog.LOG_INFO, message)
     except OSError:
         pass
-
-
-def load_hook_config(environ: Mapping[str, str]):  # -> Config
-    """The site config named by the hook's environment (or the default path).
-
-    yaml is imported only when a config file exists. Hooks run under
-    ``python3 -I -S`` for a fast start, which leaves site-packages (and so
-    PyYAML) off sys.path: add it only when it is needed.
-    """
-    import os
-
-    from ..config import Config, load_config
-    from ..defaults import CONFIG_ENV, CONFIG_PATH
-
-    path = environ.get(CONFIG_ENV) or CONFIG_PATH
-    if path == CONFIG_PATH and not os.path.exists(path):
-        return Config()
-    try:
-        return load_config(path)
-    except ImportError:
-        import site
-
-        site.main()
-        return load_config(path)
 
 
 class JobContext:
@@ -100,11 +76,8 @@ def job_from_env(environ: Mapping[str, str], node: str, need_uid: bool = True) -
 
 class HookRun:
     """One run of a root hook: what it was given and what it finds, built at its entry and passed down.
-
-    A node agent's worker runs hook after hook, so whatever a hook learns for its own use
-    (its settings, its job, its Slurm gateway) lives here and ends with the run: no hook
-    module keeps state of its own from one hook to the next.
-    """
+    A node agent's worker runs hook after hook, so whatever a hook learns lives here and ends
+    with the run: no hook module keeps state of its own from one hook to the next."""
 
     __slots__ = ("hook", "environ", "node", "settings", "job", "probe", "detail_source", "_slurm")
     # Set by the hook once it has read them (its first steps).
@@ -112,9 +85,8 @@ class HookRun:
     job: JobContext
 
     def __init__(self, hook: str, environ: Mapping[str, str], probe: Probe | None = None, detail_source=None):
-        """``probe``: the run's timing (made where the hook started, see hooks/probe.py; by default
-        from ``environ``). ``detail_source``: the node agent's resident scontrol for this hook
-        (``Slurm.detail_source``)."""
+        """``probe``: the run's timing (hooks/probe.py; by default from ``environ``). ``detail_source``:
+        the node agent's resident scontrol for this hook (``Slurm.detail_source``)."""
         self.hook, self.environ, self.detail_source = hook, environ, detail_source
         self.probe = probe if probe is not None else Probe(environ)
         self.node = node_from_env(environ)
@@ -138,11 +110,15 @@ class HookRun:
             say(f"{self.hook}: cannot drain {node}: {exc}")
             return False
 
-    def failed(self, exc: Exception) -> int:
-        """A hook's failure as one line (Slurm drains the node on a failing prolog/epilog; never a
-        traceback), and its exit status 1."""
-        if isinstance(exc, HookError):
+    def main(self, run, *args) -> int:
+        """``run(self, *args)``'s exit status, or 1 after one line for its failure (Slurm drains the
+        node on a failing prolog/epilog; never a traceback); the probe's line is written either way."""
+        try:
+            return run(self, *args)
+        except HookError as exc:
             say(f"{self.hook}: {exc}")
-        else:
+        except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
             say(f"{self.hook}: job {self.environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
+        finally:
+            self.probe.finish(self.hook)
         return 1

@@ -35,14 +35,9 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
         hook.probe.mark("ledger_read")
         if not leases:
             return 0
-        # The node agent (``answer``) answers Slurm here and does the rest after: the usage box, the
-        # release (take the device away, scan for holders, power-cycle, give it back) are off the
-        # path of the node's next job. Safe because the state lock is taken first and held until
-        # the release ends: the next prolog waits for it, and so does anything that must see the
-        # release done (harness: LocalCluster.wait_for_releases). A release that fails still
-        # drains the node below (this process says so, with scontrol), and its device stays
-        # root's 0600, so no job gets it. The usage entry is spooled a few milliseconds later than
-        # the job's end: the collector takes it on its next round.
+        # The node agent (``answer``) answers Slurm here and releases after, off the path of the
+        # node's next job (docs/architecture.md): safe because the state lock is taken first and
+        # held until the release ends, and a release that fails still drains the node below.
         with ledger.locked(when=answer is not None):
             if answer is not None:
                 answer()
@@ -71,9 +66,4 @@ def main(environ=None, answer: Callable[[], None] | None = None, probe=None) -> 
     """Entry point for epilog/slurm-tpu-epilog; the node agent's worker passes ``answer`` (see run).
     ``probe``: see HookRun."""
     hook = HookRun("epilog", os.environ if environ is None else environ, probe)
-    try:
-        return run(hook, answer)
-    except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
-        return hook.failed(exc)
-    finally:
-        hook.probe.finish("epilog")
+    return hook.main(run, answer)

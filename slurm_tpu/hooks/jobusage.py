@@ -1,16 +1,11 @@
 """The job's usage box: a private tmpfs per job for the runner's usage records.
 
-``<state_dir>/job-usage/`` is root-owned (0755) and holds only mount points, one
-per job that leased devices here, named by job id. The prolog mounts a tmpfs on
-the job's one (owner the job's uid, mode 0700, size and inode count bounded, see
-:mod:`slurm_tpu.protocol.usage`); the epilog reads one record per leased device from it,
-outside the ledger lock, and unmounts it (lazily: a process still inside cannot
-hold the epilog up). Nothing a user writes lands on the ledger's filesystem, and
-no user can create a name anywhere but in their own job's box.
-
-The box is a convenience, never a reason to fail: if it cannot be made (mount
-refused, e.g. in a container without CAP_SYS_ADMIN), the job runs without usage
-accounting and the audit log says why once per job.
+``<state_dir>/job-usage/`` (root's, 0755) holds only mount points named by job id. The prolog
+mounts a tmpfs on the job's (owner the job's uid, 0700, size and inodes bounded: protocol/usage.py);
+the epilog reads one record per leased device from it and unmounts it lazily (a process still
+inside cannot hold the epilog up). Nothing a user writes lands on the ledger's filesystem.
+The box never fails a job: if it cannot be made (no CAP_SYS_ADMIN in a container...), the job
+runs without usage accounting and the audit log says why.
 """
 
 from __future__ import annotations
@@ -42,15 +37,9 @@ def _mount_box(target: str, uid: int) -> None:
         raise OSError(err, os.strerror(err), target)
 
 
-def _unmount(target: str) -> None:
-    """Detach whatever is mounted at ``target`` (no error if nothing is)."""
-    _, libc = _libc()
-    libc.umount2(target.encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW)
-
-
-def _open_parent(ledger, create: bool) -> int | None:
+def _open_parent(state_fd: int, create: bool) -> int | None:
     try:
-        return statedir.open_dir(BOX_DIR, create=create, parent_fd=ledger.dir_fd)
+        return statedir.open_dir(BOX_DIR, create=create, parent_fd=state_fd)
     except statedir.StateDirError:
         return None
 
@@ -61,7 +50,7 @@ def _discard(parent_fd: int, name: str) -> None:
         os.lstat(target)
     except OSError:
         return
-    _unmount(target)
+    _libc()[1].umount2(target.encode(), _MNT_DETACH | _UMOUNT_NOFOLLOW)  # no error if nothing is mounted
     try:
         os.rmdir(name, dir_fd=parent_fd)
     except OSError:
@@ -70,11 +59,9 @@ def _discard(parent_fd: int, name: str) -> None:
 
 def prepare(ledger, job_id: int, uid: int) -> str | None:
     """Mount the job's usage box; its path, or None when there is none (the job runs unmetered).
-
     Also removes boxes of jobs that no longer hold a lease here (an epilog that
-    never ran). Never raises for an OSError: the box must not fail the prolog.
-    """
-    parent = _open_parent(ledger, create=True)
+    never ran). Never raises for an OSError: the box must not fail the prolog."""
+    parent = _open_parent(ledger.dir_fd, create=True)
     if parent is None:
         ledger.audit(USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"{BOX_DIR} is unusable")
         return None
@@ -114,22 +101,16 @@ def _open_box(parent: int, job_id: int, uid: int) -> int | None:
     return box
 
 
-def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
-    """identity -> UsageRecord: a running job's records as they are now (for metrics), read as
-    :func:`collect` reads them; a record that is not acceptable is left out (the epilog audits it)."""
+def _records(parent: int, job_id: int, uid: int, identities, rejected=None) -> dict:
+    """identity -> UsageRecord, from the job's own box under ``parent`` (closed here).
+
+    Reads only ``<identity>.json`` for ``identities`` (at most one small file per device,
+    whatever the job left). A record that is not acceptable is left out, after
+    ``rejected(identity, why)`` when given: the job's own file, it loses only its own accounting.
+    """
     from ..protocol import FormatError
     from ..protocol.usage import read_record
 
-    try:
-        state = statedir.open_dir(state_dir)
-    except statedir.StateDirError:
-        return {}
-    try:
-        parent = statedir.open_dir(BOX_DIR, parent_fd=state)
-    except statedir.StateDirError:
-        return {}
-    finally:
-        os.close(state)
     try:
         box = _open_box(parent, job_id, uid)
     finally:
@@ -141,7 +122,9 @@ def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
         for identity in identities:
             try:
                 record = read_record(box, identity, uid)
-            except (FormatError, OSError):
+            except FormatError as exc:
+                if rejected is not None:
+                    rejected(identity, str(exc))
                 continue
             if record is not None:
                 records[identity] = record
@@ -150,56 +133,52 @@ def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
     return records
 
 
+def peek(state_dir: str, job_id: int, uid: int, identities) -> dict:
+    """identity -> UsageRecord: a running job's records as they are now (for metrics), read as
+    :func:`collect` reads them; a record that is not acceptable is left out (the epilog audits it)."""
+    try:
+        state = statedir.open_dir(state_dir)
+    except statedir.StateDirError:
+        return {}
+    try:
+        parent = _open_parent(state, create=False)
+    finally:
+        os.close(state)
+    return {} if parent is None else _records(parent, job_id, uid, identities)
+
+
 def collect(ledger, job_id: int, uid: int, identities) -> list:
     """Audit the job's usage record for each of its devices; the records accepted (UsageRecord).
+    Needs no lock: the audit append is atomic."""
+    from ..protocol import audit
 
-    Reads only ``<identity>.json`` for the devices the job leased (so at most one
-    small file per device, whatever the job left), only from the job's own box
-    (a mount owned by its uid). Needs no lock: the audit append is atomic.
-    """
-    parent = _open_parent(ledger, create=False)
+    parent = _open_parent(ledger.dir_fd, create=False)
     if parent is None:
         return []
-    found: list = []
-    box = _open_box(parent, job_id, uid)
-    if box is None:
-        os.close(parent)
-        return []
-    try:
-        from ..protocol import FormatError, audit
-        from ..protocol.usage import read_record
 
-        for identity in identities:
-            try:
-                record = read_record(box, identity, uid)
-            except FormatError as exc:  # the job's own file: it loses only its own accounting
-                ledger.audit(audit.USAGE_REJECTED, identity=identity, job_id=job_id, uid=uid, reason=str(exc))
-                continue
-            if record is not None:
-                ledger.audit(
-                    audit.USAGE,
-                    identity=identity,
-                    job_id=job_id,
-                    uid=uid,
-                    inferences=record.inferences,
-                    seconds=record.seconds,
-                    energy_j=record.energy_j,
-                )
-                found.append(record)
-    finally:
-        os.close(box)
-        os.close(parent)
-    return found
+    def rejected(identity: str, why: str) -> None:
+        ledger.audit(audit.USAGE_REJECTED, identity=identity, job_id=job_id, uid=uid, reason=why)
+
+    records = _records(parent, job_id, uid, identities, rejected)
+    for identity, record in records.items():
+        ledger.audit(
+            audit.USAGE,
+            identity=identity,
+            job_id=job_id,
+            uid=uid,
+            inferences=record.inferences,
+            seconds=record.seconds,
+            energy_j=record.energy_j,
+        )
+    return list(records.values())
 
 
 def spool(ledger, job_id: int, uid: int, node: str, devices: int, records) -> bool:
     """Leave the job's figures on this node for the accounting collector; whether an entry was written.
 
-    Only where a collector runs (``slurm-tpu accounting-collect`` makes the root-only
-    ``<state_dir>/accounting-spool``); written atomically, root's 0600. Never raises
-    for an OSError: a full disk costs the job's AdminComment, never the job or the
-    node (see :mod:`slurm_tpu.protocol.job_record`).
-    """
+    Only where a collector runs (it makes the root-only ``<state_dir>/accounting-spool``); written
+    atomically, 0600. Never raises for an OSError: a full disk costs the job's AdminComment
+    (protocol/job_record.py), never the job or the node."""
     from ..protocol.job_record import SPOOL_DIR, encode_spool, totals
 
     try:
@@ -222,7 +201,7 @@ def spool(ledger, job_id: int, uid: int, node: str, devices: int, records) -> bo
 
 def discard(ledger, job_id: int) -> None:
     """Unmount and remove the job's usage box, if it has one."""
-    parent = _open_parent(ledger, create=False)
+    parent = _open_parent(ledger.dir_fd, create=False)
     if parent is None:
         return
     try:

@@ -2,22 +2,12 @@
 
 Order matters for crash safety: a lease is claimed *before* the node is handed
 to the job's user and dropped only *after* idle ownership is back, so a hook
-killed at any point leaves a lease that covers every non-idle node. A lease whose
-job no longer runs on this node is then reclaimed by the next prolog that Slurm
-gives the device to (see :func:`holder_alive`).
-
-Ending a lease (:func:`end_lease`: epilog, reclaim, ``slurm-tpu leases --clear``)
-goes: ownership away first (root 0600: nobody can open it any more), then
-revocation (every fd anybody still holds is made useless, see
-slurm_tpu/access/revoke.py), then the check, then idle ownership. A revoked USB
-stick re-enumerates; its lease stays in phase ``revoking`` until udev reports it
-back and slurm_tpu/hooks/udev_event.py finishes the release, so the epilog
-itself never waits for the hardware. A device that cannot be revoked is checked
-by a scan of every process (and its driver's count); the scan runs without the
-node's state lock, its lease in phase ``releasing``, so hooks for the node's
-other devices never wait for it, and a prolog for this device waits for the
-release to end instead of reclaiming the lease under it. Every phase change is
-one :func:`_move`, under the state lock, as protocol/leases.py TRANSITIONS allows.
+killed at any point leaves a lease that covers every non-idle node; the next
+prolog given the device reclaims a lease whose job is gone (:func:`holder_alive`).
+How a lease ends (take away, revoke, check, give back; phases ``revoking`` and
+``releasing``) is docs/security.md's "Revocation at job end" and :func:`end_lease`.
+Every phase change is one :func:`_move`, under the state lock, as protocol/leases.py
+TRANSITIONS allows.
 """
 
 from __future__ import annotations
@@ -57,13 +47,10 @@ REENUMERATE_S = 10.0
 def holder_alive(lease: Lease | BadLease) -> str | None:
     """Why the lease's job (or its revocation) still runs on this node, or None when it does not.
 
-    Cheap and local, no Slurm query: the job is alive while one of its
-    slurmstepd processes exists (every step, batch included, runs under one;
-    see processes.job_step_pids) or while the prolog that took the lease still
-    runs (it runs before any slurmstepd). A job Slurm has finished has neither;
-    its epilog may still be running, and it releases the lease under the same
-    lock as a reclaim. A revoked USB stick is busy until it is back; a lease being
-    released (holder scan) while the process releasing it runs.
+    Cheap and local, no Slurm query: the job is alive while one of its slurmstepd
+    processes exists (every step, batch included, runs under one) or while the prolog
+    that took the lease still runs (it runs before any slurmstepd). A revoked USB stick
+    is busy until it is back; a lease being released while the process releasing it runs.
     """
     if isinstance(lease, BadLease) or lease.phase == KEPT:
         return None
@@ -84,15 +71,6 @@ def holder_alive(lease: Lease | BadLease) -> str | None:
     return None
 
 
-def _rdevs(nodes: Iterable[str]) -> list[int]:
-    rdevs = []
-    for node in nodes:
-        state = ownership.node_state(node)
-        if state is not None:
-            rdevs.append(state.rdev)
-    return rdevs
-
-
 def _set_owners(nodes: Iterable[str], identity: str, owner: tuple[int, int, int]) -> list[str]:
     """Give each node ``owner`` (uid, gid, mode); returns problems (DeviceError, OSError: each said, the rest done)."""
     problems = []
@@ -107,18 +85,6 @@ def _set_owners(nodes: Iterable[str], identity: str, owner: tuple[int, int, int]
 def restore_idle(device: KnownDevice | None, settings: HookSettings) -> list[str]:
     """Give the device's current nodes back to the idle owner; returns problems."""
     return _set_owners(device.device_nodes, device.identity, ownership.owner_for(None, settings)) if device else []
-
-
-def _still_releasing(ledger: Ledger, lease: Lease) -> bool:
-    """Whether the ledger still holds ``lease`` as :func:`end_lease` wrote it before its scan."""
-    assert ledger.held
-    held = ledger.read(lease.identity)
-    return isinstance(held, Lease) and (held.job_id, held.phase, held.phase_since, held.releaser_pid) == (
-        lease.job_id,
-        RELEASING,
-        lease.phase_since,
-        lease.releaser_pid,
-    )
 
 
 def _move(ledger: Ledger, lease: Lease | BadLease, phase: str, releaser: tuple[int, int] | None = None) -> Lease:
@@ -169,14 +135,9 @@ def _filesystems(nodes: Iterable[str], settings: HookSettings, identity: str) ->
 class Withheld(str):
     """A problem that keeps the device out of use (lease ``kept``, node root 0600) without draining the node.
 
-    The holder scan could not read every open file in its time box: somebody
-    keeps more fds open than the box covers (any local user can). That must not
-    hand the device to the next job (a holder may hide in what was not read),
-    nor let that user take the whole node out of service: only this device
-    waits, and the next scan decides (the next prolog given it, the health
-    check, ``slurm-tpu leases --clear``). A prolog whose scan cannot finish
-    either fails, and Slurm drains the node then: the residual, named in the
-    reason with the processes that could not be checked.
+    The holder scan ran out of time (any local user can open more fds than it reads): a
+    holder may hide in what was not read, but that user must not take the whole node out
+    of service either. Only this device waits; the next scan decides (docs/security.md).
     """
 
     __slots__ = ()
@@ -199,13 +160,12 @@ def _unrevocable_holders(
     wait_s: float,
 ) -> str | None:
     """Why a device that cannot be revoked is not free yet (a :class:`Withheld` when unverified), or None.
-
-    Called without the state lock, the lease in phase ``releasing`` (:func:`end_lease`): it
-    only reads /proc and sysfs and appends to the audit log, which needs no lock.
-    """
+    Called without the state lock, the lease in phase ``releasing``: it only reads /proc
+    and sysfs and appends to the audit log, which needs no lock."""
     assert not ledger.held
     identity, job_id = lease.identity, lease.job_id
-    rdevs, filesystems = _rdevs(present), _filesystems(present, settings, identity)
+    rdevs = [state.rdev for state in map(ownership.node_state, present) if state is not None]
+    filesystems = _filesystems(present, settings, identity)
     skip_root = lease.uid != 0  # a user's fd reaches a root process only if root software takes it
     first_uid = lease.uid if lease.uid > 0 else None
 
@@ -264,12 +224,9 @@ def _unrevocable_holders(
 def gasket_writers(device: KnownDevice, nodes: Iterable[str], settings: HookSettings) -> int | None:
     """Writable files the apex driver counts open on the device's nodes (0 for other families).
 
-    gasket_core.c gasket_open()/gasket_release() count every writable open file
-    until its last reference goes: one in flight over SCM_RIGHTS or kept by a
-    mapping included (see slurm_tpu/access/revoke.py). None when a node's count
-    cannot be read: the driver always shows it (gasket_sysfs_generic_attrs), so
-    a missing or garbled one means nobody can say the card is free, and the
-    callers keep it (fail closed).
+    The count includes an fd in flight over SCM_RIGHTS or kept by a mapping (access/revoke.py).
+    None when a node's count cannot be read: the driver always shows it, so a missing or
+    garbled one means nobody can say the card is free, and the callers keep it (fail closed).
     """
     if settings.revocation(device.kind, device.bus) != GASKET_WRITERS:
         return 0
@@ -290,12 +247,9 @@ def _refuse_if_written(ledger: Ledger, lease: Lease, device: KnownDevice, settin
     """Before the device is handed over: raise DeviceNotFree if the apex driver counts writers on it
     (or shows no count: fail closed).
 
-    The job's lease just claimed, the device still root 0600. A writer here was
-    left behind by an earlier holder (a root process that opened it while idle, an
-    fd an epilog could not see), never by this job: the lease is turned into a kept
-    lease of the last job the audit log shows holding the device, so the drain
-    reason, ``slurm-tpu leases``, the next prolog and ``leases --clear`` all name
-    that job, not this one, and nobody gets the device until the count is 0 again.
+    The device is still root 0600, so a writer here was left by an earlier holder, never
+    by this job: the lease becomes a kept lease of the last job the audit log shows holding
+    the device, so the drain reason, ``slurm-tpu leases`` and ``leases --clear`` name that job.
     """
     writers = gasket_writers(device, device.device_nodes, settings)
     if writers == 0:
@@ -339,10 +293,9 @@ def end_lease(
 ) -> list[str]:
     """Take the device away from the lease's job, revoke, check, give it back; returns problems.
 
-    Under the state lock; a device that cannot be revoked is scanned for holders
-    without it (phase ``releasing``). ``event`` names the audit record (release,
-    reclaim, clear). A problem keeps the lease (phase ``kept``, the node root 0600)
-    so nobody else gets a device that is not free.
+    Under the state lock; a device that cannot be revoked is scanned for holders without it
+    (phase ``releasing``). ``event`` names the audit record. A problem keeps the lease (phase
+    ``kept``, the node root 0600) so nobody else gets a device that is not free.
     """
     assert ledger.held, "end_lease runs under the state lock"
     identity, job_id = lease.identity, lease.job_id
@@ -387,7 +340,7 @@ def end_lease(
         with ledger.unlocked():
             why = _unrevocable_holders(ledger, lease, device, present, settings, wait_s)
         probe.mark("holder_scan")
-        if not _still_releasing(ledger, lease):
+        if _held_as(ledger, lease, ("job_id", "phase", "phase_since", "releaser_pid")) is None:
             return []  # another hook took this process for gone and ended the lease itself
         problems = [why] if why is not None else restore_idle(device, settings)
     if problems:
@@ -398,18 +351,12 @@ def end_lease(
     return []
 
 
-def reclaim(ledger: Ledger, lease: Lease | BadLease, settings: HookSettings, by_job: int | None) -> list[str]:
-    """End a lease whose job is gone (see :func:`end_lease`); returns problems."""
-    return end_lease(ledger, lease, settings, audit.RECLAIM, by_job=by_job)
-
-
 def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -> list[tuple[str, str]]:
     """End stale leases now (admin ``leases --clear``, health check): (identity, outcome) pairs.
 
-    ``identity`` None clears every lease an epilog kept (phase ``kept``) or that
-    is unreadable; naming one clears any stale lease on it. A live job's lease is
-    never touched. The outcome is ``cleared``, ``revoking`` (udev restores idle
-    ownership when the stick is back) or the problem that keeps it.
+    ``identity`` None clears every kept or unreadable lease; naming one clears any stale
+    lease on it. A live job's lease is never touched. The outcome is ``cleared``,
+    ``revoking`` (udev restores idle ownership when the stick is back) or the problem.
     """
     outcomes = []
     with ledger.locked():
@@ -449,13 +396,10 @@ def acquire(
 ) -> list[Lease]:
     """Lease every device for the job and hand its nodes to the job's user.
 
-    All or nothing: on failure the leases taken here are rolled back and
-    HookError says which device is held by whom (or is missing).
-    ``prolog_process``: (pid, start time) of the process Slurm started for this
-    prolog, which the leases record (:func:`holder_alive`); this process by
-    default. The node agent's worker, which outlives the prolog it serves, gives
-    its hook client's. Every change to a device after its claim checks, under the
-    ledger's lock, that the lease is still this prolog's (:func:`_current`).
+    All or nothing: on failure the leases taken here are rolled back and HookError says
+    which device is held by whom (or is missing). ``prolog_process``: (pid, start time) of
+    the process Slurm started for this prolog, which the leases record (:func:`holder_alive`);
+    this process by default, the hook client's in the node agent's worker (which outlives it).
     """
     assert job.uid is not None
     allocation = tuple(d.identity for d in devices)
@@ -525,29 +469,24 @@ def roll_back(ledger: Ledger, leases: list[Lease], settings: HookSettings) -> No
 
 def _current(ledger: Ledger, lease: Lease) -> Lease | None:
     """The ledger's lease on ``lease``'s device when it is still that lease (same job, same prolog
-    process; its phase may have moved on), else None. Under the state lock.
-
+    process; its phase may have moved on), else None.
     A list of leases read earlier can be stale: :func:`end_lease` lets the lock go while it scans
-    for holders, and meanwhile another hook may end a lease of the list and a new job take it.
-    """
-    assert ledger.held
+    for holders, and meanwhile another hook may end a lease of the list and a new job take it."""
+    return _held_as(ledger, lease, ("job_id", "prolog_pid", "prolog_start"))
+
+
+def _held_as(ledger: Ledger, lease: Lease, fields: tuple[str, ...]) -> Lease | None:
+    """The ledger's lease on ``lease``'s device if it agrees with ``lease`` on ``fields``, else None."""
+    assert ledger.held, "read under the state lock"
     held = ledger.read(lease.identity)
-    if isinstance(held, Lease) and (held.job_id, held.prolog_pid, held.prolog_start) == (
-        lease.job_id,
-        lease.prolog_pid,
-        lease.prolog_start,
-    ):
+    if isinstance(held, Lease) and all(getattr(held, name) == getattr(lease, name) for name in fields):
         return held
     return None
 
 
 def _current_nodes(ledger: Ledger, device: KnownDevice, lease: Lease) -> KnownDevice:
-    """The device with its nodes as the inventory has them now.
-
-    The settings snapshot was read before this prolog waited: a USB stick revoked
-    at the previous job's end has re-enumerated since (new node, recorded by
-    udev_event). Only then is the inventory file read again.
-    """
+    """The device with its nodes as the inventory has them now (read again only when a node is gone):
+    a USB stick revoked at the previous job's end may have re-enumerated while this prolog waited."""
     if device.device_nodes and all(ownership.node_state(n) for n in device.device_nodes):
         return device
     from ..access import node_inventory
@@ -580,8 +519,7 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
                 _reclaim_or_fail(ledger, holder, settings, lease.job_id)
                 continue
         releasing = isinstance(holder, Lease) and holder.phase == RELEASING
-        # A release in progress is waited for to its end, as the state lock it once held was: its
-        # scan is time-boxed (devices.holder_scan_seconds), its wait for the job's last processes too.
+        # A release in progress is waited for to its end (its scan and wait are time-boxed).
         if time.monotonic() >= deadline and not releasing:
             if isinstance(holder, Lease) and holder.phase == REVOKING:
                 raise HookError(
@@ -594,14 +532,13 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
                 f"(uid {holder.uid}: {why}); Slurm allocated it twice or the ledger is wrong: "
                 "check `slurm-tpu leases` on this node"
             )
-        # A stick coming back after revocation, or a release's scan, is the common wait: look often
-        # (each look is a lock, a stat and a small read; with the node agent the release it waits for
-        # takes milliseconds).
+        # The common waits (a stick coming back, a release's scan): look often, a look is cheap.
         time.sleep(0.005 if isinstance(holder, Lease) and holder.phase in (RELEASING, REVOKING) else 0.1)
 
 
 def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSettings, job_id: int) -> None:
-    problems = reclaim(ledger, holder, settings, by_job=job_id)
+    """End a stale lease whose job is gone (:func:`end_lease`), or raise DeviceNotFree."""
+    problems = end_lease(ledger, holder, settings, audit.RECLAIM, by_job=job_id)
     if problems:
         raise DeviceNotFree(
             f"job {job_id}: {holder.identity} still has a stale lease of ended job {holder.job_id}: {problems[0]}"
@@ -623,19 +560,13 @@ def release(
     ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S, probe: Probe = NO_PROBE
 ) -> list[str]:
     """End the job's leases (see :func:`end_lease`); returns problems, which drain the node unless :class:`Withheld`.
-
-    A device that could not be revoked and is still open keeps its lease (phase
-    ``kept``, root 0600): the node gets drained, and the next prolog, the health
-    check or ``slurm-tpu leases --clear`` gives it back once the holder is gone.
-    A device the scan could not verify is kept the same way, without a drain.
-    """
+    A device still held keeps its lease (phase ``kept``, root 0600) until the next prolog,
+    the health check or ``slurm-tpu leases --clear`` gives it back once the holder is gone."""
     problems: list[str] = []
     with ledger.locked():
-        # Those ended under the lock (a USB stick's power-cycle) first, the ones scanned without it
-        # last: a Prolog that comes meanwhile for another of the job's devices finds it released,
-        # instead of reclaiming it itself.
+        # Those scanned without the lock last: a Prolog that comes meanwhile for another of the
+        # job's devices finds it released, instead of reclaiming it itself.
         leases = sorted(ledger.of_job(job_id), key=lambda lease: _scanned_unlocked(lease, settings))
-        # Usage records are collected by the epilog before this, outside the lock (hooks/jobusage.py).
         for lease in leases:
             current = _current(ledger, lease)  # the scan of the one before ran without the lock
             if current is not None:

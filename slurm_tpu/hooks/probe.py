@@ -1,16 +1,11 @@
 """Opt-in timing probes for the root hooks: where each millisecond of a hook goes.
 
-Off unless the hook's environment names a file in ``SLURM_TPU_HOOK_PROFILE``
-(bench/bench_hooks.py --profile sets it in its timing wrappers, which also export
-``SLURM_TPU_PROFILE_T0``, the wall clock when the wrapper started the hook). Each
-hook run then appends one line: ``<hook> start=<ms> <step>=<ms> ...``, where
-``start`` is the wrapper's start to the first line of the Python entry script
-(sh, exec, interpreter start-up), or to the agent's worker waking for the hook's
-connection (its own steps follow: ``accept``, ``request``, ``environ``), and every step is the time since the previous
-mark. Off, a mark costs one attribute test; stdlib only, no import the hooks'
-budget forbids. One :class:`Probe` per hook run, made where the run starts (the entry
-script, the agent's worker) and carried on it (hooks/context.py HookRun): nothing here
-is kept between two runs of one process.
+Off unless the hook's environment names a file in ``SLURM_TPU_HOOK_PROFILE`` (bench/bench_hooks.py
+--profile sets it, and ``SLURM_TPU_PROFILE_T0``, the wall clock when its wrapper started the
+hook). Each hook run then appends one line: ``<hook> start=<ms> <step>=<ms> ...``, where
+``start`` is the wrapper's start to the first line of the Python entry script, or to the
+agent's worker waking for the hook (its own steps follow), and every step is the time since
+the previous mark. Off, a mark costs one attribute test.
 """
 
 from __future__ import annotations
@@ -20,15 +15,14 @@ import time
 
 
 class Probe:
-    """One hook run's timing line (see the module docstring); off (every call a no-op) unless the
-    environment names a profile file. Made at the hook's entry, it travels on the run (HookRun)."""
+    """One hook run's timing line; off (every call a no-op) unless the environment names a profile
+    file. Made at the hook's entry, it travels on the run (HookRun)."""
 
     __slots__ = ("file", "marks", "start_ms", "before", "t0")
 
     def __init__(self, environ, wall_at_entry: float | None = None, before: tuple[tuple[str, float], ...] = ()):
         """``wall_at_entry``: when the hook's process (or the agent's worker) started on it. ``before``:
-        (step, wall clock at its end) of steps after it that ran before the hook's code (the agent's
-        worker: reading the request, taking its environment)."""
+        (step, wall clock at its end) of the agent's worker's steps before the hook's code."""
         self.file: str | None = environ.get("SLURM_TPU_HOOK_PROFILE") or None
         self.marks: list[tuple[str, int]] = []
         self.before: list[tuple[str, float]] = []  # (step, ms)
@@ -44,10 +38,8 @@ class Probe:
         except ValueError:
             return
         if wall_at_entry is not None:
-            previous = wall_at_entry
-            for step, wall in before:
-                self.before.append((step, (wall - previous) * 1000))
-                previous = wall
+            previous = [wall_at_entry, *(wall for _, wall in before)]
+            self.before = [(step, (wall - since) * 1000) for (step, wall), since in zip(before, previous)]
 
     def mark(self, step: str) -> None:
         """Close the step that ran since the previous mark."""

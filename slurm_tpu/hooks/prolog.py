@@ -1,10 +1,8 @@
 """Prolog (root, on each node at job start): lease the job's accelerators.
 
-Exit status 0 unless the node really cannot serve the job (a device missing,
-held by a live job, or gres.conf naming something unknown): then one line says
-why and Slurm drains the node and requeues (and holds) the job. A device that
-is not free (a writer the apex driver still counts, a stale lease that cannot be
-ended) drains the node with that reason, which names the job that left it so.
+Exit status 0 unless the node cannot serve the job (a device missing, held by a live job or
+not free, gres.conf naming something unknown): then one line says why, and Slurm drains the
+node and requeues (and holds) the job.
 """
 
 from __future__ import annotations
@@ -28,9 +26,7 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
         return 0  # nothing to lease on this node: no Slurm query at all
     allocs = allocation.query_job_gres(hook)
     hook.probe.mark("slurm_query")
-    if not allocs:
-        return 0
-    devices = allocation.resolve(job.job_id, allocs, settings)
+    devices = allocation.resolve(job.job_id, allocs or [], settings)
     if not devices:
         return 0
     for device in devices:
@@ -52,10 +48,8 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
             # that reason; the failing prolog then makes Slurm requeue and hold this job.
             hook.drain(job.node, f"slurm-tpu: {exc}")
             raise
-        # Everything after the lease is rolled back with it: a prolog that fails
-        # here must not leave the devices with the job's user. The usage box never
-        # fails (the job then runs unmetered); the env file only on a full or
-        # broken state filesystem, which no user can fill (see jobusage.py).
+        # Everything after the lease is rolled back with it: a prolog that fails here must not leave
+        # the devices with the job's user (the env file fails only on a full or broken state filesystem).
         try:
             usage_dir = jobusage.prepare(ledger, job.job_id, job.uid)  # type: ignore[arg-type]  # need_uid: an int
             hook.probe.mark("usage_box")
@@ -79,9 +73,4 @@ def main(environ=None, prolog_process: tuple[int, int] | None = None, detail_sou
     client as the ``prolog_process``, see leasing.acquire, and its resident scontrol as the
     ``detail_source``, see ``Slurm.detail_source``). ``probe``: see HookRun."""
     hook = HookRun("prolog", os.environ if environ is None else environ, probe, detail_source)
-    try:
-        return run(hook, prolog_process)
-    except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
-        return hook.failed(exc)
-    finally:
-        hook.probe.finish("prolog")
+    return hook.main(run, prolog_process)

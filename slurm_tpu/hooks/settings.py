@@ -1,20 +1,14 @@
 """Everything a hook needs, from a snapshot file instead of YAML and two Slurm configs.
 
-On every job a prolog would otherwise import PyYAML (plus site-packages) to read
-the site config, parse inventory.json, slurm.conf and gres.conf and rebuild the
-IDX -> device table: tens of milliseconds of a job's start-up. Instead the first
-hook after any change builds :class:`HookSettings` the slow way (the families
-registry included) and writes them to ``<state_dir>/hooks.snapshot``
-(slurm_tpu/protocol/hooks_snapshot.py: the format, its one writer and reader),
-together with the identity (device, inode, size, mtime) of every file they came
-from; later hooks only ``stat`` those files and read the snapshot (no json, re,
-yaml, typing or dataclasses import, and never the families package).
+Reading the site config (PyYAML), inventory.json, slurm.conf and gres.conf costs tens of
+milliseconds per job. So the first hook after any change builds :class:`HookSettings` the
+slow way and writes them to ``<state_dir>/hooks.snapshot`` (protocol/hooks_snapshot.py)
+with the identity (device, inode, size, mtime) of every file they came from; later hooks
+only ``stat`` those files and read the snapshot.
 
-The state directory is found by a cheap scan of the config for a top-level
-``state_dir:`` line, or taken from the C client that found it so (``SLURM_TPU_STATE_DIR``,
-:data:`~slurm_tpu.defaults.STATE_DIR_ENV`); if either is ever wrong the snapshot is
-simply not found (or its sources differ) and the slow path runs, so it costs speed,
-never correctness.
+The state directory is found by a line scan of the config for ``state_dir:``, or taken
+from the C client (``SLURM_TPU_STATE_DIR``); if either is ever wrong the snapshot is not
+found (or its sources differ) and the slow path runs: it costs speed, never correctness.
 """
 
 from __future__ import annotations
@@ -41,23 +35,13 @@ class HookSettings(HookSnapshot):
 
     def leasable_names(self) -> list[str]:
         """GRES names whose devices this node leases (families that lease, with devices here)."""
-        names = []
-        for policy in self.families.values():
-            if (
-                policy.leased
-                and policy.gres_name in self.index
-                and policy.gres_name not in names
-                and any(d.kind == policy.kind for d in self.devices.values())
-            ):
-                names.append(policy.gres_name)
-        return names
+        kinds = {device.kind for device in self.devices.values()}
+        leased = [p for p in self.families.values() if p.leased and p.gres_name in self.index and p.kind in kinds]
+        return list(dict.fromkeys(policy.gres_name for policy in leased))
 
     def policy_of_gres(self, name: str):  # -> FamilyPolicy | None
         """The leasing family whose GRES name this is (None: not ours)."""
-        for policy in self.families.values():
-            if policy.leased and policy.gres_name == name:
-                return policy
-        return None
+        return next((p for p in self.families.values() if p.leased and p.gres_name == name), None)
 
 
 def file_key(path: str) -> str:
@@ -114,17 +98,12 @@ def _from_snapshot(state_dir: str, cfg: str, environ, node: str | None) -> HookS
     if raw is None:
         return None
     settings = parse_snapshot(raw.decode("utf-8", "replace"), HookSettings)
-    if settings is None or settings.state_dir != state_dir:
+    if settings is None or settings.state_dir != state_dir or node not in (None, settings.node):
         return None
-    if node is not None and settings.node != node:
+    if set(_source_paths(cfg, state_dir, environ)) - set(settings.sources):
         return None
-    wanted = _source_paths(cfg, state_dir, environ)
-    if set(wanted) - set(settings.sources):
-        return None
-    for path, key in settings.sources.items():
-        if file_key(path) != key:
-            return None
-    return settings
+    current = all(file_key(path) == key for path, key in settings.sources.items())
+    return settings if current else None
 
 
 def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
@@ -135,12 +114,9 @@ def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
 
 
 def apply_families(settings: HookSettings, config) -> None:
-    """Precompute what the hooks need of the families (slow path only: imports the registry).
-
-    Policies, udev naming rules and job variables per family, and each known
-    device's entry in its family's variables. A device without an entry (a PCIe
-    Edge TPU without its node) is refused by the prolog.
-    """
+    """Precompute what the hooks need of the families (slow path only: imports the registry):
+    policies, udev rules and job variables per family, and each known device's entry in them
+    (a device without one, a PCIe Edge TPU without its node, is refused by the prolog)."""
     from ..families import FAMILIES
     from ..protocol.hooks_snapshot import EnvVariable
 
@@ -162,15 +138,31 @@ def apply_families(settings: HookSettings, config) -> None:
             settings.values.setdefault(device.identity, {})[variable.name] = entry
 
 
+def _load_config(path: str):  # -> Config
+    """The site config at ``path`` (the defaults when the default path has none).
+    Hooks run under ``python3 -I -S`` for a fast start, which leaves site-packages (and so
+    PyYAML) off sys.path: it is added only when a config file must be read."""
+    from ..config import Config, load_config
+
+    if path == CONFIG_PATH and not os.path.exists(path):
+        return Config()
+    try:
+        return load_config(path)
+    except ImportError:
+        import site
+
+        site.main()
+        return load_config(path)
+
+
 def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf, the families."""
     from .. import families
     from ..access import node_inventory, ownership
     from . import slurm_files
-    from .context import load_hook_config
 
     cfg = config_path(environ)
-    config = load_hook_config(environ)
+    config = _load_config(cfg)
     node = node or config.node_name or os.uname().nodename.split(".")[0]
     settings = HookSettings(config.state_dir, config.slot_dir, config.lease_mode, 0, 0, config.idle.mode, node)
     settings.idle_uid, settings.idle_gid = ownership.resolve_ids(config.idle.owner, config.idle.group)
@@ -209,17 +201,12 @@ def _write_snapshot(fd: int, settings: HookSettings) -> None:
         statedir.remove(fd, SNAPSHOT)  # a value it cannot hold (a tab in a path): the slow path every time
         return
     statedir.write_atomic(fd, SNAPSHOT, text.encode())
-    _write_no_devices_env(fd, settings)
-
-
-def _write_no_devices_env(state_fd: int, settings: HookSettings) -> None:
-    """``<state_dir>/no-devices.env``: every job variable unset (EDGETPU_VISIBLE_DEVICES empty), for the
-    task-prolog of a job with no device here."""
+    # The task-prolog's file for a job with no device here: every job variable unset.
     from ..protocol import envfile
 
     data = envfile.render_unset(settings).encode()
-    if statedir.read_file(state_fd, envfile.NO_DEVICES) != data:
-        statedir.write_atomic(state_fd, envfile.NO_DEVICES, data, mode=0o644)
+    if statedir.read_file(fd, envfile.NO_DEVICES) != data:
+        statedir.write_atomic(fd, envfile.NO_DEVICES, data, mode=0o644)
 
 
 def for_config(config) -> HookSettings:
@@ -233,11 +220,8 @@ def for_config(config) -> HookSettings:
 
 def store_snapshot(state_fd: int, settings: HookSettings) -> None:
     """Rewrite the snapshot after the caller changed the inventory file it holds the lock on.
-
-    ``settings`` must already carry the change (udev_event: a re-enumerated
-    device's new node); only the inventory file's key is renewed, so any other
-    source that changed meanwhile still sends the next hook down the slow path.
-    """
+    ``settings`` must already carry the change; only the inventory file's key is renewed, so
+    any other source that changed meanwhile still sends the next hook down the slow path."""
     inventory = os.path.join(settings.state_dir, INVENTORY)
     if inventory in settings.sources and os.geteuid() == 0:
         settings.sources[inventory] = file_key(inventory)

@@ -30,28 +30,22 @@ def _read(path: str) -> str | None:
         return None
 
 
-def slurm_conf_files(path: str, depth: int = 0) -> list[str]:
-    """slurm.conf and the files it Includes (their versions key the hooks' snapshot)."""
-    from ..slurm.parse import include_paths
-
-    files = [path]
-    if depth < 3:
-        for included in include_paths(_read(path) or "", os.path.dirname(path)):
-            if "*" not in included:
-                files.extend(slurm_conf_files(included, depth + 1))
-    return files
-
-
-def _slurm_conf_text(path: str, depth: int = 0) -> str:
-    """slurm.conf with its Include files appended (NodeName lines may live there)."""
+def _slurm_conf_texts(path: str, depth: int = 0) -> list[tuple[str, str]]:
+    """(path, text) of slurm.conf and the files it Includes, three levels deep, in reading order."""
     from ..slurm.parse import include_paths
 
     text = _read(path) or ""
+    texts = [(path, text)]
     if depth < 3:
         for included in include_paths(text, os.path.dirname(path)):
             if "*" not in included:
-                text += "\n" + _slurm_conf_text(included, depth + 1)
-    return text
+                texts += _slurm_conf_texts(included, depth + 1)
+    return texts
+
+
+def slurm_conf_files(path: str) -> list[str]:
+    """slurm.conf and the files it Includes (their versions key the hooks' snapshot)."""
+    return [name for name, _ in _slurm_conf_texts(path)]
 
 
 def gres_index(
@@ -66,5 +60,6 @@ def gres_index(
     if gres_text is None:
         return {}
     records = parse_gres_conf(gres_text, node)
-    node_gres = parse_node_gres(_slurm_conf_text(slurm_conf), node)
+    # slurm.conf with its Include files appended (NodeName lines may live there).
+    node_gres = parse_node_gres("\n".join(text for _, text in _slurm_conf_texts(slurm_conf)), node)
     return {name: device_order(name, records, node_gres) for name in names if any(r.name == name for r in records)}

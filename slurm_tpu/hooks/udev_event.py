@@ -1,27 +1,19 @@
-"""The udev hook, run by udev as root on device events.
+"""The udev hook, run by udev as root on device events (``udev/slurm-tpu-udev-event``, or
+``slurm-tpu udev-event`` for rules that name the console script and for replaying an event).
 
-udev runs it through ``udev/slurm-tpu-udev-event`` (``-I -S``, installed as
-``<prefix>/libexec/slurm-tpu/slurm-tpu-udev-event``); ``slurm-tpu udev-event`` is
-the same for rules that name the console script, and for replaying an event.
+For an accelerator the inventory knows (ACTION, DEVPATH, DEVNAME, SUBSYSTEM from udev):
 
-udev gives ACTION, DEVPATH, DEVNAME and SUBSYSTEM in the environment. For an
-accelerator the inventory knows:
-
-* add/change/bind: re-point its slot node at the new node, record the new node
-  in the inventory file, and if a job leases the device, hand the *new* node to
-  the job's user at once, within the event, so the job never sees "permission
-  denied" on its own device after a USB re-enumeration (firmware load, reset).
-  If the lease is being revoked (the epilog power-cycled the port, see
-  slurm_tpu/access/revoke.py), this event is the stick coming back: it gets idle
+* add/change/bind: re-point its slot node, record the new node in the inventory file,
+  and if a job leases the device, hand the *new* node to the job's user within the
+  event, so the job never sees "permission denied" after a USB re-enumeration. If the
+  lease is being revoked (access/revoke.py), this is the stick coming back: it gets idle
   ownership and leasing.end_revocation ends the release.
-* remove: record that the device has no node (the epilog then drains the node
-  if a job held it).
+* remove: record that the device has no node (the epilog then drains the node if a job held it).
 """
 
 from __future__ import annotations
 
 import os
-import stat
 
 from ..defaults import SYSFS_ROOT
 from .context import HookError, node_from_env, say
@@ -48,13 +40,11 @@ def _sysfs_attribute(sysfs_root: str, parts: list[str], name: str) -> str | None
 def identity_for(environ: Mapping[str, str], rules, sysfs_root: str = SYSFS_ROOT, known=None) -> str | None:
     """The stable identity of the event's device, or None if it is not ours.
 
-    ``rules`` (the families' UdevRule list, from the hooks' snapshot) say how: for
-    USB ``usb-`` + the topology path (DEVPATH's last component), for a PCIe Edge
-    TPU (``apex``) and DRM nodes ``pci-`` + the PCI address two levels up, for a
-    class device that is no child of its PCI device (Hailo's) ``pci-`` + its
-    ``board_location`` attribute; a remove event of that kind has no sysfs left and
-    is found by its DEVNAME among the ``known`` devices.
-    """
+    ``rules`` (the families' UdevRule list) say how: for USB ``usb-`` + the topology path
+    (DEVPATH's last component), for a PCIe Edge TPU and DRM nodes ``pci-`` + the PCI address
+    two levels up, for a class device that is no child of its PCI device (Hailo's) ``pci-`` +
+    its ``board_location`` attribute; a remove event of that kind has no sysfs left and is
+    found by its DEVNAME among the ``known`` devices."""
     from ..identity import is_identity
 
     devpath = environ.get("DEVPATH", "")
@@ -80,20 +70,9 @@ def identity_for(environ: Mapping[str, str], rules, sysfs_root: str = SYSFS_ROOT
     return None
 
 
-def _char_node(path: str) -> bool:
-    try:
-        return stat.S_ISCHR(os.lstat(path).st_mode)
-    except OSError:
-        return False
-
-
 def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
-    """The inventory file's devices (caller holds the state lock).
-
-    The snapshot's copy while the file is still the version it was taken from
-    (a stat, no json import), else the file itself: another event may have
-    rewritten it between the snapshot's load and our lock.
-    """
+    """The inventory file's devices (caller holds the state lock): the snapshot's copy while the
+    file is the version it was taken from, else the file (another event may have rewritten it)."""
     from ..access import node_inventory
     from ..protocol.inventory import FILE_NAME
     from .settings import file_key
@@ -131,7 +110,7 @@ def run(environ: Mapping[str, str]) -> int:
         if action not in ("add", "change", "bind"):
             return 0
         devname = os.path.normpath(environ.get("DEVNAME", ""))
-        if not os.path.isabs(devname) or not _char_node(devname):
+        if not os.path.isabs(devname) or ownership.node_state(devname) is None:  # not a char device
             raise HookError(f"udev-event: {identity}: DEVNAME {devname!r} is not a character device node")
         policy = settings.families.get(device.kind)
         slotted = policy is not None and policy.slot
@@ -151,21 +130,13 @@ def run(environ: Mapping[str, str]) -> int:
             from .leasing import end_revocation  # only then: the usual event need not load it
 
             end_revocation(ledger, lease, nodes)
-        elif isinstance(lease, Lease) and lease.phase == HELD:
-            ledger.audit(
-                audit.REENUMERATE,
-                identity=identity,
-                job_id=lease.job_id,
-                uid=lease.uid,
-                nodes=list(nodes),
-                changed=changed,
-            )
-        elif lease is not None:
-            # Kept by an epilog, being revoked (the old device's own event), or unreadable: not
-            # free, and not the job's any more (owner_for: root only).
-            ledger.audit(audit.REENUMERATE, identity=identity, job_id=lease.job_id, nodes=list(nodes), changed=changed)
-        elif changed:
-            ledger.audit(audit.REENUMERATE, identity=identity, nodes=list(nodes))
+        elif lease is not None or changed:
+            # The uid only for a lease its job holds: one kept by an epilog, being revoked (the old
+            # device's own event) or unreadable is not free, and not the job's (owner_for: root only).
+            holder = {} if lease is None else {"job_id": lease.job_id}
+            if isinstance(lease, Lease) and lease.phase == HELD:
+                holder["uid"] = lease.uid
+            ledger.audit(audit.REENUMERATE, identity=identity, **holder, nodes=list(nodes), changed=changed)
         if changed:
             # Keep the hooks' snapshot current, or the next prolog rereads the YAML config.
             settings.devices[identity] = KnownDevice(identity, device.kind, device.bus, nodes)
