@@ -148,6 +148,13 @@ def repo_hooks():
     return project_hooks()
 
 
+def double_root(cluster) -> str:
+    """EDGETPU_DOUBLE_ROOT for a local cluster's jobs: where the libedgetpu double finds /sys and
+    /dev, each node's simulated ones (``%n``: the job's $SLURMD_NODENAME), to open the devices
+    the hooks hand over."""
+    return os.path.join(cluster.path("nodes"), "%n")
+
+
 @contextlib.contextmanager
 def runner_job_workspace(prefix: str, user: str, image_count: int):
     """A directory jobs can read with generated models and the test-double libedgetpu, and a job user.

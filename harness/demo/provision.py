@@ -170,6 +170,12 @@ def make_shared_dirs(layout: Layout) -> None:
         os.chmod(directory, 0o1777)
 
 
+def double_root(layout: Layout) -> str:
+    """EDGETPU_DOUBLE_ROOT: where the double finds a node's simulated /sys and /dev (``%n``: the
+    job's $SLURMD_NODENAME), to open the device nodes the hooks hand over."""
+    return layout.path("nodes", "%n")
+
+
 def write_env_file(layout: Layout, double_devices: str) -> None:
     """``<base>/env.sh``: what a shell needs to use the demo cluster."""
     text = f"""# The slurm-tpu demo cluster. Use it from any shell:  . {layout.env_file}
@@ -177,12 +183,15 @@ export SLURM_CONF={layout.slurm_conf}
 export PATH={":".join([layout.bin, *installation.find(use_daemons=False).dirs])}:$PATH
 export SLURM_TPU_DEMO={layout.base}
 export SLURM_TPU_JOBS={JOBS_DIR}
-# This machine has no Edge TPU: libedgetpu is the project's test double. It opens
+# This machine has no Edge TPU: libedgetpu is the project's test double. It lists
 # only the devices listed here (the demo's simulated ones) and runs models on the CPU.
-# Like the node's libedgetpu, it shows a job only its EDGETPU_VISIBLE_DEVICES. It is
+# Like the node's libedgetpu, it shows a job only its EDGETPU_VISIBLE_DEVICES, and it
+# opens the device's node (the job's node's simulated /sys and /dev, under
+# EDGETPU_DOUBLE_ROOT), so the kernel refuses a TPU that is not the job's. It is
 # where libedgetpu.so.1 resolves for your own code (a real node: /usr/lib/<multiarch>).
 export SLURM_TPU_LIBEDGETPU={layout.libedgetpu}
 export EDGETPU_DOUBLE_DEVICES={double_devices}
+export EDGETPU_DOUBLE_ROOT={double_root(layout)}
 export LD_LIBRARY_PATH={os.path.dirname(layout.libedgetpu)}
 """
     with open(layout.env_file + ".tmp", "w", encoding="utf-8") as handle:
@@ -209,5 +218,6 @@ def job_environment(layout: Layout, double_devices: str, user: str) -> dict[str,
         "SLURM_TPU_JOBS": str(JOBS_DIR),
         "SLURM_TPU_LIBEDGETPU": layout.libedgetpu,
         "EDGETPU_DOUBLE_DEVICES": double_devices,
+        "EDGETPU_DOUBLE_ROOT": double_root(layout),
         "LD_LIBRARY_PATH": os.path.dirname(layout.libedgetpu),
     }

@@ -18,7 +18,7 @@ import sys
 
 import pytest
 
-from helpers import TESTS, repo_hooks, runner_job_workspace, wait_until
+from helpers import TESTS, double_root, repo_hooks, runner_job_workspace, wait_until
 
 pytestmark = pytest.mark.slurm
 USER = "stpu_carol"
@@ -83,6 +83,7 @@ def test_a_jobs_inferences_reach_its_admin_comment(setup):
         cluster,
         f"""#!/bin/sh
 export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:/sys/bus/usb/devices/2-1.3
+export EDGETPU_DOUBLE_ROOT={double_root(cluster)}
 exec {sys.executable} -m slurm_tpu.cli infer {models["classifier"]} {models["images"]}/img_00001.png -c 12
 """,
     )
@@ -135,6 +136,7 @@ def test_each_array_task_gets_its_own_figures(setup):
     gate = os.path.join(cluster.base, "out", "task-0-collected")
     script = f"""#!/bin/sh
 export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:/sys/bus/usb/devices/2-1.3
+export EDGETPU_DOUBLE_ROOT={double_root(cluster)}
 if [ "$SLURM_ARRAY_TASK_ID" = 1 ]; then
     while [ ! -e {gate} ]; do sleep 0.2; done
 fi

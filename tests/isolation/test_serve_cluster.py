@@ -20,19 +20,21 @@ import time
 import pytest
 from support import HARDWARE, audit, finish_cluster, make_cluster, require_root_and_slurm, wait_until
 
+from helpers import double_root
+
 pytestmark = pytest.mark.slurm
 TESTS = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ALICE, BOB = "stpu_alice", "stpu_bob"
 USB = "/sys/bus/usb/devices/2-1.3"
 
 SERVE_JOB = """#!/bin/sh
-export HOME={home} SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{usb}
+export HOME={home} SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{usb} EDGETPU_DOUBLE_ROOT={root}
 exec {python} -m slurm_tpu.cli serve {model}=classifier -l {labels} --host 127.0.0.1 --drain-timeout 1
 """
 
 # A job whose server dies (SIGKILL here, the OOM killer in life) while the job goes on.
 SERVE_IN_BACKGROUND_JOB = """#!/bin/sh
-export HOME={home} SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{usb}
+export HOME={home} SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{usb} EDGETPU_DOUBLE_ROOT={root}
 {python} -m slurm_tpu.cli serve {model}=classifier -l {labels} --host 127.0.0.1 --drain-timeout 1 &
 wait
 sleep 600
@@ -153,6 +155,7 @@ def _submit_server(cluster, models, double, homes, log: str, script: str) -> int
             home=homes[ALICE],
             double=double,
             usb=USB,
+            root=double_root(cluster),
             python=sys.executable,
             model=models["classifier"],
             labels=models["classifier_labels"],

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from helpers import TESTS, repo_hooks, runner_job_workspace
+from helpers import TESTS, double_root, repo_hooks, runner_job_workspace
 
 pytestmark = pytest.mark.slurm
 USER = "stpu_carol"
@@ -34,6 +34,7 @@ def test_inferences_of_a_job_reach_report_and_metrics(setup):
     cluster, models, double = setup
     script = f"""#!/bin/sh
 export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:/sys/bus/usb/devices/2-1.3
+export EDGETPU_DOUBLE_ROOT={double_root(cluster)}
 exec {sys.executable} -m slurm_tpu.cli infer {models["classifier"]} {models["images"]}/img_00001.png -c 12
 """
     out_dir = os.path.join(cluster.base, "out")

@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from runner_support import USB_A, USB_B
+from runner_support import USB_A, USB_B, device_root
 
 from edgetpu_double.build import build_double
 from harness.modelgen import write_models
@@ -40,7 +40,8 @@ def clean_env(tmp_path, monkeypatch) -> dict[str, str]:
 
 @pytest.fixture
 def tpu_env(clean_env, libedgetpu_double, tmp_path) -> dict[str, str]:
-    """A job that was given the USB Edge TPU at 2-1.4 (the double sees 2-1.3 and 2-1.4)."""
+    """A job that was given the USB Edge TPU at 2-1.4 (the double sees 2-1.3 and 2-1.4, and opens
+    their nodes under a stand-in root: runner_support.device_root)."""
     env = dict(clean_env)
     env.update(
         {
@@ -49,6 +50,7 @@ def tpu_env(clean_env, libedgetpu_double, tmp_path) -> dict[str, str]:
             "SLURM_TPU_LIBEDGETPU": str(libedgetpu_double),
             "EDGETPU_DOUBLE_DEVICES": f"usb:{USB_A},usb:{USB_B}",
             "EDGETPU_DOUBLE_LOG": str(tmp_path / "double.log"),
+            "EDGETPU_DOUBLE_ROOT": str(device_root(tmp_path / "root")),
         }
     )
     return env

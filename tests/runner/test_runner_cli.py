@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -227,6 +228,16 @@ def test_error_tpu_not_visible_to_libedgetpu(models, tpu_env):
     assert "usb-2-1.4" in line and USB_B in line
     # Not listed, so never opened: the real library would retry such a path for 25 s.
     assert double_log(env) == []
+
+
+def test_error_tpu_node_cannot_be_opened(models, tpu_env):
+    """Listed, but its usbfs node is gone: libedgetpu's own reason, in the runner's one line."""
+    root = tpu_env["EDGETPU_DOUBLE_ROOT"]
+    os.unlink(f"{root}/dev/bus/usb/002/006")  # the allocated 2-1.4's node
+    line = _one_line_error(run_cli(["infer", models["classifier"], models["images"] / "img_00001.png"], tpu_env))
+    assert f"libedgetpu cannot open Edge TPU usb-2-1.4 at usb:{USB_B}" in line
+    assert "libedgetpu says: Unavailable: USB error -4 [OpenDevice]" in line
+    assert [(e["call"], e["errno"]) for e in double_log(tpu_env)] == [("open-failed", "ENOENT")]
 
 
 def test_error_segments_need_as_many_tpus(models, tpu_env):

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
-from runner_support import USB_A, USB_B, double_log
+from runner_support import PCI, USB_A, USB_B, double_log
 
 from harness.modelgen import images
 from slurm_tpu.runner import OpenOptions, Runner
@@ -67,6 +72,77 @@ def test_why_not_usb_index_the_same_index_names_another_device(libedgetpu_double
         del delegate
         opened.append([e["path"] for e in double_log(tpu_env) if e["call"] == "create"][-1])
     assert opened == [USB_B, USB_A]
+
+
+def _open_nodes(root: str) -> list[str]:
+    """What this process holds open under ``root``."""
+    held = []
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue  # the listing's own descriptor, closed meanwhile
+        if target.startswith(root):
+            held.append(target)
+    return held
+
+
+def test_double_holds_the_device_node_open_until_the_delegate_is_freed(libedgetpu_double, tpu_env, monkeypatch):
+    """As the real library: a USB stick's usbfs node (from its sysfs busnum/devnum), a card's own path."""
+    for key, value in tpu_env.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setenv("EDGETPU_DOUBLE_DEVICES", f"usb:{USB_B},pci:{PCI}")
+    root = tpu_env["EDGETPU_DOUBLE_ROOT"]
+    lib = EdgeTpuLibrary(str(libedgetpu_double))
+    stick, card = lib.create_delegate("usb", USB_B), lib.create_delegate("pci", PCI)
+    assert stick is not None and card is not None
+    assert sorted(_open_nodes(root)) == [f"{root}/dev/apex_0", f"{root}/dev/bus/usb/002/006"]
+    stick.close()
+    assert _open_nodes(root) == [f"{root}/dev/apex_0"]
+    card.close()
+    assert _open_nodes(root) == []
+    assert [(e["call"], e["path"]) for e in double_log(tpu_env)] == [
+        ("create", USB_B),
+        ("create", PCI),
+        ("free", USB_B),
+        ("free", PCI),
+    ]
+
+
+def test_double_fails_like_the_real_library_when_the_node_cannot_be_opened(libedgetpu_double, tpu_env, tmp_path):
+    """A listed device whose node is gone: NULL, one stderr line, an open-failed log line; and
+    the external-delegate ABI's default device (the first PCIe one) is not replaced by another."""
+    root = Path(tpu_env["EDGETPU_DOUBLE_ROOT"])
+    (root / "dev" / "bus" / "usb" / "002" / "006").unlink()
+    (root / "dev" / "apex_0").unlink()
+    code = (
+        "import ctypes, sys\n"
+        "from ai_edge_litert.interpreter import load_delegate\n"
+        "lib = ctypes.CDLL(sys.argv[1])\n"
+        "lib.edgetpu_create_delegate.restype = ctypes.c_void_p\n"
+        f"print(bool(lib.edgetpu_create_delegate(1, {USB_B!r}.encode(), None, 0)), flush=True)\n"
+        "try:\n"
+        "    load_delegate(sys.argv[1], {})\n"
+        "except ValueError:\n"
+        "    print('ValueError', flush=True)\n"
+    )
+    env = dict(tpu_env, EDGETPU_DOUBLE_DEVICES=f"usb:{USB_A},usb:{USB_B},pci:{PCI}")
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(libedgetpu_double)], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["False", "ValueError"], done.stderr
+    failures = [line for line in done.stderr.splitlines() if "edgetpu_double.c]" in line]
+    assert failures == [
+        f"E edgetpu_double.c] Failed to open device [Apex (USB)] at [{USB_B}]: Unavailable: USB error -4 "
+        f"[OpenDevice] ({root}/dev/bus/usb/002/006: No such file or directory)",
+        f"E edgetpu_double.c] Failed to open device [Apex (PCIe)] at [{PCI}]: Failed precondition: Device open "
+        f"failed : -1 (No such file or directory) ({root}/dev/apex_0: No such file or directory)",
+    ]
+    log = double_log(env)
+    assert [(e["call"], e["type"], e["path"], e["errno"], e["node"]) for e in log] == [
+        ("open-failed", "usb", USB_B, "ENOENT", f"{root}/dev/bus/usb/002/006"),
+        ("open-failed", "pci", PCI, "ENOENT", f"{root}/dev/apex_0"),
+    ]
 
 
 def test_runner_api_on_the_double_releases_device_and_lock(models, tpu_env, monkeypatch):

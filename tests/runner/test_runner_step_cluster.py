@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import TESTS, repo_hooks, runner_job_workspace
+from helpers import TESTS, double_root, repo_hooks, runner_job_workspace
 
 pytestmark = pytest.mark.slurm
 USER = "stpu_dana"
@@ -34,9 +34,9 @@ def setup(cluster_factory):
         yield cluster, models, double, shared / "out"
 
 
-def _script(double: Path, out: Path, body: str) -> str:
+def _script(cluster, double: Path, out: Path, body: str) -> str:
     return f"""#!/bin/sh
-export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{USB}
+export SLURM_TPU_LIBEDGETPU={double} EDGETPU_DOUBLE_DEVICES=usb:{USB} EDGETPU_DOUBLE_ROOT={double_root(cluster)}
 {body}
 """
 
@@ -105,7 +105,7 @@ def test_one_step_two_tasks_two_nodes_covers_every_input_once(setup):
     err = out / "step.err"
     job = cluster.sbatch(
         ["-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null", "-e", str(err)],
-        _script(double, out, _infer(models, out, "step-%j-%t-%N.jsonl")),
+        _script(cluster, double, out, _infer(models, out, "step-%j-%t-%N.jsonl")),
         user=USER,
     )
     assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED", err.read_text()
@@ -124,7 +124,7 @@ def test_steps_of_an_array_cover_every_input_once(setup):
     err = out / "array-%a.err"
     array = cluster.sbatch(
         ["--array=0-1", "-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null", "-e", str(err)],
-        _script(double, out, _infer(models, out, "array-%A-%a-%t.jsonl")),
+        _script(cluster, double, out, _infer(models, out, "array-%A-%a-%t.jsonl")),
         user=USER,
     )
     states = _array_states(cluster, array, timeout=240)
@@ -147,7 +147,7 @@ def test_a_batch_script_without_srun_is_one_process_and_takes_everything(setup):
     )
     job = cluster.sbatch(
         ["-N2", "--ntasks-per-node=1", "--gres=tpu:1", "-o", "/dev/null", "-e", str(err)],
-        _script(double, out, f"export EDGETPU_DOUBLE_LOG={out}/double-batch.log\n{body}"),
+        _script(cluster, double, out, f"export EDGETPU_DOUBLE_LOG={out}/double-batch.log\n{body}"),
         user=USER,
     )
     assert cluster.wait_for_jobs([job], timeout=120)[job] == "COMPLETED", err.read_text()
