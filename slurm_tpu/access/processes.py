@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import os
+import struct
 import time
 
 TYPE_CHECKING = False  # typing itself costs the hooks milliseconds per job
@@ -137,6 +138,56 @@ class _Seen:
 # ---- the scan ---------------------------------------------------------------------------
 
 
+_AT_FDCWD, _AT_STATX_DONT_SYNC, _STATX_TYPE = -100, 0x4000, 0x0001
+# struct statx (include/uapi/linux/stat.h): stx_mode (u16) at 0x1c, stx_rdev_major and _minor (u32) at 0x80.
+_STX_MODE, _STX_RDEV = struct.Struct("=H"), struct.Struct("=II")
+
+
+class _Devices:
+    """The char devices a scan looks for, and the look at a /proc magic link that tells whether it names one.
+
+    The look is statx(2) with AT_STATX_DONT_SYNC: what the kernel already knows of
+    the file, never a request to the file's own filesystem. A plain stat() of
+    /proc/PID/fd/N asks it (FUSE: a GETATTR to the server), and waits, as root, for as
+    long as that server does not answer: where users may mount FUSE for others
+    (``user_allow_other``), one fd on a stalled server would hold every release on the
+    node. A device node's type and numbers are its inode's own, never refreshed from
+    anywhere. Without statx in libc (glibc < 2.28) the look is stat().
+    """
+
+    __slots__ = ("rdevs", "_statx", "_buffer")
+
+    def __init__(self, rdevs: Iterable[int]) -> None:
+        self.rdevs = set(rdevs)
+        import ctypes  # already loaded by any hook that scans (hooks/jobusage.py)
+
+        self._buffer = ctypes.create_string_buffer(256)  # struct statx
+        try:
+            statx = ctypes.CDLL(None, use_errno=True).statx
+        except AttributeError:
+            self._statx = None
+            return
+        statx.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_uint, ctypes.c_void_p)
+        statx.restype = ctypes.c_int
+        self._statx = statx
+
+    def named_by(self, link: str, dir_fd: int = _AT_FDCWD) -> bool:
+        """Whether ``link`` (relative to ``dir_fd``) leads to a char device in :attr:`rdevs`."""
+        if self._statx is None:
+            try:
+                info = os.stat(link, dir_fd=None if dir_fd == _AT_FDCWD else dir_fd)
+            except OSError:
+                return False
+            return info.st_rdev in self.rdevs and (info.st_mode & _S_IFMT) == _S_IFCHR
+        buffer = self._buffer
+        if self._statx(dir_fd, link.encode(), _AT_STATX_DONT_SYNC, _STATX_TYPE, buffer) != 0:
+            return False  # gone (closed meanwhile)
+        if (_STX_MODE.unpack_from(buffer, 0x1C)[0] & _S_IFMT) != _S_IFCHR:
+            return False
+        return os.makedev(*_STX_RDEV.unpack_from(buffer, 0x80)) in self.rdevs
+
+
+
 def _maps_candidates(maps_path: str, filesystems: set[int]) -> list[str] | None:
     """``start-end`` of the mappings in ``maps_path`` whose file lies on one of ``filesystems``.
 
@@ -201,9 +252,10 @@ def scan_holders(
     are read after everything else, so a flood can leave only large tables unverified.
     """
     result = Scan()
-    wanted = set(rdevs)
-    if not wanted:
+    rdevs = set(rdevs)
+    if not rdevs:
         return result
+    wanted = _Devices(rdevs)
     file_systems = set(filesystems)
     deadline = time.monotonic() + budget_s
     me = os.getpid()
@@ -273,7 +325,7 @@ def _read_heavy_tables(
     result: Scan,
     heavy: list[tuple[bool, int, int, int, str]],
     pending: dict[int, int],
-    wanted: set[int],
+    wanted: _Devices,
     deadline: float,
 ) -> None:
     """The large fd tables :func:`scan_holders` put off, in ``heavy``'s order, into ``result``: a process
@@ -303,7 +355,7 @@ def _uid(pid: int) -> int | None:
         return None
 
 
-def _mapped(pid: int, tids: list[int], wanted: set[int], filesystems: set[int], deadline: float) -> str | None:
+def _mapped(pid: int, tids: list[int], wanted: _Devices, filesystems: set[int], deadline: float) -> str | None:
     """'mmap' when the thread group maps one of ``wanted``, else ''; None past the deadline (read
     through the first thread that still has the address space: a zombie leader has none)."""
     for tid in tids:
@@ -315,25 +367,21 @@ def _mapped(pid: int, tids: list[int], wanted: set[int], filesystems: set[int], 
     return ""
 
 
-def _table_holds(fd_dir: str, wanted: set[int], deadline: float) -> bool | None:
+def _table_holds(fd_dir: str, wanted: _Devices, deadline: float) -> bool | None:
     """Whether the fd table at ``fd_dir`` has one of ``wanted`` open; None past the deadline (the
-    directory is opened once, then each fd is a stat relative to it)."""
+    directory is opened once, then each fd is a look relative to it)."""
     try:
         dir_fd = os.open(fd_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     except OSError:
         return False  # gone, or a kernel thread
     try:
         names = os.listdir(dir_fd)
-        stat, clock = os.stat, time.monotonic
+        named_by, clock = wanted.named_by, time.monotonic
         for start in range(0, len(names), _CHECK_EVERY):
             if clock() >= deadline:
                 return None
             for name in names[start : start + _CHECK_EVERY]:
-                try:
-                    info = stat(name, dir_fd=dir_fd)
-                except OSError:
-                    continue
-                if info.st_rdev in wanted and (info.st_mode & _S_IFMT) == _S_IFCHR:
+                if named_by(name, dir_fd):
                     return True
         return False
     except OSError:
@@ -342,16 +390,12 @@ def _table_holds(fd_dir: str, wanted: set[int], deadline: float) -> bool | None:
         os.close(dir_fd)
 
 
-def _any_device(paths: list[str], wanted: set[int], deadline: float) -> bool | None:
+def _any_device(paths: list[str], wanted: _Devices, deadline: float) -> bool | None:
     """Whether one of ``paths`` (magic links in /proc) is a char device in ``wanted``; None past the deadline."""
     for count, path in enumerate(paths):
         if count % _CHECK_EVERY == _CHECK_EVERY - 1 and time.monotonic() >= deadline:
             return None
-        try:
-            info = os.stat(path)
-        except OSError:
-            continue
-        if info.st_rdev in wanted and (info.st_mode & _S_IFMT) == _S_IFCHR:
+        if wanted.named_by(path):
             return True
     return False
 

@@ -220,3 +220,79 @@ def test_the_scan_still_ends_at_its_budget():
     finally:
         for decoy in decoys:
             stop(decoy)
+
+
+STALLING_FUSE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "stalling_fuse.py")
+
+# Holds a file of the stalling FUSE server (argv[3]) and the device: PIDFILE gets "<pid> <fd of the file>".
+HOLD_STALLED_FILE_AND_DEVICE = r"""
+import os, sys, time
+node, pidfile, stalled_path = sys.argv[1:4]
+stalled = os.open(stalled_path, os.O_RDONLY)  # os.open: no fstat, which would wait for the server itself
+device = os.open(node, os.O_RDWR)
+with open(pidfile + ".tmp", "w") as handle:
+    handle.write(f"{os.getpid()} {stalled}")
+os.rename(pidfile + ".tmp", pidfile)
+time.sleep(3600)
+"""
+
+
+def wait_for(condition, what: str) -> None:
+    deadline = time.monotonic() + 60
+    while not condition():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.02)
+
+
+def wchan(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/wchan") as handle:
+            return handle.read()
+    except OSError:
+        return ""
+
+
+@needs_root
+def test_an_fd_on_a_stalled_fuse_server_does_not_stall_the_scan(device, tmp_path):
+    """Where users may mount FUSE for others (user_allow_other), one fd on a file whose server stopped
+    answering must not stall the holder scan, and with it every release on the node: root's stat of such
+    a file through /proc waits for the server forever."""
+    if not os.path.exists("/dev/fuse"):
+        pytest.skip("no /dev/fuse on this machine")
+    mountpoint, ready = tmp_path / "mnt", tmp_path / "ready"
+    mountpoint.mkdir()
+    server = subprocess.Popen([sys.executable, "-I", STALLING_FUSE, str(mountpoint), str(ready)])
+    holder = probe = None
+    try:
+        wait_for(lambda: ready.exists() or server.poll() is not None, "the FUSE server to mount")
+        assert server.poll() is None, "the stalling FUSE server could not mount (see its message above)"
+        holder, announced = start(HOLD_STALLED_FILE_AND_DEVICE, device, str(tmp_path / "pid"), str(mountpoint / "f"))
+        pid, stalled_fd = map(int, announced.split())
+        # The stall is real: a plain stat of that fd through /proc waits in the FUSE request.
+        probe = subprocess.Popen(["stat", "-L", f"/proc/{pid}/fd/{stalled_fd}"], stderr=subprocess.DEVNULL)
+        wait_for(lambda: wchan(probe.pid) == "request_wait_answer", "root's stat to wait on the FUSE server")
+        scan_code = (
+            "import os, sys\nfrom slurm_tpu.access import processes\n"
+            "found = processes.scan_holders([os.stat(sys.argv[1]).st_rdev], {os.lstat(sys.argv[1]).st_dev}, 30.0)\n"
+            "print(found.complete, *sorted(found.holders))\n"
+        )
+        # In a child: a scan that waits on the server waits uninterruptibly (once the server has read the
+        # request, the kernel waits it out, SIGKILL or not) until the server dies.
+        scanner = subprocess.Popen(
+            [sys.executable, "-c", scan_code, device], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            out, err = scanner.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            server.kill()  # the one way to free it
+            scanner.communicate()
+            pytest.fail("the holder scan waited on the stalled FUSE server")
+        assert scanner.returncode == 0, err
+        assert out.split() == ["True", str(pid)]  # complete, and the device's holder named
+    finally:
+        server.kill()  # first: its /dev/fuse closes and the kernel fails every request still waiting
+        server.wait()
+        for process in (probe, holder):
+            if process is not None:
+                stop(process)
+        subprocess.run(["umount", "-l", str(mountpoint)], capture_output=True)
