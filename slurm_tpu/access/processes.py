@@ -187,7 +187,6 @@ class _Devices:
         return os.makedev(*_STX_RDEV.unpack_from(buffer, 0x80)) in self.rdevs
 
 
-
 def _maps_candidates(maps_path: str, filesystems: set[int]) -> list[str] | None:
     """``start-end`` of the mappings in ``maps_path`` whose file lies on one of ``filesystems``.
 

@@ -25,7 +25,8 @@ OPENDIR, READDIR, RELEASEDIR, ACCESS, INTERRUPT, DESTROY, BATCH_FORGET = 27, 28,
 NO_REPLY = {FORGET, INTERRUPT, BATCH_FORGET}
 IN_HEADER = struct.Struct("<IIQQIIIHH")  # len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding
 OUT_HEADER = struct.Struct("<IiQ")  # len, error, unique
-ATTR = struct.Struct("<QQQQQQIIIIIIIIII")  # ino size blocks a/m/ctime, their nsec, mode nlink uid gid rdev blksize flags
+# fuse_attr: ino size blocks atime mtime ctime, their nsec, mode nlink uid gid rdev blksize flags
+ATTR = struct.Struct("<QQQQQQIIIIIIIIII")
 FILE_NODE, FILE_NAME = 2, b"f"
 
 
@@ -53,7 +54,8 @@ def serve(fuse: int) -> None:
             major, minor, readahead = struct.unpack_from("<III", body)
             # fuse_init_out: major minor max_readahead flags max_background congestion_threshold
             # max_write time_gran max_pages map_alignment flags2 max_stack_depth unused[6]
-            reply(fuse, unique, struct.pack("<IIIIHHIIHHII6I", 7, 31, readahead, 0, 16, 12, 1 << 17, 1, 0, 0, 0, 0, *[0] * 6))
+            init_out = struct.pack("<IIIIHHIIHHII6I", 7, 31, readahead, 0, 16, 12, 1 << 17, 1, 0, 0, 0, 0, *[0] * 6)
+            reply(fuse, unique, init_out)
         elif opcode == GETATTR:
             if node == FILE_NODE and opened:
                 continue  # the stall: never answered
