@@ -25,7 +25,7 @@ from .modelinfo import TensorSpec
 from .pipeline import decode_ordered, infer_ordered
 from .preprocess import Geometry, Normalization, Prepared, Resize, as_input, load_input
 from .results import JSONL, Layout, Progress, ResultWriter, StdoutWriter, write_batch
-from .session import EngineSet, OpenOptions, open_engines, open_segments, usable_cpus
+from .session import EngineSet, OpenOptions, open_models, usable_cpus
 from .tasks import AUTO, Class, Task, TaskOptions, choose_task, read_labels
 from .tasks.classify import Classify
 
@@ -39,10 +39,6 @@ class BatchSummary:
     processed: int
     errors: int
     seconds: float
-
-    @property
-    def per_second(self) -> float:
-        return self.processed / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -124,13 +120,10 @@ class Runner:
         :mod:`.tasks`). ``fast_resize``: JPEG draft decoding + BILINEAR instead of pycoral's
         LANCZOS (changes the input tensor). ``keep_aspect_ratio``: pad instead of stretch
         for segmentation (pycoral's --keep_aspect_ratio; detection always pads)."""
-        segments = [model] if isinstance(model, (str, os.PathLike)) else [str(m) for m in model]
+        segments = [str(model)] if isinstance(model, (str, os.PathLike)) else [str(m) for m in model]
         self.segmented = len(segments) > 1
         self.labels = read_labels(labels)  # before the device: a bad path costs no TPU time
-        if self.segmented:
-            self.engine_set: EngineSet = open_segments(segments, options, environ, warn)
-        else:
-            self.engine_set = open_engines(str(segments[0]), options, environ, warn)
+        self.engine_set: EngineSet = open_models(segments, options, environ, warn, segmented=self.segmented)
         try:
             models = self.engine_set.models
             custom_ops = frozenset().union(*(m.custom_ops for m in models))

@@ -1,21 +1,16 @@
 """The one module that touches a TFLite runtime or libedgetpu.
 
-Runtimes, in order of preference: LiteRT (``ai_edge_litert``, the default
-dependency) then ``tflite_runtime`` (same Interpreter API; frozen at 2.14, needs
-numpy<2). ``SLURM_TPU_RUNTIME=litert|tflite-runtime`` forces one.
+Runtimes, in order of preference: LiteRT (``ai_edge_litert``) then ``tflite_runtime``
+(same Interpreter API; frozen at 2.14, needs numpy<2); ``SLURM_TPU_RUNTIME`` forces one.
 
-Edge TPUs are opened through libedgetpu's C API, by sysfs/device path:
-``edgetpu_create_delegate(type, path, options, n)``. We do *not* use the external
-delegate ABI (``load_delegate(lib, {"device": "usb:N"})``) because its ``N`` is a
-position in libedgetpu's own enumeration, which shifts whenever another USB stick
-loads its firmware: "usb:0" can be another job's TPU. The Interpreter (LiteRT and
-tflite-runtime alike, see their interpreter.py) only needs, of each object in
-``experimental_delegates``, a ``_get_native_delegate_pointer()`` returning the
-``TfLiteDelegate*``, and keeps those objects alive until its native interpreter is
-gone; that is exactly what pycoral's ``make_interpreter`` relies on too. So
-:class:`EdgeTpuDelegate` wraps the raw pointer and frees it with
-``edgetpu_free_delegate`` only after the interpreter has been destroyed.
-pycoral is therefore not needed at all; when present it changes nothing.
+Edge TPUs are opened through libedgetpu's C API by sysfs/device path
+(``edgetpu_create_delegate``), not the external delegate ABI (``load_delegate(lib,
+{"device": "usb:N"})``): its N is a position in libedgetpu's own enumeration, which
+shifts whenever another USB stick loads its firmware, so "usb:0" can be another job's
+TPU. The Interpreter (LiteRT and tflite-runtime alike) only needs, of each delegate
+object, a ``_get_native_delegate_pointer()``, and keeps the objects alive until its
+native interpreter is gone, as pycoral's ``make_interpreter`` relies on too: so
+:class:`EdgeTpuDelegate` wraps the raw pointer, and pycoral is not needed.
 
 GPUs go through LiteRT's CompiledModel API with ``HardwareAccelerator.GPU`` (WebGPU
 over Vulkan), which raises when no adapter can be set up.
@@ -30,7 +25,7 @@ import importlib
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -193,10 +188,7 @@ class EdgeTpuLibrary:
                 finally:
                     self._verbosity(0)  # quiet again before the model runs
             log.extend(lines)
-        return EdgeTpuDelegate(self, pointer) if pointer else None
-
-    def _free(self, pointer: int) -> None:
-        self._lib.edgetpu_free_delegate(pointer)
+        return EdgeTpuDelegate(self._lib.edgetpu_free_delegate, pointer) if pointer else None
 
 
 def libedgetpu_reason(log: list[str], path: str) -> str | None:
@@ -223,17 +215,17 @@ class EdgeTpuDelegate:
     never pulls the delegate from under a live interpreter.
     """
 
-    def __init__(self, library: EdgeTpuLibrary, pointer: int):
-        self._library: EdgeTpuLibrary | None = library
+    def __init__(self, free: Callable[[int], None], pointer: int):
+        self._free: Callable[[int], None] | None = free  # edgetpu_free_delegate
         self._pointer = pointer
 
     def _get_native_delegate_pointer(self) -> int:
         return self._pointer
 
     def close(self) -> None:
-        if self._library is not None:
-            self._library._free(self._pointer)
-            self._library = None
+        if self._free is not None:
+            self._free(self._pointer)
+            self._free = None
 
     def __del__(self) -> None:
         self.close()

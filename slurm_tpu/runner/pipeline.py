@@ -68,12 +68,7 @@ def decode_ordered(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-_DONE = object()
-
-
-class _Failure:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
+_DONE = object()  # end marker; a worker's or the feeder's failure travels as the exception itself
 
 
 def _run(engine: Engine, item: Item) -> Item:
@@ -105,13 +100,13 @@ def infer_ordered(
             if item is _DONE or stop.is_set():
                 outbox.put(_DONE)
                 return
-            if not isinstance(item, _Failure):
+            if not isinstance(item, BaseException):
                 try:
                     _run(engine, item)
                     if not last and item.error is None:  # the next segment's input
                         item.inputs, item.outputs = item.outputs, None
                 except BaseException as exc:  # noqa: BLE001 - the worker's failure goes to the consumer, which raises it
-                    item = _Failure(exc)
+                    item = exc
             outbox.put(item)
 
     threads = [threading.Thread(target=_feed, args=(items, queues[0], stop, copies), daemon=True)]
@@ -135,8 +130,8 @@ def infer_ordered(
             if got is _DONE:
                 finished += 1
                 continue
-            if isinstance(got, _Failure):
-                raise got.exc
+            if isinstance(got, BaseException):
+                raise got
             pending[got.seq] = got
             while next_seq in pending:
                 yield pending.pop(next_seq)
@@ -159,7 +154,7 @@ def _feed(items: Iterable[Item], out: queue.Queue[Any], stop: threading.Event, c
             if stop.is_set():
                 return
     except BaseException as exc:  # noqa: BLE001 - decoding crashed: let the consumer raise it
-        out.put(_Failure(exc))
+        out.put(exc)
     for _ in range(copies):
         out.put(_DONE)
 

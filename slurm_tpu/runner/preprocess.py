@@ -157,23 +157,22 @@ def load_image(
             f"model input '{spec.name}' has shape {spec.shape}, not an NHWC image: give .npy inputs instead", spec.name
         )
     height, width, channels = spec.shape[1:]
-    mode = "RGB" if channels == 3 else "L"
-    if not resize.keep_aspect:
-        image, size = _decode(path, mode, (lambda _: (width, height)) if resize.fast else None, name)
-        pixels = np.asarray(_resize(image, (width, height), resize.fast), dtype=np.uint8)
-        if channels == 1:
-            pixels = pixels[:, :, np.newaxis]
-        return Prepared(
-            pixels_to_tensor(pixels, spec, norm),
-            Geometry((width, height), size, (width / size[0], height / size[1]), (width, height)),
-        )
-    fit = (lambda size: fitted_size(size, (width, height))[0]) if resize.fast else None
-    image, size = _decode(path, mode, fit, name)
-    (w, h), scale = fitted_size(size, (width, height))
+    target = (width, height)
+
+    def fit(size: tuple[int, int]) -> tuple[int, int]:  # the (width, height) the image is resized to
+        return fitted_size(size, target)[0] if resize.keep_aspect else target
+
+    image, size = _decode(path, "RGB" if channels == 3 else "L", fit if resize.fast else None, name)
+    w, h = fit(size)
     pixels = np.asarray(_resize(image, (w, h), resize.fast), dtype=np.uint8).reshape(h, w, channels)
+    if not resize.keep_aspect:
+        return Prepared(
+            pixels_to_tensor(pixels, spec, norm), Geometry(target, size, (w / size[0], h / size[1]), target)
+        )
     tensor = np.zeros(spec.shape, dtype=spec.dtype)  # set_resized_input: tensor.fill(0), then paste
     tensor[0, :h, :w] = pixels_to_tensor(pixels, spec, norm)[0]
-    return Prepared(tensor, Geometry((width, height), size, (scale, scale), (w, h)))
+    scale = fitted_size(size, target)[1]
+    return Prepared(tensor, Geometry(target, size, (scale, scale), (w, h)))
 
 
 def conform_array(array: np.ndarray, spec: TensorSpec, name: str) -> np.ndarray:

@@ -2,36 +2,26 @@
 
 Any user can reach any node's ports, so the server's only protection is a token: 32
 random bytes made at start-up, required on every request as ``Authorization: Bearer
-<token>`` and compared in constant time (:func:`hmac.compare_digest`).
+<token>`` and compared in constant time.
 
 The server writes its address and the token to ``~/.slurm-tpu/serve/<jobid>.json``
-(:func:`address_path`; what it holds: :mod:`slurm_tpu.protocol.serve_address`). Both
-directories are the user's own, mode 0700, opened without following symlinks and checked
-with ``fstat`` after opening (not before: no check/act race); the file is created under
-a temporary name with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600, then renamed into
-place, so a reader never sees half a file and a planted link is replaced, never written
-through. Readers (:func:`read_address`) apply the same checks and refuse a file that
-others could read.
+(format: :mod:`slurm_tpu.protocol.serve_address`). Both directories are the user's own,
+mode 0700, opened without following symlinks and checked with ``fstat`` after opening
+(no check/act race); the file is created under a temporary name with ``O_EXCL |
+O_NOFOLLOW`` and mode 0600, then renamed into place, so a reader never sees half a file
+and a planted link is replaced, never written through. Readers apply the same checks
+and refuse a file that others could read.
 
-The address file can outlive its server (SIGKILL, the OOM killer: no clean-up), and
-then any user may bind the freed port. So our client never sends the token to a
-listener before that listener has proved it holds the token, without the token ever
-crossing the wire first (challenge-response; :func:`proof`):
-
-1. the client opens a connection and sends ``GET /v1/slurm-tpu/proof?nonce=N``, N 32
-   fresh random bytes in hex, without ``Authorization``;
-2. the server answers 200 ``{"proof": P}``, P = hex HMAC-SHA256 keyed by the token of
-   ``"slurm-tpu serve proof v1" NUL N``;
-3. the client computes P itself and compares (constant time); only on that same
-   connection, and only if P matched, does it send requests with ``Authorization:
-   Bearer <token>``. A listener that answers anything else gets nothing more, and the
-   client says so in one line.
-
-The server thus proves it holds the secret; the client then proves it by the bearer
-token, as every standard client (curl, TF Serving's) does: they skip step 1-3 and
-are unaffected. A HMAC of a nonce the client just chose tells a listener nothing
-about the token and cannot be replayed. The client also asks Slurm whether the job
-still runs before it connects (:mod:`.client`).
+The address file can outlive its server (SIGKILL, the OOM killer), and then any user may
+bind the freed port. So our client sends the token only to a listener that proved it
+holds it, without the token crossing the wire first: on a new connection it sends ``GET
+/v1/slurm-tpu/proof?nonce=N`` (N 32 fresh random bytes in hex) without
+``Authorization``; the server answers ``{"proof": P}``, P the hex HMAC-SHA256 keyed by
+the token of ``"slurm-tpu serve proof v1" NUL N``; only if P matches (constant time)
+does the client send requests with the bearer token on that same connection. An HMAC of
+a nonce the client just chose tells a listener nothing about the token and cannot be
+replayed; standard clients (curl, TF Serving's) skip the challenge and are unaffected.
+The client also asks Slurm whether the job still runs before it connects (:mod:`.client`).
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The client of ``slurm-tpu serve``: ``slurm-tpu infer --server JOBID|HOST:PORT ...``.
 
-The target is a job id (its address file, ``~/.slurm-tpu/serve/<jobid>.json``, gives
-the URL and token) or ``host:port`` (the token from a matching address file of yours,
-else ``$SLURM_TPU_SERVE_TOKEN``). Inputs, outputs and batch options are those of local
-inference: each input file's bytes go to the model's task endpoint and the record
-that comes back is written as ``slurm-tpu infer`` writes it (JSONL/CSV, resumable,
-sharded). Several requests are in flight at once over keep-alive connections (one
-per thread), so the server's queue stays fed; a 503 is retried after its
-Retry-After.
-
-Before the token leaves this process (an address file can outlive its server, and its
-port be anyone's: :mod:`.auth`'s docstring), a job's server is used only while Slurm says
-the job runs, and every connection is a :class:`ProvenConnection`. Anything unexpected
-from a listener is one line (:class:`ServerError`), never a traceback.
+The target is a job id (its address file gives the URL and token) or ``host:port`` (the
+token from a matching address file of yours, else ``$SLURM_TPU_SERVE_TOKEN``). Inputs,
+outputs and batch options are those of local inference: each input file's bytes go to
+the model's task endpoint, several requests in flight over keep-alive connections (one
+per thread); a 503 is retried after its Retry-After. Before the token leaves this
+process (:mod:`.auth`'s docstring), a job's server is used only while Slurm says the job
+runs, and every connection is a :class:`ProvenConnection`. Anything unexpected from a
+listener is one line (:class:`ServerError`), never a traceback.
 """
 
 from __future__ import annotations
@@ -185,13 +180,6 @@ class ServeClient:
     def url(self) -> str:
         return self.address.url
 
-    def _connection(self) -> http.client.HTTPConnection:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = ProvenConnection(self._host, self._port, self.address.token, self.url, self._timeout)
-            self._local.connection = connection
-        return connection
-
     def _drop(self) -> None:
         connection = getattr(self._local, "connection", None)
         if connection is not None:
@@ -206,16 +194,19 @@ class ServeClient:
         headers = {"Authorization": f"Bearer {self.address.token}"}
         if method == "POST":
             headers["Content-Type"] = content_type
-        for attempt in range(RETRIES + 1):
+        for _ in range(RETRIES):
             status, data, answer = self._once(method, path, body, headers)
-            if status != 503 or attempt == RETRIES:
+            if status != 503:
                 return status, data, answer
             time.sleep(min(30.0, float(answer.get("Retry-After", "1") or 1)))
-        raise AssertionError("unreachable")
+        return self._once(method, path, body, headers)
 
     def _once(self, method: str, path: str, body: bytes, headers: dict[str, str]):
         for retry in (False, True):
-            connection = self._connection()
+            connection = getattr(self._local, "connection", None)
+            if connection is None:
+                connection = ProvenConnection(self._host, self._port, self.address.token, self.url, self._timeout)
+                self._local.connection = connection
             try:
                 connection.request(method, path, body=body if method == "POST" else None, headers=headers)
                 response = connection.getresponse()

@@ -1,12 +1,10 @@
 """Requests to devices: one bounded queue, one worker thread per device.
 
-An Edge TPU runs one inference at a time and two processes on one TPU is a crash, so
-the server owns each device through exactly one thread: the device's worker. Every
-worker pulls from one shared queue, so with several devices whichever is free takes
-the next inference (requests spread over the devices), and a device never runs two
-inferences at once. The queue is bounded: when it is full, :meth:`DeviceQueue.submit`
-raises :class:`Overloaded` at once (the HTTP layer answers 503 with Retry-After)
-instead of letting memory grow with the backlog.
+An Edge TPU runs one inference at a time, so the server owns each device through exactly
+one thread. Every worker pulls from one shared queue: whichever device is free takes the
+next inference. When the queue is full, :meth:`DeviceQueue.submit` raises
+:class:`Overloaded` at once (the HTTP layer answers 503 with Retry-After) instead of
+letting memory grow with the backlog.
 """
 
 from __future__ import annotations

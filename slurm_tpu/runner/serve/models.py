@@ -1,11 +1,8 @@
 """The models a server holds: names, tasks, labels and how request bytes become input tensors.
 
-``slurm-tpu serve a.tflite=a b.tflite`` opens every model on every device of the job
-once (:func:`open_served`, through the runner's :func:`~slurm_tpu.runner.session.open_models`:
-one lock per device, one interpreter per model and device). A :class:`ServedModel`
-knows its engines (one per device), the task recognised from its outputs (as
-``slurm-tpu infer --task auto``), its labels, and prepares request bodies exactly as
-the runner prepares files, so a served answer equals ``slurm-tpu infer --json``'s.
+Every model is opened on every device of the job once (:func:`open_served`). A
+:class:`ServedModel` prepares request bodies exactly as the runner prepares files, so a
+served answer equals ``slurm-tpu infer --json``'s.
 """
 
 from __future__ import annotations
