@@ -136,8 +136,6 @@ class Runner:
         self.normalization = normalization
         self.resize = Resize(keep_aspect=self.task.keep_aspect, fast=fast_resize)
 
-    # -- what the model expects / produces -------------------------------------------
-
     @property
     def input_specs(self) -> Sequence[TensorSpec]:
         return self.engine_set.engines[0].inputs
@@ -170,8 +168,6 @@ class Runner:
     def _load_with_geometry(self, path: str) -> tuple[list[np.ndarray], Geometry]:
         prepared = self.prepare(path)
         return [prepared.tensor], prepared.geometry
-
-    # -- single inputs -----------------------------------------------------------------
 
     def infer(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """One inference (through every segment in turn when segmented)."""
@@ -210,8 +206,6 @@ class Runner:
     def options(self, top_k: int = 1, threshold: float | None = None) -> TaskOptions:
         """Task options with this runner's labels."""
         return TaskOptions(self.labels, top_k, threshold)
-
-    # -- batches -------------------------------------------------------------------------
 
     def _record(
         self,
@@ -305,8 +299,6 @@ class Runner:
         if all(e.label == "cpu" for e in self.engine_set.engines):
             return 1
         return max(1, min(4, usable_cpus()))
-
-    # -- benchmark -----------------------------------------------------------------------
 
     def benchmark(self, iterations: int = 100, source: str | None = None) -> BenchResult:
         """Latency and throughput on the first device (the whole chain when segmented, one input

@@ -36,9 +36,6 @@ from .modelinfo import TensorSpec
 DEBUG_ENV = "SLURM_TPU_DEBUG"
 
 
-# -- runtime selection ---------------------------------------------------------------
-
-
 def select_runtime(preferred: str | None = None) -> str:
     """The runtime to use: ``preferred``, else $SLURM_TPU_RUNTIME, else the first importable."""
     preferred = preferred or os.environ.get(RUNTIME_ENV) or None
@@ -102,9 +99,6 @@ def native_stderr_captured() -> Iterator[list[str]]:
 def _spec_from_details(d: dict) -> TensorSpec:
     scale, zero = d.get("quantization", (0.0, 0))
     return TensorSpec(d["name"], tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]), float(scale), int(zero))
-
-
-# -- libedgetpu ----------------------------------------------------------------------
 
 
 class _Device(ctypes.Structure):
@@ -229,9 +223,6 @@ class EdgeTpuDelegate:
 
     def __del__(self) -> None:
         self.close()
-
-
-# -- engines -------------------------------------------------------------------------
 
 
 class InterpreterEngine:

@@ -6,22 +6,19 @@ documented ones bit for bit:
 - ``classify_image.py``: ``Image.open(f).convert('RGB').resize(size, Image.ANTIALIAS)``,
   i.e. LANCZOS from the fully decoded image, stretched to the input size;
 - ``detect_image.py`` (``keep_aspect=True``): ``common.set_resized_input``: scale to fit
-  the input keeping the aspect ratio (``scale = min(W / w, H / h)``, sizes truncated
-  with ``int``), LANCZOS, paste at the top-left of a zero tensor; the scale maps boxes
-  back to the original image.
+  keeping the aspect ratio (``scale = min(W / w, H / h)``, sizes truncated with ``int``),
+  LANCZOS, paste at the top-left of a zero tensor; the scale maps boxes back.
 
-``fast=True`` (``--fast-resize``) decodes JPEGs at a reduced scale (Pillow's draft
-mode) and resizes with BILINEAR: several times cheaper for big photos, but the input
-tensor differs from pycoral's and so can the scores (by up to 0.1 on Coral's
-MobileNets): opt-in only.
+``fast=True`` (``--fast-resize``) decodes JPEGs at a reduced scale (Pillow's draft mode)
+and resizes with BILINEAR: several times cheaper for big photos, but the scores can
+differ from pycoral's (by up to 0.1 on Coral's MobileNets): opt-in only.
 
-Pixel values (uint8 models, as classify_image.py): with no ``--input-mean``/``--input-std``
+Pixel values (uint8 models, as classify_image.py): without ``--input-mean``/``--input-std``
 the raw pixels go in (the model's input quantization is trusted to encode the
-normalisation, true of Coral's models); with them, pycoral's formula exactly:
-raw pixels when ``scale * std == 1`` and ``mean == zero_point``, else
-``(p - mean) / (std * scale) + zero_point``, clipped to [0, 255] and truncated to
-uint8. int8 models get ``p - 128``; float models ``(p - mean) / std`` (default mean =
-std = 127.5, i.e. [-1, 1]).
+normalisation, true of Coral's models); with them, pycoral's formula exactly: raw pixels
+when ``scale * std == 1`` and ``mean == zero_point``, else ``(p - mean) / (std * scale) +
+zero_point``, clipped to [0, 255] and truncated to uint8. int8 models get ``p - 128``;
+float models ``(p - mean) / std`` (default mean = std = 127.5, i.e. [-1, 1]).
 """
 
 from __future__ import annotations

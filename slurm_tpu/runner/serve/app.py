@@ -116,8 +116,6 @@ class ServeApp:
         self.metrics = ServeMetrics(engines, self._gauges)
         self.answered = 0
 
-    # -- in flight ---------------------------------------------------------------------
-
     def begin(self) -> bool:
         """Count a request in; False when draining (the caller answers 503)."""
         with self._idle:
@@ -151,8 +149,6 @@ class ServeApp:
             ),
         }
 
-    # -- routing -----------------------------------------------------------------------
-
     def route(self, method: str, path: str) -> Route:
         """The endpoint a method and path (without query) name, or a 404/405 RequestError."""
         if path == "/metrics":
@@ -183,8 +179,6 @@ class ServeApp:
         if route.method != method:
             raise RequestError(405, f"{route.endpoint} takes {method}, not {route.method}")
         return route
-
-    # -- endpoints ---------------------------------------------------------------------
 
     def dispatch(self, route: Route, body: bytes, content_type: str, query: str) -> Response:
         """The answer to an authorized request (or a RequestError)."""

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from ...errors import SlurmTpuError
 from ...protocol import FormatError
 from ...protocol.serve_address import DIR_PARTS, SUFFIX, Address, decode, encode, file_name
-from ..errors import UsageError
+from ..errors import FileError, UsageError
 
 TOKEN_BYTES = 32
 SCHEME = "Bearer"
@@ -47,12 +47,8 @@ _PROOF_LABEL = b"slurm-tpu serve proof v1\0"  # binds the HMAC to this use of th
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class AddressFileError(SlurmTpuError):
+class AddressFileError(FileError):
     """The address file cannot be written, found or trusted."""
-
-    def __init__(self, message: str, path: str):
-        super().__init__(message)
-        self.path = path
 
 
 def new_token() -> str:

@@ -1,10 +1,4 @@
-"""Tasks: what a model's outputs mean (classify, detect, segment, raw), one module each.
-
-``choose_task`` picks one: by name, or (``auto``) from the model's output signature,
-in this order: detection post-process outputs -> detect; one [1, N] output ->
-classify; one [1, H, W] or [1, H, W, C] output -> segment. A model that fits none is
-an error naming its outputs and ``--task raw``.
-"""
+"""Tasks: what a model's outputs mean (classify, detect, segment, raw), one module each."""
 
 from __future__ import annotations
 
@@ -34,7 +28,8 @@ def _make(cls: type[Task], keep_aspect: bool) -> Task:
 def choose_task(
     name: str, outputs: Sequence[TensorSpec], custom_ops: frozenset[str], model: str, keep_aspect: bool = False
 ) -> tuple[Task, str]:
-    """The task for a model and how it was chosen (for the user: "auto: ..."/"--task")."""
+    """The task for a model and how it was chosen (for the user: "auto: ..."/"--task"): by name, or
+    (``auto``) the first of detect, classify and segment whose output signature the model has."""
     classes = {t.name: t for t in _RECOGNISED + _BY_NAME_ONLY}
     if name != AUTO:
         if name not in classes:
