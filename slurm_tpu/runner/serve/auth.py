@@ -26,6 +26,7 @@ The client also asks Slurm whether the job still runs before it connects (:mod:`
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -110,7 +111,7 @@ def _own_private_dir(parent_fd: int, name: str, path: str, create: bool) -> int:
         try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
         except FileExistsError:
-            pass
+            pass  # checked below, as a directory found
         except OSError as exc:
             raise AddressFileError(
                 f"cannot create {path} ({exc.strerror}): check that your home directory is writable on this node", path
@@ -178,10 +179,8 @@ def write_address(address: Address, environ: Mapping[str, str] = os.environ) -> 
                 os.fsync(handle.fileno())
             os.rename(temporary, file_name(address.job_id), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=dir_fd)
-            except OSError:
-                pass
             raise
     finally:
         os.close(dir_fd)
@@ -191,19 +190,14 @@ def write_address(address: Address, environ: Mapping[str, str] = os.environ) -> 
 def remove_address(address: Address, environ: Mapping[str, str] = os.environ) -> None:
     """Remove the address file if it is still this server's (a requeued job may have replaced it)."""
     try:
-        current = read_address(address.job_id, environ)
-    except SlurmTpuError:
-        return
-    if current.token != address.token:
-        return
-    try:
+        if read_address(address.job_id, environ).token != address.token:
+            return
         dir_fd = _open_serve_dir(environ, create=False)
     except SlurmTpuError:
         return
     try:
-        os.unlink(file_name(address.job_id), dir_fd=dir_fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.unlink(file_name(address.job_id), dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
 

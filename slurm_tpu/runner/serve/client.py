@@ -278,7 +278,7 @@ def _specs(signature: Mapping[str, Any]) -> list[TensorSpec]:
 
 
 class RemoteModel:
-    """A served model as the client sees it: its name, task and devices."""
+    """A served model as the client sees it: its name and task."""
 
     def __init__(self, client: ServeClient, name: str, task: str):
         self.client = client
@@ -287,8 +287,6 @@ class RemoteModel:
         try:
             extra = metadata.get("metadata", {}).get("slurm_tpu", {})
             signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
-            self.devices: list[str] = [str(d) for d in extra.get("devices", [])]
-            self.runtime: str = str(extra.get("runtime", ""))
             served_task = str(extra.get("task", "raw"))
             outputs = _specs(signature["outputs"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

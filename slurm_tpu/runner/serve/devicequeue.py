@@ -62,7 +62,6 @@ class DeviceQueue:
     def __init__(self, engines: Sequence[Sequence[Engine]], capacity: int):
         if capacity < 1:
             raise ValueError("queue capacity must be at least 1")
-        self._engines = engines
         self._queue: queue.Queue[object] = queue.Queue(maxsize=capacity)
         self.capacity = capacity
         self._threads = [

@@ -80,11 +80,9 @@ class ServeHTTPServer(ThreadingHTTPServer):
                 self._pending[request] = (peer, time.monotonic() + limits.head_deadline)
                 self._count()
         if refuse:  # draining; answered from the accepting thread: never block it on a slow client
-            try:
+            with contextlib.suppress(OSError):
                 request.setblocking(False)
                 request.send(_SHUTTING_DOWN)
-            except OSError:
-                pass
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
