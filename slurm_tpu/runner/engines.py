@@ -51,9 +51,7 @@ def select_runtime(preferred: str | None = None) -> str:
         except ImportError as exc:  # tflite-runtime under numpy 2 also lands here
             errors.append(f"{name}: {exc}".splitlines()[0])
     raise RuntimeMissingError(
-        "no TFLite runtime could be imported ("
-        + "; ".join(errors)
-        + "): pip install 'slurm-tpu[infer]' (ai-edge-litert)"
+        f"no TFLite runtime could be imported ({'; '.join(errors)}): pip install 'slurm-tpu[infer]' (ai-edge-litert)"
     )
 
 
@@ -69,13 +67,9 @@ def runtime_version(name: str) -> str:
 
 @contextlib.contextmanager
 def native_stderr_captured() -> Iterator[list[str]]:
-    """Collect what native code writes to fd 2 meanwhile (LiteRT logs INFO lines there).
-
-    The CLI promises one-line errors; the runtime's chatter would break that. The
-    captured lines are handed to the caller (to quote the relevant one in an
-    error) and replayed when $SLURM_TPU_DEBUG is set. Process-wide: call from one
-    thread at a time (engines are opened sequentially).
-    """
+    """Collect what native code writes to fd 2 meanwhile (LiteRT logs INFO lines there), which
+    would break the CLI's one-line errors; replayed when $SLURM_TPU_DEBUG is set.
+    Process-wide: call from one thread at a time (engines are opened sequentially)."""
     lines: list[str] = []
     try:
         saved = os.dup(2)
@@ -232,7 +226,6 @@ class InterpreterEngine:
         self, model_path: str, label: str, runtime: str, num_threads: int, delegate: EdgeTpuDelegate | None = None
     ):
         self.label = label
-        self.runtime = runtime
         module = importlib.import_module(RUNTIME_MODULES[runtime])
         delegates = [delegate] if delegate is not None else None
         error: ValueError | RuntimeError | None = None
@@ -291,7 +284,6 @@ class GpuEngine:
         # accelerator="cpu" runs the very same CompiledModel path on LiteRT's CPU
         # accelerator: how tests exercise this class on machines without a GPU.
         self.label = accelerator
-        self.runtime = "litert"
         try:
             from ai_edge_litert.compiled_model import CompiledModel
             from ai_edge_litert.hardware_accelerator import HardwareAccelerator

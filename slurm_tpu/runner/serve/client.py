@@ -169,16 +169,13 @@ class ServeClient:
 
     def __init__(self, address: Address, timeout: float = 120.0):
         self.address = address
+        self.url = address.url
         parts = urlsplit(address.url)
         if parts.scheme != "http" or not parts.hostname:
             raise ServerError(f"server URL {address.url} is not http://HOST:PORT", address.url)
         self._host, self._port = parts.hostname, parts.port or 80
         self._timeout = timeout
         self._local = threading.local()
-
-    @property
-    def url(self) -> str:
-        return self.address.url
 
     def _drop(self) -> None:
         connection = getattr(self._local, "connection", None)

@@ -61,7 +61,6 @@ class Server:
         self.token = token or new_token()
         self.app = ServeApp(models, self.queue, limits, self.token, runtime)
         self.engine_set = engine_set
-        self.listen = listen
         try:
             self.http = ServeHTTPServer((listen.host, listen.port), self.app)
         except OSError as exc:
@@ -73,14 +72,8 @@ class Server:
             target=self.http.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="http-accept"
         )
         self.stopped = False
-
-    @property
-    def port(self) -> int:
-        return self.http.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return self.listen.url(self.port)
+        self.port: int = self.http.server_address[1]
+        self.url = listen.url(self.port)
 
     def start(self) -> None:
         self.queue.start()
