@@ -38,13 +38,12 @@ class ModelArg:
 
 def default_name(path: str) -> str:
     """The name a model file is served under when none is given: its file name without .tflite."""
-    base = os.path.basename(path)
-    return base[: -len(".tflite")] if base.endswith(".tflite") else base
+    return os.path.basename(path).removesuffix(".tflite")
 
 
 def parse_model_args(values: Sequence[str]) -> list[ModelArg]:
     """``MODEL[=NAME]`` arguments, names checked (URL-safe, unique)."""
-    parsed = []
+    parsed: list[ModelArg] = []
     for value in values:
         path, sep, name = value.partition("=")
         name = name if sep else default_name(path)
@@ -55,11 +54,9 @@ def parse_model_args(values: Sequence[str]) -> list[ModelArg]:
                 f"model name '{name}' (from '{value}') must be letters, digits, '.', '_' or '-' "
                 "(it is a URL path segment): give MODEL=NAME"
             )
-        parsed.append(ModelArg(path, name))
-    names = [m.name for m in parsed]
-    for name in names:
-        if names.count(name) > 1:
+        if any(m.name == name for m in parsed):
             raise UsageError(f"two models are served as '{name}': name them apart with MODEL=NAME")
+        parsed.append(ModelArg(path, name))
     return parsed
 
 
