@@ -22,7 +22,7 @@ from .devices import EDGETPU
 from .errors import SlurmTpuError, UsageError
 from .inputs import list_inputs
 from .modelinfo import TensorSpec
-from .pipeline import decode_ordered, infer_ordered
+from .pipeline import Item, decode_ordered, infer_ordered
 from .preprocess import Geometry, Normalization, Prepared, Resize, as_input, load_input
 from .results import JSONL, Layout, Progress, ResultWriter, StdoutWriter, write_batch
 from .session import EngineSet, OpenOptions, open_models, usable_cpus
@@ -207,19 +207,12 @@ class Runner:
         """Task options with this runner's labels."""
         return TaskOptions(self.labels, top_k, threshold)
 
-    def _record(
-        self,
-        key: str,
-        item_outputs: list[np.ndarray] | None,
-        geometry: Geometry | None,
-        error: str | None,
-        options: TaskOptions,
-        annotate_dir: str | None,
-    ) -> dict:
-        if error is not None:
-            return {"input": key, "error": error}
-        assert item_outputs is not None
-        result = self.task.process(item_outputs, self.output_specs, geometry or Geometry(), options)
+    def _record(self, item: Item, options: TaskOptions, annotate_dir: str | None) -> dict:
+        key = item.key
+        if item.error is not None:
+            return {"input": key, "error": item.error}
+        assert item.outputs is not None
+        result = self.task.process(item.outputs, self.output_specs, item.meta or Geometry(), options)
         record = {"input": key, **self.task.record(result)}
         if annotate_dir and not key.lower().endswith(".npy"):
             target = annotated_path(annotate_dir, key)
@@ -262,7 +255,7 @@ class Runner:
             lookahead = max(8, 4 * threads * len(self.engine_set.engines))
             decoded = decode_ordered(todo, self._load_with_geometry, threads=threads, lookahead=lookahead)
             for item in infer_ordered(self.engine_set.engines, decoded, chain=self.segmented):
-                yield self._record(item.key, item.outputs, item.meta, item.error, options, annotate_dir)
+                yield self._record(item, options, annotate_dir)
 
         processed, errors = write_batch(keys, writer, progress, records)
         return BatchSummary(len(keys), progress.skipped, processed, errors, time.perf_counter() - started)

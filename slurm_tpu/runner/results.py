@@ -44,10 +44,8 @@ class Layout:
         rows (one per object for detection; an input with none gets a row of its own)."""
         if self.fmt == JSONL:
             return json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
-        width = len(self.columns) - 2
         rows = [] if "error" in record else self.task.csv_rows(record, self.options)
-        if not rows:
-            rows = [[""] * width]
+        rows = rows or [[""] * (len(self.columns) - 2)]
         return "".join(_csv_line([record["input"], *row, record.get("error", "")]) for row in rows)
 
 
