@@ -1,25 +1,16 @@
-"""Which GPU LiteRT's GPU accelerator opens: the job's own, and how that is made so.
+"""Which GPU LiteRT's GPU accelerator opens: the job's own (docs/user-guide.md tells users how).
 
 LiteRT reaches GPUs through WebGPU (Dawn) over Vulkan, which has no
-``CUDA_VISIBLE_DEVICES``: Dawn takes the first adapter the Vulkan loader lists. Two
-layers make that the job's GPU:
-
-1. **What the process can open.** Slurm's device cgroup or slurm-tpu's GPU leasing
-   (``families.gpu.isolate``) leaves the job only its GPUs' device nodes, and a Vulkan
-   driver does not list a GPU whose node it cannot open.
-2. **Which one comes first** (no cgroup or leasing, or several GPUs): Mesa's
-   device-select layer (``VK_LAYER_MESA_device_select``, an implicit layer in Debian's
-   ``mesa-vulkan-drivers``) wraps ``vkEnumeratePhysicalDevices`` for every driver,
-   NVIDIA's included: ``DRI_PRIME=pci-DDDD_BB_DD_F`` makes the GPU at that PCI address
-   the default and ``MESA_VK_DEVICE_SELECT_FORCE_DEFAULT_DEVICE=1`` the only one listed.
-   The runner sets both in its own process, before LiteRT loads Vulkan.
-
-The PCI address comes from ``SLURM_TPU_GPUS`` (``pci-<address>`` identities), else from
-NVIDIA UUIDs in ``CUDA_VISIBLE_DEVICES`` (through ``/proc/driver/nvidia/gpus``). Slurm's
-numeric indices cannot be mapped reliably (their meaning changes with
-``ConstrainDevices`` and ``CUDA_DEVICE_ORDER``): then layer 1 alone decides. A user's
-own ``DRI_PRIME``, ``MESA_VK_DEVICE_SELECT`` or ``NODEVICE_SELECT`` is left as it is.
-Checked against Debian bookworm's mesa-vulkan-drivers 22.3.6.
+``CUDA_VISIBLE_DEVICES``: Dawn takes the first adapter the Vulkan loader lists. The
+device cgroup or slurm-tpu's GPU leasing leaves the job only its GPUs' nodes (a Vulkan
+driver does not list a GPU it cannot open); which one comes first is set through Mesa's
+device-select layer (``VK_LAYER_MESA_device_select``, an implicit layer wrapping
+``vkEnumeratePhysicalDevices`` for every driver, NVIDIA's included): ``DRI_PRIME``
+names the PCI address, matched through ``VK_EXT_pci_bus_info``, and
+``MESA_VK_DEVICE_SELECT_FORCE_DEFAULT_DEVICE=1`` hides the others. Slurm's numeric
+indices cannot be mapped to a PCI address reliably (their meaning changes with
+``ConstrainDevices`` and ``CUDA_DEVICE_ORDER``). Checked against Debian bookworm's
+mesa-vulkan-drivers 22.3.6.
 """
 
 from __future__ import annotations

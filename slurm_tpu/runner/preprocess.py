@@ -1,17 +1,12 @@
 """Turn an input file into the model's input tensor: images (Pillow) and .npy arrays.
 
 Images are prepared the way pycoral's examples do it, so that scores match Coral's
-documented ones bit for bit:
-
-- ``classify_image.py``: ``Image.open(f).convert('RGB').resize(size, Image.ANTIALIAS)``,
-  i.e. LANCZOS from the fully decoded image, stretched to the input size;
-- ``detect_image.py`` (``keep_aspect=True``): ``common.set_resized_input``: scale to fit
-  keeping the aspect ratio (``scale = min(W / w, H / h)``, sizes truncated with ``int``),
-  LANCZOS, paste at the top-left of a zero tensor; the scale maps boxes back.
-
-``fast=True`` (``--fast-resize``) decodes JPEGs at a reduced scale (Pillow's draft mode)
-and resizes with BILINEAR: several times cheaper for big photos, but the scores can
-differ from pycoral's (by up to 0.1 on Coral's MobileNets): opt-in only.
+documented ones bit for bit: ``classify_image.py`` stretches the fully decoded image to
+the input with LANCZOS (``ANTIALIAS``); ``detect_image.py`` (``keep_aspect=True``) uses
+``common.set_resized_input``: scale to fit (``scale = min(W / w, H / h)``, sizes
+truncated with ``int``), LANCZOS, paste at the top-left of a zero tensor; the scale maps
+boxes back. ``fast=True`` (``--fast-resize``, opt-in) decodes JPEGs at a reduced scale
+(Pillow's draft mode) and resizes with BILINEAR, which changes the tensor.
 
 Pixel values (uint8 models, as classify_image.py): without ``--input-mean``/``--input-std``
 the raw pixels go in (the model's input quantization is trusted to encode the

@@ -1,27 +1,17 @@
 """The per-job secret and the address file that hands it to the job's owner, and no one else.
 
-Any user can reach any node's ports, so the server's only protection is a token: 32
-random bytes made at start-up, required on every request as ``Authorization: Bearer
-<token>`` and compared in constant time.
+Any user can reach any node's ports, so the server's only protection is a token (32
+random bytes, ``Authorization: Bearer``, compared in constant time). It reaches the owner
+in ``~/.slurm-tpu/serve/<jobid>.json``: both directories the user's own, mode 0700,
+opened without following symlinks and checked with ``fstat`` after opening (no check/act
+race); the file is created under a temporary name (``O_EXCL | O_NOFOLLOW``, 0600) and
+renamed into place, so a reader never sees half a file and a planted link is replaced,
+never written through. Readers refuse a file that others could read.
 
-The server writes its address and the token to ``~/.slurm-tpu/serve/<jobid>.json``
-(format: :mod:`slurm_tpu.protocol.serve_address`). Both directories are the user's own,
-mode 0700, opened without following symlinks and checked with ``fstat`` after opening
-(no check/act race); the file is created under a temporary name with ``O_EXCL |
-O_NOFOLLOW`` and mode 0600, then renamed into place, so a reader never sees half a file
-and a planted link is replaced, never written through. Readers apply the same checks
-and refuse a file that others could read.
-
-The address file can outlive its server (SIGKILL, the OOM killer), and then any user may
-bind the freed port. So our client sends the token only to a listener that proved it
-holds it, without the token crossing the wire first: on a new connection it sends ``GET
-/v1/slurm-tpu/proof?nonce=N`` (N 32 fresh random bytes in hex) without
-``Authorization``; the server answers ``{"proof": P}``, P the hex HMAC-SHA256 keyed by
-the token of ``"slurm-tpu serve proof v1" NUL N``; only if P matches (constant time)
-does the client send requests with the bearer token on that same connection. An HMAC of
-a nonce the client just chose tells a listener nothing about the token and cannot be
-replayed; standard clients (curl, TF Serving's) skip the challenge and are unaffected.
-The client also asks Slurm whether the job still runs before it connects (:mod:`.client`).
+An address file can outlive its server (SIGKILL, the OOM killer), and its port be anyone's.
+So the client sends the token only on a connection whose listener proved it holds it
+(:func:`proof`: an HMAC of a nonce the client just chose tells a listener nothing about
+the token and cannot be replayed); docs/user-guide.md ("After a crash") gives the exchange.
 """
 
 from __future__ import annotations

@@ -1,16 +1,10 @@
-"""Request and response bodies: TF Serving's REST API and the task endpoints.
+"""Request and response bodies: TF Serving's REST API (https://www.tensorflow.org/tfx/serving/api_rest)
+and our task endpoints, as docs/user-guide.md lists them.
 
-TF Serving's (https://www.tensorflow.org/tfx/serving/api_rest): model status, metadata
-(the ``serving_default`` signature) and predict, in the row (``instances`` ->
-``predictions``) or columnar (``inputs`` -> ``outputs``) format. A binary value
-``{"b64": ...}`` is an encoded image (or .npy array), prepared exactly as ``slurm-tpu
-infer`` prepares files; outputs are the model's own tensors (uint8 stays uint8), as TF
-Serving returns them; errors are ``{"error": "..."}``.
-
-Task endpoints (ours): ``POST /v1/models/NAME:classify`` (``:detect``, ``:segment``,
-``:raw``) take one image (or .npy) as the body, or ``{"b64": ...}`` JSON, options as query
-parameters (``?top_k=3&threshold=0.2``) or JSON fields, and answer the record
-``slurm-tpu infer --json`` prints.
+Predict takes rows (``instances`` -> ``predictions``) or columns (``inputs`` -> ``outputs``);
+a ``{"b64": ...}`` value is an encoded image (or .npy array), prepared exactly as
+``slurm-tpu infer`` prepares files; outputs are the model's own tensors (uint8 stays
+uint8), as TF Serving returns them. Errors are ``{"error": "..."}``.
 """
 
 from __future__ import annotations

@@ -1,31 +1,22 @@
 """HTTP/1.1 for the server: the standard library's ThreadingHTTPServer, kept on a short leash.
 
-Why the standard library (``bench/bench_serve_http.py``, loopback, 2 cores): 118 us per
-keep-alive request at 1 client (aiohttp 132 us), 8,400 requests/s at 8 clients (aiohttp
-11,400), some 20x what an Edge TPU infers, and nothing a fresh install might lack. A
-thread per connection is fine because connections are capped and time out.
+The standard library was chosen by measurement against aiohttp (docs/benchmarks.md,
+``bench/bench_serve_http.py``); a thread per connection is fine as connections are capped and
+time out. Anyone can connect, so whoever lacks the token must never use up what its
+holder gets: a connection is *pending* from accept until a request head carrying the
+token arrived, then *authenticated*, and the two are counted apart. A pending one has
+:attr:`Limits.head_deadline` seconds from accept (not per read) and :attr:`Limits.max_head`
+bytes to send that head; over :attr:`Limits.max_pending_per_peer` of one peer or
+:attr:`Limits.max_pending` in all, a new connection closes the oldest pending one rather
+than being refused, so a flood of slow connections churns only itself. Only
+authenticated connections count against :attr:`Limits.max_connections`.
 
-Anyone can connect, so whoever lacks the token must never use up what its holder gets.
-A connection is *pending* from accept until a request head carrying the token arrived,
-then *authenticated*, and the two are counted apart:
-
-- pending connections have :attr:`Limits.head_deadline` seconds from accept (not per
-  read: one header line every few seconds never ends otherwise) and
-  :attr:`Limits.max_head` bytes to send that head; past either, closed;
-- over :attr:`Limits.max_pending_per_peer` pending connections of one peer, or
-  :attr:`Limits.max_pending` in all, a new connection closes the oldest pending one (of
-  that peer, else of all) rather than being refused: a flood of slow connections churns
-  only itself, and a token holder, whose head arrives at once, always gets in;
-- :attr:`Limits.max_connections` counts authenticated connections only: a token holder
-  over it gets 503 for its own load, never for anyone else's.
-
-Before the application sees a request this layer checks the token (on every request,
-before the body is read; 401 and the connection closed), the body size
-(``Content-Length`` required, at most :attr:`Limits.max_body`: 411/413), the bytes of
-bodies held at once (503) and stalled clients; while draining it answers 503 with
-``Connection: close``. The one request answered without the token is the proof
-challenge (:data:`~.auth.PROOF_PATH`), once per pending connection. Every error is JSON,
-never a traceback; a handler bug is a 500 for that request only.
+Before the application sees a request this layer checks the token (before the body is
+read; 401 and the connection closed), the body size (411/413), the bytes of bodies held
+at once (503) and stalled clients; while draining it answers 503 with ``Connection:
+close``. The one request answered without the token is the proof challenge
+(:data:`~.auth.PROOF_PATH`), once per pending connection. Every error is JSON, never a
+traceback; a handler bug is a 500 for that request only.
 """
 
 from __future__ import annotations
