@@ -151,9 +151,8 @@ def _local(
 ) -> Outcome:
     """On this job's device(s): a benchmark, a batch (``keys``: this share, into ``out``) or one input."""
     prep, batch, reading = request.preprocessing, request.batch, request.reading
-    model_files = [request.model, *request.segments]
     with Runner(
-        model_files if request.segments else request.model,
+        [request.model, *request.segments],  # one file: not segmented
         reading.labels,
         request.opening,
         environ=environ,

@@ -117,52 +117,43 @@ def _read_text(path: str) -> str:
         return ""
 
 
-def hidden_by_visible_devices(path: str, visible: str | None) -> str | None:
-    """Why ``EDGETPU_VISIBLE_DEVICES`` (``visible``; None: unset) keeps ``path`` out of
-    libedgetpu's list, or None: a user who changed it must be told so, not sent to debug libusb."""
-    if visible is None or path in [entry.strip() for entry in visible.split(",")]:
-        return None
-    shown = visible if visible.strip() else "empty"
-    return (
-        f"{path} is not in EDGETPU_VISIBLE_DEVICES ({shown}), so libedgetpu hides it from this "
-        "process; the task prolog sets that variable to the job's Edge TPUs: do not change it, or "
-        "name one of its devices"
-    )
-
-
 def absent_message(device: Device, listed: Sequence[tuple[str, str]], visible: str | None = None) -> str:
     """The device is not in libedgetpu's list: say why, from the process's
-    ``EDGETPU_VISIBLE_DEVICES`` (``visible``) and what sysfs and /dev show."""
+    ``EDGETPU_VISIBLE_DEVICES`` (``visible``; None: unset) and what sysfs and /dev show."""
     path = device.path or ""
     name = f"Edge TPU {device.identity}"
-    seen = ", ".join(f"{t}:{p}" for t, p in listed) or "none"
-    hidden = hidden_by_visible_devices(path, visible)
-    if device.edgetpu_type == "usb":
-        if not os.path.exists(path):
-            return (
-                f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
-                "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'"
-            )
-        ids = (_read_text(f"{path}/idVendor"), _read_text(f"{path}/idProduct"))
-        if ids not in USB_IDS:
-            coral = " or ".join(":".join(pair) for pair in (USB_RUNTIME, USB_BOOTLOADER))
-            return (
-                f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
-                f"({coral}): check --device or the node's inventory"
-            )
-        if hidden:
-            return f"{name}: {hidden}"
+    usb = device.edgetpu_type == "usb"
+    if not os.path.exists(path) and usb:
         return (
-            f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
-            f"enumerate it; {CHECK}"
+            f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
+            "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'"
         )
     if not os.path.exists(path):
         return (
             f"{name} is not present: {path} does not exist (the apex driver is not loaded, or the card "
             f"is gone): {CHECK}"
         )
-    if hidden:
-        return f"{name}: {hidden}"
+    ids = (_read_text(f"{path}/idVendor"), _read_text(f"{path}/idProduct")) if usb else None
+    if ids is not None and ids not in USB_IDS:
+        coral = " or ".join(":".join(pair) for pair in (USB_RUNTIME, USB_BOOTLOADER))
+        return (
+            f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
+            f"({coral}): check --device or the node's inventory"
+        )
+    # libedgetpu enumerates only the paths the variable names: a user who changed it must be
+    # told so, not sent to debug libusb.
+    if visible is not None and path not in [entry.strip() for entry in visible.split(",")]:
+        return (
+            f"{name}: {path} is not in EDGETPU_VISIBLE_DEVICES ({visible if visible.strip() else 'empty'}), "
+            "so libedgetpu hides it from this process; the task prolog sets that variable to the job's "
+            "Edge TPUs: do not change it, or name one of its devices"
+        )
+    seen = ", ".join(f"{t}:{p}" for t, p in listed) or "none"
+    if usb:
+        return (
+            f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
+            f"enumerate it; {CHECK}"
+        )
     return (
         f"{name}: {path} exists but libedgetpu does not list it (it lists: {seen}; it looks in "
         f"/sys/class/apex): {CHECK}"
