@@ -123,12 +123,12 @@ def absent_message(device: Device, listed: Sequence[tuple[str, str]], visible: s
     path = device.path or ""
     name = f"Edge TPU {device.identity}"
     usb = device.edgetpu_type == "usb"
-    if not os.path.exists(path) and usb:
-        return (
-            f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
-            "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'"
-        )
     if not os.path.exists(path):
+        if usb:
+            return (
+                f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
+                "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'"
+            )
         return (
             f"{name} is not present: {path} does not exist (the apex driver is not loaded, or the card "
             f"is gone): {CHECK}"
