@@ -39,9 +39,9 @@ class Item:
 
 
 def _in_order(futures: Iterable[Future[Item]], window: int, pools: Sequence[ThreadPoolExecutor]) -> Iterator[Item]:
-    """The futures' results in the order they come, submitting at most ``window`` ahead of the one
-    yielded (a bounded window: memory stays flat on a million inputs); then the pools are shut down,
-    also when the consumer stops early or fails."""
+    """The futures' results in submission order, with at most ``window`` submitted ahead of the one
+    yielded (memory stays flat on a million inputs); then the pools are shut down, also when the
+    consumer stops early or fails."""
     pending: collections.deque[Future[Item]] = collections.deque()
     try:
         for future in futures:
