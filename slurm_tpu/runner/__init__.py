@@ -1,19 +1,9 @@
 """Inference runner: TFLite models on the job's Edge TPU(s), GPU or CPU.
 
-Layout (one concern per module; only ``engines`` imports a runtime or libedgetpu):
-``devices`` (which device), ``lock`` (one process per TPU), ``modelinfo`` (what the
-model is), ``engines`` (LiteRT / tflite-runtime / libedgetpu / GPU), ``session``
-(open in the right order, with the right errors, metered), ``preprocess`` (files to tensors,
-the pycoral way), ``tasks/`` (what outputs mean: classify, detect, segment, raw),
-``inputs`` (listing, sharding over arrays and step tasks), ``results`` (resumable
-files, progress lines), ``pipeline`` (decode ahead, dispatch, keep order),
-``api`` (the :class:`Runner` tying them together, and its benchmark), ``choices`` (the
-names users choose among), ``request`` (what ``slurm-tpu infer`` asks for) and
-``dispatch`` (which mode a request runs in, and running it).
-
-The names below are imported on first use, not with the package: the ``slurm-tpu``
-CLI imports ``choices`` and ``request`` at start-up for every command, and must not
-pay for numpy and a runtime there.
+One concern per module; only ``engines`` imports a runtime or libedgetpu, and ``session``
+opens models in the right order (lock, delegate, interpreter). The names below are
+imported on first use, not with the package: the ``slurm-tpu`` CLI imports ``choices``
+and ``request`` at start-up for every command, and must not pay for numpy and a runtime.
 """
 
 from __future__ import annotations

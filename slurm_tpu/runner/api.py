@@ -22,10 +22,10 @@ from .devices import EDGETPU
 from .errors import SlurmTpuError, UsageError
 from .inputs import list_inputs
 from .modelinfo import TensorSpec
-from .pipeline import decode_ordered, infer_ordered
+from .pipeline import Item, decode_ordered, infer_ordered
 from .preprocess import Geometry, Normalization, Prepared, Resize, as_input, load_input
 from .results import JSONL, Layout, Progress, ResultWriter, StdoutWriter, write_batch
-from .session import EngineSet, OpenOptions, open_engines, open_segments, usable_cpus
+from .session import EngineSet, OpenOptions, open_models, usable_cpus
 from .tasks import AUTO, Class, Task, TaskOptions, choose_task, read_labels
 from .tasks.classify import Classify
 
@@ -39,10 +39,6 @@ class BatchSummary:
     processed: int
     errors: int
     seconds: float
-
-    @property
-    def per_second(self) -> float:
-        return self.processed / self.seconds if self.seconds > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -124,13 +120,10 @@ class Runner:
         :mod:`.tasks`). ``fast_resize``: JPEG draft decoding + BILINEAR instead of pycoral's
         LANCZOS (changes the input tensor). ``keep_aspect_ratio``: pad instead of stretch
         for segmentation (pycoral's --keep_aspect_ratio; detection always pads)."""
-        segments = [model] if isinstance(model, (str, os.PathLike)) else [str(m) for m in model]
+        segments = [str(model)] if isinstance(model, (str, os.PathLike)) else [str(m) for m in model]
         self.segmented = len(segments) > 1
         self.labels = read_labels(labels)  # before the device: a bad path costs no TPU time
-        if self.segmented:
-            self.engine_set: EngineSet = open_segments(segments, options, environ, warn)
-        else:
-            self.engine_set = open_engines(str(segments[0]), options, environ, warn)
+        self.engine_set: EngineSet = open_models(segments, options, environ, warn, segmented=self.segmented)
         try:
             models = self.engine_set.models
             custom_ops = frozenset().union(*(m.custom_ops for m in models))
@@ -142,8 +135,6 @@ class Runner:
             raise
         self.normalization = normalization
         self.resize = Resize(keep_aspect=self.task.keep_aspect, fast=fast_resize)
-
-    # -- what the model expects / produces -------------------------------------------
 
     @property
     def input_specs(self) -> Sequence[TensorSpec]:
@@ -177,8 +168,6 @@ class Runner:
     def _load_with_geometry(self, path: str) -> tuple[list[np.ndarray], Geometry]:
         prepared = self.prepare(path)
         return [prepared.tensor], prepared.geometry
-
-    # -- single inputs -----------------------------------------------------------------
 
     def infer(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """One inference (through every segment in turn when segmented)."""
@@ -218,21 +207,12 @@ class Runner:
         """Task options with this runner's labels."""
         return TaskOptions(self.labels, top_k, threshold)
 
-    # -- batches -------------------------------------------------------------------------
-
-    def _record(
-        self,
-        key: str,
-        item_outputs: list[np.ndarray] | None,
-        geometry: Geometry | None,
-        error: str | None,
-        options: TaskOptions,
-        annotate_dir: str | None,
-    ) -> dict:
-        if error is not None:
-            return {"input": key, "error": error}
-        assert item_outputs is not None
-        result = self.task.process(item_outputs, self.output_specs, geometry or Geometry(), options)
+    def _record(self, item: Item, options: TaskOptions, annotate_dir: str | None) -> dict:
+        key = item.key
+        if item.error is not None:
+            return {"input": key, "error": item.error}
+        assert item.outputs is not None
+        result = self.task.process(item.outputs, self.output_specs, item.meta or Geometry(), options)
         record = {"input": key, **self.task.record(result)}
         if annotate_dir and not key.lower().endswith(".npy"):
             target = annotated_path(annotate_dir, key)
@@ -275,7 +255,7 @@ class Runner:
             lookahead = max(8, 4 * threads * len(self.engine_set.engines))
             decoded = decode_ordered(todo, self._load_with_geometry, threads=threads, lookahead=lookahead)
             for item in infer_ordered(self.engine_set.engines, decoded, chain=self.segmented):
-                yield self._record(item.key, item.outputs, item.meta, item.error, options, annotate_dir)
+                yield self._record(item, options, annotate_dir)
 
         processed, errors = write_batch(keys, writer, progress, records)
         return BatchSummary(len(keys), progress.skipped, processed, errors, time.perf_counter() - started)
@@ -312,8 +292,6 @@ class Runner:
         if all(e.label == "cpu" for e in self.engine_set.engines):
             return 1
         return max(1, min(4, usable_cpus()))
-
-    # -- benchmark -----------------------------------------------------------------------
 
     def benchmark(self, iterations: int = 100, source: str | None = None) -> BenchResult:
         """Latency and throughput on the first device (the whole chain when segmented, one input

@@ -80,11 +80,10 @@ def resolve_devices(requested: Iterable[str] | None, environ: Mapping[str, str])
     values = [v for item in (requested or ()) for v in item.split(",") if v.strip()]
     if values:
         devices = [_parse_one(v, handles) for v in values]
-        seen = set()
-        for d in devices:
-            if d.identity in seen:
-                raise UsageError(f"--device names {d.identity} twice: a device can be opened once")
-            seen.add(d.identity)
+        identities = [d.identity for d in devices]
+        for identity in identities:
+            if identities.count(identity) > 1:
+                raise UsageError(f"--device names {identity} twice: a device can be opened once")
         kinds = {d.kind for d in devices}
         if len(kinds) > 1 and kinds != {EDGETPU}:
             raise UsageError(

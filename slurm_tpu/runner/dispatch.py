@@ -1,12 +1,9 @@
 """Which mode a ``slurm-tpu infer`` request runs in, and running it.
 
-The modes: one input (timed, for pycoral's printout), a batch (several inputs, a
-directory, a glob, an @list or an output file; this process's share of an array job or
-a step), a benchmark, and the first two answered by ``slurm-tpu serve`` in another job
-(``--server``). :func:`infer` checks the request, lists and shards a batch's inputs
-before any device is opened (a bad input path fails in milliseconds), runs it, and
-returns what came of it for the caller to render; a batch's records (without an
-output file) and its progress lines stream out through :class:`Streams` meanwhile.
+The modes: one input (timed, for pycoral's printout), a batch (this process's share of
+an array job or a step), a benchmark, and the first two answered by ``slurm-tpu serve``
+in another job (``--server``). :func:`infer` returns what came of a run for the caller
+to render; a batch's records and progress lines stream out through :class:`Streams`.
 """
 
 from __future__ import annotations
@@ -92,9 +89,8 @@ def _task_name(request: InferRequest) -> str:
     return RAW
 
 
-# --server takes these at the server ('slurm-tpu serve'); given here they would be ignored.
 def _set_locally(request: InferRequest) -> list[str]:
-    """The options given that only a local run takes, as flags."""
+    """The options given that only a local run takes, as flags (with --server they are the server's)."""
     opening, prep = request.opening, request.preprocessing
     local_only = {
         "--labels": request.reading.labels,
@@ -155,9 +151,8 @@ def _local(
 ) -> Outcome:
     """On this job's device(s): a benchmark, a batch (``keys``: this share, into ``out``) or one input."""
     prep, batch, reading = request.preprocessing, request.batch, request.reading
-    model_files = [request.model, *request.segments]
     with Runner(
-        model_files if request.segments else request.model,
+        [request.model, *request.segments],  # one file: not segmented
         reading.labels,
         request.opening,
         environ=environ,

@@ -1,21 +1,16 @@
 """The one module that touches a TFLite runtime or libedgetpu.
 
-Runtimes, in order of preference: LiteRT (``ai_edge_litert``, the default
-dependency) then ``tflite_runtime`` (same Interpreter API; frozen at 2.14, needs
-numpy<2). ``SLURM_TPU_RUNTIME=litert|tflite-runtime`` forces one.
+Runtimes, in order of preference: LiteRT (``ai_edge_litert``) then ``tflite_runtime``
+(same Interpreter API; frozen at 2.14, needs numpy<2); ``SLURM_TPU_RUNTIME`` forces one.
 
-Edge TPUs are opened through libedgetpu's C API, by sysfs/device path:
-``edgetpu_create_delegate(type, path, options, n)``. We do *not* use the external
-delegate ABI (``load_delegate(lib, {"device": "usb:N"})``) because its ``N`` is a
-position in libedgetpu's own enumeration, which shifts whenever another USB stick
-loads its firmware: "usb:0" can be another job's TPU. The Interpreter (LiteRT and
-tflite-runtime alike, see their interpreter.py) only needs, of each object in
-``experimental_delegates``, a ``_get_native_delegate_pointer()`` returning the
-``TfLiteDelegate*``, and keeps those objects alive until its native interpreter is
-gone; that is exactly what pycoral's ``make_interpreter`` relies on too. So
-:class:`EdgeTpuDelegate` wraps the raw pointer and frees it with
-``edgetpu_free_delegate`` only after the interpreter has been destroyed.
-pycoral is therefore not needed at all; when present it changes nothing.
+Edge TPUs are opened through libedgetpu's C API by sysfs/device path
+(``edgetpu_create_delegate``), not the external delegate ABI (``load_delegate(lib,
+{"device": "usb:N"})``): its N is a position in libedgetpu's own enumeration, which
+shifts whenever another USB stick loads its firmware, so "usb:0" can be another job's
+TPU. The Interpreter (LiteRT and tflite-runtime alike) only needs, of each delegate
+object, a ``_get_native_delegate_pointer()``, and keeps the objects alive until its
+native interpreter is gone, as pycoral's ``make_interpreter`` relies on too: so
+:class:`EdgeTpuDelegate` wraps the raw pointer, and pycoral is not needed.
 
 GPUs go through LiteRT's CompiledModel API with ``HardwareAccelerator.GPU`` (WebGPU
 over Vulkan), which raises when no adapter can be set up.
@@ -30,7 +25,7 @@ import importlib
 import os
 import tempfile
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -39,9 +34,6 @@ from .errors import GpuError, LibEdgeTpuError, ModelError, RuntimeMissingError
 from .modelinfo import TensorSpec
 
 DEBUG_ENV = "SLURM_TPU_DEBUG"
-
-
-# -- runtime selection ---------------------------------------------------------------
 
 
 def select_runtime(preferred: str | None = None) -> str:
@@ -59,9 +51,7 @@ def select_runtime(preferred: str | None = None) -> str:
         except ImportError as exc:  # tflite-runtime under numpy 2 also lands here
             errors.append(f"{name}: {exc}".splitlines()[0])
     raise RuntimeMissingError(
-        "no TFLite runtime could be imported ("
-        + "; ".join(errors)
-        + "): pip install 'slurm-tpu[infer]' (ai-edge-litert)"
+        f"no TFLite runtime could be imported ({'; '.join(errors)}): pip install 'slurm-tpu[infer]' (ai-edge-litert)"
     )
 
 
@@ -77,13 +67,9 @@ def runtime_version(name: str) -> str:
 
 @contextlib.contextmanager
 def native_stderr_captured() -> Iterator[list[str]]:
-    """Collect what native code writes to fd 2 meanwhile (LiteRT logs INFO lines there).
-
-    The CLI promises one-line errors; the runtime's chatter would break that. The
-    captured lines are handed to the caller (to quote the relevant one in an
-    error) and replayed when $SLURM_TPU_DEBUG is set. Process-wide: call from one
-    thread at a time (engines are opened sequentially).
-    """
+    """Collect what native code writes to fd 2 meanwhile (LiteRT logs INFO lines there), which
+    would break the CLI's one-line errors; replayed when $SLURM_TPU_DEBUG is set.
+    Process-wide: call from one thread at a time (engines are opened sequentially)."""
     lines: list[str] = []
     try:
         saved = os.dup(2)
@@ -107,9 +93,6 @@ def native_stderr_captured() -> Iterator[list[str]]:
 def _spec_from_details(d: dict) -> TensorSpec:
     scale, zero = d.get("quantization", (0.0, 0))
     return TensorSpec(d["name"], tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]), float(scale), int(zero))
-
-
-# -- libedgetpu ----------------------------------------------------------------------
 
 
 class _Device(ctypes.Structure):
@@ -193,10 +176,7 @@ class EdgeTpuLibrary:
                 finally:
                     self._verbosity(0)  # quiet again before the model runs
             log.extend(lines)
-        return EdgeTpuDelegate(self, pointer) if pointer else None
-
-    def _free(self, pointer: int) -> None:
-        self._lib.edgetpu_free_delegate(pointer)
+        return EdgeTpuDelegate(self._lib.edgetpu_free_delegate, pointer) if pointer else None
 
 
 def libedgetpu_reason(log: list[str], path: str) -> str | None:
@@ -223,23 +203,20 @@ class EdgeTpuDelegate:
     never pulls the delegate from under a live interpreter.
     """
 
-    def __init__(self, library: EdgeTpuLibrary, pointer: int):
-        self._library: EdgeTpuLibrary | None = library
+    def __init__(self, free: Callable[[int], None], pointer: int):
+        self._free: Callable[[int], None] | None = free  # edgetpu_free_delegate
         self._pointer = pointer
 
     def _get_native_delegate_pointer(self) -> int:
         return self._pointer
 
     def close(self) -> None:
-        if self._library is not None:
-            self._library._free(self._pointer)
-            self._library = None
+        if self._free is not None:
+            self._free(self._pointer)
+            self._free = None
 
     def __del__(self) -> None:
         self.close()
-
-
-# -- engines -------------------------------------------------------------------------
 
 
 class InterpreterEngine:
@@ -249,7 +226,6 @@ class InterpreterEngine:
         self, model_path: str, label: str, runtime: str, num_threads: int, delegate: EdgeTpuDelegate | None = None
     ):
         self.label = label
-        self.runtime = runtime
         module = importlib.import_module(RUNTIME_MODULES[runtime])
         delegates = [delegate] if delegate is not None else None
         error: ValueError | RuntimeError | None = None
@@ -308,7 +284,6 @@ class GpuEngine:
         # accelerator="cpu" runs the very same CompiledModel path on LiteRT's CPU
         # accelerator: how tests exercise this class on machines without a GPU.
         self.label = accelerator
-        self.runtime = "litert"
         try:
             from ai_edge_litert.compiled_model import CompiledModel
             from ai_edge_litert.hardware_accelerator import HardwareAccelerator

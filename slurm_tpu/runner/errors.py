@@ -5,17 +5,19 @@ from __future__ import annotations
 from ..errors import DeviceError, SlurmTpuError
 
 
-class _FileError(SlurmTpuError):
+class FileError(SlurmTpuError):
+    """An error about a file (``path``)."""
+
     def __init__(self, message: str, path: str):
         super().__init__(message)
-        self.path = path  # the file the error is about
+        self.path = path
 
 
-class ModelError(_FileError):
+class ModelError(FileError):
     """The model file is missing, unreadable, not TFLite, or needs a device we lack."""
 
 
-class InputError(_FileError):
+class InputError(FileError):
     """An input (image, .npy, list file, directory, glob) is missing or unusable."""
 
 
@@ -23,12 +25,8 @@ class RuntimeMissingError(SlurmTpuError):
     """Neither ai-edge-litert nor tflite-runtime can be imported."""
 
 
-class LibEdgeTpuError(SlurmTpuError):
-    """libedgetpu.so.1 is missing or lacks the C API the runner needs."""
-
-    def __init__(self, message: str, library: str):
-        super().__init__(message)
-        self.library = library
+class LibEdgeTpuError(FileError):
+    """libedgetpu.so.1 (``path``) is missing or lacks the C API the runner needs."""
 
 
 class DeviceBusyError(DeviceError):

@@ -1,32 +1,16 @@
-"""Which GPU LiteRT's GPU accelerator opens: the job's own, and how that is made so.
+"""Which GPU LiteRT's GPU accelerator opens: the job's own (docs/user-guide.md tells users how).
 
-LiteRT reaches GPUs through WebGPU (Dawn) over Vulkan, and Vulkan has no
-``CUDA_VISIBLE_DEVICES``: Dawn takes the first adapter the Vulkan loader
-enumerates. Two layers make that the job's GPU:
-
-1. **What the process can open.** Slurm's device cgroup (``ConstrainDevices=yes``
-   with the ``gpu`` GRES plugin) or slurm-tpu's own GPU leasing
-   (``families.gpu.isolate``) leaves the job only its GPUs' device nodes; a
-   Vulkan driver does not list a GPU whose node it cannot open.
-2. **Which one comes first**, for a node where more than the job's GPU can be
-   opened (no cgroup, no leasing) or a job with several: Mesa's device-select
-   layer (``VK_LAYER_MESA_device_select``, an implicit Vulkan layer in Debian's
-   ``mesa-vulkan-drivers``) wraps ``vkEnumeratePhysicalDevices`` for every driver,
-   NVIDIA's included. ``DRI_PRIME=pci-DDDD_BB_DD_F`` makes the GPU at that PCI
-   address the default (``device_select_find_dri_prime_tag_default``, matched
-   through ``VK_EXT_pci_bus_info``) and ``MESA_VK_DEVICE_SELECT_FORCE_DEFAULT_DEVICE=1``
-   the only one listed. The runner sets both for its own process, before LiteRT
-   loads Vulkan, from the job's GPU's PCI address.
-
-The job's PCI address comes from ``SLURM_TPU_GPUS`` (identities ``pci-<address>``,
-exported where the site leases GPUs), else from ``CUDA_VISIBLE_DEVICES`` when it
-holds NVIDIA UUIDs (``GPU-...``, resolved through the driver's
-``/proc/driver/nvidia/gpus/*/information``). Slurm's numeric indices cannot be
-mapped to a PCI address reliably (their meaning changes with ``ConstrainDevices``
-and ``CUDA_DEVICE_ORDER``), so then layer 1 alone decides. A user's own
-``DRI_PRIME``, ``MESA_VK_DEVICE_SELECT`` or ``NODEVICE_SELECT`` is left as it is.
-Checked against Debian bookworm's mesa-vulkan-drivers 22.3.6 (the layer's
-manifest and the variables its library reads).
+LiteRT reaches GPUs through WebGPU (Dawn) over Vulkan, which has no
+``CUDA_VISIBLE_DEVICES``: Dawn takes the first adapter the Vulkan loader lists. The
+device cgroup or slurm-tpu's GPU leasing leaves the job only its GPUs' nodes (a Vulkan
+driver does not list a GPU it cannot open); which one comes first is set through Mesa's
+device-select layer (``VK_LAYER_MESA_device_select``, an implicit layer wrapping
+``vkEnumeratePhysicalDevices`` for every driver, NVIDIA's included): ``DRI_PRIME``
+names the PCI address, matched through ``VK_EXT_pci_bus_info``, and
+``MESA_VK_DEVICE_SELECT_FORCE_DEFAULT_DEVICE=1`` hides the others. Slurm's numeric
+indices cannot be mapped to a PCI address reliably (their meaning changes with
+``ConstrainDevices`` and ``CUDA_DEVICE_ORDER``). Checked against Debian bookworm's
+mesa-vulkan-drivers 22.3.6.
 """
 
 from __future__ import annotations

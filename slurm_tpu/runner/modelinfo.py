@@ -1,12 +1,10 @@
 """What a model is: its tensors (:class:`TensorSpec`), what a .tflite file holds (read from
 its flatbuffer before any runtime opens it), and the :class:`Engine` protocol every backend
-implements to run it. Pure: no runtime imports, so preprocessing, batching and tests can
-use them freely.
+implements. Pure: no runtime imports.
 
-We need to know whether a model was compiled for the Edge TPU (it then contains the
-custom operator ``edgetpu-custom-op``) *before* choosing a device, so that a
-missing TPU is a clear error rather than "unresolved custom op" from the runtime.
-The ``tflite`` package is generated schema code, not a runtime.
+Whether a model was compiled for the Edge TPU (it contains ``edgetpu-custom-op``) must be
+known *before* choosing a device, so that a missing TPU is a clear error rather than
+"unresolved custom op" from the runtime. The ``tflite`` package is schema code, not a runtime.
 """
 
 from __future__ import annotations

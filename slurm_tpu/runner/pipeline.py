@@ -4,17 +4,15 @@
   ahead of the device (a bounded window, so memory stays flat on a million images);
   results come out in input order.
 - ``infer_ordered``: one engine runs inline (no thread hop on the hot path); several
-  engines each get a thread pulling from one bounded queue (whichever is free takes
-  the next input) and a reorder buffer restores input order; ``chain=True`` instead
-  runs engine i on the output of engine i-1 (a model split in segments), each stage
-  in its own thread, with a queue of its own, so N segments work on N inputs at once.
+  engines each get a thread of one pool (whichever is free takes the next input);
+  ``chain=True`` instead runs engine i on the output of engine i-1 (a model split in
+  segments), each in a thread of its own, so N segments work on N inputs at once.
 TFLite's invoke() releases the GIL, so these threads really overlap.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import queue
 import threading
 from collections.abc import Iterable, Iterator, Sequence
@@ -40,6 +38,25 @@ class Item:
     meta: Any = None  # what the loader knows about the input (e.g. its image geometry)
 
 
+def _in_order(futures: Iterable[Future[Item]], window: int, pools: Sequence[ThreadPoolExecutor]) -> Iterator[Item]:
+    """The futures' results in submission order, with at most ``window`` submitted ahead of the one
+    yielded (memory stays flat on a million inputs); then the pools are shut down, also when the
+    consumer stops early or fails."""
+    pending: collections.deque[Future[Item]] = collections.deque()
+    try:
+        for future in futures:
+            pending.append(future)
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:
+        for future in pending:
+            future.cancel()
+        for pool in pools:
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
 def decode_ordered(
     keys: Iterable[str], load: Callable[[str], tuple[list[np.ndarray], Any]], threads: int = 2, lookahead: int = 16
 ) -> Iterator[Item]:
@@ -54,26 +71,7 @@ def decode_ordered(
             return Item(seq, key, error=str(exc))
 
     pool = ThreadPoolExecutor(max_workers=max(1, threads), thread_name_prefix="decode")
-    window: collections.deque[Future[Item]] = collections.deque()
-    try:
-        for seq, key in enumerate(keys):
-            window.append(pool.submit(task, seq, key))
-            if len(window) >= lookahead:
-                yield window.popleft().result()
-        while window:
-            yield window.popleft().result()
-    finally:
-        for future in window:
-            future.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)
-
-
-_DONE = object()
-
-
-class _Failure:
-    def __init__(self, exc: BaseException):
-        self.exc = exc
+    yield from _in_order((pool.submit(task, seq, key) for seq, key in enumerate(keys)), lookahead, [pool])
 
 
 def _run(engine: Engine, item: Item) -> Item:
@@ -81,6 +79,14 @@ def _run(engine: Engine, item: Item) -> Item:
         item.outputs = engine.run(item.inputs or [])
         item.inputs = None
     return item
+
+
+def _run_next(engine: Engine, previous: Future[Item]) -> Item:
+    """The next segment on the previous one's outputs."""
+    item = previous.result()
+    if item.error is None:
+        item.inputs, item.outputs = item.outputs, None
+    return _run(engine, item)
 
 
 def infer_ordered(
@@ -91,92 +97,24 @@ def infer_ordered(
         for item in items:
             yield _run(engines[0], item)
         return
-    # Stages of worker threads, each stage's workers pulling from one queue: a pool is one
-    # stage of every engine (the free one takes the next input), a chain one stage per engine.
-    stages = [[e] for e in engines] if chain else [list(engines)]
-    copies = len(stages[0])  # end markers each queue carries: one per worker of a stage
-    queues: list[queue.Queue[Any]] = [queue.Queue(maxsize=depth * copies) for _ in stages]
-    queues.append(queue.Queue(maxsize=depth if chain else 0))  # the results (a pool's out of order)
-    stop = threading.Event()
+    # Every engine is driven by one thread of its own, all its life.
+    if chain:
+        pools = [ThreadPoolExecutor(1, thread_name_prefix=f"segment-{i}") for i in range(len(engines))]
 
-    def work(engine: Engine, inbox: queue.Queue[Any], outbox: queue.Queue[Any], last: bool) -> None:
-        while True:
-            item = inbox.get()
-            if item is _DONE or stop.is_set():
-                outbox.put(_DONE)
-                return
-            if not isinstance(item, _Failure):
-                try:
-                    _run(engine, item)
-                    if not last and item.error is None:  # the next segment's input
-                        item.inputs, item.outputs = item.outputs, None
-                except BaseException as exc:  # noqa: BLE001 - the worker's failure goes to the consumer, which raises it
-                    item = _Failure(exc)
-            outbox.put(item)
+        def submit(item: Item) -> Future[Item]:
+            future = pools[0].submit(_run, engines[0], item)
+            for pool, engine in zip(pools[1:], engines[1:]):
+                future = pool.submit(_run_next, engine, future)
+            return future
 
-    threads = [threading.Thread(target=_feed, args=(items, queues[0], stop, copies), daemon=True)]
-    for i, stage in enumerate(stages):
-        threads += [
-            threading.Thread(
-                target=work,
-                args=(e, queues[i], queues[i + 1], i == len(stages) - 1),
-                daemon=True,
-                name=f"segment-{i}" if chain else f"engine-{j}",
-            )
-            for j, e in enumerate(stage)
-        ]
-    for t in threads:
-        t.start()
-    pending: dict[int, Item] = {}
-    next_seq, finished = 0, 0
-    try:
-        while finished < copies:
-            got = queues[-1].get()
-            if got is _DONE:
-                finished += 1
-                continue
-            if isinstance(got, _Failure):
-                raise got.exc
-            pending[got.seq] = got
-            while next_seq in pending:
-                yield pending.pop(next_seq)
-                next_seq += 1
-        for seq in sorted(pending):  # only if sequence numbers had gaps
-            yield pending.pop(seq)
-    finally:
-        _shutdown(stop, queues, threads, copies)
+    else:
+        free: queue.SimpleQueue[Engine] = queue.SimpleQueue()
+        for engine in engines:
+            free.put(engine)
+        mine = threading.local()  # a pool thread's engine, taken when the thread starts
+        pools = [ThreadPoolExecutor(len(engines), "engine", initializer=lambda: setattr(mine, "engine", free.get()))]
 
+        def submit(item: Item) -> Future[Item]:
+            return pools[0].submit(lambda: _run(mine.engine, item))
 
-def _feed(items: Iterable[Item], out: queue.Queue[Any], stop: threading.Event, copies: int) -> None:
-    try:
-        for item in items:
-            while not stop.is_set():
-                try:
-                    out.put(item, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
-            if stop.is_set():
-                return
-    except BaseException as exc:  # noqa: BLE001 - decoding crashed: let the consumer raise it
-        out.put(_Failure(exc))
-    for _ in range(copies):
-        out.put(_DONE)
-
-
-def _shutdown(
-    stop: threading.Event, queues: list[queue.Queue[Any]], threads: list[threading.Thread], copies: int
-) -> None:
-    """Stop early (consumer gone or failed): unblock every thread, then wait for them."""
-    stop.set()
-    for q in queues:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                q.get_nowait()
-        for _ in range(copies):
-            try:
-                q.put_nowait(_DONE)
-            except queue.Full:
-                pass
-    for t in threads:
-        t.join(timeout=5)
+    yield from _in_order(map(submit, items), depth * len(engines), pools)

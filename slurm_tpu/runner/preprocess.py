@@ -1,27 +1,19 @@
 """Turn an input file into the model's input tensor: images (Pillow) and .npy arrays.
 
 Images are prepared the way pycoral's examples do it, so that scores match Coral's
-documented ones bit for bit:
+documented ones bit for bit: ``classify_image.py`` stretches the fully decoded image to
+the input with LANCZOS (``ANTIALIAS``); ``detect_image.py`` (``keep_aspect=True``) uses
+``common.set_resized_input``: scale to fit (``scale = min(W / w, H / h)``, sizes
+truncated with ``int``), LANCZOS, paste at the top-left of a zero tensor; the scale maps
+boxes back. ``fast=True`` (``--fast-resize``, opt-in) decodes JPEGs at a reduced scale
+(Pillow's draft mode) and resizes with BILINEAR, which changes the tensor.
 
-- ``classify_image.py``: ``Image.open(f).convert('RGB').resize(size, Image.ANTIALIAS)``,
-  i.e. LANCZOS from the fully decoded image, stretched to the input size;
-- ``detect_image.py`` (``keep_aspect=True``): ``common.set_resized_input``: scale to fit
-  the input keeping the aspect ratio (``scale = min(W / w, H / h)``, sizes truncated
-  with ``int``), LANCZOS, paste at the top-left of a zero tensor; the scale maps boxes
-  back to the original image.
-
-``fast=True`` (``--fast-resize``) decodes JPEGs at a reduced scale (Pillow's draft
-mode) and resizes with BILINEAR: several times cheaper for big photos, but the input
-tensor differs from pycoral's and so can the scores (by up to 0.1 on Coral's
-MobileNets): opt-in only.
-
-Pixel values (uint8 models, as classify_image.py): with no ``--input-mean``/``--input-std``
+Pixel values (uint8 models, as classify_image.py): without ``--input-mean``/``--input-std``
 the raw pixels go in (the model's input quantization is trusted to encode the
-normalisation, true of Coral's models); with them, pycoral's formula exactly:
-raw pixels when ``scale * std == 1`` and ``mean == zero_point``, else
-``(p - mean) / (std * scale) + zero_point``, clipped to [0, 255] and truncated to
-uint8. int8 models get ``p - 128``; float models ``(p - mean) / std`` (default mean =
-std = 127.5, i.e. [-1, 1]).
+normalisation, true of Coral's models); with them, pycoral's formula exactly: raw pixels
+when ``scale * std == 1`` and ``mean == zero_point``, else ``(p - mean) / (std * scale) +
+zero_point``, clipped to [0, 255] and truncated to uint8. int8 models get ``p - 128``;
+float models ``(p - mean) / std`` (default mean = std = 127.5, i.e. [-1, 1]).
 """
 
 from __future__ import annotations
@@ -157,23 +149,22 @@ def load_image(
             f"model input '{spec.name}' has shape {spec.shape}, not an NHWC image: give .npy inputs instead", spec.name
         )
     height, width, channels = spec.shape[1:]
-    mode = "RGB" if channels == 3 else "L"
-    if not resize.keep_aspect:
-        image, size = _decode(path, mode, (lambda _: (width, height)) if resize.fast else None, name)
-        pixels = np.asarray(_resize(image, (width, height), resize.fast), dtype=np.uint8)
-        if channels == 1:
-            pixels = pixels[:, :, np.newaxis]
-        return Prepared(
-            pixels_to_tensor(pixels, spec, norm),
-            Geometry((width, height), size, (width / size[0], height / size[1]), (width, height)),
-        )
-    fit = (lambda size: fitted_size(size, (width, height))[0]) if resize.fast else None
-    image, size = _decode(path, mode, fit, name)
-    (w, h), scale = fitted_size(size, (width, height))
+    target = (width, height)
+
+    def fit(size: tuple[int, int]) -> tuple[int, int]:  # the (width, height) the image is resized to
+        return fitted_size(size, target)[0] if resize.keep_aspect else target
+
+    image, size = _decode(path, "RGB" if channels == 3 else "L", fit if resize.fast else None, name)
+    w, h = fit(size)
     pixels = np.asarray(_resize(image, (w, h), resize.fast), dtype=np.uint8).reshape(h, w, channels)
+    if not resize.keep_aspect:
+        return Prepared(
+            pixels_to_tensor(pixels, spec, norm), Geometry(target, size, (w / size[0], h / size[1]), target)
+        )
     tensor = np.zeros(spec.shape, dtype=spec.dtype)  # set_resized_input: tensor.fill(0), then paste
     tensor[0, :h, :w] = pixels_to_tensor(pixels, spec, norm)[0]
-    return Prepared(tensor, Geometry((width, height), size, (scale, scale), (w, h)))
+    scale = fitted_size(size, target)[1]
+    return Prepared(tensor, Geometry(target, size, (scale, scale), (w, h)))
 
 
 def conform_array(array: np.ndarray, spec: TensorSpec, name: str) -> np.ndarray:

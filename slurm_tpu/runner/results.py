@@ -1,13 +1,10 @@
 """A batch's output: resumable result files (JSONL or CSV) and its progress lines.
 
-Result files: whole lines, appended, flushed one by one.
-
 Crash safety: each input's result is one ``write(2)`` of complete lines on an O_APPEND
-descriptor, so a killed run leaves complete lines plus at most one torn last line
-(a line without its newline). On restart the torn tail is cut off (and, in CSV, where
-one input can own several rows, the last input's rows too), the inputs named by the
-remaining lines are skipped, and the run continues where it stopped: the finished
-file is the same as an uninterrupted run's.
+descriptor, so a killed run leaves at most one torn last line. On restart the torn tail
+is cut off (in CSV, where one input can own several rows, the last input's rows too),
+the inputs named by the remaining lines are skipped, and the finished file is the same
+as an uninterrupted run's.
 """
 
 from __future__ import annotations
@@ -47,10 +44,8 @@ class Layout:
         rows (one per object for detection; an input with none gets a row of its own)."""
         if self.fmt == JSONL:
             return json.dumps(record, separators=(",", ":"), ensure_ascii=False) + "\n"
-        width = len(self.columns) - 2
         rows = [] if "error" in record else self.task.csv_rows(record, self.options)
-        if not rows:
-            rows = [[""] * width]
+        rows = rows or [[""] * (len(self.columns) - 2)]
         return "".join(_csv_line([record["input"], *row, record.get("error", "")]) for row in rows)
 
 
@@ -76,7 +71,7 @@ class ResultWriter:
     """Appends result lines to ``path``; ``done`` holds the inputs already there."""
 
     def __init__(self, path: str, layout: Layout):
-        self.path, self.layout, self.fmt = path, layout, layout.fmt
+        self.layout, self.fmt = layout, layout.fmt
         self.done: set[str] = set()
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -156,34 +151,26 @@ def _duration(seconds: float) -> str:
 class Progress:
     """Counts finished inputs; renders to ``stream`` (stderr by default)."""
 
-    def __init__(
-        self,
-        total: int,
-        stream: TextIO | None = None,
-        interval: float = 30.0,
-        enabled: bool = True,
-        clock=time.monotonic,
-    ):
+    def __init__(self, total: int, stream: TextIO | None = None, interval: float = 30.0, enabled: bool = True):
         self.total, self.done, self.errors = total, 0, 0
         self.skipped = 0  # inputs already in the results file (a resumed run)
         self.stream = stream or sys.stderr
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()
         self.enabled = enabled
         self.interval = 0.1 if self.tty else interval
-        self.clock = clock
-        self.started = self._last = clock()
+        self.started = self._last = time.monotonic()
 
     def update(self, n: int = 1, errors: int = 0) -> None:
         self.done += n
         self.errors += errors
-        now = self.clock()
+        now = time.monotonic()
         if self.enabled and now - self._last >= self.interval:
             self._last = now
             self._render(now)
 
     def line(self, now: float | None = None) -> str:
         """E.g. ``120/1000 inputs (12%), 45.2/s, 0 errors, elapsed 0:00:02, eta 0:00:19``."""
-        now = self.clock() if now is None else now
+        now = time.monotonic() if now is None else now
         elapsed = max(now - self.started, 1e-9)
         rate = self.done / elapsed
         eta = (self.total - self.done) / rate if rate > 0 else 0.0
@@ -207,7 +194,7 @@ class Progress:
         if not self.enabled:
             return
         if self.tty:
-            self._render(self.clock())
+            self._render(time.monotonic())
             self.stream.write("\n")
         else:
             self.stream.write(f"slurm-tpu: done: {self.line()}\n")

@@ -1,17 +1,12 @@
 """Open a model on the job's devices: policy (which errors, which warnings) + ordering.
 
-The order matters and is the reason this module exists: lock the device, create its
-delegate by path, build the interpreter; on close, the reverse (interpreter, then
-delegate, then lock), so no other process can grab a TPU that is still in use.
-
-Why an allocated Edge TPU cannot be used is one line naming it, the cause and the fix,
-as seen with the real libedgetpu (tests/libedgetpu): a device the library does not list
-fails at once, and sysfs says why (:func:`absent_message`: unplugged or moved, not a
-Coral, hidden by ``EDGETPU_VISIBLE_DEVICES``, invisible to libusb or the apex driver); a
-failed open quotes the library's own reason (:func:`open_failure_message`).
-
-Every engine is counted (:class:`MeteredEngine`) whatever the mode, so the counts cannot
-miss a path; on close they go to the job's usage box (:meth:`EngineSet.report_usage`).
+The order is the reason this module exists: lock the device, create its delegate by
+path, build the interpreter; on close the reverse, so no other process can grab a TPU
+that is still in use. Why an allocated Edge TPU cannot be used is one line naming it,
+the cause and the fix, as seen with the real libedgetpu (tests/libedgetpu): from sysfs
+when the library does not list it (:func:`absent_message`), else the library's own
+reason (:func:`open_failure_message`). Every engine is metered (:class:`MeteredEngine`)
+whatever the mode; on close the counts go to the job's usage box.
 """
 
 from __future__ import annotations
@@ -111,8 +106,6 @@ class EngineSet:
         self.engines, self._locks = [], []
 
 
-# -- why an Edge TPU cannot be used (module docstring) ---------------------------------------
-
 CHECK = "run 'slurm-tpu detect --check-runtime' on the node"
 
 
@@ -124,57 +117,43 @@ def _read_text(path: str) -> str:
         return ""
 
 
-def hidden_by_visible_devices(path: str, visible: str | None) -> str | None:
-    """Why ``EDGETPU_VISIBLE_DEVICES`` keeps ``path`` out of libedgetpu's list, or None.
-
-    ``visible`` is the variable's value in this process (None: unset, every device
-    visible). The node's libedgetpu enumerates only the paths it names, so a job
-    whose variable and ``SLURM_TPU_EDGETPU_PATHS`` disagree (the user changed one of
-    them) must be told that, not sent to debug libusb.
-    """
-    if visible is None or path in [entry.strip() for entry in visible.split(",")]:
-        return None
-    shown = visible if visible.strip() else "empty"
-    return (
-        f"{path} is not in EDGETPU_VISIBLE_DEVICES ({shown}), so libedgetpu hides it from this "
-        "process; the task prolog sets that variable to the job's Edge TPUs: do not change it, or "
-        "name one of its devices"
-    )
-
-
 def absent_message(device: Device, listed: Sequence[tuple[str, str]], visible: str | None = None) -> str:
     """The device is not in libedgetpu's list: say why, from the process's
-    ``EDGETPU_VISIBLE_DEVICES`` (``visible``) and what sysfs and /dev show."""
+    ``EDGETPU_VISIBLE_DEVICES`` (``visible``; None: unset) and what sysfs and /dev show."""
     path = device.path or ""
     name = f"Edge TPU {device.identity}"
-    seen = ", ".join(f"{t}:{p}" for t, p in listed) or "none"
-    hidden = hidden_by_visible_devices(path, visible)
-    if device.edgetpu_type == "usb":
-        if not os.path.exists(path):
+    usb = device.edgetpu_type == "usb"
+    if not os.path.exists(path):
+        if usb:
             return (
                 f"{name} is not present: nothing at {path} (the stick was unplugged or moved to another "
                 "port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'"
             )
-        ids = (_read_text(f"{path}/idVendor"), _read_text(f"{path}/idProduct"))
-        if ids not in USB_IDS:
-            coral = " or ".join(":".join(pair) for pair in (USB_RUNTIME, USB_BOOTLOADER))
-            return (
-                f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
-                f"({coral}): check --device or the node's inventory"
-            )
-        if hidden:
-            return f"{name}: {hidden}"
-        return (
-            f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
-            f"enumerate it; {CHECK}"
-        )
-    if not os.path.exists(path):
         return (
             f"{name} is not present: {path} does not exist (the apex driver is not loaded, or the card "
             f"is gone): {CHECK}"
         )
-    if hidden:
-        return f"{name}: {hidden}"
+    ids = (_read_text(f"{path}/idVendor"), _read_text(f"{path}/idProduct")) if usb else None
+    if ids is not None and ids not in USB_IDS:
+        coral = " or ".join(":".join(pair) for pair in (USB_RUNTIME, USB_BOOTLOADER))
+        return (
+            f"{name}: {path} is a {ids[0] or '?'}:{ids[1] or '?'} USB device, not a Coral Edge TPU "
+            f"({coral}): check --device or the node's inventory"
+        )
+    # libedgetpu enumerates only the paths the variable names: a user who changed it must be
+    # told so, not sent to debug libusb.
+    if visible is not None and path not in [entry.strip() for entry in visible.split(",")]:
+        return (
+            f"{name}: {path} is not in EDGETPU_VISIBLE_DEVICES ({visible if visible.strip() else 'empty'}), "
+            "so libedgetpu hides it from this process; the task prolog sets that variable to the job's "
+            "Edge TPUs: do not change it, or name one of its devices"
+        )
+    seen = ", ".join(f"{t}:{p}" for t, p in listed) or "none"
+    if usb:
+        return (
+            f"{name} is at {path} but libedgetpu does not list it (it lists: {seen}): libusb cannot "
+            f"enumerate it; {CHECK}"
+        )
     return (
         f"{name}: {path} exists but libedgetpu does not list it (it lists: {seen}; it looks in "
         f"/sys/class/apex): {CHECK}"
@@ -220,9 +199,8 @@ class _Opener:
         self.warn = warn
         self.runtime = engines.select_runtime(options.runtime)
         self.library: engines.EdgeTpuLibrary | None = None
-        self.locks: list[DeviceLock] = []
         self.engines: list[Engine] = []
-        self._held: dict[str, DeviceLock] = {}  # identity -> its lock: several models may share a device
+        self.locks: dict[str, DeviceLock] = {}  # identity -> its lock: several models may share a device
 
     def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> None:
         if device.kind == EDGETPU:
@@ -243,17 +221,15 @@ class _Opener:
             # The library reads the variable from this process's own environment.
             visible = os.environ.get(jobenv.EDGETPU_VISIBLE)
             raise DeviceError(absent_message(device, listed, visible), device.identity)
-        lock = self._held.get(device.identity) or DeviceLock(device.identity, environ)
+        lock = self.locks.get(device.identity) or DeviceLock(device.identity, environ)
         log: list[str] = []
         delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
         if delegate is None:
-            if device.identity not in self._held:
+            if device.identity not in self.locks:
                 lock.release()
             reason = engines.libedgetpu_reason(log, device.path or "")
             raise DeviceError(open_failure_message(device, reason), device.identity)
-        if device.identity not in self._held:
-            self._held[device.identity] = lock
-            self.locks.append(lock)
+        self.locks[device.identity] = lock
         return engines.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
 
     def _open_gpu(self, model: ModelInfo, threads: int, environ: Mapping[str, str]) -> Engine:
@@ -288,88 +264,63 @@ def _check_model_fits(model: ModelInfo, kind: str) -> list[str]:
     return []
 
 
-def _open(
-    models: list[ModelInfo],
-    pairs: Sequence[tuple[ModelInfo, Device]],
-    options: OpenOptions,
-    environ: Mapping[str, str],
-    warn: Warn,
-    concurrent: int | None = None,
+def open_models(
+    model_paths: Sequence[str],
+    options: OpenOptions | None = None,
+    environ: Mapping[str, str] = os.environ,
+    warn: Warn = _log.warning,
+    segmented: bool = False,
 ) -> EngineSet:
-    """Open every (model, device) pair, or none: a failure closes what was opened.
+    """Open the models on the devices the job was given (or --device named): all, or none.
 
-    ``concurrent``: how many engines will run at once (default: all), which shares out
-    the CPU threads. The warnings are emitted only once every device opened, so a
-    failing run prints its one error line and nothing else.
+    By default every model on every device (``slurm-tpu serve``): one lock per device, one
+    engine per (model, device), model-major: the engines of model i are
+    ``engines[i * D:(i + 1) * D]`` for D devices. Edge TPU models compiled together
+    (``edgetpu_compiler a.tflite b.tflite``) share a device's parameter cache.
+    ``segmented``: segment i of a model split by ``edgetpu_compiler --num_segments`` on
+    device i; without a TPU every segment gets its own CPU interpreter, which keeps the
+    pipeline testable anywhere. The warnings are emitted only once every device opened,
+    so a failing run prints its one error line and nothing else.
     """
+    options = options or OpenOptions()
+    models = [read_model_info(p) for p in model_paths]
+    devices = resolve_devices(options.device, environ)
+    if not segmented:
+        pairs = [(model, device) for model in models for device in devices]
+    elif devices[0].kind != EDGETPU:
+        pairs = [(model, devices[0]) for model in models]
+    elif len(devices) < len(models):
+        raise UsageError(
+            f"{len(models)} model segments need {len(models)} Edge TPUs but this job has "
+            f"{len(devices)}: submit with --gres=tpu:{len(models)}"
+        )
+    else:
+        pairs = list(zip(models, devices))
     warnings = list(dict.fromkeys(w for model, device in pairs for w in _check_model_fits(model, device.kind)))
     started = time.perf_counter()
     opener = _Opener(options, warn)
-    threads = options.num_threads or max(1, usable_cpus() // max(concurrent or len(pairs), 1))
+    # CPU threads shared out among the engines running at once: one per device, or every segment.
+    concurrent = len(pairs) if segmented else len(devices)
+    threads = options.num_threads or max(1, usable_cpus() // concurrent)
     try:
         for model, device in pairs:
             opener.open(model, device, threads, environ)
     except BaseException:
         for engine in reversed(opener.engines):
             engine.close()
-        for lock in reversed(opener.locks):
+        for lock in reversed(opener.locks.values()):
             lock.release()
         raise
     for message in warnings:
         warn(message)
     version = opener.library.version() if opener.library is not None else None
-    devices = [device for _, device in pairs]
     return EngineSet(
-        opener.engines, devices, opener.runtime, time.perf_counter() - started, models, opener.locks, environ, version
+        opener.engines,
+        [device for _, device in pairs],
+        opener.runtime,
+        time.perf_counter() - started,
+        models,
+        list(opener.locks.values()),
+        environ,
+        version,
     )
-
-
-def open_engines(
-    model_path: str,
-    options: OpenOptions | None = None,
-    environ: Mapping[str, str] = os.environ,
-    warn: Warn = _log.warning,
-) -> EngineSet:
-    """One engine per device the job was given (or --device named): :func:`open_models` of one model."""
-    return open_models([model_path], options, environ, warn)
-
-
-def open_segments(
-    segment_paths: Sequence[str],
-    options: OpenOptions | None = None,
-    environ: Mapping[str, str] = os.environ,
-    warn: Warn = _log.warning,
-) -> EngineSet:
-    """Segment i of a model split by ``edgetpu_compiler --num_segments`` on device i.
-
-    On the CPU (no TPU allocated) every segment gets its own CPU interpreter, which
-    keeps the pipeline testable anywhere.
-    """
-    options = options or OpenOptions()
-    models = [read_model_info(p) for p in segment_paths]
-    devices = resolve_devices(options.device, environ)
-    if devices[0].kind == EDGETPU and len(devices) < len(models):
-        raise UsageError(
-            f"{len(models)} model segments need {len(models)} Edge TPUs but this job has "
-            f"{len(devices)}: submit with --gres=tpu:{len(models)}"
-        )
-    if devices[0].kind != EDGETPU:
-        devices = [devices[0]] * len(models)
-    return _open(models, list(zip(models, devices)), options, environ, warn)
-
-
-def open_models(
-    model_paths: Sequence[str],
-    options: OpenOptions | None = None,
-    environ: Mapping[str, str] = os.environ,
-    warn: Warn = _log.warning,
-) -> EngineSet:
-    """Several models on every device the job was given (``slurm-tpu serve``): one lock per
-    device, one engine per (model, device), model-major: the engines of model i are
-    ``engines[i * D:(i + 1) * D]`` for D devices. Edge TPU models compiled together
-    (``edgetpu_compiler a.tflite b.tflite``) share a device's parameter cache."""
-    options = options or OpenOptions()
-    models = [read_model_info(p) for p in model_paths]
-    devices = resolve_devices(options.device, environ)
-    pairs = [(model, device) for model in models for device in devices]
-    return _open(models, pairs, options, environ, warn, concurrent=len(devices))  # one inference per device at a time

@@ -10,14 +10,14 @@ import sys
 import time
 
 from slurm_tpu.errors import SlurmTpuError
-from slurm_tpu.runner.session import OpenOptions, open_engines
+from slurm_tpu.runner.session import OpenOptions, open_models
 
 
 def main() -> None:
     library, model = sys.argv[1], sys.argv[2]
     started = time.perf_counter()
     try:
-        open_engines(model, OpenOptions(libedgetpu=library)).close()
+        open_models([model], OpenOptions(libedgetpu=library)).close()
         error = None
     except SlurmTpuError as exc:
         error = {"type": type(exc).__name__, "message": str(exc)}

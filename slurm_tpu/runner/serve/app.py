@@ -3,8 +3,7 @@
 Routes (``NAME`` a served model; ``/versions/1`` may follow it, as in TF Serving):
 ``GET /v1/models/NAME`` (status), ``GET /v1/models/NAME/metadata``, ``POST
 /v1/models/NAME:predict``, ``POST /v1/models/NAME:classify|detect|segment|raw`` and
-``GET /metrics``. Every answer is JSON except /metrics; every refusal is a
-:class:`~.codec.RequestError` with its status and one line.
+``GET /metrics``. Every refusal is a :class:`~.codec.RequestError` with its status and one line.
 """
 
 from __future__ import annotations
@@ -53,11 +52,6 @@ class Limits:
     def head_deadline(self) -> float:
         """Seconds a new connection has to authenticate (never longer than the idle timeout)."""
         return min(self.head_timeout, self.io_timeout)
-
-    @property
-    def body_budget(self) -> int:
-        """Bytes of request bodies held at once, all connections together."""
-        return 4 * self.max_body
 
 
 @dataclass(frozen=True)
@@ -111,7 +105,7 @@ class ServeApp:
         self.limits = limits
         self.token = token
         self.runtime = runtime
-        self.budget = ByteBudget(limits.body_budget)
+        self.budget = ByteBudget(4 * limits.max_body)  # bytes of request bodies held at once, all connections
         self._decoders = threading.BoundedSemaphore(limits.decoders)
         self._in_flight = 0
         self._idle = threading.Condition()
@@ -121,8 +115,6 @@ class ServeApp:
         engines = [(m.name, e) for m in models for e in m.engines]
         self.metrics = ServeMetrics(engines, self._gauges)
         self.answered = 0
-
-    # -- in flight ---------------------------------------------------------------------
 
     def begin(self) -> bool:
         """Count a request in; False when draining (the caller answers 503)."""
@@ -157,8 +149,6 @@ class ServeApp:
             ),
         }
 
-    # -- routing -----------------------------------------------------------------------
-
     def route(self, method: str, path: str) -> Route:
         """The endpoint a method and path (without query) name, or a 404/405 RequestError."""
         if path == "/metrics":
@@ -189,8 +179,6 @@ class ServeApp:
         if route.method != method:
             raise RequestError(405, f"{route.endpoint} takes {method}, not {route.method}")
         return route
-
-    # -- endpoints ---------------------------------------------------------------------
 
     def dispatch(self, route: Route, body: bytes, content_type: str, query: str) -> Response:
         """The answer to an authorized request (or a RequestError)."""

@@ -1,41 +1,22 @@
 """The per-job secret and the address file that hands it to the job's owner, and no one else.
 
-Any user can reach any node's ports, so the server's only protection is a token: 32
-random bytes made at start-up, required on every request as ``Authorization: Bearer
-<token>`` and compared in constant time (:func:`hmac.compare_digest`).
+Any user can reach any node's ports, so the server's only protection is a token (32
+random bytes, ``Authorization: Bearer``, compared in constant time). It reaches the owner
+in ``~/.slurm-tpu/serve/<jobid>.json``: both directories the user's own, mode 0700,
+opened without following symlinks and checked with ``fstat`` after opening (no check/act
+race); the file is created under a temporary name (``O_EXCL | O_NOFOLLOW``, 0600) and
+renamed into place, so a reader never sees half a file and a planted link is replaced,
+never written through. Readers refuse a file that others could read.
 
-The server writes its address and the token to ``~/.slurm-tpu/serve/<jobid>.json``
-(:func:`address_path`; what it holds: :mod:`slurm_tpu.protocol.serve_address`). Both
-directories are the user's own, mode 0700, opened without following symlinks and checked
-with ``fstat`` after opening (not before: no check/act race); the file is created under
-a temporary name with ``O_CREAT | O_EXCL | O_NOFOLLOW`` and mode 0600, then renamed into
-place, so a reader never sees half a file and a planted link is replaced, never written
-through. Readers (:func:`read_address`) apply the same checks and refuse a file that
-others could read.
-
-The address file can outlive its server (SIGKILL, the OOM killer: no clean-up), and
-then any user may bind the freed port. So our client never sends the token to a
-listener before that listener has proved it holds the token, without the token ever
-crossing the wire first (challenge-response; :func:`proof`):
-
-1. the client opens a connection and sends ``GET /v1/slurm-tpu/proof?nonce=N``, N 32
-   fresh random bytes in hex, without ``Authorization``;
-2. the server answers 200 ``{"proof": P}``, P = hex HMAC-SHA256 keyed by the token of
-   ``"slurm-tpu serve proof v1" NUL N``;
-3. the client computes P itself and compares (constant time); only on that same
-   connection, and only if P matched, does it send requests with ``Authorization:
-   Bearer <token>``. A listener that answers anything else gets nothing more, and the
-   client says so in one line.
-
-The server thus proves it holds the secret; the client then proves it by the bearer
-token, as every standard client (curl, TF Serving's) does: they skip step 1-3 and
-are unaffected. A HMAC of a nonce the client just chose tells a listener nothing
-about the token and cannot be replayed. The client also asks Slurm whether the job
-still runs before it connects (:mod:`.client`).
+An address file can outlive its server (SIGKILL, the OOM killer), and its port be anyone's.
+So the client sends the token only on a connection whose listener proved it holds it
+(:func:`proof`: an HMAC of a nonce the client just chose tells a listener nothing about
+the token and cannot be replayed); docs/user-guide.md ("After a crash") gives the exchange.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import os
@@ -46,7 +27,7 @@ from collections.abc import Mapping
 from ...errors import SlurmTpuError
 from ...protocol import FormatError
 from ...protocol.serve_address import DIR_PARTS, SUFFIX, Address, decode, encode, file_name
-from ..errors import UsageError
+from ..errors import FileError, UsageError
 
 TOKEN_BYTES = 32
 SCHEME = "Bearer"
@@ -57,12 +38,8 @@ _PROOF_LABEL = b"slurm-tpu serve proof v1\0"  # binds the HMAC to this use of th
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-class AddressFileError(SlurmTpuError):
+class AddressFileError(FileError):
     """The address file cannot be written, found or trusted."""
-
-    def __init__(self, message: str, path: str):
-        super().__init__(message)
-        self.path = path
 
 
 def new_token() -> str:
@@ -124,7 +101,7 @@ def _own_private_dir(parent_fd: int, name: str, path: str, create: bool) -> int:
         try:
             os.mkdir(name, 0o700, dir_fd=parent_fd)
         except FileExistsError:
-            pass
+            pass  # checked below, as a directory found
         except OSError as exc:
             raise AddressFileError(
                 f"cannot create {path} ({exc.strerror}): check that your home directory is writable on this node", path
@@ -192,10 +169,8 @@ def write_address(address: Address, environ: Mapping[str, str] = os.environ) -> 
                 os.fsync(handle.fileno())
             os.rename(temporary, file_name(address.job_id), src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         except BaseException:
-            try:
+            with contextlib.suppress(OSError):
                 os.unlink(temporary, dir_fd=dir_fd)
-            except OSError:
-                pass
             raise
     finally:
         os.close(dir_fd)
@@ -205,19 +180,14 @@ def write_address(address: Address, environ: Mapping[str, str] = os.environ) -> 
 def remove_address(address: Address, environ: Mapping[str, str] = os.environ) -> None:
     """Remove the address file if it is still this server's (a requeued job may have replaced it)."""
     try:
-        current = read_address(address.job_id, environ)
-    except SlurmTpuError:
-        return
-    if current.token != address.token:
-        return
-    try:
+        if read_address(address.job_id, environ).token != address.token:
+            return
         dir_fd = _open_serve_dir(environ, create=False)
     except SlurmTpuError:
         return
     try:
-        os.unlink(file_name(address.job_id), dir_fd=dir_fd)
-    except OSError:
-        pass
+        with contextlib.suppress(OSError):
+            os.unlink(file_name(address.job_id), dir_fd=dir_fd)
     finally:
         os.close(dir_fd)
 

@@ -1,18 +1,13 @@
 """The client of ``slurm-tpu serve``: ``slurm-tpu infer --server JOBID|HOST:PORT ...``.
 
-The target is a job id (its address file, ``~/.slurm-tpu/serve/<jobid>.json``, gives
-the URL and token) or ``host:port`` (the token from a matching address file of yours,
-else ``$SLURM_TPU_SERVE_TOKEN``). Inputs, outputs and batch options are those of local
-inference: each input file's bytes go to the model's task endpoint and the record
-that comes back is written as ``slurm-tpu infer`` writes it (JSONL/CSV, resumable,
-sharded). Several requests are in flight at once over keep-alive connections (one
-per thread), so the server's queue stays fed; a 503 is retried after its
-Retry-After.
-
-Before the token leaves this process (an address file can outlive its server, and its
-port be anyone's: :mod:`.auth`'s docstring), a job's server is used only while Slurm says
-the job runs, and every connection is a :class:`ProvenConnection`. Anything unexpected
-from a listener is one line (:class:`ServerError`), never a traceback.
+The target is a job id (its address file gives the URL and token) or ``host:port`` (the
+token from a matching address file of yours, else ``$SLURM_TPU_SERVE_TOKEN``). Inputs,
+outputs and batch options are those of local inference: each input file's bytes go to
+the model's task endpoint, several requests in flight over keep-alive connections (one
+per thread); a 503 is retried after its Retry-After. Before the token leaves this
+process (:mod:`.auth`'s docstring), a job's server is used only while Slurm says the job
+runs, and every connection is a :class:`ProvenConnection`. Anything unexpected from a
+listener is one line (:class:`ServerError`), never a traceback.
 """
 
 from __future__ import annotations
@@ -174,23 +169,13 @@ class ServeClient:
 
     def __init__(self, address: Address, timeout: float = 120.0):
         self.address = address
+        self.url = address.url
         parts = urlsplit(address.url)
         if parts.scheme != "http" or not parts.hostname:
             raise ServerError(f"server URL {address.url} is not http://HOST:PORT", address.url)
         self._host, self._port = parts.hostname, parts.port or 80
         self._timeout = timeout
         self._local = threading.local()
-
-    @property
-    def url(self) -> str:
-        return self.address.url
-
-    def _connection(self) -> http.client.HTTPConnection:
-        connection = getattr(self._local, "connection", None)
-        if connection is None:
-            connection = ProvenConnection(self._host, self._port, self.address.token, self.url, self._timeout)
-            self._local.connection = connection
-        return connection
 
     def _drop(self) -> None:
         connection = getattr(self._local, "connection", None)
@@ -206,16 +191,19 @@ class ServeClient:
         headers = {"Authorization": f"Bearer {self.address.token}"}
         if method == "POST":
             headers["Content-Type"] = content_type
-        for attempt in range(RETRIES + 1):
+        for _ in range(RETRIES):
             status, data, answer = self._once(method, path, body, headers)
-            if status != 503 or attempt == RETRIES:
+            if status != 503:
                 return status, data, answer
             time.sleep(min(30.0, float(answer.get("Retry-After", "1") or 1)))
-        raise AssertionError("unreachable")
+        return self._once(method, path, body, headers)
 
     def _once(self, method: str, path: str, body: bytes, headers: dict[str, str]):
         for retry in (False, True):
-            connection = self._connection()
+            connection = getattr(self._local, "connection", None)
+            if connection is None:
+                connection = ProvenConnection(self._host, self._port, self.address.token, self.url, self._timeout)
+                self._local.connection = connection
             try:
                 connection.request(method, path, body=body if method == "POST" else None, headers=headers)
                 response = connection.getresponse()
@@ -287,7 +275,7 @@ def _specs(signature: Mapping[str, Any]) -> list[TensorSpec]:
 
 
 class RemoteModel:
-    """A served model as the client sees it: its name, task and devices."""
+    """A served model as the client sees it: its name and task."""
 
     def __init__(self, client: ServeClient, name: str, task: str):
         self.client = client
@@ -296,8 +284,6 @@ class RemoteModel:
         try:
             extra = metadata.get("metadata", {}).get("slurm_tpu", {})
             signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
-            self.devices: list[str] = [str(d) for d in extra.get("devices", [])]
-            self.runtime: str = str(extra.get("runtime", ""))
             served_task = str(extra.get("task", "raw"))
             outputs = _specs(signature["outputs"])
         except (KeyError, TypeError, ValueError, AttributeError) as exc:

@@ -1,23 +1,10 @@
-"""Request and response bodies: TF Serving's REST API and the task endpoints.
+"""Request and response bodies: TF Serving's REST API (https://www.tensorflow.org/tfx/serving/api_rest)
+and our task endpoints, as docs/user-guide.md lists them.
 
-TF Serving (https://www.tensorflow.org/tfx/serving/api_rest):
-
-- model status ``GET /v1/models/NAME``: ``{"model_version_status": [{"version", "state",
-  "status": {"error_code", "error_message"}}]}``;
-- metadata ``GET /v1/models/NAME/metadata``: the ``serving_default`` signature with each
-  input and output's dtype (``DT_UINT8``...) and shape;
-- predict ``POST /v1/models/NAME:predict``: the row format ``{"instances": [...]}`` (one
-  element per inference, without the batch dimension; a dict by input name for several
-  inputs) answered with ``{"predictions": [...]}``, or the columnar format ``{"inputs":
-  ...}`` (batch dimension first) answered with ``{"outputs": ...}``. Binary values are
-  ``{"b64": "..."}``; here that is an encoded image (or .npy array), prepared for the model
-  exactly as ``slurm-tpu infer`` prepares files. Outputs are the model's own tensors
-  (uint8 stays uint8), as TF Serving returns them. Errors are ``{"error": "..."}``.
-
-Task endpoints (ours): ``POST /v1/models/NAME:classify`` (``:detect``, ``:segment``,
-``:raw``) take one image (or .npy) as the body, or ``{"b64": ...}`` JSON, options as query
-parameters (``?top_k=3&threshold=0.2``) or JSON fields, and answer the record
-``slurm-tpu infer --json`` prints.
+Predict takes rows (``instances`` -> ``predictions``) or columns (``inputs`` -> ``outputs``);
+a ``{"b64": ...}`` value is an encoded image (or .npy array), prepared exactly as
+``slurm-tpu infer`` prepares files; outputs are the model's own tensors (uint8 stays
+uint8), as TF Serving returns them. Errors are ``{"error": "..."}``.
 """
 
 from __future__ import annotations
@@ -111,9 +98,8 @@ def _array(value: Any, spec: TensorSpec, shape: tuple[int, ...], where: str) -> 
             400, f"{where}: not a rectangular array of numbers (input '{spec.name}' wants shape {list(shape)})"
         ) from None
     if array.dtype.kind not in "iuf" or array.dtype == np.bool_:
-        raise RequestError(
-            400, f"{where}: holds {_kind(array)}, input '{spec.name}' wants {np.dtype(spec.dtype).name} numbers"
-        )
+        kind = {"b": "booleans", "U": "strings", "S": "bytes", "O": "mixed values"}.get(array.dtype.kind, "non-numbers")
+        raise RequestError(400, f"{where}: holds {kind}, input '{spec.name}' wants {np.dtype(spec.dtype).name} numbers")
     if array.shape != shape:
         raise RequestError(400, f"{where}: shape {list(array.shape)}, input '{spec.name}' wants {list(shape)}")
     dtype = np.dtype(spec.dtype)
@@ -126,10 +112,6 @@ def _array(value: Any, spec: TensorSpec, shape: tuple[int, ...], where: str) -> 
                 400, f"{where}: values outside {info.min}..{info.max} for {dtype.name} input '{spec.name}'"
             )
     return array.astype(dtype)
-
-
-def _kind(array: np.ndarray) -> str:
-    return {"b": "booleans", "U": "strings", "S": "bytes", "O": "mixed values"}.get(array.dtype.kind, "non-numbers")
 
 
 Binary = Callable[[bytes, str], np.ndarray]  # b64 bytes -> one instance's input (no batch dimension)

@@ -1,12 +1,10 @@
 """Requests to devices: one bounded queue, one worker thread per device.
 
-An Edge TPU runs one inference at a time and two processes on one TPU is a crash, so
-the server owns each device through exactly one thread: the device's worker. Every
-worker pulls from one shared queue, so with several devices whichever is free takes
-the next inference (requests spread over the devices), and a device never runs two
-inferences at once. The queue is bounded: when it is full, :meth:`DeviceQueue.submit`
-raises :class:`Overloaded` at once (the HTTP layer answers 503 with Retry-After)
-instead of letting memory grow with the backlog.
+An Edge TPU runs one inference at a time, so the server owns each device through exactly
+one thread. Every worker pulls from one shared queue: whichever device is free takes the
+next inference. When the queue is full, :meth:`DeviceQueue.submit` raises
+:class:`Overloaded` at once (the HTTP layer answers 503 with Retry-After) instead of
+letting memory grow with the backlog.
 """
 
 from __future__ import annotations
@@ -16,6 +14,7 @@ import queue
 import threading
 import time
 from collections.abc import Sequence
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 
 import numpy as np
 
@@ -32,30 +31,24 @@ class Overloaded(Exception):
         self.retry_after = retry_after
 
 
-class Inference:
-    """One queued inference and, once done, its outputs (or the error it raised)."""
+class Inference(Future):
+    """One queued inference: the future of its outputs, and once run, where and how long."""
 
-    __slots__ = ("model", "inputs", "outputs", "error", "device", "seconds", "cancelled", "_done")
+    device = ""  # the label of the device that ran it
+    seconds = 0.0  # time in the engine
 
     def __init__(self, model: int, inputs: Sequence[np.ndarray]):
+        super().__init__()
         self.model = model
         self.inputs = inputs
-        self.outputs: list[np.ndarray] | None = None
-        self.error: BaseException | None = None
-        self.device = ""  # the label of the device that ran it
-        self.seconds = 0.0  # time in the engine
-        self.cancelled = False
-        self._done = threading.Event()
 
     def wait(self, timeout: float | None = None) -> list[np.ndarray]:
         """The outputs; raises what the engine raised, or TimeoutError."""
-        if not self._done.wait(timeout):
-            self.cancelled = True  # a worker that reaches it skips it
-            raise TimeoutError(f"no device ran the inference within {timeout:g} s")
-        if self.error is not None:
-            raise self.error
-        assert self.outputs is not None
-        return self.outputs
+        try:
+            return self.result(timeout)
+        except FutureTimeout:  # not the builtin TimeoutError before Python 3.11
+            self.cancel()  # a worker that reaches it skips it
+            raise TimeoutError(f"no device ran the inference within {timeout:g} s") from None
 
 
 class DeviceQueue:
@@ -64,7 +57,6 @@ class DeviceQueue:
     def __init__(self, engines: Sequence[Sequence[Engine]], capacity: int):
         if capacity < 1:
             raise ValueError("queue capacity must be at least 1")
-        self._engines = engines
         self._queue: queue.Queue[object] = queue.Queue(maxsize=capacity)
         self.capacity = capacity
         self._threads = [
@@ -115,20 +107,22 @@ class DeviceQueue:
             if item is _STOP:
                 return
             assert isinstance(item, Inference)
-            if item.cancelled:
-                item._done.set()
-                continue
+            if not item.set_running_or_notify_cancel():
+                continue  # its request stopped waiting
             engine = engines[item.model]
             started = time.perf_counter()
             try:
-                item.outputs = engine.run(item.inputs)
+                outputs, error = engine.run(item.inputs), None
             except BaseException as exc:  # noqa: BLE001 - reported to the request, never kills the worker
-                item.error = exc
+                outputs, error = None, exc
             item.seconds = time.perf_counter() - started
             item.device = engine.label
             item.inputs = ()
             self._mean_seconds += (item.seconds - self._mean_seconds) * 0.05
-            item._done.set()
+            if error is None:
+                item.set_result(outputs)
+            else:
+                item.set_exception(error)
 
     def close(self, timeout: float | None = None) -> None:
         """Run what is queued, then stop the workers (wait at most ``timeout`` s for them)."""

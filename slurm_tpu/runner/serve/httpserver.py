@@ -1,36 +1,22 @@
 """HTTP/1.1 for the server: the standard library's ThreadingHTTPServer, kept on a short leash.
 
-Why the standard library, measured on loopback (``bench/bench_serve_http.py``, 2 cores,
-an 8 KB POST answered with a small JSON record): 118 us per keep-alive request at 1
-client (aiohttp 132 us) and 8,400 requests/s at 8 clients (aiohttp 11,400). aiohttp
-scales better under many clients, but 8,400/s is some 20x what an Edge TPU infers
-(2.6 ms each), lower latency is what an interactive user feels, and the standard
-library needs nothing a fresh install might lack. A thread per connection is fine
-because connections are capped and time out.
+The standard library was chosen by measurement against aiohttp (docs/benchmarks.md,
+``bench/bench_serve_http.py``); a thread per connection is fine as connections are capped and
+time out. Anyone can connect, so whoever lacks the token must never use up what its
+holder gets: a connection is *pending* from accept until a request head carrying the
+token arrived, then *authenticated*, and the two are counted apart. A pending one has
+:attr:`Limits.head_deadline` seconds from accept (not per read) and :attr:`Limits.max_head`
+bytes to send that head; over :attr:`Limits.max_pending_per_peer` of one peer or
+:attr:`Limits.max_pending` in all, a new connection closes the oldest pending one rather
+than being refused, so a flood of slow connections churns only itself. Only
+authenticated connections count against :attr:`Limits.max_connections`.
 
-Anyone can connect, so whoever lacks the token must never use up what its holder
-gets. A connection is *pending* from accept until a request head carrying the token
-has arrived, then *authenticated*, and the two are counted apart:
-
-- pending connections have :attr:`Limits.head_deadline` seconds, from accept, to
-  send that head (not per read: one header line every few seconds never ends
-  otherwise) and at most :attr:`Limits.max_head` bytes; past either, closed;
-- at most :attr:`Limits.max_pending_per_peer` pending connections per peer address
-  and :attr:`Limits.max_pending` in all: a new connection over either closes the
-  oldest pending one (of that peer, else of all) rather than being refused, so a
-  flood of slow connections churns only itself and a token holder's connection,
-  whose head arrives at once, always gets in;
-- :attr:`Limits.max_connections` counts authenticated connections only; a token
-  holder over it gets 503 (its own load), never because of anyone else's.
-
-What this layer enforces, before the application sees a request: the token (every
-request, checked before the body is read; 401 and the connection closed), the body
-size (``Content-Length`` required, at most :attr:`Limits.max_body`: 411/413), the
-bytes of bodies held at once (503), stalled clients (:attr:`Limits.io_timeout`), and
-while draining, 503 with ``Connection: close``. The one request answered without the
-token is the proof challenge (:data:`~.auth.PROOF_PATH`, see :mod:`.auth`): an HMAC
-of the client's nonce, once per pending connection. Malformed requests get JSON
-errors too, never a traceback; a handler bug is a 500 for that request only.
+Before the application sees a request this layer checks the token (before the body is
+read; 401 and the connection closed), the body size (411/413), the bytes of bodies held
+at once (503) and stalled clients; while draining it answers 503 with ``Connection:
+close``. The one request answered without the token is the proof challenge
+(:data:`~.auth.PROOF_PATH`), once per pending connection. Every error is JSON, never a
+traceback; a handler bug is a 500 for that request only.
 """
 
 from __future__ import annotations
@@ -41,7 +27,6 @@ import json
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs
 
@@ -56,14 +41,6 @@ _SHUTTING_DOWN = (
 )
 
 
-@dataclass
-class _Pending:
-    """A connection that has not shown the token yet."""
-
-    peer: str
-    deadline: float  # time.monotonic() by which its request head with the token must be in
-
-
 class ServeHTTPServer(ThreadingHTTPServer):
     """A thread per connection; pending and authenticated connections counted apart (module docstring)."""
 
@@ -73,7 +50,9 @@ class ServeHTTPServer(ThreadingHTTPServer):
 
     def __init__(self, address: tuple[str, int], app: ServeApp):
         self.app = app
-        self._pending: dict[socket.socket, _Pending] = {}  # oldest first (insertion order)
+        # Connections that have not shown the token yet, oldest first: (peer address, time.monotonic()
+        # by which their request head with the token must be in).
+        self._pending: dict[socket.socket, tuple[str, float]] = {}
         self._authenticated: set[socket.socket] = set()
         self._lock = threading.Lock()
         super().__init__(address, _Handler)
@@ -84,19 +63,17 @@ class ServeHTTPServer(ThreadingHTTPServer):
         with self._lock:
             refuse = self.app.draining
             if not refuse:
-                same_peer = [s for s, p in self._pending.items() if p.peer == peer]
+                same_peer = [s for s, (p, _) in self._pending.items() if p == peer]
                 if len(same_peer) >= limits.max_pending_per_peer:
                     self._evict(same_peer[0])
                 elif len(self._pending) >= limits.max_pending:
                     self._evict(next(iter(self._pending)))
-                self._pending[request] = _Pending(peer, time.monotonic() + limits.head_deadline)
+                self._pending[request] = (peer, time.monotonic() + limits.head_deadline)
                 self._count()
         if refuse:  # draining; answered from the accepting thread: never block it on a slow client
-            try:
+            with contextlib.suppress(OSError):
                 request.setblocking(False)
                 request.send(_SHUTTING_DOWN)
-            except OSError:
-                pass
             self.shutdown_request(request)
             return
         super().process_request(request, client_address)
@@ -114,7 +91,7 @@ class ServeHTTPServer(ThreadingHTTPServer):
         """When a new connection's time to authenticate ends (already passed if it was evicted)."""
         with self._lock:
             pending = self._pending.get(sock)
-            return pending.deadline if pending is not None else 0.0
+            return pending[1] if pending is not None else 0.0
 
     def authenticate(self, sock: socket.socket) -> bool | None:
         """Move a pending connection to the authenticated ones: True; False when those are at
@@ -246,28 +223,27 @@ class _Handler(BaseHTTPRequestHandler):
                     if not app.budget.take(held):
                         held = 0
                         raise RequestError(503, "the server holds too many request bodies: retry later", retry_after=1)
-                    body = self._read_body(held)
+                    body = self.rfile.read(held)
+                    if len(body) != held:
+                        raise ConnectionError("the client closed the connection mid-body")
                     consumed = True
                 response = app.dispatch(route, body, self.headers.get("Content-Type", ""), query)
             self._send(response)
         except RequestError as exc:
             # A body left unread would be taken for the next request: close the connection then.
             self._refuse(exc, close=not consumed or exc.status == 401 or self.close_connection)
-            response = None
         except (ConnectionError, TimeoutError):
             self.close_connection = True
-            response = None
         except Exception as exc:  # noqa: BLE001 - a bug must cost one request, not the server
             self._refuse(RequestError(500, f"internal error ({type(exc).__name__}: {str(exc)[:200]})"), close=True)
-            response = None
         finally:
             if held:
                 app.budget.give(held)
             app.end()
-        status = response.status if response is not None else self._status
         model = route.model.name if route is not None and route.model is not None else ""
+        # The status _send sent (when none was sent: the connection's previous one, or 0).
         app.metrics.observe(
-            model, route.endpoint if route is not None else "other", status, time.perf_counter() - started
+            model, route.endpoint if route is not None else "other", self._status, time.perf_counter() - started
         )
 
     def _admit(self) -> None:
@@ -305,12 +281,6 @@ class _Handler(BaseHTTPRequestHandler):
                 "requests (or start the server with a larger --max-body)",
             )
         return length
-
-    def _read_body(self, length: int) -> bytes:
-        body = self.rfile.read(length)
-        if len(body) != length:
-            raise ConnectionError("the client closed the connection mid-body")
-        return body
 
     _status = 0
 

@@ -1,20 +1,16 @@
 """``/metrics``: the server's counters in Prometheus' text format (version 0.0.4), through prometheus_client.
 
-Requests and errors by model, endpoint and status code, a latency histogram by model
-and endpoint, and per model and device the inferences and seconds the device spent
-on them (read from the engines' own meters, :class:`~slurm_tpu.runner.session.MeteredEngine`,
-the figures the usage record gets). Label values come from a fixed set (endpoints,
-status codes, served model names checked at start-up, device labels): a client
-cannot grow the series by sending odd names.
-
-:class:`ServeMetrics` is a ``prometheus_client`` collector: requests are counted
-here under a lock, and each scrape yields families made from those counts and
-from the engines' meters (:mod:`slurm_tpu.promtext` renders them).
+Requests and errors by model, endpoint and status code, a latency histogram, and per
+model and device the inferences and device seconds, read from the engines' own meters
+(:class:`~slurm_tpu.runner.session.MeteredEngine`, the figures the usage record gets).
+Label values come from a fixed set (endpoints, status codes, served model names, device
+labels): a client cannot grow the series by sending odd names.
 """
 
 from __future__ import annotations
 
 import bisect
+import itertools
 import threading
 from collections.abc import Iterable, Sequence
 from typing import Callable
@@ -29,22 +25,6 @@ PREFIX = "slurm_tpu_serve"
 __all__ = ["BUCKETS", "CONTENT_TYPE", "PREFIX", "ServeMetrics"]
 
 
-class _Histogram:
-    __slots__ = ("counts", "total", "count")
-
-    def __init__(self) -> None:
-        self.counts = [0] * len(BUCKETS)  # per bucket, not cumulative (summed when collected)
-        self.total = 0.0
-        self.count = 0
-
-    def observe(self, seconds: float) -> None:
-        index = bisect.bisect_left(BUCKETS, seconds)
-        if index < len(BUCKETS):
-            self.counts[index] += 1
-        self.total += seconds
-        self.count += 1
-
-
 class ServeMetrics(Collector):
     """Thread-safe request counters; device figures and gauges are read when collected."""
 
@@ -54,22 +34,22 @@ class ServeMetrics(Collector):
         self._gauges = gauges
         self._lock = threading.Lock()
         self._requests: dict[tuple[str, str, str], int] = {}
-        self._latency: dict[tuple[str, str], _Histogram] = {}
+        # (model, endpoint) -> (count per bucket, the last above every bound, not cumulative; sum of seconds)
+        self._latency: dict[tuple[str, str], tuple[list[int], float]] = {}
 
     def observe(self, model: str, endpoint: str, status: int, seconds: float) -> None:
         """Count one answered request (``model`` '' when none or unknown)."""
         with self._lock:
             key = (model, endpoint, str(status))
             self._requests[key] = self._requests.get(key, 0) + 1
-            histogram = self._latency.get((model, endpoint))
-            if histogram is None:
-                histogram = self._latency[(model, endpoint)] = _Histogram()
-            histogram.observe(seconds)
+            counts, total = self._latency.get((model, endpoint), ([0] * (len(BUCKETS) + 1), 0.0))
+            counts[bisect.bisect_left(BUCKETS, seconds)] += 1
+            self._latency[(model, endpoint)] = (counts, total + seconds)
 
     def collect(self) -> Iterable[Metric]:
         with self._lock:
             requests = sorted(self._requests.items())
-            latency = sorted((k, (list(h.counts), h.total, h.count)) for k, h in self._latency.items())
+            latency = sorted((key, (list(counts), total)) for key, (counts, total) in self._latency.items())
         requests_f = counter(f"{PREFIX}_requests", "requests answered, by model, endpoint and HTTP status")
         errors_f = counter(f"{PREFIX}_errors", "requests refused or failed (HTTP status 400 and above)")
         for (model, endpoint, code), value in requests:
@@ -82,13 +62,9 @@ class ServeMetrics(Collector):
             "time from request line to response, by model and endpoint",
             labels=("model", "endpoint"),
         )
-        for (model, endpoint), (counts, total, count) in latency:
-            cumulative, running = [], 0
-            for bound, n in zip(BUCKETS, counts):
-                running += n
-                cumulative.append((repr(bound), running))
-            cumulative.append(("+Inf", count))  # every observation, those above the last bound included
-            duration.add_metric([model, endpoint], cumulative, total)
+        bounds = [repr(bound) for bound in BUCKETS] + ["+Inf"]
+        for (model, endpoint), (counts, total) in latency:
+            duration.add_metric([model, endpoint], list(zip(bounds, itertools.accumulate(counts))), total)
         inferences = counter(f"{PREFIX}_inferences", "inferences run, by model and device")
         device_seconds = counter(f"{PREFIX}_device_seconds", "seconds devices spent in inferences, by model and device")
         for model, engine in self._engines:

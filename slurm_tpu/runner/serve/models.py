@@ -1,11 +1,8 @@
 """The models a server holds: names, tasks, labels and how request bytes become input tensors.
 
-``slurm-tpu serve a.tflite=a b.tflite`` opens every model on every device of the job
-once (:func:`open_served`, through the runner's :func:`~slurm_tpu.runner.session.open_models`:
-one lock per device, one interpreter per model and device). A :class:`ServedModel`
-knows its engines (one per device), the task recognised from its outputs (as
-``slurm-tpu infer --task auto``), its labels, and prepares request bodies exactly as
-the runner prepares files, so a served answer equals ``slurm-tpu infer --json``'s.
+Every model is opened on every device of the job once (:func:`open_served`). A
+:class:`ServedModel` prepares request bodies exactly as the runner prepares files, so a
+served answer equals ``slurm-tpu infer --json``'s.
 """
 
 from __future__ import annotations
@@ -41,13 +38,12 @@ class ModelArg:
 
 def default_name(path: str) -> str:
     """The name a model file is served under when none is given: its file name without .tflite."""
-    base = os.path.basename(path)
-    return base[: -len(".tflite")] if base.endswith(".tflite") else base
+    return os.path.basename(path).removesuffix(".tflite")
 
 
 def parse_model_args(values: Sequence[str]) -> list[ModelArg]:
     """``MODEL[=NAME]`` arguments, names checked (URL-safe, unique)."""
-    parsed = []
+    parsed: list[ModelArg] = []
     for value in values:
         path, sep, name = value.partition("=")
         name = name if sep else default_name(path)
@@ -58,11 +54,9 @@ def parse_model_args(values: Sequence[str]) -> list[ModelArg]:
                 f"model name '{name}' (from '{value}') must be letters, digits, '.', '_' or '-' "
                 "(it is a URL path segment): give MODEL=NAME"
             )
-        parsed.append(ModelArg(path, name))
-    names = [m.name for m in parsed]
-    for name in names:
-        if names.count(name) > 1:
+        if any(m.name == name for m in parsed):
             raise UsageError(f"two models are served as '{name}': name them apart with MODEL=NAME")
+        parsed.append(ModelArg(path, name))
     return parsed
 
 

@@ -1,16 +1,11 @@
 """A server's life: open the devices, listen, publish the address, stop gracefully.
 
-:class:`Server` ties the pieces together: a :class:`~.devicequeue.DeviceQueue` over the
-engines (one worker per device), the endpoints (:class:`~.app.ServeApp`) and the HTTP
-layer. :func:`serve_job` is ``slurm-tpu serve``: it blocks SIGTERM and SIGINT first
-(so a ``scancel`` during start-up still ends in a graceful stop), opens every model
-on the job's devices, publishes the address file, waits for a signal, then stops:
-no new connections, requests in flight finished, devices released in the runner's
-order (interpreters, delegates, locks) and the usage record written
-(:meth:`~slurm_tpu.runner.session.EngineSet.report_usage`, via ``EngineSet.close``).
-
-Slurm sends SIGTERM on ``scancel`` and at the time limit, then SIGKILL ``KillWait``
-seconds later (30 by default): the drain timeout stays below that.
+:func:`serve_job` is ``slurm-tpu serve``: it blocks SIGTERM and SIGINT first (so a
+``scancel`` during start-up still ends in a graceful stop), opens every model on the
+job's devices, publishes the address file, waits for a signal, then stops: no new
+connections, requests in flight finished, devices released in the runner's order
+(interpreters, delegates, locks) and the usage record written. Slurm sends SIGKILL
+``KillWait`` seconds (30 by default) after SIGTERM: the drain timeout stays below that.
 """
 
 from __future__ import annotations
@@ -66,7 +61,6 @@ class Server:
         self.token = token or new_token()
         self.app = ServeApp(models, self.queue, limits, self.token, runtime)
         self.engine_set = engine_set
-        self.listen = listen
         try:
             self.http = ServeHTTPServer((listen.host, listen.port), self.app)
         except OSError as exc:
@@ -78,14 +72,8 @@ class Server:
             target=self.http.serve_forever, kwargs={"poll_interval": 0.2}, daemon=True, name="http-accept"
         )
         self.stopped = False
-
-    @property
-    def port(self) -> int:
-        return self.http.server_address[1]
-
-    @property
-    def url(self) -> str:
-        return self.listen.url(self.port)
+        self.port: int = self.http.server_address[1]
+        self.url = listen.url(self.port)
 
     def start(self) -> None:
         self.queue.start()

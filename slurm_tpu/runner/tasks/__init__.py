@@ -1,10 +1,4 @@
-"""Tasks: what a model's outputs mean (classify, detect, segment, raw), one module each.
-
-``choose_task`` picks one: by name, or (``auto``) from the model's output signature,
-in this order: detection post-process outputs -> detect; one [1, N] output ->
-classify; one [1, H, W] or [1, H, W, C] output -> segment. A model that fits none is
-an error naming its outputs and ``--task raw``.
-"""
+"""Tasks: what a model's outputs mean (classify, detect, segment, raw), one module each."""
 
 from __future__ import annotations
 
@@ -19,35 +13,28 @@ from .detect import Detect, Object
 from .raw import Raw
 from .segment import Segment, Segmentation
 
-# Registration: recognition order for --task auto, then the tasks only chosen by name.
-# Their names (and the order users see them listed in) are ``choices.TASK_NAMES``.
-_RECOGNISED = (Detect, Classify, Segment)
-_BY_NAME_ONLY = (Raw,)
-
 __all__ = ["AUTO", "TASK_NAMES", "Task", "TaskOptions", "Class", "Object", "Segmentation", "choose_task", "read_labels"]
-
-
-def _make(cls: type[Task], keep_aspect: bool) -> Task:
-    return cls(keep_aspect) if cls is Segment else cls()
 
 
 def choose_task(
     name: str, outputs: Sequence[TensorSpec], custom_ops: frozenset[str], model: str, keep_aspect: bool = False
 ) -> tuple[Task, str]:
-    """The task for a model and how it was chosen (for the user: "auto: ..."/"--task")."""
-    classes = {t.name: t for t in _RECOGNISED + _BY_NAME_ONLY}
+    """The task for a model and how it was chosen (for the user: "auto: ..."/"--task"): by name, or
+    (``auto``) the first of detect, classify and segment whose output signature the model has."""
+    # Registration: the recognition order for --task auto; raw, last, is only chosen by name.
+    # Their names (and the order users see them listed in) are ``choices.TASK_NAMES``.
+    tasks = [Detect(), Classify(), Segment(keep_aspect), Raw()]
     if name != AUTO:
-        if name not in classes:
+        task = next((t for t in tasks if t.name == name), None)
+        if task is None:
             raise UsageError(f"--task {name}: unknown; use one of {AUTO}, {', '.join(TASK_NAMES)}")
-        task = _make(classes[name], keep_aspect)
         if not task.fits(outputs, custom_ops):
             raise UsageError(
                 f"--task {name} needs {task.expects}; model {model} has "
                 f"{describe_outputs(outputs)}: pass --task raw for its outputs as they are"
             )
         return task, "--task"
-    for cls in _RECOGNISED:
-        task = _make(cls, keep_aspect)
+    for task in tasks[:-1]:
         if task.fits(outputs, custom_ops):
             return task, f"auto: {task.expects}"
     raise UsageError(

@@ -1,14 +1,13 @@
 """What every task module provides (:class:`Task`), and what they share: options, labels,
 writing annotated images.
 
-A task is pure post-processing on plain numpy, like pycoral's ``adapters/``: it
-recognises the models it applies to from their output signature, turns outputs into
-results, and renders them (the single-input printout, the JSON record, CSV rows, an
-annotated image). Adding a task is one module plus one line in ``tasks/__init__.py``.
+A task is pure post-processing on plain numpy, like pycoral's ``adapters/``. Adding a task
+is one module plus one line in ``tasks/__init__.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import tempfile
@@ -94,8 +93,7 @@ class Task:
         raise NotImplementedError
 
     def csv_rows(self, record: dict[str, Any], options: TaskOptions) -> list[list[Any]]:
-        """Values for :meth:`csv_columns`, one list per row (several rows for one input are
-        fine: one per object, say); no rows at all writes one row with the input alone."""
+        """Values for :meth:`csv_columns`, one list per row; none writes one row with the input alone."""
         raise NotImplementedError
 
     def annotate(self, source: str, result: Any, target: str) -> None:
@@ -126,8 +124,6 @@ def save_png(image, target: str) -> None:
         os.chmod(tmp, 0o644)
         os.replace(tmp, target)
     except BaseException:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        except FileNotFoundError:
-            pass
         raise

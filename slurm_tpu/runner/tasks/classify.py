@@ -35,17 +35,12 @@ def top_classes(
     return [Class(int(i), label_of(labels, int(i)), float(scores[i])) for i in order if scores[i] >= threshold]
 
 
-def is_vector(spec: TensorSpec) -> bool:
-    """[N], [1, N] or [1, 1, 1, N]: one dimension above 1."""
-    return sum(d > 1 for d in spec.shape) == 1
-
-
 class Classify(Task):
     name = CLASSIFY
     expects = "one [1, N] output (class scores)"
 
     def fits(self, outputs: Sequence[TensorSpec], custom_ops: frozenset[str]) -> bool:
-        return len(outputs) == 1 and is_vector(outputs[0])
+        return len(outputs) == 1 and sum(d > 1 for d in outputs[0].shape) == 1  # [N], [1, N], [1, 1, 1, N]...
 
     def process(
         self, outputs: Sequence[np.ndarray], specs: Sequence[TensorSpec], geometry: Geometry, options: TaskOptions

@@ -22,8 +22,6 @@ from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
 from .base import Task, TaskOptions, label_of, open_rgb, save_png
 
-POSTPROCESS_OP = "TFLite_Detection_PostProcess"
-
 
 @dataclass(frozen=True)
 class Object:
