@@ -71,7 +71,6 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
         "--top_k",
         "top_k",
         default=Reading.top_k,
-        show_default=True,
         type=click.IntRange(1),
         help="Classify: classes to report.",
     ),
@@ -86,7 +85,6 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
     "-c",
     "--count",
     default=InferRequest.count,
-    show_default=True,
     type=click.IntRange(1),
     help="Single input: inferences to time (the first includes the Edge TPU model upload).",
 )
@@ -122,7 +120,6 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
     click.option(
         "--progress-interval",
         default=BatchOptions.progress_interval,
-        show_default=True,
         type=float,
         help="Seconds between progress lines when stderr is not a terminal.",
     ),
@@ -142,7 +139,6 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
     click.option(
         "--in-flight",
         default=RemoteOptions.in_flight,
-        show_default=True,
         type=click.IntRange(1, 256),
         help="With --server: requests in flight at once.",
     ),
@@ -151,7 +147,6 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
 @click.option(
     "--iterations",
     default=InferRequest.iterations,
-    show_default=True,
     type=click.IntRange(1),
     help="Benchmark iterations.",
 )

@@ -252,7 +252,6 @@ def node_conf(
 @click.option(
     "--prefix",
     default=PREFIX,
-    show_default=True,
     metavar="DIR",
     help="Where `slurm-tpu install --prefix` put the hooks (DIR/libexec/slurm-tpu).",
 )

@@ -19,7 +19,6 @@ from .options import libedgetpu_option, node_option
     "--grace",
     type=float,
     default=1.5,
-    show_default=True,
     metavar="SECONDS",
     help="Look again after this long before calling a USB stick missing (re-enumeration).",
 )
@@ -68,7 +67,6 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     "gres_conf",
     metavar="FILE",
     default="/etc/slurm/gres.conf",
-    show_default=True,
     help="gres.conf holding this node's slurm-tpu block.",
 )
 @click.option(
@@ -81,7 +79,6 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     "--stop-command",
     metavar="COMMAND",
     default="systemctl stop slurmd",
-    show_default=True,
     help="Stops this node's slurmd (split like a shell would, run without one; the program is "
     "looked up in Slurm's directories, then PATH).",
 )
@@ -89,13 +86,13 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     "--start-command",
     metavar="COMMAND",
     default="systemctl start slurmd",
-    show_default=True,
     help="Starts this node's slurmd.",
 )
 @click.option(
     "--controller-command",
     metavar="COMMAND",
     default="",
+    show_default=False,
     help="Restarts slurmctld, needed when a GRES count changes (e.g. 'ssh ctl systemctl restart "
     "slurmctld'). Without it the node stays drained with a reason saying what to restart, "
     "and `slurm-tpu health` resumes it once slurmctld reports the new GRES.",
@@ -105,7 +102,6 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     "--settle",
     type=float,
     default=5.0,
-    show_default=True,
     metavar="SECONDS",
     help="Quiet time after the last udev event before acting (covers USB re-enumeration).",
 )
@@ -239,9 +235,7 @@ def _parse_time(value: str | None, option: str) -> float | None:
 
 
 @main.command()
-@click.option(
-    "--by", type=click.Choice(["user", "device", "job"]), default="user", show_default=True, help="Group the totals by."
-)
+@click.option("--by", type=click.Choice(["user", "device", "job"]), default="user", help="Group the totals by.")
 @click.option(
     "--since",
     metavar="WHEN",
@@ -260,7 +254,6 @@ def _parse_time(value: str | None, option: str) -> float | None:
     "--source",
     type=click.Choice(["auto", "sacct", "audit"]),
     default="auto",
-    show_default=True,
     help="Slurm's accounting (sacct: accelerator TRES-seconds as sreport counts them, inference "
     "figures from each job's AdminComment) or this node's audit log. auto: sacct where "
     "slurmctld records jobs through slurmdbd, unless --by device or --audit is given.",

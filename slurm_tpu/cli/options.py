@@ -81,7 +81,6 @@ def task_option(help_text: str) -> Decorator:
         "--task",
         type=click.Choice((choices.AUTO, *choices.TASK_NAMES)),
         default=Reading.task,
-        show_default=True,
         help=help_text,
     )
 

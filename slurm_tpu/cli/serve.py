@@ -53,11 +53,10 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
 @grouped(
     "listen",
     _listen,
-    click.option("--host", default="0.0.0.0", show_default=True, metavar="ADDRESS", help="Address to listen on."),
+    click.option("--host", default="0.0.0.0", metavar="ADDRESS", help="Address to listen on."),
     click.option(
         "--port",
         default=0,
-        show_default=True,
         type=click.IntRange(0, 65535),
         help="Port (0: a free one, written to the address file).",
     ),
@@ -70,14 +69,12 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
         "--queue",
         "queue_size",
         default=64,
-        show_default=True,
         type=click.IntRange(1),
         help="Inferences that may wait for a device; beyond, requests get 503 with Retry-After.",
     ),
     click.option(
         "--max-body",
         default=8,
-        show_default=True,
         type=click.IntRange(1, 1024),
         metavar="MIB",
         help="Largest request body, MiB.",
@@ -85,14 +82,12 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
     click.option(
         "--max-connections",
         default=64,
-        show_default=True,
         type=click.IntRange(1, 10000),
         help="Open connections that have shown the token (one thread each); others are counted apart.",
     ),
     click.option(
         "--max-instances",
         default=64,
-        show_default=True,
         type=click.IntRange(1),
         help="Inferences in one :predict request.",
     ),
@@ -100,7 +95,6 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
 @click.option(
     "--drain-timeout",
     default=20.0,
-    show_default=True,
     type=click.FloatRange(0),
     help="Seconds to finish requests in flight after SIGTERM (keep below Slurm's KillWait).",
 )
