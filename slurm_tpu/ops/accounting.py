@@ -1,27 +1,18 @@
 """Accounting: who used which accelerator, how much; from the audit log, or from Slurm's own books.
 
-Three parts, one topic:
+Three parts (docs/accounting.md tells the whole story):
 
-- **the audit log** (:func:`summarize_audit`): pure functions over lease spans
-  (:func:`slurm_tpu.protocol.audit.pair_leases`: each lease with its job's ``usage``
-  figures; that module says why a malformed or forged line can neither kill a report
-  nor dominate it), summed per user, device or job over a period.
-- **Slurm's accounting** (:func:`sacct_jobs`, :func:`summarize_sacct`): where slurmctld
-  records jobs through slurmdbd, Slurm's books are the ones admins already trust and
-  reconcile (sacct, sreport, QOS limits, fair-share): ``slurm-tpu report`` reads them, so
-  its accelerator-seconds are exactly sreport's, and takes the inference figures from
-  each job's ``AdminComment``. The audit log stays the security log, and the source for
-  ``--by device`` (Slurm does not know which device a job had). Accelerator-seconds of
-  a job: for each family's GRES name ``gres/<name>`` in its ``AllocTRES``, count x its
-  run time within the period, as sreport computes a TRES's usage (``sreport -t seconds
-  -T gres/tpu cluster UserUtilizationByAccount``).
-- **the collector** (:func:`collect`, ``slurm-tpu accounting-collect``, root on each
-  node, once or ``--every`` seconds as a service): each job's spooled figures into its
-  ``AdminComment`` (:mod:`slurm_tpu.protocol.job_record` says why there, in that form, and
-  what the spool's existence tells the epilog), merged into what the field holds, with
-  ``sacctmgr`` (an argument list, no shell). An entry whose job has no finished record yet
-  (slurmctld sends the job's end to slurmdbd asynchronously), or that Slurm refuses
-  (slurmdbd down), stays for the next run: nothing here can fail a job or drain a node.
+- **the audit log** (:func:`summarize_audit`): lease spans (:mod:`slurm_tpu.protocol.audit`)
+  summed per user, device or job over a period; the only source for ``--by device``.
+- **Slurm's accounting** (:func:`sacct_jobs`, :func:`summarize_sacct`): where slurmdbd records
+  jobs, a job's accelerator-seconds are each ``gres/<name>`` count of its ``AllocTRES`` times
+  its run time within the period, exactly as sreport computes a TRES's usage; its inference
+  figures come from its ``AdminComment``.
+- **the collector** (:func:`collect`, ``slurm-tpu accounting-collect``): each job's spooled
+  figures into its ``AdminComment`` with ``sacctmgr`` (an argument list, no shell). An entry
+  whose job has no finished record yet (slurmctld sends the job's end to slurmdbd
+  asynchronously), or that Slurm refuses, stays for the next run: nothing here can fail a
+  job or drain a node.
 """
 
 from __future__ import annotations

@@ -6,12 +6,9 @@ Regenerate it after changing a config key, its default or its description::
 
 (tests/test_docs.py fails while the checked-in page differs from what this renders.)
 Keys, types and descriptions come from the config schema (slurm_tpu/config.py's
-``schema()``, which holds each family's ``config_keys()`` too); defaults are read
-from what ``Config()`` and each family's ``default_config`` hold, so the page
-states what the code does: a top-level key's default is its Config field's
-(``config_keys()``), a family key's is read off the family's ``default_config``
-(:func:`_family_default`); a key this module cannot place is an error naming it,
-never a silent gap.
+``schema()``); defaults are read from ``Config()``'s fields and each family's
+``default_config``, so the page states what the code does. A key this module cannot
+place is an error naming it, never a silent gap.
 """
 
 from __future__ import annotations

@@ -3,17 +3,8 @@
 The first thing to run when a job says "Failed to load delegate" or "libedgetpu cannot
 open": every Edge TPU detection found should be in ``edgetpu_list_devices()`` at the
 very path the task-prolog exports (``jobenv.libedgetpu_path``), and libedgetpu should
-list nothing else. It only *lists*: opening a USB stick resets it, which would kill a
-job that is using it.
-
-Disagreements and what they mean:
-- in our inventory, not listed: USB - libusb cannot enumerate it (unreadable sysfs
-  descriptors, a hub above it libusb cannot read); PCIe - no ``/sys/class/apex`` entry;
-- unusable in our inventory: the reason detection gives (no driver bound, no node);
-- listed, not in our inventory: a USB path naming no stick in sysfs means libusb placed
-  a stick behind a hub it could not read at a shortened port path;
-- inside a job, a device the job was given that this user cannot open: the prolog did
-  not hand it over (or the udev rules took it back).
+list nothing else; each disagreement's message says what it means. It only *lists*:
+opening a USB stick resets it, which would kill a job that is using it.
 """
 
 from __future__ import annotations

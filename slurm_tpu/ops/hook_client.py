@@ -1,11 +1,9 @@
 """The hooks' C client (``hook_client/slurm-tpu-hook-client.c``): built with the system cc, and its native entries.
 
 The client is C so that a hook starts no interpreter (see slurm_tpu/hooks/agent.py). It is built
-beside its shipped source by scripts/setup.sh (``python -m slurm_tpu.ops.hook_client``) and by
-LocalCluster, with the native entries (hard links to it) beside the shipped hooks; ``slurm-tpu
-install`` builds it into a temporary directory and installs the bytes (:func:`compiled`). Without a
-C compiler nothing is built and slurm.conf names the hooks themselves (the Python Prolog and
-Epilog, the sh TaskProlog). The one module that builds it.
+beside its shipped source (``python -m slurm_tpu.ops.hook_client``: scripts/setup.sh, LocalCluster),
+with the native entries (hard links to it) beside the shipped hooks; ``slurm-tpu install`` installs
+the bytes (:func:`compiled`). Without a C compiler slurm.conf names the hooks themselves.
 """
 
 from __future__ import annotations

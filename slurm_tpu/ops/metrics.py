@@ -1,27 +1,10 @@
 """Prometheus metrics for a node's accelerators, labelled with the job that holds each, dcgm-exporter's way.
 
-A custom ``prometheus_client`` collector (:class:`NodeCollector`): each scrape
-takes a :class:`NodeSnapshot` (live hardware, configured inventory, the ledger's
-leases, the audit log, the running jobs' usage records) and yields the families.
-
-* **Device state** (gauges: present, healthy, leased, temperature), one series
-  per device, labels ``node, identity`` (+ ``kind, model`` on present/healthy).
-  While a job holds the device they also carry the job, as dcgm-exporter's HPC
-  job mapping does (``--hpc-job-mapping-dir``: it adds the label ``hpc_job`` to a
-  GPU's series while a file names a job for it, and no such label otherwise;
-  transformation/hpc.go, hpcJobAttribute): ``hpc_job`` (the Slurm job id) and
-  ``hpc_user`` (the job's user name, from its uid; upstream dcgm-exporter has no
-  user label, the name follows ``hpc_job``'s). After the job, the labels are gone.
-* **Per-job inference counters** of the jobs running now, from their usage
-  records (the runner's running totals, :mod:`slurm_tpu.protocol.usage`, read the
-  way the epilog reads them): ``slurm_tpu_job_inferences_total`` and
-  ``slurm_tpu_job_inference_seconds_total`` with ``node, identity, hpc_job,
-  hpc_user``. A job's series ends with the job; its final figures go on in the
-  device counters below.
-* **Device counters** since the audit log began (jobs, lease seconds,
-  inferences, inference seconds), labels ``node, identity`` only: a lifetime
-  total carrying the current job would repeat the whole history under each
-  job's series, and a sum over series would count it once per job.
+Each scrape of :class:`NodeCollector` takes a :class:`NodeSnapshot` and yields the families
+docs/accounting.md lists. While a job holds a device, its state series carry ``hpc_job`` and
+``hpc_user``, as dcgm-exporter's HPC job mapping does; the lifetime device counters carry
+``node, identity`` only: with the current job's labels, a sum over series would count the
+whole history once per job.
 
 Label values are identities, kinds and models from detection, numbers, and user
 names from the password database: nothing a job chooses (its name, comment or

@@ -1,12 +1,10 @@
 """``slurm-tpu watch``: follow udev events and keep Slurm's view of the node right.
 
-Events come in bursts (a firmware load is a remove and an add; a flaky hub can
-send dozens), so nothing is done per event: each relevant event restarts a
-settle timer, and only when the node has been quiet for ``settle`` seconds is the
-hardware detected and compared with the configured inventory. A USB stick that
-re-enumerated (firmware load, port reset) is back under the same identity by
-then, so it changes nothing; a real unplug/plug changes the set of identities
-and triggers exactly one regeneration, however many events led to it.
+Events come in bursts (a firmware load is a remove and an add; a flaky hub can send
+dozens), so each relevant event restarts a settle timer, and only once the node has been
+quiet for ``settle`` seconds is the hardware compared with the configured inventory: a
+re-enumerated USB stick is back under its identity by then, and a real unplug/plug
+triggers exactly one regeneration.
 """
 
 from __future__ import annotations
