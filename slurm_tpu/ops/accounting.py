@@ -150,17 +150,8 @@ def sacct_jobs(slurm, since: float | None, until: float | None) -> list[JobRow]:
     def stamp(value: float) -> str:
         return datetime.datetime.fromtimestamp(value).strftime("%Y-%m-%dT%H:%M:%S")
 
-    args = [
-        "-a",
-        "-n",
-        "-P",
-        "-X",
-        "--noconvert",
-        "-o",
-        ",".join(FIELDS),
-        "-S",
-        stamp(since) if since is not None else "1970-01-01T00:00:00",
-    ]
+    start = stamp(since) if since is not None else "1970-01-01T00:00:00"
+    args = ["-a", "-n", "-P", "-X", "--noconvert", "-o", ",".join(FIELDS), "-S", start]
     if until is not None:
         args += ["-E", stamp(until)]
     return parse_sacct(slurm.run("sacct", *args, timeout=120))

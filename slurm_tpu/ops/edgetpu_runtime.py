@@ -55,9 +55,7 @@ class RuntimeCheck:
         if not self.findings:
             lines.append("ok: no Edge TPU here, and libedgetpu lists none")
         problems = sum(not f.ok for f in self.findings)
-        lines.append(
-            "libedgetpu and slurm-tpu agree" if not problems else f"{problems} problem(s), see the PROBLEM lines"
-        )
+        lines.append(f"{problems} problem(s), see the PROBLEM lines" if problems else "libedgetpu and slurm-tpu agree")
         return "\n".join(lines) + "\n"
 
 
@@ -99,18 +97,12 @@ def compare(inventory: Inventory, listed: Sequence[tuple[str, str]]) -> list[Fin
             findings.append(Finding(identity, where, False, _not_listed(identity, device_type, path)))
     for where in seen:
         if where not in expected:
-            findings.append(
-                Finding(
-                    None,
-                    where,
-                    False,
-                    (
-                        f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
-                        "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
-                        "otherwise detection missed it (run 'slurm-tpu detect')"
-                    ),
-                )
+            message = (
+                f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
+                "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
+                "otherwise detection missed it (run 'slurm-tpu detect')"
             )
+            findings.append(Finding(None, where, False, message))
     return findings
 
 
@@ -133,18 +125,12 @@ def _access_findings(inventory: Inventory, environ: Mapping[str, str]) -> list[F
                 how = f"owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
             except OSError as exc:
                 how = exc.strerror or "cannot stat"
-            findings.append(
-                Finding(
-                    handle.identity,
-                    f"{handle.device_type}:{handle.path}",
-                    False,
-                    (
-                        f"{handle.identity}: this job's user cannot open {node} ({how}): the node's slurm-tpu prolog "
-                        "did not hand it over, or a udev rule took it back; check the prolog's log, and the installed "
-                        "udev rules against 'slurm-tpu udev-rules'"
-                    ),
-                )
+            message = (
+                f"{handle.identity}: this job's user cannot open {node} ({how}): the node's slurm-tpu prolog "
+                "did not hand it over, or a udev rule took it back; check the prolog's log, and the installed "
+                "udev rules against 'slurm-tpu udev-rules'"
             )
+            findings.append(Finding(handle.identity, f"{handle.device_type}:{handle.path}", False, message))
     return findings
 
 
@@ -209,23 +195,19 @@ def visible_devices_problem(library_path: str | None = None) -> str | None:
     path = library_path or os.environ.get(LIBEDGETPU_ENV) or LIBEDGETPU_DEFAULT
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env[jobenv.EDGETPU_VISIBLE] = ""
+    argv = [sys.executable, "-I", "-c", _VISIBLE_CHECK, path, VISIBLE_CHECK_PATH]
     try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-c", _VISIBLE_CHECK, path, VISIBLE_CHECK_PATH],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({exc})"
-    if f"{VISIBLE_CHECK_PATH} is not in {jobenv.EDGETPU_VISIBLE}" in done.stderr:
-        return None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({last})"
-    return (
-        f"{path} ignores {jobenv.EDGETPU_VISIBLE}: unmodified Coral code in a job (pycoral's "
-        "make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
-        "not the job's"
-    )
+        why = str(exc)
+    else:
+        if f"{VISIBLE_CHECK_PATH} is not in {jobenv.EDGETPU_VISIBLE}" in done.stderr:
+            return None
+        if done.returncode == 0:
+            return (
+                f"{path} ignores {jobenv.EDGETPU_VISIBLE}: unmodified Coral code in a job (pycoral's "
+                "make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
+                "not the job's"
+            )
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({why})"
