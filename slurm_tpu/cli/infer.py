@@ -257,20 +257,17 @@ def _print_remote(timed: RemoteTimed, as_json: bool) -> None:
 
     record, times = timed.record, timed.times
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "input": timed.input,
-                    "task": timed.task.name,
-                    "devices": record.get("devices", []),
-                    "runtime": record.get("runtime", ""),
-                    "server": timed.server,
-                    "first_ms": round(times[0], 3),
-                    "times_ms": [round(t, 3) for t in times[1:]],
-                    **result_fields(record),
-                }
-            )
-        )
+        printed = {
+            "input": timed.input,
+            "task": timed.task.name,
+            "devices": record.get("devices", []),
+            "runtime": record.get("runtime", ""),
+            "server": timed.server,
+            "first_ms": round(times[0], 3),
+            "times_ms": [round(t, 3) for t in times[1:]],
+            **result_fields(record),
+        }
+        click.echo(json.dumps(printed))
         return
     click.echo(f"----ROUND TRIP TIME ({timed.server})----")
     for t in times:

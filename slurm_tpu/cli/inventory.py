@@ -48,16 +48,8 @@ def format_table(inventory: Inventory) -> str:
         return f"No accelerators found on this node (looked for: {kinds}).\n"
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
-        rows.append(
-            (
-                a.identity,
-                a.kind,
-                a.model,
-                a.primary_node or "-",
-                "-" if a.numa_node is None else str(a.numa_node),
-                _status(a),
-            )
-        )
+        numa = "-" if a.numa_node is None else str(a.numa_node)
+        rows.append((a.identity, a.kind, a.model, a.primary_node or "-", numa, _status(a)))
     usable = len(inventory.usable())
     return table(rows) + f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable\n"
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 import click
 
@@ -35,28 +34,25 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     from ..ops.health_check import check_node
 
     result = check_node(obj.config, obj.node_name(node, from_slurmd=True), grace=grace, apply=not dry_run)
+    decision = result.decision
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "node": result.node,
-                    "configured": list(result.configured),
-                    "problems": [{"identity": p.identity, "message": p.message} for p in result.problems],
-                    "action": result.decision.action.value,
-                    "reason": result.decision.reason,
-                    "applied": result.applied,
-                    "why": result.decision.why,
-                }
-            )
-        )
+        record = {
+            "node": result.node,
+            "configured": list(result.configured),
+            "problems": [{"identity": p.identity, "message": p.message} for p in result.problems],
+            "action": decision.action.value,
+            "reason": decision.reason,
+            "applied": result.applied,
+            "why": decision.why,
+        }
+        click.echo(json.dumps(record))
         return
-    verb = {"drain": "drained", "resume": "resumed", "nothing": "no change"}[result.decision.action.value]
-    if dry_run and result.decision.action.value != "nothing":
+    verb = {"drain": "drained", "resume": "resumed", "nothing": "no change"}[decision.action.value]
+    if dry_run and decision.action.value != "nothing":
         verb = f"would be {verb} (dry run)"
-    detail = result.decision.reason or result.decision.why
     click.echo(
         f"{result.node}: {len(result.configured)} configured accelerator(s), "
-        f"{len(result.problems)} problem(s); {verb}: {detail}"
+        f"{len(result.problems)} problem(s); {verb}: {decision.reason or decision.why}"
     )
 
 
@@ -280,10 +276,7 @@ def report(
         used = [name for name in tres if any(name in t.tres_seconds for t in groups.values())]
         # The columns between JOBS and INFERENCES: the accelerator-hours of each GRES the jobs had.
         columns = [f"{name.split('/', 1)[1].upper()}-HOURS" for name in used]
-
-        def cells(totals: Any) -> list[str]:
-            return [f"{totals.tres_seconds.get(name, 0.0) / 3600:.4f}" for name in used]
-
+        cells = {key: [f"{t.tres_seconds.get(name, 0.0) / 3600:.4f}" for name in used] for key, t in groups.items()}
         empty = "no accelerator jobs in this period (sacct)"
     else:
         from ..ops.accounting import summarize_audit, user_name
@@ -295,10 +288,7 @@ def report(
         records = audit_records(list(audit_logs) or [default_audit_log(obj.config)])
         groups = summarize_audit(records, by, start, end, time.time(), user_name)
         columns = ["LEASE TIME"]
-
-        def cells(totals: Any) -> list[str]:
-            return [f"{round(totals.lease_seconds, 3):.1f} s"]
-
+        cells = {key: [f"{round(t.lease_seconds, 3):.1f} s"] for key, t in groups.items()}
         empty = "no accelerator leases in this period"
     if as_json:
         click.echo(json.dumps({key: totals.to_json() for key, totals in groups.items()}, indent=2))
@@ -310,7 +300,7 @@ def report(
     for key, totals in groups.items():
         data = totals.to_json()
         latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
-        rows.append((key, str(data["jobs"]), *cells(totals), str(data["inferences"]), latency))
+        rows.append((key, str(data["jobs"]), *cells[key], str(data["inferences"]), latency))
     click.echo(table(rows, numbers=True), nl=False)
 
 

@@ -62,14 +62,6 @@ def _paragraphs(command: click.Command) -> list[str]:
     return blocks
 
 
-def _title(ctx: click.Context) -> str:
-    return f"`{ctx.command_path}`"
-
-
-def _anchor(ctx: click.Context) -> str:
-    return ctx.command_path.replace(" ", "-")
-
-
 def _params(ctx: click.Context) -> list[str]:
     """The options and arguments as a table; a command's own ``--help`` is the group's, listed once."""
     rows = []
@@ -103,11 +95,12 @@ def render() -> str:
         "|---|---|",
     ]
     for ctx in contexts[1:]:
-        lines.append(f"| [{_title(ctx)}](#{_anchor(ctx)}) | {_code((_paragraphs(ctx.command) or [''])[0])} |")
+        anchor = ctx.command_path.replace(" ", "-")
+        lines.append(f"| [`{ctx.command_path}`](#{anchor}) | {_code((_paragraphs(ctx.command) or [''])[0])} |")
     for ctx in contexts:
         usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)])
         name, *description = _paragraphs(ctx.command) or [""]
-        lines += ["", f"## {_title(ctx)}", "", name, "", "```text", usage, "```"]
+        lines += ["", f"## `{ctx.command_path}`", "", name, "", "```text", usage, "```"]
         for block in description:
             lines += ["", block]
         table = _params(ctx)
