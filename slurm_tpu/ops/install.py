@@ -430,14 +430,6 @@ def _backup(path: str) -> str:
     return backup
 
 
-def _before_replacing(path: str, previous: dict | None, exists: bool) -> str:
-    """What the manifest records as there before we wrote ``path``: our earlier record's (the backup, if
-    any, holds what was there before the first install), else a backup of the site's file, else ``absent``."""
-    if previous is not None and previous["before"] != SAME:
-        return previous["before"]
-    return _backup(path) if exists else ABSENT
-
-
 def _install_file(
     path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say, config: bool = False
 ) -> None:
@@ -445,9 +437,7 @@ def _install_file(
 
     A site's config (``config``) already there is kept as it is.
     """
-    previous = manifest.files.get(path)
-    exists = os.path.lexists(path)
-    if config and exists:
+    if config and os.path.lexists(path):
         say(f"keep {path} (the site's config)")
         return
     digest = hashlib.sha256(data).hexdigest()
@@ -459,13 +449,9 @@ def _install_file(
                 _settle(path, mode)
         else:
             say(f"unchanged {path}")
-        if previous is None:  # an identical file was there before: not ours to remove
+        if path not in manifest.files:  # an identical file was there before: not ours to remove
             manifest.files[path] = file_entry(path, SAME, digest, config=config)
         return
-    say(f"{'replace' if exists else 'write'} {path}")
-    if dry_run:
-        return
-    before = _before_replacing(path, previous, exists)
 
     def write(temporary: str) -> None:
         with open(temporary, "xb") as handle:
@@ -474,13 +460,37 @@ def _install_file(
             os.fsync(handle.fileno())
         _settle(temporary, mode)
 
-    _replace(path, write)
-    manifest.files[path] = file_entry(path, before, digest, config=config)
+    _replace(path, "", write, manifest, dry_run, say, sha256=digest, config=config)
 
 
-def _replace(path: str, write) -> None:
-    """``write`` the new file or link at a temporary name beside ``path``, then rename it over ``path``:
-    a reader (udev, a job's dlopen of libedgetpu.so.1) finds the old or the new one, never half of one."""
+def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say) -> None:
+    """A symbolic link ``path`` -> ``target``; a different file or link there is kept as a backup."""
+    if os.path.islink(path) and os.readlink(path) == target:
+        say(f"unchanged {path} -> {target}")
+        if path not in manifest.files:
+            manifest.files[path] = file_entry(path, SAME, link=target)
+        return
+    _replace(
+        path, f" -> {target}", lambda temporary: os.symlink(target, temporary), manifest, dry_run, say, link=target
+    )
+
+
+def _replace(path: str, shown: str, write, manifest: Manifest, dry_run: bool, say, **entry) -> None:
+    """``write`` the new file or link at a temporary name beside ``path``, rename it over ``path`` (a reader,
+    udev or a job's dlopen, finds the old or the new one, never half of one) and record it with ``entry``.
+
+    The manifest's ``before``: our earlier record's (its backup, if any, holds what was there before the
+    first install), else a backup of the site's file (put back by uninstall), else ``absent``.
+    """
+    exists = os.path.lexists(path)
+    say(f"{'replace' if exists else 'write'} {path}{shown}")
+    if dry_run:
+        return
+    previous = manifest.files.get(path)
+    if previous is not None and previous["before"] != SAME:
+        before = previous["before"]
+    else:
+        before = _backup(path) if exists else ABSENT
     temporary = f"{path}.slurm-tpu.new"
     try:
         if os.path.lexists(temporary):  # left by an interrupted run: never written through
@@ -489,23 +499,7 @@ def _replace(path: str, write) -> None:
         os.replace(temporary, path)
     except OSError as exc:
         raise SlurmTpuError(f"cannot write {path}: {exc.strerror or exc} (the file there is unchanged)") from exc
-
-
-def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say) -> None:
-    """A symbolic link ``path`` -> ``target``; a different file or link there is kept as a backup."""
-    previous = manifest.files.get(path)
-    if os.path.islink(path) and os.readlink(path) == target:
-        say(f"unchanged {path} -> {target}")
-        if previous is None:
-            manifest.files[path] = file_entry(path, SAME, link=target)
-        return
-    exists = os.path.lexists(path)
-    say(f"{'replace' if exists else 'write'} {path} -> {target}")
-    if dry_run:
-        return
-    before = _before_replacing(path, previous, exists)
-    _replace(path, lambda temporary: os.symlink(target, temporary))
-    manifest.files[path] = file_entry(path, before, link=target)
+    manifest.files[path] = file_entry(path, before, **entry)
 
 
 def read_libedgetpu(source: str) -> bytes:
