@@ -144,12 +144,7 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
     ),
 )
 @click.option("--benchmark", is_flag=True, help="Benchmark: load time, latency p50/p90/p99, throughput.")
-@click.option(
-    "--iterations",
-    default=InferRequest.iterations,
-    type=click.IntRange(1),
-    help="Benchmark iterations.",
-)
+@click.option("--iterations", default=InferRequest.iterations, type=click.IntRange(1), help="Benchmark iterations.")
 def infer(
     args: tuple[str, ...],
     model_option: str | None,

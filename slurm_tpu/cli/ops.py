@@ -78,12 +78,7 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     help="Stops this node's slurmd (split like a shell would, run without one; the program is "
     "looked up in Slurm's directories, then PATH).",
 )
-@click.option(
-    "--start-command",
-    metavar="COMMAND",
-    default="systemctl start slurmd",
-    help="Starts this node's slurmd.",
-)
+@click.option("--start-command", metavar="COMMAND", default="systemctl start slurmd", help="Starts this node's slurmd.")
 @click.option(
     "--controller-command",
     metavar="COMMAND",

@@ -78,10 +78,7 @@ def libedgetpu_option(what: str) -> Decorator:
 def task_option(help_text: str) -> Decorator:
     """--task: auto or a task name."""
     return click.option(
-        "--task",
-        type=click.Choice((choices.AUTO, *choices.TASK_NAMES)),
-        default=Reading.task,
-        help=help_text,
+        "--task", type=click.Choice((choices.AUTO, *choices.TASK_NAMES)), default=Reading.task, help=help_text
     )
 
 

@@ -55,10 +55,7 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
     _listen,
     click.option("--host", default="0.0.0.0", metavar="ADDRESS", help="Address to listen on."),
     click.option(
-        "--port",
-        default=0,
-        type=click.IntRange(0, 65535),
-        help="Port (0: a free one, written to the address file).",
+        "--port", default=0, type=click.IntRange(0, 65535), help="Port (0: a free one, written to the address file)."
     ),
     click.option("--advertise", metavar="HOST", help="Host name written to the address file (default: this node's)."),
 )
@@ -73,11 +70,7 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
         help="Inferences that may wait for a device; beyond, requests get 503 with Retry-After.",
     ),
     click.option(
-        "--max-body",
-        default=8,
-        type=click.IntRange(1, 1024),
-        metavar="MIB",
-        help="Largest request body, MiB.",
+        "--max-body", default=8, type=click.IntRange(1, 1024), metavar="MIB", help="Largest request body, MiB."
     ),
     click.option(
         "--max-connections",
@@ -85,12 +78,7 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
         type=click.IntRange(1, 10000),
         help="Open connections that have shown the token (one thread each); others are counted apart.",
     ),
-    click.option(
-        "--max-instances",
-        default=64,
-        type=click.IntRange(1),
-        help="Inferences in one :predict request.",
-    ),
+    click.option("--max-instances", default=64, type=click.IntRange(1), help="Inferences in one :predict request."),
 )
 @click.option(
     "--drain-timeout",
