@@ -86,6 +86,11 @@ def _mode(info: os.stat_result) -> str:
     return f"{stat.S_IMODE(info.st_mode):04o}"
 
 
+def _make_roots(path: str) -> str:
+    """The fix for a file or directory root runs or reads that others can write."""
+    return f"chown root:root {path} && chmod 0755 {path}"
+
+
 def _unsafe(path: str) -> str | None:
     """Why root must not run/import ``path`` (not root's, or writable by others), else None."""
     try:
@@ -115,12 +120,8 @@ def _root_program_problem(path: str, when: str, prefix: str) -> tuple[str, str] 
     info = os.lstat(path)
     if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o100:
         return f"{path} is not an executable file", f"slurm-tpu install --prefix {prefix}"
-    if info.st_uid != 0 or info.st_mode & 0o022:
-        return (
-            f"{path} is uid {info.st_uid} mode {_mode(info)}: whoever can write it runs code as root {when}",
-            f"chown root:root {path} && chmod 0755 {path}",
-        )
-    return None
+    why = _unsafe(path)  # a regular file, not a link: stat is lstat
+    return (f"{why}: whoever can write it runs code as root {when}", _make_roots(path)) if why else None
 
 
 def check_hooks(node: Node) -> list[Finding]:
@@ -161,8 +162,7 @@ def check_hooks(node: Node) -> list[Finding]:
                 break
     directory = _unsafe(layout.hooks_dir)
     if directory and os.path.isdir(layout.hooks_dir):
-        fix = f"chown root:root {layout.hooks_dir} && chmod 0755 {layout.hooks_dir}"
-        findings += _fail("hooks", f"hooks directory {directory}", fix)
+        findings += _fail("hooks", f"hooks directory {directory}", _make_roots(layout.hooks_dir))
     native = f" ({', '.join(natives)}: native entries)" if natives else ""
     everything = f"{', '.join(SLURM_HOOKS)} are slurm-tpu's in {layout.hooks_dir}{native}"
     return findings or _ok("hooks", f"{everything}, root's, not writable by others")
@@ -356,27 +356,18 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     from ..hooks.jobusage import BOX_DIR
     from ..protocol.envfile import DIR as JOBS
 
-    fix = "chown root:root {0} && chmod 0755 {0}"
     try:
         fd = statedir.open_dir(state_dir)
     except statedir.StateDirError as exc:
         if not os.path.lexists(state_dir):
-            return [
-                (
-                    f"state directory {state_dir} does not exist",
-                    "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after a reboot)",
-                )
-            ]
-        return [(str(exc), fix.format(state_dir))]
+            make = "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after a reboot)"
+            return [(f"state directory {state_dir} does not exist", make)]
+        return [(str(exc), _make_roots(state_dir))]
     problems = []
     try:
         if not os.fstat(fd).st_mode & 0o001:
-            problems.append(
-                (
-                    f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) cannot reach jobs/",
-                    fix.format(state_dir),
-                )
-            )
+            why = f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) cannot reach jobs/"
+            problems.append((why, _make_roots(state_dir)))
         for name, traversable in ((LEASES, False), (JOBS, True), (BOX_DIR, True)):
             path = os.path.join(state_dir, name)
             if not os.path.lexists(path):
@@ -384,12 +375,11 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
             try:
                 sub = statedir.open_dir(name, parent_fd=fd)
             except statedir.StateDirError as exc:
-                problems.append((f"{path}: {exc}", fix.format(path)))
+                problems.append((f"{path}: {exc}", _make_roots(path)))
                 continue
             if traversable and not os.fstat(sub).st_mode & 0o001:
-                problems.append(
-                    (f"{path} is mode {_mode(os.fstat(sub))}: the task-prolog cannot read it", fix.format(path))
-                )
+                why = f"{path} is mode {_mode(os.fstat(sub))}: the task-prolog cannot read it"
+                problems.append((why, _make_roots(path)))
             os.close(sub)
     finally:
         os.close(fd)
@@ -445,14 +435,9 @@ def check_hooks_import(node: Node) -> list[Finding]:
             continue  # not a Python hook, or missing (check_hooks says so), or probed already
         probed.add(found)
         python, root = found
+        argv = [python, "-I", "-S", "-c", _IMPORT_PROBE, root]
         try:
-            done = subprocess.run(
-                [python, "-I", "-S", "-c", _IMPORT_PROBE, root],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env={"PATH": "/usr/bin:/bin"},
-            )
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
             out, err, code = done.stdout.splitlines(), done.stderr.strip(), done.returncode
         except OSError as exc:
             out, err, code = [], str(exc), -1
