@@ -1,8 +1,7 @@
 """``slurm-tpu infer``: run a TFLite model on the job's Edge TPU, GPU or CPU.
 
-Parses the options into an :class:`~slurm_tpu.runner.request.InferRequest`, hands it to
-:func:`slurm_tpu.runner.dispatch.infer` (which picks the mode and runs it), and renders
-what comes back.
+The options become an :class:`~slurm_tpu.runner.request.InferRequest` for
+:func:`slurm_tpu.runner.dispatch.infer`; this renders what comes back.
 """
 
 from __future__ import annotations

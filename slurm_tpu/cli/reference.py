@@ -5,9 +5,8 @@ Regenerate it after changing a command, an option or a help text::
     python -m slurm_tpu.cli.reference --output docs/cli.md
 
 (tests/test_docs.py fails while the checked-in page differs from what this renders.)
-Everything comes from click's own objects (the ``slurm-tpu`` group with every command
-module registered): usage pieces, help texts, each option's help record. Nothing is
-wrapped to a terminal's width; a help text's ``\\b`` paragraph becomes a code block.
+Everything comes from click's own objects, unwrapped; a help text's ``\\b`` paragraph
+becomes a code block.
 """
 
 from __future__ import annotations

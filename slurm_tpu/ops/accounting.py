@@ -234,11 +234,9 @@ def open_spool(state_dir: str) -> int:
 def _job_record(slurm, job_id: int) -> tuple[str, str, str, str] | None:
     """(JobID, State, End, AdminComment) of the job's record in Slurm's accounting; None when it has none.
 
-    ``job_id`` is the job's own id (SLURM_JOB_ID, sacct's JobIDRaw). For an array task
-    that is not the id Slurm's tools select it by: ``-j 15`` means every task of array
-    15 (whose last task has raw id 15), so ``modify job where jobid=15`` would write all
-    of them. The record is the one whose JobIDRaw is the job's id, and it is selected by
-    its JobID (``15_3``), which names that one task.
+    ``job_id`` is SLURM_JOB_ID (sacct's JobIDRaw). For an array task, ``-j 15`` means every
+    task of array 15, so ``modify job where jobid=15`` would write all of them: the record is
+    found by its JobIDRaw and selected by its JobID (``15_3``), which names that one task.
     """
     out = slurm.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "JobIDRaw,JobID,State,End,AdminComment")
     found = None

@@ -57,11 +57,9 @@ class UnknownDefault(Exception):
 
 
 def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, str]]) -> Any:
-    """The default of ``families.<kind>.<key>`` from the family's ``default_config``.
+    """The default of ``families.<kind>.<key>`` from the family's ``default_config`` (``keys``: its schema).
 
-    ``keys`` is the family's section of the schema. A ``types.<name>`` string is one
-    entry of ``types``; a ``types.<name>`` table holds the entries no other ``types.*``
-    key names (Hailo's ``by_address``); a bare ``types`` table is all of them.
+    A ``types.<name>`` table holds the entries no other ``types.*`` key names (Hailo's ``by_address``).
     """
     if key == "gres_name":
         return config.gres_name

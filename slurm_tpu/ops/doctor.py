@@ -284,12 +284,8 @@ def check_udev_rules(node: Node) -> list[Finding]:
 
 
 def _managed_nodes(node: Node) -> list[tuple[str, str]]:
-    """(identity, device node) of the accelerators the udev rules own while idle.
-
-    A USB stick's node changes on every re-enumeration (firmware load, the
-    epilog's revocation); the hooks' inventory in the state directory follows it
-    (the udev hook), so its nodes are preferred over the detected ones.
-    """
+    """(identity, device node) of the accelerators the udev rules own while idle. A USB stick's node
+    changes on every re-enumeration, which the state directory's inventory follows: its nodes win."""
     from .node_state import configured_document
 
     document = configured_document(node.config) or {}
@@ -346,10 +342,8 @@ def check_udev_loaded(node: Node) -> list[Finding]:
 def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     """(problem, fix) for the hooks' state directory; the one place that knows its layout.
 
-    The hooks refuse a state directory (or leases/, jobs/, job-usage/) that is not
-    root's or is group/world-writable (``statedir.open_dir``); the task-prolog and the
-    runner, running as the job's user, must be able to pass through it, jobs/ (to
-    read the env file) and job-usage/ (to reach the job's own usage box).
+    The hooks refuse one (or leases/, jobs/, job-usage/) not root's or group/world-writable; the
+    task-prolog and the runner, as the job's user, must pass through it, jobs/ and job-usage/.
     """
     from ..access import statedir
     from ..access.ledger import LEASES

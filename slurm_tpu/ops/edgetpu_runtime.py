@@ -181,11 +181,9 @@ _VISIBLE_CHECK = (
 def visible_devices_problem(library_path: str | None = None) -> str | None:
     """None when the libedgetpu jobs load honours EDGETPU_VISIBLE_DEVICES, else why not (one line).
 
-    Asked in a child process (what the library prints goes to its stderr, not ours) to open
-    an explicit PCIe path with the variable set empty: a library built with slurm-tpu's patch
-    (scripts/libedgetpu-visible-devices.patch) refuses at once with one line naming the
-    variable; Coral's own build tries the path, which names nothing, and says nothing of it.
-    ``library_path`` None: ``libedgetpu.so.1`` as users' code resolves it.
+    A child process (the library prints to its stderr) opens an explicit PCIe path with the
+    variable set empty: a library built with scripts/libedgetpu-visible-devices.patch refuses at
+    once with one line naming the variable; Coral's own build tries the path, silently.
     """
     import subprocess
     import sys

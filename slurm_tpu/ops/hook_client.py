@@ -35,11 +35,9 @@ def compiler() -> str | None:
 
 def build(directory: str | None = None, source: str | None = None) -> str | None:
     """Build the client into ``directory`` (None: beside its source) from ``source`` (None: the shipped
-    one) unless it is current.
+    one) unless it is current; its path, or None (no compiler, or the build failed, said on stderr).
 
-    Returns its path, or None when there is no compiler or the build failed (said
-    on stderr): the hooks then run the Python hooks. Written to a temp file and
-    renamed, so several clusters starting at once never run a half-written program.
+    Written to a temp file and renamed: several clusters starting at once never run half a program.
     """
     source = source or node_file("hook_client", SOURCE)
     target = os.path.join(directory or os.path.dirname(source), PROGRAM)
@@ -76,12 +74,8 @@ def native_entry(hook: str) -> str:
 
 
 def link_native_entries(client: str, hooks: list[str]) -> list[str]:
-    """Make each hook's native entry a hard link to the built ``client``; their paths.
-
-    Done by a temp link and a rename, so a hook starting meanwhile runs the old program or the
-    new one, whole; a link that already is the client is left alone. The hooks' directories
-    must be on the client's file system (a checkout's prolog/ and epilog/, an install's one
-    directory)."""
+    """Make each hook's native entry a hard link to the built ``client`` (on the same file system);
+    their paths. A temp link renamed over it: a hook starting meanwhile runs the old or the new one."""
     client_inode = os.stat(client).st_ino
     made = []
     for hook in hooks:

@@ -274,11 +274,8 @@ def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
 
 
 def accounting_tres_line(inventory, config: Config) -> list[str]:
-    """``AccountingStorageTRES=`` for every GRES name and type of ``inventory`` ([] when it has none).
-
-    Slurm's accounting (sacct, sreport, QOS and association limits) tracks a GRES
-    only when it is listed there.
-    """
+    """``AccountingStorageTRES=`` for every GRES name and type of ``inventory`` ([] when it has none):
+    Slurm's accounting (sacct, sreport, QOS limits) tracks a GRES only when it is listed there."""
     from ..render.node_conf import inventory_tres
 
     entries = inventory_tres(inventory, config)
@@ -433,10 +430,8 @@ def _backup(path: str) -> str:
 def _install_file(
     path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say, config: bool = False
 ) -> None:
-    """Put ``data`` at ``path`` (root's, ``mode``) unless it is there already, and record it in the manifest.
-
-    A site's config (``config``) already there is kept as it is.
-    """
+    """Put ``data`` at ``path`` (root's, ``mode``) unless it is there already (or is the site's
+    ``config``), and record it in the manifest."""
     if config and os.path.lexists(path):
         say(f"keep {path} (the site's config)")
         return
@@ -638,10 +633,8 @@ def device_cgroup_note(config: Config, slurm_conf: str) -> str | None:
 def install(
     layout: Layout, config: Config, slurm_conf: str, dry_run: bool = False, say=print, libedgetpu: str | None = None
 ) -> InstallResult:
-    """Put this node's pieces in place (see the module docstring); idempotent.
-
-    ``libedgetpu``: the patched Edge TPU runtime to install (None: leave the node's as it is).
-    """
+    """Put this node's pieces in place (see the module docstring), with ``libedgetpu`` the patched
+    Edge TPU runtime (None: leave the node's as it is); idempotent."""
     if not dry_run and os.geteuid() != 0:
         raise SlurmTpuError(
             "slurm-tpu install must run as root: the hooks run as root and must be root's "

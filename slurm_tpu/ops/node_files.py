@@ -18,11 +18,8 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../sl
 
 
 def node_file(directory: str, name: str) -> str:
-    """Path of a shipped file, e.g. ``node_file("prolog", "slurm-tpu-prolog")``.
-
-    The wheel's copy under the package, else (a checkout or an editable install)
-    the repository's own directory.
-    """
+    """Path of a shipped file, e.g. ``node_file("prolog", "slurm-tpu-prolog")``: the wheel's copy, else
+    the repository's (a checkout or an editable install)."""
     if directory not in NODE_DIRS:
         raise ValueError(f"{directory!r} is not one of {NODE_DIRS}")
     for base in (os.path.join(_PACKAGE, "node_files"), os.path.dirname(_PACKAGE)):
