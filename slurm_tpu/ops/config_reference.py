@@ -114,24 +114,10 @@ def default_document() -> dict[str, Any]:
     return document
 
 
-def _source(family: object) -> str:
-    """The family's module, as a path from the repository root."""
-    return type(family).__module__.replace(".", "/") + ".py"
-
-
 def _type_name(expected: type | tuple[type, ...]) -> str:
     names = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "table"}
     kinds = expected if isinstance(expected, tuple) else (expected,)
     return " or ".join(names.get(kind, kind.__name__) for kind in kinds)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _value(value: Any) -> str:
-    """A default as a code span (JSON, which YAML reads the same), or 'unset'."""
-    return "unset" if value is None else f"`{json.dumps(value)}`"
 
 
 def _table(members: list[str], prefix: str, found: dict[str, Any]) -> list[str]:
@@ -140,8 +126,12 @@ def _table(members: list[str], prefix: str, found: dict[str, Any]) -> list[str]:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key in members:
         expected, description = known[key]
-        default = "required in a file" if key == "version" else _value(found[key])
-        rows.append(f"| `{key[len(prefix) :]}` | {_type_name(expected)} | {default} | {_cell(description)} |")
+        # A default as a code span (JSON, which YAML reads the same).
+        default = "unset" if found[key] is None else f"`{json.dumps(found[key])}`"
+        if key == "version":
+            default = "required in a file"
+        meaning = description.replace("|", "\\|")
+        rows.append(f"| `{key[len(prefix) :]}` | {_type_name(expected)} | {default} | {meaning} |")
     return rows
 
 
@@ -174,10 +164,11 @@ def render() -> str:
     for family in FAMILIES:
         prefix = f"families.{family.kind}."
         members = [k for k in keys if k.startswith(prefix)]
+        source = type(family).__module__.replace(".", "/") + ".py"  # from the repository root
         lines += [
             f"## `families.{family.kind}`: {family.title}s",
             "",
-            f"The settings of the {family.title} family ([{_source(family)}](../{_source(family)})).",
+            f"The settings of the {family.title} family ([{source}](../{source})).",
             "",
             *_table(members, prefix, found),
             "",
@@ -193,8 +184,6 @@ def render() -> str:
         document,
         "```",
         "",
-    ]
-    lines += [
         "## Version 1 keys",
         "",
         "Version 1 files spelled the Edge TPU and GPU settings flat. They still load, each key with "

@@ -110,18 +110,11 @@ def shipped_path(entry: Entry, root: str) -> str:
 
 
 def stale(root: str) -> list[str]:
-    """The entry scripts under the repository ``root`` that differ from the template."""
-    found = []
-    for entry in ENTRIES:
-        path = shipped_path(entry, root)
-        try:
-            with open(path, encoding="utf-8") as handle:
-                current = handle.read() == render(entry)
-        except FileNotFoundError:
-            current = False
-        if not current:
-            found.append(path)
-    return found
+    """The entry scripts under the repository ``root`` that differ from the template (or are missing)."""
+    from ..files import read_text
+
+    paths = [shipped_path(entry, root) for entry in ENTRIES]
+    return [path for entry, path in zip(ENTRIES, paths) if read_text(path) != render(entry)]
 
 
 def write(root: str) -> list[str]:
