@@ -538,15 +538,15 @@ def check_runtimes(node: Node) -> list[Finding]:
     """libedgetpu where the node has Edge TPUs; a TFLite runtime where it has any; Vulkan for GPUs."""
     runners = {f.runner for f in FAMILIES if node.inventory.usable(f.kind)}
     tpus, gpus = "edgetpu" in runners, "gpu" in runners
+    if not (tpus or gpus):
+        return []
     findings = []
     extras = "pip install 'slurm-tpu[infer]' into the environment slurm-tpu runs from"
     try:
         from ..runner import engines
         from ..runner.errors import RuntimeMissingError
     except ImportError as exc:
-        if tpus or gpus:
-            findings += _fail("TFLite runtime", f"the inference modules cannot load ({exc})", extras)
-        return findings
+        return _fail("TFLite runtime", f"the inference modules cannot load ({exc})", extras)
     if tpus:
         from ..runner.errors import LibEdgeTpuError
 
@@ -558,12 +558,11 @@ def check_runtimes(node: Node) -> list[Finding]:
             message, _, fix = str(exc).partition(": install")
             fix = f"install{fix}" if fix else "install libedgetpu1-std from Coral's apt repository"
             findings += _fail("libedgetpu", message, fix)
-    if tpus or gpus:
-        try:
-            name = engines.select_runtime()
-            findings += _ok("TFLite runtime", f"{name} {engines.runtime_version(name)}")
-        except RuntimeMissingError as exc:
-            findings += _fail("TFLite runtime", str(exc).split("): ")[0] + ")", extras)
+    try:
+        name = engines.select_runtime()
+        findings += _ok("TFLite runtime", f"{name} {engines.runtime_version(name)}")
+    except RuntimeMissingError as exc:
+        findings += _fail("TFLite runtime", str(exc).split("): ")[0] + ")", extras)
     if gpus:
         import ctypes
 
