@@ -59,15 +59,10 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
 @main.command()
 @node_option()
 @click.option(
-    "--gres-conf",
-    "gres_conf",
-    metavar="FILE",
-    default="/etc/slurm/gres.conf",
-    help="gres.conf holding this node's slurm-tpu block.",
+    "--gres-conf", metavar="FILE", default="/etc/slurm/gres.conf", help="gres.conf holding this node's slurm-tpu block."
 )
 @click.option(
     "--node-conf",
-    "node_conf",
     metavar="FILE",
     help="File holding this node's NodeName block (from node-conf --output); its Gres=/Feature= are kept in line too.",
 )

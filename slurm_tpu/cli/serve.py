@@ -44,7 +44,6 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
 @click.option(
     "-l",
     "--labels",
-    "labels",
     multiple=True,
     metavar="[NAME=]FILE",
     help="Labels for a model (NAME=FILE; FILE alone when one model is served). Repeatable.",
