@@ -92,17 +92,12 @@ def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool,
     new = merge_block(old, kind, node, body, path=output)
     if diff:
         click.echo(unified_diff(old, new, output), nl=False)
-    if check:
-        if old != new:
-            changed = changed_lines(old, new, output)
-            click.echo(
-                f"slurm-tpu: {output} differs from this node's hardware ({changed} line(s)); "
-                f"rerun without --check to update it",
-                err=True,
-            )
-            sys.exit(EXIT_DIFFERS)
-        return
-    if diff:
+    if check and old != new:
+        changed = changed_lines(old, new, output)
+        message = f"{output} differs from this node's hardware ({changed} line(s)); rerun without --check to update it"
+        click.echo(f"slurm-tpu: {message}", err=True)
+        sys.exit(EXIT_DIFFERS)
+    if diff or check:
         return
     result = write_if_changed(output, new)
     if result.changed:

@@ -322,30 +322,23 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
     """Every file ``install`` writes, with its content."""
     from ..render.udev_rules import render_udev_rules
 
-    python, root = node_files.interpreter(), node_files.package_root()
-    program = node_files.this_program()
-    files = [
-        FileSpec(
-            os.path.join(layout.hooks_dir, name),
-            installed_hook_text(node_files.read_node_file(directory, name), name, python, root, layout.config_file),
-            mode,
-        )
-        for directory, name, mode in HOOK_FILES
+    python, root, program = node_files.interpreter(), node_files.package_root(), node_files.this_program()
+
+    def hook(directory: str, name: str, mode: int) -> FileSpec:
+        text = installed_hook_text(node_files.read_node_file(directory, name), name, python, root, layout.config_file)
+        return FileSpec(os.path.join(layout.hooks_dir, name), text, mode)
+
+    def unit(shipped: str, target: str) -> FileSpec:
+        text = unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir)
+        return FileSpec(os.path.join(layout.systemd_dir, target), text, 0o644)
+
+    return [
+        *(hook(*spec) for spec in HOOK_FILES),
+        FileSpec(layout.hook_file("HealthCheckProgram"), health_program_text(python, layout.config_file), 0o755),
+        FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644),
+        *(unit(*names) for names in SYSTEMD_FILES),
+        FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True),
     ]
-    files.append(
-        FileSpec(layout.hook_file("HealthCheckProgram"), health_program_text(python, layout.config_file), 0o755)
-    )
-    files.append(FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644))
-    for shipped, target in SYSTEMD_FILES:
-        files.append(
-            FileSpec(
-                os.path.join(layout.systemd_dir, target),
-                unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir),
-                0o644,
-            )
-        )
-    files.append(FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True))
-    return files
 
 
 @dataclass
