@@ -77,7 +77,8 @@ def table(rows: Sequence[Sequence[str]], numbers: bool = False) -> str:
     return "".join("  ".join(fit(i, cell) for i, cell in enumerate(row)) + "\n" for row in rows)
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+# Every option shows its default in its help ("[default: ...]"; none for an unset option or a flag off).
+@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"], "show_default": True})
 @click.version_option(__version__, prog_name="slurm-tpu")
 @click.option(
     "--config",

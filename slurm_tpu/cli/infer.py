@@ -1,8 +1,7 @@
 """``slurm-tpu infer``: run a TFLite model on the job's Edge TPU, GPU or CPU.
 
-Parses the options into an :class:`~slurm_tpu.runner.request.InferRequest`, hands it to
-:func:`slurm_tpu.runner.dispatch.infer` (which picks the mode and runs it), and renders
-what comes back.
+The options become an :class:`~slurm_tpu.runner.request.InferRequest` for
+:func:`slurm_tpu.runner.dispatch.infer`; this renders what comes back.
 """
 
 from __future__ import annotations
@@ -71,7 +70,6 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
         "--top_k",
         "top_k",
         default=Reading.top_k,
-        show_default=True,
         type=click.IntRange(1),
         help="Classify: classes to report.",
     ),
@@ -86,7 +84,6 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
     "-c",
     "--count",
     default=InferRequest.count,
-    show_default=True,
     type=click.IntRange(1),
     help="Single input: inferences to time (the first includes the Edge TPU model upload).",
 )
@@ -122,7 +119,6 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
     click.option(
         "--progress-interval",
         default=BatchOptions.progress_interval,
-        show_default=True,
         type=float,
         help="Seconds between progress lines when stderr is not a terminal.",
     ),
@@ -142,19 +138,12 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
     click.option(
         "--in-flight",
         default=RemoteOptions.in_flight,
-        show_default=True,
         type=click.IntRange(1, 256),
         help="With --server: requests in flight at once.",
     ),
 )
 @click.option("--benchmark", is_flag=True, help="Benchmark: load time, latency p50/p90/p99, throughput.")
-@click.option(
-    "--iterations",
-    default=InferRequest.iterations,
-    show_default=True,
-    type=click.IntRange(1),
-    help="Benchmark iterations.",
-)
+@click.option("--iterations", default=InferRequest.iterations, type=click.IntRange(1), help="Benchmark iterations.")
 def infer(
     args: tuple[str, ...],
     model_option: str | None,
@@ -262,20 +251,17 @@ def _print_remote(timed: RemoteTimed, as_json: bool) -> None:
 
     record, times = timed.record, timed.times
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "input": timed.input,
-                    "task": timed.task.name,
-                    "devices": record.get("devices", []),
-                    "runtime": record.get("runtime", ""),
-                    "server": timed.server,
-                    "first_ms": round(times[0], 3),
-                    "times_ms": [round(t, 3) for t in times[1:]],
-                    **result_fields(record),
-                }
-            )
-        )
+        printed = {
+            "input": timed.input,
+            "task": timed.task.name,
+            "devices": record.get("devices", []),
+            "runtime": record.get("runtime", ""),
+            "server": timed.server,
+            "first_ms": round(times[0], 3),
+            "times_ms": [round(t, 3) for t in times[1:]],
+            **result_fields(record),
+        }
+        click.echo(json.dumps(printed))
         return
     click.echo(f"----ROUND TRIP TIME ({timed.server})----")
     for t in times:

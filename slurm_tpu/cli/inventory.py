@@ -48,16 +48,8 @@ def format_table(inventory: Inventory) -> str:
         return f"No accelerators found on this node (looked for: {kinds}).\n"
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
-        rows.append(
-            (
-                a.identity,
-                a.kind,
-                a.model,
-                a.primary_node or "-",
-                "-" if a.numa_node is None else str(a.numa_node),
-                _status(a),
-            )
-        )
+        numa = "-" if a.numa_node is None else str(a.numa_node)
+        rows.append((a.identity, a.kind, a.model, a.primary_node or "-", numa, _status(a)))
     usable = len(inventory.usable())
     return table(rows) + f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable\n"
 
@@ -100,17 +92,12 @@ def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool,
     new = merge_block(old, kind, node, body, path=output)
     if diff:
         click.echo(unified_diff(old, new, output), nl=False)
-    if check:
-        if old != new:
-            changed = changed_lines(old, new, output)
-            click.echo(
-                f"slurm-tpu: {output} differs from this node's hardware ({changed} line(s)); "
-                f"rerun without --check to update it",
-                err=True,
-            )
-            sys.exit(EXIT_DIFFERS)
-        return
-    if diff:
+    if check and old != new:
+        changed = changed_lines(old, new, output)
+        message = f"{output} differs from this node's hardware ({changed} line(s)); rerun without --check to update it"
+        click.echo(f"slurm-tpu: {message}", err=True)
+        sys.exit(EXIT_DIFFERS)
+    if diff or check:
         return
     result = write_if_changed(output, new)
     if result.changed:
@@ -252,7 +239,6 @@ def node_conf(
 @click.option(
     "--prefix",
     default=PREFIX,
-    show_default=True,
     metavar="DIR",
     help="Where `slurm-tpu install --prefix` put the hooks (DIR/libexec/slurm-tpu).",
 )

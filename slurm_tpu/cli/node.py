@@ -17,14 +17,12 @@ layout_options = options(
     click.option(
         "--prefix",
         default=PREFIX,
-        show_default=True,
         metavar="DIR",
         help="The hooks are in DIR/libexec/slurm-tpu (root-owned; slurm.conf names them there).",
     ),
     click.option(
         "--sysconfdir",
         default=SYSCONFDIR,
-        show_default=True,
         metavar="DIR",
         help="udev rules, systemd units and the slurm-tpu config are under DIR (udev and systemd "
         "read only /etc; another DIR is for staging and tests).",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any
 
 import click
 
@@ -19,7 +18,6 @@ from .options import libedgetpu_option, node_option
     "--grace",
     type=float,
     default=1.5,
-    show_default=True,
     metavar="SECONDS",
     help="Look again after this long before calling a USB stick missing (re-enumeration).",
 )
@@ -36,44 +34,35 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     from ..ops.health_check import check_node
 
     result = check_node(obj.config, obj.node_name(node, from_slurmd=True), grace=grace, apply=not dry_run)
+    decision = result.decision
     if as_json:
-        click.echo(
-            json.dumps(
-                {
-                    "node": result.node,
-                    "configured": list(result.configured),
-                    "problems": [{"identity": p.identity, "message": p.message} for p in result.problems],
-                    "action": result.decision.action.value,
-                    "reason": result.decision.reason,
-                    "applied": result.applied,
-                    "why": result.decision.why,
-                }
-            )
-        )
+        record = {
+            "node": result.node,
+            "configured": list(result.configured),
+            "problems": [{"identity": p.identity, "message": p.message} for p in result.problems],
+            "action": decision.action.value,
+            "reason": decision.reason,
+            "applied": result.applied,
+            "why": decision.why,
+        }
+        click.echo(json.dumps(record))
         return
-    verb = {"drain": "drained", "resume": "resumed", "nothing": "no change"}[result.decision.action.value]
-    if dry_run and result.decision.action.value != "nothing":
+    verb = {"drain": "drained", "resume": "resumed", "nothing": "no change"}[decision.action.value]
+    if dry_run and decision.action.value != "nothing":
         verb = f"would be {verb} (dry run)"
-    detail = result.decision.reason or result.decision.why
     click.echo(
         f"{result.node}: {len(result.configured)} configured accelerator(s), "
-        f"{len(result.problems)} problem(s); {verb}: {detail}"
+        f"{len(result.problems)} problem(s); {verb}: {decision.reason or decision.why}"
     )
 
 
 @main.command()
 @node_option()
 @click.option(
-    "--gres-conf",
-    "gres_conf",
-    metavar="FILE",
-    default="/etc/slurm/gres.conf",
-    show_default=True,
-    help="gres.conf holding this node's slurm-tpu block.",
+    "--gres-conf", metavar="FILE", default="/etc/slurm/gres.conf", help="gres.conf holding this node's slurm-tpu block."
 )
 @click.option(
     "--node-conf",
-    "node_conf",
     metavar="FILE",
     help="File holding this node's NodeName block (from node-conf --output); its Gres=/Feature= are kept in line too.",
 )
@@ -81,21 +70,15 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     "--stop-command",
     metavar="COMMAND",
     default="systemctl stop slurmd",
-    show_default=True,
     help="Stops this node's slurmd (split like a shell would, run without one; the program is "
     "looked up in Slurm's directories, then PATH).",
 )
-@click.option(
-    "--start-command",
-    metavar="COMMAND",
-    default="systemctl start slurmd",
-    show_default=True,
-    help="Starts this node's slurmd.",
-)
+@click.option("--start-command", metavar="COMMAND", default="systemctl start slurmd", help="Starts this node's slurmd.")
 @click.option(
     "--controller-command",
     metavar="COMMAND",
     default="",
+    show_default=False,
     help="Restarts slurmctld, needed when a GRES count changes (e.g. 'ssh ctl systemctl restart "
     "slurmctld'). Without it the node stays drained with a reason saying what to restart, "
     "and `slurm-tpu health` resumes it once slurmctld reports the new GRES.",
@@ -105,7 +88,6 @@ def health(obj: Obj, node: str | None, dry_run: bool, grace: float, as_json: boo
     "--settle",
     type=float,
     default=5.0,
-    show_default=True,
     metavar="SECONDS",
     help="Quiet time after the last udev event before acting (covers USB re-enumeration).",
 )
@@ -239,9 +221,7 @@ def _parse_time(value: str | None, option: str) -> float | None:
 
 
 @main.command()
-@click.option(
-    "--by", type=click.Choice(["user", "device", "job"]), default="user", show_default=True, help="Group the totals by."
-)
+@click.option("--by", type=click.Choice(["user", "device", "job"]), default="user", help="Group the totals by.")
 @click.option(
     "--since",
     metavar="WHEN",
@@ -260,7 +240,6 @@ def _parse_time(value: str | None, option: str) -> float | None:
     "--source",
     type=click.Choice(["auto", "sacct", "audit"]),
     default="auto",
-    show_default=True,
     help="Slurm's accounting (sacct: accelerator TRES-seconds as sreport counts them, inference "
     "figures from each job's AdminComment) or this node's audit log. auto: sacct where "
     "slurmctld records jobs through slurmdbd, unless --by device or --audit is given.",
@@ -287,10 +266,7 @@ def report(
         used = [name for name in tres if any(name in t.tres_seconds for t in groups.values())]
         # The columns between JOBS and INFERENCES: the accelerator-hours of each GRES the jobs had.
         columns = [f"{name.split('/', 1)[1].upper()}-HOURS" for name in used]
-
-        def cells(totals: Any) -> list[str]:
-            return [f"{totals.tres_seconds.get(name, 0.0) / 3600:.4f}" for name in used]
-
+        cells = {key: [f"{t.tres_seconds.get(name, 0.0) / 3600:.4f}" for name in used] for key, t in groups.items()}
         empty = "no accelerator jobs in this period (sacct)"
     else:
         from ..ops.accounting import summarize_audit, user_name
@@ -302,10 +278,7 @@ def report(
         records = audit_records(list(audit_logs) or [default_audit_log(obj.config)])
         groups = summarize_audit(records, by, start, end, time.time(), user_name)
         columns = ["LEASE TIME"]
-
-        def cells(totals: Any) -> list[str]:
-            return [f"{round(totals.lease_seconds, 3):.1f} s"]
-
+        cells = {key: [f"{round(t.lease_seconds, 3):.1f} s"] for key, t in groups.items()}
         empty = "no accelerator leases in this period"
     if as_json:
         click.echo(json.dumps({key: totals.to_json() for key, totals in groups.items()}, indent=2))
@@ -317,7 +290,7 @@ def report(
     for key, totals in groups.items():
         data = totals.to_json()
         latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
-        rows.append((key, str(data["jobs"]), *cells(totals), str(data["inferences"]), latency))
+        rows.append((key, str(data["jobs"]), *cells[key], str(data["inferences"]), latency))
     click.echo(table(rows, numbers=True), nl=False)
 
 

@@ -78,11 +78,7 @@ def libedgetpu_option(what: str) -> Decorator:
 def task_option(help_text: str) -> Decorator:
     """--task: auto or a task name."""
     return click.option(
-        "--task",
-        type=click.Choice((choices.AUTO, *choices.TASK_NAMES)),
-        default=Reading.task,
-        show_default=True,
-        help=help_text,
+        "--task", type=click.Choice((choices.AUTO, *choices.TASK_NAMES)), default=Reading.task, help=help_text
     )
 
 
@@ -93,7 +89,6 @@ def open_options() -> Decorator:
         OpenOptions,
         click.option(
             "--device",
-            "device",
             multiple=True,
             metavar="DEV",
             help="Override: identity (usb-2-1.3), usb:PATH, pci:PATH, cpu or gpu; repeat or comma-separate.",
@@ -132,7 +127,6 @@ def preprocessing_options(pycoral_spellings: bool) -> Decorator:
         Preprocessing,
         click.option(
             "--fast-resize",
-            "fast_resize",
             is_flag=True,
             help="Decode JPEGs at reduced scale and resize BILINEAR: faster, but inputs (and scores) "
             "differ from pycoral's LANCZOS.",

@@ -5,9 +5,8 @@ Regenerate it after changing a command, an option or a help text::
     python -m slurm_tpu.cli.reference --output docs/cli.md
 
 (tests/test_docs.py fails while the checked-in page differs from what this renders.)
-Everything comes from click's own objects (the ``slurm-tpu`` group with every command
-module registered): usage pieces, help texts, each option's help record. Nothing is
-wrapped to a terminal's width; a help text's ``\\b`` paragraph becomes a code block.
+Everything comes from click's own objects, unwrapped; a help text's ``\\b`` paragraph
+becomes a code block.
 """
 
 from __future__ import annotations
@@ -62,14 +61,6 @@ def _paragraphs(command: click.Command) -> list[str]:
     return blocks
 
 
-def _title(ctx: click.Context) -> str:
-    return f"`{ctx.command_path}`"
-
-
-def _anchor(ctx: click.Context) -> str:
-    return ctx.command_path.replace(" ", "-")
-
-
 def _params(ctx: click.Context) -> list[str]:
     """The options and arguments as a table; a command's own ``--help`` is the group's, listed once."""
     rows = []
@@ -103,11 +94,12 @@ def render() -> str:
         "|---|---|",
     ]
     for ctx in contexts[1:]:
-        lines.append(f"| [{_title(ctx)}](#{_anchor(ctx)}) | {_code((_paragraphs(ctx.command) or [''])[0])} |")
+        anchor = ctx.command_path.replace(" ", "-")
+        lines.append(f"| [`{ctx.command_path}`](#{anchor}) | {_code((_paragraphs(ctx.command) or [''])[0])} |")
     for ctx in contexts:
         usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)])
         name, *description = _paragraphs(ctx.command) or [""]
-        lines += ["", f"## {_title(ctx)}", "", name, "", "```text", usage, "```"]
+        lines += ["", f"## `{ctx.command_path}`", "", name, "", "```text", usage, "```"]
         for block in description:
             lines += ["", block]
         table = _params(ctx)

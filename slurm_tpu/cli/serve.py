@@ -44,7 +44,6 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
 @click.option(
     "-l",
     "--labels",
-    "labels",
     multiple=True,
     metavar="[NAME=]FILE",
     help="Labels for a model (NAME=FILE; FILE alone when one model is served). Repeatable.",
@@ -53,13 +52,9 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
 @grouped(
     "listen",
     _listen,
-    click.option("--host", default="0.0.0.0", show_default=True, metavar="ADDRESS", help="Address to listen on."),
+    click.option("--host", default="0.0.0.0", metavar="ADDRESS", help="Address to listen on."),
     click.option(
-        "--port",
-        default=0,
-        show_default=True,
-        type=click.IntRange(0, 65535),
-        help="Port (0: a free one, written to the address file).",
+        "--port", default=0, type=click.IntRange(0, 65535), help="Port (0: a free one, written to the address file)."
     ),
     click.option("--advertise", metavar="HOST", help="Host name written to the address file (default: this node's)."),
 )
@@ -70,37 +65,23 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
         "--queue",
         "queue_size",
         default=64,
-        show_default=True,
         type=click.IntRange(1),
         help="Inferences that may wait for a device; beyond, requests get 503 with Retry-After.",
     ),
     click.option(
-        "--max-body",
-        default=8,
-        show_default=True,
-        type=click.IntRange(1, 1024),
-        metavar="MIB",
-        help="Largest request body, MiB.",
+        "--max-body", default=8, type=click.IntRange(1, 1024), metavar="MIB", help="Largest request body, MiB."
     ),
     click.option(
         "--max-connections",
         default=64,
-        show_default=True,
         type=click.IntRange(1, 10000),
         help="Open connections that have shown the token (one thread each); others are counted apart.",
     ),
-    click.option(
-        "--max-instances",
-        default=64,
-        show_default=True,
-        type=click.IntRange(1),
-        help="Inferences in one :predict request.",
-    ),
+    click.option("--max-instances", default=64, type=click.IntRange(1), help="Inferences in one :predict request."),
 )
 @click.option(
     "--drain-timeout",
     default=20.0,
-    show_default=True,
     type=click.FloatRange(0),
     help="Seconds to finish requests in flight after SIGTERM (keep below Slurm's KillWait).",
 )

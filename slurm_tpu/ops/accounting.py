@@ -1,27 +1,18 @@
 """Accounting: who used which accelerator, how much; from the audit log, or from Slurm's own books.
 
-Three parts, one topic:
+Three parts (docs/accounting.md tells the whole story):
 
-- **the audit log** (:func:`summarize_audit`): pure functions over lease spans
-  (:func:`slurm_tpu.protocol.audit.pair_leases`: each lease with its job's ``usage``
-  figures; that module says why a malformed or forged line can neither kill a report
-  nor dominate it), summed per user, device or job over a period.
-- **Slurm's accounting** (:func:`sacct_jobs`, :func:`summarize_sacct`): where slurmctld
-  records jobs through slurmdbd, Slurm's books are the ones admins already trust and
-  reconcile (sacct, sreport, QOS limits, fair-share): ``slurm-tpu report`` reads them, so
-  its accelerator-seconds are exactly sreport's, and takes the inference figures from
-  each job's ``AdminComment``. The audit log stays the security log, and the source for
-  ``--by device`` (Slurm does not know which device a job had). Accelerator-seconds of
-  a job: for each family's GRES name ``gres/<name>`` in its ``AllocTRES``, count x its
-  run time within the period, as sreport computes a TRES's usage (``sreport -t seconds
-  -T gres/tpu cluster UserUtilizationByAccount``).
-- **the collector** (:func:`collect`, ``slurm-tpu accounting-collect``, root on each
-  node, once or ``--every`` seconds as a service): each job's spooled figures into its
-  ``AdminComment`` (:mod:`slurm_tpu.protocol.job_record` says why there, in that form, and
-  what the spool's existence tells the epilog), merged into what the field holds, with
-  ``sacctmgr`` (an argument list, no shell). An entry whose job has no finished record yet
-  (slurmctld sends the job's end to slurmdbd asynchronously), or that Slurm refuses
-  (slurmdbd down), stays for the next run: nothing here can fail a job or drain a node.
+- **the audit log** (:func:`summarize_audit`): lease spans (:mod:`slurm_tpu.protocol.audit`)
+  summed per user, device or job over a period; the only source for ``--by device``.
+- **Slurm's accounting** (:func:`sacct_jobs`, :func:`summarize_sacct`): where slurmdbd records
+  jobs, a job's accelerator-seconds are each ``gres/<name>`` count of its ``AllocTRES`` times
+  its run time within the period, exactly as sreport computes a TRES's usage; its inference
+  figures come from its ``AdminComment``.
+- **the collector** (:func:`collect`, ``slurm-tpu accounting-collect``): each job's spooled
+  figures into its ``AdminComment`` with ``sacctmgr`` (an argument list, no shell). An entry
+  whose job has no finished record yet (slurmctld sends the job's end to slurmdbd
+  asynchronously), or that Slurm refuses, stays for the next run: nothing here can fail a
+  job or drain a node.
 """
 
 from __future__ import annotations
@@ -159,17 +150,8 @@ def sacct_jobs(slurm, since: float | None, until: float | None) -> list[JobRow]:
     def stamp(value: float) -> str:
         return datetime.datetime.fromtimestamp(value).strftime("%Y-%m-%dT%H:%M:%S")
 
-    args = [
-        "-a",
-        "-n",
-        "-P",
-        "-X",
-        "--noconvert",
-        "-o",
-        ",".join(FIELDS),
-        "-S",
-        stamp(since) if since is not None else "1970-01-01T00:00:00",
-    ]
+    start = stamp(since) if since is not None else "1970-01-01T00:00:00"
+    args = ["-a", "-n", "-P", "-X", "--noconvert", "-o", ",".join(FIELDS), "-S", start]
     if until is not None:
         args += ["-E", stamp(until)]
     return parse_sacct(slurm.run("sacct", *args, timeout=120))
@@ -252,11 +234,9 @@ def open_spool(state_dir: str) -> int:
 def _job_record(slurm, job_id: int) -> tuple[str, str, str, str] | None:
     """(JobID, State, End, AdminComment) of the job's record in Slurm's accounting; None when it has none.
 
-    ``job_id`` is the job's own id (SLURM_JOB_ID, sacct's JobIDRaw). For an array task
-    that is not the id Slurm's tools select it by: ``-j 15`` means every task of array
-    15 (whose last task has raw id 15), so ``modify job where jobid=15`` would write all
-    of them. The record is the one whose JobIDRaw is the job's id, and it is selected by
-    its JobID (``15_3``), which names that one task.
+    ``job_id`` is SLURM_JOB_ID (sacct's JobIDRaw). For an array task, ``-j 15`` means every
+    task of array 15, so ``modify job where jobid=15`` would write all of them: the record is
+    found by its JobIDRaw and selected by its JobID (``15_3``), which names that one task.
     """
     out = slurm.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "JobIDRaw,JobID,State,End,AdminComment")
     found = None

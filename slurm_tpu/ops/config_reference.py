@@ -6,12 +6,9 @@ Regenerate it after changing a config key, its default or its description::
 
 (tests/test_docs.py fails while the checked-in page differs from what this renders.)
 Keys, types and descriptions come from the config schema (slurm_tpu/config.py's
-``schema()``, which holds each family's ``config_keys()`` too); defaults are read
-from what ``Config()`` and each family's ``default_config`` hold, so the page
-states what the code does: a top-level key's default is its Config field's
-(``config_keys()``), a family key's is read off the family's ``default_config``
-(:func:`_family_default`); a key this module cannot place is an error naming it,
-never a silent gap.
+``schema()``); defaults are read from ``Config()``'s fields and each family's
+``default_config``, so the page states what the code does. A key this module cannot
+place is an error naming it, never a silent gap.
 """
 
 from __future__ import annotations
@@ -60,11 +57,9 @@ class UnknownDefault(Exception):
 
 
 def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, str]]) -> Any:
-    """The default of ``families.<kind>.<key>`` from the family's ``default_config``.
+    """The default of ``families.<kind>.<key>`` from the family's ``default_config`` (``keys``: its schema).
 
-    ``keys`` is the family's section of the schema. A ``types.<name>`` string is one
-    entry of ``types``; a ``types.<name>`` table holds the entries no other ``types.*``
-    key names (Hailo's ``by_address``); a bare ``types`` table is all of them.
+    A ``types.<name>`` table holds the entries no other ``types.*`` key names (Hailo's ``by_address``).
     """
     if key == "gres_name":
         return config.gres_name
@@ -119,24 +114,10 @@ def default_document() -> dict[str, Any]:
     return document
 
 
-def _source(family: object) -> str:
-    """The family's module, as a path from the repository root."""
-    return type(family).__module__.replace(".", "/") + ".py"
-
-
 def _type_name(expected: type | tuple[type, ...]) -> str:
     names = {str: "string", int: "integer", float: "number", bool: "boolean", list: "list", dict: "table"}
     kinds = expected if isinstance(expected, tuple) else (expected,)
     return " or ".join(names.get(kind, kind.__name__) for kind in kinds)
-
-
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
-
-
-def _value(value: Any) -> str:
-    """A default as a code span (JSON, which YAML reads the same), or 'unset'."""
-    return "unset" if value is None else f"`{json.dumps(value)}`"
 
 
 def _table(members: list[str], prefix: str, found: dict[str, Any]) -> list[str]:
@@ -145,8 +126,12 @@ def _table(members: list[str], prefix: str, found: dict[str, Any]) -> list[str]:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key in members:
         expected, description = known[key]
-        default = "required in a file" if key == "version" else _value(found[key])
-        rows.append(f"| `{key[len(prefix) :]}` | {_type_name(expected)} | {default} | {_cell(description)} |")
+        # A default as a code span (JSON, which YAML reads the same).
+        default = "unset" if found[key] is None else f"`{json.dumps(found[key])}`"
+        if key == "version":
+            default = "required in a file"
+        meaning = description.replace("|", "\\|")
+        rows.append(f"| `{key[len(prefix) :]}` | {_type_name(expected)} | {default} | {meaning} |")
     return rows
 
 
@@ -179,10 +164,11 @@ def render() -> str:
     for family in FAMILIES:
         prefix = f"families.{family.kind}."
         members = [k for k in keys if k.startswith(prefix)]
+        source = type(family).__module__.replace(".", "/") + ".py"  # from the repository root
         lines += [
             f"## `families.{family.kind}`: {family.title}s",
             "",
-            f"The settings of the {family.title} family ([{_source(family)}](../{_source(family)})).",
+            f"The settings of the {family.title} family ([{source}](../{source})).",
             "",
             *_table(members, prefix, found),
             "",
@@ -198,8 +184,6 @@ def render() -> str:
         document,
         "```",
         "",
-    ]
-    lines += [
         "## Version 1 keys",
         "",
         "Version 1 files spelled the Edge TPU and GPU settings flat. They still load, each key with "

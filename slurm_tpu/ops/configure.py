@@ -4,13 +4,10 @@ Shared by ``slurm-tpu gres-conf --output`` and the hotplug watcher, so both keep
 the same order: slot nodes first (gres.conf must never name a missing path),
 then the state-dir inventory the hooks read, then the files.
 
-``slurm-tpu boot`` (:func:`restore_node_state`) restores what a reboot wipes, before
-slurmd starts: ``/dev`` (slot nodes) and ``/run`` (the state inventory the hooks read)
-are tmpfs. Without them slurmd exits 20 s after start on a missing ``File=`` and the
-hooks know no devices. Both come back from the persistent copy of the configured
-inventory (``inventory_file``): present devices get their real slot and current node
-paths; a configured device absent at boot gets an inert placeholder slot, so slurmd
-still starts, and ``slurm-tpu health`` drains the node for it.
+``slurm-tpu boot`` (:func:`restore_node_state`) restores what a reboot wipes (``/dev``'s
+slot nodes, ``/run``'s state inventory: without them slurmd exits on a missing ``File=``)
+from the persistent copy of the configured inventory; a configured device absent at boot
+gets an inert placeholder slot, so slurmd still starts and ``slurm-tpu health`` drains the node.
 """
 
 from __future__ import annotations

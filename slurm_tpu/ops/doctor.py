@@ -1,11 +1,9 @@
 """``slurm-tpu doctor``: check one node end to end, one line per problem with its fix.
 
 For the admin whose job just failed with "Prolog error" or "Failed to load
-delegate". Each check is a function returning :class:`Finding` s; a check that
-does not apply to this node (no GPU: no Vulkan) returns nothing. The checks
-reuse what the rest of slurm-tpu knows: the Slurm gateway for programs and
-slurm.conf, the renderers for gres.conf/NodeName/udev rules (as ``--check``),
-the hooks' own state-directory rules, the runner's runtime loaders.
+delegate". Each check is a function returning :class:`Finding` s (none where it
+does not apply: no GPU, no Vulkan check), reusing what the rest of slurm-tpu
+knows (the Slurm gateway, the renderers, the hooks' state-directory rules).
 """
 
 from __future__ import annotations
@@ -38,6 +36,14 @@ class Finding:
         if self.ok:
             return f"ok    {self.check}: {self.message}"
         return f"FAIL  {self.check}: {self.message}; fix: {self.fix}"
+
+
+def _ok(check: str, message: str) -> list[Finding]:
+    return [Finding(check, True, message)]
+
+
+def _fail(check: str, message: str, fix: str) -> list[Finding]:
+    return [Finding(check, False, message, fix)]
 
 
 @dataclass
@@ -80,6 +86,11 @@ def _mode(info: os.stat_result) -> str:
     return f"{stat.S_IMODE(info.st_mode):04o}"
 
 
+def _make_roots(path: str) -> str:
+    """The fix for a file or directory root runs or reads that others can write."""
+    return f"chown root:root {path} && chmod 0755 {path}"
+
+
 def _unsafe(path: str) -> str | None:
     """Why root must not run/import ``path`` (not root's, or writable by others), else None."""
     try:
@@ -96,15 +107,9 @@ def _unsafe(path: str) -> str | None:
 
 def check_slurm_conf(node: Node) -> list[Finding]:
     if node.slurm_conf_text() is None:
-        return [
-            Finding(
-                "slurm.conf",
-                False,
-                f"cannot read {node.slurm_conf}",
-                "pass --slurm-conf FILE (or set SLURM_CONF) to the node's slurm.conf",
-            )
-        ]
-    return [Finding("slurm.conf", True, node.slurm_conf)]
+        fix = "pass --slurm-conf FILE (or set SLURM_CONF) to the node's slurm.conf"
+        return _fail("slurm.conf", f"cannot read {node.slurm_conf}", fix)
+    return _ok("slurm.conf", node.slurm_conf)
 
 
 def _root_program_problem(path: str, when: str, prefix: str) -> tuple[str, str] | None:
@@ -115,12 +120,8 @@ def _root_program_problem(path: str, when: str, prefix: str) -> tuple[str, str] 
     info = os.lstat(path)
     if not stat.S_ISREG(info.st_mode) or not info.st_mode & 0o100:
         return f"{path} is not an executable file", f"slurm-tpu install --prefix {prefix}"
-    if info.st_uid != 0 or info.st_mode & 0o022:
-        return (
-            f"{path} is uid {info.st_uid} mode {_mode(info)}: whoever can write it runs code as root {when}",
-            f"chown root:root {path} && chmod 0755 {path}",
-        )
-    return None
+    why = _unsafe(path)  # a regular file, not a link: stat is lstat
+    return (f"{why}: whoever can write it runs code as root {when}", _make_roots(path)) if why else None
 
 
 def check_hooks(node: Node) -> list[Finding]:
@@ -136,14 +137,10 @@ def check_hooks(node: Node) -> list[Finding]:
         if entry and entry in named:
             natives.append(option)
             if not layout.native_entries_fit:
-                findings.append(
-                    Finding(
-                        "hooks",
-                        False,
-                        f"slurm.conf {option}={entry} reads {CONFIG_PATH}, "
-                        f"not this installation's {layout.config_file}",
-                        f"set {option}={hook_file} in {node.slurm_conf}, then scontrol reconfigure",
-                    )
+                findings += _fail(
+                    "hooks",
+                    f"slurm.conf {option}={entry} reads {CONFIG_PATH}, not this installation's {layout.config_file}",
+                    f"set {option}={hook_file} in {node.slurm_conf}, then scontrol reconfigure",
                 )
                 continue
             programs = [entry, hook_file]  # the native entry execs its Python hook when the agent is away
@@ -152,38 +149,30 @@ def check_hooks(node: Node) -> list[Finding]:
         else:
             ours = layout.hook(option)
             now = f"names {','.join(named)}" if named else "has no such line"
-            findings.append(
-                Finding(
-                    "hooks",
-                    False,
-                    f"slurm.conf {option}= {now}, not slurm-tpu's {ours}",
-                    f"set {option}={ours} in {node.slurm_conf}, then scontrol reconfigure",
-                )
+            findings += _fail(
+                "hooks",
+                f"slurm.conf {option}= {now}, not slurm-tpu's {ours}",
+                f"set {option}={ours} in {node.slurm_conf}, then scontrol reconfigure",
             )
             continue
         for program in programs:
             problem = _root_program_problem(program, "on every job", layout.prefix)
             if problem:
-                findings.append(Finding("hooks", False, f"{option} {problem[0]}", problem[1]))
+                findings += _fail("hooks", f"{option} {problem[0]}", problem[1])
                 break
     directory = _unsafe(layout.hooks_dir)
     if directory and os.path.isdir(layout.hooks_dir):
-        findings.append(
-            Finding(
-                "hooks",
-                False,
-                f"hooks directory {directory}",
-                f"chown root:root {layout.hooks_dir} && chmod 0755 {layout.hooks_dir}",
-            )
-        )
+        findings += _fail("hooks", f"hooks directory {directory}", _make_roots(layout.hooks_dir))
     native = f" ({', '.join(natives)}: native entries)" if natives else ""
-    return findings or [
-        Finding(
-            "hooks",
-            True,
-            f"{', '.join(SLURM_HOOKS)} are slurm-tpu's in {layout.hooks_dir}{native}, root's, not writable by others",
-        )
-    ]
+    everything = f"{', '.join(SLURM_HOOKS)} are slurm-tpu's in {layout.hooks_dir}{native}"
+    return findings or _ok("hooks", f"{everything}, root's, not writable by others")
+
+
+def _listed(options: dict[str, str], option: str, wanted: list[str]) -> tuple[list[str], list[str], str]:
+    """(what slurm.conf's list ``option`` holds, what of ``wanted`` it lacks, the ``option=`` line with both)."""
+    have = [t.strip() for t in options.get(option.lower(), "").split(",") if t.strip()]
+    lacking = [n for n in wanted if n not in have]
+    return have, lacking, f"{option}={','.join(dict.fromkeys(have + lacking))}"
 
 
 def check_gres_types(node: Node) -> list[Finding]:
@@ -191,19 +180,11 @@ def check_gres_types(node: Node) -> list[Finding]:
     names = [
         node.config.family(f.kind).gres_name for i, f in enumerate(FAMILIES) if i == 0 or node.inventory.usable(f.kind)
     ]
-    have = [t.strip() for t in node.options().get("grestypes", "").split(",") if t.strip()]
-    lacking = [n for n in names if n not in have]
+    have, lacking, line = _listed(node.options(), "GresTypes", names)
     if lacking:
-        return [
-            Finding(
-                "GresTypes",
-                False,
-                f"slurm.conf GresTypes={','.join(have)} lacks {','.join(lacking)}",
-                f"set GresTypes={','.join(dict.fromkeys(have + lacking))} in {node.slurm_conf} and "
-                "restart slurmctld and slurmd",
-            )
-        ]
-    return [Finding("GresTypes", True, ",".join(have))]
+        message = f"slurm.conf GresTypes={','.join(have)} lacks {','.join(lacking)}"
+        return _fail("GresTypes", message, f"set {line} in {node.slurm_conf} and restart slurmctld and slurmd")
+    return _ok("GresTypes", ",".join(have))
 
 
 def check_accounting_tres(node: Node) -> list[Finding]:
@@ -213,21 +194,16 @@ def check_accounting_tres(node: Node) -> list[Finding]:
 
     options = node.options()
     if not accounting_on(options):
-        return [Finding("AccountingStorageTRES", True, "Slurm's accounting is off (no slurmdbd): nothing to track")]
-    have = [t.strip() for t in options.get("accountingstoragetres", "").split(",") if t.strip()]
-    lacking = [t for t in inventory_tres(node.inventory, node.config) if t not in have]
+        return _ok("AccountingStorageTRES", "Slurm's accounting is off (no slurmdbd): nothing to track")
+    have, lacking, line = _listed(options, "AccountingStorageTRES", inventory_tres(node.inventory, node.config))
     if lacking:
-        return [
-            Finding(
-                "AccountingStorageTRES",
-                False,
-                f"slurm.conf AccountingStorageTRES lacks {','.join(lacking)}: sacct, sreport and QOS "
-                f"limits do not see {node.node}'s GRES",
-                f"set AccountingStorageTRES={','.join(dict.fromkeys(have + lacking))} in {node.slurm_conf}"
-                " and restart slurmctld",
-            )
-        ]
-    return [Finding("AccountingStorageTRES", True, ",".join(have) or "(no GRES here)")]
+        return _fail(
+            "AccountingStorageTRES",
+            f"slurm.conf AccountingStorageTRES lacks {','.join(lacking)}: sacct, sreport and QOS "
+            f"limits do not see {node.node}'s GRES",
+            f"set {line} in {node.slurm_conf} and restart slurmctld",
+        )
+    return _ok("AccountingStorageTRES", ",".join(have) or "(no GRES here)")
 
 
 def check_gres_conf(node: Node) -> list[Finding]:
@@ -238,16 +214,12 @@ def check_gres_conf(node: Node) -> list[Finding]:
     old = read_text(node.gres_conf)
     new = merge_block(old, "gres", node.node, render_gres_conf(node.inventory, node.config, node.node), node.gres_conf)
     if old != new:
-        return [
-            Finding(
-                "gres.conf",
-                False,
-                f"{node.gres_conf} differs from {node.node}'s hardware "
-                f"({changed_lines(old, new, node.gres_conf)} line(s))",
-                f"slurm-tpu gres-conf --output {node.gres_conf}, then restart slurmd",
-            )
-        ]
-    return [Finding("gres.conf", True, f"{node.node}'s block in {node.gres_conf} matches the hardware")]
+        return _fail(
+            "gres.conf",
+            f"{node.gres_conf} differs from {node.node}'s hardware ({changed_lines(old, new, node.gres_conf)} line(s))",
+            f"slurm-tpu gres-conf --output {node.gres_conf}, then restart slurmd",
+        )
+    return _ok("gres.conf", f"{node.node}'s block in {node.gres_conf} matches the hardware")
 
 
 def check_node_line(node: Node) -> list[Finding]:
@@ -257,15 +229,12 @@ def check_node_line(node: Node) -> list[Finding]:
 
     fields = node_line_fields(node.slurm_conf_text() or "", node.node)
     if fields is None:
-        return [
-            Finding(
-                "NodeName",
-                False,
-                f"no NodeName line for {node.node} in {node.slurm_conf} or its Includes",
-                f"slurm-tpu node-conf --output {os.path.dirname(node.slurm_conf)}/nodes.conf and "
-                "Include it from slurm.conf",
-            )
-        ]
+        return _fail(
+            "NodeName",
+            f"no NodeName line for {node.node} in {node.slurm_conf} or its Includes",
+            f"slurm-tpu node-conf --output {os.path.dirname(node.slurm_conf)}/nodes.conf and "
+            "Include it from slurm.conf",
+        )
     want_gres, want_features = node_gres(node.inventory, node.config), node_features(node.inventory, node.config)
     have_gres = fields.get("Gres", "")
     have_features = [f for f in fields.get("Feature", fields.get("Features", "")).split(",") if f]
@@ -278,15 +247,12 @@ def check_node_line(node: Node) -> list[Finding]:
             f"Feature={','.join(want_features) or '(none)'}"
         )
     if wrong:
-        return [
-            Finding(
-                "NodeName",
-                False,
-                f"NodeName={node.node} has " + "; ".join(wrong),
-                "slurm-tpu node-conf --output FILE (the file holding the line), then restart slurmctld and slurmd",
-            )
-        ]
-    return [Finding("NodeName", True, f"Gres={want_gres or '(none)'} Feature={','.join(want_features) or '(none)'}")]
+        return _fail(
+            "NodeName",
+            f"NodeName={node.node} has " + "; ".join(wrong),
+            "slurm-tpu node-conf --output FILE (the file holding the line), then restart slurmctld and slurmd",
+        )
+    return _ok("NodeName", f"Gres={want_gres or '(none)'} Feature={','.join(want_features) or '(none)'}")
 
 
 # ---- udev and the state directory ---------------------------------------------------------
@@ -301,19 +267,11 @@ def check_udev_rules(node: Node) -> list[Finding]:
     try:
         run = udev_run_program(node.layout, node.config)
     except SlurmTpuError as exc:  # udev.run_program that udev could not run
-        return [
-            Finding(
-                "udev rules",
-                False,
-                str(exc),
-                f"fix udev.run_program in {node.config.path or 'the slurm-tpu config'}, or drop it",
-            )
-        ]
+        fix = f"fix udev.run_program in {node.config.path or 'the slurm-tpu config'}, or drop it"
+        return _fail("udev rules", str(exc), fix)
     if not os.path.exists(path) or read_text(path) != render_udev_rules(node.config, run):
         what = "differs from what this config renders" if os.path.exists(path) else "is missing"
-        return [
-            Finding("udev rules", False, f"{path} {what}", f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}")
-        ]
+        return _fail("udev rules", f"{path} {what}", f"slurm-tpu install --sysconfdir {node.layout.sysconfdir}")
     # The program udev runs on every device event: there, and only root can change it. The one
     # install writes is a plain file; a site's udev.run_program may be a link (to a venv's console script).
     program = run.split()[0]
@@ -321,17 +279,13 @@ def check_udev_rules(node: Node) -> list[Finding]:
         program = os.path.realpath(program)
     problem = _root_program_problem(program, "on every device event", node.layout.prefix)
     if problem:
-        return [Finding("udev rules", False, f"{path} runs {problem[0]}", problem[1])]
-    return [Finding("udev rules", True, f"{path} (RUN+={run})")]
+        return _fail("udev rules", f"{path} runs {problem[0]}", problem[1])
+    return _ok("udev rules", f"{path} (RUN+={run})")
 
 
 def _managed_nodes(node: Node) -> list[tuple[str, str]]:
-    """(identity, device node) of the accelerators the udev rules own while idle.
-
-    A USB stick's node changes on every re-enumeration (firmware load, the
-    epilog's revocation); the hooks' inventory in the state directory follows it
-    (the udev hook), so its nodes are preferred over the detected ones.
-    """
+    """(identity, device node) of the accelerators the udev rules own while idle. A USB stick's node
+    changes on every re-enumeration, which the state directory's inventory follows: its nodes win."""
     from .node_state import configured_document
 
     document = configured_document(node.config) or {}
@@ -361,14 +315,9 @@ def check_udev_loaded(node: Node) -> list[Finding]:
     try:
         want = (pwd.getpwnam(idle.owner).pw_uid, grp.getgrnam(idle.group).gr_gid, idle.mode)
     except KeyError as exc:
-        return [
-            Finding(
-                "udev loaded",
-                False,
-                f"devices.idle names an unknown user or group ({exc})",
-                "fix devices.idle in the slurm-tpu config",
-            )
-        ]
+        message = f"devices.idle names an unknown user or group ({exc})"
+        return _fail("udev loaded", message, "fix devices.idle in the slurm-tpu config")
+    rules = f"{idle.owner}:{idle.group} {idle.mode:04o}"
     leased = lease_holders(node.config)[0]
     findings, checked = [], 0
     for identity, path in _managed_nodes(node):
@@ -380,55 +329,39 @@ def check_udev_loaded(node: Node) -> list[Finding]:
             continue  # a missing device is the health check's business
         checked += 1
         if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) != want:
-            findings.append(
-                Finding(
-                    "udev loaded",
-                    False,
-                    f"idle {identity} {path} is uid {info.st_uid} gid {info.st_gid} mode "
-                    f"{_mode(info)}, the rules give {idle.owner}:{idle.group} {idle.mode:04o}: "
-                    "udev has not applied slurm-tpu's rules (or a later rule overrides them)",
-                    " && ".join(" ".join(argv) for argv in udev_reload(node.config)),
-                )
+            findings += _fail(
+                "udev loaded",
+                f"idle {identity} {path} is uid {info.st_uid} gid {info.st_gid} mode "
+                f"{_mode(info)}, the rules give {rules}: "
+                "udev has not applied slurm-tpu's rules (or a later rule overrides them)",
+                " && ".join(" ".join(argv) for argv in udev_reload(node.config)),
             )
-    return findings or [
-        Finding("udev loaded", True, f"{checked} idle device node(s) are {idle.owner}:{idle.group} {idle.mode:04o}")
-    ]
+    return findings or _ok("udev loaded", f"{checked} idle device node(s) are {rules}")
 
 
 def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
     """(problem, fix) for the hooks' state directory; the one place that knows its layout.
 
-    The hooks refuse a state directory (or leases/, jobs/, job-usage/) that is not
-    root's or is group/world-writable (``statedir.open_dir``); the task-prolog and the
-    runner, running as the job's user, must be able to pass through it, jobs/ (to
-    read the env file) and job-usage/ (to reach the job's own usage box).
+    The hooks refuse one (or leases/, jobs/, job-usage/) not root's or group/world-writable; the
+    task-prolog and the runner, as the job's user, must pass through it, jobs/ and job-usage/.
     """
     from ..access import statedir
     from ..access.ledger import LEASES
     from ..hooks.jobusage import BOX_DIR
     from ..protocol.envfile import DIR as JOBS
 
-    fix = "chown root:root {0} && chmod 0755 {0}"
     try:
         fd = statedir.open_dir(state_dir)
     except statedir.StateDirError as exc:
         if not os.path.lexists(state_dir):
-            return [
-                (
-                    f"state directory {state_dir} does not exist",
-                    "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after a reboot)",
-                )
-            ]
-        return [(str(exc), fix.format(state_dir))]
+            make = "slurm-tpu gres-conf --output <gres.conf> (or slurm-tpu boot after a reboot)"
+            return [(f"state directory {state_dir} does not exist", make)]
+        return [(str(exc), _make_roots(state_dir))]
     problems = []
     try:
         if not os.fstat(fd).st_mode & 0o001:
-            problems.append(
-                (
-                    f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) cannot reach jobs/",
-                    fix.format(state_dir),
-                )
-            )
+            why = f"{state_dir} is mode {_mode(os.fstat(fd))}: the task-prolog (the job's user) cannot reach jobs/"
+            problems.append((why, _make_roots(state_dir)))
         for name, traversable in ((LEASES, False), (JOBS, True), (BOX_DIR, True)):
             path = os.path.join(state_dir, name)
             if not os.path.lexists(path):
@@ -436,12 +369,11 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
             try:
                 sub = statedir.open_dir(name, parent_fd=fd)
             except statedir.StateDirError as exc:
-                problems.append((f"{path}: {exc}", fix.format(path)))
+                problems.append((f"{path}: {exc}", _make_roots(path)))
                 continue
             if traversable and not os.fstat(sub).st_mode & 0o001:
-                problems.append(
-                    (f"{path} is mode {_mode(os.fstat(sub))}: the task-prolog cannot read it", fix.format(path))
-                )
+                why = f"{path} is mode {_mode(os.fstat(sub))}: the task-prolog cannot read it"
+                problems.append((why, _make_roots(path)))
             os.close(sub)
     finally:
         os.close(fd)
@@ -449,10 +381,8 @@ def state_dir_problems(state_dir: str) -> list[tuple[str, str]]:
 
 
 def check_state_dir(node: Node) -> list[Finding]:
-    problems = state_dir_problems(node.config.state_dir)
-    return [Finding("state dir", False, problem, fix) for problem, fix in problems] or [
-        Finding("state dir", True, f"{node.config.state_dir} root's, mode 0755-like")
-    ]
+    findings = [Finding("state dir", False, problem, fix) for problem, fix in state_dir_problems(node.config.state_dir)]
+    return findings or _ok("state dir", f"{node.config.state_dir} root's, mode 0755-like")
 
 
 # ---- the hooks' Python ---------------------------------------------------------------------
@@ -499,49 +429,30 @@ def check_hooks_import(node: Node) -> list[Finding]:
             continue  # not a Python hook, or missing (check_hooks says so), or probed already
         probed.add(found)
         python, root = found
+        argv = [python, "-I", "-S", "-c", _IMPORT_PROBE, root]
         try:
-            done = subprocess.run(
-                [python, "-I", "-S", "-c", _IMPORT_PROBE, root],
-                capture_output=True,
-                text=True,
-                timeout=30,
-                env={"PATH": "/usr/bin:/bin"},
-            )
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})
             out, err, code = done.stdout.splitlines(), done.stderr.strip(), done.returncode
         except OSError as exc:
             out, err, code = [], str(exc), -1
         if code != 0 or len(out) < 2:
             last = err.splitlines()[-1] if err else f"exit status {code}"
-            findings.append(
-                Finding(
-                    "hooks import", False, f"{name}: {python} -I -S cannot import slurm_tpu from {root}: {last}", fix
-                )
+            findings += _fail(
+                "hooks import", f"{name}: {python} -I -S cannot import slurm_tpu from {root}: {last}", fix
             )
             continue
         if out[0] != __version__:
-            findings.append(
-                Finding(
-                    "hooks import", False, f"{name} imports slurm-tpu {out[0]} ({out[1]}), this is {__version__}", fix
-                )
+            findings += _fail(
+                "hooks import", f"{name} imports slurm-tpu {out[0]} ({out[1]}), this is {__version__}", fix
             )
-        package = os.path.dirname(out[1])
-        unsafe = [why for why in (_unsafe(python), _unsafe(root), _unsafe(package)) if why]
+        unsafe = [why for why in (_unsafe(python), _unsafe(root), _unsafe(os.path.dirname(out[1]))) if why]
         if unsafe:
-            findings.append(
-                Finding(
-                    "hooks import",
-                    False,
-                    f"{name} runs as root with code others can change: " + "; ".join(unsafe),
-                    "install slurm-tpu where only root can write",
-                )
-            )
+            message = f"{name} runs as root with code others can change: " + "; ".join(unsafe)
+            findings += _fail("hooks import", message, "install slurm-tpu where only root can write")
     if not probed:
         return []  # no Python hook installed: check_hooks says so
-    return findings or [
-        Finding(
-            "hooks import", True, f"slurm-tpu {__version__} under {', '.join(sorted({p for p, _ in probed}))} -I -S"
-        )
-    ]
+    pythons = ", ".join(sorted({p for p, _ in probed}))
+    return findings or _ok("hooks import", f"slurm-tpu {__version__} under {pythons} -I -S")
 
 
 # ---- Slurm, runtimes, munge -----------------------------------------------------------------
@@ -554,28 +465,16 @@ def check_slurmd_version(node: Node) -> list[Finding]:
     try:
         slurmd = Slurm.for_config(node.config, node.environ).program("slurmd")
     except SlurmCommandError as exc:
-        return [
-            Finding(
-                "slurmd",
-                False,
-                str(exc).split(":", 1)[0],
-                "install Slurm's slurmd, or name its directory in slurm.sbin_dir",
-            )
-        ]
+        fix = "install Slurm's slurmd, or name its directory in slurm.sbin_dir"
+        return _fail("slurmd", str(exc).split(":", 1)[0], fix)
     version = version_of(slurmd, node.environ)
     tested = " and ".join(f"{release}.x" for release in TESTED_RELEASES)
     if version is None:
-        return [Finding("slurmd", False, f"{slurmd} -V does not say its version", f"check {slurmd}")]
+        return _fail("slurmd", f"{slurmd} -V does not say its version", f"check {slurmd}")
     if not is_tested_release(version):
-        return [
-            Finding(
-                "slurmd",
-                False,
-                f"{slurmd} is Slurm {version}, which slurm-tpu is not tested with ({tested})",
-                f"run Slurm {tested}, or test this release first",
-            )
-        ]
-    return [Finding("slurmd", True, f"{slurmd} is Slurm {version}")]
+        message = f"{slurmd} is Slurm {version}, which slurm-tpu is not tested with ({tested})"
+        return _fail("slurmd", message, f"run Slurm {tested}, or test this release first")
+    return _ok("slurmd", f"{slurmd} is Slurm {version}")
 
 
 def check_device_cgroup(node: Node) -> list[Finding]:
@@ -606,110 +505,88 @@ def check_gres_plugin(node: Node) -> list[Finding]:
         return []
     found = in_plugin_dir(node.options())
     if found is None:
-        return [
-            Finding(
-                "gres plugin",
-                True,
-                f"no {PLUGIN_FILE} in slurm.conf's PluginDir: each Prolog asks slurmctld for the job's "
-                "Edge TPUs (one RPC per job); to spare it, build the plugin for this Slurm release "
-                "(docs/admin-guide.md, 'The gres/tpu Slurm plugin')",
-            )
-        ]
+        return _ok(
+            "gres plugin",
+            f"no {PLUGIN_FILE} in slurm.conf's PluginDir: each Prolog asks slurmctld for the job's "
+            "Edge TPUs (one RPC per job); to spare it, build the plugin for this Slurm release "
+            "(docs/admin-guide.md, 'The gres/tpu Slurm plugin')",
+        )
     others = sorted(names - set(PLUGIN_ENV))
     how = (
         f"yet this node also leases {', '.join(others)}, so each Prolog still asks slurmctld"
         if others
         else "the Prolog takes the job's Edge TPUs from SLURM_JOB_TPUS and asks slurmctld nothing"
     )
-    return [Finding("gres plugin", True, f"{found}/{PLUGIN_FILE} is in PluginDir: {how}")]
+    return _ok("gres plugin", f"{found}/{PLUGIN_FILE} is in PluginDir: {how}")
 
 
-def _visible_devices(library: str) -> Finding:
+def _visible_devices(library: str) -> list[Finding]:
     """Whether the node's libedgetpu shows a job only its own Edge TPUs (EDGETPU_VISIBLE_DEVICES)."""
     from .edgetpu_runtime import visible_devices_problem
 
     problem = visible_devices_problem(library)
     if problem is None:
-        return Finding("EDGETPU_VISIBLE_DEVICES", True, f"{library} shows a job only its own Edge TPUs")
-    return Finding(
-        "EDGETPU_VISIBLE_DEVICES",
-        False,
-        problem,
+        return _ok("EDGETPU_VISIBLE_DEVICES", f"{library} shows a job only its own Edge TPUs")
+    fix = (
         "build it with scripts/build-libedgetpu.sh and run 'slurm-tpu install --libedgetpu "
-        "<the built libedgetpu.so.1>' (docs/admin-guide.md: The Edge TPU runtime)",
+        "<the built libedgetpu.so.1>' (docs/admin-guide.md: The Edge TPU runtime)"
     )
+    return _fail("EDGETPU_VISIBLE_DEVICES", problem, fix)
 
 
 def check_runtimes(node: Node) -> list[Finding]:
     """libedgetpu where the node has Edge TPUs; a TFLite runtime where it has any; Vulkan for GPUs."""
     runners = {f.runner for f in FAMILIES if node.inventory.usable(f.kind)}
     tpus, gpus = "edgetpu" in runners, "gpu" in runners
+    if not (tpus or gpus):
+        return []
     findings = []
     extras = "pip install 'slurm-tpu[infer]' into the environment slurm-tpu runs from"
     try:
         from ..runner import engines
         from ..runner.errors import RuntimeMissingError
     except ImportError as exc:
-        if tpus or gpus:
-            findings.append(Finding("TFLite runtime", False, f"the inference modules cannot load ({exc})", extras))
-        return findings
+        return _fail("TFLite runtime", f"the inference modules cannot load ({exc})", extras)
     if tpus:
         from ..runner.errors import LibEdgeTpuError
 
         try:
             library = engines.EdgeTpuLibrary(node.libedgetpu)
-            findings.append(Finding("libedgetpu", True, f"{library.path} ({library.version() or 'no version'})"))
-            findings.append(_visible_devices(library.path))
+            findings += _ok("libedgetpu", f"{library.path} ({library.version() or 'no version'})")
+            findings += _visible_devices(library.path)
         except LibEdgeTpuError as exc:
             message, _, fix = str(exc).partition(": install")
-            findings.append(
-                Finding(
-                    "libedgetpu",
-                    False,
-                    message,
-                    f"install{fix}" if fix else "install libedgetpu1-std from Coral's apt repository",
-                )
-            )
-    if tpus or gpus:
-        try:
-            name = engines.select_runtime()
-            findings.append(Finding("TFLite runtime", True, f"{name} {engines.runtime_version(name)}"))
-        except RuntimeMissingError as exc:
-            findings.append(Finding("TFLite runtime", False, str(exc).split("): ")[0] + ")", extras))
+            fix = f"install{fix}" if fix else "install libedgetpu1-std from Coral's apt repository"
+            findings += _fail("libedgetpu", message, fix)
+    try:
+        name = engines.select_runtime()
+        findings += _ok("TFLite runtime", f"{name} {engines.runtime_version(name)}")
+    except RuntimeMissingError as exc:
+        findings += _fail("TFLite runtime", str(exc).split("): ")[0] + ")", extras)
     if gpus:
         import ctypes
 
         try:
             ctypes.CDLL("libvulkan.so.1")
-            findings.append(Finding("Vulkan", True, "libvulkan.so.1 loads"))
+            findings += _ok("Vulkan", "libvulkan.so.1 loads")
         except OSError as exc:
-            findings.append(
-                Finding(
-                    "Vulkan",
-                    False,
-                    f"libvulkan.so.1 cannot be loaded ({exc}): LiteRT's GPU path needs it",
-                    "apt install libvulkan1 and the GPU's Vulkan driver",
-                )
-            )
+            message = f"libvulkan.so.1 cannot be loaded ({exc}): LiteRT's GPU path needs it"
+            findings += _fail("Vulkan", message, "apt install libvulkan1 and the GPU's Vulkan driver")
         if len(node.inventory.usable("gpu")) > 1:
-            findings.append(_vulkan_device_select())
+            findings += _vulkan_device_select()
     return findings
 
 
-def _vulkan_device_select() -> Finding:
+def _vulkan_device_select() -> list[Finding]:
     """On a multi-GPU node: whether the runner can ask Vulkan for the job's GPU (runner/gpu_select.py)."""
     from ..runner import gpu_select
 
     layer = gpu_select.device_select_layer()
     if layer:
-        return Finding(
-            "Vulkan GPU selection",
-            True,
-            f"Mesa's device-select layer ({layer}) lets the runner open the job's GPU by PCI address",
-        )
-    return Finding(
+        message = f"Mesa's device-select layer ({layer}) lets the runner open the job's GPU by PCI address"
+        return _ok("Vulkan GPU selection", message)
+    return _fail(
         "Vulkan GPU selection",
-        False,
         "Mesa's device-select layer is not installed: on this multi-GPU "
         "node the runner's GPU path takes the first GPU Vulkan lists unless the device cgroup or "
         "families.gpu.isolate hides the others",
@@ -738,8 +615,8 @@ def check_munge(node: Node) -> list[Finding]:
     except OSError as exc:
         error = f"{exc.strerror}: install munge"
     if error:
-        return [Finding("munge", False, f"munge -n | unmunge fails: {error.splitlines()[-1]}", fix)]
-    return [Finding("munge", True, f"munge -n | unmunge works{' via ' + socket if socket else ''}")]
+        return _fail("munge", f"munge -n | unmunge fails: {error.splitlines()[-1]}", fix)
+    return _ok("munge", f"munge -n | unmunge works{' via ' + socket if socket else ''}")
 
 
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
@@ -763,10 +640,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
 
 def diagnose(node: Node) -> list[Finding]:
     """Every check's findings, in order."""
-    findings = []
-    for check in CHECKS:
-        findings += check(node)
-    return findings
+    return [finding for check in CHECKS for finding in check(node)]
 
 
 def as_json(findings: list[Finding]) -> dict:

@@ -3,17 +3,8 @@
 The first thing to run when a job says "Failed to load delegate" or "libedgetpu cannot
 open": every Edge TPU detection found should be in ``edgetpu_list_devices()`` at the
 very path the task-prolog exports (``jobenv.libedgetpu_path``), and libedgetpu should
-list nothing else. It only *lists*: opening a USB stick resets it, which would kill a
-job that is using it.
-
-Disagreements and what they mean:
-- in our inventory, not listed: USB - libusb cannot enumerate it (unreadable sysfs
-  descriptors, a hub above it libusb cannot read); PCIe - no ``/sys/class/apex`` entry;
-- unusable in our inventory: the reason detection gives (no driver bound, no node);
-- listed, not in our inventory: a USB path naming no stick in sysfs means libusb placed
-  a stick behind a hub it could not read at a shortened port path;
-- inside a job, a device the job was given that this user cannot open: the prolog did
-  not hand it over (or the udev rules took it back).
+list nothing else; each disagreement's message says what it means. It only *lists*:
+opening a USB stick resets it, which would kill a job that is using it.
 """
 
 from __future__ import annotations
@@ -64,9 +55,7 @@ class RuntimeCheck:
         if not self.findings:
             lines.append("ok: no Edge TPU here, and libedgetpu lists none")
         problems = sum(not f.ok for f in self.findings)
-        lines.append(
-            "libedgetpu and slurm-tpu agree" if not problems else f"{problems} problem(s), see the PROBLEM lines"
-        )
+        lines.append(f"{problems} problem(s), see the PROBLEM lines" if problems else "libedgetpu and slurm-tpu agree")
         return "\n".join(lines) + "\n"
 
 
@@ -108,18 +97,12 @@ def compare(inventory: Inventory, listed: Sequence[tuple[str, str]]) -> list[Fin
             findings.append(Finding(identity, where, False, _not_listed(identity, device_type, path)))
     for where in seen:
         if where not in expected:
-            findings.append(
-                Finding(
-                    None,
-                    where,
-                    False,
-                    (
-                        f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
-                        "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
-                        "otherwise detection missed it (run 'slurm-tpu detect')"
-                    ),
-                )
+            message = (
+                f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
+                "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
+                "otherwise detection missed it (run 'slurm-tpu detect')"
             )
+            findings.append(Finding(None, where, False, message))
     return findings
 
 
@@ -142,18 +125,12 @@ def _access_findings(inventory: Inventory, environ: Mapping[str, str]) -> list[F
                 how = f"owner uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}"
             except OSError as exc:
                 how = exc.strerror or "cannot stat"
-            findings.append(
-                Finding(
-                    handle.identity,
-                    f"{handle.device_type}:{handle.path}",
-                    False,
-                    (
-                        f"{handle.identity}: this job's user cannot open {node} ({how}): the node's slurm-tpu prolog "
-                        "did not hand it over, or a udev rule took it back; check the prolog's log, and the installed "
-                        "udev rules against 'slurm-tpu udev-rules'"
-                    ),
-                )
+            message = (
+                f"{handle.identity}: this job's user cannot open {node} ({how}): the node's slurm-tpu prolog "
+                "did not hand it over, or a udev rule took it back; check the prolog's log, and the installed "
+                "udev rules against 'slurm-tpu udev-rules'"
             )
+            findings.append(Finding(handle.identity, f"{handle.device_type}:{handle.path}", False, message))
     return findings
 
 
@@ -204,11 +181,9 @@ _VISIBLE_CHECK = (
 def visible_devices_problem(library_path: str | None = None) -> str | None:
     """None when the libedgetpu jobs load honours EDGETPU_VISIBLE_DEVICES, else why not (one line).
 
-    Asked in a child process (what the library prints goes to its stderr, not ours) to open
-    an explicit PCIe path with the variable set empty: a library built with slurm-tpu's patch
-    (scripts/libedgetpu-visible-devices.patch) refuses at once with one line naming the
-    variable; Coral's own build tries the path, which names nothing, and says nothing of it.
-    ``library_path`` None: ``libedgetpu.so.1`` as users' code resolves it.
+    A child process (the library prints to its stderr) opens an explicit PCIe path with the
+    variable set empty: a library built with scripts/libedgetpu-visible-devices.patch refuses at
+    once with one line naming the variable; Coral's own build tries the path, silently.
     """
     import subprocess
     import sys
@@ -218,23 +193,19 @@ def visible_devices_problem(library_path: str | None = None) -> str | None:
     path = library_path or os.environ.get(LIBEDGETPU_ENV) or LIBEDGETPU_DEFAULT
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     env[jobenv.EDGETPU_VISIBLE] = ""
+    argv = [sys.executable, "-I", "-c", _VISIBLE_CHECK, path, VISIBLE_CHECK_PATH]
     try:
-        done = subprocess.run(
-            [sys.executable, "-I", "-c", _VISIBLE_CHECK, path, VISIBLE_CHECK_PATH],
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
     except (OSError, subprocess.TimeoutExpired) as exc:
-        return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({exc})"
-    if f"{VISIBLE_CHECK_PATH} is not in {jobenv.EDGETPU_VISIBLE}" in done.stderr:
-        return None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
-        return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({last})"
-    return (
-        f"{path} ignores {jobenv.EDGETPU_VISIBLE}: unmodified Coral code in a job (pycoral's "
-        "make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
-        "not the job's"
-    )
+        why = str(exc)
+    else:
+        if f"{VISIBLE_CHECK_PATH} is not in {jobenv.EDGETPU_VISIBLE}" in done.stderr:
+            return None
+        if done.returncode == 0:
+            return (
+                f"{path} ignores {jobenv.EDGETPU_VISIBLE}: unmodified Coral code in a job (pycoral's "
+                "make_interpreter(model), list_edge_tpus()) sees every Edge TPU of the node and opens the first, "
+                "not the job's"
+            )
+        why = (done.stderr.strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return f"cannot ask {path} whether it honours {jobenv.EDGETPU_VISIBLE} ({why})"

@@ -46,11 +46,9 @@ def _detect() -> Inventory:
 
 
 def clear_kept_leases(config: Config) -> list[tuple[str, str]]:
-    """End the leases an epilog kept (a holder survived) whose holder is gone now.
+    """End the leases an epilog kept (a holder survived) whose holder is gone now, as root.
 
-    The device goes back to its idle owner at once, not at the next job's
-    prolog: an admin who killed the holder and resumed the node leaves nothing
-    owned by the previous job's user. Only as root, and only when leases exist.
+    The device goes back to its idle owner at once, not at the next job's prolog.
     """
     import os
 

@@ -53,11 +53,8 @@ def find_problems(configured: Iterable[str], live: Inventory) -> list[Problem]:
 
 
 def drain_reason(problems: Iterable[Problem]) -> str:
-    """The Slurm drain reason for these problems (starts with ``slurm-tpu:``).
-
-    Already in the form the drain stores (``node_reason``), so that it equals
-    the reason Slurm reports back while the problems stay the same.
-    """
+    """The Slurm drain reason for these problems (starts with ``slurm-tpu:``), in the form the drain
+    stores (``node_reason``), so that it equals what Slurm reports back while the problems stay."""
     from ..slurm.commands import node_reason
 
     return node_reason(f"{REASON_PREFIX} " + "; ".join(p.message for p in problems), MAX_REASON)

@@ -1,11 +1,9 @@
 """The hooks' C client (``hook_client/slurm-tpu-hook-client.c``): built with the system cc, and its native entries.
 
 The client is C so that a hook starts no interpreter (see slurm_tpu/hooks/agent.py). It is built
-beside its shipped source by scripts/setup.sh (``python -m slurm_tpu.ops.hook_client``) and by
-LocalCluster, with the native entries (hard links to it) beside the shipped hooks; ``slurm-tpu
-install`` builds it into a temporary directory and installs the bytes (:func:`compiled`). Without a
-C compiler nothing is built and slurm.conf names the hooks themselves (the Python Prolog and
-Epilog, the sh TaskProlog). The one module that builds it.
+beside its shipped source (``python -m slurm_tpu.ops.hook_client``: scripts/setup.sh, LocalCluster),
+with the native entries (hard links to it) beside the shipped hooks; ``slurm-tpu install`` installs
+the bytes (:func:`compiled`). Without a C compiler slurm.conf names the hooks themselves.
 """
 
 from __future__ import annotations
@@ -37,11 +35,9 @@ def compiler() -> str | None:
 
 def build(directory: str | None = None, source: str | None = None) -> str | None:
     """Build the client into ``directory`` (None: beside its source) from ``source`` (None: the shipped
-    one) unless it is current.
+    one) unless it is current; its path, or None (no compiler, or the build failed, said on stderr).
 
-    Returns its path, or None when there is no compiler or the build failed (said
-    on stderr): the hooks then run the Python hooks. Written to a temp file and
-    renamed, so several clusters starting at once never run a half-written program.
+    Written to a temp file and renamed: several clusters starting at once never run half a program.
     """
     source = source or node_file("hook_client", SOURCE)
     target = os.path.join(directory or os.path.dirname(source), PROGRAM)
@@ -57,23 +53,19 @@ def build(directory: str | None = None, source: str | None = None) -> str | None
     # Static where the C library allows it (Debian's libc6-dev ships libc.a): no dynamic loader
     # at each start, about 0.3 ms less per hook than the same program linked dynamically.
     for flags in (["-static"], []):
-        done = subprocess.run(
-            [cc, "-O2", "-Wall", *flags, "-o", temporary, source], capture_output=True, text=True, check=False
-        )
+        done = subprocess.run([cc, "-O2", "-Wall", *flags, "-o", temporary, source], capture_output=True, text=True)
         if done.returncode == 0:
-            break
-    if done.returncode != 0:
-        sys.stderr.write(
-            f"slurm-tpu: cannot build {PROGRAM} ({done.stderr.strip()[:500]}); the hooks run the Python hooks\n"
-        )
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        return None
-    os.chmod(temporary, 0o755)
-    os.replace(temporary, target)
-    return target
+            os.chmod(temporary, 0o755)
+            os.replace(temporary, target)
+            return target
+    sys.stderr.write(
+        f"slurm-tpu: cannot build {PROGRAM} ({done.stderr.strip()[:500]}); the hooks run the Python hooks\n"
+    )
+    try:
+        os.unlink(temporary)
+    except FileNotFoundError:
+        pass
+    return None
 
 
 def native_entry(hook: str) -> str:
@@ -82,12 +74,8 @@ def native_entry(hook: str) -> str:
 
 
 def link_native_entries(client: str, hooks: list[str]) -> list[str]:
-    """Make each hook's native entry a hard link to the built ``client``; their paths.
-
-    Done by a temp link and a rename, so a hook starting meanwhile runs the old program or the
-    new one, whole; a link that already is the client is left alone. The hooks' directories
-    must be on the client's file system (a checkout's prolog/ and epilog/, an install's one
-    directory)."""
+    """Make each hook's native entry a hard link to the built ``client`` (on the same file system);
+    their paths. A temp link renamed over it: a hook starting meanwhile runs the old or the new one."""
     client_inode = os.stat(client).st_ino
     made = []
     for hook in hooks:

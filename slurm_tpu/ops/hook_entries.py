@@ -1,18 +1,12 @@
 """The hooks' Python entry scripts, from one template (``python -m slurm_tpu.ops.hook_entries``).
 
-slurm.conf and the udev rules run small Python programs as root (prolog/slurm-tpu-prolog,
-epilog/slurm-tpu-epilog, the udev hook, and the node agent's program): the Python hooks, run
-by slurmd where no native entry is (and by a native entry where the node runs no agent:
-hook_client/slurm-tpu-hook-client.c). Each must start fast (``#!/usr/bin/python3 -IS``: no site-
-packages scan), find ``slurm_tpu`` beside itself in a checkout or where ``slurm-tpu
-install`` wrote it (its ``_ROOT =`` line, which install rewrites: see
-``install.installed_hook_text``), fall back to site-packages only when it is not there, mark
-the import time for the hooks' probe (slurm_tpu/hooks/probe.py, off unless
-``SLURM_TPU_HOOK_PROFILE`` is set) and exit with the hook's status. That is
-:data:`TEMPLATE`; :data:`ENTRIES` says which hook each program runs. The files are
-committed, where install.HOOK_FILES ships them from (slurm.conf and tests run them in
-place): after editing the template or the table, run this module to rewrite them;
-tests/ops/test_hook_entries.py fails while one is not current.
+slurm.conf and the udev rules run small Python programs as root (the Prolog, the Epilog, the
+udev hook, the node agent). Each must start fast (``#!/usr/bin/python3 -IS``: no site-packages
+scan), find ``slurm_tpu`` beside itself or where ``slurm-tpu install`` wrote it (its ``_ROOT =``
+line, see ``install.installed_hook_text``), mark the import time for slurm_tpu/hooks/probe.py
+and exit with the hook's status: :data:`TEMPLATE`. The files are committed where
+install.HOOK_FILES ships them from: after editing the template or :data:`ENTRIES`, run this
+module to rewrite them (tests/ops/test_hook_entries.py fails while one is not current).
 """
 
 from __future__ import annotations
@@ -116,18 +110,11 @@ def shipped_path(entry: Entry, root: str) -> str:
 
 
 def stale(root: str) -> list[str]:
-    """The entry scripts under the repository ``root`` that differ from the template."""
-    found = []
-    for entry in ENTRIES:
-        path = shipped_path(entry, root)
-        try:
-            with open(path, encoding="utf-8") as handle:
-                current = handle.read() == render(entry)
-        except FileNotFoundError:
-            current = False
-        if not current:
-            found.append(path)
-    return found
+    """The entry scripts under the repository ``root`` that differ from the template (or are missing)."""
+    from ..files import read_text
+
+    paths = [shipped_path(entry, root) for entry in ENTRIES]
+    return [path for entry, path in zip(ENTRIES, paths) if read_text(path) != render(entry)]
 
 
 def write(root: str) -> list[str]:

@@ -1,31 +1,16 @@
 """``slurm-tpu install`` / ``uninstall``: put a node's pieces in place, and take exactly them away.
 
-What a node needs besides the package (``node_files.py`` finds the shipped files):
+The pieces (docs/admin-guide.md lists them): the hooks in a fixed root-owned directory
+(``<prefix>/libexec/slurm-tpu``, so slurm.conf never names a path inside a virtualenv; the
+Python ones run ``-I -S`` and import the package from where pip put it, so a job start stays
+in the milliseconds); where a C compiler is, the agent's C client and its ``<hook>-native``
+copies (:meth:`Layout.hook`); the udev rules, systemd units and a config skeleton under
+``<sysconfdir>``; with ``--libedgetpu``, the patched Edge TPU runtime where Coral's package
+puts its own (a site's file there is kept as a backup, which uninstall puts back).
 
-- the hooks, copied to a fixed root-owned directory (``<prefix>/libexec/slurm-tpu``)
-  so slurm.conf never names a path inside a virtualenv; the Python ones run under
-  the interpreter slurm-tpu was installed with, ``-I -S``, and import the package
-  from the directory pip put it in (written into the copy: no site-packages scan,
-  so a job start stays in the milliseconds);
-- ``slurm-tpu-health``: Slurm runs HealthCheckProgram without arguments;
-- where a C compiler is, the agent's C client built from the shipped source, and copies of
-  it named ``<hook>-native`` beside the Prolog, Epilog and TaskProlog: those hooks
-  without an interpreter (they ask the node agent, and run the Python hook where none
-  runs), which slurm.conf then names (:meth:`Layout.hook`);
-- the udev rules (``<sysconfdir>/udev/rules.d``), whose ``RUN+=`` names the installed
-  ``slurm-tpu-udev-event`` (an ``-I -S`` hook like the epilog), then udev reloaded;
-- the systemd units and slurmd's drop-in (``<sysconfdir>/systemd/system``);
-- a config skeleton (``<sysconfdir>/slurm-tpu/config.yaml``) when there is none;
-- with ``--libedgetpu``, the Edge TPU runtime built with slurm-tpu's patch
-  (scripts/build-libedgetpu.sh: it honours the EDGETPU_VISIBLE_DEVICES the task prolog
-  exports) where Coral's own package puts its library (``<libdir>/libedgetpu.so.1.0`` and the
-  soname link ``libedgetpu.so.1`` that users' code loads), then ``ldconfig``. A site's own
-  libedgetpu1-std file there is replaced with a backup, which uninstall puts back.
-
-Every run is idempotent (unchanged files are not rewritten) and records in a
-manifest what it created, and what it replaced (with the backup it made), so
-``uninstall`` removes exactly that, restores what was there before, and keeps the
-config unless asked (``--purge``).
+Every run is idempotent (unchanged files are not rewritten) and records in a manifest
+what it created and what it replaced, so ``uninstall`` removes exactly that, restores
+what was there before, and keeps the config unless asked (``--purge``).
 """
 
 from __future__ import annotations
@@ -120,20 +105,15 @@ class Layout:
     def native_entries_fit(self) -> bool:
         """Whether the native entries would read this installation's config.
 
-        They read ``$SLURM_TPU_CONFIG``, else the path compiled into the client (its
-        DEFAULT_CONFIG, :data:`DEFAULT_CONFIG`); slurmd gives a Prolog or Epilog no
-        ``SLURM_TPU_CONFIG``, and the installed hooks carry this layout's config
-        instead (:func:`installed_hook_text`). Under another ``--sysconfdir`` a native
-        TaskProlog would look for the job's lines in another state directory: there,
-        slurm.conf names the hooks themselves (the Python ones, and the sh task prolog).
+        They read ``$SLURM_TPU_CONFIG`` (which slurmd never sets), else the client's compiled-in
+        :data:`DEFAULT_CONFIG`; the installed hooks carry this layout's config instead. Under another
+        ``--sysconfdir`` slurm.conf names the hooks themselves.
         """
         return self.config_file == DEFAULT_CONFIG
 
     def hook(self, option: str) -> str:
-        """The installed program slurm.conf's ``option`` (Prolog, Epilog, ...) should name: its native
-        entry where one is installed (the hook without an interpreter, which runs the Python hook beside
-        it where the node runs no agent), else the hook. The one place that decides it: install's
-        slurm.conf lines, doctor."""
+        """The installed program slurm.conf's ``option`` (Prolog, Epilog, ...) should name (install's
+        slurm.conf lines, doctor): its native entry where one is installed, else the hook."""
         entry = self.native_entry(option)
         if entry and self.native_entries_fit and os.path.isfile(entry):
             return entry
@@ -184,11 +164,9 @@ def udev_run_program(layout: Layout, config: Config, explicit: str | None = None
     """What the udev rules' ``RUN+=`` runs: ``explicit`` (``udev-rules --run-program``), else the
     config's ``udev.run_program``, else the hook ``install`` puts in ``layout``.
 
-    ``install``, ``doctor`` and ``udev-rules`` all ask here, so they agree. A program
-    named ``slurm-tpu`` is the console script (what ``udev.run_program`` named before
-    the ``-I -S`` hook existed): it gets its ``udev-event`` subcommand, so an old
-    config still renders working rules (the same as before). Any other program (the
-    installed hook, a site's wrapper) is run as it is, without arguments.
+    ``install``, ``doctor`` and ``udev-rules`` all ask here, so they agree. A program named
+    ``slurm-tpu`` is the console script: it gets its ``udev-event`` subcommand (so a config
+    naming it still renders working rules); any other program is run without arguments.
     """
     program = explicit or config.udev_run_program or layout.udev_hook
     if not os.path.isabs(program):
@@ -296,11 +274,8 @@ def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:
 
 
 def accounting_tres_line(inventory, config: Config) -> list[str]:
-    """``AccountingStorageTRES=`` for every GRES name and type of ``inventory`` ([] when it has none).
-
-    Slurm's accounting (sacct, sreport, QOS and association limits) tracks a GRES
-    only when it is listed there.
-    """
+    """``AccountingStorageTRES=`` for every GRES name and type of ``inventory`` ([] when it has none):
+    Slurm's accounting (sacct, sreport, QOS limits) tracks a GRES only when it is listed there."""
     from ..render.node_conf import inventory_tres
 
     entries = inventory_tres(inventory, config)
@@ -347,30 +322,23 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
     """Every file ``install`` writes, with its content."""
     from ..render.udev_rules import render_udev_rules
 
-    python, root = node_files.interpreter(), node_files.package_root()
-    program = node_files.this_program()
-    files = [
-        FileSpec(
-            os.path.join(layout.hooks_dir, name),
-            installed_hook_text(node_files.read_node_file(directory, name), name, python, root, layout.config_file),
-            mode,
-        )
-        for directory, name, mode in HOOK_FILES
+    python, root, program = node_files.interpreter(), node_files.package_root(), node_files.this_program()
+
+    def hook(directory: str, name: str, mode: int) -> FileSpec:
+        text = installed_hook_text(node_files.read_node_file(directory, name), name, python, root, layout.config_file)
+        return FileSpec(os.path.join(layout.hooks_dir, name), text, mode)
+
+    def unit(shipped: str, target: str) -> FileSpec:
+        text = unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir)
+        return FileSpec(os.path.join(layout.systemd_dir, target), text, 0o644)
+
+    return [
+        *(hook(*spec) for spec in HOOK_FILES),
+        FileSpec(layout.hook_file("HealthCheckProgram"), health_program_text(python, layout.config_file), 0o755),
+        FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644),
+        *(unit(*names) for names in SYSTEMD_FILES),
+        FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True),
     ]
-    files.append(
-        FileSpec(layout.hook_file("HealthCheckProgram"), health_program_text(python, layout.config_file), 0o755)
-    )
-    files.append(FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644))
-    for shipped, target in SYSTEMD_FILES:
-        files.append(
-            FileSpec(
-                os.path.join(layout.systemd_dir, target),
-                unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir),
-                0o644,
-            )
-        )
-    files.append(FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True))
-    return files
 
 
 @dataclass
@@ -441,8 +409,7 @@ def _changed_since(entry: dict) -> bool:
 
 
 def _backup(path: str) -> str:
-    """A copy of what is at ``path`` (a link stays a link) beside it; its path. The original stays in
-    place until the caller renames the new file over it."""
+    """A copy of what is at ``path`` (a link stays a link) beside it; its path."""
     backup = path + BACKUP_SUFFIX
     if os.path.lexists(backup):
         os.unlink(backup)
@@ -453,26 +420,12 @@ def _backup(path: str) -> str:
     return backup
 
 
-def _before_replacing(path: str, previous: dict | None, exists: bool) -> str:
-    """What the manifest records as there before we wrote ``path``: our earlier record's (a file an earlier
-    install wrote is replaced without a backup: the backup, if any, holds what was there before the first
-    install), else a backup of the site's own file (libedgetpu1-std's, kept for uninstall), else ``absent``."""
-    if previous is not None and previous["before"] != SAME:
-        return previous["before"]
-    return _backup(path) if exists else ABSENT
-
-
 def _install_file(
     path: str, data: bytes, mode: int, manifest: Manifest, dry_run: bool, say, config: bool = False
 ) -> None:
-    """Put ``data`` at ``path`` (root's, ``mode``) unless it is there already, and record it in the manifest.
-
-    A site's config (``config``) already there is kept as it is. The file is written beside ``path``,
-    then renamed over it: a reader (udev, a job's dlopen) finds the old or the new file, never half of one.
-    """
-    previous = manifest.files.get(path)
-    exists = os.path.lexists(path)
-    if config and exists:
+    """Put ``data`` at ``path`` (root's, ``mode``) unless it is there already (or is the site's
+    ``config``), and record it in the manifest."""
+    if config and os.path.lexists(path):
         say(f"keep {path} (the site's config)")
         return
     digest = hashlib.sha256(data).hexdigest()
@@ -484,47 +437,57 @@ def _install_file(
                 _settle(path, mode)
         else:
             say(f"unchanged {path}")
-        if previous is None:  # an identical file was there before: not ours to remove
+        if path not in manifest.files:  # an identical file was there before: not ours to remove
             manifest.files[path] = file_entry(path, SAME, digest, config=config)
         return
-    say(f"{'replace' if exists else 'write'} {path}")
-    if dry_run:
-        return
-    before = _before_replacing(path, previous, exists)
-    temporary = f"{path}.slurm-tpu.new"
-    try:
-        if os.path.lexists(temporary):  # left by an interrupted run: never written through
-            os.unlink(temporary)
+
+    def write(temporary: str) -> None:
         with open(temporary, "xb") as handle:
             handle.write(data)
             handle.flush()
             os.fsync(handle.fileno())
         _settle(temporary, mode)
-        os.replace(temporary, path)
-    except OSError as exc:
-        raise SlurmTpuError(f"cannot write {path}: {exc.strerror or exc} (the file there is unchanged)") from exc
-    manifest.files[path] = file_entry(path, before, digest, config=config)
+
+    _replace(path, "", write, manifest, dry_run, say, sha256=digest, config=config)
 
 
 def _install_link(path: str, target: str, manifest: Manifest, dry_run: bool, say) -> None:
     """A symbolic link ``path`` -> ``target``; a different file or link there is kept as a backup."""
-    previous = manifest.files.get(path)
     if os.path.islink(path) and os.readlink(path) == target:
         say(f"unchanged {path} -> {target}")
-        if previous is None:
+        if path not in manifest.files:
             manifest.files[path] = file_entry(path, SAME, link=target)
         return
+    _replace(
+        path, f" -> {target}", lambda temporary: os.symlink(target, temporary), manifest, dry_run, say, link=target
+    )
+
+
+def _replace(path: str, shown: str, write, manifest: Manifest, dry_run: bool, say, **entry) -> None:
+    """``write`` the new file or link at a temporary name beside ``path``, rename it over ``path`` (a reader,
+    udev or a job's dlopen, finds the old or the new one, never half of one) and record it with ``entry``.
+
+    The manifest's ``before``: our earlier record's (its backup, if any, holds what was there before the
+    first install), else a backup of the site's file (put back by uninstall), else ``absent``.
+    """
     exists = os.path.lexists(path)
-    say(f"{'replace' if exists else 'write'} {path} -> {target}")
+    say(f"{'replace' if exists else 'write'} {path}{shown}")
     if dry_run:
         return
-    before = _before_replacing(path, previous, exists)
+    previous = manifest.files.get(path)
+    if previous is not None and previous["before"] != SAME:
+        before = previous["before"]
+    else:
+        before = _backup(path) if exists else ABSENT
     temporary = f"{path}.slurm-tpu.new"
-    if os.path.lexists(temporary):
-        os.unlink(temporary)
-    os.symlink(target, temporary)
-    os.replace(temporary, path)  # never a moment without libedgetpu.so.1
-    manifest.files[path] = file_entry(path, before, link=target)
+    try:
+        if os.path.lexists(temporary):  # left by an interrupted run: never written through
+            os.unlink(temporary)
+        write(temporary)
+        os.replace(temporary, path)
+    except OSError as exc:
+        raise SlurmTpuError(f"cannot write {path}: {exc.strerror or exc} (the file there is unchanged)") from exc
+    manifest.files[path] = file_entry(path, before, **entry)
 
 
 def read_libedgetpu(source: str) -> bytes:
@@ -552,12 +515,10 @@ def install_libedgetpu(layout: Layout, data: bytes, manifest: Manifest, dry_run:
 
 def install_hook_client(layout: Layout, manifest: Manifest, dry_run: bool, say) -> None:
     """Build the agent's thin client into the hooks directory, with the hooks' native entries
-    beside them (where they fit: :attr:`Layout.native_entries_fit`), and record them (uninstall
-    removes them). Without a C compiler nothing is installed: the hooks run the Python hooks.
+    beside them (where they fit: :attr:`Layout.native_entries_fit`); without a C compiler, nothing.
 
-    The native entries are copies of the client, not hard links: each is then one more file
-    under the manifest's rules (written only when its bytes differ, a site's file there kept
-    as a backup, removed by uninstall unless changed since), at the cost of ~0.8 MB each.
+    The native entries are copies of the client, not hard links, so that each is one more file
+    under the manifest's rules (at the cost of ~0.8 MB each).
     """
     from . import hook_client
 
@@ -631,13 +592,23 @@ class InstallResult:
     slurm_conf_read: bool
 
 
-def device_cgroup_note(config: Config, slurm_conf: str, has_tpu: bool = True) -> str | None:
-    """One line on Slurm's device cgroup for this node's slurmd (slurm_tpu/slurm/device_cgroup.py), or
-    None when slurmd cannot say its release."""
+def _slurm_conf_options(slurm_conf: str) -> dict[str, str] | None:
+    """slurm.conf's options (lower-case keys); None when it cannot be read."""
+    from ..slurm.parse import parse_slurm_conf_options
+
+    try:
+        with open(slurm_conf, encoding="utf-8") as handle:
+            return parse_slurm_conf_options(handle.read())
+    except OSError:
+        return None
+
+
+def device_cgroup_note(config: Config, slurm_conf: str) -> str | None:
+    """One line on Slurm's device cgroup for this node's slurmd and its Edge TPUs
+    (slurm_tpu/slurm/device_cgroup.py), or None when slurmd cannot say its release."""
     from ..slurm import device_cgroup
     from ..slurm.commands import Slurm
     from ..slurm.installation import version_of
-    from ..slurm.parse import parse_slurm_conf_options
 
     try:
         version = version_of(Slurm.for_config(config).program("slurmd"))
@@ -645,12 +616,8 @@ def device_cgroup_note(config: Config, slurm_conf: str, has_tpu: bool = True) ->
         return None
     if version is None:
         return None
-    try:
-        with open(slurm_conf, encoding="utf-8") as handle:
-            options = parse_slurm_conf_options(handle.read())
-    except OSError:
-        options = {}
-    fine, what, fix = device_cgroup.status(options, slurm_conf, version, has_tpu)
+    options = _slurm_conf_options(slurm_conf) or {}
+    fine, what, fix = device_cgroup.status(options, slurm_conf, version, True)
     if fine and what.startswith("off"):
         what = f"off; if turned on: {device_cgroup.where_it_holds(version)}"
     return f"Device cgroup (Slurm {version}): {what}" + ("" if fine else f"; {fix}")
@@ -659,12 +626,8 @@ def device_cgroup_note(config: Config, slurm_conf: str, has_tpu: bool = True) ->
 def install(
     layout: Layout, config: Config, slurm_conf: str, dry_run: bool = False, say=print, libedgetpu: str | None = None
 ) -> InstallResult:
-    """Put this node's pieces in place (see the module docstring); idempotent.
-
-    ``libedgetpu``: the patched Edge TPU runtime to install (None: leave the node's as it is).
-    """
-    from ..slurm.parse import parse_slurm_conf_options
-
+    """Put this node's pieces in place (see the module docstring), with ``libedgetpu`` the patched
+    Edge TPU runtime (None: leave the node's as it is); idempotent."""
     if not dry_run and os.geteuid() != 0:
         raise SlurmTpuError(
             "slurm-tpu install must run as root: the hooks run as root and must be root's "
@@ -684,17 +647,13 @@ def install(
         _settle(layout.manifest, 0o644)
     reload_services(layout, config, dry_run, say, ldconfig=library is not None)
     wanted = slurm_conf_lines(layout, config)
-    try:
-        with open(slurm_conf, encoding="utf-8") as handle:
-            options = parse_slurm_conf_options(handle.read())
-        read = True
-    except OSError:
-        options, read = {}, False
+    read = _slurm_conf_options(slurm_conf)
+    options = read or {}
     if accounting_on(options):  # the node's GRES, as configured (its state-dir inventory)
         from .health_check import configured_inventory
 
         wanted += accounting_tres_line(configured_inventory(config), config)
-    return InstallResult(tuple(missing_slurm_conf_lines(wanted, options)), read)
+    return InstallResult(tuple(missing_slurm_conf_lines(wanted, options)), read is not None)
 
 
 # Hook files an earlier slurm-tpu installed that this one no longer ships (its Prolog and Epilog are

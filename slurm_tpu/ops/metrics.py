@@ -1,27 +1,10 @@
 """Prometheus metrics for a node's accelerators, labelled with the job that holds each, dcgm-exporter's way.
 
-A custom ``prometheus_client`` collector (:class:`NodeCollector`): each scrape
-takes a :class:`NodeSnapshot` (live hardware, configured inventory, the ledger's
-leases, the audit log, the running jobs' usage records) and yields the families.
-
-* **Device state** (gauges: present, healthy, leased, temperature), one series
-  per device, labels ``node, identity`` (+ ``kind, model`` on present/healthy).
-  While a job holds the device they also carry the job, as dcgm-exporter's HPC
-  job mapping does (``--hpc-job-mapping-dir``: it adds the label ``hpc_job`` to a
-  GPU's series while a file names a job for it, and no such label otherwise;
-  transformation/hpc.go, hpcJobAttribute): ``hpc_job`` (the Slurm job id) and
-  ``hpc_user`` (the job's user name, from its uid; upstream dcgm-exporter has no
-  user label, the name follows ``hpc_job``'s). After the job, the labels are gone.
-* **Per-job inference counters** of the jobs running now, from their usage
-  records (the runner's running totals, :mod:`slurm_tpu.protocol.usage`, read the
-  way the epilog reads them): ``slurm_tpu_job_inferences_total`` and
-  ``slurm_tpu_job_inference_seconds_total`` with ``node, identity, hpc_job,
-  hpc_user``. A job's series ends with the job; its final figures go on in the
-  device counters below.
-* **Device counters** since the audit log began (jobs, lease seconds,
-  inferences, inference seconds), labels ``node, identity`` only: a lifetime
-  total carrying the current job would repeat the whole history under each
-  job's series, and a sum over series would count it once per job.
+Each scrape of :class:`NodeCollector` takes a :class:`NodeSnapshot` and yields the families
+docs/accounting.md lists. While a job holds a device, its state series carry ``hpc_job`` and
+``hpc_user``, as dcgm-exporter's HPC job mapping does; the lifetime device counters carry
+``node, identity`` only: with the current job's labels, a sum over series would count the
+whole history once per job.
 
 Label values are identities, kinds and models from detection, numbers, and user
 names from the password database: nothing a job chooses (its name, comment or
@@ -92,12 +75,12 @@ def families(snap: NodeSnapshot) -> list[Metric]:
     )
     leased_g = gauge("slurm_tpu_device_leased", "1 if a job holds the accelerator's lease")
     temperature = gauge("slurm_tpu_device_temperature_celsius", "accelerator temperature")
-    jobs = counter("slurm_tpu_device_jobs", "jobs that leased the accelerator")
-    lease_seconds = counter("slurm_tpu_device_lease_seconds", "seconds the accelerator was leased")
-    inferences = counter("slurm_tpu_device_inferences", "inferences run on the accelerator")
-    inference_seconds = counter(
-        "slurm_tpu_device_inference_seconds", "seconds spent in inference calls on the accelerator"
-    )
+    lifetime = [  # filled in the order of the audit log's totals below
+        counter("slurm_tpu_device_jobs", "jobs that leased the accelerator"),
+        counter("slurm_tpu_device_lease_seconds", "seconds the accelerator was leased"),
+        counter("slurm_tpu_device_inferences", "inferences run on the accelerator"),
+        counter("slurm_tpu_device_inference_seconds", "seconds spent in inference calls on the accelerator"),
+    ]
     job_inferences = counter(
         "slurm_tpu_job_inferences", "inferences the job holding the accelerator has run on it so far (its usage record)"
     )
@@ -121,25 +104,20 @@ def families(snap: NodeSnapshot) -> list[Metric]:
         entry[2] += record.inferences
         entry[3] += record.inference_seconds
     for identity in identities:
-        accelerator = live.by_identity(identity) or configured.by_identity(identity)
+        here = live.by_identity(identity)
+        accelerator = here or configured.by_identity(identity)
         assert accelerator is not None
         holder = holders.get(identity)
         job = holder.labels() if holder is not None else {}
         short = {"node": node, "identity": identity}
-        labels = {**short, "kind": accelerator.kind, "model": accelerator.model}
-        add(present, {**labels, **job}, 1.0 if live.by_identity(identity) is not None else 0.0)
-        add(
-            healthy, {**labels, **job}, 0.0 if identity in problems or configured.by_identity(identity) is None else 1.0
-        )
+        labels = {**short, "kind": accelerator.kind, "model": accelerator.model, **job}
+        add(present, labels, 1.0 if here is not None else 0.0)
+        add(healthy, labels, 0.0 if identity in problems or configured.by_identity(identity) is None else 1.0)
         add(leased_g, {**short, **job}, 1.0 if identity in snap.leased else 0.0)
-        live_one = live.by_identity(identity)
-        if live_one is not None and live_one.details.temperature_c is not None:
-            add(temperature, {**short, **job}, float(live_one.details.temperature_c))
-        job_count, lease_s, count, infer_s = totals.get(identity, [0, 0.0, 0, 0.0])
-        add(jobs, short, job_count)
-        add(lease_seconds, short, lease_s)
-        add(inferences, short, count)
-        add(inference_seconds, short, infer_s)
+        if here is not None and here.details.temperature_c is not None:
+            add(temperature, {**short, **job}, float(here.details.temperature_c))
+        for family, value in zip(lifetime, totals.get(identity, [0, 0.0, 0, 0.0])):
+            add(family, short, value)
     for usage in snap.usage:
         if holders.get(usage.identity) != usage.holder:
             continue  # not the device's holder now (a record read as its job ended)
@@ -148,9 +126,8 @@ def families(snap: NodeSnapshot) -> list[Metric]:
         add(job_seconds, labels, usage.seconds)
     if snap.edgetpu_version:
         add(runtime, {"node": node, "version": snap.edgetpu_version}, 1.0)
-    result = [present, healthy, leased_g, temperature, jobs, lease_seconds, inferences, inference_seconds]
-    result += [f for f in (job_inferences, job_seconds, runtime) if f.samples]
-    return result
+    sampled = [f for f in (job_inferences, job_seconds, runtime) if f.samples]
+    return [present, healthy, leased_g, temperature, *lifetime, *sampled]
 
 
 class NodeCollector(Collector):

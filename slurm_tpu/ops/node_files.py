@@ -1,14 +1,9 @@
 """The files a node needs besides the package: hook scripts, systemd units, the slurm.conf snippet.
 
-They live at the top of the repository, in a directory named for what runs or reads
-them on a node: ``prolog/`` and ``epilog/`` (Slurm's Prolog, TaskProlog and Epilog),
-``hook_client/`` (the C client every hook's native entry is, shared by them), ``udev/``
-(the udev hook), ``systemd/`` (the units, slurmd's drop-in and the agent they start) and
-``slurm_conf/`` (the slurm.conf snippet); a wheel carries copies as ``slurm_tpu/node_files/<dir>/``
-(see setup.py, whose NODE_DIRS is this one's). This
-module is the one place that knows both locations, and the programs this
-installation of slurm-tpu runs as (the console script, its interpreter, the
-directory the package is imported from).
+They live at the top of the repository, in a directory named for what runs or reads them
+on a node (:data:`NODE_DIRS`); a wheel carries copies as ``slurm_tpu/node_files/<dir>/``
+(setup.py). This module is the one place that knows both locations, and the programs this
+installation of slurm-tpu runs as (the console script, its interpreter, the package's directory).
 """
 
 from __future__ import annotations
@@ -23,11 +18,8 @@ _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../sl
 
 
 def node_file(directory: str, name: str) -> str:
-    """Path of a shipped file, e.g. ``node_file("prolog", "slurm-tpu-prolog")``.
-
-    The wheel's copy under the package, else (a checkout or an editable install)
-    the repository's own directory.
-    """
+    """Path of a shipped file, e.g. ``node_file("prolog", "slurm-tpu-prolog")``: the wheel's copy, else
+    the repository's (a checkout or an editable install)."""
     if directory not in NODE_DIRS:
         raise ValueError(f"{directory!r} is not one of {NODE_DIRS}")
     for base in (os.path.join(_PACKAGE, "node_files"), os.path.dirname(_PACKAGE)):

@@ -1,12 +1,10 @@
 """``slurm-tpu watch``: follow udev events and keep Slurm's view of the node right.
 
-Events come in bursts (a firmware load is a remove and an add; a flaky hub can
-send dozens), so nothing is done per event: each relevant event restarts a
-settle timer, and only when the node has been quiet for ``settle`` seconds is the
-hardware detected and compared with the configured inventory. A USB stick that
-re-enumerated (firmware load, port reset) is back under the same identity by
-then, so it changes nothing; a real unplug/plug changes the set of identities
-and triggers exactly one regeneration, however many events led to it.
+Events come in bursts (a firmware load is a remove and an add; a flaky hub can send
+dozens), so each relevant event restarts a settle timer, and only once the node has been
+quiet for ``settle`` seconds is the hardware compared with the configured inventory: a
+re-enumerated USB stick is back under its identity by then, and a real unplug/plug
+triggers exactly one regeneration.
 """
 
 from __future__ import annotations
@@ -28,29 +26,6 @@ WATCHED_SUBSYSTEMS = tuple(dict.fromkeys(s for f in FAMILIES for s in f.watched)
 def relevant(subsystem: str, properties: dict[str, str]) -> bool:
     """Whether a udev event can change the node's accelerators (some family says so)."""
     return any(f.event_relevant(subsystem, properties) for f in FAMILIES)
-
-
-@dataclass
-class SettleTimer:
-    """Debounce: due once ``settle`` seconds passed since the last relevant event."""
-
-    settle: float
-    last_event: float | None = None
-    events: int = 0
-
-    def add(self, now: float) -> None:
-        self.last_event = now
-        self.events += 1
-
-    def remaining(self, now: float) -> float | None:
-        """Seconds until due (0 when due), or None when nothing is pending."""
-        if self.last_event is None:
-            return None
-        return max(0.0, self.last_event + self.settle - now)
-
-    def reset(self) -> int:
-        events, self.last_event, self.events = self.events, None, 0
-        return events
 
 
 @dataclass
@@ -120,17 +95,17 @@ class Watcher:
         for subsystem in WATCHED_SUBSYSTEMS:
             monitor.filter_by(subsystem)
         monitor.start()
-        timer = SettleTimer(self.settle)
         started = time.monotonic()
         self.log(f"slurm-tpu watch: following udev for node {self.node} (settle {self.settle:g} s)")
         self.sync(0)  # bring things in line with hardware that changed while we were not running
+        due, events = None, 0  # due: settle seconds after the last relevant event (None: none pending)
         while stop_after is None or time.monotonic() - started < stop_after:
-            remaining = timer.remaining(time.monotonic())
-            timeout = 1.0 if remaining is None else min(1.0, remaining)
+            timeout = 1.0 if due is None else min(1.0, max(0.0, due - time.monotonic()))
             readable, _, _ = select.select([monitor], [], [], timeout)
             if readable:
                 while (device := monitor.poll(timeout=0)) is not None:
                     if relevant(device.subsystem or "", dict(device.properties)):
-                        timer.add(time.monotonic())
-            if timer.remaining(time.monotonic()) == 0:
-                self.sync(timer.reset())
+                        due, events = time.monotonic() + self.settle, events + 1
+            if due is not None and time.monotonic() >= due:
+                self.sync(events)
+                due, events = None, 0
