@@ -269,7 +269,7 @@ def scan_holders(
         if pid == me:
             result.scanned += 1
             continue
-        uid = _uid(pid)
+        uid = process_uid(pid)
         if uid is None or (skip_root and uid == 0):
             result.scanned += 1
             continue
@@ -315,7 +315,7 @@ def _unverified_rest(result: Scan, pids: list[int], skip_root: bool) -> None:
     where skipped, aside)."""
     result.complete = False
     for pid in pids:
-        uid = _uid(pid)
+        uid = process_uid(pid)
         if uid is not None and not (skip_root and uid == 0):  # None: gone
             result.unverified.append((pid, uid, _fd_count(f"/proc/{pid}/fd")))
 
@@ -347,7 +347,8 @@ def _read_heavy_tables(
             result.scanned += 1
 
 
-def _uid(pid: int) -> int | None:
+def process_uid(pid: int) -> int | None:
+    """The uid that owns /proc/PID (its effective uid), None when the process is gone."""
     try:
         return os.stat(f"/proc/{pid}").st_uid
     except OSError:

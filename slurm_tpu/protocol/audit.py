@@ -117,8 +117,9 @@ def _json(item: object) -> str:
     return "".join(out)
 
 
-def last_acquire(tail: bytes, identity: str) -> tuple[int, int] | None:
-    """(job_id, uid) of the last ``acquire`` of ``identity`` among the audit lines in ``tail``; None if none.
+def last_acquire(tail: bytes, identity: str, uid: int | None = None) -> tuple[int, int] | None:
+    """(job_id, uid) of the last ``acquire`` of ``identity`` (by a job of ``uid``, when given) among the
+    audit lines in ``tail``; None if none.
 
     For the root hooks' failure path (naming the job that last held a device),
     so no json: it reads lines :func:`encode` wrote, whose top-level fields are
@@ -130,9 +131,9 @@ def last_acquire(tail: bytes, identity: str) -> tuple[int, int] | None:
     acquire = f'"{EVENT}": {_json(ACQUIRE)}'.encode()
     for line in reversed(tail.split(b"\n")):
         if wanted in line and acquire in line:
-            job_id, uid = _int_field(line, JOB_ID), _int_field(line, UID)
-            if job_id is not None and uid is not None:
-                return job_id, uid
+            job_id, owner = _int_field(line, JOB_ID), _int_field(line, UID)
+            if job_id is not None and owner is not None and uid in (None, owner):
+                return job_id, owner
     return None
 
 
