@@ -1,12 +1,9 @@
 """The root hooks' snapshot file ``<state_dir>/hooks.snapshot``.
 
 The slow path (slurm_tpu/hooks/settings.py ``rebuild``: YAML config, inventory,
-slurm.conf, gres.conf, the families registry) writes what every later hook needs;
-the fast path reads it without importing json, re, typing, dataclasses or the
-families package. Everything family-specific the hooks use is precomputed here:
-which GRES names are leased, whether gres.conf names slot nodes, how each bus is
-revoked, how udev events name a device, the job variables and their per-device
-values.
+slurm.conf, gres.conf, the families) writes what every later hook needs, the
+family-specific parts precomputed; the fast path reads it without importing json, re,
+typing, dataclasses or the families package.
 
 Format (the first line is :data:`FORMAT`, which names its version; a reader meets any
 other first line, unknown tag or missing key with None, and the hook takes the slow path):
@@ -68,12 +65,12 @@ class FamilyPolicy(Record):
 
 class UdevRule(Record):
     """How ``slurm-tpu udev-event`` names the device of an event of ``subsystem`` (and ``devtype``
-    when not ''); each family declares its own (``Family.udev_identities``).
+    when not ''), as a family declares it (``Family.udev_identities``).
 
-    The identity is ``<bus>-`` followed by the sysfs ``attribute`` of the event's
-    device when one is named (read at add time: a class device that is no child of its
-    PCI device, Hailo's), else by the DEVPATH component ``depth`` levels up (1: the
-    last). A remove event, whose sysfs is gone, is matched by its device node.
+    The identity is ``<bus>-`` followed by the sysfs ``attribute`` of the event's device when
+    one is named (read at add time: Hailo's class device is no child of its PCI device), else
+    by the DEVPATH component ``depth`` levels up (1: the last). A remove event, whose sysfs is
+    gone, is matched by its device node.
     """
 
     __slots__ = ("subsystem", "devtype", "bus", "depth", "attribute")
@@ -102,7 +99,7 @@ OBJECTS: tuple[tuple[str, Any, str, tuple[str, ...], tuple[type, ...]], ...] = (
 
 
 class HookSnapshot:
-    """The snapshot's content (the hooks' settings class extends it with behaviour)."""
+    """The snapshot's content (hooks/settings.py's HookSettings extends it with behaviour)."""
 
     def __init__(
         self,
