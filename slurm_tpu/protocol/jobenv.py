@@ -48,7 +48,7 @@ class EdgeTpuHandle(Record):
     __slots__ = ("identity", "device_type", "path")
 
     def __init__(self, identity: str, device_type: str, path: str):
-        self.identity, self.device_type, self.path = identity, device_type, path  # type: "usb" or "pci"
+        self.identity, self.device_type, self.path = identity, device_type, path  # device_type: "usb" or "pci"
 
 
 def libedgetpu_path(identity: str, device_node: str | None) -> tuple[str, str]:
