@@ -18,18 +18,13 @@ def parse_cpu_list(text: str | None) -> list[int]:
 
 def format_cpu_list(values: Iterable[int]) -> str:
     """[0, 1, 2, 3, 8] -> ``0-3,8``."""
-    ordered = sorted(set(values))
-    ranges: list[str] = []
-    start = previous = None
-    values_then_end: list[int | None] = [*ordered, None]  # None: the sentinel that ends the last range
-    for value in values_then_end:
-        if value is not None and previous is not None and value == previous + 1:
-            previous = value
-            continue
-        if start is not None:
-            ranges.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = value
-    return ",".join(ranges)
+    ranges: list[list[int]] = []  # [first, last]
+    for value in sorted(set(values)):
+        if ranges and value == ranges[-1][1] + 1:
+            ranges[-1][1] = value
+        else:
+            ranges.append([value, value])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
 
 
 def core_indices(topology: Mapping[int, tuple[int, int]]) -> dict[int, int]:

@@ -99,13 +99,11 @@ class WriteResult:
 
 
 def write_if_changed(path: str, content: str, mode: int = 0o644, backup: bool = True) -> WriteResult:
-    """Atomically replace ``path`` with ``content``, keeping a backup of the old file.
+    """Atomically replace ``path`` with ``content`` (a reader sees the old or the new file, never
+    half of one), keeping a backup of the old file; nothing is written when the content is already there.
 
-    Nothing is written when the content is already there. ``backup=False`` keeps
-    no copy (a file the caller wrote itself before: its backup, if any, is the
-    admin's original and must not be overwritten). The new file is written
-    to a temporary file in the same directory, flushed and renamed over the target,
-    so a reader sees the old or the new file, never half of one.
+    ``backup=False`` keeps no copy (a file the caller wrote itself before: its backup, if any,
+    is the admin's original and must not be overwritten).
     """
     old = read_text(path)
     exists = os.path.lexists(path)
