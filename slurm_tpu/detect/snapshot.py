@@ -1,10 +1,6 @@
-"""Take a snapshot of the udev/sysfs facts detection needs.
-
-Detection's only pyudev user (the watcher, ops/watch.py, imports pyudev too, for
-its udev event monitor; nothing else does). It copies the few attributes the
-classifiers read into plain :class:`SysDevice` records, so everything after the
-snapshot is pure and testable on literal data.
-"""
+"""Take a snapshot of the udev/sysfs facts detection needs (detection's only pyudev use; the
+watcher's udev monitor is the other): the few attributes the families read are copied into
+plain :class:`SysDevice` records, so everything after the snapshot is pure."""
 
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """GPUs: NVIDIA discrete, AMD and Intel (DRM render nodes), Jetson/Tegra integrated.
 
-Not leased unless the site says so (``families.gpu.isolate``: clusters without
-cgroup device constraints); gres.conf names their own nodes, which the drivers
-create and keep.
+Not leased unless the site says so (``families.gpu.isolate``: clusters without cgroup
+device constraints); gres.conf names the nodes their drivers create and keep.
 """
 
 from __future__ import annotations
@@ -72,17 +71,13 @@ class TegraDetails(FamilyDetails):
         return {**super().to_json(), "integrated": True}
 
 
-def _is_display(device: SysDevice) -> bool:
-    # PCI class 0x03xxxx: VGA, XGA or 3D controller.
+def _is_display(device: SysDevice) -> bool:  # PCI class 0x03xxxx: VGA, XGA or 3D controller
     return device.attributes.get("class", "").lower().startswith("0x03")
 
 
 def _model(device: SysDevice, vendor: str, known: str | None) -> str:
-    """The marketing name: ``known`` (the driver's), else the PCI database's, else ``<vendor> GPU <id>``.
-
-    hwdb names put the chip codename first and the product in brackets, with variants
-    split by ``/``: ``Navi 21 [Radeon RX 6800/6800 XT]`` gives ``Radeon RX 6800``.
-    """
+    """The marketing name: ``known`` (the driver's), else the PCI database's (``Navi 21 [Radeon RX
+    6800/6800 XT]`` gives ``Radeon RX 6800``), else ``<vendor> GPU <id>``."""
     name = device.properties.get("ID_MODEL_FROM_DATABASE", "")
     if "[" in name and "]" in name:
         name = name[name.index("[") + 1 : name.rindex("]")].split("/")[0].strip() or name

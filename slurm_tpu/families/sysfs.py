@@ -1,9 +1,5 @@
-"""The plain records of a udev/sysfs snapshot, as the families read them.
-
-``slurm_tpu.detect.snapshot`` fills them through pyudev (the only pyudev user
-besides the watcher's monitor); everything that reads them is pure and testable
-on literal data.
-"""
+"""The plain records of a udev/sysfs snapshot, as the families read them (``slurm_tpu.detect.snapshot``
+fills them through pyudev; everything that reads them is pure and testable on literal data)."""
 
 from __future__ import annotations
 
@@ -58,9 +54,8 @@ class Snapshot:
 
 
 def accelerator_from(device: SysDevice, reason: str = "", **fields: Any) -> Accelerator:
-    """An Accelerator whose sysfs path, bus address, driver and CPU affinity come
-    from ``device``, usable unless there is a ``reason`` it is not; ``fields`` gives
-    the rest (identity, kind, bus, model...)."""
+    """An Accelerator whose sysfs path, bus address, driver and CPU affinity come from ``device``,
+    usable unless there is a ``reason``; ``fields`` gives the rest (identity, kind, bus, model...)."""
     fields.setdefault("bus_address", device.sys_name)
     return Accelerator(
         sys_path=device.sys_path,
