@@ -66,10 +66,8 @@ def encode(event: str, t: float, fields: dict) -> bytes:
 def _json(item: object) -> str:
     if item is None or isinstance(item, bool):
         return {None: "null", True: "true", False: "false"}[item]
-    if isinstance(item, int):
-        return repr(item)
-    if isinstance(item, float):
-        # json.dumps spells these NaN/Infinity (not JSON, but json.loads reads them back).
+    if isinstance(item, (int, float)):
+        # json.dumps spells a non-finite float NaN/Infinity (not JSON, but json.loads reads them back).
         return repr(item) if _finite(item) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(item)]
     if isinstance(item, (list, tuple)):
         return "[" + ", ".join(_json(i) for i in item) + "]"

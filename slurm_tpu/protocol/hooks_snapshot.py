@@ -131,8 +131,7 @@ class HookSnapshot:
 
     def revocation(self, kind: str, bus: str) -> str:
         """How a device of this kind and bus is revoked at job end (SCAN: holder scan only)."""
-        policy = self.families.get(kind)
-        return policy.revocation.get(bus, SCAN) if policy is not None else SCAN
+        return self.families[kind].revocation.get(bus, SCAN) if kind in self.families else SCAN
 
 
 def _field(key: str, value: object) -> str:
@@ -140,11 +139,7 @@ def _field(key: str, value: object) -> str:
         value = _listed(key, (f"{k}:{v}" for k, v in value.items()))
     elif isinstance(value, tuple):
         value = _listed(key, value)
-    text = (
-        ("1" if value else "0")
-        if isinstance(value, bool)
-        else (repr(value) if isinstance(value, float) else str(value))
-    )
+    text = ("1" if value else "0") if isinstance(value, bool) else str(value)  # str(float) is its repr
     if "\t" in text or "\n" in text:
         raise ValueError(f"hooks snapshot: {key} {text!r} holds a tab or newline")
     return f"{key}={text}"

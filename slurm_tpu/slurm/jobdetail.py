@@ -91,17 +91,12 @@ def parse_gres_detail(text: str) -> list[GresAlloc]:
     items = []
     for token in _split_top_level(text, "(", ")"):
         head, paren, tail = token.partition("(")
-        parts = head.split(":")
-        if not parts[0] or len(parts) > 3:
+        name, *rest = head.split(":")
+        if not name or len(rest) > 2:
             raise ValueError(f"cannot parse GRES item '{token}'")
-        name, kind, count_text = parts[0], None, None
-        if len(parts) == 3:
-            kind, count_text = parts[1], parts[2]
-        elif len(parts) == 2:
-            if parts[1].isdigit():
-                count_text = parts[1]
-            else:
-                kind = parts[1]
+        # name[:type][:count]: a lone second part is the count when it is a number.
+        count_text = rest.pop() if len(rest) == 2 or (rest and rest[0].isdigit()) else None
+        kind = rest[0] if rest else None
         indices: tuple[int, ...] = ()
         if paren:
             if not tail.startswith("IDX:") or not tail.endswith(")"):

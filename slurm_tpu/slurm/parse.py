@@ -12,20 +12,12 @@ from .jobdetail import GresAlloc, expand_hostlist, parse_gres_detail
 
 def parse_key_values(line: str) -> dict[str, str]:
     """``A=1 B=two`` -> {"A": "1", "B": "two"} (tokens without '=' are skipped)."""
-    result = {}
-    for token in line.split():
-        key, sep, value = token.partition("=")
-        if sep:
-            result[key] = value
-    return result
+    return {key: value for key, sep, value in (token.partition("=") for token in line.split()) if sep}
 
 
 def parse_slurmd_c(text: str) -> dict[str, str]:
     """The hardware line of ``slurmd -C`` (NodeName=... CPUs=... RealMemory=...)."""
-    for line in text.splitlines():
-        if line.startswith("NodeName="):
-            return parse_key_values(line)
-    return {}
+    return next((parse_key_values(line) for line in text.splitlines() if line.startswith("NodeName=")), {})
 
 
 # ---- a job's GRES in JSON -------------------------------------------------------------
@@ -67,9 +59,7 @@ def parse_squeue_job_json(text: str, job_id: int, node: str) -> list[GresAlloc] 
         if node not in hosts:
             return None
         position = hosts.index(node)
-        if position >= len(details):
-            return []
-        return parse_gres_detail(details[position])
+        return parse_gres_detail(details[position]) if position < len(details) else []
     return None
 
 
@@ -142,22 +132,12 @@ def parse_gres_conf(text: str, node: str) -> list[GresConfRecord]:
         fields = _keys(line)
         if "name" not in fields or not _matches_node(fields.get("nodename"), node):
             continue
-        files: tuple[str, ...] = ()
-        if "file" in fields:
-            files = tuple(expand_hostlist(fields["file"]))
+        files = tuple(expand_hostlist(fields["file"])) if "file" in fields else ()
         count = len(files) if files else int(fields.get("count", "1").rstrip("KMGkmg") or 1)
         if "count" in fields and files and fields["count"].isdigit():
             count = min(count, int(fields["count"]))
-        records.append(
-            GresConfRecord(
-                fields["name"],
-                fields.get("type"),
-                files,
-                count,
-                by_name_line=not line.lower().startswith("nodename="),
-                line=number,
-            )
-        )
+        by_name_line = not line.lower().startswith("nodename=")
+        records.append(GresConfRecord(fields["name"], fields.get("type"), files, count, by_name_line, number))
     return records
 
 
