@@ -1,13 +1,10 @@
 """The site's versioned YAML config (``/etc/slurm-tpu/config.yaml``).
 
-The file is optional: without it every default below applies. When present it must
-say its version; any key that version does not know is rejected with its dotted
-name, so a typo never silently falls back to a default.
-
-Version 2 nests the accelerator settings by family (``families.<kind>.*``, the keys
-each family declares in slurm_tpu/families/). Version 1 files keep loading with the
-same meaning: their ``gres.*``, ``features.*`` and ``devices.isolate_gpus`` keys are
-read as the version 2 keys :data:`VERSION_1_KEYS` names.
+The file is optional (without it every default applies). When present it must say its
+version, and a key that version does not know is rejected with its dotted name, so a typo
+never silently falls back to a default. Version 2 nests the accelerator settings by family
+(``families.<kind>.*``, declared by each family); version 1 files keep loading, their flat
+keys read as the version 2 keys :data:`VERSION_1_KEYS` names.
 """
 
 from __future__ import annotations

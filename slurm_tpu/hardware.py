@@ -122,10 +122,7 @@ class Inventory:
 
     def by_identity(self, identity: str) -> Accelerator | None:
         """The accelerator with this identity, or None."""
-        for accelerator in self.accelerators:
-            if accelerator.identity == identity:
-                return accelerator
-        return None
+        return next((a for a in self.accelerators if a.identity == identity), None)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document ``slurm-tpu detect --json`` prints."""

@@ -154,7 +154,8 @@ class Family:
         }
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
-        """The family's settings from its flattened, type-checked section."""
+        """The family's settings from its flattened, type-checked section (``isolate``, which a family
+        whose devices are not leased by default may declare, turns leasing on)."""
         prefix = f"families.{self.kind}."
         features = section.get("features", self.default_config.features)
         if not all(isinstance(item, str) and item for item in features):
@@ -165,7 +166,7 @@ class Family:
             gres_name=section.get("gres_name", self.default_config.gres_name),
             types=self.parse_types(section, where),
             features=tuple(features),
-            lease=self.default_config.lease,
+            lease=section.get("isolate", self.default_config.lease),
         )
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:

@@ -241,12 +241,8 @@ class GpuFamily(Family):
                     text = handle.read()
             except OSError:
                 continue
-            fields = {}
-            for line in text.splitlines():
-                key, sep, value = line.partition(":")
-                if sep:
-                    fields[key.strip()] = value.strip()
-            result[bus_id.lower()] = fields
+            pairs = (line.partition(":") for line in text.splitlines())
+            result[bus_id.lower()] = {key.strip(): value.strip() for key, sep, value in pairs if sep}
         return result
 
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
@@ -261,12 +257,6 @@ class GpuFamily(Family):
             "types": (dict, "GPU model slug -> GRES type"),
             "isolate": (bool, "lease GPUs too (clusters without cgroup devices)"),
         }
-
-    def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
-        base = super().parse_config(section, where)
-        return FamilyConfig(
-            base.gres_name, base.types, base.features, lease=section.get("isolate", self.default_config.lease)
-        )
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = section.get("types", {})

@@ -106,11 +106,7 @@ def _is_executable(path: str) -> bool:
 
 def _first_executable(name: str, dirs) -> str | None:
     """``<dir>/<name>`` for the first of ``dirs`` that has it executable (the one search order)."""
-    for directory in dirs:
-        candidate = f"{directory}/{name}"
-        if _is_executable(candidate):
-            return candidate
-    return None
+    return next((f"{directory}/{name}" for directory in dirs if _is_executable(f"{directory}/{name}")), None)
 
 
 def _pair(bin_dir: str | None, sbin_dir: str | None) -> tuple[str, ...]:
