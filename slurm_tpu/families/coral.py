@@ -136,8 +136,7 @@ class EdgeTpuFamily(Family):
     watched = ("usb", "apex", "pci")
     default_config = FamilyConfig("tpu", {"usb": "edgetpu_usb", "pci": "edgetpu_pci"}, ("tpu", "edgetpu"))
     slot = True
-    # See slurm_tpu/access/revoke.py for why each.
-    revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}
+    revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}  # see slurm_tpu/access/revoke.py for why each
     udev_identities = (UdevRule("usb", "usb_device", "usb", 1), UdevRule("apex", "", "pci", 3))
     variables = (
         JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),

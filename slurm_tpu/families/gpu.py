@@ -20,10 +20,8 @@ from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, pci_accel
 KIND = "gpu"
 NVIDIA, AMD, INTEL = "0x10de", "0x1002", "0x8086"
 _VENDOR_NAMES = {NVIDIA: "NVIDIA", AMD: "AMD", INTEL: "Intel"}
-# Jetson's GPU nodes (nvgpu driver), made without a udev device of their own.
-TEGRA_NODES = ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl")
-# The NVIDIA driver's per-GPU facts (Model, GPU UUID, Device Minor), one directory per bus id.
-NVIDIA_PROC = "/proc/driver/nvidia/gpus"
+TEGRA_NODES = ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl")  # Jetson's (nvgpu), made without a udev device
+NVIDIA_PROC = "/proc/driver/nvidia/gpus"  # the driver's per-GPU facts (Model, GPU UUID, Device Minor) by bus id
 # Jetson/Tegra integrated GPUs, by device-tree compatible string.
 TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,ga10b", "nvidia,gb10b")
 
@@ -197,8 +195,7 @@ class GpuFamily(Family):
     }
     watched = ("pci", "drm")
     default_config = FamilyConfig("gpu", {}, ("gpu",), lease=False)
-    # gres.conf names the driver's own node (/dev/nvidiaN, a render node): it never moves.
-    slot = False
+    slot = False  # gres.conf names the driver's own node (/dev/nvidiaN, a render node): it never moves
     cores = True
     udev_identities = (UdevRule("drm", "", "pci", 3),)
     variables = (JobVariable(jobenv.GPUS, lambda identity, node: identity),)

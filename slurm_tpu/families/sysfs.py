@@ -33,8 +33,7 @@ class Snapshot:
     devices: Mapping[str, SysDevice]
     # bus address -> facts a driver publishes outside sysfs (Family.driver_info).
     driver_info: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    # /dev nodes no udev device announces (Family.unannounced_nodes).
-    dev_entries: frozenset[str] = frozenset()
+    dev_entries: frozenset[str] = frozenset()  # /dev nodes no udev device announces (Family.unannounced_nodes)
     online_cpus: str | None = None
     # CPU id -> (physical package id, core id), from sysfs topology; {} if unreadable.
     cpu_topology: Mapping[int, tuple[int, int]] = field(default_factory=dict)

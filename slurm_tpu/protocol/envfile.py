@@ -27,8 +27,7 @@ if TYPE_CHECKING:
     from .leases import Lease
 
 DIR = "jobs"  # under the state directory: one file per job with devices on this node
-# Beside jobs/, not in it (jobs/ holds one file per running job).
-NO_DEVICES = "no-devices.env"
+NO_DEVICES = "no-devices.env"  # beside jobs/, not in it (jobs/ holds one file per running job)
 # The line beginnings the task-prolog prints (prolog/slurm-tpu-task-prolog's case patterns).
 PRINTED = ("export SLURM_TPU_", "unset SLURM_TPU_", f"export {EDGETPU_VISIBLE}=")
 

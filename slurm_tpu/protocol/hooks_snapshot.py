@@ -34,8 +34,7 @@ if TYPE_CHECKING:
 
 FILE = "hooks.snapshot"  # under the state directory
 FORMAT = "slurm-tpu hooks snapshot 7"
-# Revocation methods (slurm_tpu/families/base.py names them for the families).
-USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
+USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"  # revocation methods (families/base.py)
 # The ``set`` record's keys and their types.
 SETTINGS = (
     ("state_dir", str),

@@ -18,8 +18,7 @@ from __future__ import annotations
 
 import os
 
-# The first release whose gres_g_get_devices() includes a GRES without a plugin (bug 14139).
-FIRST_RELEASE = (23, 2)
+FIRST_RELEASE = (23, 2)  # the first release whose gres_g_get_devices() includes a GRES without a plugin (bug 14139)
 FIRST_RELEASE_NAME = "Slurm 23.02"
 FIX = f"{FIRST_RELEASE_NAME} (commit dd2e76b9df, bug 14139)"
 # GRES names Slurm has a gres plugin for (gres_<name>.so): the device cgroup covers them on every release.

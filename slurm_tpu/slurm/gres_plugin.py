@@ -19,8 +19,7 @@ from .installation import Installation
 ROOT_ENV = "SLURM_TPU_GRES_PLUGINS"
 DEFAULT_ROOT = "/opt/slurm-tpu-plugins"
 PLUGIN_FILE = "gres_tpu.so"
-# A plugin Slurm's own directory always has, for every configuration: it tells that directory from others.
-SLURM_OWN_PLUGIN = "select_cons_tres.so"
+SLURM_OWN_PLUGIN = "select_cons_tres.so"  # always in Slurm's own plugin directory: tells it from others
 
 
 def root(environ=None) -> str:

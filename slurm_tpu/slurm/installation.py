@@ -29,13 +29,10 @@ from ..errors import SlurmCommandError
 BIN_ENV = "SLURM_TPU_SLURM_BIN"
 SBIN_ENV = "SLURM_TPU_SLURM_SBIN"
 USUAL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
-# Where an admin's own commands (systemctl...) are when PATH does not say (slurmd gives none).
-SYSTEM_DIRS = ("/bin", "/sbin")
+SYSTEM_DIRS = ("/bin", "/sbin")  # an admin's own commands (systemctl...) when PATH does not say
 DAEMONS = ("slurmd", "slurmstepd", "slurmctld")
-# Debian's compiled-in slurm.conf; a source build's is <prefix>/etc/slurm.conf.
-DEBIAN_CONF = "/etc/slurm/slurm.conf"
-# Slurm releases the test suite runs against (major.minor); `slurm-tpu doctor` names others.
-TESTED_RELEASES = ("22.05", "25.11")
+DEBIAN_CONF = "/etc/slurm/slurm.conf"  # Debian's compiled-in slurm.conf; a source build's is <prefix>/etc/slurm.conf
+TESTED_RELEASES = ("22.05", "25.11")  # what the test suite runs against; `slurm-tpu doctor` names others
 
 
 class Installation:
