@@ -101,29 +101,32 @@ def _wanted(device: Any) -> bool:
     return any(candidate.subsystem in f.attributes and f.wanted(candidate) for f in FAMILIES)
 
 
+CPU_ROOT = "/sys/devices/system/cpu"
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as handle:
+        return handle.read().strip()
+
+
 def _online_cpus() -> str | None:
     try:
-        with open("/sys/devices/system/cpu/online", encoding="ascii") as handle:
-            return handle.read().strip() or None
+        return _read(f"{CPU_ROOT}/online") or None
     except OSError:
         return None
 
 
 def _cpu_topology() -> dict[int, tuple[int, int]]:
     topology: dict[int, tuple[int, int]] = {}
-    root = "/sys/devices/system/cpu"
     try:
-        names = os.listdir(root)
+        names = os.listdir(CPU_ROOT)
     except OSError:
         return topology
     for name in names:
         if not (name.startswith("cpu") and name[3:].isdigit()):
             continue
         try:
-            with open(f"{root}/{name}/topology/physical_package_id", encoding="ascii") as handle:
-                package = int(handle.read())
-            with open(f"{root}/{name}/topology/core_id", encoding="ascii") as handle:
-                core = int(handle.read())
+            package, core = (int(_read(f"{CPU_ROOT}/{name}/topology/{n}")) for n in ("physical_package_id", "core_id"))
         except (OSError, ValueError):
             continue  # offline CPUs have no topology
         topology[int(name[3:])] = (package, core)

@@ -27,13 +27,9 @@ The formats (module: file; writer -> readers):
 
 The state directory (``state_dir``, default ``/run/slurm-tpu``; root's, never followed
 through a link) holds the files above and ``.lock``, the ``flock`` that serialises lease
-and ownership changes. Formats with their own home: the runner's device lock files
-(:mod:`slurm_tpu.runner.lock`), the site config (:mod:`slurm_tpu.config`) and the
-inference server's HTTP API (:mod:`slurm_tpu.runner.serve.codec`).
-
-All but the server address and the install manifest are on the hooks' fast path
-(slurm_tpu/hooks/__init__.py FAST_PATH): readers that need json import it inside the
-function. No module here imports anything of slurm_tpu above this package.
+and ownership changes. Formats with their own home: :mod:`slurm_tpu.runner.lock`,
+:mod:`slurm_tpu.config`, :mod:`slurm_tpu.runner.serve.codec` (the server's HTTP API).
+All but the server address and the install manifest are on the hooks' fast path.
 """
 
 from __future__ import annotations

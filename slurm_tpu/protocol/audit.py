@@ -1,20 +1,14 @@
 """Audit events: ``<state_dir>/audit.log``, one JSON object per line (root only).
 
-Every hook appends an event when it takes, ends or changes a lease (one ``O_APPEND``
-write of :func:`encode`'s bytes, :meth:`slurm_tpu.access.ledger.Ledger.audit`).
-``report``, ``metrics``, the demo's timeline and the isolation tests read with
-:func:`read_events` and pair leases with :func:`pair_leases`, the one place that knows
-which events open and close a lease.
+Every hook appends an event when it takes, ends or changes a lease (one ``O_APPEND`` write,
+:meth:`slurm_tpu.access.ledger.Ledger.audit`). Readers use :func:`read_events` and
+:func:`pair_leases`, the one place that knows which events open and close a lease.
 
-Format (version 1): a JSON object per line with at least ``t`` (epoch seconds, a finite
-number) and ``event`` (one of :data:`EVENTS`); lease events add ``identity``, ``job_id``
-and ``uid``, the rest is per event. Version 1 lines carry no version field; a later
-incompatible format adds ``"v": N`` and this reader skips such lines, as it skips a torn
-last line or anything an older version let through (usage figures are bounded by
-:func:`slurm_tpu.protocol.usage.checked`).
-
-The writer is on the root hooks' path: it builds the JSON text by hand (no ``json``
-import, which drags in ``re``).
+Format (version 1): a JSON object per line with at least ``t`` (epoch seconds) and
+``event`` (one of :data:`EVENTS`); lease events add ``identity``, ``job_id`` and ``uid``.
+Version 1 lines carry no version field; a later incompatible format adds ``"v": N`` and
+this reader skips such lines, as it skips a torn last line. The writer is on the root
+hooks' path: it builds the JSON text by hand (no ``json`` import, which drags in ``re``).
 """
 
 from __future__ import annotations

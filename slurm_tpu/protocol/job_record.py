@@ -7,20 +7,11 @@ collector (``slurm-tpu accounting-collect``, root) sets the job's ``AdminComment
 the job ended, no RPC on the epilog's path): docs/accounting.md.
 
 The spool entry is ``key=value`` lines (no JSON: the epilog imports this module under the
-hooks' import budget)::
-
-    version=1
-    job=1234
-    node=n1
-    devices=1
-    inferences=12
-    inference_seconds=0.034512
-    energy_j=            (empty: no sensor)
-
-Each node a job ran on writes its own entry; the ``AdminComment`` holds one
-``slurm-tpu/<node>:devices=1,inferences=12,inference_seconds=0.034512`` item per node,
-separated by ``;``, so the collectors of a multi-node job's nodes merge rather than
-overwrite each other; other text there (an admin's note) is kept.
+hooks' import budget): ``version=1``, ``job``, ``node``, ``devices``, ``inferences``,
+``inference_seconds`` and ``energy_j`` (empty: no sensor). Each node a job ran on writes its
+own entry; the ``AdminComment`` holds one ``slurm-tpu/<node>:devices=1,inferences=12,...``
+item per node, separated by ``;``, so the collectors of a multi-node job's nodes merge
+rather than overwrite each other; other text there (an admin's note) is kept.
 """
 
 from __future__ import annotations

@@ -8,16 +8,13 @@ to the job on this node, in allocation order:
 ``SLURM_TPU_DEVICES`` (Edge TPUs)
     Identities, comma-separated: ``usb-2-1.3,pci-0000:03:00.0``.
 ``SLURM_TPU_EDGETPU_PATHS`` (Edge TPUs)
-    What libedgetpu's ``edgetpu_create_delegate(type, path, ...)`` takes for each, as
-    ``type:path``: ``usb:/sys/bus/usb/devices/2-1.3,pci:/dev/apex_0``; never a ``usb:N``
-    index (indices shift whenever another stick re-enumerates). Both are exported
-    (empty) on a node where the job has no Edge TPU.
+    libedgetpu's ``edgetpu_create_delegate(type, path, ...)`` for each, as ``type:path``
+    (``usb:/sys/bus/usb/devices/2-1.3,pci:/dev/apex_0``), never a ``usb:N`` index (indices
+    shift whenever another stick re-enumerates). Both exported (empty) without an Edge TPU.
 ``EDGETPU_VISIBLE_DEVICES`` (Edge TPUs)
-    The same paths without the type. The node's libedgetpu (built with
-    scripts/libedgetpu-visible-devices.patch) then lists and opens only these, so
-    unmodified Coral code uses the job's own Edge TPUs, like ``CUDA_VISIBLE_DEVICES``.
-    Unset means every device to the library, so it is never unset: empty where the job
-    has no Edge TPU here (``no-devices.env`` included).
+    The same paths without the type: the node's libedgetpu (scripts/libedgetpu-visible-devices.patch)
+    then opens only these, so unmodified Coral code uses the job's own Edge TPUs. Unset means
+    every device to the library, so it is never unset (empty without an Edge TPU here).
 ``SLURM_TPU_GPUS`` (GPUs)
     Identities of leased GPUs (only with ``families.gpu.isolate``); unset otherwise.
 Further families declare their own (``SLURM_TPU_<FAMILY>_...``) in their module.

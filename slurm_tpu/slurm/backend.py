@@ -152,15 +152,13 @@ class PySlurm(NodeStates):
 
     def jobs_with_gres(self, node: str) -> list[str]:
         jobs = self._call("Jobs.load()", self.pyslurm.Jobs.load)
-        busy = []
-        for job in jobs.values():
-            if (
-                job.state in ("RUNNING", "COMPLETING")
-                and job.gres_per_node
-                and node in expand_hostlist(job.allocated_nodes or "")
-            ):
-                busy.append(str(job.id))
-        return busy
+        return [
+            str(job.id)
+            for job in jobs.values()
+            if job.state in ("RUNNING", "COMPLETING")
+            and job.gres_per_node
+            and node in expand_hostlist(job.allocated_nodes or "")
+        ]
 
     def job_gres(self, job_id: int, node: str) -> list[GresAlloc] | None:
         """``Job.load(id).get_resource_layout_per_node()`` for ``node`` as GresAlloc items (None: not there)."""
