@@ -240,13 +240,10 @@ VERSION_1_KEYS = {
 }
 
 
-def _family_schema() -> dict[str, tuple[type | tuple[type, ...], str]]:
-    return {f"families.{f.kind}.{key}": spec for f in FAMILIES for key, spec in f.config_keys().items()}
-
-
+_FAMILY_KEYS = {f"families.{f.kind}.{key}": spec for f in FAMILIES for key, spec in f.config_keys().items()}
 _SCHEMAS = {
-    2: {**_COMMON, **_family_schema()},
-    1: {**_COMMON, **{old: _family_schema()[new] for old, new in VERSION_1_KEYS.items()}},
+    2: {**_COMMON, **_FAMILY_KEYS},
+    1: {**_COMMON, **{old: _FAMILY_KEYS[new] for old, new in VERSION_1_KEYS.items()}},
 }
 # Every key some version knows, for flattening (free-form tables stay whole).
 _SCHEMA = {**_SCHEMAS[1], **_SCHEMAS[2]}

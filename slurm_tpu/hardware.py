@@ -45,11 +45,9 @@ class Details:
 class Accelerator:
     """One accelerator on a node.
 
-    ``identity`` is the one stable name used everywhere (ledger keys, slot nodes,
-    environment variables, logs): ``usb-<topology path>`` for USB devices, which
-    survives firmware-load re-enumeration, ``pci-<domain:bus:dev.fn>`` for PCIe
-    devices and ``platform-<name>`` for SoC GPUs. Never a devnum or a libedgetpu
-    index: those change under your feet.
+    ``identity`` is the one stable name used everywhere (slurm_tpu/identity.py): a USB
+    device's topology path survives firmware-load re-enumeration; a devnum or a libedgetpu
+    index would change under your feet.
     """
 
     identity: str

@@ -144,15 +144,10 @@ def take_snapshot() -> Snapshot:
                     devices[device.sys_path] = _record(device)
         except OSError as exc:
             raise DetectionError(f"cannot enumerate {subsystem} devices through udev: {exc}") from exc
-    driver_info: dict[str, dict[str, str]] = {}
-    dev_entries: set[str] = set()
-    for family in FAMILIES:
-        driver_info.update(family.driver_info())
-        dev_entries |= family.unannounced_nodes()
     return Snapshot(
         devices=devices,
-        driver_info=driver_info,
-        dev_entries=frozenset(dev_entries),
+        driver_info={bus: facts for family in FAMILIES for bus, facts in family.driver_info().items()},
+        dev_entries=frozenset(node for family in FAMILIES for node in family.unannounced_nodes()),
         online_cpus=_online_cpus(),
         cpu_topology=_cpu_topology(),
     )

@@ -1,11 +1,6 @@
-"""What an accelerator family is: everything the suite knows about one kind of device.
-
-A family (Coral Edge TPUs, GPUs, Hailo NPUs...) is one module with one :class:`Family`
-subclass; the rest of the suite never asks "is this a TPU?". Detection asks each family
-which udev devices it wants and what they are, rendering asks for GRES names, types,
-features and udev rules, config for the family's section; the hooks get a precomputed
-:class:`FamilyPolicy` and the job variables' values through their snapshot.
-"""
+"""What an accelerator family is: everything the suite knows about one kind of device, in one
+:class:`Family` subclass, so the rest of the suite never asks "is this a TPU?" (the hooks get
+what they need precomputed, through their snapshot)."""
 
 from __future__ import annotations
 

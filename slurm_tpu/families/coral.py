@@ -183,9 +183,7 @@ class EdgeTpuFamily(Family):
         if item.get("bus") == "usb":
             return UsbDetails.from_json(data)
         if "apex" in data:
-            return ApexDetails(
-                data["apex"], data.get("temperature_c"), tuple(data.get("trip_points_c") or ()), data.get("unique_id")
-            )
+            return ApexDetails.from_json({**data, "trip_points_c": tuple(data.get("trip_points_c") or ())})
         return Details()
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:

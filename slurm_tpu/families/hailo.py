@@ -23,10 +23,8 @@ from the driver's remove path (raspberrypi/linux drivers/media/pci/hailo/src/pci
   remove releases the mutex before reading ``ref_count`` (a last close can free the board first).
 * a function reset only calls ``hailo_pci_reset_prepare()``: the file contexts stay valid.
 
-So, as for the PCIe apex, the epilog's holder scan decides and a survivor drains the node.
-The driver counts no open files in sysfs: an fd in flight over a Unix socket is the
-residual exposure, as for GPUs. (The PCI ``power_state`` is not used: unconfirmed on
-hardware, and always D0 with ``no_power_mode``.)
+So the epilog's holder scan decides and a survivor drains the node; the driver counts no open
+files, so an fd in flight over a Unix socket is the residual exposure, as for GPUs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """The job environment file ``<state_dir>/jobs/<job>.env``: the prolog (root) -> the task-prolog (the job's user).
 
-The task-prolog runs before *every* task, as the job's user: reading the ledger there
-would cost a Python start per task. So the root prolog, which has just taken the
-leases, writes the lines once, and ``prolog/slurm-tpu-task-prolog`` (POSIX sh,
-built-ins only) prints them. The variables and each device's entries come precomputed
-from the families through the hooks' snapshot.
+The task-prolog runs before *every* task, as the job's user: reading the ledger there would
+cost a Python start per task. So the root prolog writes the lines once (from the hooks'
+snapshot) and ``prolog/slurm-tpu-task-prolog`` (POSIX sh, built-ins only) prints them.
 
 Grammar: one line per variable, ``export NAME=value`` or ``unset NAME``, in the
 snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`. Values

@@ -7,11 +7,10 @@ job's uid, mode 0700, at most :data:`BOX_BYTES` bytes and :data:`BOX_INODES` ino
 only that job's filesystem, hard links from elsewhere are impossible, and the epilog
 reads at most one small file per leased device and then unmounts it all at once.
 
-The task-prolog exports the box's path as ``SLURM_TPU_USAGE_DIR``. The runner keeps one
-file per device, ``<identity>.json``, with the job's running totals for it (:func:`encode`),
-updated read-modify-write under the runner's device lock. The figures are self-reported,
-which is fine for accounting (a user can only inflate their own), and :func:`checked`
-bounds them so a forged record can neither crash ``report``/``metrics`` nor dominate a total.
+The runner keeps one file per device, ``<identity>.json``, with the job's running totals
+(:func:`encode`), updated under its device lock. The figures are self-reported (a user can
+only inflate their own), and :func:`checked` bounds them so a forged record can neither
+crash ``report``/``metrics`` nor dominate a total.
 """
 
 from __future__ import annotations

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 from ..config import Config
@@ -15,10 +16,7 @@ HARDWARE_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "Threads
 
 def node_gres(inventory: Inventory, config: Config) -> str:
     """``Gres=`` value: ``name:type:count`` per (name, type), in inventory order."""
-    counts: dict[tuple[str, str], int] = {}
-    for accelerator in inventory.usable():
-        key = gres_name_type(config, accelerator)
-        counts[key] = counts.get(key, 0) + 1
+    counts = Counter(gres_name_type(config, accelerator) for accelerator in inventory.usable())
     return ",".join(f"{name}:{kind}:{count}" for (name, kind), count in counts.items())
 
 

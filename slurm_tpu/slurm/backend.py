@@ -7,12 +7,10 @@ watcher: 125 vs 73 ms). So ``auto`` uses pyslurm for the watcher when it matches
 running Slurm, scontrol elsewhere; ``pyslurm`` everywhere in ops (failing loudly when it
 does not match); ``scontrol`` never. The hooks always use scontrol.
 
-pyslurm is used only when it imports (it is optional, built against one Slurm release),
-when the libslurm it loaded, pyslurm itself and the daemons have the same major.minor
-(Slurm's structs change between releases), and when a slurm.conf is there (without one
-libslurm's init calls fatal() and exits the process, so pyslurm's auto-init is off and it
-is initialised here). Every pyslurm error becomes a SlurmCommandError naming the call;
-nothing falls back to scontrol behind the caller's back.
+pyslurm is used only when it imports, when its libslurm, pyslurm itself and the daemons
+have the same major.minor (Slurm's structs change between releases), and when a slurm.conf
+is there (without one libslurm's init exits the process, so pyslurm's auto-init is off).
+Every pyslurm error becomes a SlurmCommandError; nothing falls back to scontrol silently.
 """
 
 from __future__ import annotations

@@ -24,8 +24,7 @@ SLURM_OWN_PLUGIN = "select_cons_tres.so"  # always in Slurm's own plugin directo
 
 def root(environ=None) -> str:
     """Where the per-release plugin builds are."""
-    environ = os.environ if environ is None else environ
-    return environ.get(ROOT_ENV) or DEFAULT_ROOT
+    return (os.environ if environ is None else environ).get(ROOT_ENV) or DEFAULT_ROOT
 
 
 def built_for(version: str, environ=None) -> str | None:

@@ -13,11 +13,9 @@ directories chosen here, first answer wins:
 5. ``PATH`` (commands an admin runs; never for the root hooks);
 6. /usr/bin, /usr/sbin, /usr/local/bin, /usr/local/sbin.
 
-An admin's own commands (``systemctl``) are found by ``Installation.command`` in the same
-order, then ``PATH`` and the system directories. Given only one of bin/sbin, the other is
-its sibling when that exists. Only root-owned daemons count in 3 and 4: a user's process
-named ``slurmd`` must never choose what root runs. Cheap (``os`` only): the prolog imports
-it on every job.
+Given only one of bin/sbin, the other is its sibling when that exists. Only root-owned
+daemons count in 3 and 4: a user's process named ``slurmd`` must never choose what root
+runs. Cheap (``os`` only): the prolog imports it on every job.
 """
 
 from __future__ import annotations
