@@ -69,12 +69,9 @@ def _scan_seconds(value: int | float, key: str, where: str) -> float:
 
 @dataclass(frozen=True)
 class Key:
-    """One YAML key of the config, declared once, beside the Config field it fills.
-
-    ``name`` is the dotted key as the file spells it, ``types`` what YAML may give for it,
-    ``help`` its one-line meaning (docs/configuration.md is made from these), ``convert``
-    how a given value is checked and turned into the field's value (None: taken as it is).
-    """
+    """One YAML key of the config, declared once, beside the Config field it fills: ``types`` what
+    YAML may give for it, ``help`` its one-line meaning (docs/configuration.md is made from these),
+    ``convert`` how a value is checked and turned into the field's (None: taken as it is)."""
 
     name: str
     types: type | tuple[type, ...]

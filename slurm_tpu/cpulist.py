@@ -30,9 +30,8 @@ def format_cpu_list(values: Iterable[int]) -> str:
 def core_indices(topology: Mapping[int, tuple[int, int]]) -> dict[int, int]:
     """CPU id -> Slurm core index, from each CPU's (package id, core id).
 
-    Slurm numbers cores 0..N-1 socket by socket, in core-id order (as hwloc's
-    logical indices do); SMT siblings share their core's index. Linux core ids
-    may have gaps, so they are ranked, not used directly.
+    Slurm numbers cores 0..N-1 socket by socket, in core-id order (as hwloc's logical indices
+    do), SMT siblings sharing one; Linux core ids may have gaps, so they are ranked.
     """
     ranked = {pair: index for index, pair in enumerate(sorted(set(topology.values())))}
     return {cpu: ranked[pair] for cpu, pair in topology.items()}

@@ -53,12 +53,9 @@ class FamilyDetails(Details):
 
 @dataclass(frozen=True)
 class FamilyConfig:
-    """A family's site settings (``families.<kind>`` in the config, version 2).
-
-    ``types`` maps what the family keys its GRES types by (Edge TPU: the bus; GPU: the model
-    slug; Hailo: ``default`` and PCI addresses) to a type name; ``lease``: whether its devices
-    are leased to jobs (GPUs: ``isolate``).
-    """
+    """A family's site settings (``families.<kind>`` in the config, version 2): ``types`` maps what
+    the family keys its GRES types by (Edge TPU: the bus; GPU: the model slug; Hailo: ``default``
+    and PCI addresses) to a type name; ``lease``: whether its devices are leased to jobs."""
 
     gres_name: str
     types: Mapping[str, str] = field(default_factory=dict)
@@ -68,12 +65,12 @@ class FamilyConfig:
 
 @dataclass(frozen=True)
 class JobVariable:
-    """One variable of the job environment a family exports (see protocol/jobenv.py).
+    """One variable of the job environment a family exports (see protocol/jobenv.py); ``value`` gives
+    a device's entry from its identity and primary device node.
 
-    ``value`` gives a device's entry from its identity and primary device node. A job without
-    such devices gets ``unset NAME`` with ``unset_when_empty``, else ``export NAME=``.
-    ``never_unset``: a runtime library's view of the devices (``EDGETPU_VISIBLE_DEVICES``),
-    which reads unset as "every device": never ``unset``, even for a job with no device here.
+    A job without such devices gets ``unset NAME`` with ``unset_when_empty``, else ``export NAME=``.
+    ``never_unset``: a library's view of the devices (``EDGETPU_VISIBLE_DEVICES``), which reads
+    unset as "every device": never ``unset``, even for a job with no device here.
     """
 
     name: str
@@ -136,9 +133,7 @@ class Family:
             return None
         first = self.variables[0].name
         devices = environ.get(first, "")
-        if not devices:
-            return None
-        return self.runner_note.format(devices=devices, variable=first)
+        return self.runner_note.format(devices=devices, variable=first) if devices else None
 
     # ---- config ---------------------------------------------------------------------
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:

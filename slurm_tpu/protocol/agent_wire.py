@@ -15,7 +15,6 @@ slurm_tpu/hooks/agent_query.py; a SOCK_SEQPACKET pair). A worker sends a job sel
 (:func:`valid_selector`) with, over SCM_RIGHTS, one end of a fresh socketpair; the helper
 writes ``<scontrol>\\n<SLURM_CONF>\\n`` and ``scontrol show job``'s text (at most
 :data:`MAX_ANSWER` bytes in all) there and closes it. No answer means "ask Slurm yourself".
-
 How the bytes move (SO_PEERCRED, time limits, descriptors closed unread) is the agent's.
 """
 

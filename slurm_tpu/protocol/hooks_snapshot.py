@@ -66,10 +66,9 @@ class UdevRule(Record):
     """How ``slurm-tpu udev-event`` names the device of an event of ``subsystem`` (and ``devtype``
     when not ''), as a family declares it (``Family.udev_identities``).
 
-    The identity is ``<bus>-`` followed by the sysfs ``attribute`` of the event's device when
-    one is named (read at add time: Hailo's class device is no child of its PCI device), else
-    by the DEVPATH component ``depth`` levels up (1: the last). A remove event, whose sysfs is
-    gone, is matched by its device node.
+    The identity is ``<bus>-`` and the sysfs ``attribute`` of the event's device when one is
+    named (Hailo's class device is no child of its PCI device), else the DEVPATH component
+    ``depth`` levels up (1: the last). A remove event is matched by its device node.
     """
 
     __slots__ = ("subsystem", "devtype", "bus", "depth", "attribute")
