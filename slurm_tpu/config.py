@@ -189,7 +189,8 @@ class Config:
         """The settings of one family (its defaults if the registry gained it after this config)."""
         from .families import family
 
-        return self.families.get(kind) or family(kind).default_config
+        configured = self.families.get(kind)
+        return family(kind).default_config if configured is None else configured
 
 
 def config_keys(cls: type = Config) -> list[tuple[Key, Any]]:
