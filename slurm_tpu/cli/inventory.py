@@ -33,12 +33,6 @@ def _inventory(saved: str | None = None) -> Inventory:
         ) from exc
 
 
-def _status(accelerator) -> str:
-    if not accelerator.usable:
-        return f"UNUSABLE: {accelerator.reason}"
-    return ", ".join(["ok", *accelerator.details.notes()])
-
-
 def format_table(inventory: Inventory) -> str:
     """The human-readable ``detect`` table."""
     if not len(inventory):
@@ -49,7 +43,8 @@ def format_table(inventory: Inventory) -> str:
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
         numa = "-" if a.numa_node is None else str(a.numa_node)
-        rows.append((a.identity, a.kind, a.model, a.primary_node or "-", numa, _status(a)))
+        status = ", ".join(["ok", *a.details.notes()]) if a.usable else f"UNUSABLE: {a.reason}"
+        rows.append((a.identity, a.kind, a.model, a.primary_node or "-", numa, status))
     usable = len(inventory.usable())
     return table(rows) + f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable\n"
 
