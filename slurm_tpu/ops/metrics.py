@@ -98,11 +98,8 @@ def families(snap: NodeSnapshot) -> list[Metric]:
     ]
     totals: dict[str, list[float]] = {}
     for record in snap.records:
-        entry = totals.setdefault(record.identity, [0, 0.0, 0, 0.0])
-        entry[0] += 1
-        entry[1] += record.seconds_within(None, None, snap.now)
-        entry[2] += record.inferences
-        entry[3] += record.inference_seconds
+        added = (1, record.seconds_within(None, None, snap.now), record.inferences, record.inference_seconds)
+        totals[record.identity] = [a + b for a, b in zip(totals.get(record.identity, [0, 0.0, 0, 0.0]), added)]
     for identity in identities:
         here = live.by_identity(identity)
         accelerator = here or configured.by_identity(identity)
