@@ -23,14 +23,6 @@ if TYPE_CHECKING:
 EXIT_SOME_FAILED = 1
 
 
-def _warn(message: str) -> None:
-    click.echo(f"slurm-tpu: warning: {message}", err=True)
-
-
-def _task_recognised(name: str) -> None:
-    click.echo(f"slurm-tpu: task: {name} (recognised from the model's outputs; --task overrides)", err=True)
-
-
 def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
     return BatchOptions(progress=not no_progress, **values)
 
@@ -167,12 +159,15 @@ def infer(
     # The other options are InferRequest's fields by name (the grouped ones already built).
     inputs = tuple(args[0 if model_option else 1 :]) + input_options
     request = InferRequest(model=model, inputs=inputs, **fields)
-    outcome = run(
-        request,
-        Streams(
-            write=lambda s: click.echo(s, nl=False), warn=_warn, task_recognised=_task_recognised, progress=sys.stderr
+    streams = Streams(
+        write=lambda text: click.echo(text, nl=False),
+        warn=lambda message: click.echo(f"slurm-tpu: warning: {message}", err=True),
+        task_recognised=lambda name: click.echo(
+            f"slurm-tpu: task: {name} (recognised from the model's outputs; --task overrides)", err=True
         ),
+        progress=sys.stderr,
     )
+    outcome = run(request, streams)
     if isinstance(outcome, Timed):
         _print_timed(outcome, as_json)
     elif isinstance(outcome, RemoteTimed):

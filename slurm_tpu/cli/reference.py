@@ -106,12 +106,7 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the page, or write it to ``--output``."""
+if __name__ == "__main__":
     from ..ops.config_reference import write_page
 
-    return write_page(argv, "cli.reference", "command reference (docs/cli.md)", render, "cli_reference")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(write_page("cli.reference", "command reference (docs/cli.md)", render, "cli_reference"))

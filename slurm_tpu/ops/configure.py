@@ -2,12 +2,8 @@
 
 Shared by ``slurm-tpu gres-conf --output`` and the hotplug watcher, so both keep
 the same order: slot nodes first (gres.conf must never name a missing path),
-then the state-dir inventory the hooks read, then the files.
-
-``slurm-tpu boot`` (:func:`restore_node_state`) restores what a reboot wipes (``/dev``'s
-slot nodes, ``/run``'s state inventory: without them slurmd exits on a missing ``File=``)
-from the persistent copy of the configured inventory; a configured device absent at boot
-gets an inert placeholder slot, so slurmd still starts and ``slurm-tpu health`` drains the node.
+then the state-dir inventory the hooks read, then the files. ``slurm-tpu boot`` restores
+the first two after a reboot (:func:`restore_node_state`).
 """
 
 from __future__ import annotations
@@ -86,7 +82,9 @@ class BootResult:
 
 
 def restore_node_state(config: Config, live: Inventory) -> BootResult:
-    """Slots and state inventory from ``config.inventory_file`` and the live hardware."""
+    """Slots and state inventory from ``config.inventory_file`` (the persistent copy) and the live hardware,
+    after a reboot wiped ``/dev``'s slots and ``/run``'s state inventory (slurmd exits on a missing ``File=``).
+    A configured device absent now gets an inert placeholder slot: slurmd starts, and health drains the node."""
     from ..access.node_inventory import write_state_inventory
     from ..access.slots import ensure_placeholder_slot, ensure_slot
 

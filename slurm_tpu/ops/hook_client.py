@@ -75,10 +75,9 @@ def link_native_entries(client: str, hooks: list[str]) -> list[str]:
     made = []
     for hook in hooks:
         entry = native_entry(hook)
-        try:
+        current = False
+        with contextlib.suppress(FileNotFoundError):
             current = os.stat(entry, follow_symlinks=False).st_ino == client_inode
-        except FileNotFoundError:
-            current = False
         if not current:
             temporary = f"{entry}.{os.getpid()}.tmp"
             os.link(client, temporary)

@@ -93,9 +93,7 @@ def families(snap: NodeSnapshot) -> list[Metric]:
 
     configured, live, node, holders = snap.configured, snap.live, snap.node, snap.holders
     problems = {p.identity for p in find_problems([a.identity for a in configured], live)}
-    identities = [a.identity for a in configured] + [
-        a.identity for a in live.usable() if configured.by_identity(a.identity) is None
-    ]
+    identities = dict.fromkeys([a.identity for a in configured] + [a.identity for a in live.usable()])
     totals: dict[str, list[float]] = {}
     for record in snap.records:
         added = (1, record.seconds_within(None, None, snap.now), record.inferences, record.inference_seconds)
