@@ -151,9 +151,7 @@ def gres_conf(
     inventory = _inventory(saved)
     name = obj.node_name(node)
     if output and not (diff or check or no_slots):
-        # Slot nodes first: the file must never name a path that does not exist
-        # (slurmd would exit). The hooks read the state-dir copy of the inventory
-        # instead of detecting on every job.
+        # Slot nodes and the hooks' inventory first: slurmd exits on a File= that does not exist.
         from ..ops.configure import prepare_node_state
 
         prepare_node_state(config, inventory)

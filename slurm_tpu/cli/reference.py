@@ -99,8 +99,7 @@ def render() -> str:
         usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)])
         name, *description = _paragraphs(ctx.command) or [""]
         lines += ["", f"## `{ctx.command_path}`", "", name, "", "```text", usage, "```"]
-        for block in description:
-            lines += ["", block]
+        lines += [line for block in description for line in ("", block)]
         table = _params(ctx)
         lines += ["", *table] if table else []
     return "\n".join(lines) + "\n"
