@@ -98,6 +98,8 @@ class Family:
     # The runner backend for these devices ("edgetpu", "gpu"), or "" with ``runner_note`` saying what to use.
     runner: str = ""
     runner_note: str = ""
+    # Config keys of the family's own beside gres_name and features (relative to ``families.<kind>.``).
+    extra_config_keys: Mapping[str, tuple[type | tuple[type, ...], str]] = {}
 
     # ---- detection ----------------------------------------------------------------
     def wanted(self, device: Candidate) -> bool:
@@ -141,6 +143,7 @@ class Family:
         return {
             "gres_name": (str, f"GRES name for {self.title}s"),
             "features": (list, f"node features (Feature=) of a node with {self.title}s"),
+            **self.extra_config_keys,
         }
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:

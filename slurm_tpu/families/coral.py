@@ -154,6 +154,10 @@ class EdgeTpuFamily(Family):
         ),
     )
     runner = "edgetpu"
+    extra_config_keys = {
+        "types.usb": (str, "GRES type for USB Edge TPUs"),
+        "types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs"),
+    }
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "usb":
@@ -185,13 +189,6 @@ class EdgeTpuFamily(Family):
         if "apex" in data:
             return ApexDetails.from_json({**data, "trip_points_c": tuple(data.get("trip_points_c") or ())})
         return Details()
-
-    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {
-            **super().config_keys(),
-            "types.usb": (str, "GRES type for USB Edge TPUs"),
-            "types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs"),
-        }
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = dict(self.default_config.types)

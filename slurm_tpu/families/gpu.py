@@ -179,17 +179,9 @@ class GpuFamily(Family):
 
     kind = KIND
     title = "GPU"
+    # (NUMA node and local CPUs: SysDevice.numa_node/local_cpus, read for every device.)
     attributes = {
-        "pci": (
-            "vendor",
-            "device",
-            "class",
-            "numa_node",
-            "local_cpulist",
-            "mem_info_vram_total",
-            "unique_id",
-            "product_name",
-        ),
+        "pci": ("vendor", "device", "class", "mem_info_vram_total", "unique_id", "product_name"),
         "drm": (),
         "platform": (),
     }
@@ -200,6 +192,10 @@ class GpuFamily(Family):
     udev_identities = (UdevRule("drm", "", "pci", 3),)
     variables = (JobVariable(jobenv.GPUS, lambda identity, node: identity),)
     runner = "gpu"
+    extra_config_keys = {
+        "types": (dict, "GPU model slug -> GRES type"),
+        "isolate": (bool, "lease GPUs too (clusters without cgroup devices)"),
+    }
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "pci":
@@ -247,13 +243,6 @@ class GpuFamily(Family):
         if item.get("bus") == "platform" or "compatible" in data:
             return TegraDetails.from_json(data)
         return (NvidiaDetails if item.get("vendor") == "NVIDIA" else DrmDetails).from_json(data)
-
-    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {
-            **super().config_keys(),
-            "types": (dict, "GPU model slug -> GRES type"),
-            "isolate": (bool, "lease GPUs too (clusters without cgroup devices)"),
-        }
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = section.get("types", {})

@@ -107,6 +107,10 @@ class HailoFamily(Family):
         "TFLite: run your HEF with HailoRT, one device id per -s (hailortcli run model.hef -s "
         '"${{{variable}%%,*}}" takes the first)'
     )
+    extra_config_keys = {
+        "types.default": (str, "GRES type of a Hailo card (hailo8: sysfs cannot tell 8 from 8L)"),
+        "types.by_address": (dict, "PCI address (0000:01:00.0) -> GRES type, e.g. hailo8l"),
+    }
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "pci":
@@ -120,13 +124,6 @@ class HailoFamily(Family):
 
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         return HailoDetails.from_json(item.get("details") or {})
-
-    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {
-            **super().config_keys(),
-            "types.default": (str, "GRES type of a Hailo card (hailo8: sysfs cannot tell 8 from 8L)"),
-            "types.by_address": (dict, "PCI address (0000:01:00.0) -> GRES type, e.g. hailo8l"),
-        }
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = {"default": section.get("types.default", self.default_config.types["default"])}

@@ -202,12 +202,9 @@ def parse_snapshot(text: str, cls=HookSnapshot):
             if not line:
                 continue
             tag, *fields = line.split("\t")
-            record = {}
-            for item in fields:
-                key, sep, value = item.partition("=")
-                if not sep or key in record:
-                    return None
-                record[key] = value
+            record = dict(item.split("=", 1) for item in fields)  # ValueError: an item without '='
+            if len(record) != len(fields):  # a key given twice
+                return None
             if tag == "src":
                 result.sources[record["path"]] = record["key"]
             elif tag == "set":

@@ -118,7 +118,8 @@ class Slurm(NodeStates):
         except ForgedOutputError:
             from .parse import parse_squeue_job_json
 
-            return parse_squeue_job_json(self.squeue_json(job_id), job_id, node)
+            # 22.05 ignores -j and lists every job.
+            return parse_squeue_job_json(self.run("squeue", "--json", "-j", str(job_id)), job_id, node)
 
     def job_detail(self, selector: str) -> str:
         """``scontrol show job -d SELECTOR`` (``123``, ``123_4`` an array task, ``123+1`` a het component)."""
@@ -141,10 +142,6 @@ class Slurm(NodeStates):
             raise
         lines = out.split()
         return lines[0] if lines else ""
-
-    def squeue_json(self, job_id: int) -> str:
-        """``squeue --json -j JOB`` (22.05 ignores -j and lists every job)."""
-        return self.run("squeue", "--json", "-j", str(job_id))
 
     def jobs_with_gres(self, node: str) -> list[str]:
         """Ids of running/completing jobs on ``node`` that asked for a GRES."""

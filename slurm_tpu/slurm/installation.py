@@ -235,30 +235,16 @@ def daemon_for_conf(slurm_conf: str | None) -> tuple[int, str] | None:
     return matches[0]
 
 
-def _from_daemon(pid: int, exe: str, how: str) -> Installation:
-    sbin = os.path.dirname(exe)
-    return Installation(_pair(None, sbin), f"{how} {os.path.basename(exe)} pid {pid} ({exe})", exe)
-
-
-def find(
-    environ=None,
-    bin_dir: str | None = None,
-    sbin_dir: str | None = None,
-    use_path: bool = True,
-    use_daemons: bool = True,
-) -> Installation:
+def find(environ=None, bin_dir: str | None = None, sbin_dir: str | None = None, use_path: bool = True) -> Installation:
     """The Slurm installation to use (see the module docstring for the order).
 
     ``bin_dir``/``sbin_dir`` are the config's ``slurm.*`` keys; ``use_path`` is False for the
-    root hooks, ``use_daemons`` for whoever starts daemons (a local cluster). Not cached: a
-    long-lived process (the agent's workers, the watcher) may outlive a Slurm upgrade.
+    root hooks. Not cached: a long-lived process (the agent's workers, the watcher) may
+    outlive a Slurm upgrade.
     """
     environ = os.environ if environ is None else environ
-    env_bin, env_sbin = environ.get(BIN_ENV) or None, environ.get(SBIN_ENV) or None
-    conf = environ.get("SLURM_CONF") or None
-    path = environ.get("PATH", "") if use_path else None
     for given, where in (
-        ((env_bin, env_sbin), f"{BIN_ENV}/{SBIN_ENV}"),
+        ((environ.get(BIN_ENV) or None, environ.get(SBIN_ENV) or None), f"{BIN_ENV}/{SBIN_ENV}"),
         ((bin_dir, sbin_dir), "config slurm.bin_dir/slurm.sbin_dir"),
     ):
         for directory in given:
@@ -266,14 +252,13 @@ def find(
                 raise SlurmCommandError(f"{where}: {directory!r} is not an absolute directory", directory)
         if given[0] or given[1]:
             return Installation(_pair(*given), where)
-    if use_daemons:
-        daemon = ancestor_daemon()
-        if daemon is not None:
-            return _from_daemon(*daemon, "parent")
-        daemon = daemon_for_conf(conf)
-        if daemon is not None:
-            return _from_daemon(*daemon, "running")
-    for directory in (path or "").split(":"):
+    daemon, how = ancestor_daemon(), "parent"
+    if daemon is None:
+        daemon, how = daemon_for_conf(environ.get("SLURM_CONF") or None), "running"
+    if daemon is not None:
+        pid, exe = daemon
+        return Installation(_pair(None, os.path.dirname(exe)), f"{how} {os.path.basename(exe)} pid {pid} ({exe})", exe)
+    for directory in (environ.get("PATH", "") if use_path else "").split(":"):
         if directory.startswith("/") and os.access(f"{directory}/scontrol", os.X_OK):
             return Installation(_pair(directory, None), f"PATH ({directory})")
     return Installation(USUAL_DIRS, "default directories")

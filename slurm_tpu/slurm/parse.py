@@ -75,10 +75,7 @@ def parse_node_state(text: str) -> NodeState:
     """
     state, reason, gres = "", "", ""
     for raw in text.splitlines():
-        line = raw.strip()
-        head, sep, tail = line.partition(" Reason=")
-        if line.startswith("Reason="):
-            head, tail, sep = "", line[len("Reason=") :], "Reason="
+        head, sep, tail = (" " + raw.strip()).partition(" Reason=")  # the space: a line may start with it
         if sep:
             reason = tail
             if reason.endswith("]") and " [" in reason:
