@@ -5,7 +5,7 @@ what they need precomputed, through their snapshot)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import ConfigError
@@ -31,24 +31,6 @@ class Candidate:
     def properties(self) -> Mapping[str, str]:
         """The udev properties."""
         raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class FamilyDetails(Details):
-    """Details whose ``detect --json`` object is their fields (a subclass may add keys to :meth:`to_json`)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Details:
-        """The details :meth:`to_json` wrote: a missing key gives the field's default, a flag a bool."""
-        return cls(
-            **{
-                f.name: bool(data.get(f.name)) if isinstance(f.default, bool) else data.get(f.name, f.default)
-                for f in fields(cls)
-            }
-        )
 
 
 @dataclass(frozen=True)

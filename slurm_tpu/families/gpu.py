@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details, slug
 from ..protocol import jobenv
-from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
+from .base import Candidate, Family, FamilyConfig, JobVariable, UdevRule
 from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, pci_accelerator
 
 KIND = "gpu"
@@ -27,7 +27,7 @@ TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,
 
 
 @dataclass(frozen=True)
-class NvidiaDetails(FamilyDetails):
+class NvidiaDetails(Details):
     """A discrete NVIDIA GPU: UUID, its /dev/nvidiaN minor and where that came from, NVML facts."""
 
     uuid: str | None = None
@@ -49,7 +49,7 @@ class NvidiaDetails(FamilyDetails):
 
 
 @dataclass(frozen=True)
-class DrmDetails(FamilyDetails):
+class DrmDetails(Details):
     """An AMD or Intel GPU: VRAM size and unique id where the driver reports them."""
 
     memory_bytes: int | None = None
@@ -60,7 +60,7 @@ class DrmDetails(FamilyDetails):
 
 
 @dataclass(frozen=True)
-class TegraDetails(FamilyDetails):
+class TegraDetails(Details):
     """A Jetson's integrated GPU, by its device-tree compatible string."""
 
     compatible: str = ""

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Details
-from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
+from .base import Candidate, Family, FamilyConfig, JobVariable, UdevRule
 from .sysfs import Snapshot, SysDevice, int_or_none, pci_accelerator
 
 KIND = "hailo"
@@ -51,7 +51,7 @@ DRIVER_FIX = (
 
 
 @dataclass(frozen=True)
-class HailoDetails(FamilyDetails):
+class HailoDetails(Details):
     """A Hailo card: its class device (``hailoN``) and the driver's accelerator type (0: NNC)."""
 
     chardev: str | None = None

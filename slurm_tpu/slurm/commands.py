@@ -101,12 +101,8 @@ class Slurm(NodeStates):
 
     # ---- jobs --------------------------------------------------------------------
     def job_gres(self, job_id: int, node: str) -> list[GresAlloc] | None:
-        """Job ``job_id``'s GRES on ``node`` (None: not on the node; ValueError: unparseable).
-
-        One ``scontrol show job -d`` in the usual case; a second, narrowed to the job alone,
-        when other tasks of its array share the node; ``squeue --json`` only when the text
-        was forged (see ``jobdetail.parse_scontrol_job_detail``).
-        """
+        """Job ``job_id``'s GRES on ``node`` (None: not on the node; ValueError: unparseable); see
+        ``jobdetail.parse_scontrol_job_detail`` for when it asks again."""
         from .jobdetail import ForgedOutputError, SiblingsOnNode, parse_scontrol_job_detail
 
         text = self.job_detail(str(job_id))
