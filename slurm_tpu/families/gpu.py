@@ -84,10 +84,7 @@ def _model(device: SysDevice, vendor: str, known: str | None) -> str:
 
 def model_slug(model: str) -> str:
     """A GRES type from a marketing name: ``NVIDIA A100-SXM4-80GB`` -> ``a100_sxm4_80gb``."""
-    name = slug(model)
-    if name.startswith("nvidia_") and len(name) > len("nvidia_"):
-        name = name[len("nvidia_") :]
-    return name
+    return slug(model).removeprefix("nvidia_")  # never all of it: slug() strips a trailing '_'
 
 
 def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:

@@ -58,17 +58,6 @@ def _major_minor(version: str) -> tuple[str, ...]:
     return tuple(version.split(".")[:2])
 
 
-def _slurm_conf(slurm: Slurm) -> str:
-    """The slurm.conf libslurm would read: $SLURM_CONF, else the daemons' compiled-in default."""
-    conf = slurm.environ.get("SLURM_CONF") or installation.compiled_conf(slurm.install.sbin_dir)
-    if not os.path.isfile(conf):
-        raise PyslurmUnavailable(
-            f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
-            "(libslurm would exit the process without one)"
-        )
-    return conf
-
-
 def _daemon_version(slurm: Slurm) -> str:
     for daemon in ("slurmd", "slurmctld"):
         try:
@@ -84,7 +73,13 @@ def _daemon_version(slurm: Slurm) -> str:
 
 def load(slurm: Slurm) -> PySlurm:
     """pyslurm, initialised for this Slurm; PyslurmUnavailable when it does not match."""
-    conf = _slurm_conf(slurm)
+    # The slurm.conf libslurm would read: $SLURM_CONF, else the daemons' compiled-in default.
+    conf = slurm.environ.get("SLURM_CONF") or installation.compiled_conf(slurm.install.sbin_dir)
+    if not os.path.isfile(conf):
+        raise PyslurmUnavailable(
+            f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
+            "(libslurm would exit the process without one)"
+        )
     daemons = _daemon_version(slurm)
     import sys
 

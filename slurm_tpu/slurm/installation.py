@@ -3,19 +3,13 @@
 A node may carry two Slurm installations (Debian's 22.05 in /usr, a site build in
 /opt/slurm-25.11), and client and daemons must be the same release (a 22.05 scontrol gets
 "Unspecified error" from a 25.11 slurmctld). So every Slurm program comes from the
-directories chosen here, first answer wins:
-
-1. ``SLURM_TPU_SLURM_BIN`` / ``SLURM_TPU_SLURM_SBIN`` (environment);
-2. the config's ``slurm.bin_dir`` / ``slurm.sbin_dir``;
-3. the slurmd (or slurmstepd) this process runs under: the hooks and the
-   HealthCheckProgram are its children, and slurmd gives them no PATH;
-4. the running slurmd or slurmctld (root's) that reads the same slurm.conf;
-5. ``PATH`` (commands an admin runs; never for the root hooks);
-6. /usr/bin, /usr/sbin, /usr/local/bin, /usr/local/sbin.
-
-Given only one of bin/sbin, the other is its sibling when that exists. Only root-owned
-daemons count in 3 and 4: a user's process named ``slurmd`` must never choose what root
-runs. Cheap (``os`` only): the prolog imports it on every job.
+directories :func:`find` chooses, first answer wins (docs/admin-guide.md, "Which Slurm"):
+``SLURM_TPU_SLURM_BIN``/``_SBIN``; the config's ``slurm.bin_dir``/``sbin_dir`` (given one
+of bin/sbin, the other is its sibling when that exists); the slurmd or slurmstepd this
+process runs under (the hooks and the HealthCheckProgram: slurmd gives them no PATH); the
+running slurmd or slurmctld that reads the same slurm.conf; ``PATH`` (never for the root
+hooks); :data:`USUAL_DIRS`. Only root-owned daemons count: a user's process named
+``slurmd`` must never choose what root runs. Cheap (``os`` only): the prolog imports it on every job.
 """
 
 from __future__ import annotations
@@ -124,8 +118,7 @@ def _exe(pid: int, root_only: bool = True) -> str | None:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         return None
-    if exe.endswith(" (deleted)"):  # upgraded in place: the directory is still the one it came from
-        exe = exe[: -len(" (deleted)")]
+    exe = exe.removesuffix(" (deleted)")  # upgraded in place: the directory is still the one it came from
     return exe if exe.startswith("/") else None
 
 
