@@ -228,12 +228,18 @@ def daemon_for_conf(slurm_conf: str | None) -> tuple[int, str] | None:
     return matches[0]
 
 
-def find(environ=None, bin_dir: str | None = None, sbin_dir: str | None = None, use_path: bool = True) -> Installation:
+def find(
+    environ=None,
+    bin_dir: str | None = None,
+    sbin_dir: str | None = None,
+    use_path: bool = True,
+    use_daemons: bool = True,
+) -> Installation:
     """The Slurm installation to use (see the module docstring for the order).
 
     ``bin_dir``/``sbin_dir`` are the config's ``slurm.*`` keys; ``use_path`` is False for the
-    root hooks. Not cached: a long-lived process (the agent's workers, the watcher) may
-    outlive a Slurm upgrade.
+    root hooks, ``use_daemons`` for whoever starts daemons (a local cluster). Not cached: a
+    long-lived process (the agent's workers, the watcher) may outlive a Slurm upgrade.
     """
     environ = os.environ if environ is None else environ
     for given, where in (
@@ -245,12 +251,14 @@ def find(environ=None, bin_dir: str | None = None, sbin_dir: str | None = None, 
                 raise SlurmCommandError(f"{where}: {directory!r} is not an absolute directory", directory)
         if given[0] or given[1]:
             return Installation(_pair(*given), where)
-    daemon, how = ancestor_daemon(), "parent"
-    if daemon is None:
-        daemon, how = daemon_for_conf(environ.get("SLURM_CONF") or None), "running"
-    if daemon is not None:
-        pid, exe = daemon
-        return Installation(_pair(None, os.path.dirname(exe)), f"{how} {os.path.basename(exe)} pid {pid} ({exe})", exe)
+    if use_daemons:
+        daemon, how = ancestor_daemon(), "parent"
+        if daemon is None:
+            daemon, how = daemon_for_conf(environ.get("SLURM_CONF") or None), "running"
+        if daemon is not None:
+            pid, exe = daemon
+            found_by = f"{how} {os.path.basename(exe)} pid {pid} ({exe})"
+            return Installation(_pair(None, os.path.dirname(exe)), found_by, exe)
     for directory in (environ.get("PATH", "") if use_path else "").split(":"):
         if directory.startswith("/") and os.access(f"{directory}/scontrol", os.X_OK):
             return Installation(_pair(directory, None), f"PATH ({directory})")
