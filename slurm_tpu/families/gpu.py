@@ -88,7 +88,6 @@ def model_slug(model: str) -> str:
 
 
 def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
-    # Without the driver's procfs, minors follow probe order, which is PCI order.
     bound = [d for d in devices if d.driver == "nvidia"]
     found = []
     for device in devices:
@@ -105,14 +104,13 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
                 else f"GPU {device.sys_name} has no driver bound: load the nvidia module"
             )
         else:
-            minor = int_or_none(proc.get("Device Minor"))
-            source = "procfs" if minor is not None else "pci-order"
-            if minor is None:
-                minor = bound.index(device)
+            minor, source = int_or_none(proc.get("Device Minor")), "procfs"
+            if minor is None:  # without the driver's procfs, minors follow probe order, which is PCI order
+                minor, source = bound.index(device), "pci-order"
             details = NvidiaDetails(uuid=uuid, minor=minor, minor_source=source)
             node = f"/dev/nvidia{minor}"
             nodes = (node,)
-            if not snapshot.node_exists(node):
+            if node not in snapshot.dev_entries:
                 reason = f"device node {node} is missing: run nvidia-modprobe -c {minor} or load the driver"
         found.append(pci_accelerator(device, KIND, "NVIDIA", model, nodes, reason, details))
 
@@ -150,7 +148,7 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     chip = compatible.split(",", 1)[1]
     drm = snapshot.children(device, "drm")
     nodes = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
-    nodes += sorted(p for p in TEGRA_NODES if snapshot.node_exists(p))
+    nodes += sorted(p for p in TEGRA_NODES if p in snapshot.dev_entries)
     reason = ""
     if not device.driver:
         reason = f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
