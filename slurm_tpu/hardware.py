@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass, field, fields
+from collections.abc import Iterator, Mapping
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Callable
 
 
@@ -37,8 +37,18 @@ class Details:
         return []
 
     def to_json(self) -> dict[str, Any]:
-        """The ``details`` object of ``slurm-tpu detect --json``."""
-        return {}
+        """The ``details`` object of ``slurm-tpu detect --json``: the fields (a subclass may add keys)."""
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Details:
+        """The details :meth:`to_json` wrote: a missing key gives the field's default, a flag a bool."""
+        return cls(
+            **{
+                f.name: bool(data.get(f.name)) if isinstance(f.default, bool) else data.get(f.name, f.default)
+                for f in fields(cls)
+            }
+        )
 
 
 @dataclass(frozen=True)

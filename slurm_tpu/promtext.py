@@ -22,14 +22,9 @@ except ImportError:  # pragma: no cover (Debian bookworm's 0.16)
     from prometheus_client.exposition import CONTENT_TYPE_LATEST as CONTENT_TYPE  # noqa: F401
 
 
-def gauge(name: str, documentation: str) -> GaugeMetricFamily:
-    """An empty gauge family; samples are added with :func:`add`."""
-    return GaugeMetricFamily(name, documentation)
-
-
-def counter(name: str, documentation: str) -> CounterMetricFamily:
-    """An empty counter family named ``name`` (which ends in ``_total``, the sample's name)."""
-    return CounterMetricFamily(name, documentation)
+# An empty family, ``gauge(name, documentation)``/``counter(...)``; samples are added with :func:`add`
+# (a counter's is named ``<name>_total``).
+gauge, counter = GaugeMetricFamily, CounterMetricFamily
 
 
 def add(family: Metric, labels: Mapping[str, str], value: float) -> None:

@@ -5,7 +5,7 @@ what they need precomputed, through their snapshot)."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from ..errors import ConfigError
@@ -31,24 +31,6 @@ class Candidate:
     def properties(self) -> Mapping[str, str]:
         """The udev properties."""
         raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class FamilyDetails(Details):
-    """Details whose ``detect --json`` object is their fields (a subclass may add keys to :meth:`to_json`)."""
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> Details:
-        """The details :meth:`to_json` wrote: a missing key gives the field's default, a flag a bool."""
-        return cls(
-            **{
-                f.name: bool(data.get(f.name)) if isinstance(f.default, bool) else data.get(f.name, f.default)
-                for f in fields(cls)
-            }
-        )
 
 
 @dataclass(frozen=True)
@@ -98,6 +80,8 @@ class Family:
     # The runner backend for these devices ("edgetpu", "gpu"), or "" with ``runner_note`` saying what to use.
     runner: str = ""
     runner_note: str = ""
+    # Config keys of the family's own beside gres_name and features (relative to ``families.<kind>.``).
+    extra_config_keys: Mapping[str, tuple[type | tuple[type, ...], str]] = {}
 
     # ---- detection ----------------------------------------------------------------
     def wanted(self, device: Candidate) -> bool:
@@ -141,6 +125,7 @@ class Family:
         return {
             "gres_name": (str, f"GRES name for {self.title}s"),
             "features": (list, f"node features (Feature=) of a node with {self.title}s"),
+            **self.extra_config_keys,
         }
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:

@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details
 from ..protocol import jobenv
-from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
+from .base import GASKET_WRITERS, USB_PORT, Candidate, Family, FamilyConfig, JobVariable, UdevRule
 from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, millidegrees, pci_accelerator
 
 KIND = "edgetpu"
@@ -27,7 +27,7 @@ def usb_product_prefix(ids: tuple[str, str]) -> str:
 
 
 @dataclass(frozen=True)
-class UsbDetails(FamilyDetails):
+class UsbDetails(Details):
     """A Coral USB Accelerator: its link and whether its firmware is loaded."""
 
     usb_speed_mbps: int | None = None
@@ -46,7 +46,7 @@ class UsbDetails(FamilyDetails):
 
 
 @dataclass(frozen=True)
-class ApexDetails(FamilyDetails):
+class ApexDetails(Details):
     """A Coral PCIe card with its apex class device: temperature, trip points, serial."""
 
     apex: str = ""
@@ -154,6 +154,10 @@ class EdgeTpuFamily(Family):
         ),
     )
     runner = "edgetpu"
+    extra_config_keys = {
+        "types.usb": (str, "GRES type for USB Edge TPUs"),
+        "types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs"),
+    }
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "usb":
@@ -185,13 +189,6 @@ class EdgeTpuFamily(Family):
         if "apex" in data:
             return ApexDetails.from_json({**data, "trip_points_c": tuple(data.get("trip_points_c") or ())})
         return Details()
-
-    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {
-            **super().config_keys(),
-            "types.usb": (str, "GRES type for USB Edge TPUs"),
-            "types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs"),
-        }
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = dict(self.default_config.types)

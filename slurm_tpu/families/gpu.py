@@ -14,7 +14,7 @@ from typing import Any
 from ..errors import ConfigError
 from ..hardware import Accelerator, Bus, Details, slug
 from ..protocol import jobenv
-from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
+from .base import Candidate, Family, FamilyConfig, JobVariable, UdevRule
 from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, pci_accelerator
 
 KIND = "gpu"
@@ -27,7 +27,7 @@ TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,
 
 
 @dataclass(frozen=True)
-class NvidiaDetails(FamilyDetails):
+class NvidiaDetails(Details):
     """A discrete NVIDIA GPU: UUID, its /dev/nvidiaN minor and where that came from, NVML facts."""
 
     uuid: str | None = None
@@ -49,7 +49,7 @@ class NvidiaDetails(FamilyDetails):
 
 
 @dataclass(frozen=True)
-class DrmDetails(FamilyDetails):
+class DrmDetails(Details):
     """An AMD or Intel GPU: VRAM size and unique id where the driver reports them."""
 
     memory_bytes: int | None = None
@@ -60,7 +60,7 @@ class DrmDetails(FamilyDetails):
 
 
 @dataclass(frozen=True)
-class TegraDetails(FamilyDetails):
+class TegraDetails(Details):
     """A Jetson's integrated GPU, by its device-tree compatible string."""
 
     compatible: str = ""
@@ -84,14 +84,10 @@ def _model(device: SysDevice, vendor: str, known: str | None) -> str:
 
 def model_slug(model: str) -> str:
     """A GRES type from a marketing name: ``NVIDIA A100-SXM4-80GB`` -> ``a100_sxm4_80gb``."""
-    name = slug(model)
-    if name.startswith("nvidia_") and len(name) > len("nvidia_"):
-        name = name[len("nvidia_") :]
-    return name
+    return slug(model).removeprefix("nvidia_")  # never all of it: slug() strips a trailing '_'
 
 
 def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
-    # Without the driver's procfs, minors follow probe order, which is PCI order.
     bound = [d for d in devices if d.driver == "nvidia"]
     found = []
     for device in devices:
@@ -108,14 +104,13 @@ def _nvidia(devices: list[SysDevice], snapshot: Snapshot) -> list[Accelerator]:
                 else f"GPU {device.sys_name} has no driver bound: load the nvidia module"
             )
         else:
-            minor = int_or_none(proc.get("Device Minor"))
-            source = "procfs" if minor is not None else "pci-order"
-            if minor is None:
-                minor = bound.index(device)
+            minor, source = int_or_none(proc.get("Device Minor")), "procfs"
+            if minor is None:  # without the driver's procfs, minors follow probe order, which is PCI order
+                minor, source = bound.index(device), "pci-order"
             details = NvidiaDetails(uuid=uuid, minor=minor, minor_source=source)
             node = f"/dev/nvidia{minor}"
             nodes = (node,)
-            if not snapshot.node_exists(node):
+            if node not in snapshot.dev_entries:
                 reason = f"device node {node} is missing: run nvidia-modprobe -c {minor} or load the driver"
         found.append(pci_accelerator(device, KIND, "NVIDIA", model, nodes, reason, details))
 
@@ -153,7 +148,7 @@ def _tegra(device: SysDevice, snapshot: Snapshot) -> Accelerator:
     chip = compatible.split(",", 1)[1]
     drm = snapshot.children(device, "drm")
     nodes = [d.device_node for d in drm if d.sys_name.startswith("renderD") and d.device_node]
-    nodes += sorted(p for p in TEGRA_NODES if snapshot.node_exists(p))
+    nodes += sorted(p for p in TEGRA_NODES if p in snapshot.dev_entries)
     reason = ""
     if not device.driver:
         reason = f"integrated GPU {device.sys_name} has no driver bound (nvgpu)"
@@ -179,17 +174,9 @@ class GpuFamily(Family):
 
     kind = KIND
     title = "GPU"
+    # (NUMA node and local CPUs: SysDevice.numa_node/local_cpus, read for every device.)
     attributes = {
-        "pci": (
-            "vendor",
-            "device",
-            "class",
-            "numa_node",
-            "local_cpulist",
-            "mem_info_vram_total",
-            "unique_id",
-            "product_name",
-        ),
+        "pci": ("vendor", "device", "class", "mem_info_vram_total", "unique_id", "product_name"),
         "drm": (),
         "platform": (),
     }
@@ -200,6 +187,10 @@ class GpuFamily(Family):
     udev_identities = (UdevRule("drm", "", "pci", 3),)
     variables = (JobVariable(jobenv.GPUS, lambda identity, node: identity),)
     runner = "gpu"
+    extra_config_keys = {
+        "types": (dict, "GPU model slug -> GRES type"),
+        "isolate": (bool, "lease GPUs too (clusters without cgroup devices)"),
+    }
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "pci":
@@ -247,13 +238,6 @@ class GpuFamily(Family):
         if item.get("bus") == "platform" or "compatible" in data:
             return TegraDetails.from_json(data)
         return (NvidiaDetails if item.get("vendor") == "NVIDIA" else DrmDetails).from_json(data)
-
-    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {
-            **super().config_keys(),
-            "types": (dict, "GPU model slug -> GRES type"),
-            "isolate": (bool, "lease GPUs too (clusters without cgroup devices)"),
-        }
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = section.get("types", {})

@@ -35,7 +35,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from ..hardware import Accelerator, Details
-from .base import Candidate, Family, FamilyConfig, FamilyDetails, JobVariable, UdevRule
+from .base import Candidate, Family, FamilyConfig, JobVariable, UdevRule
 from .sysfs import Snapshot, SysDevice, int_or_none, pci_accelerator
 
 KIND = "hailo"
@@ -51,7 +51,7 @@ DRIVER_FIX = (
 
 
 @dataclass(frozen=True)
-class HailoDetails(FamilyDetails):
+class HailoDetails(Details):
     """A Hailo card: its class device (``hailoN``) and the driver's accelerator type (0: NNC)."""
 
     chardev: str | None = None
@@ -107,6 +107,10 @@ class HailoFamily(Family):
         "TFLite: run your HEF with HailoRT, one device id per -s (hailortcli run model.hef -s "
         '"${{{variable}%%,*}}" takes the first)'
     )
+    extra_config_keys = {
+        "types.default": (str, "GRES type of a Hailo card (hailo8: sysfs cannot tell 8 from 8L)"),
+        "types.by_address": (dict, "PCI address (0000:01:00.0) -> GRES type, e.g. hailo8l"),
+    }
 
     def wanted(self, device: Candidate) -> bool:
         if device.subsystem == "pci":
@@ -120,13 +124,6 @@ class HailoFamily(Family):
 
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
         return HailoDetails.from_json(item.get("details") or {})
-
-    def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
-        return {
-            **super().config_keys(),
-            "types.default": (str, "GRES type of a Hailo card (hailo8: sysfs cannot tell 8 from 8L)"),
-            "types.by_address": (dict, "PCI address (0000:01:00.0) -> GRES type, e.g. hailo8l"),
-        }
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = {"default": section.get("types.default", self.default_config.types["default"])}

@@ -47,10 +47,6 @@ class Snapshot:
         prefix = parent.sys_path + "/"
         return [d for d in self.of_subsystem(subsystem) if d.sys_path.startswith(prefix)]
 
-    def node_exists(self, path: str) -> bool:
-        """Whether a /dev path was seen when the snapshot was taken."""
-        return path in self.dev_entries
-
 
 def accelerator_from(device: SysDevice, reason: str = "", **fields: Any) -> Accelerator:
     """An Accelerator whose sysfs path, bus address, driver and CPU affinity come from ``device``,

@@ -50,6 +50,9 @@ EVENTS = frozenset((ACQUIRE, *CLOSING, *_OTHERS))
 
 
 # ---- writer (root hooks: no json) -----------------------------------------------
+_ESCAPES = {ord('"'): '\\"', ord("\\"): "\\\\", **{code: f"\\u{code:04x}" for code in range(0x20)}}
+
+
 def encode(event: str, t: float, fields: dict) -> bytes:
     """One audit line (with its newline) for str/int/float/bool/None/list values, as
     ``json.dumps(sort_keys=True)`` writes it (but non-ASCII characters kept as UTF-8)."""
@@ -65,16 +68,7 @@ def _json(item: object) -> str:
         return repr(item) if _finite(item) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(item)]
     if isinstance(item, (list, tuple)):
         return "[" + ", ".join(_json(i) for i in item) + "]"
-    out = ['"']
-    for char in str(item):
-        if char in '"\\':
-            out.append("\\" + char)
-        elif ord(char) < 0x20:
-            out.append(f"\\u{ord(char):04x}")
-        else:
-            out.append(char)
-    out.append('"')
-    return "".join(out)
+    return '"' + str(item).translate(_ESCAPES) + '"'
 
 
 def last_acquire(tail: bytes, identity: str, uid: int | None = None) -> tuple[int, int] | None:

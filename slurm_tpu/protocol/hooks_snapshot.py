@@ -134,9 +134,11 @@ class HookSnapshot:
 
 def _field(key: str, value: object) -> str:
     if isinstance(value, dict):  # bus:how,...
-        value = _listed(key, (f"{k}:{v}" for k, v in value.items()))
-    elif isinstance(value, tuple):
-        value = _listed(key, value)
+        value = tuple(f"{k}:{v}" for k, v in value.items())
+    if isinstance(value, tuple):
+        if any("," in item for item in value):
+            raise ValueError(f"hooks snapshot: {key} {value!r} holds a comma")
+        value = ",".join(value)
     text = ("1" if value else "0") if isinstance(value, bool) else str(value)  # str(float) is its repr
     if "\t" in text or "\n" in text:
         raise ValueError(f"hooks snapshot: {key} {text!r} holds a tab or newline")
@@ -147,18 +149,10 @@ def _record(tag: str, *pairs: tuple[str, object]) -> str:
     return "\t".join([tag, *(_field(key, value) for key, value in pairs)])
 
 
-def _listed(key: str, items) -> str:
-    items = list(items)
-    if any("," in item for item in items):
-        raise ValueError(f"hooks snapshot: {key} {items!r} holds a comma")
-    return ",".join(items)
-
-
 def format_snapshot(snapshot: HookSnapshot) -> str:
     """The file's text (raises ValueError when a value cannot be written: then write none)."""
     lines = [FORMAT]
-    for path, key in sorted(snapshot.sources.items()):
-        lines.append(_record("src", ("path", path), ("key", key)))
+    lines += [_record("src", ("path", path), ("key", key)) for path, key in sorted(snapshot.sources.items())]
     lines.append(_record("set", *((name, getattr(snapshot, name)) for name, _ in SETTINGS)))
     for tag, _, collection, keys, _ in OBJECTS:
         items = getattr(snapshot, collection)
@@ -182,10 +176,7 @@ def _value(kind: type, text: str) -> object:
     if kind is tuple:
         return tuple(filter(None, text.split(",")))
     if kind is dict:
-        pairs = [entry.partition(":") for entry in filter(None, text.split(","))]
-        if not all(sep for _, sep, _ in pairs):
-            raise ValueError(text)
-        return {bus: how for bus, _, how in pairs}
+        return dict(entry.split(":", 1) for entry in filter(None, text.split(",")))  # ValueError: no ':'
     return kind(text)
 
 
@@ -202,12 +193,9 @@ def parse_snapshot(text: str, cls=HookSnapshot):
             if not line:
                 continue
             tag, *fields = line.split("\t")
-            record = {}
-            for item in fields:
-                key, sep, value = item.partition("=")
-                if not sep or key in record:
-                    return None
-                record[key] = value
+            record = dict(item.split("=", 1) for item in fields)  # ValueError: an item without '='
+            if len(record) != len(fields):  # a key given twice
+                return None
             if tag == "src":
                 result.sources[record["path"]] = record["key"]
             elif tag == "set":

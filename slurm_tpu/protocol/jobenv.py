@@ -2,26 +2,13 @@
 
 The prolog writes ``<state_dir>/jobs/<job>.env`` (protocol/envfile.py); the task-prolog
 prints it before every task. Every variable is named by a family (``JobVariable`` in
-slurm_tpu/families/), in registry order, then :data:`USAGE_DIR`. For the devices leased
-to the job on this node, in allocation order:
-
-``SLURM_TPU_DEVICES`` (Edge TPUs)
-    Identities, comma-separated: ``usb-2-1.3,pci-0000:03:00.0``.
-``SLURM_TPU_EDGETPU_PATHS`` (Edge TPUs)
-    libedgetpu's ``edgetpu_create_delegate(type, path, ...)`` for each, as ``type:path``
-    (``usb:/sys/bus/usb/devices/2-1.3,pci:/dev/apex_0``), never a ``usb:N`` index (indices
-    shift whenever another stick re-enumerates). Both exported (empty) without an Edge TPU.
-``EDGETPU_VISIBLE_DEVICES`` (Edge TPUs)
-    The same paths without the type: the node's libedgetpu (scripts/libedgetpu-visible-devices.patch)
-    then opens only these, so unmodified Coral code uses the job's own Edge TPUs. Unset means
-    every device to the library, so it is never unset (empty without an Edge TPU here).
-``SLURM_TPU_GPUS`` (GPUs)
-    Identities of leased GPUs (only with ``families.gpu.isolate``); unset otherwise.
-Further families declare their own (``SLURM_TPU_<FAMILY>_...``) in their module.
-``SLURM_TPU_USAGE_DIR``
-    The job's usage box (protocol/usage.py); unset when there is none.
-
-Identities and paths never contain commas (see ``slurm_tpu.identity``).
+slurm_tpu/families/), in registry order, then :data:`USAGE_DIR` (the job's usage box,
+protocol/usage.py; unset when there is none); docs/user-guide.md ("What the job sees")
+says what each holds. Entries follow allocation order; identities and paths never contain
+commas (``slurm_tpu.identity``). :data:`EDGETPU_PATHS` gives libedgetpu's ``type:path``
+of each device, never a ``usb:N`` index (indices shift whenever another stick
+re-enumerates); :data:`EDGETPU_VISIBLE` (the same paths, for the node's patched
+libedgetpu) is never unset: unset means every device to the library.
 """
 
 from __future__ import annotations

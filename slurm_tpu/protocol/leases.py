@@ -30,14 +30,7 @@ _ENDING = (RELEASING, REVOKING, KEPT, FREE)
 # (leasing.end_lease) may begin in any phase (again after its hook died, or to clear a kept lease)
 # and goes through RELEASING (holder scan) or REVOKING (USB power-cycle) to KEPT (a problem) or
 # FREE (udev_event frees a revoked stick once it is back).
-TRANSITIONS = {
-    FREE: (HELD,),
-    HELD: _ENDING,
-    RELEASING: _ENDING,
-    REVOKING: _ENDING,
-    KEPT: _ENDING,
-    UNREADABLE: _ENDING,
-}
+TRANSITIONS = {FREE: (HELD,), **dict.fromkeys((*PHASES, UNREADABLE), _ENDING)}
 
 
 def check_transition(old: str, new: str) -> None:

@@ -1,11 +1,8 @@
 """Per-job accelerator usage records: written by the runner (the job's user), read by the epilog (root).
 
-They meet in the job's own *usage box*: ``<state_dir>/job-usage/<job>``, the root of a
-tmpfs the prolog mounts for that one job (:mod:`slurm_tpu.hooks.jobusage`), owned by the
-job's uid, mode 0700, at most :data:`BOX_BYTES` bytes and :data:`BOX_INODES` inodes,
-``nosuid,nodev,noexec``. So nobody else can plant or read a name in it, filling it fills
-only that job's filesystem, hard links from elsewhere are impossible, and the epilog
-reads at most one small file per leased device and then unmounts it all at once.
+They meet in the job's own *usage box*: ``<state_dir>/job-usage/<job>``, a tmpfs the
+prolog mounts for that one job (:mod:`slurm_tpu.hooks.jobusage`; of :data:`BOX_BYTES`
+bytes and :data:`BOX_INODES` inodes, the job's alone: docs/accounting.md says why).
 
 The runner keeps one file per device, ``<identity>.json``, with the job's running totals
 (:func:`encode`), updated under its device lock. The figures are self-reported (a user can

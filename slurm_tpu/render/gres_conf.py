@@ -1,11 +1,9 @@
 """gres.conf lines for a node's accelerators.
 
 Devices of a family with slot nodes (``Family.slot``) are named by their *slot node*,
-``<slot_dir>/<identity>``, which slurm-tpu keeps for every configured device and never
-deletes: a USB stick's own ``/dev/bus/usb/BBB/DDD`` changes each time its firmware loads
-and vanishes when it is unplugged, and slurmd exits fatally 20 s after a ``File=`` path
-disappears. The udev hook re-points the slot at the device's current node on every add
-event. GPU nodes are created by their drivers and stay put, so GPUs use them directly.
+``<slot_dir>/<identity>``, which never moves or vanishes as a USB stick's own node does
+(docs/architecture.md, "Stable device paths"); GPU nodes are created by their drivers and
+stay put, so GPUs use them directly.
 """
 
 from __future__ import annotations

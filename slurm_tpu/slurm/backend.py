@@ -1,16 +1,13 @@
 """Which way ops commands talk to Slurm: scontrol (``commands.Slurm``) or pyslurm.
 
-Measured on Slurm 25.11 (``bench/bench_slurm_backends.py``): importing pyslurm costs more
-than the scontrol calls it replaces in a short-lived process (one ``slurm-tpu health``:
-92 ms with scontrol vs 112) and less in a long-running one (20 node-state polls in the
-watcher: 125 vs 73 ms). So ``auto`` uses pyslurm for the watcher when it matches the
-running Slurm, scontrol elsewhere; ``pyslurm`` everywhere in ops (failing loudly when it
-does not match); ``scontrol`` never. The hooks always use scontrol.
-
-pyslurm is used only when it imports, when its libslurm, pyslurm itself and the daemons
-have the same major.minor (Slurm's structs change between releases), and when a slurm.conf
-is there (without one libslurm's init exits the process, so pyslurm's auto-init is off).
-Every pyslurm error becomes a SlurmCommandError; nothing falls back to scontrol silently.
+``auto`` uses pyslurm only in the watcher, whose repeated polls pay for its import
+(docs/benchmarks.md, "Slurm backends"), and only when it matches the running Slurm;
+``pyslurm`` everywhere in ops (failing loudly when it does not match); ``scontrol`` never.
+The hooks always use scontrol. pyslurm is used only when it imports, when its libslurm,
+pyslurm itself and the daemons have the same major.minor (Slurm's structs change between
+releases), and when a slurm.conf is there (without one libslurm's init exits the process,
+so pyslurm's auto-init is off). Every pyslurm error becomes a SlurmCommandError; nothing
+falls back to scontrol silently.
 """
 
 from __future__ import annotations
@@ -61,17 +58,6 @@ def _major_minor(version: str) -> tuple[str, ...]:
     return tuple(version.split(".")[:2])
 
 
-def _slurm_conf(slurm: Slurm) -> str:
-    """The slurm.conf libslurm would read: $SLURM_CONF, else the daemons' compiled-in default."""
-    conf = slurm.environ.get("SLURM_CONF") or installation.compiled_conf(slurm.install.sbin_dir)
-    if not os.path.isfile(conf):
-        raise PyslurmUnavailable(
-            f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
-            "(libslurm would exit the process without one)"
-        )
-    return conf
-
-
 def _daemon_version(slurm: Slurm) -> str:
     for daemon in ("slurmd", "slurmctld"):
         try:
@@ -87,7 +73,13 @@ def _daemon_version(slurm: Slurm) -> str:
 
 def load(slurm: Slurm) -> PySlurm:
     """pyslurm, initialised for this Slurm; PyslurmUnavailable when it does not match."""
-    conf = _slurm_conf(slurm)
+    # The slurm.conf libslurm would read: $SLURM_CONF, else the daemons' compiled-in default.
+    conf = slurm.environ.get("SLURM_CONF") or installation.compiled_conf(slurm.install.sbin_dir)
+    if not os.path.isfile(conf):
+        raise PyslurmUnavailable(
+            f"pyslurm needs a slurm.conf and {conf} does not exist: set SLURM_CONF "
+            "(libslurm would exit the process without one)"
+        )
     daemons = _daemon_version(slurm)
     import sys
 

@@ -101,12 +101,8 @@ class Slurm(NodeStates):
 
     # ---- jobs --------------------------------------------------------------------
     def job_gres(self, job_id: int, node: str) -> list[GresAlloc] | None:
-        """Job ``job_id``'s GRES on ``node`` (None: not on the node; ValueError: unparseable).
-
-        One ``scontrol show job -d`` in the usual case; a second, narrowed to the job alone,
-        when other tasks of its array share the node; ``squeue --json`` only when the text
-        was forged (see ``jobdetail.parse_scontrol_job_detail``).
-        """
+        """Job ``job_id``'s GRES on ``node`` (None: not on the node; ValueError: unparseable); see
+        ``jobdetail.parse_scontrol_job_detail`` for when it asks again."""
         from .jobdetail import ForgedOutputError, SiblingsOnNode, parse_scontrol_job_detail
 
         text = self.job_detail(str(job_id))
@@ -118,7 +114,8 @@ class Slurm(NodeStates):
         except ForgedOutputError:
             from .parse import parse_squeue_job_json
 
-            return parse_squeue_job_json(self.squeue_json(job_id), job_id, node)
+            # 22.05 ignores -j and lists every job.
+            return parse_squeue_job_json(self.run("squeue", "--json", "-j", str(job_id)), job_id, node)
 
     def job_detail(self, selector: str) -> str:
         """``scontrol show job -d SELECTOR`` (``123``, ``123_4`` an array task, ``123+1`` a het component)."""
@@ -141,10 +138,6 @@ class Slurm(NodeStates):
             raise
         lines = out.split()
         return lines[0] if lines else ""
-
-    def squeue_json(self, job_id: int) -> str:
-        """``squeue --json -j JOB`` (22.05 ignores -j and lists every job)."""
-        return self.run("squeue", "--json", "-j", str(job_id))
 
     def jobs_with_gres(self, node: str) -> list[str]:
         """Ids of running/completing jobs on ``node`` that asked for a GRES."""

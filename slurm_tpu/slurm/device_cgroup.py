@@ -1,17 +1,10 @@
 """Slurm's device cgroup (``ConstrainDevices=yes``) as a second layer: where it holds for our GRES.
 
 The one place in the code that knows these facts (``doctor`` and ``install`` report
-:func:`status`); docs/security.md gives the measurements (tests/isolation/test_device_cgroup.py):
-
-* **Release.** Up to 22.05 ``gres_g_get_devices()`` (task_cgroup_devices.c) skips a
-  GRES without a gres plugin of its own (:data:`GRES_WITH_PLUGIN` have one; ``tpu``,
-  ``npu`` do not), so ``ConstrainDevices=yes`` leaves our devices alone there; fixed in
-  :data:`FIX`. Our gres/tpu plugin (slurm_plugin/, in slurm.conf's PluginDir) gives
-  ``tpu`` one on 22.05 too; ``npu`` has none.
-* **Bus.** slurmd reads each ``File=``'s major:minor once, at start: a PCIe node keeps
-  its numbers, a USB stick gets a new node at every re-enumeration (each revocation),
-  so for sticks the layer holds only until then.
-* **cgroup version.** Tested with cgroup/v1 on a hybrid mount; cgroup/v2 is not.
+:func:`status`); docs/security.md gives them with the measurements
+(tests/isolation/test_device_cgroup.py): before :data:`FIX` a GRES without a gres plugin
+(not in :data:`GRES_WITH_PLUGIN`; our gres/tpu plugin gives ``tpu`` one, ``npu`` has none)
+is left out; a USB stick is covered only until its first re-enumeration; cgroup/v2 is untested.
 """
 
 from __future__ import annotations
@@ -36,7 +29,7 @@ def read_cgroup_conf(path: str) -> dict[str, str] | None:
 
     try:
         with open(path, encoding="utf-8", errors="replace") as handle:
-            lines = [line.partition("=") for _, line in config_lines(handle.read())]
+            lines = [line.partition("=") for line in config_lines(handle.read())]
     except OSError:
         return None
     return {key.strip().lower(): value.strip() for key, sep, value in lines if sep}

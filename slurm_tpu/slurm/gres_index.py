@@ -28,10 +28,7 @@ def device_order(
     mine = [r for r in records if r.name == name]
     pool = sorted(mine, key=lambda r: not r.by_name_line)  # slurmd reads Name= lines before NodeName= lines
     if node_gres is None:
-        types: list[str | None] = []
-        for record in pool:
-            if record.type not in types:
-                types.append(record.type)
+        types = dict.fromkeys(r.type for r in pool)  # in order of first appearance
         wanted = [(t, sum(r.count for r in pool if r.type == t)) for t in types]
     else:
         entries: list[tuple[str | None, int]] = [(t, c) for n, t, c in node_gres if n == name]

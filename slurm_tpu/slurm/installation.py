@@ -3,19 +3,13 @@
 A node may carry two Slurm installations (Debian's 22.05 in /usr, a site build in
 /opt/slurm-25.11), and client and daemons must be the same release (a 22.05 scontrol gets
 "Unspecified error" from a 25.11 slurmctld). So every Slurm program comes from the
-directories chosen here, first answer wins:
-
-1. ``SLURM_TPU_SLURM_BIN`` / ``SLURM_TPU_SLURM_SBIN`` (environment);
-2. the config's ``slurm.bin_dir`` / ``slurm.sbin_dir``;
-3. the slurmd (or slurmstepd) this process runs under: the hooks and the
-   HealthCheckProgram are its children, and slurmd gives them no PATH;
-4. the running slurmd or slurmctld (root's) that reads the same slurm.conf;
-5. ``PATH`` (commands an admin runs; never for the root hooks);
-6. /usr/bin, /usr/sbin, /usr/local/bin, /usr/local/sbin.
-
-Given only one of bin/sbin, the other is its sibling when that exists. Only root-owned
-daemons count in 3 and 4: a user's process named ``slurmd`` must never choose what root
-runs. Cheap (``os`` only): the prolog imports it on every job.
+directories :func:`find` chooses, first answer wins (docs/admin-guide.md, "Which Slurm"):
+``SLURM_TPU_SLURM_BIN``/``_SBIN``; the config's ``slurm.bin_dir``/``sbin_dir`` (given one
+of bin/sbin, the other is its sibling when that exists); the slurmd or slurmstepd this
+process runs under (the hooks and the HealthCheckProgram: slurmd gives them no PATH); the
+running slurmd or slurmctld that reads the same slurm.conf; ``PATH`` (never for the root
+hooks); :data:`USUAL_DIRS`. Only root-owned daemons count: a user's process named
+``slurmd`` must never choose what root runs. Cheap (``os`` only): the prolog imports it on every job.
 """
 
 from __future__ import annotations
@@ -124,8 +118,7 @@ def _exe(pid: int, root_only: bool = True) -> str | None:
         exe = os.readlink(f"/proc/{pid}/exe")
     except OSError:
         return None
-    if exe.endswith(" (deleted)"):  # upgraded in place: the directory is still the one it came from
-        exe = exe[: -len(" (deleted)")]
+    exe = exe.removesuffix(" (deleted)")  # upgraded in place: the directory is still the one it came from
     return exe if exe.startswith("/") else None
 
 
@@ -235,11 +228,6 @@ def daemon_for_conf(slurm_conf: str | None) -> tuple[int, str] | None:
     return matches[0]
 
 
-def _from_daemon(pid: int, exe: str, how: str) -> Installation:
-    sbin = os.path.dirname(exe)
-    return Installation(_pair(None, sbin), f"{how} {os.path.basename(exe)} pid {pid} ({exe})", exe)
-
-
 def find(
     environ=None,
     bin_dir: str | None = None,
@@ -254,11 +242,8 @@ def find(
     long-lived process (the agent's workers, the watcher) may outlive a Slurm upgrade.
     """
     environ = os.environ if environ is None else environ
-    env_bin, env_sbin = environ.get(BIN_ENV) or None, environ.get(SBIN_ENV) or None
-    conf = environ.get("SLURM_CONF") or None
-    path = environ.get("PATH", "") if use_path else None
     for given, where in (
-        ((env_bin, env_sbin), f"{BIN_ENV}/{SBIN_ENV}"),
+        ((environ.get(BIN_ENV) or None, environ.get(SBIN_ENV) or None), f"{BIN_ENV}/{SBIN_ENV}"),
         ((bin_dir, sbin_dir), "config slurm.bin_dir/slurm.sbin_dir"),
     ):
         for directory in given:
@@ -267,13 +252,14 @@ def find(
         if given[0] or given[1]:
             return Installation(_pair(*given), where)
     if use_daemons:
-        daemon = ancestor_daemon()
+        daemon, how = ancestor_daemon(), "parent"
+        if daemon is None:
+            daemon, how = daemon_for_conf(environ.get("SLURM_CONF") or None), "running"
         if daemon is not None:
-            return _from_daemon(*daemon, "parent")
-        daemon = daemon_for_conf(conf)
-        if daemon is not None:
-            return _from_daemon(*daemon, "running")
-    for directory in (path or "").split(":"):
+            pid, exe = daemon
+            found_by = f"{how} {os.path.basename(exe)} pid {pid} ({exe})"
+            return Installation(_pair(None, os.path.dirname(exe)), found_by, exe)
+    for directory in (environ.get("PATH", "") if use_path else "").split(":"):
         if directory.startswith("/") and os.access(f"{directory}/scontrol", os.X_OK):
             return Installation(_pair(directory, None), f"PATH ({directory})")
     return Installation(USUAL_DIRS, "default directories")

@@ -30,23 +30,20 @@ class GresAlloc(Record):
 
 def _split_top_level(text: str, open_char: str = "[", close_char: str = "]") -> list[str]:
     parts: list[str] = []
-    current: list[str] = []
-    depth = 0
-    for char in text:
+    depth = start = 0
+    for position, char in enumerate(text):
         if char == open_char:
             depth += 1
         elif char == close_char:
             depth -= 1
             if depth < 0:
                 raise ValueError(f"unbalanced '{close_char}' in '{text}'")
-        if char == "," and depth == 0:
-            parts.append("".join(current))
-            current = []
-        else:
-            current.append(char)
+        elif char == "," and depth == 0:
+            parts.append(text[start:position])
+            start = position + 1
     if depth:
         raise ValueError(f"unbalanced '{open_char}' in '{text}'")
-    parts.append("".join(current))
+    parts.append(text[start:])
     return [p.strip() for p in parts if p.strip()]
 
 

@@ -4,7 +4,7 @@ from ``scontrol show job -d``, which the prolog reads, is jobdetail.py's)."""
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from .jobdetail import GresAlloc, expand_hostlist, parse_gres_detail
@@ -75,10 +75,7 @@ def parse_node_state(text: str) -> NodeState:
     """
     state, reason, gres = "", "", ""
     for raw in text.splitlines():
-        line = raw.strip()
-        head, sep, tail = line.partition(" Reason=")
-        if line.startswith("Reason="):
-            head, tail, sep = "", line[len("Reason=") :], "Reason="
+        head, sep, tail = (" " + raw.strip()).partition(" Reason=")  # the space: a line may start with it
         if sep:
             reason = tail
             if reason.endswith("]") and " [" in reason:
@@ -100,15 +97,11 @@ class GresConfRecord:
     files: tuple[str, ...]
     count: int
     by_name_line: bool  # a line starting with Name= (slurmd lists these before NodeName= lines)
-    line: int
 
 
-def config_lines(text: str) -> Iterator[tuple[int, str]]:
-    """(line number, line) of a Slurm config file's lines that say something (comments and blanks dropped)."""
-    for number, raw in enumerate(text.splitlines(), 1):
-        line = raw.split("#", 1)[0].strip()
-        if line:
-            yield number, line
+def config_lines(text: str) -> list[str]:
+    """A Slurm config file's lines that say something (comments and blanks dropped)."""
+    return [line for line in (raw.split("#", 1)[0].strip() for raw in text.splitlines()) if line]
 
 
 def _keys(line: str) -> dict[str, str]:
@@ -128,7 +121,7 @@ def parse_gres_conf(text: str, node: str) -> list[GresConfRecord]:
     """The gres.conf records that apply to ``node``, in file order, ``File=`` ranges expanded
     (``Include`` is not followed: the caller reads included files if needed)."""
     records = []
-    for number, line in config_lines(text):
+    for line in config_lines(text):
         fields = _keys(line)
         if "name" not in fields or not _matches_node(fields.get("nodename"), node):
             continue
@@ -137,7 +130,7 @@ def parse_gres_conf(text: str, node: str) -> list[GresConfRecord]:
         if "count" in fields and files and fields["count"].isdigit():
             count = min(count, int(fields["count"]))
         by_name_line = not line.lower().startswith("nodename=")
-        records.append(GresConfRecord(fields["name"], fields.get("type"), files, count, by_name_line, number))
+        records.append(GresConfRecord(fields["name"], fields.get("type"), files, count, by_name_line))
     return records
 
 
@@ -168,7 +161,7 @@ def parse_gres_items(value: str) -> list[tuple[str, str | None, int]]:
 def include_paths(text: str, base_dir: str) -> list[str]:
     """Files named by ``Include``/``include`` lines (relative to ``base_dir``)."""
     paths = []
-    for _, line in config_lines(text):
+    for line in config_lines(text):
         keyword, _, rest = line.partition(" ")
         if keyword.lower() == "include" and rest.strip():
             path = rest.strip()
@@ -183,7 +176,7 @@ def parse_slurm_conf_options(text: str) -> dict[str, str]:
     included files' text appended if they matter).
     """
     options: dict[str, str] = {}
-    for _, line in config_lines(text):
+    for line in config_lines(text):
         head = line.split("=", 1)[0].lower()
         if head in ("nodename", "partitionname", "nodeset", "downnodes") or line.lower().startswith("include "):
             continue
@@ -196,7 +189,7 @@ def node_line_fields(text: str, node: str) -> dict[str, str] | None:
     written; None when no line names the node."""
     default: dict[str, str] = {}
     found: dict[str, str] | None = None
-    for _, line in config_lines(text):
+    for line in config_lines(text):
         if not line.lower().startswith("nodename="):
             continue
         fields = parse_key_values(line)
