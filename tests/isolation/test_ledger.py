@@ -488,3 +488,21 @@ def test_a_survivors_reason_names_its_uid_and_the_earlier_job_it_came_from(state
         for process in (other, mine):
             process.kill()
             process.wait()
+
+
+@needs_root
+def test_a_node_with_a_leased_devices_numbers_that_the_suite_does_not_manage_is_found(tmp_path):
+    """An admin's copy of a device node (same numbers, its own owner and mode) would let anyone it allows
+    open the device whichever job holds it: doctor names it. The managed nodes and other devices are not."""
+    root = tmp_path / "dev"
+    (root / "bus" / "usb" / "002").mkdir(parents=True)
+    managed = str(root / "apex_0")
+    copy = str(root / "bus" / "usb" / "002" / "copy")
+    other = str(root / "null-like")
+    os.mknod(managed, stat.S_IFCHR | 0o600, os.makedev(240, 31))
+    os.mknod(copy, stat.S_IFCHR | 0o666, os.makedev(240, 31))
+    os.mknod(other, stat.S_IFCHR | 0o666, os.makedev(240, 32))
+    os.chmod(copy, 0o666)  # mknod's mode passes through the umask
+    os.symlink(managed, str(root / "link"))  # a symlink to a node is not a node
+    found = ownership.unmanaged_nodes({os.makedev(240, 31): "pci-0000:03:00.0"}, {managed}, str(root))
+    assert [(state.path, state.mode) for state in found] == [(copy, 0o666)]
