@@ -383,7 +383,7 @@ def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, us
     """Bob trickles 128 request heads (one line every 2 s) at Alice's server; every one of Alice's curls
     (fresh connections, her token) and her client's request made while the flood goes on is answered,
     and no flood connection outlives the head deadline by much. (How fast she is answered under a flood
-    is bench/bench_serve_http.py's to measure.)"""
+    is for a benchmark to say, not a test.)"""
     cluster, models, double, homes = setup
     log = os.path.join(cluster.base, "out", "serve-flood.out")
     job = _submit_server(cluster, models, double, homes, log, SERVE_JOB)
