@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -24,7 +23,7 @@ from .inputs import list_inputs
 from .modelinfo import TensorSpec
 from .pipeline import Item, decode_ordered, infer_ordered
 from .preprocess import Geometry, Normalization, Prepared, Resize, as_input, load_input
-from .results import JSONL, Layout, Progress, ResultWriter, StdoutWriter, write_batch
+from .results import JSONL, Layout, Progress, ResultWriter, write_batch
 from .session import EngineSet, OpenOptions, open_models, usable_cpus
 from .tasks import AUTO, Class, Task, TaskOptions, choose_task, read_labels
 from .tasks.classify import Classify
@@ -246,7 +245,7 @@ class Runner:
         if annotate_dir:
             self.check_annotate(annotate_dir, keys)
         layout = Layout(fmt, self.task, options)
-        writer = ResultWriter(output, layout) if output else StdoutWriter(layout, stdout_write or sys.stdout.write)
+        writer = ResultWriter(output, layout, stdout_write)
         started = time.perf_counter()
         progress = progress or Progress(0, enabled=False)
         threads = decode_threads or self._decode_threads()

@@ -20,7 +20,7 @@ from .errors import UsageError
 from .inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
 from .preprocess import Normalization, is_input_file
 from .request import InferRequest
-from .results import Layout, Progress, ResultWriter, StdoutWriter, format_for, write_batch
+from .results import Layout, Progress, ResultWriter, format_for, write_batch
 from .tasks import Task, TaskOptions
 
 
@@ -231,7 +231,7 @@ def _remote(
             return RemoteTimed(single, remote.task, record, times, client.url)
         task_options = TaskOptions(top_k=reading.top_k, threshold=reading.threshold)
         layout = Layout(format_for(out or "", batch.fmt), remote.task, task_options)
-        writer = ResultWriter(out, layout) if out else StdoutWriter(layout, streams.write)
+        writer = ResultWriter(out, layout, streams.write)
         in_flight = request.remote.in_flight
         processed, errors = write_batch(
             keys, writer, progress, lambda todo: map(result_fields, remote_records(remote, todo, options, in_flight))

@@ -68,11 +68,17 @@ def _key_of(line: str, fmt: str) -> str | None:
 
 
 class ResultWriter:
-    """Appends result lines to ``path``; ``done`` holds the inputs already there."""
+    """Appends result lines to ``path``; ``done`` holds the inputs already there. Without a path
+    (no --output) the lines go to ``write`` (stdout by default), not resumable."""
 
-    def __init__(self, path: str, layout: Layout):
+    def __init__(self, path: str | None, layout: Layout, write: Callable[[str], Any] | None = None):
         self.layout, self.fmt = layout, layout.fmt
         self.done: set[str] = set()
+        self._fd, self._write = -1, write or sys.stdout.write
+        if not path:
+            if self.fmt != JSONL:
+                self._write(layout.header())
+            return
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
@@ -123,6 +129,9 @@ class ResultWriter:
                 self.done.add(key)
 
     def write(self, record: dict[str, Any]) -> None:
+        if self._fd < 0:
+            self._write(self.layout.render(record))
+            return
         data = self.layout.render(record).encode("utf-8")
         while data:  # one write(2) for regular files; loop only if the kernel wrote less
             data = data[os.write(self._fd, data) :]
@@ -201,25 +210,9 @@ class Progress:
         self.stream.flush()
 
 
-class StdoutWriter:
-    """Batch results to stdout (not resumable) when no --output is given."""
-
-    def __init__(self, layout: Layout, write: Callable[[str], Any]):
-        self.layout, self._write = layout, write
-        self.done: set[str] = set()
-        if layout.fmt != JSONL:
-            write(layout.header())
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._write(self.layout.render(record))
-
-    def close(self) -> None:
-        pass
-
-
 def write_batch(
     keys: Sequence[str],
-    writer: ResultWriter | StdoutWriter,
+    writer: ResultWriter,
     progress: Progress,
     records: Callable[[list[str]], Iterable[dict[str, Any]]],
 ) -> tuple[int, int]:

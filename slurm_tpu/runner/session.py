@@ -59,26 +59,19 @@ class MeteredEngine:
     def close(self) -> None:
         self._engine.close()
 
-    def __getattr__(self, name: str):  # anything else an engine offers (e.g. GPU details)
-        return getattr(self._engine, name)
-
 
 @dataclass
 class EngineSet:
     """Open engines (one per device, or per segment) and the locks that guard them."""
 
-    engines: list[Engine]
+    engines: list[MeteredEngine]  # every inference counted per device, whichever mode drives the engines
     devices: list[Device]
     runtime: str
     load_seconds: float
     models: list[ModelInfo]
-    _locks: list[DeviceLock] = field(default_factory=list)
+    _locks: dict[str, DeviceLock] = field(default_factory=dict)  # identity -> its lock
     environ: Mapping[str, str] = field(default_factory=dict)
     edgetpu_version: str | None = None  # edgetpu_version() when an Edge TPU was opened
-
-    def __post_init__(self) -> None:
-        # Count every inference per device, whichever mode drives the engines.
-        self.engines = [MeteredEngine(e, d.identity) for e, d in zip(self.engines, self.devices)]
 
     def report_usage(self) -> int:
         """Add this process's counts per leased device used to the job's usage box; how many were written.
@@ -91,7 +84,6 @@ class EngineSet:
             return 0
         totals: dict[str, tuple[int, float]] = {}
         for engine in self.engines:
-            assert isinstance(engine, MeteredEngine)  # since __post_init__; the field types them as Engine
             if engine.inferences and is_identity(engine.identity):
                 count, seconds = totals.get(engine.identity, (0, 0.0))
                 totals[engine.identity] = (count + engine.inferences, seconds + engine.seconds)
@@ -101,9 +93,9 @@ class EngineSet:
         self.report_usage()
         for engine in reversed(self.engines):
             engine.close()
-        for lock in reversed(self._locks):
+        for lock in reversed(self._locks.values()):
             lock.release()
-        self.engines, self._locks = [], []
+        self.engines, self._locks = [], {}
 
 
 CHECK = "run 'slurm-tpu detect --check-runtime' on the node"
@@ -192,15 +184,15 @@ def usable_cpus() -> int:
 
 
 class _Opener:
-    """Opens (model, device) pairs one by one, keeping what it opened for the caller."""
+    """Opens (model, device) pairs one by one into ``engine_set`` (its engines and locks)."""
 
-    def __init__(self, options: OpenOptions, warn: Warn):
+    def __init__(self, options: OpenOptions, warn: Warn, engine_set: EngineSet):
         self.options = options
         self.warn = warn
-        self.runtime = engines.select_runtime(options.runtime)
+        self.runtime = engine_set.runtime
         self.library: engines.EdgeTpuLibrary | None = None
-        self.engines: list[Engine] = []
-        self.locks: dict[str, DeviceLock] = {}  # identity -> its lock: several models may share a device
+        self.engines = engine_set.engines
+        self.locks = engine_set._locks  # several models may share a device's lock
 
     def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> None:
         if device.kind == EDGETPU:
@@ -209,7 +201,7 @@ class _Opener:
             engine = self._open_gpu(model, threads, environ)
         else:
             engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
-        self.engines.append(engine)
+        self.engines.append(MeteredEngine(engine, device.identity))
 
     def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
         if self.library is None:
@@ -298,7 +290,9 @@ def open_models(
         pairs = list(zip(models, devices))
     warnings = list(dict.fromkeys(w for model, device in pairs for w in _check_model_fits(model, device.kind)))
     started = time.perf_counter()
-    opener = _Opener(options, warn)
+    runtime = engines.select_runtime(options.runtime)
+    engine_set = EngineSet([], [device for _, device in pairs], runtime, 0.0, models, environ=environ)
+    opener = _Opener(options, warn, engine_set)
     # CPU threads shared out among the engines running at once: one per device, or every segment.
     concurrent = len(pairs) if segmented else len(devices)
     threads = options.num_threads or max(1, usable_cpus() // concurrent)
@@ -306,21 +300,10 @@ def open_models(
         for model, device in pairs:
             opener.open(model, device, threads, environ)
     except BaseException:
-        for engine in reversed(opener.engines):
-            engine.close()
-        for lock in reversed(opener.locks.values()):
-            lock.release()
+        engine_set.close()  # nothing ran: no usage to report
         raise
     for message in warnings:
         warn(message)
-    version = opener.library.version() if opener.library is not None else None
-    return EngineSet(
-        opener.engines,
-        [device for _, device in pairs],
-        opener.runtime,
-        time.perf_counter() - started,
-        models,
-        list(opener.locks.values()),
-        environ,
-        version,
-    )
+    engine_set.load_seconds = time.perf_counter() - started
+    engine_set.edgetpu_version = opener.library.version() if opener.library is not None else None
+    return engine_set

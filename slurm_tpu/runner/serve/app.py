@@ -60,7 +60,6 @@ class Route:
 
     endpoint: str  # status | metadata | predict | classify | detect | segment | raw | metrics
     model: ServedModel | None = None
-    method: str = "GET"
 
 
 @dataclass
@@ -151,34 +150,28 @@ class ServeApp:
 
     def route(self, method: str, path: str) -> Route:
         """The endpoint a method and path (without query) name, or a 404/405 RequestError."""
-        if path == "/metrics":
-            return self._allow(Route("metrics", None, method), "GET")
-        match = _ROUTE.match(path)
-        if not match:
-            raise RequestError(
-                404,
-                f"no endpoint {path}: use /v1/models/NAME[/metadata|:predict|:classify|"
-                ":detect|:segment|:raw] or /metrics",
-            )
-        name, version, metadata, verb = match.groups()
-        model = self.models.get(name)
-        if model is None:
-            raise RequestError(404, f"no model '{name[:100]}' is served here (served: {', '.join(self.models)})")
-        if version is not None and version != codec.VERSION:
-            raise RequestError(404, f"model '{name}' has only version {codec.VERSION}, not '{version[:20]}'")
-        if metadata:
-            return self._allow(Route("metadata", model, method), "GET")
-        if verb is None:
-            return self._allow(Route("status", model, method), "GET")
-        if verb != PREDICT and verb not in TASK_NAMES:
-            raise RequestError(404, f"no method ':{verb[:40]}': use :predict or :{', :'.join(TASK_NAMES)}")
-        return self._allow(Route(verb, model, method), "POST")
-
-    @staticmethod
-    def _allow(route: Route, method: str) -> Route:
-        if route.method != method:
-            raise RequestError(405, f"{route.endpoint} takes {method}, not {route.method}")
-        return route
+        endpoint, model = "metrics", None
+        if path != "/metrics":
+            match = _ROUTE.match(path)
+            if not match:
+                raise RequestError(
+                    404,
+                    f"no endpoint {path}: use /v1/models/NAME[/metadata|:predict|:classify|"
+                    ":detect|:segment|:raw] or /metrics",
+                )
+            name, version, metadata, verb = match.groups()
+            model = self.models.get(name)
+            if model is None:
+                raise RequestError(404, f"no model '{name[:100]}' is served here (served: {', '.join(self.models)})")
+            if version is not None and version != codec.VERSION:
+                raise RequestError(404, f"model '{name}' has only version {codec.VERSION}, not '{version[:20]}'")
+            if verb is not None and verb != PREDICT and verb not in TASK_NAMES:
+                raise RequestError(404, f"no method ':{verb[:40]}': use :predict or :{', :'.join(TASK_NAMES)}")
+            endpoint = "metadata" if metadata else verb or "status"
+        allowed = "GET" if endpoint in ("metrics", "metadata", "status") else "POST"
+        if method != allowed:
+            raise RequestError(405, f"{endpoint} takes {allowed}, not {method}")
+        return Route(endpoint, model)
 
     def dispatch(self, route: Route, body: bytes, content_type: str, query: str) -> Response:
         """The answer to an authorized request (or a RequestError)."""

@@ -187,14 +187,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(self._reader)
         self._challenged = False
 
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def _handle(self, method: str) -> None:
-        app = self.server.app
+    def do_GET(self) -> None:  # POST's too (do_POST below): self.command tells them apart
+        app, method = self.server.app, self.command
         started = time.perf_counter()
         path, _, query = self.path.partition("?")
         route: Route | None = None
@@ -205,7 +199,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             if path == PROOF_PATH and method == "GET":  # the one request answered without the token
-                route = Route("proof", None, method)
+                route = Route("proof")
                 response = self._prove(query)
             else:
                 if not token_matches(self.headers.get("Authorization"), app.token):
@@ -245,6 +239,8 @@ class _Handler(BaseHTTPRequestHandler):
         app.metrics.observe(
             model, route.endpoint if route is not None else "other", self._status, time.perf_counter() - started
         )
+
+    do_POST = do_GET  # noqa: N815 - http.server's name
 
     def _admit(self) -> None:
         """A pending connection just showed the token: count it with the authenticated ones."""
@@ -311,7 +307,6 @@ class _Handler(BaseHTTPRequestHandler):
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Malformed requests (bad request line, too many headers...) get a JSON line too."""
-        self.close_connection = True
         self._refuse(RequestError(code, message or self.responses.get(code, ("error",))[0]), close=True)
 
     def log_message(self, format: str, *args) -> None:

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..modelinfo import Engine, ModelInfo, TensorSpec
+from ..modelinfo import ModelInfo, TensorSpec
 from ..preprocess import Normalization, Prepared, Resize, as_input, conform_array, load_image
 from ..request import Preprocessing
-from ..session import EngineSet, OpenOptions, open_models
+from ..session import EngineSet, MeteredEngine, OpenOptions, open_models
 from ..tasks import AUTO, Task, TaskOptions, choose_task, read_labels
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a URL path segment: no '/', no ':'
@@ -83,7 +83,7 @@ class ServedModel:
     name: str
     index: int  # its engines' position on every device (see DeviceQueue)
     info: ModelInfo
-    engines: list[Engine]
+    engines: list[MeteredEngine]  # the figures /metrics reports
     task: Task  # recognised from the outputs (or --task)
     labels: Mapping[int, str]
     preprocessing: Preprocessing = field(default_factory=Preprocessing)  # as ``infer`` does it (set at serve time)
