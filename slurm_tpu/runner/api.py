@@ -181,10 +181,9 @@ class Runner:
         """Run one input ``count`` times (as pycoral's examples do): the result of ``task``
         (default: this runner's) and each time in ms. The first time includes the Edge TPU's
         model upload; report it apart."""
-        if isinstance(source, str):
-            prepared = self.prepare(source)
-        else:
-            prepared = as_input(np.asarray(source), self.input_specs[0])
+        prepared = (
+            self.prepare(source) if isinstance(source, str) else as_input(np.asarray(source), self.input_specs[0])
+        )
         times, outputs = [], []
         for _ in range(max(1, count)):
             started = time.perf_counter()

@@ -27,6 +27,7 @@ from ..protocol import jobenv
 from ..protocol.usage import USAGE_DIR_ENV, add_usage
 from . import engines, gpu_select
 from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
+from .engines import EdgeTpuLibrary
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
 from .modelinfo import Engine, ModelInfo, read_model_info
@@ -62,7 +63,7 @@ class MeteredEngine:
 
 @dataclass
 class EngineSet:
-    """Open engines (one per device, or per segment) and the locks that guard them."""
+    """Engines (one per device, or per segment) opened one by one, and the locks that guard them."""
 
     engines: list[MeteredEngine]  # every inference counted per device, whichever mode drives the engines
     devices: list[Device]
@@ -72,6 +73,7 @@ class EngineSet:
     _locks: dict[str, DeviceLock] = field(default_factory=dict)  # identity -> its lock
     environ: Mapping[str, str] = field(default_factory=dict)
     edgetpu_version: str | None = None  # edgetpu_version() when an Edge TPU was opened
+    _library: EdgeTpuLibrary | None = None  # loaded for the first Edge TPU
 
     def report_usage(self) -> int:
         """Add this process's counts per leased device used to the job's usage box; how many were written.
@@ -96,6 +98,51 @@ class EngineSet:
         for lock in reversed(self._locks.values()):
             lock.release()
         self.engines, self._locks = [], {}
+
+    def open(self, model: ModelInfo, device: Device, threads: int, options: OpenOptions, warn: Warn) -> None:
+        """Open ``model`` on ``device`` and hold the engine (and the device's lock)."""
+        if device.kind == EDGETPU:
+            engine = self._open_edgetpu(model, device, threads, options.libedgetpu)
+        elif device.kind == GPU:
+            engine = self._open_gpu(model, threads, options.fallback, warn)
+        else:
+            engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
+        self.engines.append(MeteredEngine(engine, device.identity))
+
+    def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, libedgetpu: str | None) -> Engine:
+        if self._library is None:
+            self._library = EdgeTpuLibrary(libedgetpu)
+        # Never ask libedgetpu to open what it does not list: on a USB path it cannot
+        # enumerate it retries for about 25 s before giving up.
+        listed = self._library.list_devices()
+        if (device.edgetpu_type, device.path) not in listed:
+            # The library reads the variable from this process's own environment.
+            visible = os.environ.get(jobenv.EDGETPU_VISIBLE)
+            raise DeviceError(absent_message(device, listed, visible), device.identity)
+        lock = self._locks.get(device.identity) or DeviceLock(device.identity, self.environ)
+        log: list[str] = []
+        delegate = self._library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
+        if delegate is None:
+            if device.identity not in self._locks:
+                lock.release()
+            reason = engines.libedgetpu_reason(log, device.path or "")
+            raise DeviceError(open_failure_message(device, reason), device.identity)
+        self._locks[device.identity] = lock
+        return engines.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
+
+    def _open_gpu(self, model: ModelInfo, threads: int, fallback: str | None, warn: Warn) -> Engine:
+        choice = gpu_select.choose(self.environ)
+        if choice.uncertain:
+            warn(f"LiteRT will use {choice.how}")
+        _log.info("GPU: %s", choice.how)
+        gpu_select.apply(choice)  # this process's own environment, which Vulkan reads
+        try:
+            return engines.GpuEngine(model.path, model.inputs, model.outputs)
+        except GpuError as exc:
+            if fallback != CPU:
+                raise
+            warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
+            return engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
 
 
 CHECK = "run 'slurm-tpu detect --check-runtime' on the node"
@@ -183,62 +230,6 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-class _Opener:
-    """Opens (model, device) pairs one by one into ``engine_set`` (its engines and locks)."""
-
-    def __init__(self, options: OpenOptions, warn: Warn, engine_set: EngineSet):
-        self.options = options
-        self.warn = warn
-        self.runtime = engine_set.runtime
-        self.library: engines.EdgeTpuLibrary | None = None
-        self.engines = engine_set.engines
-        self.locks = engine_set._locks  # several models may share a device's lock
-
-    def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> None:
-        if device.kind == EDGETPU:
-            engine = self._open_edgetpu(model, device, threads, environ)
-        elif device.kind == GPU:
-            engine = self._open_gpu(model, threads, environ)
-        else:
-            engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
-        self.engines.append(MeteredEngine(engine, device.identity))
-
-    def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
-        if self.library is None:
-            self.library = engines.EdgeTpuLibrary(self.options.libedgetpu)
-        # Never ask libedgetpu to open what it does not list: on a USB path it cannot
-        # enumerate it retries for about 25 s before giving up.
-        listed = self.library.list_devices()
-        if (device.edgetpu_type, device.path) not in listed:
-            # The library reads the variable from this process's own environment.
-            visible = os.environ.get(jobenv.EDGETPU_VISIBLE)
-            raise DeviceError(absent_message(device, listed, visible), device.identity)
-        lock = self.locks.get(device.identity) or DeviceLock(device.identity, environ)
-        log: list[str] = []
-        delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
-        if delegate is None:
-            if device.identity not in self.locks:
-                lock.release()
-            reason = engines.libedgetpu_reason(log, device.path or "")
-            raise DeviceError(open_failure_message(device, reason), device.identity)
-        self.locks[device.identity] = lock
-        return engines.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
-
-    def _open_gpu(self, model: ModelInfo, threads: int, environ: Mapping[str, str]) -> Engine:
-        choice = gpu_select.choose(environ)
-        if choice.uncertain:
-            self.warn(f"LiteRT will use {choice.how}")
-        _log.info("GPU: %s", choice.how)
-        gpu_select.apply(choice)  # this process's own environment, which Vulkan reads
-        try:
-            return engines.GpuEngine(model.path, model.inputs, model.outputs)
-        except GpuError as exc:
-            if self.options.fallback != CPU:
-                raise
-            self.warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
-            return engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
-
-
 def _check_model_fits(model: ModelInfo, kind: str) -> list[str]:
     """Raise when the model cannot run on this kind of device; return warnings to emit once opened."""
     if model.is_edgetpu and kind != EDGETPU:
@@ -292,18 +283,17 @@ def open_models(
     started = time.perf_counter()
     runtime = engines.select_runtime(options.runtime)
     engine_set = EngineSet([], [device for _, device in pairs], runtime, 0.0, models, environ=environ)
-    opener = _Opener(options, warn, engine_set)
     # CPU threads shared out among the engines running at once: one per device, or every segment.
     concurrent = len(pairs) if segmented else len(devices)
     threads = options.num_threads or max(1, usable_cpus() // concurrent)
     try:
         for model, device in pairs:
-            opener.open(model, device, threads, environ)
+            engine_set.open(model, device, threads, options, warn)
     except BaseException:
         engine_set.close()  # nothing ran: no usage to report
         raise
     for message in warnings:
         warn(message)
     engine_set.load_seconds = time.perf_counter() - started
-    engine_set.edgetpu_version = opener.library.version() if opener.library is not None else None
+    engine_set.edgetpu_version = engine_set._library.version() if engine_set._library is not None else None
     return engine_set

@@ -73,26 +73,6 @@ def json_response(status: int, payload: Any) -> Response:
     return Response(status, json.dumps(payload, separators=(",", ":")).encode())
 
 
-class ByteBudget:
-    """Bytes of request bodies the server holds at once; a request that does not fit is refused."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._used = 0
-        self._lock = threading.Lock()
-
-    def take(self, amount: int) -> bool:
-        with self._lock:
-            if self._used + amount > self.capacity:
-                return False
-            self._used += amount
-            return True
-
-    def give(self, amount: int) -> None:
-        with self._lock:
-            self._used -= amount
-
-
 class ServeApp:
     """The served models behind the endpoints; counts requests in flight for a graceful stop."""
 
@@ -104,7 +84,7 @@ class ServeApp:
         self.limits = limits
         self.token = token
         self.runtime = runtime
-        self.budget = ByteBudget(4 * limits.max_body)  # bytes of request bodies held at once, all connections
+        self._held = 0  # bytes of request bodies held at once, all connections: at most 4 * max_body
         self._decoders = threading.BoundedSemaphore(limits.decoders)
         self._in_flight = 0
         self._idle = threading.Condition()
@@ -129,6 +109,18 @@ class ServeApp:
             self.answered += 1
             if self._in_flight == 0:
                 self._idle.notify_all()
+
+    def hold(self, amount: int) -> bool:
+        """Count in a request body of ``amount`` bytes; False when it does not fit (the caller answers 503)."""
+        with self._idle:
+            if self._held + amount > 4 * self.limits.max_body:
+                return False
+            self._held += amount
+            return True
+
+    def release(self, amount: int) -> None:
+        with self._idle:
+            self._held -= amount
 
     def drain(self, timeout: float) -> bool:
         """Refuse new requests and wait for those in flight; True when none is left."""

@@ -96,9 +96,7 @@ class ServeHTTPServer(ThreadingHTTPServer):
     def authenticate(self, sock: socket.socket) -> bool | None:
         """Move a pending connection to the authenticated ones: True; False when those are at
         :attr:`Limits.max_connections` (the holder's own load: 503); None when it was evicted."""
-        with self._lock:
-            if sock in self._authenticated:
-                return True
+        with self._lock:  # called once per connection, on its first request with the token
             if self._pending.pop(sock, None) is None:
                 return None
             admitted = len(self._authenticated) < self.app.limits.max_connections
@@ -107,19 +105,14 @@ class ServeHTTPServer(ThreadingHTTPServer):
             self._count()
             return admitted
 
-    def process_request_thread(self, request, client_address) -> None:
-        # ThreadingMixIn's, with the connection forgotten before it is closed: an eviction
-        # never shuts down a socket object this thread has already closed.
-        try:
-            self.finish_request(request, client_address)
-        except Exception:  # noqa: BLE001 - ThreadingMixIn's own handling: report, keep serving
-            self.handle_error(request, client_address)
-        finally:
-            with self._lock:
-                self._pending.pop(request, None)
-                self._authenticated.discard(request)
-                self._count()
-            self.shutdown_request(request)
+    def shutdown_request(self, request) -> None:
+        # The connection forgotten before it is closed: an eviction never shuts down a socket
+        # object its thread has already closed.
+        with self._lock:
+            self._pending.pop(request, None)
+            self._authenticated.discard(request)
+            self._count()
+        super().shutdown_request(request)
 
     def handle_error(self, request, client_address) -> None:
         pass  # a client that vanished mid-answer, or one closed at its deadline; nothing to tell anyone
@@ -214,7 +207,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = b""
                 if method == "POST":
                     held = self._content_length()
-                    if not app.budget.take(held):
+                    if not app.hold(held):
                         held = 0
                         raise RequestError(503, "the server holds too many request bodies: retry later", retry_after=1)
                     body = self.rfile.read(held)
@@ -232,7 +225,7 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(RequestError(500, f"internal error ({type(exc).__name__}: {str(exc)[:200]})"), close=True)
         finally:
             if held:
-                app.budget.give(held)
+                app.release(held)
             app.end()
         model = route.model.name if route is not None and route.model is not None else ""
         # The status _send sent (when none was sent: the connection's previous one, or 0).
