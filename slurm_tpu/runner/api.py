@@ -243,8 +243,7 @@ class Runner:
         options = options or TaskOptions(labels=self.labels)
         if annotate_dir:
             self.check_annotate(annotate_dir, keys)
-        layout = Layout(fmt, self.task, options)
-        writer = ResultWriter(output, layout, stdout_write)
+        writer = ResultWriter(output, Layout(fmt, self.task, options), stdout_write)
         started = time.perf_counter()
         progress = progress or Progress(0, enabled=False)
         threads = decode_threads or self._decode_threads()

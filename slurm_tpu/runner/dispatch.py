@@ -230,8 +230,7 @@ def _remote(
                 times.append((time.perf_counter() - started) * 1000)
             return RemoteTimed(single, remote.task, record, times, client.url)
         task_options = TaskOptions(top_k=reading.top_k, threshold=reading.threshold)
-        layout = Layout(format_for(out or "", batch.fmt), remote.task, task_options)
-        writer = ResultWriter(out, layout, streams.write)
+        writer = ResultWriter(out, Layout(format_for(out or "", batch.fmt), remote.task, task_options), streams.write)
         in_flight = request.remote.in_flight
         processed, errors = write_batch(
             keys, writer, progress, lambda todo: map(result_fields, remote_records(remote, todo, options, in_flight))

@@ -36,9 +36,6 @@ class Layout:
         self.fmt, self.task, self.options = fmt, task, options
         self.columns = ["input", *task.csv_columns(options), "error"]
 
-    def header(self) -> str:
-        return _csv_line(self.columns)
-
     def render(self, record: dict[str, Any]) -> str:
         """One input's result as whole lines (newlines included): one JSON line, or its CSV
         rows (one per object for detection; an input with none gets a row of its own)."""
@@ -77,7 +74,7 @@ class ResultWriter:
         self._fd, self._write = -1, write or sys.stdout.write
         if not path:
             if self.fmt != JSONL:
-                self._write(layout.header())
+                self._write(_csv_line(layout.columns))
             return
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -109,7 +106,7 @@ class ResultWriter:
         lines = data.decode("utf-8", "replace").splitlines()
         if self.fmt == CSV:
             if not lines:
-                os.write(self._fd, self.layout.header().encode())
+                os.write(self._fd, _csv_line(self.layout.columns).encode())
                 return
             lines = lines[1:]  # header
             # One input may own several rows (one per object), written by one write(2);

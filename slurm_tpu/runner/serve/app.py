@@ -1,9 +1,6 @@
-"""What each endpoint does, apart from HTTP's mechanics (see :mod:`.httpserver`).
+"""What each endpoint (docs/user-guide.md's table) does, apart from HTTP's mechanics (see :mod:`.httpserver`).
 
-Routes (``NAME`` a served model; ``/versions/1`` may follow it, as in TF Serving):
-``GET /v1/models/NAME`` (status), ``GET /v1/models/NAME/metadata``, ``POST
-/v1/models/NAME:predict``, ``POST /v1/models/NAME:classify|detect|segment|raw`` and
-``GET /metrics``. Every refusal is a :class:`~.codec.RequestError` with its status and one line.
+Every refusal is a :class:`~.codec.RequestError` with its status and one line.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.status = status
-        self.message = message
         self.retry_after = retry_after
 
 

@@ -12,11 +12,9 @@ than being refused, so a flood of slow connections churns only itself. Only
 authenticated connections count against :attr:`Limits.max_connections`.
 
 Before the application sees a request this layer checks the token (before the body is
-read; 401 and the connection closed), the body size (411/413), the bytes of bodies held
-at once (503) and stalled clients; while draining it answers 503 with ``Connection:
-close``. The one request answered without the token is the proof challenge
-(:data:`~.auth.PROOF_PATH`), once per pending connection. Every error is JSON, never a
-traceback; a handler bug is a 500 for that request only.
+read), the body's size and the bytes of bodies held at once (the statuses: docs/user-guide.md).
+The one request answered without the token is the proof challenge (:data:`~.auth.PROOF_PATH`),
+once per pending connection. A handler bug is a JSON 500 for that request only.
 """
 
 from __future__ import annotations
@@ -294,7 +292,7 @@ class _Handler(BaseHTTPRequestHandler):
         if close:
             self.close_connection = True
         try:
-            self._send(Response(error.status, json.dumps({"error": error.message}).encode(), JSON_TYPE), extra)
+            self._send(Response(error.status, json.dumps({"error": str(error)}).encode(), JSON_TYPE), extra)
         except OSError:
             self.close_connection = True
 

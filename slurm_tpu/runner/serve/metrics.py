@@ -1,10 +1,8 @@
 """``/metrics``: the server's counters in Prometheus' text format (version 0.0.4), through prometheus_client.
 
-Requests and errors by model, endpoint and status code, a latency histogram, and per
-model and device the inferences and device seconds, read from the engines' own meters
-(:class:`~slurm_tpu.runner.session.MeteredEngine`, the figures the usage record gets).
-Label values come from a fixed set (endpoints, status codes, served model names, device
-labels): a client cannot grow the series by sending odd names.
+Device figures are the engines' own meters (:class:`~slurm_tpu.runner.session.MeteredEngine`),
+the figures the usage record gets. Label values come from a fixed set (endpoints, status
+codes, served model names, device labels): a client cannot grow the series by sending odd names.
 """
 
 from __future__ import annotations
