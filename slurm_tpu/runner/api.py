@@ -1,10 +1,5 @@
-"""The Python API: open a model on the job's device(s) once, then run inputs, batches or benchmarks.
-
-from slurm_tpu.runner import Runner, TaskOptions
-with Runner("model.tflite", labels="labels.txt") as runner:   # task recognised: runner.task
-    print(runner.classify("cat.jpg", top_k=3))                # or runner.run("cat.jpg")
-    runner.run_batch(["images/"], output="results.jsonl", options=TaskOptions(top_k=3))
-"""
+"""The Python API: open a model on the job's device(s) once, then run inputs, batches or benchmarks
+(docs/user-guide.md shows its use)."""
 
 from __future__ import annotations
 
@@ -145,7 +140,7 @@ class Runner:
 
     @property
     def on_edgetpu(self) -> bool:
-        return self.engine_set.devices[0].kind == EDGETPU
+        return self.engine_set.engines[0].device.kind == EDGETPU
 
     @property
     def device_labels(self) -> list[str]:

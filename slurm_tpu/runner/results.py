@@ -217,14 +217,12 @@ def write_batch(
     in ``writer``, counting them on ``progress``; closes both. (Processed, failed.)"""
     todo = [k for k in keys if k not in writer.done]
     progress.total, progress.skipped = len(todo), len(keys) - len(todo)
-    processed = errors = 0
+    progress.done = progress.errors = 0  # this batch's counts, also what is returned
     try:
         for record in records(todo):
             writer.write(record)
-            processed += 1
-            errors += "error" in record
             progress.update(1, int("error" in record))
     finally:
         writer.close()
         progress.close()
-    return processed, errors
+    return progress.done, progress.errors

@@ -3,10 +3,7 @@
 The order is the reason this module exists: lock the device, create its delegate by
 path, build the interpreter; on close the reverse, so no other process can grab a TPU
 that is still in use. Why an allocated Edge TPU cannot be used is one line naming it,
-the cause and the fix, as seen with the real libedgetpu (tests/libedgetpu): from sysfs
-when the library does not list it (:func:`absent_message`), else the library's own
-reason (:func:`open_failure_message`). Every engine is metered (:class:`MeteredEngine`)
-whatever the mode; on close the counts go to the job's usage box.
+the cause and the fix, as seen with the real libedgetpu (tests/libedgetpu).
 """
 
 from __future__ import annotations
@@ -40,9 +37,9 @@ _log = logging.getLogger("slurm_tpu.runner")
 class MeteredEngine:
     """An Engine that counts its runs and the wall time spent in them."""
 
-    def __init__(self, engine, identity: str):
+    def __init__(self, engine, device: Device):
         self._engine = engine
-        self.identity = identity
+        self.device = device
         self.label = engine.label
         self.inputs = engine.inputs
         self.outputs = engine.outputs
@@ -65,8 +62,7 @@ class MeteredEngine:
 class EngineSet:
     """Engines (one per device, or per segment) opened one by one, and the locks that guard them."""
 
-    engines: list[MeteredEngine]  # every inference counted per device, whichever mode drives the engines
-    devices: list[Device]
+    engines: list[MeteredEngine]  # each knows its device; every inference counted, whichever mode runs it
     runtime: str
     load_seconds: float
     models: list[ModelInfo]
@@ -86,9 +82,9 @@ class EngineSet:
             return 0
         totals: dict[str, tuple[int, float]] = {}
         for engine in self.engines:
-            if engine.inferences and is_identity(engine.identity):
-                count, seconds = totals.get(engine.identity, (0, 0.0))
-                totals[engine.identity] = (count + engine.inferences, seconds + engine.seconds)
+            if engine.inferences and is_identity(engine.device.identity):
+                count, seconds = totals.get(engine.device.identity, (0, 0.0))
+                totals[engine.device.identity] = (count + engine.inferences, seconds + engine.seconds)
         return sum(add_usage(directory, identity, count, seconds) for identity, (count, seconds) in totals.items())
 
     def close(self) -> None:
@@ -107,7 +103,7 @@ class EngineSet:
             engine = self._open_gpu(model, threads, options.fallback, warn)
         else:
             engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
-        self.engines.append(MeteredEngine(engine, device.identity))
+        self.engines.append(MeteredEngine(engine, device))
 
     def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, libedgetpu: str | None) -> Engine:
         if self._library is None:
@@ -282,7 +278,7 @@ def open_models(
     warnings = list(dict.fromkeys(w for model, device in pairs for w in _check_model_fits(model, device.kind)))
     started = time.perf_counter()
     runtime = engines.select_runtime(options.runtime)
-    engine_set = EngineSet([], [device for _, device in pairs], runtime, 0.0, models, environ=environ)
+    engine_set = EngineSet([], runtime, 0.0, models, environ=environ)
     # CPU threads shared out among the engines running at once: one per device, or every segment.
     concurrent = len(pairs) if segmented else len(devices)
     threads = options.num_threads or max(1, usable_cpus() // concurrent)

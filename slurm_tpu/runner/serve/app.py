@@ -169,7 +169,7 @@ class ServeApp:
         model = route.model
         assert model is not None
         if route.endpoint == "status":
-            return json_response(200, codec.model_status())
+            return json_response(200, codec.MODEL_STATUS)
         if route.endpoint == "metadata":
             extra = {**describe(model), "runtime": self.runtime}
             return json_response(200, codec.model_metadata(model.name, model.inputs, model.outputs, extra))

@@ -90,11 +90,6 @@ def check_job_runs(job_id: str, environ: Mapping[str, str] = os.environ) -> None
         )
 
 
-def model_name(value: str) -> str:
-    """The served name for MODEL as given to ``infer``: a name, or a .tflite path (its default name)."""
-    return default_name(value) if value.endswith(".tflite") else value
-
-
 class ProvenConnection(http.client.HTTPConnection):
     """An HTTP connection that sends nothing with the token before its listener proved it holds it.
 
@@ -256,9 +251,10 @@ def _specs(signature: Mapping[str, Any]) -> list[TensorSpec]:
 class RemoteModel:
     """A served model as the client sees it: its name and task."""
 
-    def __init__(self, client: ServeClient, name: str, task: str):
+    def __init__(self, client: ServeClient, model: str, task: str):
+        """``model``: MODEL as given to ``infer``, a served name or a .tflite path (its default name)."""
         self.client = client
-        self.name = name
+        self.name = name = default_name(model) if model.endswith(".tflite") else model
         metadata = client.json("GET", f"/v1/models/{quote(name, safe='')}/metadata")
         try:
             extra = metadata.get("metadata", {}).get("slurm_tpu", {})

@@ -36,13 +36,12 @@ class RequestError(Exception):
         self.retry_after = retry_after
 
 
-def model_status() -> dict[str, Any]:
-    """TF Serving's GetModelStatus answer for a loaded model."""
-    return {
-        "model_version_status": [
-            {"version": VERSION, "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-        ]
-    }
+# TF Serving's GetModelStatus answer for a loaded model
+MODEL_STATUS = {
+    "model_version_status": [
+        {"version": VERSION, "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+    ]
+}
 
 
 def _tensor_info(spec: TensorSpec) -> dict[str, Any]:

@@ -21,15 +21,14 @@ from ..session import MeteredEngine
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = "slurm_tpu_serve"
+Gauges = Callable[[], dict[str, tuple[float, str]]]  # name -> (value, help)
 __all__ = ["BUCKETS", "CONTENT_TYPE", "PREFIX", "ServeMetrics"]
 
 
 class ServeMetrics(Collector):
     """Thread-safe request counters; device figures and gauges are read when collected."""
 
-    def __init__(
-        self, engines: Sequence[tuple[str, MeteredEngine]], gauges: Callable[[], dict[str, tuple[float, str]]]
-    ):
+    def __init__(self, engines: Sequence[tuple[str, MeteredEngine]], gauges: Gauges):
         """``engines``: (model name, metered engine) pairs; ``gauges``: name -> (value, help), read at scrape time."""
         self._engines = engines
         self._gauges = gauges

@@ -87,7 +87,6 @@ class ServedModel:
     task: Task  # recognised from the outputs (or --task)
     labels: Mapping[int, str]
     preprocessing: Preprocessing = field(default_factory=Preprocessing)  # as ``infer`` does it (set at serve time)
-    _tasks: dict[str, Task] = field(default_factory=dict)
 
     @property
     def inputs(self) -> Sequence[TensorSpec]:
@@ -105,11 +104,8 @@ class ServedModel:
         """The task for a task endpoint (``:detect``...): refused if the model's outputs do not fit it."""
         if name == self.task.name:
             return self.task
-        if name not in self._tasks:
-            self._tasks[name] = choose_task(
-                name, self.outputs, self.info.custom_ops, self.name, self.preprocessing.keep_aspect_ratio
-            )[0]
-        return self._tasks[name]
+        keep_aspect = self.preprocessing.keep_aspect_ratio  # choosing builds a few stateless objects: no cache
+        return choose_task(name, self.outputs, self.info.custom_ops, self.name, keep_aspect)[0]
 
     def options(self, top_k: int = 1, threshold: float | None = None) -> TaskOptions:
         return TaskOptions(self.labels, top_k, threshold)
