@@ -67,7 +67,7 @@ def serve_ours() -> None:
         """Every path is one endpoint answered at once: only the HTTP layer is timed."""
 
         def route(self, method: str, path: str) -> Route:
-            return Route("classify", None, method)
+            return Route("classify")
 
         def dispatch(self, route, body, content_type, query) -> Response:
             return Response(200, ANSWER)

@@ -1,9 +1,7 @@
 """Inference runner: TFLite models on the job's Edge TPU(s), GPU or CPU.
 
-One concern per module; only ``engines`` imports a runtime or libedgetpu, and ``session``
-opens models in the right order (lock, delegate, interpreter). The names below are
-imported on first use, not with the package: the ``slurm-tpu`` CLI imports ``choices``
-and ``request`` at start-up for every command, and must not pay for numpy and a runtime.
+The names below are imported on first use, not with the package: the ``slurm-tpu`` CLI imports
+``choices`` and ``request`` at start-up for every command, and must not pay for numpy and a runtime.
 """
 
 from __future__ import annotations

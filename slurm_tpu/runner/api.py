@@ -1,16 +1,10 @@
-"""The Python API: open a model on the job's device(s) once, then run inputs, batches or benchmarks.
-
-from slurm_tpu.runner import Runner, TaskOptions
-with Runner("model.tflite", labels="labels.txt") as runner:   # task recognised: runner.task
-    print(runner.classify("cat.jpg", top_k=3))                # or runner.run("cat.jpg")
-    runner.run_batch(["images/"], output="results.jsonl", options=TaskOptions(top_k=3))
-"""
+"""The Python API: open a model on the job's device(s) once, then run inputs, batches or benchmarks
+(docs/user-guide.md shows its use)."""
 
 from __future__ import annotations
 
 import logging
 import os
-import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -24,7 +18,7 @@ from .inputs import list_inputs
 from .modelinfo import TensorSpec
 from .pipeline import Item, decode_ordered, infer_ordered
 from .preprocess import Geometry, Normalization, Prepared, Resize, as_input, load_input
-from .results import JSONL, Layout, Progress, ResultWriter, StdoutWriter, write_batch
+from .results import JSONL, Layout, Progress, ResultWriter, write_batch
 from .session import EngineSet, OpenOptions, open_models, usable_cpus
 from .tasks import AUTO, Class, Task, TaskOptions, choose_task, read_labels
 from .tasks.classify import Classify
@@ -146,7 +140,7 @@ class Runner:
 
     @property
     def on_edgetpu(self) -> bool:
-        return self.engine_set.devices[0].kind == EDGETPU
+        return self.engine_set.engines[0].device.kind == EDGETPU
 
     @property
     def device_labels(self) -> list[str]:
@@ -182,10 +176,9 @@ class Runner:
         """Run one input ``count`` times (as pycoral's examples do): the result of ``task``
         (default: this runner's) and each time in ms. The first time includes the Edge TPU's
         model upload; report it apart."""
-        if isinstance(source, str):
-            prepared = self.prepare(source)
-        else:
-            prepared = as_input(np.asarray(source), self.input_specs[0])
+        prepared = (
+            self.prepare(source) if isinstance(source, str) else as_input(np.asarray(source), self.input_specs[0])
+        )
         times, outputs = [], []
         for _ in range(max(1, count)):
             started = time.perf_counter()
@@ -245,8 +238,7 @@ class Runner:
         options = options or TaskOptions(labels=self.labels)
         if annotate_dir:
             self.check_annotate(annotate_dir, keys)
-        layout = Layout(fmt, self.task, options)
-        writer = ResultWriter(output, layout) if output else StdoutWriter(layout, stdout_write or sys.stdout.write)
+        writer = ResultWriter(output, Layout(fmt, self.task, options), stdout_write)
         started = time.perf_counter()
         progress = progress or Progress(0, enabled=False)
         threads = decode_threads or self._decode_threads()

@@ -1,10 +1,8 @@
 """The names a user chooses among to run a model, and the variables that stand in for options.
 
-One place for each: the modules that act on a name (``engines``: runtimes and libedgetpu;
-``tasks``: what outputs mean; ``session``: the fallback; ``results``: file formats)
-import it from here, and so does the ``slurm-tpu`` CLI for its option choices. This
-module is stdlib-only and imports nothing heavy (no numpy, no runtime): every
-``slurm-tpu`` command declares its options at start-up, ``health`` run by slurmd included.
+One place for each, for the modules that act on a name and the CLI's option choices. Stdlib-only,
+nothing heavy: every ``slurm-tpu`` command declares its options at start-up, ``health`` run by
+slurmd included.
 """
 
 from __future__ import annotations

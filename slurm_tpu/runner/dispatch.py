@@ -1,9 +1,8 @@
 """Which mode a ``slurm-tpu infer`` request runs in, and running it.
 
-The modes: one input (timed, for pycoral's printout), a batch (this process's share of
-an array job or a step), a benchmark, and the first two answered by ``slurm-tpu serve``
-in another job (``--server``). :func:`infer` returns what came of a run for the caller
-to render; a batch's records and progress lines stream out through :class:`Streams`.
+The modes: one input (timed, for pycoral's printout), a batch, a benchmark, and the first two
+through ``slurm-tpu serve`` (``--server``). :func:`infer` returns what came of a run for the
+caller to render; a batch's records and progress lines stream out through :class:`Streams`.
 """
 
 from __future__ import annotations
@@ -20,7 +19,7 @@ from .errors import UsageError
 from .inputs import expand_output_pattern, list_inputs, shard, shard_from_environment
 from .preprocess import Normalization, is_input_file
 from .request import InferRequest
-from .results import Layout, Progress, ResultWriter, StdoutWriter, format_for, write_batch
+from .results import Layout, Progress, ResultWriter, format_for, write_batch
 from .tasks import Task, TaskOptions
 
 
@@ -215,12 +214,12 @@ def _remote(
     environ: Mapping[str, str],
 ) -> Outcome:
     """``infer --server``: the same inputs and outputs as local inference, answered by a server."""
-    from .serve.client import RemoteModel, ServeClient, model_name, remote_records, resolve_target, result_fields
+    from .serve.client import RemoteModel, ServeClient, remote_records, resolve_target, result_fields
 
     reading, batch = request.reading, request.batch
     client = ServeClient(resolve_target(request.remote.server or "", environ))
     try:
-        remote = RemoteModel(client, model_name(request.model), task)
+        remote = RemoteModel(client, request.model, task)
         options = {"top_k": reading.top_k, "threshold": reading.threshold}
         if single is not None:  # sent ``count`` times: the record and each round trip in ms
             times, record = [], {}
@@ -230,8 +229,7 @@ def _remote(
                 times.append((time.perf_counter() - started) * 1000)
             return RemoteTimed(single, remote.task, record, times, client.url)
         task_options = TaskOptions(top_k=reading.top_k, threshold=reading.threshold)
-        layout = Layout(format_for(out or "", batch.fmt), remote.task, task_options)
-        writer = ResultWriter(out, layout) if out else StdoutWriter(layout, streams.write)
+        writer = ResultWriter(out, Layout(format_for(out or "", batch.fmt), remote.task, task_options), streams.write)
         in_flight = request.remote.in_flight
         processed, errors = write_batch(
             keys, writer, progress, lambda todo: map(result_fields, remote_records(remote, todo, options, in_flight))

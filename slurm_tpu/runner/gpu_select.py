@@ -1,14 +1,9 @@
-"""Which GPU LiteRT's GPU accelerator opens: the job's own (docs/user-guide.md tells users how).
+"""Which GPU LiteRT's GPU accelerator opens: the job's own, as docs/user-guide.md explains.
 
-LiteRT reaches GPUs through WebGPU (Dawn) over Vulkan, which has no
-``CUDA_VISIBLE_DEVICES``: Dawn takes the first adapter the Vulkan loader lists. The
-device cgroup or slurm-tpu's GPU leasing leaves the job only its GPUs' nodes (a Vulkan
-driver does not list a GPU it cannot open); which one comes first is set through Mesa's
-device-select layer (``VK_LAYER_MESA_device_select``, an implicit layer wrapping
-``vkEnumeratePhysicalDevices`` for every driver, NVIDIA's included): ``DRI_PRIME``
-names the PCI address, matched through ``VK_EXT_pci_bus_info``, and
-``MESA_VK_DEVICE_SELECT_FORCE_DEFAULT_DEVICE=1`` hides the others. Slurm's numeric
-indices cannot be mapped to a PCI address reliably (their meaning changes with
+Dawn (WebGPU over Vulkan) takes the first adapter the Vulkan loader lists; Mesa's
+device-select layer, an implicit layer wrapping ``vkEnumeratePhysicalDevices`` for every
+driver, lists the ``DRI_PRIME`` PCI address alone (matched through ``VK_EXT_pci_bus_info``).
+Slurm's numeric indices name no PCI address reliably (their meaning changes with
 ``ConstrainDevices`` and ``CUDA_DEVICE_ORDER``). Checked against Debian bookworm's
 mesa-vulkan-drivers 22.3.6.
 """

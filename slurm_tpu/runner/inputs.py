@@ -120,12 +120,8 @@ def step_share(environ: Mapping[str, str]) -> tuple[int, int] | None:
 
 
 def shard_from_environment(environ: Mapping[str, str]) -> tuple[int, int] | None:
-    """This process's share of the inputs under Slurm: array task x step task.
-
-    Shares combine: array index ``a`` of ``A`` and step task ``t`` of ``T`` take share
-    ``a * T + t`` of ``A * T``, so an array of multi-task steps still covers every input
-    exactly once. None outside arrays and multi-task steps.
-    """
+    """This process's share of the inputs under Slurm: array task x step task (share ``a * T + t``
+    of ``A * T``: every input once, as docs/user-guide.md says); None outside both."""
     array, step = array_share(environ), step_share(environ)
     if array is None and step is None:
         return None

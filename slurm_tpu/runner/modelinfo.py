@@ -87,11 +87,8 @@ def read_model_info(path: str | Path) -> ModelInfo:
 
     try:
         model = tflite.Model.GetRootAsModel(data, 0)
-        custom = set()
-        for i in range(model.OperatorCodesLength()):
-            code = model.OperatorCodes(i).CustomCode()
-            if code:
-                custom.add(code.decode("utf-8", "replace"))
+        codes = (model.OperatorCodes(i).CustomCode() for i in range(model.OperatorCodesLength()))
+        custom = {code.decode("utf-8", "replace") for code in codes if code}
         graph = model.Subgraphs(0)
         inputs = tuple(_spec(graph.Tensors(graph.Inputs(i))) for i in range(graph.InputsLength()))
         outputs = tuple(_spec(graph.Tensors(graph.Outputs(i))) for i in range(graph.OutputsLength()))

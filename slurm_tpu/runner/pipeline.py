@@ -1,13 +1,9 @@
 """Keep the device busy: decode ahead in a thread pool, dispatch to free engines, keep order.
 
-- ``decode_ordered``: a thread pool decodes/preprocesses up to ``lookahead`` inputs
-  ahead of the device (a bounded window, so memory stays flat on a million images);
-  results come out in input order.
-- ``infer_ordered``: one engine runs inline (no thread hop on the hot path); several
-  engines each get a thread of one pool (whichever is free takes the next input);
-  ``chain=True`` instead runs engine i on the output of engine i-1 (a model split in
-  segments), each in a thread of its own, so N segments work on N inputs at once.
-TFLite's invoke() releases the GIL, so these threads really overlap.
+One engine runs inline (no thread hop on the hot path); several each get a thread, whichever is
+free taking the next input; ``chain=True`` runs engine i on engine i-1's outputs (a model split
+in segments), so N segments work on N inputs at once. TFLite's invoke() releases the GIL, so
+these threads really overlap.
 """
 
 from __future__ import annotations

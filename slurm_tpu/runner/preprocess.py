@@ -126,15 +126,6 @@ def _decode(
         raise InputError(f"input {path_name} is not a readable image ({type(exc).__name__})", path_name) from None
 
 
-def _resize(image, size: tuple[int, int], fast: bool):
-    from PIL import Image
-
-    if image.size == size:
-        return image
-    # Image.Resampling needs Pillow 9.1; the module-level names are set by a loop mypy cannot follow.
-    return image.resize(size, Image.BILINEAR if fast else Image.LANCZOS)  # type: ignore[attr-defined]
-
-
 def load_image(
     path: str | BinaryIO,
     spec: TensorSpec,
@@ -154,9 +145,14 @@ def load_image(
     def fit(size: tuple[int, int]) -> tuple[int, int]:  # the (width, height) the image is resized to
         return fitted_size(size, target)[0] if resize.keep_aspect else target
 
+    from PIL import Image
+
     image, size = _decode(path, "RGB" if channels == 3 else "L", fit if resize.fast else None, name)
     w, h = fit(size)
-    pixels = np.asarray(_resize(image, (w, h), resize.fast), dtype=np.uint8).reshape(h, w, channels)
+    if image.size != (w, h):
+        # Image.Resampling needs Pillow 9.1; the module-level names are set by a loop mypy cannot follow.
+        image = image.resize((w, h), Image.BILINEAR if resize.fast else Image.LANCZOS)  # type: ignore[attr-defined]
+    pixels = np.asarray(image, dtype=np.uint8).reshape(h, w, channels)
     if not resize.keep_aspect:
         return Prepared(
             pixels_to_tensor(pixels, spec, norm), Geometry(target, size, (w / size[0], h / size[1]), target)

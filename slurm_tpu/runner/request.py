@@ -1,8 +1,6 @@
 """What ``slurm-tpu infer`` (and, for the shared parts, ``serve``) asks of the runner.
 
-Plain typed values, with the defaults the CLI shows: the command parses its options
-into an :class:`InferRequest` and hands it to :func:`slurm_tpu.runner.dispatch.infer`,
-which decides the mode (one input, a batch or array share, a benchmark, a server).
+Plain typed values with the defaults the CLI shows, for :func:`slurm_tpu.runner.dispatch.infer`.
 Stdlib-only like ``choices``: the CLI reads these defaults at start-up.
 """
 

@@ -36,9 +36,6 @@ class Layout:
         self.fmt, self.task, self.options = fmt, task, options
         self.columns = ["input", *task.csv_columns(options), "error"]
 
-    def header(self) -> str:
-        return _csv_line(self.columns)
-
     def render(self, record: dict[str, Any]) -> str:
         """One input's result as whole lines (newlines included): one JSON line, or its CSV
         rows (one per object for detection; an input with none gets a row of its own)."""
@@ -68,11 +65,17 @@ def _key_of(line: str, fmt: str) -> str | None:
 
 
 class ResultWriter:
-    """Appends result lines to ``path``; ``done`` holds the inputs already there."""
+    """Appends result lines to ``path``; ``done`` holds the inputs already there. Without a path
+    (no --output) the lines go to ``write`` (stdout by default), not resumable."""
 
-    def __init__(self, path: str, layout: Layout):
+    def __init__(self, path: str | None, layout: Layout, write: Callable[[str], Any] | None = None):
         self.layout, self.fmt = layout, layout.fmt
         self.done: set[str] = set()
+        self._fd, self._write = -1, write or sys.stdout.write
+        if not path:
+            if self.fmt != JSONL:
+                self._write(_csv_line(layout.columns))
+            return
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         try:
             self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
@@ -103,7 +106,7 @@ class ResultWriter:
         lines = data.decode("utf-8", "replace").splitlines()
         if self.fmt == CSV:
             if not lines:
-                os.write(self._fd, self.layout.header().encode())
+                os.write(self._fd, _csv_line(self.layout.columns).encode())
                 return
             lines = lines[1:]  # header
             # One input may own several rows (one per object), written by one write(2);
@@ -123,6 +126,9 @@ class ResultWriter:
                 self.done.add(key)
 
     def write(self, record: dict[str, Any]) -> None:
+        if self._fd < 0:
+            self._write(self.layout.render(record))
+            return
         data = self.layout.render(record).encode("utf-8")
         while data:  # one write(2) for regular files; loop only if the kernel wrote less
             data = data[os.write(self._fd, data) :]
@@ -201,25 +207,9 @@ class Progress:
         self.stream.flush()
 
 
-class StdoutWriter:
-    """Batch results to stdout (not resumable) when no --output is given."""
-
-    def __init__(self, layout: Layout, write: Callable[[str], Any]):
-        self.layout, self._write = layout, write
-        self.done: set[str] = set()
-        if layout.fmt != JSONL:
-            write(layout.header())
-
-    def write(self, record: dict[str, Any]) -> None:
-        self._write(self.layout.render(record))
-
-    def close(self) -> None:
-        pass
-
-
 def write_batch(
     keys: Sequence[str],
-    writer: ResultWriter | StdoutWriter,
+    writer: ResultWriter,
     progress: Progress,
     records: Callable[[list[str]], Iterable[dict[str, Any]]],
 ) -> tuple[int, int]:
@@ -227,14 +217,12 @@ def write_batch(
     in ``writer``, counting them on ``progress``; closes both. (Processed, failed.)"""
     todo = [k for k in keys if k not in writer.done]
     progress.total, progress.skipped = len(todo), len(keys) - len(todo)
-    processed = errors = 0
+    progress.done = progress.errors = 0  # this batch's counts, also what is returned
     try:
         for record in records(todo):
             writer.write(record)
-            processed += 1
-            errors += "error" in record
             progress.update(1, int("error" in record))
     finally:
         writer.close()
         progress.close()
-    return processed, errors
+    return progress.done, progress.errors

@@ -3,10 +3,7 @@
 The order is the reason this module exists: lock the device, create its delegate by
 path, build the interpreter; on close the reverse, so no other process can grab a TPU
 that is still in use. Why an allocated Edge TPU cannot be used is one line naming it,
-the cause and the fix, as seen with the real libedgetpu (tests/libedgetpu): from sysfs
-when the library does not list it (:func:`absent_message`), else the library's own
-reason (:func:`open_failure_message`). Every engine is metered (:class:`MeteredEngine`)
-whatever the mode; on close the counts go to the job's usage box.
+the cause and the fix, as seen with the real libedgetpu (tests/libedgetpu).
 """
 
 from __future__ import annotations
@@ -27,6 +24,7 @@ from ..protocol import jobenv
 from ..protocol.usage import USAGE_DIR_ENV, add_usage
 from . import engines, gpu_select
 from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
+from .engines import EdgeTpuLibrary
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
 from .modelinfo import Engine, ModelInfo, read_model_info
@@ -39,9 +37,9 @@ _log = logging.getLogger("slurm_tpu.runner")
 class MeteredEngine:
     """An Engine that counts its runs and the wall time spent in them."""
 
-    def __init__(self, engine, identity: str):
+    def __init__(self, engine, device: Device):
         self._engine = engine
-        self.identity = identity
+        self.device = device
         self.label = engine.label
         self.inputs = engine.inputs
         self.outputs = engine.outputs
@@ -59,26 +57,19 @@ class MeteredEngine:
     def close(self) -> None:
         self._engine.close()
 
-    def __getattr__(self, name: str):  # anything else an engine offers (e.g. GPU details)
-        return getattr(self._engine, name)
-
 
 @dataclass
 class EngineSet:
-    """Open engines (one per device, or per segment) and the locks that guard them."""
+    """Engines (one per device, or per segment) opened one by one, and the locks that guard them."""
 
-    engines: list[Engine]
-    devices: list[Device]
+    engines: list[MeteredEngine]  # each knows its device; every inference counted, whichever mode runs it
     runtime: str
     load_seconds: float
     models: list[ModelInfo]
-    _locks: list[DeviceLock] = field(default_factory=list)
+    _locks: dict[str, DeviceLock] = field(default_factory=dict)  # identity -> its lock
     environ: Mapping[str, str] = field(default_factory=dict)
     edgetpu_version: str | None = None  # edgetpu_version() when an Edge TPU was opened
-
-    def __post_init__(self) -> None:
-        # Count every inference per device, whichever mode drives the engines.
-        self.engines = [MeteredEngine(e, d.identity) for e, d in zip(self.engines, self.devices)]
+    _library: EdgeTpuLibrary | None = None  # loaded for the first Edge TPU
 
     def report_usage(self) -> int:
         """Add this process's counts per leased device used to the job's usage box; how many were written.
@@ -91,19 +82,63 @@ class EngineSet:
             return 0
         totals: dict[str, tuple[int, float]] = {}
         for engine in self.engines:
-            assert isinstance(engine, MeteredEngine)  # since __post_init__; the field types them as Engine
-            if engine.inferences and is_identity(engine.identity):
-                count, seconds = totals.get(engine.identity, (0, 0.0))
-                totals[engine.identity] = (count + engine.inferences, seconds + engine.seconds)
+            if engine.inferences and is_identity(engine.device.identity):
+                count, seconds = totals.get(engine.device.identity, (0, 0.0))
+                totals[engine.device.identity] = (count + engine.inferences, seconds + engine.seconds)
         return sum(add_usage(directory, identity, count, seconds) for identity, (count, seconds) in totals.items())
 
     def close(self) -> None:
         self.report_usage()
         for engine in reversed(self.engines):
             engine.close()
-        for lock in reversed(self._locks):
+        for lock in reversed(self._locks.values()):
             lock.release()
-        self.engines, self._locks = [], []
+        self.engines, self._locks = [], {}
+
+    def open(self, model: ModelInfo, device: Device, threads: int, options: OpenOptions, warn: Warn) -> None:
+        """Open ``model`` on ``device`` and hold the engine (and the device's lock)."""
+        if device.kind == EDGETPU:
+            engine = self._open_edgetpu(model, device, threads, options.libedgetpu)
+        elif device.kind == GPU:
+            engine = self._open_gpu(model, threads, options.fallback, warn)
+        else:
+            engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
+        self.engines.append(MeteredEngine(engine, device))
+
+    def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, libedgetpu: str | None) -> Engine:
+        if self._library is None:
+            self._library = EdgeTpuLibrary(libedgetpu)
+        # Never ask libedgetpu to open what it does not list: on a USB path it cannot
+        # enumerate it retries for about 25 s before giving up.
+        listed = self._library.list_devices()
+        if (device.edgetpu_type, device.path) not in listed:
+            # The library reads the variable from this process's own environment.
+            visible = os.environ.get(jobenv.EDGETPU_VISIBLE)
+            raise DeviceError(absent_message(device, listed, visible), device.identity)
+        lock = self._locks.get(device.identity) or DeviceLock(device.identity, self.environ)
+        log: list[str] = []
+        delegate = self._library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
+        if delegate is None:
+            if device.identity not in self._locks:
+                lock.release()
+            reason = engines.libedgetpu_reason(log, device.path or "")
+            raise DeviceError(open_failure_message(device, reason), device.identity)
+        self._locks[device.identity] = lock
+        return engines.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
+
+    def _open_gpu(self, model: ModelInfo, threads: int, fallback: str | None, warn: Warn) -> Engine:
+        choice = gpu_select.choose(self.environ)
+        if choice.uncertain:
+            warn(f"LiteRT will use {choice.how}")
+        _log.info("GPU: %s", choice.how)
+        gpu_select.apply(choice)  # this process's own environment, which Vulkan reads
+        try:
+            return engines.GpuEngine(model.path, model.inputs, model.outputs)
+        except GpuError as exc:
+            if fallback != CPU:
+                raise
+            warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
+            return engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
 
 
 CHECK = "run 'slurm-tpu detect --check-runtime' on the node"
@@ -191,62 +226,6 @@ def usable_cpus() -> int:
         return os.cpu_count() or 1
 
 
-class _Opener:
-    """Opens (model, device) pairs one by one, keeping what it opened for the caller."""
-
-    def __init__(self, options: OpenOptions, warn: Warn):
-        self.options = options
-        self.warn = warn
-        self.runtime = engines.select_runtime(options.runtime)
-        self.library: engines.EdgeTpuLibrary | None = None
-        self.engines: list[Engine] = []
-        self.locks: dict[str, DeviceLock] = {}  # identity -> its lock: several models may share a device
-
-    def open(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> None:
-        if device.kind == EDGETPU:
-            engine = self._open_edgetpu(model, device, threads, environ)
-        elif device.kind == GPU:
-            engine = self._open_gpu(model, threads, environ)
-        else:
-            engine = engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
-        self.engines.append(engine)
-
-    def _open_edgetpu(self, model: ModelInfo, device: Device, threads: int, environ: Mapping[str, str]) -> Engine:
-        if self.library is None:
-            self.library = engines.EdgeTpuLibrary(self.options.libedgetpu)
-        # Never ask libedgetpu to open what it does not list: on a USB path it cannot
-        # enumerate it retries for about 25 s before giving up.
-        listed = self.library.list_devices()
-        if (device.edgetpu_type, device.path) not in listed:
-            # The library reads the variable from this process's own environment.
-            visible = os.environ.get(jobenv.EDGETPU_VISIBLE)
-            raise DeviceError(absent_message(device, listed, visible), device.identity)
-        lock = self.locks.get(device.identity) or DeviceLock(device.identity, environ)
-        log: list[str] = []
-        delegate = self.library.create_delegate(device.edgetpu_type or "usb", device.path or "", log=log)
-        if delegate is None:
-            if device.identity not in self.locks:
-                lock.release()
-            reason = engines.libedgetpu_reason(log, device.path or "")
-            raise DeviceError(open_failure_message(device, reason), device.identity)
-        self.locks[device.identity] = lock
-        return engines.InterpreterEngine(model.path, device.label, self.runtime, threads, delegate)
-
-    def _open_gpu(self, model: ModelInfo, threads: int, environ: Mapping[str, str]) -> Engine:
-        choice = gpu_select.choose(environ)
-        if choice.uncertain:
-            self.warn(f"LiteRT will use {choice.how}")
-        _log.info("GPU: %s", choice.how)
-        gpu_select.apply(choice)  # this process's own environment, which Vulkan reads
-        try:
-            return engines.GpuEngine(model.path, model.inputs, model.outputs)
-        except GpuError as exc:
-            if self.options.fallback != CPU:
-                raise
-            self.warn(f"{exc}; falling back to the CPU as --fallback cpu asked")
-            return engines.InterpreterEngine(model.path, CPU, self.runtime, threads)
-
-
 def _check_model_fits(model: ModelInfo, kind: str) -> list[str]:
     """Raise when the model cannot run on this kind of device; return warnings to emit once opened."""
     if model.is_edgetpu and kind != EDGETPU:
@@ -298,29 +277,19 @@ def open_models(
         pairs = list(zip(models, devices))
     warnings = list(dict.fromkeys(w for model, device in pairs for w in _check_model_fits(model, device.kind)))
     started = time.perf_counter()
-    opener = _Opener(options, warn)
+    runtime = engines.select_runtime(options.runtime)
+    engine_set = EngineSet([], runtime, 0.0, models, environ=environ)
     # CPU threads shared out among the engines running at once: one per device, or every segment.
     concurrent = len(pairs) if segmented else len(devices)
     threads = options.num_threads or max(1, usable_cpus() // concurrent)
     try:
         for model, device in pairs:
-            opener.open(model, device, threads, environ)
+            engine_set.open(model, device, threads, options, warn)
     except BaseException:
-        for engine in reversed(opener.engines):
-            engine.close()
-        for lock in reversed(opener.locks.values()):
-            lock.release()
+        engine_set.close()  # nothing ran: no usage to report
         raise
     for message in warnings:
         warn(message)
-    version = opener.library.version() if opener.library is not None else None
-    return EngineSet(
-        opener.engines,
-        [device for _, device in pairs],
-        opener.runtime,
-        time.perf_counter() - started,
-        models,
-        list(opener.locks.values()),
-        environ,
-        version,
-    )
+    engine_set.load_seconds = time.perf_counter() - started
+    engine_set.edgetpu_version = engine_set._library.version() if engine_set._library is not None else None
+    return engine_set

@@ -1,9 +1,6 @@
-"""What each endpoint does, apart from HTTP's mechanics (see :mod:`.httpserver`).
+"""What each endpoint (docs/user-guide.md's table) does, apart from HTTP's mechanics (see :mod:`.httpserver`).
 
-Routes (``NAME`` a served model; ``/versions/1`` may follow it, as in TF Serving):
-``GET /v1/models/NAME`` (status), ``GET /v1/models/NAME/metadata``, ``POST
-/v1/models/NAME:predict``, ``POST /v1/models/NAME:classify|detect|segment|raw`` and
-``GET /metrics``. Every refusal is a :class:`~.codec.RequestError` with its status and one line.
+Every refusal is a :class:`~.codec.RequestError` with its status and one line.
 """
 
 from __future__ import annotations
@@ -60,7 +57,6 @@ class Route:
 
     endpoint: str  # status | metadata | predict | classify | detect | segment | raw | metrics
     model: ServedModel | None = None
-    method: str = "GET"
 
 
 @dataclass
@@ -74,26 +70,6 @@ def json_response(status: int, payload: Any) -> Response:
     return Response(status, json.dumps(payload, separators=(",", ":")).encode())
 
 
-class ByteBudget:
-    """Bytes of request bodies the server holds at once; a request that does not fit is refused."""
-
-    def __init__(self, capacity: int):
-        self.capacity = capacity
-        self._used = 0
-        self._lock = threading.Lock()
-
-    def take(self, amount: int) -> bool:
-        with self._lock:
-            if self._used + amount > self.capacity:
-                return False
-            self._used += amount
-            return True
-
-    def give(self, amount: int) -> None:
-        with self._lock:
-            self._used -= amount
-
-
 class ServeApp:
     """The served models behind the endpoints; counts requests in flight for a graceful stop."""
 
@@ -105,7 +81,7 @@ class ServeApp:
         self.limits = limits
         self.token = token
         self.runtime = runtime
-        self.budget = ByteBudget(4 * limits.max_body)  # bytes of request bodies held at once, all connections
+        self._held = 0  # bytes of request bodies held at once, all connections: at most 4 * max_body
         self._decoders = threading.BoundedSemaphore(limits.decoders)
         self._in_flight = 0
         self._idle = threading.Condition()
@@ -131,6 +107,18 @@ class ServeApp:
             if self._in_flight == 0:
                 self._idle.notify_all()
 
+    def hold(self, amount: int) -> bool:
+        """Count in a request body of ``amount`` bytes; False when it does not fit (the caller answers 503)."""
+        with self._idle:
+            if self._held + amount > 4 * self.limits.max_body:
+                return False
+            self._held += amount
+            return True
+
+    def release(self, amount: int) -> None:
+        with self._idle:
+            self._held -= amount
+
     def drain(self, timeout: float) -> bool:
         """Refuse new requests and wait for those in flight; True when none is left."""
         with self._idle:
@@ -151,34 +139,28 @@ class ServeApp:
 
     def route(self, method: str, path: str) -> Route:
         """The endpoint a method and path (without query) name, or a 404/405 RequestError."""
-        if path == "/metrics":
-            return self._allow(Route("metrics", None, method), "GET")
-        match = _ROUTE.match(path)
-        if not match:
-            raise RequestError(
-                404,
-                f"no endpoint {path}: use /v1/models/NAME[/metadata|:predict|:classify|"
-                ":detect|:segment|:raw] or /metrics",
-            )
-        name, version, metadata, verb = match.groups()
-        model = self.models.get(name)
-        if model is None:
-            raise RequestError(404, f"no model '{name[:100]}' is served here (served: {', '.join(self.models)})")
-        if version is not None and version != codec.VERSION:
-            raise RequestError(404, f"model '{name}' has only version {codec.VERSION}, not '{version[:20]}'")
-        if metadata:
-            return self._allow(Route("metadata", model, method), "GET")
-        if verb is None:
-            return self._allow(Route("status", model, method), "GET")
-        if verb != PREDICT and verb not in TASK_NAMES:
-            raise RequestError(404, f"no method ':{verb[:40]}': use :predict or :{', :'.join(TASK_NAMES)}")
-        return self._allow(Route(verb, model, method), "POST")
-
-    @staticmethod
-    def _allow(route: Route, method: str) -> Route:
-        if route.method != method:
-            raise RequestError(405, f"{route.endpoint} takes {method}, not {route.method}")
-        return route
+        endpoint, model = "metrics", None
+        if path != "/metrics":
+            match = _ROUTE.match(path)
+            if not match:
+                raise RequestError(
+                    404,
+                    f"no endpoint {path}: use /v1/models/NAME[/metadata|:predict|:classify|"
+                    ":detect|:segment|:raw] or /metrics",
+                )
+            name, version, metadata, verb = match.groups()
+            model = self.models.get(name)
+            if model is None:
+                raise RequestError(404, f"no model '{name[:100]}' is served here (served: {', '.join(self.models)})")
+            if version is not None and version != codec.VERSION:
+                raise RequestError(404, f"model '{name}' has only version {codec.VERSION}, not '{version[:20]}'")
+            if verb is not None and verb != PREDICT and verb not in TASK_NAMES:
+                raise RequestError(404, f"no method ':{verb[:40]}': use :predict or :{', :'.join(TASK_NAMES)}")
+            endpoint = "metadata" if metadata else verb or "status"
+        allowed = "GET" if endpoint in ("metrics", "metadata", "status") else "POST"
+        if method != allowed:
+            raise RequestError(405, f"{endpoint} takes {allowed}, not {method}")
+        return Route(endpoint, model)
 
     def dispatch(self, route: Route, body: bytes, content_type: str, query: str) -> Response:
         """The answer to an authorized request (or a RequestError)."""
@@ -187,7 +169,7 @@ class ServeApp:
         model = route.model
         assert model is not None
         if route.endpoint == "status":
-            return json_response(200, codec.model_status())
+            return json_response(200, codec.MODEL_STATUS)
         if route.endpoint == "metadata":
             extra = {**describe(model), "runtime": self.runtime}
             return json_response(200, codec.model_metadata(model.name, model.inputs, model.outputs, extra))

@@ -1,13 +1,9 @@
-"""The client of ``slurm-tpu serve``: ``slurm-tpu infer --server JOBID|HOST:PORT ...``.
+"""The client of ``slurm-tpu serve``: ``slurm-tpu infer --server JOBID|HOST:PORT ...`` (docs/user-guide.md).
 
-The target is a job id (its address file gives the URL and token) or ``host:port`` (the
-token from a matching address file of yours, else ``$SLURM_TPU_SERVE_TOKEN``). Inputs,
-outputs and batch options are those of local inference: each input file's bytes go to
-the model's task endpoint, several requests in flight over keep-alive connections (one
-per thread); a 503 is retried after its Retry-After. Before the token leaves this
-process (:mod:`.auth`'s docstring), a job's server is used only while Slurm says the job
-runs, and every connection is a :class:`ProvenConnection`. Anything unexpected from a
-listener is one line (:class:`ServerError`), never a traceback.
+Each input file's bytes go to the model's task endpoint, several requests in flight over
+keep-alive connections (one per thread). The token leaves this process only for a job
+Slurm says runs, on a :class:`ProvenConnection`. Anything unexpected from a listener is
+one line (:class:`ServerError`), never a traceback.
 """
 
 from __future__ import annotations
@@ -94,11 +90,6 @@ def check_job_runs(job_id: str, environ: Mapping[str, str] = os.environ) -> None
         )
 
 
-def model_name(value: str) -> str:
-    """The served name for MODEL as given to ``infer``: a name, or a .tflite path (its default name)."""
-    return default_name(value) if value.endswith(".tflite") else value
-
-
 class ProvenConnection(http.client.HTTPConnection):
     """An HTTP connection that sends nothing with the token before its listener proved it holds it.
 
@@ -177,7 +168,8 @@ class ServeClient:
         self._timeout = timeout
         self._local = threading.local()
 
-    def _drop(self) -> None:
+    def close(self) -> None:
+        """Close this thread's connection (its next request opens a new one)."""
         connection = getattr(self._local, "connection", None)
         if connection is not None:
             connection.close()
@@ -210,10 +202,10 @@ class ServeClient:
                 data = response.read()
                 answer = dict(response.getheaders())
                 if response.will_close:
-                    self._drop()
+                    self.close()
                 return response.status, data, answer
             except (ConnectionError, http.client.HTTPException, OSError) as exc:
-                self._drop()
+                self.close()
                 # A keep-alive connection the server closed meanwhile fails on first use: retry once.
                 if retry or isinstance(exc, (ConnectionRefusedError, TimeoutError, socket.gaierror)):
                     raise ServerError(
@@ -230,24 +222,6 @@ class ServeClient:
         if status != 200:
             raise ServerError(f"the server at {self.url} answered {status}: {_message(payload)}", self.url)
         return payload
-
-    def task(self, model: str, task: str, data: bytes, what: str, options: Mapping[str, Any]) -> dict[str, Any]:
-        """One input's record from a task endpoint; a refusal of the input itself is an InputError."""
-        query = urlencode({k: v for k, v in options.items() if v is not None})
-        path = f"/v1/models/{quote(model, safe='')}:{task}" + (f"?{query}" if query else "")
-        status, body, _ = self.request("POST", path, data)
-        payload = _decode(body, self.url)
-        if status in (400, 413):
-            raise InputError(f"input {what}: the server refused it ({_message(payload)})", what)
-        if status != 200:
-            raise ServerError(f"the server at {self.url} answered {status} for {what}: {_message(payload)}", self.url)
-        lines = payload.get("lines", []) if isinstance(payload, dict) else None
-        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
-            raise ServerError(f"the server at {self.url} answered {what} with something not a task's record", self.url)
-        return payload
-
-    def close(self) -> None:
-        self._drop()
 
 
 def _decode(data: bytes, url: str) -> Any:
@@ -277,9 +251,10 @@ def _specs(signature: Mapping[str, Any]) -> list[TensorSpec]:
 class RemoteModel:
     """A served model as the client sees it: its name and task."""
 
-    def __init__(self, client: ServeClient, name: str, task: str):
+    def __init__(self, client: ServeClient, model: str, task: str):
+        """``model``: MODEL as given to ``infer``, a served name or a .tflite path (its default name)."""
         self.client = client
-        self.name = name
+        self.name = name = default_name(model) if model.endswith(".tflite") else model
         metadata = client.json("GET", f"/v1/models/{quote(name, safe='')}/metadata")
         try:
             extra = metadata.get("metadata", {}).get("slurm_tpu", {})
@@ -295,7 +270,8 @@ class RemoteModel:
         self.task: Task = choose_task(served_task if task == "auto" else task, outputs, frozenset(), name)[0]
 
     def infer(self, path: str, options: Mapping[str, Any]) -> dict[str, Any]:
-        """The record for one input file (without its ``input`` field)."""
+        """The record for one input file (without its ``input`` field) from the task endpoint; a
+        refusal of the input itself is an InputError."""
         try:
             with open(path, "rb") as handle:
                 data = handle.read()
@@ -303,7 +279,18 @@ class RemoteModel:
             raise InputError(f"input {path} does not exist", path) from None
         except OSError as exc:
             raise InputError(f"input {path} cannot be read ({exc.strerror})", path) from None
-        return self.client.task(self.name, self.task.name, data, path, options)
+        url, query = self.client.url, urlencode({k: v for k, v in options.items() if v is not None})
+        endpoint = f"/v1/models/{quote(self.name, safe='')}:{self.task.name}" + (f"?{query}" if query else "")
+        status, body, _ = self.client.request("POST", endpoint, data)
+        payload = _decode(body, url)
+        if status in (400, 413):
+            raise InputError(f"input {path}: the server refused it ({_message(payload)})", path)
+        if status != 200:
+            raise ServerError(f"the server at {url} answered {status} for {path}: {_message(payload)}", url)
+        lines = payload.get("lines", []) if isinstance(payload, dict) else None
+        if not isinstance(lines, list) or not all(isinstance(line, str) for line in lines):
+            raise ServerError(f"the server at {url} answered {path} with something not a task's record", url)
+        return payload
 
 
 def remote_records(

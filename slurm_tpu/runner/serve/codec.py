@@ -33,17 +33,15 @@ class RequestError(Exception):
     def __init__(self, status: int, message: str, retry_after: int | None = None):
         super().__init__(message)
         self.status = status
-        self.message = message
         self.retry_after = retry_after
 
 
-def model_status() -> dict[str, Any]:
-    """TF Serving's GetModelStatus answer for a loaded model."""
-    return {
-        "model_version_status": [
-            {"version": VERSION, "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-        ]
-    }
+# TF Serving's GetModelStatus answer for a loaded model
+MODEL_STATUS = {
+    "model_version_status": [
+        {"version": VERSION, "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+    ]
+}
 
 
 def _tensor_info(spec: TensorSpec) -> dict[str, Any]:

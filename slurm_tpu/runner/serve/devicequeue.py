@@ -76,11 +76,6 @@ class DeviceQueue:
         """Inferences waiting for a device."""
         return self._queue.qsize()
 
-    def retry_after(self) -> int:
-        """Seconds after which a full queue has likely drained (at least 1)."""
-        backlog = self.capacity * self._mean_seconds / max(1, len(self._threads))
-        return max(1, math.ceil(backlog))
-
     def submit(self, model: int, inputs: Sequence[np.ndarray]) -> Inference:
         """Queue one inference of model ``model``; raises :class:`Overloaded` when full or closing."""
         return self.submit_all(model, [inputs])[0]
@@ -91,10 +86,11 @@ class DeviceQueue:
             if self._closing:
                 raise Overloaded("the server is shutting down", 1)
             if self._queue.qsize() + len(instances) > self.capacity:
+                backlog = self.capacity * self._mean_seconds / max(1, len(self._threads))  # when it has likely drained
                 raise Overloaded(
                     f"{self._queue.qsize()} of {self.capacity} queue places are taken and the request "
                     f"needs {len(instances)}: retry later",
-                    self.retry_after(),
+                    max(1, math.ceil(backlog)),
                 )
             queued = [Inference(model, inputs) for inputs in instances]
             for inference in queued:

@@ -12,11 +12,9 @@ than being refused, so a flood of slow connections churns only itself. Only
 authenticated connections count against :attr:`Limits.max_connections`.
 
 Before the application sees a request this layer checks the token (before the body is
-read; 401 and the connection closed), the body size (411/413), the bytes of bodies held
-at once (503) and stalled clients; while draining it answers 503 with ``Connection:
-close``. The one request answered without the token is the proof challenge
-(:data:`~.auth.PROOF_PATH`), once per pending connection. Every error is JSON, never a
-traceback; a handler bug is a 500 for that request only.
+read), the body's size and the bytes of bodies held at once (the statuses: docs/user-guide.md).
+The one request answered without the token is the proof challenge (:data:`~.auth.PROOF_PATH`),
+once per pending connection. A handler bug is a JSON 500 for that request only.
 """
 
 from __future__ import annotations
@@ -96,9 +94,7 @@ class ServeHTTPServer(ThreadingHTTPServer):
     def authenticate(self, sock: socket.socket) -> bool | None:
         """Move a pending connection to the authenticated ones: True; False when those are at
         :attr:`Limits.max_connections` (the holder's own load: 503); None when it was evicted."""
-        with self._lock:
-            if sock in self._authenticated:
-                return True
+        with self._lock:  # called once per connection, on its first request with the token
             if self._pending.pop(sock, None) is None:
                 return None
             admitted = len(self._authenticated) < self.app.limits.max_connections
@@ -107,19 +103,14 @@ class ServeHTTPServer(ThreadingHTTPServer):
             self._count()
             return admitted
 
-    def process_request_thread(self, request, client_address) -> None:
-        # ThreadingMixIn's, with the connection forgotten before it is closed: an eviction
-        # never shuts down a socket object this thread has already closed.
-        try:
-            self.finish_request(request, client_address)
-        except Exception:  # noqa: BLE001 - ThreadingMixIn's own handling: report, keep serving
-            self.handle_error(request, client_address)
-        finally:
-            with self._lock:
-                self._pending.pop(request, None)
-                self._authenticated.discard(request)
-                self._count()
-            self.shutdown_request(request)
+    def shutdown_request(self, request) -> None:
+        # The connection forgotten before it is closed: an eviction never shuts down a socket
+        # object its thread has already closed.
+        with self._lock:
+            self._pending.pop(request, None)
+            self._authenticated.discard(request)
+            self._count()
+        super().shutdown_request(request)
 
     def handle_error(self, request, client_address) -> None:
         pass  # a client that vanished mid-answer, or one closed at its deadline; nothing to tell anyone
@@ -187,14 +178,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.rfile = io.BufferedReader(self._reader)
         self._challenged = False
 
-    def do_GET(self) -> None:
-        self._handle("GET")
-
-    def do_POST(self) -> None:
-        self._handle("POST")
-
-    def _handle(self, method: str) -> None:
-        app = self.server.app
+    def do_GET(self) -> None:  # POST's too (do_POST below): self.command tells them apart
+        app, method = self.server.app, self.command
         started = time.perf_counter()
         path, _, query = self.path.partition("?")
         route: Route | None = None
@@ -205,7 +190,7 @@ class _Handler(BaseHTTPRequestHandler):
             return
         try:
             if path == PROOF_PATH and method == "GET":  # the one request answered without the token
-                route = Route("proof", None, method)
+                route = Route("proof")
                 response = self._prove(query)
             else:
                 if not token_matches(self.headers.get("Authorization"), app.token):
@@ -220,7 +205,7 @@ class _Handler(BaseHTTPRequestHandler):
                 body = b""
                 if method == "POST":
                     held = self._content_length()
-                    if not app.budget.take(held):
+                    if not app.hold(held):
                         held = 0
                         raise RequestError(503, "the server holds too many request bodies: retry later", retry_after=1)
                     body = self.rfile.read(held)
@@ -238,13 +223,15 @@ class _Handler(BaseHTTPRequestHandler):
             self._refuse(RequestError(500, f"internal error ({type(exc).__name__}: {str(exc)[:200]})"), close=True)
         finally:
             if held:
-                app.budget.give(held)
+                app.release(held)
             app.end()
         model = route.model.name if route is not None and route.model is not None else ""
         # The status _send sent (when none was sent: the connection's previous one, or 0).
         app.metrics.observe(
             model, route.endpoint if route is not None else "other", self._status, time.perf_counter() - started
         )
+
+    do_POST = do_GET  # noqa: N815 - http.server's name
 
     def _admit(self) -> None:
         """A pending connection just showed the token: count it with the authenticated ones."""
@@ -305,13 +292,12 @@ class _Handler(BaseHTTPRequestHandler):
         if close:
             self.close_connection = True
         try:
-            self._send(Response(error.status, json.dumps({"error": error.message}).encode(), JSON_TYPE), extra)
+            self._send(Response(error.status, json.dumps({"error": str(error)}).encode(), JSON_TYPE), extra)
         except OSError:
             self.close_connection = True
 
     def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
         """Malformed requests (bad request line, too many headers...) get a JSON line too."""
-        self.close_connection = True
         self._refuse(RequestError(code, message or self.responses.get(code, ("error",))[0]), close=True)
 
     def log_message(self, format: str, *args) -> None:

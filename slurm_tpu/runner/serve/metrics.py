@@ -1,10 +1,8 @@
 """``/metrics``: the server's counters in Prometheus' text format (version 0.0.4), through prometheus_client.
 
-Requests and errors by model, endpoint and status code, a latency histogram, and per
-model and device the inferences and device seconds, read from the engines' own meters
-(:class:`~slurm_tpu.runner.session.MeteredEngine`, the figures the usage record gets).
-Label values come from a fixed set (endpoints, status codes, served model names, device
-labels): a client cannot grow the series by sending odd names.
+Device figures are the engines' own meters (:class:`~slurm_tpu.runner.session.MeteredEngine`),
+the figures the usage record gets. Label values come from a fixed set (endpoints, status
+codes, served model names, device labels): a client cannot grow the series by sending odd names.
 """
 
 from __future__ import annotations
@@ -19,16 +17,18 @@ from prometheus_client.core import HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from ...promtext import CONTENT_TYPE, add, counter, gauge, render
+from ..session import MeteredEngine
 
 BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 PREFIX = "slurm_tpu_serve"
+Gauges = Callable[[], dict[str, tuple[float, str]]]  # name -> (value, help)
 __all__ = ["BUCKETS", "CONTENT_TYPE", "PREFIX", "ServeMetrics"]
 
 
 class ServeMetrics(Collector):
     """Thread-safe request counters; device figures and gauges are read when collected."""
 
-    def __init__(self, engines: Sequence[tuple[str, object]], gauges: Callable[[], dict[str, tuple[float, str]]]):
+    def __init__(self, engines: Sequence[tuple[str, MeteredEngine]], gauges: Gauges):
         """``engines``: (model name, metered engine) pairs; ``gauges``: name -> (value, help), read at scrape time."""
         self._engines = engines
         self._gauges = gauges
@@ -68,10 +68,9 @@ class ServeMetrics(Collector):
         inferences = counter(f"{PREFIX}_inferences", "inferences run, by model and device")
         device_seconds = counter(f"{PREFIX}_device_seconds", "seconds devices spent in inferences, by model and device")
         for model, engine in self._engines:
-            # MeteredEngines (session.EngineSet wraps every engine), which EngineSet types as Engine.
-            labels = {"model": model, "device": engine.label}  # type: ignore[attr-defined]
-            add(inferences, labels, engine.inferences)  # type: ignore[attr-defined]
-            add(device_seconds, labels, engine.seconds)  # type: ignore[attr-defined]
+            labels = {"model": model, "device": engine.label}
+            add(inferences, labels, engine.inferences)
+            add(device_seconds, labels, engine.seconds)
         families: list[Metric] = [requests_f, errors_f, duration, inferences, device_seconds]
         for name, (reading, text) in self._gauges().items():
             family = gauge(f"{PREFIX}_{name}", text)

@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, UsageError
-from ..modelinfo import Engine, ModelInfo, TensorSpec
+from ..modelinfo import ModelInfo, TensorSpec
 from ..preprocess import Normalization, Prepared, Resize, as_input, conform_array, load_image
 from ..request import Preprocessing
-from ..session import EngineSet, OpenOptions, open_models
+from ..session import EngineSet, MeteredEngine, OpenOptions, open_models
 from ..tasks import AUTO, Task, TaskOptions, choose_task, read_labels
 
 NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")  # a URL path segment: no '/', no ':'
@@ -83,11 +83,10 @@ class ServedModel:
     name: str
     index: int  # its engines' position on every device (see DeviceQueue)
     info: ModelInfo
-    engines: list[Engine]
+    engines: list[MeteredEngine]  # the figures /metrics reports
     task: Task  # recognised from the outputs (or --task)
     labels: Mapping[int, str]
     preprocessing: Preprocessing = field(default_factory=Preprocessing)  # as ``infer`` does it (set at serve time)
-    _tasks: dict[str, Task] = field(default_factory=dict)
 
     @property
     def inputs(self) -> Sequence[TensorSpec]:
@@ -105,11 +104,8 @@ class ServedModel:
         """The task for a task endpoint (``:detect``...): refused if the model's outputs do not fit it."""
         if name == self.task.name:
             return self.task
-        if name not in self._tasks:
-            self._tasks[name] = choose_task(
-                name, self.outputs, self.info.custom_ops, self.name, self.preprocessing.keep_aspect_ratio
-            )[0]
-        return self._tasks[name]
+        keep_aspect = self.preprocessing.keep_aspect_ratio  # choosing builds a few stateless objects: no cache
+        return choose_task(name, self.outputs, self.info.custom_ops, self.name, keep_aspect)[0]
 
     def options(self, top_k: int = 1, threshold: float | None = None) -> TaskOptions:
         return TaskOptions(self.labels, top_k, threshold)

@@ -1,11 +1,8 @@
 """A server's life: open the devices, listen, publish the address, stop gracefully.
 
-:func:`serve_job` is ``slurm-tpu serve``: it blocks SIGTERM and SIGINT first (so a
-``scancel`` during start-up still ends in a graceful stop), opens every model on the
-job's devices, publishes the address file, waits for a signal, then stops: no new
-connections, requests in flight finished, devices released in the runner's order
-(interpreters, delegates, locks) and the usage record written. Slurm sends SIGKILL
-``KillWait`` seconds (30 by default) after SIGTERM: the drain timeout stays below that.
+:func:`serve_job` is ``slurm-tpu serve``: it blocks SIGTERM and SIGINT first, so a ``scancel``
+during start-up still ends in the graceful stop docs/user-guide.md describes (devices
+released in the runner's order: interpreters, delegates, locks).
 """
 
 from __future__ import annotations

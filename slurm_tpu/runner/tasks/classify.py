@@ -26,9 +26,7 @@ def top_classes(
 ) -> list[Class]:
     """The ``top_k`` best classes scoring at least ``threshold``, best first (ties: lower index)."""
     scores = spec.dequantize(np.asarray(output).reshape(-1))  # a [1, N] (or [N]) output's
-    k = max(0, min(top_k, scores.size))
-    if k == 0:
-        return []
+    k = max(0, min(top_k, scores.size))  # 0: an empty slice below
     # A stable sort of all scores: uint8 scores tie often, and argpartition would pick an
     # arbitrary one of the classes tied at the k-th place (a few microseconds for 1001 classes).
     order = np.argsort(-scores, kind="stable")[:k]

@@ -9,7 +9,6 @@ from typing import Any
 import numpy as np
 
 from ..choices import RAW
-from ..errors import UsageError
 from ..modelinfo import TensorSpec
 from ..preprocess import Geometry
 from .base import Task, TaskOptions
@@ -46,6 +45,3 @@ class Raw(Task):
 
     def csv_rows(self, record: dict[str, Any], options: TaskOptions) -> list[list[Any]]:
         return [[json.dumps(record["outputs"])]] if "outputs" in record else []
-
-    def annotate(self, source: str, result: Any, target: str) -> None:
-        raise UsageError("--annotate draws classify, detect and segment results; raw outputs have no picture")
