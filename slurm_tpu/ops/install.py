@@ -56,6 +56,8 @@ SYSTEMD_FILES = (
     ("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
     ("slurm-tpu-metrics.service", "slurm-tpu-metrics.service"),
     ("slurm-tpu-metrics.timer", "slurm-tpu-metrics.timer"),
+    ("slurm-tpu-accounting.service", "slurm-tpu-accounting.service"),
+    ("slurm-tpu-accounting.timer", "slurm-tpu-accounting.timer"),
     ("slurmd-slurm-tpu.conf", "slurmd.service.d/slurm-tpu.conf"),
 )
 _MARK = "  # set by slurm-tpu install"
@@ -240,6 +242,7 @@ CONFIG_SKELETON = """\
 version: 2
 # node_name: n1                    # Slurm NodeName (default: the short hostname)
 # state_dir: /run/slurm-tpu        # the hooks' lease ledger (root-owned)
+# accounting_spool: /var/lib/slurm-tpu/accounting-spool   # jobs' figures for accounting-collect
 # families:                        # per accelerator family: GRES name, types, features
 #   edgetpu: {gres_name: tpu, types: {usb: edgetpu_usb, pci: edgetpu_pci}}
 #   gpu: {gres_name: gpu, isolate: false}   # isolate: lease GPUs too (no cgroup devices)

@@ -45,6 +45,8 @@ SHIPPED = (
     "systemd/slurm-tpu-watch.service",
     "systemd/slurm-tpu-metrics.service",
     "systemd/slurm-tpu-metrics.timer",
+    "systemd/slurm-tpu-accounting.service",
+    "systemd/slurm-tpu-accounting.timer",
     "systemd/slurmd-slurm-tpu.conf",
 )
 
@@ -338,6 +340,7 @@ def test_doctor_passes_on_the_installed_node(node):
         "hooks",
         "GresTypes",
         "AccountingStorageTRES",
+        "accounting collector",
         "gres.conf",
         "NodeName",
         "udev rules",
