@@ -27,7 +27,7 @@ Format, its module, where it lives, writer -> readers (each module's docstring s
   ``report``, ``metrics``, the demo, the isolation tests.
 - **usage records** -- :mod:`.usage`: ``<state_dir>/job-usage/<job>/<identity>.json``
   (the job's own tmpfs). The runner (the job's user: hostile input) -> the epilog (root).
-- **job records** -- :mod:`.job_record`: ``<state_dir>/accounting-spool/<job>`` and the
+- **job records** -- :mod:`.job_record`: ``<accounting_spool>/<job>`` and the
   job's ``AdminComment``. The epilog (root) -> ``accounting-collect`` (root) -> ``report``.
 - **server address** -- :mod:`.serve_address`: ``~/.slurm-tpu/serve/<job>.json``.
   ``slurm-tpu serve`` -> ``infer --server`` and the user's scripts.
