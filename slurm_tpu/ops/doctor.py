@@ -206,7 +206,7 @@ def check_accounting_tres(node: Node) -> list[Finding]:
     return _ok("AccountingStorageTRES", ",".join(have) or "(no GRES here)")
 
 
-ACCOUNTING_TIMER = "slurm-tpu-accounting.timer"
+ACCOUNTING_TIMER = "slurm-tpu-accounting.timer"  # what `systemctl enable` links into timers.target.wants
 
 
 def _accounting_spool_problem(path: str) -> tuple[str, str] | None:
@@ -238,19 +238,14 @@ def check_accounting_collector(node: Node) -> list[Finding]:
     ships them and the timer enabled (and running, where systemd runs), and the spool safe."""
     from ..files import read_text
     from .accounting import accounting_on
-    from .install import planned_files
+    from .install import ACCOUNTING_UNITS, planned_units
 
     check = "accounting collector"
     if not accounting_on(node.options()):
         return _ok(check, "Slurm's accounting is off (no slurmdbd): no collector needed")
     layout = node.layout
     install = f"slurm-tpu install --sysconfdir {layout.sysconfdir}"
-    units = [
-        spec
-        for spec in planned_files(layout, node.config, os.path.dirname(node.slurm_conf))
-        if os.path.dirname(spec.path) == layout.systemd_dir and "accounting" in os.path.basename(spec.path)
-    ]
-    for spec in units:
+    for spec in planned_units(layout, os.path.dirname(node.slurm_conf), ACCOUNTING_UNITS):
         have = read_text(spec.path) if os.path.isfile(spec.path) else None
         if have is None:
             message = f"{spec.path} is missing: no collector puts the jobs' inference figures into Slurm's AdminComment"
