@@ -24,14 +24,13 @@
  * The TaskProlog prints the job's environment lines (prolog/slurm-tpu-task-prolog, its
  * sh twin for nodes without a compiler, says which, and why).
  *
- * Fail closed: when the agent's socket is there but nobody answers on it, the prolog
- * prints one line and its status is 1 (Slurm refuses the job, the devices stay root's);
- * the epilog and the udev hook exec their FALLBACK (the Python hook), which gives the
- * devices back. An environment too large for one request (a job can grow it
- * with SPANK_ variables) execs the FALLBACK for every hook. Once the
- * request is sent, no answer within the time limit (SLURM_TPU_AGENT_TIMEOUT
- * seconds in the environment slurmd gives, default 120) or an agent that dies
- * is status 1 with one line; the agent's worker then sees this client gone and
+ * When the agent's socket is there but nobody answers on it (the agent crashed), every
+ * hook execs its FALLBACK (the Python hook, which shares the agent's ledger and lock) after
+ * one line saying so; so does an environment too large for one request (a job can grow it
+ * with SPANK_ variables). Fail closed: once the request is sent, no answer within the time
+ * limit (SLURM_TPU_AGENT_TIMEOUT seconds in the environment slurmd gives, default 120) or an
+ * agent that dies is status 1 with one line (a prolog: Slurm refuses the job); the agent's
+ * worker then sees this client gone and
  * undoes a lease it took (agent.py: _client_gone).
  *
  * Built with the system cc (slurm_tpu/ops/hook_client.py) by scripts/setup.sh,
@@ -50,6 +49,7 @@
 #include <sys/stat.h>
 #include <sys/time.h>
 #include <sys/un.h>
+#include <syslog.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -60,15 +60,25 @@
 
 extern char **environ;
 
-static int fail(const char *hook, const char *what)
+/* One line, "slurm-tpu: HOOK: job N: WHAT" (+ what a failing prolog means), to stderr (slurmd logs a
+ * failing hook's) and to syslog (the admin's trail, as the Python hooks' say() does). */
+static void say(const char *hook, const char *what, const char *then)
 {
     const char *job = getenv("SLURM_JOB_ID");
     char line[512];
+    int n = snprintf(line, sizeof line, "slurm-tpu: %s: job %.20s: %s%s\n", hook, job ? job : "?", what, then);
+    if (n <= 0)
+        return;
+    (void)!write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    openlog("slurm-tpu", LOG_PID, LOG_DAEMON);
+    syslog(LOG_ERR, "%s: job %.20s: %s%s", hook, job ? job : "?", what, then);
+    closelog();
+}
+
+static int fail(const char *hook, const char *what)
+{
     /* A prolog that fails here leases nothing: Slurm refuses the job, the devices stay root's. */
-    int n = snprintf(line, sizeof line, "slurm-tpu: %s: job %.20s: %s%s\n", hook, job ? job : "?", what,
-                     strcmp(hook, "prolog") == 0 ? "; job refused, its devices stay with root" : "");
-    if (n > 0)
-        (void)!write(2, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+    say(hook, what, strcmp(hook, "prolog") == 0 ? "; job refused, its devices stay with root" : "");
     return 1;
 }
 
@@ -133,11 +143,12 @@ static int ask_agent(const char *hook, const char *path, char **fallback_argv)
     if (sock >= 0)
         (void)setsockopt(sock, SOL_SOCKET, SO_SNDTIMEO, &send_limit, sizeof send_limit);
     if (sock < 0 || connect(sock, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        /* A socket nobody answers: the agent crashed. The prolog refuses the job (fail closed);
-         * the epilog and the udev hook give devices back, so their Python hooks do it instead. */
-        static const char *dead = "the node's slurm-tpu agent does not answer on its socket "
-                                  "(restart it: slurm-tpu-agent)";
-        return strcmp(hook, "prolog") == 0 ? fail(hook, dead) : fallback(fallback_argv, hook, dead);
+        /* A socket nobody answers: the agent crashed (or hangs with a full backlog). Its hooks' work
+         * is the Python hook's, on the same ledger under the same lock: it does it, slower, and the
+         * line says why in slurmd's log (a job is not refused, nor a node drained, for a dead agent). */
+        say(hook, "the node's slurm-tpu agent does not answer on its socket (restart it: slurm-tpu-agent)",
+            "; the Python hook does the work");
+        return fallback(fallback_argv, hook, "the node's slurm-tpu agent does not answer on its socket");
     }
 
     /* The agent runs as root; anything else behind the socket is not it. */

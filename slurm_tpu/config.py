@@ -1,13 +1,10 @@
 """The site's versioned YAML config (``/etc/slurm-tpu/config.yaml``).
 
-The file is optional: without it every default below applies. When present it must
-say its version; any key that version does not know is rejected with its dotted
-name, so a typo never silently falls back to a default.
-
-Version 2 nests the accelerator settings by family (``families.<kind>.*``, the keys
-each family declares in slurm_tpu/families/). Version 1 files keep loading with the
-same meaning: their ``gres.*``, ``features.*`` and ``devices.isolate_gpus`` keys are
-read as the version 2 keys :data:`VERSION_1_KEYS` names.
+The file is optional (without it every default applies). When present it must say its
+version, and a key that version does not know is rejected with its dotted name, so a typo
+never silently falls back to a default. Version 2 nests the accelerator settings by family
+(``families.<kind>.*``, declared by each family); version 1 files keep loading, their flat
+keys read as the version 2 keys :data:`VERSION_1_KEYS` names.
 """
 
 from __future__ import annotations
@@ -38,9 +35,8 @@ CURRENT_VERSION = 2
 SLURM_BACKENDS = ("auto", "scontrol", "pyslurm")
 
 
-# ---- how a key's value is checked and converted ------------------------------------------
-# Each takes (value, dotted key, where) after the type check and returns the Config's value,
-# or raises ConfigError naming the key.
+# ---- how a key's value is checked and converted: (value, dotted key, where) after the type
+# check -> the Config's value, or ConfigError naming the key.
 
 
 def parse_mode(value: str | int, key: str, where: str) -> int:
@@ -74,13 +70,9 @@ def _scan_seconds(value: int | float, key: str, where: str) -> float:
 
 @dataclass(frozen=True)
 class Key:
-    """One YAML key of the config, declared once, beside the Config field it fills.
-
-    ``name`` is the dotted key as the file spells it, ``types`` what YAML may give
-    for it, ``help`` its one-line meaning (the unknown-key message lists the keys;
-    a configuration reference can be made from these), ``convert`` how a given
-    value is checked and turned into the field's value (None: taken as it is).
-    """
+    """One YAML key of the config, declared once, beside the Config field it fills: ``types`` what
+    YAML may give for it, ``help`` its one-line meaning (docs/configuration.md is made from these),
+    ``convert`` how a value is checked and turned into the field's (None: taken as it is)."""
 
     name: str
     types: type | tuple[type, ...]
@@ -135,7 +127,6 @@ class Config:
         STATE_DIR,
         _absolute_path,
     )
-    # The configured inventory, kept across reboots (/run and /dev are tmpfs).
     inventory_file: str = setting(
         "inventory_file",
         str,
@@ -151,21 +142,16 @@ class Config:
         ACCOUNTING_SPOOL,
         _absolute_path,
     )
-    # The keys devices.idle.* (see Ownership).
     idle: Ownership = field(default=Ownership(), metadata={"keys": Ownership})
     lease_mode: int = setting(
         "devices.lease.mode", (str, int), "mode of a leased node, owned by the job's user", NODE_MODE, parse_mode
     )
-    # At job end, make every fd of the job's devices useless (USB: the hub port is
-    # power-cycled, see slurm_tpu/access/revoke.py); false keeps ownership-only isolation.
     revoke: bool = setting(
         "devices.revoke",
         bool,
         "at job end make every open fd of a USB Edge TPU useless (port power-cycle); false: ownership-only isolation",
         True,
     )
-    # Wall-clock budget of one holder scan (every process's fds and mappings); a scan
-    # that cannot finish in it drains the node instead of stretching the epilog.
     holder_scan_seconds: float = setting(
         "devices.holder_scan_seconds",
         (int, float),
@@ -174,7 +160,6 @@ class Config:
         HOLDER_SCAN_S,
         _scan_seconds,
     )
-    # Where sysfs is mounted (tests point it at a materialized testbed).
     sysfs_root: str = setting(
         "sysfs_root", str, "where sysfs is mounted (tests point it at a testbed)", SYSFS_ROOT, _absolute_path
     )
@@ -186,7 +171,6 @@ class Config:
         None,
         _absolute_path,
     )
-    # Where Slurm's programs are (None: found as slurm/installation.py says).
     slurm_bin_dir: str | None = setting(
         "slurm.bin_dir",
         str,
@@ -201,7 +185,6 @@ class Config:
         None,
         _absolute_path,
     )
-    # How ops commands talk to Slurm: "auto" (pyslurm where it pays and matches), "scontrol", "pyslurm".
     slurm_backend: str = setting(
         "slurm.backend",
         str,
@@ -213,12 +196,10 @@ class Config:
 
     def family(self, kind: str) -> FamilyConfig:
         """The settings of one family (its defaults if the registry gained it after this config)."""
-        found = self.families.get(kind)
-        if found is None:
-            from .families import family
+        from .families import family
 
-            return family(kind).default_config
-        return found
+        configured = self.families.get(kind)
+        return family(kind).default_config if configured is None else configured
 
 
 def config_keys(cls: type = Config) -> list[tuple[Key, Any]]:
@@ -248,10 +229,8 @@ def _build(cls: type, flat: Mapping[str, Any], where: str, **given: Any) -> Any:
     return cls(**values)
 
 
-# The schema: dotted key -> (expected python type(s), description). Nested
-# mappings are listed by their leaves; a mapping value listed as ``dict`` is a
-# free-form name->name table. The descriptions are the keys' documentation:
-# docs/configuration.md is generated from them (slurm_tpu/ops/config_reference.py).
+# The schema: dotted key -> (expected python type(s), description). Nested mappings are listed by
+# their leaves; one listed as ``dict`` is a free-form name->name table.
 _COMMON: dict[str, tuple[type | tuple[type, ...], str]] = {
     key.name: (key.types, key.help) for key, _ in [(VERSION, CURRENT_VERSION), *config_keys()]
 }
@@ -268,13 +247,10 @@ VERSION_1_KEYS = {
 }
 
 
-def _family_schema() -> dict[str, tuple[type | tuple[type, ...], str]]:
-    return {f"families.{f.kind}.{key}": spec for f in FAMILIES for key, spec in f.config_keys().items()}
-
-
+_FAMILY_KEYS = {f"families.{f.kind}.{key}": spec for f in FAMILIES for key, spec in f.config_keys().items()}
 _SCHEMAS = {
-    2: {**_COMMON, **_family_schema()},
-    1: {**_COMMON, **{old: _family_schema()[new] for old, new in VERSION_1_KEYS.items()}},
+    2: {**_COMMON, **_FAMILY_KEYS},
+    1: {**_COMMON, **{old: _FAMILY_KEYS[new] for old, new in VERSION_1_KEYS.items()}},
 }
 # Every key some version knows, for flattening (free-form tables stay whole).
 _SCHEMA = {**_SCHEMAS[1], **_SCHEMAS[2]}
@@ -308,9 +284,9 @@ def parse_config(data: Any, where: str = "config") -> Config:
     if "version" not in flat:
         raise ConfigError(f"{where}: missing 'version: {CURRENT_VERSION}' at the top", key="version")
     version = flat["version"]
-    if isinstance(version, bool) or version not in SUPPORTED_VERSIONS:
-        if not isinstance(version, int) or isinstance(version, bool):
-            raise ConfigError(f"{where}: 'version' has the wrong type ({type(version).__name__})", key="version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise ConfigError(f"{where}: 'version' has the wrong type ({type(version).__name__})", key="version")
+    if version not in SUPPORTED_VERSIONS:
         raise ConfigError(
             f"{where}: version {version!r} is not supported; this slurm-tpu reads versions "
             f"{', '.join(map(str, SUPPORTED_VERSIONS))}",
@@ -326,10 +302,8 @@ def parse_config(data: Any, where: str = "config") -> Config:
         if not isinstance(value, expected) or (isinstance(value, bool) and expected is not bool):
             raise ConfigError(f"{where}: '{key}' has the wrong type ({type(value).__name__})", key=key)
 
-    if version == 1:
-        families = _families(flat, where, renamed={new: old for old, new in VERSION_1_KEYS.items()})
-    else:
-        families = _families(flat, where)
+    renamed = {new: old for old, new in VERSION_1_KEYS.items()} if version == 1 else None
+    families = _families(flat, where, renamed)
     return _build(Config, flat, where, families=families, path=None if where == "config" else where)
 
 
@@ -354,11 +328,8 @@ def _families(flat: Mapping[str, Any], where: str, renamed: Mapping[str, str] | 
 
 
 def load_config(path: str | None = None) -> Config:
-    """Load the config from ``path``, ``$SLURM_TPU_CONFIG`` or the default path.
-
-    A missing file is an error only when it was named explicitly; the default path
-    may be absent (all defaults apply).
-    """
+    """Load the config from ``path``, ``$SLURM_TPU_CONFIG`` or the default path (which may be
+    absent: all defaults apply; a missing file named explicitly is an error)."""
     explicit = path or os.environ.get(ENV_VAR)
     target = explicit or DEFAULT_PATH
     try:

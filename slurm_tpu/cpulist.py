@@ -18,26 +18,20 @@ def parse_cpu_list(text: str | None) -> list[int]:
 
 def format_cpu_list(values: Iterable[int]) -> str:
     """[0, 1, 2, 3, 8] -> ``0-3,8``."""
-    ordered = sorted(set(values))
-    ranges: list[str] = []
-    start = previous = None
-    values_then_end: list[int | None] = [*ordered, None]  # None: the sentinel that ends the last range
-    for value in values_then_end:
-        if value is not None and previous is not None and value == previous + 1:
-            previous = value
-            continue
-        if start is not None:
-            ranges.append(str(start) if start == previous else f"{start}-{previous}")
-        start = previous = value
-    return ",".join(ranges)
+    ranges: list[list[int]] = []  # [first, last]
+    for value in sorted(set(values)):
+        if ranges and value == ranges[-1][1] + 1:
+            ranges[-1][1] = value
+        else:
+            ranges.append([value, value])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in ranges)
 
 
 def core_indices(topology: Mapping[int, tuple[int, int]]) -> dict[int, int]:
     """CPU id -> Slurm core index, from each CPU's (package id, core id).
 
-    Slurm numbers cores 0..N-1 socket by socket, in core-id order (as hwloc's
-    logical indices do); SMT siblings share their core's index. Linux core ids
-    may have gaps, so they are ranked, not used directly.
+    Slurm numbers cores 0..N-1 socket by socket, in core-id order (as hwloc's logical indices
+    do), SMT siblings sharing one; Linux core ids may have gaps, so they are ranked.
     """
     ranked = {pair: index for index, pair in enumerate(sorted(set(topology.values())))}
     return {cpu: ranked[pair] for cpu, pair in topology.items()}

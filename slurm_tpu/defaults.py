@@ -12,8 +12,7 @@ tests/test_fast_path.py checks that they agree.
 CONFIG_PATH = "/etc/slurm-tpu/config.yaml"
 CONFIG_ENV = "SLURM_TPU_CONFIG"
 
-# The root-owned state directory: leases, audit log, the hooks' snapshot and inventory (tmpfs).
-STATE_DIR = "/run/slurm-tpu"
+STATE_DIR = "/run/slurm-tpu"  # root's: leases, audit log, the hooks' snapshot and inventory (tmpfs)
 # The state directory as the C client (a native entry) found it, in the environment of the Python
 # hook it runs or the node agent it asks: they read the config for it only without this.
 STATE_DIR_ENV = "SLURM_TPU_STATE_DIR"
@@ -21,11 +20,10 @@ STATE_DIR_ENV = "SLURM_TPU_STATE_DIR"
 # slurm_tpu/protocol/inventory.py) and its persistent copy, restored at boot (/run is tmpfs).
 INVENTORY_NAME = "inventory.json"
 INVENTORY_FILE = "/var/lib/slurm-tpu/" + INVENTORY_NAME
-# Where the epilog leaves each job's figures for the accounting collector (root-only, 0700): on
-# persistent storage, so that entries not yet applied to Slurm's job records survive a reboot.
+# Where the epilog leaves each job's figures for accounting-collect (root-only 0700): persistent,
+# so that entries not yet applied to Slurm's job records survive a reboot.
 ACCOUNTING_SPOOL = "/var/lib/slurm-tpu/accounting-spool"
-# The stable per-device slot nodes gres.conf names (<slot_dir>/<identity>).
-SLOT_DIR = "/dev/slurm-tpu"
+SLOT_DIR = "/dev/slurm-tpu"  # the stable per-device slot nodes gres.conf names (<slot_dir>/<identity>)
 SYSFS_ROOT = "/sys"
 
 # Device node ownership: idle nodes belong to root:root, a leased node to the job's user;
@@ -33,8 +31,7 @@ SYSFS_ROOT = "/sys"
 IDLE_OWNER = "root"
 IDLE_GROUP = "root"
 NODE_MODE = 0o600
-# The wall-clock budget of one holder scan at job end (seconds).
-HOLDER_SCAN_S = 10.0
+HOLDER_SCAN_S = 10.0  # the wall-clock budget of one holder scan at job end (seconds)
 
 # Where `slurm-tpu install` puts things: the hooks under <prefix>/libexec/slurm-tpu,
 # udev rules, systemd units and the config under <sysconfdir>.

@@ -1,8 +1,8 @@
 """One exception hierarchy for the whole suite.
 
-Every error carries the key it is about (a device identity, a job id, a file path)
-as an attribute, and its message is one line that says what is wrong, which thing,
-and what to do. Only the CLI turns these into messages and exit codes.
+Every error carries the key it is about (a device identity, a job id, a file path) as an
+attribute, and its one-line message says what is wrong, which thing, and what to do. Only
+the CLI turns these into messages and exit codes.
 """
 
 from __future__ import annotations

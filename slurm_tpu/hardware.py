@@ -1,7 +1,4 @@
-"""Plain data: what an accelerator is, and a node's inventory of them.
-
-Nothing here performs I/O; detection builds these, renderers and hooks read them.
-"""
+"""Plain data: what an accelerator is, and a node's inventory of them (no I/O here)."""
 
 from __future__ import annotations
 
@@ -23,11 +20,7 @@ class Bus(str, enum.Enum):
 @dataclass(frozen=True)
 class Details:
     """Hardware facts that differ per accelerator family (typed subclasses live in
-    ``slurm_tpu.families``); this base has none and shows as ``{}``.
-
-    Every family answers the same health questions through it: a temperature and
-    the thermal trip points (ascending), when the hardware reports them.
-    """
+    ``slurm_tpu.families``), through which every family answers the same health questions."""
 
     @property
     def temperature_c(self) -> float | None:
@@ -52,16 +45,13 @@ class Details:
 class Accelerator:
     """One accelerator on a node.
 
-    ``identity`` is the one stable name used everywhere (ledger keys, slot nodes,
-    environment variables, logs): ``usb-<topology path>`` for USB devices, which
-    survives firmware-load re-enumeration, ``pci-<domain:bus:dev.fn>`` for PCIe
-    devices and ``platform-<name>`` for SoC GPUs. Never a devnum or a libedgetpu
-    index: those change under your feet.
+    ``identity`` is the one stable name used everywhere (slurm_tpu/identity.py): a USB
+    device's topology path survives firmware-load re-enumeration; a devnum or a libedgetpu
+    index would change under your feet.
     """
 
     identity: str
-    # The family's kind string (``edgetpu``, ``gpu``, ``hailo``...; see slurm_tpu.families).
-    kind: str
+    kind: str  # the family's (``edgetpu``, ``gpu``, ``hailo``...; see slurm_tpu.families)
     bus: Bus
     bus_address: str
     vendor_id: str
@@ -75,9 +65,7 @@ class Accelerator:
     driver: str = ""
     numa_node: int | None = None
     local_cpus: str | None = None
-    # Hardware facts that differ per device family (USB speed, temperature,
-    # unique_id, memory, UUID...), typed by the family.
-    details: Details = Details()
+    details: Details = Details()  # USB speed, temperature, memory, UUID..., typed by the family
 
     @property
     def vendor_product(self) -> str:
@@ -91,11 +79,8 @@ class Accelerator:
 
     @classmethod
     def from_json(cls, data: dict[str, Any], details: Callable[[dict[str, Any]], Details]) -> Accelerator:
-        """Inverse of :meth:`to_json` (raises KeyError/ValueError on bad input).
-
-        ``details`` builds the typed details from the whole item; the families
-        registry chooses it by kind (see ``slurm_tpu.families.inventory_from_json``).
-        """
+        """Inverse of :meth:`to_json` (KeyError/ValueError on bad input); ``details`` builds the typed
+        details from the whole item (``slurm_tpu.families.inventory_from_json`` chooses it by kind)."""
         values = {k: v for k, v in data.items() if k in _FIELDS}
         values["kind"] = str(values["kind"])
         values["bus"] = Bus(values["bus"])
@@ -118,8 +103,7 @@ class Inventory:
     """All accelerators found on one node, in a deterministic order."""
 
     accelerators: tuple[Accelerator, ...] = ()
-    # The node's online CPU list (sysfs cpu/online), to tell a device's local CPUs
-    # apart from "all of them".
+    # The node's online CPU list (sysfs cpu/online), to tell a device's local CPUs from "all of them".
     online_cpus: str | None = None
     # CPU id -> Slurm core index (SMT siblings share one); {} when topology is unknown.
     core_of_cpu: dict[int, int] = field(default_factory=dict)
@@ -136,10 +120,7 @@ class Inventory:
 
     def by_identity(self, identity: str) -> Accelerator | None:
         """The accelerator with this identity, or None."""
-        for accelerator in self.accelerators:
-            if accelerator.identity == identity:
-                return accelerator
-        return None
+        return next((a for a in self.accelerators if a.identity == identity), None)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON document ``slurm-tpu detect --json`` prints."""
@@ -165,8 +146,6 @@ _SLUG_UNSAFE = re.compile(r"[^a-z0-9]+")
 
 
 def slug(text: str) -> str:
-    """Lower-case ``text`` with runs of other characters folded to ``_``.
-
-    Used for GRES types and node features, which Slurm splits on ``,:=`` and spaces.
-    """
+    """Lower-case ``text`` with runs of other characters folded to ``_`` (for GRES types and node
+    features, which Slurm splits on ``,:=`` and spaces)."""
     return _SLUG_UNSAFE.sub("_", text.lower()).strip("_")

@@ -1,11 +1,10 @@
-"""The accelerator identity grammar, in one place: ``<bus>-<address>``.
+"""The accelerator identity grammar, in one place: ``<bus>-<address>`` (``usb-2-1.3``, ``pci-0000:03:00.0``,
+``platform-<name>``).
 
-``usb-2-1.3`` (a USB device by its topology path), ``pci-0000:03:00.0`` (a PCIe
-device by its address), ``platform-<name>`` (a SoC device). Identities name ledger
-files, slot nodes, usage records and job variables' entries, so they are kept to
-a small alphabet: ASCII letters and digits and ``:._-``, no ``..``, no comma, at
-most :data:`MAX_LENGTH` characters. Plain string checks (no ``re``): the root hooks
-use this on every udev event.
+Identities name ledger files, slot nodes, usage records and job variables' entries, so they
+are kept to ASCII letters and digits and ``:._-``, no ``..``, no comma, at most
+:data:`MAX_LENGTH` characters. Plain string checks (no ``re``): the root hooks use this on
+every udev event.
 """
 
 from __future__ import annotations

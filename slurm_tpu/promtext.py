@@ -1,13 +1,9 @@
 """Prometheus exposition through ``prometheus_client``: the one place slurm-tpu renders metrics.
 
 The node's metrics (:mod:`slurm_tpu.ops.metrics`) and ``slurm-tpu serve``'s
-(:mod:`slurm_tpu.runner.serve.metrics`) are custom collectors: each scrape,
-``collect()`` reads the current figures and yields metric families, and
-``prometheus_client`` writes the text (escaping label values: backslash, double
-quote and newline, whatever a string holds). Nothing here formats a line by hand.
-
-Three ways out: :func:`render` (text for stdout or an HTTP body),
-:func:`write_textfile` (node_exporter's textfile collector) and :func:`serve_http`.
+(:mod:`slurm_tpu.runner.serve.metrics`) are custom collectors whose ``collect()`` reads
+the current figures each scrape; ``prometheus_client`` writes the text (escaping label
+values, whatever a string holds). Nothing here formats a line by hand.
 """
 
 from __future__ import annotations
@@ -64,13 +60,10 @@ class TextfileError(Exception):
 def write_textfile(path: str, collector: Collector) -> None:
     """Write one collection to ``path`` for node_exporter's textfile collector.
 
-    ``prometheus_client.write_to_textfile`` writes ``<path>.<pid>.<thread>`` in the
-    same directory and rename()s it over ``path``: a scrape sees the old file or the
-    new one, never a partial one (rename(2) is atomic within a filesystem), and the
-    temporary name does not end in ``.prom``, so node_exporter never reads it. It
-    opens that name with a plain open(), following a symlink, so a directory that
-    others than its owner may write (group or world write) is refused: anyone could
-    plant that name. Its owner (Debian: ``prometheus`` for
+    ``prometheus_client.write_to_textfile`` writes ``<path>.<pid>.<thread>`` (not ``*.prom``,
+    so never read) in the same directory and rename()s it over ``path``. It opens that name
+    with a plain open(), following a symlink, so a directory others than its owner may write
+    is refused: anyone could plant that name. Its owner (Debian: ``prometheus`` for
     /var/lib/prometheus/node-exporter) must be trusted as much as the writer.
     """
     from prometheus_client.exposition import write_to_textfile

@@ -3,10 +3,10 @@
     python serve_flooder.py PORT COUNT TRICKLE SECONDS
 
 COUNT connections each send a request line, then one header line every TRICKLE seconds
-and never finish the head; one the server closes is opened again a second later. After
-SECONDS it stops. It prints a line of JSON once all COUNT are open, and one at the end: connections
-opened, the lifetimes of those the server closed, the ages of those still open, and the first bytes
-of any answer received.
+and never finish the head; one the server closes is opened again a second later. It stops
+once its stdin is closed and SECONDS have passed. It prints a line of JSON once all COUNT are
+open, and one at the end: connections opened, the lifetimes of those the server closed, the
+ages of those still open, and the first bytes of any answer received.
 """
 
 import json
@@ -48,8 +48,15 @@ def closed(sock, data=b""):
 for _ in range(count):
     open_one()
 print(json.dumps({"started": opened}), flush=True)
-while time.monotonic() < end:
+told_to_stop = False
+selector.register(sys.stdin, selectors.EVENT_READ)
+while not (told_to_stop and time.monotonic() >= end):
     for key, _ in selector.select(0.1):
+        if key.fileobj is sys.stdin:
+            told_to_stop = told_to_stop or not sys.stdin.readline()
+            if told_to_stop:
+                selector.unregister(sys.stdin)
+            continue
         try:
             data = key.fileobj.recv(4096)
         except OSError:

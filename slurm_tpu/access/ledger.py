@@ -163,8 +163,9 @@ class Ledger:
         except (OSError, statedir.StateDirError):
             pass
 
-    def last_holder(self, identity: str, limit: int = 1 << 20) -> tuple[int, int] | None:
-        """(job_id, uid) of the last job the audit log shows acquiring ``identity``; None if unknown.
+    def last_holder(self, identity: str, uid: int | None = None, limit: int = 1 << 20) -> tuple[int, int] | None:
+        """(job_id, uid) of the last job (of ``uid``, when given) the audit log shows acquiring ``identity``;
+        None if unknown.
         Reads only the log's last ``limit`` bytes (a failure path: naming the job that leaked a device)."""
         try:
             fd = os.open(AUDIT, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self.dir_fd)
@@ -180,7 +181,7 @@ class Ledger:
             os.close(fd)
         if start:
             tail = tail[tail.find(b"\n") + 1 :]  # the first line is cut
-        return audit.last_acquire(tail, identity)
+        return audit.last_acquire(tail, identity, uid)
 
 
 class _Block:

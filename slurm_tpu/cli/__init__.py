@@ -20,8 +20,4 @@ from .group import EXIT_DIFFERS, EXIT_ERROR, Obj, main  # noqa: F401  (the packa
 
 def run() -> None:
     """Console-script entry point."""
-    main(prog_name="slurm-tpu")
-
-
-if __name__ == "__main__":  # pragma: no cover
-    run()  # click exits with the command's status
+    main(prog_name="slurm-tpu")  # click exits with the command's status

@@ -6,6 +6,7 @@ they register on without importing the package that imports them.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -41,7 +42,6 @@ class Obj:
 
     def __init__(self, config_path: str | None):
         self.config_path = config_path
-        self._config: Config | None = None
 
     def node_name(self, node: str | None, from_slurmd: bool = False) -> str:
         """--node, else (for commands slurmd runs) $SLURMD_NODENAME, else the config's
@@ -52,13 +52,11 @@ class Obj:
         slurmd = os.environ.get("SLURMD_NODENAME") if from_slurmd else None
         return node or slurmd or self.config.node_name or socket.gethostname().split(".")[0]
 
-    @property
-    def config(self):  # -> Config, imported lazily to keep start-up small
-        if self._config is None:
-            from ..config import load_config
+    @functools.cached_property
+    def config(self) -> Config:  # imported lazily to keep start-up small
+        from ..config import load_config
 
-            self._config = load_config(self.config_path)
-        return self._config
+        return load_config(self.config_path)
 
 
 # A command's ``obj`` parameter: this invocation's :class:`Obj`.

@@ -41,16 +41,12 @@ def _rows(obj: Obj) -> list[dict]:
                 row.update(user="", start=None, state=f"bad: {lease.reason}")
             else:
                 alive = holder_alive(lease)
-                if lease.phase == KEPT:
-                    state = (
-                        f"kept (its epilog found a problem; fix it, then `slurm-tpu leases --clear {lease.identity}`)"
-                    )
-                elif lease.phase == REVOKING:
-                    state = "revoking (" + (alive or "the device did not come back; replug it") + ")"
-                elif lease.phase == RELEASING:
-                    state = "releasing (" + (alive or "its release was cut short; the next prolog redoes it") + ")"
-                else:
-                    state = "running" if alive else "stale (job gone; reclaimed by the next prolog)"
+                clear = f"fix it, then `slurm-tpu leases --clear {lease.identity}`"
+                state = {
+                    KEPT: f"kept (its epilog found a problem; {clear})",
+                    REVOKING: "revoking (" + (alive or "the device did not come back; replug it") + ")",
+                    RELEASING: "releasing (" + (alive or "its release was cut short; the next prolog redoes it") + ")",
+                }.get(lease.phase) or ("running" if alive else "stale (job gone; reclaimed by the next prolog)")
                 row.update(
                     user=lease.user,
                     start=lease.start,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from ..runner import choices
-from ..runner.request import BatchOptions, InferRequest, OpenOptions, Preprocessing, Reading, RemoteOptions
+from ..runner.request import BatchOptions, InferRequest, Reading, RemoteOptions
 from .group import main
 from .options import grouped, open_options, preprocessing_options, task_option
 
@@ -21,14 +21,6 @@ if TYPE_CHECKING:
     from ..runner.dispatch import RemoteTimed, Timed
 
 EXIT_SOME_FAILED = 1
-
-
-def _warn(message: str) -> None:
-    click.echo(f"slurm-tpu: warning: {message}", err=True)
-
-
-def _task_recognised(name: str) -> None:
-    click.echo(f"slurm-tpu: task: {name} (recognised from the model's outputs; --task overrides)", err=True)
 
 
 def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
@@ -145,20 +137,7 @@ def _batch_options(no_progress: bool, **values: Any) -> BatchOptions:
 @click.option("--benchmark", is_flag=True, help="Benchmark: load time, latency p50/p90/p99, throughput.")
 @click.option("--iterations", default=InferRequest.iterations, type=click.IntRange(1), help="Benchmark iterations.")
 def infer(
-    args: tuple[str, ...],
-    model_option: str | None,
-    input_options: tuple[str, ...],
-    segments: tuple[str, ...],
-    reading: Reading,
-    count: int,
-    as_json: bool,
-    annotate_dir: str | None,
-    batch: BatchOptions,
-    preprocessing: Preprocessing,
-    opening: OpenOptions,
-    remote: RemoteOptions,
-    benchmark: bool,
-    iterations: int,
+    args: tuple[str, ...], model_option: str | None, input_options: tuple[str, ...], as_json: bool, **fields: Any
 ) -> None:
     """Run MODEL on INPUTS (images, .npy, directories, globs, @list files) on this job's device.
 
@@ -177,26 +156,18 @@ def infer(
     model = model_option or (args[0] if args else None)
     if model is None:
         raise UsageError("no model: give MODEL (or -m/--model) before the inputs")
-    request = InferRequest(
-        model=model,
-        inputs=tuple(args[0 if model_option else 1 :]) + input_options,
-        segments=segments,
-        reading=reading,
-        preprocessing=preprocessing,
-        opening=opening,
-        batch=batch,
-        remote=remote,
-        count=count,
-        benchmark=benchmark,
-        iterations=iterations,
-        annotate_dir=annotate_dir,
-    )
-    outcome = run(
-        request,
-        Streams(
-            write=lambda s: click.echo(s, nl=False), warn=_warn, task_recognised=_task_recognised, progress=sys.stderr
+    # The other options are InferRequest's fields by name (the grouped ones already built).
+    inputs = tuple(args[0 if model_option else 1 :]) + input_options
+    request = InferRequest(model=model, inputs=inputs, **fields)
+    streams = Streams(
+        write=lambda text: click.echo(text, nl=False),
+        warn=lambda message: click.echo(f"slurm-tpu: warning: {message}", err=True),
+        task_recognised=lambda name: click.echo(
+            f"slurm-tpu: task: {name} (recognised from the model's outputs; --task overrides)", err=True
         ),
+        progress=sys.stderr,
     )
+    outcome = run(request, streams)
     if isinstance(outcome, Timed):
         _print_timed(outcome, as_json)
     elif isinstance(outcome, RemoteTimed):
@@ -216,56 +187,43 @@ def infer(
 def _print_timed(timed: Timed, as_json: bool) -> None:
     task = timed.task
     if as_json:
-        record = {
-            "input": timed.input,
-            "task": task.name,
-            "devices": timed.devices,
-            "runtime": timed.runtime,
-            "load_ms": round(timed.load_seconds * 1000, 3),
-            "first_ms": round(timed.times[0], 3),
-            "times_ms": [round(t, 3) for t in timed.times[1:]],
-            **task.record(timed.result),
-        }
-        if timed.annotated:
-            record["annotated"] = timed.annotated
-        click.echo(json.dumps(record))
+        head = {"input": timed.input, "task": task.name, "devices": timed.devices, "runtime": timed.runtime}
+        annotated = {"annotated": timed.annotated} if timed.annotated else {}
+        load = {"load_ms": round(timed.load_seconds * 1000, 3)}
+        _print_json({**head, **load}, timed.times, {**task.record(timed.result), **annotated})
         return
     # The layout of pycoral's examples (classify_image.py, detect_image.py), so existing job
     # scripts keep parsing it.
-    click.echo("----INFERENCE TIME----")
-    if timed.on_edgetpu:
-        click.echo(
-            "Note: The first inference on Edge TPU is slow because it includes loading the model into Edge TPU memory."
-        )
-    for t in timed.times:
-        click.echo(task.time_format.format(t))
-    click.echo("-------RESULTS--------")
-    for line in task.lines(timed.result):
-        click.echo(line)
-    if timed.annotated:
-        click.echo(f"Please check {timed.annotated}")  # semantic_segmentation.py's pointer to its picture
+    note = "Note: The first inference on Edge TPU is slow because it includes loading the model into Edge TPU memory."
+    pointer = f"Please check {timed.annotated}"  # semantic_segmentation.py's pointer to its picture
+    _print_lines(
+        ["----INFERENCE TIME----", *([note] if timed.on_edgetpu else [])],
+        [task.time_format.format(t) for t in timed.times],
+        [*task.lines(timed.result), *([pointer] if timed.annotated else [])],
+    )
 
 
 def _print_remote(timed: RemoteTimed, as_json: bool) -> None:
     from ..runner.serve.client import result_fields
 
-    record, times = timed.record, timed.times
+    record = timed.record
     if as_json:
-        printed = {
-            "input": timed.input,
-            "task": timed.task.name,
-            "devices": record.get("devices", []),
-            "runtime": record.get("runtime", ""),
-            "server": timed.server,
-            "first_ms": round(times[0], 3),
-            "times_ms": [round(t, 3) for t in times[1:]],
-            **result_fields(record),
-        }
-        click.echo(json.dumps(printed))
+        head = {"input": timed.input, "task": timed.task.name, "devices": record.get("devices", [])}
+        server = {"runtime": record.get("runtime", ""), "server": timed.server}
+        _print_json({**head, **server}, timed.times, result_fields(record))
         return
-    click.echo(f"----ROUND TRIP TIME ({timed.server})----")
-    for t in times:
-        click.echo(timed.task.time_format.format(t))
-    click.echo("-------RESULTS--------")
-    for line in record.get("lines", []):  # the task's own printout, made by the server
+    times = [timed.task.time_format.format(t) for t in timed.times]
+    # The lines: the task's own printout, made by the server.
+    _print_lines([f"----ROUND TRIP TIME ({timed.server})----"], times, record.get("lines", []))
+
+
+def _print_json(head: dict, times: list[float], tail: dict) -> None:
+    """One input's JSON record: ``head``, the times (ms, the first apart), ``tail``."""
+    click.echo(
+        json.dumps({**head, "first_ms": round(times[0], 3), "times_ms": [round(t, 3) for t in times[1:]], **tail})
+    )
+
+
+def _print_lines(heading: list[str], times: list[str], results: list[str]) -> None:
+    for line in [*heading, *times, "-------RESULTS--------", *results]:
         click.echo(line)

@@ -33,12 +33,6 @@ def _inventory(saved: str | None = None) -> Inventory:
         ) from exc
 
 
-def _status(accelerator) -> str:
-    if not accelerator.usable:
-        return f"UNUSABLE: {accelerator.reason}"
-    return ", ".join(["ok", *accelerator.details.notes()])
-
-
 def format_table(inventory: Inventory) -> str:
     """The human-readable ``detect`` table."""
     if not len(inventory):
@@ -49,7 +43,8 @@ def format_table(inventory: Inventory) -> str:
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
         numa = "-" if a.numa_node is None else str(a.numa_node)
-        rows.append((a.identity, a.kind, a.model, a.primary_node or "-", numa, _status(a)))
+        status = ", ".join(["ok", *a.details.notes()]) if a.usable else f"UNUSABLE: {a.reason}"
+        rows.append((a.identity, a.kind, a.model, a.primary_node or "-", numa, status))
     usable = len(inventory.usable())
     return table(rows) + f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable\n"
 
@@ -156,9 +151,7 @@ def gres_conf(
     inventory = _inventory(saved)
     name = obj.node_name(node)
     if output and not (diff or check or no_slots):
-        # Slot nodes first: the file must never name a path that does not exist
-        # (slurmd would exit). The hooks read the state-dir copy of the inventory
-        # instead of detecting on every job.
+        # Slot nodes and the hooks' inventory first: slurmd exits on a File= that does not exist.
         from ..ops.configure import prepare_node_state
 
         prepare_node_state(config, inventory)

@@ -21,13 +21,7 @@ Decorator = Callable[[F], F]
 
 def options(*decorators: Decorator) -> Decorator:
     """Apply click option ``decorators`` so that --help lists them in the order given."""
-
-    def apply(func: F) -> F:
-        for decorator in reversed(decorators):
-            func = decorator(func)
-        return func
-
-    return apply
+    return lambda func: functools.reduce(lambda wrapped, decorator: decorator(wrapped), reversed(decorators), func)
 
 
 def grouped(param: str, build: Callable[..., Any], *decorators: Decorator) -> Decorator:

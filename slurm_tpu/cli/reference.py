@@ -35,17 +35,16 @@ def _contexts(ctx: click.Context) -> Iterator[click.Context]:
                 yield from _contexts(click.Context(command, parent=ctx, info_name=name, **command.context_settings))
 
 
-def _escape(text: str, cell: bool = False) -> str:
-    """Markdown for plain text: ``<``, ``&`` and ``*`` outside code spans stay literal; in a table, ``|`` too."""
+def _escape(text: str) -> str:
+    """Markdown for plain text: ``<``, ``&`` and ``*`` outside code spans stay literal."""
     parts = re.split(r"(`[^`]*`)", text)
     for i in range(0, len(parts), 2):
         parts[i] = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace("*", "\\*")
-    text = "".join(parts)
-    return _code(text) if cell else text
+    return "".join(parts)
 
 
-def _code(text: str) -> str:
-    """A table cell's code span: only ``|`` needs escaping there."""
+def _cell(text: str) -> str:
+    """Text, or a code span, in a table cell: ``|`` escaped."""
     return text.replace("|", "\\|")
 
 
@@ -67,13 +66,13 @@ def _params(ctx: click.Context) -> list[str]:
     for param in ctx.command.get_params(ctx):
         if isinstance(param, click.Argument):
             what = ["required" if param.required else "optional", *(["repeatable"] if param.nargs != 1 else [])]
-            rows.append(f"| `{_code(' '.join(param.get_usage_pieces(ctx)))}` | argument ({', '.join(what)}) |")
+            rows.append(f"| `{_cell(' '.join(param.get_usage_pieces(ctx)))}` | argument ({', '.join(what)}) |")
             continue
         record = param.get_help_record(ctx)
         if record is None or (ctx.parent is not None and set(param.opts) <= set(ctx.help_option_names)):
             continue
         meaning = " ".join(record[1].split())  # click puts two spaces before "[default: ...]"
-        rows.append(f"| `{_code(record[0])}` | {_escape(meaning, cell=True)} |")
+        rows.append(f"| `{_cell(record[0])}` | {_cell(_escape(meaning))} |")
     return ["| option | meaning |", "|---|---|", *rows] if rows else []
 
 
@@ -95,24 +94,18 @@ def render() -> str:
     ]
     for ctx in contexts[1:]:
         anchor = ctx.command_path.replace(" ", "-")
-        lines.append(f"| [`{ctx.command_path}`](#{anchor}) | {_code((_paragraphs(ctx.command) or [''])[0])} |")
+        lines.append(f"| [`{ctx.command_path}`](#{anchor}) | {_cell((_paragraphs(ctx.command) or [''])[0])} |")
     for ctx in contexts:
         usage = " ".join([ctx.command_path, *ctx.command.collect_usage_pieces(ctx)])
         name, *description = _paragraphs(ctx.command) or [""]
         lines += ["", f"## `{ctx.command_path}`", "", name, "", "```text", usage, "```"]
-        for block in description:
-            lines += ["", block]
+        lines += [line for block in description for line in ("", block)]
         table = _params(ctx)
         lines += ["", *table] if table else []
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the page, or write it to ``--output``."""
+if __name__ == "__main__":
     from ..ops.config_reference import write_page
 
-    return write_page(argv, "cli.reference", "command reference (docs/cli.md)", render, "cli_reference")
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(write_page("cli.reference", "command reference (docs/cli.md)", render, "cli_reference"))

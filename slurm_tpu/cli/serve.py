@@ -31,12 +31,11 @@ def _listen(host: str, port: int, advertise: str | None) -> Listen:
     return Listen(host, port, advertise)
 
 
-def _limits(queue_size: int, max_body: int, max_connections: int, max_instances: int) -> Limits:
+def _limits(max_body: int, **limits: int) -> Limits:
+    """--max-body is in MiB; --queue, --max-connections and --max-instances are Limits' fields by name."""
     from ..runner.serve.app import Limits
 
-    return Limits(
-        max_body=max_body << 20, max_instances=max_instances, max_connections=max_connections, queue=queue_size
-    )
+    return Limits(max_body=max_body << 20, **limits)
 
 
 @main.command("serve", context_settings={"max_content_width": 100})
@@ -63,7 +62,6 @@ def _limits(queue_size: int, max_body: int, max_connections: int, max_instances:
     _limits,
     click.option(
         "--queue",
-        "queue_size",
         default=64,
         type=click.IntRange(1),
         help="Inferences that may wait for a device; beyond, requests get 503 with Retry-After.",

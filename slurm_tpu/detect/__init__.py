@@ -35,38 +35,38 @@ def _nvml() -> Any | None:
         return None
 
 
+def _nvml_sees(accelerator: Accelerator) -> bool:
+    return accelerator.vendor == "NVIDIA" and accelerator.bus.value == "pci" and accelerator.usable
+
+
+def _with_nvml(nvml: Any, accelerator: Accelerator) -> Accelerator:
+    try:
+        handle = nvml.nvmlDeviceGetHandleByPciBusId(accelerator.bus_address)
+        memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
+        name = nvml.nvmlDeviceGetName(handle)
+        uuid = nvml.nvmlDeviceGetUUID(handle)
+    except Exception:  # noqa: BLE001 - one GPU NVML cannot see keeps its sysfs facts
+        return accelerator
+    name = name.decode() if isinstance(name, bytes) else name
+    uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+    # An NVIDIA GPU's details are the GPU family's (NvidiaDetails), which Accelerator types as Details.
+    details = dataclasses.replace(accelerator.details, memory_bytes=memory, uuid=uuid, nvml=True)  # type: ignore[call-arg]
+    return dataclasses.replace(accelerator, model=name, details=details)
+
+
 def enrich_with_nvml(inventory: Inventory) -> Inventory:
     """Add NVML facts to usable NVIDIA GPUs, when NVML can be initialised."""
-    if not any(a.vendor == "NVIDIA" and a.bus.value == "pci" and a.usable for a in inventory):
-        return inventory
-    nvml = _nvml()
+    nvml = _nvml() if any(map(_nvml_sees, inventory)) else None
     if nvml is None:
         return inventory
-    enriched: list[Accelerator] = []
     try:
-        for accelerator in inventory:
-            if accelerator.vendor != "NVIDIA" or accelerator.bus.value != "pci" or not accelerator.usable:
-                enriched.append(accelerator)
-                continue
-            try:
-                handle = nvml.nvmlDeviceGetHandleByPciBusId(accelerator.bus_address)
-                memory = nvml.nvmlDeviceGetMemoryInfo(handle).total
-                name = nvml.nvmlDeviceGetName(handle)
-                uuid = nvml.nvmlDeviceGetUUID(handle)
-            except Exception:  # noqa: BLE001 - one GPU NVML cannot see keeps its sysfs facts
-                enriched.append(accelerator)
-                continue
-            name = name.decode() if isinstance(name, bytes) else name
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            # An NVIDIA GPU's details are the GPU family's (GpuDetails), which Accelerator types as Details.
-            details = dataclasses.replace(accelerator.details, memory_bytes=memory, uuid=uuid, nvml=True)  # type: ignore[call-arg]
-            enriched.append(dataclasses.replace(accelerator, model=name, details=details))
+        enriched = tuple(_with_nvml(nvml, a) if _nvml_sees(a) else a for a in inventory)
     finally:
         try:
             nvml.nvmlShutdown()
         except Exception:  # noqa: BLE001
             pass
-    return dataclasses.replace(inventory, accelerators=tuple(enriched))
+    return dataclasses.replace(inventory, accelerators=enriched)
 
 
 __all__ = ["detect_inventory", "enrich_with_nvml", "inventory_from_snapshot", "take_snapshot", "Snapshot"]

@@ -1,10 +1,6 @@
-"""Take a snapshot of the udev/sysfs facts detection needs.
-
-Detection's only pyudev user (the watcher, ops/watch.py, imports pyudev too, for
-its udev event monitor; nothing else does). It copies the few attributes the
-classifiers read into plain :class:`SysDevice` records, so everything after the
-snapshot is pure and testable on literal data.
-"""
+"""Take a snapshot of the udev/sysfs facts detection needs (detection's only pyudev use; the
+watcher's udev monitor is the other): the few attributes the families read are copied into
+plain :class:`SysDevice` records, so everything after the snapshot is pure."""
 
 from __future__ import annotations
 
@@ -105,29 +101,32 @@ def _wanted(device: Any) -> bool:
     return any(candidate.subsystem in f.attributes and f.wanted(candidate) for f in FAMILIES)
 
 
+CPU_ROOT = "/sys/devices/system/cpu"
+
+
+def _read(path: str) -> str:
+    with open(path, encoding="ascii") as handle:
+        return handle.read().strip()
+
+
 def _online_cpus() -> str | None:
     try:
-        with open("/sys/devices/system/cpu/online", encoding="ascii") as handle:
-            return handle.read().strip() or None
+        return _read(f"{CPU_ROOT}/online") or None
     except OSError:
         return None
 
 
 def _cpu_topology() -> dict[int, tuple[int, int]]:
     topology: dict[int, tuple[int, int]] = {}
-    root = "/sys/devices/system/cpu"
     try:
-        names = os.listdir(root)
+        names = os.listdir(CPU_ROOT)
     except OSError:
         return topology
     for name in names:
         if not (name.startswith("cpu") and name[3:].isdigit()):
             continue
         try:
-            with open(f"{root}/{name}/topology/physical_package_id", encoding="ascii") as handle:
-                package = int(handle.read())
-            with open(f"{root}/{name}/topology/core_id", encoding="ascii") as handle:
-                core = int(handle.read())
+            package, core = (int(_read(f"{CPU_ROOT}/{name}/topology/{n}")) for n in ("physical_package_id", "core_id"))
         except (OSError, ValueError):
             continue  # offline CPUs have no topology
         topology[int(name[3:])] = (package, core)
@@ -145,15 +144,10 @@ def take_snapshot() -> Snapshot:
                     devices[device.sys_path] = _record(device)
         except OSError as exc:
             raise DetectionError(f"cannot enumerate {subsystem} devices through udev: {exc}") from exc
-    driver_info: dict[str, dict[str, str]] = {}
-    dev_entries: set[str] = set()
-    for family in FAMILIES:
-        driver_info.update(family.driver_info())
-        dev_entries |= family.unannounced_nodes()
     return Snapshot(
         devices=devices,
-        driver_info=driver_info,
-        dev_entries=frozenset(dev_entries),
+        driver_info={bus: facts for family in FAMILIES for bus, facts in family.driver_info().items()},
+        dev_entries=frozenset(node for family in FAMILIES for node in family.unannounced_nodes()),
         online_cpus=_online_cpus(),
         cpu_topology=_cpu_topology(),
     )

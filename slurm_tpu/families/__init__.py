@@ -1,12 +1,9 @@
 """The accelerator family registry: every kind of device the suite knows, in one tuple.
 
-Adding a family is its module (a :class:`~slurm_tpu.families.base.Family` and a
-``FAMILY`` instance), its tests, and its module's name in :data:`MODULES`. Order matters where output is ordered:
-detection lists devices family by family, and the job environment's variables
-follow it.
-
-The root hooks never import this package (it pulls in dataclasses and typing):
-what they need is precomputed into their snapshot (slurm_tpu/protocol/hooks_snapshot.py).
+Adding a family is its module (a :class:`~slurm_tpu.families.base.Family` and a ``FAMILY``
+instance), its tests, and its module's name in :data:`MODULES`, whose order is the order of
+detection's output and of the job environment's variables. The root hooks never import this
+package: what they need is precomputed into their snapshot (protocol/hooks_snapshot.py).
 """
 
 from __future__ import annotations
@@ -19,11 +16,7 @@ from ..hardware import Inventory
 from .base import Family, FamilyConfig
 
 # The registered family modules (each defines FAMILY), in registry order.
-MODULES = (
-    "coral",
-    "gpu",
-    "hailo",
-)
+MODULES = ("coral", "gpu", "hailo")
 FAMILIES: tuple[Family, ...] = tuple(import_module(f"{__name__}.{name}").FAMILY for name in MODULES)
 
 KINDS: tuple[str, ...] = tuple(f.kind for f in FAMILIES)
@@ -48,12 +41,4 @@ def subsystems() -> tuple[str, ...]:
     return tuple(dict.fromkeys(s for f in FAMILIES for s in f.attributes))
 
 
-__all__ = [
-    "FAMILIES",
-    "KINDS",
-    "Family",
-    "FamilyConfig",
-    "family",
-    "inventory_from_json",
-    "subsystems",
-]
+__all__ = ["FAMILIES", "KINDS", "Family", "FamilyConfig", "family", "inventory_from_json", "subsystems"]

@@ -1,13 +1,6 @@
-"""What an accelerator family is: everything the suite knows about one kind of device.
-
-A family (Coral Edge TPUs, GPUs, Hailo NPUs...) is one module with one
-:class:`Family` subclass. The rest of the suite never asks "is this a TPU?":
-detection asks each family which udev devices it wants and what they are,
-rendering asks for GRES names, types, features and udev rule lines, config asks
-for the family's section, and the hooks get a precomputed :class:`FamilyPolicy`
-and the job variables' values through their snapshot (they never import this
-package: see slurm_tpu/protocol/hooks_snapshot.py).
-"""
+"""What an accelerator family is: everything the suite knows about one kind of device, in one
+:class:`Family` subclass, so the rest of the suite never asks "is this a TPU?" (the hooks get
+what they need precomputed, through their snapshot)."""
 
 from __future__ import annotations
 
@@ -18,9 +11,9 @@ from typing import Any, Callable
 from ..errors import ConfigError
 from ..hardware import Accelerator, Details
 
-# How a device's open files are made useless at job end (slurm_tpu/access/revoke.py):
-# USB_PORT power-cycles the hub port (every usbfs fd dies); GASKET_WRITERS is the
-# holder scan plus the apex driver's count of writable files; SCAN the holder scan only.
+# How a device's open files are made useless at job end (slurm_tpu/access/revoke.py): USB_PORT
+# power-cycles the hub port; GASKET_WRITERS is the holder scan plus the apex driver's count of
+# writable files; SCAN the holder scan only.
 from ..protocol.hooks_snapshot import GASKET_WRITERS, SCAN, USB_PORT, FamilyPolicy, UdevRule  # noqa: F401 - re-exported
 from .sysfs import Snapshot
 
@@ -60,12 +53,9 @@ class FamilyDetails(Details):
 
 @dataclass(frozen=True)
 class FamilyConfig:
-    """A family's site settings (``families.<kind>`` in the config, version 2).
-
-    ``types`` maps what the family keys its GRES types by (Edge TPU: the bus;
-    GPU: the model slug; Hailo: ``default`` and PCI addresses) to a type name.
-    ``lease``: whether its devices are leased to jobs (GPUs: ``isolate``).
-    """
+    """A family's site settings (``families.<kind>`` in the config, version 2): ``types`` maps what
+    the family keys its GRES types by (Edge TPU: the bus; GPU: the model slug; Hailo: ``default``
+    and PCI addresses) to a type name; ``lease``: whether its devices are leased to jobs."""
 
     gres_name: str
     types: Mapping[str, str] = field(default_factory=dict)
@@ -75,14 +65,12 @@ class FamilyConfig:
 
 @dataclass(frozen=True)
 class JobVariable:
-    """One variable of the job environment a family exports (see protocol/jobenv.py).
+    """One variable of the job environment a family exports (see protocol/jobenv.py); ``value`` gives
+    a device's entry from its identity and primary device node.
 
-    ``value`` gives a device's entry (from its identity and its primary device
-    node); entries are comma-separated in allocation order. With
-    ``unset_when_empty`` a job without such devices gets ``unset NAME``,
-    otherwise ``export NAME=``. ``never_unset``: a runtime library's view of the
-    devices (``EDGETPU_VISIBLE_DEVICES``), which reads unset as "every device": a job
-    with no device at all on the node gets ``export NAME=`` too, never ``unset``.
+    A job without such devices gets ``unset NAME`` with ``unset_when_empty``, else ``export NAME=``.
+    ``never_unset``: a library's view of the devices (``EDGETPU_VISIBLE_DEVICES``), which reads
+    unset as "every device": never ``unset``, even for a job with no device here.
     """
 
     name: str
@@ -95,26 +83,19 @@ class Family:
     """One accelerator family. Subclasses set the class attributes and implement detection."""
 
     kind: str = ""
-    # For messages: "Edge TPU", "GPU", "Hailo NPU".
-    title: str = ""
-    # udev subsystems detection enumerates for this family, and the sysfs attributes
-    # it copies from each (a subsystem may be shared: pci is).
+    title: str = ""  # for messages: "Edge TPU", "GPU", "Hailo NPU"
+    # udev subsystems detection enumerates for this family -> the sysfs attributes it copies (pci is shared).
     attributes: Mapping[str, tuple[str, ...]] = {}
-    # udev subsystems whose events the watcher (slurm-tpu watch) listens to.
-    watched: tuple[str, ...] = ()
+    watched: tuple[str, ...] = ()  # udev subsystems whose events the watcher (slurm-tpu watch) listens to
     default_config: FamilyConfig = FamilyConfig("")
     # Whether gres.conf File= is the slot node (devices whose /dev node can change or
     # vanish, and every leased kind: the prolog maps File= back to an identity).
     slot: bool = True
-    # gres.conf Cores= from the device's local CPUs.
-    cores: bool = False
-    # bus -> how its devices are revoked at job end (USB_PORT, GASKET_WRITERS; SCAN when absent).
-    revocation: Mapping[str, str] = {}
-    # How udev-event names the family's devices (copied into the hooks' snapshot as they are).
-    udev_identities: tuple[UdevRule, ...] = ()
+    cores: bool = False  # gres.conf Cores= from the device's local CPUs
+    revocation: Mapping[str, str] = {}  # bus -> USB_PORT, GASKET_WRITERS (SCAN when absent)
+    udev_identities: tuple[UdevRule, ...] = ()  # how udev-event names the family's devices
     variables: tuple[JobVariable, ...] = ()
-    # The runner backend that can run on these devices ("edgetpu", "gpu"), or "" with
-    # ``runner_note`` saying what to use instead.
+    # The runner backend for these devices ("edgetpu", "gpu"), or "" with ``runner_note`` saying what to use.
     runner: str = ""
     runner_note: str = ""
 
@@ -124,10 +105,8 @@ class Family:
         raise NotImplementedError
 
     def event_relevant(self, subsystem: str, properties: Mapping[str, str]) -> bool:
-        """Whether a udev event (add, change, remove...) can change this family's devices.
-
-        Only properties are there: a removed device's sysfs attributes are gone.
-        """
+        """Whether a udev event can change this family's devices (only its properties: a removed
+        device's sysfs attributes are gone)."""
         return subsystem in self.watched
 
     def find(self, snapshot: Snapshot) -> list[Accelerator]:
@@ -148,19 +127,13 @@ class Family:
 
     # ---- runner -----------------------------------------------------------------------
     def runner_refusal(self, environ: Mapping[str, str]) -> str | None:
-        """Why the TFLite runner cannot use the devices this job got of this family, or None.
-
-        Only for a family without a runner backend whose job variables are set;
-        ``runner_note`` is formatted with ``devices`` (the first variable's value)
-        and ``variable`` (its name).
-        """
+        """Why the TFLite runner cannot use this job's devices of a family without a runner backend,
+        or None: ``runner_note`` with ``devices`` (the first variable's value) and ``variable`` (its name)."""
         if self.runner or not self.variables:
             return None
         first = self.variables[0].name
         devices = environ.get(first, "")
-        if not devices:
-            return None
-        return self.runner_note.format(devices=devices, variable=first)
+        return self.runner_note.format(devices=devices, variable=first) if devices else None
 
     # ---- config ---------------------------------------------------------------------
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
@@ -171,7 +144,8 @@ class Family:
         }
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
-        """The family's settings from its flattened, type-checked section."""
+        """The family's settings from its flattened, type-checked section (``isolate``, which a family
+        whose devices are not leased by default may declare, turns leasing on)."""
         prefix = f"families.{self.kind}."
         features = section.get("features", self.default_config.features)
         if not all(isinstance(item, str) and item for item in features):
@@ -182,7 +156,7 @@ class Family:
             gres_name=section.get("gres_name", self.default_config.gres_name),
             types=self.parse_types(section, where),
             features=tuple(features),
-            lease=self.default_config.lease,
+            lease=section.get("isolate", self.default_config.lease),
         )
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:

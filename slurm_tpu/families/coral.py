@@ -1,8 +1,5 @@
-"""Coral Edge TPUs: the USB Accelerator (both USB ids) and PCIe/M.2 cards (gasket + apex).
-
-The one place that knows Coral's ids, its GRES defaults, its udev rules and its job
-variables (``SLURM_TPU_DEVICES``, ``SLURM_TPU_EDGETPU_PATHS``, ``EDGETPU_VISIBLE_DEVICES``).
-"""
+"""Coral Edge TPUs: the USB Accelerator (both USB ids) and PCIe/M.2 cards (gasket + apex): their ids,
+GRES defaults, udev rules and job variables."""
 
 from __future__ import annotations
 
@@ -21,8 +18,7 @@ USB_BOOTLOADER = ("1a6e", "089a")  # Global Unichip: waiting for its firmware
 USB_RUNTIME = ("18d1", "9302")  # Google: firmware loaded
 USB_IDS = (USB_BOOTLOADER, USB_RUNTIME)
 PCI_ID = ("0x1ac1", "0x089a")
-# Below SuperSpeed (5000 Mbit/s) the same model runs about 3x slower.
-USB3_MBPS = 5000
+USB3_MBPS = 5000  # below SuperSpeed the same model runs about 3x slower
 
 
 def usb_product_prefix(ids: tuple[str, str]) -> str:
@@ -140,8 +136,7 @@ class EdgeTpuFamily(Family):
     watched = ("usb", "apex", "pci")
     default_config = FamilyConfig("tpu", {"usb": "edgetpu_usb", "pci": "edgetpu_pci"}, ("tpu", "edgetpu"))
     slot = True
-    # See slurm_tpu/access/revoke.py for why each.
-    revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}
+    revocation = {"usb": USB_PORT, "pci": GASKET_WRITERS}  # see slurm_tpu/access/revoke.py for why each
     udev_identities = (UdevRule("usb", "usb_device", "usb", 1), UdevRule("apex", "", "pci", 3))
     variables = (
         JobVariable(jobenv.DEVICES, lambda identity, node: identity, unset_when_empty=False),
@@ -188,9 +183,7 @@ class EdgeTpuFamily(Family):
         if item.get("bus") == "usb":
             return UsbDetails.from_json(data)
         if "apex" in data:
-            return ApexDetails(
-                data["apex"], data.get("temperature_c"), tuple(data.get("trip_points_c") or ()), data.get("unique_id")
-            )
+            return ApexDetails.from_json({**data, "trip_points_c": tuple(data.get("trip_points_c") or ())})
         return Details()
 
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:

@@ -1,8 +1,7 @@
 """GPUs: NVIDIA discrete, AMD and Intel (DRM render nodes), Jetson/Tegra integrated.
 
-Not leased unless the site says so (``families.gpu.isolate``: clusters without
-cgroup device constraints); gres.conf names their own nodes, which the drivers
-create and keep.
+Not leased unless the site says so (``families.gpu.isolate``: clusters without cgroup
+device constraints); gres.conf names the nodes their drivers create and keep.
 """
 
 from __future__ import annotations
@@ -21,10 +20,8 @@ from .sysfs import Snapshot, SysDevice, accelerator_from, int_or_none, pci_accel
 KIND = "gpu"
 NVIDIA, AMD, INTEL = "0x10de", "0x1002", "0x8086"
 _VENDOR_NAMES = {NVIDIA: "NVIDIA", AMD: "AMD", INTEL: "Intel"}
-# Jetson's GPU nodes (nvgpu driver), made without a udev device of their own.
-TEGRA_NODES = ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl")
-# The NVIDIA driver's per-GPU facts (Model, GPU UUID, Device Minor), one directory per bus id.
-NVIDIA_PROC = "/proc/driver/nvidia/gpus"
+TEGRA_NODES = ("/dev/nvhost-gpu", "/dev/nvgpu/igpu0/ctrl")  # Jetson's (nvgpu), made without a udev device
+NVIDIA_PROC = "/proc/driver/nvidia/gpus"  # the driver's per-GPU facts (Model, GPU UUID, Device Minor) by bus id
 # Jetson/Tegra integrated GPUs, by device-tree compatible string.
 TEGRA_GPU_COMPATIBLE = ("nvidia,gm20b", "nvidia,gp10b", "nvidia,gv11b", "nvidia,ga10b", "nvidia,gb10b")
 
@@ -72,17 +69,13 @@ class TegraDetails(FamilyDetails):
         return {**super().to_json(), "integrated": True}
 
 
-def _is_display(device: SysDevice) -> bool:
-    # PCI class 0x03xxxx: VGA, XGA or 3D controller.
+def _is_display(device: SysDevice) -> bool:  # PCI class 0x03xxxx: VGA, XGA or 3D controller
     return device.attributes.get("class", "").lower().startswith("0x03")
 
 
 def _model(device: SysDevice, vendor: str, known: str | None) -> str:
-    """The marketing name: ``known`` (the driver's), else the PCI database's, else ``<vendor> GPU <id>``.
-
-    hwdb names put the chip codename first and the product in brackets, with variants
-    split by ``/``: ``Navi 21 [Radeon RX 6800/6800 XT]`` gives ``Radeon RX 6800``.
-    """
+    """The marketing name: ``known`` (the driver's), else the PCI database's (``Navi 21 [Radeon RX
+    6800/6800 XT]`` gives ``Radeon RX 6800``), else ``<vendor> GPU <id>``."""
     name = device.properties.get("ID_MODEL_FROM_DATABASE", "")
     if "[" in name and "]" in name:
         name = name[name.index("[") + 1 : name.rindex("]")].split("/")[0].strip() or name
@@ -202,8 +195,7 @@ class GpuFamily(Family):
     }
     watched = ("pci", "drm")
     default_config = FamilyConfig("gpu", {}, ("gpu",), lease=False)
-    # gres.conf names the driver's own node (/dev/nvidiaN, a render node): it never moves.
-    slot = False
+    slot = False  # gres.conf names the driver's own node (/dev/nvidiaN, a render node): it never moves
     cores = True
     udev_identities = (UdevRule("drm", "", "pci", 3),)
     variables = (JobVariable(jobenv.GPUS, lambda identity, node: identity),)
@@ -246,12 +238,8 @@ class GpuFamily(Family):
                     text = handle.read()
             except OSError:
                 continue
-            fields = {}
-            for line in text.splitlines():
-                key, sep, value = line.partition(":")
-                if sep:
-                    fields[key.strip()] = value.strip()
-            result[bus_id.lower()] = fields
+            pairs = (line.partition(":") for line in text.splitlines())
+            result[bus_id.lower()] = {key.strip(): value.strip() for key, sep, value in pairs if sep}
         return result
 
     def details_from_json(self, item: Mapping[str, Any]) -> Details:
@@ -266,12 +254,6 @@ class GpuFamily(Family):
             "types": (dict, "GPU model slug -> GRES type"),
             "isolate": (bool, "lease GPUs too (clusters without cgroup devices)"),
         }
-
-    def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
-        base = super().parse_config(section, where)
-        return FamilyConfig(
-            base.gres_name, base.types, base.features, lease=section.get("isolate", self.default_config.lease)
-        )
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         types = section.get("types", {})

@@ -1,41 +1,30 @@
 """Hailo-8 / Hailo-8L NPUs on PCIe (Raspberry Pi AI Kit / AI HAT+): the ``hailo_pci`` driver.
 
-The driver (``hailo``, module ``hailo_pci``) binds PCI ``1e60:2864`` (Hailo-8 and
-Hailo-8L share it) and makes a class device ``hailoN`` in ``hailo_chardev`` with the
-node ``/dev/hailoN``. N is the probe order, not the bus order, and on Raspberry Pi
-OS's driver (4.17-4.22) the class device is *not* a child of the PCI device
-(``/sys/devices/virtual/hailo_chardev/hailoN``; 4.23 parents it): the only link is
-its ``board_location`` attribute, the PCI address, which is also HailoRT's device id.
-sysfs cannot tell a Hailo-8 from a Hailo-8L (HailoRT learns it from the firmware),
-so the GRES type is ``hailo8`` unless the site maps an address to ``hailo8l``. The
-driver reports no temperature (HailoRT reads it through the firmware, which needs
-the device open): health sees presence and usability only.
+The driver (``hailo``) binds PCI ``1e60:2864`` (both models) and makes a class device
+``hailoN`` in ``hailo_chardev`` with the node ``/dev/hailoN``. N is the probe order, not
+the bus order, and on Raspberry Pi OS's driver (4.17-4.22) the class device is *not* a
+child of the PCI device (4.23 parents it): the only link is its ``board_location``
+attribute, the PCI address, which is also HailoRT's device id. sysfs cannot tell a
+Hailo-8 from a Hailo-8L, so the GRES type is ``hailo8`` unless the site maps an address
+to ``hailo8l``. The driver reports no temperature: health sees presence and usability.
 
-Leased like an Edge TPU: a slot node per card, ownership, holder scan at job end.
-Not revoked, from the driver's remove path (raspberrypi/linux
-drivers/media/pci/hailo/src/pcie.c ``hailo_pcie_remove()``, src/fops.c, vdma/memory.c):
+Leased like an Edge TPU (slot node, ownership, holder scan at job end) but not revoked,
+from the driver's remove path (raspberrypi/linux drivers/media/pci/hailo/src/pcie.c
+``hailo_pcie_remove()``, src/fops.c, vdma/memory.c):
 
-* an unbind takes ``board->mutex``, destroys the node, unmaps the BARs
-  (``pcie_resources_release()``), sets ``board->pDev = NULL`` and ``vdma.dev = NULL``
-  and frees the board only when ``ref_count`` is 0; later ``ioctl``/``mmap`` on old
-  fds return ENODEV (``hailo_pcie_fops_unlockedioctl()`` / ``hailo_pcie_fops_mmap()``
-  check ``!board->pDev``). That would be a revocation, but it is not safe:
+* an unbind destroys the node, unmaps the BARs, sets ``board->pDev = NULL`` and
+  ``vdma.dev = NULL``, and later ``ioctl``/``mmap`` on old fds return ENODEV. That would
+  be a revocation, but it is not safe:
 * closing such an fd afterwards runs ``hailo_vdma_file_context_finalize()`` ->
-  ``hailo_desc_list_release(controller->dev, ...)`` -> ``dma_free_coherent()`` with
-  the device pointer already NULL (a kernel oops when the job's process exits);
-  ``hailo_fw_control()`` drops the board mutex before it writes the BARs, and the
-  ioctl entry checks ``pDev`` before taking the mutex (a racing unbind unmaps them
-  under it); remove releases the mutex before reading ``ref_count`` (a concurrent
-  last close can free the board first).
-* a function reset only calls ``hailo_pci_reset_prepare()`` (asks the firmware to
-  close its vDMA channels): the file contexts stay valid.
+  ``hailo_desc_list_release(controller->dev, ...)`` -> ``dma_free_coherent()`` with the
+  device pointer already NULL (a kernel oops when the job's process exits);
+  ``hailo_fw_control()`` drops the board mutex before it writes the BARs, and the ioctl
+  entry checks ``pDev`` before taking the mutex (a racing unbind unmaps them under it);
+  remove releases the mutex before reading ``ref_count`` (a last close can free the board first).
+* a function reset only calls ``hailo_pci_reset_prepare()``: the file contexts stay valid.
 
-So, as for the PCIe apex, the epilog's holder scan decides (every fd and mapping in
-/proc) and a survivor drains the node. Unlike the apex the driver counts no open
-files in sysfs; an fd in flight over a Unix socket is the residual exposure, as for
-GPUs. (The PCI ``power_state`` is D0 while any file is open with the driver's
-default power mode; not used: unconfirmed on hardware, and always D0 with
-``no_power_mode``.)
+So the epilog's holder scan decides and a survivor drains the node; the driver counts no open
+files, so an fd in flight over a Unix socket is the residual exposure, as for GPUs.
 """
 
 from __future__ import annotations
@@ -51,13 +40,10 @@ from .sysfs import Snapshot, SysDevice, int_or_none, pci_accelerator
 
 KIND = "hailo"
 PCI_ID = ("0x1e60", "0x2864")  # Hailo-8 and Hailo-8L
-# What detection can say: the two models share the PCI id, and sysfs shows nothing else
-# that tells them apart (the site maps a card to hailo8l in the config).
-MODEL = "Hailo-8/8L"
+MODEL = "Hailo-8/8L"  # what detection can say (see above)
 DRIVER = "hailo"
 CLASS = "hailo_chardev"
-# HailoRT's device id of each card: its PCI address (0000:01:00.0).
-DEVICES_VARIABLE = "SLURM_TPU_HAILO_DEVICES"
+DEVICES_VARIABLE = "SLURM_TPU_HAILO_DEVICES"  # HailoRT's device id of each card: its PCI address
 DRIVER_FIX = (
     "load the hailo_pci module (modprobe hailo_pci; Raspberry Pi OS: apt install hailo-all; "
     "elsewhere HailoRT's PCIe driver, hailort-drivers)"

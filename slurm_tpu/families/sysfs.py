@@ -1,9 +1,5 @@
-"""The plain records of a udev/sysfs snapshot, as the families read them.
-
-``slurm_tpu.detect.snapshot`` fills them through pyudev (the only pyudev user
-besides the watcher's monitor); everything that reads them is pure and testable
-on literal data.
-"""
+"""The plain records of a udev/sysfs snapshot, as the families read them (``slurm_tpu.detect.snapshot``
+fills them through pyudev; everything that reads them is pure and testable on literal data)."""
 
 from __future__ import annotations
 
@@ -37,8 +33,7 @@ class Snapshot:
     devices: Mapping[str, SysDevice]
     # bus address -> facts a driver publishes outside sysfs (Family.driver_info).
     driver_info: Mapping[str, Mapping[str, str]] = field(default_factory=dict)
-    # /dev nodes no udev device announces (Family.unannounced_nodes).
-    dev_entries: frozenset[str] = frozenset()
+    dev_entries: frozenset[str] = frozenset()  # /dev nodes no udev device announces (Family.unannounced_nodes)
     online_cpus: str | None = None
     # CPU id -> (physical package id, core id), from sysfs topology; {} if unreadable.
     cpu_topology: Mapping[int, tuple[int, int]] = field(default_factory=dict)
@@ -58,9 +53,8 @@ class Snapshot:
 
 
 def accelerator_from(device: SysDevice, reason: str = "", **fields: Any) -> Accelerator:
-    """An Accelerator whose sysfs path, bus address, driver and CPU affinity come
-    from ``device``, usable unless there is a ``reason`` it is not; ``fields`` gives
-    the rest (identity, kind, bus, model...)."""
+    """An Accelerator whose sysfs path, bus address, driver and CPU affinity come from ``device``,
+    usable unless there is a ``reason``; ``fields`` gives the rest (identity, kind, bus, model...)."""
     fields.setdefault("bus_address", device.sys_name)
     return Accelerator(
         sys_path=device.sys_path,

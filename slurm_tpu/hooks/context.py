@@ -111,14 +111,22 @@ class HookRun:
             return False
 
     def main(self, run, *args) -> int:
-        """``run(self, *args)``'s exit status, or 1 after one line for its failure (Slurm drains the
-        node on a failing prolog/epilog; never a traceback); the probe's line is written either way."""
+        """``run(self, *args)``'s exit status, or 1 after one line for its failure (never a traceback);
+        the probe's line is written either way."""
         try:
             return run(self, *args)
         except HookError as exc:
-            say(f"{self.hook}: {exc}")
+            self._failed(str(exc))
         except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
-            say(f"{self.hook}: job {self.environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
+            self._failed(f"job {self.environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
         finally:
             self.probe.finish(self.hook)
         return 1
+
+    def _failed(self, message: str) -> None:
+        """Say why the hook failed. Slurm drains the node of a failing prolog or epilog with a reason of
+        its own ("Prolog error"), which names nothing: drain it first with this line (once the run has
+        read its settings, which say how to reach Slurm)."""
+        say(f"{self.hook}: {message}")
+        if self.hook in ("prolog", "epilog") and self.node is not None and hasattr(self, "settings"):
+            self.drain(self.node, f"{TAG}: {self.hook}: {message}")

@@ -54,7 +54,7 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
         hook.probe.mark("release")
     for notice in problems:
         if isinstance(notice, leasing.Withheld):  # the device waits, the node serves on
-            say(f"epilog: slurm-tpu: {notice}")
+            say(f"epilog: slurm-tpu: {notice}; the node stays in service")
     problems = [p for p in problems if not isinstance(p, leasing.Withheld)]
     if not problems:
         return 0

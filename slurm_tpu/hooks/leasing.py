@@ -132,6 +132,19 @@ def _filesystems(nodes: Iterable[str], settings: HookSettings, identity: str) ->
     return found
 
 
+def _owners(ledger: Ledger, lease: Lease | BadLease, holders: dict[int, str]) -> str:
+    """Who the surviving ``holders`` are: ``uid U`` each, and for a uid other than the job's user the job of
+    that uid the audit log last shows holding the device (where the fd came from: not the job just ended)."""
+    named = []
+    for uid in sorted({processes.process_uid(pid) for pid in holders}, key=lambda uid: (uid is None, uid or 0)):
+        if uid is None:
+            named.append("a holder that exited since")
+            continue
+        earlier = ledger.last_holder(lease.identity, uid) if uid != lease.uid else None
+        named.append(f"uid {uid}" + (f", whose job {earlier[0]} held it before" if earlier else ""))
+    return "; ".join(named)
+
+
 class Withheld(str):
     """A problem that keeps the device out of use (lease ``kept``, node root 0600) without draining the node.
 
@@ -182,7 +195,8 @@ def _unrevocable_holders(
         pids = ",".join(str(p) for p in sorted(found.holders))
         how = "/".join(sorted(set(found.holders.values())))
         ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, pids=pids, how=how)
-        return f"pid {pids} still holds {identity} ({how}) after job {job_id}; kill it, then resume the node"
+        owners = _owners(ledger, lease, found.holders)
+        return f"pid {pids} still holds {identity} ({how}) after job {job_id} ({owners}); kill it, then resume the node"
     if not found.complete:
         unverified = _unverified(found)
         ledger.audit(
@@ -197,7 +211,7 @@ def _unrevocable_holders(
             return Withheld(
                 f"holder scan of {identity} after job {job_id} could not read every open file within "
                 f"{settings.holder_scan_s:g} s ({len(found.unverified)} process(es) unchecked: {unverified}); "
-                f"{identity} stays out of use (root 0600) until a scan completes, the node stays in service"
+                f"{identity} stays out of use (root 0600) until a scan completes"
             )
         # Gasket counts its writers itself (below): only a read-only holder could hide in
         # what was not read, the residual docs/security.md's coverage table names.
@@ -215,8 +229,8 @@ def _unrevocable_holders(
         ledger.audit(audit.SURVIVOR, identity=identity, job_id=job_id, writers=writers)
         return (
             f"the apex driver counts {writers} writable fd(s) on {identity} still open after job {job_id} "
-            "that no process shows (passed over a Unix socket?); close them (or reboot), then resume "
-            "the node"
+            "that the scan of /proc did not find (in flight over a Unix socket, or moved between processes "
+            "while the scan read them); close them (or reboot), then resume the node"
         )
     return None
 
@@ -540,8 +554,13 @@ def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSet
     """End a stale lease whose job is gone (:func:`end_lease`), or raise DeviceNotFree."""
     problems = end_lease(ledger, holder, settings, audit.RECLAIM, by_job=job_id)
     if problems:
+        then = (
+            f"; resume the node once `slurm-tpu leases --clear {holder.identity}` clears it"
+            if isinstance(problems[0], Withheld)
+            else ""
+        )
         raise DeviceNotFree(
-            f"job {job_id}: {holder.identity} still has a stale lease of ended job {holder.job_id}: {problems[0]}"
+            f"job {job_id}: {holder.identity} still has a stale lease of ended job {holder.job_id}: {problems[0]}{then}"
         )
 
 

@@ -1,8 +1,8 @@
 """Prolog (root, on each node at job start): lease the job's accelerators.
 
 Exit status 0 unless the node cannot serve the job (a device missing, held by a live job or
-not free, gres.conf naming something unknown): then one line says why, and Slurm drains the
-node and requeues (and holds) the job.
+not free, gres.conf naming something unknown): then one line says why, the node is drained
+with it as the reason (hooks/context.py HookRun), and Slurm requeues (and holds) the job.
 """
 
 from __future__ import annotations
@@ -40,14 +40,10 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     with Ledger(settings.state_dir) as ledger:
         ledger.sweep_temps()
         hook.probe.mark("ledger_open")
-        try:
-            leases = leasing.acquire(ledger, job, devices, settings, prolog_process=prolog_process, probe=hook.probe)
-            hook.probe.mark("acquire")
-        except leasing.DeviceNotFree as exc:
-            # Kept for the job that left it written (see leasing._refuse_if_written): drain with
-            # that reason; the failing prolog then makes Slurm requeue and hold this job.
-            hook.drain(job.node, f"slurm-tpu: {exc}")
-            raise
+        # A device not free fails the prolog: HookRun drains the node with the reason (naming the job that
+        # left it held), and Slurm requeues and holds this job.
+        leases = leasing.acquire(ledger, job, devices, settings, prolog_process=prolog_process, probe=hook.probe)
+        hook.probe.mark("acquire")
         # Everything after the lease is rolled back with it: a prolog that fails here must not leave
         # the devices with the job's user (the env file fails only on a full or broken state filesystem).
         try:

@@ -14,6 +14,7 @@ place is an error naming it, never a silent gap.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import sys
 from typing import Any, Callable
@@ -46,10 +47,8 @@ SECTIONS = (
 def _common_defaults() -> dict[str, Any]:
     """Dotted key -> the default its Config field declares, in the form the file writes it
     (a mode as '0600', not as the int it is parsed into)."""
-    found: dict[str, Any] = {VERSION.name: CURRENT_VERSION}
-    for key, default in config_keys():
-        found[key.name] = f"{default:04o}" if key.convert is parse_mode else default
-    return found
+    found = {key.name: f"{default:04o}" if key.convert is parse_mode else default for key, default in config_keys()}
+    return {VERSION.name: CURRENT_VERSION, **found}
 
 
 class UnknownDefault(Exception):
@@ -104,13 +103,9 @@ def default_document() -> dict[str, Any]:
     """Every key that has a default, nested as the YAML file nests it."""
     document: dict[str, Any] = {}
     for key, value in defaults().items():
-        if value is None:
-            continue
         *parents, leaf = key.split(".")
-        node = document
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
+        if value is not None:
+            functools.reduce(lambda node, part: node.setdefault(part, {}), parents, document)[leaf] = value
     return document
 
 
@@ -196,12 +191,12 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_page(argv: list[str] | None, name: str, what: str, render: Callable[[], str], label: str) -> int:
+def write_page(name: str, what: str, render: Callable[[], str], label: str) -> int:
     """``python -m slurm_tpu.<name> [--output FILE]``: print the page ``render`` makes, or write it to FILE;
-    errors are said as ``<label>: error: ...`` (this module's main, and slurm_tpu/cli/reference.py's)."""
+    errors are said as ``<label>: error: ...`` (this module's, and slurm_tpu/cli/reference.py's)."""
     parser = argparse.ArgumentParser(prog=f"python -m slurm_tpu.{name}", description=f"Render the {what}.")
     parser.add_argument("--output", "-o", help="write the page to this file instead of stdout")
-    options = parser.parse_args(argv)
+    options = parser.parse_args()
     prefix = f"{label}: error:"
     try:
         text = render()
@@ -220,12 +215,9 @@ def write_page(argv: list[str] | None, name: str, what: str, render: Callable[[]
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Print the page, or write it to ``--output``."""
-    return write_page(
-        argv, "ops.config_reference", "configuration reference (docs/configuration.md)", render, "config_reference"
-    )
-
-
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(
+        write_page(
+            "ops.config_reference", "configuration reference (docs/configuration.md)", render, "config_reference"
+        )
+    )

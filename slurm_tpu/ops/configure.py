@@ -2,12 +2,8 @@
 
 Shared by ``slurm-tpu gres-conf --output`` and the hotplug watcher, so both keep
 the same order: slot nodes first (gres.conf must never name a missing path),
-then the state-dir inventory the hooks read, then the files.
-
-``slurm-tpu boot`` (:func:`restore_node_state`) restores what a reboot wipes (``/dev``'s
-slot nodes, ``/run``'s state inventory: without them slurmd exits on a missing ``File=``)
-from the persistent copy of the configured inventory; a configured device absent at boot
-gets an inert placeholder slot, so slurmd still starts and ``slurm-tpu health`` drains the node.
+then the state-dir inventory the hooks read, then the files. ``slurm-tpu boot`` restores
+the first two after a reboot (:func:`restore_node_state`).
 """
 
 from __future__ import annotations
@@ -22,7 +18,7 @@ from ..errors import SlurmTpuError
 from ..families import family, inventory_from_json
 from ..files import block_markers, merge_block, read_text, write_if_changed
 from ..hardware import Accelerator, Inventory
-from ..render import node_features, node_gres, render_gres_conf, slot_path
+from ..render import node_gres, render_gres_conf, render_node_line, slot_path
 from ..slurm.parse import parse_key_values
 
 
@@ -39,18 +35,6 @@ def prepare_node_state(config: Config, inventory: Inventory) -> None:
     write_state_inventory(config.state_dir, inventory.to_json())
     os.makedirs(os.path.dirname(config.inventory_file), mode=0o755, exist_ok=True)
     write_if_changed(config.inventory_file, json.dumps(inventory.to_json(), indent=1) + "\n")
-
-
-def update_node_line(line: str, inventory: Inventory, config: Config) -> str:
-    """``line`` with its Gres= and Feature= recomputed; every other attribute kept."""
-    fields = parse_key_values(line)
-    parts = [f"{k}={v}" for k, v in fields.items() if k not in ("Gres", "Feature")]
-    gres, features = node_gres(inventory, config), node_features(inventory, config)
-    if gres:
-        parts.append(f"Gres={gres}")
-    if features:
-        parts.append(f"Feature={','.join(features)}")
-    return " ".join(parts)
 
 
 def _node_block_line(text: str, node: str) -> str | None:
@@ -82,7 +66,10 @@ def configure_node(
     changed = write_if_changed(gres_conf, new_gres_text).changed
     if node_conf:
         node_text = read_text(node_conf)
-        line = update_node_line(_node_block_line(node_text, node) or f"NodeName={node}", inventory, config)
+        # The node's line with Gres= and Feature= recomputed; every other attribute kept.
+        fields = parse_key_values(_node_block_line(node_text, node) or f"NodeName={node}")
+        kept = {key: value for key, value in fields.items() if key not in ("NodeName", "Gres", "Feature")}
+        line = render_node_line(inventory, config, node, extra=kept)
         changed = write_if_changed(node_conf, merge_block(node_text, "node", node, line, node_conf)).changed or changed
     return ConfigureResult(changed, node_gres(inventory, config))
 
@@ -95,7 +82,9 @@ class BootResult:
 
 
 def restore_node_state(config: Config, live: Inventory) -> BootResult:
-    """Slots and state inventory from ``config.inventory_file`` and the live hardware."""
+    """Slots and state inventory from ``config.inventory_file`` (the persistent copy) and the live hardware,
+    after a reboot wiped ``/dev``'s slots and ``/run``'s state inventory (slurmd exits on a missing ``File=``).
+    A configured device absent now gets an inert placeholder slot: slurmd starts, and health drains the node."""
     from ..access.node_inventory import write_state_inventory
     from ..access.slots import ensure_placeholder_slot, ensure_slot
 

@@ -91,18 +91,16 @@ def compare(inventory: Inventory, listed: Sequence[tuple[str, str]]) -> list[Fin
             continue
         where = f"{device_type}:{path}"
         expected.add(where)
-        if where in seen:
-            findings.append(Finding(identity, where, True, f"{identity}: libedgetpu lists it at {where}"))
-        else:
-            findings.append(Finding(identity, where, False, _not_listed(identity, device_type, path)))
-    for where in seen:
-        if where not in expected:
-            message = (
-                f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
-                "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
-                "otherwise detection missed it (run 'slurm-tpu detect')"
-            )
-            findings.append(Finding(None, where, False, message))
+        ok = where in seen
+        message = f"{identity}: libedgetpu lists it at {where}" if ok else _not_listed(identity, device_type, path)
+        findings.append(Finding(identity, where, ok, message))
+    for where in (w for w in seen if w not in expected):
+        message = (
+            f"libedgetpu lists {where}, which is no Edge TPU of slurm-tpu's inventory: if that path does "
+            "not exist, libusb placed a stick behind a hub it could not read (compare lsusb -t); "
+            "otherwise detection missed it (run 'slurm-tpu detect')"
+        )
+        findings.append(Finding(None, where, False, message))
     return findings
 
 
@@ -134,17 +132,6 @@ def _access_findings(inventory: Inventory, environ: Mapping[str, str]) -> list[F
     return findings
 
 
-def _node_view(library) -> list[tuple[str, str]]:
-    """What libedgetpu lists on the whole node: inside a job, EDGETPU_VISIBLE_DEVICES (read by
-    the library at each call) would hide the other jobs' Edge TPUs from the comparison."""
-    saved = os.environ.pop(jobenv.EDGETPU_VISIBLE, None)
-    try:
-        return library.list_devices()
-    finally:
-        if saved is not None:
-            os.environ[jobenv.EDGETPU_VISIBLE] = saved
-
-
 def check_runtime(
     inventory: Inventory, library_path: str | None = None, environ: Mapping[str, str] = os.environ
 ) -> RuntimeCheck:
@@ -152,7 +139,14 @@ def check_runtime(
     from ..runner.engines import EdgeTpuLibrary
 
     library = EdgeTpuLibrary(library_path)
-    listed = _node_view(library)
+    # What libedgetpu lists on the whole node: inside a job, EDGETPU_VISIBLE_DEVICES (read by the
+    # library at each call) would hide the other jobs' Edge TPUs from the comparison.
+    saved = os.environ.pop(jobenv.EDGETPU_VISIBLE, None)
+    try:
+        listed = library.list_devices()
+    finally:
+        if saved is not None:
+            os.environ[jobenv.EDGETPU_VISIBLE] = saved
     findings = compare(inventory, listed) + _access_findings(inventory, environ)
     return RuntimeCheck(library.path, library.version(), tuple(f"{t}:{p}" for t, p in listed), tuple(findings))
 

@@ -85,11 +85,9 @@ def check_node(config: Config, node: str, grace: float = 1.5, apply: bool = True
     decision = decide(
         current["state"], current["reason"], problems, current["gres"], node_gres(configured_devices, config)
     )
-    applied = False
-    if apply and decision.action == Action.DRAIN:
+    applied = apply and decision.action != Action.NOTHING
+    if applied and decision.action == Action.DRAIN:
         slurm.drain(node, decision.reason)
-        applied = True
-    elif apply and decision.action == Action.RESUME:
+    elif applied:
         slurm.resume(node)
-        applied = True
     return HealthResult(node, configured, tuple(problems), decision, applied)

@@ -40,12 +40,10 @@ def find_problems(configured: Iterable[str], live: Inventory) -> list[Problem]:
         if accelerator is None:
             problems.append(Problem(identity, f"{identity} missing"))
             continue
+        temperature, trips = accelerator.details.temperature_c, accelerator.details.trip_points_c
         if not accelerator.usable:
             problems.append(Problem(identity, f"{identity} unusable ({accelerator.reason})"))
-            continue
-        temperature = accelerator.details.temperature_c
-        trips = accelerator.details.trip_points_c
-        if temperature is not None and trips and temperature >= trips[0]:
+        elif temperature is not None and trips and temperature >= trips[0]:
             problems.append(
                 Problem(identity, f"{identity} at {temperature:.1f} C, above its {trips[0]:.0f} C trip point")
             )

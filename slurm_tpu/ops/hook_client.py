@@ -8,6 +8,7 @@ the bytes (:func:`compiled`). Without a C compiler slurm.conf names the hooks th
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -27,25 +28,21 @@ NATIVE_HOOKS = tuple(HOOK_DIRS)
 
 def compiler() -> str | None:
     """The system C compiler (``$CC``, cc, gcc), or None."""
-    for name in (os.environ.get("CC") or "", "cc", "gcc"):
-        if name and shutil.which(name):
-            return shutil.which(name)
-    return None
+    found = (shutil.which(name) for name in (os.environ.get("CC"), "cc", "gcc") if name)
+    return next((path for path in found if path), None)
 
 
-def build(directory: str | None = None, source: str | None = None) -> str | None:
-    """Build the client into ``directory`` (None: beside its source) from ``source`` (None: the shipped
-    one) unless it is current; its path, or None (no compiler, or the build failed, said on stderr).
+def build(directory: str | None = None) -> str | None:
+    """Build the client from its shipped source into ``directory`` (None: beside the source) unless it
+    is current; its path, or None (no compiler, or the build failed, said on stderr).
 
     Written to a temp file and renamed: several clusters starting at once never run half a program.
     """
-    source = source or node_file("hook_client", SOURCE)
+    source = node_file("hook_client", SOURCE)
     target = os.path.join(directory or os.path.dirname(source), PROGRAM)
-    try:
+    with contextlib.suppress(FileNotFoundError):
         if os.stat(target).st_mtime_ns >= os.stat(source).st_mtime_ns:
             return target
-    except FileNotFoundError:
-        pass
     cc = compiler()
     if cc is None:
         return None
@@ -61,10 +58,8 @@ def build(directory: str | None = None, source: str | None = None) -> str | None
     sys.stderr.write(
         f"slurm-tpu: cannot build {PROGRAM} ({done.stderr.strip()[:500]}); the hooks run the Python hooks\n"
     )
-    try:
+    with contextlib.suppress(FileNotFoundError):
         os.unlink(temporary)
-    except FileNotFoundError:
-        pass
     return None
 
 
@@ -80,10 +75,9 @@ def link_native_entries(client: str, hooks: list[str]) -> list[str]:
     made = []
     for hook in hooks:
         entry = native_entry(hook)
-        try:
+        current = False
+        with contextlib.suppress(FileNotFoundError):
             current = os.stat(entry, follow_symlinks=False).st_ino == client_inode
-        except FileNotFoundError:
-            current = False
         if not current:
             temporary = f"{entry}.{os.getpid()}.tmp"
             os.link(client, temporary)
@@ -109,14 +103,12 @@ def build_native() -> dict[str, str]:
 def compiled() -> bytes | None:
     """The client built from the shipped source, as bytes (``slurm-tpu install`` installs and
     records it, so ``uninstall`` removes it); None without a compiler or when the build failed."""
+    import pathlib
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="slurm-tpu-hook-client-") as directory:
         path = build(directory)
-        if path is None:
-            return None
-        with open(path, "rb") as handle:
-            return handle.read()
+        return None if path is None else pathlib.Path(path).read_bytes()
 
 
 if __name__ == "__main__":

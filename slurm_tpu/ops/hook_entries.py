@@ -12,6 +12,7 @@ module to rewrite them (tests/ops/test_hook_entries.py fails while one is not cu
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 from typing import NamedTuple
 
@@ -122,8 +123,7 @@ def write(root: str) -> list[str]:
     written = stale(root)
     for path in written:
         entry = next(e for e in ENTRIES if e.name == os.path.basename(path))
-        with open(path, "w", encoding="utf-8") as handle:
-            handle.write(render(entry))
+        pathlib.Path(path).write_text(render(entry), encoding="utf-8")
         os.chmod(path, 0o755)
     return written
 

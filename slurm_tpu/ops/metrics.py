@@ -93,16 +93,11 @@ def families(snap: NodeSnapshot) -> list[Metric]:
 
     configured, live, node, holders = snap.configured, snap.live, snap.node, snap.holders
     problems = {p.identity for p in find_problems([a.identity for a in configured], live)}
-    identities = [a.identity for a in configured] + [
-        a.identity for a in live.usable() if configured.by_identity(a.identity) is None
-    ]
+    identities = dict.fromkeys([a.identity for a in configured] + [a.identity for a in live.usable()])
     totals: dict[str, list[float]] = {}
     for record in snap.records:
-        entry = totals.setdefault(record.identity, [0, 0.0, 0, 0.0])
-        entry[0] += 1
-        entry[1] += record.seconds_within(None, None, snap.now)
-        entry[2] += record.inferences
-        entry[3] += record.inference_seconds
+        added = (1, record.seconds_within(None, None, snap.now), record.inferences, record.inference_seconds)
+        totals[record.identity] = [a + b for a, b in zip(totals.get(record.identity, [0, 0.0, 0, 0.0]), added)]
     for identity in identities:
         here = live.by_identity(identity)
         accelerator = here or configured.by_identity(identity)

@@ -9,6 +9,7 @@ installation of slurm-tpu runs as (the console script, its interpreter, the pack
 from __future__ import annotations
 
 import os
+import pathlib
 import sys
 
 from ..errors import SlurmTpuError
@@ -34,8 +35,7 @@ def node_file(directory: str, name: str) -> str:
 
 def read_node_file(directory: str, name: str) -> str:
     """The text of a shipped file."""
-    with open(node_file(directory, name), encoding="utf-8") as handle:
-        return handle.read()
+    return pathlib.Path(node_file(directory, name)).read_text(encoding="utf-8")
 
 
 def package_root() -> str:

@@ -52,10 +52,8 @@ def lease_holders(config: Config) -> tuple[dict, dict]:
         ledger = Ledger(config.state_dir, create=False)
     except statedir.StateDirError:
         return {}, {}
-    try:
+    with ledger:
         leases = [lease for lease in ledger.all() if isinstance(lease, Lease)]
-    finally:
-        ledger.close()
     every = {lease.identity: Holder(lease.job_id, lease.uid) for lease in leases}
     return every, {lease.identity: every[lease.identity] for lease in leases if lease.phase == HELD}
 

@@ -9,16 +9,18 @@ triggers exactly one regeneration.
 
 from __future__ import annotations
 
+import functools
 import select
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Callable
 
 from ..config import Config
 from ..families import FAMILIES
 from ..hardware import Inventory
-from .restart import RestartCommands
+from ..slurm.backend import SlurmBackend, open_backend
+from .restart import RestartCommands, apply_hardware_change
 
 WATCHED_SUBSYSTEMS = tuple(dict.fromkeys(s for f in FAMILIES for s in f.watched))
 
@@ -39,15 +41,11 @@ class Watcher:
     commands: RestartCommands | None  # None: only rewrite the files
     settle: float = 5.0
     log: Callable[[str], None] = field(default=lambda line: print(line, file=sys.stderr, flush=True))
-    _slurm: Any = None
 
-    def slurm(self):  # -> SlurmBackend
+    @functools.cached_property
+    def slurm(self) -> SlurmBackend:
         """The watcher's way to Slurm, opened once (a long-running process: pyslurm pays here)."""
-        if self._slurm is None:
-            from ..slurm.backend import open_backend
-
-            self._slurm = open_backend(self.config, "watch")
-        return self._slurm
+        return open_backend(self.config, "watch")
 
     def sync(self, events: int) -> bool:
         """Detect, compare with the configured inventory, regenerate on a real change."""
@@ -55,7 +53,6 @@ class Watcher:
         from ..render import node_gres
         from .configure import configure_node, prepare_node_state
         from .health_check import configured_inventory
-        from .restart import apply_hardware_change
 
         live: Inventory = detect_inventory(use_nvml=False)
         configured = configured_inventory(self.config)
@@ -80,7 +77,7 @@ class Watcher:
             result.changed
             and self.commands is not None
             and apply_hardware_change(
-                self.slurm(), self.node, old_gres != result.new_gres, self.commands, result.new_gres, self.log
+                self.slurm, self.node, old_gres != result.new_gres, self.commands, result.new_gres, self.log
             )
         ):
             self.log(f"slurm-tpu watch: {self.node} restarted with the new configuration and resumed")

@@ -1,28 +1,21 @@
 """The node agent's wire formats: hook client -> agent, and agent worker -> its scontrol helper.
 
-**Hook requests** (``<state_dir>/agent.sock``, :data:`SOCKET`, a SOCK_STREAM Unix
-socket; host byte order: both ends are on the node). The client
-(hook_client/slurm-tpu-hook-client.c, root, run as a hook's native entry) sends a 4-byte
-length N (0 < N <= :data:`MAX_REQUEST`), then N bytes: ``STPU1\\0<hook>\\0`` and
-``NAME=value\\0`` per environment variable, no descriptors. ``<hook>`` is one of
-:data:`HOOKS`. The agent (slurm_tpu/hooks/agent.py, root) answers with a 4-byte
-length M (at most :data:`MAX_OUTPUT`), M bytes of the hook's messages, and one
-byte of exit status. Nothing else is accepted. The C client repeats
-:data:`MAGIC`, :data:`MAX_OUTPUT` and its own smaller request limit in its
-``#define`` lines (tests/protocol checks that they agree). :data:`PIDFILE`
-(``<state_dir>/agent.pid``: the agent's pid and a newline, written once the socket
-listens) tells whoever started the agent that it serves.
+**Hook requests** (``<state_dir>/agent.sock``, :data:`SOCKET`, a SOCK_STREAM Unix socket;
+host byte order). The client (hook_client/slurm-tpu-hook-client.c, root, a hook's native
+entry) sends a 4-byte length N (0 < N <= :data:`MAX_REQUEST`), then N bytes:
+``STPU1\\0<hook>\\0`` and ``NAME=value\\0`` per environment variable (``<hook>``: one of
+:data:`HOOKS`). The agent (slurm_tpu/hooks/agent.py, root) answers with a 4-byte length M
+(at most :data:`MAX_OUTPUT`), M bytes of the hook's messages, and one byte of exit status.
+The C client repeats :data:`MAGIC`, :data:`MAX_OUTPUT` and its own smaller request limit
+(tests/protocol checks that they agree). :data:`PIDFILE` (the agent's pid and a newline,
+written once the socket listens) tells whoever started the agent that it serves.
 
 **Job queries** (the agent's workers -> the query helper it forks at start,
-slurm_tpu/hooks/agent_query.py; a SOCK_SEQPACKET pair). A worker sends one
-message: a job selector (:func:`valid_selector`) with, over SCM_RIGHTS, one end of
-a fresh socketpair. The helper writes ``<scontrol>\\n<SLURM_CONF>\\n`` and the text
-of ``scontrol show job`` for it (at most :data:`MAX_ANSWER` bytes in all) there,
-then closes it; no answer at all means "ask Slurm yourself".
-
-How the bytes move (SO_PEERCRED, time limits, descriptors closed unread) is the
-agent's; this module only says what they are. Readers raise
-:class:`~slurm_tpu.protocol.FormatError` with one line.
+slurm_tpu/hooks/agent_query.py; a SOCK_SEQPACKET pair). A worker sends a job selector
+(:func:`valid_selector`) with, over SCM_RIGHTS, one end of a fresh socketpair; the helper
+writes ``<scontrol>\\n<SLURM_CONF>\\n`` and ``scontrol show job``'s text (at most
+:data:`MAX_ANSWER` bytes in all) there and closes it. No answer means "ask Slurm yourself".
+How the bytes move (SO_PEERCRED, time limits, descriptors closed unread) is the agent's.
 """
 
 from __future__ import annotations
@@ -59,11 +52,8 @@ def request_length(head: bytes) -> int:
 
 
 def parse_request(body: bytes) -> tuple[str, dict[str, str]]:
-    """(hook, environment) of a request's body; FormatError for anything else.
-
-    An entry without ``=`` or with an empty name is skipped (slurmd's environment
-    never has one), as the hook's own process would never see it either.
-    """
+    """(hook, environment) of a request's body; FormatError for anything else (an entry without
+    ``=`` or with an empty name is skipped, as the hook's own process would never see it)."""
     import os
 
     parts = body.split(b"\0")

@@ -1,28 +1,14 @@
 """Audit events: ``<state_dir>/audit.log``, one JSON object per line (root only).
 
-Every hook appends an event when it takes, ends or changes a lease
-(:meth:`slurm_tpu.access.ledger.Ledger.audit` writes :func:`encode`'s bytes
-with one ``O_APPEND`` write). Readers: ``slurm-tpu report`` and ``metrics``
-(:mod:`slurm_tpu.ops.accounting`), the demo's timeline
-(:mod:`harness.demo.records`) and the isolation tests' exclusivity checks;
-they all read with :func:`read_events` and pair leases with
-:func:`pair_leases`, the one place that knows which events open and close a
-lease.
+Every hook appends an event when it takes, ends or changes a lease (one ``O_APPEND`` write,
+:meth:`slurm_tpu.access.ledger.Ledger.audit`). Readers use :func:`read_events` and
+:func:`pair_leases`, the one place that knows which events open and close a lease.
 
-Format (version 1): a JSON object per line with at least ``t`` (epoch seconds,
-a finite number) and ``event`` (one of :data:`EVENTS`); lease events add
-``identity``, ``job_id`` and ``uid``; the rest is per event (see
-:data:`EVENTS`). Version 1 lines carry no version field; a later incompatible
-format adds ``"v": N`` and this reader skips such lines.
-
-The log is append-only and may hold a torn last line (a crash mid-write), lines
-of older versions, or anything an older version let through (a job's forged
-``inferences: 1e400``): a line that is not a well-formed event is skipped by
-:func:`read_events` (:func:`decode` says why, for tools that want to report
-it), and usage figures are bounded by :func:`slurm_tpu.protocol.usage.checked`.
-
-The writer is on the root hooks' path: it builds the JSON text by hand (no
-``json`` import, which drags in ``re``); only the readers import json.
+Format (version 1): a JSON object per line with at least ``t`` (epoch seconds) and
+``event`` (one of :data:`EVENTS`); lease events add ``identity``, ``job_id`` and ``uid``.
+Version 1 lines carry no version field; a later incompatible format adds ``"v": N`` and
+this reader skips such lines, as it skips a torn last line. The writer is on the root
+hooks' path: it builds the JSON text by hand (no ``json`` import, which drags in ``re``).
 """
 
 from __future__ import annotations
@@ -37,11 +23,8 @@ FILE = "audit.log"  # under the state directory
 VERSION = 1
 VERSION_FIELD = "v"  # absent on version 1 lines
 
-# Fields every reader relies on.
+# Fields every reader relies on (a usage event's figures are protocol.usage's, imported where read).
 T, EVENT, IDENTITY, JOB_ID, UID = "t", "event", "identity", "job_id", "uid"
-# A usage event's figures have a usage record's field names and bounds (protocol.usage:
-# INFERENCES, SECONDS, ENERGY_J, checked), imported where read: the hooks that write
-# audit lines on every job need not load them.
 
 # Event names, with the fields each adds to t/event.
 ACQUIRE = "acquire"  # identity, job_id, uid, nodes: the prolog leased the device
@@ -58,39 +41,18 @@ SCAN_INCOMPLETE = "scan-incomplete"  # identity, job_id, scanned, total, unverif
 SURVIVOR = "survivor"  # identity, job_id, pids/how or writers: a process kept the device open
 REENUMERATE = "reenumerate"  # identity[, job_id, uid], nodes, changed: a device got new nodes (udev)
 REMOVE = "remove"  # identity: a device disappeared (udev)
-EVENTS = frozenset(
-    (
-        ACQUIRE,
-        REVOKE,
-        RELEASE,
-        RECLAIM,
-        CLEAR,
-        ROLLBACK,
-        USAGE,
-        USAGE_UNAVAILABLE,
-        USAGE_REJECTED,
-        REVOKE_FAILED,
-        SCAN_INCOMPLETE,
-        SURVIVOR,
-        REENUMERATE,
-        REMOVE,
-    )
-)
-# The job lost the device at the first of these; the device is free again at a FREEING one
+# The job lost the device at the first CLOSING event; the device is free again at a FREEING one
 # (a revoked USB stick stays leased until udev sees it back and releases it).
-CLOSING = (REVOKE, RELEASE, RECLAIM, CLEAR, ROLLBACK)
 FREEING = (RELEASE, RECLAIM, CLEAR, ROLLBACK)
+CLOSING = (REVOKE, *FREEING)
+_OTHERS = (USAGE, USAGE_UNAVAILABLE, USAGE_REJECTED, REVOKE_FAILED, SCAN_INCOMPLETE, SURVIVOR, REENUMERATE, REMOVE)
+EVENTS = frozenset((ACQUIRE, *CLOSING, *_OTHERS))
 
 
 # ---- writer (root hooks: no json) -----------------------------------------------
 def encode(event: str, t: float, fields: dict) -> bytes:
-    """One audit line (with its newline) for str/int/float/bool/None/list values.
-
-    Keys sorted, ``", "``/``": "`` separators, like ``json.dumps(sort_keys=True)``;
-    strings keep non-ASCII characters as UTF-8 and escape control characters as
-    ``\\uXXXX``; a non-finite float is written as json writes it (``NaN``,
-    ``Infinity``), which :func:`decode` reads back.
-    """
+    """One audit line (with its newline) for str/int/float/bool/None/list values, as
+    ``json.dumps(sort_keys=True)`` writes it (but non-ASCII characters kept as UTF-8)."""
     record = {T: round(t, 6), EVENT: event, **fields}
     return ("{" + ", ".join(f"{_json(k)}: {_json(v)}" for k, v in sorted(record.items())) + "}\n").encode()
 
@@ -98,10 +60,8 @@ def encode(event: str, t: float, fields: dict) -> bytes:
 def _json(item: object) -> str:
     if item is None or isinstance(item, bool):
         return {None: "null", True: "true", False: "false"}[item]
-    if isinstance(item, int):
-        return repr(item)
-    if isinstance(item, float):
-        # json.dumps spells these NaN/Infinity (not JSON, but json.loads reads them back).
+    if isinstance(item, (int, float)):
+        # json.dumps spells a non-finite float NaN/Infinity (not JSON, but json.loads reads them back).
         return repr(item) if _finite(item) else {"nan": "NaN", "inf": "Infinity", "-inf": "-Infinity"}[repr(item)]
     if isinstance(item, (list, tuple)):
         return "[" + ", ".join(_json(i) for i in item) + "]"
@@ -117,22 +77,21 @@ def _json(item: object) -> str:
     return "".join(out)
 
 
-def last_acquire(tail: bytes, identity: str) -> tuple[int, int] | None:
-    """(job_id, uid) of the last ``acquire`` of ``identity`` among the audit lines in ``tail``; None if none.
+def last_acquire(tail: bytes, identity: str, uid: int | None = None) -> tuple[int, int] | None:
+    """(job_id, uid) of the last ``acquire`` of ``identity`` (by a job of ``uid``, when given) among the
+    audit lines in ``tail``; None if none.
 
-    For the root hooks' failure path (naming the job that last held a device),
-    so no json: it reads lines :func:`encode` wrote, whose top-level fields are
-    ``"key": value`` with ``", "`` between them. A string value escapes every
-    ``"`` it holds, so no forged string can look like a top-level field. A torn
-    or foreign line simply does not match.
+    For the root hooks' failure path, so no json: it reads lines :func:`encode` wrote. A
+    string value escapes every ``"`` it holds, so no forged string can look like a
+    top-level ``"key": value`` field; a torn or foreign line simply does not match.
     """
     wanted = f'"{IDENTITY}": {_json(identity)}'.encode()
     acquire = f'"{EVENT}": {_json(ACQUIRE)}'.encode()
     for line in reversed(tail.split(b"\n")):
         if wanted in line and acquire in line:
-            job_id, uid = _int_field(line, JOB_ID), _int_field(line, UID)
-            if job_id is not None and uid is not None:
-                return job_id, uid
+            job_id, owner = _int_field(line, JOB_ID), _int_field(line, UID)
+            if job_id is not None and owner is not None and uid in (None, owner):
+                return job_id, owner
     return None
 
 
@@ -153,12 +112,9 @@ def _int_field(line: bytes, name: str) -> int | None:
 
 # ---- reader ------------------------------------------------------------------
 def decode(line: str, source: str = FILE) -> dict:
-    """One audit event from one line; :class:`FormatError` says why it is not one.
+    """One audit event from one line (``t`` as a float); :class:`FormatError` says why it is not one.
 
-    Checked: a JSON object of this version, ``event`` a string, ``t`` a finite
-    number, ``identity`` (when present) a string, ``job_id``/``uid`` (when
-    present) integers. Other fields are the consumer's to check. ``t`` comes
-    back as a float.
+    Only the fields every reader relies on are checked; the others are the consumer's.
     """
     event = json_object(line, source)
     if event.get(VERSION_FIELD, VERSION) != VERSION:
@@ -205,12 +161,10 @@ def _finite(value: float) -> bool:
 
 # ---- pairing -------------------------------------------------------------------
 class LeaseSpan(Record):
-    """One job's lease on one device, from its ``acquire`` on, with the job's reported usage.
+    """One job's lease on one device, from its ``acquire`` on, with the sum of its plausible ``usage``.
 
-    ``end``: when the job lost the device (the first closing event: a USB
-    stick's revocation, else its release); ``freed``: when the device was free
-    again (None while it is not). ``inferences``/``inference_seconds``/``energy_j``
-    sum the job's plausible ``usage`` events for it.
+    ``end``: when the job lost the device (the first CLOSING event); ``freed``: when the
+    device was free again (None while it is not).
     """
 
     __slots__ = ("identity", "job_id", "uid", "start", "end", "freed", "inferences", "inference_seconds", "energy_j")
@@ -232,12 +186,9 @@ class LeaseSpan(Record):
 
 
 class Pairing:
-    """What :func:`pair_leases` found: the spans in start order, and exclusivity conflicts.
-
-    A conflict is a device acquired while another lease on it was not freed,
-    freed by a job that did not hold it, or released by a job that never
-    acquired it: one line each, naming the jobs.
-    """
+    """What :func:`pair_leases` found: the spans in start order, and exclusivity conflicts (one
+    line each: a device acquired while another lease on it was not freed, freed by a job that
+    did not hold it, or released by a job that never acquired it)."""
 
     __slots__ = ("spans", "conflicts")
 
@@ -248,10 +199,9 @@ class Pairing:
 def pair_leases(events: Iterable[dict]) -> Pairing:
     """Pair each ``acquire`` with the events that close it, per (device, job), in log order.
 
-    Events without an identity and a job id (a device removal, a usage box
-    problem) are not about a lease and are passed over; so are closing events
-    of leases whose acquire the log does not hold (a lease planted by hand, or
-    one whose prolog died before auditing it).
+    Events without an identity and a job id are not about a lease; closing events of
+    leases whose acquire the log does not hold (planted by hand, or a prolog that died
+    before auditing) are passed over too.
     """
     from .usage import ENERGY_J, INFERENCES, SECONDS, checked
 

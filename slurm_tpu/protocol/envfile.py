@@ -1,30 +1,23 @@
 """The job environment file ``<state_dir>/jobs/<job>.env``: the prolog (root) -> the task-prolog (the job's user).
 
-The task-prolog runs before *every* task of a job, as the job's user; reading
-the ledger there would cost a Python start per task. The root prolog, which has
-just taken the leases, writes the lines once (the variables of the job environment
-contract, :mod:`slurm_tpu.protocol.jobenv`), and ``prolog/slurm-tpu-task-prolog``
-(POSIX sh, built-ins only) prints them. The variables and each device's entries
-come precomputed from the families through the hooks' snapshot.
+The task-prolog runs before *every* task, as the job's user: reading the ledger there would
+cost a Python start per task. So the root prolog writes the lines once (from the hooks'
+snapshot) and ``prolog/slurm-tpu-task-prolog`` (POSIX sh, built-ins only) prints them.
 
 Grammar: one line per variable, ``export NAME=value`` or ``unset NAME``, in the
-snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`.
-Values are comma-joined identities or paths (never a comma, quote or newline in
-one: see ``slurm_tpu.identity``). The reader prints only lines that begin with
-one of :data:`PRINTED` (its ``case`` patterns, which tests/protocol checks against
-this tuple), so a line a family could add under another name never reaches the
-job's shell. ``<state_dir>/no-devices.env`` (:func:`render_unset`: every variable
-unset but ``EDGETPU_VISIBLE_DEVICES``, exported empty; written with the hooks'
-snapshot) is what the task-prolog prints for a job with no device here. Writing
-the files safely is slurm_tpu/access/ledger.py (``Ledger.write_job_env``).
+snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`. Values
+never hold a comma, quote or newline (``slurm_tpu.identity``). The reader prints only
+lines that begin with one of :data:`PRINTED` (its ``case`` patterns), so a line a family
+could add under another name never reaches the job's shell. ``<state_dir>/no-devices.env``
+(:func:`render_unset`) is what it prints for a job with no device here. Writing the
+files safely is ``Ledger.write_job_env``'s (slurm_tpu/access/ledger.py).
 """
 
 from __future__ import annotations
 
 from .jobenv import EDGETPU_VISIBLE, USAGE_DIR
 
-# Annotations only: the root prolog imports this module, and typing costs it.
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
@@ -32,8 +25,7 @@ if TYPE_CHECKING:
     from .leases import Lease
 
 DIR = "jobs"  # under the state directory: one file per job with devices on this node
-# Beside jobs/, not in it (jobs/ holds one file per running job).
-NO_DEVICES = "no-devices.env"
+NO_DEVICES = "no-devices.env"  # beside jobs/, not in it (jobs/ holds one file per running job)
 # The line beginnings the task-prolog prints (prolog/slurm-tpu-task-prolog's case patterns).
 PRINTED = ("export SLURM_TPU_", "unset SLURM_TPU_", f"export {EDGETPU_VISIBLE}=")
 
@@ -44,12 +36,9 @@ def file_name(job_id: int) -> str:
 
 
 def render(leases: Sequence[Lease], settings: HookSnapshot, usage_dir: str | None = None) -> str:
-    """The export lines for a job's leases (in allocation order) and its usage box, if any.
-
-    ``settings`` is the hooks' snapshot (its ``variables`` and per-device ``values``).
-    Each family variable lists its devices' entries; a device without one is left
-    out (the prolog refuses such a device before leasing it).
-    """
+    """The export lines for a job's leases (in allocation order) and its usage box, if any, from
+    the hooks' snapshot's ``variables`` and per-device ``values`` (a device without an entry is
+    left out: the prolog refuses such a device before leasing it)."""
     lines = []
     for variable in settings.variables:
         found = [

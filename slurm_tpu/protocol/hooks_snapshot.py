@@ -1,12 +1,9 @@
 """The root hooks' snapshot file ``<state_dir>/hooks.snapshot``.
 
 The slow path (slurm_tpu/hooks/settings.py ``rebuild``: YAML config, inventory,
-slurm.conf, gres.conf, the families registry) writes what every later hook needs;
-the fast path reads it without importing json, re, typing, dataclasses or the
-families package. Everything family-specific the hooks use is precomputed here:
-which GRES names are leased, whether gres.conf names slot nodes, how each bus is
-revoked, how udev events name a device, the job variables and their per-device
-values.
+slurm.conf, gres.conf, the families) writes what every later hook needs, the
+family-specific parts precomputed; the fast path reads it without importing json, re,
+typing, dataclasses or the families package.
 
 Format (the first line is :data:`FORMAT`, which names its version; a reader meets any
 other first line, unknown tag or missing key with None, and the hook takes the slow path):
@@ -37,8 +34,7 @@ if TYPE_CHECKING:
 
 FILE = "hooks.snapshot"  # under the state directory
 FORMAT = "slurm-tpu hooks snapshot 8"
-# Revocation methods (slurm_tpu/families/base.py names them for the families).
-USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"
+USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"  # revocation methods (families/base.py)
 # The ``set`` record's keys and their types.
 SETTINGS = (
     ("state_dir", str),
@@ -69,12 +65,11 @@ class FamilyPolicy(Record):
 
 class UdevRule(Record):
     """How ``slurm-tpu udev-event`` names the device of an event of ``subsystem`` (and ``devtype``
-    when not ''); each family declares its own (``Family.udev_identities``).
+    when not ''), as a family declares it (``Family.udev_identities``).
 
-    The identity is ``<bus>-`` followed by the sysfs ``attribute`` of the event's
-    device when one is named (read at add time: a class device that is no child of its
-    PCI device, Hailo's), else by the DEVPATH component ``depth`` levels up (1: the
-    last). A remove event, whose sysfs is gone, is matched by its device node.
+    The identity is ``<bus>-`` and the sysfs ``attribute`` of the event's device when one is
+    named (Hailo's class device is no child of its PCI device), else the DEVPATH component
+    ``depth`` levels up (1: the last). A remove event is matched by its device node.
     """
 
     __slots__ = ("subsystem", "devtype", "bus", "depth", "attribute")
@@ -103,7 +98,7 @@ OBJECTS: tuple[tuple[str, Any, str, tuple[str, ...], tuple[type, ...]], ...] = (
 
 
 class HookSnapshot:
-    """The snapshot's content (the hooks' settings class extends it with behaviour)."""
+    """The snapshot's content (hooks/settings.py's HookSettings extends it with behaviour)."""
 
     def __init__(
         self,
@@ -137,8 +132,7 @@ class HookSnapshot:
 
     def revocation(self, kind: str, bus: str) -> str:
         """How a device of this kind and bus is revoked at job end (SCAN: holder scan only)."""
-        policy = self.families.get(kind)
-        return policy.revocation.get(bus, SCAN) if policy is not None else SCAN
+        return self.families[kind].revocation.get(bus, SCAN) if kind in self.families else SCAN
 
 
 def _field(key: str, value: object) -> str:
@@ -146,11 +140,7 @@ def _field(key: str, value: object) -> str:
         value = _listed(key, (f"{k}:{v}" for k, v in value.items()))
     elif isinstance(value, tuple):
         value = _listed(key, value)
-    text = (
-        ("1" if value else "0")
-        if isinstance(value, bool)
-        else (repr(value) if isinstance(value, float) else str(value))
-    )
+    text = ("1" if value else "0") if isinstance(value, bool) else str(value)  # str(float) is its repr
     if "\t" in text or "\n" in text:
         raise ValueError(f"hooks snapshot: {key} {text!r} holds a tab or newline")
     return f"{key}={text}"

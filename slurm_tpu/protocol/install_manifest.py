@@ -1,14 +1,12 @@
 """The install manifest ``<prefix>/libexec/slurm-tpu/install-manifest.json``: ``slurm-tpu install`` -> ``uninstall``.
 
-What an install did (root, both), so that uninstall takes exactly that away: one
-JSON object, ``{"format": 1, "slurm_tpu": <version>, "prefix": ..., "sysconfdir":
-..., "dirs": [...], "files": [...]}``. ``dirs`` are the directories it created,
-parents first; each of ``files`` (:func:`file_entry`) is ``path``, ``sha256`` of what
-was written or ``link`` (a symbolic link's target), ``before`` (:data:`ABSENT`;
-:data:`SAME`: an identical file was already there, not ours to remove; else the path
-of the backup of the file it replaced, which uninstall puts back) and ``config`` (the
-site's config: kept unless ``--purge``). A reader refuses another ``format`` by name.
-The I/O is slurm_tpu/ops/install.py's (``Manifest``).
+What an install did, so that uninstall takes exactly that away: ``{"format": 1,
+"slurm_tpu": <version>, "prefix": ..., "sysconfdir": ..., "dirs": [...], "files": [...]}``.
+``dirs`` are the directories it created, parents first; each of ``files`` is
+:func:`file_entry`'s: ``before`` is :data:`ABSENT`, :data:`SAME` (an identical file was
+there, not ours to remove) or the backup of the file it replaced (uninstall puts it back);
+``config`` marks the site's config (kept unless ``--purge``). The I/O is
+slurm_tpu/ops/install.py's.
 """
 
 from __future__ import annotations

@@ -1,18 +1,13 @@
 """The node inventory file ``<state_dir>/inventory.json``: its name, its shape, what the hooks read of it.
 
-It has the shape of ``slurm-tpu detect --json`` (a JSON object whose
-``accelerators`` list holds one object per device: ``identity``, ``kind``, ``bus``,
-``device_nodes``, ``usable``, and more the hooks do not read). ``slurm-tpu gres-conf
---output`` writes it (root), ``slurm-tpu udev-event`` rewrites a device's
-``device_nodes`` when a USB stick re-enumerates (root), and every hook reads it (or
-the hooks' snapshot made from it). It is the *only* source of device node paths the
-hooks will chown: never gres.conf, never job input. How the file is written and
-read safely (inside the state directory, never through a link) is
-:mod:`slurm_tpu.access.node_inventory`; its persistent copy (``inventory_file`` in
-the config) has the same shape.
-
-json is imported only where a document is encoded or decoded: the hooks' fast
-path reads :class:`KnownDevice` records from their snapshot instead.
+It has the shape of ``slurm-tpu detect --json`` (an ``accelerators`` list with one object
+per device: ``identity``, ``kind``, ``bus``, ``device_nodes``, ``usable``, and more the
+hooks do not read). ``gres-conf --output`` writes it, ``udev-event`` rewrites a device's
+``device_nodes`` when a USB stick re-enumerates (root, both), and every hook reads it (or
+the hooks' snapshot made from it). It is the *only* source of device node paths the hooks
+will chown: never gres.conf, never job input. The I/O (inside the state directory, never
+through a link) is :mod:`slurm_tpu.access.node_inventory`'s; the persistent copy
+(``inventory_file`` in the config) has the same shape.
 """
 
 from __future__ import annotations
@@ -33,10 +28,7 @@ class KnownDevice(Record):
     __slots__ = ("identity", "kind", "bus", "device_nodes")
 
     def __init__(self, identity: str, kind: str, bus: str, device_nodes: tuple[str, ...]):
-        self.identity = identity
-        self.kind = kind  # a family kind (slurm_tpu/families): "edgetpu", "gpu", "hailo"...
-        self.bus = bus  # "usb", "pci", "platform"
-        self.device_nodes = tuple(device_nodes)
+        self.identity, self.kind, self.bus, self.device_nodes = identity, kind, bus, tuple(device_nodes)
 
     @property
     def primary_node(self) -> str | None:

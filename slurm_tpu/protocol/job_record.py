@@ -1,33 +1,20 @@
 """A job's accelerator usage in Slurm's own job record: the spool entry and the ``AdminComment`` text.
 
 The epilog (root) spools one file per job, ``<accounting_spool>/<job id>`` (config
-``accounting_spool``, default ``/var/lib/slurm-tpu/accounting-spool``: persistent, so an
-entry outlives a reboot; root's 0600 in a 0700 directory, written atomically; only where a
-collector runs), and the collector (``slurm-tpu accounting-collect``, root) sets the job's
-``AdminComment`` with ``sacctmgr``, marks the entry with when it wrote, and removes it once a
-later run, at least its window after that write, finds the node's item still there
+``accounting_spool``, default ``/var/lib/slurm-tpu/accounting-spool``: persistent, so an entry
+outlives a reboot; root's 0600 in a 0700 directory, written atomically; only where a collector
+runs). The collector (``slurm-tpu accounting-collect``, root) sets the job's ``AdminComment``
+with ``sacctmgr``, marks the entry ``written=`` with when it wrote, and removes it once a later
+run, at least its window after that write, finds the node's item still there
 (slurm_tpu/ops/accounting.py says why that is final). Why there (admin-only, works after the
 job ended, no RPC on the epilog's path): docs/accounting.md.
 
-The spool entry is ``key=value`` lines (no JSON: the epilog imports this module
-under the hooks' import budget)::
-
-    version=1
-    job=1234
-    node=n1
-    devices=1
-    inferences=12
-    inference_seconds=0.034512
-    energy_j=            (empty: no sensor)
-    written=...          (only once the collector wrote the item: its opaque time mark)
-
-Each node a job ran on writes its own entry; the ``AdminComment`` holds one
-``slurm-tpu/<node>:`` item per node, separated by ``;``, so the collectors of a
-multi-node job's nodes merge rather than overwrite each other::
-
-    slurm-tpu/n1:devices=1,inferences=12,inference_seconds=0.034512
-
-Text in the ``AdminComment`` that is not ours (an admin's note) is kept.
+The spool entry is ``key=value`` lines (no JSON: the epilog imports this module under the
+hooks' import budget): ``version=1``, ``job``, ``node``, ``devices``, ``inferences``,
+``inference_seconds``, ``energy_j`` (empty: no sensor) and, once the collector wrote the item,
+``written`` (its opaque time mark). Each node a job ran on writes its own entry; the
+``AdminComment`` holds one ``slurm-tpu/<node>:devices=1,inferences=12,...`` item per node,
+separated by ``;``; other text there (an admin's note) is kept.
 """
 
 from __future__ import annotations
@@ -154,10 +141,8 @@ def has_item(admin_comment: str, entry: SpoolEntry) -> bool:
 
 
 def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:
-    """Our items of an ``AdminComment``: node -> figures (devices, inferences, inference_seconds[, energy_j]).
-
-    Anything else (an admin's text, a malformed item) is skipped.
-    """
+    """Our items of an ``AdminComment``: node -> figures (devices, inferences, inference_seconds[, energy_j]);
+    anything else (an admin's text, a malformed item) is skipped."""
     found: dict[str, dict[str, float]] = {}
     for item in admin_comment.split(SEPARATOR):
         if not item.startswith(PREFIX):

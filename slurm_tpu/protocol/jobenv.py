@@ -1,47 +1,34 @@
 """The job environment contract between the root prolog (writer), the task-prolog and the runner.
 
-The prolog writes ``<state_dir>/jobs/<job>.env`` (slurm_tpu/protocol/envfile.py, the one
-writer) as ``export NAME=value`` / ``unset NAME`` lines; the task-prolog prints them
-before every task. Every variable is named by a family (``JobVariable`` in
-slurm_tpu/families/), in registry order, then :data:`USAGE_DIR`. For the devices
-leased to the job on this node, in allocation order:
+The prolog writes ``<state_dir>/jobs/<job>.env`` (protocol/envfile.py); the task-prolog
+prints it before every task. Every variable is named by a family (``JobVariable`` in
+slurm_tpu/families/), in registry order, then :data:`USAGE_DIR`. For the devices leased
+to the job on this node, in allocation order:
 
 ``SLURM_TPU_DEVICES`` (Edge TPUs)
     Identities, comma-separated: ``usb-2-1.3,pci-0000:03:00.0``.
 ``SLURM_TPU_EDGETPU_PATHS`` (Edge TPUs)
-    What libedgetpu's ``edgetpu_create_delegate(type, path, ...)`` takes for each,
-    as ``type:path``: ``usb:/sys/bus/usb/devices/2-1.3,pci:/dev/apex_0``. The runner
-    opens exactly these paths, never a ``usb:N`` index (indices shift whenever
-    another stick re-enumerates). Both are exported (empty) on a node where the job
-    has no Edge TPU.
+    libedgetpu's ``edgetpu_create_delegate(type, path, ...)`` for each, as ``type:path``
+    (``usb:/sys/bus/usb/devices/2-1.3,pci:/dev/apex_0``), never a ``usb:N`` index (indices
+    shift whenever another stick re-enumerates). Both exported (empty) without an Edge TPU.
 ``EDGETPU_VISIBLE_DEVICES`` (Edge TPUs)
-    The same devices as libedgetpu lists them, without the type:
-    ``/sys/bus/usb/devices/2-1.3,/dev/apex_0``. The node's libedgetpu (built with
-    scripts/libedgetpu-visible-devices.patch) then enumerates, lists and opens only
-    these, in this order, so unmodified Coral code (pycoral's ``make_interpreter(model)``,
-    ``device=":1"``, ``list_edge_tpus()``) uses the job's own Edge TPUs, like Slurm's
-    ``CUDA_VISIBLE_DEVICES`` for GPUs. Unset means every device to the library, so it
-    is never unset: every task gets it, empty where the job has no Edge TPU here
-    (``no-devices.env`` included; the task-prolog also prints it empty first, for a
-    node whose hooks never wrote that file).
+    The same paths without the type: the node's libedgetpu (scripts/libedgetpu-visible-devices.patch)
+    then opens only these, so unmodified Coral code uses the job's own Edge TPUs. Unset means
+    every device to the library, so it is never unset (empty without an Edge TPU here).
 ``SLURM_TPU_GPUS`` (GPUs)
-    Identities of leased GPUs (only when ``families.gpu.isolate`` is on); unset
-    otherwise. GPU jobs otherwise rely on Slurm's own ``CUDA_VISIBLE_DEVICES``.
-Further families declare their own (``SLURM_TPU_<FAMILY>_...``) in their module, with
-its values and whether it is unset when the job has no such device.
+    Identities of leased GPUs (only with ``families.gpu.isolate``); unset otherwise.
+Further families declare their own (``SLURM_TPU_<FAMILY>_...``) in their module.
 ``SLURM_TPU_USAGE_DIR``
-    The job's usage box (slurm_tpu/protocol/usage.py); unset when there is none.
+    The job's usage box (protocol/usage.py); unset when there is none.
 
-Identities and paths never contain commas (see ``slurm_tpu.identity``). The
-runner reads the Edge TPU pair with :func:`parse_environment`.
+Identities and paths never contain commas (see ``slurm_tpu.identity``).
 """
 
 from __future__ import annotations
 
 from . import Record
 
-# Annotations only: the root hooks import this module (the names), and typing costs them.
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
@@ -53,14 +40,12 @@ USAGE_DIR = "SLURM_TPU_USAGE_DIR"
 
 
 class EdgeTpuHandle(Record):
-    """One allocated Edge TPU as libedgetpu addresses it (a plain class: no dataclasses import)."""
+    """One allocated Edge TPU as libedgetpu addresses it."""
 
     __slots__ = ("identity", "device_type", "path")
 
     def __init__(self, identity: str, device_type: str, path: str):
-        self.identity = identity
-        self.device_type = device_type  # "usb" or "pci"
-        self.path = path  # /sys/bus/usb/devices/<topology> or /dev/apex_N
+        self.identity, self.device_type, self.path = identity, device_type, path  # device_type: "usb" or "pci"
 
 
 def libedgetpu_path(identity: str, device_node: str | None) -> tuple[str, str]:
@@ -74,10 +59,7 @@ def libedgetpu_path(identity: str, device_node: str | None) -> tuple[str, str]:
 
 
 def parse_environment(environ: Mapping[str, str]) -> list[EdgeTpuHandle]:
-    """The job's Edge TPUs from its environment ([] when none were allocated).
-
-    Raises ValueError with a one-line reason when the two variables disagree.
-    """
+    """The job's Edge TPUs from its environment ([] when none); ValueError when the two variables disagree."""
     identities = [i for i in environ.get(DEVICES, "").split(",") if i]
     paths = [p for p in environ.get(EDGETPU_PATHS, "").split(",") if p]
     if len(identities) != len(paths):

@@ -1,20 +1,14 @@
 """Lease files: ``<state_dir>/leases/<identity>``, one per leased device (root only).
 
-The ledger (:mod:`slurm_tpu.access.ledger`) owns where and how the files are created
-(exclusively, atomically, never through a link); this module owns what is in
-them: :meth:`Lease.encode` is the one writer, :meth:`Lease.decode` the one
-reader.
+The ledger (:mod:`slurm_tpu.access.ledger`) owns how the files are created (exclusively,
+atomically, never through a link); :meth:`Lease.encode` and :meth:`Lease.decode` own
+what is in them.
 
-Format (version 1): UTF-8 ``field<TAB>value`` lines, one per field of
-:data:`FIELDS`, lists comma-separated (identities and device paths never hold
-commas, tabs or newlines). Fields absent from a file take their defaults: lease
-files written before the ``phase``/``phase_since`` fields existed (a node
-upgraded while a job ran) read as phase ``held``. Fields this version does not
-know are ignored, so a compatible addition needs no new version; an
-incompatible change must raise :data:`VERSION`, and this reader refuses files
-that name a newer one.
-
-Imported by the root hooks on every job: no json, re, typing or dataclasses.
+Format (version 1): UTF-8 ``field<TAB>value`` lines, one per field of :data:`FIELDS`,
+lists comma-separated. Absent fields take their defaults (files written before
+``phase``/``phase_since`` existed read as phase ``held``); unknown fields are ignored, so
+a compatible addition needs no new version; an incompatible change must raise
+:data:`VERSION`, and this reader refuses files that name a newer one.
 """
 
 from __future__ import annotations
@@ -32,10 +26,10 @@ HELD, REVOKING, RELEASING, KEPT = "held", "revoking", "releasing", "kept"  # Lea
 PHASES = (HELD, REVOKING, RELEASING, KEPT)
 FREE, UNREADABLE = "free", "unreadable"  # no lease file (before its claim, after its drop); a BadLease
 _ENDING = (RELEASING, REVOKING, KEPT, FREE)
-# What a phase may become (leasing._move applies it). Only a claim makes a lease HELD (Ledger.claim,
-# exclusive: no _move). Ending it (leasing.end_lease) may begin in any phase, again after its hook
-# died or a kept lease is cleared, and goes through RELEASING (holder scan) or REVOKING (USB
-# power-cycle) to KEPT (a problem) or FREE (udev_event frees a revoked stick once it is back).
+# What a phase may become (leasing._move applies it). Only a claim makes a lease HELD. Ending it
+# (leasing.end_lease) may begin in any phase (again after its hook died, or to clear a kept lease)
+# and goes through RELEASING (holder scan) or REVOKING (USB power-cycle) to KEPT (a problem) or
+# FREE (udev_event frees a revoked stick once it is back).
 TRANSITIONS = {
     FREE: (HELD,),
     HELD: _ENDING,
@@ -103,13 +97,11 @@ class Lease(Record):
     ):
         self.identity, self.job_id, self.uid, self.kind, self.user = identity, job_id, uid, kind, user
         self.start, self.device_nodes, self.allocation, self.node = start, tuple(device_nodes), tuple(allocation), node
-        # prolog_start: /proc/<pid>/stat start time, to tell a reused pid apart.
+        # *_start: /proc/<pid>/stat start time, to tell a reused pid apart.
         self.prolog_pid, self.prolog_start, self.version = prolog_pid, prolog_start, version
-        # HELD while the job may use it; REVOKING from the moment its end began a USB
-        # disconnect until udev reports the re-enumerated device; RELEASING while a hook
-        # that took it away scans for holders without the state lock (releaser_pid and
-        # releaser_start name that hook's process); KEPT when its end found a problem (a
-        # holder, a scan that could not finish) and kept it.
+        # HELD while the job may use it; REVOKING from a USB disconnect until udev reports the
+        # device back; RELEASING while the hook releaser_pid scans for holders without the state
+        # lock; KEPT when its end found a problem (a holder, an unfinished scan).
         self.phase, self.phase_since = phase, phase_since
         self.releaser_pid, self.releaser_start = releaser_pid, releaser_start
 
@@ -152,10 +144,7 @@ class Lease(Record):
             raise FormatError(
                 f"lease file {source}: names device {fields['identity'][:80]!r}, not its file name", source
             )
-        kwargs: dict = {}
-        for name in FIELDS:
-            if name in fields:
-                kwargs[name] = _value(name, fields[name], source)
+        kwargs: dict = {name: _value(name, fields[name], source) for name in FIELDS if name in fields}
         if kwargs.get("version", VERSION) > VERSION:
             raise FormatError(
                 f"lease file {source} has format version {kwargs['version']}; this slurm-tpu "

@@ -1,9 +1,8 @@
 """The inference server's address file ``~/.slurm-tpu/serve/<job>.json``: ``slurm-tpu serve`` -> its clients.
 
 One JSON object, ``{"job_id": "12", "url": "http://host:port", "token": "...", "node":
-"n1", "pid": 4242}`` (``node`` and ``pid`` optional): where a job's server listens and
-the token it wants. The server writes it, ``slurm-tpu infer --server`` reads it (the
-job's user, both), through :mod:`slurm_tpu.runner.serve.auth`, which owns the I/O.
+"n1", "pid": 4242}`` (``node`` and ``pid`` optional), written and read by the job's user
+through :mod:`slurm_tpu.runner.serve.auth`, which owns the I/O.
 """
 
 from __future__ import annotations

@@ -1,30 +1,16 @@
-"""Per-job accelerator usage records: written by the runner, read by the epilog.
+"""Per-job accelerator usage records: written by the runner (the job's user), read by the epilog (root).
 
-The runner runs as the job's user; the epilog runs as root. They meet in the job's
-own *usage box*: ``<state_dir>/job-usage/<job>``, the root of a tmpfs that the
-prolog mounts for that one job (see :mod:`slurm_tpu.hooks.jobusage`), owned by the
-job's uid, mode 0700, at most :data:`BOX_BYTES` bytes and :data:`BOX_INODES`
-inodes, ``nosuid,nodev,noexec``. So:
+They meet in the job's own *usage box*: ``<state_dir>/job-usage/<job>``, the root of a
+tmpfs the prolog mounts for that one job (:mod:`slurm_tpu.hooks.jobusage`), owned by the
+job's uid, mode 0700, at most :data:`BOX_BYTES` bytes and :data:`BOX_INODES` inodes,
+``nosuid,nodev,noexec``. So nobody else can plant or read a name in it, filling it fills
+only that job's filesystem, hard links from elsewhere are impossible, and the epilog
+reads at most one small file per leased device and then unmounts it all at once.
 
-- nobody but the job's user (and root) can create, plant or read a name in it;
-- filling it fills only that job's own little filesystem: no other job's prolog,
-  record or lease file shares its space, and the ledger's filesystem is untouched;
-- hard links from elsewhere are impossible (another filesystem);
-- the epilog reads at most one file per device the job leased, of at most
-  :data:`MAX_BYTES`, whatever else the job left there, and unmounting discards it
-  all at once (no per-file deletion, so no flood of names can slow it down).
-
-The task-prolog exports the box's path as ``SLURM_TPU_USAGE_DIR``. The runner keeps
-one file per device, ``<identity>.json``, holding the job's running totals for it
-(``{"version": 1, "inferences": N, "seconds": S, "energy_j": E|null}``, see :func:`encode`), and adds to
-it read-modify-write when an engine set closes; processes of one job on one device
-are serialised by the runner's device lock, so no update is lost. The figures are
-self-reported by the job, which is fine for accounting: a user can only inflate
-their own numbers, and :func:`checked` bounds them so a forged record can neither
-crash ``slurm-tpu report``/``metrics`` nor dominate a total.
-
-Writer: :func:`add_usage` (job side); reader: :func:`read_record` (root side), whose
-:class:`~slurm_tpu.protocol.FormatError` the epilog audits as ``usage-rejected``.
+The runner keeps one file per device, ``<identity>.json``, with the job's running totals
+(:func:`encode`), updated under its device lock. The figures are self-reported (a user can
+only inflate their own), and :func:`checked` bounds them so a forged record can neither
+crash ``report``/``metrics`` nor dominate a total.
 """
 
 from __future__ import annotations
@@ -62,12 +48,8 @@ class UsageRecord(Record):
 
 
 def checked(inferences: object, seconds: object, energy_j: object = None) -> tuple[int, float, float | None] | None:
-    """The figures as (int, float, float|None) when plausible, else None.
-
-    Plausible: inferences an integer (not a bool) in [0, MAX_INFERENCES]; seconds
-    and energy finite numbers in [0, their bound]; energy may be None. NaN fails
-    every comparison, infinities and 1e400 (parsed as inf) fail the bounds.
-    """
+    """The figures as (int, float, float|None) when each is a number (not a bool) in [0, its bound]
+    (NaN fails every comparison; infinities and 1e400, parsed as inf, fail the bounds), else None."""
     if isinstance(inferences, bool) or not isinstance(inferences, int) or not 0 <= inferences <= MAX_INFERENCES:
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_SECONDS:
@@ -112,11 +94,8 @@ def decode(raw: bytes, identity: str) -> UsageRecord:
 
 
 def _read(dir_fd: int, name: str, uid: int | None) -> bytes | None:
-    """A small regular file's bytes (owned by ``uid`` when given), never through a link.
-
-    None when there is no such file; :class:`FormatError` when there is one that
-    cannot be a record.
-    """
+    """A small regular file's bytes (owned by ``uid``), never through a link; None when there is
+    no such file, :class:`FormatError` when there is one that cannot be a record."""
     source = f"usage record {name}"
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -143,8 +122,8 @@ def _read(dir_fd: int, name: str, uid: int | None) -> bytes | None:
 def read_record(box_fd: int, identity: str, uid: int) -> UsageRecord | None:
     """Root side: the job's record for one of its devices; None when it left none.
 
-    Raises :class:`FormatError` (one line naming the file and what is wrong) for
-    a record that is there but not acceptable, or an identity that names no file.
+    :class:`FormatError` for a record that is there but not acceptable, or an identity that
+    names no file (the epilog audits it as ``usage-rejected``).
     """
     name = record_name(identity)
     if name is None:
@@ -154,11 +133,8 @@ def read_record(box_fd: int, identity: str, uid: int) -> UsageRecord | None:
 
 
 def add_usage(directory: str, identity: str, inferences: int, seconds: float, energy_j: float | None = None) -> bool:
-    """Job side: add figures to the job's totals for ``identity`` in its usage box.
-
-    Returns False (and writes nothing) when the identity or figures are not
-    plausible or the box refuses the write (missing, full, not ours).
-    """
+    """Job side: add figures to the job's totals for ``identity`` in its usage box; False (nothing
+    written) when the identity or figures are not plausible or the box refuses the write."""
     name = record_name(identity)
     if name is None or checked(inferences, seconds, energy_j) is None:
         return False

@@ -1,13 +1,11 @@
 """gres.conf lines for a node's accelerators.
 
-Devices of a family with slot nodes (Edge TPUs, Hailo: ``Family.slot``) are named
-by their *slot node*, ``<slot_dir>/<identity>``: a character device node that
-slurm-tpu keeps for every configured device and never deletes. A USB stick's own
-``/dev/bus/usb/BBB/DDD`` changes each time its firmware loads and vanishes when it
-is unplugged, and slurmd exits fatally 20 s after a ``File=`` path disappears; the
-slot node survives both. The udev hook re-points it at the device's current node on
-every add event. GPU nodes (``/dev/nvidiaN``, DRM render nodes) are created by
-their drivers and stay put, so GPUs use them directly.
+Devices of a family with slot nodes (``Family.slot``) are named by their *slot node*,
+``<slot_dir>/<identity>``, which slurm-tpu keeps for every configured device and never
+deletes: a USB stick's own ``/dev/bus/usb/BBB/DDD`` changes each time its firmware loads
+and vanishes when it is unplugged, and slurmd exits fatally 20 s after a ``File=`` path
+disappears. The udev hook re-points the slot at the device's current node on every add
+event. GPU nodes are created by their drivers and stay put, so GPUs use them directly.
 """
 
 from __future__ import annotations
@@ -32,18 +30,14 @@ def gres_file(config: Config, accelerator: Accelerator) -> str:
 
 
 def gres_name_type(config: Config, accelerator: Accelerator) -> tuple[str, str]:
-    """The GRES name of the device's family (``tpu``, ``gpu``... unless the config renames them)
-    and its type, as the family decides it under the config."""
+    """The GRES name (``tpu``, ``gpu``... unless the config renames them) and type of a device."""
     settings = config.family(accelerator.kind)
     return settings.gres_name, family(accelerator.kind).gres_type(settings, accelerator)
 
 
 def _cores(accelerator: Accelerator, inventory: Inventory) -> str:
-    """`` Cores=...`` in Slurm's core indices, or '' when the device is near every core.
-
-    sysfs gives the device's local *CPUs*; with SMT those are thread ids, which
-    Slurm would reject as core numbers, so they are mapped through the topology.
-    """
+    """`` Cores=...`` in Slurm's core indices, or '' when the device is near every core (sysfs gives
+    local *CPUs*: with SMT those are thread ids, which Slurm would reject as core numbers)."""
     if not family(accelerator.kind).cores or not accelerator.local_cpus:
         return ""
     try:
@@ -60,11 +54,8 @@ def _cores(accelerator: Accelerator, inventory: Inventory) -> str:
 
 
 def render_gres_conf(inventory: Inventory, config: Config, node_name: str) -> str:
-    """gres.conf lines for ``node_name`` (no block markers; see files.py).
-
-    Unusable devices are left out, each with a comment giving the reason, so slurmd
-    is never told about a device it cannot use.
-    """
+    """gres.conf lines for ``node_name`` (no block markers; see files.py); an unusable device is
+    only a comment giving the reason, so slurmd is never told about a device it cannot use."""
     lines = []
     for accelerator in inventory:
         if not accelerator.usable:

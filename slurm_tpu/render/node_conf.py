@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 
 from ..config import Config
@@ -15,19 +16,15 @@ HARDWARE_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "Threads
 
 def node_gres(inventory: Inventory, config: Config) -> str:
     """``Gres=`` value: ``name:type:count`` per (name, type), in inventory order."""
-    counts: dict[tuple[str, str], int] = {}
-    for accelerator in inventory.usable():
-        key = gres_name_type(config, accelerator)
-        counts[key] = counts.get(key, 0) + 1
+    counts = Counter(gres_name_type(config, accelerator) for accelerator in inventory.usable())
     return ",".join(f"{name}:{kind}:{count}" for (name, kind), count in counts.items())
 
 
 def accounting_tres(gres: str) -> list[str]:
     """``AccountingStorageTRES`` entries for a ``Gres=`` value: ``gres/NAME`` and ``gres/NAME:TYPE`` for each.
 
-    Slurm tracks (and so sacct/sreport show, and QOS/association limits can cap) only
-    the GRES named in AccountingStorageTRES; a typed GRES needs both the name (limits
-    such as ``MaxTRESPerUser=gres/tpu=1``) and the name:type (usage per type).
+    Slurm tracks (sacct/sreport, QOS limits) only the GRES named there; a typed GRES needs
+    both the name (limits such as ``MaxTRESPerUser=gres/tpu=1``) and the name:type (usage per type).
     """
     from ..slurm.parse import parse_gres_items
 
@@ -73,11 +70,8 @@ def render_node_line(
 ) -> str:
     """One NodeName line; ``hardware`` from ``slurmd -C``, ``extra`` from --set."""
     parts = [f"NodeName={node_name}"]
-    for key in HARDWARE_KEYS:
-        if hardware and key in hardware:
-            parts.append(f"{key}={hardware[key]}")
-    for key, value in (extra or {}).items():
-        parts.append(f"{key}={value}")
+    parts += [f"{key}={hardware[key]}" for key in HARDWARE_KEYS if hardware and key in hardware]
+    parts += [f"{key}={value}" for key, value in (extra or {}).items()]
     gres = node_gres(inventory, config)
     if gres:
         parts.append(f"Gres={gres}")

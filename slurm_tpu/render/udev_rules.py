@@ -1,13 +1,6 @@
-"""The udev rules file: idle ownership, and the hook that keeps slots and leases right.
-
-``:=`` makes our ownership final, so a later rules file (Coral's own
-``99-edgetpu-accelerator.rules`` gives every stick to ``plugdev``) cannot widen it.
-Every add/change/bind/remove event runs the udev hook (the installed
-``slurm-tpu-udev-event``, or ``slurm-tpu udev-event``; slurm_tpu.ops.install's
-``udev_run_program`` says which), which re-points the device's slot node and
-re-applies a running job's lease after a USB re-enumeration (the new node is
-created with idle ownership first).
-"""
+"""The udev rules file: idle ownership (``:=``, so a later rules file such as Coral's own, which gives
+every stick to ``plugdev``, cannot widen it), and the udev hook on every event, which re-points
+slot nodes and re-applies a running job's lease after a USB re-enumeration."""
 
 from __future__ import annotations
 

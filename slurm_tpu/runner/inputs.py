@@ -87,13 +87,12 @@ def array_share(environ: Mapping[str, str]) -> tuple[int, int] | None:
             "not numbers: pass --shard-index and --shard-count"
         ) from None
     offset = task - first
-    index = offset // step if step > 0 else -1
-    if offset < 0 or offset % step or index >= count:
+    if step <= 0 or offset < 0 or offset % step or offset // step >= count:
         raise UsageError(
             f"array task {task} (min {first}, step {step}, count {count}) is not a regular "
             "range member: pass --shard-index and --shard-count explicitly"
         )
-    return index, count
+    return offset // step, count
 
 
 def step_share(environ: Mapping[str, str]) -> tuple[int, int] | None:

@@ -1,27 +1,16 @@
 """Which way ops commands talk to Slurm: scontrol (``commands.Slurm``) or pyslurm.
 
-Measured on Slurm 25.11 (``bench/bench_slurm_backends.py``, 2 cores): importing
-pyslurm costs more than the scontrol calls it replaces in a short-lived process
-(the prolog's query 30 ms with scontrol vs 60 ms; one ``slurm-tpu health`` run
-92 vs 112 ms), and less in a long-running one (20 node-state polls in the
-watcher: 125 vs 73 ms). So ``auto`` uses
-pyslurm for the watcher when it matches the running Slurm, and scontrol
-elsewhere; ``pyslurm`` uses it everywhere in ops (and fails loudly when it does
-not match); ``scontrol`` never. The hooks always use scontrol.
+Measured on Slurm 25.11 (``bench/bench_slurm_backends.py``): importing pyslurm costs more
+than the scontrol calls it replaces in a short-lived process (one ``slurm-tpu health``:
+92 ms with scontrol vs 112) and less in a long-running one (20 node-state polls in the
+watcher: 125 vs 73 ms). So ``auto`` uses pyslurm for the watcher when it matches the
+running Slurm, scontrol elsewhere; ``pyslurm`` everywhere in ops (failing loudly when it
+does not match); ``scontrol`` never. The hooks always use scontrol.
 
-pyslurm is used only when all of these hold, checked before anything is asked:
-- pyslurm imports (it is optional: PyPI's pyslurm builds only against the Slurm
-  release of the same number, e.g. pyslurm 25.11.x against Slurm 25.11);
-- the libslurm it loaded, pyslurm's own release and the daemons' release have
-  the same major.minor (Slurm's structs change between releases: a mismatched
-  build misreads them);
-- a slurm.conf is there for libslurm: without one, libslurm's init calls
-  fatal() and the whole process exits ("Could not establish a configuration
-  source"), so pyslurm is imported with its auto-init off and initialised here.
-
-Every pyslurm error becomes a SlurmCommandError naming the call; nothing falls
-back to scontrol behind the caller's back, so no pyslurm failure can turn into
-a silent wrong answer.
+pyslurm is used only when it imports, when its libslurm, pyslurm itself and the daemons
+have the same major.minor (Slurm's structs change between releases), and when a slurm.conf
+is there (without one libslurm's init exits the process, so pyslurm's auto-init is off).
+Every pyslurm error becomes a SlurmCommandError; nothing falls back to scontrol silently.
 """
 
 from __future__ import annotations
@@ -37,8 +26,7 @@ from .commands import NodeStates, Slurm
 from .jobdetail import GresAlloc, expand_hostlist
 from .parse import NodeState
 
-# Long-running uses, where pyslurm's import is paid once.
-PYSLURM_PAYS = ("watch",)
+PYSLURM_PAYS = ("watch",)  # long-running uses, where pyslurm's import is paid once
 
 
 class SlurmBackend(Protocol):
@@ -132,11 +120,8 @@ def load(slurm: Slurm) -> PySlurm:
 
 
 class PySlurm(NodeStates):
-    """Node state, drain/resume and a job's per-node GRES through pyslurm (same interface as Slurm).
-
-    Programs (an admin's restart commands) are still run by the scontrol
-    gateway pyslurm was loaded for: pyslurm has no way to run them.
-    """
+    """Node state, drain/resume and a job's per-node GRES through pyslurm (same interface as Slurm);
+    programs (an admin's restart commands) are run by the scontrol gateway it was loaded for."""
 
     name = "pyslurm"
 
@@ -160,20 +145,18 @@ class PySlurm(NodeStates):
         self._call(f"{state.lower()} of {node}", self.pyslurm.Node(node).modify, changes)
 
     def run_command(self, argv: Sequence[str], timeout: float | None = None) -> str:
-        """An admin's command, run by the scontrol gateway (see the class docstring)."""
+        """An admin's command, run by the scontrol gateway (pyslurm cannot run one)."""
         return self.commands.run_command(argv, timeout)
 
     def jobs_with_gres(self, node: str) -> list[str]:
         jobs = self._call("Jobs.load()", self.pyslurm.Jobs.load)
-        busy = []
-        for job in jobs.values():
-            if (
-                job.state in ("RUNNING", "COMPLETING")
-                and job.gres_per_node
-                and node in expand_hostlist(job.allocated_nodes or "")
-            ):
-                busy.append(str(job.id))
-        return busy
+        return [
+            str(job.id)
+            for job in jobs.values()
+            if job.state in ("RUNNING", "COMPLETING")
+            and job.gres_per_node
+            and node in expand_hostlist(job.allocated_nodes or "")
+        ]
 
     def job_gres(self, job_id: int, node: str) -> list[GresAlloc] | None:
         """``Job.load(id).get_resource_layout_per_node()`` for ``node`` as GresAlloc items (None: not there)."""

@@ -1,12 +1,9 @@
 """Slurm's command-line tools as one object: the gateway every scontrol/squeue call goes through.
 
-Programs come from one installation (``installation.py``), run by ``spawn.py``; a
-failure raises SlurmCommandError, or SlurmVersionError naming both versions when the
-client is another release than the daemons. Light enough for the hooks.
-
-Draining and resuming a node are written once, in :class:`NodeStates`, for
-this class and for pyslurm (``backend.py``) alike: the reason is made
-safe by :func:`node_reason` there and nowhere else.
+Programs come from one installation (``installation.py``), run by ``spawn.py``; a failure
+raises SlurmCommandError, or SlurmVersionError naming both versions when the client is
+another release than the daemons. Light enough for the hooks. Draining and resuming are
+written once, in :class:`NodeStates`, for this class and pyslurm (``backend.py``) alike.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ from ..errors import SlurmCommandError, SlurmVersionError
 from . import installation as _installation
 from .spawn import run as _spawn
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
-TYPE_CHECKING = False
+TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
@@ -33,13 +29,11 @@ NO_REASON = "slurm-tpu: no reason given"
 def node_reason(text: str, limit: int = MAX_REASON) -> str:
     """``text`` as a drain reason Slurm stores and shows back unchanged.
 
-    Control characters (a process name in it is a user's choice: newlines
-    would forge lines of ``scontrol show node`` output) and runs of white space
-    become one space; the double quotes scontrol strips from either end are
-    dropped; a longer one is cut to ``limit`` characters (at most MAX_REASON) ending
-    in ``...``.
-    Never empty: Slurm refuses to drain without a reason. Idempotent, so a
-    reason can be compared with what Slurm reports after draining with it.
+    Control characters (a process name in it is a user's choice: newlines would forge
+    lines of ``scontrol show node`` output) and runs of white space become one space; the
+    double quotes scontrol strips from either end are dropped; a longer one is cut to
+    ``limit`` (at most MAX_REASON) ending in ``...``. Never empty (Slurm refuses to drain
+    without a reason); idempotent, so it can be compared with what Slurm reports.
     """
     printable = "".join(c if c.isprintable() else " " for c in text)
     cleaned = " ".join(printable.split()).strip('"').strip()
@@ -76,9 +70,8 @@ class Slurm(NodeStates):
         timeout: float = 20.0,
         detail_source: Callable[[str, str], str | None] | None = None,
     ):
-        """``detail_source``: another way to ``scontrol show job -d``'s answer, tried first: (scontrol
-        path, selector) -> text, or None to run scontrol here (the node agent's resident scontrol,
-        hooks/agent_query.py, given to each of its prologs)."""
+        """``detail_source``: (scontrol path, selector) -> ``scontrol show job -d``'s text, tried first
+        (the node agent's resident scontrol, hooks/agent_query.py), or None to run scontrol here."""
         import os
 
         self.environ = os.environ if environ is None else environ
@@ -108,12 +101,11 @@ class Slurm(NodeStates):
 
     # ---- jobs --------------------------------------------------------------------
     def job_gres(self, job_id: int, node: str) -> list[GresAlloc] | None:
-        """Job ``job_id``'s GRES on ``node`` (None: not on the node).
+        """Job ``job_id``'s GRES on ``node`` (None: not on the node; ValueError: unparseable).
 
-        One ``scontrol show job -d`` in the usual case; a second, narrowed to the
-        job alone, when other tasks of its array share the node; ``squeue --json``
-        only when the text was forged (see ``jobdetail.parse_scontrol_job_detail``).
-        ValueError when Slurm's answer cannot be parsed.
+        One ``scontrol show job -d`` in the usual case; a second, narrowed to the job alone,
+        when other tasks of its array share the node; ``squeue --json`` only when the text
+        was forged (see ``jobdetail.parse_scontrol_job_detail``).
         """
         from .jobdetail import ForgedOutputError, SiblingsOnNode, parse_scontrol_job_detail
 

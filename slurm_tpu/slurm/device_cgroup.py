@@ -1,8 +1,7 @@
 """Slurm's device cgroup (``ConstrainDevices=yes``) as a second layer: where it holds for our GRES.
 
 The one place in the code that knows these facts (``doctor`` and ``install`` report
-:func:`status`); docs/security.md ("Slurm's device cgroup as a second layer") gives the
-measurements, per release and bus, from tests/isolation/test_device_cgroup.py:
+:func:`status`); docs/security.md gives the measurements (tests/isolation/test_device_cgroup.py):
 
 * **Release.** Up to 22.05 ``gres_g_get_devices()`` (task_cgroup_devices.c) skips a
   GRES without a gres plugin of its own (:data:`GRES_WITH_PLUGIN` have one; ``tpu``,
@@ -19,8 +18,7 @@ from __future__ import annotations
 
 import os
 
-# The first release whose gres_g_get_devices() includes a GRES without a plugin (bug 14139).
-FIRST_RELEASE = (23, 2)
+FIRST_RELEASE = (23, 2)  # the first release whose gres_g_get_devices() includes a GRES without a plugin (bug 14139)
 FIRST_RELEASE_NAME = "Slurm 23.02"
 FIX = f"{FIRST_RELEASE_NAME} (commit dd2e76b9df, bug 14139)"
 # GRES names Slurm has a gres plugin for (gres_<name>.so): the device cgroup covers them on every release.
@@ -30,11 +28,6 @@ GRES_WITH_PLUGIN = ("gpu", "mps", "shard", "nic")
 def needs_the_fix(gres_names) -> bool:
     """Whether any of a node's GRES names is one the device cgroup skips before 23.02 (no plugin)."""
     return any(name not in GRES_WITH_PLUGIN for name in gres_names)
-
-
-def cgroup_conf_path(slurm_conf: str) -> str:
-    """cgroup.conf is read from slurm.conf's directory."""
-    return os.path.join(os.path.dirname(slurm_conf), "cgroup.conf")
 
 
 def read_cgroup_conf(path: str) -> dict[str, str] | None:
@@ -87,41 +80,26 @@ def where_it_holds(version: str) -> str:
 def status(slurm_options: dict[str, str], slurm_conf: str, version: str | None, has_tpu: bool) -> tuple[bool, str, str]:
     """(fine, what, fix) about the device cgroup on a node: ``doctor``'s finding and ``install``'s note.
 
-    ``has_tpu``: the node has devices of a GRES without a plugin (:func:`needs_the_fix`: Edge TPUs,
-    Hailo NPUs). Not fine only when ConstrainDevices is on for such a node under a release on which
-    it does nothing for them: the admin would count on a layer that is not there.
+    ``has_tpu``: the node has devices of a GRES without a plugin (:func:`needs_the_fix`). Not fine
+    only when ConstrainDevices is on for such a node under a release on which it does nothing for
+    them: the admin would count on a layer that is not there.
     """
-    cgroup_conf = cgroup_conf_path(slurm_conf)
+    cgroup_conf = os.path.join(os.path.dirname(slurm_conf), "cgroup.conf")  # read from slurm.conf's directory
     if not constrains_devices(slurm_options, read_cgroup_conf(cgroup_conf)):
-        return (
-            True,
-            (
-                f"off (no ConstrainDevices=yes in {cgroup_conf} with TaskPlugin=task/cgroup); "
-                "the device files' ownership is the layer that isolates"
-            ),
-            "",
-        )
+        what = f"off (no ConstrainDevices=yes in {cgroup_conf} with TaskPlugin=task/cgroup)"
+        return True, f"{what}; the device files' ownership is the layer that isolates", ""
     if version is None:
         return True, f"on ({cgroup_conf}); slurmd's release unknown", ""
+    if covers_gres_without_plugin(version):
+        return True, where_it_holds(version), ""
     from .gres_plugin import in_plugin_dir
 
-    if has_tpu and not covers_gres_without_plugin(version) and in_plugin_dir(slurm_options) is None:
-        return (
-            False,
-            where_it_holds(version),
-            (
-                f"do not count on it for Edge TPUs or NPUs: run {FIRST_RELEASE_NAME} or "
-                "later for this second layer (it still constrains GPUs)"
-            ),
-        )
-    if not covers_gres_without_plugin(version):
-        return (
-            True,
-            (
-                f"ConstrainDevices=yes denies unallocated Edge TPUs under Slurm {version} through our "
-                "gres/tpu plugin (PluginDir); USB sticks only until their first re-enumeration; "
-                "not Hailo NPUs (no plugin)"
-            ),
-            "",
-        )
-    return True, where_it_holds(version), ""
+    if has_tpu and in_plugin_dir(slurm_options) is None:
+        fix = f"do not count on it for Edge TPUs or NPUs: run {FIRST_RELEASE_NAME} or later for this second layer"
+        return False, where_it_holds(version), f"{fix} (it still constrains GPUs)"
+    return (
+        True,
+        f"ConstrainDevices=yes denies unallocated Edge TPUs under Slurm {version} through our gres/tpu plugin "
+        "(PluginDir); USB sticks only until their first re-enumeration; not Hailo NPUs (no plugin)",
+        "",
+    )

@@ -1,14 +1,13 @@
 """Which device a Slurm GRES index (``IDX:n``) is, on one node.
 
-Slurm numbers a node's devices of one GRES name (``tpu``) 0, 1, 2... in the
-order slurmd builds its merged device list, which is *not* gres.conf order when
-a node has several types. Verified against slurmd 22.05.8 (gres.c
-``_merge_config``) and on a real cluster: for each ``name:type:count`` in the
-node's slurm.conf ``Gres=``, in written order, slurmd takes the gres.conf
-records of that type in file order (``Name=`` lines before ``NodeName=`` lines),
-expanding each ``File=`` range, until ``count`` devices are taken. Example:
-``Gres=tpu:edgetpu_pci:2,tpu:edgetpu_usb:2`` with gres.conf lines usb0, pci[1-2],
-usb3 gives IDX 0,1 = pci1,pci2 and IDX 2,3 = usb0,usb3.
+Slurm numbers a node's devices of one GRES name 0, 1, 2... in the order slurmd builds its
+merged device list, which is *not* gres.conf order when a node has several types. Verified
+against slurmd 22.05.8 (gres.c ``_merge_config``) and a real cluster: for each
+``name:type:count`` of the node's slurm.conf ``Gres=``, in written order, slurmd takes the
+gres.conf records of that type in file order (``Name=`` lines before ``NodeName=`` lines),
+expanding ``File=`` ranges, until ``count`` devices are taken. Example:
+``Gres=tpu:edgetpu_pci:2,tpu:edgetpu_usb:2`` with gres.conf lines usb0, pci[1-2], usb3
+gives IDX 0,1 = pci1,pci2 and IDX 2,3 = usb0,usb3.
 """
 
 from __future__ import annotations
@@ -21,17 +20,13 @@ from .parse import GresConfRecord
 def device_order(
     name: str, records: Sequence[GresConfRecord], node_gres: Sequence[tuple[str, str | None, int]] | None
 ) -> list[tuple[str | None, str | None]]:
-    """(type, file) for each index of GRES ``name`` on the node, index = position.
-
-    ``records`` are the node's gres.conf records (see ``parse_gres_conf``);
-    ``node_gres`` the node's slurm.conf ``Gres=`` items, or None when slurm.conf
-    does not describe the node, in which case the types are taken in order of
-    first appearance in gres.conf (what ``slurm-tpu node-conf`` writes). A file
-    of None is a count-only device.
+    """(type, file) for each index of GRES ``name`` on the node, index = position (file None: a
+    count-only device). ``node_gres``: the node's slurm.conf ``Gres=`` items, or None when
+    slurm.conf does not describe the node: then the types are taken in order of first
+    appearance in gres.conf (what ``slurm-tpu node-conf`` writes).
     """
     mine = [r for r in records if r.name == name]
-    # slurmd reads all Name= lines before all NodeName= lines.
-    pool = [r for r in mine if r.by_name_line] + [r for r in mine if not r.by_name_line]
+    pool = sorted(mine, key=lambda r: not r.by_name_line)  # slurmd reads Name= lines before NodeName= lines
     if node_gres is None:
         types: list[str | None] = []
         for record in pool:

@@ -1,14 +1,11 @@
 """The gres/tpu Slurm plugin (slurm_plugin/): where a build for a Slurm release is, and the PluginDir naming it.
 
-With ``gres_tpu.so`` in slurmctld's and slurmd's PluginDir, Slurm hands the
-prolog and epilog the job's Edge TPU indices on this node as ``SLURM_JOB_TPUS``
-and the hooks skip their ``scontrol show job -d`` query (hooks/allocation.py).
-A plugin must come from the exact Slurm release the daemons run, so builds are
-kept per release: ``<root>/<version>/gres_tpu.so`` (root /opt/slurm-tpu-plugins,
-or ``SLURM_TPU_GRES_PLUGINS``), written by scripts/build-gres-plugin.sh.
-
-PluginDir is a colon-separated list: Slurm's own plugin directory first (every
-other plugin is there), then ours. Not imported by the hooks.
+With ``gres_tpu.so`` in slurmctld's and slurmd's PluginDir, Slurm hands the prolog and
+epilog the job's Edge TPU indices as ``SLURM_JOB_TPUS`` and the hooks skip their
+``scontrol show job -d`` query. A plugin must come from the exact Slurm release the
+daemons run, so builds (scripts/build-gres-plugin.sh) are kept per release:
+``<root>/<version>/gres_tpu.so``. PluginDir is a colon-separated list: Slurm's own plugin
+directory first (every other plugin is there), then ours. Not imported by the hooks.
 """
 
 from __future__ import annotations
@@ -22,14 +19,12 @@ from .installation import Installation
 ROOT_ENV = "SLURM_TPU_GRES_PLUGINS"
 DEFAULT_ROOT = "/opt/slurm-tpu-plugins"
 PLUGIN_FILE = "gres_tpu.so"
-# A plugin Slurm's own directory always has, for every configuration: it tells that directory from others.
-SLURM_OWN_PLUGIN = "select_cons_tres.so"
+SLURM_OWN_PLUGIN = "select_cons_tres.so"  # always in Slurm's own plugin directory: tells it from others
 
 
 def root(environ=None) -> str:
     """Where the per-release plugin builds are."""
-    environ = os.environ if environ is None else environ
-    return environ.get(ROOT_ENV) or DEFAULT_ROOT
+    return (os.environ if environ is None else environ).get(ROOT_ENV) or DEFAULT_ROOT
 
 
 def built_for(version: str, environ=None) -> str | None:
@@ -52,11 +47,9 @@ def in_plugin_dir(slurm_options: dict[str, str]) -> str | None:
 def slurm_plugin_dir(install: Installation) -> str:
     """Slurm's own plugin directory for ``install`` (where its ``select_cons_tres.so`` is).
 
-    Slurm installs libslurmfull.so into its plugin directory, so the directory the
-    loader resolves slurmd's libslurmfull.so to is it (Debian:
-    /usr/lib/<triplet>/slurm-wlm; a source build: <prefix>/lib/slurm). The usual
-    layouts under the prefix are tried when ldd cannot say. SlurmCommandError when
-    none holds Slurm's plugins.
+    Slurm installs libslurmfull.so into its plugin directory, so it is where the loader
+    finds slurmd's (Debian: /usr/lib/<triplet>/slurm-wlm; a source build: <prefix>/lib/slurm);
+    the usual layouts under the prefix when ldd cannot say. SlurmCommandError when none is.
     """
     from .spawn import run
 

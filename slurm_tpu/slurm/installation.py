@@ -1,9 +1,9 @@
 """Where Slurm's programs are: one answer for the hooks, health, the watcher, the demo and tests.
 
 A node may carry two Slurm installations (Debian's 22.05 in /usr, a site build in
-/opt/slurm-25.11). Client and daemons must be the same release (a 22.05 scontrol
-gets "Unspecified error" from a 25.11 slurmctld), so every Slurm program
-slurm-tpu runs comes from the directories chosen here, first answer wins:
+/opt/slurm-25.11), and client and daemons must be the same release (a 22.05 scontrol gets
+"Unspecified error" from a 25.11 slurmctld). So every Slurm program comes from the
+directories chosen here, first answer wins:
 
 1. ``SLURM_TPU_SLURM_BIN`` / ``SLURM_TPU_SLURM_SBIN`` (environment);
 2. the config's ``slurm.bin_dir`` / ``slurm.sbin_dir``;
@@ -13,15 +13,9 @@ slurm-tpu runs comes from the directories chosen here, first answer wins:
 5. ``PATH`` (commands an admin runs; never for the root hooks);
 6. /usr/bin, /usr/sbin, /usr/local/bin, /usr/local/sbin.
 
-An admin's own commands (the watcher's ``systemctl stop slurmd``) are found by
-``Installation.command``: Slurm's directories above first, then ``PATH``, then the
-system directories; so there is one search order for every program slurm-tpu runs.
-
-Given only one of bin/sbin, the other is its sibling (``<prefix>/sbin`` for
-``<prefix>/bin``) when that exists. Only root-owned daemons count in 3 and 4: a
-user's process named ``slurmd`` must never choose what root runs.
-
-Standard library only (``os``) and cheap: the prolog imports it on every job.
+Given only one of bin/sbin, the other is its sibling when that exists. Only root-owned
+daemons count in 3 and 4: a user's process named ``slurmd`` must never choose what root
+runs. Cheap (``os`` only): the prolog imports it on every job.
 """
 
 from __future__ import annotations
@@ -33,13 +27,10 @@ from ..errors import SlurmCommandError
 BIN_ENV = "SLURM_TPU_SLURM_BIN"
 SBIN_ENV = "SLURM_TPU_SLURM_SBIN"
 USUAL_DIRS = ("/usr/bin", "/usr/sbin", "/usr/local/bin", "/usr/local/sbin")
-# Where an admin's own commands (systemctl...) are when PATH does not say (slurmd gives none).
-SYSTEM_DIRS = ("/bin", "/sbin")
+SYSTEM_DIRS = ("/bin", "/sbin")  # an admin's own commands (systemctl...) when PATH does not say
 DAEMONS = ("slurmd", "slurmstepd", "slurmctld")
-# Debian's compiled-in slurm.conf; a source build's is <prefix>/etc/slurm.conf.
-DEBIAN_CONF = "/etc/slurm/slurm.conf"
-# Slurm releases the test suite runs against (major.minor); `slurm-tpu doctor` names others.
-TESTED_RELEASES = ("22.05", "25.11")
+DEBIAN_CONF = "/etc/slurm/slurm.conf"  # Debian's compiled-in slurm.conf; a source build's is <prefix>/etc/slurm.conf
+TESTED_RELEASES = ("22.05", "25.11")  # what the test suite runs against; `slurm-tpu doctor` names others
 
 
 class Installation:
@@ -75,10 +66,9 @@ class Installation:
     def command(self, name: str, environ=None) -> str:
         """The absolute path of an admin's command (``systemctl``, ``slurmd``, a script of theirs).
 
-        A name with a slash is that file. A bare name is looked up like a
-        Slurm program first (so ``slurmd`` is this installation's, never an
-        older one earlier on PATH), then on ``PATH``, then in the usual
-        system directories. SlurmCommandError saying where we looked.
+        A name with a slash is that file. A bare name is looked up in Slurm's directories
+        first (so ``slurmd`` is this installation's, never an older one earlier on PATH),
+        then on ``PATH``, then in the system directories.
         """
         if "/" in name:
             path = os.path.abspath(name)
@@ -111,11 +101,7 @@ def _is_executable(path: str) -> bool:
 
 def _first_executable(name: str, dirs) -> str | None:
     """``<dir>/<name>`` for the first of ``dirs`` that has it executable (the one search order)."""
-    for directory in dirs:
-        candidate = f"{directory}/{name}"
-        if _is_executable(candidate):
-            return candidate
-    return None
+    return next((f"{directory}/{name}" for directory in dirs if _is_executable(f"{directory}/{name}")), None)
 
 
 def _pair(bin_dir: str | None, sbin_dir: str | None) -> tuple[str, ...]:
@@ -235,20 +221,14 @@ def is_tested_release(version: str) -> bool:
     return ".".join(version.split(".")[:2]) in TESTED_RELEASES
 
 
-def _same_file(a: str, b: str) -> bool:
-    return os.path.realpath(a) == os.path.realpath(b)
-
-
 def daemon_for_conf(slurm_conf: str | None) -> tuple[int, str] | None:
-    """(pid, executable) of a running slurmd/slurmctld reading ``slurm_conf`` (None: the default).
-
-    None when there is none, or several from different installations (no guessing).
-    """
+    """(pid, executable) of a running slurmd/slurmctld reading ``slurm_conf`` (None: the default);
+    None when there is none, or several from different installations (no guessing)."""
     matches = []
     for pid, _, exe, conf in running_daemons(("slurmd", "slurmctld")):
         if (
             slurm_conf is None and conf in (DEBIAN_CONF, f"{os.path.dirname(os.path.dirname(exe))}/etc/slurm.conf")
-        ) or (slurm_conf is not None and _same_file(conf, slurm_conf)):
+        ) or (slurm_conf is not None and os.path.realpath(conf) == os.path.realpath(slurm_conf)):
             matches.append((pid, exe))
     if len({os.path.dirname(exe) for _, exe in matches}) != 1:
         return None
@@ -269,10 +249,9 @@ def find(
 ) -> Installation:
     """The Slurm installation to use (see the module docstring for the order).
 
-    ``bin_dir``/``sbin_dir`` are the config's ``slurm.*`` keys; ``use_path`` is
-    False for the root hooks; ``use_daemons`` False for whoever starts daemons
-    (a local cluster). Not cached: a long-lived process (the node agent's workers, the watcher)
-    outlives a Slurm upgrade, so each caller keeps what it found for as long as it may.
+    ``bin_dir``/``sbin_dir`` are the config's ``slurm.*`` keys; ``use_path`` is False for the
+    root hooks, ``use_daemons`` for whoever starts daemons (a local cluster). Not cached: a
+    long-lived process (the agent's workers, the watcher) may outlive a Slurm upgrade.
     """
     environ = os.environ if environ is None else environ
     env_bin, env_sbin = environ.get(BIN_ENV) or None, environ.get(SBIN_ENV) or None
@@ -312,19 +291,9 @@ def environment(install: Installation) -> dict[str, str]:
     return {BIN_ENV: install.bin_dir, SBIN_ENV: install.sbin_dir}
 
 
-def sbin_dir(environ=None, configured: str | None = None) -> str:
-    """Slurm's sbin directory (slurmd, slurmstepd) as this node runs it (``configured``: slurm.sbin_dir).
-
-    Standard library only: for root code that must recognise Slurm's own processes.
-    """
-    return find(environ, None, configured, use_path=False).sbin_dir
-
-
 def version_of(program: str, environ=None) -> str | None:
-    """``25.11.7`` from ``slurmd -V`` / ``scontrol -V`` (None if it cannot say).
-
-    A client wants a slurm.conf even for -V: pass the environment naming it.
-    """
+    """``25.11.7`` from ``slurmd -V`` / ``scontrol -V`` (None if it cannot say; a client wants a
+    slurm.conf even for -V: pass the environment naming it)."""
     from .spawn import run
 
     environ = os.environ if environ is None else environ
@@ -348,11 +317,8 @@ def version_of(program: str, environ=None) -> str | None:
 
 
 def version_mismatch(installation: Installation, program: str, environ=None) -> str | None:
-    """One line naming both versions when ``program`` (a client) and the daemons differ, else None.
-
-    The daemon is the one the installation was found from, else the running
-    slurmd/slurmctld for our slurm.conf. Only asked after a command failed.
-    """
+    """One line naming both versions when ``program`` (a client) and the daemons (the one the
+    installation was found from, else the running one for our slurm.conf) differ, else None."""
     environ = os.environ if environ is None else environ
     daemon = installation.daemon
     if daemon is None:

@@ -1,8 +1,5 @@
-"""A job's GRES indices on one node, from ``scontrol show job -d`` text.
-
-Deliberately light (no ``re``, ``json``, ``dataclasses``): the prolog imports it
-on every job.
-"""
+"""A job's GRES indices on one node, from ``scontrol show job -d`` text (no ``re``, ``json`` or
+``dataclasses``: the prolog imports it on every job)."""
 
 from __future__ import annotations
 
@@ -14,10 +11,8 @@ class ForgedOutputError(ValueError):
 
 
 class SiblingsOnNode(Exception):
-    """Other tasks of the job's array (or components of its het job) also have lines for the node.
-
-    ``selector`` (``123_4``, ``123+1``) asks ``scontrol show job -d`` for the job alone.
-    """
+    """Other tasks of the job's array (or components of its het job) also have lines for the node;
+    ``selector`` (``123_4``, ``123+1``) asks ``scontrol show job -d`` for the job alone."""
 
     def __init__(self, selector: str):
         super().__init__(selector)
@@ -56,11 +51,8 @@ def _split_top_level(text: str, open_char: str = "[", close_char: str = "]") -> 
 
 
 def expand_hostlist(expression: str) -> list[str]:
-    """``n[1-3,5],gpu01`` -> [n1, n2, n3, n5, gpu01] (leading zeros kept: ``[01-02]``).
-
-    Also expands device ranges in gres.conf ``File=`` (``/dev/nvidia[0-1]``).
-    Raises ValueError on malformed brackets or ranges.
-    """
+    """``n[1-3,5],gpu01`` -> [n1, n2, n3, n5, gpu01] (leading zeros kept: ``[01-02]``); also gres.conf
+    ``File=`` ranges (``/dev/nvidia[0-1]``). ValueError on malformed brackets or ranges."""
     names: list[str] = []
     for part in _split_top_level(expression):
         names.extend(_expand_one(part))
@@ -94,25 +86,17 @@ def _expand_one(text: str) -> list[str]:
 
 
 def parse_gres_detail(text: str) -> list[GresAlloc]:
-    """``tpu:edgetpu_usb:1(IDX:0),gpu:1(IDX:0-1)`` -> [GresAlloc...].
-
-    Items without an ``(IDX:...)`` part (count-only GRES) have no indices.
-    Raises ValueError on anything else.
-    """
+    """``tpu:edgetpu_usb:1(IDX:0),gpu:1(IDX:0-1)`` -> [GresAlloc...] (a count-only item, without
+    ``(IDX:...)``, has no indices); ValueError on anything else."""
     items = []
     for token in _split_top_level(text, "(", ")"):
         head, paren, tail = token.partition("(")
-        parts = head.split(":")
-        if not parts[0] or len(parts) > 3:
+        name, *rest = head.split(":")
+        if not name or len(rest) > 2:
             raise ValueError(f"cannot parse GRES item '{token}'")
-        name, kind, count_text = parts[0], None, None
-        if len(parts) == 3:
-            kind, count_text = parts[1], parts[2]
-        elif len(parts) == 2:
-            if parts[1].isdigit():
-                count_text = parts[1]
-            else:
-                kind = parts[1]
+        # name[:type][:count]: a lone second part is the count when it is a number.
+        count_text = rest.pop() if len(rest) == 2 or (rest and rest[0].isdigit()) else None
+        kind = rest[0] if rest else None
         indices: tuple[int, ...] = ()
         if paren:
             if not tail.startswith("IDX:") or not tail.endswith(")"):
@@ -151,16 +135,13 @@ def _covers(line: str, node: str) -> bool:
 def parse_scontrol_job_detail(text: str, node: str, job_id: int, narrowed: bool = False) -> list[GresAlloc] | None:
     """Job ``job_id``'s GRES on ``node`` from ``scontrol show job -d`` text (22.05 and 25.11 alike).
 
-    The text is a list of records, each starting with a ``JobId=`` line; per-node
-    detail lines look like ``     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:x:1(IDX:0)``.
-    Asked for an array's master id, Slurm lists every task of the array, and for
-    a heterogeneous job's leader every component: their lines belong to records
-    with other JobIds and are not the job's. But a job name (or 25.11's
-    ``SubmitLine=``) holding newlines can forge lines *and whole records*: a fake
-    ``JobId=`` line moves Slurm's own detail line into a fake record (captured in
-    tests/slurm/captured/*/show_job_d_forged.txt). What a forger cannot change is
-    the first line (Slurm prints the job asked for first, and its JobId/ArrayTaskId
-    /HetJobOffset come before the name) nor remove Slurm's own detail line. Hence:
+    The text is a list of records, each starting with a ``JobId=`` line, with per-node
+    detail lines such as ``     Nodes=n1 CPU_IDs=0 Mem=0 GRES=tpu:x:1(IDX:0)``. Asked for
+    an array's master id (a het job's leader), Slurm lists every task (component) as a
+    record of its own. A job name (or 25.11's ``SubmitLine=``) holding newlines can forge
+    lines *and whole records* (tests/slurm/captured/*/show_job_d_forged.txt), but cannot
+    change the first line (the job asked for, its JobId/ArrayTaskId/HetJobOffset before
+    the name) nor remove Slurm's own detail line. Hence:
 
     - the job's record (the first) with one line for ``node`` and no line for
       ``node`` anywhere else: that line is Slurm's (a forged record before it
@@ -171,8 +152,7 @@ def parse_scontrol_job_detail(text: str, node: str, job_id: int, narrowed: bool 
     - ``narrowed`` (the text answers such a selector): any other record, or more
       than one line for ``node``, is ForgedOutputError.
 
-    ForgedOutputError means: ask again in JSON, which cannot be forged. None when
-    the job has no line for ``node`` (not on this node).
+    ForgedOutputError means: ask again in JSON, which cannot be forged. None: not on ``node``.
     """
     records: list[tuple[dict[str, str], list[str]]] = []
     for line in text.splitlines():

@@ -12,20 +12,12 @@ from .jobdetail import GresAlloc, expand_hostlist, parse_gres_detail
 
 def parse_key_values(line: str) -> dict[str, str]:
     """``A=1 B=two`` -> {"A": "1", "B": "two"} (tokens without '=' are skipped)."""
-    result = {}
-    for token in line.split():
-        key, sep, value = token.partition("=")
-        if sep:
-            result[key] = value
-    return result
+    return {key: value for key, sep, value in (token.partition("=") for token in line.split()) if sep}
 
 
 def parse_slurmd_c(text: str) -> dict[str, str]:
     """The hardware line of ``slurmd -C`` (NodeName=... CPUs=... RealMemory=...)."""
-    for line in text.splitlines():
-        if line.startswith("NodeName="):
-            return parse_key_values(line)
-    return {}
+    return next((parse_key_values(line) for line in text.splitlines() if line.startswith("NodeName=")), {})
 
 
 # ---- a job's GRES in JSON -------------------------------------------------------------
@@ -49,11 +41,10 @@ def _allocated_hosts(resources: dict) -> list[str]:
 def parse_squeue_job_json(text: str, job_id: int, node: str) -> list[GresAlloc] | None:
     """A job's GRES on ``node`` from ``squeue --json -j JOB`` (22.05 and 25.11 layouts).
 
-    JSON, unlike ``scontrol show job -d`` text, cannot be forged by a job name
-    or comment holding a newline and a fake ``GRES=...(IDX:n)`` line. Array tasks
-    and het components are separate entries, told apart by ``job_id``. Returns
-    None when the job or the node is not in the document (job gone or not on this
-    node). Raises ValueError on a document of neither layout.
+    JSON, unlike ``scontrol show job -d`` text, cannot be forged by a job name holding a
+    newline and a fake ``GRES=...(IDX:n)`` line. None when the job (array tasks and het
+    components are entries of their own) or the node is not in the document; ValueError
+    on a document of neither layout.
     """
     import json
 
@@ -68,9 +59,7 @@ def parse_squeue_job_json(text: str, job_id: int, node: str) -> list[GresAlloc] 
         if node not in hosts:
             return None
         position = hosts.index(node)
-        if position >= len(details):
-            return []
-        return parse_gres_detail(details[position])
+        return parse_gres_detail(details[position]) if position < len(details) else []
     return None
 
 
@@ -82,8 +71,7 @@ NodeState = Mapping[str, str]
 def parse_node_state(text: str) -> NodeState:
     """State, Reason and Gres from ``scontrol show node NAME`` (multi-line or ``-o``).
 
-    The reason runs to the end of its line (it may hold spaces; Slurm prints it
-    last, in both layouts and releases); Slurm's `` [user@time]`` is cut off.
+    The reason runs to the end of its line (Slurm prints it last); its `` [user@time]`` is cut off.
     """
     state, reason, gres = "", "", ""
     for raw in text.splitlines():
@@ -137,41 +125,25 @@ def _matches_node(expression: str | None, node: str) -> bool:
 
 
 def parse_gres_conf(text: str, node: str) -> list[GresConfRecord]:
-    """The gres.conf records that apply to ``node``, in file order.
-
-    Lines naming other nodes are skipped; ``File=`` ranges are expanded.
-    ``Include`` is not followed (the caller reads included files if needed).
-    """
+    """The gres.conf records that apply to ``node``, in file order, ``File=`` ranges expanded
+    (``Include`` is not followed: the caller reads included files if needed)."""
     records = []
     for number, line in config_lines(text):
         fields = _keys(line)
         if "name" not in fields or not _matches_node(fields.get("nodename"), node):
             continue
-        files: tuple[str, ...] = ()
-        if "file" in fields:
-            files = tuple(expand_hostlist(fields["file"]))
+        files = tuple(expand_hostlist(fields["file"])) if "file" in fields else ()
         count = len(files) if files else int(fields.get("count", "1").rstrip("KMGkmg") or 1)
         if "count" in fields and files and fields["count"].isdigit():
             count = min(count, int(fields["count"]))
-        records.append(
-            GresConfRecord(
-                fields["name"],
-                fields.get("type"),
-                files,
-                count,
-                by_name_line=not line.lower().startswith("nodename="),
-                line=number,
-            )
-        )
+        by_name_line = not line.lower().startswith("nodename=")
+        records.append(GresConfRecord(fields["name"], fields.get("type"), files, count, by_name_line, number))
     return records
 
 
 def parse_node_gres(text: str, node: str) -> list[tuple[str, str | None, int]] | None:
-    """(name, type, count) of ``node``'s slurm.conf ``Gres=``, in written order.
-
-    None when no NodeName line names the node (e.g. configless, or an Include
-    the caller has not read). ``NodeName=DEFAULT`` Gres= applies to later lines.
-    """
+    """(name, type, count) of ``node``'s slurm.conf ``Gres=`` (``NodeName=DEFAULT``'s applying), in
+    written order; None when no NodeName line names the node (configless, an unread Include)."""
     fields = node_line_fields(text, node)
     if fields is None:
         return None
@@ -207,9 +179,8 @@ def include_paths(text: str, base_dir: str) -> list[str]:
 def parse_slurm_conf_options(text: str) -> dict[str, str]:
     """slurm.conf's options (``Prolog``, ``GresTypes``...) keyed in lower case, last one wins.
 
-    NodeName, PartitionName, NodeSet and DownNodes lines and Include lines are not
-    options and are skipped (``Include`` is not followed: pass the text of the
-    included files appended if they matter).
+    NodeName, PartitionName, NodeSet, DownNodes and Include lines are skipped (pass the
+    included files' text appended if they matter).
     """
     options: dict[str, str] = {}
     for _, line in config_lines(text):
@@ -221,10 +192,8 @@ def parse_slurm_conf_options(text: str) -> dict[str, str]:
 
 
 def node_line_fields(text: str, node: str) -> dict[str, str] | None:
-    """The attributes of ``node``'s NodeName line (``NodeName=DEFAULT`` values under them), keys as written.
-
-    None when no line names the node.
-    """
+    """The attributes of ``node``'s NodeName line (``NodeName=DEFAULT`` values under them), keys as
+    written; None when no line names the node."""
     default: dict[str, str] = {}
     found: dict[str, str] | None = None
     for _, line in config_lines(text):

@@ -1,12 +1,6 @@
-"""How the Slurm gateway runs a program: argument list, absolute path, timeout, light.
-
-``subprocess`` costs the prolog several milliseconds of imports on every job
-(threading, selectors, signal...); ``os.posix_spawn`` plus a pipe does the
-same job here, for the hooks and the admin commands alike. No shell is
-involved, so job-controlled strings are inert. The local test cluster and the
-demo, which start daemons and submit jobs as other users, use ``subprocess``
-with programs that ``installation.py`` found.
-"""
+"""How the Slurm gateway runs a program: argument list, absolute path, timeout, no shell (so
+job-controlled strings are inert). ``os.posix_spawn`` plus a pipe, because ``subprocess``
+costs the prolog several milliseconds of imports on every job."""
 
 from __future__ import annotations
 

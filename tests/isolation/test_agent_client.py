@@ -112,22 +112,20 @@ def test_an_agent_that_dies_before_answering_refuses_the_job(client, state_dir):
     assert "ended before it answered" in done.stderr and "job refused" in done.stderr
 
 
-def test_a_dead_agents_socket_refuses_a_prolog_and_falls_back_for_the_others(client, state_dir):
+@pytest.mark.parametrize("hook", ["prolog", "epilog"])
+def test_a_dead_agents_socket_leaves_the_work_to_the_python_hook_and_says_so(client, state_dir, hook):
     listen(state_dir).close()  # the socket file stays, nobody listens: ECONNREFUSED
     assert os.path.exists(os.path.join(state_dir, "agent.sock"))
-    # The prolog names its Python hook too (for an oversized environment) but does not run it here.
-    done = run_client(client, "prolog", state_dir, "--", "/bin/echo", "python prolog")
-    assert (done.returncode, done.stdout) == (1, "")
-    assert "agent does not answer on its socket" in done.stderr and "job refused" in done.stderr
-    # The epilog and the udev hook name their Python hook: it runs instead.
-    done = run_client(client, "epilog", state_dir, "--", "/bin/echo", "python epilog")
-    assert (done.returncode, done.stdout) == (0, "python epilog\n")
+    done = run_client(client, hook, state_dir, "--", "/bin/echo", f"python {hook}")
+    assert (done.returncode, done.stdout) == (0, f"python {hook}\n")
+    assert "agent does not answer on its socket (restart it: slurm-tpu-agent)" in done.stderr
+    assert "the Python hook does the work" in done.stderr and "job refused" not in done.stderr
 
 
 @pytest.mark.parametrize("hook", ["prolog", "epilog"])
 def test_an_agent_that_stopped_accepting_does_not_hang_the_hook(client, state_dir, hook):
     """A hung agent's listen backlog fills; connect() on a full backlog blocks (no EOF, no refusal).
-    The client bounds it by its answer limit: the prolog refuses the job, the epilog runs its Python hook."""
+    The client bounds it by its answer limit, then runs the Python hook."""
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(os.path.join(state_dir, "agent.sock"))
     server.listen(0)  # one pending connection fills it
@@ -144,11 +142,8 @@ def test_an_agent_that_stopped_accepting_does_not_hang_the_hook(client, state_di
     finally:
         filler.close()
         server.close()
-    if hook == "prolog":
-        assert (done.returncode, done.stdout) == (1, "")
-        assert "agent does not answer on its socket" in done.stderr and "job refused" in done.stderr
-    else:
-        assert (done.returncode, done.stdout) == (0, f"python {hook}\n")
+    assert (done.returncode, done.stdout) == (0, f"python {hook}\n")
+    assert "agent does not answer on its socket" in done.stderr
 
 
 @pytest.mark.parametrize("hook", ["prolog", "epilog"])

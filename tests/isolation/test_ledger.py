@@ -466,3 +466,25 @@ def test_epilog_keeps_the_lease_while_a_process_holds_the_device(state, tmp_path
             holder.wait()
         assert leasing.release(ledger, 8, settings) == []
         assert ledger.names() == []
+
+
+@needs_root
+def test_a_survivors_reason_names_its_uid_and_the_earlier_job_it_came_from(state):
+    """A holder found after job 9 (uid 1000) that runs as another uid got its fd elsewhere: the reason names
+    that uid's last job on the device (the one that leaked it), not only the job that just ended."""
+    identity = "pci-0000:03:00.0"
+    other = subprocess.Popen(["sleep", "600"], user=65534)
+    mine = subprocess.Popen(["sleep", "600"])  # root's: the ended job's uid below is 0
+    try:
+        with Ledger(state) as ledger:
+            ledger.audit("acquire", identity=identity, job_id=7, uid=65534, nodes=["/dev/apex_0"])
+            ledger.audit("acquire", identity=identity, job_id=9, uid=0, nodes=["/dev/apex_0"])
+            ended = lease(identity, job=9, uid=0)
+            assert leasing._owners(ledger, ended, {other.pid: "fd"}) == "uid 65534, whose job 7 held it before"
+            assert leasing._owners(ledger, ended, {mine.pid: "fd"}) == "uid 0"
+            no_such_pid = 2**22 + 1  # above the largest pid_max (PID_MAX_LIMIT): never a process
+            assert leasing._owners(ledger, ended, {no_such_pid: "mmap"}) == "a holder that exited since"
+    finally:
+        for process in (other, mine):
+            process.kill()
+            process.wait()

@@ -375,14 +375,15 @@ def test_an_address_file_of_a_job_that_ended_is_not_trusted(setup, users):
 
 FLOODER = os.path.join(TESTS, "serve_flooder.py")
 FLOOD, TRICKLE, FLOOD_SECONDS = 128, 2.0, 20.0  # the server's head deadline is 10 s, its idle timeout 30 s
-OWNER_BOUND = 5.0  # seconds one of Alice's requests may take (curl's time_total)
+OWNER_REQUESTS = 5
 SLACK = 4.0
 
 
 def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, users):
-    """Bob trickles 128 request heads (one line every 2 s) at Alice's server; Alice's curl (fresh
-    connections, her token) and her client are answered at once all along, and no flood connection
-    outlives the head deadline by much."""
+    """Bob trickles 128 request heads (one line every 2 s) at Alice's server; every one of Alice's curls
+    (fresh connections, her token) and her client's request made while the flood goes on is answered,
+    and no flood connection outlives the head deadline by much. (How fast she is answered under a flood
+    is bench/bench_serve_http.py's to measure.)"""
     cluster, models, double, homes = setup
     log = os.path.join(cluster.base, "out", "serve-flood.out")
     job = _submit_server(cluster, models, double, homes, log, SERVE_JOB)
@@ -402,6 +403,7 @@ def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, us
                 str(TRICKLE),
                 str(FLOOD_SECONDS),
             ],
+            stdin=subprocess.PIPE,  # it floods until this closes (and FLOOD_SECONDS have passed)
             stdout=subprocess.PIPE,
             text=True,
             cwd="/",
@@ -419,12 +421,9 @@ def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, us
                 f"{address['url']}/v1/models/classifier",
             ]
             assert json.loads(flood.stdout.readline()) == {"started": FLOOD}  # all open: now Alice comes
-            answers = []
-            started = time.monotonic()
-            while time.monotonic() - started < FLOOD_SECONDS - 3:
-                done = as_user(ALICE, homes[ALICE], curl)
-                code, seconds = done.stdout.split()
-                answers.append((int(code), float(seconds)))
+            answers = [
+                (as_user(ALICE, homes[ALICE], curl).stdout.split() or ["no answer"])[0] for _ in range(OWNER_REQUESTS)
+            ]
             image = os.path.join(models["images"], "img_00002.png")
             client = as_user(
                 ALICE,
@@ -432,6 +431,7 @@ def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, us
                 slurm_tpu("infer", "--server", job, "classifier", image, "--json"),
                 f"SLURM_CONF={cluster.slurm_conf}",
             )
+            assert flood.poll() is None  # every one of her requests came while the flood went on
             report = json.loads(flood.communicate(timeout=FLOOD_SECONDS + 30)[0])
         finally:
             if flood.poll() is None:
@@ -440,8 +440,7 @@ def test_a_slow_header_flood_by_another_user_never_locks_out_the_owner(setup, us
     finally:
         cluster.command(["scancel", str(job)], user=ALICE)
         cluster.wait_for_jobs([job], 60)
-    assert len(answers) >= 5
-    assert all(code == 200 and seconds <= OWNER_BOUND for code, seconds in answers), answers
+    assert answers == ["200"] * OWNER_REQUESTS, answers
     assert client.returncode == 0 and json.loads(client.stdout)["classes"], client.stderr
     assert report["opened"] > FLOOD and not report["answers"], report["answers"][:5]
     longest = max(report["lifetimes"] + report["still_open"])

@@ -79,6 +79,15 @@ def test_shard_from_environment():
     assert shard_from_environment({}) is None
     with pytest.raises(UsageError, match="--shard-index"):  # --array=1,4,9: not a range
         shard_from_environment({"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1"})
+    with pytest.raises(UsageError, match="step 0"):  # a step of 0 (a forged environment): one line, not a traceback
+        shard_from_environment(
+            {
+                "SLURM_ARRAY_TASK_ID": "3",
+                "SLURM_ARRAY_TASK_COUNT": "2",
+                "SLURM_ARRAY_TASK_MIN": "1",
+                "SLURM_ARRAY_TASK_STEP": "0",
+            }
+        )
 
 
 def test_explicit_shard_flags(models, clean_env, tmp_path):
