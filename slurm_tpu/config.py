@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from .defaults import (
+    ACCOUNTING_SPOOL,
     CONFIG_ENV as ENV_VAR,
     CONFIG_PATH as DEFAULT_PATH,
     HOLDER_SCAN_S,
@@ -131,6 +132,14 @@ class Config:
         str,
         "persistent copy of the configured inventory (restored at boot)",
         INVENTORY_FILE,
+        _absolute_path,
+    )
+    # The epilog's figures for `accounting-collect`, kept across reboots (docs/accounting.md).
+    accounting_spool: str = setting(
+        "accounting_spool",
+        str,
+        "where the epilog leaves each job's figures for accounting-collect (root-only; persistent storage)",
+        ACCOUNTING_SPOOL,
         _absolute_path,
     )
     idle: Ownership = field(default=Ownership(), metadata={"keys": Ownership})

@@ -20,6 +20,9 @@ STATE_DIR_ENV = "SLURM_TPU_STATE_DIR"
 # slurm_tpu/protocol/inventory.py) and its persistent copy, restored at boot (/run is tmpfs).
 INVENTORY_NAME = "inventory.json"
 INVENTORY_FILE = "/var/lib/slurm-tpu/" + INVENTORY_NAME
+# Where the epilog leaves each job's figures for accounting-collect (root-only 0700): persistent,
+# so that entries not yet applied to Slurm's job records survive a reboot.
+ACCOUNTING_SPOOL = "/var/lib/slurm-tpu/accounting-spool"
 SLOT_DIR = "/dev/slurm-tpu"  # the stable per-device slot nodes gres.conf names (<slot_dir>/<identity>)
 SYSFS_ROOT = "/sys"
 

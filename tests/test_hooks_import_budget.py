@@ -142,7 +142,7 @@ def measured(cluster_factory, tmp_path_factory):
     )
     # A node with an accounting collector (its first run makes this spool): the epilog also
     # spools each job's figures (slurm_tpu/protocol/job_record.py), under the same budget.
-    spool = Path(cluster.node_dir("n1")) / "state" / "accounting-spool"
+    spool = Path(cluster.accounting_spool("n1"))
     spool.mkdir(mode=0o700, parents=True)
     jobs = []
     for round_ in (1, 2):

@@ -26,6 +26,7 @@ ACCOUNT = "demo"
 QOS = "onetpu"
 CAP = "MaxTRESPerUser=gres/tpu=1"
 HOLD = "#!/bin/sh\nexec sleep 300\n"
+WINDOW_S = 2.0  # the collectors' window (slurm_tpu/ops/accounting.py): each runs here, one at a time
 
 
 def _wait(predicate, timeout: float, what: str):
@@ -44,7 +45,8 @@ def collect(cluster: LocalCluster, node: str):
     from slurm_tpu.ops.accounting import collect as collect_spool
     from slurm_tpu.slurm.commands import Slurm
 
-    return collect_spool(os.path.join(cluster.node_dir(node), "state"), Slurm(cluster.slurm, cluster.env()))
+    # A short window: a written item is confirmed (and its entry removed) seconds later, not WINDOW_S.
+    return collect_spool(cluster.accounting_spool(node), Slurm(cluster.slurm, cluster.env()), window=WINDOW_S)
 
 
 def prepare(cluster: LocalCluster, user: str) -> None:
@@ -97,7 +99,8 @@ def apply_usage(cluster: LocalCluster, timeout: float = 60) -> None:
     """Run every node's collector until no entry waits (jobs' ends reach slurmdbd asynchronously)."""
 
     def drained() -> bool:
-        return all(not collect(cluster, node.name).waiting for node in NODES)
+        results = [collect(cluster, node.name) for node in NODES]
+        return all(not result.waiting and not result.applied for result in results)  # every spool empty
 
     _wait(drained, timeout, "the jobs' figures did not all reach their AdminComment")
 

@@ -222,6 +222,14 @@ class LocalCluster:
             return self.udev_hook
         return [client, "udev", self.state_dir(node), "--", *self.udev_hook]
 
+    def accounting_spool(self, node: str) -> str:
+        """The node's accounting spool (its config's ``accounting_spool``), which its collector makes."""
+        import yaml
+
+        with open(self.node_config(node), encoding="utf-8") as handle:
+            config = yaml.safe_load(handle) or {}
+        return config.get("accounting_spool") or os.path.join(self.node_dir(node), "accounting-spool")
+
     def state_dir(self, node: str) -> str:
         """The node's state directory (its config's ``state_dir:``), where its agent listens."""
         from slurm_tpu.hooks.settings import scan_state_dir
@@ -282,6 +290,8 @@ class LocalCluster:
             "devices": {"slot_dir": os.path.join(directory, "slots")},
             "state_dir": os.path.join(directory, "state"),
             "inventory_file": os.path.join(directory, "configured-inventory.json"),
+            # Each node its own spool, as on separate machines (the default is one per machine).
+            "accounting_spool": os.path.join(directory, "accounting-spool"),
             "sysfs_root": os.path.join(directory, "sys"),  # the hooks' revocation writes here
         }
         for key, value in self.node_config_extra.items():  # e.g. {"devices": {...}} merged shallowly

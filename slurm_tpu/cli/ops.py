@@ -310,27 +310,48 @@ def _slurm_accounting(obj: Obj) -> bool:
 @click.option(
     "--every", type=float, metavar="SECONDS", help="Run as a service: collect again every SECONDS (default: once)."
 )
+@click.option(
+    "--window",
+    type=click.FloatRange(min=0.1),
+    default=30.0,
+    show_default=True,
+    metavar="SECONDS",
+    help="The longest a write may follow the read it is made from; an item is checked again this long "
+    "after its write. The same on every node.",
+)
 @pass_obj
-def accounting_collect(obj: Obj, every: float | None) -> None:
+def accounting_collect(obj: Obj, every: float | None, window: float) -> None:
     """Put each job's inference figures into its AdminComment in Slurm's accounting (root, on each node).
 
-    The epilog spools them under the state directory (only once this command has
-    run: its first run makes the root-only spool); this applies them with
-    `sacctmgr modify job ... set AdminComment=...` and removes an entry only once
-    Slurm took it. Entries of jobs whose end is not recorded yet, or that Slurm
-    refuses now, wait for the next run. Without --every, exit 1 when a spool file
-    is not an entry (it is left there, named).
+    The epilog spools them in the config's accounting_spool (default
+    /var/lib/slurm-tpu/accounting-spool, which survives a reboot), only once this
+    command has run: its first run makes the root-only spool. This applies them
+    with `sacctmgr modify job ... set AdminComment=...`, keeps each entry until a
+    run at least --window seconds later finds the node's item still there (the
+    collectors of a multi-node job's nodes share that AdminComment: an item another
+    node's write erased is written again), and only then removes it. Entries of
+    jobs whose end is not recorded yet, or that Slurm refuses now, wait for the
+    next run. Entries an older slurm-tpu left in <state_dir>/accounting-spool are
+    taken over. `slurm-tpu install` installs slurm-tpu-accounting.timer, which runs
+    this every minute. Without --every, exit 1 when a spool file is not an entry
+    (it is left there, named).
     """
     import time
 
     from ..ops.accounting import collect
+    from ..protocol.job_record import SPOOL_DIR
     from ..slurm.commands import Slurm
 
     slurm = Slurm.for_config(obj.config)
+    legacy = os.path.join(obj.config.state_dir, SPOOL_DIR)
     while True:
-        result = collect(obj.config.state_dir, slurm)
+        result = collect(obj.config.accounting_spool, slurm, window, legacy=legacy)
+        if result.busy:
+            click.echo(f"slurm-tpu accounting-collect: another collector is running on {obj.config.accounting_spool}")
         for job, comment in result.applied.items():
-            click.echo(f"job {job}: AdminComment={comment}")
+            click.echo(f"job {job}: AdminComment={comment} (checked again after {window:g} s)")
+        for job, comment in result.confirmed.items():
+            click.echo(f"job {job}: done, AdminComment={comment}")
         for job, why in result.waiting.items():
             click.echo(f"job {job}: waits ({why})")
         for why in result.refused.values():

@@ -45,7 +45,9 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
             # Usage before the release (outside the lock in a hook process: it reads only the job's own box).
             records = jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
             # For Slurm's own job record (AdminComment), applied later by the accounting collector.
-            jobusage.spool(ledger, job.job_id, leases[0].uid, settings.node, len(leases), records)
+            jobusage.spool(
+                ledger, job.job_id, leases[0].uid, settings.node, len(leases), records, settings.accounting_spool
+            )
             jobusage.discard(ledger, job.job_id)
             hook.probe.mark("usage_box")
             problems = leasing.release(ledger, job.job_id, settings, probe=hook.probe)

@@ -173,26 +173,56 @@ def collect(ledger, job_id: int, uid: int, identities) -> list:
     return list(records.values())
 
 
-def spool(ledger, job_id: int, uid: int, node: str, devices: int, records) -> bool:
-    """Leave the job's figures on this node for the accounting collector; whether an entry was written.
+def open_spool(path: str, create: bool = False) -> int:
+    """The accounting spool ``path`` (config ``accounting_spool``), as a directory descriptor the caller closes.
 
-    Only where a collector runs (it makes the root-only ``<state_dir>/accounting-spool``); written
-    atomically, 0600. Never raises for an OSError: a full disk costs the job's AdminComment
-    (protocol/job_record.py), never the job or the node."""
-    from ..protocol.job_record import SPOOL_DIR, encode_spool, totals
+    Root's and root-only (0700), in a directory root owns and no one else can write; a symlink
+    at either is refused, never followed (StateDirError). ``create`` (the collector's first run)
+    makes it 0700, and missing parents 0755; without it a spool that is missing, or that others
+    could read, is refused (the epilog then spools nothing).
+    """
+    parent = statedir.open_dir(os.path.dirname(path) or "/", create=create)
+    try:
+        name = statedir.check_name(os.path.basename(path))
+        if create:
+            try:
+                os.mkdir(name, 0o700, dir_fd=parent)  # never 0755 on the way
+            except FileExistsError:
+                pass
+        fd = statedir.open_dir(name, parent_fd=parent)
+    finally:
+        os.close(parent)
+    try:
+        mode = os.fstat(fd).st_mode & 0o777
+        if mode & 0o077:
+            if not create:
+                raise statedir.StateDirError(f"{path} is mode {mode:04o}, not root-only 0700", path)
+            os.fchmod(fd, 0o700)  # the figures are the admin's, not the users'
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def spool(ledger, job_id: int, uid: int, node: str, devices: int, records, path: str) -> bool:
+    """Leave the job's figures on this node for the accounting collector, in the spool ``path``
+    (config ``accounting_spool``, persistent: entries outlive a reboot); whether an entry was written.
+
+    Only where a collector runs (its first run makes the root-only spool); written atomically,
+    0600, never through a symlink. Never raises for an OSError: a full disk costs the job's
+    AdminComment (protocol/job_record.py), never the job or the node."""
+    from ..protocol.job_record import encode_spool, totals
 
     try:
-        spool_fd = statedir.open_dir(SPOOL_DIR, parent_fd=ledger.dir_fd)
+        spool_fd = open_spool(path)
     except statedir.StateDirError:
         return False  # no collector here (or an unsafe spool: never written through)
     try:
-        if os.fstat(spool_fd).st_mode & 0o077:
-            return False  # not the collector's root-only directory
         statedir.write_atomic(spool_fd, str(job_id), encode_spool(totals(job_id, node, devices, records)), 0o600)
         return True
     except (OSError, statedir.StateDirError) as exc:
         ledger.audit(
-            USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"{SPOOL_DIR}: {getattr(exc, 'strerror', None) or exc}"
+            USAGE_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"{path}: {getattr(exc, 'strerror', None) or exc}"
         )
         return False
     finally:

@@ -169,6 +169,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     settings.slurm_bin_dir, settings.slurm_sbin_dir = config.slurm_bin_dir or "", config.slurm_sbin_dir or ""
     settings.revoke, settings.holder_scan_s = config.revoke, config.holder_scan_seconds
     settings.sysfs_root = config.sysfs_root
+    settings.accounting_spool = config.accounting_spool
     paths = _source_paths(cfg, config.state_dir, environ)
     paths += slurm_files.slurm_conf_files(paths[2])[1:]
     # The registry: a family added or changed (an upgrade) sends the next hook down this path.

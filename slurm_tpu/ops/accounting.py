@@ -9,24 +9,35 @@ Three parts (docs/accounting.md tells the whole story):
   its run time within the period, exactly as sreport computes a TRES's usage; its inference
   figures come from its ``AdminComment``.
 - **the collector** (:func:`collect`, ``slurm-tpu accounting-collect``): each job's spooled
-  figures into its ``AdminComment`` with ``sacctmgr`` (an argument list, no shell). An entry
-  whose job has no finished record yet (slurmctld sends the job's end to slurmdbd
-  asynchronously), or that Slurm refuses, stays for the next run: nothing here can fail a
-  job or drain a node.
+  figures into its ``AdminComment`` with ``sacctmgr`` (an argument list, no shell), by a
+  protocol under which the collectors of a multi-node job's nodes never lose each other's
+  items (below). An entry whose job has no finished record yet (slurmctld sends the job's end
+  to slurmdbd asynchronously), or that Slurm refuses, stays for the next run: nothing here can
+  fail a job or drain a node.
 """
 
 from __future__ import annotations
 
 import datetime
+import fcntl
 import os
 import pwd
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..access import statedir
 from ..errors import SlurmCommandError
 from ..protocol.audit import LeaseSpan
-from ..protocol.job_record import SPOOL_DIR, decode_spool, merge, parse_admin_comment
+from ..protocol.job_record import (
+    MAX_SPOOL_BYTES,
+    SpoolEntry,
+    decode_spool,
+    encode_spool,
+    has_item,
+    merge,
+    parse_admin_comment,
+)
 
 # ---- the audit log ------------------------------------------------------------------------
 
@@ -203,42 +214,96 @@ def summarize_sacct(
 
 
 # ---- the collector: spool -> AdminComment -------------------------------------------------
+#
+# Every node of a multi-node job spools its own entry, and each node's collector writes the
+# job's whole AdminComment (sacct reads it, sacctmgr replaces it: Slurm has no compare-and-set),
+# so two collectors can interleave: A reads, B reads, A writes, B writes, and B's write, made
+# from a read without A's item, erases it. No lock spans the nodes; instead:
+#
+# 1. Bounded window. A collector writes only while at most ``window`` (W) seconds have passed since
+#    it started the read the write is made from: the read gets W/2 (else it is abandoned), and
+#    sacctmgr the rest (its timeout). A read that returned too late is made again.
+# 2. Written, then confirmed. After writing its item (or finding it there), a collector keeps
+#    the entry, marked with the time (after the write returned). A later run, at least W after
+#    that mark, reads again: the item still there is final, and the entry is removed; the item
+#    missing is written again (and marked again).
+#
+# Why an item found at least W after its write is final: a write that erases it must come from a
+# read that did not see it, so a read started before the item took effect (before the mark), and
+# take effect after the check (until the check nothing erased it), more than W after that read
+# started, which step 1 rules out. Every erasure is therefore seen by the check that follows it, and
+# repaired by its node's next run; each repair is a new write of the same item, so the entries of
+# all nodes converge once their writes stop overlapping (each run of a collector reads afresh).
+# What this assumes: a write takes effect before sacctmgr returns or is killed at its timeout (a
+# slurmdbd that applied a request received long before would break step 1), and the clocks measure
+# time at the same rate on every node (not that they agree: each node only measures its own intervals).
 
 # sacct states of a job whose end slurmdbd has not recorded yet: its record is not final.
 UNFINISHED = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING")
+WINDOW_S = 30.0  # default W: the same on every node (a run checks its own writes W after them)
+READS = 3  # reads of one entry per run, when the window runs out, before it waits for the next run
+
+
+class Clock:
+    """The collector's time. :meth:`now`: seconds that never go back (CLOCK_BOOTTIME, which counts
+    a suspend too), for a window within one run; :meth:`mark`: the spool's text for now, from which
+    :meth:`since` measures in a later run, across a reboot too (then by the wall clock, the only
+    one that spans it). Tests drive a subclass by hand."""
+
+    def __init__(self) -> None:
+        try:
+            with open("/proc/sys/kernel/random/boot_id", encoding="ascii") as handle:
+                self.boot = handle.read().strip()
+        except OSError:
+            self.boot = ""  # then every mark is measured by the wall clock
+
+    def now(self) -> float:
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+
+    def wall(self) -> float:
+        return time.time()
+
+    def mark(self) -> str:
+        return f"{self.boot or '-'} {self.now():.3f} {self.wall():.3f}"
+
+    def since(self, mark: str) -> float | None:
+        """Seconds since ``mark`` (None: not a mark)."""
+        try:
+            boot, uptime, wall = mark.split()
+            then, then_wall = float(uptime), float(wall)
+        except ValueError:
+            return None
+        if self.boot and boot == self.boot:
+            return self.now() - then
+        return self.wall() - then_wall
 
 
 @dataclass
 class CollectResult:
-    applied: dict[int, str] = field(default_factory=dict)  # job -> the AdminComment written
+    applied: dict[int, str] = field(default_factory=dict)  # job -> the AdminComment written (checked later)
+    confirmed: dict[int, str] = field(default_factory=dict)  # job -> the AdminComment its item is final in
     waiting: dict[int, str] = field(default_factory=dict)  # job -> why it stays for the next run
     refused: dict[str, str] = field(default_factory=dict)  # spool file -> why it is not an entry (left there)
+    busy: bool = False  # another collector holds this spool: nothing done
 
 
-def open_spool(state_dir: str) -> int:
+def open_spool(path: str) -> int:
     """The spool directory's descriptor, made root-only (0700) if missing; StateDirError if unsafe."""
-    parent = statedir.open_dir(state_dir, create=True)
-    try:
-        fd = statedir.open_dir(SPOOL_DIR, create=True, parent_fd=parent)
-    finally:
-        os.close(parent)
-    try:
-        if os.fstat(fd).st_mode & 0o077:
-            os.fchmod(fd, 0o700)  # the figures are the admin's, not the users'
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
+    from ..hooks.jobusage import open_spool as open_dir
+
+    return open_dir(path, create=True)
 
 
-def _job_record(slurm, job_id: int) -> tuple[str, str, str, str] | None:
+def _job_record(slurm, job_id: int, timeout: float | None = None) -> tuple[str, str, str, str] | None:
     """(JobID, State, End, AdminComment) of the job's record in Slurm's accounting; None when it has none.
 
     ``job_id`` is SLURM_JOB_ID (sacct's JobIDRaw). For an array task, ``-j 15`` means every
     task of array 15, so ``modify job where jobid=15`` would write all of them: the record is
     found by its JobIDRaw and selected by its JobID (``15_3``), which names that one task.
     """
-    out = slurm.run("sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "JobIDRaw,JobID,State,End,AdminComment")
+    out = slurm.run(
+        "sacct", "-n", "-P", "-X", "-j", str(job_id), "-o", "JobIDRaw,JobID,State,End,AdminComment", timeout=timeout
+    )
     found = None
     for line in out.splitlines():
         raw, job, state, end, comment = (line.split("|", 4) + [""] * 5)[:5]  # AdminComment last: it may hold '|'
@@ -247,17 +312,145 @@ def _job_record(slurm, job_id: int) -> tuple[str, str, str, str] | None:
     return found
 
 
-def collect(state_dir: str, slurm) -> CollectResult:
-    """Apply every spooled entry under ``state_dir`` through ``slurm`` (a :class:`~slurm_tpu.slurm.commands.Slurm`)."""
-    result = CollectResult()
-    spool = open_spool(state_dir)
+@dataclass(frozen=True)
+class Read:
+    """One collector's read of a job's record, and when it started (:meth:`Clock.now`)."""
+
+    entry: SpoolEntry
+    job_ref: str  # what sacctmgr selects the job by
+    comment: str
+    started: float
+
+
+def read_record(slurm, entry: SpoolEntry, clock: Clock, window: float = WINDOW_S) -> Read | str:
+    """The job's record as a :class:`Read`, or why the entry waits (no finished record yet);
+    SlurmCommandError when sacct fails or takes more than half the window."""
+    started = clock.now()
+    record = _job_record(slurm, entry.job_id, timeout=window / 2)
+    if record is None:
+        return "not in Slurm's accounting yet"
+    job_ref, state, end, comment = record
+    # A job that ended while slurmdbd was away is first recorded with its final state and no
+    # end (its start message); the end follows, and would carry the controller's (empty)
+    # AdminComment over ours: wait for it.
+    if state in UNFINISHED or end in ("", "Unknown", "None"):
+        return f"its end is not recorded yet ({state}, end {end or '?'})"
+    return Read(entry, job_ref, comment, started)
+
+
+def write_item(slurm, read: Read, clock: Clock, window: float = WINDOW_S) -> str | None:
+    """Write the AdminComment ``read`` saw with the entry's item in it, if that can take effect within
+    ``window`` of the read's start: the mark of the write (taken after it returned), or None when
+    the window is spent (read again). SlurmCommandError when sacctmgr fails or runs past the window."""
+    left = window - (clock.now() - read.started)
+    if left < window / 2:
+        return None
+    merged = merge(read.comment, read.entry)
+    where = f"jobid={read.job_ref}"
+    slurm.run("sacctmgr", "-i", "modify", "job", "where", where, "set", f"AdminComment={merged}", timeout=left)
+    return clock.mark()
+
+
+def mark_written(spool_fd: int, name: str, raw: bytes, entry: SpoolEntry, mark: str) -> bool:
+    """Record in the spool that the entry's item was written at ``mark``, unless the file is no longer
+    ``raw`` (an epilog's new entry for the job, or another run's mark); whether it was recorded."""
+    if statedir.read_file(spool_fd, name, limit=MAX_SPOOL_BYTES) != raw:
+        return False
+    written = SpoolEntry(
+        entry.job_id, entry.node, entry.devices, entry.inferences, entry.inference_seconds, entry.energy_j, mark
+    )
+    statedir.write_atomic(spool_fd, name, encode_spool(written), 0o600)
+    return True
+
+
+def _settle(spool_fd: int, name: str, raw: bytes, entry: SpoolEntry, slurm, window: float, clock: Clock, result):
+    """One entry's step of the protocol (above): wait, write, mark or remove it."""
+    job = entry.job_id
+    age = clock.since(entry.written) if entry.written else None
+    if age is not None and age < window:
+        result.waiting[job] = f"written {age:.0f} s ago; checked once {window:g} s have passed"
+        return
+    for _ in range(READS):
+        got = read_record(slurm, entry, clock, window)
+        if isinstance(got, str):
+            result.waiting[job] = got
+            return
+        if has_item(got.comment, entry):
+            if age is not None:  # still there W after the write: final
+                statedir.remove(spool_fd, name)
+                result.confirmed[job] = got.comment
+            else:  # there, but not marked (a run that stopped after its write): from now on
+                mark_written(spool_fd, name, raw, entry, clock.mark())
+                result.waiting[job] = f"its item is there; checked once {window:g} s have passed"
+            return
+        mark = write_item(slurm, got, clock, window)
+        if mark is not None:
+            mark_written(spool_fd, name, raw, entry, mark)
+            result.applied[job] = merge(got.comment, entry)
+            return
+    result.waiting[job] = f"Slurm's accounting answered slower than the window ({window:g} s)"
+
+
+def _adopt(legacy: str, spool_fd: int, result: CollectResult) -> None:
+    """Move the entries of an older slurm-tpu's spool (``<state_dir>/accounting-spool``, on /run) into
+    ``spool_fd`` (an entry already there wins). The directory stays: an epilog of the older code
+    (an agent not yet restarted) still spools there, and /run is gone at the next boot anyway."""
+    from ..hooks.jobusage import open_spool as open_dir
+
+    if not os.path.lexists(legacy):
+        return
     try:
-        for name in sorted(os.listdir(spool)):
+        old = open_dir(legacy)
+    except statedir.StateDirError as exc:
+        result.refused[legacy] = str(exc)
+        return
+    try:
+        for name in sorted(os.listdir(old)):
+            if name.startswith("."):
+                continue
+            try:
+                raw = statedir.read_file(old, name, limit=MAX_SPOOL_BYTES)
+                if raw is None:
+                    continue
+                decode_spool(raw, f"{legacy}/{name}")
+                if statedir.read_file(spool_fd, name, limit=MAX_SPOOL_BYTES) is None:
+                    statedir.write_atomic(spool_fd, name, raw, 0o600)
+            except (ValueError, statedir.StateDirError) as exc:
+                result.refused[f"{legacy}/{name}"] = str(exc)
+                continue
+            statedir.remove(old, name)
+    finally:
+        os.close(old)
+
+
+def collect(
+    spool: str,
+    slurm,
+    window: float = WINDOW_S,
+    clock: Clock | None = None,
+    legacy: str | None = None,
+) -> CollectResult:
+    """Apply every entry of the spool ``spool`` (config ``accounting_spool``) through ``slurm`` (a
+    :class:`~slurm_tpu.slurm.commands.Slurm`), by the protocol above with window ``window``; first
+    adopt the entries of ``legacy``, an older slurm-tpu's spool, if there is one. One collector per
+    spool at a time: another one's run leaves this one ``busy``."""
+    result = CollectResult()
+    clock = clock or Clock()
+    spool_fd = open_spool(spool)
+    try:
+        try:
+            fcntl.flock(spool_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            result.busy = True
+            return result
+        if legacy and os.path.normpath(legacy) != os.path.normpath(spool):
+            _adopt(legacy, spool_fd, result)
+        for name in sorted(os.listdir(spool_fd)):
             if name.startswith("."):
                 continue  # an epilog's temp file, renamed into place when complete
-            source = f"{state_dir}/{SPOOL_DIR}/{name}"
+            source = f"{spool}/{name}"
             try:
-                raw = statedir.read_file(spool, name, limit=4096)
+                raw = statedir.read_file(spool_fd, name, limit=MAX_SPOOL_BYTES)
                 if raw is None:
                     continue  # removed meanwhile
                 entry = decode_spool(raw, source)
@@ -267,26 +460,11 @@ def collect(state_dir: str, slurm) -> CollectResult:
                 result.refused[name] = str(exc)
                 continue
             try:
-                record = _job_record(slurm, entry.job_id)
-                if record is None:
-                    result.waiting[entry.job_id] = "not in Slurm's accounting yet"
-                    continue
-                job_ref, state, end, comment = record
-                # A job that ended while slurmdbd was away is first recorded with its final
-                # state and no end (its start message); the end follows, and would carry
-                # the controller's (empty) AdminComment over ours: wait for it.
-                if state in UNFINISHED or end in ("", "Unknown", "None"):
-                    result.waiting[entry.job_id] = f"its end is not recorded yet ({state}, end {end or '?'})"
-                    continue
-                merged = merge(comment, entry)
-                slurm.run(
-                    "sacctmgr", "-i", "modify", "job", "where", f"jobid={job_ref}", "set", f"AdminComment={merged}"
-                )
+                _settle(spool_fd, name, raw, entry, slurm, window, clock, result)
             except SlurmCommandError as exc:
                 result.waiting[entry.job_id] = str(exc).splitlines()[0] if str(exc) else "Slurm refused"
-                continue
-            statedir.remove(spool, name)
-            result.applied[entry.job_id] = merged
+            except (OSError, statedir.StateDirError) as exc:  # the spool itself (a full disk): the entry stays
+                result.waiting[entry.job_id] = f"{source}: {getattr(exc, 'strerror', None) or exc}"
     finally:
-        os.close(spool)
+        os.close(spool_fd)
     return result

@@ -206,6 +206,75 @@ def check_accounting_tres(node: Node) -> list[Finding]:
     return _ok("AccountingStorageTRES", ",".join(have) or "(no GRES here)")
 
 
+ACCOUNTING_TIMER = "slurm-tpu-accounting.timer"  # what `systemctl enable` links into timers.target.wants
+
+
+def _accounting_spool_problem(path: str) -> tuple[str, str] | None:
+    """(problem, fix) when the accounting spool exists but the epilog would refuse it (not root's, not
+    0700, a link) or where its parent lets others swap it; None when it is fine or not made yet."""
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"accounting spool {path}: {exc.strerror}", f"check {path}"
+    fix = f"chown root:root {path} && chmod 0700 {path}"
+    if not stat.S_ISDIR(info.st_mode):
+        return f"accounting spool {path} is not a directory: the epilog spools nothing", f"remove {path}"
+    if info.st_uid != 0 or info.st_mode & 0o077:
+        what = f"uid {info.st_uid} mode {_mode(info)}"
+        return f"accounting spool {path} is {what}, not root's 0700: the epilog spools nothing", fix
+    parent = os.path.dirname(path)
+    why = _unsafe(parent)
+    if why:
+        return f"accounting spool {path}: its parent {why}: whoever can write it can swap the spool", _make_roots(
+            parent
+        )
+    return None
+
+
+def check_accounting_collector(node: Node) -> list[Finding]:
+    """Where Slurm's accounting is on: ``slurm-tpu-accounting.{service,timer}`` installed as this slurm-tpu
+    ships them and the timer enabled (and running, where systemd runs), and the spool safe."""
+    from ..files import read_text
+    from .accounting import accounting_on
+    from .install import ACCOUNTING_UNITS, planned_units
+
+    check = "accounting collector"
+    if not accounting_on(node.options()):
+        return _ok(check, "Slurm's accounting is off (no slurmdbd): no collector needed")
+    layout = node.layout
+    install = f"slurm-tpu install --sysconfdir {layout.sysconfdir}"
+    for spec in planned_units(layout, os.path.dirname(node.slurm_conf), ACCOUNTING_UNITS):
+        have = read_text(spec.path) if os.path.isfile(spec.path) else None
+        if have is None:
+            message = f"{spec.path} is missing: no collector puts the jobs' inference figures into Slurm's AdminComment"
+            return _fail(check, message, install)
+        if have != spec.content:
+            return _fail(check, f"{spec.path} is stale (not what this slurm-tpu installs)", install)
+    enabled = os.path.join(layout.systemd_dir, "timers.target.wants", ACCOUNTING_TIMER)
+    start = f"systemctl enable --now {ACCOUNTING_TIMER}"
+    if not os.path.lexists(enabled):
+        message = f"{ACCOUNTING_TIMER} is not enabled: the epilog spools no figures and none reach Slurm's AdminComment"
+        return _fail(check, message, start)
+    if layout.is_system and os.path.isdir("/run/systemd/system"):
+        try:
+            active = (
+                subprocess.run(
+                    ["systemctl", "is-active", "--quiet", ACCOUNTING_TIMER], capture_output=True, timeout=20
+                ).returncode
+                == 0
+            )
+        except (OSError, subprocess.TimeoutExpired):
+            active = True  # cannot tell: the enabled link is what doctor can vouch for
+        if not active:
+            return _fail(check, f"{ACCOUNTING_TIMER} is enabled but not running", start)
+    problem = _accounting_spool_problem(node.config.accounting_spool)
+    if problem:
+        return _fail(check, *problem)
+    return _ok(check, f"{ACCOUNTING_TIMER} enabled; spool {node.config.accounting_spool}")
+
+
 def check_gres_conf(node: Node) -> list[Finding]:
     """This node's gres.conf block is what ``gres-conf --check`` expects."""
     from ..files import changed_lines, merge_block, read_text
@@ -624,6 +693,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_hooks,
     check_gres_types,
     check_accounting_tres,
+    check_accounting_collector,
     check_gres_conf,
     check_node_line,
     check_udev_rules,

@@ -56,8 +56,12 @@ SYSTEMD_FILES = (
     ("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
     ("slurm-tpu-metrics.service", "slurm-tpu-metrics.service"),
     ("slurm-tpu-metrics.timer", "slurm-tpu-metrics.timer"),
+    ("slurm-tpu-accounting.service", "slurm-tpu-accounting.service"),
+    ("slurm-tpu-accounting.timer", "slurm-tpu-accounting.timer"),
     ("slurmd-slurm-tpu.conf", "slurmd.service.d/slurm-tpu.conf"),
 )
+# The accounting collector's units (docs/accounting.md), which doctor checks where slurmdbd records jobs.
+ACCOUNTING_UNITS = ("slurm-tpu-accounting.service", "slurm-tpu-accounting.timer")
 _MARK = "  # set by slurm-tpu install"
 # Coral's libedgetpu1-std layout: the library file, and the soname link dlopen("libedgetpu.so.1") finds.
 LIBEDGETPU_FILE = "libedgetpu.so.1.0"
@@ -240,6 +244,7 @@ CONFIG_SKELETON = """\
 version: 2
 # node_name: n1                    # Slurm NodeName (default: the short hostname)
 # state_dir: /run/slurm-tpu        # the hooks' lease ledger (root-owned)
+# accounting_spool: /var/lib/slurm-tpu/accounting-spool   # jobs' figures for accounting-collect
 # families:                        # per accelerator family: GRES name, types, features
 #   edgetpu: {gres_name: tpu, types: {usb: edgetpu_usb, pci: edgetpu_pci}}
 #   gpu: {gres_name: gpu, isolate: false}   # isolate: lease GPUs too (no cgroup devices)
@@ -322,22 +327,32 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
     """Every file ``install`` writes, with its content."""
     from ..render.udev_rules import render_udev_rules
 
-    python, root, program = node_files.interpreter(), node_files.package_root(), node_files.this_program()
+    python, root = node_files.interpreter(), node_files.package_root()
 
     def hook(directory: str, name: str, mode: int) -> FileSpec:
         text = installed_hook_text(node_files.read_node_file(directory, name), name, python, root, layout.config_file)
         return FileSpec(os.path.join(layout.hooks_dir, name), text, mode)
 
-    def unit(shipped: str, target: str) -> FileSpec:
-        text = unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir)
-        return FileSpec(os.path.join(layout.systemd_dir, target), text, 0o644)
-
     return [
         *(hook(*spec) for spec in HOOK_FILES),
         FileSpec(layout.hook_file("HealthCheckProgram"), health_program_text(python, layout.config_file), 0o755),
         FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644),
-        *(unit(*names) for names in SYSTEMD_FILES),
+        *planned_units(layout, slurm_conf_dir),
         FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True),
+    ]
+
+
+def planned_units(layout: Layout, slurm_conf_dir: str, names: tuple[str, ...] | None = None) -> list[FileSpec]:
+    """The systemd files ``install`` writes (of the shipped ``names``, default all), filled in."""
+    program = node_files.this_program()
+    return [
+        FileSpec(
+            os.path.join(layout.systemd_dir, target),
+            unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir),
+            0o644,
+        )
+        for shipped, target in SYSTEMD_FILES
+        if names is None or shipped in names
     ]
 
 

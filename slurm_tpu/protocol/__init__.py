@@ -20,7 +20,7 @@ The formats (module: file; writer -> readers):
 - :mod:`.audit`: ``<state_dir>/audit.log``; every hook -> ``report``, ``metrics``, the demo, the isolation tests.
 - :mod:`.usage`: ``<state_dir>/job-usage/<job>/<identity>.json`` (the job's own tmpfs); the runner
   (the job's user: hostile input) -> the epilog.
-- :mod:`.job_record`: ``<state_dir>/accounting-spool/<job>`` and the job's ``AdminComment``; the
+- :mod:`.job_record`: ``<accounting_spool>/<job>`` and the job's ``AdminComment``; the
   epilog -> ``accounting-collect`` -> ``report``.
 - :mod:`.serve_address`: ``~/.slurm-tpu/serve/<job>.json``; ``slurm-tpu serve`` -> ``infer --server``.
 - :mod:`.install_manifest`: ``<prefix>/libexec/slurm-tpu/install-manifest.json``; ``install`` -> ``uninstall``.

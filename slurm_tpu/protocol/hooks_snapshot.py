@@ -24,7 +24,7 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 
 from __future__ import annotations
 
-from ..defaults import HOLDER_SCAN_S, NODE_MODE, SLOT_DIR, SYSFS_ROOT
+from ..defaults import ACCOUNTING_SPOOL, HOLDER_SCAN_S, NODE_MODE, SLOT_DIR, SYSFS_ROOT
 from . import Record
 from .inventory import KnownDevice
 
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 FILE = "hooks.snapshot"  # under the state directory
-FORMAT = "slurm-tpu hooks snapshot 7"
+FORMAT = "slurm-tpu hooks snapshot 8"
 USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"  # revocation methods (families/base.py)
 # The ``set`` record's keys and their types.
 SETTINGS = (
@@ -49,6 +49,7 @@ SETTINGS = (
     ("revoke", bool),
     ("holder_scan_s", float),
     ("sysfs_root", str),
+    ("accounting_spool", str),
 )
 
 
@@ -126,6 +127,8 @@ class HookSnapshot:
         self.slurm_bin_dir, self.slurm_sbin_dir = "", ""
         # Revocation at job end (slurm_tpu/access/revoke.py) and the holder scan's time box.
         self.revoke, self.holder_scan_s, self.sysfs_root = True, HOLDER_SCAN_S, SYSFS_ROOT
+        # Where the epilog spools the job's figures for the accounting collector (hooks/jobusage.py).
+        self.accounting_spool = ACCOUNTING_SPOOL
 
     def revocation(self, kind: str, bus: str) -> str:
         """How a device of this kind and bus is revoked at job end (SCAN: holder scan only)."""

@@ -1,17 +1,20 @@
 """A job's accelerator usage in Slurm's own job record: the spool entry and the ``AdminComment`` text.
 
-The epilog (root) spools one file per job, ``<state_dir>/accounting-spool/<job id>`` (root's
-0600 in a 0700 directory, written atomically; only where a collector runs), and the
-collector (``slurm-tpu accounting-collect``, root) sets the job's ``AdminComment`` with
-``sacctmgr`` and removes the entry once Slurm took it. Why there (admin-only, works after
-the job ended, no RPC on the epilog's path): docs/accounting.md.
+The epilog (root) spools one file per job, ``<accounting_spool>/<job id>`` (config
+``accounting_spool``, default ``/var/lib/slurm-tpu/accounting-spool``: persistent, so an entry
+outlives a reboot; root's 0600 in a 0700 directory, written atomically; only where a collector
+runs). The collector (``slurm-tpu accounting-collect``, root) sets the job's ``AdminComment``
+with ``sacctmgr``, marks the entry ``written=`` with when it wrote, and removes it once a later
+run, at least its window after that write, finds the node's item still there
+(slurm_tpu/ops/accounting.py says why that is final). Why there (admin-only, works after the
+job ended, no RPC on the epilog's path): docs/accounting.md.
 
 The spool entry is ``key=value`` lines (no JSON: the epilog imports this module under the
 hooks' import budget): ``version=1``, ``job``, ``node``, ``devices``, ``inferences``,
-``inference_seconds`` and ``energy_j`` (empty: no sensor). Each node a job ran on writes its
-own entry; the ``AdminComment`` holds one ``slurm-tpu/<node>:devices=1,inferences=12,...``
-item per node, separated by ``;``, so the collectors of a multi-node job's nodes merge
-rather than overwrite each other; other text there (an admin's note) is kept.
+``inference_seconds``, ``energy_j`` (empty: no sensor) and, once the collector wrote the item,
+``written`` (its opaque time mark). Each node a job ran on writes its own entry; the
+``AdminComment`` holds one ``slurm-tpu/<node>:devices=1,inferences=12,...`` item per node,
+separated by ``;``; other text there (an admin's note) is kept.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
-SPOOL_DIR = "accounting-spool"
+SPOOL_DIR = "accounting-spool"  # the name of the spool, and where older slurm-tpu kept it: <state_dir>/accounting-spool
 FORMAT_VERSION = 1
 PREFIX = "slurm-tpu/"  # of each of our items in an AdminComment
 SEPARATOR = ";"
@@ -33,7 +36,7 @@ FIGURES = ("devices", "inferences", "inference_seconds", "energy_j")
 class SpoolEntry(Record):
     """One node's figures for one job."""
 
-    __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j")
+    __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j", "written")
 
     def __init__(
         self,
@@ -43,9 +46,12 @@ class SpoolEntry(Record):
         inferences: int,
         inference_seconds: float,
         energy_j: float | None = None,
+        written: str = "",
     ):
         self.job_id, self.node, self.devices = job_id, node, devices
         self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
+        # When the collector wrote this item (its Clock's mark; '' while not written).
+        self.written = written
 
 
 def totals(job_id: int, node: str, devices: int, records: Iterable) -> SpoolEntry:
@@ -68,10 +74,13 @@ def _number(value: float) -> str:
 def encode_spool(entry: SpoolEntry) -> bytes:
     """The spool file's bytes."""
     energy = "" if entry.energy_j is None else _number(entry.energy_j)
+    if "\n" in entry.written:
+        raise ValueError(f"a written mark holds a newline: {entry.written!r}")
+    written = f"written={entry.written}\n" if entry.written else ""
     return (
         f"version={FORMAT_VERSION}\njob={entry.job_id}\nnode={entry.node}\ndevices={entry.devices}\n"
         f"inferences={entry.inferences}\ninference_seconds={_number(entry.inference_seconds)}\n"
-        f"energy_j={energy}\n"
+        f"energy_j={energy}\n{written}"
     ).encode()
 
 
@@ -98,6 +107,7 @@ def decode_spool(raw: bytes, source: str) -> SpoolEntry:
             int(fields["inferences"]),
             float(fields["inference_seconds"]),
             float(energy) if energy else None,
+            fields.get("written", ""),
         )
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{source} is not a slurm-tpu spool entry ({exc})") from None
@@ -123,6 +133,11 @@ def merge(admin_comment: str, entry: SpoolEntry) -> str:
     mine = f"{PREFIX}{entry.node}:"
     items = [item for item in admin_comment.split(SEPARATOR) if item and not item.startswith(mine)]
     return SEPARATOR.join([*items, render_item(entry)])
+
+
+def has_item(admin_comment: str, entry: SpoolEntry) -> bool:
+    """Whether ``admin_comment`` holds the node's item exactly as :func:`render_item` writes it."""
+    return render_item(entry) in admin_comment.split(SEPARATOR)
 
 
 def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:

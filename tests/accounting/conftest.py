@@ -59,3 +59,23 @@ def job_field(cluster, job_id: int, name: str) -> str:
 
     out = cluster.command(["scontrol", "-o", "show", "job", str(job_id)], check=False).stdout
     return parse_key_values(out).get(name, "")
+
+
+class ManualClock:
+    """The accounting collector's clock (slurm_tpu/ops/accounting.py ``Clock``), moved only by the test:
+    a window the test sets is spent, or not, because the test says so, never by how fast the machine is."""
+
+    def __init__(self) -> None:
+        from slurm_tpu.ops.accounting import Clock
+
+        self.t = 1000.0
+        self.clock = type("Manual", (Clock,), {"now": lambda _: self.t, "wall": lambda _: self.t})()
+        self.clock.boot = "test-boot"
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
+
+
+@pytest.fixture
+def manual_clock() -> ManualClock:
+    return ManualClock()

@@ -1,8 +1,9 @@
 """A job's inference figures in Slurm's own job record (AdminComment), and `slurm-tpu report` from sacct.
 
-runner (job user) -> usage box -> epilog (root) spools the job's totals under the
-node's state dir -> `slurm-tpu accounting-collect` (root) -> `sacctmgr modify job
-... set AdminComment=` -> `sacct -o AdminComment`. The figures cannot be forged
+runner (job user) -> usage box -> epilog (root) spools the job's totals in the
+node's accounting spool -> `slurm-tpu accounting-collect` (root) -> `sacctmgr modify job
+... set AdminComment=` -> `sacct -o AdminComment`, and the entry is removed once a
+later run finds the item still there (a window later: WINDOW seconds here). The figures cannot be forged
 by the job's user: the spool is root's, Slurm refuses her own `sacctmgr modify
 job` of AdminComment, and an implausible usage record of hers is refused. The
 report's TPU-seconds equal sreport's after a forced rollup.
@@ -23,6 +24,7 @@ from helpers import TESTS, double_root, repo_hooks, runner_job_workspace, wait_u
 pytestmark = pytest.mark.slurm
 USER = "stpu_carol"
 IDENTITY = "usb-2-1.3"  # the one stick of n4_one_tpu
+WINDOW = "1"  # the collector's --window: an item written is confirmed a second later
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,11 @@ def collect(cluster) -> subprocess.CompletedProcess:
     """`slurm-tpu accounting-collect` as root on the node."""
     env = cluster.env({"SLURM_TPU_CONFIG": cluster.node_config("n1")})
     return subprocess.run(
-        [*cluster.slurm_tpu, "accounting-collect"], capture_output=True, text=True, env=env, timeout=120
+        [*cluster.slurm_tpu, "accounting-collect", "--window", WINDOW],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
     )
 
 
@@ -55,15 +61,16 @@ def admin_comment(cluster, job: int) -> str:
 
 
 def collected(cluster, job: int) -> str:
-    """The job's AdminComment once a collector run has applied its entry (collecting again until then:
-    slurmctld sends the job's end to slurmdbd asynchronously)."""
+    """The job's AdminComment once a collector run has confirmed its entry and removed it (collecting
+    again until then: slurmctld sends the job's end to slurmdbd asynchronously, and an item is
+    confirmed by a run at least WINDOW after its write)."""
 
-    def applied() -> str:
+    def confirmed() -> str:
         result = collect(cluster)
         assert result.returncode == 0, result.stderr
-        return admin_comment(cluster, job)
+        return f"job {job}: done, AdminComment=" in result.stdout and admin_comment(cluster, job)
 
-    return wait_until(applied, 90, f"job {job}'s AdminComment")
+    return wait_until(confirmed, 90, f"job {job}'s AdminComment, confirmed")
 
 
 def run_job(cluster, script: str) -> int:
@@ -74,7 +81,7 @@ def run_job(cluster, script: str) -> int:
 
 
 def spool_dir(cluster) -> str:
-    return os.path.join(cluster.node_dir("n1"), "state", "accounting-spool")
+    return cluster.accounting_spool("n1")
 
 
 def test_a_jobs_inferences_reach_its_admin_comment(setup):

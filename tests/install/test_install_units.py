@@ -687,3 +687,84 @@ def test_doctor_says_whether_the_gres_plugin_spares_the_prologs_query(tmp_path):
     else:
         assert "so each Prolog still asks slurmctld" in loaded
     assert finding(Inventory()) == []
+
+
+def test_install_puts_the_accounting_timer_in_place_and_doctor_says_when_it_is_missing_stale_or_off(
+    tmp_path, monkeypatch
+):
+    """The collector's units (slurm-tpu-accounting.{service,timer}) as install writes every unit: atomically,
+    the site's different file kept as a backup, nothing rewritten when nothing changed; doctor names, in
+    one line with its fix, the first thing keeping the jobs' figures from Slurm where slurmdbd is in use."""
+    from slurm_tpu.config import Config
+    from slurm_tpu.hardware import Inventory
+    from slurm_tpu.ops import install as install_module
+    from slurm_tpu.ops.doctor import Node, check_accounting_collector
+
+    layout, said, _ = install_in_process(tmp_path, monkeypatch, compiler_needed=False)
+    service = os.path.join(layout.systemd_dir, "slurm-tpu-accounting.service")
+    timer = os.path.join(layout.systemd_dir, "slurm-tpu-accounting.timer")
+    assert f"write {service}" in said and f"write {timer}" in said
+    with open(service, encoding="utf-8") as handle:
+        assert "ExecStart=" in handle.read() and os.stat(service).st_mode & 0o777 == 0o644
+    with open(timer, encoding="utf-8") as handle:
+        lines = handle.read().splitlines()
+    assert "OnUnitActiveSec=60" in lines and "WantedBy=timers.target" in lines
+
+    conf, spool = tmp_path / "slurm.conf", tmp_path / "var" / "accounting-spool"
+    node = Node(Config(accounting_spool=str(spool)), layout, str(conf), "n1", Inventory())
+
+    def line() -> str:
+        [finding] = check_accounting_collector(node)
+        return finding.line()
+
+    conf.write_text("AccountingStorageType=accounting_storage/none\n")
+    assert line() == "ok    accounting collector: Slurm's accounting is off (no slurmdbd): no collector needed"
+    conf.write_text("AccountingStorageType=accounting_storage/slurmdbd\n")
+    assert line() == (
+        "FAIL  accounting collector: slurm-tpu-accounting.timer is not enabled: the epilog spools no figures "
+        "and none reach Slurm's AdminComment; fix: systemctl enable --now slurm-tpu-accounting.timer"
+    )
+    wants = os.path.join(layout.systemd_dir, "timers.target.wants")
+    os.makedirs(wants)
+    os.symlink(timer, os.path.join(wants, "slurm-tpu-accounting.timer"))  # what systemctl enable makes
+    assert line() == f"ok    accounting collector: slurm-tpu-accounting.timer enabled; spool {spool}"
+    spool.mkdir(parents=True, mode=0o755)
+    os.chmod(spool, 0o755)
+    assert line() == (
+        f"FAIL  accounting collector: accounting spool {spool} is uid 0 mode 0755, not root's 0700: the epilog "
+        f"spools nothing; fix: chown root:root {spool} && chmod 0700 {spool}"
+    )
+    os.chmod(spool, 0o700)
+    assert line().startswith("ok    ")
+    # An edit since install: stale, and install puts its own back.
+    with open(service, "a", encoding="utf-8") as handle:
+        handle.write("# the admin's line\n")
+    fix = f"fix: slurm-tpu install --sysconfdir {layout.sysconfdir}"
+    assert line() == f"FAIL  accounting collector: {service} is stale (not what this slurm-tpu installs); {fix}"
+    again: list[str] = []
+    install_module.install(layout, Config(), str(tmp_path / "none"), say=again.append)
+    assert f"replace {service}" in again and f"unchanged {timer}" in again
+    assert line().startswith("ok    ")
+    third: list[str] = []
+    install_module.install(layout, Config(), str(tmp_path / "none"), say=third.append)
+    assert f"unchanged {service}" in third and f"unchanged {timer}" in third  # idempotent
+    os.unlink(timer)
+    assert line() == (
+        f"FAIL  accounting collector: {timer} is missing: no collector puts the jobs' inference figures into "
+        f"Slurm's AdminComment; {fix}"
+    )
+    # A collector unit the admin wrote before (as docs/accounting.md once asked): kept as a backup, which
+    # uninstall puts back.
+    other = Layout(str(tmp_path / "q"), str(tmp_path / "q" / "etc"))
+    site = os.path.join(other.systemd_dir, "slurm-tpu-accounting.service")
+    os.makedirs(other.systemd_dir)
+    with open(site, "w", encoding="utf-8") as handle:
+        handle.write("[Service]\nExecStart=/usr/local/bin/slurm-tpu accounting-collect --every 60\n")
+    said = []
+    install_module.install(other, Config(), str(tmp_path / "none"), say=said.append)
+    assert f"replace {site}" in said
+    with open(site + ".slurm-tpu.bak", encoding="utf-8") as handle:
+        assert "--every 60" in handle.read()
+    install_module.uninstall(other, say=said.append)
+    with open(site, encoding="utf-8") as handle:
+        assert "--every 60" in handle.read()

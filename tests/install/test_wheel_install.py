@@ -45,6 +45,8 @@ SHIPPED = (
     "systemd/slurm-tpu-watch.service",
     "systemd/slurm-tpu-metrics.service",
     "systemd/slurm-tpu-metrics.timer",
+    "systemd/slurm-tpu-accounting.service",
+    "systemd/slurm-tpu-accounting.timer",
     "systemd/slurmd-slurm-tpu.conf",
 )
 
@@ -338,6 +340,7 @@ def test_doctor_passes_on_the_installed_node(node):
         "hooks",
         "GresTypes",
         "AccountingStorageTRES",
+        "accounting collector",
         "gres.conf",
         "NodeName",
         "udev rules",
@@ -389,6 +392,27 @@ def chmodded(path: str, mode: int):
         os.chmod(path, old)
 
 
+@contextlib.contextmanager
+def together(*contexts):
+    with contextlib.ExitStack() as stack:
+        for context in contexts:
+            stack.enter_context(context)
+        yield
+
+
+@contextlib.contextmanager
+def accounting_timer_enabled(node):
+    """The collector's timer enabled, as ``systemctl enable`` does it: a link in timers.target.wants."""
+    units = os.path.join(node.sysconfdir, "systemd", "system")
+    link = os.path.join(units, "timers.target.wants", "slurm-tpu-accounting.timer")
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    os.symlink(os.path.join(units, "slurm-tpu-accounting.timer"), link)
+    try:
+        yield
+    finally:
+        os.unlink(link)
+
+
 def untested_slurmd(work: str) -> str:
     """A directory whose slurmd says it is Slurm 23.02.7 (only ``-V``).
 
@@ -431,10 +455,37 @@ def broken(node, case: str):
             {},
         ),
         "AccountingStorageTRES lacking the type": (
+            together(
+                edited(
+                    cluster.slurm_conf,
+                    "AccountingStorageType=accounting_storage/none",
+                    "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageTRES=gres/tpu",
+                ),
+                accounting_timer_enabled(node),
+            ),
+            {},
+        ),
+        "accounting timer not enabled": (
             edited(
                 cluster.slurm_conf,
                 "AccountingStorageType=accounting_storage/none",
-                "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageTRES=gres/tpu",
+                "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageTRES=gres/tpu,gres/tpu:edgetpu_usb",
+            ),
+            {},
+        ),
+        "accounting unit stale": (
+            together(
+                edited(
+                    cluster.slurm_conf,
+                    "AccountingStorageType=accounting_storage/none",
+                    "AccountingStorageType=accounting_storage/slurmdbd\nAccountingStorageTRES=gres/tpu,gres/tpu:edgetpu_usb",
+                ),
+                edited(
+                    os.path.join(node.sysconfdir, "systemd", "system", "slurm-tpu-accounting.service"),
+                    " accounting-collect",
+                    " accounting-collect --every 60",
+                ),
+                accounting_timer_enabled(node),
             ),
             {},
         ),
@@ -469,6 +520,14 @@ BROKEN = {
     "AccountingStorageTRES lacking the type": (
         "AccountingStorageTRES",
         ["AccountingStorageTRES lacks gres/tpu:edgetpu_usb", "AccountingStorageTRES=gres/tpu,gres/tpu:edgetpu_usb"],
+    ),
+    "accounting timer not enabled": (
+        "accounting collector",
+        ["slurm-tpu-accounting.timer is not enabled", "systemctl enable --now slurm-tpu-accounting.timer"],
+    ),
+    "accounting unit stale": (
+        "accounting collector",
+        ["slurm-tpu-accounting.service is stale", "slurm-tpu install --sysconfdir"],
     ),
     "gres.conf stale": ("gres.conf", ["differs from n1's hardware", "slurm-tpu gres-conf --output"]),
     "udev rules not loaded": ("udev loaded", ["idle usb-2-1.3", "mode 0666", "udevadm control --reload"]),
