@@ -527,6 +527,39 @@ def check_hooks_import(node: Node) -> list[Finding]:
 # ---- Slurm, runtimes, munge -----------------------------------------------------------------
 
 
+def check_unmanaged_nodes(node: Node, dev_root: str = "/dev") -> list[Finding]:
+    """Device nodes under /dev with an accelerator's numbers that are not its own or its slot: the hooks
+    give a device's own nodes to the job that leases it and back to root, never such a copy, so whoever
+    the copy's owner and mode let in opens the device, whichever job holds it."""
+    from ..access.ownership import node_state, unmanaged_nodes
+
+    rdevs: dict[int, str] = {}
+    managed: set[str] = set()
+    for accelerator in node.inventory:
+        managed.add(os.path.join(node.config.slot_dir, accelerator.identity))
+        for path in accelerator.device_nodes:
+            state = node_state(path)
+            if state is not None:
+                rdevs[state.rdev] = accelerator.identity
+                managed.add(path)
+    if not rdevs:
+        return []
+    found = unmanaged_nodes(rdevs, managed, dev_root)
+    if not found:
+        return _ok("device nodes", f"no other node under {dev_root} has an accelerator's numbers")
+    return [
+        Finding(
+            "device nodes",
+            False,
+            f"{state.path} has {rdevs[state.rdev]}'s numbers ({os.major(state.rdev)}:{os.minor(state.rdev)}) "
+            f"but is not one slurm-tpu leases (uid {state.uid}, mode {state.mode:04o}): whoever it lets in opens "
+            "the device, whichever job holds it",
+            f"rm {state.path}",
+        )
+        for state in found
+    ]
+
+
 def check_slurmd_version(node: Node) -> list[Finding]:
     from ..slurm.commands import Slurm
     from ..slurm.installation import TESTED_RELEASES, is_tested_release, version_of
@@ -702,6 +735,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_hooks_import,
     check_slurmd_version,
     check_device_cgroup,
+    check_unmanaged_nodes,
     check_gres_plugin,
     check_runtimes,
     check_munge,

@@ -768,3 +768,36 @@ def test_install_puts_the_accounting_timer_in_place_and_doctor_says_when_it_is_m
     install_module.uninstall(other, say=said.append)
     with open(site, encoding="utf-8") as handle:
         assert "--every 60" in handle.read()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod)")
+def test_doctor_names_a_node_with_an_accelerators_numbers_that_no_lease_manages(tmp_path):
+    """A copy of an Edge TPU's node (an admin's mknod, same numbers) keeps its own owner and mode whichever
+    job holds the card: doctor names it, with the fix; the card's own node and its slot are not named."""
+    import dataclasses
+
+    from helpers import detect_json
+    from slurm_tpu.config import Config
+    from slurm_tpu.families import inventory_from_json
+    from slurm_tpu.hardware import Inventory
+    from slurm_tpu.ops.doctor import Node, check_unmanaged_nodes
+
+    dev = tmp_path / "dev"
+    dev.mkdir()
+    card = next(a for a in inventory_from_json(detect_json("big_node")) if a.device_nodes)
+    own, copy = str(dev / "apex_0"), str(dev / "my-tpu")
+    os.mknod(own, stat.S_IFCHR | 0o600, os.makedev(240, 41))
+    os.mknod(copy, stat.S_IFCHR | 0o600, os.makedev(240, 41))
+    os.chmod(copy, 0o666)
+    config = Config(slot_dir=str(tmp_path / "slots"))
+    inventory = Inventory(accelerators=(dataclasses.replace(card, device_nodes=(own,)),))
+    layout = Layout(str(tmp_path / "p"), str(tmp_path / "etc"))
+    node = Node(config, layout, str(tmp_path / "slurm.conf"), "n1", inventory)
+    [finding] = check_unmanaged_nodes(node, str(dev))
+    assert not finding.ok and finding.line() == (
+        f"FAIL  device nodes: {copy} has {card.identity}'s numbers (240:41) but is not one slurm-tpu leases "
+        f"(uid 0, mode 0666): whoever it lets in opens the device, whichever job holds it; fix: rm {copy}"
+    )
+    os.unlink(copy)
+    [finding] = check_unmanaged_nodes(node, str(dev))
+    assert finding.ok

@@ -349,6 +349,7 @@ def test_doctor_passes_on_the_installed_node(node):
         "hooks import",
         "slurmd",
         "device cgroup",
+        "device nodes",
         "gres plugin",
         "libedgetpu",
         "EDGETPU_VISIBLE_DEVICES",
