@@ -542,9 +542,9 @@ def check_unmanaged_nodes(node: Node, dev_root: str = "/dev") -> list[Finding]:
             if state is not None:
                 rdevs[state.rdev] = accelerator.identity
                 managed.add(path)
-    if not rdevs:
+    if not node.inventory.accelerators:
         return []
-    found = unmanaged_nodes(rdevs, managed, dev_root)
+    found = unmanaged_nodes(rdevs, managed, dev_root) if rdevs else []
     if not found:
         return _ok("device nodes", f"no other node under {dev_root} has an accelerator's numbers")
     return [
