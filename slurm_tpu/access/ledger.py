@@ -22,7 +22,6 @@ from ..protocol import FormatError, audit, envfile, leases
 from ..protocol.leases import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease  # noqa: F401
 from . import statedir
 
-# Annotations only: importing typing costs the hooks milliseconds per job.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -35,11 +34,11 @@ LOCK = ".lock"
 class Ledger:
     """The open state directory: leases, audit log and the state lock."""
 
-    def __init__(self, state_dir: str, create: bool = True, require_root: bool = True):
+    def __init__(self, state_dir: str, create: bool = True):
         self.state_dir = state_dir
-        self.dir_fd = statedir.open_dir(state_dir, create=create, require_root=require_root)
+        self.dir_fd = statedir.open_dir(state_dir, create=create)
         try:
-            self.leases_fd = statedir.open_dir(LEASES, create=create, parent_fd=self.dir_fd, require_root=require_root)
+            self.leases_fd = statedir.open_dir(LEASES, create=create, parent_fd=self.dir_fd)
         except statedir.StateDirError as exc:
             os.close(self.dir_fd)
             raise statedir.StateDirError(
@@ -115,10 +114,7 @@ class Ledger:
         return sorted(n for n in os.listdir(self.leases_fd) if not n.startswith("."))
 
     def all(self) -> Iterator[Lease | BadLease]:
-        for name in self.names():
-            lease = self.read(name)
-            if lease is not None:
-                yield lease
+        return (lease for lease in map(self.read, self.names()) if lease is not None)
 
     def of_job(self, job_id: int) -> list[Lease]:
         """The job's leases on this node, in its allocation order."""

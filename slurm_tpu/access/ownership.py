@@ -21,7 +21,6 @@ import stat
 from ..errors import DeviceError
 from ..protocol.leases import HELD, Lease
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ..protocol.hooks_snapshot import HookSnapshot
@@ -119,9 +118,8 @@ def set_owner(path: str, identity: str, uid: int, gid: int, mode: int) -> bool:
         target_uid = info.st_uid if uid < 0 else uid
         target_gid = info.st_gid if gid < 0 else gid
         proc = f"/proc/self/fd/{fd}"  # the magic link is the opened node itself, not a path lookup
-        if (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (target_uid, target_gid, mode) and not acl_xattrs(
-            proc
-        ):
+        current = (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode))
+        if current == (target_uid, target_gid, mode) and not acl_xattrs(proc):
             return False
         # Narrow the mode and drop any ACL before handing the node to the new owner,
         # so no moment exists where the new owner has it with the old (maybe wider)

@@ -31,6 +31,7 @@ _DEDUPE_FDS, _DEDUPE_THREADS = 64, 8
 # Tables with at least this many fds are read last (the ended job's user's first, then the
 # smallest): a flood of decoys can then only leave its own processes unverified.
 _HEAVY_FDS = 1024
+_Heavy = tuple[bool, int, int, int, str]  # a table put off: (not first_uid's, fds, pid, uid, fd_dir)
 
 
 def _pids() -> list[int]:
@@ -264,11 +265,15 @@ def scan_holders(
     me = os.getpid()
     pids = _pids() if only is None else list(only)
     result.total = len(pids)
-    tables, heavy = _Seen(KCMP_FILES), []  # heavy: (not first_uid, fds, pid, uid, fd_dir)
+    tables, heavy = _Seen(KCMP_FILES), []
     pending: dict[int, int] = {}  # pid -> heavy tables of it still to read
     for index, pid in enumerate(pids):
-        if time.monotonic() >= deadline:
-            _unverified_rest(result, pids[index:], skip_root)
+        if time.monotonic() >= deadline:  # the rest unverified (gone ones, and root's where skipped, aside)
+            result.complete = False
+            for rest in pids[index:]:
+                rest_uid = process_uid(rest)
+                if rest_uid is not None and not (skip_root and rest_uid == 0):
+                    result.unverified.append((rest, rest_uid, _fd_count(f"/proc/{rest}/fd")))
             break
         if pid == me:
             result.scanned += 1
@@ -283,12 +288,8 @@ def scan_holders(
             result.scanned += 1
             continue  # gone
         how = _mapped(pid, tids, wanted, file_systems, deadline)
-        if how is None:
-            result.complete = False
-            result.unverified.append((pid, uid, _fd_count(f"/proc/{pid}/fd")))
-            continue
-        cut = False
-        for tid in tids:
+        cut = how is None  # past the deadline: its fd tables are not read either
+        for tid in [] if cut else tids:
             fd_dir = f"/proc/{pid}/task/{tid}/fd"
             count = _fd_count(fd_dir)
             if (len(tids) > _DEDUPE_THREADS or count >= _DEDUPE_FDS) and tables.add(tid):
@@ -314,23 +315,7 @@ def scan_holders(
     return result
 
 
-def _unverified_rest(result: Scan, pids: list[int], skip_root: bool) -> None:
-    """The processes the box left unread, each unverified with its fd count (gone ones, and root's
-    where skipped, aside)."""
-    result.complete = False
-    for pid in pids:
-        uid = process_uid(pid)
-        if uid is not None and not (skip_root and uid == 0):  # None: gone
-            result.unverified.append((pid, uid, _fd_count(f"/proc/{pid}/fd")))
-
-
-def _read_heavy_tables(
-    result: Scan,
-    heavy: list[tuple[bool, int, int, int, str]],
-    pending: dict[int, int],
-    wanted: _Devices,
-    deadline: float,
-) -> None:
+def _read_heavy_tables(result: Scan, heavy: list[_Heavy], pending: dict[int, int], wanted: _Devices, deadline: float):
     """The large fd tables :func:`scan_holders` put off, in ``heavy``'s order, into ``result``: a process
     counts as scanned once all of its ``pending`` tables are read; once the box runs out, each process
     whose table is left is unverified."""
@@ -366,8 +351,13 @@ def _mapped(pid: int, tids: list[int], wanted: _Devices, filesystems: set[int], 
         spans = _maps_candidates(f"/proc/{pid}/task/{tid}/maps", filesystems)
         if spans is None:
             continue
-        found = _any_device([f"/proc/{tid}/map_files/{span}" for span in spans], wanted, deadline)
-        return None if found is None else ("mmap" if found else "")
+        paths = [f"/proc/{tid}/map_files/{span}" for span in spans]
+        for start in range(0, len(paths), _CHECK_EVERY):
+            if start and time.monotonic() >= deadline:
+                return None
+            if wanted.any_named(paths[start : start + _CHECK_EVERY]):
+                return "mmap"
+        return ""
     return ""
 
 
@@ -390,16 +380,6 @@ def _table_holds(fd_dir: str, wanted: _Devices, deadline: float) -> bool | None:
         return False
     finally:
         os.close(dir_fd)
-
-
-def _any_device(paths: list[str], wanted: _Devices, deadline: float) -> bool | None:
-    """Whether one of ``paths`` (magic links in /proc) is a char device in ``wanted``; None past the deadline."""
-    for start in range(0, len(paths), _CHECK_EVERY):
-        if start and time.monotonic() >= deadline:
-            return None
-        if wanted.any_named(paths[start : start + _CHECK_EVERY]):
-            return True
-    return False
 
 
 # ---- job steps ---------------------------------------------------------------------
@@ -430,10 +410,7 @@ def is_slurmstepd(pid: int, known: set[tuple[int, int]] | None = None) -> bool:
 
     ``known``: :func:`slurmstepd_files`, when the caller asks about several processes at once.
     """
-    try:
-        if os.stat(f"/proc/{pid}").st_uid != 0:
-            return False
-    except OSError:
+    if process_uid(pid) != 0:
         return False
     known = slurmstepd_files() if known is None else known
     if not known:
@@ -443,8 +420,7 @@ def is_slurmstepd(pid: int, known: set[tuple[int, int]] | None = None) -> bool:
             return os.path.basename(os.readlink(f"/proc/{pid}/exe")).split(" ")[0] == "slurmstepd"
         except OSError:
             return False
-    key = _file_key(f"/proc/{pid}/exe")
-    return key is not None and key in known
+    return _file_key(f"/proc/{pid}/exe") in known  # None (no such file) is in no set of keys
 
 
 def job_step_pids(job_id: int) -> list[int]:

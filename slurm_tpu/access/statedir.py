@@ -24,12 +24,12 @@ class StateDirError(SlurmTpuError):
         self.path = path
 
 
-def _check_dir(fd: int, path: str, require_root: bool) -> None:
+def _check_dir(fd: int, path: str) -> None:
     info = os.fstat(fd)
     if not stat.S_ISDIR(info.st_mode):
         raise StateDirError(f"{path} is not a directory; remove it (slurm-tpu recreates it)", path)
     # Only root may write here: anyone else could plant leases or links.
-    if require_root and (info.st_uid != 0 or info.st_mode & 0o022):
+    if info.st_uid != 0 or info.st_mode & 0o022:
         raise StateDirError(
             f"{path} must be owned by root and not group/world-writable "
             f"(uid {info.st_uid}, mode {stat.S_IMODE(info.st_mode):04o}); "
@@ -38,7 +38,7 @@ def _check_dir(fd: int, path: str, require_root: bool) -> None:
         )
 
 
-def open_dir(path: str, create: bool = False, parent_fd: int | None = None, require_root: bool = True) -> int:
+def open_dir(path: str, create: bool = False, parent_fd: int | None = None) -> int:
     """Open a directory (a descriptor the caller closes) without following a symlink at its last
     component, relative to ``parent_fd`` if given; ``create`` makes it (0755) when missing.
     Raises :class:`StateDirError` for symlinks, files, or unsafe owners."""
@@ -64,7 +64,7 @@ def open_dir(path: str, create: bool = False, parent_fd: int | None = None, requ
                 ) from exc
             raise StateDirError(f"cannot open {path}: {exc.strerror}", path) from exc
     try:
-        _check_dir(fd, path, require_root)
+        _check_dir(fd, path)
     except BaseException:
         os.close(fd)
         raise

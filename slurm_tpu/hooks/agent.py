@@ -1,18 +1,12 @@
 """The node's resident slurm-tpu agent: the root hooks' work without a Python start per hook.
 
-One root process per node (``systemd/slurm-tpu-agent``) that has imported everything the hooks
-need once. The hooks become thin C clients (``hook_client/slurm-tpu-hook-client``) that connect to
-``<state_dir>/agent.sock`` and hand over their environment; a pre-forked worker runs the very same
-hook code (prolog.main, epilog.main, udev_event.main) with it and answers with the hook's messages
-and exit status (wire format: protocol/agent_wire.py). docs/architecture.md ("The node agent")
-gives the design: why workers and not threads, the worker pool, what is put back after each hook.
-
-Safety: the socket is 0600 in the root-owned state directory, every connection's SO_PEERCRED must
-be uid 0 or it is closed unread, reads are bounded (size and time), and no string of the request
-reaches a shell (it becomes the hook's environment, as slurmd's would). The ledger on disk stays
-the only truth (written before the answer, under the same flock as the Python hooks), so an agent
-crash loses no lease. A prolog worker whose client is gone once the devices are leased gives them
-back at once (:func:`_client_gone`): a job that was refused never keeps them.
+One root process per node (``systemd/slurm-tpu-agent``) that has imported everything the hooks need
+once. The hooks' thin C clients (``hook_client/slurm-tpu-hook-client``) hand it their environment over
+``<state_dir>/agent.sock``; a pre-forked worker runs the very same hook code (prolog.main, epilog.main,
+udev_event.main) with it and answers with the hook's messages and exit status (protocol/agent_wire.py).
+docs/architecture.md ("The node agent") gives the design and its safety: a root-only socket and peers
+(SO_PEERCRED), bounded requests no string of which reaches a shell, the ledger on disk as the only
+truth, and the leases of a prolog whose client went away given back at once (:func:`_client_gone`).
 """
 
 from __future__ import annotations
@@ -63,12 +57,6 @@ def preload() -> None:
     jobusage._libc()  # ctypes + libc, for the usage box mount
 
 
-def _peer(conn: socket.socket) -> tuple[int, int]:
-    """(pid, uid) of the connected process, from the kernel (SO_PEERCRED), not from the request."""
-    pid, uid, _gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
-    return pid, uid
-
-
 def _recv_exact(conn: socket.socket, count: int, deadline: float) -> bytes:
     data = bytearray()
     while len(data) < count:
@@ -94,16 +82,12 @@ def read_request(conn: socket.socket) -> tuple[str, dict[str, str]]:
         os.close(fd)
     if fds or flags & socket.MSG_CTRUNC:
         raise BadRequest("descriptors sent with the request")
-    if len(head) < 4:
-        head += _recv_exact(conn, 4 - len(head), deadline)
+    head += _recv_exact(conn, 4 - len(head), deadline)  # nothing more when the 4 bytes came at once
     return parse_request(_recv_exact(conn, request_length(head), deadline))
 
 
 def _client_gone(conn: socket.socket) -> bool:
     """Whether the client hung up (it sends nothing after its request, so readable means EOF)."""
-    readable, _, _ = select.select([conn], [], [], 0)
-    if not readable:
-        return False
     try:
         return conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b""
     except BlockingIOError:
@@ -303,7 +287,8 @@ def _serve(conn: socket.socket, queries: socket.socket | None, log: int, woke: W
         os.dup2(log, 2)
 
     try:
-        pid, uid = _peer(conn)
+        # The connected process, from the kernel (SO_PEERCRED), not from the request.
+        pid, uid, _gid = _UCRED.unpack(conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _UCRED.size))
         if uid != 0:
             say(f"agent: refused a connection from pid {pid} (uid {uid}): only root's hooks may ask")
             return True
@@ -440,65 +425,60 @@ def _bind(state_fd: int) -> tuple[socket.socket, int]:
     return listener, os.stat(SOCKET, dir_fd=state_fd, follow_symlinks=False).st_ino
 
 
-def serve(environ=None) -> int:
-    """Run the agent for the node the environment names (SLURM_TPU_CONFIG, SLURMD_NODENAME) until SIGTERM."""
-    from ..access import statedir
-    from . import settings as hook_settings
-    from .context import node_from_env
-
-    environ = os.environ if environ is None else environ
-    if os.geteuid() != 0:
-        say("agent: must run as root (it leases devices for the hooks)")
-        return 2
-    preload()
-    settings = hook_settings.load(environ, node_from_env(environ))
-    state_fd = statedir.open_dir(settings.state_dir, create=True)
-    # Forked before anything else runs here: the helper shares nothing with the workers but its socket.
-    queries = agent_query.start(environ, settings) if settings.leasable_names() else None
-    listener, inode = _bind(state_fd)
-    statedir.write_atomic(state_fd, PIDFILE, f"{os.getpid()}\n".encode())
-    stopping = []
-
-    def stop(signum, _frame):
-        stopping.append(signum)
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})", error=False)
-    # No worker's garbage collection walks (and so copies) what the agent imported.
-    import gc
-
-    gc.freeze()
-    pool = _Pool(listener, queries)
-    try:
-        while not stopping:
-            pool.fill()
-            try:
-                select.select([pool.taken_r], [], [], 1.0)
-            except InterruptedError:
-                pass
-            pool.collect_taken()
-            _reap(pool)
-    finally:
-        pool.close()
-        # Remove the socket only if it is still ours (a new agent may have replaced it).
-        try:
-            if os.stat(SOCKET, dir_fd=state_fd, follow_symlinks=False).st_ino == inode:
-                os.unlink(SOCKET, dir_fd=state_fd)
-        except OSError:
-            pass
-        listener.close()
-        if queries is not None:
-            queries.close()
-        os.close(state_fd)
-    return 0
-
-
 def main() -> int:
-    """Entry point for systemd/slurm-tpu-agent: serve until SIGTERM (its C client is built by whoever
-    put the hooks in place: ``slurm-tpu install``, scripts/setup.sh, LocalCluster)."""
+    """Entry point for systemd/slurm-tpu-agent: run the agent for the node the environment names
+    (SLURM_TPU_CONFIG, SLURMD_NODENAME) until SIGTERM; 1 after one line for a failure (its C client is
+    built by whoever put the hooks in place: ``slurm-tpu install``, scripts/setup.sh, LocalCluster)."""
     try:
-        return serve()
+        from ..access import statedir
+        from . import settings as hook_settings
+        from .context import node_from_env
+
+        if os.geteuid() != 0:
+            say("agent: must run as root (it leases devices for the hooks)")
+            return 2
+        preload()
+        settings = hook_settings.load(os.environ, node_from_env(os.environ))
+        state_fd = statedir.open_dir(settings.state_dir, create=True)
+        # Forked before anything else runs here: the helper shares nothing with the workers but its socket.
+        queries = agent_query.start(os.environ, settings) if settings.leasable_names() else None
+        listener, inode = _bind(state_fd)
+        statedir.write_atomic(state_fd, PIDFILE, f"{os.getpid()}\n".encode())
+        stopping = []
+
+        def stop(signum, _frame):
+            stopping.append(signum)
+
+        signal.signal(signal.SIGTERM, stop)
+        signal.signal(signal.SIGINT, stop)
+        say(f"agent: serving {settings.node}'s hooks on {settings.state_dir}/{SOCKET} (pid {os.getpid()})", error=False)
+        # No worker's garbage collection walks (and so copies) what the agent imported.
+        import gc
+
+        gc.freeze()
+        pool = _Pool(listener, queries)
+        try:
+            while not stopping:
+                pool.fill()
+                try:
+                    select.select([pool.taken_r], [], [], 1.0)
+                except InterruptedError:
+                    pass
+                pool.collect_taken()
+                _reap(pool)
+        finally:
+            pool.close()
+            # Remove the socket only if it is still ours (a new agent may have replaced it).
+            try:
+                if os.stat(SOCKET, dir_fd=state_fd, follow_symlinks=False).st_ino == inode:
+                    os.unlink(SOCKET, dir_fd=state_fd)
+            except OSError:
+                pass
+            listener.close()
+            if queries is not None:
+                queries.close()
+            os.close(state_fd)
+        return 0
     except Exception as exc:  # noqa: BLE001 - one line
         say(f"agent: {type(exc).__name__}: {exc}")
         return 1

@@ -45,19 +45,6 @@ class ScontrolSession:
         self.process: subprocess.Popen[bytes] | None = None
         self.buffer = b""
 
-    def _start(self) -> None:
-        import subprocess
-
-        self.process = subprocess.Popen(
-            [self.scontrol, "-d", "--local"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            bufsize=0,
-            close_fds=True,
-        )
-        self.buffer = b""
-
     def stop(self) -> None:
         if self.process is not None:
             self.process.kill()
@@ -67,7 +54,17 @@ class ScontrolSession:
     def show_job(self, selector: str) -> str:
         """``show job`` text for the selector ('' when scontrol fails, stalls or knows no such job)."""
         if self.process is None or self.process.poll() is not None:
-            self._start()
+            import subprocess
+
+            self.buffer = b""
+            self.process = subprocess.Popen(
+                [self.scontrol, "-d", "--local"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                bufsize=0,
+                close_fds=True,
+            )
         assert self.process is not None and self.process.stdin is not None and self.process.stdout is not None
         nonce = "q" + os.urandom(8).hex()
         end = f"{nonce}1\n{nonce}2\n".encode()

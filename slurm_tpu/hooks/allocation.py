@@ -21,7 +21,6 @@ import os
 
 from .context import HookError, say
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -56,7 +55,9 @@ def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str])
     """The job's GRES on this node from our gres plugin's variables, or None: ask Slurm.
     ``names``: the GRES this node leases. None unless every one of them has its
     variable set and well-formed (a malformed one says so in one line)."""
-    found: list[tuple[str, tuple[int, ...]]] = []
+    from ..slurm.jobdetail import GresAlloc
+
+    found: list[GresAlloc] = []
     for name in names:
         variable = PLUGIN_ENV.get(name)
         value = environ.get(variable) if variable else None
@@ -66,10 +67,8 @@ def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str])
         if indices is None:
             say(f"job {job_id}: {variable} from Slurm's gres plugin is malformed ({value[:40]!r}); asking Slurm")
             return None
-        found.append((name, indices))
-    from ..slurm.jobdetail import GresAlloc
-
-    return [GresAlloc(name, None, len(indices), indices) for name, indices in found]
+        found.append(GresAlloc(name, None, len(indices), indices))
+    return found
 
 
 def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:

@@ -6,7 +6,6 @@ import sys
 
 from .probe import Probe
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -22,9 +21,8 @@ class HookError(Exception):
 
 def say(message: str, error: bool = True) -> None:
     """One line to stderr (slurmd logs it) and to syslog (the admin's trail)."""
-    line = f"{TAG}: {message}"
     try:
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(f"{TAG}: {message}\n")
         sys.stderr.flush()
     except OSError:
         pass
@@ -115,18 +113,15 @@ class HookRun:
         the probe's line is written either way."""
         try:
             return run(self, *args)
-        except HookError as exc:
-            self._failed(str(exc))
         except Exception as exc:  # noqa: BLE001 - one line, whatever went wrong
-            self._failed(f"job {self.environ.get('SLURM_JOB_ID', '?')}: {type(exc).__name__}: {exc}")
+            job = self.environ.get("SLURM_JOB_ID", "?")
+            message = str(exc) if isinstance(exc, HookError) else f"job {job}: {type(exc).__name__}: {exc}"
+            say(f"{self.hook}: {message}")
+            # Slurm drains the node of a failing prolog or epilog with a reason of its own ("Prolog error"),
+            # which names nothing: drain it first with this line (once the run has read its settings, which
+            # say how to reach Slurm).
+            if self.hook in ("prolog", "epilog") and self.node is not None and hasattr(self, "settings"):
+                self.drain(self.node, f"{TAG}: {self.hook}: {message}")
         finally:
             self.probe.finish(self.hook)
         return 1
-
-    def _failed(self, message: str) -> None:
-        """Say why the hook failed. Slurm drains the node of a failing prolog or epilog with a reason of
-        its own ("Prolog error"), which names nothing: drain it first with this line (once the run has
-        read its settings, which say how to reach Slurm)."""
-        say(f"{self.hook}: {message}")
-        if self.hook in ("prolog", "epilog") and self.node is not None and hasattr(self, "settings"):
-            self.drain(self.node, f"{TAG}: {self.hook}: {message}")

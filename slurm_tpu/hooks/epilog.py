@@ -12,7 +12,6 @@ import os
 
 from .context import HookRun, job_from_env, say
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable

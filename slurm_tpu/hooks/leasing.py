@@ -24,7 +24,6 @@ from ..protocol.leases import FREE, UNREADABLE, check_transition
 from .context import HookError
 from .probe import OFF as NO_PROBE
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
@@ -60,15 +59,11 @@ def holder_alive(lease: Lease | BadLease) -> str | None:
         return None  # the hook releasing it died: the next one starts the release again
     if lease.phase == REVOKING:
         age = time.time() - lease.phase_since
-        if age < REENUMERATE_S:
-            return f"it is re-enumerating after its revocation {age:.1f} s ago"
-        return None
+        return f"it is re-enumerating after its revocation {age:.1f} s ago" if age < REENUMERATE_S else None
     if processes.process_alive(lease.prolog_pid, lease.prolog_start):
         return f"its prolog (pid {lease.prolog_pid}) is still running"
     steps = processes.job_step_pids(lease.job_id)
-    if steps:
-        return f"slurmstepd pid {steps[0]} still runs for it"
-    return None
+    return f"slurmstepd pid {steps[0]} still runs for it" if steps else None
 
 
 def _set_owners(nodes: Iterable[str], identity: str, owner: tuple[int, int, int]) -> list[str]:
@@ -244,13 +239,8 @@ def gasket_writers(device: KnownDevice, nodes: Iterable[str], settings: HookSett
     """
     if settings.revocation(device.kind, device.bus) != GASKET_WRITERS:
         return 0
-    total = 0
-    for node in nodes:
-        count = revoke.gasket_writers(settings.sysfs_root, node)
-        if count is None:
-            return None
-        total += count
-    return total
+    counts = [revoke.gasket_writers(settings.sysfs_root, node) for node in nodes]
+    return None if None in counts else sum(count or 0 for count in counts)
 
 
 class DeviceNotFree(HookError):
@@ -319,9 +309,8 @@ def end_lease(
         if isinstance(lease, Lease) and lease.phase == REVOKING and event == audit.RELEASE:
             return []  # a second epilog run while the stick re-enumerates: udev finishes it
         _end(ledger, lease, event, by_job=by_job, vanished=True)
-        if event != audit.RELEASE:
-            return []
-        return [f"{identity} vanished during job {job_id}; check the device and its cable, then resume the node"]
+        vanished = f"{identity} vanished during job {job_id}; check the device and its cable, then resume the node"
+        return [vanished] if event == audit.RELEASE else []
     problems = _set_owners(present, identity, ownership.ROOT_ONLY)  # nobody else opens it any more
     probe.mark("take_away")
     if problems:
@@ -390,12 +379,8 @@ def clear(ledger: Ledger, settings: HookSettings, identity: str | None = None) -
                 continue
             problems = end_lease(ledger, lease, settings, audit.CLEAR)
             after = ledger.read(lease.identity)
-            if problems:
-                outcomes.append((lease.identity, "; ".join(problems)))
-            elif isinstance(after, Lease) and after.phase == REVOKING:
-                outcomes.append((lease.identity, "revoking"))
-            else:
-                outcomes.append((lease.identity, "cleared"))
+            revoking = isinstance(after, Lease) and after.phase == REVOKING
+            outcomes.append((lease.identity, "; ".join(problems) or ("revoking" if revoking else "cleared")))
     return outcomes
 
 
@@ -441,7 +426,7 @@ def acquire(
             # One block from here to the chown: nothing of the device changes unless the lease is
             # still this prolog's (a release may have taken its process for gone while it waited).
             with ledger.locked():
-                if _current(ledger, lease) is None:
+                if _held_as(ledger, lease) is None:
                     raise HookError(
                         f"job {job.job_id}: {device.identity}'s lease was ended while its prolog ran "
                         f"(its prolog process, pid {me}, was gone); the device stays with its new holder"
@@ -475,21 +460,19 @@ def roll_back(ledger: Ledger, leases: list[Lease], settings: HookSettings) -> No
     another hook ended meanwhile (the prolog's process was gone) is no longer this prolog's to undo."""
     with ledger.locked():
         for lease in leases:
-            current = _current(ledger, lease)
+            current = _held_as(ledger, lease)
             if current is not None:
                 restore_idle(settings.devices.get(lease.identity), settings)
                 _end(ledger, current, audit.ROLLBACK)
 
 
-def _current(ledger: Ledger, lease: Lease) -> Lease | None:
-    """The ledger's lease on ``lease``'s device when it is still that lease (same job, same prolog
-    process; its phase may have moved on), else None.
-    A list of leases read earlier can be stale: :func:`end_lease` lets the lock go while it scans
-    for holders, and meanwhile another hook may end a lease of the list and a new job take it."""
-    return _held_as(ledger, lease, ("job_id", "prolog_pid", "prolog_start"))
+# What makes a lease still the one read earlier (same job, same prolog process; its phase may have
+# moved on): a list of leases can be stale, as :func:`end_lease` lets the lock go while it scans for
+# holders, and meanwhile another hook may end a lease of the list and a new job take it.
+_SAME_LEASE = ("job_id", "prolog_pid", "prolog_start")
 
 
-def _held_as(ledger: Ledger, lease: Lease, fields: tuple[str, ...]) -> Lease | None:
+def _held_as(ledger: Ledger, lease: Lease, fields: tuple[str, ...] = _SAME_LEASE) -> Lease | None:
     """The ledger's lease on ``lease``'s device if it agrees with ``lease`` on ``fields``, else None."""
     assert ledger.held, "read under the state lock"
     held = ledger.read(lease.identity)
@@ -523,12 +506,10 @@ def _claim(ledger: Ledger, lease: Lease, device: KnownDevice, settings: HookSett
             holder = ledger.read(lease.identity)
             if holder is None:
                 continue  # released between our claim and read: try again
-            if isinstance(holder, Lease) and holder.job_id == lease.job_id and holder.phase == HELD:
-                # The same job again (a requeued job keeps its id, and its first
-                # prolog may have died): close the old lease in the audit, retake it.
-                _reclaim_or_fail(ledger, holder, settings, lease.job_id)
-                continue
-            why = holder_alive(holder)
+            # The same job again (a requeued job keeps its id, and its first prolog may have died): close the
+            # old lease in the audit and retake it, as one whose job is gone.
+            same_job = isinstance(holder, Lease) and holder.job_id == lease.job_id and holder.phase == HELD
+            why = None if same_job else holder_alive(holder)
             if why is None:
                 _reclaim_or_fail(ledger, holder, settings, lease.job_id)
                 continue
@@ -554,11 +535,8 @@ def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSet
     """End a stale lease whose job is gone (:func:`end_lease`), or raise DeviceNotFree."""
     problems = end_lease(ledger, holder, settings, audit.RECLAIM, by_job=job_id)
     if problems:
-        then = (
-            f"; resume the node once `slurm-tpu leases --clear {holder.identity}` clears it"
-            if isinstance(problems[0], Withheld)
-            else ""
-        )
+        clear = f"; resume the node once `slurm-tpu leases --clear {holder.identity}` clears it"
+        then = clear if isinstance(problems[0], Withheld) else ""
         raise DeviceNotFree(
             f"job {job_id}: {holder.identity} still has a stale lease of ended job {holder.job_id}: {problems[0]}{then}"
         )
@@ -569,12 +547,6 @@ def _power_cycled(device: KnownDevice, settings: HookSettings) -> bool:
     return settings.revoke and settings.revocation(device.kind, device.bus) == USB_PORT
 
 
-def _scanned_unlocked(lease: Lease, settings: HookSettings) -> bool:
-    """Whether ending ``lease`` scans for holders without the state lock (a device that cannot be revoked)."""
-    device = settings.devices.get(lease.identity)
-    return device is not None and not _power_cycled(device, settings)
-
-
 def release(
     ledger: Ledger, job_id: int, settings: HookSettings, wait_s: float = SURVIVOR_WAIT_S, probe: Probe = NO_PROBE
 ) -> list[str]:
@@ -583,11 +555,12 @@ def release(
     the health check or ``slurm-tpu leases --clear`` gives it back once the holder is gone."""
     problems: list[str] = []
     with ledger.locked():
-        # Those scanned without the lock last: a Prolog that comes meanwhile for another of the
-        # job's devices finds it released, instead of reclaiming it itself.
-        leases = sorted(ledger.of_job(job_id), key=lambda lease: _scanned_unlocked(lease, settings))
+        # Those scanned without the lock (a known device that cannot be revoked) last: a Prolog that comes
+        # meanwhile for another of the job's devices finds it released, instead of reclaiming it itself.
+        unlocked = {name for name, device in settings.devices.items() if not _power_cycled(device, settings)}
+        leases = sorted(ledger.of_job(job_id), key=lambda lease: lease.identity in unlocked)
         for lease in leases:
-            current = _current(ledger, lease)  # the scan of the one before ran without the lock
+            current = _held_as(ledger, lease)  # the scan of the one before ran without the lock
             if current is not None:
                 problems.extend(end_lease(ledger, current, settings, audit.RELEASE, wait_s=wait_s, probe=probe))
     return problems

@@ -53,10 +53,6 @@ def file_key(path: str) -> str:
     return f"{info.st_dev}:{info.st_ino}:{info.st_size}:{info.st_mtime_ns}"
 
 
-def config_path(environ) -> str:
-    return environ.get(CONFIG_ENV) or CONFIG_PATH
-
-
 def scan_state_dir(path: str) -> str:
     """The config's top-level ``state_dir:`` by a line scan (no YAML import)."""
     try:
@@ -74,7 +70,7 @@ def scan_state_dir(path: str) -> str:
 
 def load(environ, node: str | None = None, create: bool = True) -> HookSettings:
     """The hook settings for this node: from the snapshot when it is current."""
-    cfg = config_path(environ)
+    cfg = environ.get(CONFIG_ENV) or CONFIG_PATH
     state_dir = environ.get(STATE_DIR_ENV) or scan_state_dir(cfg)
     fast = _from_snapshot(state_dir, cfg, environ, node)
     if fast is not None:
@@ -87,14 +83,12 @@ def _from_snapshot(state_dir: str, cfg: str, environ, node: str | None) -> HookS
         return None
     try:
         fd = statedir.open_dir(state_dir)
+        try:
+            raw = statedir.read_file(fd, SNAPSHOT)
+        finally:
+            os.close(fd)
     except statedir.StateDirError:
         return None
-    try:
-        raw = statedir.read_file(fd, SNAPSHOT)
-    except statedir.StateDirError:
-        raw = None
-    finally:
-        os.close(fd)
     if raw is None:
         return None
     settings = parse_snapshot(raw.decode("utf-8", "replace"), HookSettings)
@@ -161,7 +155,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     from ..access import node_inventory, ownership
     from . import slurm_files
 
-    cfg = config_path(environ)
+    cfg = environ.get(CONFIG_ENV) or CONFIG_PATH
     config = _load_config(cfg)
     node = node or config.node_name or os.uname().nodename.split(".")[0]
     settings = HookSettings(config.state_dir, config.slot_dir, config.lease_mode, 0, 0, config.idle.mode, node)

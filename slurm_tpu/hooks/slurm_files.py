@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 
-# Annotations only: typing costs the hooks milliseconds per job at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence

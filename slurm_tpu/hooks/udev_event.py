@@ -18,7 +18,6 @@ import os
 from ..defaults import SYSFS_ROOT
 from .context import HookError, node_from_env, say
 
-# Annotations only: typing costs the hooks milliseconds per event at run time.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -70,25 +69,12 @@ def identity_for(environ: Mapping[str, str], rules, sysfs_root: str = SYSFS_ROOT
     return None
 
 
-def _known_devices(dir_fd: int, settings) -> dict:  # -> dict[str, KnownDevice]
-    """The inventory file's devices (caller holds the state lock): the snapshot's copy while the
-    file is the version it was taken from, else the file (another event may have rewritten it)."""
-    from ..access import node_inventory
-    from ..protocol.inventory import FILE_NAME
-    from .settings import file_key
-
-    path = os.path.join(settings.state_dir, FILE_NAME)
-    if path in settings.sources and settings.sources[path] == file_key(path):
-        return settings.devices
-    return node_inventory.load(dir_fd)
-
-
 def run(environ: Mapping[str, str]) -> int:
     from ..access import node_inventory, ownership
     from ..access.ledger import HELD, REVOKING, Lease, Ledger
     from ..access.slots import ensure_slot
     from ..protocol import audit
-    from ..protocol.inventory import KnownDevice
+    from ..protocol.inventory import FILE_NAME, KnownDevice
     from . import settings as hook_settings
 
     action = environ.get("ACTION", "")
@@ -98,7 +84,11 @@ def run(environ: Mapping[str, str]) -> int:
     if identity is None:
         return 0
     with Ledger(settings.state_dir) as ledger, ledger.locked():
-        device = _known_devices(ledger.dir_fd, settings).get(identity)
+        # The inventory's devices: the snapshot's copy while the file is the version it was taken from,
+        # else the file (another event may have rewritten it).
+        inventory = os.path.join(settings.state_dir, FILE_NAME)
+        current = settings.sources.get(inventory) == hook_settings.file_key(inventory)
+        device = (settings.devices if current else node_inventory.load(ledger.dir_fd)).get(identity)
         if device is None:
             return 0  # not configured on this node (gres-conf has not been run for it)
         if action == "remove":
