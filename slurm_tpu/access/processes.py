@@ -315,7 +315,9 @@ def scan_holders(
     return result
 
 
-def _read_heavy_tables(result: Scan, heavy: list[_Heavy], pending: dict[int, int], wanted: _Devices, deadline: float):
+def _read_heavy_tables(
+    result: Scan, heavy: list[_Heavy], pending: dict[int, int], wanted: _Devices, deadline: float
+) -> None:
     """The large fd tables :func:`scan_holders` put off, in ``heavy``'s order, into ``result``: a process
     counts as scanned once all of its ``pending`` tables are read; once the box runs out, each process
     whose table is left is unverified."""
