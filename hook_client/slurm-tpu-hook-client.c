@@ -82,10 +82,11 @@ static int fail(const char *hook, const char *what)
     return 1;
 }
 
-/* FALLBACK: the Python hook. */
+/* FALLBACK: the Python hook, after one line saying WHY the agent does not do the work. */
 static int fallback(char **fallback_argv, const char *hook, const char *why)
 {
     if (fallback_argv && fallback_argv[0]) {
+        say(hook, why, "; the Python hook does the work");
         execv(fallback_argv[0], fallback_argv);
         return fail(hook, "cannot run the slower hook after the agent was unreachable");
     }
@@ -146,9 +147,8 @@ static int ask_agent(const char *hook, const char *path, char **fallback_argv)
         /* A socket nobody answers: the agent crashed (or hangs with a full backlog). Its hooks' work
          * is the Python hook's, on the same ledger under the same lock: it does it, slower, and the
          * line says why in slurmd's log (a job is not refused, nor a node drained, for a dead agent). */
-        say(hook, "the node's slurm-tpu agent does not answer on its socket (restart it: slurm-tpu-agent)",
-            "; the Python hook does the work");
-        return fallback(fallback_argv, hook, "the node's slurm-tpu agent does not answer on its socket");
+        return fallback(fallback_argv, hook,
+                        "the node's slurm-tpu agent does not answer on its socket (restart it: slurm-tpu-agent)");
     }
 
     /* The agent runs as root; anything else behind the socket is not it. */
