@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import time
 
-from ..protocol import FormatError, audit, envfile, leases
+from ..protocol import FormatError, audit, leases
 
 # The ledger's records and phases, for its callers (HELD, KEPT, RELEASING, REVOKING are re-exported).
 from ..protocol.leases import HELD, KEPT, RELEASING, REVOKING, BadLease, Lease  # noqa: F401
@@ -134,6 +134,8 @@ class Ledger:
     def write_job_env(self, job_id: int, text: str) -> None:
         """Write ``jobs/<job>.env`` atomically, readable by the job's task prolog (raises OSError or
         StateDirError)."""
+        from ..protocol import envfile  # here, not at the top: the udev hook opens a ledger and never needs it
+
         fd = statedir.open_dir(envfile.DIR, create=True, parent_fd=self.dir_fd)
         try:
             statedir.write_atomic(fd, envfile.file_name(job_id), text.encode(), mode=0o644)
@@ -142,6 +144,8 @@ class Ledger:
 
     def remove_job_env(self, job_id: int) -> None:
         """Remove the job's environment file, if any (the epilog; a second run changes nothing)."""
+        from ..protocol import envfile
+
         try:
             fd = statedir.open_dir(envfile.DIR, parent_fd=self.dir_fd)
         except statedir.StateDirError:

@@ -156,28 +156,3 @@ def resolve_ids(owner: str, group: str) -> tuple[int, int]:
     uid = int(owner) if owner.isdigit() else pwd.getpwnam(owner).pw_uid
     gid = int(group) if group.isdigit() else grp.getgrnam(group).gr_gid
     return uid, gid
-
-
-# Under /dev, the mounts where no accelerator's node lives and users may write (a user cannot mknod, and
-# nodes there are nodev anyway): not walked.
-_NOT_WALKED = ("/dev/shm", "/dev/mqueue", "/dev/pts", "/dev/hugepages")
-
-
-def unmanaged_nodes(rdevs: dict[int, str], managed: set[str], root: str = "/dev") -> list[NodeState]:
-    """Char device nodes under ``root`` with the numbers of a leased device (``rdevs``: rdev -> identity)
-    that the suite does not manage (not in ``managed``, its nodes and slots).
-
-    The lease gives a device's own nodes to the job and back to root; another node with the
-    same numbers (an admin's mknod, a copy) keeps whatever owner and mode it has, so whoever
-    it lets in opens the device, whichever job holds it. Read by ``slurm-tpu doctor``; nodes
-    outside ``root`` (a container's own /dev) are not looked for here.
-    """
-    found = []
-    for directory, subdirs, files in os.walk(root):
-        subdirs[:] = [name for name in subdirs if os.path.join(directory, name) not in _NOT_WALKED]
-        for name in files:
-            path = os.path.join(directory, name)
-            state = node_state(path)
-            if state is not None and state.rdev in rdevs and path not in managed:
-                found.append(state)
-    return found

@@ -535,8 +535,8 @@ def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSet
     """End a stale lease whose job is gone (:func:`end_lease`), or raise DeviceNotFree."""
     problems = end_lease(ledger, holder, settings, audit.RECLAIM, by_job=job_id)
     if problems:
-        clear = f"; resume the node once `slurm-tpu leases --clear {holder.identity}` clears it"
-        then = clear if isinstance(problems[0], Withheld) else ""
+        hint = f"; resume the node once `slurm-tpu leases --clear {holder.identity}` clears it"
+        then = hint if isinstance(problems[0], Withheld) else ""
         raise DeviceNotFree(
             f"job {job_id}: {holder.identity} still has a stale lease of ended job {holder.job_id}: {problems[0]}{then}"
         )
@@ -545,6 +545,12 @@ def _reclaim_or_fail(ledger: Ledger, holder: Lease | BadLease, settings: HookSet
 def _power_cycled(device: KnownDevice, settings: HookSettings) -> bool:
     """Whether the device is revoked by a power-cycle of its USB port (else scanned for holders)."""
     return settings.revoke and settings.revocation(device.kind, device.bus) == USB_PORT
+
+
+def _scanned_unlocked(lease: Lease, settings: HookSettings) -> bool:
+    """Whether ending ``lease`` scans for holders without the state lock (a known device that cannot be revoked)."""
+    device = settings.devices.get(lease.identity)
+    return device is not None and not _power_cycled(device, settings)
 
 
 def release(
@@ -557,8 +563,7 @@ def release(
     with ledger.locked():
         # Those scanned without the lock (a known device that cannot be revoked) last: a Prolog that comes
         # meanwhile for another of the job's devices finds it released, instead of reclaiming it itself.
-        unlocked = {name for name, device in settings.devices.items() if not _power_cycled(device, settings)}
-        leases = sorted(ledger.of_job(job_id), key=lambda lease: lease.identity in unlocked)
+        leases = sorted(ledger.of_job(job_id), key=lambda lease: _scanned_unlocked(lease, settings))
         for lease in leases:
             current = _held_as(ledger, lease)  # the scan of the one before ran without the lock
             if current is not None:

@@ -504,5 +504,7 @@ def test_a_node_with_a_leased_devices_numbers_that_the_suite_does_not_manage_is_
     os.mknod(other, stat.S_IFCHR | 0o666, os.makedev(240, 32))
     os.chmod(copy, 0o666)  # mknod's mode passes through the umask
     os.symlink(managed, str(root / "link"))  # a symlink to a node is not a node
-    found = ownership.unmanaged_nodes({os.makedev(240, 31): "pci-0000:03:00.0"}, {managed}, str(root))
+    from slurm_tpu.ops.doctor import unmanaged_nodes
+
+    found = unmanaged_nodes({os.makedev(240, 31): "pci-0000:03:00.0"}, {managed}, str(root))
     assert [(state.path, state.mode) for state in found] == [(copy, 0o666)]
