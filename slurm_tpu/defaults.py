@@ -23,6 +23,8 @@ INVENTORY_FILE = "/var/lib/slurm-tpu/" + INVENTORY_NAME
 # Where the epilog leaves each job's figures for accounting-collect (root-only 0700): persistent,
 # so that entries not yet applied to Slurm's job records survive a reboot.
 ACCOUNTING_SPOOL = "/var/lib/slurm-tpu/accounting-spool"
+# The accounting collectors' window (seconds, ops/accounting.py): the same on every node.
+ACCOUNTING_WINDOW_S = 30.0
 SLOT_DIR = "/dev/slurm-tpu"  # the stable per-device slot nodes gres.conf names (<slot_dir>/<identity>)
 SYSFS_ROOT = "/sys"
 

@@ -7,6 +7,7 @@ import os
 
 import click
 
+from ..defaults import ACCOUNTING_WINDOW_S
 from .group import Obj, main, pass_obj, table
 from .options import libedgetpu_option, node_option
 
@@ -313,8 +314,7 @@ def _slurm_accounting(obj: Obj) -> bool:
 @click.option(
     "--window",
     type=click.FloatRange(min=0.1),
-    default=30.0,
-    show_default=True,
+    default=ACCOUNTING_WINDOW_S,
     metavar="SECONDS",
     help="The longest a write may follow the read it is made from; an item is checked again this long "
     "after its write. The same on every node.",

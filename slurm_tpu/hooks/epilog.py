@@ -43,14 +43,16 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
                 hook.probe.mark("answered")
             # Usage before the release (outside the lock in a hook process: it reads only the job's own box).
             records = jobusage.collect(ledger, job.job_id, leases[0].uid, [lease.identity for lease in leases])
-            # For Slurm's own job record (AdminComment), applied later by the accounting collector.
-            jobusage.spool(
-                ledger, job.job_id, leases[0].uid, settings.node, len(leases), records, settings.accounting_spool
-            )
             jobusage.discard(ledger, job.job_id)
             hook.probe.mark("usage_box")
             problems = leasing.release(ledger, job.job_id, settings, probe=hook.probe)
         hook.probe.mark("release")
+        # For Slurm's own job record (AdminComment), applied later by the accounting collector. After the
+        # lock (it needs none): the spool's disk flush never holds up the node's next Prolog.
+        jobusage.spool(
+            ledger, job.job_id, leases[0].uid, settings.node, len(leases), records, settings.accounting_spool
+        )
+        hook.probe.mark("spool")
     for notice in problems:
         if isinstance(notice, leasing.Withheld):  # the device waits, the node serves on
             say(f"epilog: slurm-tpu: {notice}; the node stays in service")

@@ -219,6 +219,7 @@ def spool(ledger, job_id: int, uid: int, node: str, devices: int, records, path:
         return False  # no collector here (or an unsafe spool: never written through)
     try:
         statedir.write_atomic(spool_fd, str(job_id), encode_spool(totals(job_id, node, devices, records)), 0o600)
+        os.fsync(spool_fd)  # the rename too is on disk: the entry outlives a crash, not only a clean reboot
         return True
     except (OSError, statedir.StateDirError) as exc:
         ledger.audit(

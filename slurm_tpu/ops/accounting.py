@@ -27,7 +27,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from ..access import statedir
+from ..defaults import ACCOUNTING_WINDOW_S
 from ..errors import SlurmCommandError
+from ..hooks.jobusage import open_spool
 from ..protocol.audit import LeaseSpan
 from ..protocol.job_record import (
     MAX_SPOOL_BYTES,
@@ -240,7 +242,7 @@ def summarize_sacct(
 
 # sacct states of a job whose end slurmdbd has not recorded yet: its record is not final.
 UNFINISHED = ("PENDING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED", "COMPLETING")
-WINDOW_S = 30.0  # default W: the same on every node (a run checks its own writes W after them)
+WINDOW_S = ACCOUNTING_WINDOW_S  # default W: the same on every node (a run checks its own writes W after them)
 READS = 3  # reads of one entry per run, when the window runs out, before it waits for the next run
 
 
@@ -285,13 +287,6 @@ class CollectResult:
     waiting: dict[int, str] = field(default_factory=dict)  # job -> why it stays for the next run
     refused: dict[str, str] = field(default_factory=dict)  # spool file -> why it is not an entry (left there)
     busy: bool = False  # another collector holds this spool: nothing done
-
-
-def open_spool(path: str) -> int:
-    """The spool directory's descriptor, made root-only (0700) if missing; StateDirError if unsafe."""
-    from ..hooks.jobusage import open_spool as open_dir
-
-    return open_dir(path, create=True)
 
 
 def _job_record(slurm, job_id: int, timeout: float | None = None) -> tuple[str, str, str, str] | None:
@@ -395,12 +390,10 @@ def _adopt(legacy: str, spool_fd: int, result: CollectResult) -> None:
     """Move the entries of an older slurm-tpu's spool (``<state_dir>/accounting-spool``, on /run) into
     ``spool_fd`` (an entry already there wins). The directory stays: an epilog of the older code
     (an agent not yet restarted) still spools there, and /run is gone at the next boot anyway."""
-    from ..hooks.jobusage import open_spool as open_dir
-
     if not os.path.lexists(legacy):
         return
     try:
-        old = open_dir(legacy)
+        old = open_spool(legacy)
     except statedir.StateDirError as exc:
         result.refused[legacy] = str(exc)
         return
@@ -415,8 +408,8 @@ def _adopt(legacy: str, spool_fd: int, result: CollectResult) -> None:
                 decode_spool(raw, f"{legacy}/{name}")
                 if statedir.read_file(spool_fd, name, limit=MAX_SPOOL_BYTES) is None:
                     statedir.write_atomic(spool_fd, name, raw, 0o600)
-            except (ValueError, statedir.StateDirError) as exc:
-                result.refused[f"{legacy}/{name}"] = str(exc)
+            except (ValueError, OSError, statedir.StateDirError) as exc:  # OSError: a full disk, the entry stays
+                result.refused[f"{legacy}/{name}"] = getattr(exc, "strerror", None) or str(exc)
                 continue
             statedir.remove(old, name)
     finally:
@@ -436,7 +429,7 @@ def collect(
     spool at a time: another one's run leaves this one ``busy``."""
     result = CollectResult()
     clock = clock or Clock()
-    spool_fd = open_spool(spool)
+    spool_fd = open_spool(spool, create=True)
     try:
         try:
             fcntl.flock(spool_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -211,27 +211,32 @@ ACCOUNTING_TIMER = "slurm-tpu-accounting.timer"  # what `systemctl enable` links
 
 
 def _accounting_spool_problem(path: str) -> tuple[str, str] | None:
-    """(problem, fix) when the accounting spool exists but the epilog would refuse it (not root's, not
-    0700, a link) or where its parent lets others swap it; None when it is fine or not made yet."""
+    """(problem, fix) when the accounting spool exists but the epilog would refuse it (its own test,
+    jobusage.open_spool: not root's 0700, a link, a parent others can write or a link); None when it
+    is fine or not made yet."""
+    from ..access.statedir import StateDirError
+    from ..hooks.jobusage import open_spool
+
+    if not os.path.lexists(path):
+        return None
+    try:
+        os.close(open_spool(path))
+        return None
+    except StateDirError as exc:
+        refused = str(exc)
     try:
         info = os.lstat(path)
-    except FileNotFoundError:
-        return None
     except OSError as exc:
         return f"accounting spool {path}: {exc.strerror}", f"check {path}"
-    fix = f"chown root:root {path} && chmod 0700 {path}"
     if not stat.S_ISDIR(info.st_mode):
         return f"accounting spool {path} is not a directory: the epilog spools nothing", f"remove {path}"
     if info.st_uid != 0 or info.st_mode & 0o077:
         what = f"uid {info.st_uid} mode {_mode(info)}"
+        fix = f"chown root:root {path} && chmod 0700 {path}"
         return f"accounting spool {path} is {what}, not root's 0700: the epilog spools nothing", fix
     parent = os.path.dirname(path)
-    why = _unsafe(parent)
-    if why:
-        return f"accounting spool {path}: its parent {why}: whoever can write it can swap the spool", _make_roots(
-            parent
-        )
-    return None
+    fix = f"make {parent} a directory of root's, not a link" if os.path.islink(parent) else _make_roots(parent)
+    return f"accounting spool {path}: {refused}: the epilog spools nothing", fix
 
 
 def check_accounting_collector(node: Node) -> list[Finding]:

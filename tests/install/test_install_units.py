@@ -736,6 +736,15 @@ def test_install_puts_the_accounting_timer_in_place_and_doctor_says_when_it_is_m
     )
     os.chmod(spool, 0o700)
     assert line().startswith("ok    ")
+    # Its parent a link to a directory of root's: the epilog refuses the spool (it never follows one), so doctor does.
+    os.rename(spool.parent, tmp_path / "var-real")
+    os.symlink(tmp_path / "var-real", spool.parent)
+    refused = line()
+    assert refused.startswith(f"FAIL  accounting collector: accounting spool {spool}: ") and "is a symlink" in refused
+    assert refused.endswith(f"fix: make {spool.parent} a directory of root's, not a link")
+    os.unlink(spool.parent)
+    os.rename(tmp_path / "var-real", spool.parent)
+    assert line().startswith("ok    ")
     # An edit since install: stale, and install puts its own back.
     with open(service, "a", encoding="utf-8") as handle:
         handle.write("# the admin's line\n")
