@@ -240,7 +240,7 @@ class Runner:
             self.check_annotate(annotate_dir, keys)
         writer = ResultWriter(output, Layout(fmt, self.task, options), stdout_write)
         started = time.perf_counter()
-        progress = progress or Progress(0, enabled=False)
+        progress = progress or Progress(enabled=False)
         threads = decode_threads or self._decode_threads()
 
         def records(todo: list[str]) -> Iterator[dict]:

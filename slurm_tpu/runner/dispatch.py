@@ -134,7 +134,7 @@ def infer(request: InferRequest, streams: Streams, environ: Mapping[str, str] = 
         given = _set_locally(request)
         if given:
             raise UsageError(f"{', '.join(given)}: set at the server ('slurm-tpu serve'), not with --server")
-        progress = Progress(len(keys), streams.progress, batch.progress_interval, enabled=batch.progress)
+        progress = Progress(streams.progress, batch.progress_interval, enabled=batch.progress)
         return _remote(request, task, request.inputs[0] if not batched else None, keys, out, progress, streams, environ)
     return _local(request, task, keys if batched else None, listed, out, streams, environ)
 
@@ -188,7 +188,7 @@ def _local(
             # Said in the job's log next to the progress lines; a single input's printout
             # (and its --json "task") shows the task by itself.
             streams.task_recognised(runner.task.name)
-        progress = Progress(len(keys), streams.progress, batch.progress_interval, enabled=batch.progress)
+        progress = Progress(streams.progress, batch.progress_interval, enabled=batch.progress)
         summary = runner.run_batch(
             keys,
             out,

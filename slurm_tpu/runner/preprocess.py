@@ -148,7 +148,7 @@ def load_image(
     from PIL import Image
 
     image, size = _decode(path, "RGB" if channels == 3 else "L", fit if resize.fast else None, name)
-    w, h = fit(size)
+    (w, h), scale = fitted_size(size, target) if resize.keep_aspect else (target, 1.0)
     if image.size != (w, h):
         # Image.Resampling needs Pillow 9.1; the module-level names are set by a loop mypy cannot follow.
         image = image.resize((w, h), Image.BILINEAR if resize.fast else Image.LANCZOS)  # type: ignore[attr-defined]
@@ -159,7 +159,6 @@ def load_image(
         )
     tensor = np.zeros(spec.shape, dtype=spec.dtype)  # set_resized_input: tensor.fill(0), then paste
     tensor[0, :h, :w] = pixels_to_tensor(pixels, spec, norm)[0]
-    scale = fitted_size(size, target)[1]
     return Prepared(tensor, Geometry(target, size, (scale, scale), (w, h)))
 
 

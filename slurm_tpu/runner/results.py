@@ -71,8 +71,10 @@ class ResultWriter:
     def __init__(self, path: str | None, layout: Layout, write: Callable[[str], Any] | None = None):
         self.layout, self.fmt = layout, layout.fmt
         self.done: set[str] = set()
-        self._fd, self._write = -1, write or sys.stdout.write
+        # Without a path, where the lines go; with one, None (and after close() a write fails, EBADF).
+        self._fd, self._write = -1, None
         if not path:
+            self._write = write or sys.stdout.write
             if self.fmt != JSONL:
                 self._write(_csv_line(layout.columns))
             return
@@ -126,7 +128,7 @@ class ResultWriter:
                 self.done.add(key)
 
     def write(self, record: dict[str, Any]) -> None:
-        if self._fd < 0:
+        if self._write is not None:
             self._write(self.layout.render(record))
             return
         data = self.layout.render(record).encode("utf-8")
@@ -155,10 +157,11 @@ def _duration(seconds: float) -> str:
 
 
 class Progress:
-    """Counts finished inputs; renders to ``stream`` (stderr by default)."""
+    """Counts finished inputs; renders to ``stream`` (stderr by default). The batch sets its counts
+    (write_batch)."""
 
-    def __init__(self, total: int, stream: TextIO | None = None, interval: float = 30.0, enabled: bool = True):
-        self.total, self.done, self.errors = total, 0, 0
+    def __init__(self, stream: TextIO | None = None, interval: float = 30.0, enabled: bool = True):
+        self.total, self.done, self.errors = 0, 0, 0
         self.skipped = 0  # inputs already in the results file (a resumed run)
         self.stream = stream or sys.stderr
         self.tty = enabled and hasattr(self.stream, "isatty") and self.stream.isatty()

@@ -68,8 +68,12 @@ class EngineSet:
     models: list[ModelInfo]
     _locks: dict[str, DeviceLock] = field(default_factory=dict)  # identity -> its lock
     environ: Mapping[str, str] = field(default_factory=dict)
-    edgetpu_version: str | None = None  # edgetpu_version() when an Edge TPU was opened
     _library: EdgeTpuLibrary | None = None  # loaded for the first Edge TPU
+
+    @property
+    def edgetpu_version(self) -> str | None:
+        """edgetpu_version() of the libedgetpu loaded, when an Edge TPU was opened."""
+        return self._library.version() if self._library is not None else None
 
     def report_usage(self) -> int:
         """Add this process's counts per leased device used to the job's usage box; how many were written.
@@ -291,5 +295,4 @@ def open_models(
     for message in warnings:
         warn(message)
     engine_set.load_seconds = time.perf_counter() - started
-    engine_set.edgetpu_version = engine_set._library.version() if engine_set._library is not None else None
     return engine_set
