@@ -62,10 +62,12 @@ def json_object(raw: str | bytes, source: str) -> dict:
 
 
 class Record:
-    """A value class of a format, compared, hashed and shown by its ``__slots__`` (no dataclasses:
-    the root hooks import these modules)."""
+    """A value class of a format, compared and shown by its ``__slots__`` (no dataclasses: the root
+    hooks import these modules). Not hashable: most are changed in place (a lease's phase), and a
+    value that changes under its hash is lost in a set; a record never changed after it is made
+    opts in with ``__hash__ = Record.value_hash``."""
 
-    __slots__: tuple[str, ...] = ()
+    __slots__: tuple[str, ...] = ()  # (defining __eq__ alone leaves __hash__ None)
 
     def _values(self) -> tuple:
         return tuple(getattr(self, name) for name in self.__slots__)
@@ -73,7 +75,8 @@ class Record:
     def __eq__(self, other: object) -> bool:
         return type(other) is type(self) and self._values() == other._values()
 
-    def __hash__(self) -> int:
+    def value_hash(self) -> int:
+        """The hash of a record that never changes (its values')."""
         return hash(self._values())
 
     def __repr__(self) -> str:

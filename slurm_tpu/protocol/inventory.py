@@ -25,6 +25,8 @@ FILE_NAME = INVENTORY_NAME
 class KnownDevice(Record):
     """What a hook needs to know about one accelerator (no slurm_tpu.hardware import)."""
 
+    __hash__ = Record.value_hash  # never changed once made
+
     __slots__ = ("identity", "kind", "bus", "device_nodes")
 
     def __init__(self, identity: str, kind: str, bus: str, device_nodes: tuple[str, ...]):

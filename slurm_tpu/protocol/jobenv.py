@@ -29,6 +29,8 @@ USAGE_DIR = "SLURM_TPU_USAGE_DIR"
 class EdgeTpuHandle(Record):
     """One allocated Edge TPU as libedgetpu addresses it."""
 
+    __hash__ = Record.value_hash  # never changed once made
+
     __slots__ = ("identity", "device_type", "path")
 
     def __init__(self, identity: str, device_type: str, path: str):

@@ -105,6 +105,8 @@ def _pair(bin_dir: str | None, sbin_dir: str | None) -> tuple[str, ...]:
         path = os.path.join(os.path.dirname(given.rstrip("/")), name)
         return path if os.path.isdir(path) else given
 
+    if not (bin_dir or sbin_dir):
+        raise ValueError("an installation needs its bin or its sbin directory")
     bin_dir = bin_dir or sibling(sbin_dir or "", "bin")
     sbin_dir = sbin_dir or sibling(bin_dir, "sbin")
     return (bin_dir, sbin_dir) if bin_dir != sbin_dir else (bin_dir,)
@@ -219,9 +221,9 @@ def daemon_for_conf(slurm_conf: str | None) -> tuple[int, str] | None:
     None when there is none, or several from different installations (no guessing)."""
     matches = []
     for pid, _, exe, conf in running_daemons(("slurmd", "slurmctld")):
-        if (
-            slurm_conf is None and conf in (DEBIAN_CONF, f"{os.path.dirname(os.path.dirname(exe))}/etc/slurm.conf")
-        ) or (slurm_conf is not None and os.path.realpath(conf) == os.path.realpath(slurm_conf)):
+        if (slurm_conf is None and conf in (DEBIAN_CONF, compiled_conf(os.path.dirname(exe)))) or (
+            slurm_conf is not None and os.path.realpath(conf) == os.path.realpath(slurm_conf)
+        ):
             matches.append((pid, exe))
     if len({os.path.dirname(exe) for _, exe in matches}) != 1:
         return None

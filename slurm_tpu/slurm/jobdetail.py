@@ -22,6 +22,8 @@ class SiblingsOnNode(Exception):
 class GresAlloc(Record):
     """One ``name:type:count(IDX:...)`` item of a job's per-node GRES detail."""
 
+    __hash__ = Record.value_hash  # never changed once made
+
     __slots__ = ("name", "type", "count", "indices")
 
     def __init__(self, name: str, type: str | None, count: int, indices: tuple[int, ...]):
