@@ -18,12 +18,12 @@ from slurm_tpu.families import family, inventory_from_json
 from slurm_tpu.hardware import Inventory
 from slurm_tpu.hooks.allocation import resolve
 from slurm_tpu.hooks.settings import HookSettings, apply_families
-from slurm_tpu.slurm.jobdetail import GresAlloc
 from slurm_tpu.protocol.hooks_snapshot import FORMAT, ShardPolicy, format_snapshot, parse_snapshot
 from slurm_tpu.protocol.inventory import parse_inventory
 from slurm_tpu.render import node_features, node_gres, render_gres_conf, shard_counts
 from slurm_tpu.render.node_conf import inventory_tres
 from slurm_tpu.slurm.gres_index import device_order
+from slurm_tpu.slurm.jobdetail import GresAlloc
 from slurm_tpu.slurm.parse import parse_gres_conf, parse_node_gres
 
 USB_FW, USB_BOOT = "usb-2-1", "usb-1-1.4"
