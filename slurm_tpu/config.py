@@ -324,7 +324,22 @@ def _families(flat: Mapping[str, Any], where: str, renamed: Mapping[str, str] | 
                 old = renamed[exc.key]
                 raise ConfigError(str(exc).replace(f"'{exc.key}'", f"'{old}'"), path=exc.path, key=old) from None
             raise
+    _check_shard_names(found, where)
     return found
+
+
+def _check_shard_names(found: Mapping[str, FamilyConfig], where: str) -> None:
+    """A family's shard GRES must not be another family's whole GRES (Slurm would merge their counts)."""
+    from .families import family
+
+    whole = {settings.gres_name.lower(): kind for kind, settings in found.items()}
+    for kind, settings in found.items():
+        name = family(kind).shard_name(settings)
+        if settings.shard_gres and name.lower() in whole:
+            key = f"families.{kind}.shard_gres_name"
+            raise ConfigError(
+                f"{where}: '{key}' {name!r} is the GRES of the {family(whole[name.lower()]).title}s", key=key
+            )
 
 
 def load_config(path: str | None = None) -> Config:

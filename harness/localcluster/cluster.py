@@ -13,8 +13,9 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from slurm_tpu.config import load_config
 from slurm_tpu.errors import SlurmCommandError
-from slurm_tpu.families import FAMILIES
+from slurm_tpu.ops.install import gres_type_names
 from slurm_tpu.slurm import installation
 from slurm_tpu.slurm.parse import parse_key_values
 
@@ -403,7 +404,7 @@ class LocalCluster:
             "SelectTypeParameters=CR_CPU",
             "SchedulerType=sched/backfill",
             "SchedulerParameters=sched_interval=1,bf_interval=1",
-            f"GresTypes={','.join(dict.fromkeys(f.default_config.gres_name for f in FAMILIES))}",
+            f"GresTypes={','.join(gres_type_names(*(load_config(self.node_config(n.name)) for n in self.nodes)))}",
             "MpiDefault=none",
             "ReturnToService=2",
             "MinJobAge=600",

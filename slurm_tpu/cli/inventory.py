@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Mapping
 
 import click
 
@@ -33,8 +34,9 @@ def _inventory(saved: str | None = None) -> Inventory:
         ) from exc
 
 
-def format_table(inventory: Inventory) -> str:
-    """The human-readable ``detect`` table."""
+def format_table(inventory: Inventory, shares: Mapping[str, tuple[str, int]] | None = None) -> str:
+    """The human-readable ``detect`` table; ``shares``: identity -> (shard GRES, shares) of the
+    devices the config shares (their status says so)."""
     if not len(inventory):
         from ..families import FAMILIES
 
@@ -43,7 +45,9 @@ def format_table(inventory: Inventory) -> str:
     rows = [("IDENTITY", "KIND", "MODEL", "DEVICE NODE", "NUMA", "STATUS")]
     for a in inventory:
         numa = "-" if a.numa_node is None else str(a.numa_node)
-        status = ", ".join(["ok", *a.details.notes()]) if a.usable else f"UNUSABLE: {a.reason}"
+        shared = (shares or {}).get(a.identity)
+        notes = [f"shared: {shared[1]} shares of {shared[0]}"] if shared else []
+        status = ", ".join(["ok", *notes, *a.details.notes()]) if a.usable else f"UNUSABLE: {a.reason}"
         rows.append((a.identity, a.kind, a.model, a.primary_node or "-", numa, status))
     usable = len(inventory.usable())
     return table(rows) + f"{len(inventory)} accelerator(s), {usable} usable, {len(inventory) - usable} unusable\n"
@@ -58,9 +62,14 @@ def format_table(inventory: Inventory) -> str:
     "disagrees with this inventory; exit 1 when it does.",
 )
 @libedgetpu_option("libedgetpu.so.1 for --check-runtime")
-def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
-    """List this node's accelerators (Edge TPUs, GPUs, Hailo NPUs...) through libudev (and NVML when present)."""
+@pass_obj
+def detect(obj: Obj, as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
+    """List this node's accelerators (Edge TPUs, GPUs, Hailo NPUs...) through libudev (and NVML when
+    present), and which of them the config shares (families.<kind>.shared) with how many shares."""
+    from ..render import shared_devices
+
     inventory = _inventory()
+    shares = {s.accelerator.identity: (s.gres_name, s.shares) for s in shared_devices(inventory, obj.config)}
     if check_runtime:
         from ..ops.edgetpu_runtime import check_runtime as run_check
 
@@ -69,9 +78,14 @@ def detect(as_json: bool, check_runtime: bool, libedgetpu: str | None) -> None:
         if not check.agrees:
             sys.exit(EXIT_DIFFERS)
     elif as_json:
-        click.echo(json.dumps(inventory.to_json(), indent=2))
+        document = inventory.to_json()
+        for item in document["accelerators"]:  # only a shared device has the key (gres, shares)
+            if item["identity"] in shares:
+                gres, count = shares[item["identity"]]
+                item["shared"] = {"gres": gres, "shares": count}
+        click.echo(json.dumps(document, indent=2))
     else:
-        click.echo(format_table(inventory), nl=False)
+        click.echo(format_table(inventory, shares), nl=False)
 
 
 def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool, check: bool) -> None:

@@ -33,6 +33,13 @@ class Candidate:
         raise NotImplementedError
 
 
+SHARED_ALL = "all"  # families.<kind>.shared: every device of the family
+DEFAULT_SHARES, MAX_SHARES = 4, 64  # families.<kind>.shares_per_device
+# Slurm's own shared GRES names (gres_is_shared_name(): GPU-only, tied to gres/gpu by its code).
+SLURM_SHARED_NAMES = ("shard", "mps")
+_GRES_NAME_UNSAFE = frozenset(",:=/ \t()\"'")  # what slurm.conf Gres= and GresTypes split or quote on
+
+
 @dataclass(frozen=True)
 class FamilyConfig:
     """A family's site settings (``families.<kind>`` in the config, version 2): ``types`` maps what
@@ -43,6 +50,12 @@ class FamilyConfig:
     types: Mapping[str, str] = field(default_factory=dict)
     features: tuple[str, ...] = ()
     lease: bool = True
+    # Sharing (only a family with a ``Family.shard_gres``): which devices are shared (identities,
+    # GRES type names, or ``all``), how many shares each offers, and the shard GRES's name ("": the
+    # family's own, ``Family.shard_gres``).
+    shared: tuple[str, ...] = ()
+    shares_per_device: int = DEFAULT_SHARES
+    shard_gres: str = ""
 
 
 @dataclass(frozen=True)
@@ -82,6 +95,14 @@ class Family:
     runner_note: str = ""
     # Config keys of the family's own beside gres_name and features (relative to ``families.<kind>.``).
     extra_config_keys: Mapping[str, tuple[type | tuple[type, ...], str]] = {}
+    # Sharing: the GRES that counts the shares of the family's shared devices ("": its devices are
+    # never shared, and it has no ``shared``/``shares_per_device`` keys), and how Slurm is told.
+    # ``shard_per_file`` False: one count-only GRES line per node (no File=, untyped), and a shared
+    # device is no longer a whole GRES (our ``tpu_shard``: nothing in Slurm ties it to a device).
+    # True: Slurm's own gres/shard, one ``Count=<shares> File=<node>`` line per device beside the
+    # device's whole GRES line (Slurm then never gives one device to whole and shard jobs at once).
+    shard_gres: str = ""
+    shard_per_file: bool = False
 
     # ---- detection ----------------------------------------------------------------
     def wanted(self, device: Candidate) -> bool:
@@ -122,11 +143,21 @@ class Family:
     # ---- config ---------------------------------------------------------------------
     def config_keys(self) -> dict[str, tuple[type | tuple[type, ...], str]]:
         """Keys of the family's config section (relative to ``families.<kind>.``)."""
-        return {
+        keys: dict[str, tuple[type | tuple[type, ...], str]] = {
             "gres_name": (str, f"GRES name for {self.title}s"),
             "features": (list, f"node features (Feature=) of a node with {self.title}s"),
-            **self.extra_config_keys,
         }
+        if self.shard_gres:
+            keys["shared"] = (
+                list,
+                f"{self.title}s many jobs share through the counted GRES {self.shard_gres}: device identities "
+                f"(as `slurm-tpu detect` names them), GRES type names, or [{SHARED_ALL}]",
+            )
+            keys["shares_per_device"] = (
+                int,
+                f"{self.shard_gres} count of each shared {self.title} (1 to {MAX_SHARES})",
+            )
+        return {**keys, **self.extra_config_keys}
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
         """The family's settings from its flattened, type-checked section (``isolate``, which a family
@@ -137,16 +168,73 @@ class Family:
             raise ConfigError(
                 f"{where}: '{prefix}features' must be a list of non-empty strings", key=prefix + "features"
             )
+        gres_name = section.get("gres_name", self.default_config.gres_name)
+        shared, shares, shard_gres = self.parse_sharing(section, where, gres_name)
         return FamilyConfig(
-            gres_name=section.get("gres_name", self.default_config.gres_name),
+            gres_name=gres_name,
             types=self.parse_types(section, where),
             features=tuple(features),
             lease=section.get("isolate", self.default_config.lease),
+            shared=shared,
+            shares_per_device=shares,
+            shard_gres=shard_gres,
         )
+
+    def parse_sharing(self, section: Mapping[str, Any], where: str, gres_name: str) -> tuple[tuple[str, ...], int, str]:
+        """(shared, shares_per_device, shard GRES name) from the section; ConfigError names the bad key."""
+        prefix = f"families.{self.kind}."
+        shared = section.get("shared", ())
+        if not all(isinstance(item, str) and item and "," not in item for item in shared):
+            raise ConfigError(
+                f"{where}: '{prefix}shared' must be a list of device identities or GRES type names "
+                f"(or [{SHARED_ALL}]), not {list(shared)!r}",
+                key=prefix + "shared",
+            )
+        if SHARED_ALL in shared and len(shared) > 1:
+            raise ConfigError(
+                f"{where}: '{prefix}shared' is either [{SHARED_ALL}] or a list of devices and types, not both",
+                key=prefix + "shared",
+            )
+        shares = section.get("shares_per_device", DEFAULT_SHARES)
+        if not 1 <= shares <= MAX_SHARES:
+            raise ConfigError(
+                f"{where}: '{prefix}shares_per_device' must be 1 to {MAX_SHARES}, not {shares!r}",
+                key=prefix + "shares_per_device",
+            )
+        name = section.get("shard_gres_name", "")
+        if name:
+            why = ""
+            if set(name) & _GRES_NAME_UNSAFE:
+                why = "holds a character slurm.conf splits on"
+            elif name.lower() in SLURM_SHARED_NAMES:
+                why = "is Slurm's own GPU-only shared GRES"
+            elif name.lower() == gres_name.lower():
+                why = f"is the whole devices' GRES name ('{prefix}gres_name')"
+            if why:
+                raise ConfigError(f"{where}: '{prefix}shard_gres_name' {name!r} {why}", key=prefix + "shard_gres_name")
+        return tuple(dict.fromkeys(shared)), shares, "" if name == self.shard_gres else name  # "": the family's
 
     def parse_types(self, section: Mapping[str, Any], where: str) -> dict[str, str]:
         """The ``types`` table from the section (default: the family's defaults)."""
         return dict(self.default_config.types)
+
+    # ---- sharing --------------------------------------------------------------------
+    def shard_name(self, config: FamilyConfig) -> str:
+        """The GRES that counts this family's shares under ``config`` ("": the family never shares)."""
+        return (config.shard_gres or self.shard_gres) if self.shard_gres else ""
+
+    def shares(self, config: FamilyConfig, identity: str, gres_type: str) -> int:
+        """The shares a usable device (its identity and GRES type) offers under ``config``; 0: a whole device."""
+        if not self.shard_gres or not config.shared:
+            return 0
+        chosen = SHARED_ALL in config.shared or identity in config.shared or gres_type in config.shared
+        return config.shares_per_device if chosen else 0
+
+    def device_shares(self, config: FamilyConfig, accelerator: Accelerator) -> int:
+        """:meth:`shares` of one accelerator."""
+        if not self.shard_gres or not config.shared:
+            return 0
+        return self.shares(config, accelerator.identity, self.gres_type(config, accelerator))
 
     # ---- rendering ------------------------------------------------------------------
     def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:

@@ -154,9 +154,13 @@ class EdgeTpuFamily(Family):
         ),
     )
     runner = "edgetpu"
+    # A shared Edge TPU is counted in one node-level GRES (no File=): the node's broker owns it, never a job.
+    shard_gres = "tpu_shard"
+    shard_per_file = False
     extra_config_keys = {
         "types.usb": (str, "GRES type for USB Edge TPUs"),
         "types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs"),
+        "shard_gres_name": (str, "name of the counted GRES of shared Edge TPUs (not shard or mps: Slurm's, GPU-only)"),
     }
 
     def wanted(self, device: Candidate) -> bool:

@@ -187,6 +187,9 @@ class GpuFamily(Family):
     udev_identities = (UdevRule("drm", "", "pci", 3),)
     variables = (JobVariable(jobenv.GPUS, lambda identity, node: identity),)
     runner = "gpu"
+    # Slurm's own gres/shard (its name is fixed: gres_is_shared_name()), one File= line per shared GPU.
+    shard_gres = "shard"
+    shard_per_file = True
     extra_config_keys = {
         "types": (dict, "GPU model slug -> GRES type"),
         "isolate": (bool, "lease GPUs too (clusters without cgroup devices)"),

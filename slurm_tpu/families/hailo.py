@@ -102,6 +102,7 @@ class HailoFamily(Family):
     udev_identities = (UdevRule(CLASS, "", "pci", 0, "board_location"),)
     variables = (JobVariable(DEVICES_VARIABLE, lambda identity, node: identity[len("pci-") :]),)
     runner = ""
+    # Never shared (no shard_gres): HailoRT's own multi-process service is the way to share a card.
     runner_note = (
         "this job's Hailo device(s) ({devices}, in ${variable}) run .hef models with HailoRT, not "
         "TFLite: run your HEF with HailoRT, one device id per -s (hailortcli run model.hef -s "

@@ -96,7 +96,8 @@ def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
 def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) -> list[KnownDevice]:
     """The job's devices on this node, in allocation order (pure).
     Raises HookError (the node cannot serve the job) when an index has no
-    device, names a path that is no known device, or disagrees with its type."""
+    device, names a path that is no known device, or disagrees with its type. A device the site
+    shares (``FamilyPolicy.shared``) is left out: it is never leased."""
     index, known = settings.index, settings.devices
     slot_dir = os.path.normpath(settings.slot_dir)
     devices: list[KnownDevice] = []
@@ -129,6 +130,8 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) ->
                     "is not a device this node's inventory knows; fix gres.conf "
                     "(slurm-tpu gres-conf --output ...)"
                 )
+            if device.identity in policy.shared:
+                continue  # a shared device (a GPU that also serves gres/shard jobs) is never leased
             if device not in devices:
                 devices.append(device)
     return devices

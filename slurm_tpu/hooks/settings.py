@@ -107,17 +107,26 @@ def _source_paths(cfg: str, state_dir: str, environ) -> list[str]:
     return [cfg, os.path.join(state_dir, INVENTORY), slurm_conf, gres_conf]
 
 
-def apply_families(settings: HookSettings, config) -> None:
+def apply_families(settings: HookSettings, config, document=None) -> None:
     """Precompute what the hooks need of the families (slow path only: imports the registry):
-    policies, udev rules and job variables per family, and each known device's entry in them
-    (a device without one, a PCIe Edge TPU without its node, is refused by the prolog)."""
+    policies, udev rules and job variables per family, each known device's entry in them
+    (a device without one, a PCIe Edge TPU without its node, is refused by the prolog), and the
+    devices the site shares (``document``: the inventory file's, for their GRES types)."""
     from ..families import FAMILIES
     from ..protocol.hooks_snapshot import EnvVariable
 
     by_kind = {}
+    shares = _shares(settings, config, document)
     for family in FAMILIES:
         by_kind[family.kind] = family
-        settings.families[family.kind] = family.hook_policy(config.family(family.kind))
+        policy = family.hook_policy(config.family(family.kind))
+        policy.shared = tuple(identity for identity in shares if settings.devices[identity].kind == family.kind)
+        settings.families[family.kind] = policy
+        if not family.shard_per_file and policy.shared:  # the broker's devices (tpu_shard)
+            from ..protocol.hooks_snapshot import ShardPolicy
+
+            devices = {identity: shares[identity] for identity in policy.shared}
+            settings.shards = ShardPolicy(family.shard_name(config.family(family.kind)), devices)
         settings.udev += family.udev_identities
         settings.variables += [
             EnvVariable(v.name, family.kind, v.unset_when_empty, v.never_unset) for v in family.variables
@@ -130,6 +139,32 @@ def apply_families(settings: HookSettings, config) -> None:
             except ValueError:
                 continue
             settings.values.setdefault(device.identity, {})[variable.name] = entry
+
+
+def _shares(settings: HookSettings, config, document) -> dict[str, int]:
+    """identity -> shares of each known device the config shares. A device's GRES type comes from
+    the inventory document; one it cannot be read from matches by identity or ``all`` only."""
+    from ..families import family, inventory_from_json
+
+    types: dict[str, str] = {}
+    if document:
+        try:
+            for accelerator in inventory_from_json(document):
+                types[accelerator.identity] = family(accelerator.kind).gres_type(
+                    config.family(accelerator.kind), accelerator
+                )
+        except (KeyError, TypeError, ValueError):
+            types = {}
+    found = {}
+    for device in settings.devices.values():
+        try:
+            owner = family(device.kind)
+        except KeyError:
+            continue
+        shares = owner.shares(config.family(device.kind), device.identity, types.get(device.identity, ""))
+        if shares:
+            found[device.identity] = shares
+    return found
 
 
 def _load_config(path: str):  # -> Config
@@ -153,6 +188,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     """The slow path: full config (YAML), inventory file, slurm.conf + gres.conf, the families."""
     from .. import families
     from ..access import node_inventory, ownership
+    from ..protocol.inventory import parse_inventory
     from . import slurm_files
 
     cfg = environ.get(CONFIG_ENV) or CONFIG_PATH
@@ -176,8 +212,9 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
             raise
         return settings  # no state directory: nothing was ever leased here
     try:
-        settings.devices = node_inventory.load(fd)
-        apply_families(settings, config)
+        document = node_inventory.load_document(fd)
+        settings.devices = parse_inventory(document) if document else {}
+        apply_families(settings, config, document)
         names = list(dict.fromkeys(p.gres_name for p in settings.families.values() if p.leased))
         settings.index = slurm_files.gres_index(node, names, environ)
         settings.sources = keys_before

@@ -55,7 +55,7 @@ class UnknownDefault(Exception):
     """A schema key whose default this module does not know how to read."""
 
 
-def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, str]]) -> Any:
+def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, str]], kind: str = "") -> Any:
     """The default of ``families.<kind>.<key>`` from the family's ``default_config`` (``keys``: its schema).
 
     A ``types.<name>`` table holds the entries no other ``types.*`` key names (Hailo's ``by_address``).
@@ -68,6 +68,14 @@ def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, s
         return config.lease
     if key == "types":
         return dict(config.types)
+    if key == "shared":
+        return list(config.shared)
+    if key == "shares_per_device":
+        return config.shares_per_device
+    if key == "shard_gres_name":  # the family's own shard GRES unless the site renames it
+        from ..families import family
+
+        return family(kind).shard_name(config)
     if key.startswith("types."):
         name = key[len("types.") :]
         if keys[key][0] is dict:
@@ -95,7 +103,7 @@ def defaults() -> dict[str, Any]:
                 f"(slurm_tpu/config.py setting())"
             )
         section = {k.split(".", 2)[2]: v for k, v in keys.items() if k.startswith(f"families.{parts[1]}.")}
-        found[key] = _family_default(config.family(parts[1]), parts[2], section)
+        found[key] = _family_default(config.family(parts[1]), parts[2], section, parts[1])
     return found
 
 

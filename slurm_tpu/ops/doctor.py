@@ -177,13 +177,20 @@ def _listed(options: dict[str, str], option: str, wanted: list[str]) -> tuple[li
 
 
 def check_gres_types(node: Node) -> list[Finding]:
-    """GresTypes lists the first family's GRES (tpu) always, and every family's the node has devices of."""
+    """GresTypes lists the first family's GRES (tpu) always, every family's the node has devices of,
+    and the shard GRES (tpu_shard, shard) of every device the node shares."""
+    from ..render import shard_counts
+
     names = [
         node.config.family(f.kind).gres_name for i, f in enumerate(FAMILIES) if i == 0 or node.inventory.usable(f.kind)
     ]
-    have, lacking, line = _listed(node.options(), "GresTypes", names)
+    shards = list(shard_counts(node.inventory, node.config))
+    have, lacking, line = _listed(node.options(), "GresTypes", names + shards)
     if lacking:
         message = f"slurm.conf GresTypes={','.join(have)} lacks {','.join(lacking)}"
+        shared = [name for name in lacking if name in shards]
+        if shared:
+            message += f" ({','.join(shared)}: the config shares {node.node}'s devices)"
         return _fail("GresTypes", message, f"set {line} in {node.slurm_conf} and restart slurmctld and slurmd")
     return _ok("GresTypes", ",".join(have))
 

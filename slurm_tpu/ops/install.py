@@ -264,11 +264,25 @@ version: 2
 """
 
 
-def gres_types(config: Config) -> str:
-    """GresTypes= value: every family's GRES name, in registry order."""
+def gres_type_names(*configs: Config) -> list[str]:
+    """GresTypes= entries for nodes with these configs: every family's GRES name, in registry order,
+    then each shard GRES (tpu_shard, Slurm's shard) that some config shares devices through.
+
+    A shard GRES is listed only where a config shares devices, so a site that shares nothing keeps
+    the GresTypes it had (Slurm loads its gres/shard plugin for ``shard``, which wants GPUs); Slurm
+    accepts a listed name with no device, so one slurm.conf for every node may list it anyway."""
     from ..families import FAMILIES
 
-    return ",".join(dict.fromkeys(config.family(f.kind).gres_name for f in FAMILIES))
+    names = [config.family(f.kind).gres_name for config in configs for f in FAMILIES]
+    names += [
+        f.shard_name(config.family(f.kind)) for config in configs for f in FAMILIES if config.family(f.kind).shared
+    ]
+    return list(dict.fromkeys(name for name in names if name))
+
+
+def gres_types(config: Config) -> str:
+    """GresTypes= value for a node with this config (:func:`gres_type_names`)."""
+    return ",".join(gres_type_names(config))
 
 
 def slurm_conf_lines(layout: Layout, config: Config) -> list[str]:

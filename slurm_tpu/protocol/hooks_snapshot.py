@@ -20,6 +20,7 @@ tab or newline, and lists are comma-joined, so they never hold commas):
             variable (in export order), a configured device; keys and types in :data:`OBJECTS`
 ``val``     identity, name, value: a device's entry in a job variable
 ``idx``     name, type, file: slurmd's IDX order of a GRES name on this node
+``shard``   gres, identity, shares: one shared Edge TPU of the node (:class:`ShardPolicy`), never leased
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 FILE = "hooks.snapshot"  # under the state directory
-FORMAT = "slurm-tpu hooks snapshot 8"
+FORMAT = "slurm-tpu hooks snapshot 9"
 USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"  # revocation methods (families/base.py)
 # The ``set`` record's keys and their types.
 SETTINGS = (
@@ -54,13 +55,39 @@ SETTINGS = (
 
 
 class FamilyPolicy(Record):
-    """What the hooks do with one family's devices."""
+    """What the hooks do with one family's devices. ``shared``: the identities of its devices on this
+    node that the site shares (``families.<kind>.shared``): never leased, whatever GRES a job got
+    them by (a shared GPU stays a ``gpu`` device in gres.conf beside its ``shard`` lines)."""
 
-    __slots__ = ("kind", "gres_name", "leased", "slot", "revocation")
+    __slots__ = ("kind", "gres_name", "leased", "slot", "revocation", "shared")
 
-    def __init__(self, kind: str, gres_name: str, leased: bool, slot: bool, revocation: dict[str, str]):
+    def __init__(
+        self,
+        kind: str,
+        gres_name: str,
+        leased: bool,
+        slot: bool,
+        revocation: dict[str, str],
+        shared: tuple[str, ...] = (),
+    ):
         self.kind, self.gres_name, self.leased, self.slot = kind, gres_name, leased, slot
         self.revocation = revocation  # bus -> USB_PORT / GASKET_WRITERS (SCAN when absent)
+        self.shared = tuple(shared)
+
+
+class ShardPolicy(Record):
+    """The node's shared Edge TPUs: the GRES that counts their shares (``tpu_shard``) and identity ->
+    shares of each usable one. Their nodes keep idle ownership; the node's broker opens them."""
+
+    __slots__ = ("gres_name", "devices")
+
+    def __init__(self, gres_name: str, devices: dict[str, int]):
+        self.gres_name, self.devices = gres_name, devices
+
+    @property
+    def total(self) -> int:
+        """The node's count of the shard GRES."""
+        return sum(self.devices.values())
 
 
 class UdevRule(Record):
@@ -90,7 +117,13 @@ class EnvVariable(Record):
 # The records of one object each, in written order: tag, class, the snapshot's collection
 # (a dict is keyed by the first field), and the record's keys and types for the class's __slots__.
 OBJECTS: tuple[tuple[str, Any, str, tuple[str, ...], tuple[type, ...]], ...] = (
-    ("family", FamilyPolicy, "families", ("kind", "gres", "leased", "slot", "revoke"), (str, str, bool, bool, dict)),
+    (
+        "family",
+        FamilyPolicy,
+        "families",
+        ("kind", "gres", "leased", "slot", "revoke", "shared"),
+        (str, str, bool, bool, dict, tuple),
+    ),
     ("udev", UdevRule, "udev", ("subsystem", "devtype", "bus", "depth", "attribute"), (str, str, str, int, str)),
     ("var", EnvVariable, "variables", ("name", "kind", "unset", "keep"), (str, str, bool, bool)),
     ("dev", KnownDevice, "devices", ("identity", "kind", "bus", "nodes"), (str, str, str, tuple)),
@@ -120,6 +153,7 @@ class HookSnapshot:
         self.index = index or {}
         self.sources = sources or {}
         self.families = families or {}  # kind -> policy
+        self.shards: ShardPolicy | None = None  # the node's shared Edge TPUs (None: it shares none)
         self.udev: list[UdevRule] = []
         self.variables: list[EnvVariable] = []
         self.values: dict[str, dict[str, str]] = {}  # identity -> variable name -> entry
@@ -167,6 +201,10 @@ def format_snapshot(snapshot: HookSnapshot) -> str:
     for name, order in snapshot.index.items():
         for kind, index_file in order:
             lines.append(_record("idx", ("name", name), ("type", kind or ""), ("file", index_file or "")))
+    if snapshot.shards is not None:
+        gres = snapshot.shards.gres_name
+        for identity, shares in snapshot.shards.devices.items():
+            lines.append(_record("shard", ("gres", gres), ("identity", identity), ("shares", shares)))
     return "\n".join(lines) + "\n"
 
 
@@ -217,6 +255,13 @@ def parse_snapshot(text: str, cls=HookSnapshot):
                 result.values.setdefault(record["identity"], {})[record["name"]] = record["value"]
             elif tag == "idx":
                 result.index.setdefault(record["name"], []).append((record["type"] or None, record["file"] or None))
+            elif tag == "shard":
+                shares, policy = int(record["shares"]), result.shards
+                if policy is None:
+                    policy = result.shards = ShardPolicy(record["gres"], {})
+                if shares < 1 or record["gres"] != policy.gres_name:
+                    return None
+                policy.devices[record["identity"]] = shares
             else:
                 return None
     except (KeyError, ValueError):

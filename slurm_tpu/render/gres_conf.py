@@ -1,5 +1,10 @@
 """gres.conf lines for a node's accelerators.
 
+A shared device (``families.<kind>.shared``) is counted in its family's shard GRES
+(``Family.shard_gres``): an Edge TPU's in one count-only ``tpu_shard`` line per node instead of
+its own ``tpu`` line, a GPU's in Slurm's ``shard`` lines (one per GPU, ``File=`` its node) beside
+its ``gpu`` line.
+
 Devices of a family with slot nodes (``Family.slot``) are named by their *slot node*,
 ``<slot_dir>/<identity>``, which never moves or vanishes as a USB stick's own node does
 (docs/architecture.md, "Stable device paths"); GPU nodes are created by their drivers and
@@ -7,6 +12,8 @@ stay put, so GPUs use them directly.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from ..config import Config
 from ..cpulist import format_cpu_list, parse_cpu_list
@@ -33,6 +40,41 @@ def gres_name_type(config: Config, accelerator: Accelerator) -> tuple[str, str]:
     return settings.gres_name, family(accelerator.kind).gres_type(settings, accelerator)
 
 
+@dataclass(frozen=True)
+class Shared:
+    """One usable shared device: the shard GRES that counts it and its shares."""
+
+    accelerator: Accelerator
+    gres_name: str  # the shard GRES (tpu_shard, shard)
+    shares: int
+    per_file: bool  # Slurm's gres/shard (a File= line per device, beside the whole GRES) or a node-level count
+
+
+def shared_devices(inventory: Inventory, config: Config) -> list[Shared]:
+    """The usable devices the config shares, in inventory order."""
+    found = []
+    for accelerator in inventory.usable():
+        owner, settings = family(accelerator.kind), config.family(accelerator.kind)
+        shares = owner.device_shares(settings, accelerator)
+        if shares:
+            found.append(Shared(accelerator, owner.shard_name(settings), shares, owner.shard_per_file))
+    return found
+
+
+def is_whole(config: Config, accelerator: Accelerator) -> bool:
+    """Whether the device is a whole GRES of its own (not shared, or shared the gres/shard way beside it)."""
+    owner = family(accelerator.kind)
+    return owner.shard_per_file or not owner.device_shares(config.family(accelerator.kind), accelerator)
+
+
+def shard_counts(inventory: Inventory, config: Config) -> dict[str, int]:
+    """Shard GRES name -> the node's count of it (the sum of its shared devices' shares)."""
+    counts: dict[str, int] = {}
+    for item in shared_devices(inventory, config):
+        counts[item.gres_name] = counts.get(item.gres_name, 0) + item.shares
+    return counts
+
+
 def _cores(accelerator: Accelerator, inventory: Inventory) -> str:
     """`` Cores=...`` in Slurm's core indices, or '' when the device is near every core (sysfs gives
     local *CPUs*: with SMT those are thread ids, which Slurm would reject as core numbers)."""
@@ -55,14 +97,27 @@ def render_gres_conf(inventory: Inventory, config: Config, node_name: str) -> st
     """gres.conf lines for ``node_name`` (no block markers; see files.py); an unusable device is
     only a comment giving the reason, so slurmd is never told about a device it cannot use."""
     lines = []
-    for accelerator in inventory:
-        if not accelerator.usable:
+    for accelerator in inventory.usable():
+        if not is_whole(config, accelerator):
             continue
         name, kind = gres_name_type(config, accelerator)
         lines.append(
             f"NodeName={node_name} Name={name} Type={kind} File={gres_file(config, accelerator)}"
             f"{_cores(accelerator, inventory)}"
         )
+    shared = shared_devices(inventory, config)
+    for item in shared:  # Slurm's gres/shard: the shares of each device, named by its node
+        if item.per_file:
+            lines.append(
+                f"NodeName={node_name} Name={item.gres_name} Count={item.shares} "
+                f"File={gres_file(config, item.accelerator)}"
+            )
+    counted = [item for item in shared if not item.per_file]
+    for name in dict.fromkeys(item.gres_name for item in counted):  # one count per node: no File=, no Type=
+        mine = [item for item in counted if item.gres_name == name]
+        covers = ", ".join(f"{item.accelerator.identity} ({item.shares})" for item in mine)
+        lines.append(f"# {name}: the shares of the shared devices {covers}")
+        lines.append(f"NodeName={node_name} Name={name} Count={sum(item.shares for item in mine)}")
     for accelerator in inventory:
         if not accelerator.usable:
             lines.append(f"# not configured: {accelerator.identity} ({accelerator.model}): {accelerator.reason}")

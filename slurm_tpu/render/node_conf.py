@@ -8,16 +8,20 @@ from collections.abc import Mapping
 from ..config import Config
 from ..families import FAMILIES
 from ..hardware import Inventory
-from .gres_conf import gres_name_type
+from .gres_conf import gres_name_type, is_whole, shard_counts
 
 # slurmd -C facts we carry into the NodeName line, in slurm.conf's usual order.
 HARDWARE_KEYS = ("CPUs", "Boards", "SocketsPerBoard", "CoresPerSocket", "ThreadsPerCore", "RealMemory")
 
 
 def node_gres(inventory: Inventory, config: Config) -> str:
-    """``Gres=`` value: ``name:type:count`` per (name, type), in inventory order."""
-    counts = Counter(gres_name_type(config, accelerator) for accelerator in inventory.usable())
-    return ",".join(f"{name}:{kind}:{count}" for (name, kind), count in counts.items())
+    """``Gres=`` value: ``name:type:count`` per (name, type) of the whole devices, in inventory order,
+    then ``name:count`` per shard GRES (untyped: its count is the node's shares)."""
+    whole = (a for a in inventory.usable() if is_whole(config, a))
+    counts = Counter(gres_name_type(config, accelerator) for accelerator in whole)
+    items = [f"{name}:{kind}:{count}" for (name, kind), count in counts.items()]
+    items += [f"{name}:{count}" for name, count in shard_counts(inventory, config).items()]
+    return ",".join(items)
 
 
 def accounting_tres(gres: str) -> list[str]:

@@ -37,6 +37,25 @@ def test_node_line_golden():
     check_golden("big_node.node.conf", result.stdout)
 
 
+SHARING = (
+    "version: 2\nfamilies:\n  edgetpu: {shared: [usb-2-1, edgetpu_pci], shares_per_device: 4}\n"
+    "  gpu: {shared: [a100_sxm4_80gb], shares_per_device: 8}\n"
+)
+
+
+def test_shared_devices_gres_conf_and_node_line_golden(tmp_path):
+    """A site sharing a stick and the PCIe cards (tpu_shard) and the A100s (Slurm's shard)."""
+    config = tmp_path / "config.yaml"
+    config.write_text(SHARING)
+    result = run_cli(["--config", str(config), "gres-conf", "--node", "big"], "big_node")
+    assert result.returncode == 0, result.stderr
+    check_golden("big_node_shared.gres.conf", result.stdout)
+    args = ["--config", str(config), "node-conf", "--node", "big", "--no-hardware", "--set", "CPUs=2"]
+    result = run_cli(args, "big_node")
+    assert result.returncode == 0, result.stderr
+    check_golden("big_node_shared.node.conf", result.stdout)
+
+
 def test_udev_rules_golden():
     # No --run-program, no config: the -I -S hook `slurm-tpu install` puts under /usr/local.
     result = run_cli(["udev-rules"])
