@@ -698,7 +698,7 @@ class LocalCluster:
         """Whether the node's config shares Edge TPUs (families.edgetpu.shared): then it runs a broker."""
         from slurm_tpu.config import load_config
 
-        return bool(getattr(load_config(self.node_config(node)).family("edgetpu"), "shared", ()))
+        return bool(load_config(self.node_config(node)).family("edgetpu").shared)
 
     def broker_socket(self, node: str) -> str:
         """The node's broker's control socket (protocol/broker_wire.py)."""

@@ -139,7 +139,7 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
     from ..ops.node_state import audit_records, default_audit_log, lease_holders, running_usage
 
     config = obj.config
-    shares_here = bool(getattr(config.family("edgetpu"), "shared", ()))  # the node's broker serves shards
+    shares_here = bool(config.family("edgetpu").shared)  # the node's broker serves shards
 
     def snapshot() -> NodeSnapshot:
         leased, held = lease_holders(config)
@@ -260,13 +260,13 @@ def report(
     if source == "sacct" and by == "device":
         raise click.BadParameter("Slurm's accounting does not know devices: use --source audit", param_hint="--by")
     if source == "sacct" or (source == "auto" and by != "device" and not audit_logs and _slurm_accounting(obj)):
-        from ..families import FAMILIES
+        from ..families import FAMILIES, family
         from ..ops.accounting import sacct_jobs, summarize_sacct
         from ..slurm.commands import Slurm
 
         tres = list(dict.fromkeys(f"gres/{obj.config.family(f.kind).gres_name}" for f in FAMILIES))
-        shard_gres = getattr(obj.config.family("edgetpu"), "shard_gres_name", None)
-        if shard_gres:
+        shard_gres = family("edgetpu").shard_name(obj.config.family("edgetpu"))
+        if shard_gres and obj.config.family("edgetpu").shared:
             tres.append(f"gres/{shard_gres}")  # share-seconds, as sreport counts them
         jobs = sacct_jobs(Slurm.for_config(obj.config), start, end)
         groups: dict = summarize_sacct(jobs, by, tres, start, end, time.time())

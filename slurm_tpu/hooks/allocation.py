@@ -77,7 +77,7 @@ def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
     devices asks Slurm: its shard GRES has no plugin variable (a count, not devices)."""
     job_id, node = hook.job.job_id, hook.job.node
     names = hook.settings.leasable_names()
-    shards = getattr(hook.settings, "shards", None)  # HookSettings.shards (issue 32; None: shares nothing)
+    shards = hook.settings.shards  # None: the node shares nothing
     if shards is not None:
         names = [*names, shards.gres_name]
     from_env = gres_from_env(job_id, names, hook.environ)

@@ -36,9 +36,7 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
         # TPU shares: looked for where the node shares devices, or a grant is left from when it did
         # (one stat; hooks/shards.py is imported only then).
         grant = None
-        if getattr(settings, "shards", None) is not None or os.path.lexists(
-            _grant_path(settings.state_dir, job.job_id)
-        ):
+        if settings.shards is not None or os.path.lexists(_grant_path(settings.state_dir, job.job_id)):
             from . import shards
 
             grant = shards.read_grant(ledger, job.job_id)

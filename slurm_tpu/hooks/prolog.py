@@ -25,7 +25,7 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     settings = hook.settings = hook_settings.load(hook.environ, hook.node)
     hook.probe.mark("settings")
     job = hook.job = job_from_env(hook.environ, settings.node)
-    shared = getattr(settings, "shards", None)  # HookSettings.shards: the node's shared TPUs, or None
+    shared = settings.shards  # the node's shared TPUs, or None
     if not settings.leasable_names() and shared is None:
         return 0  # nothing to lease or share on this node: no Slurm query at all
     allocs = allocation.query_job_gres(hook) or []

@@ -300,7 +300,7 @@ def check_broker(node: Node) -> list[Finding]:
 
     check = "tpu broker"
     config = node.config
-    if not getattr(config.family("edgetpu"), "shared", ()):
+    if not config.family("edgetpu").shared:
         return _ok(check, "this node shares no Edge TPU (families.edgetpu.shared): no broker needed")
     layout = node.layout
     install = f"slurm-tpu install --sysconfdir {layout.sysconfdir}"

@@ -34,25 +34,12 @@ def test_the_unit_runs_the_installed_broker_before_slurmd_hardened_and_writing_o
     assert "  # set by slurm-tpu install\n" in entry.content and 'runpy.run_module("slurm_tpu.broker"' in entry.content
 
 
-class Sharing:
-    """A config whose Edge TPUs are shared (families.edgetpu.shared: [all]); the rest is ``config``'s."""
+def sharing(config: Config) -> Config:
+    """``config`` with its Edge TPUs shared (families.edgetpu.shared: [all])."""
+    import dataclasses
 
-    def __init__(self, config: Config):
-        self._config = config
-
-    def __getattr__(self, name: str):
-        return getattr(self._config, name)
-
-    def family(self, kind: str):
-        details = self._config.family(kind)
-
-        class Shared:
-            shared = ("all",) if kind == "edgetpu" else ()
-
-            def __getattr__(self, name: str):
-                return getattr(details, name)
-
-        return Shared()
+    shared = dataclasses.replace(config.family("edgetpu"), shared=("all",))
+    return dataclasses.replace(config, families={**config.families, "edgetpu": shared})
 
 
 def pinger(path: str) -> socket.socket:
@@ -96,27 +83,27 @@ def test_install_doctor_and_uninstall_of_the_broker(tmp_path, monkeypatch):
         return finding.line()
 
     assert line(config) == "ok    tpu broker: this node shares no Edge TPU (families.edgetpu.shared): no broker needed"
-    sharing = Sharing(config)
-    assert line(sharing) == (
+    shared = sharing(config)
+    assert line(shared) == (
         f"FAIL  tpu broker: {BROKER_UNIT} is not enabled: after a reboot shard jobs find no broker; "
         f"fix: systemctl enable --now {BROKER_UNIT}"
     )
     wants = os.path.join(layout.systemd_dir, "multi-user.target.wants")
     os.makedirs(wants)
     os.symlink(unit, os.path.join(wants, BROKER_UNIT))  # what systemctl enable makes
-    down = line(sharing)
+    down = line(shared)
     assert down.startswith("FAIL  tpu broker: the broker does not answer ping (nothing listens on ") and down.endswith(
         f"fix: systemctl enable --now {BROKER_UNIT}; journalctl -u {BROKER_UNIT}"
     )
     os.makedirs(state, mode=0o755)
     server = pinger(broker_wire.control_path(str(state)))
     try:
-        assert line(sharing) == f"ok    tpu broker: {BROKER_UNIT} enabled; its control socket answers"
+        assert line(shared) == f"ok    tpu broker: {BROKER_UNIT} enabled; its control socket answers"
     finally:
         server.close()
     with open(unit, "a", encoding="utf-8") as handle:
         handle.write("# the admin's line\n")
-    assert line(sharing).startswith(f"FAIL  tpu broker: {unit} is stale")
+    assert line(shared).startswith(f"FAIL  tpu broker: {unit} is stale")
     os.unlink(os.path.join(wants, BROKER_UNIT))
     os.rmdir(wants)
     install_module.install(layout, config, str(tmp_path / "none"), say=said.append)  # puts its own back

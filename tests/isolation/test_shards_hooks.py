@@ -1,7 +1,7 @@
 """TPU shares at the Prolog and Epilog (hooks/shards.py), run as the hook functions with a testbed.
 
-No Slurm and no broker branch: the node's settings are built here (a ``shards`` policy as
-``HookSettings.shards`` holds it), the job's allocation is what Slurm would answer, and the
+No Slurm and no broker branch: the node's settings are built here (``HookSettings.shards``, a
+ShardPolicy), the job's allocation is what Slurm would answer, and the
 broker is either absent (nothing listens on control.sock) or a tiny real socket server in this
 process speaking protocol/broker_wire.py, so what crosses the socket is the real frames.
 """
@@ -18,18 +18,12 @@ import pytest
 from slurm_tpu.hooks import allocation, epilog, prolog, settings as hook_settings
 from slurm_tpu.hooks.context import HookRun
 from slurm_tpu.protocol import broker_wire, envfile
+from slurm_tpu.protocol.hooks_snapshot import ShardPolicy
 from slurm_tpu.protocol.job_record import decode_spool
 from slurm_tpu.slurm.jobdetail import GresAlloc
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="the state directory must be root-owned")
-pytestmark = needs_root
-
-
-class Policy:
-    """Stands in for protocol/hooks_snapshot.py ShardPolicy (gres_name, devices: identity -> shares)."""
-
-    def __init__(self, gres_name: str, devices: dict[str, int]):
-        self.gres_name, self.devices = gres_name, devices
+pytestmark = needs_root  # (the last test needs no root, but runs with the others)
 
 
 @pytest.fixture
@@ -41,7 +35,7 @@ def node(tmp_path, monkeypatch, capsys):
     from slurm_tpu.config import Config
 
     hook_settings.apply_families(settings, Config())
-    settings.shards = Policy("tpu_shard", {"usb-2-1.3": 4})
+    settings.shards = ShardPolicy("tpu_shard", {"usb-2-1.3": 4})
     settings.accounting_spool = str(spool)
     monkeypatch.setattr(hook_settings, "load", lambda environ, node=None, create=True: settings)
     allocs = [GresAlloc("tpu_shard", None, 2, ())]
@@ -194,3 +188,75 @@ def test_a_silent_broker_costs_the_prolog_its_bound_not_the_job(node):
         silent.close()
     assert any("no answer" in line and "job 41" in line for line in said)
     assert (state / "broker" / "grants" / "41").exists()
+
+
+def test_a_sharing_node_asks_slurm_for_the_shard_gres_even_with_the_plugins_variable():
+    class Slurm:
+        def __init__(self):
+            self.asked = []
+
+        def job_gres(self, job_id, node):
+            self.asked.append((job_id, node))
+            return [GresAlloc("tpu", "edgetpu_usb", 1, (0,)), GresAlloc("tpu_shard", None, 3, ())]
+
+    class Hook:
+        environ = ("SLURM_JOB_TPUS", "0")  # our gres plugin's variable: enough where nothing is shared
+        job = type("Job", (), {"job_id": 41, "node": "n1"})()
+        settings = hook_settings.HookSettings("/nonexistent", node="n1")
+
+        def __init__(self):
+            self.environ = dict([Hook.environ])
+
+        def slurm(self):
+            return slurm
+
+    slurm = Slurm()
+    Hook.settings.index = {"tpu": [("edgetpu_usb", "/dev/slurm-tpu/usb-2-1.3")]}
+    from slurm_tpu.protocol.inventory import KnownDevice
+
+    Hook.settings.devices = {"usb-2-1.3": KnownDevice("usb-2-1.3", "edgetpu", "usb", ("/dev/bus/usb/002/005",))}
+    from slurm_tpu.config import Config
+
+    hook_settings.apply_families(Hook.settings, Config())
+    assert [a.name for a in allocation.query_job_gres(Hook())] == ["tpu"] and not slurm.asked
+    Hook.settings.shards = ShardPolicy("tpu_shard", {"usb-2-1.4": 4})
+    assert [a.name for a in allocation.query_job_gres(Hook())] == ["tpu", "tpu_shard"]
+    assert slurm.asked == [(41, "n1")]
+
+
+def test_both_task_prologs_print_the_shard_jobs_broker_lines(node, tmp_path):
+    """The env file the Prolog wrote for a shard job, printed by the sh task prolog and the native one alike."""
+    import shutil
+    import subprocess
+
+    from slurm_tpu import defaults
+    from slurm_tpu.ops.hook_client import NATIVE_HOOKS, build, link_native_entries, shipped_hook
+
+    state, _, env, _ = node
+    assert run(prolog, env) == 0
+    config = tmp_path / "config.yaml"
+    config.write_text(f"state_dir: {state}\n", encoding="utf-8")
+    directory = tmp_path / "hooks"
+    directory.mkdir(mode=0o755)
+    client = build(str(directory))
+    programs = [
+        os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(__file__))), "prolog", "slurm-tpu-task-prolog")
+    ]
+    if client is not None:
+        for name in NATIVE_HOOKS:
+            shutil.copy(shipped_hook(name), directory)
+        link_native_entries(client, [str(directory / name) for name in NATIVE_HOOKS])
+        programs.append(str(directory / "slurm-tpu-task-prolog-native"))
+    printed = {
+        subprocess.run(
+            [program],
+            env={"PATH": "/usr/bin:/bin", defaults.CONFIG_ENV: str(config), "SLURM_JOB_ID": "41"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout
+        for program in programs
+    }
+    [text] = printed  # the same from both
+    assert f"export SLURM_TPU_BROKER={state}/broker/jobs/41.sock\nexport SLURM_TPU_SHARDS=2\n" in text
