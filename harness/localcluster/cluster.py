@@ -145,6 +145,13 @@ class LocalCluster:
     # (slurm_tpu.slurm.gres_plugin): Slurm then hands the hooks SLURM_JOB_TPUS and they ask it nothing.
     # False keeps the plugin-less cluster, whose hooks query the controller for every job.
     gres_plugin: bool = True
+    # Start one TPU broker (``python -m slurm_tpu.broker``, slurm_tpu/broker/) per node whose config
+    # shares Edge TPUs (families.edgetpu.shared), before its slurmd, and stop it with the node.
+    # ``broker_env``: what its libedgetpu needs besides the node's config (the runner tests' double:
+    # SLURM_TPU_LIBEDGETPU, EDGETPU_DOUBLE_DEVICES...); EDGETPU_DOUBLE_ROOT defaults to the nodes'
+    # simulated /sys and /dev (``%n``: the broker's SLURMD_NODENAME), as the jobs' double is given.
+    brokers: bool = True
+    broker_env: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def slurm(self) -> installation.Installation:
@@ -520,6 +527,8 @@ class LocalCluster:
             self._start_apex(spec.name)
             if self.agents:
                 self._spawn_agent(spec.name)  # all at once: each imports for a while (many nodes on one host)
+            if self.brokers and self.shares_devices(spec.name):
+                self._spawn_broker(spec.name)
         for spec in self.nodes:
             self._wait(
                 lambda name=spec.name: self._apex_ready(name),
@@ -528,6 +537,8 @@ class LocalCluster:
             )
             if self.agents:
                 self._wait_agent(spec.name)
+            if self.brokers and self.shares_devices(spec.name):
+                self._wait_broker(spec.name)
             self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
@@ -681,6 +692,69 @@ class LocalCluster:
         """Stop the node's agent (SIGTERM: it removes its socket, and the hooks run the Python hooks)."""
         self._stop_daemon(f"agent-{node}")
 
+    # ---- the TPU broker (slurm_tpu/broker/) ---------------------------------------
+
+    def shares_devices(self, node: str) -> bool:
+        """Whether the node's config shares Edge TPUs (families.edgetpu.shared): then it runs a broker."""
+        from slurm_tpu.config import load_config
+
+        return bool(load_config(self.node_config(node)).family("edgetpu").shared)
+
+    def broker_socket(self, node: str) -> str:
+        """The node's broker's control socket (protocol/broker_wire.py)."""
+        from slurm_tpu.protocol.broker_wire import control_path
+
+        return control_path(self.state_dir(node))
+
+    def start_broker(self, node: str, timeout: float = 60) -> None:
+        """Start the node's broker (root, its own config) and wait until its control socket listens."""
+        self._spawn_broker(node)
+        self._wait_broker(node, timeout)
+
+    def _spawn_broker(self, node: str) -> None:
+        environment = {"EDGETPU_DOUBLE_ROOT": os.path.join(self.path("nodes"), "%n"), **self.broker_env}
+        self._spawn(
+            f"broker-{node}",
+            [
+                "env",
+                f"SLURM_TPU_CONFIG={self.node_config(node)}",
+                f"SLURMD_NODENAME={node}",
+                *(f"{key}={value}" for key, value in environment.items()),
+                self.python,
+                "-m",
+                "slurm_tpu.broker",
+            ],
+        )
+
+    def _wait_broker(self, node: str, timeout: float = 60) -> None:
+        from slurm_tpu.protocol.broker_wire import BROKER_DIR, PIDFILE
+
+        pidfile = os.path.join(self.state_dir(node), BROKER_DIR, PIDFILE)
+
+        def listening() -> bool:
+            pid = self.running_pids().get(f"broker-{node}")
+            if pid is None:
+                raise RuntimeError(f"the broker of {node} exited; see {self.path('log', f'broker-{node}.out')}")
+            try:  # `env` exec'ed the broker: the launcher's pid is the broker's, written once its socket listens
+                with open(pidfile, encoding="ascii") as handle:
+                    return handle.read().strip() == str(pid)
+            except (FileNotFoundError, ValueError):
+                return False
+
+        self._wait(listening, timeout, f"the broker of {node} did not listen on {self.broker_socket(node)}")
+
+    def stop_broker(self, node: str) -> None:
+        """Stop the node's broker (SIGTERM)."""
+        self._stop_daemon(f"broker-{node}")
+
+    def kill_broker(self, node: str) -> None:
+        """Kill the node's broker (SIGKILL, no clean-up: a crash), and wait until it is gone."""
+        pid = self.running_pids().get(f"broker-{node}")
+        if not pid:
+            return
+        os.killpg(pid, signal.SIGKILL)
+        self._wait(lambda: not _pid_alive(pid), 15, f"the broker of {node} (pid {pid}) did not die")
+
     def _start_usbcore(self, node: str) -> None:
         """The emulated USB core (usbcore.py) for a node with USB Edge TPUs: the kernel's side of revocation."""
         directory = self.node_dir(node)
@@ -769,8 +843,8 @@ class LocalCluster:
         cluster leaves no process behind whatever state its jobs were in.
         """
         pids = self.running_pids()
-        # slurmd first (no new hooks), agents after it, munge last.
-        order = sorted(pids, key=lambda n: (n == "munged", n == "slurmctld", n.startswith("agent-")))
+        # slurmd first (no new hooks), agents and brokers after it, munge last.
+        order = sorted(pids, key=lambda n: (n == "munged", n == "slurmctld", n.startswith(("agent-", "broker-"))))
         for name in order:
             try:
                 os.killpg(pids[name], signal.SIGTERM)

@@ -135,10 +135,11 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
     from ..detect import detect_inventory
     from ..ops.edgetpu_runtime import installed_version
     from ..ops.health_check import configured_inventory
-    from ..ops.metrics import NodeCollector, NodeSnapshot
+    from ..ops.metrics import NodeCollector, NodeSnapshot, broker_view
     from ..ops.node_state import audit_records, default_audit_log, lease_holders, running_usage
 
     config = obj.config
+    shares_here = bool(config.family("edgetpu").shared)  # the node's broker serves shards
 
     def snapshot() -> NodeSnapshot:
         leased, held = lease_holders(config)
@@ -152,6 +153,7 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
             time.time(),
             installed_version(libedgetpu),
             running_usage(config, held),
+            broker_view(config.state_dir, shares_here),
         )
 
     return NodeCollector(snapshot)
@@ -177,7 +179,8 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
 @pass_obj
 def metrics(obj: Obj, node: str | None, textfile: str | None, listen: str | None, libedgetpu: str | None) -> None:
     """Prometheus metrics: devices present/healthy/leased, temperature, jobs, inferences,
-    and the version of the node's libedgetpu.
+    and the version of the node's libedgetpu; on a node sharing TPUs, its broker's figures
+    (each shard job's device time, inferences, swaps, queue wait; each shared TPU's utilization).
 
     A device's state series carry the job holding it (labels hpc_job and hpc_user, as
     dcgm-exporter's HPC job mapping does), and each running job has its own inference
@@ -257,17 +260,35 @@ def report(
     if source == "sacct" and by == "device":
         raise click.BadParameter("Slurm's accounting does not know devices: use --source audit", param_hint="--by")
     if source == "sacct" or (source == "auto" and by != "device" and not audit_logs and _slurm_accounting(obj)):
-        from ..families import FAMILIES
+        from ..families import FAMILIES, family
         from ..ops.accounting import sacct_jobs, summarize_sacct
         from ..slurm.commands import Slurm
 
         tres = list(dict.fromkeys(f"gres/{obj.config.family(f.kind).gres_name}" for f in FAMILIES))
+        shard_gres = family("edgetpu").shard_name(obj.config.family("edgetpu"))
+        if shard_gres and obj.config.family("edgetpu").shared:
+            tres.append(f"gres/{shard_gres}")  # share-seconds, as sreport counts them
         jobs = sacct_jobs(Slurm.for_config(obj.config), start, end)
         groups: dict = summarize_sacct(jobs, by, tres, start, end, time.time())
         used = [name for name in tres if any(name in t.tres_seconds for t in groups.values())]
         # The columns between JOBS and INFERENCES: the accelerator-hours of each GRES the jobs had.
         columns = [f"{name.split('/', 1)[1].upper()}-HOURS" for name in used]
         cells = {key: [f"{t.tres_seconds.get(name, 0.0) / 3600:.4f}" for name in used] for key, t in groups.items()}
+        if any(t.shards is not None for t in groups.values()):
+            # Jobs on TPU shares: the broker's figures (device time it ran them, swaps, time queued).
+            columns += ["SHARD DEVICE TIME", "SHARD INFERENCES", "SWAPS", "QUEUE WAIT"]
+            for key, t in groups.items():
+                shard = t.shards.to_json() if t.shards is not None else None
+                cells[key] += (
+                    [
+                        f"{shard['device_seconds']:.3f} s",
+                        str(shard["inferences"]),
+                        str(shard["model_swaps"]),
+                        f"{shard['queue_wait_seconds']:.3f} s",
+                    ]
+                    if shard is not None
+                    else ["-"] * 4
+                )
         empty = "no accelerator jobs in this period (sacct)"
     else:
         from ..ops.accounting import summarize_audit, user_name

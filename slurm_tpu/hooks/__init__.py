@@ -25,6 +25,7 @@ FAST_PATH = (
     "slurm_tpu.protocol",
     "slurm_tpu.protocol.agent_wire",
     "slurm_tpu.protocol.audit",
+    "slurm_tpu.protocol.broker_wire",
     "slurm_tpu.protocol.envfile",
     "slurm_tpu.protocol.hooks_snapshot",
     "slurm_tpu.protocol.inventory",
@@ -59,6 +60,7 @@ FAST_PATH = (
     "slurm_tpu.hooks.probe",
     "slurm_tpu.hooks.prolog",
     "slurm_tpu.hooks.settings",
+    "slurm_tpu.hooks.shards",
     "slurm_tpu.hooks.slurm_files",
     "slurm_tpu.hooks.udev_event",
 )

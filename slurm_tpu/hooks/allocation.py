@@ -73,9 +73,14 @@ def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str])
 
 def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
     """The GRES of the hook's job on its node (None if Slurm does not list the job on this node):
-    from our gres plugin's variables (:func:`gres_from_env`), else from Slurm."""
+    from our gres plugin's variables (:func:`gres_from_env`), else from Slurm. A node that shares
+    devices asks Slurm: its shard GRES has no plugin variable (a count, not devices)."""
     job_id, node = hook.job.job_id, hook.job.node
-    from_env = gres_from_env(job_id, hook.settings.leasable_names(), hook.environ)
+    names = hook.settings.leasable_names()
+    shards = hook.settings.shards  # None: the node shares nothing
+    if shards is not None:
+        names = [*names, shards.gres_name]
+    from_env = gres_from_env(job_id, names, hook.environ)
     if from_env is not None:
         return from_env
     from ..errors import SlurmCommandError

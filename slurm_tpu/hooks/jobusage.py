@@ -204,21 +204,36 @@ def open_spool(path: str, create: bool = False) -> int:
     return fd
 
 
-def spool(ledger, job_id: int, uid: int, node: str, devices: int, records, path: str) -> bool:
+def spool(
+    ledger,
+    job_id: int,
+    uid: int,
+    node: str,
+    devices: int,
+    records,
+    path: str,
+    shares: int = 0,
+    shard_figures: dict | None = None,
+) -> bool:
     """Leave the job's figures on this node for the accounting collector, in the spool ``path``
     (config ``accounting_spool``, persistent: entries outlive a reboot); whether an entry was written.
+    ``shares``: the TPU shares the job held here (0: none), with the broker's figures of it
+    (``shard_figures``, protocol/broker_wire.py FIGURES; None: the broker gave none, they count 0).
 
     Only where a collector runs (its first run makes the root-only spool); written atomically,
     0600, never through a symlink. Never raises for an OSError: a full disk costs the job's
     AdminComment (protocol/job_record.py), never the job or the node."""
-    from ..protocol.job_record import encode_spool, totals
+    from ..protocol.job_record import encode_spool, shard_figures as shard_entry, totals
 
     try:
         spool_fd = open_spool(path)
     except statedir.StateDirError:
         return False  # no collector here (or an unsafe spool: never written through)
+    entry = totals(job_id, node, devices, records)
+    if shares:
+        entry.shards = shard_entry(shares, shard_figures)
     try:
-        statedir.write_atomic(spool_fd, str(job_id), encode_spool(totals(job_id, node, devices, records)), 0o600)
+        statedir.write_atomic(spool_fd, str(job_id), encode_spool(entry), 0o600)
         os.fsync(spool_fd)  # the rename too is on disk: the entry outlives a crash, not only a clean reboot
         return True
     except (OSError, statedir.StateDirError) as exc:

@@ -33,6 +33,7 @@ from ..hooks.jobusage import open_spool
 from ..protocol.audit import LeaseSpan
 from ..protocol.job_record import (
     MAX_SPOOL_BYTES,
+    SHARES,
     SpoolEntry,
     decode_spool,
     encode_spool,
@@ -171,14 +172,45 @@ def sacct_jobs(slurm, since: float | None, until: float | None) -> list[JobRow]:
 
 
 @dataclass
+class ShardTotals:
+    """The TPU broker's figures of jobs that held shares (protocol/job_record.py SHARD_KEYS), summed."""
+
+    jobs: set[str] = field(default_factory=set)
+    busy_ms: float = 0.0
+    inferences: int = 0
+    model_swaps: int = 0
+    queue_wait_ms: float = 0.0
+    model_loads: int = 0
+
+    def add(self, job_id: str, figures: dict[str, float]) -> None:
+        self.jobs.add(job_id)
+        self.busy_ms += figures.get("shard_busy_ms", 0.0)
+        self.inferences += int(figures.get("shard_inferences", 0))
+        self.model_swaps += int(figures.get("shard_model_swaps", 0))
+        self.queue_wait_ms += figures.get("shard_queue_wait_ms", 0.0)
+        self.model_loads += int(figures.get("shard_model_loads", 0))
+
+    def to_json(self) -> dict:
+        return {
+            "jobs": len(self.jobs),
+            "device_seconds": round(self.busy_ms / 1000, 6),
+            "inferences": self.inferences,
+            "model_swaps": self.model_swaps,
+            "queue_wait_seconds": round(self.queue_wait_ms / 1000, 6),
+            "model_loads": self.model_loads,
+        }
+
+
+@dataclass
 class SacctTotals:
     jobs: set[str] = field(default_factory=set)
     tres_seconds: dict[str, float] = field(default_factory=dict)
     inferences: int = 0
     inference_seconds: float = 0.0
+    shards: ShardTotals | None = None  # jobs of the group that held TPU shares (their AdminComment says)
 
     def to_json(self) -> dict:
-        return {
+        data = {
             "source": "sacct",
             "jobs": len(self.jobs),
             "tres_seconds": {k: round(v, 3) for k, v in sorted(self.tres_seconds.items())},
@@ -186,12 +218,16 @@ class SacctTotals:
             "inference_seconds": round(self.inference_seconds, 6),
             "mean_latency_ms": round(self.inference_seconds / self.inferences * 1000, 3) if self.inferences else None,
         }
+        if self.shards is not None:
+            data["shards"] = self.shards.to_json()
+        return data
 
 
 def summarize_sacct(
     rows: Iterable[JobRow], by: str, tres: Iterable[str], since: float | None, until: float | None, now: float
 ) -> dict[str, SacctTotals]:
-    """Totals per user or job over [since, until): ``tres`` (``gres/tpu``...) seconds and inference figures."""
+    """Totals per user or job over [since, until): ``tres`` (``gres/tpu``...) seconds and inference figures,
+    and for jobs that held TPU shares the broker's figures (device time, inferences, swaps, queue wait)."""
     names = list(tres)
     groups: dict[str, SacctTotals] = {}
     for row in rows:
@@ -212,6 +248,10 @@ def summarize_sacct(
         for figures in row.usage.values():
             totals.inferences += int(figures["inferences"])
             totals.inference_seconds += float(figures["inference_seconds"])
+            if SHARES in figures:  # an item written before shards existed has none
+                if totals.shards is None:
+                    totals.shards = ShardTotals()
+                totals.shards.add(row.job_id, figures)
     return dict(sorted(groups.items()))
 
 
@@ -352,7 +392,14 @@ def mark_written(spool_fd: int, name: str, raw: bytes, entry: SpoolEntry, mark: 
     if statedir.read_file(spool_fd, name, limit=MAX_SPOOL_BYTES) != raw:
         return False
     written = SpoolEntry(
-        entry.job_id, entry.node, entry.devices, entry.inferences, entry.inference_seconds, entry.energy_j, mark
+        entry.job_id,
+        entry.node,
+        entry.devices,
+        entry.inferences,
+        entry.inference_seconds,
+        entry.energy_j,
+        mark,
+        entry.shards,
     )
     statedir.write_atomic(spool_fd, name, encode_spool(written), 0o600)
     return True

@@ -288,6 +288,39 @@ def check_accounting_collector(node: Node) -> list[Finding]:
     return _ok(check, f"{ACCOUNTING_TIMER} enabled; spool {node.config.accounting_spool}")
 
 
+BROKER_UNIT = "slurm-tpu-broker.service"
+
+
+def check_broker(node: Node) -> list[Finding]:
+    """On a node whose config shares Edge TPUs: the TPU broker's unit installed as this slurm-tpu ships it,
+    enabled, and its control socket answering ``ping`` (docs/shards.md); elsewhere nothing is needed."""
+    from ..files import read_text
+    from ..hooks import shards
+    from .install import planned_units
+
+    check = "tpu broker"
+    config = node.config
+    if not config.family("edgetpu").shared:
+        return _ok(check, "this node shares no Edge TPU (families.edgetpu.shared): no broker needed")
+    layout = node.layout
+    install = f"slurm-tpu install --sysconfdir {layout.sysconfdir}"
+    [spec] = planned_units(layout, os.path.dirname(node.slurm_conf), (BROKER_UNIT,), state_dir=config.state_dir)
+    have = read_text(spec.path) if os.path.isfile(spec.path) else None
+    if have is None:
+        return _fail(check, f"{spec.path} is missing: nothing runs the broker the shard jobs need", install)
+    if have != spec.content:
+        return _fail(check, f"{spec.path} is stale (not what this slurm-tpu installs)", install)
+    start = f"systemctl enable --now {BROKER_UNIT}"
+    if not os.path.lexists(os.path.join(layout.systemd_dir, "multi-user.target.wants", BROKER_UNIT)):
+        return _fail(check, f"{BROKER_UNIT} is not enabled: after a reboot shard jobs find no broker", start)
+    try:
+        shards.ask(config.state_dir, {"op": "ping"})
+    except shards.BrokerUnavailable as exc:
+        message = f"the broker does not answer ping ({exc}): shard jobs start, but their clients cannot run"
+        return _fail(check, message, f"{start}; journalctl -u {BROKER_UNIT}")
+    return _ok(check, f"{BROKER_UNIT} enabled; its control socket answers")
+
+
 def check_gres_conf(node: Node) -> list[Finding]:
     """This node's gres.conf block is what ``gres-conf --check`` expects."""
     from ..files import changed_lines, merge_block, read_text
@@ -763,6 +796,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_gres_types,
     check_accounting_tres,
     check_accounting_collector,
+    check_broker,
     check_gres_conf,
     check_node_line,
     check_udev_rules,

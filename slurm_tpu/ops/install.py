@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from .. import __version__
 from ..config import Config
-from ..defaults import CONFIG_ENV, CONFIG_PATH as DEFAULT_CONFIG, PREFIX, SYSCONFDIR
+from ..defaults import CONFIG_ENV, CONFIG_PATH as DEFAULT_CONFIG, PREFIX, STATE_DIR, SYSCONFDIR
 from ..errors import SlurmCommandError, SlurmTpuError
 from ..files import BACKUP_SUFFIX, write_if_changed
 from ..protocol import install_manifest
@@ -49,10 +49,12 @@ HOOK_FILES = (
     ("udev", UDEV_HOOK, 0o755),
     ("epilog", "slurm-tpu-epilog", 0o755),
     ("systemd", "slurm-tpu-agent", 0o755),
+    ("systemd", "slurm-tpu-broker", 0o755),
 )
 # (shipped name in systemd/, installed path under <sysconfdir>/systemd/system).
 SYSTEMD_FILES = (
     ("slurm-tpu-agent.service", "slurm-tpu-agent.service"),
+    ("slurm-tpu-broker.service", "slurm-tpu-broker.service"),
     ("slurm-tpu-watch.service", "slurm-tpu-watch.service"),
     ("slurm-tpu-metrics.service", "slurm-tpu-metrics.service"),
     ("slurm-tpu-metrics.timer", "slurm-tpu-metrics.timer"),
@@ -228,12 +230,16 @@ def health_program_text(python: str, config_file: str) -> str:
     )
 
 
-def unit_text(shipped: str, program: str, slurm_conf_dir: str, hooks_dir: str) -> str:
-    """A shipped systemd file with this installation's paths filled in."""
+def unit_text(shipped: str, program: str, slurm_conf_dir: str, hooks_dir: str, state_dir: str = STATE_DIR) -> str:
+    """A shipped systemd file with this installation's paths filled in (``state_dir``: the config's,
+    which the TPU broker's sandbox lets it write)."""
+    if any(c.isspace() for c in state_dir):
+        raise SlurmTpuError(f"state_dir {state_dir!r} holds a space: systemd's ReadWritePaths= cannot name it")
     return (
         shipped.replace("@SLURM_TPU@", program)
         .replace("@SLURM_CONF_DIR@", slurm_conf_dir)
         .replace("@HOOKS_DIR@", hooks_dir)
+        .replace("@STATE_DIR@", state_dir)
     )
 
 
@@ -351,18 +357,22 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
         *(hook(*spec) for spec in HOOK_FILES),
         FileSpec(layout.hook_file("HealthCheckProgram"), health_program_text(python, layout.config_file), 0o755),
         FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644),
-        *planned_units(layout, slurm_conf_dir),
+        *planned_units(layout, slurm_conf_dir, state_dir=config.state_dir),
         FileSpec(layout.config_file, CONFIG_SKELETON, 0o644, config=True),
     ]
 
 
-def planned_units(layout: Layout, slurm_conf_dir: str, names: tuple[str, ...] | None = None) -> list[FileSpec]:
+def planned_units(
+    layout: Layout, slurm_conf_dir: str, names: tuple[str, ...] | None = None, state_dir: str = STATE_DIR
+) -> list[FileSpec]:
     """The systemd files ``install`` writes (of the shipped ``names``, default all), filled in."""
     program = node_files.this_program()
     return [
         FileSpec(
             os.path.join(layout.systemd_dir, target),
-            unit_text(node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir),
+            unit_text(
+                node_files.read_node_file("systemd", shipped), program, slurm_conf_dir, layout.hooks_dir, state_dir
+            ),
             0o644,
         )
         for shipped, target in SYSTEMD_FILES

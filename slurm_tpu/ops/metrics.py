@@ -6,6 +6,12 @@ docs/accounting.md lists. While a job holds a device, its state series carry ``h
 ``node, identity`` only: with the current job's labels, a sum over series would count the
 whole history once per job.
 
+On a node that shares Edge TPUs (issue 32: TPU shards), the node's broker answers ``stats``
+(:func:`broker_view`): each running shard job's figures as counters labelled ``hpc_job``/``hpc_user``
+(the broker's, root's: never what a job reports), each shared device's utilization and busy
+seconds, and ``slurm_tpu_broker_up``. A broker that does not answer leaves those series out and
+says why in that family's HELP line: a scrape never fails for it.
+
 Label values are identities, kinds and models from detection, numbers, and user
 names from the password database: nothing a job chooses (its name, comment or
 environment) becomes a label. ``prometheus_client`` escapes every value anyway.
@@ -14,7 +20,7 @@ environment) becomes a label. ``prometheus_client`` escapes every value anyway.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
 from prometheus_client.core import Metric
@@ -50,6 +56,24 @@ class JobUsage:
     seconds: float
 
 
+@dataclass(frozen=True)
+class ShardJob:
+    """A running job's figures on the node's shared TPUs, as its broker counts them."""
+
+    holder: Holder
+    shares: int
+    figures: Mapping[str, float]  # protocol/broker_wire.py FIGURES
+
+
+@dataclass(frozen=True)
+class BrokerView:
+    """What the node's TPU broker answered to ``stats``; ``why`` (not '') when it did not answer."""
+
+    jobs: tuple[ShardJob, ...] = ()
+    devices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # identity -> busy_s, utilization...
+    why: str = ""
+
+
 @dataclass
 class NodeSnapshot:
     """What one scrape reports. ``leased``: identity -> holder of every lease on the node;
@@ -65,6 +89,7 @@ class NodeSnapshot:
     now: float
     edgetpu_version: str | None
     usage: Iterable[JobUsage]
+    broker: BrokerView | None = None  # None: the node shares no TPU (no broker series at all)
 
 
 def families(snap: NodeSnapshot) -> list[Metric]:
@@ -122,7 +147,87 @@ def families(snap: NodeSnapshot) -> list[Metric]:
     if snap.edgetpu_version:
         add(runtime, {"node": node, "version": snap.edgetpu_version}, 1.0)
     sampled = [f for f in (job_inferences, job_seconds, runtime) if f.samples]
-    return [present, healthy, leased_g, temperature, *lifetime, *sampled]
+    broker = broker_families(node, snap.broker) if snap.broker is not None else []
+    return [present, healthy, leased_g, temperature, *lifetime, *sampled, *broker]
+
+
+def broker_families(node: str, view: BrokerView) -> list[Metric]:
+    """The broker's families: up, and (when it answered) its jobs' and shared devices' figures."""
+    from ..protocol.broker_wire import BUSY_MS, INFERENCES, LOADS, SWAPS, WAIT_MS
+
+    if view.why:  # the HELP line is the one comment saying why the broker's series are missing
+        up = gauge("slurm_tpu_broker_up", f"1 if the node's TPU broker answered; 0 now: {view.why}")
+        add(up, {"node": node}, 0.0)
+        return [up]
+    up = gauge("slurm_tpu_broker_up", "1 if the node's TPU broker answered")
+    add(up, {"node": node}, 1.0)
+    shares = gauge("slurm_tpu_job_shards", "TPU shares the job holds on the node")
+    per_job = [  # (family, figure, scale)
+        (counter("slurm_tpu_job_shard_busy_seconds", "device time the broker ran the job's inferences"), BUSY_MS, 1e-3),
+        (counter("slurm_tpu_job_shard_inferences", "inferences the broker ran for the job"), INFERENCES, 1.0),
+        (counter("slurm_tpu_job_shard_model_swaps", "model swaps the job's inferences caused"), SWAPS, 1.0),
+        (counter("slurm_tpu_job_shard_queue_wait_seconds", "time the job's requests waited"), WAIT_MS, 1e-3),
+        (counter("slurm_tpu_job_shard_model_loads", "models the job loaded into the broker"), LOADS, 1.0),
+    ]
+    for job in view.jobs:
+        labels = {"node": node, **job.holder.labels()}
+        add(shares, labels, job.shares)
+        for family, figure, scale in per_job:
+            add(family, labels, float(job.figures.get(figure, 0)) * scale)
+    utilization = gauge(
+        "slurm_tpu_device_utilization", "fraction of recent time the shared TPU ran inferences (the broker's)"
+    )
+    busy = counter("slurm_tpu_device_busy_seconds", "seconds the shared TPU ran inferences since its broker started")
+    swaps = counter("slurm_tpu_device_model_swaps", "model swaps on the shared TPU since its broker started")
+    for identity, figures in sorted(view.devices.items()):
+        labels = {"node": node, "identity": identity}
+        add(utilization, labels, float(figures.get("utilization", 0.0)))
+        add(busy, labels, float(figures.get("busy_s", 0.0)))
+        add(swaps, labels, float(figures.get("model_swaps", 0)))
+    return [up, shares, *(family for family, _, _ in per_job), utilization, busy, swaps]
+
+
+def broker_view(state_dir: str, shares_here: bool) -> BrokerView | None:
+    """The node's broker's ``stats``, with each job's user from its grant; None when the node shares
+    no TPU and runs no broker (``shares_here`` False and no control socket)."""
+    import os
+
+    from ..access.ledger import Ledger
+    from ..access.statedir import StateDirError
+    from ..hooks import shards
+    from ..protocol import FormatError
+    from ..protocol.broker_wire import control_path
+
+    if not shares_here and not os.path.exists(control_path(state_dir)):
+        return None
+    try:
+        answer = shards.ask(state_dir, {"op": "stats"})
+    except shards.BrokerUnavailable as exc:
+        return BrokerView(why=f"{exc} (systemctl status slurm-tpu-broker)")
+    jobs, devices = answer.get("jobs"), answer.get("devices")
+    found = []
+    try:
+        ledger = Ledger(state_dir, create=False)
+    except StateDirError as exc:
+        return BrokerView(why=str(exc))
+    with ledger:
+        for key, figures in sorted((jobs if isinstance(jobs, dict) else {}).items()):
+            grant = shards.read_grant(ledger, int(key)) if str(key).isdigit() else None
+            if grant is None:
+                continue  # no grant: no job of this node's (its epilog ran, or the broker is confused)
+            try:
+                found.append(ShardJob(Holder(grant[0], grant[1]), grant[3], shards.figures_of(figures, f"job {key}")))
+            except FormatError:
+                continue
+    shown = {}
+    for identity, figures in (devices if isinstance(devices, dict) else {}).items():
+        if isinstance(identity, str) and identity.isprintable() and isinstance(figures, dict):
+            shown[identity] = {
+                k: float(v)
+                for k, v in figures.items()
+                if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            }
+    return BrokerView(tuple(found), shown)
 
 
 class NodeCollector(Collector):

@@ -5,7 +5,9 @@ cost a Python start per task. So the root prolog writes the lines once (from the
 snapshot) and ``prolog/slurm-tpu-task-prolog`` (POSIX sh, built-ins only) prints them.
 
 Grammar: one line per variable, ``export NAME=value`` or ``unset NAME``, in the
-snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`. Values
+snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`, then for a job
+holding TPU shares here its broker endpoint and share count (protocol/broker_wire.py
+``SLURM_TPU_BROKER``, ``SLURM_TPU_SHARDS``: printed under the ``export SLURM_TPU_`` pattern). Values
 never hold a comma, quote or newline (``slurm_tpu.identity``). The reader prints only
 lines that begin with one of :data:`PRINTED` (its ``case`` patterns), so a line a family
 could add under another name never reaches the job's shell. ``<state_dir>/no-devices.env``
@@ -35,10 +37,17 @@ def file_name(job_id: int) -> str:
     return f"{job_id}.env"
 
 
-def render(leases: Sequence[Lease], settings: HookSnapshot, usage_dir: str | None = None) -> str:
+def render(
+    leases: Sequence[Lease],
+    settings: HookSnapshot,
+    usage_dir: str | None = None,
+    broker: tuple[str, int] | None = None,
+) -> str:
     """The export lines for a job's leases (in allocation order) and its usage box, if any, from
     the hooks' snapshot's ``variables`` and per-device ``values`` (a device without an entry is
-    left out: the prolog refuses such a device before leasing it)."""
+    left out: the prolog refuses such a device before leasing it). ``broker``: (endpoint, shares)
+    of a job holding TPU shares on this node (its endpoint path holds no comma, quote or newline:
+    the state directory's path and a job id)."""
     lines = []
     for variable in settings.variables:
         found = [
@@ -52,6 +61,13 @@ def render(leases: Sequence[Lease], settings: HookSnapshot, usage_dir: str | Non
         else:
             lines.append(f"unset {variable.name}")
     lines.append(f"export {USAGE_DIR}={usage_dir}" if usage_dir else f"unset {USAGE_DIR}")
+    if broker is not None:
+        from .broker_wire import ENDPOINT_ENV, SHARDS_ENV
+
+        endpoint, shares = broker
+        if any(c in endpoint for c in "\n'\",") or not endpoint.isprintable():
+            raise ValueError(f"broker endpoint {endpoint!r} cannot go into a job's environment file")
+        lines += [f"export {ENDPOINT_ENV}={endpoint}", f"export {SHARDS_ENV}={int(shares)}"]
     return "\n".join(lines) + "\n"
 
 

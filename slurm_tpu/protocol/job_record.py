@@ -12,31 +12,42 @@ job ended, no RPC on the epilog's path): docs/accounting.md.
 The spool entry is ``key=value`` lines (no JSON: the epilog imports this module under the
 hooks' import budget): ``version=1``, ``job``, ``node``, ``devices``, ``inferences``,
 ``inference_seconds``, ``energy_j`` (empty: no sensor) and, once the collector wrote the item,
-``written`` (its opaque time mark). Each node a job ran on writes its own entry; the
-``AdminComment`` holds one ``slurm-tpu/<node>:devices=1,inferences=12,...`` item per node,
-separated by ``;``; other text there (an admin's note) is kept.
+``written`` (its opaque time mark). A job that held TPU shares on the node (the broker's
+figures, protocol/broker_wire.py FIGURES) writes ``version=2`` with :data:`SHARD_KEYS` too:
+``shards`` (its share count) and ``shard_busy_ms``, ``shard_inferences``, ``shard_model_swaps``,
+``shard_queue_wait_ms``, ``shard_model_loads``; an entry without them is still written as version 1,
+and both versions are read. Each node a job ran on writes its own entry; the
+``AdminComment`` holds one ``slurm-tpu/<node>:devices=1,inferences=12,...`` item per node
+(with the ``shards`` and ``shard_*`` figures where the job held shares there), separated by ``;``;
+other text there (an admin's note) is kept; items without the shard figures are read as before.
 """
 
 from __future__ import annotations
 
 from . import Record
+from .broker_wire import FIGURES as BROKER_FIGURES
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
 SPOOL_DIR = "accounting-spool"  # the name of the spool, and where older slurm-tpu kept it: <state_dir>/accounting-spool
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # written only with shard figures; an entry without them stays version 1
+READ_VERSIONS = ("1", "2")
 PREFIX = "slurm-tpu/"  # of each of our items in an AdminComment
 SEPARATOR = ";"
 MAX_SPOOL_BYTES = 1024
-FIGURES = ("devices", "inferences", "inference_seconds", "energy_j")
+SHARES = "shards"
+# The broker's figures of a job, as keys of the spool entry and the AdminComment item.
+SHARD_KEYS = tuple(f"shard_{name}" for name in BROKER_FIGURES)
+FIGURES = ("devices", "inferences", "inference_seconds", "energy_j", SHARES, *SHARD_KEYS)
+_MILLISECONDS = ("shard_busy_ms", "shard_queue_wait_ms")  # fractional; the other shard figures are counts
 
 
 class SpoolEntry(Record):
     """One node's figures for one job."""
 
-    __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j", "written")
+    __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j", "written", "shards")
 
     def __init__(
         self,
@@ -47,11 +58,24 @@ class SpoolEntry(Record):
         inference_seconds: float,
         energy_j: float | None = None,
         written: str = "",
+        shards: dict[str, float] | None = None,
     ):
         self.job_id, self.node, self.devices = job_id, node, devices
         self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
         # When the collector wrote this item (its Clock's mark; '' while not written).
         self.written = written
+        # A job holding TPU shares here: {SHARES: n, "shard_busy_ms": ..., ...} (every SHARD_KEYS), else None.
+        self.shards = shards
+
+
+def shard_figures(shares: int, figures: dict | None) -> dict[str, float]:
+    """The entry's ``shards`` value from the job's share count and the broker's figures (None: the broker
+    gave none, they count 0)."""
+    found: dict[str, float] = {SHARES: shares}
+    for name, key in zip(BROKER_FIGURES, SHARD_KEYS):
+        value = (figures or {}).get(name, 0)
+        found[key] = float(value) if key in _MILLISECONDS else int(value)
+    return found
 
 
 def totals(job_id: int, node: str, devices: int, records: Iterable) -> SpoolEntry:
@@ -77,10 +101,14 @@ def encode_spool(entry: SpoolEntry) -> bytes:
     if "\n" in entry.written:
         raise ValueError(f"a written mark holds a newline: {entry.written!r}")
     written = f"written={entry.written}\n" if entry.written else ""
+    version, shards = 1, ""
+    if entry.shards is not None:
+        version = FORMAT_VERSION
+        shards = "".join(f"{key}={_number(entry.shards.get(key, 0))}\n" for key in (SHARES, *SHARD_KEYS))
     return (
-        f"version={FORMAT_VERSION}\njob={entry.job_id}\nnode={entry.node}\ndevices={entry.devices}\n"
+        f"version={version}\njob={entry.job_id}\nnode={entry.node}\ndevices={entry.devices}\n"
         f"inferences={entry.inferences}\ninference_seconds={_number(entry.inference_seconds)}\n"
-        f"energy_j={energy}\n{written}"
+        f"energy_j={energy}\n{shards}{written}"
     ).encode()
 
 
@@ -94,8 +122,12 @@ def decode_spool(raw: bytes, source: str) -> SpoolEntry:
         if sep:
             fields[key] = value
     try:
-        if fields.get("version") != str(FORMAT_VERSION):
-            raise ValueError(f"not format version {FORMAT_VERSION}")
+        if fields.get("version") not in READ_VERSIONS:
+            raise ValueError(f"not format version {' or '.join(READ_VERSIONS)}")
+        if (fields["version"] == "2") != (SHARES in fields):  # version 2 is an entry with shard figures
+            raise ValueError(
+                f"format version {fields['version']} {'without' if SHARES not in fields else 'with'} shards"
+            )
         node = fields["node"]
         if not node or any(c in node for c in f"{SEPARATOR}:,= \n/"):
             raise ValueError(f"node name {node!r} cannot go into an AdminComment")
@@ -108,12 +140,23 @@ def decode_spool(raw: bytes, source: str) -> SpoolEntry:
             float(fields["inference_seconds"]),
             float(energy) if energy else None,
             fields.get("written", ""),
+            _shards(fields) if fields["version"] == "2" else None,
         )
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{source} is not a slurm-tpu spool entry ({exc})") from None
     if entry.job_id <= 0:
         raise ValueError(f"{source} names job {entry.job_id}")
     return entry
+
+
+def _shards(fields: dict[str, str]) -> dict[str, float]:
+    """An entry's shard figures (ValueError for one that is not a non-negative number)."""
+    found: dict[str, float] = {SHARES: int(fields[SHARES])}
+    for key in SHARD_KEYS:
+        found[key] = float(fields[key]) if key in _MILLISECONDS else int(fields[key])
+    if any(not 0 <= value < float("inf") for value in found.values()):  # NaN fails too
+        raise ValueError("a negative shard figure")
+    return found
 
 
 def render_item(entry: SpoolEntry) -> str:
@@ -125,6 +168,8 @@ def render_item(entry: SpoolEntry) -> str:
     ]
     if entry.energy_j is not None:
         figures.append(f"energy_j={_number(entry.energy_j)}")
+    if entry.shards is not None:
+        figures += [f"{key}={_number(entry.shards.get(key, 0))}" for key in (SHARES, *SHARD_KEYS)]
     return f"{PREFIX}{entry.node}:{','.join(figures)}"
 
 
@@ -141,8 +186,8 @@ def has_item(admin_comment: str, entry: SpoolEntry) -> bool:
 
 
 def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:
-    """Our items of an ``AdminComment``: node -> figures (devices, inferences, inference_seconds[, energy_j]);
-    anything else (an admin's text, a malformed item) is skipped."""
+    """Our items of an ``AdminComment``: node -> figures (devices, inferences, inference_seconds[, energy_j]
+    [, shards and the shard_* figures]); anything else (an admin's text, a malformed item) is skipped."""
     found: dict[str, dict[str, float]] = {}
     for item in admin_comment.split(SEPARATOR):
         if not item.startswith(PREFIX):
@@ -155,7 +200,8 @@ def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:
             for pair in rest.split(","):
                 key, _, value = pair.partition("=")
                 if key in FIGURES:
-                    figures[key] = int(value) if key in ("devices", "inferences") else float(value)
+                    counted = key not in ("inference_seconds", "energy_j", *_MILLISECONDS)
+                    figures[key] = int(value) if counted else float(value)
         except ValueError:
             continue
         if "inferences" in figures and "inference_seconds" in figures:
