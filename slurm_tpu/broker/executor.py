@@ -68,7 +68,9 @@ class JobFigures:
 
         def number(key: str) -> float:
             value = data.get(key, 0)
-            return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+            return (
+                float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+            )
 
         return cls(
             number(wire.BUSY_MS) / 1000,
@@ -260,7 +262,8 @@ class DevicePool:
                         path, f"edgetpu {spec.identity}", self.runtime, self.threads, delegate
                     )
                 except SlurmTpuError as exc:
-                    raise BrokerDeviceError(str(exc).replace(f"model {path}", "the model").replace(path, "the model"))
+                    message = str(exc).replace(f"model {path}", "the model").replace(path, "the model")
+                    raise BrokerDeviceError(message) from None
         finally:
             os.unlink(path)
 

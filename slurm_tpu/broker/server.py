@@ -18,7 +18,6 @@ import os
 import queue
 import socket
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -27,8 +26,7 @@ import numpy as np
 from ..access import statedir
 from ..access.processes import pid_in_job
 from ..errors import SlurmTpuError
-from ..protocol import FormatError
-from ..protocol import broker_wire as wire
+from ..protocol import FormatError, broker_wire as wire
 from .executor import DevicePool, JobFigures, SharedDevice, Work
 from .models import LimitError, ModelRegistry, spec_json
 from .peers import job_peer_refusal, peer_credentials
@@ -388,7 +386,9 @@ class Broker:
             refusal = job_peer_refusal(sock, job.job, job.uid, self.in_job)
             connection = _Connection(sock, job, self)
             if refusal is None and not job.admit(connection):
-                refusal = f"job {job.job} already has {job.limits.connections} connections to the broker, the most it may"
+                refusal = (
+                    f"job {job.job} already has {job.limits.connections} connections to the broker, the most it may"
+                )
             if refusal is not None:
                 _log.warning("broker: job %s: refused a connection: %s", job.job, refusal)
                 try:
@@ -477,4 +477,3 @@ def control_request(state_dir: str, header: dict, timeout: float = 2.0) -> dict:
         wire.send_frame(sock, header)
         answer, _ = wire.recv_frame(sock, max_payload=0)
     return answer
-

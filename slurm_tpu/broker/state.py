@@ -16,8 +16,7 @@ import socket
 import stat
 
 from ..access import statedir
-from ..protocol import FormatError
-from ..protocol import broker_wire as wire
+from ..protocol import FormatError, broker_wire as wire
 
 GRANT_LIMIT = 4096  # bytes: a grant file is a line of JSON
 
@@ -86,7 +85,9 @@ class BrokerState:
     # ---- figures ----
 
     def write_stats(self, job: int, figures: dict) -> None:
-        statedir.write_atomic(self.stats_fd, str(int(job)), (json.dumps(figures, sort_keys=True) + "\n").encode(), 0o600)
+        statedir.write_atomic(
+            self.stats_fd, str(int(job)), (json.dumps(figures, sort_keys=True) + "\n").encode(), 0o600
+        )
 
     def read_stats(self, job: int) -> dict:
         """The figures an earlier broker saved for ``job`` ({} when none or unreadable)."""

@@ -19,8 +19,7 @@ from collections.abc import Iterable, Iterator, Sequence
 import numpy as np
 
 from ..errors import DeviceError
-from ..protocol import FormatError
-from ..protocol import broker_wire as wire
+from ..protocol import FormatError, broker_wire as wire
 from .modelinfo import TensorSpec
 
 CONNECT_TIMEOUT_S = 10.0
@@ -33,7 +32,9 @@ class BrokerError(DeviceError):
 
 def _spec(data: dict) -> TensorSpec:
     scale, zero = data.get("quantization") or (0.0, 0)
-    return TensorSpec(str(data["name"]), tuple(int(x) for x in data["shape"]), np.dtype(data["dtype"]), float(scale), int(zero))
+    return TensorSpec(
+        str(data["name"]), tuple(int(x) for x in data["shape"]), np.dtype(data["dtype"]), float(scale), int(zero)
+    )
 
 
 class BrokerEngine:

@@ -82,9 +82,19 @@ class BrokerProcess:
             pidfile.unlink()
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "slurm_tpu.broker", "--state-dir", str(self.state_dir),
-                 "--device", f"{IDENTITY}=usb:{USB}", *self.extra],
-                env=self.env, stdout=log, stderr=log,
+                [
+                    sys.executable,
+                    "-m",
+                    "slurm_tpu.broker",
+                    "--state-dir",
+                    str(self.state_dir),
+                    "--device",
+                    f"{IDENTITY}=usb:{USB}",
+                    *self.extra,
+                ],
+                env=self.env,
+                stdout=log,
+                stderr=log,
             )
         wait_for(lambda: pidfile.exists() or self.process.poll() is not None, what="the broker's pid file")
         assert self.process.poll() is None, self.log.read_text()
@@ -174,20 +184,39 @@ class JobCgroups:
             pass
 
 
-def probe(cgroups: JobCgroups, job: int | None, endpoint: str, args: list[str], user: str | None = None,
-          timeout: float = 300, env: dict | None = None) -> dict:
+def probe(
+    cgroups: JobCgroups,
+    job: int | None,
+    endpoint: str,
+    args: list[str],
+    user: str | None = None,
+    timeout: float = 300,
+    env: dict | None = None,
+) -> dict:
     """Run probe.py ARGS as a client of ``endpoint`` in job ``job``; its JSON answer."""
     environ = dict(env or os.environ, SLURM_TPU_BROKER=endpoint, PYTHONPATH=str(REPO))
-    done = subprocess.run(cgroups.command(job, [sys.executable, str(PROBE), *args], user),
-                          env=environ, capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run(
+        cgroups.command(job, [sys.executable, str(PROBE), *args], user),
+        env=environ,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def start_probe(cgroups: JobCgroups, job: int, endpoint: str, args: list[str], user: str | None = None) -> subprocess.Popen:
+def start_probe(
+    cgroups: JobCgroups, job: int, endpoint: str, args: list[str], user: str | None = None
+) -> subprocess.Popen:
     environ = dict(os.environ, SLURM_TPU_BROKER=endpoint, PYTHONPATH=str(REPO))
-    return subprocess.Popen(cgroups.command(job, [sys.executable, str(PROBE), *args], user),
-                            env=environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        cgroups.command(job, [sys.executable, str(PROBE), *args], user),
+        env=environ,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def temp_base() -> Path:

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from broker_support import BrokerProcess, JobCgroups, temp_base  # noqa: E402
+from broker_support import BrokerProcess, JobCgroups, temp_base
 
-from edgetpu_double.build import build_double  # noqa: E402
-from harness.modelgen import write_models  # noqa: E402
+from edgetpu_double.build import build_double
+from harness.modelgen import write_models
 
 
 @pytest.fixture(scope="session")

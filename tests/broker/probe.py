@@ -30,8 +30,14 @@ def inputs_for(engine, count: int, seed: int = 7) -> list[list[np.ndarray]]:
     rng = np.random.default_rng(seed)
     sets = []
     for _ in range(count):
-        sets.append([rng.integers(0, 256, spec.shape).astype(spec.dtype) if spec.dtype.kind in "iu"
-                     else rng.random(spec.shape).astype(spec.dtype) for spec in engine.inputs])
+        sets.append(
+            [
+                rng.integers(0, 256, spec.shape).astype(spec.dtype)
+                if spec.dtype.kind in "iu"
+                else rng.random(spec.shape).astype(spec.dtype)
+                for spec in engine.inputs
+            ]
+        )
     return sets
 
 
@@ -105,10 +111,15 @@ def hostile(kind: str, model: str) -> dict:
     elif kind == "huge-header":
         sock.sendall(wire.HEAD.pack(wire.MAGIC, 1 << 30, 0))
     elif kind == "mismatch":
-        sock.sendall(wire.encode_frame({"op": "invoke", "id": 1, "model": engine.model, "tensors": [sizes[0] + 1]},
-                                       b"\0" * (sizes[0] + 1)))
+        sock.sendall(
+            wire.encode_frame(
+                {"op": "invoke", "id": 1, "model": engine.model, "tensors": [sizes[0] + 1]}, b"\0" * (sizes[0] + 1)
+            )
+        )
     elif kind == "unknown-model":
-        sock.sendall(wire.encode_frame({"op": "invoke", "id": 1, "model": "0" * 64, "tensors": sizes}, b"\0" * sum(sizes)))
+        sock.sendall(
+            wire.encode_frame({"op": "invoke", "id": 1, "model": "0" * 64, "tensors": sizes}, b"\0" * sum(sizes))
+        )
     answers = []
     try:
         while True:

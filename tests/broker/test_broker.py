@@ -29,13 +29,31 @@ def test_cli_infer_runs_through_the_broker_with_no_new_flag(broker, cgroups, mod
     images = str(models["images"])
     env = dict(os.environ, SLURM_TPU_BROKER=endpoint, PYTHONPATH=str(REPO))
     env.pop("SLURM_TPU_DEVICES", None)
-    cli = [sys.executable, "-c", "from slurm_tpu.cli import run; run()", "infer", "--model", str(models["classifier"]),
-           "--labels", str(models["classifier_labels"])]
-    through = subprocess.run(cgroups.command(12, [*cli, images, "--output", str(tmp_path / "b.jsonl")]),
-                             env=env, capture_output=True, text=True, timeout=300)
+    cli = [
+        sys.executable,
+        "-c",
+        "from slurm_tpu.cli import run; run()",
+        "infer",
+        "--model",
+        str(models["classifier"]),
+        "--labels",
+        str(models["classifier_labels"]),
+    ]
+    through = subprocess.run(
+        cgroups.command(12, [*cli, images, "--output", str(tmp_path / "b.jsonl")]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert through.returncode == 0, through.stderr
-    local = subprocess.run([*cli, "--device", "cpu", images, "--output", str(tmp_path / "l.jsonl")],
-                           env=env, capture_output=True, text=True, timeout=300)
+    local = subprocess.run(
+        [*cli, "--device", "cpu", images, "--output", str(tmp_path / "l.jsonl")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert local.returncode == 0, local.stderr
     records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
     assert records == [json.loads(line) for line in (tmp_path / "l.jsonl").read_text().splitlines()]
@@ -44,8 +62,21 @@ def test_cli_infer_runs_through_the_broker_with_no_new_flag(broker, cgroups, mod
 
 def test_broker_down_is_one_line(cgroups, models, tmp_path):
     env = dict(os.environ, SLURM_TPU_BROKER=str(tmp_path / "gone.sock"), PYTHONPATH=str(REPO))
-    done = subprocess.run([sys.executable, "-c", "from slurm_tpu.cli import run; run()", "infer", "--model",
-                           str(models["classifier"]), "--benchmark", "3"], env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from slurm_tpu.cli import run; run()",
+            "infer",
+            "--model",
+            str(models["classifier"]),
+            "--benchmark",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0
     assert "Traceback" not in done.stderr
     assert "broker is not running" in done.stderr
@@ -54,19 +85,28 @@ def test_broker_down_is_one_line(cgroups, models, tmp_path):
 
 def test_fair_shares_under_saturation(broker, cgroups, models):
     a, b = broker.open(21, shares=1), broker.open(22, shares=3)
-    floods = [start_probe(cgroups, 21, a, ["flood", str(models["mobilenet"]), "3"]),
-              start_probe(cgroups, 22, b, ["flood", str(models["mobilenet"]), "3"])]
+    floods = [
+        start_probe(cgroups, 21, a, ["flood", str(models["mobilenet"]), "3"]),
+        start_probe(cgroups, 22, b, ["flood", str(models["mobilenet"]), "3"]),
+    ]
     try:
+
         def jobs():
             return broker.control("stats")["jobs"]
 
         # Both saturating (each has run some), then measure a window of 300 inferences.
-        wait_for(lambda: all(jobs().get(j, {}).get(wire.INFERENCES, 0) >= 20 for j in ("21", "22")),
-                 timeout=120, what="both jobs running")
+        wait_for(
+            lambda: all(jobs().get(j, {}).get(wire.INFERENCES, 0) >= 20 for j in ("21", "22")),
+            timeout=120,
+            what="both jobs running",
+        )
         first = jobs()
         start = sum(f[wire.INFERENCES] for f in first.values())
-        second = wait_for(lambda: (lambda now: now if sum(f[wire.INFERENCES] for f in now.values()) >= start + 300
-                                   else None)(jobs()), timeout=300, what="300 more inferences")
+        second = wait_for(
+            lambda: (lambda now: now if sum(f[wire.INFERENCES] for f in now.values()) >= start + 300 else None)(jobs()),
+            timeout=300,
+            what="300 more inferences",
+        )
         busy_a = second["21"][wire.BUSY_MS] - first["21"][wire.BUSY_MS]
         busy_b = second["22"][wire.BUSY_MS] - first["22"][wire.BUSY_MS]
         assert all(p.poll() is None for p in floods), "a flooding client stopped: not saturated"
@@ -153,15 +193,33 @@ def test_control_socket_serves_root_only(broker, users):
     alice = sorted(users)[0]
     control = wire.control_path(str(broker.state_dir))
     assert os.stat(control).st_mode & 0o777 == 0o600 and os.stat(control).st_uid == 0
-    done = subprocess.run(["runuser", "-u", alice, "--", sys.executable, "-c",
-                           f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({control!r})"],
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            alice,
+            "--",
+            sys.executable,
+            "-c",
+            f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({control!r})",
+        ],
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode != 0 and "Permission denied" in done.stderr
 
 
 def test_no_shared_device_is_one_line_and_nonzero(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "slurm_tpu.broker", "--state-dir", str(tmp_path)],
-                          env=dict(os.environ, PYTHONPATH=str(REPO), SLURM_TPU_CONFIG=str(tmp_path / "none.yaml"),
-                                   SLURM_TPU_STATE_DIR=str(tmp_path)),
-                          capture_output=True, text=True, timeout=120)
+    done = subprocess.run(
+        [sys.executable, "-m", "slurm_tpu.broker", "--state-dir", str(tmp_path)],
+        env=dict(
+            os.environ,
+            PYTHONPATH=str(REPO),
+            SLURM_TPU_CONFIG=str(tmp_path / "none.yaml"),
+            SLURM_TPU_STATE_DIR=str(tmp_path),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr

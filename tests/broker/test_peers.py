@@ -1,4 +1,4 @@
-"""pid -> job (slurm_tpu/access/processes.py pid_in_job) on real processes whose cgroup or ancestry the test controls."""
+"""pid -> job (access/processes.py pid_in_job) on real processes whose cgroup or ancestry the test controls."""
 
 from __future__ import annotations
 
