@@ -360,6 +360,7 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hooks", ("slurm_tpu.hooks",)),
     ("detect/render", ("slurm_tpu.detect", "slurm_tpu.render")),
     ("runner", ("slurm_tpu.runner",)),
+    ("broker", ("slurm_tpu.broker",)),
     ("ops", ("slurm_tpu.ops",)),
     ("cli", ("slurm_tpu.cli",)),
 )

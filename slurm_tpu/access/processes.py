@@ -460,3 +460,113 @@ def process_start_time(pid: int) -> int:
         return int(fields[19])
     except (IndexError, ValueError):
         return 0
+
+
+# ---- which job a process belongs to (the TPU broker's peer check) -----------------------
+
+_MAX_ANCESTORS = 256  # a parent chain longer than this is cut (pid_max bounds it anyway)
+
+
+def _cgroup_mounts(mounts_path: str = "/proc/self/mounts") -> tuple[str | None, dict[str, str]]:
+    """(cgroup v2 mount point or None, v1 hierarchy name -> mount point) of this mount namespace.
+
+    A v1 hierarchy is named as /proc/PID/cgroup names it: its controllers joined by ``,``
+    in the kernel's order, or ``name=<name>`` for a named one (systemd's)."""
+    unified, hierarchies = None, {}
+    try:
+        with open(mounts_path, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return None, {}
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 4:
+            continue
+        point, kind, options = fields[1], fields[2], fields[3].split(",")
+        if kind == "cgroup2" and unified is None:
+            unified = point
+        elif kind == "cgroup":
+            names = [o for o in options if o not in ("rw", "ro", "relatime", "noatime", "nosuid", "nodev", "noexec")]
+            names = [o for o in names if not o.startswith(("release_agent=", "clone_children", "xattr", "noprefix"))]
+            if names:
+                hierarchies[",".join(names)] = point
+    return unified, hierarchies
+
+
+def cgroup_job_ids(pid: int, mounts_path: str = "/proc/self/mounts") -> set[int]:
+    """Job ids whose Slurm cgroup holds ``pid``: a ``job_<J>`` component of one of its cgroup paths
+    (``/proc/PID/cgroup``; cgroup/v2 ``.../slurmstepd.scope/job_<J>/...``, cgroup/v1
+    ``/slurm/uid_<U>/job_<J>/...``) whose directory in the cgroup filesystem is root's.
+
+    The name alone proves nothing: a user with a delegated cgroup subtree (systemd's user
+    manager gives one) can make a ``job_5`` directory of their own and move into it. That
+    directory is the user's; Slurm's job cgroups are made by slurmstepd, as root. No symlink is
+    followed (cgroupfs has none; the last component is looked at with lstat)."""
+    try:
+        with open(f"/proc/{int(pid)}/cgroup", encoding="utf-8", errors="replace") as handle:
+            lines = handle.read(1 << 16).splitlines()
+    except OSError:
+        return set()
+    unified, hierarchies = _cgroup_mounts(mounts_path)
+    found: set[int] = set()
+    for line in lines:
+        number, _, rest = line.partition(":")
+        names, _, path = rest.partition(":")
+        mount = unified if number == "0" and names == "" else hierarchies.get(names)
+        if mount is None or not path.startswith("/"):
+            continue  # a hierarchy not mounted here, or a path relative to another cgroup namespace
+        parts = path.split("/")
+        for index, part in enumerate(parts):
+            if not part.startswith("job_") or not part[4:].isdigit() or ".." in parts[: index + 1]:
+                continue
+            directory = mount.rstrip("/") + "/".join(parts[: index + 1])
+            try:
+                info = os.lstat(directory)
+            except OSError:
+                continue
+            if info.st_uid == 0 and (info.st_mode & _S_IFMT) == 0o040000:
+                found.add(int(part[4:]))
+    return found
+
+
+def parent_pid(pid: int) -> int:
+    """Field 4 of /proc/<pid>/stat, 0 when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return 0
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return 0
+
+
+def pid_in_job(pid: int, job_id: int, known: set[tuple[int, int]] | None = None) -> bool:
+    """Whether process ``pid`` belongs to job ``job_id`` on this node.
+
+    Its cgroup first (:func:`cgroup_job_ids`: every task of a job, daemonised ones included,
+    stays in the job's cgroup), else its parent chain: a process descended from the job's
+    ``slurmstepd: [<job>.<step>]`` (one that *is* Slurm's slurmstepd, :func:`is_slurmstepd`;
+    ``known``: :func:`slurmstepd_files`, looked up when a candidate is met)."""
+    if job_id in cgroup_job_ids(pid):
+        return True
+    prefix = f"slurmstepd: [{int(job_id)}.".encode()
+    current, seen = pid, 0
+    while current > 1 and seen < _MAX_ANCESTORS:
+        seen += 1
+        current = parent_pid(current)
+        if current <= 1:
+            return False
+        try:
+            with open(f"/proc/{current}/cmdline", "rb") as handle:
+                head = handle.read(64)
+        except OSError:
+            return False
+        if head.startswith(prefix):
+            known = slurmstepd_files() if known is None else known
+            return is_slurmstepd(current, known)
+        if head.startswith(b"slurmstepd: ["):
+            return False  # another job's step: its descendants are that job's, not this one's
+    return False

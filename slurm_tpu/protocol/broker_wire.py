@@ -125,3 +125,41 @@ def decode_grant(raw: bytes, source: str) -> tuple[int, int, int, int]:
             raise FormatError(f"{source}: '{key}' is not an integer in [{low}, {high}]", source)
         values.append(value)
     return values[0], values[1], values[2], values[3]
+
+
+def recv_exact(sock, count: int) -> bytes:
+    """Exactly ``count`` bytes from a socket; EOFError when the peer closes first."""
+    if count == 0:
+        return b""
+    buffer = bytearray(count)
+    view = memoryview(buffer)
+    got = 0
+    while got < count:
+        n = sock.recv_into(view[got:], count - got)
+        if n == 0:
+            raise EOFError("the other end closed the connection")
+        got += n
+    return bytes(buffer)
+
+
+def recv_frame(sock, max_payload: int = MAX_PAYLOAD) -> tuple[dict, bytes]:
+    """One frame from a socket: (JSON object, payload). FormatError for a foreign or oversized frame
+    (nothing past its head is read then), EOFError when the peer closes."""
+    header_len, payload_len = parse_head(recv_exact(sock, HEAD.size), max_payload)
+    header = parse_header(recv_exact(sock, header_len))
+    return header, recv_exact(sock, payload_len)
+
+
+def send_frame(sock, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
+    """Send one frame (the head and JSON in one write, the payload without a copy)."""
+    import json
+
+    text = json.dumps(header, separators=(",", ":")).encode()
+    if len(text) > MAX_HEADER:
+        raise ValueError(f"frame header of {len(text)} bytes (at most {MAX_HEADER})")
+    head = HEAD.pack(MAGIC, len(text), len(payload)) + text
+    if len(payload) < 65536:
+        sock.sendall(head + bytes(payload))
+    else:
+        sock.sendall(head)
+        sock.sendall(payload)

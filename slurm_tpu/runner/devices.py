@@ -2,9 +2,11 @@
 
 Sources, first match wins:
 1. ``--device`` values: an identity (``usb-2-1.3``), ``usb:PATH``, ``pci:PATH``, ``cpu`` or ``gpu``;
-2. the task-prolog's ``SLURM_TPU_DEVICES`` / ``SLURM_TPU_EDGETPU_PATHS`` (see jobenv);
-3. Slurm's ``CUDA_VISIBLE_DEVICES`` (a GPU job);
-4. the CPU, unless the job was given only devices of a family no TFLite backend
+2. the task-prolog's ``SLURM_TPU_BROKER`` (a job holding TPU shares: the node's broker runs its
+   models, :mod:`.broker_client`);
+3. the task-prolog's ``SLURM_TPU_DEVICES`` / ``SLURM_TPU_EDGETPU_PATHS`` (see jobenv);
+4. Slurm's ``CUDA_VISIBLE_DEVICES`` (a GPU job);
+5. the CPU, unless the job was given only devices of a family no TFLite backend
    can use (its variables are set): then one line says what runs them instead.
 """
 
@@ -13,10 +15,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from ..protocol.broker_wire import ENDPOINT_ENV
 from ..protocol.jobenv import DEVICES, EdgeTpuHandle, libedgetpu_path, parse_environment
 from .errors import UsageError
 
 CPU, GPU, EDGETPU = "cpu", "gpu", "edgetpu"
+BROKER = "broker"  # the job's TPU shares, through the node's broker (its endpoint is the device's path)
 
 
 @dataclass(frozen=True)
@@ -30,6 +34,8 @@ class Device:
 
     @property
     def label(self) -> str:
+        if self.kind == BROKER:
+            return "edgetpu shard"
         return self.identity if self.kind != EDGETPU else f"edgetpu {self.identity}"
 
     @classmethod
@@ -90,6 +96,9 @@ def resolve_devices(requested: Iterable[str] | None, environ: Mapping[str, str])
                 "--device mixes kinds (" + ", ".join(sorted(kinds)) + "): run one kind of device per invocation"
             )
         return devices
+    endpoint = environ.get(ENDPOINT_ENV, "").strip()
+    if endpoint:
+        return [Device(BROKER, BROKER, None, endpoint)]
     if handles:
         return [Device.from_handle(h) for h in handles]
     visible = environ.get("CUDA_VISIBLE_DEVICES", "").strip()

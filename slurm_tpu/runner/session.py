@@ -23,7 +23,7 @@ from ..identity import is_identity
 from ..protocol import jobenv
 from ..protocol.usage import USAGE_DIR_ENV, add_usage
 from . import engines, gpu_select
-from .devices import CPU, EDGETPU, GPU, Device, resolve_devices
+from .devices import BROKER, CPU, EDGETPU, GPU, Device, resolve_devices
 from .engines import EdgeTpuLibrary
 from .errors import GpuError, ModelError, UsageError
 from .lock import DeviceLock
@@ -86,7 +86,8 @@ class EngineSet:
             return 0
         totals: dict[str, tuple[int, float]] = {}
         for engine in self.engines:
-            if engine.inferences and is_identity(engine.device.identity):
+            # A broker device is not counted here: the broker's own figures are the job's books.
+            if engine.inferences and engine.device.kind != BROKER and is_identity(engine.device.identity):
                 count, seconds = totals.get(engine.device.identity, (0, 0.0))
                 totals[engine.device.identity] = (count + engine.inferences, seconds + engine.seconds)
         return sum(add_usage(directory, identity, count, seconds) for identity, (count, seconds) in totals.items())
@@ -103,6 +104,10 @@ class EngineSet:
         """Open ``model`` on ``device`` and hold the engine (and the device's lock)."""
         if device.kind == EDGETPU:
             engine = self._open_edgetpu(model, device, threads, options.libedgetpu)
+        elif device.kind == BROKER:
+            from .broker_client import BrokerEngine
+
+            engine = BrokerEngine(model.path, device.path or "", device.label)
         elif device.kind == GPU:
             engine = self._open_gpu(model, threads, options.fallback, warn)
         else:
@@ -232,14 +237,14 @@ def usable_cpus() -> int:
 
 def _check_model_fits(model: ModelInfo, kind: str) -> list[str]:
     """Raise when the model cannot run on this kind of device; return warnings to emit once opened."""
-    if model.is_edgetpu and kind != EDGETPU:
+    if model.is_edgetpu and kind not in (EDGETPU, BROKER):
         raise ModelError(
             f"model {model.path} is compiled for the Edge TPU (contains edgetpu-custom-op) "
             f"but this job has no Edge TPU ({kind} only): submit with --gres=tpu:1, or "
             "pass --device usb:PATH|pci:PATH",
             model.path,
         )
-    if kind == EDGETPU and not model.is_edgetpu:
+    if kind in (EDGETPU, BROKER) and not model.is_edgetpu:
         return [
             f"model {model.path} is not compiled for the Edge TPU (no edgetpu-custom-op): it runs on "
             "the CPU; compile it with edgetpu_compiler to use the TPU"

@@ -1,0 +1,357 @@
+"""One thread per shared device, running the jobs' requests one at a time in the scheduler's order.
+
+Each device keeps an interpreter per model it ran (by sha256; built the first time one of the
+device's requests needs it, through the runner's :class:`InterpreterEngine` with a delegate
+from the device's libedgetpu, by (type, path) as the runner opens a whole TPU), and drops it
+when no job refers to the model any more. A device running a model other than its last is a
+*swap*: on an Edge TPU that re-uploads the parameter cache, so the scheduler breaks ties toward
+the model a device holds, and swaps are counted per device and per job.
+
+The model bytes reach the interpreter through a private file (a root 0700 temp directory,
+unlinked once the interpreter has it): the broker never opens a path a user names.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import SlurmTpuError
+from ..protocol import broker_wire as wire
+from ..runner import engines
+from .models import ModelEntry, ModelRegistry, tensor_bytes
+from .scheduler import Scheduler
+
+UTILIZATION_WINDOW_S = 10.0
+
+
+@dataclass(frozen=True)
+class SharedDevice:
+    """A device the broker owns: its identity and libedgetpu's (type, path); type None: the CPU alone."""
+
+    identity: str
+    edgetpu_type: str | None
+    path: str | None
+
+
+@dataclass
+class JobFigures:
+    """One job's figures (broker_wire FIGURES), kept in seconds, sent in ms."""
+
+    busy_s: float = 0.0
+    inferences: int = 0
+    swaps: int = 0
+    wait_s: float = 0.0
+    loads: int = 0
+
+    def as_dict(self) -> dict[str, float | int]:
+        return {
+            wire.BUSY_MS: round(self.busy_s * 1000, 3),
+            wire.INFERENCES: self.inferences,
+            wire.SWAPS: self.swaps,
+            wire.WAIT_MS: round(self.wait_s * 1000, 3),
+            wire.LOADS: self.loads,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, object]) -> JobFigures:
+        """Figures saved by an earlier broker (stats/<job>); what is not a number counts as 0."""
+
+        def number(key: str) -> float:
+            value = data.get(key, 0)
+            return (
+                float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
+            )
+
+        return cls(
+            number(wire.BUSY_MS) / 1000,
+            int(number(wire.INFERENCES)),
+            int(number(wire.SWAPS)),
+            number(wire.WAIT_MS) / 1000,
+            int(number(wire.LOADS)),
+        )
+
+
+# done(outputs or None, error or None, busy_s, wait_s): called on the device's thread; must not block.
+Done = Callable[[list[np.ndarray] | None, str | None, float, float], None]
+
+
+@dataclass
+class Work:
+    """One request: the job's inputs for a model, and where its answer goes."""
+
+    job: int
+    model: str
+    inputs: list[np.ndarray]
+    done: Done
+    enqueued: float = field(default_factory=time.perf_counter)
+
+
+class BrokerDeviceError(SlurmTpuError):
+    """A shared device or a model on it could not be opened."""
+
+
+class _Device:
+    def __init__(self, spec: SharedDevice):
+        self.spec = spec
+        self.engines: dict[str, engines.InterpreterEngine] = {}
+        self.controls: deque[tuple[Callable[[], object], Future]] = deque()
+        self.last_model: str | None = None
+        self.busy_s = 0.0
+        self.inferences = self.swaps = self.loads = 0
+        self.samples: deque[tuple[float, float]] = deque()  # (time, busy_s) for the utilization window
+        self.thread: threading.Thread | None = None
+
+
+class DevicePool:
+    """The shared devices, their threads, the scheduler between the jobs, and the jobs' figures."""
+
+    def __init__(
+        self,
+        devices: Sequence[SharedDevice],
+        registry: ModelRegistry,
+        runtime: str | None = None,
+        threads: int = 1,
+        libedgetpu: str | None = None,
+        tie_window: float = 0.0005,
+    ):
+        if not devices:
+            raise BrokerDeviceError("the broker has no shared device to run on")
+        self.registry = registry
+        self.runtime = engines.select_runtime(runtime)
+        self.threads = threads
+        self._libedgetpu = libedgetpu
+        self._library: engines.EdgeTpuLibrary | None = None
+        self._devices = [_Device(spec) for spec in devices]
+        self._scheduler = Scheduler(tie_window)
+        self._cond = threading.Condition()
+        self._figures: dict[int, JobFigures] = {}
+        self._stopping = False
+        self._scratch = tempfile.mkdtemp(prefix="slurm-tpu-broker-")  # 0700, this process's own
+        self._open_lock = threading.Lock()  # engine opens capture fd 2 process-wide: one at a time
+        self.started = time.monotonic()
+
+    # ---- life ----
+
+    def start(self) -> None:
+        for device in self._devices:
+            device.thread = threading.Thread(target=self._loop, args=(device,), name=f"device {device.spec.identity}")
+            device.thread.daemon = True
+            device.thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        for device in self._devices:
+            if device.thread is not None:
+                device.thread.join(timeout=10)
+        shutil.rmtree(self._scratch, ignore_errors=True)
+
+    # ---- jobs ----
+
+    def add_job(self, job: int, shares: int, figures: JobFigures | None = None) -> None:
+        with self._cond:
+            self._scheduler.add_job(job, shares)
+            self._figures.setdefault(job, figures or JobFigures())
+
+    def remove_job(self, job: int) -> tuple[JobFigures, list[Work]]:
+        """Forget the job: its figures, and its queued requests (never run)."""
+        with self._cond:
+            dropped = self._scheduler.remove_job(job)
+            figures = self._figures.pop(job, JobFigures())
+        return figures, dropped
+
+    def figures(self, job: int) -> JobFigures | None:
+        with self._cond:
+            found = self._figures.get(job)
+            return JobFigures(**vars(found)) if found else None
+
+    def all_figures(self) -> dict[int, JobFigures]:
+        with self._cond:
+            return {job: JobFigures(**vars(f)) for job, f in self._figures.items()}
+
+    def submit(self, work: Work) -> bool:
+        """Queue a request; False when its job is gone."""
+        with self._cond:
+            if not self._scheduler.has_job(work.job) or self._stopping:
+                return False
+            self._scheduler.submit(work.job, work.model, work)
+            self._cond.notify()
+        return True
+
+    # ---- models ----
+
+    def prepare(self, entry: ModelEntry, job: int, timeout: float = 120.0) -> None:
+        """Build ``entry``'s interpreter on a device (the one holding fewest models) and learn its
+        tensors; BrokerDeviceError with one line when it cannot be built."""
+        device = min(self._devices, key=lambda d: len(d.engines))
+        future: Future = Future()
+
+        def build() -> None:
+            self._engine(device, entry, job)
+
+        with self._cond:
+            device.controls.append((build, future))
+            self._cond.notify_all()
+        future.result(timeout=timeout)
+
+    def drop_models(self, shas: Sequence[str]) -> None:
+        """Close the interpreters of models no job refers to any more (on their devices' threads)."""
+        if not shas:
+            return
+        wanted = set(shas)
+        with self._cond:
+            for device in self._devices:
+
+                def drop(device: _Device = device) -> None:
+                    for sha in wanted & set(device.engines):
+                        device.engines.pop(sha).close()
+                        if device.last_model == sha:
+                            device.last_model = None
+
+                device.controls.append((drop, Future()))
+            self._cond.notify_all()
+
+    def _engine(self, device: _Device, entry: ModelEntry, job: int) -> engines.InterpreterEngine:
+        engine = device.engines.get(entry.sha256)
+        if engine is not None:
+            return engine
+        engine = self._build(device, entry)
+        device.engines[entry.sha256] = engine
+        with self._cond:
+            device.loads += 1
+            figures = self._figures.get(job)
+            if figures is not None:
+                figures.loads += 1
+        if not entry.ready:
+            entry.inputs, entry.outputs = list(engine.inputs), list(engine.outputs)
+            entry.input_sizes = [tensor_bytes(spec) for spec in engine.inputs]
+            entry.ready = True
+        return engine
+
+    def _build(self, device: _Device, entry: ModelEntry) -> engines.InterpreterEngine:
+        spec = device.spec
+        fd, path = tempfile.mkstemp(suffix=".tflite", dir=self._scratch)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(entry.data)
+            with self._open_lock:
+                delegate = None
+                if spec.edgetpu_type is not None:
+                    if self._library is None:
+                        self._library = engines.EdgeTpuLibrary(self._libedgetpu)
+                    log: list[str] = []
+                    delegate = self._library.create_delegate(spec.edgetpu_type, spec.path or "", log=log)
+                    if delegate is None:
+                        reason = engines.libedgetpu_reason(log, spec.path or "") or "no reason given"
+                        raise BrokerDeviceError(
+                            f"the broker cannot open its Edge TPU {spec.identity} ({reason}): tell the node's admin"
+                        )
+                try:
+                    return engines.InterpreterEngine(
+                        path, f"edgetpu {spec.identity}", self.runtime, self.threads, delegate
+                    )
+                except SlurmTpuError as exc:
+                    message = str(exc).replace(f"model {path}", "the model").replace(path, "the model")
+                    raise BrokerDeviceError(message) from None
+        finally:
+            os.unlink(path)
+
+    # ---- figures ----
+
+    def device_figures(self) -> dict[str, dict[str, float | int]]:
+        """identity -> busy_s, utilization (over the last ~10 s), model_swaps, inferences, model_loads, models."""
+        now = time.monotonic()
+        answer = {}
+        with self._cond:
+            for device in self._devices:
+                device.samples.append((now, device.busy_s))
+                while len(device.samples) > 2 and now - device.samples[1][0] >= UTILIZATION_WINDOW_S:
+                    device.samples.popleft()
+                then, busy_then = device.samples[0]
+                if now - then < 0.5:  # too short a window: since the broker started
+                    then, busy_then = self.started, 0.0
+                span = max(now - then, 1e-6)
+                answer[device.spec.identity] = {
+                    "busy_s": round(device.busy_s, 6),
+                    "utilization": round(min(1.0, (device.busy_s - busy_then) / span), 4),
+                    wire.SWAPS: device.swaps,
+                    "inferences": device.inferences,
+                    wire.LOADS: device.loads,
+                    "models": len(device.engines),
+                }
+        return answer
+
+    # ---- the device's thread ----
+
+    def _loop(self, device: _Device) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping and not device.controls and not self._scheduler.queued():
+                    self._cond.wait()
+                if self._stopping:
+                    control_list = list(device.controls)
+                    device.controls.clear()
+                    for _, future in control_list:
+                        future.cancel()
+                    break
+                control = device.controls.popleft() if device.controls else None
+                picked = None if control else self._scheduler.pick(device.last_model)
+            if control is not None:
+                function, future = control
+                try:
+                    future.set_result(function())
+                except BaseException as exc:  # noqa: BLE001 - handed to the waiting connection
+                    future.set_exception(exc)
+                continue
+            if picked is not None:
+                self._run(device, picked[2])
+        for engine in device.engines.values():
+            engine.close()
+        device.engines.clear()
+
+    def _run(self, device: _Device, work: Work) -> None:
+        started = time.perf_counter()
+        wait = started - work.enqueued
+        entry = self.registry.get(work.model)
+        try:
+            if entry is None:
+                raise BrokerDeviceError("the model is no longer loaded: load it again")
+            engine = self._engine(device, entry, work.job)
+            started = time.perf_counter()
+            outputs = engine.run(work.inputs)
+            busy = time.perf_counter() - started
+        except SlurmTpuError as exc:
+            with self._cond:
+                self._scheduler.charge(work.job, time.perf_counter() - started)
+            work.done(None, str(exc), 0.0, wait)
+            return
+        except (ValueError, RuntimeError) as exc:  # the runtime refused the tensors
+            with self._cond:
+                self._scheduler.charge(work.job, time.perf_counter() - started)
+            work.done(None, f"the model did not run: {str(exc).splitlines()[0][:200]}", 0.0, wait)
+            return
+        with self._cond:
+            self._scheduler.charge(work.job, busy)
+            swapped = device.last_model is not None and device.last_model != work.model
+            device.last_model = work.model
+            device.busy_s += busy
+            device.inferences += 1
+            device.swaps += swapped
+            figures = self._figures.get(work.job)
+            if figures is not None:
+                figures.busy_s += busy
+                figures.inferences += 1
+                figures.swaps += swapped
+                figures.wait_s += wait
+        work.done(outputs, None, busy, wait)

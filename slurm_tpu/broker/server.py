@@ -1,0 +1,479 @@
+"""The broker's sockets: the control socket (root's Prolog/Epilog, metrics) and each job's endpoint.
+
+Threads: one accepting on the control socket, one per control connection; per job, one
+accepting on its endpoint; per connection, a reader (frames in, requests to the devices) and
+a writer (answers out). A device thread never writes to a socket: it hands the answer to the
+connection's writer, so a client that stops reading stalls only its own job (its requests in
+flight stay counted until their answers are sent, so its reader stops reading: back-pressure).
+
+Hostile input (a job endpoint is the job user's): every frame is bounded before it is read
+(broker_wire), a model is bytes (never a path), an invoke names a model this job loaded and
+exactly its inputs' byte sizes, else the connection gets one error frame and is closed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import socket
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..access import statedir
+from ..access.processes import pid_in_job
+from ..errors import SlurmTpuError
+from ..protocol import FormatError, broker_wire as wire
+from .executor import DevicePool, JobFigures, SharedDevice, Work
+from .models import LimitError, ModelRegistry, spec_json
+from .peers import job_peer_refusal, peer_credentials
+from .state import BrokerState
+
+_log = logging.getLogger("slurm_tpu.broker")
+
+STATS_EVERY_S = 2.0
+CONTROL_TIMEOUT_S = 5.0  # a control peer (root) that stalls mid-frame is dropped
+MAX_ID = 2**63
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-job bounds."""
+
+    in_flight: int = 16  # requests read and not yet answered (queued, running, or being sent)
+    connections: int = 8
+    models: int = 8
+    model_bytes: int = 256 << 20
+
+
+class _Refused(FormatError):
+    """A request refused with the connection: one error frame (naming the request's id), then close."""
+
+    def __init__(self, message: str, request_id: object = None):
+        super().__init__(message)
+        self.request_id = request_id
+
+
+class _Connection:
+    """One client of a job: a reader thread and a writer thread (the writer closes the socket)."""
+
+    def __init__(self, sock: socket.socket, job: _Job, broker: Broker):
+        self.sock, self.job, self.broker = sock, job, broker
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # (header, payload, holds_slot), None: stop
+        self.closed = threading.Event()  # answers are dropped from now on
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        threading.Thread(target=self._write_loop, name=f"job {self.job.job} writer", daemon=True).start()
+        threading.Thread(target=self._read_loop, name=f"job {self.job.job} reader", daemon=True).start()
+
+    # ---- out ----
+
+    def send(self, header: dict, payload: bytes = b"", holds_slot: bool = False) -> None:
+        """Queue an answer; ``holds_slot``: it frees one of the job's in-flight slots once sent (or dropped)."""
+        with self._lock:
+            if not self.closed.is_set():
+                self.outbox.put((header, payload, holds_slot))
+                return
+        if holds_slot:
+            self.job.slots.release()
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self.outbox.get()
+            if item is None:
+                break
+            header, payload, holds_slot = item
+            try:
+                if not self.closed.is_set():
+                    wire.send_frame(self.sock, header, payload)
+            except OSError:
+                self.closed.set()
+                self._shutdown()
+            finally:
+                if holds_slot:
+                    self.job.slots.release()
+        with self._lock:
+            self.closed.set()
+        while True:  # answers queued after the stop: their slots go back to the job
+            try:
+                item = self.outbox.get_nowait()
+            except queue.Empty:
+                break
+            if item is not None and item[2]:
+                self.job.slots.release()
+        self._shutdown()
+        self.sock.close()
+        self.job.forget(self)
+
+    def _shutdown(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def refuse(self, message: str, request_id: object = None) -> None:
+        """One error frame, then the connection closes (the writer sends what was queued first)."""
+        header: dict = {"ok": False, "error": message}
+        if request_id is not None:
+            header["id"] = request_id
+        self.send(header)
+        self.outbox.put(None)
+
+    def close(self) -> None:
+        """Stop now: answers not yet sent are dropped, the reader is woken."""
+        with self._lock:
+            self.closed.set()
+        self.outbox.put(None)
+        self._shutdown()
+
+    # ---- in ----
+
+    def _read_loop(self) -> None:
+        try:
+            self._serve()
+        except (EOFError, OSError):
+            self.close()
+        except FormatError as exc:
+            self.refuse(str(exc), getattr(exc, "request_id", None))
+        else:
+            self.close()
+
+    def _serve(self) -> None:
+        job = self.job
+        while not job.closed and not self.closed.is_set():
+            # Back-pressure: no slot, no read (the job's requests in flight are bounded).
+            while not job.slots.acquire(timeout=0.5):
+                if job.closed or self.closed.is_set():
+                    return
+            try:
+                header_len, payload_len = wire.parse_head(wire.recv_exact(self.sock, wire.HEAD.size))
+                header = wire.parse_header(wire.recv_exact(self.sock, header_len))
+                op = header.get("op")
+                if op == "invoke":
+                    self._invoke(header, payload_len)
+                    continue  # the slot is freed by the answer's writer
+                if op == "load":
+                    self._load(header, payload_len)
+                elif op == "stats":
+                    if payload_len:
+                        raise FormatError("a stats request carries no payload")
+                    figures = self.broker.pool.figures(job.job) or JobFigures()
+                    self.send({"ok": True, "stats": figures.as_dict()})
+                else:
+                    raise FormatError(f"unknown op {str(op)[:40]!r} (a job endpoint serves load, invoke, stats)")
+            except BaseException:
+                job.slots.release()
+                raise
+            job.slots.release()
+
+    def _load(self, header: dict, payload_len: int) -> None:
+        job = self.job
+        try:
+            self.broker.registry.check_room(job.job, payload_len)
+        except LimitError as exc:
+            raise FormatError(str(exc)) from None
+        data = wire.recv_exact(self.sock, payload_len)
+        if len(data) < 8 or data[4:8] != b"TFL3":
+            self.send({"ok": False, "error": "the model is not a TFLite model (no TFL3 identifier)"})
+            return
+        entry, _ = self.broker.registry.add(job.job, data)
+        if not entry.ready:
+            try:
+                with job.load_lock:
+                    if not entry.ready:
+                        self.broker.pool.prepare(entry, job.job)
+            except SlurmTpuError as exc:
+                if self.broker.registry.discard(job.job, entry.sha256):
+                    self.broker.pool.drop_models([entry.sha256])
+                self.send({"ok": False, "error": str(exc)})
+                return
+        self.send(
+            {
+                "ok": True,
+                "model": entry.sha256,
+                "inputs": [spec_json(s) for s in entry.inputs],
+                "outputs": [spec_json(s) for s in entry.outputs],
+            }
+        )
+
+    def _invoke(self, header: dict, payload_len: int) -> None:
+        """Queue one request (_Refused when it is not one this job may make)."""
+        request_id = header.get("id")
+        if isinstance(request_id, bool) or not isinstance(request_id, int) or not 0 <= request_id < MAX_ID:
+            raise _Refused("an invoke needs an integer 'id'")
+        model = header.get("model")
+        entry = self.broker.registry.get(model) if isinstance(model, str) and len(model) == 64 else None
+        if entry is None or self.job.job not in entry.jobs or not entry.ready:
+            raise _Refused("invoke names a model this job has not loaded: load it first", request_id)
+        sizes = header.get("tensors")
+        if sizes != entry.input_sizes or payload_len != sum(entry.input_sizes):
+            raise _Refused(
+                f"the input tensors' byte sizes {str(sizes)[:80]} are not the model's {entry.input_sizes}", request_id
+            )
+        payload = wire.recv_exact(self.sock, payload_len)
+        inputs, offset = [], 0
+        for spec, size in zip(entry.inputs, entry.input_sizes):
+            inputs.append(np.frombuffer(payload, spec.dtype, size // spec.dtype.itemsize, offset).reshape(spec.shape))
+            offset += size
+
+        def done(outputs, error, busy_s, wait_s) -> None:
+            if error is not None:
+                self.send({"ok": False, "id": request_id, "error": error}, holds_slot=True)
+                return
+            assert outputs is not None
+            chunks = [np.ascontiguousarray(o) for o in outputs]
+            answer = {
+                "ok": True,
+                "id": request_id,
+                "outputs": [{"shape": list(c.shape), "dtype": c.dtype.name, "bytes": c.nbytes} for c in chunks],
+                "busy_ms": round(busy_s * 1000, 4),
+                "wait_ms": round(wait_s * 1000, 4),
+            }
+            self.send(answer, b"".join(c.tobytes() for c in chunks), holds_slot=True)
+
+        if not self.broker.pool.submit(Work(self.job.job, entry.sha256, inputs, done)):
+            self.send({"ok": False, "id": request_id, "error": "this job's shares were closed"}, holds_slot=True)
+
+
+class _Job:
+    """An open job: its grant, its endpoint, its connections."""
+
+    def __init__(self, job: int, uid: int, gid: int, shares: int, limits: Limits):
+        self.job, self.uid, self.gid, self.shares = job, uid, gid, shares
+        self.slots = threading.Semaphore(limits.in_flight)
+        self.limits = limits
+        self.connections: set[_Connection] = set()
+        self.lock = threading.Lock()
+        self.load_lock = threading.Lock()
+        self.closed = False
+        self.listener: socket.socket | None = None
+
+    def admit(self, connection: _Connection) -> bool:
+        with self.lock:
+            if self.closed or len(self.connections) >= self.limits.connections:
+                return False
+            self.connections.add(connection)
+            return True
+
+    def forget(self, connection: _Connection) -> None:
+        with self.lock:
+            self.connections.discard(connection)
+
+
+class Broker:
+    """The broker: its state directory, devices, jobs and sockets."""
+
+    def __init__(
+        self,
+        state_dir: str,
+        devices: Sequence[SharedDevice],
+        runtime: str | None = None,
+        threads: int = 1,
+        libedgetpu: str | None = None,
+        limits: Limits | None = None,
+        in_job: Callable[[int, int], bool] = pid_in_job,
+    ):
+        self.limits = limits or Limits()
+        self.state = BrokerState(state_dir)
+        self.registry = ModelRegistry(self.limits.models, self.limits.model_bytes)
+        self.pool = DevicePool(devices, self.registry, runtime, threads, libedgetpu)
+        self.in_job = in_job
+        self.jobs: dict[int, _Job] = {}
+        self._jobs_lock = threading.Lock()
+        self._stop = threading.Event()
+        self._control: socket.socket | None = None
+        self._saved: dict[int, dict] = {}
+
+    # ---- life ----
+
+    def start(self) -> None:
+        """Devices running, endpoints re-opened from the grants, the control socket listening, the pid file written."""
+        self.pool.start()
+        for job in self.state.grant_jobs():
+            try:
+                self.open_job(job)
+            except (SlurmTpuError, OSError) as exc:
+                _log.warning("broker: job %s not re-opened: %s", job, exc)
+        self._control = self.state.listen(self.state.root_fd, wire.CONTROL_SOCKET, 0, 0, 0o600)
+        threading.Thread(target=self._accept_control, name="control", daemon=True).start()
+        threading.Thread(target=self._stats_loop, name="stats", daemon=True).start()
+        statedir.write_atomic(self.state.root_fd, wire.PIDFILE, f"{os.getpid()}\n".encode(), 0o644)
+
+    def wait(self) -> None:
+        self._stop.wait()
+
+    def stop(self) -> None:
+        """Stop serving: the control socket and pid file go; endpoints stay for the next broker to re-open."""
+        if self._stop.is_set():
+            return
+        self._stop.set()
+        self.state.unlink(self.state.root_fd, wire.CONTROL_SOCKET)
+        self.state.unlink(self.state.root_fd, wire.PIDFILE)
+        if self._control is not None:
+            self._control.close()
+        self._write_all_stats()
+        self.pool.stop()
+
+    # ---- jobs ----
+
+    def open_job(self, job: int) -> str:
+        """Make (or keep) job ``job``'s endpoint from its grant file; its path."""
+        _, uid, gid, shares = self.state.read_grant(job)
+        with self._jobs_lock:
+            existing = self.jobs.get(job)
+            if existing is not None and (existing.uid, existing.gid) == (uid, gid):
+                existing.shares = shares
+                self.pool.add_job(job, shares)
+                return wire.endpoint_path(self.state.state_dir, job)
+        if existing is not None:
+            self.close_job(job)
+        entry = _Job(job, uid, gid, shares, self.limits)
+        saved = JobFigures.from_dict(self.state.read_stats(job))
+        self.pool.add_job(job, shares, saved)
+        entry.listener = self.state.listen(self.state.jobs_fd, f"{job}.sock", uid, gid, 0o600)
+        with self._jobs_lock:
+            self.jobs[job] = entry
+        threading.Thread(target=self._accept_job, args=(entry,), name=f"job {job}", daemon=True).start()
+        return wire.endpoint_path(self.state.state_dir, job)
+
+    def close_job(self, job: int) -> dict:
+        """Forget the job: endpoint, connections, queue, models; its final figures (also written to stats/<job>)."""
+        with self._jobs_lock:
+            entry = self.jobs.pop(job, None)
+        if entry is not None:
+            with entry.lock:
+                entry.closed = True
+                connections = list(entry.connections)
+            self.state.unlink(self.state.jobs_fd, f"{job}.sock")
+            if entry.listener is not None:
+                try:
+                    entry.listener.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                entry.listener.close()
+            for connection in connections:
+                connection.close()
+        figures, dropped = self.pool.remove_job(job)
+        for work in dropped:
+            work.done(None, "this job's shares were closed", 0.0, 0.0)
+        self.pool.drop_models(self.registry.release_job(job))
+        answer = figures.as_dict()
+        if entry is not None:
+            self.state.write_stats(job, answer)
+        return answer
+
+    def stats(self) -> dict:
+        figures = self.pool.all_figures()
+        return {
+            "ok": True,
+            "jobs": {str(job): f.as_dict() for job, f in sorted(figures.items())},
+            "devices": self.pool.device_figures(),
+        }
+
+    # ---- endpoints ----
+
+    def _accept_job(self, job: _Job) -> None:
+        assert job.listener is not None
+        while not job.closed and not self._stop.is_set():
+            try:
+                sock, _ = job.listener.accept()
+            except OSError:
+                return
+            refusal = job_peer_refusal(sock, job.job, job.uid, self.in_job)
+            connection = _Connection(sock, job, self)
+            if refusal is None and not job.admit(connection):
+                refusal = (
+                    f"job {job.job} already has {job.limits.connections} connections to the broker, the most it may"
+                )
+            if refusal is not None:
+                _log.warning("broker: job %s: refused a connection: %s", job.job, refusal)
+                try:
+                    sock.settimeout(1.0)
+                    wire.send_frame(sock, {"ok": False, "refused": True, "error": refusal})
+                except OSError:
+                    pass
+                sock.close()
+                continue
+            connection.start()
+
+    # ---- control ----
+
+    def _accept_control(self) -> None:
+        assert self._control is not None
+        while not self._stop.is_set():
+            try:
+                sock, _ = self._control.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._serve_control, args=(sock,), name="control peer", daemon=True).start()
+
+    def _serve_control(self, sock: socket.socket) -> None:
+        with sock:
+            sock.settimeout(CONTROL_TIMEOUT_S)
+            try:
+                if peer_credentials(sock)[1] != 0:
+                    wire.send_frame(sock, {"ok": False, "error": "the broker's control socket serves root only"})
+                    return
+                while True:
+                    header, _ = wire.recv_frame(sock, max_payload=0)
+                    wire.send_frame(sock, self._control_answer(header))
+            except FormatError as exc:
+                try:
+                    wire.send_frame(sock, {"ok": False, "error": str(exc)})
+                except OSError:
+                    pass
+            except (EOFError, OSError):
+                pass
+
+    def _control_answer(self, header: dict) -> dict:
+        op = header.get("op")
+        try:
+            if op == "ping":
+                return {"ok": True, "pid": os.getpid()}
+            if op == "stats":
+                return self.stats()
+            job = header.get("job")
+            if isinstance(job, bool) or not isinstance(job, int) or not 1 <= job < 2**32:
+                return {"ok": False, "error": f"'{op}' needs a job id"}
+            if op == "open":
+                return {"ok": True, "endpoint": self.open_job(job)}
+            if op == "close":
+                return {"ok": True, "stats": self.close_job(job)}
+            return {"ok": False, "error": f"unknown control op {str(op)[:40]!r}"}
+        except (SlurmTpuError, OSError) as exc:
+            return {"ok": False, "error": str(exc)}
+
+    # ---- figures ----
+
+    def _stats_loop(self) -> None:
+        while not self._stop.wait(STATS_EVERY_S):
+            self._write_all_stats()
+
+    def _write_all_stats(self) -> None:
+        with self._jobs_lock:
+            open_jobs = set(self.jobs)
+        for job, figures in self.pool.all_figures().items():
+            if job not in open_jobs:
+                continue
+            data = figures.as_dict()
+            if self._saved.get(job) == data:
+                continue
+            try:
+                self.state.write_stats(job, data)
+                self._saved[job] = data
+            except (OSError, SlurmTpuError) as exc:
+                _log.warning("broker: cannot write figures of job %s: %s", job, exc)
+
+
+def control_request(state_dir: str, header: dict, timeout: float = 2.0) -> dict:
+    """Ask the broker of ``state_dir`` one control op (as root); OSError/EOFError/FormatError when it cannot answer."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        sock.connect(wire.control_path(state_dir))
+        wire.send_frame(sock, header)
+        answer, _ = wire.recv_frame(sock, max_payload=0)
+    return answer

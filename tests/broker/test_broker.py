@@ -1,0 +1,225 @@
+"""The TPU broker as a process: real TFLite on generated models through the libedgetpu double (the CPU
+twin), real sockets, real peer checks (clients in a root-owned ``job_<J>`` cgroup, real unix users).
+Every assertion is on what the broker answered or counted, never on timing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+from broker_support import REPO, probe, start_probe, wait_for
+
+from slurm_tpu.protocol import broker_wire as wire
+
+
+@pytest.mark.parametrize("name", ["classifier", "detector"])
+def test_results_through_the_broker_equal_in_process(broker, cgroups, models, name):
+    endpoint = broker.open(11, shares=2)
+    result = probe(cgroups, 11, endpoint, ["compare", str(models[name]), "6"])
+    assert result["equal"] is True
+    assert result["stats"][wire.INFERENCES] == 12
+    assert result["stats"][wire.LOADS] == 1
+
+
+def test_cli_infer_runs_through_the_broker_with_no_new_flag(broker, cgroups, models, tmp_path):
+    endpoint = broker.open(12)
+    images = str(models["images"])
+    env = dict(os.environ, SLURM_TPU_BROKER=endpoint, PYTHONPATH=str(REPO))
+    env.pop("SLURM_TPU_DEVICES", None)
+    cli = [
+        sys.executable,
+        "-c",
+        "from slurm_tpu.cli import run; run()",
+        "infer",
+        "--model",
+        str(models["classifier"]),
+        "--labels",
+        str(models["classifier_labels"]),
+    ]
+    through = subprocess.run(
+        cgroups.command(12, [*cli, images, "--output", str(tmp_path / "b.jsonl")]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert through.returncode == 0, through.stderr
+    local = subprocess.run(
+        [*cli, "--device", "cpu", images, "--output", str(tmp_path / "l.jsonl")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert local.returncode == 0, local.stderr
+    records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert records == [json.loads(line) for line in (tmp_path / "l.jsonl").read_text().splitlines()]
+    assert broker.control("stats")["jobs"]["12"][wire.INFERENCES] == len(records)
+
+
+def test_broker_down_is_one_line(cgroups, models, tmp_path):
+    env = dict(os.environ, SLURM_TPU_BROKER=str(tmp_path / "gone.sock"), PYTHONPATH=str(REPO))
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from slurm_tpu.cli import run; run()",
+            "infer",
+            "--model",
+            str(models["classifier"]),
+            "--benchmark",
+            "3",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr
+    assert "broker is not running" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+def test_fair_shares_under_saturation(broker, cgroups, models):
+    a, b = broker.open(21, shares=1), broker.open(22, shares=3)
+    floods = [
+        start_probe(cgroups, 21, a, ["flood", str(models["mobilenet"]), "3"]),
+        start_probe(cgroups, 22, b, ["flood", str(models["mobilenet"]), "3"]),
+    ]
+    try:
+
+        def jobs():
+            return broker.control("stats")["jobs"]
+
+        # Both saturating (each has run some), then measure a window of 300 inferences.
+        wait_for(
+            lambda: all(jobs().get(j, {}).get(wire.INFERENCES, 0) >= 20 for j in ("21", "22")),
+            timeout=120,
+            what="both jobs running",
+        )
+        first = jobs()
+        start = sum(f[wire.INFERENCES] for f in first.values())
+        second = wait_for(
+            lambda: (lambda now: now if sum(f[wire.INFERENCES] for f in now.values()) >= start + 300 else None)(jobs()),
+            timeout=300,
+            what="300 more inferences",
+        )
+        busy_a = second["21"][wire.BUSY_MS] - first["21"][wire.BUSY_MS]
+        busy_b = second["22"][wire.BUSY_MS] - first["22"][wire.BUSY_MS]
+        assert all(p.poll() is None for p in floods), "a flooding client stopped: not saturated"
+    finally:
+        for p in floods:
+            p.kill()
+            p.wait()
+    ratio = busy_b / busy_a
+    assert 3 * 0.9 <= ratio <= 3 * 1.1, (busy_a, busy_b, ratio)
+
+
+@pytest.mark.parametrize("kind", ["garbage", "huge", "huge-header", "mismatch", "unknown-model"])
+def test_hostile_client_gets_one_error_and_harms_no_one(broker, cgroups, models, kind):
+    hostile, good = broker.open(31), broker.open(32)
+    answer = probe(cgroups, 31, hostile, ["hostile", kind, str(models["classifier"])])
+    assert len(answer["answers"]) == 1 and answer["answers"][0]["ok"] is False, answer
+    # the other job is served, correctly, meanwhile and after
+    assert probe(cgroups, 32, good, ["run", str(models["classifier"]), "50"]) == {"done": 50, "wrong": 0}
+    assert broker.process.poll() is None
+
+
+def test_thousands_of_requests_from_one_job_do_not_starve_another(broker, cgroups, models):
+    loud, quiet = broker.open(41, shares=1), broker.open(42, shares=1)
+    flood = start_probe(cgroups, 41, loud, ["flood", str(models["mobilenet"]), "8"])
+    try:
+        wait_for(lambda: broker.control("stats")["jobs"].get("41", {}).get(wire.INFERENCES, 0) >= 10, what="the flood")
+        assert probe(cgroups, 42, quiet, ["run", str(models["classifier"]), "200"]) == {"done": 200, "wrong": 0}
+        assert flood.poll() is None
+    finally:
+        flood.kill()
+        flood.wait()
+    figures = broker.control("stats")["jobs"]
+    assert figures["41"][wire.INFERENCES] > 0 and figures["42"][wire.INFERENCES] == 200
+
+
+def test_another_user_cannot_connect_and_same_user_outside_the_job_is_refused(broker, cgroups, models, users):
+    alice, bob = sorted(users)
+    endpoint = broker.open(51, uid=users[alice], gid=users[alice])
+    assert os.stat(endpoint).st_uid == users[alice] and os.stat(endpoint).st_mode & 0o777 == 0o600
+    mine = probe(cgroups, 51, endpoint, ["connect", str(models["classifier"])], user=alice)
+    assert mine == {"ok": True}
+    other_user = probe(cgroups, 51, endpoint, ["connect", str(models["classifier"])], user=bob)
+    assert other_user["ok"] is False and "permission denied" in other_user["error"].lower()
+    outside = probe(cgroups, None, endpoint, ["connect", str(models["classifier"])], user=alice)
+    assert outside["ok"] is False and "not one of its tasks" in outside["error"]
+    other_job = probe(cgroups, 52, endpoint, ["connect", str(models["classifier"])], user=alice)
+    assert other_job["ok"] is False and "not one of its tasks" in other_job["error"]
+
+
+def test_close_drops_the_job_and_returns_its_figures(broker, cgroups, models):
+    endpoint = broker.open(61)
+    probe(cgroups, 61, endpoint, ["run", str(models["classifier"]), "10"])
+    closed = broker.control("close", job=61)
+    assert closed["ok"] and closed["stats"][wire.INFERENCES] == 10
+    assert not os.path.exists(endpoint)
+    assert "61" not in broker.control("stats")["jobs"]
+    assert json.loads((broker.broker_dir / wire.STATS / "61").read_text())[wire.INFERENCES] == 10
+    devices = broker.control("stats")["devices"]
+    assert all(d["models"] == 0 for d in devices.values())  # nobody refers to the model: dropped
+
+
+def test_restart_reopens_endpoints_from_grants(broker, cgroups, models):
+    endpoint = broker.open(71, shares=2)
+    probe(cgroups, 71, endpoint, ["run", str(models["classifier"]), "5"])
+    wait_for(lambda: (broker.broker_dir / wire.STATS / "71").exists(), what="the figures file")
+    broker.kill()  # a crash: no cleanup at all
+    broker.start()
+    assert probe(cgroups, 71, endpoint, ["run", str(models["classifier"]), "5"]) == {"done": 5, "wrong": 0}
+    assert broker.control("stats")["jobs"]["71"][wire.INFERENCES] == 10  # the saved figures carried on
+
+
+def test_a_model_shared_by_two_jobs_is_loaded_once(broker, cgroups, models):
+    a, b = broker.open(81), broker.open(82)
+    probe(cgroups, 81, a, ["run", str(models["classifier"]), "3"])
+    probe(cgroups, 82, b, ["run", str(models["classifier"]), "3"])
+    stats = broker.control("stats")
+    assert stats["jobs"]["81"][wire.LOADS] == 1 and stats["jobs"]["82"][wire.LOADS] == 0
+    assert sum(d[wire.LOADS] for d in stats["devices"].values()) == 1
+    broker.control("close", job=81)
+    assert sum(d["models"] for d in broker.control("stats")["devices"].values()) == 1  # job 82 still refers to it
+
+
+def test_control_socket_serves_root_only(broker, users):
+    alice = sorted(users)[0]
+    control = wire.control_path(str(broker.state_dir))
+    assert os.stat(control).st_mode & 0o777 == 0o600 and os.stat(control).st_uid == 0
+    done = subprocess.run(
+        [
+            "runuser",
+            "-u",
+            alice,
+            "--",
+            sys.executable,
+            "-c",
+            f"import socket; s=socket.socket(socket.AF_UNIX); s.connect({control!r})",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and "Permission denied" in done.stderr
+
+
+def test_no_shared_device_is_one_line_and_nonzero(tmp_path):
+    done = subprocess.run(
+        [sys.executable, "-m", "slurm_tpu.broker", "--state-dir", str(tmp_path)],
+        env=dict(
+            os.environ,
+            PYTHONPATH=str(REPO),
+            SLURM_TPU_CONFIG=str(tmp_path / "none.yaml"),
+            SLURM_TPU_STATE_DIR=str(tmp_path),
+        ),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
