@@ -40,9 +40,9 @@ def devices_from_settings(environ) -> tuple[str, list[SharedDevice]]:
     from ..hooks.context import node_from_env
 
     settings = hook_settings.load(environ, node_from_env(environ), create=False)
-    policy = getattr(settings, "shards", None)
+    policy = settings.shards
     devices = []
-    for identity in sorted(getattr(policy, "devices", None) or {}):
+    for identity in sorted(policy.devices if policy is not None else {}):
         known = settings.devices.get(identity)
         try:
             kind, path = libedgetpu_path(identity, known.primary_node if known else None)
