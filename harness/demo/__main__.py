@@ -22,7 +22,7 @@ import time
 from typing import TYPE_CHECKING, NoReturn
 
 from .errors import DemoError
-from .layout import DEFAULT_BASE, DEFAULT_USER, Layout
+from .layout import DEFAULT_BASE, DEFAULT_USER, Layout, second_user
 
 if TYPE_CHECKING:
     from .experiment import Submitted
@@ -79,6 +79,7 @@ def _preflight(layout: Layout, user: str, images: int, timeout: float) -> None:
     if timeout <= 0:
         raise DemoError(f"--timeout {timeout:g}: give a positive number of seconds")
     provision.check_user(user)
+    provision.check_user(second_user(user))
     preflight.require_root()
     preflight.require_tools()
     preflight.check_base(layout.base)
@@ -117,12 +118,14 @@ def _collect(layout: Layout, submitted: Submitted) -> tuple[list[JobRecord], lis
 
 def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     from . import accounting as books, experiment, lifecycle, provision, report
+    from .records import parse_jobcomp
 
     _preflight(layout, user, images, timeout)
     _say(report.INTRO)
     _say()
     began = time.monotonic()
     provision.ensure_user(user)
+    provision.ensure_user(second_user(user))
     cluster, reused = lifecycle.ensure_cluster(layout, _say)
     books.prepare(cluster, user)
     how = "reused the running cluster" if reused else "detected, configured and started"
@@ -170,6 +173,18 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     coral, coral_ok = report.coral_lines(layout, *experiment.run_coral_examples(layout, user, env, timeout))
     for line in coral:
         _say("  " + line)
+    envs = {
+        name: provision.job_environment(layout, env["EDGETPU_DOUBLE_DEVICES"], name)
+        for name in (user, second_user(user))
+    }
+    shards = experiment.run_shards(layout, list(envs), envs, timeout)
+    with open(layout.jobcomp, encoding="utf-8") as handle:
+        shard_records = parse_jobcomp(handle.read())
+    shard, shard_ok = report.shard_lines(
+        layout, shards, shard_records, books.shard_figures(cluster, [j for j, _ in shards.jobs])
+    )
+    for line in shard:
+        _say("  " + line)
     for line in books.show_limit(cluster, user, layout.out):
         _say("  " + line)
     sample = submitted.tpu[0] if submitted.tpu else None
@@ -178,7 +193,7 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     _say()
     for line in report.next_steps(layout, user):
         _say(line)
-    broken = sum(not c.ok for c in checks) + (not coral_ok)
+    broken = sum(not c.ok for c in checks) + (not coral_ok) + (not shard_ok)
     if failed or broken:
         print(
             f"{PREFIX}: {len(failed)} job(s) failed and {broken} check(s) did not hold; "
@@ -214,13 +229,16 @@ def stop(layout: Layout, purge: bool, user: str) -> int:
         _say(f"no demo cluster in {layout.base}")
     if purge:
         shutil.rmtree(layout.base, ignore_errors=True)
-        try:
-            entry = pwd.getpwnam(user)
-        except KeyError:
-            entry = None
-        if entry is not None and 0 < entry.pw_uid < 1000:  # a system account, as the demo makes them
-            subprocess.run(["userdel", "--remove", user], capture_output=True)
-        _say(f"removed {layout.base}" + (f" and user {user}" if entry is not None else ""))
+        removed = []
+        for name in (user, second_user(user)):
+            try:
+                entry = pwd.getpwnam(name)
+            except KeyError:
+                continue
+            if 0 < entry.pw_uid < 1000:  # a system account, as the demo makes them
+                subprocess.run(["userdel", "--remove", name], capture_output=True)
+                removed.append(name)
+        _say(f"removed {layout.base}" + (f" and user(s) {', '.join(removed)}" if removed else ""))
     return 0
 
 

@@ -158,3 +158,20 @@ def books_lines(cluster: LocalCluster, layout: Layout, since: float, sample_job:
         out = cluster.command(["sacct", "-n", "-P", "-X", "-j", str(sample_job), "-o", "AdminComment"]).stdout
         lines.append(f"  job {sample_job} AdminComment: {out.strip() or '(none)'}")
     return lines
+
+
+def shard_figures(cluster: LocalCluster, jobs: list[int]) -> dict[int, dict[str, float]]:
+    """Each shard job's broker figures as its AdminComment holds them (job -> the node's figures), once
+    every node's collector has applied its spool."""
+    from slurm_tpu.protocol.job_record import parse_admin_comment
+
+    apply_usage(cluster)
+    ids = ",".join(str(job) for job in jobs)
+    out = cluster.command(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,AdminComment"]).stdout
+    found: dict[int, dict[str, float]] = {}
+    for line in out.splitlines():
+        job, _, comment = line.partition("|")
+        for figures in parse_admin_comment(comment).values():
+            if job.isdigit() and "shards" in figures:
+                found[int(job)] = figures
+    return found

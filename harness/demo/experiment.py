@@ -339,3 +339,60 @@ def serve_and_query(layout: Layout, user: str, env: Mapping[str, str], timeout: 
     wait_for_job(env, job, timeout)
     with open(log, encoding="utf-8") as handle:
         return Served(job, client.stdout, handle.read())
+
+
+SHARD_JOBS = 6  # three per user, on node-shard's one Edge TPU of SHARES shares: four at once, two wait
+SHARD_IMAGES = 60  # each job classifies the same images, so their results can be compared
+
+
+def shard_images(layout: Layout) -> str:
+    """A directory with the first SHARD_IMAGES test images (hard links), for the shard jobs."""
+    directory = os.path.join(layout.models, "shard-images")
+    if not os.path.isdir(directory):
+        os.makedirs(directory + ".new", exist_ok=True)
+        for name in sorted(n for n in os.listdir(layout.images) if n.endswith(".png"))[:SHARD_IMAGES]:
+            target = os.path.join(directory + ".new", name)
+            if not os.path.exists(target):
+                os.link(os.path.join(layout.images, name), target)
+        os.chmod(directory + ".new", 0o755)
+        os.rename(directory + ".new", directory)
+    return directory
+
+
+@dataclass(frozen=True)
+class SharedRun:
+    """The shard step: each job's id and user, in submission order."""
+
+    jobs: list[tuple[int, str]]
+    images: str
+
+
+def run_shards(
+    layout: Layout, users: Sequence[str], envs: Mapping[str, Mapping[str, str]], timeout: float = 300
+) -> SharedRun:
+    """SHARD_JOBS x jobs/classify_shard.sbatch (--gres=tpu_shard:1), the users taking turns, submitted
+    held and released together: Slurm starts as many as node-shard has shares in one pass, and
+    the rest as shares come free."""
+    images = shard_images(layout)
+    jobs = []
+    for i in range(SHARD_JOBS):
+        user = users[i % len(users)]
+        job = sbatch(
+            layout,
+            user,
+            envs[user],
+            ["--hold"],
+            "classify_shard.sbatch",
+            [layout.classifier, images, layout.results, layout.labels],
+        )
+        jobs.append((job, user))
+    env = envs[users[0]]
+    release = [installation.find(use_daemons=False).program("scontrol"), "release", ",".join(str(j) for j, _ in jobs)]
+    done = subprocess.run(  # as root (the demo's own user): the jobs are two users'
+        release, env=dict(os.environ, SLURM_CONF=env["SLURM_CONF"]), capture_output=True, text=True, timeout=60
+    )
+    if done.returncode != 0:
+        raise DemoError(f"scontrol release of the shard jobs failed: {done.stderr.strip()}")
+    for job, _ in jobs:
+        wait_for_job(env, job, timeout)
+    return SharedRun(jobs, images)

@@ -13,6 +13,13 @@ DOUBLE_SOURCE = REPO / "tests" / "edgetpu_double" / "edgetpu_double.c"
 
 DEFAULT_BASE = "/tmp/slurm-tpu-demo"
 DEFAULT_USER = "tpudemo"
+
+
+def second_user(user: str) -> str:
+    """The other user whose shard jobs share node-shard's TPU with ``user``'s."""
+    return f"{user}2"
+
+
 MARKER = ".slurm-tpu-demo"  # in the base directory: "this directory is the demo's"
 
 
@@ -36,7 +43,14 @@ NODES: tuple[DemoNode, ...] = (
     DemoNode("node-pcie", "node-pcie.umockdev", "2 Coral PCIe Accelerators"),
     DemoNode("node-gpu", "node-gpu.umockdev", "1 NVIDIA Tesla T4"),
     DemoNode("node-plain", "node-plain.umockdev", "no accelerator (a USB mouse: detect ignores it)"),
+    DemoNode("node-shard", "node-shard.umockdev", "1 Coral USB Accelerator shared by up to 4 jobs (tpu_shard)"),
 )
+
+# node-shard's one Edge TPU is shared (families.edgetpu.shared): Slurm counts SHARES tpu_shard on
+# that node, and its TPU broker runs every shard job's inferences on the stick.
+SHARD_NODE = "node-shard"
+SHARED_STICK = "usb-1-1.2"
+SHARES = 4
 
 # LLN: the least-loaded node first, so plain jobs spread over the cluster as on the
 # seeds' Pis instead of packing the first nodes' CPUs.

@@ -17,11 +17,12 @@ from slurm_tpu.slurm import installation
 
 from ..localcluster.cluster import LocalCluster, NodeSpec, project_hooks
 from .errors import DemoError
-from .layout import NODES, PARTITION_EXTRA, REPO, Layout
+from .layout import NODES, PARTITION_EXTRA, REPO, SHARD_NODE, SHARED_STICK, SHARES, Layout
 from .preflight import classify, running_slurm_daemons
 
-FORMAT = 4  # bump when the demo's cluster layout changes: a running old one is restarted
+FORMAT = 5  # bump when the demo's cluster layout changes: a running old one is restarted
 _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
+SHARING = {"version": 2, "families": {"edgetpu": {"shared": [SHARED_STICK], "shares_per_device": SHARES}}}
 
 
 def make_cluster(layout: Layout) -> LocalCluster:
@@ -37,6 +38,13 @@ def make_cluster(layout: Layout) -> LocalCluster:
         python=sys.executable,
         partition_extra=PARTITION_EXTRA,
         accounting=True,
+        # One config for every node: only node-shard has this stick, so only it shares (and runs a broker).
+        node_config_extra=SHARING,
+        # The broker's libedgetpu: the double (built with the jobs' copy, before any shard job loads a model).
+        broker_env={
+            "SLURM_TPU_LIBEDGETPU": layout.libedgetpu,
+            "EDGETPU_DOUBLE_DEVICES": "{}:{}".format(*libedgetpu_path(SHARED_STICK, None)),
+        },
     )
 
 
@@ -50,6 +58,7 @@ def fingerprint() -> str:
                 sys.executable,
                 str(REPO),
                 list(PARTITION_EXTRA),
+                SHARING,
                 slurm,
                 [(n.name, n.hardware, n.cpus, n.real_memory_mb) for n in NODES],
             ]
@@ -75,6 +84,7 @@ def _healthy(cluster: LocalCluster) -> str | None:
     expected = {"munged", "mariadbd", "slurmdbd", "slurmctld", *(f"slurmd-{n.name}" for n in NODES)}
     # Without its emulated apex driver a node's PCIe Edge TPUs show no write_open_count: not free.
     expected |= {f"apex-{n.name}" for n in NODES if cluster.apex_cards(n.name)}
+    expected.add(f"broker-{SHARD_NODE}")
     if expected - set(pids):
         return "daemons missing: " + ", ".join(sorted(expected - set(pids)))
     try:

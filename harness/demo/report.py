@@ -9,13 +9,13 @@ import re
 import string
 from collections.abc import Sequence
 
-from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, Submitted
-from .layout import JOBS_DIR, NODES, Layout
+from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, SharedRun, Submitted
+from .layout import JOBS_DIR, NODES, SHARD_NODE, SHARES, Layout
 from .records import JobRecord, Lease, parse_audit
 from .timeline import Check, build_lanes, check_run, nice_step, render
 
 INTRO = """\
-slurm-tpu demo: a real Slurm cluster on this machine (slurmctld + 4 slurmd on 127.0.0.1)
+slurm-tpu demo: a real Slurm cluster on this machine (slurmctld + 5 slurmd on 127.0.0.1)
   The accelerators are simulated at the hardware boundary only: umockdev describes each
   node's devices, the real `slurm-tpu detect` finds them through libudev, and real device
   nodes stand in for them. There is no Edge TPU here: "TPU" inference runs through the
@@ -221,3 +221,74 @@ def serve_lines(served: Served) -> list[str]:
     stopped = [line for line in served.log.splitlines() if "devices released" in line]
     lines.append("  scancel: " + (stopped[-1].split(": ", 1)[-1] if stopped else "no clean stop in the job's log"))
     return lines
+
+
+def _max_overlap(records: Sequence[JobRecord]) -> tuple[int, list[int]]:
+    """The most jobs running at one moment by Slurm's records (whole seconds: two jobs overlap when
+    each started before the other ended), and which."""
+    best: list[int] = []
+    for record in records:
+        if record.start is None or record.end is None:
+            continue
+        at = record.start  # every overlap peaks at some job's start
+        running = [r.job_id for r in records if r.start is not None and r.end is not None and r.start <= at < r.end]
+        if len(running) > len(best):
+            best = running
+    return len(best), sorted(best)
+
+
+def shard_lines(
+    layout: Layout, run: SharedRun, records: Sequence[JobRecord], figures: dict[int, dict[str, float]]
+) -> tuple[list[str], bool]:
+    """The shard step: who ran, how many at once (Slurm's records), each job's results and its device
+    time on the one TPU (the broker's figures, from the job's AdminComment)."""
+    users = list(dict.fromkeys(user for _, user in run.jobs))
+    mine = [r for r in records if r.job_id in {job for job, _ in run.jobs}]
+    peak, together = _max_overlap(mine)
+    expected = {}
+    with open(os.path.join(layout.images, "expected.csv"), encoding="utf-8") as handle:
+        for line in handle:
+            name, _, label = line.strip().partition(",")
+            expected[name] = label
+    images = sorted(n for n in os.listdir(run.images) if n.endswith(".png"))
+    lines = [
+        f"shards: {len(run.jobs)} x classify_shard.sbatch (--gres=tpu_shard:1) of {' and '.join(users)} on "
+        f"{SHARD_NODE}'s one Edge TPU ({SHARES} shares, its TPU broker runs every job's inferences)"
+    ]
+    completed = all(r.state == "COMPLETED" and r.node == SHARD_NODE for r in mine) and len(mine) == len(run.jobs)
+    lines.append(
+        f"  {'ok  ' if peak >= 2 else 'FAIL'}  up to {peak} ran at once on the one TPU (Slurm's records): "
+        f"jobs {', '.join(map(str, together))}"
+    )
+    correct = []
+    for job, _ in run.jobs:
+        try:
+            with open(os.path.join(layout.results, f"shard-{job}.csv"), encoding="utf-8") as handle:
+                rows = [line.split(",") for line in handle.read().splitlines()[1:]]
+        except FileNotFoundError:
+            rows = []
+        correct.append(
+            sorted(os.path.basename(r[0]) for r in rows) == images
+            and all(r[1] == expected.get(os.path.basename(r[0])) for r in rows)
+        )
+    lines.append(
+        f"  {'ok  ' if completed and all(correct) else 'FAIL'}  each job classified the {len(images)} images "
+        f"as expected ({layout.results}/shard-<job>.csv)"
+    )
+    lines.append(
+        "  job        user        on TPU  inferences  queue wait  swaps   (the broker's figures, AdminComment)"
+    )
+    for job, user in run.jobs:
+        f = figures.get(job, {})
+        busy, waited = f.get("shard_busy_ms"), f.get("shard_queue_wait_ms")
+        lines.append(
+            f"  {job:<10} {user:<11} "
+            + (
+                f"{busy / 1000:6.3f}s  {int(f.get('shard_inferences', 0)):>10}  {waited / 1000:9.3f}s  "
+                f"{int(f.get('shard_model_swaps', 0)):>5}"
+                if busy is not None and waited is not None
+                else "(no figures)"
+            )
+        )
+    figured = len(figures) == len(run.jobs) and all(f.get("shard_busy_ms", 0) > 0 for f in figures.values())
+    return lines, completed and all(correct) and peak >= 2 and figured

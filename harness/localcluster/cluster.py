@@ -695,10 +695,16 @@ class LocalCluster:
     # ---- the TPU broker (slurm_tpu/broker/) ---------------------------------------
 
     def shares_devices(self, node: str) -> bool:
-        """Whether the node's config shares Edge TPUs (families.edgetpu.shared): then it runs a broker."""
+        """Whether the node has an Edge TPU its config shares (families.edgetpu.shared): then it runs a
+        broker. One config may name every node's shared devices: a node without them runs none."""
         from slurm_tpu.config import load_config
+        from slurm_tpu.families import inventory_from_json
+        from slurm_tpu.render.gres_conf import shared_devices
 
-        return bool(load_config(self.node_config(node)).family("edgetpu").shared)
+        with open(os.path.join(self.node_dir(node), "inventory.json"), encoding="utf-8") as handle:
+            inventory = inventory_from_json(json.load(handle))
+        shared = shared_devices(inventory, load_config(self.node_config(node)))
+        return any(item.accelerator.kind == "edgetpu" for item in shared)
 
     def broker_socket(self, node: str) -> str:
         """The node's broker's control socket (protocol/broker_wire.py)."""
