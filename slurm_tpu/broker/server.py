@@ -287,6 +287,9 @@ class Broker:
         self._stop = threading.Event()
         self._control: socket.socket | None = None
         self._saved: dict[int, dict] = {}
+        # Serializes stats/<job> writes: the periodic writer never rewrites a job's file after close_job
+        # wrote its last one (the Epilog removes that file once it has the figures).
+        self._stats_lock = threading.Lock()
 
     # ---- life ----
 
@@ -363,7 +366,9 @@ class Broker:
         self.pool.drop_models(self.registry.release_job(job))
         answer = figures.as_dict()
         if entry is not None:
-            self.state.write_stats(job, answer)
+            with self._stats_lock:
+                self._saved.pop(job, None)
+                self.state.write_stats(job, answer)
         return answer
 
     def stats(self) -> dict:
@@ -454,19 +459,20 @@ class Broker:
             self._write_all_stats()
 
     def _write_all_stats(self) -> None:
-        with self._jobs_lock:
-            open_jobs = set(self.jobs)
-        for job, figures in self.pool.all_figures().items():
-            if job not in open_jobs:
-                continue
-            data = figures.as_dict()
-            if self._saved.get(job) == data:
-                continue
-            try:
-                self.state.write_stats(job, data)
-                self._saved[job] = data
-            except (OSError, SlurmTpuError) as exc:
-                _log.warning("broker: cannot write figures of job %s: %s", job, exc)
+        with self._stats_lock:
+            for job, figures in self.pool.all_figures().items():
+                with self._jobs_lock:
+                    if job not in self.jobs:  # closed: close_job wrote its last figures
+                        self._saved.pop(job, None)
+                        continue
+                data = figures.as_dict()
+                if self._saved.get(job) == data:
+                    continue
+                try:
+                    self.state.write_stats(job, data)
+                    self._saved[job] = data
+                except (OSError, SlurmTpuError) as exc:
+                    _log.warning("broker: cannot write figures of job %s: %s", job, exc)
 
 
 def control_request(state_dir: str, header: dict, timeout: float = 2.0) -> dict:

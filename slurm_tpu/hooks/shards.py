@@ -206,10 +206,14 @@ def open_job(ledger: Ledger, job_id: int, uid: int, gid: int, shares: int) -> st
     """The Prolog's part: the grant, then the broker's ``open``. None when the broker opened the job's
     endpoint; else the one line for slurmd's log (the job still starts; the node serves on).
     OSError or StateDirError: the grant could not be written (a broken state filesystem)."""
+    from ..protocol.audit import BROKER_UNAVAILABLE
+
     write_grant(ledger, job_id, uid, gid, shares)
     try:
         ask(ledger.state_dir, {"op": "open", "job": job_id})
     except BrokerUnavailable as exc:
+        # slurmd drops a successful Prolog's output (debug2): the audit log keeps the node's trail of it.
+        ledger.audit(BROKER_UNAVAILABLE, job_id=job_id, uid=uid, reason=f"open: {exc}")
         return (
             f"job {job_id}: its {shares} TPU share(s) are granted, but the node's TPU broker did not open its "
             f"endpoint ({exc}); the job runs, its clients cannot reach the broker until it runs: "
@@ -222,14 +226,20 @@ def close_job(ledger: Ledger, job_id: int) -> tuple[dict[str, float] | None, str
     """The Epilog's part: the broker's ``close`` (its figures of the job), else the job's last stats file;
     then the grant goes. (figures or None, the line for slurmd's log or None)."""
     from ..protocol import FormatError
+    from ..protocol.audit import BROKER_UNAVAILABLE
 
     figures, notice = None, None
     try:
         answer = ask(ledger.state_dir, {"op": "close", "job": job_id})
         figures = figures_of(answer.get("stats"), f"the broker's close answer for job {job_id}")
+        # The broker leaves its final figures in stats/<job> too (for an Epilog whose answer was lost);
+        # taken from the answer, the file has served: it goes with the job.
+        remove_stats(ledger, job_id)
     except (BrokerUnavailable, FormatError) as exc:
         figures = read_stats(ledger, job_id)
         remove_stats(ledger, job_id)
+        grant = read_grant(ledger, job_id)
+        ledger.audit(BROKER_UNAVAILABLE, job_id=job_id, uid=grant[1] if grant else None, reason=f"close: {exc}")
         taken = "its last figures the broker wrote" if figures is not None else "no figures"
         notice = (
             f"job {job_id}: the node's TPU broker did not close its endpoint ({exc}); accounted with {taken}: "

@@ -41,11 +41,25 @@ SCAN_INCOMPLETE = "scan-incomplete"  # identity, job_id, scanned, total, unverif
 SURVIVOR = "survivor"  # identity, job_id, pids/how or writers: a process kept the device open
 REENUMERATE = "reenumerate"  # identity[, job_id, uid], nodes, changed: a device got new nodes (udev)
 REMOVE = "remove"  # identity: a device disappeared (udev)
+# job_id, uid, reason: the node's TPU broker did not open (prolog) or close (epilog) the job's endpoint. The
+# prolog's stderr reaches slurmd's log only when it fails (22.05 logs a successful one's at debug2): this is
+# the node's trail of a job that started with its shares unusable.
+BROKER_UNAVAILABLE = "broker-unavailable"
 # The job lost the device at the first CLOSING event; the device is free again at a FREEING one
 # (a revoked USB stick stays leased until udev sees it back and releases it).
 FREEING = (RELEASE, RECLAIM, CLEAR, ROLLBACK)
 CLOSING = (REVOKE, *FREEING)
-_OTHERS = (USAGE, USAGE_UNAVAILABLE, USAGE_REJECTED, REVOKE_FAILED, SCAN_INCOMPLETE, SURVIVOR, REENUMERATE, REMOVE)
+_OTHERS = (
+    USAGE,
+    USAGE_UNAVAILABLE,
+    USAGE_REJECTED,
+    REVOKE_FAILED,
+    SCAN_INCOMPLETE,
+    SURVIVOR,
+    REENUMERATE,
+    REMOVE,
+    BROKER_UNAVAILABLE,
+)
 EVENTS = frozenset((ACQUIRE, *CLOSING, *_OTHERS))
 
 

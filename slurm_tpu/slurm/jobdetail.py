@@ -85,8 +85,8 @@ def _expand_one(text: str) -> list[str]:
 
 
 def parse_gres_detail(text: str) -> list[GresAlloc]:
-    """``tpu:edgetpu_usb:1(IDX:0),gpu:1(IDX:0-1)`` -> [GresAlloc...] (a count-only item, without
-    ``(IDX:...)``, has no indices); ValueError on anything else."""
+    """``tpu:edgetpu_usb:1(IDX:0),gpu:1(IDX:0-1),tpu_shard(CNT:2)`` -> [GresAlloc...] (a count-only
+    item, without ``(IDX:...)`` or with ``(CNT:n)``, has no indices); ValueError on anything else."""
     items = []
     for token in _split_top_level(text, "(", ")"):
         head, paren, tail = token.partition("(")
@@ -97,6 +97,12 @@ def parse_gres_detail(text: str) -> list[GresAlloc]:
         count_text = rest.pop() if len(rest) == 2 or (rest and rest[0].isdigit()) else None
         kind = rest[0] if rest else None
         indices: tuple[int, ...] = ()
+        if paren and tail.startswith("CNT:") and tail.endswith(")"):
+            # A GRES with no device files (a counted one such as tpu_shard): Slurm writes its count,
+            # ``tpu_shard(CNT:2)``, where a GRES with files has indices.
+            if count_text is not None or not tail[4:-1].isdigit():
+                raise ValueError(f"cannot parse GRES item '{token}'")
+            count_text, paren = tail[4:-1], ""
         if paren:
             if not tail.startswith("IDX:") or not tail.endswith(")"):
                 raise ValueError(f"cannot parse GRES item '{token}'")

@@ -58,6 +58,14 @@ def test_gres_detail_items():
     assert parse_gres_detail("") == []
     with pytest.raises(ValueError):
         parse_gres_detail("tpu:1(IDX:x)")
+    # A GRES without device files (tpu_shard), as Slurm 22.05's `scontrol show job -d` writes it.
+    assert parse_gres_detail("tpu:edgetpu_pci:1(IDX:0),tpu_shard(CNT:3)") == [
+        GresAlloc("tpu", "edgetpu_pci", 1, (0,)),
+        GresAlloc("tpu_shard", None, 3, ()),
+    ]
+    for bad in ("tpu_shard(CNT:x)", "tpu_shard:2(CNT:2)", "tpu_shard(CNT:)"):
+        with pytest.raises(ValueError):
+            parse_gres_detail(bad)
 
 
 # Captured from `scontrol show job -d 1` (Slurm 22.05.8) for a job submitted with

@@ -92,6 +92,10 @@ def test_prolog_with_the_broker_down_grants_announces_and_starts_the_job(node):
     assert all(line.startswith(envfile.PRINTED) for line in lines if line.startswith("export SLURM_TPU_B"))
     [line] = [line for line in said if "broker" in line]
     assert "job 41" in line and "systemctl restart slurm-tpu-broker" in line and "nothing listens" in line
+    # slurmd logs a successful Prolog's output only at debug2: the audit log is the node's trail of it.
+    records = [json.loads(r) for r in (state / "audit.log").read_text().splitlines()]
+    [record] = [r for r in records if r["event"] == "broker-unavailable"]
+    assert (record["job_id"], record["uid"]) == (41, 1234) and record["reason"].startswith("open: nothing listens")
 
 
 def test_prolog_of_a_job_without_shares_on_a_sharing_node_does_nothing(node, monkeypatch):
@@ -166,9 +170,14 @@ def test_prolog_and_epilog_ask_the_broker_and_take_its_figures(node):
     try:
         assert run(prolog, env) == 0
         assert not said
+        # The broker leaves its final figures in stats/<job> at close too; the answer's figures are taken.
+        stats = state / "broker" / "stats"
+        stats.mkdir(mode=0o700)
+        (stats / "41").write_text(json.dumps(figures))
         assert run(epilog, env) == 0
     finally:
         broker.close()
+    assert not (stats / "41").exists()  # gone with the job
     assert broker.requests == [{"op": "open", "job": 41}, {"op": "close", "job": 41}]
     entry = decode_spool((spool / "41").read_bytes(), "spool")
     assert entry.shards is not None and entry.shards["shard_inferences"] == 5 and entry.shards["shard_busy_ms"] == 10.0
