@@ -127,7 +127,7 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     provision.ensure_user(user)
     provision.ensure_user(second_user(user))
     cluster, reused = lifecycle.ensure_cluster(layout, _say)
-    books.prepare(cluster, user)
+    books.prepare(cluster, user, [second_user(user)])
     how = "reused the running cluster" if reused else "detected, configured and started"
     _say(f"[1/4] cluster in {layout.base}: {how} ({time.monotonic() - began:.1f} s)")
     for line in report.cluster_lines(layout):

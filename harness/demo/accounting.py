@@ -15,6 +15,7 @@ from __future__ import annotations
 import datetime
 import os
 import time
+from collections.abc import Sequence
 
 from slurm_tpu.slurm.parse import parse_key_values
 
@@ -49,9 +50,10 @@ def collect(cluster: LocalCluster, node: str):
     return collect_spool(cluster.accounting_spool(node), Slurm(cluster.slurm, cluster.env()), window=WINDOW_S)
 
 
-def prepare(cluster: LocalCluster, user: str) -> None:
-    """The user's association and QOS, and every node's spool (a collector's first run makes it)."""
-    cluster.add_accounting_users([user], account=ACCOUNT)
+def prepare(cluster: LocalCluster, user: str, others: Sequence[str] = ()) -> None:
+    """The users' associations, ``user``'s QOS, and every node's spool (a collector's first run makes
+    it). ``others``: users who submit too (the shard step's second user), with no QOS of their own."""
+    cluster.add_accounting_users([user, *others], account=ACCOUNT)
     if not cluster.sacctmgr("-n", "-P", "show", "qos", QOS, "format=name").stdout.strip():
         cluster.sacctmgr("add", "qos", QOS, CAP)
     cluster.sacctmgr("modify", "user", user, "set", f"qos+={QOS}", check=False)  # 1: already allowed
@@ -112,8 +114,9 @@ def _hour(stamp: str) -> datetime.datetime | None:
         return None
 
 
-def tpu_hours(cluster: LocalCluster, since: float) -> dict[str, float]:
-    """sreport's TPU-seconds per user since ``since`` (whole hours: sreport counts per hour).
+def tpu_hours(cluster: LocalCluster, since: float, tres: str = "gres/tpu") -> dict[str, float]:
+    """sreport's TRES-seconds (TPU-seconds for ``gres/tpu``, share-seconds for ``gres/tpu_shard``) per
+    user since ``since`` (whole hours: sreport counts per hour).
 
     One sreport per hour: Debian's sreport (22.05) ends a period that reaches past
     now at the current hour's start unless it is exactly one hour long.
@@ -132,7 +135,7 @@ def tpu_hours(cluster: LocalCluster, since: float) -> dict[str, float]:
                 "-t",
                 "seconds",
                 "-T",
-                "gres/tpu",
+                tres,
                 "cluster",
                 "UserUtilizationByAccount",
                 f"start={hour.isoformat()}",
@@ -154,6 +157,10 @@ def books_lines(cluster: LocalCluster, layout: Layout, since: float, sample_job:
     lines = ["Slurm's books (slurmdbd + MariaDB): TPU-hours per user, from sreport -T gres/tpu"]
     for user, seconds in sorted(used.items()):
         lines.append(f"  {user}: {seconds / 3600:.4f} TPU-hours ({seconds:.0f} TPU-seconds)")
+    shares = tpu_hours(cluster, since, "gres/tpu_shard")
+    lines.append("  and share-hours of the shared TPU, from sreport -T gres/tpu_shard")
+    for user, seconds in sorted(shares.items()):
+        lines.append(f"  {user}: {seconds / 3600:.4f} share-hours ({seconds:.0f} share-seconds)")
     if sample_job is not None:
         out = cluster.command(["sacct", "-n", "-P", "-X", "-j", str(sample_job), "-o", "AdminComment"]).stdout
         lines.append(f"  job {sample_job} AdminComment: {out.strip() or '(none)'}")

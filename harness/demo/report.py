@@ -10,7 +10,7 @@ import string
 from collections.abc import Sequence
 
 from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, SharedRun, Submitted
-from .layout import JOBS_DIR, NODES, SHARD_NODE, SHARES, Layout
+from .layout import JOBS_DIR, NODES, SHARD_NODE, SHARED_STICK, SHARES, Layout
 from .records import JobRecord, Lease, parse_audit
 from .timeline import Check, build_lanes, check_run, nice_step, render
 
@@ -25,12 +25,17 @@ _DONE = re.compile(r"done: (\d+)/(\d+) inputs .*?, ([\d.]+)/s")
 
 
 def node_devices(layout: Layout) -> dict[str, list[str]]:
-    """Node -> its Edge TPU identities (from the inventory detect produced for it)."""
+    """Node -> its whole Edge TPUs' identities (from the inventory detect produced for it): a shared
+    one is never leased, so it has no lane and counts for no ``tpu`` job."""
     result = {}
     for node in NODES:
         with open(os.path.join(layout.node_dir(node.name), "inventory.json"), encoding="utf-8") as handle:
             accelerators = json.load(handle)["accelerators"]
-        result[node.name] = [a["identity"] for a in accelerators if a["kind"] == "edgetpu"]
+        result[node.name] = [
+            a["identity"]
+            for a in accelerators
+            if a["kind"] == "edgetpu" and (node.name, a["identity"]) != (SHARD_NODE, SHARED_STICK)
+        ]
     return result
 
 
@@ -252,8 +257,8 @@ def shard_lines(
             expected[name] = label
     images = sorted(n for n in os.listdir(run.images) if n.endswith(".png"))
     lines = [
-        f"shards: {len(run.jobs)} x classify_shard.sbatch (--gres=tpu_shard:1) of {' and '.join(users)} on "
-        f"{SHARD_NODE}'s one Edge TPU ({SHARES} shares, its TPU broker runs every job's inferences)"
+        f"shards: {len(run.jobs)} x classify_shard.sbatch (--gres=tpu_shard:1) of {' and '.join(users)},",
+        f"  on {SHARD_NODE}'s one Edge TPU ({SHARES} shares): its TPU broker runs every job's inferences",
     ]
     completed = all(r.state == "COMPLETED" and r.node == SHARD_NODE for r in mine) and len(mine) == len(run.jobs)
     lines.append(
@@ -284,7 +289,7 @@ def shard_lines(
         lines.append(
             f"  {job:<10} {user:<11} "
             + (
-                f"{busy / 1000:6.3f}s  {int(f.get('shard_inferences', 0)):>10}  {waited / 1000:9.3f}s  "
+                f"{busy:6.1f} ms  {int(f.get('shard_inferences', 0)):>10}  {waited:7.1f} ms  "
                 f"{int(f.get('shard_model_swaps', 0)):>5}"
                 if busy is not None and waited is not None
                 else "(no figures)"

@@ -33,7 +33,8 @@ REPO = Path(__file__).resolve().parents[2]
 USER = "stpu_demo"
 IMAGES = 300
 TPUS = {"node-usb": 1, "node-pcie": 2}
-NODES = ("node-usb", "node-pcie", "node-gpu", "node-plain")
+NODES = ("node-usb", "node-pcie", "node-gpu", "node-plain", "node-shard")
+SHARD_NODE, SHARED_STICK = "node-shard", "usb-1-1.2"
 
 
 def run_demo(*args: str, timeout: float = 420) -> subprocess.CompletedProcess:
@@ -146,9 +147,9 @@ def test_demo_runs_to_completion_quickly_with_short_output(demo):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == ""
     lines = done.stdout.replace(layout.base, "/tmp/slurm-tpu-demo").splitlines()
-    # 60 before the unmodified-Coral step's line, 5 more for Slurm's books; the timeline's length varies by a
-    # line with where jobs ran.
-    assert len(lines) <= 67 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
+    # 61 before the unmodified-Coral step's line, 11 for the shard step, 7 more for Slurm's books; the
+    # timeline's length varies by a line with where jobs ran.
+    assert len(lines) <= 82 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
     assert "test-double libedgetpu" in done.stdout  # it says plainly that there is no real TPU
     assert done.seconds < 120, f"demo took {done.seconds:.0f} s"
 
@@ -268,6 +269,37 @@ def test_batch_array_classified_every_image_once_with_the_known_answer(demo):
     names = [os.path.basename(r["input"]) for r in rows]
     assert len(names) == IMAGES and len(set(names)) == IMAGES
     assert all(r["classes"][0]["label"] == expected_label(layout, r["input"]) for r in rows)
+
+
+def test_shard_jobs_of_two_users_shared_the_one_tpu_with_their_device_time_in_the_books(demo):
+    """Six classify_shard.sbatch jobs (--gres=tpu_shard:1) of two users on node-shard, whose one stick
+    has 4 shares: from Slurm's records, several ran at once and never more than the shares; each
+    classified every image right through the broker; each job's AdminComment holds the broker's
+    figures (device time, one inference per image); the stick was never leased and is root's."""
+    done, layout = demo
+    jobs = [r for r in jobcomp(layout) if r["Name"] == "shard"]
+    assert len(jobs) == 6 and {(r["JobState"], r["NodeList"]) for r in jobs} == {("COMPLETED", SHARD_NODE)}
+    assert {r["UserId"].split("(")[0] for r in jobs} == {USER, f"{USER}2"}
+    spans = [(epoch(r["StartTime"]), epoch(r["EndTime"])) for r in jobs]
+    assert 2 <= peak(spans) <= 4
+    images = sorted(os.listdir(os.path.join(layout.models, "shard-images")))
+    env = dict(os.environ, SLURM_CONF=layout.slurm_conf)
+    for record in jobs:
+        job = record["JobId"]
+        rows = read(os.path.join(layout.results, f"shard-{job}.csv")).splitlines()[1:]
+        assert sorted(os.path.basename(row.split(",")[0]) for row in rows) == images
+        assert all(row.split(",")[1] == expected_label(layout, row.split(",")[0]) for row in rows)
+        comment = subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-j", job, "-o", "AdminComment"], capture_output=True, text=True, env=env
+        ).stdout.strip()
+        fields = dict(pair.split("=") for pair in comment.split(f"slurm-tpu/{SHARD_NODE}:")[1].split(";")[0].split(","))
+        assert int(fields["shards"]) == 1 and int(fields["shard_inferences"]) == len(images)
+        assert float(fields["shard_busy_ms"]) > 0
+    assert [e for e in audit(layout, SHARD_NODE) if e["event"] == "acquire"] == []
+    info = os.stat(inventory(layout, SHARD_NODE)[SHARED_STICK][0])
+    assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o600)
+    at = done.stdout.index("shards: 6 x classify_shard.sbatch")
+    assert "ok    up to " in done.stdout[at:] and "ok    each job classified the 60 images" in done.stdout[at:]
 
 
 def test_devices_are_idle_again_and_nobody_holds_a_lease(demo):
