@@ -278,10 +278,10 @@ def shard_lines(
         )
     lines.append(
         f"  {'ok  ' if completed and all(correct) else 'FAIL'}  each job classified the {len(images)} images "
-        f"as expected ({layout.results}/shard-<job>.csv)"
+        "as expected (results/shard-<job>.csv)"
     )
     lines.append(
-        "  job        user        on TPU  inferences  queue wait  swaps   (the broker's figures, AdminComment)"
+        "  job        user         on TPU  inferences  queue wait  swaps  (the broker's, in AdminComment)"
     )
     for job, user in run.jobs:
         f = figures.get(job, {})
