@@ -51,4 +51,3 @@ def custom_options(compiled: bytes) -> bytes:
         if code.CustomCode() == b"edgetpu-custom-op":
             return operator.CustomOptionsAsNumpy().tobytes()
     raise ValueError("no edgetpu-custom-op in the model")
-

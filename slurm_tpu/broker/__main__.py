@@ -3,8 +3,9 @@
 Its devices are the node's shared Edge TPUs, read as the node agent reads its settings (the
 hook snapshot: ``HookSettings.shards`` names them, the known devices give their nodes), or
 given with ``--device IDENTITY=usb:PATH|pci:PATH`` (tests, the benchmark). With none, one line
-and exit status 2. ``--twin`` (or ``SLURM_TPU_BROKER_TWIN=1``): the test mode in which an Edge TPU
-executable forwarded by a job's libedgetpu runs as its CPU twin (executor.py); never on a real node. SIGTERM (or SIGINT) removes the control socket and the pid file and exits 0.
+and exit status 2. SIGTERM (or SIGINT) removes the control socket and the pid file and exits 0.
+``--twin`` (or ``SLURM_TPU_BROKER_TWIN=1``): the test mode in which an Edge TPU executable
+forwarded by a job's libedgetpu runs as its CPU twin (executor.py); never on a real node.
 """
 
 from __future__ import annotations

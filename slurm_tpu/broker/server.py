@@ -27,8 +27,8 @@ from ..access import statedir
 from ..access.processes import pid_in_job
 from ..errors import SlurmTpuError
 from ..protocol import FormatError, broker_wire as wire
-from .executor import DevicePool, JobFigures, SharedDevice, Work
 from . import oneop
+from .executor import DevicePool, JobFigures, SharedDevice, Work
 from .models import LimitError, ModelRegistry, spec_json
 from .peers import job_peer_refusal, peer_credentials
 from .state import BrokerState

@@ -64,9 +64,7 @@ def library_lines(error: str) -> list[str]:
 
 
 @pytest.mark.parametrize("name", ["classifier", "detector"])
-def test_unmodified_code_on_a_shard_gets_the_cpu_models_answers(
-    twin_broker, cgroups, users, models, library, name
-):
+def test_unmodified_code_on_a_shard_gets_the_cpu_models_answers(twin_broker, cgroups, users, models, library, name):
     uid = users[USERS[0]]
     endpoint = twin_broker.open(21, uid=uid, gid=uid, shares=2)
     result = coral(cgroups, 21, library, models[f"{name}_twin_edgetpu"], models[name], f"broker:{endpoint}")
@@ -195,4 +193,3 @@ def test_the_double_lists_no_device_for_a_broker_entry(double, tmp_path):
         done = subprocess.run([sys.executable, "-c", code, str(double)], env=env, capture_output=True, text=True)
         assert done.returncode == 0, done.stderr
         assert json.loads(done.stdout) == expected
-

@@ -20,10 +20,15 @@ from slurm_tpu.runner.modelinfo import TensorSpec
 
 
 def specs_of(details) -> list[TensorSpec]:
-    return [TensorSpec(d["name"], tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]), *d["quantization"]) for d in details]
+    return [
+        TensorSpec(d["name"], tuple(int(x) for x in d["shape"]), np.dtype(d["dtype"]), *d["quantization"])
+        for d in details
+    ]
 
 
-@pytest.mark.parametrize("build", [classifier.build_classifier, detector.build_detector], ids=["classifier", "detector"])
+@pytest.mark.parametrize(
+    "build", [classifier.build_classifier, detector.build_detector], ids=["classifier", "detector"]
+)
 def test_the_one_op_model_parses_in_tflite_with_the_declared_tensors(build):
     from ai_edge_litert.interpreter import Interpreter
 
@@ -32,7 +37,10 @@ def test_the_one_op_model_parses_in_tflite_with_the_declared_tensors(build):
     executable = bytes(range(256)) * 40
     model = oneop.build(executable, inputs, outputs)
     built = Interpreter(model_content=model)
-    for got, want in ((built.get_input_details(), cpu.get_input_details()), (built.get_output_details(), cpu.get_output_details())):
+    for got, want in (
+        (built.get_input_details(), cpu.get_input_details()),
+        (built.get_output_details(), cpu.get_output_details()),
+    ):
         assert [(d["name"], list(d["shape"]), d["dtype"], d["quantization"]) for d in got] == [
             (d["name"], list(d["shape"]), d["dtype"], d["quantization"]) for d in want
         ]
