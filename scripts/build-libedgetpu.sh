@@ -2,9 +2,11 @@
 # Build the REAL Coral Edge TPU runtime (libedgetpu.so.1) from the source bundle in
 # ../shared/libedgetpu (or $SLURM_TPU_LIBEDGETPU_SRC), once per bundle: the result is cached
 # under /var/cache/slurm-tpu/libedgetpu/<hash of the bundle, its build.sh, this script and our
-# patch>/, so a re-run costs one hash. Our one source patch, libedgetpu-visible-devices.patch
-# (EDGETPU_VISIBLE_DEVICES: a job's code sees only the job's Edge TPUs), is added to the
-# bundle's own patches before build.sh runs, so build.sh applies it with the others. The tests that are about what libedgetpu itself does (enumeration, error
+# patches>/, so a re-run costs one hash. Our two source patches, one concern each, are added to
+# the bundle's own patches before build.sh runs, so build.sh applies them with the others, in
+# this order: libedgetpu-visible-devices.patch (EDGETPU_VISIBLE_DEVICES: a job's code sees only
+# the job's Edge TPUs), then libedgetpu-broker.patch (a "broker:<endpoint>" entry there: the
+# delegate forwards each Edge TPU op to the node's TPU broker, a job's TPU shard). The tests that are about what libedgetpu itself does (enumeration, error
 # paths, version) find it through the link build/libedgetpu/libedgetpu.so.1; without it
 # they skip with that reason. Called by scripts/setup.sh, which installs the library's
 # runtime packages; needs root on a fresh machine (build.sh apt-installs its build
@@ -19,7 +21,7 @@ cd "$(dirname "$SELF")/.."
 SRC_DIR=${SLURM_TPU_LIBEDGETPU_SRC:-../shared/libedgetpu}
 CACHE_ROOT=${SLURM_TPU_LIBEDGETPU_CACHE:-/var/cache/slurm-tpu/libedgetpu}
 LINK=build/libedgetpu/libedgetpu.so.1
-PATCH=$PWD/scripts/libedgetpu-visible-devices.patch
+PATCHES=("$PWD/scripts/libedgetpu-visible-devices.patch" "$PWD/scripts/libedgetpu-broker.patch")
 
 bundle=$SRC_DIR/libedgetpu-src-bundle.tar.xz
 if [ ! -f "$bundle" ] || [ ! -f "$SRC_DIR/build.sh" ]; then
@@ -29,9 +31,9 @@ if [ ! -f "$bundle" ] || [ ! -f "$SRC_DIR/build.sh" ]; then
     exit 0
 fi
 
-# The key covers the sources and the recipe: a new bundle, build.sh, this script or our patch
-# builds again.
-key=$(cat "$bundle" "$SRC_DIR/build.sh" "$SELF" "$PATCH" | sha256sum | cut -c1-16)
+# The key covers the sources and the recipe: a new bundle, build.sh, this script or one of our
+# patches builds again.
+key=$(cat "$bundle" "$SRC_DIR/build.sh" "$SELF" "${PATCHES[@]}" | sha256sum | cut -c1-16)
 cached=$CACHE_ROOT/$key/libedgetpu.so.1
 mkdir -p "$CACHE_ROOT"
 chmod 0755 "$CACHE_ROOT" "$(dirname "$CACHE_ROOT")"
@@ -48,11 +50,15 @@ if [ ! -f "$cached" ]; then
     rm -rf "$work"
     started=$(date +%s)
     # build.sh applies every patches/*.patch of the bundle in name order (after checking
-    # SHA256SUMS, which lists only the bundle's own files): ours joins them last, in a copy
-    # of the bundle (shared/ is read-only).
+    # SHA256SUMS, which lists only the bundle's own files): ours join them last, in our order
+    # (9000-, 9001-), in a copy of the bundle (shared/ is read-only).
     mkdir -p "$work/bundle"
     tar -xJf "$bundle" -C "$work/bundle"
-    cp "$PATCH" "$work/bundle/libedgetpu-src-bundle/patches/9000-slurm-tpu-$(basename "$PATCH")"
+    number=9000
+    for patch in "${PATCHES[@]}"; do
+        cp "$patch" "$work/bundle/libedgetpu-src-bundle/patches/$number-slurm-tpu-$(basename "$patch")"
+        number=$((number + 1))
+    done
     tar -C "$work/bundle" -cf - libedgetpu-src-bundle | xz -1 -T2 >"$work/bundle.tar.xz"
     rm -rf "$work/bundle"
     # build.sh wants a writable place for its scratch tree and output.

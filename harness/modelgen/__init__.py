@@ -6,6 +6,9 @@
   of nine image regions (see :mod:`.classifier`);
 - ``classifier_segment_{0,1}_of_2.tflite``: the same model split for a 2-TPU pipeline;
 - ``classifier_edgetpu.tflite``: the same shape with an ``edgetpu-custom-op`` body;
+- ``classifier_twin_edgetpu.tflite``, ``detector_twin_edgetpu.tflite``: the classifier and the
+  detector "compiled" as one ``edgetpu-custom-op`` whose executable is the CPU model's own bytes
+  (its CPU twin, see :mod:`.twin`): what unmodified code runs on a TPU shard in the tests;
 - ``mobilenet_v1_224_quant.tflite`` + ``mobilenet_labels.txt``: MobileNet-v1-shaped uint8;
 - ``detector.tflite`` + ``detector_labels.txt``: SSD-style, ending in
   ``TFLite_Detection_PostProcess``; finds red/green/blue objects (see :mod:`.detector`);
@@ -21,9 +24,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import classifier, detector, images, mobilenet, segmenter
+from . import classifier, detector, images, mobilenet, segmenter, twin
 
-__all__ = ["write_models", "classifier", "detector", "mobilenet", "segmenter", "images"]
+__all__ = ["write_models", "classifier", "detector", "mobilenet", "segmenter", "images", "twin"]
 
 
 def write_models(out: Path, image_count: int = 18, mobilenet_width: float = 1.0) -> dict[str, Path]:
@@ -34,6 +37,8 @@ def write_models(out: Path, image_count: int = 18, mobilenet_width: float = 1.0)
         "classifier": out / "classifier.tflite",
         "classifier_labels": out / "classifier_labels.txt",
         "classifier_edgetpu": out / "classifier_edgetpu.tflite",
+        "classifier_twin_edgetpu": out / "classifier_twin_edgetpu.tflite",
+        "detector_twin_edgetpu": out / "detector_twin_edgetpu.tflite",
         "mobilenet": out / "mobilenet_v1_224_quant.tflite",
         "mobilenet_labels": out / "mobilenet_labels.txt",
         "images": out / "images",
@@ -54,6 +59,12 @@ def write_models(out: Path, image_count: int = 18, mobilenet_width: float = 1.0)
     paths["mobilenet"].write_bytes(mobilenet.build_mobilenet(mobilenet_width))
     paths["mobilenet_labels"].write_text("\n".join(mobilenet.labels()) + "\n")
     paths["detector"].write_bytes(detector.build_detector())
+    paths["classifier_twin_edgetpu"].write_bytes(
+        twin.twin_edgetpu_model(paths["classifier"].read_bytes(), "slurm-tpu classifier (its CPU twin as Edge TPU op)")
+    )
+    paths["detector_twin_edgetpu"].write_bytes(
+        twin.twin_edgetpu_model(paths["detector"].read_bytes(), "slurm-tpu detector (its CPU twin as Edge TPU op)")
+    )
     paths["detector_labels"].write_text(detector.label_lines())
     paths["segmenter"].write_bytes(segmenter.build_segmenter())
     paths["segmenter_argmax"].write_bytes(segmenter.build_segmenter(argmax=True))

@@ -4,6 +4,8 @@ Its devices are the node's shared Edge TPUs, read as the node agent reads its se
 hook snapshot: ``HookSettings.shards`` names them, the known devices give their nodes), or
 given with ``--device IDENTITY=usb:PATH|pci:PATH`` (tests, the benchmark). With none, one line
 and exit status 2. SIGTERM (or SIGINT) removes the control socket and the pid file and exits 0.
+``--twin`` (or ``SLURM_TPU_BROKER_TWIN=1``): the test mode in which an Edge TPU executable
+forwarded by a job's libedgetpu runs as its CPU twin (executor.py); never on a real node.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from ..errors import SlurmTpuError
 from ..protocol.jobenv import libedgetpu_path
 from .executor import SharedDevice
 from .server import Broker, Limits
+
+TWIN_ENV = "SLURM_TPU_BROKER_TWIN"
 
 
 def parse_device(text: str) -> SharedDevice:
@@ -61,6 +65,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runtime", help="litert or tflite-runtime (default: the first importable)")
     parser.add_argument("--libedgetpu", help="libedgetpu.so.1 to use (default: $SLURM_TPU_LIBEDGETPU or the system's)")
     parser.add_argument("--in-flight", type=int, default=Limits.in_flight, help="requests in flight per job")
+    parser.add_argument(
+        "--twin",
+        action="store_true",
+        default=os.environ.get(TWIN_ENV) == "1",
+        help=f"tests only: run forwarded Edge TPU executables as their CPU twins (also {TWIN_ENV}=1)",
+    )
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     try:
@@ -83,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             threads=max(1, args.threads),
             libedgetpu=args.libedgetpu,
             limits=Limits(in_flight=max(1, args.in_flight)),
+            twin=args.twin,
         )
         stopped = threading.Event()
 
@@ -96,6 +107,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-tpu broker: {exc}", file=sys.stderr)
         return 1
     names = ", ".join(d.identity for d in devices)
+    if args.twin:
+        logging.getLogger("slurm_tpu.broker").warning(
+            "broker: twin mode (tests): forwarded Edge TPU executables run as their CPU twins"
+        )
     logging.getLogger("slurm_tpu.broker").info("broker: serving %s on %s (pid %s)", names, state_dir, os.getpid())
     while not stopped.wait(3600):
         pass

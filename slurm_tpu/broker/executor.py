@@ -9,6 +9,15 @@ the model a device holds, and swaps are counted per device and per job.
 
 The model bytes reach the interpreter through a private file (a root 0700 temp directory,
 unlinked once the interpreter has it): the broker never opens a path a user names.
+
+An Edge TPU executable a job's libedgetpu forwarded (``load`` of kind ``executable``) runs as its
+one-op model (oneop.py) through the device's delegate, like any model. **Twin mode** (``twin``:
+``python -m slurm_tpu.broker --twin`` or ``SLURM_TPU_BROKER_TWIN=1``; tests and the demo only,
+where no silicon can run an executable) runs the executable's own bytes instead, which must then
+be a quantized CPU .tflite (the test models' "executable" is their CPU twin), through the same
+interpreter with the device's delegate still created on the device's node (so opening and owning
+the device is exercised as for real). Either way the model's tensors must be the ones the job's
+op declared, or the load fails with one line.
 """
 
 from __future__ import annotations
@@ -29,6 +38,7 @@ from ..errors import SlurmTpuError
 from ..protocol import broker_wire as wire
 from ..runner import engines
 from .models import ModelEntry, ModelRegistry, tensor_bytes
+from .oneop import describe, same_tensors
 from .scheduler import Scheduler
 
 UTILIZATION_WINDOW_S = 10.0
@@ -123,10 +133,12 @@ class DevicePool:
         threads: int = 1,
         libedgetpu: str | None = None,
         tie_window: float = 0.0005,
+        twin: bool = False,
     ):
         if not devices:
             raise BrokerDeviceError("the broker has no shared device to run on")
         self.registry = registry
+        self.twin = twin
         self.runtime = engines.select_runtime(runtime)
         self.threads = threads
         self._libedgetpu = libedgetpu
@@ -227,6 +239,15 @@ class DevicePool:
         if engine is not None:
             return engine
         engine = self._build(device, entry)
+        if entry.declared is not None and not (
+            same_tensors(entry.declared[0], engine.inputs) and same_tensors(entry.declared[1], engine.outputs)
+        ):
+            engine.close()
+            ran = "its CPU twin" if self.twin else "the executable"
+            raise BrokerDeviceError(
+                f"the Edge TPU op's tensors ({describe(entry.declared[0])} -> {describe(entry.declared[1])}) "
+                f"are not those of {ran} ({describe(engine.inputs)} -> {describe(engine.outputs)})"
+            )
         device.engines[entry.sha256] = engine
         with self._cond:
             device.loads += 1
@@ -241,10 +262,18 @@ class DevicePool:
 
     def _build(self, device: _Device, entry: ModelEntry) -> engines.InterpreterEngine:
         spec = device.spec
+        data = entry.data
+        if self.twin and entry.executable is not None:
+            if entry.executable[4:8] != b"TFL3":
+                raise BrokerDeviceError(
+                    "this broker runs in twin mode (tests): an Edge TPU executable runs as its CPU twin, "
+                    "a .tflite, and this one is not"
+                )
+            data = entry.executable
         fd, path = tempfile.mkstemp(suffix=".tflite", dir=self._scratch)
         try:
             with os.fdopen(fd, "wb") as handle:
-                handle.write(entry.data)
+                handle.write(data)
             with self._open_lock:
                 delegate = None
                 if spec.edgetpu_type is not None:

@@ -19,12 +19,16 @@ from ..runner.modelinfo import TensorSpec
 @dataclass
 class ModelEntry:
     sha256: str
-    data: bytes
+    data: bytes  # the .tflite the device runs (for an executable: its one-op model, oneop.py)
     inputs: list[TensorSpec] = field(default_factory=list)
     outputs: list[TensorSpec] = field(default_factory=list)
     input_sizes: list[int] = field(default_factory=list)  # bytes of each input tensor
     jobs: set[int] = field(default_factory=set)
     ready: bool = False  # tensors known (the model was built once)
+    # Loaded as an Edge TPU executable (a job's libedgetpu forwarding an edgetpu-custom-op): its bytes
+    # (run themselves in twin mode, executor.py) and the (inputs, outputs) the job's op declared.
+    executable: bytes | None = None
+    declared: tuple[list[TensorSpec], list[TensorSpec]] | None = None
 
 
 def tensor_bytes(spec: TensorSpec) -> int:
@@ -80,14 +84,21 @@ class ModelRegistry:
                 "the broker keeps for one job"
             )
 
-    def add(self, job: int, data: bytes) -> tuple[ModelEntry, bool]:
-        """The entry for ``data`` with ``job`` referring to it; True when no entry had these bytes."""
+    def add(
+        self,
+        job: int,
+        data: bytes,
+        executable: bytes | None = None,
+        declared: tuple[list[TensorSpec], list[TensorSpec]] | None = None,
+    ) -> tuple[ModelEntry, bool]:
+        """The entry for ``data`` with ``job`` referring to it; True when no entry had these bytes.
+        ``executable``/``declared``: ``data`` is the one-op model of that executable (oneop.py)."""
         sha = self.digest(data)
         with self._lock:
             entry = self._entries.get(sha)
             created = entry is None
             if entry is None:
-                entry = self._entries[sha] = ModelEntry(sha, data)
+                entry = self._entries[sha] = ModelEntry(sha, data, executable=executable, declared=declared)
             entry.jobs.add(job)
             return entry, created
 

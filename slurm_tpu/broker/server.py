@@ -27,6 +27,7 @@ from ..access import statedir
 from ..access.processes import pid_in_job
 from ..errors import SlurmTpuError
 from ..protocol import FormatError, broker_wire as wire
+from . import oneop
 from .executor import DevicePool, JobFigures, SharedDevice, Work
 from .models import LimitError, ModelRegistry, spec_json
 from .peers import job_peer_refusal, peer_credentials
@@ -176,11 +177,21 @@ class _Connection:
             self.broker.registry.check_room(job.job, payload_len)
         except LimitError as exc:
             raise FormatError(str(exc)) from None
+        kind = header.get("kind", "model")
+        if kind not in ("model", "executable"):
+            raise FormatError(f"unknown load kind {str(kind)[:40]!r} (model or executable)")
+        # An Edge TPU executable a job's libedgetpu forwards: runs as its one-op model (oneop.py).
+        declared = oneop.declared_tensors(header) if kind == "executable" else None
         data = wire.recv_exact(self.sock, payload_len)
-        if len(data) < 8 or data[4:8] != b"TFL3":
+        executable = None
+        if declared is not None:
+            if not data:
+                raise FormatError("an executable load carries the executable as its payload")
+            executable, data = data, oneop.build(data, *declared)
+        elif len(data) < 8 or data[4:8] != b"TFL3":
             self.send({"ok": False, "error": "the model is not a TFLite model (no TFL3 identifier)"})
             return
-        entry, _ = self.broker.registry.add(job.job, data)
+        entry, _ = self.broker.registry.add(job.job, data, executable, declared)
         if not entry.ready:
             try:
                 with job.load_lock:
@@ -276,11 +287,12 @@ class Broker:
         libedgetpu: str | None = None,
         limits: Limits | None = None,
         in_job: Callable[[int, int], bool] = pid_in_job,
+        twin: bool = False,
     ):
         self.limits = limits or Limits()
         self.state = BrokerState(state_dir)
         self.registry = ModelRegistry(self.limits.models, self.limits.model_bytes)
-        self.pool = DevicePool(devices, self.registry, runtime, threads, libedgetpu)
+        self.pool = DevicePool(devices, self.registry, runtime, threads, libedgetpu, twin=twin)
         self.in_job = in_job
         self.jobs: dict[int, _Job] = {}
         self._jobs_lock = threading.Lock()

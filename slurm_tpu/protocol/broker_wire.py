@@ -24,6 +24,12 @@ Job endpoint ops (the job's user, hostile input):
 
 - ``load``: payload = a .tflite model's bytes -> ``{"ok", "model": <sha256 hex>, "inputs": [spec],
   "outputs": [spec]}`` (spec: ``{"name", "shape", "dtype", "quantization": [scale, zero_point]}``).
+  ``{"op": "load", "kind": "executable", "inputs": [spec], "outputs": [spec]}``, payload = one
+  Edge TPU custom op's executable (its ``custom_initial_data``), sent by the node's libedgetpu
+  (scripts/libedgetpu-broker.patch) for a job's unmodified pycoral/tflite code: the broker runs it
+  as a one-op model with exactly those tensors (broker/oneop.py), same answer (``"model"`` is the
+  sha256 of that one-op model); ``"kind": "model"`` (the default) is the form above. The op's
+  ``invoke`` is the ordinary one; the answer's ``outputs`` sizes equal the op's output tensors'.
 - ``invoke``: ``{"op", "id", "model", "tensors": [nbytes...]}``, payload = the input tensors' bytes in
   order -> ``{"ok", "id", "outputs": [{"shape", "dtype", "bytes"}], "busy_ms", "wait_ms"}``, payload
   = the output tensors' bytes. Answers on one connection may come back in another order than their

@@ -7,7 +7,10 @@ snapshot) and ``prolog/slurm-tpu-task-prolog`` (POSIX sh, built-ins only) prints
 Grammar: one line per variable, ``export NAME=value`` or ``unset NAME``, in the
 snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`, then for a job
 holding TPU shares here its broker endpoint and share count (protocol/broker_wire.py
-``SLURM_TPU_BROKER``, ``SLURM_TPU_SHARDS``: printed under the ``export SLURM_TPU_`` pattern). Values
+``SLURM_TPU_BROKER``, ``SLURM_TPU_SHARDS``: printed under the ``export SLURM_TPU_`` pattern); such a
+job's :data:`~slurm_tpu.protocol.jobenv.EDGETPU_VISIBLE` ends with ``broker:<endpoint>`` (after its
+whole Edge TPUs' paths, if any), which the node's patched libedgetpu lists and forwards to the
+broker (scripts/libedgetpu-broker.patch), so unmodified pycoral/tflite code runs on the shard. Values
 never hold a comma, quote or newline (``slurm_tpu.identity``). The reader prints only
 lines that begin with one of :data:`PRINTED` (its ``case`` patterns), so a line a family
 could add under another name never reaches the job's shell. ``<state_dir>/no-devices.env``
@@ -30,6 +33,8 @@ DIR = "jobs"  # under the state directory: one file per job with devices on this
 NO_DEVICES = "no-devices.env"  # beside jobs/, not in it (jobs/ holds one file per running job)
 # The line beginnings the task-prolog prints (prolog/slurm-tpu-task-prolog's case patterns).
 PRINTED = ("export SLURM_TPU_", "unset SLURM_TPU_", f"export {EDGETPU_VISIBLE}=")
+# A TPU shard's entry in EDGETPU_VISIBLE_DEVICES: "broker:<endpoint>" (no device path begins so).
+BROKER_ENTRY = "broker:"
 
 
 def file_name(job_id: int) -> str:
@@ -48,6 +53,8 @@ def render(
     left out: the prolog refuses such a device before leasing it). ``broker``: (endpoint, shares)
     of a job holding TPU shares on this node (its endpoint path holds no comma, quote or newline:
     the state directory's path and a job id)."""
+    if broker is not None and (any(c in broker[0] for c in "\n'\",") or not broker[0].isprintable()):
+        raise ValueError(f"broker endpoint {broker[0]!r} cannot go into a job's environment file")
     lines = []
     for variable in settings.variables:
         found = [
@@ -56,6 +63,10 @@ def render(
             if lease.kind == variable.kind
         ]
         entries = [entry for entry in found if entry is not None]
+        if broker is not None and variable.name == EDGETPU_VISIBLE:
+            # After the whole devices: their indexes (":0", "usb:0") and the default device stay
+            # the job's own silicon; the shard is what the job has besides (or alone).
+            entries.append(BROKER_ENTRY + broker[0])
         if entries or not variable.unset_when_empty:
             lines.append(f"export {variable.name}={','.join(entries)}")
         else:
@@ -65,8 +76,6 @@ def render(
         from .broker_wire import ENDPOINT_ENV, SHARDS_ENV
 
         endpoint, shares = broker
-        if any(c in endpoint for c in "\n'\",") or not endpoint.isprintable():
-            raise ValueError(f"broker endpoint {endpoint!r} cannot go into a job's environment file")
         lines += [f"export {ENDPOINT_ENV}={endpoint}", f"export {SHARDS_ENV}={int(shares)}"]
     return "\n".join(lines) + "\n"
 

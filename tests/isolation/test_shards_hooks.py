@@ -86,7 +86,8 @@ def test_prolog_with_the_broker_down_grants_announces_and_starts_the_job(node):
     lines = (state / envfile.DIR / envfile.file_name(41)).read_text().splitlines()
     assert f"export SLURM_TPU_BROKER={state}/broker/jobs/41.sock" in lines
     assert "export SLURM_TPU_SHARDS=2" in lines
-    assert "export EDGETPU_VISIBLE_DEVICES=" in lines  # no whole TPU: the library sees none
+    # No whole TPU: the node's libedgetpu sees only the shard, which it forwards to the broker.
+    assert f"export EDGETPU_VISIBLE_DEVICES=broker:{state}/broker/jobs/41.sock" in lines
     assert "unset SLURM_TPU_USAGE_DIR" in lines  # no usage box: the broker counts, not the job
     # Every line is one the task prolog prints.
     assert all(line.startswith(envfile.PRINTED) for line in lines if line.startswith("export SLURM_TPU_B"))
