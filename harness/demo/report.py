@@ -280,9 +280,7 @@ def shard_lines(
         f"  {'ok  ' if completed and all(correct) else 'FAIL'}  each job classified the {len(images)} images "
         "as expected (results/shard-<job>.csv)"
     )
-    lines.append(
-        "  job        user         on TPU  inferences  queue wait  swaps  (the broker's, in AdminComment)"
-    )
+    lines.append("  job        user         on TPU  inferences  queue wait  swaps  (the broker's, in AdminComment)")
     for job, user in run.jobs:
         f = figures.get(job, {})
         busy, waited = f.get("shard_busy_ms"), f.get("shard_queue_wait_ms")
