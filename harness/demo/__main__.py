@@ -185,6 +185,11 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     )
     for line in shard:
         _say("  " + line)
+    library = provision.real_libedgetpu(layout)
+    coral_shards = experiment.run_coral_shards(layout, envs, library, timeout) if library else None
+    coral_shard, coral_shard_ok = report.coral_shard_lines(layout, coral_shards)
+    for line in coral_shard:
+        _say("  " + line)
     for line in books.show_limit(cluster, user, layout.out):
         _say("  " + line)
     sample = submitted.tpu[0] if submitted.tpu else None
@@ -193,7 +198,7 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     _say()
     for line in report.next_steps(layout, user):
         _say(line)
-    broken = sum(not c.ok for c in checks) + (not coral_ok) + (not shard_ok)
+    broken = sum(not c.ok for c in checks) + (not coral_ok) + (not shard_ok) + (not coral_shard_ok)
     if failed or broken:
         print(
             f"{PREFIX}: {len(failed)} job(s) failed and {broken} check(s) did not hold; "

@@ -396,3 +396,24 @@ def run_shards(
     for job, _ in jobs:
         wait_for_job(env, job, timeout)
     return SharedRun(jobs, images)
+
+
+def run_coral_shards(
+    layout: Layout, envs: Mapping[str, Mapping[str, str]], library: str, timeout: float = 120
+) -> list[tuple[int, str, str]]:
+    """jobs/coral_example.sbatch, unmodified, as one shard job (--gres=tpu_shard:1) per user, with the
+    node's real libedgetpu (``library``) and a compiled model: the library forwards the model's
+    Edge TPU op to node-shard's broker. [(job, user, its output)]."""
+    model = os.path.join(layout.models, "classifier_twin_edgetpu.tflite")
+    jobs = []
+    for i, (user, env) in enumerate(envs.items()):
+        real = {**env, "LD_LIBRARY_PATH": os.path.dirname(library)}
+        image = os.path.join(layout.images, f"img_{i:05d}.png")
+        job = sbatch(layout, user, real, ["--gres=tpu_shard:1"], "coral_example.sbatch", [model, image, layout.labels])
+        jobs.append((job, user))
+    outputs = []
+    for job, user in jobs:
+        wait_for_job(envs[user], job, timeout)
+        with open(os.path.join(layout.out, f"classify-coral-{job}.out"), encoding="utf-8") as handle:
+            outputs.append((job, user, handle.read()))
+    return outputs

@@ -20,7 +20,7 @@ from .errors import DemoError
 from .layout import NODES, PARTITION_EXTRA, REPO, SHARD_NODE, SHARED_STICK, SHARES, Layout
 from .preflight import classify, running_slurm_daemons
 
-FORMAT = 5  # bump when the demo's cluster layout changes: a running old one is restarted
+FORMAT = 6  # bump when the demo's cluster layout changes: a running old one is restarted
 _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 SHARING = {"version": 2, "families": {"edgetpu": {"shared": [SHARED_STICK], "shares_per_device": SHARES}}}
 
@@ -44,6 +44,9 @@ def make_cluster(layout: Layout) -> LocalCluster:
         broker_env={
             "SLURM_TPU_LIBEDGETPU": layout.libedgetpu,
             "EDGETPU_DOUBLE_DEVICES": "{}:{}".format(*libedgetpu_path(SHARED_STICK, None)),
+            # No silicon runs an Edge TPU executable here: the broker runs the compiled model's CPU twin
+            # (slurm_tpu/broker/executor.py, docs/limits.md), with the stick's node still opened.
+            "SLURM_TPU_BROKER_TWIN": "1",
         },
     )
 

@@ -17,7 +17,7 @@ import sysconfig
 from slurm_tpu.slurm import installation
 
 from .errors import DemoError
-from .layout import DOUBLE_SOURCE, JOBS_DIR, Layout
+from .layout import DOUBLE_SOURCE, JOBS_DIR, REPO, Layout
 
 _USER_NAME = re.compile(r"^[a-z_][a-z0-9_-]{0,30}$")
 _CHECK_IMPORTS = "import slurm_tpu.cli, slurm_tpu.runner, numpy, ai_edge_litert"
@@ -221,3 +221,18 @@ def job_environment(layout: Layout, double_devices: str, user: str) -> dict[str,
         "EDGETPU_DOUBLE_ROOT": double_root(layout),
         "LD_LIBRARY_PATH": os.path.dirname(layout.libedgetpu),
     }
+
+
+def real_libedgetpu(layout: Layout) -> str | None:
+    """The node's real libedgetpu (Coral's runtime with slurm-tpu's two patches, built by scripts/setup.sh
+    from ../shared/libedgetpu) copied to ``<base>/lib/real``, for the shard jobs' unmodified Coral code;
+    None when it was not built."""
+    built = REPO / "build" / "libedgetpu" / "libedgetpu.so.1"
+    if not built.exists():
+        return None
+    target = layout.path("lib", "real", "libedgetpu.so.1")
+    os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+    shutil.copyfile(built, target + ".tmp")
+    os.chmod(target + ".tmp", 0o755)
+    os.replace(target + ".tmp", target)
+    return target

@@ -295,3 +295,24 @@ def shard_lines(
         )
     figured = len(figures) == len(run.jobs) and all(f.get("shard_busy_ms", 0) > 0 for f in figures.values())
     return lines, completed and all(correct) and peak >= 2 and figured
+
+
+def coral_shard_lines(layout: Layout, outputs: list[tuple[int, str, str]] | None) -> tuple[list[str], bool]:
+    """Coral's example, unmodified, on shares: each job's answer, right when it is the image's known class."""
+    if outputs is None:
+        return [
+            "skipped: unmodified Coral code on a share needs the real libedgetpu (scripts/setup.sh builds it)"
+        ], True
+    answers, ok = [], bool(outputs)
+    with open(os.path.join(layout.images, "expected.csv"), encoding="utf-8") as handle:
+        expected = dict(line.strip().partition(",")[::2] for line in handle)
+    for i, (job, user, output) in enumerate(outputs):
+        lines = output.strip().splitlines()
+        answer = lines[-1] if lines else "(no output)"
+        ok = ok and answer.split(":")[0] == expected.get(f"img_{i:05d}.png") and "broker:" in output
+        answers.append(f"      {user} job {job}: {answer[:60]}")
+    return [
+        f"{'ok  ' if ok else 'FAIL'}  unmodified Coral code on a share (coral_example.sbatch --gres=tpu_shard:1):",
+        "      the node's real libedgetpu forwarded each job's Edge TPU op to the broker",
+        *answers,
+    ], ok

@@ -147,9 +147,9 @@ def test_demo_runs_to_completion_quickly_with_short_output(demo):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == ""
     lines = done.stdout.replace(layout.base, "/tmp/slurm-tpu-demo").splitlines()
-    # 62 before the unmodified-Coral step's line, 11 for the shard step, 7 more for Slurm's books; the
+    # 62 before the unmodified-Coral step's line, 15 for the shard steps, 7 more for Slurm's books; the
     # timeline's length varies by a line with where jobs ran.
-    assert len(lines) <= 85 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
+    assert len(lines) <= 89 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
     assert "test-double libedgetpu" in done.stdout  # it says plainly that there is no real TPU
     assert done.seconds < 120, f"demo took {done.seconds:.0f} s"
 
@@ -199,16 +199,19 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
         "step-tpu": 1,
         "serve-tpu": 1,
         "serve-client": 1,
-        "classify-coral": 2,
+        "classify-coral": 4,  # 2 on node-pcie's whole cards, 2 on node-shard's shares
         "coral-holder": 1,
         "qos-cap": 2,
+        "shard": 6,
     }
     assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] not in ("serve-tpu", "qos-cap")} == {
         ("COMPLETED", "0:0")
     }
     assert by_name["serve-tpu"][0]["JobState"] == "CANCELLED"  # a server runs until scancel
-    assert all(r["UserId"].startswith(USER + "(") for r in records)
-    tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"] + by_name["classify-coral"] + by_name["coral-holder"]
+    # The shard steps (node-shard) are two users' jobs; everything else is the demo user's.
+    assert all(r["UserId"].startswith(USER + "(") for r in records if r["NodeList"] != SHARD_NODE)
+    coral = [r for r in by_name["classify-coral"] if r["NodeList"] != SHARD_NODE]
+    tpu_jobs = by_name["classify-tpu"] + by_name["batch-tpu"] + coral + by_name["coral-holder"]
     assert {r["NodeList"] for r in tpu_jobs} <= set(TPUS)  # TPU jobs only on TPU nodes
     leases = held(layout)
     for record in tpu_jobs:  # each on exactly one device of its own node
@@ -302,6 +305,33 @@ def test_shard_jobs_of_two_users_shared_the_one_tpu_with_their_device_time_in_th
     assert "ok    up to " in done.stdout[at:] and "ok    each job classified the 60 images" in done.stdout[at:]
 
 
+def test_unmodified_coral_code_ran_on_shares_through_the_real_libedgetpu(demo):
+    """The demo ran jobs/coral_example.sbatch, unmodified, as one --gres=tpu_shard:1 job of each user with
+    the real libedgetpu (both of slurm-tpu's patches) and a compiled model: each job saw its shard
+    (EDGETPU_VISIBLE_DEVICES=broker:<its endpoint>), and its Edge TPU op ran on the broker: the
+    answer is the image's known class, and the broker counted the job's inference in its books."""
+    done, layout = demo
+    if not (REPO / "build" / "libedgetpu" / "libedgetpu.so.1").exists():
+        assert "skipped: unmodified Coral code on a share needs the real libedgetpu" in done.stdout
+        pytest.skip("the real libedgetpu is not built (scripts/setup.sh builds it from ../shared/libedgetpu)")
+    jobs = [r for r in jobcomp(layout) if r["Name"] == "classify-coral" and r["NodeList"] == SHARD_NODE]
+    assert len(jobs) == 2 and {r["JobState"] for r in jobs} == {"COMPLETED"}
+    assert {r["UserId"].split("(")[0] for r in jobs} == {USER, f"{USER}2"}
+    env = dict(os.environ, SLURM_CONF=layout.slurm_conf)
+    for record in jobs:
+        job = record["JobId"]
+        output = read(os.path.join(layout.out, f"classify-coral-{job}.out")).splitlines()
+        endpoint = f"broker:{layout.node_dir(SHARD_NODE)}/state/broker/jobs/{job}.sock"
+        assert output[0] == f"job {job} on {SHARD_NODE}: EDGETPU_VISIBLE_DEVICES={endpoint}"
+        assert f"Edge TPUs this job sees: usb:{endpoint}" in output
+        assert output[-1].endswith(": 0.99609")
+        comment = subprocess.run(
+            ["sacct", "-n", "-P", "-X", "-j", job, "-o", "AdminComment"], capture_output=True, text=True, env=env
+        ).stdout
+        assert "shard_inferences=1," in comment, comment
+    assert "ok    unmodified Coral code on a share" in done.stdout
+
+
 def test_devices_are_idle_again_and_nobody_holds_a_lease(demo):
     _, layout = demo
     for node in TPUS:
@@ -354,7 +384,7 @@ def test_unmodified_coral_code_got_each_job_its_own_tpu_on_the_two_tpu_node(demo
     the node's patched one does) listed and used only the card the job was leased, never the busy one
     (whether the two examples overlapped or not)."""
     done, layout = demo
-    jobs = [r for r in jobcomp(layout) if r["Name"] == "classify-coral"]
+    jobs = [r for r in jobcomp(layout) if r["Name"] == "classify-coral" and r["NodeList"] != SHARD_NODE]
     assert len(jobs) == 2 and {(r["JobState"], r["NodeList"]) for r in jobs} == {("COMPLETED", "node-pcie")}
     cards = inventory(layout, "node-pcie")
     [holder] = [int(r["JobId"]) for r in jobcomp(layout) if r["Name"] == "coral-holder"]
@@ -371,7 +401,7 @@ def test_unmodified_coral_code_got_each_job_its_own_tpu_on_the_two_tpu_node(demo
         assert output[-1].endswith(": 0.99609")
     assert f"Edge TPUs this job sees: pci:{cards[busy][0]}" not in seen  # never the card another job holds
     lines = done.stdout.splitlines()
-    [at] = [i for i, line in enumerate(lines) if "unmodified Coral code" in line]
+    [at] = [i for i, line in enumerate(lines) if "unmodified Coral code, no device argument" in line]
     assert lines[at].startswith("  ok    unmodified Coral code, no device argument: 2 jobs on node-pcie saw pci apex_")
     busy_card = os.path.basename(cards[busy][0])
     assert lines[at + 1].endswith(f"each the card it was leased; {busy_card} was another job's (job {holder})")
@@ -539,9 +569,10 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert again.returncode == 0, again.stdout + again.stderr
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
-    # 17 + detection + client + 2 Coral examples and their holder, + server, + the 2 jobs the QOS cap is shown on
+    # 17 + detection + client + 2 Coral examples and their holder, + 6 shard jobs and 2 Coral examples on shares,
+    # + server, + the 2 jobs the QOS cap is shown on
     states = sorted((r["Name"] if r["Name"] in ("serve-tpu", "qos-cap") else "", r["JobState"]) for r in new)
-    assert states == [("", "COMPLETED")] * 22 + [("qos-cap", "CANCELLED")] * 2 + [("serve-tpu", "CANCELLED")]
+    assert states == [("", "COMPLETED")] * 30 + [("qos-cap", "CANCELLED")] * 2 + [("serve-tpu", "CANCELLED")]
 
 
 def _free_port() -> int:
