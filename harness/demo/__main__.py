@@ -178,19 +178,17 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
         for name in (user, second_user(user))
     }
     shards = experiment.run_shards(layout, list(envs), envs, timeout)
-    with open(layout.jobcomp, encoding="utf-8") as handle:
-        shard_records = parse_jobcomp(handle.read())
-    shard, shard_ok = report.shard_lines(
-        layout, shards, shard_records, books.shard_figures(cluster, [j for j, _ in shards.jobs])
-    )
-    for line in shard:
-        _say("  " + line)
     library = provision.real_libedgetpu(layout)
     coral_shards = experiment.run_coral_shards(layout, envs, library, timeout) if library else None
     coral_shard, coral_shard_ok = report.coral_shard_lines(layout, coral_shards)
-    for line in coral_shard:
-        _say("  " + line)
-    for line in books.show_limit(cluster, user, layout.out):
+    limit = books.show_limit(cluster, user, layout.out)
+    with open(layout.jobcomp, encoding="utf-8") as handle:
+        shard_records = parse_jobcomp(handle.read())
+    # The figures wait until slurmdbd has every job's record (the collectors apply them): after the
+    # limit's jobs, so that the books below find nothing left to wait for.
+    figures = books.shard_figures(cluster, [j for j, _ in shards.jobs])
+    shard, shard_ok = report.shard_lines(layout, shards, shard_records, figures)
+    for line in [*shard, *coral_shard, *limit]:
         _say("  " + line)
     sample = submitted.tpu[0] if submitted.tpu else None
     for line in books.books_lines(cluster, layout, submitted.submitted_at, sample):
