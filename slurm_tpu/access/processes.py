@@ -447,8 +447,9 @@ def process_alive(pid: int, start_time: int) -> bool:
     return pid > 0 and start_time > 0 and process_start_time(pid) == start_time
 
 
-def process_start_time(pid: int) -> int:
-    """Field 22 of /proc/<pid>/stat (clock ticks since boot), 0 if the process is gone."""
+def _stat_field(pid: int, field: int) -> int:
+    """Field ``field`` (1-based, as proc(5) numbers them; 3 or later) of /proc/<pid>/stat, 0 if the
+    process is gone."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             data = handle.read()
@@ -457,9 +458,14 @@ def process_start_time(pid: int) -> int:
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
     fields = data[data.rfind(b")") + 2 :].split()
     try:
-        return int(fields[19])
+        return int(fields[field - 3])
     except (IndexError, ValueError):
         return 0
+
+
+def process_start_time(pid: int) -> int:
+    """Field 22 of /proc/<pid>/stat (clock ticks since boot), 0 if the process is gone."""
+    return _stat_field(pid, 22)
 
 
 # ---- which job a process belongs to (the TPU broker's peer check) -----------------------
@@ -531,16 +537,7 @@ def cgroup_job_ids(pid: int, mounts_path: str = "/proc/self/mounts") -> set[int]
 
 def parent_pid(pid: int) -> int:
     """Field 4 of /proc/<pid>/stat, 0 when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return 0
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return 0
+    return _stat_field(pid, 4)
 
 
 def pid_in_job(pid: int, job_id: int, known: set[tuple[int, int]] | None = None) -> bool:

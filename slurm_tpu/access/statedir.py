@@ -38,10 +38,13 @@ def _check_dir(fd: int, path: str) -> None:
         )
 
 
-def open_dir(path: str, create: bool = False, parent_fd: int | None = None) -> int:
+def open_dir(path: str, create: bool = False, parent_fd: int | None = None, mode: int | None = None) -> int:
     """Open a directory (a descriptor the caller closes) without following a symlink at its last
     component, relative to ``parent_fd`` if given; ``create`` makes it (0755) when missing.
-    Raises :class:`StateDirError` for symlinks, files, or unsafe owners."""
+    ``mode``: the directory's permission bits, made so (never wider on the way) when it is
+    created, and set on an existing one with other bits when ``create``; without ``create`` one
+    with other bits is refused (a root-only directory others could read is not used).
+    Raises :class:`StateDirError` for symlinks, files, unsafe owners or (``mode``) other bits."""
     for attempt in range(2):
         try:
             fd = os.open(path, _DIR_FLAGS, dir_fd=parent_fd)
@@ -51,9 +54,9 @@ def open_dir(path: str, create: bool = False, parent_fd: int | None = None) -> i
                 raise StateDirError(f"{path} does not exist", path) from None
             try:
                 if parent_fd is None:
-                    os.makedirs(path, mode=0o755, exist_ok=True)
+                    os.makedirs(path, mode=0o755 if mode is None else mode, exist_ok=True)
                 else:
-                    os.mkdir(path, mode=0o755, dir_fd=parent_fd)
+                    os.mkdir(path, mode=0o755 if mode is None else mode, dir_fd=parent_fd)
             except FileExistsError:
                 pass
         except OSError as exc:
@@ -65,6 +68,10 @@ def open_dir(path: str, create: bool = False, parent_fd: int | None = None) -> i
             raise StateDirError(f"cannot open {path}: {exc.strerror}", path) from exc
     try:
         _check_dir(fd, path)
+        if mode is not None and (found := os.fstat(fd).st_mode & 0o777) != mode:
+            if not create:
+                raise StateDirError(f"{path} is mode {found:04o}, not {mode:04o}", path)
+            os.fchmod(fd, mode)
     except BaseException:
         os.close(fd)
         raise

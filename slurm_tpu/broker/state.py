@@ -37,9 +37,7 @@ class BrokerState:
         self.stats_fd = self._subdir(wire.STATS, 0o700)
 
     def _subdir(self, name: str, mode: int) -> int:
-        fd = statedir.open_dir(name, create=True, parent_fd=self.root_fd)
-        os.fchmod(fd, mode)
-        return fd
+        return statedir.open_dir(name, create=True, parent_fd=self.root_fd, mode=mode)
 
     def close(self) -> None:
         for fd in (self.grants_fd, self.jobs_fd, self.stats_fd, self.root_fd):

@@ -182,26 +182,10 @@ def open_spool(path: str, create: bool = False) -> int:
     could read, is refused (the epilog then spools nothing).
     """
     parent = statedir.open_dir(os.path.dirname(path) or "/", create=create)
-    try:
-        name = statedir.check_name(os.path.basename(path))
-        if create:
-            try:
-                os.mkdir(name, 0o700, dir_fd=parent)  # never 0755 on the way
-            except FileExistsError:
-                pass
-        fd = statedir.open_dir(name, parent_fd=parent)
+    try:  # the figures are the admin's, not the users'
+        return statedir.open_dir(statedir.check_name(os.path.basename(path)), create, parent, mode=0o700)
     finally:
         os.close(parent)
-    try:
-        mode = os.fstat(fd).st_mode & 0o777
-        if mode & 0o077:
-            if not create:
-                raise statedir.StateDirError(f"{path} is mode {mode:04o}, not root-only 0700", path)
-            os.fchmod(fd, 0o700)  # the figures are the admin's, not the users'
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def spool(

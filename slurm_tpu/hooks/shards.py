@@ -45,22 +45,10 @@ def _open_dirs(ledger: Ledger, name: str, create: bool) -> int:
     """``broker/<name>`` under the state directory as a directory fd (root's, never through a link);
     ``create`` makes ``broker`` (0755) and ``<name>`` (0700) when missing. StateDirError otherwise."""
     broker = statedir.open_dir(broker_wire.BROKER_DIR, create=create, parent_fd=ledger.dir_fd)
-    try:
-        if create:
-            try:
-                os.mkdir(name, 0o700, dir_fd=broker)  # never 0755 on the way
-            except FileExistsError:
-                pass
-        fd = statedir.open_dir(name, parent_fd=broker)
+    try:  # who holds shares here, and their figures, are root's business
+        return statedir.open_dir(name, create, broker, mode=0o700)
     finally:
         os.close(broker)
-    try:
-        if os.fstat(fd).st_mode & 0o077:
-            os.fchmod(fd, 0o700)  # who holds shares here is root's business
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
 
 
 def write_grant(ledger: Ledger, job_id: int, uid: int, gid: int, shares: int) -> None:
@@ -89,16 +77,21 @@ def read_grant(ledger: Ledger, job_id: int) -> tuple[int, int, int, int] | None:
         os.close(fd)
 
 
-def remove_grant(ledger: Ledger, job_id: int) -> None:
-    """Remove the job's grant (a second run changes nothing)."""
+def _remove(ledger: Ledger, directory: str, job_id: int) -> None:
+    """Remove the job's file in the broker's ``directory`` (a second run changes nothing)."""
     try:
-        fd = _open_dirs(ledger, broker_wire.GRANTS, create=False)
+        fd = _open_dirs(ledger, directory, create=False)
     except statedir.StateDirError:
         return
     try:
         statedir.remove(fd, str(job_id))
     finally:
         os.close(fd)
+
+
+def remove_grant(ledger: Ledger, job_id: int) -> None:
+    """Remove the job's grant (a second run changes nothing)."""
+    _remove(ledger, broker_wire.GRANTS, job_id)
 
 
 def ask(state_dir: str, request: dict, timeout: float = ASK_S) -> dict:
@@ -191,15 +184,8 @@ def read_stats(ledger: Ledger, job_id: int) -> dict[str, float] | None:
 
 
 def remove_stats(ledger: Ledger, job_id: int) -> None:
-    """Remove the job's stats file once the Epilog took its figures from it (the broker is down)."""
-    try:
-        fd = _open_dirs(ledger, broker_wire.STATS, create=False)
-    except statedir.StateDirError:
-        return
-    try:
-        statedir.remove(fd, str(job_id))
-    finally:
-        os.close(fd)
+    """Remove the job's stats file once the Epilog took its figures (from it or from the broker's answer)."""
+    _remove(ledger, broker_wire.STATS, job_id)
 
 
 def open_job(ledger: Ledger, job_id: int, uid: int, gid: int, shares: int) -> str | None:
