@@ -61,6 +61,7 @@ def worker(args: list[str]) -> None:
     inputs = [rng.integers(0, 256, engine.inputs[0].shape).astype(engine.inputs[0].dtype)]
     for _ in range(20):  # warm: the broker's interpreter, this process's paths
         engine.run(inputs)
+    busy_before = engine.stats()[wire.BUSY_MS] if mode != "steady" else 0.0
     started = time.perf_counter()
     if mode == "serial":
         for _ in range(count):
@@ -93,7 +94,9 @@ def worker(args: list[str]) -> None:
         while True:
             for _ in engine.run_many((inputs for _ in range(10**9)), depth=8):
                 pass
-    print(json.dumps({"seconds": time.perf_counter() - started, "count": count}), flush=True)
+    seconds = time.perf_counter() - started
+    busy_ms = engine.stats()[wire.BUSY_MS] - busy_before  # the device's own time of these runs
+    print(json.dumps({"seconds": seconds, "count": count, "busy_ms": busy_ms}), flush=True)
 
 
 def in_process(model: str, count: int) -> float:
@@ -154,16 +157,24 @@ def main() -> None:
         # ---- overhead: alternate in-process, serial, pipelined ----
         endpoint = broker.open(1)
         arms: dict[str, list[float]] = {"in_process": [], "serial": [], "pipelined": [], "threads": []}
+        busy: dict[str, list[float]] = {"serial": [], "pipelined": [], "threads": []}
         for _ in range(args.rounds):
             arms["in_process"].append(in_process(model, count) / count * 1000)
             for mode in ("serial", "pipelined", "threads"):
-                seconds = finish(client(groups, 1, endpoint, mode, model, count))["seconds"]
-                arms[mode].append(seconds / count * 1000)
+                done = finish(client(groups, 1, endpoint, mode, model, count))
+                arms[mode].append(done["seconds"] / count * 1000)
+                busy[mode].append(done["busy_ms"] / count)
         local, serial, piped, threaded = (statistics.median(arms[k]) for k in arms)
+        device_serial = statistics.median(busy["serial"])
         result["overhead"] = {
             "in_process_ms": round(local, 4),
             "broker_serial_ms": round(serial, 4),
             "added_ms": round(serial - local, 4),
+            # The CPU twin runs the model on the broker's CPU, beside the client: its invoke there
+            # (the broker's busy time) is not the in-process one. What the round trip adds to it:
+            "broker_device_ms_serial": round(device_serial, 4),
+            "added_over_broker_device_ms": round(serial - device_serial, 4),
+            "broker_device_ms_per_arm": {k: round(statistics.median(v), 4) for k, v in busy.items()},
             "broker_pipelined_ms": round(piped, 4),
             "pipelined_throughput_ratio": round(local / piped, 3),
             "broker_shared_engine_ms": round(threaded, 4),
