@@ -192,6 +192,11 @@ class DevicePool:
         with self._cond:
             return {job: JobFigures(**vars(f)) for job, f in self._figures.items()}
 
+    def queued(self) -> int:
+        """Requests waiting for a device (the server sends an answer from the device's thread only when none is)."""
+        with self._cond:
+            return self._scheduler.queued()
+
     def submit(self, work: Work) -> bool:
         """Queue a request; False when its job is gone."""
         with self._cond:

@@ -2,8 +2,11 @@
 
 Threads: one accepting on the control socket, one per control connection; per job, one
 accepting on its endpoint; per connection, a reader (frames in, requests to the devices) and
-a writer (answers out). A device thread never writes to a socket: it hands the answer to the
-connection's writer, so a client that stops reading stalls only its own job (its requests in
+a writer (answers out). A device thread never blocks on a socket: it sends an answer itself
+only when nothing of that connection waits for its writer and the socket takes the whole frame
+at once (``MSG_DONTWAIT``, one gathering ``sendmsg``), which spares a thread hand-off per
+request; otherwise (a client that reads slowly, or a partial send) the rest goes to the
+connection's writer. So a client that stops reading stalls only its own job (its requests in
 flight stay counted until their answers are sent, so its reader stops reading: back-pressure).
 
 Hostile input (a job endpoint is the job user's): every frame is bounded before it is read
@@ -58,14 +61,40 @@ class _Refused(FormatError):
         self.request_id = request_id
 
 
+class _Slots:
+    """A job's requests in flight: at most ``limit``, and the most there ever were at once."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.free = limit
+        self.peak = 0
+        self._cond = threading.Condition(threading.Lock())
+
+    def acquire(self, timeout: float) -> bool:
+        with self._cond:
+            if not self.free and not self._cond.wait_for(lambda: self.free, timeout):
+                return False
+            self.free -= 1
+            self.peak = max(self.peak, self.limit - self.free)
+            return True
+
+    def release(self) -> None:
+        with self._cond:
+            self.free += 1
+            self._cond.notify()
+
+
 class _Connection:
     """One client of a job: a reader thread and a writer thread (the writer closes the socket)."""
 
     def __init__(self, sock: socket.socket, job: _Job, broker: Broker):
         self.sock, self.job, self.broker = sock, job, broker
-        self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # (header, payload, holds_slot), None: stop
+        self.frames = wire.FrameReader(sock)
+        self.outbox: queue.SimpleQueue = queue.SimpleQueue()  # (frame's buffers, holds_slot), None: stop
         self.closed = threading.Event()  # answers are dropped from now on
         self._lock = threading.Lock()
+        self._queued = 0  # frames handed to the writer and not yet sent: no direct send meanwhile
+        self._described: dict[str, tuple[list, str]] = {}  # model -> its answers' "outputs" JSON
 
     def start(self) -> None:
         threading.Thread(target=self._write_loop, name=f"job {self.job.job} writer", daemon=True).start()
@@ -73,12 +102,27 @@ class _Connection:
 
     # ---- out ----
 
-    def send(self, header: dict, payload: bytes = b"", holds_slot: bool = False) -> None:
-        """Queue an answer; ``holds_slot``: it frees one of the job's in-flight slots once sent (or dropped)."""
+    def send(
+        self, header: dict | bytes, payload: Sequence = (), holds_slot: bool = False, direct: bool = False
+    ) -> None:
+        """Send an answer (``payload``: buffers, sent without a copy), through the writer unless
+        ``direct`` and the socket takes it whole now; ``holds_slot``: it frees one of the job's
+        in-flight slots once sent (or dropped)."""
+        parts = wire.frame_parts(header, payload)
         with self._lock:
             if not self.closed.is_set():
-                self.outbox.put((header, payload, holds_slot))
-                return
+                # Frames never interleave: a direct send only while the writer has nothing of ours,
+                # under the lock, and what the socket did not take goes to the writer, first in line.
+                rest: Sequence | None = parts
+                if direct and not self._queued:
+                    try:
+                        rest = wire.try_send(self.sock, parts)
+                    except OSError:
+                        pass  # the writer meets the same error and closes the connection
+                if rest is not None:
+                    self._queued += 1
+                    self.outbox.put((rest, holds_slot))
+                    return
         if holds_slot:
             self.job.slots.release()
 
@@ -87,14 +131,16 @@ class _Connection:
             item = self.outbox.get()
             if item is None:
                 break
-            header, payload, holds_slot = item
+            parts, holds_slot = item
             try:
                 if not self.closed.is_set():
-                    wire.send_frame(self.sock, header, payload)
+                    wire.send_parts(self.sock, parts)
             except OSError:
                 self.closed.set()
                 self._shutdown()
             finally:
+                with self._lock:
+                    self._queued -= 1
                 if holds_slot:
                     self.job.slots.release()
         with self._lock:
@@ -104,7 +150,7 @@ class _Connection:
                 item = self.outbox.get_nowait()
             except queue.Empty:
                 break
-            if item is not None and item[2]:
+            if item is not None and item[1]:
                 self.job.slots.release()
         self._shutdown()
         self.sock.close()
@@ -151,8 +197,7 @@ class _Connection:
                 if job.closed or self.closed.is_set():
                     return
             try:
-                header_len, payload_len = wire.parse_head(wire.recv_exact(self.sock, wire.HEAD.size))
-                header = wire.parse_header(wire.recv_exact(self.sock, header_len))
+                header, payload_len = self.frames.head()
                 op = header.get("op")
                 if op == "invoke":
                     self._invoke(header, payload_len)
@@ -163,7 +208,7 @@ class _Connection:
                     if payload_len:
                         raise FormatError("a stats request carries no payload")
                     figures = self.broker.pool.figures(job.job) or JobFigures()
-                    self.send({"ok": True, "stats": figures.as_dict()})
+                    self.send({"ok": True, "stats": figures.as_dict(), "in_flight_peak": job.slots.peak})
                 else:
                     raise FormatError(f"unknown op {str(op)[:40]!r} (a job endpoint serves load, invoke, stats)")
             except BaseException:
@@ -182,7 +227,7 @@ class _Connection:
             raise FormatError(f"unknown load kind {str(kind)[:40]!r} (model or executable)")
         # An Edge TPU executable a job's libedgetpu forwards: runs as its one-op model (oneop.py).
         declared = oneop.declared_tensors(header) if kind == "executable" else None
-        data = wire.recv_exact(self.sock, payload_len)
+        data = bytes(self.frames.payload(payload_len))
         executable = None
         if declared is not None:
             if not data:
@@ -225,7 +270,7 @@ class _Connection:
             raise _Refused(
                 f"the input tensors' byte sizes {str(sizes)[:80]} are not the model's {entry.input_sizes}", request_id
             )
-        payload = wire.recv_exact(self.sock, payload_len)
+        payload = self.frames.payload(payload_len)
         inputs, offset = [], 0
         for spec, size in zip(entry.inputs, entry.input_sizes):
             inputs.append(np.frombuffer(payload, spec.dtype, size // spec.dtype.itemsize, offset).reshape(spec.shape))
@@ -236,18 +281,36 @@ class _Connection:
                 self.send({"ok": False, "id": request_id, "error": error}, holds_slot=True)
                 return
             assert outputs is not None
-            chunks = [np.ascontiguousarray(o) for o in outputs]
-            answer = {
-                "ok": True,
-                "id": request_id,
-                "outputs": [{"shape": list(c.shape), "dtype": c.dtype.name, "bytes": c.nbytes} for c in chunks],
-                "busy_ms": round(busy_s * 1000, 4),
-                "wait_ms": round(wait_s * 1000, 4),
-            }
-            self.send(answer, b"".join(c.tobytes() for c in chunks), holds_slot=True)
+            chunks = [np.ascontiguousarray(o) for o in outputs]  # get_tensor's own copies: no copy here
+            # The answer's JSON by hand (what json.dumps writes for these values, in a fraction of
+            # its time): the outputs' part is the same for every answer of a model, kept per model.
+            described = _describe(self._described, entry.sha256, chunks)
+            busy, wait = round(busy_s * 1000, 4), round(wait_s * 1000, 4)
+            answer = f'{{"ok":true,"id":{request_id},"outputs":{described},"busy_ms":{busy!r},"wait_ms":{wait!r}}}'
+            buffers = [c.data.cast("B") for c in chunks if c.nbytes]
+            # Sent from the device's thread only when the device has nothing else to run: then it
+            # spares the client a thread hand-off; with work waiting, the writer sends it while the
+            # device runs the next request (measured: bench/profile_broker.py --depth 4).
+            self.send(answer.encode(), buffers, holds_slot=True, direct=not self.broker.pool.queued())
 
         if not self.broker.pool.submit(Work(self.job.job, entry.sha256, inputs, done)):
             self.send({"ok": False, "id": request_id, "error": "this job's shares were closed"}, holds_slot=True)
+
+
+def _describe(cache: dict[str, tuple[list, str]], model: str, chunks: list[np.ndarray]) -> str:
+    """The answer's ``outputs`` as JSON text; ``cache`` keeps the last one per model (a model's
+    outputs rarely change shape), since numpy's ``dtype.name`` alone costs microseconds."""
+    key = [(c.shape, c.dtype) for c in chunks]
+    cached = cache.get(model)
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    import json
+
+    text = json.dumps(
+        [{"shape": list(c.shape), "dtype": c.dtype.name, "bytes": c.nbytes} for c in chunks], separators=(",", ":")
+    )
+    cache[model] = (key, text)
+    return text
 
 
 class _Job:
@@ -255,7 +318,7 @@ class _Job:
 
     def __init__(self, job: int, uid: int, gid: int, shares: int, limits: Limits):
         self.job, self.uid, self.gid, self.shares = job, uid, gid, shares
-        self.slots = threading.Semaphore(limits.in_flight)
+        self.slots = _Slots(limits.in_flight)
         self.limits = limits
         self.connections: set[_Connection] = set()
         self.lock = threading.Lock()
@@ -385,10 +448,13 @@ class Broker:
 
     def stats(self) -> dict:
         figures = self.pool.all_figures()
+        with self._jobs_lock:
+            peaks = {str(job): entry.slots.peak for job, entry in sorted(self.jobs.items())}
         return {
             "ok": True,
             "jobs": {str(job): f.as_dict() for job, f in sorted(figures.items())},
             "devices": self.pool.device_figures(),
+            "in_flight_peak": peaks,
         }
 
     # ---- endpoints ----

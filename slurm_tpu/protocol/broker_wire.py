@@ -35,18 +35,33 @@ Job endpoint ops (the job's user, hostile input):
   = the output tensors' bytes. Answers on one connection may come back in another order than their
   requests (match by ``id``); a job's requests in flight are bounded, beyond that the broker stops
   reading the connection (back-pressure, not an error).
-- ``stats``: the job's own figures (:data:`FIGURES`).
+- ``stats``: ``{"ok", "stats": {figures}, "in_flight_peak": n}``: the job's own figures
+  (:data:`FIGURES`), and the most requests it ever had read and not yet answered at once
+  (a client that pipelines shows more than 1).
 
 Control ops (root): ``open`` ``{"job"}`` (endpoint from the grant file), ``close`` ``{"job"}`` ->
 ``{"ok", "stats": {figures}}``, ``stats`` -> ``{"ok", "jobs": {job: figures}, "devices":
-{identity: {"busy_s", "utilization", "model_swaps", "inferences"}}}``, ``ping``.
+{identity: {"busy_s", "utilization", "model_swaps", "inferences"}}, "in_flight_peak": {job: n}}``,
+``ping``.
+
+Both ends send a frame with one gathering ``sendmsg`` (head and JSON, then the payload's buffers,
+not copied together) and read it with :class:`FrameReader` (usually one ``recv`` for a small
+frame); that is how they are read and written, not part of the format.
 """
 
 from __future__ import annotations
 
+import socket
 import struct
 
 from . import FormatError, json_object
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+    from typing import Union
+
+    Buffer = Union[bytes, bytearray, memoryview]
 
 BROKER_DIR = "broker"  # under the state directory
 CONTROL_SOCKET = "control.sock"
@@ -62,6 +77,9 @@ MAGIC = b"STB1"
 HEAD = struct.Struct(">4sII")
 MAX_HEADER = 64 << 10
 MAX_PAYLOAD = 64 << 20  # a model (Edge TPU models are < 20 MB) or one request's tensors
+READ_BUFFER = HEAD.size + MAX_HEADER  # FrameReader's buffer: any head and JSON fit in it
+READ_AHEAD = 8 << 10  # what FrameReader asks one recv for beyond the bytes it needs
+_IOV_MAX = 512  # buffers per sendmsg (Linux takes 1024)
 GRANT_VERSION = 1
 MAX_SHARES = 1024
 
@@ -80,7 +98,7 @@ def control_path(state_dir: str) -> str:
     return f"{state_dir.rstrip('/')}/{BROKER_DIR}/{CONTROL_SOCKET}"
 
 
-def encode_frame(header: dict, payload: bytes | bytearray | memoryview = b"") -> bytes:
+def encode_frame(header: dict, payload: Buffer = b"") -> bytes:
     """One frame (head, JSON, payload) as bytes."""
     import json
 
@@ -90,7 +108,7 @@ def encode_frame(header: dict, payload: bytes | bytearray | memoryview = b"") ->
     return HEAD.pack(MAGIC, len(text), len(payload)) + text + bytes(payload)
 
 
-def parse_head(head: bytes, max_payload: int = MAX_PAYLOAD) -> tuple[int, int]:
+def parse_head(head: bytes | memoryview, max_payload: int = MAX_PAYLOAD) -> tuple[int, int]:
     """(JSON length, payload length) from a frame's 12 bytes; FormatError for a foreign or oversized frame."""
     magic, header_len, payload_len = HEAD.unpack(head)
     if magic != MAGIC:
@@ -156,16 +174,131 @@ def recv_frame(sock, max_payload: int = MAX_PAYLOAD) -> tuple[dict, bytes]:
     return header, recv_exact(sock, payload_len)
 
 
-def send_frame(sock, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
-    """Send one frame (the head and JSON in one write, the payload without a copy)."""
+class FrameReader:
+    """Frames from one stream socket with as few ``recv`` calls as the data allows.
+
+    One ``recv`` of up to :data:`READ_AHEAD` bytes usually brings a request's head, JSON and
+    (small) payload at once, where reading them exactly takes three calls; a large payload's
+    remainder is received straight into its own buffer (copying through this one would cost
+    the device's thread the GIL for longer). What is read ahead is bounded (a buffer of
+    :data:`READ_BUFFER`), so back-pressure (not reading) still holds. The head is checked before
+    anything past it is parsed, so a foreign or oversized frame is refused on its 12 bytes.
+    """
+
+    def __init__(self, sock):
+        import json
+
+        self._sock = sock
+        self._buffer = bytearray(READ_BUFFER)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0  # unparsed bytes: self._buffer[start:end]
+        self._loads = json.loads
+
+    def _fill(self, count: int) -> None:
+        """At least ``count`` (<= READ_BUFFER) unparsed bytes in the buffer; EOFError when the peer closes."""
+        if self._end - self._start >= count:
+            return
+        if self._start + count > READ_BUFFER:  # move what is left to the front to make room
+            left = self._end - self._start
+            self._buffer[:left] = self._view[self._start : self._end]
+            self._start, self._end = 0, left
+        while self._end - self._start < count:
+            wanted = max(READ_AHEAD, count - (self._end - self._start))
+            n = self._sock.recv_into(self._view[self._end :], min(wanted, READ_BUFFER - self._end))
+            if n == 0:
+                raise EOFError("the other end closed the connection")
+            self._end += n
+
+    def head(self, max_payload: int = MAX_PAYLOAD) -> tuple[dict, int]:
+        """The next frame's JSON object and its payload's length (read next with :meth:`payload`)."""
+        self._fill(HEAD.size)
+        header_len, payload_len = parse_head(self._view[self._start : self._start + HEAD.size], max_payload)
+        self._start += HEAD.size
+        self._fill(header_len)
+        raw = self._buffer[self._start : self._start + header_len]  # json reads bytearray, not memoryview
+        self._start += header_len
+        try:
+            data = self._loads(raw)
+        except (ValueError, RecursionError):  # RecursionError: "[[[[..." nested past the stack
+            raise FormatError("broker frame: not a JSON object (not JSON, or a torn line)") from None
+        if not isinstance(data, dict):
+            raise FormatError("broker frame: not a JSON object")
+        if not isinstance(data.get("op"), str) and not isinstance(data.get("ok"), bool):
+            raise FormatError("broker frame without 'op' or 'ok'")
+        return data, payload_len
+
+    def payload(self, count: int) -> bytearray:
+        """The frame's payload (``count`` bytes from :meth:`head`), in a buffer of its own (writable)."""
+        out = bytearray(count)
+        have = min(count, self._end - self._start)
+        out[:have] = self._view[self._start : self._start + have]
+        self._start += have
+        if self._start == self._end:
+            self._start = self._end = 0
+        if have < count:
+            view = memoryview(out)
+            while have < count:
+                n = self._sock.recv_into(view[have:], count - have)
+                if n == 0:
+                    raise EOFError("the other end closed the connection")
+                have += n
+        return out
+
+
+def frame_parts(header: dict | bytes, payload: Sequence[Buffer] = ()) -> list[Buffer]:
+    """One frame as buffers for a gathering send: the head and JSON, then each payload buffer (not
+    copied). ``header``: the JSON object, or its text already encoded (a hot path's own)."""
     import json
 
-    text = json.dumps(header, separators=(",", ":")).encode()
+    text = header if isinstance(header, bytes) else json.dumps(header, separators=(",", ":")).encode()
     if len(text) > MAX_HEADER:
         raise ValueError(f"frame header of {len(text)} bytes (at most {MAX_HEADER})")
-    head = HEAD.pack(MAGIC, len(text), len(payload)) + text
-    if len(payload) < 65536:
-        sock.sendall(head + bytes(payload))
-    else:
-        sock.sendall(head)
-        sock.sendall(payload)
+    size = 0
+    for part in payload:
+        size += memoryview(part).nbytes
+    return [HEAD.pack(MAGIC, len(text), size) + text, *payload]
+
+
+def _rest(parts: Sequence[Buffer], sent: int) -> list[memoryview]:
+    """What is left of ``parts`` once their first ``sent`` bytes went out."""
+    rest = []
+    for part in parts:
+        view = memoryview(part).cast("B")
+        if sent >= view.nbytes:
+            sent -= view.nbytes
+            continue
+        rest.append(view[sent:])
+        sent = 0
+    return rest
+
+
+def send_parts(sock, parts: Sequence[Buffer]) -> None:
+    """Send buffers as one stream (``sendmsg``, gathering: no copy into one buffer), blocking until all went."""
+    views = [memoryview(p).cast("B") for p in parts]
+    total = sum(v.nbytes for v in views)
+    while views:
+        sent = sock.sendmsg(views[:_IOV_MAX])
+        if sent == total:
+            return
+        total -= sent
+        views = _rest(views, sent)
+
+
+def try_send(sock, parts: Sequence[Buffer]) -> list[memoryview] | None:
+    """Send as much of ``parts`` as the socket takes now, without blocking: None when it took all,
+    else what is left (all of it when it took nothing)."""
+    views = [memoryview(p).cast("B") for p in parts]
+    if len(views) > _IOV_MAX:
+        return views
+    try:
+        sent = sock.sendmsg(views, (), socket.MSG_DONTWAIT)
+    except (BlockingIOError, InterruptedError):
+        return views
+    if sent == sum(v.nbytes for v in views):
+        return None
+    return _rest(views, sent)
+
+
+def send_frame(sock, header: dict, payload: Buffer = b"") -> None:
+    """Send one frame (the head and JSON, then the payload, in one gathering write: no copy)."""
+    send_parts(sock, frame_parts(header, (payload,) if len(payload) else ()))

@@ -2,8 +2,13 @@
 
 :class:`BrokerEngine` has the Engine interface (modelinfo.Engine): it connects to the job's
 endpoint, sends the model's bytes once (``load``), then one ``invoke`` per :meth:`run`, so
-``infer``, ``serve`` and the Runner API run through the broker unchanged. :meth:`run_many`
-keeps several requests in flight on the one connection (pipelining) for callers with a stream.
+``infer``, ``serve`` and the Runner API run through the broker unchanged.
+
+An engine may be shared by up to :attr:`BrokerEngine.in_flight` threads at once, each in its
+own :meth:`run`: their requests are in flight together on the one connection, so the broker's
+device runs the next while this process sends, receives and decodes (the runner's pipeline and
+``serve``'s device queue give a broker engine that many threads; in process an engine runs one
+inference at a time). :meth:`run_many` does the same from one thread, for a caller with a stream.
 Anything that stops the broker from answering is one line (:class:`BrokerError`), never
 another job's results: answers are matched by the request's id.
 """
@@ -12,7 +17,10 @@ from __future__ import annotations
 
 import errno
 import itertools
+import json
 import socket
+import struct
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 
@@ -24,6 +32,7 @@ from .modelinfo import TensorSpec
 
 CONNECT_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 300.0  # a request may wait behind other jobs' work; a dead broker closes the socket
+IN_FLIGHT = 4  # requests one engine keeps at the broker when shared by that many threads (the job may have 16)
 
 
 class BrokerError(DeviceError):
@@ -38,20 +47,32 @@ def _spec(data: dict) -> TensorSpec:
 
 
 class BrokerEngine:
-    """One model on the job's TPU shares, through the broker's endpoint ``endpoint``."""
+    """One model on the job's TPU shares, through the broker's endpoint ``endpoint`` (thread-safe)."""
+
+    in_flight = IN_FLIGHT  # threads that may share this engine, each with one request in flight
 
     def __init__(self, model_path: str, endpoint: str, label: str = "edgetpu shard"):
         self.label = label
         self.endpoint = endpoint
-        self._ids = itertools.count(1)
+        self._ids = itertools.count(1)  # next() is atomic: threads draw distinct ids
+        self._send_lock = threading.Lock()  # one frame on the socket at a time
+        # Answers: one thread at a time reads the socket; it keeps the others' answers here for them.
+        self._cond = threading.Condition(threading.Lock())
+        self._answers: dict[int, tuple[dict, bytearray]] = {}
+        self._waiting: set[int] = set()  # ids sent and not yet answered
+        self._reading = False
+        self._failure: BrokerError | None = None  # the connection is lost: every caller gets this line
+        self._busy_s = 0.0  # the broker's device time of this engine's requests (its answers' busy_ms)
         try:
             with open(model_path, "rb") as handle:
                 data = handle.read()
         except OSError as exc:
             raise BrokerError(f"cannot read model {model_path}: {exc.strerror}", "broker") from None
         self._sock: socket.socket | None = self._connect(endpoint)
+        self._frames = wire.FrameReader(self._sock)
         try:
-            answer, _ = self._ask({"op": "load"}, data)
+            self._send({"op": "load"}, (data,))
+            answer, _ = self._receive()
         except BaseException:
             self.close()
             raise
@@ -64,6 +85,10 @@ class BrokerEngine:
         self.inputs: Sequence[TensorSpec] = [_spec(d) for d in answer["inputs"]]
         self.outputs: Sequence[TensorSpec] = [_spec(d) for d in answer["outputs"]]
         self._sizes = [int(np.prod(s.shape, dtype=np.int64)) * s.dtype.itemsize for s in self.inputs]
+        # An invoke's JSON but its id, written once (the inputs' sizes are the model's: _submit checks
+        # every shape), so a request costs no json.dumps.
+        fixed = json.dumps({"op": "invoke", "model": self.model, "tensors": self._sizes}, separators=(",", ":"))
+        self._invoke_json = (fixed[:-1] + ',"id":').encode()
 
     @staticmethod
     def _connect(endpoint: str) -> socket.socket:
@@ -83,33 +108,37 @@ class BrokerEngine:
             else:
                 why = f"cannot connect to the TPU broker at {endpoint}: {exc.strerror or exc}"
             raise BrokerError(why, "broker") from None
-        sock.settimeout(ANSWER_TIMEOUT_S)
+        # Blocking, with the kernel's own timeouts: a Python socket timeout costs a poll() before
+        # every send and recv; SO_RCVTIMEO/SO_SNDTIMEO make a stalled call fail with EAGAIN instead.
+        sock.settimeout(None)
+        timeval = struct.pack("ll", int(ANSWER_TIMEOUT_S), 0)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, timeval)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
         return sock
 
-    def _ask(self, header: dict, payload: bytes | bytearray | memoryview = b"") -> tuple[dict, bytes]:
-        self._send(header, payload)
-        return self._receive()
-
-    def _send(self, header: dict, payload: bytes | bytearray | memoryview = b"") -> None:
-        if self._sock is None:
-            raise BrokerError("the TPU broker connection is closed", "broker")
+    def _send(self, header: dict | bytes, payload: Sequence = ()) -> None:
+        sock = self._sock
+        if sock is None:
+            raise self._failure or BrokerError("the TPU broker connection is closed", "broker")
         try:
-            wire.send_frame(self._sock, header, payload)
+            with self._send_lock:
+                wire.send_parts(sock, wire.frame_parts(header, payload))
         except OSError as exc:
             # A refused connection gets one error frame before the broker closes it: read it if it came.
             try:
-                self._sock.settimeout(1.0)
-                answer, _ = wire.recv_frame(self._sock)
+                sock.settimeout(1.0)
+                answer, _ = wire.recv_frame(sock)
             except (EOFError, OSError, FormatError):
                 self._lost(exc)
             self.close()
             raise BrokerError(f"the TPU broker refused this process: {answer.get('error')}", "broker") from None
 
-    def _receive(self) -> tuple[dict, bytes]:
+    def _receive(self) -> tuple[dict, bytearray]:
         if self._sock is None:
-            raise BrokerError("the TPU broker connection is closed", "broker")
+            raise self._failure or BrokerError("the TPU broker connection is closed", "broker")
         try:
-            return wire.recv_frame(self._sock)
+            header, length = self._frames.head()
+            return header, self._frames.payload(length)
         except (EOFError, OSError, FormatError) as exc:
             self._lost(exc)
             raise  # unreachable: _lost raises
@@ -117,7 +146,7 @@ class BrokerEngine:
     def _lost(self, exc: BaseException) -> None:
         # The broker answers a refused connection with one frame, then closes: say its line.
         self.close()
-        if isinstance(exc, socket.timeout):
+        if isinstance(exc, (socket.timeout, BlockingIOError)):  # SO_RCVTIMEO ran out: EAGAIN
             raise BrokerError(f"the TPU broker at {self.endpoint} did not answer in {ANSWER_TIMEOUT_S:.0f} s", "broker")
         raise BrokerError(
             f"the TPU broker at {self.endpoint} closed the connection ({exc}): it stopped or restarted; run again",
@@ -126,71 +155,120 @@ class BrokerEngine:
 
     # ---- inference ----
 
-    def _request(self, inputs: Sequence[np.ndarray]) -> tuple[int, list, list[int]]:
-        request_id = next(self._ids)
+    def _submit(self, inputs: Sequence[np.ndarray]) -> int:
+        """Send one request (its tensors straight from their arrays); its id."""
         if len(inputs) != len(self.inputs):
             raise BrokerError(f"the model takes {len(self.inputs)} input tensors, not {len(inputs)}", "broker")
-        arrays = []
+        buffers = []
         for spec, value in zip(self.inputs, inputs):
             array = np.ascontiguousarray(value, dtype=spec.dtype)
             if array.shape != spec.shape:
                 raise BrokerError(f"input {spec.name} has shape {array.shape}, the model's is {spec.shape}", "broker")
-            arrays.append(array)
-        return request_id, arrays, [a.nbytes for a in arrays]
-
-    def _submit(self, inputs: Sequence[np.ndarray]) -> int:
-        request_id, arrays, sizes = self._request(inputs)
-        payload = memoryview(arrays[0]).cast("B") if len(arrays) == 1 else b"".join(a.tobytes() for a in arrays)
-        self._send({"op": "invoke", "id": request_id, "model": self.model, "tensors": sizes}, payload)
+            buffers.append(array.data.cast("B"))
+        request_id = next(self._ids)
+        with self._cond:
+            self._waiting.add(request_id)
+        try:
+            self._send(self._invoke_json + b"%d}" % request_id, buffers)
+        except BaseException:
+            with self._cond:
+                self._waiting.discard(request_id)
+            raise
         return request_id
 
-    def _collect(self) -> tuple[int, list[np.ndarray]]:
-        header, payload = self._receive()
+    def _answer(self, wanted: int) -> tuple[dict, bytearray]:
+        """The answer to request ``wanted``: read by this thread, or by the one reading for all."""
+        with self._cond:
+            while True:
+                if wanted in self._answers:
+                    self._waiting.discard(wanted)
+                    return self._answers.pop(wanted)
+                if self._failure is not None:
+                    self._waiting.discard(wanted)
+                    raise self._failure
+                if not self._reading:
+                    self._reading = True
+                    break
+                self._cond.wait()
+        try:
+            while True:
+                header, payload = self._receive()
+                answer_id = header.get("id")
+                if answer_id == wanted:
+                    with self._cond:
+                        self._waiting.discard(wanted)
+                    return header, payload
+                if answer_id not in self._waiting or answer_id in self._answers:
+                    self.close()  # a frame for no request of ours: the connection cannot be trusted
+                    if not header.get("ok") and answer_id is None:
+                        raise BrokerError(f"the TPU broker refused the request: {header.get('error')}", "broker")
+                    raise BrokerError(f"the TPU broker answered request {answer_id}, not one it was sent", "broker")
+                with self._cond:
+                    self._answers[answer_id] = (header, payload)
+                    self._cond.notify_all()
+        except BrokerError as exc:
+            with self._cond:
+                self._failure = exc
+            raise
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+
+    def _outputs(self, header: dict, payload: bytearray) -> list[np.ndarray]:
         if not header.get("ok"):
-            if "id" not in header:
-                self.close()
             raise BrokerError(f"the TPU broker refused the request: {header.get('error')}", "broker")
+        busy = header.get("busy_ms")
+        if isinstance(busy, (int, float)):
+            with self._cond:
+                self._busy_s += busy / 1000
         outputs, offset = [], 0
         for item in header.get("outputs", []):
             size = int(item["bytes"])
             dtype = np.dtype(item["dtype"])
-            array = np.frombuffer(payload, dtype, size // dtype.itemsize, offset)
-            outputs.append(array.reshape(item["shape"]).copy())
+            # Views of the answer's own (writable) buffer: no copy, unless one would be misaligned.
+            array = np.frombuffer(payload, dtype, size // dtype.itemsize, offset).reshape(item["shape"])
+            outputs.append(array.copy() if offset % dtype.alignment else array)
             offset += size
-        return int(header["id"]), outputs
+        return outputs
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         """One inference: the outputs, bit for bit what the model gives on the broker's device."""
-        request_id = self._submit(inputs)
-        answer_id, outputs = self._collect()
-        if answer_id != request_id:
-            self.close()
-            raise BrokerError(f"the TPU broker answered request {answer_id}, not {request_id}", "broker")
-        return outputs
+        return self._outputs(*self._answer(self._submit(inputs)))
 
     def run_many(self, batches: Iterable[Sequence[np.ndarray]], depth: int = 4) -> Iterator[list[np.ndarray]]:
         """Outputs of each input set, in order, with up to ``depth`` requests in flight."""
         pending: deque[int] = deque()
-        done: dict[int, list[np.ndarray]] = {}
         for inputs in batches:
             pending.append(self._submit(inputs))
             while len(pending) >= depth:
-                yield self._next(pending, done)
+                yield self._outputs(*self._answer(pending.popleft()))
         while pending:
-            yield self._next(pending, done)
+            yield self._outputs(*self._answer(pending.popleft()))
 
-    def _next(self, pending: deque[int], done: dict[int, list[np.ndarray]]) -> list[np.ndarray]:
-        wanted = pending[0]
-        while wanted not in done:
-            answer_id, outputs = self._collect()
-            done[answer_id] = outputs
-        pending.popleft()
-        return done.pop(wanted)
+    def device_seconds(self) -> float:
+        """Seconds the broker's device spent on this engine's requests (runs overlap, and wait
+        behind other jobs': their wall time is not the device's)."""
+        return self._busy_s
 
     def stats(self) -> dict:
-        """The job's figures as the broker counts them."""
-        answer, _ = self._ask({"op": "stats"})
-        return dict(answer.get("stats") or {})
+        """The job's figures as the broker counts them (the figures only; see :meth:`stats_answer`)."""
+        return dict(self.stats_answer().get("stats") or {})
+
+    def stats_answer(self) -> dict:
+        """The broker's whole ``stats`` answer: the figures and the job's ``in_flight_peak``."""
+        with self._cond:  # the reader: no answer of another thread's may be waiting behind this one
+            if self._waiting or self._reading:
+                raise BrokerError("stats while requests are in flight on this engine", "broker")
+            self._reading = True
+        try:
+            self._send({"op": "stats"})
+            answer, _ = self._receive()
+        finally:
+            with self._cond:
+                self._reading = False
+                self._cond.notify_all()
+        return answer
 
     def close(self) -> None:
         if self._sock is not None:

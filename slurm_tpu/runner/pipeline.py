@@ -3,7 +3,9 @@
 One engine runs inline (no thread hop on the hot path); several each get a thread, whichever is
 free taking the next input; ``chain=True`` runs engine i on engine i-1's outputs (a model split
 in segments), so N segments work on N inputs at once. TFLite's invoke() releases the GIL, so
-these threads really overlap.
+these threads really overlap. An engine that may be shared (``in_flight`` > 1: a broker engine,
+whose device is the node broker's) gets that many threads, so that many of its requests are at
+the broker at once and its device never waits for this process between them.
 """
 
 from __future__ import annotations
@@ -89,6 +91,8 @@ def infer_ordered(
     engines: Sequence[Engine], items: Iterable[Item], chain: bool = False, depth: int = 8
 ) -> Iterator[Item]:
     """Run every item, yielding them in input order with ``outputs`` (or ``error``) set."""
+    if not chain:  # a shared engine once per request it may have in flight
+        engines = [engine for engine in engines for _ in range(max(1, getattr(engine, "in_flight", 1)))]
     if len(engines) == 1:
         for item in items:
             yield _run(engines[0], item)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -35,7 +36,9 @@ _log = logging.getLogger("slurm_tpu.runner")
 
 
 class MeteredEngine:
-    """An Engine that counts its runs and the wall time spent in them."""
+    """An Engine that counts its runs and the device time spent in them: the wall time of each
+    run, or for an engine that knows its device's own time (``device_seconds``: a broker engine,
+    whose runs overlap and wait behind other jobs') that time."""
 
     def __init__(self, engine, device: Device):
         self._engine = engine
@@ -43,16 +46,25 @@ class MeteredEngine:
         self.label = engine.label
         self.inputs = engine.inputs
         self.outputs = engine.outputs
+        self.in_flight = getattr(engine, "in_flight", 1)  # callers that may share it (pipeline, serve)
+        self._device_seconds = getattr(engine, "device_seconds", None)
+        self._lock = threading.Lock()  # a shared engine's runs end in several threads
         self.inferences = 0
-        self.seconds = 0.0
+        self._wall = 0.0
+
+    @property
+    def seconds(self) -> float:
+        return self._device_seconds() if self._device_seconds is not None else self._wall
 
     def run(self, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
         started = time.perf_counter()
         try:
             return self._engine.run(inputs)
         finally:
-            self.seconds += time.perf_counter() - started
-            self.inferences += 1
+            elapsed = time.perf_counter() - started
+            with self._lock:
+                self._wall += elapsed
+                self.inferences += 1
 
     def close(self) -> None:
         self._engine.close()

@@ -2,6 +2,7 @@
 
     probe.py compare MODEL N       BrokerEngine vs an in-process InterpreterEngine on N inputs
     probe.py run MODEL N           N requests, pipelined; checks every answer against in-process
+    probe.py threads MODEL T N     one engine shared by T threads, N requests each, checked likewise
     probe.py flood MODEL CONNS     CONNS connections saturating the broker until killed
     probe.py connect MODEL         connect and load: {"ok"} or the one error line
     probe.py hostile KIND MODEL    garbage | huge | mismatch | unknown-model: what the broker answered
@@ -65,6 +66,29 @@ def run(model: str, count: int) -> dict:
         done += 1
         wrong += not all(np.array_equal(x, y) for x, y in zip(outputs, local.run(sets[index % 8])))
     return {"done": done, "wrong": wrong}
+
+
+def threads(model: str, count: int, each: int) -> dict:
+    remote = BrokerEngine(model, ENDPOINT)
+    local = InterpreterEngine(model, "cpu", select_runtime(), 1)
+    sets = inputs_for(local, count * each)
+    expected = [local.run(inputs) for inputs in sets]
+    results: dict[int, list] = {}
+    start = threading.Barrier(count)
+
+    def one(index: int) -> None:
+        start.wait()
+        for i in range(index, len(sets), count):
+            results[i] = remote.run(sets[i])
+
+    workers = [threading.Thread(target=one, args=(i,)) for i in range(count)]
+    for t in workers:
+        t.start()
+    for t in workers:
+        t.join()
+    wrong = sum(not all(np.array_equal(x, y) for x, y in zip(results[i], expected[i])) for i in range(len(sets)))
+    peak = remote.stats_answer()["in_flight_peak"]
+    return {"done": len(results), "wrong": wrong, "peak_at_least_2": peak >= 2}
 
 
 def flood(model: str, connections: int) -> None:
@@ -136,6 +160,8 @@ def main() -> None:
         result = compare(args[0], int(args[1]))
     elif command == "run":
         result = run(args[0], int(args[1]))
+    elif command == "threads":
+        result = threads(args[0], int(args[1]), int(args[2]))
     elif command == "flood":
         flood(args[0], int(args[1]))
         return

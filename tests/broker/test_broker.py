@@ -60,6 +60,40 @@ def test_cli_infer_runs_through_the_broker_with_no_new_flag(broker, cgroups, mod
     assert broker.control("stats")["jobs"]["12"][wire.INFERENCES] == len(records)
 
 
+def test_a_directory_through_the_broker_keeps_several_requests_in_flight_in_order(broker, cgroups, models, tmp_path):
+    # MobileNet (milliseconds per inference on the broker's CPU) so that the runner's threads send
+    # while the device runs; the broker's own high-water mark of the job's requests shows they overlapped.
+    endpoint = broker.open(13)
+    env = dict(os.environ, SLURM_TPU_BROKER=endpoint, PYTHONPATH=str(REPO))
+    env.pop("SLURM_TPU_DEVICES", None)
+    cli = [sys.executable, "-c", "from slurm_tpu.cli import run; run()", "infer", "--model", str(models["mobilenet"])]
+    cli += ["--labels", str(models["mobilenet_labels"]), "--top-k", "3", str(models["images"])]
+    through = subprocess.run(
+        cgroups.command(13, [*cli, "--output", str(tmp_path / "b.jsonl")]),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert through.returncode == 0, through.stderr
+    local = subprocess.run(
+        [*cli, "--device", "cpu", "--output", str(tmp_path / "l.jsonl")], env=env, capture_output=True, text=True
+    )
+    assert local.returncode == 0, local.stderr
+    records = [json.loads(line) for line in (tmp_path / "b.jsonl").read_text().splitlines()]
+    assert len(records) >= 6
+    assert records == [json.loads(line) for line in (tmp_path / "l.jsonl").read_text().splitlines()]
+    stats = broker.control("stats")
+    assert stats["jobs"]["13"][wire.INFERENCES] == len(records)
+    assert stats["in_flight_peak"]["13"] >= 2, stats["in_flight_peak"]
+
+
+def test_an_engine_shared_by_threads_gets_each_thread_its_own_answers(broker, cgroups, models):
+    endpoint = broker.open(14)
+    result = probe(cgroups, 14, endpoint, ["threads", str(models["mobilenet"]), "4", "12"])
+    assert result == {"done": 48, "wrong": 0, "peak_at_least_2": True}, result
+
+
 def test_broker_down_is_one_line(cgroups, models, tmp_path):
     env = dict(os.environ, SLURM_TPU_BROKER=str(tmp_path / "gone.sock"), PYTHONPATH=str(REPO))
     done = subprocess.run(
@@ -223,3 +257,125 @@ def test_no_shared_device_is_one_line_and_nonzero(tmp_path):
         timeout=120,
     )
     assert done.returncode != 0 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+
+
+class _SharedEngine:
+    """An engine that may be shared (``in_flight``) and whose runs wait for each other: a barrier
+    of ``in_flight`` parties passes only when that many runs are under way at once."""
+
+    label = "edgetpu shard"
+
+    def __init__(self, in_flight: int):
+        import threading
+
+        self.inputs: list = []
+        self.outputs: list = []
+        self.in_flight = in_flight
+        self.barrier = threading.Barrier(in_flight, timeout=60)
+
+    def run(self, inputs):
+        import numpy as np
+
+        self.barrier.wait()  # BrokenBarrierError (the test fails) unless in_flight runs overlap
+        return [np.asarray(inputs[0]) * 2]
+
+
+def test_the_pipeline_gives_a_shared_engine_its_requests_in_flight_and_keeps_order():
+    import numpy as np
+
+    from slurm_tpu.runner.pipeline import Item, infer_ordered
+
+    engine = _SharedEngine(3)
+    items = [Item(i, f"k{i}", inputs=[np.array([i])]) for i in range(30)]
+    done = list(infer_ordered([engine], iter(items)))
+    assert [item.key for item in done] == [f"k{i}" for i in range(30)]
+    assert [int(item.outputs[0][0]) for item in done] == [2 * i for i in range(30)]
+
+
+def test_serve_device_queue_gives_a_shared_engine_its_requests_in_flight():
+    import numpy as np
+
+    from slurm_tpu.runner.serve.devicequeue import DeviceQueue
+
+    engine = _SharedEngine(4)
+    queue = DeviceQueue([[engine]], capacity=16)
+    queue.start()
+    try:
+        futures = queue.submit_all(0, [[np.array([i])] for i in range(8)])
+        assert [int(f.wait(60)[0][0]) for f in futures] == [2 * i for i in range(8)]
+    finally:
+        queue.close(timeout=60)
+
+
+def test_frames_read_whole_however_the_stream_is_cut():
+    import socket
+    import threading
+
+    frames = [
+        ({"op": "invoke", "id": 1}, b"x" * 3),
+        ({"op": "stats"}, b""),
+        ({"ok": True, "pad": "p" * 60000}, b"y" * 200000),  # JSON past the read-ahead, payload past the buffer
+        ({"ok": False, "error": "e"}, bytes(range(256)) * 4),
+    ]
+    stream = b"".join(wire.encode_frame(h, p) for h, p in frames)
+    for cut in (1, 7, 4096, len(stream)):
+        a, b = socket.socketpair()
+
+        def write(a=a, cut=cut) -> None:
+            for i in range(0, len(stream), cut):
+                a.sendall(stream[i : i + cut])
+            a.close()
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        reader = wire.FrameReader(b)
+        got = []
+        for _ in frames:
+            header, length = reader.head()
+            got.append((header, bytes(reader.payload(length))))
+        with pytest.raises(EOFError):
+            reader.head()
+        writer.join()
+        b.close()
+        assert got == frames, cut
+
+
+def test_a_send_the_socket_takes_in_part_is_finished_in_order():
+    import socket
+    import threading
+
+    a, b = socket.socketpair()
+    a.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4096)
+    big = bytes(range(256)) * 4096  # 1 MiB: more than the socket takes at once
+    rest = wire.try_send(a, wire.frame_parts({"ok": True, "id": 1}, [big[:1000], big[1000:]]))
+    assert rest  # not all of it went
+    reader = wire.FrameReader(b)
+    got = []
+
+    def read() -> None:
+        for _ in range(2):
+            header, length = reader.head()
+            got.append((header, bytes(reader.payload(length))))
+
+    thread = threading.Thread(target=read)
+    thread.start()
+    wire.send_parts(a, rest)
+    wire.send_frame(a, {"ok": True, "id": 2}, b"z")
+    thread.join(60)
+    assert got == [({"ok": True, "id": 1}, big), ({"ok": True, "id": 2}, b"z")]
+    a.close()
+    b.close()
+
+
+def test_a_foreign_or_oversized_frame_is_refused_on_its_head():
+    import socket
+
+    from slurm_tpu.protocol import FormatError
+
+    for head in (b"GET / HTTP/1.1\r\n", wire.HEAD.pack(wire.MAGIC, 1 << 30, 0), wire.HEAD.pack(wire.MAGIC, 2, 1 << 31)):
+        a, b = socket.socketpair()
+        a.sendall(head)
+        with pytest.raises(FormatError):
+            wire.FrameReader(b).head()
+        a.close()
+        b.close()

@@ -1,9 +1,11 @@
 """Requests to devices: one bounded queue, one worker thread per device.
 
 An Edge TPU runs one inference at a time, so the server owns each device through exactly
-one thread. Every worker pulls from one shared queue: whichever device is free takes the
-next inference. When the queue is full, :meth:`DeviceQueue.submit` raises
-:class:`Overloaded` at once (the HTTP layer answers 503 with Retry-After) instead of
+one thread (a device reached through the node's TPU broker: as many threads as its engines
+may have requests in flight, ``in_flight``, so the broker's device does not wait for this
+process between them; the broker runs them one at a time). Every worker pulls from one
+shared queue: whichever device is free takes the next inference. When the queue is full,
+:meth:`DeviceQueue.submit` raises :class:`Overloaded` at once (the HTTP layer answers 503 with Retry-After) instead of
 letting memory grow with the backlog.
 """
 
@@ -62,6 +64,7 @@ class DeviceQueue:
         self._threads = [
             threading.Thread(target=self._work, args=(list(device),), daemon=True, name=f"device-{i}")
             for i, device in enumerate(engines)
+            for _ in range(max([1, *(getattr(engine, "in_flight", 1) for engine in device)]))
         ]
         self._closing = False
         self._producing = threading.Lock()
