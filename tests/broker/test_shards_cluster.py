@@ -335,6 +335,43 @@ def test_a_hostile_job_harms_no_other_job(site):
     assert_node_serves(site)
 
 
+FLOOD = f"""
+{sys.executable} {PROBE} flood {{model}} 4 > $o/$SLURM_JOB_ID.flood &
+flood=$!
+i=0
+while [ ! -e {{stop}} ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done
+kill $flood
+"""
+
+
+def test_device_time_follows_the_shares_under_saturation(site):
+    """Two users' jobs holding 1 and 3 of the TPU's 4 shares, each keeping the broker saturated (4
+    connections, requests always in flight): over a window that opens once both run, each job's device
+    time (the broker's own figures) splits 1:3, within 10%."""
+    model = site.models["mobilenet"]  # milliseconds per inference: device time dominates the window
+    one = site.submit(ALICE, FLOOD.format(model=model, stop=site.go("fair-stop")), go="fair", gres="tpu_shard:1")
+    three = site.submit(BOB, FLOOD.format(model=model, stop=site.go("fair-stop")), go="fair", gres="tpu_shard:3")
+    site.go("fair").touch()
+
+    def busy() -> dict[int, float]:
+        jobs = site.broker_stats()["jobs"]
+        return {job: float(jobs.get(str(job), {}).get(broker_wire.BUSY_MS, 0.0)) for job in (one, three)}
+
+    try:
+        # Both saturating: each has run some requests (their clients keep several in flight from then on).
+        wait_until(lambda: all(value > 300 for value in busy().values()), 300, "both jobs running on the TPU")
+        start = busy()
+        wait_until(lambda: sum(busy().values()) - sum(start.values()) > 6000, 600, "6 s of device time")
+        end = busy()
+        used = {job: end[job] - start[job] for job in (one, three)}
+        assert 2.7 <= used[three] / used[one] <= 3.3, used
+        assert site.cluster.job_state(one) == site.cluster.job_state(three) == "RUNNING"  # saturating throughout
+    finally:
+        site.go("fair-stop").touch()
+    assert site.wait([one, three]) == {one: "COMPLETED", three: "COMPLETED"}, site.log(ALICE, one)
+    assert_node_serves(site)
+
+
 # ---- 3. broker crash and restart -----------------------------------------------------------------
 
 
