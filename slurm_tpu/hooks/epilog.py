@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     """The epilog's work. ``answer``: the node agent's early answer (see below); None in a hook process."""
     from ..access.ledger import Ledger
+    from ..protocol.broker_wire import grant_path
     from . import jobusage, leasing, settings as hook_settings
 
     hook.probe.mark("imports")
@@ -36,7 +37,7 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
         # TPU shares: looked for where the node shares devices, or a grant is left from when it did
         # (one stat; hooks/shards.py is imported only then).
         grant = None
-        if settings.shards is not None or os.path.lexists(_grant_path(settings.state_dir, job.job_id)):
+        if settings.shards is not None or os.path.lexists(grant_path(settings.state_dir, job.job_id)):
             from . import shards
 
             grant = shards.read_grant(ledger, job.job_id)
@@ -91,13 +92,6 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     say(f"epilog: {reason}")
     # Our own reason is more useful than Slurm's generic "Epilog error".
     return 0 if hook.drain(job.node, reason) else 1
-
-
-def _grant_path(state_dir: str, job_id: int) -> str:
-    """Where the job's grant would be (only looked at: hooks/shards.py reads it through the ledger's fd)."""
-    from ..protocol.broker_wire import BROKER_DIR, GRANTS
-
-    return f"{state_dir}/{BROKER_DIR}/{GRANTS}/{job_id}"
 
 
 def main(environ=None, answer: Callable[[], None] | None = None, probe=None) -> int:

@@ -51,7 +51,6 @@ frame); that is how they are read and written, not part of the format.
 
 from __future__ import annotations
 
-import socket
 import struct
 
 from . import FormatError, json_object
@@ -91,6 +90,11 @@ FIGURES = (BUSY_MS, INFERENCES, SWAPS, WAIT_MS, LOADS)
 def endpoint_path(state_dir: str, job_id: int) -> str:
     """The job's endpoint socket."""
     return f"{state_dir.rstrip('/')}/{BROKER_DIR}/{ENDPOINTS}/{int(job_id)}.sock"
+
+
+def grant_path(state_dir: str, job_id: int) -> str:
+    """The job's grant file (the Epilog only stats it; hooks/shards.py reads it through the ledger's fd)."""
+    return f"{state_dir.rstrip('/')}/{BROKER_DIR}/{GRANTS}/{int(job_id)}"
 
 
 def control_path(state_dir: str) -> str:
@@ -287,6 +291,8 @@ def send_parts(sock, parts: Sequence[Buffer]) -> None:
 def try_send(sock, parts: Sequence[Buffer]) -> list[memoryview] | None:
     """Send as much of ``parts`` as the socket takes now, without blocking: None when it took all,
     else what is left (all of it when it took nothing)."""
+    import socket  # here, not at the top: every Epilog imports this module for grant_path
+
     views = [memoryview(p).cast("B") for p in parts]
     if len(views) > _IOV_MAX:
         return views

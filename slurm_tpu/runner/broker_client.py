@@ -124,12 +124,26 @@ class BrokerEngine:
             with self._send_lock:
                 wire.send_parts(sock, wire.frame_parts(header, payload))
         except OSError as exc:
-            # A refused connection gets one error frame before the broker closes it: read it if it came.
+            # A refused connection gets one error frame before the broker closes it. Only one thread
+            # reads the socket: if another one does, it gets that frame (or the close) and says why.
+            with self._cond:
+                someone_reads = self._reading
+                self._reading = True
+                while someone_reads and self._reading and self._failure is None:
+                    self._cond.wait()
+            if someone_reads:
+                failure = self._failure
+                self.close()
+                raise failure or BrokerError(f"the TPU broker connection failed ({exc})", "broker") from None
             try:
                 sock.settimeout(1.0)
                 answer, _ = wire.recv_frame(sock)
             except (EOFError, OSError, FormatError):
                 self._lost(exc)
+            finally:
+                with self._cond:
+                    self._reading = False
+                    self._cond.notify_all()
             self.close()
             raise BrokerError(f"the TPU broker refused this process: {answer.get('error')}", "broker") from None
 
@@ -271,8 +285,10 @@ class BrokerEngine:
         return answer
 
     def close(self) -> None:
-        if self._sock is not None:
-            try:
-                self._sock.close()
-            finally:
-                self._sock = None
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            try:  # wakes a thread blocked in recv on it (close alone would not)
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
