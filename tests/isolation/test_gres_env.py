@@ -56,6 +56,7 @@ class _Settings:
     def __init__(self, names: list[str]):
         self.names = names
         self.asked = 0
+        self.shards = None  # the node shares no TPU
 
     def leasable_names(self) -> list[str]:
         return self.names
