@@ -30,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -236,7 +236,7 @@ class DevicePool:
             raise BrokerDeviceError("this job's shares were closed")
         try:
             future.result(timeout=timeout)
-        except TimeoutError:
+        except FutureTimeout:  # not the builtin TimeoutError before Python 3.11
             raise BrokerDeviceError(f"the model was not built within {timeout:g} s: the broker is busy") from None
 
     def drop_models(self, shas: Sequence[str]) -> None:
