@@ -22,6 +22,7 @@ op declared, or the load fails with one line.
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import tempfile
@@ -29,7 +30,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
+from concurrent.futures import Future, TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -37,11 +38,14 @@ import numpy as np
 from ..errors import SlurmTpuError
 from ..protocol import broker_wire as wire
 from ..runner import engines
-from .models import ModelEntry, ModelRegistry, tensor_bytes
+from .models import ModelEntry, ModelRegistry, answer_limit_error, tensor_bytes
 from .oneop import describe, same_tensors
 from .scheduler import Scheduler
 
+_log = logging.getLogger("slurm_tpu.broker")
+
 UTILIZATION_WINDOW_S = 10.0
+SAMPLE_EVERY_S = 0.1  # the device thread's (time, busy) samples for utilization: at most one per this
 
 
 @dataclass(frozen=True)
@@ -104,6 +108,9 @@ class Work:
     inputs: list[np.ndarray]
     done: Done
     enqueued: float = field(default_factory=time.perf_counter)
+    # A load's build (prepare): the device that picks it builds this model's interpreter, charged to
+    # the job like a request (so a job looping on loads gets no more than its share); done gets [] or the error.
+    build: ModelEntry | None = None
 
 
 class BrokerDeviceError(SlurmTpuError):
@@ -118,7 +125,8 @@ class _Device:
         self.last_model: str | None = None
         self.busy_s = 0.0
         self.inferences = self.swaps = self.loads = 0
-        self.samples: deque[tuple[float, float]] = deque()  # (time, busy_s) for the utilization window
+        # (time, busy_s) taken by the device's thread (at most one per SAMPLE_EVERY_S), read-only for stats
+        self.samples: deque[tuple[float, float]] = deque(maxlen=int(4 * UTILIZATION_WINDOW_S / SAMPLE_EVERY_S))
         self.thread: threading.Thread | None = None
 
 
@@ -156,7 +164,7 @@ class DevicePool:
 
     def start(self) -> None:
         for device in self._devices:
-            device.thread = threading.Thread(target=self._loop, args=(device,), name=f"device {device.spec.identity}")
+            device.thread = threading.Thread(target=self._thread, args=(device,), name=f"device {device.spec.identity}")
             device.thread.daemon = True
             device.thread.start()
 
@@ -168,6 +176,10 @@ class DevicePool:
             if device.thread is not None:
                 device.thread.join(timeout=10)
         shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def alive(self) -> bool:
+        """Whether every device's thread runs (False once one died: the broker serves no more on it)."""
+        return all(d.thread is not None and d.thread.is_alive() for d in self._devices)
 
     # ---- jobs ----
 
@@ -209,18 +221,23 @@ class DevicePool:
     # ---- models ----
 
     def prepare(self, entry: ModelEntry, job: int, timeout: float = 120.0) -> None:
-        """Build ``entry``'s interpreter on a device (the one holding fewest models) and learn its
-        tensors; BrokerDeviceError with one line when it cannot be built."""
-        device = min(self._devices, key=lambda d: len(d.engines))
+        """Build ``entry``'s interpreter on a device and learn its tensors; BrokerDeviceError with one
+        line when it cannot be built. The build waits its job's turn (the scheduler) and is charged
+        to the job as device time."""
         future: Future = Future()
 
-        def build() -> None:
-            self._engine(device, entry, job)
+        def done(outputs, error, busy_s, wait_s) -> None:
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(BrokerDeviceError(error))
 
-        with self._cond:
-            device.controls.append((build, future))
-            self._cond.notify_all()
-        future.result(timeout=timeout)
+        if not self.submit(Work(job, entry.sha256, [], done, build=entry)):
+            raise BrokerDeviceError("this job's shares were closed")
+        try:
+            future.result(timeout=timeout)
+        except FutureTimeout:  # not the builtin TimeoutError before Python 3.11
+            raise BrokerDeviceError(f"the model was not built within {timeout:g} s: the broker is busy") from None
 
     def drop_models(self, shas: Sequence[str]) -> None:
         """Close the interpreters of models no job refers to any more (on their devices' threads)."""
@@ -243,7 +260,11 @@ class DevicePool:
         engine = device.engines.get(entry.sha256)
         if engine is not None:
             return engine
-        engine = self._build(device, entry)
+        started = time.perf_counter()
+        try:
+            engine = self._build(device, entry)
+        finally:
+            self._charge_build(device, job, time.perf_counter() - started)
         if entry.declared is not None and not (
             same_tensors(entry.declared[0], engine.inputs) and same_tensors(entry.declared[1], engine.outputs)
         ):
@@ -253,6 +274,11 @@ class DevicePool:
                 f"the Edge TPU op's tensors ({describe(entry.declared[0])} -> {describe(entry.declared[1])}) "
                 f"are not those of {ran} ({describe(engine.inputs)} -> {describe(engine.outputs)})"
             )
+        # The interpreter's own view, bounded as the model was (models.check_model) before it is kept.
+        problem = answer_limit_error(engine.inputs, engine.outputs)
+        if problem is not None:
+            engine.close()
+            raise BrokerDeviceError(problem)
         device.engines[entry.sha256] = engine
         with self._cond:
             device.loads += 1
@@ -264,6 +290,16 @@ class DevicePool:
             entry.input_sizes = [tensor_bytes(spec) for spec in engine.inputs]
             entry.ready = True
         return engine
+
+    def _charge_build(self, device: _Device, job: int, build_s: float) -> None:
+        """A model's build is the job's device time: its busy time and its place in the scheduler."""
+        with self._cond:
+            self._scheduler.charge(job, build_s)
+            device.busy_s += build_s
+            figures = self._figures.get(job)
+            if figures is not None:
+                figures.busy_s += build_s
+            self._sample(device)
 
     def _build(self, device: _Device, entry: ModelEntry) -> engines.InterpreterEngine:
         spec = device.spec
@@ -304,21 +340,23 @@ class DevicePool:
     # ---- figures ----
 
     def device_figures(self) -> dict[str, dict[str, float | int]]:
-        """identity -> busy_s, utilization (over the last ~10 s), model_swaps, inferences, model_loads, models."""
+        """identity -> busy_s, utilization (over the last ~10 s), model_swaps, inferences, model_loads, models.
+        Read-only: the window comes from the samples the device's thread took, whoever asks how often."""
         now = time.monotonic()
         answer = {}
         with self._cond:
             for device in self._devices:
-                device.samples.append((now, device.busy_s))
-                while len(device.samples) > 2 and now - device.samples[1][0] >= UTILIZATION_WINDOW_S:
-                    device.samples.popleft()
-                then, busy_then = device.samples[0]
-                if now - then < 0.5:  # too short a window: since the broker started
-                    then, busy_then = self.started, 0.0
+                # Busy at the window's start: the last sample at or before it; none there means nothing
+                # ran before it (the ring, one sample per SAMPLE_EVERY_S at most, spans 4 windows when full).
+                then, busy_then = max(self.started, now - UTILIZATION_WINDOW_S), 0.0
+                for when, busy in device.samples:  # oldest first
+                    if when > now - UTILIZATION_WINDOW_S:
+                        break
+                    then, busy_then = when, busy
                 span = max(now - then, 1e-6)
                 answer[device.spec.identity] = {
                     "busy_s": round(device.busy_s, 6),
-                    "utilization": round(min(1.0, (device.busy_s - busy_then) / span), 4),
+                    "utilization": round(min(1.0, max(0.0, device.busy_s - busy_then) / span), 4),
                     wire.SWAPS: device.swaps,
                     "inferences": device.inferences,
                     wire.LOADS: device.loads,
@@ -326,7 +364,20 @@ class DevicePool:
                 }
         return answer
 
+    def _sample(self, device: _Device) -> None:
+        """A (time, busy) sample for the utilization window (the device's thread, under the lock)."""
+        now = time.monotonic()
+        if not device.samples or now - device.samples[-1][0] >= SAMPLE_EVERY_S:
+            device.samples.append((now, device.busy_s))
+
     # ---- the device's thread ----
+
+    def _thread(self, device: _Device) -> None:
+        try:
+            self._loop(device)
+        except BaseException as exc:  # said once; ping then answers devices_alive false
+            _log.error("broker: the thread of device %s died: %s: %s", device.spec.identity, type(exc).__name__, exc)
+            raise
 
     def _loop(self, device: _Device) -> None:
         while True:
@@ -355,37 +406,87 @@ class DevicePool:
         device.engines.clear()
 
     def _run(self, device: _Device, work: Work) -> None:
+        """Run one request (or build, for a load) and hand its answer to ``work.done``. Whatever goes
+        wrong (the runtime, memory, the answer's own making) becomes the requester's error answer and
+        the job is charged: the device's thread goes on."""
         started = time.perf_counter()
         wait = started - work.enqueued
-        entry = self.registry.get(work.model)
+        outputs: list[np.ndarray] | None = None
+        error: str | None = None
+        ran: float | None = None
+        busy = 0.0
         try:
-            if entry is None:
-                raise BrokerDeviceError("the model is no longer loaded: load it again")
-            engine = self._engine(device, entry, work.job)
-            started = time.perf_counter()
-            outputs = engine.run(work.inputs)
-            busy = time.perf_counter() - started
+            if work.build is not None:
+                self._engine(device, work.build, work.job)  # charged there
+                outputs = []
+            else:
+                entry = self.registry.get(work.model)
+                if entry is None:
+                    raise BrokerDeviceError("the model is no longer loaded: load it again")
+                engine = self._engine(device, entry, work.job)  # a build is charged there
+                ran = time.perf_counter()
+                outputs = engine.run(work.inputs)
+                busy = time.perf_counter() - ran
         except SlurmTpuError as exc:
-            with self._cond:
-                self._scheduler.charge(work.job, time.perf_counter() - started)
-            work.done(None, str(exc), 0.0, wait)
-            return
+            error = str(exc)
         except (ValueError, RuntimeError) as exc:  # the runtime refused the tensors
+            error = f"the model did not run: {_first_line(exc)}"
+        except MemoryError:
+            error = "the model's outputs do not fit in the broker's memory"
+        except BaseException as exc:  # noqa: BLE001 - never the device's thread's end
+            _log.warning("broker: device %s: job %s: %s: %s", device.spec.identity, work.job, type(exc).__name__, exc)
+            error = f"the broker could not run the request ({type(exc).__name__})"
+        if error is not None:
+            outputs = None
+            busy = 0.0 if ran is None else time.perf_counter() - ran
             with self._cond:
-                self._scheduler.charge(work.job, time.perf_counter() - started)
-            work.done(None, f"the model did not run: {str(exc).splitlines()[0][:200]}", 0.0, wait)
+                self._scheduler.charge(work.job, busy)
+                self._sample(device)
+            self._answer(device, work, None, error, 0.0, wait)
             return
-        with self._cond:
-            self._scheduler.charge(work.job, busy)
-            swapped = device.last_model is not None and device.last_model != work.model
-            device.last_model = work.model
-            device.busy_s += busy
-            device.inferences += 1
-            device.swaps += swapped
-            figures = self._figures.get(work.job)
-            if figures is not None:
-                figures.busy_s += busy
-                figures.inferences += 1
-                figures.swaps += swapped
-                figures.wait_s += wait
-        work.done(outputs, None, busy, wait)
+        if work.build is None:
+            with self._cond:
+                self._scheduler.charge(work.job, busy)
+                swapped = device.last_model is not None and device.last_model != work.model
+                device.last_model = work.model
+                device.busy_s += busy
+                device.inferences += 1
+                device.swaps += swapped
+                self._sample(device)
+                figures = self._figures.get(work.job)
+                if figures is not None:
+                    figures.busy_s += busy
+                    figures.inferences += 1
+                    figures.swaps += swapped
+                    figures.wait_s += wait
+        self._answer(device, work, outputs, None, busy, wait)
+
+    @staticmethod
+    def _answer(device: _Device, work: Work, outputs, error: str | None, busy: float, wait: float) -> None:
+        """``work.done``, contained: when it raises (an answer too large to frame, memory), the requester
+        gets an error answer instead, best effort; the device's thread goes on either way."""
+        try:
+            work.done(outputs, error, busy, wait)
+            return
+        except BaseException as exc:  # noqa: BLE001 - never the device's thread's end
+            _log.warning(
+                "broker: device %s: job %s: the answer failed: %s: %s",
+                device.spec.identity,
+                work.job,
+                type(exc).__name__,
+                _first_line(exc),
+            )
+            if error is not None:
+                return
+            failure = f"the broker could not send the model's answer ({type(exc).__name__}: {_first_line(exc)})"
+        try:
+            work.done(None, failure, busy, wait)
+        except BaseException as exc:  # noqa: BLE001
+            _log.warning(
+                "broker: device %s: job %s: its error answer failed too: %s", device.spec.identity, work.job, exc
+            )
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

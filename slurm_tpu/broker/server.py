@@ -7,7 +7,14 @@ only when nothing of that connection waits for its writer and the socket takes t
 at once (``MSG_DONTWAIT``, one gathering ``sendmsg``), which spares a thread hand-off per
 request; otherwise (a client that reads slowly, or a partial send) the rest goes to the
 connection's writer. So a client that stops reading stalls only its own job (its requests in
-flight stay counted until their answers are sent, so its reader stops reading: back-pressure).
+flight stay counted until their answers go to the socket, so its reader stops reading: back-pressure).
+A request takes its slot once its head is read (an idle reader holds none), and only an invoke;
+a job's queued input bytes are bounded too (``Limits.queued_bytes``).
+
+Whatever a reader meets (a hostile frame, a failed load, a bug) ends its connection with one error
+frame; a device thread never dies of a request (executor.py). The stats thread reconciles the open
+jobs with the grants every few seconds (a grant with no endpoint gets one, an endpoint whose grant
+went is closed, a figures file of neither goes).
 
 Hostile input (a job endpoint is the job user's): every frame is bounded before it is read
 (broker_wire), a model is bytes (never a path), an invoke names a model this job loaded and
@@ -32,7 +39,7 @@ from ..errors import SlurmTpuError
 from ..protocol import FormatError, broker_wire as wire
 from . import oneop
 from .executor import DevicePool, JobFigures, SharedDevice, Work
-from .models import LimitError, ModelRegistry, spec_json
+from .models import LimitError, ModelRegistry, check_model, spec_json
 from .peers import job_peer_refusal, peer_credentials
 from .state import BrokerState
 
@@ -51,6 +58,10 @@ class Limits:
     connections: int = 8
     models: int = 8
     model_bytes: int = 256 << 20
+    tensor_bytes: int = (
+        512 << 20
+    )  # one model's tensors (its interpreter's arena), read from the model before it is built
+    queued_bytes: int = 256 << 20  # input bytes of a job's requests read and not yet answered (back-pressure beyond)
 
 
 class _Refused(FormatError):
@@ -72,7 +83,7 @@ class _Slots:
 
     def acquire(self, timeout: float) -> bool:
         with self._cond:
-            if not self.free and not self._cond.wait_for(lambda: self.free, timeout):
+            if self.free <= 0 and not self._cond.wait_for(lambda: self.free > 0, timeout):
                 return False
             self.free -= 1
             self.peak = max(self.peak, self.limit - self.free)
@@ -82,6 +93,35 @@ class _Slots:
         with self._cond:
             self.free += 1
             self._cond.notify()
+
+    def take_back(self) -> None:
+        """A slot released for an answer the socket did not take whole: held again until the writer
+        sends the rest (never waits: a device thread calls it; the job may be one over for a moment)."""
+        with self._cond:
+            self.free -= 1
+            self.peak = max(self.peak, self.limit - self.free)
+
+
+class _Bytes:
+    """A job's queued input bytes: at most ``limit`` (one request alone always passes)."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._cond = threading.Condition(threading.Lock())
+
+    def reserve(self, count: int, timeout: float) -> bool:
+        with self._cond:
+            room = lambda: not self.used or self.used + count <= self.limit  # noqa: E731
+            if not room() and not self._cond.wait_for(room, timeout):
+                return False
+            self.used += count
+            return True
+
+    def release(self, count: int) -> None:
+        with self._cond:
+            self.used -= count
+            self._cond.notify_all()
 
 
 class _Connection:
@@ -107,7 +147,9 @@ class _Connection:
     ) -> None:
         """Send an answer (``payload``: buffers, sent without a copy), through the writer unless
         ``direct`` and the socket takes it whole now; ``holds_slot``: it frees one of the job's
-        in-flight slots once sent (or dropped)."""
+        in-flight slots as it goes to the socket (or is dropped): before the client can read it, so
+        a client that waits for each answer before its next request holds one slot at a time.
+        ValueError (nothing sent, the slot still held) when the frame cannot be made."""
         parts = wire.frame_parts(header, payload)
         with self._lock:
             if not self.closed.is_set():
@@ -115,10 +157,16 @@ class _Connection:
                 # under the lock, and what the socket did not take goes to the writer, first in line.
                 rest: Sequence | None = parts
                 if direct and not self._queued:
+                    if holds_slot:
+                        self.job.slots.release()
                     try:
                         rest = wire.try_send(self.sock, parts)
                     except OSError:
                         pass  # the writer meets the same error and closes the connection
+                    if rest is None:
+                        return
+                    if holds_slot:
+                        self.job.slots.take_back()
                 if rest is not None:
                     self._queued += 1
                     self.outbox.put((rest, holds_slot))
@@ -132,6 +180,8 @@ class _Connection:
             if item is None:
                 break
             parts, holds_slot = item
+            if holds_slot:  # as it goes to the socket (see send)
+                self.job.slots.release()
             try:
                 if not self.closed.is_set():
                     wire.send_parts(self.sock, parts)
@@ -141,8 +191,6 @@ class _Connection:
             finally:
                 with self._lock:
                     self._queued -= 1
-                if holds_slot:
-                    self.job.slots.release()
         with self._lock:
             self.closed.set()
         while True:  # answers queued after the stop: their slots go back to the job
@@ -185,38 +233,38 @@ class _Connection:
         except (EOFError, OSError):
             self.close()
         except FormatError as exc:
-            self.refuse(str(exc), getattr(exc, "request_id", None))
+            self._refuse_safely(str(exc), getattr(exc, "request_id", None))
+        except Exception as exc:  # noqa: BLE001 - never a dead reader beside a blocked writer
+            _log.warning("broker: job %s: a connection failed: %s: %s", self.job.job, type(exc).__name__, exc)
+            self._refuse_safely(f"the broker could not serve this request ({type(exc).__name__})")
         else:
+            self.close()
+
+    def _refuse_safely(self, message: str, request_id: object = None) -> None:
+        try:
+            self.refuse(message[:1000], request_id)
+        except Exception:  # noqa: BLE001 - the frame could not even be made: just close
             self.close()
 
     def _serve(self) -> None:
         job = self.job
         while not job.closed and not self.closed.is_set():
-            # Back-pressure: no slot, no read (the job's requests in flight are bounded).
-            while not job.slots.acquire(timeout=0.5):
-                if job.closed or self.closed.is_set():
-                    return
-            try:
-                header, payload_len = self.frames.head()
-                op = header.get("op")
-                if op == "invoke":
-                    self._invoke(header, payload_len)
-                    continue  # the slot is freed by the answer's writer
-                if op == "load":
-                    self._load(header, payload_len)
-                elif op == "stats":
-                    if payload_len:
-                        raise FormatError("a stats request carries no payload")
-                    figures = self.broker.pool.figures(job.job) or JobFigures()
-                    self.send({"ok": True, "stats": figures.as_dict(), "in_flight_peak": job.slots.peak})
-                else:
-                    raise FormatError(f"unknown op {str(op)[:40]!r} (a job endpoint serves load, invoke, stats)")
-            except BaseException:
-                job.slots.release()
-                raise
-            job.slots.release()
+            header, payload_len = self.frames.head()  # an idle reader holds no slot
+            op = header.get("op")
+            if op == "invoke":
+                self._invoke(header, payload_len)  # its slot is freed by its answer
+            elif op == "load":
+                self._load(header, payload_len)
+            elif op == "stats":
+                if payload_len:
+                    raise FormatError("a stats request carries no payload")
+                figures = self.broker.pool.figures(job.job) or JobFigures()
+                self.send({"ok": True, "stats": figures.as_dict(), "in_flight_peak": job.slots.peak})
+            else:
+                raise FormatError(f"unknown op {str(op)[:40]!r} (a job endpoint serves load, invoke, stats)")
 
     def _load(self, header: dict, payload_len: int) -> None:
+        """Load a model for the job; a load that fails ends the connection (_Refused: one error frame)."""
         job = self.job
         try:
             self.broker.registry.check_room(job.job, payload_len)
@@ -234,9 +282,19 @@ class _Connection:
                 raise FormatError("an executable load carries the executable as its payload")
             executable, data = data, oneop.build(data, *declared)
         elif len(data) < 8 or data[4:8] != b"TFL3":
-            self.send({"ok": False, "error": "the model is not a TFLite model (no TFL3 identifier)"})
-            return
-        entry, _ = self.broker.registry.add(job.job, data, executable, declared)
+            raise FormatError("the model is not a TFLite model (no TFL3 identifier)")
+        limit = job.limits.tensor_bytes
+        try:
+            # Bounded before anything is built: tensors (count, names, bytes), the answer's size.
+            check_model(data, limit)
+            if executable is not None and self.broker.pool.twin and executable[4:8] == b"TFL3":
+                check_model(executable, limit)  # twin mode runs the executable's own bytes
+            with job.lock:  # against close_job: a closed job registers nothing
+                if job.closed:
+                    raise LimitError("this job's shares were closed")
+                entry, _ = self.broker.registry.add(job.job, data, executable, declared)
+        except LimitError as exc:
+            raise FormatError(str(exc)) from None
         if not entry.ready:
             try:
                 with job.load_lock:
@@ -245,8 +303,7 @@ class _Connection:
             except SlurmTpuError as exc:
                 if self.broker.registry.discard(job.job, entry.sha256):
                     self.broker.pool.drop_models([entry.sha256])
-                self.send({"ok": False, "error": str(exc)})
-                return
+                raise FormatError(str(exc)) from None
         self.send(
             {
                 "ok": True,
@@ -270,16 +327,45 @@ class _Connection:
             raise _Refused(
                 f"the input tensors' byte sizes {str(sizes)[:80]} are not the model's {entry.input_sizes}", request_id
             )
-        payload = self.frames.payload(payload_len)
+        # Back-pressure, with one invoke's head in hand: no slot (or no room for its bytes), no more reading.
+        job = self.job
+        while not job.slots.acquire(timeout=0.5):
+            if job.closed or self.closed.is_set():
+                raise EOFError("the job or the connection closed")
+        while not job.queued.reserve(payload_len, timeout=0.5):
+            if job.closed or self.closed.is_set():
+                job.slots.release()
+                raise EOFError("the job or the connection closed")
+        try:
+            payload = self.frames.payload(payload_len)
+        except BaseException:
+            job.queued.release(payload_len)
+            job.slots.release()
+            raise
+        released = False
+
+        def release_bytes() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                job.queued.release(payload_len)
+
         inputs, offset = [], 0
         for spec, size in zip(entry.inputs, entry.input_sizes):
             inputs.append(np.frombuffer(payload, spec.dtype, size // spec.dtype.itemsize, offset).reshape(spec.shape))
             offset += size
 
         def done(outputs, error, busy_s, wait_s) -> None:
-            if error is not None:
-                self.send({"ok": False, "id": request_id, "error": error}, holds_slot=True)
-                return
+            release_bytes()
+            if error is None:
+                try:
+                    answer(outputs, busy_s, wait_s)
+                    return
+                except Exception as exc:  # noqa: BLE001 - an answer too large to frame, memory: said instead
+                    error = f"the broker could not send the model's answer ({type(exc).__name__}: {exc})"[:300]
+            self.send({"ok": False, "id": request_id, "error": error}, holds_slot=True)
+
+        def answer(outputs, busy_s, wait_s) -> None:
             assert outputs is not None
             chunks = [np.ascontiguousarray(o) for o in outputs]  # get_tensor's own copies: no copy here
             # The answer's JSON by hand (what json.dumps writes for these values, in a fraction of
@@ -294,6 +380,7 @@ class _Connection:
             self.send(answer.encode(), buffers, holds_slot=True, direct=not self.broker.pool.queued())
 
         if not self.broker.pool.submit(Work(self.job.job, entry.sha256, inputs, done)):
+            release_bytes()
             self.send({"ok": False, "id": request_id, "error": "this job's shares were closed"}, holds_slot=True)
 
 
@@ -319,6 +406,7 @@ class _Job:
     def __init__(self, job: int, uid: int, gid: int, shares: int, limits: Limits):
         self.job, self.uid, self.gid, self.shares = job, uid, gid, shares
         self.slots = _Slots(limits.in_flight)
+        self.queued = _Bytes(limits.queued_bytes)
         self.limits = limits
         self.connections: set[_Connection] = set()
         self.lock = threading.Lock()
@@ -365,19 +453,22 @@ class Broker:
         # Serializes stats/<job> writes: the periodic writer never rewrites a job's file after close_job
         # wrote its last one (the Epilog removes that file once it has the figures).
         self._stats_lock = threading.Lock()
+        # Opens and closes of jobs one at a time (the control socket's, the start's, the reconciler's).
+        self._open_lock = threading.RLock()
+        # Jobs the Epilog closed whose grant is still there (it goes right after): not re-opened meanwhile.
+        self._closed_jobs: set[int] = set()
+        self._not_opened: dict[int, str] = {}  # job -> why its grant did not open (said once)
 
     # ---- life ----
 
     def start(self) -> None:
-        """Devices running, endpoints re-opened from the grants, the control socket listening, the pid file written."""
+        """Devices running, the control socket listening, endpoints re-opened from the grants, the pid file written.
+        The control socket first: a Prolog arriving meanwhile finds it (its open waits for the scan's)."""
         self.pool.start()
-        for job in self.state.grant_jobs():
-            try:
-                self.open_job(job)
-            except (SlurmTpuError, OSError) as exc:
-                _log.warning("broker: job %s not re-opened: %s", job, exc)
         self._control = self.state.listen(self.state.root_fd, wire.CONTROL_SOCKET, 0, 0, 0o600)
         threading.Thread(target=self._accept_control, name="control", daemon=True).start()
+        for job in self.state.grant_jobs():
+            self._open_from_grant(job)
         threading.Thread(target=self._stats_loop, name="stats", daemon=True).start()
         statedir.write_atomic(self.state.root_fd, wire.PIDFILE, f"{os.getpid()}\n".encode(), 0o644)
 
@@ -400,6 +491,27 @@ class Broker:
 
     def open_job(self, job: int) -> str:
         """Make (or keep) job ``job``'s endpoint from its grant file; its path."""
+        with self._open_lock:
+            self._closed_jobs.discard(job)
+            return self._open_job(job)
+
+    def _open_from_grant(self, job: int) -> None:
+        """Open a job found by its grant (start, reconcile): not one the Epilog closed; a failure said once."""
+        with self._open_lock:
+            if job in self._closed_jobs:
+                return
+            with self._jobs_lock:
+                if job in self.jobs:
+                    return
+            try:
+                self._open_job(job)
+                self._not_opened.pop(job, None)
+            except (SlurmTpuError, OSError) as exc:
+                if self._not_opened.get(job) != str(exc):
+                    _log.warning("broker: job %s not opened from its grant: %s", job, exc)
+                self._not_opened[job] = str(exc)
+
+    def _open_job(self, job: int) -> str:
         _, uid, gid, shares = self.state.read_grant(job)
         with self._jobs_lock:
             existing = self.jobs.get(job)
@@ -408,7 +520,7 @@ class Broker:
                 self.pool.add_job(job, shares)
                 return wire.endpoint_path(self.state.state_dir, job)
         if existing is not None:
-            self.close_job(job)
+            self._close_job(job)
         entry = _Job(job, uid, gid, shares, self.limits)
         saved = JobFigures.from_dict(self.state.read_stats(job))
         self.pool.add_job(job, shares, saved)
@@ -420,6 +532,12 @@ class Broker:
 
     def close_job(self, job: int) -> dict:
         """Forget the job: endpoint, connections, queue, models; its final figures (also written to stats/<job>)."""
+        with self._open_lock:
+            self._closed_jobs.add(job)
+            return self._close_job(job)
+
+    def _close_job(self, job: int, keep_stats: bool = True) -> dict:
+        """close_job's work; ``keep_stats`` False (a job whose grant went): no stats file is left."""
         with self._jobs_lock:
             entry = self.jobs.pop(job, None)
         if entry is not None:
@@ -440,11 +558,45 @@ class Broker:
             work.done(None, "this job's shares were closed", 0.0, 0.0)
         self.pool.drop_models(self.registry.release_job(job))
         answer = figures.as_dict()
-        if entry is not None:
-            with self._stats_lock:
-                self._saved.pop(job, None)
+        with self._stats_lock:
+            self._saved.pop(job, None)
+            if not keep_stats:
+                self.state.unlink(self.state.stats_fd, str(int(job)))
+            elif entry is not None:
                 self.state.write_stats(job, answer)
         return answer
+
+    def reconcile(self) -> None:
+        """The open jobs made to follow the grants: a grant with no open job (nor one the Epilog just
+        closed) gets its endpoint, an open job whose grant went is closed (no figures file left: nobody
+        will ask), and a figures file of no grant and no open job goes."""
+        try:
+            grants = set(self.state.grant_jobs())
+        except OSError as exc:
+            _log.warning("broker: cannot list the grants: %s", exc)
+            return
+        with self._open_lock:
+            self._closed_jobs &= grants
+            for job in list(self._not_opened):
+                if job not in grants:
+                    del self._not_opened[job]
+            with self._jobs_lock:
+                opened = set(self.jobs)
+            for job in sorted(grants - opened):
+                self._open_from_grant(job)
+            for job in sorted(opened - grants):
+                _log.warning("broker: job %s closed: its grant is gone", job)
+                self._close_job(job, keep_stats=False)
+            with self._jobs_lock:
+                opened = set(self.jobs)
+            with self._stats_lock:
+                try:
+                    names = os.listdir(self.state.stats_fd)
+                except OSError:
+                    names = []
+                for name in names:
+                    if name.isdigit() and len(name) < 11 and int(name) not in grants and int(name) not in opened:
+                        self.state.unlink(self.state.stats_fd, name)
 
     def stats(self) -> dict:
         figures = self.pool.all_figures()
@@ -516,7 +668,7 @@ class Broker:
         op = header.get("op")
         try:
             if op == "ping":
-                return {"ok": True, "pid": os.getpid()}
+                return {"ok": True, "pid": os.getpid(), "devices_alive": self.pool.alive()}
             if op == "stats":
                 return self.stats()
             job = header.get("job")
@@ -534,7 +686,11 @@ class Broker:
 
     def _stats_loop(self) -> None:
         while not self._stop.wait(STATS_EVERY_S):
-            self._write_all_stats()
+            try:
+                self._write_all_stats()
+                self.reconcile()
+            except Exception as exc:  # noqa: BLE001 - the figures and the reconciling go on
+                _log.warning("broker: the stats loop: %s: %s", type(exc).__name__, exc)
 
     def _write_all_stats(self) -> None:
         with self._stats_lock:

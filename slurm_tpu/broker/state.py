@@ -19,6 +19,7 @@ from ..access import statedir
 from ..protocol import FormatError, broker_wire as wire
 
 GRANT_LIMIT = 4096  # bytes: a grant file is a line of JSON
+STATS_LIMIT = 64 << 10  # bytes: a job's figures file (read back at a restart), as the Epilog reads it
 
 
 class BrokerState:
@@ -90,7 +91,7 @@ class BrokerState:
     def read_stats(self, job: int) -> dict:
         """The figures an earlier broker saved for ``job`` ({} when none or unreadable)."""
         try:
-            raw = statedir.read_file(self.stats_fd, str(int(job)), limit=GRANT_LIMIT)
+            raw = statedir.read_file(self.stats_fd, str(int(job)), limit=STATS_LIMIT)
         except statedir.StateDirError:
             return {}
         if raw is None:

@@ -5,7 +5,9 @@
     probe.py threads MODEL T N     one engine shared by T threads, N requests each, checked likewise
     probe.py flood MODEL CONNS     CONNS connections saturating the broker until killed
     probe.py connect MODEL         connect and load: {"ok"} or the one error line
-    probe.py hostile KIND MODEL    garbage | huge | mismatch | unknown-model: what the broker answered
+    probe.py serial MODEL N        N requests, each sent once the last was answered: the broker's in-flight peak
+    probe.py hostile KIND MODEL    garbage | huge | mismatch | unknown-model | not-tflite | many-outputs |
+                                   huge-arena: what the broker answered
 Prints one JSON line.
 """
 
@@ -66,6 +68,27 @@ def run(model: str, count: int) -> dict:
         done += 1
         wrong += not all(np.array_equal(x, y) for x, y in zip(outputs, local.run(sets[index % 8])))
     return {"done": done, "wrong": wrong}
+
+
+def serial(model: str, count: int) -> dict:
+    remote = BrokerEngine(model, ENDPOINT)
+    local = InterpreterEngine(model, "cpu", select_runtime(), 1)
+    sets = inputs_for(local, 4)
+    wrong = sum(
+        not all(np.array_equal(x, y) for x, y in zip(remote.run(sets[i % 4]), local.run(sets[i % 4])))
+        for i in range(count)
+    )
+    return {"done": count, "wrong": wrong, "peak": remote.stats_answer()["in_flight_peak"]}
+
+
+def one_op_model(outputs: int, shape: tuple[int, ...]) -> bytes:
+    """A .tflite of one custom op with ``outputs`` uint8 outputs of ``shape`` (never built by the broker)."""
+    from slurm_tpu.broker import oneop
+    from slurm_tpu.runner.modelinfo import TensorSpec
+
+    spec = TensorSpec("in", (1, 4), np.dtype("uint8"), 0.0, 0)
+    outs = [TensorSpec(f"out{i}", shape, np.dtype("uint8"), 0.0, 0) for i in range(outputs)]
+    return oneop.build(b"\0" * 16, [spec], outs)
 
 
 def threads(model: str, count: int, each: int) -> dict:
@@ -144,6 +167,12 @@ def hostile(kind: str, model: str) -> dict:
         sock.sendall(
             wire.encode_frame({"op": "invoke", "id": 1, "model": "0" * 64, "tensors": sizes}, b"\0" * sum(sizes))
         )
+    elif kind == "not-tflite":
+        sock.sendall(wire.encode_frame({"op": "load"}, b"not a model at all"))
+    elif kind == "many-outputs":  # a load answer past MAX_HEADER, and thousands of outputs per answer
+        sock.sendall(wire.encode_frame({"op": "load"}, one_op_model(3000, (1, 1))))
+    elif kind == "huge-arena":  # tensors of 2 GiB: refused before an interpreter allocates them
+        sock.sendall(wire.encode_frame({"op": "load"}, one_op_model(2, (1 << 30,))))
     answers = []
     try:
         while True:
@@ -160,6 +189,8 @@ def main() -> None:
         result = compare(args[0], int(args[1]))
     elif command == "run":
         result = run(args[0], int(args[1]))
+    elif command == "serial":
+        result = serial(args[0], int(args[1]))
     elif command == "threads":
         result = threads(args[0], int(args[1]), int(args[2]))
     elif command == "flood":

@@ -88,6 +88,14 @@ def test_a_directory_through_the_broker_keeps_several_requests_in_flight_in_orde
     assert stats["in_flight_peak"]["13"] >= 2, stats["in_flight_peak"]
 
 
+def test_a_serial_client_holds_one_slot_at_a_time(broker, cgroups, models):
+    # An idle reader holds no slot, and an answer frees its slot before the client can read it.
+    endpoint = broker.open(15)
+    result = probe(cgroups, 15, endpoint, ["serial", str(models["classifier"]), "30"])
+    assert result == {"done": 30, "wrong": 0, "peak": 1}, result
+    assert broker.control("stats")["in_flight_peak"]["15"] == 1
+
+
 def test_an_engine_shared_by_threads_gets_each_thread_its_own_answers(broker, cgroups, models):
     endpoint = broker.open(14)
     result = probe(cgroups, 14, endpoint, ["threads", str(models["mobilenet"]), "4", "12"])
@@ -152,11 +160,16 @@ def test_fair_shares_under_saturation(broker, cgroups, models):
     assert 3 * 0.9 <= ratio <= 3 * 1.1, (busy_a, busy_b, ratio)
 
 
-@pytest.mark.parametrize("kind", ["garbage", "huge", "huge-header", "mismatch", "unknown-model"])
+@pytest.mark.parametrize(
+    "kind",
+    ["garbage", "huge", "huge-header", "mismatch", "unknown-model", "not-tflite", "many-outputs", "huge-arena"],
+)
 def test_hostile_client_gets_one_error_and_harms_no_one(broker, cgroups, models, kind):
     hostile, good = broker.open(31), broker.open(32)
     answer = probe(cgroups, 31, hostile, ["hostile", kind, str(models["classifier"])])
     assert len(answer["answers"]) == 1 and answer["answers"][0]["ok"] is False, answer
+    assert len(answer["answers"][0]["error"].splitlines()) == 1
+    assert broker.control("ping")["devices_alive"] is True
     # the other job is served, correctly, meanwhile and after
     assert probe(cgroups, 32, good, ["run", str(models["classifier"]), "50"]) == {"done": 50, "wrong": 0}
     assert broker.process.poll() is None
@@ -210,6 +223,30 @@ def test_restart_reopens_endpoints_from_grants(broker, cgroups, models):
     broker.start()
     assert probe(cgroups, 71, endpoint, ["run", str(models["classifier"]), "5"]) == {"done": 5, "wrong": 0}
     assert broker.control("stats")["jobs"]["71"][wire.INFERENCES] == 10  # the saved figures carried on
+
+
+def test_the_broker_follows_the_grants(broker, cgroups, models):
+    # A grant with no endpoint gets one (no "open" asked), one whose grant goes is closed with no
+    # figures file left, a stale figures file goes, and a job the Epilog closed is not re-opened.
+    stats = broker.broker_dir / wire.STATS
+    (stats / "999").write_text("{}\n")
+    broker.grant(91)
+    endpoint = wire.endpoint_path(str(broker.state_dir), 91)
+    wait_for(lambda: os.path.exists(endpoint), what="the endpoint of a grant nobody opened")
+    assert probe(cgroups, 91, endpoint, ["run", str(models["classifier"]), "3"]) == {"done": 3, "wrong": 0}
+    wait_for(lambda: not (stats / "999").exists(), what="the stale figures file to go")
+    (broker.broker_dir / wire.GRANTS / "91").unlink()
+    wait_for(lambda: not os.path.exists(endpoint), what="the endpoint of a job whose grant went")
+    wait_for(lambda: "91" not in broker.control("stats")["jobs"] and not (stats / "91").exists(), what="no trace")
+    closed = broker.open(92)
+    broker.control("close", job=92)
+    assert (stats / "92").exists()  # the Epilog's, until it removes the grant
+    wait_for(lambda: "92" not in broker.control("stats")["jobs"], what="job 92 closed")
+    import time
+
+    time.sleep(2 * 2.5)  # two reconciles: the grant is still there, the job stays closed
+    assert not os.path.exists(closed) and (stats / "92").exists()
+    assert broker.control("ping")["devices_alive"] is True
 
 
 def test_a_model_shared_by_two_jobs_is_loaded_once(broker, cgroups, models):
@@ -379,3 +416,68 @@ def test_a_foreign_or_oversized_frame_is_refused_on_its_head():
             wire.FrameReader(b).head()
         a.close()
         b.close()
+
+
+def test_a_device_thread_survives_an_answer_that_raises_and_is_charged(models):
+    # An answer that cannot be made (ValueError: a header past MAX_HEADER; MemoryError) becomes the
+    # requester's error answer; the device thread goes on, and ping's devices_alive stays true.
+    import threading
+
+    import numpy as np
+
+    from slurm_tpu.broker.executor import DevicePool, SharedDevice, Work
+    from slurm_tpu.broker.models import ModelRegistry
+
+    registry = ModelRegistry()
+    pool = DevicePool([SharedDevice("cpu-0", None, None)], registry)
+    pool.start()
+    try:
+        pool.add_job(1, 1)
+        entry, _ = registry.add(1, models["classifier"].read_bytes())
+        pool.prepare(entry, 1)
+        assert pool.figures(1).busy_s > 0 and pool.figures(1).loads == 1  # the build is the job's device time
+        inputs = [np.zeros(s.shape, s.dtype) for s in entry.inputs]
+        answers: list = []
+        finished = threading.Event()
+
+        def failing(kind):
+            def done(outputs, error, busy, wait):
+                answers.append((kind, outputs is not None, error))
+                if error is None:
+                    raise kind("the answer cannot be made")
+                finished.set() if kind is MemoryError else None
+
+            return done
+
+        for kind in (ValueError, MemoryError):
+            pool.submit(Work(1, entry.sha256, inputs, failing(kind)))
+        assert finished.wait(60)
+        assert [a[:2] for a in answers] == [
+            (ValueError, True),
+            (ValueError, False),
+            (MemoryError, True),
+            (MemoryError, False),
+        ]
+        assert all("could not send" in a[2] for a in answers[1::2])
+        ok = threading.Event()
+        pool.submit(Work(1, entry.sha256, inputs, lambda o, e, b, w: ok.set() if e is None else None))
+        assert ok.wait(60) and pool.alive()
+        assert pool.figures(1).inferences == 3
+        before = [list(d.samples) for d in pool._devices]
+        pool.device_figures()
+        pool.device_figures()
+        assert [list(d.samples) for d in pool._devices] == before  # stats read the window, never shorten it
+    finally:
+        pool.stop()
+
+
+def test_a_jobs_model_room_is_checked_and_taken_at_once(models):
+    from slurm_tpu.broker.models import LimitError, ModelRegistry
+
+    registry = ModelRegistry(max_models_per_job=1)
+    data = models["classifier"].read_bytes()
+    registry.add(1, data)
+    registry.add(1, data)  # the same model again: no more room needed
+    with pytest.raises(LimitError):
+        registry.add(1, models["detector"].read_bytes())
+    registry.add(2, models["detector"].read_bytes())
