@@ -293,7 +293,7 @@ BROKER_UNIT = "slurm-tpu-broker.service"
 
 def check_broker(node: Node) -> list[Finding]:
     """On a node whose config shares Edge TPUs: the TPU broker's unit installed as this slurm-tpu ships it,
-    enabled, and its control socket answering ``ping`` (docs/shards.md); elsewhere nothing is needed."""
+    enabled, and its control socket answering ``ping`` (docs/architecture.md, "The TPU broker"); elsewhere nothing is needed."""
     from ..files import read_text
     from ..hooks import shards
     from .install import planned_units
@@ -314,10 +314,13 @@ def check_broker(node: Node) -> list[Finding]:
     if not os.path.lexists(os.path.join(layout.systemd_dir, "multi-user.target.wants", BROKER_UNIT)):
         return _fail(check, f"{BROKER_UNIT} is not enabled: after a reboot shard jobs find no broker", start)
     try:
-        shards.ask(config.state_dir, {"op": "ping"})
+        answer = shards.ask(config.state_dir, {"op": "ping"})
     except shards.BrokerUnavailable as exc:
         message = f"the broker does not answer ping ({exc}): shard jobs start, but their clients cannot run"
         return _fail(check, message, f"{start}; journalctl -u {BROKER_UNIT}")
+    if answer.get("devices_alive") is False:
+        message = "the broker answers, but a device's thread died: that TPU's shard jobs wait in vain"
+        return _fail(check, message, f"systemctl restart {BROKER_UNIT}; journalctl -u {BROKER_UNIT}")
     return _ok(check, f"{BROKER_UNIT} enabled; its control socket answers")
 
 

@@ -1,4 +1,4 @@
-"""The TPU broker's files and wire format: shares of one Edge TPU for many jobs (docs/shards.md).
+"""The TPU broker's files and wire format: shares of one Edge TPU for many jobs (docs/architecture.md, "The TPU broker").
 
 **Where** (all under ``<state_dir>/broker/``, :data:`BROKER_DIR`, root's 0755):
 
@@ -30,19 +30,24 @@ Job endpoint ops (the job's user, hostile input):
   as a one-op model with exactly those tensors (broker/oneop.py), same answer (``"model"`` is the
   sha256 of that one-op model); ``"kind": "model"`` (the default) is the form above. The op's
   ``invoke`` is the ordinary one; the answer's ``outputs`` sizes equal the op's output tensors'.
+  A load that fails (not a model, over a bound: tensors, names, bytes) gets one error frame and the
+  connection closes.
 - ``invoke``: ``{"op", "id", "model", "tensors": [nbytes...]}``, payload = the input tensors' bytes in
   order -> ``{"ok", "id", "outputs": [{"shape", "dtype", "bytes"}], "busy_ms", "wait_ms"}``, payload
   = the output tensors' bytes. Answers on one connection may come back in another order than their
-  requests (match by ``id``); a job's requests in flight are bounded, beyond that the broker stops
-  reading the connection (back-pressure, not an error).
+  requests (match by ``id``); a job's requests in flight and the bytes of its queued inputs are
+  bounded, beyond either the broker stops reading the connection (back-pressure, not an error).
 - ``stats``: ``{"ok", "stats": {figures}, "in_flight_peak": n}``: the job's own figures
-  (:data:`FIGURES`), and the most requests it ever had read and not yet answered at once
-  (a client that pipelines shows more than 1).
+  (:data:`FIGURES`), and the most invokes it ever had at once between reading one's head and its
+  answer going to the socket (a client that waits for each answer shows 1; one that pipelines, or
+  shares its engine between threads, shows more).
 
 Control ops (root): ``open`` ``{"job"}`` (endpoint from the grant file), ``close`` ``{"job"}`` ->
 ``{"ok", "stats": {figures}}``, ``stats`` -> ``{"ok", "jobs": {job: figures}, "devices":
 {identity: {"busy_s", "utilization", "model_swaps", "inferences"}}, "in_flight_peak": {job: n}}``,
-``ping``.
+``ping`` -> ``{"ok", "pid", "devices_alive"}`` (false once a device's thread died: doctor's broker
+check fails). The broker also follows the grant files by itself every few seconds: a grant with no
+endpoint gets one, an endpoint whose grant is gone is closed, a stats file of neither goes.
 
 Both ends send a frame with one gathering ``sendmsg`` (head and JSON, then the payload's buffers,
 not copied together) and read it with :class:`FrameReader` (usually one ``recv`` for a small

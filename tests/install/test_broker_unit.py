@@ -42,8 +42,9 @@ def sharing(config: Config) -> Config:
     return dataclasses.replace(config, families={**config.families, "edgetpu": shared})
 
 
-def pinger(path: str) -> socket.socket:
-    """A control socket answering every request ``{"ok": true}`` (one real frame), as a live broker's ping."""
+def pinger(path: str, answer: dict | None = None) -> socket.socket:
+    """A control socket answering every request ``answer`` (default ``{"ok": true, "devices_alive": true}``,
+    one real frame), as a live broker's ping."""
     os.makedirs(os.path.dirname(path), mode=0o755, exist_ok=True)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path)
@@ -58,7 +59,7 @@ def pinger(path: str) -> socket.socket:
             with conn:
                 size, _ = broker_wire.parse_head(conn.recv(broker_wire.HEAD.size, socket.MSG_WAITALL))
                 assert broker_wire.parse_header(conn.recv(size, socket.MSG_WAITALL))["op"] == "ping"
-                conn.sendall(broker_wire.encode_frame({"ok": True}))
+                conn.sendall(broker_wire.encode_frame(answer or {"ok": True, "devices_alive": True}))
 
     threading.Thread(target=serve, daemon=True).start()
     return server
@@ -99,6 +100,12 @@ def test_install_doctor_and_uninstall_of_the_broker(tmp_path, monkeypatch):
     server = pinger(broker_wire.control_path(str(state)))
     try:
         assert line(shared) == f"ok    tpu broker: {BROKER_UNIT} enabled; its control socket answers"
+    finally:
+        server.close()
+    os.unlink(broker_wire.control_path(str(state)))
+    server = pinger(broker_wire.control_path(str(state)), {"ok": True, "devices_alive": False})
+    try:  # a broker whose device thread died answers, but that TPU's jobs would wait in vain
+        assert line(shared).startswith("FAIL  tpu broker: the broker answers, but a device's thread died")
     finally:
         server.close()
     with open(unit, "a", encoding="utf-8") as handle:
