@@ -293,7 +293,8 @@ BROKER_UNIT = "slurm-tpu-broker.service"
 
 def check_broker(node: Node) -> list[Finding]:
     """On a node whose config shares Edge TPUs: the TPU broker's unit installed as this slurm-tpu ships it,
-    enabled, and its control socket answering ``ping`` (docs/architecture.md, "The TPU broker"); elsewhere nothing is needed."""
+    enabled, its control socket answering ``ping`` with every device alive (docs/architecture.md, "The TPU
+    broker"); elsewhere nothing is needed."""
     from ..files import read_text
     from ..hooks import shards
     from .install import planned_units

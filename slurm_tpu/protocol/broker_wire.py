@@ -1,4 +1,4 @@
-"""The TPU broker's files and wire format: shares of one Edge TPU for many jobs (docs/architecture.md, "The TPU broker").
+"""The TPU broker's files and wire format: shares of one Edge TPU for many jobs (docs/architecture.md).
 
 **Where** (all under ``<state_dir>/broker/``, :data:`BROKER_DIR`, root's 0755):
 
