@@ -72,56 +72,39 @@ class _Refused(FormatError):
         self.request_id = request_id
 
 
-class _Slots:
-    """A job's requests in flight: at most ``limit``, and the most there ever were at once."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.free = limit
-        self.peak = 0
-        self._cond = threading.Condition(threading.Lock())
-
-    def acquire(self, timeout: float) -> bool:
-        with self._cond:
-            if self.free <= 0 and not self._cond.wait_for(lambda: self.free > 0, timeout):
-                return False
-            self.free -= 1
-            self.peak = max(self.peak, self.limit - self.free)
-            return True
-
-    def release(self) -> None:
-        with self._cond:
-            self.free += 1
-            self._cond.notify()
-
-    def take_back(self) -> None:
-        """A slot released for an answer the socket did not take whole: held again until the writer
-        sends the rest (never waits: a device thread calls it; the job may be one over for a moment)."""
-        with self._cond:
-            self.free -= 1
-            self.peak = max(self.peak, self.limit - self.free)
-
-
-class _Bytes:
-    """A job's queued input bytes: at most ``limit`` (one request alone always passes)."""
+class _Budget:
+    """What a job has in flight, bounded: its requests (one each) or their input bytes. At most
+    ``limit`` at once, except that one item alone always passes (a request whose inputs alone are
+    over the byte limit); ``peak``: the most there ever was at once."""
 
     def __init__(self, limit: int):
         self.limit = limit
         self.used = 0
+        self.peak = 0
         self._cond = threading.Condition(threading.Lock())
 
-    def reserve(self, count: int, timeout: float) -> bool:
+    def _take(self, count: int) -> None:
+        self.used += count
+        self.peak = max(self.peak, self.used)
+
+    def acquire(self, count: int = 1, timeout: float | None = None) -> bool:
         with self._cond:
             room = lambda: not self.used or self.used + count <= self.limit  # noqa: E731
             if not room() and not self._cond.wait_for(room, timeout):
                 return False
-            self.used += count
+            self._take(count)
             return True
 
-    def release(self, count: int) -> None:
+    def release(self, count: int = 1) -> None:
         with self._cond:
             self.used -= count
             self._cond.notify_all()
+
+    def take_back(self, count: int = 1) -> None:
+        """Hold again what was released for an answer the socket did not take whole, until the writer
+        sends the rest (never waits: a device thread calls it; the job may be over for a moment)."""
+        with self._cond:
+            self._take(count)
 
 
 class _Connection:
@@ -332,7 +315,7 @@ class _Connection:
         while not job.slots.acquire(timeout=0.5):
             if job.closed or self.closed.is_set():
                 raise EOFError("the job or the connection closed")
-        while not job.queued.reserve(payload_len, timeout=0.5):
+        while not job.queued.acquire(payload_len, timeout=0.5):
             if job.closed or self.closed.is_set():
                 job.slots.release()
                 raise EOFError("the job or the connection closed")
@@ -405,8 +388,8 @@ class _Job:
 
     def __init__(self, job: int, uid: int, gid: int, shares: int, limits: Limits):
         self.job, self.uid, self.gid, self.shares = job, uid, gid, shares
-        self.slots = _Slots(limits.in_flight)
-        self.queued = _Bytes(limits.queued_bytes)
+        self.slots = _Budget(limits.in_flight)  # requests: one each
+        self.queued = _Budget(limits.queued_bytes)  # their input bytes
         self.limits = limits
         self.connections: set[_Connection] = set()
         self.lock = threading.Lock()
@@ -707,13 +690,3 @@ class Broker:
                     self._saved[job] = data
                 except (OSError, SlurmTpuError) as exc:
                     _log.warning("broker: cannot write figures of job %s: %s", job, exc)
-
-
-def control_request(state_dir: str, header: dict, timeout: float = 2.0) -> dict:
-    """Ask the broker of ``state_dir`` one control op (as root); OSError/EOFError/FormatError when it cannot answer."""
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-        sock.settimeout(timeout)
-        sock.connect(wire.control_path(state_dir))
-        wire.send_frame(sock, header)
-        answer, _ = wire.recv_frame(sock, max_payload=0)
-    return answer

@@ -17,7 +17,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from slurm_tpu.broker.server import control_request
+from slurm_tpu.hooks.shards import ask
 from slurm_tpu.protocol import broker_wire as wire
 
 REPO = Path(__file__).resolve().parents[2]
@@ -118,7 +118,7 @@ class BrokerProcess:
         os.chmod(path, 0o600)
 
     def control(self, op: str, **fields) -> dict:
-        return control_request(str(self.state_dir), {"op": op, **fields}, timeout=30)
+        return ask(str(self.state_dir), {"op": op, **fields}, timeout=30)
 
     def open(self, job: int, uid: int = 0, gid: int = 0, shares: int = 1) -> str:
         self.grant(job, uid, gid, shares)

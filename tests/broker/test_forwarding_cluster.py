@@ -103,9 +103,9 @@ def test_coral_example_on_a_shard_gives_the_cpu_models_answers(cluster):
         assert f"Edge TPUs this job sees: usb:broker:{endpoint}" in lines
         assert lines[-1] == cpu_answer(models["classifier"], image, labels)
     # Each job's one invoke ran on the shared device, through the broker.
-    from slurm_tpu.broker.server import control_request
+    from slurm_tpu.hooks.shards import ask
 
-    devices = control_request(state, {"op": "stats"}, timeout=30)["devices"]
+    devices = ask(state, {"op": "stats"}, timeout=30)["devices"]
     assert devices[STICK]["inferences"] == len(jobs)
     # The broker ran the op in twin mode, and said so once in its log.
     log = started.path("log", "broker-n4.out")

@@ -142,9 +142,9 @@ class Site:
         return self.cluster.wait_for_jobs(jobs, timeout=timeout)
 
     def broker_stats(self) -> dict:
-        from slurm_tpu.broker.server import control_request
+        from slurm_tpu.hooks.shards import ask
 
-        answer = control_request(self.state_dir, {"op": "stats"}, timeout=30)
+        answer = ask(self.state_dir, {"op": "stats"}, timeout=30)
         assert answer["ok"], answer
         return answer
 
