@@ -85,8 +85,9 @@ def check_name(name: str) -> str:
     return name
 
 
-def read_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
-    """A regular file's bytes, or None when it does not exist. Symlinks are refused."""
+def read_file(dir_fd: int, name: str, limit: int = 1 << 20, owner: int | None = None) -> bytes | None:
+    """A regular file's bytes, or None when it does not exist. Symlinks are refused, and with ``owner``
+    a file of any other uid."""
     check_name(name)
     try:
         fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=dir_fd)
@@ -97,8 +98,11 @@ def read_file(dir_fd: int, name: str, limit: int = 1 << 20) -> bytes | None:
             raise StateDirError(f"{name} in the state directory is a symlink; refusing to read it", name) from exc
         raise StateDirError(f"cannot read {name} in the state directory: {exc.strerror}", name) from exc
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             raise StateDirError(f"{name} in the state directory is not a regular file", name)
+        if owner is not None and info.st_uid != owner:
+            raise StateDirError(f"{name} in the state directory belongs to uid {info.st_uid}, not {owner}", name)
         data = bytearray()
         while chunk := os.read(fd, 65536):
             data += chunk

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import stat
 
 from ..access import statedir
 from ..protocol import FormatError, broker_wire as wire
@@ -29,10 +28,9 @@ class BrokerState:
         self.state_dir = state_dir.rstrip("/") or "/"
         top = statedir.open_dir(self.state_dir, create=True)
         try:
-            self.root_fd = statedir.open_dir(wire.BROKER_DIR, create=True, parent_fd=top)
+            self.root_fd = statedir.open_dir(wire.BROKER_DIR, create=True, parent_fd=top, mode=0o755)
         finally:
             os.close(top)
-        os.fchmod(self.root_fd, 0o755)
         self.grants_fd = self._subdir(wire.GRANTS, 0o700)
         self.jobs_fd = self._subdir(wire.ENDPOINTS, 0o755)
         self.stats_fd = self._subdir(wire.STATS, 0o700)
@@ -64,18 +62,13 @@ class BrokerState:
         name = str(int(job))
         source = f"{wire.BROKER_DIR}/{wire.GRANTS}/{name}"
         try:
-            fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=self.grants_fd)
-        except FileNotFoundError:
-            raise FormatError(f"no grant for job {name} ({source} does not exist)", source) from None
-        except OSError as exc:
-            raise FormatError(f"cannot read {source}: {exc.strerror}", source) from None
-        try:
-            info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_size > GRANT_LIMIT:
-                raise FormatError(f"{source} is not a root-owned grant file of at most {GRANT_LIMIT} bytes", source)
-            raw = os.read(fd, GRANT_LIMIT + 1)
-        finally:
-            os.close(fd)
+            raw = statedir.read_file(self.grants_fd, name, limit=GRANT_LIMIT, owner=0)
+        except statedir.StateDirError as exc:
+            raise FormatError(
+                f"{source}: not a root-owned grant file of at most {GRANT_LIMIT} bytes ({exc})", source
+            ) from None
+        if raw is None:
+            raise FormatError(f"no grant for job {name} ({source} does not exist)", source)
         grant = wire.decode_grant(raw, source)
         if grant[0] != int(job):
             raise FormatError(f"{source} grants job {grant[0]}, not {job}", source)
