@@ -78,20 +78,14 @@ class JobFigures:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, object]) -> JobFigures:
-        """Figures saved by an earlier broker (stats/<job>); what is not a number counts as 0."""
-
-        def number(key: str) -> float:
-            value = data.get(key, 0)
-            return (
-                float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value >= 0 else 0.0
-            )
-
+        """Figures saved by an earlier broker (stats/<job>), read as the Epilog reads them."""
+        figures = wire.decode_figures(data, "saved figures")
         return cls(
-            number(wire.BUSY_MS) / 1000,
-            int(number(wire.INFERENCES)),
-            int(number(wire.SWAPS)),
-            number(wire.WAIT_MS) / 1000,
-            int(number(wire.LOADS)),
+            figures[wire.BUSY_MS] / 1000,
+            int(figures[wire.INFERENCES]),
+            int(figures[wire.SWAPS]),
+            figures[wire.WAIT_MS] / 1000,
+            int(figures[wire.LOADS]),
         )
 
 

@@ -8,8 +8,9 @@ Epilog asks it to ``close`` it, takes the job's figures from the answer (or, the
 the last ``stats/<job>`` the broker wrote), and removes the grant.
 
 The broker is never trusted to be there: each question is bounded (:data:`ASK_S`), and a broker
-that is down or does not answer costs one line in slurmd's log, never the job or the node (a
-broker that starts later opens an endpoint for every grant it finds). The figures come from the
+that is down or does not answer costs one line (on the hook's stderr, and a ``broker-unavailable``
+record in the audit log: slurmd logs a successful hook's output only at debug2), never the job or
+the node (a broker that starts later opens an endpoint for every grant it finds). The figures come from the
 broker (root), never from anything the job wrote.
 """
 
@@ -146,22 +147,6 @@ def ask(state_dir: str, request: dict, timeout: float = ASK_S) -> dict:
     return answer
 
 
-def figures_of(data: object, source: str) -> dict[str, float]:
-    """The job's figures (broker_wire.FIGURES) in ``data``, the broker's ``stats`` object; a figure
-    missing or not a non-negative number counts 0 (said in ``source``'s error only when nothing is usable)."""
-    from ..protocol import FormatError
-
-    if not isinstance(data, dict):
-        raise FormatError(f"{source}: the job's figures are not an object", source)
-    found: dict[str, float] = {}
-    for name in broker_wire.FIGURES:
-        value = data.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e15:
-            value = 0
-        found[name] = value if name in (broker_wire.BUSY_MS, broker_wire.WAIT_MS) else int(value)
-    return found
-
-
 def read_stats(ledger: Ledger, job_id: int) -> dict[str, float] | None:
     """The job's figures as the broker last wrote them (``stats/<job>``), or None when there is no such file."""
     from ..protocol import FormatError, json_object
@@ -176,7 +161,9 @@ def read_stats(ledger: Ledger, job_id: int) -> dict[str, float] | None:
             return None
         source = f"stats of job {job_id}"
         data = json_object(raw, source)
-        return figures_of(data.get("stats", data), source)  # the file holds the figures, or a close answer's shape
+        return broker_wire.decode_figures(
+            data.get("stats", data), source
+        )  # the file holds the figures, or a close answer's shape
     except (statedir.StateDirError, FormatError):
         return None
     finally:
@@ -190,7 +177,7 @@ def remove_stats(ledger: Ledger, job_id: int) -> None:
 
 def open_job(ledger: Ledger, job_id: int, uid: int, gid: int, shares: int) -> str | None:
     """The Prolog's part: the grant, then the broker's ``open``. None when the broker opened the job's
-    endpoint; else the one line for slurmd's log (the job still starts; the node serves on).
+    endpoint; else the one line to say (the job still starts; the node serves on).
     OSError or StateDirError: the grant could not be written (a broken state filesystem)."""
     from ..protocol.audit import BROKER_UNAVAILABLE
 
@@ -210,14 +197,14 @@ def open_job(ledger: Ledger, job_id: int, uid: int, gid: int, shares: int) -> st
 
 def close_job(ledger: Ledger, job_id: int) -> tuple[dict[str, float] | None, str | None]:
     """The Epilog's part: the broker's ``close`` (its figures of the job), else the job's last stats file;
-    then the grant goes. (figures or None, the line for slurmd's log or None)."""
+    then the grant goes. (figures or None, the line to say or None)."""
     from ..protocol import FormatError
     from ..protocol.audit import BROKER_UNAVAILABLE
 
     figures, notice = None, None
     try:
         answer = ask(ledger.state_dir, {"op": "close", "job": job_id})
-        figures = figures_of(answer.get("stats"), f"the broker's close answer for job {job_id}")
+        figures = broker_wire.decode_figures(answer.get("stats"), f"the broker's close answer for job {job_id}")
         # The broker leaves its final figures in stats/<job> too (for an Epilog whose answer was lost);
         # taken from the answer, the file has served: it goes with the job.
         remove_stats(ledger, job_id)

@@ -195,10 +195,9 @@ def broker_view(state_dir: str, shares_here: bool) -> BrokerView | None:
     from ..access.ledger import Ledger
     from ..access.statedir import StateDirError
     from ..hooks import shards
-    from ..protocol import FormatError
-    from ..protocol.broker_wire import control_path
+    from ..protocol import FormatError, broker_wire
 
-    if not shares_here and not os.path.exists(control_path(state_dir)):
+    if not shares_here and not os.path.exists(broker_wire.control_path(state_dir)):
         return None
     try:
         answer = shards.ask(state_dir, {"op": "stats"})
@@ -216,7 +215,9 @@ def broker_view(state_dir: str, shares_here: bool) -> BrokerView | None:
             if grant is None:
                 continue  # no grant: no job of this node's (its epilog ran, or the broker is confused)
             try:
-                found.append(ShardJob(Holder(grant[0], grant[1]), grant[3], shards.figures_of(figures, f"job {key}")))
+                found.append(
+                    ShardJob(Holder(grant[0], grant[1]), grant[3], broker_wire.decode_figures(figures, f"job {key}"))
+                )
             except FormatError:
                 continue
     shown = {}

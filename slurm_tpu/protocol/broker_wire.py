@@ -92,6 +92,21 @@ BUSY_MS, INFERENCES, SWAPS, WAIT_MS, LOADS = "busy_ms", "inferences", "model_swa
 FIGURES = (BUSY_MS, INFERENCES, SWAPS, WAIT_MS, LOADS)
 
 
+def decode_figures(data: object, source: str) -> dict[str, float]:
+    """A job's figures (:data:`FIGURES`) in ``data`` (a ``stats`` answer's or ``stats/<job>``'s object):
+    a figure missing, or not a number in [0, 1e15), counts 0; the two times stay floats, the counts
+    are ints. FormatError naming ``source`` when ``data`` is not an object at all."""
+    if not isinstance(data, dict):
+        raise FormatError(f"{source}: the job's figures are not an object", source)
+    found: dict[str, float] = {}
+    for name in FIGURES:
+        value = data.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e15:
+            value = 0
+        found[name] = value if name in (BUSY_MS, WAIT_MS) else int(value)
+    return found
+
+
 def endpoint_path(state_dir: str, job_id: int) -> str:
     """The job's endpoint socket."""
     return f"{state_dir.rstrip('/')}/{BROKER_DIR}/{ENDPOINTS}/{int(job_id)}.sock"
