@@ -1,7 +1,8 @@
 """Prolog (root, on each node at job start): lease the job's accelerators.
 
 A job holding TPU shares here (the node's shard GRES, ``HookSettings.shards``) gets its grant and its
-broker endpoint (hooks/shards.py); a broker that is down costs one line in slurmd's log, never the job.
+broker endpoint (hooks/shards.py); a broker that is down costs one line (stderr and the audit log), never
+the job.
 
 Exit status 0 unless the node cannot serve the job (a device missing, held by a live job or
 not free, gres.conf naming something unknown): then one line says why, the node is drained
