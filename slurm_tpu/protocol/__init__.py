@@ -22,6 +22,8 @@ The formats (module: file; writer -> readers):
   (the job's user: hostile input) -> the epilog.
 - :mod:`.job_record`: ``<accounting_spool>/<job>`` and the job's ``AdminComment``; the
   epilog -> ``accounting-collect`` -> ``report``.
+- :mod:`.energy`: ``<state_dir>/energy/<job>`` (start readings) and ``<job>.poll`` (polled power);
+  the prolog and the node agent's power sampler (root) -> the epilog, ``metrics``.
 - :mod:`.serve_address`: ``~/.slurm-tpu/serve/<job>.json``; ``slurm-tpu serve`` -> ``infer --server``.
 - :mod:`.install_manifest`: ``<prefix>/libexec/slurm-tpu/install-manifest.json``; ``install`` -> ``uninstall``.
 

@@ -45,6 +45,9 @@ REMOVE = "remove"  # identity: a device disappeared (udev)
 # prolog's stderr reaches slurmd's log only when it fails (22.05 logs a successful one's at debug2): this is
 # the node's trail of a job that started with its shares unusable.
 BROKER_UNAVAILABLE = "broker-unavailable"
+# identity, job_id, uid, joules (null: unavailable), method, seconds, note: the job's energy on one device
+# (protocol/energy.py says how each method is obtained); written by the Epilog.
+ENERGY = "energy"
 # The job lost the device at the first CLOSING event; the device is free again at a FREEING one
 # (a revoked USB stick stays leased until udev sees it back and releases it).
 FREEING = (RELEASE, RECLAIM, CLEAR, ROLLBACK)
@@ -59,6 +62,7 @@ _OTHERS = (
     REENUMERATE,
     REMOVE,
     BROKER_UNAVAILABLE,
+    ENERGY,
 )
 EVENTS = frozenset((ACQUIRE, *CLOSING, *_OTHERS))
 

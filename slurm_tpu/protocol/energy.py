@@ -1,0 +1,205 @@
+"""A job's energy on its accelerators: how each figure was obtained, one device's figure, and the
+start file that carries the job's first readings from its Prolog to its Epilog.
+
+Every figure names its method (never a bare number):
+
+- ``measured``: a device's own energy counter (NVML's total energy, mJ since the driver loaded),
+  read at the job's start and end; the figure is the difference.
+- ``integrated``: the device's polled power (NVML power on GPUs without the counter, AMD's hwmon
+  ``power1_average``) integrated over the job by the node agent's sampler.
+- ``estimated``: the power model, idle watts x allocated time + (active - idle) watts x busy time,
+  with root's own busy time (the TPU broker's) or none (a device the job held but never reported on).
+- ``self-reported``: the same model with the busy time the job's own code reported (the runner's
+  usage record), bounded by the allocated time: a user can inflate only their own job's figure,
+  and never past active watts x allocated time.
+- ``unavailable``: no figure, and ``note`` says why (no sensor, a counter that went back, no start reading).
+
+The start file ``<state_dir>/energy/<job>`` (root's 0600 in a root 0700 directory; written by the
+Prolog, read and removed by the Epilog; key=value lines, no JSON: the hooks' import budget)::
+
+    version=1
+    job=<job id>
+    boot=<boot id>            # /proc/sys/kernel/random/boot_id: a reboot between the two ends the figure
+    start_ns=<CLOCK_BOOTTIME ns>
+    dev=<identity>\t<kind>\t<source>\t<start value, or empty>\t<shares held>/<device's shares, or empty>
+
+one ``dev`` line per accelerator the job holds on the node (leased, or shared through the broker).
+``source`` is one of :data:`SOURCES` followed by ``:`` and its argument (a GPU's PCI bus id, a
+hwmon power file, the model's ``idle_w:active_w``, or why there is none).
+"""
+
+from __future__ import annotations
+
+from . import FormatError, Record
+
+DIR = "energy"  # under the state directory
+FORMAT_VERSION = 1
+MAX_BYTES = 16 * 1024
+# The methods, in the order a node's methods are listed (``measured+estimated``).
+MEASURED, INTEGRATED, ESTIMATED, SELF_REPORTED, UNAVAILABLE = (
+    "measured",
+    "integrated",
+    "estimated",
+    "self-reported",
+    "unavailable",
+)
+METHODS = (MEASURED, INTEGRATED, ESTIMATED, SELF_REPORTED, UNAVAILABLE)
+# Where a device's figure comes from (the start file's ``source`` field, before its ``:``).
+NVML_ENERGY, NVML_POWER, HWMON_POWER, MODEL, NO_SOURCE = "nvml-energy", "nvml-power", "hwmon-power", "model", "none"
+SOURCES = (NVML_ENERGY, NVML_POWER, HWMON_POWER, MODEL, NO_SOURCE)
+METHOD_OF_SOURCE = {NVML_ENERGY: MEASURED, NVML_POWER: INTEGRATED, HWMON_POWER: INTEGRATED, MODEL: ESTIMATED}
+# No device draws more; a figure beyond it (a forged or corrupt reading) is refused whole.
+MAX_JOULES = 10.0**12
+
+
+class DeviceEnergy(Record):
+    """One device's energy for one job: ``joules`` (None when ``method`` is ``unavailable``), the
+    ``method`` (:data:`METHODS`), the seconds the job held it, and a short ``note`` (why a figure is
+    unavailable; where an estimate's busy time came from)."""
+
+    __slots__ = ("identity", "kind", "joules", "method", "seconds", "note")
+
+    def __init__(self, identity: str, kind: str, joules: float | None, method: str, seconds: float, note: str = ""):
+        self.identity, self.kind, self.joules, self.method = identity, kind, joules, method
+        self.seconds, self.note = seconds, note
+
+
+class StartDevice(Record):
+    """One device's line of a start file."""
+
+    __slots__ = ("identity", "kind", "source", "start", "shares")
+
+    def __init__(self, identity: str, kind: str, source: str, start: float | None, shares: tuple[int, int] | None):
+        self.identity, self.kind, self.source, self.start, self.shares = identity, kind, source, start, shares
+
+    @property
+    def source_kind(self) -> str:
+        """The source's name (:data:`SOURCES`), without its argument."""
+        return self.source.partition(":")[0]
+
+    @property
+    def source_argument(self) -> str:
+        return self.source.partition(":")[2]
+
+
+class StartFile(Record):
+    """A job's start readings on this node."""
+
+    __slots__ = ("job_id", "boot", "start_ns", "devices")
+
+    def __init__(self, job_id: int, boot: str, start_ns: int, devices: list[StartDevice]):
+        self.job_id, self.boot, self.start_ns, self.devices = job_id, boot, start_ns, devices
+
+
+def _field(value: str, source: str) -> str:
+    if any(c in value for c in "\t\n"):
+        raise ValueError(f"{source}: a field holds a tab or newline: {value[:60]!r}")
+    return value
+
+
+def _number(value: float) -> str:
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
+def encode(start: StartFile) -> bytes:
+    """The start file's bytes."""
+    lines = [f"version={FORMAT_VERSION}", f"job={start.job_id}", f"boot={_field(start.boot, 'boot')}"]
+    lines.append(f"start_ns={start.start_ns}")
+    for device in start.devices:
+        value = "" if device.start is None else _number(device.start)
+        shares = "" if device.shares is None else f"{device.shares[0]}/{device.shares[1]}"
+        fields = (device.identity, device.kind, device.source, value, shares)
+        lines.append("dev=" + "\t".join(_field(f, device.identity) for f in fields))
+    return ("\n".join(lines) + "\n").encode()
+
+
+def decode(raw: bytes, source: str) -> StartFile:
+    """The start file in ``raw``; :class:`FormatError` naming ``source`` and what is wrong."""
+    if len(raw) > MAX_BYTES:
+        raise FormatError(f"{source} is over {MAX_BYTES} bytes", source)
+    fields: dict[str, str] = {}
+    devices: list[StartDevice] = []
+    try:
+        for line in raw.decode("utf-8").splitlines():
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ValueError(f"line {line[:40]!r} is not key=value")
+            if key != "dev":
+                fields[key] = value
+                continue
+            identity, kind, where, start, shares = value.split("\t")
+            if where.partition(":")[0] not in SOURCES:
+                raise ValueError(f"{identity}: unknown source {where[:40]!r}")
+            reading = float(start) if start else None
+            if reading is not None and not 0 <= reading <= 2.0**64:  # NaN fails too
+                raise ValueError(f"{identity}: reading {start!r} out of range")
+            held = None
+            if shares:
+                mine, _, total = shares.partition("/")
+                held = (int(mine), int(total))
+                if held[0] <= 0 or held[1] <= 0:
+                    raise ValueError(f"{identity}: shares {shares!r}")
+            devices.append(StartDevice(identity, kind, where, reading, held))
+        if fields.get("version") != str(FORMAT_VERSION):
+            raise ValueError(f"not format version {FORMAT_VERSION}")
+        start_file = StartFile(int(fields["job"]), fields["boot"], int(fields["start_ns"]), devices)
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{source} is not a slurm-tpu energy start file ({exc})", source) from None
+    if start_file.job_id <= 0 or start_file.start_ns < 0:
+        raise FormatError(f"{source} names job {start_file.job_id} at {start_file.start_ns}", source)
+    return start_file
+
+
+def node_method(figures: list[DeviceEnergy]) -> str:
+    """The methods of a node's figures, in :data:`METHODS` order, joined by ``+`` (``measured+estimated``)."""
+    present = {figure.method for figure in figures}
+    return "+".join(method for method in METHODS if method in present)
+
+
+# The node agent's power sampler keeps, beside each start file with a polled source, the running
+# integral of each such device: ``<state_dir>/energy/<job>.poll`` (root's 0600, replaced atomically
+# at each poll), one line per device: ``<identity>\t<joules>\t<samples>\t<last_ns>\t<last_watts>``
+# (CLOCK_BOOTTIME ns of the last sample, trapezoids between samples). The Epilog adds the stretch
+# from the last sample to the job's end at the last power read.
+POLL_SUFFIX = ".poll"
+
+
+class PollState(Record):
+    """One device's running integral of polled power."""
+
+    __slots__ = ("identity", "joules", "samples", "last_ns", "last_watts")
+
+    def __init__(self, identity: str, joules: float, samples: int, last_ns: int, last_watts: float):
+        self.identity, self.joules, self.samples, self.last_ns, self.last_watts = (
+            identity,
+            joules,
+            samples,
+            last_ns,
+            last_watts,
+        )
+
+
+def encode_poll(states: list[PollState]) -> bytes:
+    """A poll file's bytes."""
+    return "".join(
+        f"{_field(s.identity, 'identity')}\t{_number(s.joules)}\t{s.samples}\t{s.last_ns}\t{_number(s.last_watts)}\n"
+        for s in states
+    ).encode()
+
+
+def decode_poll(raw: bytes, source: str) -> dict[str, PollState]:
+    """identity -> PollState from a poll file; :class:`FormatError` naming ``source`` for anything else."""
+    if len(raw) > MAX_BYTES:
+        raise FormatError(f"{source} is over {MAX_BYTES} bytes", source)
+    found: dict[str, PollState] = {}
+    try:
+        for line in raw.decode("utf-8").splitlines():
+            identity, joules, samples, last_ns, watts = line.split("\t")
+            state = PollState(identity, float(joules), int(samples), int(last_ns), float(watts))
+            if not (0 <= state.joules <= MAX_JOULES and 0 <= state.last_watts <= 10.0**5) or state.samples < 0:
+                raise ValueError(f"{identity}: figures out of range")
+            found[identity] = state
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{source} is not a slurm-tpu power poll file ({exc})", source) from None
+    return found
