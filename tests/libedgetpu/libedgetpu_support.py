@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,6 +46,27 @@ def run_probe(script: str, description: Path | str, args: list[str], env: dict[s
     done = in_testbed(description, [sys.executable, str(HERE / script), *args], env)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+# libedgetpu sleeps 1 s before each attempt to open a USB device (usb_driver.cc
+# kSleepTimeMicroSecondsBeforeRetry), up to 25 attempts (kMaxNumOfRetryAfterReset).
+_ATTEMPT_SLEEP = re.compile(r"nanosleep\((?:CLOCK_\w+, 0, )?\{tv_sec=1, tv_nsec=0\}")
+
+
+def run_probe_counting_attempts(
+    script: str, description: Path | str, args: list[str], env: dict[str, str], trace: Path
+) -> tuple[dict, int]:
+    """:func:`run_probe` under strace: its JSON answer and how many times libedgetpu went to open
+    a USB device (its 1 s sleeps before each attempt), an observable count instead of a time."""
+    argv = ["strace", "-f", "-qq", "-e", "trace=clock_nanosleep,nanosleep", "-o", str(trace)]
+    done = in_testbed(description, [*argv, sys.executable, str(HERE / script), *args], env)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout), attempts_in(trace.read_text())
+
+
+def attempts_in(trace: str) -> int:
+    """How many times libedgetpu went to open a USB device, from an strace of its nanosleeps."""
+    return sum(1 for line in trace.splitlines() if _ATTEMPT_SLEEP.search(line))
 
 
 def slurm_tpu(*args: str) -> list[str]:

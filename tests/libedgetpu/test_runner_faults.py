@@ -1,6 +1,7 @@
 """The runner against the REAL libedgetpu's failure modes: one line naming the device, the
-library's own reason and what to do, each reached in well under 2 s (the real library
-would retry a USB path it cannot enumerate for about 25 s).
+library's own reason and what to do, each reached at once: libedgetpu goes to open a USB stick
+at most once (it would retry a USB path it cannot enumerate 25 times, 1 s apart), counted from
+its sleeps under strace rather than timed, so a busy machine cannot fail these tests.
 
 The job's environment is what the task-prolog exports; the hardware is a umockdev
 testbed, so libedgetpu enumerates through real libusb/sysfs and fails through its real
@@ -11,20 +12,27 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from libedgetpu_support import in_testbed, run_probe, slurm_tpu, stick_behind_a_hub_without_descriptors
+from libedgetpu_support import (
+    in_testbed,
+    run_probe_counting_attempts,
+    slurm_tpu,
+    stick_behind_a_hub_without_descriptors,
+)
 
 from helpers import HARDWARE, REPO
 
 N1 = REPO / "tests" / "isolation" / "hardware" / "n1_two_tpus.umockdev"  # apex_0 + stick 2-1.3
 USB_STICK = {"SLURM_TPU_DEVICES": "usb-2-1.3", "SLURM_TPU_EDGETPU_PATHS": "usb:/sys/bus/usb/devices/2-1.3"}
 PCIE_CARD = {"SLURM_TPU_DEVICES": "pci-0000:03:00.0", "SLURM_TPU_EDGETPU_PATHS": "pci:/dev/apex_0"}
-# A limit far below the real library's 25 s retry and above its own 1 s of USB retries.
-QUICK_S = 2.0
 
 
 def open_on(description, job_env: dict[str, str], library: str, model, tmp_path) -> dict:
+    """The probe's answer, with ``attempts``: how many times libedgetpu went to open a USB device."""
     env = dict(job_env, SLURM_TPU_LOCK_DIR=str(tmp_path / "locks"))
-    return run_probe("open_probe.py", description, [library, str(model)], env)
+    seen, attempts = run_probe_counting_attempts(
+        "open_probe.py", description, [library, str(model)], env, tmp_path / "trace"
+    )
+    return dict(seen, attempts=attempts)
 
 
 def test_unplugged_stick_fails_at_once(library, classifier_model, tmp_path):
@@ -35,7 +43,7 @@ def test_unplugged_stick_fails_at_once(library, classifier_model, tmp_path):
         "Edge TPU usb-2-1.3 is not present: nothing at /sys/bus/usb/devices/2-1.3 (the stick was unplugged or "
         "moved to another port): plug it back into that port, or ask the admin to rerun 'slurm-tpu detect'"
     )
-    assert seen["seconds"] < QUICK_S
+    assert seen["attempts"] == 0  # refused before libedgetpu opens anything
 
 
 def test_stick_that_does_not_answer(library, classifier_model, tmp_path):
@@ -47,7 +55,7 @@ def test_stick_that_does_not_answer(library, classifier_model, tmp_path):
         "not answer; unplug it and plug it back in"
     )
     assert message.endswith("run 'slurm-tpu detect --check-runtime' on the node")
-    assert seen["seconds"] < QUICK_S
+    assert seen["attempts"] == 1  # one open, whose descriptor read fails: no retry
 
 
 def test_pcie_card_that_cannot_be_mapped(library, classifier_model, tmp_path):
@@ -56,7 +64,7 @@ def test_pcie_card_that_cannot_be_mapped(library, classifier_model, tmp_path):
         "libedgetpu cannot open Edge TPU pci-0000:03:00.0 at pci:/dev/apex_0 (libedgetpu says: Internal: Could not "
         "mmap: No such device): the apex driver could not map the card; look for apex errors in 'dmesg'"
     )
-    assert seen["seconds"] < QUICK_S
+    assert seen["attempts"] == 0  # a PCIe card: opened once, no USB retry
 
 
 def test_pcie_card_whose_node_is_gone(library, classifier_model, tmp_path):
@@ -65,7 +73,7 @@ def test_pcie_card_whose_node_is_gone(library, classifier_model, tmp_path):
     assert seen["error"]["message"].startswith(
         "Edge TPU pci-0000:03:00.0 is not present: /dev/apex_0 does not exist (the apex driver is not loaded"
     )
-    assert seen["seconds"] < QUICK_S
+    assert seen["attempts"] == 0  # refused before libedgetpu opens anything
 
 
 def test_a_path_that_is_not_a_coral(library, classifier_model, tmp_path):
@@ -74,7 +82,7 @@ def test_a_path_that_is_not_a_coral(library, classifier_model, tmp_path):
     assert seen["error"]["message"].startswith(
         "Edge TPU usb-1-2: /sys/bus/usb/devices/1-2 is a 046d:c31c USB device, not a Coral Edge TPU"
     )
-    assert seen["seconds"] < QUICK_S
+    assert seen["attempts"] == 0  # refused before libedgetpu opens anything
 
 
 def test_a_stick_libusb_cannot_place(library, classifier_model, tmp_path):
@@ -85,7 +93,7 @@ def test_a_stick_libusb_cannot_place(library, classifier_model, tmp_path):
         "usb:/sys/bus/usb/devices/2-3): libusb cannot enumerate it; run 'slurm-tpu detect --check-runtime' "
         "on the node"
     )
-    assert seen["seconds"] < QUICK_S
+    assert seen["attempts"] == 0  # libedgetpu lists the node's sticks, opens none
 
 
 @pytest.mark.parametrize(
@@ -117,4 +125,4 @@ def test_a_device_the_visible_devices_variable_hides_is_named_as_such(
         "libedgetpu hides it from this process; the task prolog sets that variable to the job's Edge TPUs: "
         "do not change it, or name one of its devices"
     )
-    assert seen["seconds"] < QUICK_S
+    assert seen["attempts"] == 0  # libedgetpu lists the node's sticks, opens none
