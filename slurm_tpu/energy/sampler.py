@@ -53,7 +53,6 @@ if TYPE_CHECKING:
     from .nvml import Nvml
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-DEFAULT_POLL_S = 5.0
 POLLED = (NVML_POWER, HWMON_POWER)
 # A reading past this (W) is a broken sensor, not a sample (protocol/energy.py decode_poll's bound).
 MAX_WATTS = 1.0e5
@@ -89,13 +88,15 @@ class Sampler:
     def __init__(
         self,
         state_dir: str,
-        poll_seconds: float = DEFAULT_POLL_S,
+        poll_seconds: float,
         nvml_library: str = DEFAULT_LIBRARY,
         sysfs_root: str = SYSFS_ROOT,
         log: Callable[[str], None] = _stderr,
         clock: Callable[[], int] = boottime_ns,
         boot: str | None = None,
     ):
+        if not poll_seconds > 0:  # NaN too: a period that never waits would spin
+            raise ValueError(f"the energy sampler's period must be over 0 s, not {poll_seconds!r}")
         self.state_dir, self.poll_seconds, self.nvml_library = state_dir, float(poll_seconds), nvml_library
         self.sysfs_root, self._log, self._clock = sysfs_root, log, clock
         self.boot = boot_id() if boot is None else boot

@@ -355,7 +355,9 @@ class _SamplerProcess:
 
     def __init__(self, settings) -> None:
         self.settings, self.pid, self.started = settings, 0, 0.0
-        self.period = float(getattr(settings, "energy_poll_s", 5.0))
+        # Until the snapshot carries config energy.poll_seconds (1..60, checked there): its default.
+        period = float(getattr(settings, "energy_poll_s", 5.0))
+        self.period = period if period > 0 else 5.0
 
     def wanted(self) -> bool:
         """Whether energy figures are on (config ``energy.enabled``). Not narrowed to nodes whose

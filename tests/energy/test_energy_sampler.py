@@ -209,3 +209,9 @@ def test_a_poll_file_whose_job_ended_is_removed_and_no_energy_dir_is_nothing_to_
         assert node.lines == []
     finally:
         sampler.close()
+
+
+def test_a_period_that_would_never_wait_is_refused(node, library):
+    for period in (0, -1, float("nan")):
+        with pytest.raises(ValueError, match="period must be over 0 s"):
+            Sampler(str(node.state), period, library)
