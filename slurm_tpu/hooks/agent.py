@@ -327,8 +327,9 @@ def _serve(conn: socket.socket, queries: socket.socket | None, log: int, woke: W
             os.close(output)
 
 
-def _reap(pool: _Pool) -> None:
-    """Collect ended workers; one that ended without saying so (killed) is forgotten all the same."""
+def _reap(pool: _Pool, sampler: _SamplerProcess | None = None) -> None:
+    """Collect ended workers (and the power sampler); one that ended without saying so (killed) is
+    forgotten all the same."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -337,6 +338,93 @@ def _reap(pool: _Pool) -> None:
         if pid == 0:
             return
         pool.forget(pid)
+        if sampler is not None:
+            sampler.ended(pid)
+
+
+class _SamplerProcess:
+    """The agent's power sampler (slurm_tpu/energy/sampler.py), a child process of its own.
+
+    Not a thread: the agent forks hook workers all its life, and a fork of a threaded process copies
+    only the forking thread, with whatever lock another held (the sampler's, NVML's, the import lock)
+    held for ever in the worker. A child shares nothing with the workers: it closes every descriptor
+    it inherited (the agent's socket and pool pipes: a dead agent's socket must refuse, its idle
+    workers must see the pipe close), ends with the agent (energy/sampler.py serve: the agent's
+    pidfd), and an NVML that hangs or crashes takes only it down; it is started again, at most once
+    per period. Started where energy figures are on."""
+
+    def __init__(self, settings) -> None:
+        self.settings, self.pid, self.started = settings, 0, 0.0
+        # Until the snapshot carries config energy.poll_seconds (1..60, checked there): its default.
+        period = float(getattr(settings, "energy_poll_s", 5.0))
+        self.period = period if period > 0 else 5.0
+
+    def wanted(self) -> bool:
+        """Whether energy figures are on (config ``energy.enabled``). Not narrowed to nodes whose
+        devices have a polled source: the agent reads its settings once, and a GPU added since must
+        still be sampled; an idle sampler costs one directory listing per period."""
+        return bool(getattr(self.settings, "energy_enabled", True))
+
+    def start(self) -> None:
+        """Fork the sampler (a failed fork is tried again next period)."""
+        self.started = time.monotonic()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        agent = os.getpid()
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            say(f"agent: cannot fork the energy sampler ({exc}); trying again in {self.period:g} s")
+            return
+        if pid == 0:
+            code = 1
+            try:
+                _sampler_child(agent, self.settings, self.period)
+                code = 0
+            finally:
+                os._exit(code)  # never past here: the agent's shutdown would remove its socket
+        self.pid = pid
+
+    def keep_running(self) -> None:
+        """Start it again if it ended (at most once per period: one that fails at once does not spin)."""
+        if not self.pid and time.monotonic() - self.started >= self.period:
+            self.start()
+
+    def ended(self, pid: int) -> None:
+        if pid == self.pid:
+            self.pid = 0
+
+    def stop(self) -> None:
+        """End it and collect it (it would end by itself once the agent is gone: this is sooner)."""
+        pid, self.pid = self.pid, 0
+        if not pid:
+            return
+        try:
+            os.kill(pid, signal.SIGTERM)
+            deadline = time.monotonic() + 5.0
+            while os.waitpid(pid, os.WNOHANG)[0] == 0:
+                if time.monotonic() > deadline:  # stuck in the driver: it must not outlive the agent
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    break
+                time.sleep(0.05)
+        except (ChildProcessError, ProcessLookupError):
+            pass
+
+
+def _sampler_child(agent: int, settings, period: float) -> None:
+    """The sampler process: drop what it inherited from the agent, then sample until the agent ends."""
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
+    syslog = sys.modules.get("syslog")
+    if syslog is not None:
+        syslog.closelog()  # its socket is among the descriptors closed below: reopened at the next line
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+    from ..energy.sampler import Sampler, serve
+
+    library = getattr(settings, "nvml_library", "libnvidia-ml.so.1")
+    sampler = Sampler(settings.state_dir, period, library, settings.sysfs_root, say)
+    serve(agent, sampler)
 
 
 class _Pool:
@@ -442,6 +530,9 @@ def main() -> int:
         state_fd = statedir.open_dir(settings.state_dir, create=True)
         # Forked before anything else runs here: the helper shares nothing with the workers but its socket.
         queries = agent_query.start(os.environ, settings) if settings.leasable_names() else None
+        sampler = _SamplerProcess(settings)
+        if sampler.wanted():
+            sampler.start()
         listener, inode = _bind(state_fd)
         statedir.write_atomic(state_fd, PIDFILE, f"{os.getpid()}\n".encode())
         stopping = []
@@ -465,8 +556,11 @@ def main() -> int:
                 except InterruptedError:
                     pass
                 pool.collect_taken()
-                _reap(pool)
+                _reap(pool, sampler)
+                if sampler.wanted():
+                    sampler.keep_running()
         finally:
+            sampler.stop()
             pool.close()
             # Remove the socket only if it is still ours (a new agent may have replaced it).
             try:
