@@ -173,40 +173,31 @@ def books_lines(cluster: LocalCluster, layout: Layout, since: float, sample_job:
     return lines
 
 
-def energy_lines(rows: Sequence[JobRow]) -> list[str]:
+def energy_lines(rows: Sequence[JobRow], width: int = 100) -> list[str]:
     """Each accelerator job's energy (``slurm-tpu report --by job``'s figure: its AdminComment's, summed
-    over its nodes), always with its method; a job without a figure says so."""
-    jobs = summarize_sacct(
-        rows, "job", [name for row in rows for name in row.tres if name.startswith("gres/")], None, None, 0
-    )
+    over its nodes), grouped by method so that a figure is never shown without it; jobs without a
+    figure are listed as such. Wrapped to ``width`` columns."""
+    import textwrap
+
+    tres = [name for row in rows for name in row.tres if name.startswith("gres/")]
+    jobs = summarize_sacct(rows, "job", tres, None, None, 0)
     if not jobs:
         return ["  energy per job: no jobs"]
-    lines = ["  energy per job on its accelerators (each figure with its method; from the AdminComment):"]
-    width = max(len(job) for job in jobs)
+    groups: dict[str, list[str]] = {}
+    total = 0.0
     for job, totals in sorted(jobs.items(), key=lambda item: (len(item[0]), item[0])):
         energy = totals.energy
         if energy.joules is not None:
-            shown = f"{energy.joules:.1f} J ({energy.joules / JOULES_PER_KWH:.6f} kWh), {energy.method}"
-        elif energy.methods:
-            shown = energy.method  # unavailable
-        else:
-            shown = "no energy figure"
-        lines.append(f"  {job:>{width}}  {shown}")
+            total += energy.joules
+            groups.setdefault(energy.method, []).append(f"{job} {energy.joules:.1f} J")
+        else:  # unavailable (with the method saying so), or no figure at all (a job before energy)
+            groups.setdefault(energy.method or "no figure", []).append(job)
+    lines = [
+        f"  energy per job on its accelerators: {total:.1f} J ({total / JOULES_PER_KWH:.6f} kWh) in all,",
+        "  by how each figure was obtained (the jobs' AdminComments):",
+    ]
+    for method, shown in groups.items():
+        lines += textwrap.wrap(
+            ", ".join(shown), width, initial_indent=f"    {method}: ", subsequent_indent=" " * 6, break_on_hyphens=False
+        )
     return lines
-
-
-def shard_figures(cluster: LocalCluster, jobs: list[int]) -> dict[int, dict[str, float]]:
-    """Each shard job's broker figures as its AdminComment holds them (job -> the node's figures), once
-    every node's collector has applied its spool."""
-    from slurm_tpu.protocol.job_record import parse_admin_comment
-
-    apply_usage(cluster)
-    ids = ",".join(str(job) for job in jobs)
-    out = cluster.command(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,AdminComment"]).stdout
-    found: dict[int, dict[str, float]] = {}
-    for line in out.splitlines():
-        job, _, comment = line.partition("|")
-        for figures in parse_admin_comment(comment).values():
-            if job.isdigit() and "shards" in figures:
-                found[int(job)] = figures
-    return found

@@ -329,12 +329,26 @@ def test_demo_energy_lines_show_each_jobs_figure_with_its_method_and_say_when_th
     plain = "15|bob|2026-11-25T12:00:00|2026-11-25T12:01:00|cpu=1|"  # no accelerator: not listed
     rows = parse_sacct(sacct_text() + "\n" + plain)
     lines = energy_lines(rows)
-    assert lines[0].startswith("  energy per job")
-    body = {line.split()[0]: line for line in lines[1:]}
-    assert list(body) == ["10", "11", "12", "13", "14"]
-    assert "18045.5 J (0.005013 kWh), measured+estimated+unavailable" in body["10"]
-    assert body["11"].split()[1:] == ["unavailable"]
-    # Jobs without a figure with its method (Edge TPU jobs before the Epilog wrote energy): said, not fatal.
-    assert body["12"].endswith("no energy figure") and body["13"].endswith("no energy figure")
-    assert "7.2 J" in body["14"] and "self-reported" in body["14"]
+    assert lines[:2] == [
+        "  energy per job on its accelerators: 18052.8 J (0.005015 kWh) in all,",
+        "  by how each figure was obtained (the jobs' AdminComments):",
+    ]
+    assert lines[2:] == [
+        "    measured+estimated+unavailable: 10 18045.5 J",
+        "    unavailable: 11",
+        # Jobs without a figure with its method (Edge TPU jobs before the Epilog wrote energy): said, not fatal.
+        "    no figure: 12, 13",
+        "    self-reported: 14 7.2 J",
+    ]
+    # Many jobs wrap, each line within the width, every job once.
+    many = parse_sacct(
+        "\n".join(
+            f"{job}|bob|2026-11-25T12:00:00|2026-11-25T12:01:00|gres/tpu=1|"
+            f"slurm-tpu/n1:devices=1,inferences=1,inference_seconds=0.5,energy_j=31.25,energy_method=self-reported"
+            for job in range(100, 140)
+        )
+    )
+    wrapped = energy_lines(many, width=80)
+    assert len(wrapped) > 4 and max(map(len, wrapped)) <= 80
+    assert " ".join(wrapped[2:]).count(" 31.2 J") == 40
     assert energy_lines([]) == ["  energy per job: no jobs"]
