@@ -201,3 +201,20 @@ def energy_lines(rows: Sequence[JobRow], width: int = 100) -> list[str]:
             ", ".join(shown), width, initial_indent=f"    {method}: ", subsequent_indent=" " * 6, break_on_hyphens=False
         )
     return lines
+
+
+def shard_figures(cluster: LocalCluster, jobs: list[int]) -> dict[int, dict[str, float]]:
+    """Each shard job's broker figures as its AdminComment holds them (job -> the node's figures), once
+    every node's collector has applied its spool."""
+    from slurm_tpu.protocol.job_record import parse_admin_comment
+
+    apply_usage(cluster)
+    ids = ",".join(str(job) for job in jobs)
+    out = cluster.command(["sacct", "-n", "-P", "-X", "-j", ids, "-o", "JobID,AdminComment"]).stdout
+    found: dict[int, dict[str, float]] = {}
+    for line in out.splitlines():
+        job, _, comment = line.partition("|")
+        for figures in parse_admin_comment(comment).values():
+            if job.isdigit() and "shards" in figures:
+                found[int(job)] = figures
+    return found

@@ -320,7 +320,9 @@ def report(
     energy = [key for key, totals in groups.items() if totals.energy.methods]
     tail = ["ENERGY", "KWH", "METHOD"] if energy else []
     notes = by == "device" and any(groups[key].energy.notes for key in energy)
-    rows = [(by.upper(), "JOBS", *columns, "INFERENCES", "MEAN LATENCY", *tail, *(["UNAVAILABLE BECAUSE"] * notes))]
+    rows = [
+        (by.upper(), "JOBS", *columns, "INFERENCES", "MEAN LATENCY", *tail, *(["UNAVAILABLE BECAUSE"] if notes else []))
+    ]
     for key, totals in groups.items():
         data = totals.to_json()
         latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
