@@ -179,7 +179,7 @@ def energy_lines(rows: Sequence[JobRow], width: int = 100) -> list[str]:
     figure are listed as such. Wrapped to ``width`` columns."""
     import textwrap
 
-    tres = [name for row in rows for name in row.tres if name.startswith("gres/")]
+    tres = list(dict.fromkeys(name for row in rows for name in row.tres if name.startswith("gres/")))
     jobs = summarize_sacct(rows, "job", tres, None, None, 0)
     if not jobs:
         return ["  energy per job: no jobs"]
