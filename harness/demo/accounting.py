@@ -7,7 +7,8 @@ experiment's TPU jobs still run side by side); each node's accounting collector
 runs once so that the epilogs spool the jobs' figures. At the end: two jobs under
 ``--qos=onetpu`` show the cap (the second pends with ``QOSMaxGRESPerUser``; both are
 then cancelled), the collectors put each job's inference figures into its
-AdminComment, and sreport gives the TPU-hours per user.
+AdminComment, and sreport gives the TPU-hours per user; each job's energy on its accelerators,
+with how it was obtained, comes from its AdminComment as ``slurm-tpu report`` reads it.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import time
 from collections.abc import Sequence
 
+from slurm_tpu.ops.accounting import JOULES_PER_KWH, JobRow, summarize_sacct
 from slurm_tpu.slurm.parse import parse_key_values
 
 from ..localcluster.cluster import LocalCluster
@@ -164,6 +166,40 @@ def books_lines(cluster: LocalCluster, layout: Layout, since: float, sample_job:
     if sample_job is not None:
         out = cluster.command(["sacct", "-n", "-P", "-X", "-j", str(sample_job), "-o", "AdminComment"]).stdout
         lines.append(f"  job {sample_job} AdminComment: {out.strip() or '(none)'}")
+    from slurm_tpu.ops.accounting import sacct_jobs
+    from slurm_tpu.slurm.commands import Slurm
+
+    lines += energy_lines(sacct_jobs(Slurm(cluster.slurm, cluster.env()), since, None))
+    return lines
+
+
+def energy_lines(rows: Sequence[JobRow], width: int = 100) -> list[str]:
+    """Each accelerator job's energy (``slurm-tpu report --by job``'s figure: its AdminComment's, summed
+    over its nodes), grouped by method so that a figure is never shown without it; jobs without a
+    figure are listed as such. Wrapped to ``width`` columns."""
+    import textwrap
+
+    tres = list(dict.fromkeys(name for row in rows for name in row.tres if name.startswith("gres/")))
+    jobs = summarize_sacct(rows, "job", tres, None, None, 0)
+    if not jobs:
+        return ["  energy per job: no jobs"]
+    groups: dict[str, list[str]] = {}
+    total = 0.0
+    for job, totals in sorted(jobs.items(), key=lambda item: (len(item[0]), item[0])):
+        energy = totals.energy
+        if energy.joules is not None:
+            total += energy.joules
+            groups.setdefault(energy.method, []).append(f"{job} {energy.joules:.1f} J")
+        else:  # unavailable (with the method saying so), or no figure at all (a job before energy)
+            groups.setdefault(energy.method or "no figure", []).append(job)
+    lines = [
+        f"  energy per job on its accelerators: {total:.1f} J ({total / JOULES_PER_KWH:.6f} kWh) in all,",
+        "  by how each figure was obtained (the jobs' AdminComments):",
+    ]
+    for method, shown in groups.items():
+        lines += textwrap.wrap(
+            ", ".join(shown), width, initial_indent=f"    {method}: ", subsequent_indent=" " * 6, break_on_hyphens=False
+        )
     return lines
 
 

@@ -136,24 +136,26 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
     from ..ops.edgetpu_runtime import installed_version
     from ..ops.health_check import configured_inventory
     from ..ops.metrics import NodeCollector, NodeSnapshot, broker_view
-    from ..ops.node_state import audit_records, default_audit_log, lease_holders, running_usage
+    from ..ops.node_state import audit_history, default_audit_log, lease_holders, running_usage
 
     config = obj.config
     shares_here = bool(config.family("edgetpu").shared)  # the node's broker serves shards
 
     def snapshot() -> NodeSnapshot:
         leased, held = lease_holders(config)
+        records, energy = audit_history([default_audit_log(config)])
         return NodeSnapshot(
             node,
             configured_inventory(config),
             detect_inventory(use_nvml=False),
             leased,
             held,
-            audit_records([default_audit_log(config)]),
+            records,
             time.time(),
             installed_version(libedgetpu),
             running_usage(config, held),
             broker_view(config.state_dir, shares_here),
+            energy,
         )
 
     return NodeCollector(snapshot)
@@ -179,13 +181,15 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
 @pass_obj
 def metrics(obj: Obj, node: str | None, textfile: str | None, listen: str | None, libedgetpu: str | None) -> None:
     """Prometheus metrics: devices present/healthy/leased, temperature, jobs, inferences,
-    and the version of the node's libedgetpu; on a node sharing TPUs, its broker's figures
+    energy, and the version of the node's libedgetpu; on a node sharing TPUs, its broker's figures
     (each shard job's device time, inferences, swaps, queue wait; each shared TPU's utilization).
 
     A device's state series carry the job holding it (labels hpc_job and hpc_user, as
     dcgm-exporter's HPC job mapping does), and each running job has its own inference
     counters. Lifetime inference counts and times come from the runner, through the
-    epilog's usage records in the audit log.
+    epilog's usage records in the audit log. Each ended job's energy on each device
+    (labels hpc_job, hpc_user and method: measured, integrated, estimated, self-reported)
+    comes from the epilog's energy events there, for a day after the job's end.
     """
     from .. import promtext
 
@@ -245,7 +249,7 @@ def _parse_time(value: str | None, option: str) -> float | None:
     type=click.Choice(["auto", "sacct", "audit"]),
     default="auto",
     help="Slurm's accounting (sacct: accelerator TRES-seconds as sreport counts them, inference "
-    "figures from each job's AdminComment) or this node's audit log. auto: sacct where "
+    "and energy figures from each job's AdminComment) or this node's audit log. auto: sacct where "
     "slurmctld records jobs through slurmdbd, unless --by device or --audit is given.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
@@ -253,7 +257,12 @@ def _parse_time(value: str | None, option: str) -> float | None:
 def report(
     obj: Obj, by: str, since: str | None, until: str | None, audit_logs: tuple[str, ...], source: str, as_json: bool
 ) -> None:
-    """Accelerator use per user, device or job: leases, lease time, inferences, mean latency."""
+    """Accelerator use per user, device or job: leases, lease time, inferences, mean latency, energy.
+
+    Energy is each job's on its accelerators, in joules and kWh, always with how it was
+    obtained (measured, integrated, estimated, self-reported; unavailable, with why, per
+    device): from the Epilog's energy events in the audit log, or each job's AdminComment.
+    """
     import time
 
     start, end = _parse_time(since, "--since"), _parse_time(until, "--until")
@@ -292,13 +301,13 @@ def report(
         empty = "no accelerator jobs in this period (sacct)"
     else:
         from ..ops.accounting import summarize_audit, user_name
-        from ..ops.node_state import audit_records, default_audit_log
+        from ..ops.node_state import audit_history, default_audit_log
 
         missing = [p for p in audit_logs if not os.path.exists(p)]
         if missing:
             raise click.BadParameter(f"{missing[0]} does not exist", param_hint="--audit")
-        records = audit_records(list(audit_logs) or [default_audit_log(obj.config)])
-        groups = summarize_audit(records, by, start, end, time.time(), user_name)
+        records, figures = audit_history(list(audit_logs) or [default_audit_log(obj.config)])
+        groups = summarize_audit(records, by, start, end, time.time(), user_name, figures)
         columns = ["LEASE TIME"]
         cells = {key: [f"{round(t.lease_seconds, 3):.1f} s"] for key, t in groups.items()}
         empty = "no accelerator leases in this period"
@@ -308,12 +317,24 @@ def report(
     if not groups:
         click.echo(empty)
         return
-    rows = [(by.upper(), "JOBS", *columns, "INFERENCES", "MEAN LATENCY")]
+    energy = [key for key, totals in groups.items() if totals.energy.methods]
+    tail = ["ENERGY", "KWH", "METHOD"] if energy else []
+    notes = by == "device" and any(groups[key].energy.notes for key in energy)
+    rows = [
+        (by.upper(), "JOBS", *columns, "INFERENCES", "MEAN LATENCY", *tail, *(["UNAVAILABLE BECAUSE"] if notes else []))
+    ]
     for key, totals in groups.items():
         data = totals.to_json()
         latency = "-" if data["mean_latency_ms"] is None else f"{data['mean_latency_ms']:.2f} ms"
-        rows.append((key, str(data["jobs"]), *cells[key], str(data["inferences"]), latency))
+        power = totals.energy.cells() if tail else []
+        why = ["; ".join(_printable(n) for n in totals.energy.notes) or "-"] if notes else []
+        rows.append((key, str(data["jobs"]), *cells[key], str(data["inferences"]), latency, *power, *why))
     click.echo(table(rows, numbers=True), nl=False)
+
+
+def _printable(text: str) -> str:
+    """A note for a table cell: what a terminal would act on shown as '?'."""
+    return "".join(c if c.isprintable() else "?" for c in text)
 
 
 def _slurm_accounting(obj: Obj) -> bool:

@@ -3,11 +3,16 @@
 Three parts (docs/accounting.md tells the whole story):
 
 - **the audit log** (:func:`summarize_audit`): lease spans (:mod:`slurm_tpu.protocol.audit`)
-  summed per user, device or job over a period; the only source for ``--by device``.
+  and the Epilog's per-device ``energy`` events (:func:`energy_figures`) summed per user, device
+  or job over a period; the only source for ``--by device``.
 - **Slurm's accounting** (:func:`sacct_jobs`, :func:`summarize_sacct`): where slurmdbd records
   jobs, a job's accelerator-seconds are each ``gres/<name>`` count of its ``AllocTRES`` times
   its run time within the period, exactly as sreport computes a TRES's usage; its inference
-  figures come from its ``AdminComment``.
+  and energy figures come from its ``AdminComment``.
+
+Energy is never a bare number: every figure carries its method (protocol/energy.py METHODS), and a
+group's figure carries every method that went into it (``measured+estimated``; ``unavailable``
+among them when some device's figure is missing, so the sum covers the others only).
 - **the collector** (:func:`collect`, ``slurm-tpu accounting-collect``): each job's spooled
   figures into its ``AdminComment`` with ``sacctmgr`` (an argument list, no shell), by a
   protocol under which the collectors of a multi-node job's nodes never lose each other's
@@ -30,9 +35,13 @@ from ..access import statedir
 from ..defaults import ACCOUNTING_WINDOW_S
 from ..errors import SlurmCommandError
 from ..hooks.jobusage import open_spool
+from ..protocol import audit
 from ..protocol.audit import LeaseSpan
+from ..protocol.energy import MAX_JOULES, METHODS, UNAVAILABLE
 from ..protocol.job_record import (
     MAX_SPOOL_BYTES,
+    PREFIX,
+    SEPARATOR,
     SHARES,
     SpoolEntry,
     decode_spool,
@@ -41,6 +50,140 @@ from ..protocol.job_record import (
     merge,
     parse_admin_comment,
 )
+
+# ---- energy: every figure with its method ------------------------------------------------
+
+JOULES_PER_KWH = 3.6e6
+ENERGY_METHOD = "energy_method"  # the AdminComment item's key beside energy_j (the node's methods)
+
+
+def join_methods(methods: Iterable[str]) -> str:
+    """The methods named in ``methods`` (each may itself be ``+``-joined, as a node's is), once each and in
+    protocol/energy.py's METHODS order, joined by ``+``: how protocol/energy.py node_method names a node's."""
+    present = {part for text in methods for part in text.split("+")}
+    return "+".join(method for method in METHODS if method in present)
+
+
+def known_methods(text: str) -> bool:
+    """Whether ``text`` is one or more known methods joined by ``+``."""
+    return bool(text) and all(part in METHODS for part in text.split("+"))
+
+
+def plausible_joules(value: object) -> bool:
+    """A finite, non-negative figure no device could exceed (protocol/energy.py MAX_JOULES)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_JOULES
+
+
+@dataclass
+class Energy:
+    """A group's accelerator energy: the joules of its figures that have them, and every method that
+    made it (one ``unavailable`` figure makes the method say so); ``notes``: why figures are unavailable."""
+
+    joules: float | None = None
+    methods: set[str] = field(default_factory=set)
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, joules: float | None, method: str, note: str = "") -> None:
+        self.methods.update(method.split("+"))
+        if joules is not None:
+            self.joules = (self.joules or 0.0) + joules
+        if method == UNAVAILABLE and note and note not in self.notes:
+            self.notes.append(note)
+
+    @property
+    def method(self) -> str:
+        return join_methods(self.methods)
+
+    def to_json(self) -> dict:
+        return {
+            "energy_j": None if self.joules is None else round(self.joules, 3),
+            "energy_kwh": None if self.joules is None else round(self.joules / JOULES_PER_KWH, 9),
+            "energy_method": self.method or None,
+            "energy_notes": list(self.notes),
+        }
+
+    def cells(self) -> list[str]:
+        """ENERGY, KWH and METHOD cells of the report's table ('-' where there is no figure)."""
+        if self.joules is None:
+            return ["-", "-", self.method or "-"]
+        return [f"{self.joules:.1f} J", f"{self.joules / JOULES_PER_KWH:.6f}", self.method]
+
+
+@dataclass(frozen=True)
+class DeviceFigure:
+    """One job's energy on one device, as the Epilog's ``energy`` audit event says (protocol/audit.py ENERGY)."""
+
+    identity: str
+    job_id: int
+    uid: int
+    end: float  # when the Epilog wrote it: the job's end
+    joules: float | None  # None: unavailable (``note`` says why)
+    method: str
+    seconds: float
+    note: str = ""
+
+    @property
+    def start(self) -> float:
+        return self.end - self.seconds
+
+
+def energy_figures(events: Iterable[dict]) -> list[DeviceFigure]:
+    """The ``energy`` events among ``events`` (:func:`slurm_tpu.protocol.audit.read_events`), one figure per
+    device and job (a later event replaces an earlier one: an Epilog run twice). An event that is not
+    a figure with its method is skipped: an unknown method, joules with ``unavailable`` or none without
+    it, joules or seconds out of range."""
+    found: dict[tuple[str, int], DeviceFigure] = {}
+    for event in events:
+        if event.get(audit.EVENT) != audit.ENERGY:
+            continue
+        identity, job_id, uid = event.get(audit.IDENTITY), event.get(audit.JOB_ID), event.get(audit.UID, -1)
+        joules, method, seconds, note = (event.get(k) for k in ("joules", "method", "seconds", "note"))
+        if not isinstance(identity, str) or not isinstance(job_id, int) or not isinstance(method, str):
+            continue  # read_events has checked that job_id and uid, when present, are integers
+        if method not in METHODS or (joules is None) != (method == UNAVAILABLE):
+            continue
+        if joules is not None and not plausible_joules(joules):
+            continue
+        if not plausible_joules(seconds):
+            continue
+        figure = DeviceFigure(
+            identity,
+            job_id,
+            uid if isinstance(uid, int) else -1,
+            float(event[audit.T]),
+            None if joules is None else float(joules),
+            method,
+            float(seconds),  # type: ignore[arg-type]
+            note if isinstance(note, str) else "",
+        )
+        found[(identity, job_id)] = figure
+    return sorted(found.values(), key=lambda f: (f.end, f.identity))
+
+
+def admin_energy(admin_comment: str) -> dict[str, tuple[float | None, str]]:
+    """node -> (joules or None, methods) of each of our ``AdminComment`` items that says its energy's
+    method (``energy_j=..,energy_method=..``); an item without a known method (an older job-written
+    ``energy_j``) or with implausible joules shows no energy."""
+    found: dict[str, tuple[float | None, str]] = {}
+    for item in admin_comment.split(SEPARATOR):
+        if not item.startswith(PREFIX):
+            continue
+        node, sep, rest = item[len(PREFIX) :].partition(":")
+        pairs = dict(pair.partition("=")[::2] for pair in rest.split(","))
+        method = pairs.get(ENERGY_METHOD, "")
+        if not sep or not node or not known_methods(method):
+            continue
+        joules: float | None = None
+        if pairs.get("energy_j"):
+            try:
+                joules = float(pairs["energy_j"])
+            except ValueError:
+                continue
+            if not plausible_joules(joules) or method == UNAVAILABLE:
+                continue
+        found[node] = (joules, method)
+    return found
+
 
 # ---- the audit log ------------------------------------------------------------------------
 
@@ -54,7 +197,8 @@ class Totals:
     lease_seconds: float = 0.0
     inferences: int = 0
     inference_seconds: float = 0.0
-    energy_j: float | None = None
+    # Root's figures (the Epilog's energy events); a job's own usage figure for energy is not counted.
+    energy: Energy = field(default_factory=Energy)
 
     def add(self, record: LeaseSpan, seconds: float) -> None:
         self.jobs.add(record.job_id)
@@ -62,8 +206,6 @@ class Totals:
         self.lease_seconds += seconds
         self.inferences += record.inferences
         self.inference_seconds += record.inference_seconds
-        if record.energy_j is not None:
-            self.energy_j = (self.energy_j or 0.0) + record.energy_j
 
     def to_json(self) -> dict:
         return {
@@ -73,7 +215,7 @@ class Totals:
             "inferences": self.inferences,
             "inference_seconds": round(self.inference_seconds, 6),
             "mean_latency_ms": round(self.inference_seconds / self.inferences * 1000, 3) if self.inferences else None,
-            "energy_j": None if self.energy_j is None else round(self.energy_j, 3),
+            **self.energy.to_json(),
         }
 
 
@@ -85,22 +227,40 @@ def user_name(uid: int) -> str:
         return str(uid)
 
 
+def _overlaps(start: float, end: float, since: float | None, until: float | None) -> bool:
+    return not ((since is not None and end < since) or (until is not None and start >= until))
+
+
 def summarize_audit(
-    records: Iterable[LeaseSpan], by: str, since: float | None, until: float | None, now: float, user_name=str
+    records: Iterable[LeaseSpan],
+    by: str,
+    since: float | None,
+    until: float | None,
+    now: float,
+    user_name=str,
+    energy: Iterable[DeviceFigure] = (),
 ) -> dict[str, Totals]:
-    """Totals per user, device or job for leases overlapping [since, until)."""
+    """Totals per user, device or job for leases overlapping [since, until), with the energy figures
+    (:func:`energy_figures`) of the jobs that ran in it: a job's whole figure, not a part of it (a
+    figure is one number per job and device; the period only selects the jobs). A job that held a
+    device without a lease (TPU shares) appears through its energy figure alone."""
     groups: dict[str, Totals] = {}
-    keys: dict[str, Callable[[LeaseSpan], str]] = {
-        "user": lambda span: user_name(span.uid),
-        "device": lambda span: span.identity,
-        "job": lambda span: str(span.job_id),
+    keys: dict[str, Callable[[LeaseSpan | DeviceFigure], str]] = {
+        "user": lambda item: user_name(item.uid),
+        "device": lambda item: item.identity,
+        "job": lambda item: str(item.job_id),
     }
     for record in records:
-        end = record.end if record.end is not None else now
-        if (since is not None and end < since) or (until is not None and record.start >= until):
+        if not _overlaps(record.start, record.end if record.end is not None else now, since, until):
             continue
         key = keys[by](record)
         groups.setdefault(key, Totals()).add(record, record.seconds_within(since, until, now))
+    for figure in energy:
+        if not _overlaps(figure.start, figure.end, since, until):
+            continue
+        totals = groups.setdefault(keys[by](figure), Totals())
+        totals.jobs.add(figure.job_id)
+        totals.energy.add(figure.joules, figure.method, figure.note)
     return dict(sorted(groups.items()))
 
 
@@ -128,6 +288,7 @@ class JobRow:
     end: float | None
     tres: dict[str, int]
     usage: dict[str, dict[str, float]]  # node -> figures, from the AdminComment
+    energy: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # node -> admin_energy's
 
 
 def _time(value: str) -> float | None:
@@ -154,7 +315,8 @@ def parse_sacct(text: str) -> list[JobRow]:
             key, _, value = item.partition("=")
             if value.isdigit():
                 tres[key] = int(value)
-        rows.append(JobRow(job_id, user, _time(start), _time(end), tres, parse_admin_comment(comment)))
+        usage, energy = parse_admin_comment(comment), admin_energy(comment)
+        rows.append(JobRow(job_id, user, _time(start), _time(end), tres, usage, energy))
     return rows
 
 
@@ -208,6 +370,7 @@ class SacctTotals:
     inferences: int = 0
     inference_seconds: float = 0.0
     shards: ShardTotals | None = None  # jobs of the group that held TPU shares (their AdminComment says)
+    energy: Energy = field(default_factory=Energy)  # the nodes' figures in the AdminComment, with their methods
 
     def to_json(self) -> dict:
         data = {
@@ -217,6 +380,7 @@ class SacctTotals:
             "inferences": self.inferences,
             "inference_seconds": round(self.inference_seconds, 6),
             "mean_latency_ms": round(self.inference_seconds / self.inferences * 1000, 3) if self.inferences else None,
+            **self.energy.to_json(),
         }
         if self.shards is not None:
             data["shards"] = self.shards.to_json()
@@ -227,7 +391,8 @@ def summarize_sacct(
     rows: Iterable[JobRow], by: str, tres: Iterable[str], since: float | None, until: float | None, now: float
 ) -> dict[str, SacctTotals]:
     """Totals per user or job over [since, until): ``tres`` (``gres/tpu``...) seconds and inference figures,
-    and for jobs that held TPU shares the broker's figures (device time, inferences, swaps, queue wait)."""
+    for jobs that held TPU shares the broker's figures (device time, inferences, swaps, queue wait), and
+    the energy of the jobs' accelerators with its methods (each job's whole figure, as in :func:`summarize_audit`)."""
     names = list(tres)
     groups: dict[str, SacctTotals] = {}
     for row in rows:
@@ -252,6 +417,8 @@ def summarize_sacct(
                 if totals.shards is None:
                     totals.shards = ShardTotals()
                 totals.shards.add(row.job_id, figures)
+        for joules, method in row.energy.values():
+            totals.energy.add(joules, method)
     return dict(sorted(groups.items()))
 
 

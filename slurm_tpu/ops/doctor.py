@@ -214,6 +214,53 @@ def check_accounting_tres(node: Node) -> list[Finding]:
     return _ok("AccountingStorageTRES", ",".join(have) or "(no GRES here)")
 
 
+# What each of Slurm's acct_gather_energy plugins measures (its sacct ConsumedEnergy is per node).
+NODE_ENERGY_PLUGINS = {
+    "rapl": "the processors' and memory's RAPL counters, not the accelerators",
+    "ipmi": "the whole node's power from its BMC",
+    "pm_counters": "the whole node's power counters (HPE Cray)",
+    "xcc": "the whole node's power from Lenovo XClarity",
+    "gpu": "AMD GPUs only (its NVIDIA energy read is an empty stub)",
+}
+
+
+def node_energy_plugins(value: str) -> list[str]:
+    """The plugins an ``AcctGatherEnergyType`` value names (``acct_gather_energy/rapl,...``; stackable since
+    20.02), as Slurm reads it: a value naming ``none`` anywhere is none, ``rsmi`` is ``gpu``; scontrol
+    show config prints ``(null)`` for none (25.11) or ``acct_gather_energy/none`` (22.05)."""
+    if "none" in value.lower() or value.strip() in ("", "(null)"):
+        return []
+    names = (part.strip().rpartition("/")[2] for part in value.split(","))
+    return list(dict.fromkeys("gpu" if name == "rsmi" else name for name in names if name))
+
+
+def check_energy(node: Node) -> list[Finding]:
+    """Two lines, never a failure: whether this node's Slurm collects node energy (AcctGatherEnergyType)
+    and what slurm-tpu's per-device figures add to it (docs/accounting.md, "Energy")."""
+    plugins = node_energy_plugins(node.options().get("acctgatherenergytype", ""))
+    if plugins:
+        what = "; ".join(f"{name}: {NODE_ENERGY_PLUGINS.get(name, 'its own sensors')}" for name in plugins)
+        slurm = (
+            f"Slurm collects node energy here (AcctGatherEnergyType {', '.join(plugins)}: {what}): sacct's "
+            "ConsumedEnergy is the node's, a job's own only when the job had the node to itself"
+        )
+    else:
+        slurm = (
+            "Slurm collects no node energy here (AcctGatherEnergyType unset or none): sacct's ConsumedEnergy "
+            "stays empty; acct_gather_energy/rapl or ipmi would add the node's"
+        )
+    kinds = sorted({a.kind for a in node.inventory})
+    if kinds:
+        ours = (
+            f"slurm-tpu adds each job's energy on each accelerator it held ({len(node.inventory)} here: "
+            f"{', '.join(kinds)}), its own even on a shared node, with its method (measured, integrated, "
+            "estimated, self-reported): AdminComment, slurm-tpu report, metrics"
+        )
+    else:
+        ours = "no accelerators here: slurm-tpu adds no per-device energy figures"
+    return _ok("node energy", slurm) + _ok("device energy", ours)
+
+
 ACCOUNTING_TIMER = "slurm-tpu-accounting.timer"  # what `systemctl enable` links into timers.target.wants
 
 
@@ -800,6 +847,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_gres_types,
     check_accounting_tres,
     check_accounting_collector,
+    check_energy,
     check_broker,
     check_gres_conf,
     check_node_line,

@@ -12,6 +12,13 @@ On a node that shares Edge TPUs (issue 32: TPU shards), the node's broker answer
 seconds, and ``slurm_tpu_broker_up``. A broker that does not answer leaves those series out and
 says why in that family's HELP line: a scrape never fails for it.
 
+Energy (issue 33): each job's figure on each device it held, from the Epilog's ``energy`` audit
+events, as the counter ``slurm_tpu_job_device_energy_joules_total`` with ``hpc_job``/``hpc_user``
+and ``method`` (never a figure without how it was obtained); an unavailable figure has no sample.
+A job's series appears at its end with its whole figure and stays for :data:`ENDED_JOB_SERIES_S`
+(``sum`` over series, not ``increase``, gives a period's energy); the lifetime
+``slurm_tpu_device_energy_joules_total`` (node, identity, method) is the one to ``increase``.
+
 Label values are identities, kinds and models from detection, numbers, and user
 names from the password database: nothing a job chooses (its name, comment or
 environment) becomes a label. ``prometheus_client`` escapes every value anyway.
@@ -29,10 +36,14 @@ from prometheus_client.registry import Collector
 from ..hardware import Inventory
 from ..promtext import add, counter, gauge
 from ..protocol.audit import LeaseSpan
-from .accounting import user_name
+from .accounting import DeviceFigure, user_name
 from .health_policy import find_problems
 
 JOB_LABEL, USER_LABEL = "hpc_job", "hpc_user"  # dcgm-exporter's hpc_job, and its like for the user
+METHOD_LABEL = "method"  # protocol/energy.py METHODS
+# An ended job's energy series stays in the scrapes this long: long enough for every scraper to see
+# its final value, short enough that a node's history does not grow every scrape (report keeps it).
+ENDED_JOB_SERIES_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +101,7 @@ class NodeSnapshot:
     edgetpu_version: str | None
     usage: Iterable[JobUsage]
     broker: BrokerView | None = None  # None: the node shares no TPU (no broker series at all)
+    energy: Iterable[DeviceFigure] = ()  # the ended jobs' per-device figures (the audit log's energy events)
 
 
 def families(snap: NodeSnapshot) -> list[Metric]:
@@ -148,7 +160,32 @@ def families(snap: NodeSnapshot) -> list[Metric]:
         add(runtime, {"node": node, "version": snap.edgetpu_version}, 1.0)
     sampled = [f for f in (job_inferences, job_seconds, runtime) if f.samples]
     broker = broker_families(node, snap.broker) if snap.broker is not None else []
-    return [present, healthy, leased_g, temperature, *lifetime, *sampled, *broker]
+    return [present, healthy, leased_g, temperature, *lifetime, *sampled, *broker, *energy_families(node, snap)]
+
+
+def energy_families(node: str, snap: NodeSnapshot) -> list[Metric]:
+    """Each ended job's energy per device (labelled with the job, its user and the method), for
+    :data:`ENDED_JOB_SERIES_S` after its end, and each device's lifetime energy per method."""
+    per_job = counter(
+        "slurm_tpu_job_device_energy_joules",
+        "energy a job used on one accelerator, per job per device, from its end on (its Epilog's figure); "
+        "method: measured (the device's energy counter), integrated (its polled power), estimated "
+        "(datasheet or calibrated idle/active watts x allocated and busy time), self-reported (the same "
+        "with the job's own busy time, bounded by its allocation); unavailable figures have no sample",
+    )
+    lifetime = counter("slurm_tpu_device_energy_joules", "energy of every job that ended on the accelerator, by method")
+    totals: dict[tuple[str, str], float] = {}
+    for figure in snap.energy:
+        if figure.joules is None:
+            continue
+        key = (figure.identity, figure.method)
+        totals[key] = totals.get(key, 0.0) + figure.joules
+        if snap.now - figure.end <= ENDED_JOB_SERIES_S:
+            job = Holder(figure.job_id, figure.uid).labels()
+            add(per_job, {"node": node, "identity": figure.identity, **job, METHOD_LABEL: figure.method}, figure.joules)
+    for (identity, method), joules in sorted(totals.items()):
+        add(lifetime, {"node": node, "identity": identity, METHOD_LABEL: method}, joules)
+    return [family for family in (per_job, lifetime) if family.samples]
 
 
 def broker_families(node: str, view: BrokerView) -> list[Metric]:

@@ -8,20 +8,30 @@ from ..access import statedir
 from ..config import Config
 from ..protocol import audit
 from ..protocol.audit import LeaseSpan
+from .accounting import DeviceFigure, energy_figures
 
 
-def audit_records(paths: list[str]) -> list[LeaseSpan]:
-    """Lease spans from one or more audit logs (several nodes' logs may be combined)."""
+def audit_history(paths: list[str]) -> tuple[list[LeaseSpan], list[DeviceFigure]]:
+    """Lease spans and the Epilog's per-device energy figures from one or more audit logs (several
+    nodes' logs may be combined), each log read once."""
     records: list[LeaseSpan] = []
+    figures: list[DeviceFigure] = []
     for path in paths:
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
-                records += audit.pair_leases(audit.read_events(handle, path)).spans
+                events = list(audit.read_events(handle, path))
         except FileNotFoundError:
             continue
         except OSError as exc:
             raise statedir.StateDirError(f"cannot read audit log {path}: {exc.strerror}", path) from exc
-    return sorted(records, key=lambda r: (r.start, r.identity))
+        records += audit.pair_leases(events).spans
+        figures += energy_figures(events)
+    return sorted(records, key=lambda r: (r.start, r.identity)), sorted(figures, key=lambda f: (f.end, f.identity))
+
+
+def audit_records(paths: list[str]) -> list[LeaseSpan]:
+    """Lease spans from one or more audit logs (several nodes' logs may be combined)."""
+    return audit_history(paths)[0]
 
 
 def default_audit_log(config: Config) -> str:

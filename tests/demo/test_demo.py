@@ -147,9 +147,10 @@ def test_demo_runs_to_completion_quickly_with_short_output(demo):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == ""
     lines = done.stdout.replace(layout.base, "/tmp/slurm-tpu-demo").splitlines()
-    # 62 before the unmodified-Coral step's line, 15 for the shard steps, 7 more for Slurm's books; the
-    # timeline's length varies by a line with where jobs ran.
-    assert len(lines) <= 89 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
+    # 62 before the unmodified-Coral step's line, 15 for the shard steps, 7 more for Slurm's books and
+    # up to 7 for the jobs' energy (grouped by method, wrapped); the timeline's length varies by a line
+    # with where jobs ran.
+    assert len(lines) <= 96 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
     assert "test-double libedgetpu" in done.stdout  # it says plainly that there is no real TPU
     assert done.seconds < 120, f"demo took {done.seconds:.0f} s"
 
@@ -182,8 +183,12 @@ def test_slurms_books_show_tpu_hours_a_qos_cap_and_each_jobs_inferences(demo):
         "sacct", "-a", "-n", "-P", "-X", "--name=classify-tpu", "-S", "now-1days", "-o", "AdminComment"
     ).splitlines():
         assert re.fullmatch(
-            r"slurm-tpu/node-(usb|pcie):devices=1,inferences=[1-9][0-9]*,inference_seconds=[0-9.]+", line
+            r"slurm-tpu/node-(usb|pcie):devices=1,inferences=[1-9][0-9]*,inference_seconds=[0-9.]+"
+            r"(,energy_j=[0-9.]+)?(,energy_method=[a-z+-]+)?",  # the Epilog's energy, with its method
+            line,
         ), line
+    # Each of those jobs' energy in the closing lines, under how it was obtained (or that it has none).
+    assert "  energy per job on its accelerators: " in done.stdout
 
 
 def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):

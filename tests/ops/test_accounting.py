@@ -49,7 +49,11 @@ def test_totals_by_user_device_and_job():
         "inferences": 40,
         "inference_seconds": 0.6,
         "mean_latency_ms": 15.0,
+        # No energy events in this log: no figure, and no method to go with one.
         "energy_j": None,
+        "energy_kwh": None,
+        "energy_method": None,
+        "energy_notes": [],
     }
     assert by_user["u1002"].to_json()["lease_seconds"] == 20.0 + 4.0  # job 4 still running at t=130
     by_device = summarize_audit(records(), "device", None, None, now=130.0)

@@ -237,3 +237,35 @@ def test_textfile_mode_writes_atomically_and_refuses_unsafe_targets(node_state, 
     assert len(refused.stderr.strip().splitlines()) == 1 and os.listdir(open_dir) == []
     wrong = run_cli(["--config", str(node_state), "metrics", "--textfile", str(tmp_path / "prom" / "x.txt")])
     assert wrong.returncode == 1 and "only *.prom files" in wrong.stderr
+
+
+def test_each_ended_jobs_energy_reaches_metrics_and_report_with_its_method(node_state):
+    """The Epilog's energy events (protocol/audit.py ENERGY, by the audit log's own writer) through the
+    real commands: a counter per job and device labelled with job, user and method; report's figures."""
+    from slurm_tpu.protocol import audit
+
+    state = node_state.read_text().split("state_dir: ")[1].split("\n")[0]
+    ended = time.time() - 60  # within the day an ended job's series is kept
+
+    def energy(identity: str, job: int, joules, method: str, note: str = "") -> bytes:
+        fields = {"identity": identity, "job_id": job, "uid": 1001, "joules": joules}
+        return audit.encode(audit.ENERGY, ended, {**fields, "method": method, "seconds": 30.0, "note": note})
+
+    with open(os.path.join(state, "audit.log"), "ab") as handle:
+        handle.write(energy("usb-2-1", 72, 37.5, "estimated", "no busy time reported: idle power only"))
+        handle.write(energy("pci-0000:04:00.0", 72, None, "unavailable", "no start reading"))
+    result = run_cli(["--config", str(node_state), "metrics"], "big_node")
+    assert result.returncode == 0, result.stderr
+    [family] = [
+        f for f in text_string_to_metric_families(result.stdout) if f.name == "slurm_tpu_job_device_energy_joules"
+    ]
+    [sample] = family.samples
+    assert sample.labels["identity"] == "usb-2-1" and sample.labels["hpc_job"] == "72"
+    assert sample.labels["method"] == "estimated" and sample.value == 37.5
+    assert samples(result.stdout)[("slurm_tpu_device_energy_joules_total", "usb-2-1")] == 37.5
+    report = run_cli(["--config", str(node_state), "report", "--by", "device", "--json"])
+    assert report.returncode == 0, report.stderr
+    data = json.loads(report.stdout)
+    assert (data["usb-2-1"]["energy_j"], data["usb-2-1"]["energy_method"]) == (37.5, "estimated")
+    assert data["pci-0000:04:00.0"]["energy_method"] == "unavailable"
+    assert data["pci-0000:04:00.0"]["energy_notes"] == ["no start reading"]
