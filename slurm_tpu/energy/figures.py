@@ -16,17 +16,17 @@ import time
 
 from ..protocol.energy import (
     DIR,
-    MAX_BYTES,
-    POLL_SUFFIX,
     ESTIMATED,
     HWMON_POWER,
     INTEGRATED,
+    MAX_BYTES,
     MAX_JOULES,
     MEASURED,
     MODEL,
     NO_SOURCE,
     NVML_ENERGY,
     NVML_POWER,
+    POLL_SUFFIX,
     SELF_REPORTED,
     UNAVAILABLE,
     DeviceEnergy,
@@ -98,9 +98,7 @@ class _NvmlOnDemand:
                 pass
 
 
-def start_readings(
-    job_id: int, devices: list[StartDevice], library: str, nvml=None
-) -> tuple[StartFile, list[str]]:
+def start_readings(job_id: int, devices: list[StartDevice], library: str, nvml=None) -> tuple[StartFile, list[str]]:
     """The job's start file from ``devices`` (identity, kind, source, shares; ``start`` unset), each
     counter read now, and the problems met (one line each, for the audit log). ``nvml``: an open NVML
     to use (the node agent's); else one is opened from ``library`` when a device needs it, and closed.

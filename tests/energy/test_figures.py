@@ -27,7 +27,9 @@ def tpu(identity: str = "usb-2-1.3", idle: float = 0.5, active: float = 2.0, sha
 
 
 def compute(start: StartFile, seconds: float, **kwargs) -> list[DeviceEnergy]:
-    return figures.device_figures(start, "libnvidia-ml.so.1", end_ns=start.start_ns + int(seconds * S), boot=BOOT, **kwargs)
+    return figures.device_figures(
+        start, "libnvidia-ml.so.1", end_ns=start.start_ns + int(seconds * S), boot=BOOT, **kwargs
+    )
 
 
 def test_an_edge_tpu_without_busy_time_is_its_idle_power_over_the_allocation():
@@ -85,9 +87,15 @@ def test_a_reboot_between_start_and_end_makes_every_figure_unavailable():
 
 
 def test_a_device_without_a_source_says_why():
-    start = start_file(StartDevice("platform-17000000.gpu", "gpu", "none:Jetson's GPU has no NVML power readings", None, None))
+    start = start_file(
+        StartDevice("platform-17000000.gpu", "gpu", "none:Jetson's GPU has no NVML power readings", None, None)
+    )
     [figure] = compute(start, 60)
-    assert (figure.joules, figure.method, figure.note) == (None, "unavailable", "Jetson's GPU has no NVML power readings")
+    assert (figure.joules, figure.method, figure.note) == (
+        None,
+        "unavailable",
+        "Jetson's GPU has no NVML power readings",
+    )
 
 
 def test_polled_power_without_an_agent_or_samples_is_unavailable_and_with_samples_integrated(tmp_path):
