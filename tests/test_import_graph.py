@@ -1,7 +1,7 @@
 """No import cycles anywhere in slurm_tpu, and no import that runs up its layers, function-level imports included.
 
 The layers (LAYERS, below: base, protocol, records, families, config, slurm, access,
-hooks, detect/render, runner, ops, cli, harness) say what may know what: a module
+energy, hooks, detect/render, runner, ops, cli, harness) say what may know what: a module
 imports from its own layer and those below it, never from one above.
 
 The graph is read from the source with ``ast`` (nothing is imported): every
@@ -357,6 +357,9 @@ LAYERS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("config", ("slurm_tpu.config",)),
     ("slurm", ("slurm_tpu.slurm",)),
     ("access", ("slurm_tpu.access",)),
+    # A job's energy read from its devices (NVML, hwmon) and the agent's power sampler: used by the
+    # hooks, using the formats (protocol), the state directory (access) and the settings below them.
+    ("energy", ("slurm_tpu.energy",)),
     ("hooks", ("slurm_tpu.hooks",)),
     ("detect/render", ("slurm_tpu.detect", "slurm_tpu.render")),
     ("runner", ("slurm_tpu.runner",)),
