@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..defaults import SYSFS_ROOT
 from ..protocol.energy import (
     DIR,
     ESTIMATED,
@@ -170,10 +171,12 @@ def device_figures(
     nvml=None,
     end_ns: int | None = None,
     boot: str | None = None,
+    sysfs_root: str = SYSFS_ROOT,
 ) -> list[DeviceEnergy]:
     """One :class:`DeviceEnergy` per device of the start file, read now (the job's end).
     ``poll``: the sampler's integrals (None: no poll file); ``busy``: :func:`busy_times`; ``nvml``:
-    an open NVML to use, else one is opened when a device needs it; ``end_ns``/``boot``: now's (tests)."""
+    an open NVML to use, else one is opened when a device needs it; ``end_ns``/``boot``: now's (tests);
+    ``sysfs_root``: where a hwmon power file must resolve (config ``sysfs_root``)."""
     end_ns = clock_ns() if end_ns is None else end_ns
     boot = boot_id() if boot is None else boot
     if boot != start.boot or end_ns < start.start_ns:
@@ -182,7 +185,7 @@ def device_figures(
     seconds = (end_ns - start.start_ns) / 1e9
     handle = _NvmlOnDemand(library, nvml)
     try:
-        return [_figure(d, seconds, end_ns, handle, poll, busy or {}) for d in start.devices]
+        return [_figure(d, seconds, end_ns, handle, poll, busy or {}, sysfs_root) for d in start.devices]
     finally:
         handle.close(mine=nvml is None)
 
@@ -194,6 +197,7 @@ def _figure(
     handle: _NvmlOnDemand,
     poll: Mapping[str, PollState] | None,
     busy: Mapping[str, tuple[float, str, str]],
+    sysfs_root: str,
 ) -> DeviceEnergy:
     kind = device.source_kind
 
@@ -229,7 +233,7 @@ def _figure(
         state = (poll or {}).get(device.identity)
         if state is None or state.samples == 0:
             return unavailable(NO_AGENT if poll is None else "no power sample was taken during the job")
-        watts = _power_now(device, handle)
+        watts = _power_now(device, handle, sysfs_root)
         stretch_s = max(0.0, (end_ns - state.last_ns) / 1e9)
         last = state.last_watts if watts is None else (state.last_watts + watts) / 2
         return checked(state.joules + last * stretch_s, INTEGRATED)
@@ -247,12 +251,12 @@ def _figure(
     return unavailable(f"unknown energy source {device.source[:40]!r}")
 
 
-def _power_now(device: StartDevice, handle: _NvmlOnDemand) -> float | None:
+def _power_now(device: StartDevice, handle: _NvmlOnDemand, sysfs_root: str) -> float | None:
     """The device's power now (W), or None: the last stretch then uses the last sample."""
     if device.source_kind == HWMON_POWER:
         from .hwmon import power_w
 
-        return power_w(device.source_argument)
+        return power_w(device.source_argument, sysfs_root)
     from .nvml import NvmlError
 
     nvml = handle.get()
