@@ -13,6 +13,9 @@ Each ``IDX`` becomes a gres.conf ``File=`` path as slurmd numbers them
 must be ``<slot_dir>/<identity>``, for the others a node the inventory lists, of a device
 of that family. The device nodes to chown always come from the inventory file, never
 from gres.conf or the job.
+
+Energy: where a family's devices are not leased but are read for energy (GPUs, by default; settings
+``energy_gres``), the query names their GRES too and :func:`metered_devices` maps their IDX the same way.
 """
 
 from __future__ import annotations
@@ -80,6 +83,8 @@ def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
     shards = hook.settings.shards  # None: the node shares nothing
     if shards is not None:
         names = [*names, shards.gres_name]
+    # GPUs read for energy: no plugin variable either (Slurm's gres/gpu), so asking Slurm.
+    names += [name for name in hook.settings.energy_gres() if name not in names]
     from_env = gres_from_env(job_id, names, hook.environ)
     if from_env is not None:
         return from_env
@@ -135,6 +140,24 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) ->
             if device not in devices:
                 devices.append(device)
     return devices
+
+
+def metered_devices(allocs: Sequence[GresAlloc], settings: HookSettings, names: Sequence[str]) -> list[KnownDevice]:
+    """The job's devices of the GRES ``names`` (families not leased, read for energy), mapped from their IDX
+    as :func:`resolve` maps leased ones (pure). Never raises: an index that maps to no known device is
+    left out (its energy goes unmeasured; leasing, not energy, is where a wrong gres.conf fails a job)."""
+    slot_dir = os.path.normpath(settings.slot_dir)
+    found: list[KnownDevice] = []
+    for alloc in allocs:
+        policy = next((p for p in settings.families.values() if p.gres_name == alloc.name), None)
+        order = settings.index.get(alloc.name, [])
+        if alloc.name not in names or policy is None:
+            continue
+        for idx in alloc.indices:
+            device = _device_for(order[idx][1], policy, slot_dir, settings.devices) if idx < len(order) else None
+            if device is not None and device not in found:
+                found.append(device)
+    return found
 
 
 def _device_for(
