@@ -74,17 +74,17 @@ def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str])
     return found
 
 
-def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
+def query_job_gres(hook: HookRun, metered: Sequence[str] = ()) -> list[GresAlloc] | None:
     """The GRES of the hook's job on its node (None if Slurm does not list the job on this node):
     from our gres plugin's variables (:func:`gres_from_env`), else from Slurm. A node that shares
-    devices asks Slurm: its shard GRES has no plugin variable (a count, not devices)."""
+    devices asks Slurm: its shard GRES has no plugin variable (a count, not devices), and so does one whose
+    GPUs are read for energy (``metered``: HookSettings.energy_gres; Slurm's gres/gpu sets no usable variable)."""
     job_id, node = hook.job.job_id, hook.job.node
     names = hook.settings.leasable_names()
     shards = hook.settings.shards  # None: the node shares nothing
     if shards is not None:
         names = [*names, shards.gres_name]
-    # GPUs read for energy: no plugin variable either (Slurm's gres/gpu), so asking Slurm.
-    names += [name for name in hook.settings.energy_gres() if name not in names]
+    names = [*names, *(name for name in metered if name not in names)]
     from_env = gres_from_env(job_id, names, hook.environ)
     if from_env is not None:
         return from_env

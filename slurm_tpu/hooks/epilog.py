@@ -4,9 +4,6 @@ Idempotent: a second run, or a run for a job with no lease, changes nothing.
 When a process survives holding a device, or a device vanished during the job,
 the node is drained with a reason starting ``slurm-tpu:`` (one scontrol call,
 only in that case; a device the holder scan could not verify is kept, no drain). TPU shares: hooks/shards.py.
-Energy: the job's start file (written by the Prolog) and what the devices read now give one figure per
-device (energy/figures.py): an ``energy`` audit event each, the node's total in the spool entry; an
-energy problem costs only the figure.
 """
 
 from __future__ import annotations
@@ -46,7 +43,9 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
             grant = shards.read_grant(ledger, job.job_id)
             if grant is None:
                 shards.remove_grant(ledger, job.job_id)  # an unreadable one: nothing to account
-        # Energy: a start file (one lstat) is all a job where GPUs are not leased leaves here.
+        # Energy: the Prolog's start file and what the devices read now give one figure per device
+        # (energy/figures.py), an ``energy`` audit event each and the node's total in the spool entry; a
+        # problem costs only the figure. A start file (one lstat) is all a GPU job leaves where GPUs are not leased.
         metered = settings.energy_enabled and _has_energy_start(settings.state_dir, job.job_id)
         if not leases and grant is None and not metered:
             return 0

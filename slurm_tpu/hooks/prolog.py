@@ -34,7 +34,7 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     metered = settings.energy_gres()  # GRES whose devices are read for energy, not leased (GPUs); [] when off
     if not settings.leasable_names() and shared is None and not metered:
         return 0  # nothing to lease, share or meter on this node: no Slurm query at all
-    allocs = allocation.query_job_gres(hook) or []
+    allocs = allocation.query_job_gres(hook, metered) or []
     hook.probe.mark("slurm_query")
     devices = allocation.resolve(job.job_id, allocs, settings)
     shares = 0

@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from . import Record
 from .broker_wire import FIGURES as BROKER_FIGURES
-from .energy import MAX_JOULES, METHODS, node_method
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -103,6 +102,8 @@ def totals(job_id: int, node: str, devices: int, records: Iterable, energy: list
     """The node's entry for a job that leased ``devices`` here, from its usage records (:class:`~.usage.UsageRecord`;
     a device the job never used has none) and its devices' energy figures (:class:`~.energy.DeviceEnergy`,
     root's; None or empty: none)."""
+    from .energy import node_method  # only for a job with energy figures here
+
     inferences, seconds = 0, 0.0
     for record in records:
         inferences += record.inferences
@@ -139,6 +140,8 @@ def encode_spool(entry: SpoolEntry) -> bytes:
 
 def _method(text: str) -> str:
     """An energy method list (``measured+estimated``), checked: it goes into an AdminComment item."""
+    from .energy import METHODS
+
     if not text or any(part not in METHODS for part in text.split("+")):
         raise ValueError(f"not an energy method list: {text[:60]!r}")
     return text
@@ -176,8 +179,11 @@ def decode_spool(raw: bytes, source: str) -> SpoolEntry:
             _shards(fields) if SHARES in fields else None,
             _method(fields[ENERGY_METHOD]) if version == "3" else "",
         )
-        if entry.energy_j is not None and not 0 <= entry.energy_j <= MAX_JOULES:  # NaN fails too
-            raise ValueError(f"energy_j {energy!r} out of range")
+        if entry.energy_j is not None:
+            from .energy import MAX_JOULES
+
+            if not 0 <= entry.energy_j <= MAX_JOULES:  # NaN fails too
+                raise ValueError(f"energy_j {energy!r} out of range")
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{source} is not a slurm-tpu spool entry ({exc})") from None
     if entry.job_id <= 0:
