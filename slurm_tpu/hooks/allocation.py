@@ -39,6 +39,10 @@ if TYPE_CHECKING:
 # on this node. Only GRES whose plugin is ours: Slurm's gres/gpu sets SLURM_JOB_GPUS, but overwrites
 # it for each type a job asked for, so it cannot stand in for the query.
 PLUGIN_ENV = {"tpu": "SLURM_JOB_TPUS"}
+# GRES name -> the variable Slurm's own plugin sets for the Prolog only when the job holds that GRES on the
+# node (gres_g_prep_set_env walks the job's GRES): its absence says the job has none, with no query; its
+# value is not trusted for the indices (see above).
+PRESENT_ENV = {"gpu": "SLURM_JOB_GPUS"}
 # Longest value read: 1,000 indices of up to 4 digits and their commas; a node has far fewer.
 MAX_ENV_VALUE = 5000
 
@@ -77,16 +81,17 @@ def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str])
 def query_job_gres(hook: HookRun, metered: Sequence[str] = ()) -> list[GresAlloc] | None:
     """The GRES of the hook's job on its node (None if Slurm does not list the job on this node):
     from our gres plugin's variables (:func:`gres_from_env`), else from Slurm. A node that shares
-    devices asks Slurm: its shard GRES has no plugin variable (a count, not devices), and so does one whose
-    GPUs are read for energy (``metered``: HookSettings.energy_gres; Slurm's gres/gpu sets no usable variable)."""
+    devices asks Slurm: its shard GRES has no plugin variable (a count, not devices), and so does a job that
+    holds GPUs read for energy (``metered``: HookSettings.energy_gres; :data:`PRESENT_ENV` says whether it does)."""
     job_id, node = hook.job.job_id, hook.job.node
     names = hook.settings.leasable_names()
     shards = hook.settings.shards  # None: the node shares nothing
     if shards is not None:
         names = [*names, shards.gres_name]
-    names = [*names, *(name for name in metered if name not in names)]
     from_env = gres_from_env(job_id, names, hook.environ)
-    if from_env is not None:
+    # A metered GRES (GPUs read for energy) the job does not hold here needs no query either.
+    held = [n for n in metered if n not in names and (n not in PRESENT_ENV or PRESENT_ENV[n] in hook.environ)]
+    if from_env is not None and not held:
         return from_env
     from ..errors import SlurmCommandError
 
