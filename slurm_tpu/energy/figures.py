@@ -41,7 +41,7 @@ from ..protocol.energy import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # No accelerator draws more: a counter delta beyond this many watts over the job is a corrupt or
@@ -65,7 +65,7 @@ def clock_ns() -> int:
 
 
 def open_nvml(library: str):  # -> tuple[Nvml | None, str]
-    """An initialised NVML from ``library`` and '' , or None and why not (one line)."""
+    """An initialised NVML from ``library`` and '', or None and why not (one line)."""
     from .nvml import Nvml, NvmlError
 
     try:
@@ -79,16 +79,15 @@ def open_nvml(library: str):  # -> tuple[Nvml | None, str]
 class _NvmlOnDemand:
     """One NVML per hook run, opened at the first device that needs it (never for Edge TPUs)."""
 
-    __slots__ = ("library", "handle", "why", "opener", "opened")
+    __slots__ = ("library", "handle", "why", "opened")
 
-    def __init__(self, library: str, handle=None, opener: Callable | None = None):
-        self.library, self.handle, self.why = library, handle, ""
-        self.opener, self.opened = opener or open_nvml, handle is not None
+    def __init__(self, library: str, handle=None):
+        self.library, self.handle, self.why, self.opened = library, handle, "", handle is not None
 
     def get(self):  # -> Nvml | None (then ``why`` says why)
         if not self.opened:
             self.opened = True
-            self.handle, self.why = self.opener(self.library)
+            self.handle, self.why = open_nvml(self.library)
         return self.handle
 
     def close(self, mine: bool) -> None:

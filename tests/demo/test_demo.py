@@ -182,7 +182,9 @@ def test_slurms_books_show_tpu_hours_a_qos_cap_and_each_jobs_inferences(demo):
         "sacct", "-a", "-n", "-P", "-X", "--name=classify-tpu", "-S", "now-1days", "-o", "AdminComment"
     ).splitlines():
         assert re.fullmatch(
-            r"slurm-tpu/node-(usb|pcie):devices=1,inferences=[1-9][0-9]*,inference_seconds=[0-9.]+", line
+            r"slurm-tpu/node-(usb|pcie):devices=1,inferences=[1-9][0-9]*,inference_seconds=[0-9.]+"
+            r",energy_j=[0-9.]+,energy_method=self-reported",
+            line,
         ), line
 
 
