@@ -161,3 +161,18 @@ def test_the_start_file_is_roots_in_a_root_only_directory_and_is_read_once(tmp_p
         assert got is None and "symlink" in why and not (directory / "42").exists()
     finally:
         os.close(fd)
+
+
+def test_an_amd_gpus_polled_power_ends_with_its_hwmon_reading_now(tmp_path):
+    hwmon = tmp_path / "bus" / "pci" / "devices" / "0000:03:00.0" / "hwmon" / "hwmon2"
+    hwmon.mkdir(parents=True)
+    (hwmon / "power1_average").write_text("150000000\n")  # µW: 150 W now
+    device = StartDevice("pci-0000:03:00.0", "gpu", f"hwmon-power:{hwmon}/power1_average", None, None)
+    start = start_file(device)
+    state = PollState(device.identity, 5000.0, 10, start.start_ns + 50 * S, 100.0)
+    [figure] = compute(start, 60, poll={device.identity: state}, sysfs_root=str(tmp_path))
+    # The sampler's integral, then the last 10 s at the mean of its last sample and the reading now.
+    assert (figure.method, figure.joules) == ("integrated", pytest.approx(5000.0 + (100.0 + 150.0) / 2 * 10))
+    # A power file outside the sysfs root is never read: the last sample's watts carry the stretch.
+    [figure] = compute(start, 60, poll={device.identity: state}, sysfs_root=str(tmp_path / "elsewhere"))
+    assert figure.joules == pytest.approx(5000.0 + 100.0 * 10)
