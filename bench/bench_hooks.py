@@ -7,7 +7,7 @@ machine noise hits both alike; the hooks are switched by a mode file that the
 timing wrappers read, not by reconfiguring Slurm. Every hook run is timed inside
 its wrapper (bash ``$EPOCHREALTIME``) to report median prolog/epilog wall time.
 
-    sudo /tmp/venv/bin/python bench/bench_hooks.py [--jobs-per-round 25] [--rounds 4] [--no-revoke]
+    sudo /tmp/venv/bin/python bench/bench_hooks.py [--jobs-per-round 25] [--rounds 4] [--no-revoke] [--no-energy]
 
 With revocation on (the default), every job on the USB stick ends with its port
 power-cycled; the emulated USB core (harness/localcluster/usbcore.py) and the
@@ -198,6 +198,11 @@ def main() -> int:
         help="devices.revoke: false (no USB port power-cycle at job end), to measure its cost",
     )
     parser.add_argument(
+        "--no-energy",
+        action="store_true",
+        help="energy.enabled: false (no start file, no figures at job end), to measure what energy adds",
+    )
+    parser.add_argument(
         "--baseline",
         metavar="CHECKOUT",
         help="a third hook set, interleaved with the other two: the hooks of another checkout "
@@ -241,7 +246,11 @@ def main() -> int:
         base=base,
         nodes=[NodeSpec("n1", HARDWARE)],
         hooks=make_wrappers(base, mode_file, times, profile, args.baseline, hooks),
-        node_config_extra={"state_dir": os.path.join(tmpfs, "state"), "devices": {"revoke": not args.no_revoke}},
+        node_config_extra={
+            "state_dir": os.path.join(tmpfs, "state"),
+            "devices": {"revoke": not args.no_revoke},
+            "energy": {"enabled": not args.no_energy},
+        },
         gres_plugin=not args.no_gres_plugin,
     )
     results: dict[str, list[float]] = {"true": [], "hooks": []}
@@ -298,6 +307,7 @@ def main() -> int:
         "jobs_per_hook_set": jobs,
         "user": args.user,
         "revoke": not args.no_revoke,
+        "energy": not args.no_energy,
         "native_entries": native,
         "gres_plugin": cluster.gres_plugin_dir,
         "round_seconds": {mode: [round(s, 2) for s in seconds] for mode, seconds in results.items()},

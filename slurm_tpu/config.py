@@ -18,11 +18,13 @@ from .defaults import (
     ACCOUNTING_SPOOL,
     CONFIG_ENV as ENV_VAR,
     CONFIG_PATH as DEFAULT_PATH,
+    ENERGY_POLL_S,
     HOLDER_SCAN_S,
     IDLE_GROUP,
     IDLE_OWNER,
     INVENTORY_FILE,
     NODE_MODE,
+    NVML_LIBRARY,
     SLOT_DIR,
     STATE_DIR,
     SYSFS_ROOT,
@@ -102,6 +104,46 @@ class Ownership:
     group: str = setting("devices.idle.group", str, "group of idle accelerator nodes", IDLE_GROUP)
     mode: int = setting(
         "devices.idle.mode", (str, int), "mode of idle accelerator nodes, e.g. '0600'", NODE_MODE, parse_mode
+    )
+
+
+def _poll_seconds(value: int | float, key: str, where: str) -> float:
+    if not 1 <= value <= 60:
+        raise ConfigError(f"{where}: '{key}' must be 1 to 60 seconds, not {value!r}", key=key)
+    return float(value)
+
+
+def _library(value: str, key: str, where: str) -> str:
+    # A soname (the dynamic loader's search) or an absolute path: never one relative to the hook's cwd.
+    if not value or ("/" in value and not os.path.isabs(value)) or any(c in value for c in "\t\n"):
+        raise ConfigError(f"{where}: '{key}' must be a library soname or an absolute path, not {value!r}", key=key)
+    return value
+
+
+@dataclass(frozen=True)
+class Energy:
+    """Per-job accelerator energy (protocol/energy.py); the watts of modelled devices are the families'
+    (``families.<kind>.watts``)."""
+
+    enabled: bool = setting(
+        "energy.enabled",
+        bool,
+        "read each job's energy on its accelerators at its start and end (false: no reads, no files)",
+        True,
+    )
+    nvml_library: str = setting(
+        "energy.nvml_library",
+        str,
+        "the NVML library GPU energy is read through (a soname or an absolute path)",
+        NVML_LIBRARY,
+        _library,
+    )
+    poll_seconds: float = setting(
+        "energy.poll_seconds",
+        (int, float),
+        "how often the node agent polls the power of devices without an energy counter (1 to 60)",
+        ENERGY_POLL_S,
+        _poll_seconds,
     )
 
 
@@ -192,6 +234,7 @@ class Config:
         "auto",
         _slurm_backend,
     )
+    energy: Energy = field(default=Energy(), metadata={"keys": Energy})
     path: str | None = None  # where it was loaded from, for messages
 
     def family(self, kind: str) -> FamilyConfig:

@@ -34,6 +34,10 @@ IDLE_OWNER = "root"
 IDLE_GROUP = "root"
 NODE_MODE = 0o600
 HOLDER_SCAN_S = 10.0  # the wall-clock budget of one holder scan at job end (seconds)
+# Per-job energy (protocol/energy.py): the NVML library GPU counters are read through, and how often
+# the node agent polls the power of devices without a counter (seconds).
+NVML_LIBRARY = "libnvidia-ml.so.1"
+ENERGY_POLL_S = 5.0
 
 # Where `slurm-tpu install` puts things: the hooks under <prefix>/libexec/slurm-tpu,
 # udev rules, systemd units and the config under <sysconfdir>.

@@ -165,7 +165,7 @@ def books_lines(cluster: LocalCluster, layout: Layout, since: float, sample_job:
         lines.append(f"  {user}: {seconds / 3600:.4f} share-hours ({seconds:.0f} share-seconds)")
     if sample_job is not None:
         out = cluster.command(["sacct", "-n", "-P", "-X", "-j", str(sample_job), "-o", "AdminComment"]).stdout
-        lines.append(f"  job {sample_job} AdminComment: {out.strip() or '(none)'}")
+        lines += _wrapped(f"  job {sample_job} AdminComment: {out.strip() or '(none)'}", "    ")
     from slurm_tpu.ops.accounting import sacct_jobs
     from slurm_tpu.slurm.commands import Slurm
 
@@ -200,6 +200,20 @@ def energy_lines(rows: Sequence[JobRow], width: int = 100) -> list[str]:
         lines += textwrap.wrap(
             ", ".join(shown), width, initial_indent=f"    {method}: ", subsequent_indent=" " * 6, break_on_hyphens=False
         )
+    return lines
+
+
+def _wrapped(text: str, indent: str, width: int = 100) -> list[str]:
+    """``text`` in lines of at most ``width`` characters, broken after its commas (an AdminComment item's
+    figures; energy made the item longer than one line), the later lines indented."""
+    lines = [""]
+    for piece in text.split(","):
+        part = piece if not lines[-1] else "," + piece
+        if lines[-1] and len(lines[-1]) + len(part) >= width:  # room for the comma
+            lines[-1] += ","
+            lines.append(indent + piece)
+        else:
+            lines[-1] += part
     return lines
 
 

@@ -37,6 +37,7 @@ SHARED_ALL = "all"  # families.<kind>.shared: every device of the family
 DEFAULT_SHARES, MAX_SHARES = 4, 64  # families.<kind>.shares_per_device
 # Slurm's own shared GRES names (gres_is_shared_name(): GPU-only, tied to gres/gpu by its code).
 SLURM_SHARED_NAMES = ("shard", "mps")
+MAX_MODEL_W = 1000.0  # families.<kind>.watts: no device a power model stands for draws more
 _GRES_NAME_UNSAFE = frozenset(",:=/ \t()\"'")  # what slurm.conf Gres= and GresTypes split or quote on
 
 
@@ -56,6 +57,9 @@ class FamilyConfig:
     shared: tuple[str, ...] = ()
     shares_per_device: int = DEFAULT_SHARES
     shard_gres: str = ""
+    # Energy (a family with ``Family.default_watts``): GRES type -> (idle W, active W), the site's
+    # calibration (a USB meter reading) over the family's datasheet defaults.
+    watts: Mapping[str, tuple[float, float]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,10 @@ class Family:
     # device's whole GRES line (Slurm then never gives one device to whole and shard jobs at once).
     shard_gres: str = ""
     shard_per_file: bool = False
+    # Energy: a family with no sensor the suite reads is modelled (protocol/energy.py ``estimated``):
+    # its devices' (idle W, active W) by :meth:`watts_key`, datasheet figures, not measured here. Empty:
+    # :meth:`energy_source` says where the figure comes from.
+    default_watts: Mapping[str, tuple[float, float]] = {}
 
     # ---- detection ----------------------------------------------------------------
     def wanted(self, device: Candidate) -> bool:
@@ -157,6 +165,13 @@ class Family:
                 int,
                 f"{self.shard_gres} count of each shared {self.title} (1 to {MAX_SHARES})",
             )
+        if self.default_watts:
+            defaults = ", ".join(f"{key} {idle:g}/{active:g} W" for key, (idle, active) in self.default_watts.items())
+            keys["watts"] = (
+                dict,
+                f"GRES type -> {{idle: W, active: W}} of one {self.title}, for its energy estimate "
+                f"(calibrate with a meter; defaults are datasheet figures, not measured here: {defaults})",
+            )
         return {**keys, **self.extra_config_keys}
 
     def parse_config(self, section: Mapping[str, Any], where: str) -> FamilyConfig:
@@ -178,7 +193,26 @@ class Family:
             shared=shared,
             shares_per_device=shares,
             shard_gres=shard_gres,
+            watts=self.parse_watts(section, where),
         )
+
+    def parse_watts(self, section: Mapping[str, Any], where: str) -> dict[str, tuple[float, float]]:
+        """``watts``: GRES type -> (idle, active) from ``{idle: W, active: W}``; ConfigError names the bad entry."""
+        found: dict[str, tuple[float, float]] = {}
+        for name, value in section.get("watts", {}).items():
+            key = f"families.{self.kind}.watts.{name}"
+            numbers = isinstance(value, Mapping) and set(value) == {"idle", "active"}
+            numbers = numbers and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value.values())
+            if not (
+                isinstance(name, str) and name and numbers and 0 <= value["idle"] <= value["active"] <= MAX_MODEL_W
+            ):
+                raise ConfigError(
+                    f"{where}: '{key}' must be {{idle: W, active: W}} with 0 <= idle <= active <= "
+                    f"{MAX_MODEL_W:g}, not {value!r}",
+                    key=key,
+                )
+            found[name] = (float(value["idle"]), float(value["active"]))
+        return found
 
     def parse_sharing(self, section: Mapping[str, Any], where: str, gres_name: str) -> tuple[tuple[str, ...], int, str]:
         """(shared, shares_per_device, shard GRES name) from the section; ConfigError names the bad key."""
@@ -248,6 +282,23 @@ class Family:
     def udev_rules(self, config: FamilyConfig, own: str, run: str) -> list[str]:
         """Rule lines (comments included) giving idle ownership and running the udev hook."""
         return []
+
+    # ---- energy ---------------------------------------------------------------------
+    def watts_key(self, config: FamilyConfig, accelerator: Accelerator) -> str:
+        """Which of :attr:`default_watts` a device is (default: its GRES type)."""
+        return self.gres_type(config, accelerator)
+
+    def energy_source(self, config: FamilyConfig, accelerator: Accelerator, sysfs_root: str) -> str:
+        """Where a device's energy figure comes from (protocol/energy.py SOURCES, with its argument):
+        here the power model, the site's watts for the device's GRES type over the family's defaults."""
+        from ..protocol.energy import MODEL, NO_SOURCE
+
+        watts = config.watts.get(self.gres_type(config, accelerator)) or self.default_watts.get(
+            self.watts_key(config, accelerator)
+        )
+        if watts is None:
+            return f"{NO_SOURCE}:no power reading or power model for {self.title}s"
+        return f"{MODEL}:{watts[0]:g}:{watts[1]:g}"
 
     # ---- hooks ----------------------------------------------------------------------
     def hook_policy(self, config: FamilyConfig) -> FamilyPolicy:

@@ -157,6 +157,9 @@ class EdgeTpuFamily(Family):
     # A shared Edge TPU is counted in one node-level GRES (no File=): the node's broker owns it, never a job.
     shard_gres = "tpu_shard"
     shard_per_file = False
+    # Energy (no power tool exists for Coral): datasheet figures, 4 TOPS at 2 W; a USB accelerator's
+    # idle draw within its 500-900 mA at 5 V budget. Not measured here: calibrate with families.edgetpu.watts.
+    default_watts = {"usb": (0.5, 2.0), "pci": (0.3, 2.0)}
     extra_config_keys = {
         "types.usb": (str, "GRES type for USB Edge TPUs"),
         "types.pci": (str, "GRES type for PCIe/M.2 Edge TPUs"),
@@ -208,6 +211,10 @@ class EdgeTpuFamily(Family):
     def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:
         """The configured type for the device's bus."""
         return config.types[accelerator.bus.value]
+
+    def watts_key(self, config: FamilyConfig, accelerator: Accelerator) -> str:
+        """The bus: a USB accelerator and a PCIe/M.2 card draw differently at idle."""
+        return accelerator.bus.value
 
     def udev_rules(self, config: FamilyConfig, own: str, run: str) -> list[str]:
         usb = 'SUBSYSTEM=="usb", ENV{DEVTYPE}=="usb_device"'

@@ -82,6 +82,16 @@ def _model(device: SysDevice, vendor: str, known: str | None) -> str:
     return known or name or f"{vendor} GPU {device.attributes.get('device', '?')}"
 
 
+def nvml_bus_id(address: str) -> str:
+    """NVML's form of a PCI address (``nvmlDeviceGetHandleByPciBusId``'s, its 8-digit domain):
+    ``0000:41:00.0`` -> ``00000000:41:00.0``."""
+    domain, _, rest = address.lower().partition(":")
+    try:
+        return f"{int(domain, 16):08x}:{rest}" if rest.count(":") == 1 else address.lower()
+    except ValueError:
+        return address.lower()
+
+
 def model_slug(model: str) -> str:
     """A GRES type from a marketing name: ``NVIDIA A100-SXM4-80GB`` -> ``a100_sxm4_80gb``."""
     return slug(model).removeprefix("nvidia_")  # never all of it: slug() strips a trailing '_'
@@ -261,6 +271,28 @@ class GpuFamily(Family):
         for accelerator in accelerators:
             features += [slug(accelerator.vendor), self.gres_type(config, accelerator)]
         return features
+
+    def energy_source(self, config: FamilyConfig, accelerator: Accelerator, sysfs_root: str) -> str:
+        """NVIDIA: NVML's energy counter by bus id (read-time fallbacks in energy/figures.py); AMD: its
+        hwmon ``power1_average`` where the driver has one; Jetson and Intel: none."""
+        from ..protocol.energy import HWMON_POWER, NO_SOURCE, NVML_ENERGY
+
+        if isinstance(accelerator.details, TegraDetails):
+            return f"{NO_SOURCE}:Jetson's GPU has no NVML power readings"
+        if accelerator.vendor == "NVIDIA":
+            return f"{NVML_ENERGY}:{nvml_bus_id(accelerator.bus_address)}"
+        if accelerator.vendor == "AMD":
+            hwmon = os.path.join(sysfs_root, "bus", "pci", "devices", accelerator.bus_address, "hwmon")
+            try:
+                names = sorted(n for n in os.listdir(hwmon) if n.startswith("hwmon"))
+            except OSError:
+                names = []
+            for name in names:
+                path = os.path.join(hwmon, name, "power1_average")
+                if os.path.isfile(path):
+                    return f"{HWMON_POWER}:{path}"
+            return f"{NO_SOURCE}:the amdgpu driver publishes no power1_average for this GPU"
+        return f"{NO_SOURCE}:no power reading for {accelerator.vendor} GPUs"
 
     def udev_rules(self, config: FamilyConfig, own: str, run: str) -> list[str]:
         if not config.lease:

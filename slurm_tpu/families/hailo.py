@@ -108,6 +108,9 @@ class HailoFamily(Family):
         "TFLite: run your HEF with HailoRT, one device id per -s (hailortcli run model.hef -s "
         '"${{{variable}%%,*}}" takes the first)'
     )
+    # Energy: the boards' INA231 sensor is not read here (hailortcli measure-power needs HailoRT), so
+    # the model's datasheet figures: Hailo-8 2.5 W typical, Hailo-8L about 1.6 W; idle not published.
+    default_watts = {"hailo8": (0.8, 2.5), "hailo8l": (0.6, 1.6)}
     extra_config_keys = {
         "types.default": (str, "GRES type of a Hailo card (hailo8: sysfs cannot tell 8 from 8L)"),
         "types.by_address": (dict, "PCI address (0000:01:00.0) -> GRES type, e.g. hailo8l"),
@@ -142,6 +145,10 @@ class HailoFamily(Family):
     def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:
         """The type the site maps the card's address to, else the default (``hailo8``)."""
         return config.types.get(accelerator.bus_address.lower(), config.types["default"])
+
+    def watts_key(self, config: FamilyConfig, accelerator: Accelerator) -> str:
+        """The model, as its GRES type says (8 and 8L share a PCI id: the type decides)."""
+        return "hailo8l" if self.gres_type(config, accelerator).lower() == "hailo8l" else "hailo8"
 
     def udev_rules(self, config: FamilyConfig, own: str, run: str) -> list[str]:
         match = f'SUBSYSTEM=="{CLASS}", KERNEL=="hailo[0-9]*"'

@@ -26,6 +26,7 @@ FAST_PATH = (
     "slurm_tpu.protocol.agent_wire",
     "slurm_tpu.protocol.audit",
     "slurm_tpu.protocol.broker_wire",
+    "slurm_tpu.protocol.energy",
     "slurm_tpu.protocol.envfile",
     "slurm_tpu.protocol.hooks_snapshot",
     "slurm_tpu.protocol.inventory",
@@ -48,6 +49,11 @@ FAST_PATH = (
     "slurm_tpu.access.revoke",
     "slurm_tpu.access.slots",
     "slurm_tpu.access.statedir",
+    # A job's energy (when ``energy.enabled``): its start readings and figures, NVML, hwmon.
+    "slurm_tpu.energy",
+    "slurm_tpu.energy.figures",
+    "slurm_tpu.energy.hwmon",
+    "slurm_tpu.energy.nvml",
     # The hooks themselves, and the agent's workers.
     "slurm_tpu.hooks",
     "slurm_tpu.hooks.agent",

@@ -13,6 +13,9 @@ Each ``IDX`` becomes a gres.conf ``File=`` path as slurmd numbers them
 must be ``<slot_dir>/<identity>``, for the others a node the inventory lists, of a device
 of that family. The device nodes to chown always come from the inventory file, never
 from gres.conf or the job.
+
+Energy: where a family's devices are not leased but are read for energy (GPUs, by default; settings
+``energy_gres``), the query names their GRES too and :func:`metered_devices` maps their IDX the same way.
 """
 
 from __future__ import annotations
@@ -36,6 +39,10 @@ if TYPE_CHECKING:
 # on this node. Only GRES whose plugin is ours: Slurm's gres/gpu sets SLURM_JOB_GPUS, but overwrites
 # it for each type a job asked for, so it cannot stand in for the query.
 PLUGIN_ENV = {"tpu": "SLURM_JOB_TPUS"}
+# GRES name -> the variable Slurm's own plugin sets for the Prolog only when the job holds that GRES on the
+# node (gres_g_prep_set_env walks the job's GRES): its absence says the job has none, with no query; its
+# value is not trusted for the indices (see above).
+PRESENT_ENV = {"gpu": "SLURM_JOB_GPUS"}
 # Longest value read: 1,000 indices of up to 4 digits and their commas; a node has far fewer.
 MAX_ENV_VALUE = 5000
 
@@ -71,17 +78,20 @@ def gres_from_env(job_id: int, names: Sequence[str], environ: Mapping[str, str])
     return found
 
 
-def query_job_gres(hook: HookRun) -> list[GresAlloc] | None:
+def query_job_gres(hook: HookRun, metered: Sequence[str] = ()) -> list[GresAlloc] | None:
     """The GRES of the hook's job on its node (None if Slurm does not list the job on this node):
     from our gres plugin's variables (:func:`gres_from_env`), else from Slurm. A node that shares
-    devices asks Slurm: its shard GRES has no plugin variable (a count, not devices)."""
+    devices asks Slurm: its shard GRES has no plugin variable (a count, not devices), and so does a job that
+    holds GPUs read for energy (``metered``: HookSettings.energy_gres; :data:`PRESENT_ENV` says whether it does)."""
     job_id, node = hook.job.job_id, hook.job.node
     names = hook.settings.leasable_names()
     shards = hook.settings.shards  # None: the node shares nothing
     if shards is not None:
         names = [*names, shards.gres_name]
     from_env = gres_from_env(job_id, names, hook.environ)
-    if from_env is not None:
+    # A metered GRES (GPUs read for energy) the job does not hold here needs no query either.
+    held = [n for n in metered if n not in names and (n not in PRESENT_ENV or PRESENT_ENV[n] in hook.environ)]
+    if from_env is not None and not held:
         return from_env
     from ..errors import SlurmCommandError
 
@@ -135,6 +145,24 @@ def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) ->
             if device not in devices:
                 devices.append(device)
     return devices
+
+
+def metered_devices(allocs: Sequence[GresAlloc], settings: HookSettings, names: Sequence[str]) -> list[KnownDevice]:
+    """The job's devices of the GRES ``names`` (families not leased, read for energy), mapped from their IDX
+    as :func:`resolve` maps leased ones (pure). Never raises: an index that maps to no known device is
+    left out (its energy goes unmeasured; leasing, not energy, is where a wrong gres.conf fails a job)."""
+    slot_dir = os.path.normpath(settings.slot_dir)
+    found: list[KnownDevice] = []
+    for alloc in allocs:
+        policy = next((p for p in settings.families.values() if p.gres_name == alloc.name), None)
+        order = settings.index.get(alloc.name, [])
+        if alloc.name not in names or policy is None:
+            continue
+        for idx in alloc.indices:
+            device = _device_for(order[idx][1], policy, slot_dir, settings.devices) if idx < len(order) else None
+            if device is not None and device not in found:
+                found.append(device)
+    return found
 
 
 def _device_for(

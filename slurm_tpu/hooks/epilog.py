@@ -43,7 +43,11 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
             grant = shards.read_grant(ledger, job.job_id)
             if grant is None:
                 shards.remove_grant(ledger, job.job_id)  # an unreadable one: nothing to account
-        if not leases and grant is None:
+        # Energy: the Prolog's start file and what the devices read now give one figure per device
+        # (energy/figures.py), an ``energy`` audit event each and the node's total in the spool entry; a
+        # problem costs only the figure. A start file (one lstat) is all a GPU job leaves where GPUs are not leased.
+        metered = settings.energy_enabled and _has_energy_start(settings.state_dir, job.job_id)
+        if not leases and grant is None and not metered:
             return 0
         records: list = []
         if leases:
@@ -67,7 +71,12 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
             hook.probe.mark("broker_close")
             if notice is not None:
                 say(f"epilog: {notice}", error=False)
-        uid = leases[0].uid if leases else grant[1]  # type: ignore[index]  # grant: not None without leases
+        # The job's uid: its lease's, its grant's, else Slurm's (-1: unknown, as the audit readers take it).
+        uid = leases[0].uid if leases else grant[1] if grant is not None else job.uid if job.uid is not None else -1
+        energy = None
+        if metered:
+            energy = _energy_end(hook, ledger, uid, records, figures)
+            hook.probe.mark("energy_end")
         # For Slurm's own job record (AdminComment), applied later by the accounting collector. After the
         # lock (it needs none): the spool's disk flush never holds up the node's next Prolog.
         jobusage.spool(
@@ -80,6 +89,7 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
             settings.accounting_spool,
             shares=grant[3] if grant is not None else 0,
             shard_figures=figures,
+            energy=energy,
         )
         hook.probe.mark("spool")
     for notice in problems:
@@ -92,6 +102,48 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     say(f"epilog: {reason}")
     # Our own reason is more useful than Slurm's generic "Epilog error".
     return 0 if hook.drain(job.node, reason) else 1
+
+
+def _has_energy_start(state_dir: str, job_id: int) -> bool:
+    """Whether the job may have an energy start file here (one lstat; energy/figures.py is imported only then)."""
+    from ..protocol.energy import DIR
+
+    return os.path.lexists(os.path.join(state_dir, DIR, str(job_id)))
+
+
+def _energy_end(hook: HookRun, ledger, uid: int, records: list, broker: dict | None) -> list | None:
+    """The job's figure on each device of its start file (then removed), each audited as an ``energy``
+    event; None when there is none to read. ``records``: the job's usage records (its self-reported busy
+    time); ``broker``: the TPU broker's figures of a shard job (its busy time, root's). Never raises."""
+    from ..protocol import audit
+
+    job, settings = hook.job, hook.settings
+    try:
+        from ..energy import figures as energy
+
+        start, poll, why = energy.take_start(ledger.dir_fd, job.job_id)
+        if start is None:
+            if why:
+                ledger.audit(audit.ENERGY_UNAVAILABLE, job_id=job.job_id, uid=uid, reason=why[:1000])
+            return None
+        reported = {record.identity: record.seconds for record in records}
+        busy = energy.busy_times(start, reported, (broker or {}).get("busy_ms"))
+        found = energy.device_figures(start, settings.nvml_library, poll, busy, sysfs_root=settings.sysfs_root)
+    except Exception as exc:  # noqa: BLE001 - energy never fails a job or drains a node
+        ledger.audit(audit.ENERGY_UNAVAILABLE, job_id=job.job_id, uid=uid, reason=f"epilog: {exc}"[:1000])
+        return None
+    for figure in found:
+        ledger.audit(
+            audit.ENERGY,
+            identity=figure.identity,
+            job_id=job.job_id,
+            uid=uid,
+            joules=None if figure.joules is None else round(figure.joules, 6),
+            method=figure.method,
+            seconds=round(figure.seconds, 3),
+            note=figure.note,
+        )
+    return found
 
 
 def main(environ=None, answer: Callable[[], None] | None = None, probe=None) -> int:

@@ -168,7 +168,6 @@ def collect(ledger, job_id: int, uid: int, identities) -> list:
             uid=uid,
             inferences=record.inferences,
             seconds=record.seconds,
-            energy_j=record.energy_j,
         )
     return list(records.values())
 
@@ -198,11 +197,13 @@ def spool(
     path: str,
     shares: int = 0,
     shard_figures: dict | None = None,
+    energy: list | None = None,
 ) -> bool:
     """Leave the job's figures on this node for the accounting collector, in the spool ``path``
     (config ``accounting_spool``, persistent: entries outlive a reboot); whether an entry was written.
     ``shares``: the TPU shares the job held here (0: none), with the broker's figures of it
-    (``shard_figures``, protocol/broker_wire.py FIGURES; None: the broker gave none, they count 0).
+    (``shard_figures``, protocol/broker_wire.py FIGURES; None: the broker gave none, they count 0), and
+    its devices' energy figures here (``energy``, protocol/energy.py DeviceEnergy; None: none taken).
 
     Only where a collector runs (its first run makes the root-only spool); written atomically,
     0600, never through a symlink. Never raises for an OSError: a full disk costs the job's
@@ -213,7 +214,7 @@ def spool(
         spool_fd = open_spool(path)
     except statedir.StateDirError:
         return False  # no collector here (or an unsafe spool: never written through)
-    entry = totals(job_id, node, devices, records)
+    entry = totals(job_id, node, devices, records, energy)
     if shares:
         entry.shards = shard_entry(shares, shard_figures)
     try:

@@ -4,6 +4,10 @@ A job holding TPU shares here (the node's shard GRES, ``HookSettings.shards``) g
 broker endpoint (hooks/shards.py); a broker that is down costs one line (stderr and the audit log), never
 the job.
 
+Energy (config ``energy.enabled``): the start readings of every device the job holds here, leased, shared
+or (GPUs, not leased by default) only allocated, go to ``<state_dir>/energy/<job>`` (energy/figures.py) for
+the Epilog; a problem there costs the job's figure (one audit line), never the job.
+
 Exit status 0 unless the node cannot serve the job (a device missing, held by a live job or
 not free, gres.conf naming something unknown): then one line says why, the node is drained
 with it as the reason (hooks/context.py HookRun), and Slurm requeues (and holds) the job.
@@ -27,9 +31,10 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     hook.probe.mark("settings")
     job = hook.job = job_from_env(hook.environ, settings.node)
     shared = settings.shards  # the node's shared TPUs, or None
-    if not settings.leasable_names() and shared is None:
-        return 0  # nothing to lease or share on this node: no Slurm query at all
-    allocs = allocation.query_job_gres(hook) or []
+    metered = settings.energy_gres()  # GRES whose devices are read for energy, not leased (GPUs); [] when off
+    if not settings.leasable_names() and shared is None and not metered:
+        return 0  # nothing to lease, share or meter on this node: no Slurm query at all
+    allocs = allocation.query_job_gres(hook, metered) or []
     hook.probe.mark("slurm_query")
     devices = allocation.resolve(job.job_id, allocs, settings)
     shares = 0
@@ -37,7 +42,11 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
         from . import shards
 
         shares = shards.shares_of(allocs, shared.gres_name)
+    others = allocation.metered_devices(allocs, settings, metered) if metered else []
     if not devices and not shares:
+        if others:  # a GPU job where GPUs are not leased: its start readings only
+            with Ledger(settings.state_dir) as ledger:
+                _energy_start(hook, ledger, others, 0)
         return 0
     for device in devices:
         entries = settings.values.get(device.identity, {})
@@ -89,7 +98,42 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
                 f"{settings.state_dir} ({exc}){given_back}: free space there (df {settings.state_dir}), "
                 "then resume the node"
             ) from exc
+        if settings.energy_enabled:
+            _energy_start(hook, ledger, [*devices, *others], shares)
     return 0
+
+
+def _energy_start(hook: HookRun, ledger, devices: list, shares: int) -> None:
+    """Write the job's energy start file: the start reading of each device it holds here (``devices``,
+    leased or only allocated, and the node's shared TPUs when it holds ``shares``). Never raises: a
+    problem is one ``energy-unavailable`` audit line, and the device's figure says why at the end."""
+    from ..protocol.audit import ENERGY_UNAVAILABLE
+    from ..protocol.energy import StartDevice
+
+    settings, job = hook.settings, hook.job
+    sources = settings.energy_sources
+    held = [StartDevice(d.identity, d.kind, sources[d.identity], None, None) for d in devices if d.identity in sources]
+    if shares and settings.shards is not None:
+        # The broker runs a shard job on any of the node's shared TPUs: its part of each is its shares
+        # over the node's (with one shared TPU: its shares over the device's).
+        total = settings.shards.total
+        for identity in settings.shards.devices:
+            device = settings.devices.get(identity)
+            if device is not None and identity in sources:
+                held.append(StartDevice(identity, device.kind, sources[identity], None, (min(shares, total), total)))
+    if not held:
+        return
+    problems: list[str] = []
+    try:
+        from ..energy import figures
+
+        start, problems = figures.start_readings(job.job_id, held, settings.nvml_library)
+        figures.write_start(ledger.dir_fd, start)
+    except Exception as exc:  # noqa: BLE001 - energy never fails a job (a full state filesystem, a bad library)
+        problems.append(f"cannot write the start file: {exc}")
+    hook.probe.mark("energy_start")
+    if problems:
+        ledger.audit(ENERGY_UNAVAILABLE, job_id=job.job_id, uid=job.uid, reason="; ".join(problems)[:1000])
 
 
 def _job_gid(environ, uid: int) -> int:

@@ -39,6 +39,19 @@ class HookSettings(HookSnapshot):
         leased = [p for p in self.families.values() if p.leased and p.gres_name in self.index and p.kind in kinds]
         return list(dict.fromkeys(policy.gres_name for policy in leased))
 
+    def energy_gres(self) -> list[str]:
+        """GRES names of families that are not leased but whose devices here have an energy source (GPUs,
+        by default): the Prolog learns a job's of them (allocation.energy_devices). Empty when disabled."""
+        if not self.energy_enabled:
+            return []
+        kinds = {
+            device.kind
+            for identity, device in self.devices.items()
+            if not self.energy_sources.get(identity, "none:").startswith("none:")
+        }
+        found = [p.gres_name for p in self.families.values() if not p.leased and p.kind in kinds]
+        return list(dict.fromkeys(found))
+
     def policy_of_gres(self, name: str):  # -> FamilyPolicy | None
         """The leasing family whose GRES name this is (None: not ours)."""
         return next((p for p in self.families.values() if p.leased and p.gres_name == name), None)
@@ -131,6 +144,8 @@ def apply_families(settings: HookSettings, config, document=None) -> None:
         settings.variables += [
             EnvVariable(v.name, family.kind, v.unset_when_empty, v.never_unset) for v in family.variables
         ]
+    if settings.energy_enabled:
+        settings.energy_sources = _energy_sources(settings, config, document)
     for device in settings.devices.values():
         device_family = by_kind.get(device.kind)
         for variable in device_family.variables if device_family is not None else ():
@@ -139,6 +154,29 @@ def apply_families(settings: HookSettings, config, document=None) -> None:
             except ValueError:
                 continue
             settings.values.setdefault(device.identity, {})[variable.name] = entry
+
+
+def _energy_sources(settings: HookSettings, config, document) -> dict[str, str]:
+    """identity -> where each known device's energy figure comes from, as its family declares it
+    (``Family.energy_source``, from the inventory document's facts: a GPU's vendor and bus address)."""
+    from ..families import family, inventory_from_json
+
+    if not document:
+        return {}
+    try:
+        accelerators = {a.identity: a for a in inventory_from_json(document)}
+    except (KeyError, TypeError, ValueError):
+        return {}
+    found = {}
+    for identity, device in settings.devices.items():
+        accelerator = accelerators.get(identity)
+        try:
+            owner = family(device.kind)
+        except KeyError:
+            continue
+        if accelerator is not None:
+            found[identity] = owner.energy_source(config.family(device.kind), accelerator, settings.sysfs_root)
+    return found
 
 
 def _shares(settings: HookSettings, config, document) -> dict[str, int]:
@@ -200,6 +238,8 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
     settings.revoke, settings.holder_scan_s = config.revoke, config.holder_scan_seconds
     settings.sysfs_root = config.sysfs_root
     settings.accounting_spool = config.accounting_spool
+    settings.energy_enabled = config.energy.enabled
+    settings.nvml_library, settings.energy_poll_s = config.energy.nvml_library, config.energy.poll_seconds
     paths = _source_paths(cfg, config.state_dir, environ)
     paths += slurm_files.slurm_conf_files(paths[2])[1:]
     # The registry: a family added or changed (an upgrade) sends the next hook down this path.
@@ -216,6 +256,7 @@ def rebuild(environ, node: str | None = None, create: bool = True) -> HookSettin
         settings.devices = parse_inventory(document) if document else {}
         apply_families(settings, config, document)
         names = list(dict.fromkeys(p.gres_name for p in settings.families.values() if p.leased))
+        names += [name for name in settings.energy_gres() if name not in names]  # GPUs: IDX -> identity
         settings.index = slurm_files.gres_index(node, names, environ)
         settings.sources = keys_before
         # Only a root hook writes; a file changed while we read it is not snapshotted.

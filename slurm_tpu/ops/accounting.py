@@ -567,6 +567,7 @@ def mark_written(spool_fd: int, name: str, raw: bytes, entry: SpoolEntry, mark: 
         entry.energy_j,
         mark,
         entry.shards,
+        entry.energy_method,
     )
     statedir.write_atomic(spool_fd, name, encode_spool(written), 0o600)
     return True

@@ -41,6 +41,7 @@ SECTIONS = (
     ("devices", "`devices`: device nodes, leases and revocation"),
     ("udev", "`udev`: the rules' program"),
     ("slurm", "`slurm`: which Slurm, and how to talk to it"),
+    ("energy", "`energy`: each job's energy on its accelerators"),
 )
 
 
@@ -72,6 +73,8 @@ def _family_default(config: FamilyConfig, key: str, keys: dict[str, tuple[Any, s
         return list(config.shared)
     if key == "shares_per_device":
         return config.shares_per_device
+    if key == "watts":  # the site's calibration; the family's datasheet defaults apply without it
+        return {name: {"idle": idle, "active": active} for name, (idle, active) in config.watts.items()}
     if key == "shard_gres_name":  # the family's own shard GRES unless the site renames it
         from ..families import family
 

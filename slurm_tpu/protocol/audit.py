@@ -33,7 +33,7 @@ RELEASE = "release"  # identity, job_id, uid, by_job[, vanished]: lease ended, d
 RECLAIM = "reclaim"  # same fields: a stale lease (job gone) ended by a later hook
 CLEAR = "clear"  # same fields: `slurm-tpu leases --clear` / health ended a kept lease
 ROLLBACK = "rollback"  # identity, job_id, uid: the prolog failed and gave its leases back
-USAGE = "usage"  # identity, job_id, uid, inferences, seconds, energy_j: the job's figures
+USAGE = "usage"  # identity, job_id, uid, inferences, seconds: the job's figures (older lines: energy_j, ignored)
 USAGE_UNAVAILABLE = "usage-unavailable"  # job_id, uid, reason: the job ran without a usage box
 USAGE_REJECTED = "usage-rejected"  # identity, job_id, uid, reason: its usage record was not acceptable
 REVOKE_FAILED = "revoke-failed"  # identity, job_id, uid, error: the lease was kept
@@ -48,6 +48,9 @@ BROKER_UNAVAILABLE = "broker-unavailable"
 # identity, job_id, uid, joules (null: unavailable), method, seconds, note: the job's energy on one device
 # (protocol/energy.py says how each method is obtained); written by the Epilog.
 ENERGY = "energy"
+# job_id, uid, reason: the Prolog could not take a job's energy start readings (or the Epilog read no start
+# file it found): the job ran; the Epilog's energy events say which figures this cost.
+ENERGY_UNAVAILABLE = "energy-unavailable"
 # The job lost the device at the first CLOSING event; the device is free again at a FREEING one
 # (a revoked USB stick stays leased until udev sees it back and releases it).
 FREEING = (RELEASE, RECLAIM, CLEAR, ROLLBACK)
@@ -63,6 +66,7 @@ _OTHERS = (
     REMOVE,
     BROKER_UNAVAILABLE,
     ENERGY,
+    ENERGY_UNAVAILABLE,
 )
 EVENTS = frozenset((ACQUIRE, *CLOSING, *_OTHERS))
 
@@ -186,6 +190,8 @@ class LeaseSpan(Record):
         self.end: float | None = None
         self.freed: float | None = None
         self.inferences, self.inference_seconds = 0, 0.0
+        # Always None now: a job's own energy claims are no longer counted (root's ``energy`` events are the
+        # figures); kept while ``report`` (ops/accounting.py Totals) still reads it.
         self.energy_j: float | None = None
 
     def seconds_within(self, since: float | None, until: float | None, now: float) -> float:
@@ -215,7 +221,7 @@ def pair_leases(events: Iterable[dict]) -> Pairing:
     leases whose acquire the log does not hold (planted by hand, or a prolog that died
     before auditing) are passed over too.
     """
-    from .usage import ENERGY_J, INFERENCES, SECONDS, checked
+    from .usage import INFERENCES, SECONDS, checked
 
     spans: list[LeaseSpan] = []
     conflicts: list[str] = []
@@ -255,13 +261,12 @@ def pair_leases(events: Iterable[dict]) -> Pairing:
                 closed.freed = t
                 del open_spans[key]
         elif name == USAGE and key in latest:
-            figures = checked(event.get(INFERENCES), event.get(SECONDS), event.get(ENERGY_J))
+            # An older line's energy_j was the job's own claim: root's energy events replace it.
+            figures = checked(event.get(INFERENCES), event.get(SECONDS))
             if figures is None:
                 continue  # implausible numbers: not counted at all
             span = latest[key]
             span.inferences += figures[0]
             span.inference_seconds += figures[1]
-            if figures[2] is not None:
-                span.energy_j = (span.energy_j or 0.0) + figures[2]
     spans.sort(key=lambda s: (s.start, s.identity))
     return Pairing(spans, conflicts)

@@ -21,11 +21,13 @@ tab or newline, and lists are comma-joined, so they never hold commas):
 ``val``     identity, name, value: a device's entry in a job variable
 ``idx``     name, type, file: slurmd's IDX order of a GRES name on this node
 ``shard``   gres, identity, shares: one shared Edge TPU of the node (:class:`ShardPolicy`), never leased
+``energy``  identity, source: where a device's energy figure comes from (protocol/energy.py SOURCES and
+            its argument; the family's declaration), only while ``energy_enabled``
 """
 
 from __future__ import annotations
 
-from ..defaults import ACCOUNTING_SPOOL, HOLDER_SCAN_S, NODE_MODE, SLOT_DIR, SYSFS_ROOT
+from ..defaults import ACCOUNTING_SPOOL, ENERGY_POLL_S, HOLDER_SCAN_S, NODE_MODE, NVML_LIBRARY, SLOT_DIR, SYSFS_ROOT
 from . import Record
 from .inventory import KnownDevice
 
@@ -34,7 +36,7 @@ if TYPE_CHECKING:
     from typing import Any
 
 FILE = "hooks.snapshot"  # under the state directory
-FORMAT = "slurm-tpu hooks snapshot 9"
+FORMAT = "slurm-tpu hooks snapshot 10"
 USB_PORT, GASKET_WRITERS, SCAN = "usb-port", "gasket-writers", "scan"  # revocation methods (families/base.py)
 # The ``set`` record's keys and their types.
 SETTINGS = (
@@ -51,6 +53,9 @@ SETTINGS = (
     ("holder_scan_s", float),
     ("sysfs_root", str),
     ("accounting_spool", str),
+    ("energy_enabled", bool),
+    ("nvml_library", str),
+    ("energy_poll_s", float),
 )
 
 
@@ -163,6 +168,10 @@ class HookSnapshot:
         self.revoke, self.holder_scan_s, self.sysfs_root = True, HOLDER_SCAN_S, SYSFS_ROOT
         # Where the epilog spools the job's figures for the accounting collector (hooks/jobusage.py).
         self.accounting_spool = ACCOUNTING_SPOOL
+        # Per-job energy (config ``energy.*``): identity -> source of each device here (empty when
+        # disabled: the hooks then read nothing), the NVML library, the agent sampler's period.
+        self.energy_enabled, self.nvml_library, self.energy_poll_s = True, NVML_LIBRARY, ENERGY_POLL_S
+        self.energy_sources: dict[str, str] = {}
 
     def revocation(self, kind: str, bus: str) -> str:
         """How a device of this kind and bus is revoked at job end (SCAN: holder scan only)."""
@@ -205,6 +214,8 @@ def format_snapshot(snapshot: HookSnapshot) -> str:
         gres = snapshot.shards.gres_name
         for identity, shares in snapshot.shards.devices.items():
             lines.append(_record("shard", ("gres", gres), ("identity", identity), ("shares", shares)))
+    for identity, source in snapshot.energy_sources.items():
+        lines.append(_record("energy", ("identity", identity), ("source", source)))
     return "\n".join(lines) + "\n"
 
 
@@ -262,6 +273,8 @@ def parse_snapshot(text: str, cls=HookSnapshot):
                 if shares < 1 or record["gres"] != policy.gres_name:
                     return None
                 policy.devices[record["identity"]] = shares
+            elif tag == "energy":
+                result.energy_sources[record["identity"]] = record["source"]
             else:
                 return None
     except (KeyError, ValueError):

@@ -16,9 +16,14 @@ hooks' import budget): ``version=1``, ``job``, ``node``, ``devices``, ``inferenc
 figures, protocol/broker_wire.py FIGURES) writes ``version=2`` with :data:`SHARD_KEYS` too:
 ``shards`` (its share count) and ``shard_busy_ms``, ``shard_inferences``, ``shard_model_swaps``,
 ``shard_queue_wait_ms``, ``shard_model_loads``; an entry without them is still written as version 1,
-and both versions are read. Each node a job ran on writes its own entry; the
+and both versions are read. A job whose devices here have energy figures (the Epilog's, root's:
+protocol/energy.py) writes ``version=3``: ``energy_j`` is then the sum of those figures (empty when
+none has joules) and ``energy_method`` how they were obtained (``measured+estimated``: protocol/energy.py
+node_method), with or without the shard keys. Versions 1 and 2 carried the job's own ``energy_j`` (always
+empty: nothing filled it); they are still read. Each node a job ran on writes its own entry; the
 ``AdminComment`` holds one ``slurm-tpu/<node>:devices=1,inferences=12,...`` item per node
-(with the ``shards`` and ``shard_*`` figures where the job held shares there), separated by ``;``;
+(with the ``shards`` and ``shard_*`` figures where the job held shares there, ``energy_j`` and
+``energy_method`` where its devices there have energy figures), separated by ``;``;
 other text there (an admin's note) is kept; items without the shard figures are read as before.
 """
 
@@ -32,12 +37,14 @@ if TYPE_CHECKING:
     from collections.abc import Iterable
 
 SPOOL_DIR = "accounting-spool"  # the name of the spool, and where older slurm-tpu kept it: <state_dir>/accounting-spool
-FORMAT_VERSION = 2  # written only with shard figures; an entry without them stays version 1
-READ_VERSIONS = ("1", "2")
+FORMAT_VERSION = 3  # written with energy figures; else 2 with shard figures, else 1
+SHARDS_VERSION = 2
+READ_VERSIONS = ("1", "2", "3")
 PREFIX = "slurm-tpu/"  # of each of our items in an AdminComment
 SEPARATOR = ";"
 MAX_SPOOL_BYTES = 1024
 SHARES = "shards"
+ENERGY_METHOD = "energy_method"  # how the node's energy figures were obtained (protocol/energy.py node_method)
 # The broker's figures of a job, as keys of the spool entry and the AdminComment item.
 SHARD_KEYS = tuple(f"shard_{name}" for name in BROKER_FIGURES)
 FIGURES = ("devices", "inferences", "inference_seconds", "energy_j", SHARES, *SHARD_KEYS)
@@ -47,7 +54,17 @@ _MILLISECONDS = ("shard_busy_ms", "shard_queue_wait_ms")  # fractional; the othe
 class SpoolEntry(Record):
     """One node's figures for one job."""
 
-    __slots__ = ("job_id", "node", "devices", "inferences", "inference_seconds", "energy_j", "written", "shards")
+    __slots__ = (
+        "job_id",
+        "node",
+        "devices",
+        "inferences",
+        "inference_seconds",
+        "energy_j",
+        "written",
+        "shards",
+        "energy_method",
+    )
 
     def __init__(
         self,
@@ -59,6 +76,7 @@ class SpoolEntry(Record):
         energy_j: float | None = None,
         written: str = "",
         shards: dict[str, float] | None = None,
+        energy_method: str = "",
     ):
         self.job_id, self.node, self.devices = job_id, node, devices
         self.inferences, self.inference_seconds, self.energy_j = inferences, inference_seconds, energy_j
@@ -66,6 +84,8 @@ class SpoolEntry(Record):
         self.written = written
         # A job holding TPU shares here: {SHARES: n, "shard_busy_ms": ..., ...} (every SHARD_KEYS), else None.
         self.shards = shards
+        # How ``energy_j`` was obtained ('' : no energy figure: ``energy_j`` is then None).
+        self.energy_method = energy_method
 
 
 def shard_figures(shares: int, figures: dict | None) -> dict[str, float]:
@@ -78,16 +98,20 @@ def shard_figures(shares: int, figures: dict | None) -> dict[str, float]:
     return found
 
 
-def totals(job_id: int, node: str, devices: int, records: Iterable) -> SpoolEntry:
+def totals(job_id: int, node: str, devices: int, records: Iterable, energy: list | None = None) -> SpoolEntry:
     """The node's entry for a job that leased ``devices`` here, from its usage records (:class:`~.usage.UsageRecord`;
-    a device the job never used has none)."""
-    inferences, seconds, energy = 0, 0.0, None
+    a device the job never used has none) and its devices' energy figures (:class:`~.energy.DeviceEnergy`,
+    root's; None or empty: none)."""
+    from .energy import node_method  # only for a job with energy figures here
+
+    inferences, seconds = 0, 0.0
     for record in records:
         inferences += record.inferences
         seconds += record.seconds
-        if record.energy_j is not None:
-            energy = (energy or 0.0) + record.energy_j
-    return SpoolEntry(job_id, node, devices, inferences, seconds, energy)
+    joules = [figure.joules for figure in energy or () if figure.joules is not None]
+    entry = SpoolEntry(job_id, node, devices, inferences, seconds, sum(joules) if joules else None)
+    entry.energy_method = node_method(energy) if energy else ""
+    return entry
 
 
 def _number(value: float) -> str:
@@ -101,15 +125,26 @@ def encode_spool(entry: SpoolEntry) -> bytes:
     if "\n" in entry.written:
         raise ValueError(f"a written mark holds a newline: {entry.written!r}")
     written = f"written={entry.written}\n" if entry.written else ""
-    version, shards = 1, ""
+    version, shards, method = 1, "", ""
     if entry.shards is not None:
-        version = FORMAT_VERSION
+        version = SHARDS_VERSION
         shards = "".join(f"{key}={_number(entry.shards.get(key, 0))}\n" for key in (SHARES, *SHARD_KEYS))
+    if entry.energy_method:
+        version, method = FORMAT_VERSION, f"{ENERGY_METHOD}={_method(entry.energy_method)}\n"
     return (
         f"version={version}\njob={entry.job_id}\nnode={entry.node}\ndevices={entry.devices}\n"
         f"inferences={entry.inferences}\ninference_seconds={_number(entry.inference_seconds)}\n"
-        f"energy_j={energy}\n{shards}{written}"
+        f"energy_j={energy}\n{method}{shards}{written}"
     ).encode()
+
+
+def _method(text: str) -> str:
+    """An energy method list (``measured+estimated``), checked: it goes into an AdminComment item."""
+    from .energy import METHODS
+
+    if not text or any(part not in METHODS for part in text.split("+")):
+        raise ValueError(f"not an energy method list: {text[:60]!r}")
+    return text
 
 
 def decode_spool(raw: bytes, source: str) -> SpoolEntry:
@@ -124,10 +159,11 @@ def decode_spool(raw: bytes, source: str) -> SpoolEntry:
     try:
         if fields.get("version") not in READ_VERSIONS:
             raise ValueError(f"not format version {' or '.join(READ_VERSIONS)}")
-        if (fields["version"] == "2") != (SHARES in fields):  # version 2 is an entry with shard figures
-            raise ValueError(
-                f"format version {fields['version']} {'without' if SHARES not in fields else 'with'} shards"
-            )
+        version = fields["version"]
+        if version != "3" and (version == "2") != (SHARES in fields):  # version 2 is an entry with shard figures
+            raise ValueError(f"format version {version} {'without' if SHARES not in fields else 'with'} shards")
+        if (version == "3") != (ENERGY_METHOD in fields):  # version 3 is an entry with energy figures
+            raise ValueError(f"format version {version} {'without' if version == '3' else 'with'} {ENERGY_METHOD}")
         node = fields["node"]
         if not node or any(c in node for c in f"{SEPARATOR}:,= \n/"):
             raise ValueError(f"node name {node!r} cannot go into an AdminComment")
@@ -140,8 +176,14 @@ def decode_spool(raw: bytes, source: str) -> SpoolEntry:
             float(fields["inference_seconds"]),
             float(energy) if energy else None,
             fields.get("written", ""),
-            _shards(fields) if fields["version"] == "2" else None,
+            _shards(fields) if SHARES in fields else None,
+            _method(fields[ENERGY_METHOD]) if version == "3" else "",
         )
+        if entry.energy_j is not None:
+            from .energy import MAX_JOULES
+
+            if not 0 <= entry.energy_j <= MAX_JOULES:  # NaN fails too
+                raise ValueError(f"energy_j {energy!r} out of range")
     except (KeyError, ValueError) as exc:
         raise ValueError(f"{source} is not a slurm-tpu spool entry ({exc})") from None
     if entry.job_id <= 0:
@@ -168,6 +210,8 @@ def render_item(entry: SpoolEntry) -> str:
     ]
     if entry.energy_j is not None:
         figures.append(f"energy_j={_number(entry.energy_j)}")
+    if entry.energy_method:
+        figures.append(f"{ENERGY_METHOD}={entry.energy_method}")
     if entry.shards is not None:
         figures += [f"{key}={_number(entry.shards.get(key, 0))}" for key in (SHARES, *SHARD_KEYS)]
     return f"{PREFIX}{entry.node}:{','.join(figures)}"
@@ -185,16 +229,36 @@ def has_item(admin_comment: str, entry: SpoolEntry) -> bool:
     return render_item(entry) in admin_comment.split(SEPARATOR)
 
 
+def _items(admin_comment: str) -> Iterable[tuple[str, str]]:
+    """(node, its figures' text) of each of our items in an ``AdminComment``."""
+    for item in admin_comment.split(SEPARATOR):
+        if item.startswith(PREFIX):
+            node, sep, rest = item[len(PREFIX) :].partition(":")
+            if sep and node:
+                yield node, rest
+
+
+def energy_methods(admin_comment: str) -> dict[str, str]:
+    """node -> how its ``energy_j`` was obtained (``measured+estimated``), for our items that say it
+    (an item from before per-device energy says nothing: its energy_j, if any, has no method)."""
+    found: dict[str, str] = {}
+    for node, rest in _items(admin_comment):
+        for pair in rest.split(","):
+            key, _, value = pair.partition("=")
+            if key == ENERGY_METHOD:
+                try:
+                    found[node] = _method(value)
+                except ValueError:
+                    pass
+    return found
+
+
 def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:
     """Our items of an ``AdminComment``: node -> figures (devices, inferences, inference_seconds[, energy_j]
-    [, shards and the shard_* figures]); anything else (an admin's text, a malformed item) is skipped."""
+    [, shards and the shard_* figures]); anything else (an admin's text, a malformed item) is skipped.
+    The energy method, text not a figure: :func:`energy_methods`."""
     found: dict[str, dict[str, float]] = {}
-    for item in admin_comment.split(SEPARATOR):
-        if not item.startswith(PREFIX):
-            continue
-        node, sep, rest = item[len(PREFIX) :].partition(":")
-        if not sep or not node:
-            continue
+    for node, rest in _items(admin_comment):
         figures: dict[str, float] = {}
         try:
             for pair in rest.split(","):

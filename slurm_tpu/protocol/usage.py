@@ -7,7 +7,9 @@ bytes and :data:`BOX_INODES` inodes, the job's alone: docs/accounting.md says wh
 The runner keeps one file per device, ``<identity>.json``, with the job's running totals
 (:func:`encode`), updated under its device lock. The figures are self-reported (a user can
 only inflate their own), and :func:`checked` bounds them so a forged record can neither
-crash ``report``/``metrics`` nor dominate a total.
+crash ``report``/``metrics`` nor dominate a total. Energy is root's, never the job's: the Epilog
+reads it from the devices (protocol/energy.py); a record's ``energy_j``, which older runners wrote
+(always null), is ignored.
 """
 
 from __future__ import annotations
@@ -23,39 +25,33 @@ USAGE_DIR_ENV = jobenv.USAGE_DIR  # the job environment contract names it
 FORMAT_VERSION = 1
 SUFFIX = ".json"  # <identity>.json in the box
 # Field names of a record (the epilog's ``usage`` audit event uses the same figures' names).
-VERSION_FIELD, INFERENCES, SECONDS, ENERGY_J = "version", "inferences", "seconds", "energy_j"
+VERSION_FIELD, INFERENCES, SECONDS = "version", "inferences", "seconds"
 MAX_BYTES = 4096  # a record is ~100 bytes; anything larger is not ours
 # The box: room for a few dozen records and their temp files, nothing more.
 BOX_BYTES = 64 * 1024
 BOX_INODES = 64
-# Plausibility bounds: a record beyond them is refused whole (a million inferences
-# a second for a year is 3.2e13; a 300 W device for a year is ~1e10 J).
+# Plausibility bounds: a record beyond them is refused whole (a million inferences a second for a year is 3.2e13).
 MAX_INFERENCES = 10**14
 MAX_SECONDS = 10.0**9
-MAX_ENERGY_J = 10.0**12
 
 
 class UsageRecord(Record):
-    """What a job did on one device: inference count, seconds in inference, energy (GPUs)."""
+    """What a job did on one device: inference count and seconds in inference."""
 
-    __slots__ = ("identity", "inferences", "seconds", "energy_j")
+    __slots__ = ("identity", "inferences", "seconds")
 
-    def __init__(self, identity: str, inferences: int, seconds: float, energy_j: float | None = None):
-        self.identity, self.inferences, self.seconds, self.energy_j = identity, inferences, seconds, energy_j
+    def __init__(self, identity: str, inferences: int, seconds: float):
+        self.identity, self.inferences, self.seconds = identity, inferences, seconds
 
 
-def checked(inferences: object, seconds: object, energy_j: object = None) -> tuple[int, float, float | None] | None:
-    """The figures as (int, float, float|None) when each is a number (not a bool) in [0, its bound]
+def checked(inferences: object, seconds: object) -> tuple[int, float] | None:
+    """The figures as (int, float) when each is a number (not a bool) in [0, its bound]
     (NaN fails every comparison; infinities and 1e400, parsed as inf, fail the bounds), else None."""
     if isinstance(inferences, bool) or not isinstance(inferences, int) or not 0 <= inferences <= MAX_INFERENCES:
         return None
     if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not 0 <= seconds <= MAX_SECONDS:
         return None
-    if energy_j is not None:
-        if isinstance(energy_j, bool) or not isinstance(energy_j, (int, float)) or not 0 <= energy_j <= MAX_ENERGY_J:
-            return None
-        energy_j = float(energy_j)
-    return inferences, float(seconds), energy_j
+    return inferences, float(seconds)
 
 
 def record_name(identity: str) -> str | None:
@@ -63,13 +59,11 @@ def record_name(identity: str) -> str | None:
     return identity + SUFFIX if is_identity(identity) else None
 
 
-def encode(inferences: int, seconds: float, energy_j: float | None) -> bytes:
+def encode(inferences: int, seconds: float) -> bytes:
     """A record file's bytes (the current :data:`FORMAT_VERSION`)."""
     import json  # job side only
 
-    return json.dumps(
-        {VERSION_FIELD: FORMAT_VERSION, INFERENCES: inferences, SECONDS: round(seconds, 6), ENERGY_J: energy_j}
-    ).encode()
+    return json.dumps({VERSION_FIELD: FORMAT_VERSION, INFERENCES: inferences, SECONDS: round(seconds, 6)}).encode()
 
 
 def decode(raw: bytes, identity: str) -> UsageRecord:
@@ -80,11 +74,10 @@ def decode(raw: bytes, identity: str) -> UsageRecord:
     data = json_object(raw, source)  # imports json: only when a job left a record
     if data.get(VERSION_FIELD) != FORMAT_VERSION:
         raise FormatError(f"{source} is not format version {FORMAT_VERSION}", source)
-    figures = checked(data.get(INFERENCES), data.get(SECONDS), data.get(ENERGY_J))
+    figures = checked(data.get(INFERENCES), data.get(SECONDS))  # an old record's energy_j: ignored
     if figures is None:
         raise FormatError(
-            f"{source}: figures out of bounds (inferences 0..{MAX_INFERENCES}, seconds "
-            f"0..{MAX_SECONDS:g}, energy_j null or 0..{MAX_ENERGY_J:g})",
+            f"{source}: figures out of bounds (inferences 0..{MAX_INFERENCES}, seconds 0..{MAX_SECONDS:g})",
             source,
         )
     return UsageRecord(identity, *figures)
@@ -129,11 +122,11 @@ def read_record(box_fd: int, identity: str, uid: int) -> UsageRecord | None:
     return None if raw is None else decode(raw, identity)
 
 
-def add_usage(directory: str, identity: str, inferences: int, seconds: float, energy_j: float | None = None) -> bool:
+def add_usage(directory: str, identity: str, inferences: int, seconds: float) -> bool:
     """Job side: add figures to the job's totals for ``identity`` in its usage box; False (nothing
     written) when the identity or figures are not plausible or the box refuses the write."""
     name = record_name(identity)
-    if name is None or checked(inferences, seconds, energy_j) is None:
+    if name is None or checked(inferences, seconds) is None:
         return False
     try:
         dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -148,9 +141,7 @@ def add_usage(directory: str, identity: str, inferences: int, seconds: float, en
         if before is not None:
             inferences = min(inferences + before.inferences, MAX_INFERENCES)
             seconds = min(seconds + before.seconds, MAX_SECONDS)
-            if before.energy_j is not None:
-                energy_j = min((energy_j or 0.0) + before.energy_j, MAX_ENERGY_J)
-        data = encode(inferences, seconds, energy_j)
+        data = encode(inferences, seconds)
         tmp = f".{name}.{os.getpid()}.tmp"
         try:
             fd = os.open(

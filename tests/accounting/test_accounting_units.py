@@ -108,9 +108,11 @@ def test_doctor_fails_in_one_line_when_a_gres_is_not_tracked(tmp_path):
 
 
 def test_spool_entry_round_trip_and_admin_comment_merge():
+    from slurm_tpu.protocol.energy import DeviceEnergy
     from slurm_tpu.protocol.job_record import (
         decode_spool,
         encode_spool,
+        energy_methods,
         merge,
         parse_admin_comment,
         render_item,
@@ -118,16 +120,25 @@ def test_spool_entry_round_trip_and_admin_comment_merge():
     )
     from slurm_tpu.protocol.usage import UsageRecord
 
-    entry = totals(42, "n1", 2, [UsageRecord("usb-2-1.3", 10, 0.25), UsageRecord("pci-0000:01:00.0", 2, 0.5, 3.0)])
+    energy = [
+        DeviceEnergy("usb-2-1.3", "edgetpu", 1.0, "self-reported", 2.0),
+        DeviceEnergy("pci-0000:01:00.0", "edgetpu", 2.0, "estimated", 2.0),
+        DeviceEnergy("pci-0000:41:00.0", "gpu", None, "unavailable", 2.0, "the energy counter went back"),
+    ]
+    entry = totals(42, "n1", 2, [UsageRecord("usb-2-1.3", 10, 0.25), UsageRecord("pci-0000:01:00.0", 2, 0.5)], energy)
     assert (entry.devices, entry.inferences, entry.inference_seconds, entry.energy_j) == (2, 12, 0.75, 3.0)
+    assert entry.energy_method == "estimated+self-reported+unavailable"
     assert decode_spool(encode_spool(entry), "x") == entry
-    assert render_item(entry) == "slurm-tpu/n1:devices=2,inferences=12,inference_seconds=0.75,energy_j=3"
+    assert render_item(entry) == (
+        "slurm-tpu/n1:devices=2,inferences=12,inference_seconds=0.75,energy_j=3,"
+        "energy_method=estimated+self-reported+unavailable"
+    )
     # An admin's note and another node's item are kept; this node's item is replaced.
     other = totals(42, "n2", 1, [UsageRecord("usb-1-1", 5, 1.0)])
     text = merge(merge("checked by ops", entry), other)
     assert text == (
-        "checked by ops;slurm-tpu/n1:devices=2,inferences=12,inference_seconds=0.75,energy_j=3;"
-        "slurm-tpu/n2:devices=1,inferences=5,inference_seconds=1"
+        "checked by ops;slurm-tpu/n1:devices=2,inferences=12,inference_seconds=0.75,energy_j=3,"
+        "energy_method=estimated+self-reported+unavailable;slurm-tpu/n2:devices=1,inferences=5,inference_seconds=1"
     )
     again = totals(42, "n1", 1, [])
     assert merge(text, again).endswith(";slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0")
@@ -136,6 +147,8 @@ def test_spool_entry_round_trip_and_admin_comment_merge():
         "n2": {"devices": 1, "inferences": 5, "inference_seconds": 1.0},
     }
     assert parse_admin_comment("slurm-tpu/n1:inferences=x;slurm-tpu/:a=1;junk") == {}
+    assert energy_methods(text) == {"n1": "estimated+self-reported+unavailable"}
+    assert energy_methods("slurm-tpu/n1:energy_j=3,energy_method=guessed") == {}
 
 
 @pytest.mark.parametrize(

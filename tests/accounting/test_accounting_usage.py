@@ -14,12 +14,16 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 from helpers import TESTS, double_root, repo_hooks, runner_job_workspace, wait_until
+
+# A job that reported no busy time: its stick's idle power over the job, estimated.
+IDLE_ONLY = r"slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0,energy_j=[0-9.]+,energy_method=estimated"
 
 pytestmark = pytest.mark.slurm
 USER = "stpu_carol"
@@ -96,6 +100,8 @@ exec {sys.executable} -m slurm_tpu.cli infer {models["classifier"]} {models["ima
     )
     comment = collected(cluster, job)
     assert comment.startswith("slurm-tpu/n1:devices=1,inferences=12,inference_seconds="), comment
+    # Root's energy figure on the stick: the power model with the runner's (bounded) busy time.
+    assert re.search(r",energy_j=[0-9.]+,energy_method=self-reported$", comment), comment
     assert not os.path.exists(os.path.join(spool_dir(cluster), str(job)))  # removed once Slurm took it
     # Only root reads or writes the spool; the user cannot plant an entry there.
     info = os.stat(spool_dir(cluster))
@@ -132,7 +138,7 @@ def test_a_forged_usage_record_of_the_job_is_refused(setup):
 printf '{{"version": 1, "inferences": 1e400, "seconds": 1, "energy_j": null}}' > "$SLURM_TPU_USAGE_DIR/{IDENTITY}.json"
 """,
     )
-    assert collected(cluster, job) == "slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0"
+    assert re.fullmatch(IDLE_ONLY, collected(cluster, job))
 
 
 def test_each_array_task_gets_its_own_figures(setup):
@@ -186,7 +192,7 @@ def test_an_entry_waits_while_slurmdbd_is_down_and_is_applied_when_it_is_back(se
         assert os.path.exists(entry)  # kept for the next run
     finally:
         cluster.start_slurmdbd()
-    assert collected(cluster, job) == "slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0"
+    assert re.fullmatch(IDLE_ONLY, collected(cluster, job))
     assert not os.path.exists(entry)
 
 

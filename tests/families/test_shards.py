@@ -236,7 +236,7 @@ def test_snapshot_carries_the_shared_edge_tpus(document):
     assert settings.shards.total == 15
     assert set(settings.families["edgetpu"].shared) == {USB_FW, *PCI} and settings.families["gpu"].shared == ()
     text = format_snapshot(settings)
-    assert text.startswith(FORMAT + "\n") and FORMAT == "slurm-tpu hooks snapshot 9"
+    assert text.startswith(FORMAT + "\n") and FORMAT == "slurm-tpu hooks snapshot 10"
     back = parse_snapshot(text, HookSettings)
     assert back is not None and back.shards == settings.shards and back.families == settings.families
     # A node that shares nothing has no shard records, and reads back None.

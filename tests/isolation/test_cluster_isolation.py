@@ -143,6 +143,9 @@ def test_user_b_cannot_open_user_a_device_and_env_names_exactly_it(cluster, user
         ("release", job_a, "usb-2-1.3"),
         ("acquire", job_b, "pci-0000:03:00.0"),
         ("release", job_b, "pci-0000:03:00.0"),
+        # Each job's energy on its device (root's estimate: no sensor on an Edge TPU).
+        ("energy", job_a, "usb-2-1.3"),
+        ("energy", job_b, "pci-0000:03:00.0"),
     }
     assert not os.listdir(os.path.join(cluster.node_dir("n1"), "state", "jobs"))
 

@@ -84,3 +84,23 @@ def test_query_job_gres_asks_slurm_otherwise(env):
     with pytest.raises(HookError, match="asked Slurm"):
         allocation.query_job_gres(_run(settings, env))
     assert settings.asked == 1
+
+
+@pytest.mark.parametrize(
+    "names, env, asks",
+    [
+        (["tpu"], {"SLURM_JOB_TPUS": "1"}, False),  # a TPU job on a node whose GPUs are read for energy
+        (["tpu"], {"SLURM_JOB_TPUS": "1", "SLURM_JOB_GPUS": "0"}, True),  # it holds a GPU too: which one?
+        ([], {}, False),  # a CPU job on a GPU node: no query at all
+        ([], {"SLURM_JOB_GPUS": "1"}, True),
+    ],
+)
+def test_gpus_read_for_energy_cost_a_query_only_for_a_job_that_holds_one(names, env, asks):
+    settings = _Settings(names)
+    hook = _run(settings, env)
+    if asks:
+        with pytest.raises(HookError, match="asked Slurm"):
+            allocation.query_job_gres(hook, ["gpu"])
+    else:
+        assert allocation.query_job_gres(hook, ["gpu"]) == allocation.gres_from_env(7, names, env)
+    assert settings.asked == asks

@@ -39,7 +39,7 @@ def node(tmp_path, monkeypatch, capsys):
     settings.accounting_spool = str(spool)
     monkeypatch.setattr(hook_settings, "load", lambda environ, node=None, create=True: settings)
     allocs = [GresAlloc("tpu_shard", None, 2, ())]
-    monkeypatch.setattr(allocation, "query_job_gres", lambda hook: allocs)
+    monkeypatch.setattr(allocation, "query_job_gres", lambda hook, metered=(): allocs)
     env = {"SLURM_JOB_ID": "41", "SLURM_JOB_UID": "1234", "SLURM_JOB_GID": "1235", "SLURMD_NODENAME": "n1"}
     return state, spool, env, Said(capsys)
 
@@ -101,7 +101,7 @@ def test_prolog_with_the_broker_down_grants_announces_and_starts_the_job(node):
 
 def test_prolog_of_a_job_without_shares_on_a_sharing_node_does_nothing(node, monkeypatch):
     state, _, env, said = node
-    monkeypatch.setattr(allocation, "query_job_gres", lambda hook: [])
+    monkeypatch.setattr(allocation, "query_job_gres", lambda hook, metered=(): [])
     assert run(prolog, env) == 0
     assert not (state / "broker" / "grants" / "41").exists() and not said
 

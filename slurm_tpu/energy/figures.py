@@ -1,0 +1,338 @@
+"""A job's energy on each accelerator it holds on a node: the Prolog's start readings and the
+Epilog's figures (protocol/energy.py names the methods and the start file).
+
+The Prolog calls :func:`start_readings` with every device the job holds here and its source (the
+hooks snapshot's ``energy_sources``); the Epilog calls :func:`device_figures` with the start file,
+the sampler's poll file, and the busy time it knows (:func:`busy_times`). Both read the devices
+themselves (NVML through :mod:`slurm_tpu.energy.nvml`, hwmon through :mod:`slurm_tpu.energy.hwmon`),
+imported only when a device needs them. Nothing here raises for a device: a reading that cannot be
+had costs that device's figure (``unavailable`` with a note), never the job.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from ..defaults import SYSFS_ROOT
+from ..protocol.energy import (
+    DIR,
+    ESTIMATED,
+    HWMON_POWER,
+    INTEGRATED,
+    MAX_BYTES,
+    MAX_JOULES,
+    MEASURED,
+    MODEL,
+    NO_SOURCE,
+    NVML_ENERGY,
+    NVML_POWER,
+    POLL_SUFFIX,
+    SELF_REPORTED,
+    UNAVAILABLE,
+    DeviceEnergy,
+    PollState,
+    StartDevice,
+    StartFile,
+    decode,
+    decode_poll,
+    encode,
+)
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+BOOT_ID = "/proc/sys/kernel/random/boot_id"
+# No accelerator draws more: a counter delta beyond this many watts over the job is a corrupt or
+# forged reading (a counter that jumped), refused whole rather than put in the job's record.
+MAX_DEVICE_W = 10_000.0
+NO_AGENT = "no node agent polls power here"
+
+
+def boot_id() -> str:
+    """This boot's id ('' when the kernel does not say): a reboot between start and end ends the figure."""
+    try:
+        with open(BOOT_ID, encoding="ascii") as handle:
+            return handle.read(64).strip()
+    except OSError:
+        return ""
+
+
+def clock_ns() -> int:
+    """CLOCK_BOOTTIME in ns: counts suspend, never steps with the wall clock."""
+    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
+
+
+def open_nvml(library: str):  # -> tuple[Nvml | None, str]
+    """An initialised NVML from ``library`` and '', or None and why not (one line)."""
+    from .nvml import Nvml, NvmlError
+
+    try:
+        return Nvml(library), ""
+    except NvmlError as exc:
+        return None, str(exc)
+    except OSError as exc:  # a library that is not one (ctypes' own error)
+        return None, f"{library}: {exc}"
+
+
+class _NvmlOnDemand:
+    """One NVML per hook run, opened at the first device that needs it (never for Edge TPUs)."""
+
+    __slots__ = ("library", "handle", "why", "opened")
+
+    def __init__(self, library: str, handle=None):
+        self.library, self.handle, self.why, self.opened = library, handle, "", handle is not None
+
+    def get(self):  # -> Nvml | None (then ``why`` says why)
+        if not self.opened:
+            self.opened = True
+            self.handle, self.why = open_nvml(self.library)
+        return self.handle
+
+    def close(self, mine: bool) -> None:
+        if mine and self.handle is not None:
+            try:
+                self.handle.close()
+            except Exception:  # noqa: BLE001 - a shutdown that fails costs nothing here
+                pass
+
+
+def start_readings(job_id: int, devices: list[StartDevice], library: str, nvml=None) -> tuple[StartFile, list[str]]:
+    """The job's start file from ``devices`` (identity, kind, source, shares; ``start`` unset), each
+    counter read now, and the problems met (one line each, for the audit log). ``nvml``: an open NVML
+    to use (the node agent's); else one is opened from ``library`` when a device needs it, and closed.
+
+    A GPU whose counter NVML does not support (pre-Volta) becomes ``nvml-power`` (the agent's sampler
+    polls its power); a reading that fails becomes ``none:<why>``, so the Epilog says why."""
+    problems: list[str] = []
+    handle = _NvmlOnDemand(library, nvml)
+    found: list[StartDevice] = []
+    try:
+        for device in devices:
+            source, start = device.source, None
+            if device.source_kind == NVML_ENERGY:
+                source, start, problem = _counter_start(handle, device)
+                if problem:
+                    problems.append(f"{device.identity}: {problem}")
+            found.append(StartDevice(device.identity, device.kind, source, start, device.shares))
+    finally:
+        handle.close(mine=nvml is None)
+    return StartFile(job_id, boot_id(), clock_ns(), found), problems
+
+
+def _counter_start(handle: _NvmlOnDemand, device: StartDevice) -> tuple[str, float | None, str]:
+    """(source, start mJ, problem) of an ``nvml-energy`` device."""
+    from .nvml import NvmlError
+
+    bus_id = device.source_argument
+    nvml = handle.get()
+    if nvml is None:
+        return _none(f"NVML at job start: {handle.why}"), None, handle.why
+    try:
+        reading = nvml.energy_mj(bus_id)
+    except NvmlError as exc:
+        return _none(f"NVML at job start: {exc}"), None, str(exc)
+    if reading is None:
+        return f"{NVML_POWER}:{bus_id}", None, ""  # no counter (pre-Volta): polled power instead
+    return device.source, float(reading), ""
+
+
+def _none(why: str) -> str:
+    """A ``none:`` source carrying ``why`` (one line, no tab: it goes into the start file)."""
+    return f"{NO_SOURCE}:" + " ".join(why.split())[:200]
+
+
+def busy_times(
+    start: StartFile, reported: Mapping[str, float], broker_busy_ms: float | None
+) -> dict[str, tuple[float, str, str]]:
+    """identity -> (busy seconds, method, note) of the job's modelled devices: the TPU broker's busy
+    time for its shared TPUs (root's measurement: ``estimated``; split evenly over the node's shared
+    TPUs the job held shares of, as the broker schedules a job on any of them), else the job's own
+    usage record's seconds (``self-reported``). A device with neither is left out (idle power only)."""
+    shared = [d.identity for d in start.devices if d.shares is not None and d.source_kind == MODEL]
+    found: dict[str, tuple[float, str, str]] = {}
+    if shared and broker_busy_ms is not None and 0 <= broker_busy_ms < float("inf"):
+        each = broker_busy_ms / 1000.0 / len(shared)
+        for identity in shared:
+            found[identity] = (each, ESTIMATED, "busy time measured by the node's TPU broker")
+    for identity, seconds in reported.items():
+        if identity not in found and 0 <= seconds < float("inf"):
+            found[identity] = (seconds, SELF_REPORTED, "busy time reported by the job (bounded by its allocation)")
+    return found
+
+
+def device_figures(
+    start: StartFile,
+    library: str,
+    poll: Mapping[str, PollState] | None = None,
+    busy: Mapping[str, tuple[float, str, str]] | None = None,
+    nvml=None,
+    end_ns: int | None = None,
+    boot: str | None = None,
+    sysfs_root: str = SYSFS_ROOT,
+) -> list[DeviceEnergy]:
+    """One :class:`DeviceEnergy` per device of the start file, read now (the job's end).
+    ``poll``: the sampler's integrals (None: no poll file); ``busy``: :func:`busy_times`; ``nvml``:
+    an open NVML to use, else one is opened when a device needs it; ``end_ns``/``boot``: now's (tests);
+    ``sysfs_root``: where a hwmon power file must resolve (config ``sysfs_root``)."""
+    end_ns = clock_ns() if end_ns is None else end_ns
+    boot = boot_id() if boot is None else boot
+    if boot != start.boot or end_ns < start.start_ns:
+        note = "the node rebooted during the job: its start readings are from another boot"
+        return [DeviceEnergy(d.identity, d.kind, None, UNAVAILABLE, 0.0, note) for d in start.devices]
+    seconds = (end_ns - start.start_ns) / 1e9
+    handle = _NvmlOnDemand(library, nvml)
+    try:
+        return [_figure(d, seconds, end_ns, handle, poll, busy or {}, sysfs_root) for d in start.devices]
+    finally:
+        handle.close(mine=nvml is None)
+
+
+def _figure(
+    device: StartDevice,
+    seconds: float,
+    end_ns: int,
+    handle: _NvmlOnDemand,
+    poll: Mapping[str, PollState] | None,
+    busy: Mapping[str, tuple[float, str, str]],
+    sysfs_root: str,
+) -> DeviceEnergy:
+    kind = device.source_kind
+
+    def unavailable(note: str) -> DeviceEnergy:
+        return DeviceEnergy(device.identity, device.kind, None, UNAVAILABLE, seconds, note)
+
+    def checked(joules: float, method: str, note: str = "") -> DeviceEnergy:
+        # Never negative, never beyond what any device could draw over the job (a counter that jumped).
+        if not 0 <= joules <= min(MAX_JOULES, MAX_DEVICE_W * max(seconds, 1.0)):
+            return unavailable(f"implausible reading ({joules:.6g} J over {seconds:.3f} s): not counted")
+        return DeviceEnergy(device.identity, device.kind, joules, method, seconds, note)
+
+    if kind == NVML_ENERGY:
+        if device.start is None:
+            return unavailable("no start reading of the energy counter")
+        from .nvml import NvmlError
+
+        nvml = handle.get()
+        if nvml is None:
+            return unavailable(f"NVML at job end: {handle.why}")
+        try:
+            end = nvml.energy_mj(device.source_argument)
+        except NvmlError as exc:
+            return unavailable(f"NVML at job end: {exc}")
+        if end is None:
+            return unavailable("the energy counter is no longer supported at job end")
+        if end < device.start:
+            return unavailable(
+                f"the energy counter went back ({device.start:.0f} -> {end} mJ: a driver reload or GPU reset)"
+            )
+        return checked((end - device.start) / 1000.0, MEASURED)
+    if kind in (NVML_POWER, HWMON_POWER):
+        state = (poll or {}).get(device.identity)
+        if state is None or state.samples == 0:
+            return unavailable(NO_AGENT if poll is None else "no power sample was taken during the job")
+        watts = _power_now(device, handle, sysfs_root)
+        stretch_s = max(0.0, (end_ns - state.last_ns) / 1e9)
+        last = state.last_watts if watts is None else (state.last_watts + watts) / 2
+        return checked(state.joules + last * stretch_s, INTEGRATED)
+    if kind == MODEL:
+        model = _model(device.source_argument)
+        if model is None:
+            return unavailable(f"power model {device.source_argument[:40]!r} is not idle:active watts")
+        idle_w, active_w = model
+        share = 1.0 if device.shares is None else min(1.0, device.shares[0] / device.shares[1])
+        busy_s, method, note = busy.get(device.identity, (0.0, ESTIMATED, "no busy time known: idle power only"))
+        busy_s = min(busy_s, seconds * share)  # never past the allocation (a share: its part of it)
+        return checked(idle_w * seconds * share + (active_w - idle_w) * busy_s, method, note)
+    if kind == NO_SOURCE:
+        return unavailable(device.source_argument or "no power reading for this device")
+    return unavailable(f"unknown energy source {device.source[:40]!r}")
+
+
+def _power_now(device: StartDevice, handle: _NvmlOnDemand, sysfs_root: str) -> float | None:
+    """The device's power now (W), or None: the last stretch then uses the last sample."""
+    if device.source_kind == HWMON_POWER:
+        from .hwmon import power_w
+
+        return power_w(device.source_argument, sysfs_root)
+    from .nvml import NvmlError
+
+    nvml = handle.get()
+    if nvml is None:
+        return None
+    try:
+        return nvml.power_w(device.source_argument)
+    except NvmlError:
+        return None
+
+
+def _model(argument: str) -> tuple[float, float] | None:
+    """(idle W, active W) from a model source's ``idle:active``; None unless 0 <= idle <= active <= the bound."""
+    idle, sep, active = argument.partition(":")
+    try:
+        watts = float(idle), float(active)
+    except ValueError:
+        return None
+    return watts if sep and 0 <= watts[0] <= watts[1] <= MAX_DEVICE_W else None
+
+
+def model_source(idle_w: float, active_w: float) -> str:
+    """The ``model:<idle>:<active>`` source string (a family's declaration)."""
+    return f"{MODEL}:{idle_w:g}:{active_w:g}"
+
+
+# ---- the start and poll files in <state_dir>/energy (root's 0700; files 0600; no link followed)
+
+
+def _energy_dir(state_fd: int, create: bool) -> int:
+    from ..access import statedir
+
+    return statedir.open_dir(DIR, create=create, parent_fd=state_fd, mode=0o700)
+
+
+def write_start(state_fd: int, start: StartFile) -> None:
+    """Write the job's start file (replacing one a requeued run of the job id left); StateDirError/OSError."""
+    from ..access import statedir
+
+    fd = _energy_dir(state_fd, create=True)
+    try:
+        statedir.write_atomic(fd, str(start.job_id), encode(start), 0o600)
+    finally:
+        os.close(fd)
+
+
+def has_start(state_dir: str, job_id: int) -> bool:
+    """Whether a start file of the job may be there (one lstat: the Epilog of a job with no lease)."""
+    return os.path.lexists(os.path.join(state_dir, DIR, str(job_id)))
+
+
+def take_start(state_fd: int, job_id: int) -> tuple[StartFile | None, dict[str, PollState] | None, str]:
+    """The job's start file and poll file (None: none there), and why a file could not be read ('' : both
+    fine); both files are removed, whatever they held (root's own files, read once)."""
+    from ..access import statedir
+    from ..protocol import FormatError
+
+    try:
+        os.lstat(DIR, dir_fd=state_fd)
+        fd = _energy_dir(state_fd, create=False)
+    except FileNotFoundError:
+        return None, None, ""  # no job ever had a start file here
+    except (OSError, statedir.StateDirError) as exc:
+        return None, None, str(exc)
+    start = poll = None
+    why = ""
+    try:
+        name = str(job_id)
+        try:
+            raw = statedir.read_file(fd, name, MAX_BYTES, owner=0)
+            start = None if raw is None else decode(raw, f"{DIR}/{name}")
+            raw = statedir.read_file(fd, name + POLL_SUFFIX, MAX_BYTES, owner=0)
+            poll = None if raw is None else decode_poll(raw, f"{DIR}/{name}{POLL_SUFFIX}")
+        except (statedir.StateDirError, FormatError) as exc:
+            why = str(exc)
+        for leftover in (name, name + POLL_SUFFIX):
+            statedir.remove(fd, leftover)
+    finally:
+        os.close(fd)
+    return start, poll, why
