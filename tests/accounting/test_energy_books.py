@@ -352,3 +352,9 @@ def test_demo_energy_lines_show_each_jobs_figure_with_its_method_and_say_when_th
     assert len(wrapped) > 4 and max(map(len, wrapped)) <= 80
     assert " ".join(wrapped[2:]).count(" 31.2 J") == 40
     assert energy_lines([]) == ["  energy per job: no jobs"]
+    # A shard job's few hundredths of a joule are shown as such, not as 0.0.
+    small = parse_sacct(
+        "16|bob|2026-11-25T12:00:00|2026-11-25T12:00:01|gres/tpu_shard=1|"
+        "slurm-tpu/n1:devices=0,inferences=0,inference_seconds=0,energy_j=0.0431,energy_method=estimated"
+    )
+    assert energy_lines(small)[2:] == ["    estimated: 16 0.043 J"]
