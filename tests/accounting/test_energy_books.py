@@ -220,34 +220,38 @@ def parse(families) -> dict:
     return text, {f.name: f for f in text_string_to_metric_families(text)}
 
 
-def snapshot(now: float, energy):
+def snapshot(now: float, energy, running=()):
     from slurm_tpu.hardware import Inventory
     from slurm_tpu.ops.metrics import NodeSnapshot
 
-    return NodeSnapshot("n1", Inventory([]), Inventory([]), {}, {}, [], now, None, [], None, energy)
+    return NodeSnapshot("n1", Inventory([]), Inventory([]), {}, {}, [], now, None, [], None, energy, running)
 
 
-def test_metrics_count_each_ended_jobs_energy_per_device_with_job_user_and_method():
-    from slurm_tpu.ops.metrics import ENDED_JOB_SERIES_S, energy_families
+def test_metrics_label_a_running_jobs_energy_with_job_user_and_method_and_count_ended_ones_per_device():
+    from slurm_tpu.ops.accounting import DeviceFigure
+    from slurm_tpu.ops.metrics import energy_families
 
-    text, found = parse(energy_families("n1", snapshot(1300.0, figures())))
-    per_job = found["slurm_tpu_job_device_energy_joules"]
-    assert per_job.type == "counter" and "per job per device" in per_job.documentation
+    running = [  # job 40's figures so far (node_state.running_energy's: only those with joules)
+        DeviceFigure(GPU0, 40, 1001, 1300.0, 2500.0, "measured", 25.0),
+        DeviceFigure(TPU, 40, 1001, 1300.0, 13.0, "self-reported", 25.0),
+    ]
+    text, found = parse(energy_families("n1", snapshot(1300.0, figures(), running)))
+    per_job = found["slurm_tpu_job_energy_joules"]
+    assert per_job.type == "counter" and "so far" in per_job.documentation
     for method in ("measured", "integrated", "estimated", "self-reported"):
         assert method in per_job.documentation
-    series = {(s.labels["identity"], s.labels["hpc_job"]): s for s in per_job.samples}
-    assert series[(GPU0, "10")].name == "slurm_tpu_job_device_energy_joules_total"
-    assert series[(GPU0, "10")].value == 18000.0
-    assert series[(GPU0, "10")].labels == {
+    series = {s.labels["identity"]: s for s in per_job.samples}
+    assert series.keys() == {GPU0, TPU}  # the running job's only: ended jobs 10-13 have no job series
+    assert series[GPU0].name == "slurm_tpu_job_energy_joules_total" and series[GPU0].value == 2500.0
+    assert series[GPU0].labels == {
         "node": "n1",
         "identity": GPU0,
-        "hpc_job": "10",
-        "hpc_user": series[(GPU0, "10")].labels["hpc_user"],  # uid 1001's name, or the uid itself
+        "hpc_job": "40",
+        "hpc_user": series[GPU0].labels["hpc_user"],  # uid 1001's name, or the uid itself
         "method": "measured",
     }
-    assert series[(SHARED, "12")].labels["method"] == "estimated"
-    assert series[(TPU, "13")].labels["method"] == "self-reported"
-    assert (GPU1, "10") not in series  # unavailable: no sample rather than a number without a method
+    assert series[TPU].labels["method"] == "self-reported"
+    # The ended jobs' figures are each device's lifetime counter, per method (unavailable: no sample).
     lifetime = {
         (s.labels["identity"], s.labels["method"]): s.value for s in found["slurm_tpu_device_energy_joules"].samples
     }
@@ -257,9 +261,10 @@ def test_metrics_count_each_ended_jobs_energy_per_device_with_job_user_and_metho
         (TPU, "self-reported"): 90.0,
         (SHARED, "estimated"): 12.5,
     }
-    # A day after the jobs ended their own series are gone; the devices' lifetime counters stay.
-    _, later = parse(energy_families("n1", snapshot(1260.0 + ENDED_JOB_SERIES_S + 1, figures())))
-    assert "slurm_tpu_job_device_energy_joules" not in later
+    assert not [s for s in found["slurm_tpu_device_energy_joules"].samples if "hpc_job" in s.labels]
+    # Once job 40 has ended (no running figure), its series is gone and nothing else carries a job.
+    _, later = parse(energy_families("n1", snapshot(1400.0, figures())))
+    assert "slurm_tpu_job_energy_joules" not in later
     assert sum(s.value for s in later["slurm_tpu_device_energy_joules"].samples) == 18147.5
     # A node whose jobs have no figures has no energy series at all.
     assert parse(energy_families("n1", snapshot(1300.0, [])))[1] == {}
