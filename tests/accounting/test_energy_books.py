@@ -18,7 +18,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from helpers import detect_json, run_cli
 from slurm_tpu.ops.accounting import (
     JOULES_PER_KWH,
-    admin_energy,
     energy_figures,
     join_methods,
     parse_sacct,
@@ -27,6 +26,7 @@ from slurm_tpu.ops.accounting import (
 )
 from slurm_tpu.protocol import audit
 from slurm_tpu.protocol.energy import DeviceEnergy, node_method
+from slurm_tpu.protocol.job_record import admin_energy
 
 GPU0, GPU1, TPU, SHARED = "pci-0000:41:00.0", "pci-0000:42:00.0", "usb-2-1", "usb-2-2"
 
