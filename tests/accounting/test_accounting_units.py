@@ -110,8 +110,8 @@ def test_doctor_fails_in_one_line_when_a_gres_is_not_tracked(tmp_path):
 def test_spool_entry_round_trip_and_admin_comment_merge():
     from slurm_tpu.protocol.energy import DeviceEnergy
     from slurm_tpu.protocol.job_record import (
-        decode_spool,
         admin_energy,
+        decode_spool,
         encode_spool,
         merge,
         parse_admin_comment,

@@ -8,8 +8,8 @@ import pytest
 from slurm_tpu.protocol.broker_wire import FIGURES
 from slurm_tpu.protocol.energy import DeviceEnergy
 from slurm_tpu.protocol.job_record import (
-    decode_spool,
     admin_energy,
+    decode_spool,
     encode_spool,
     parse_admin_comment,
     render_item,
