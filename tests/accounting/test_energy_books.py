@@ -305,7 +305,9 @@ def test_node_energy_plugins_from_show_config_shapes(value, plugins):
 
 
 def test_doctor_says_whether_slurm_collects_node_energy_and_what_device_figures_add(tmp_path):
-    from slurm_tpu.config import Config
+    import dataclasses
+
+    from slurm_tpu.config import Config, parse_config
     from slurm_tpu.families import inventory_from_json
     from slurm_tpu.ops.doctor import Node, check_energy
     from slurm_tpu.ops.install import Layout
@@ -323,6 +325,11 @@ def test_doctor_says_whether_slurm_collects_node_energy_and_what_device_figures_
     assert ipmi.ok and "Slurm collects node energy here (AcctGatherEnergyType ipmi, gpu" in ipmi.message
     assert "AMD GPUs only" in ipmi.message and "had the node to itself" in ipmi.message
     assert "\n" not in ipmi.line()
+    # With energy off (config energy.enabled: false) the node adds no figures, and doctor says so.
+    off = dataclasses.replace(node, config=parse_config({"version": 1, "energy": {"enabled": False}}))
+    [_, devices] = check_energy(off)
+    assert devices.ok and devices.line().startswith("ok    device energy: energy is off here (config energy.enabled")
+    assert "adds each job's energy" not in devices.message
 
 
 # ---- the demo's closing report ---------------------------------------------------------------
