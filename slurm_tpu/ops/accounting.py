@@ -37,7 +37,7 @@ from ..errors import SlurmCommandError
 from ..hooks.jobusage import open_spool
 from ..protocol import audit
 from ..protocol.audit import LeaseSpan
-from ..protocol.energy import MAX_JOULES, METHODS, UNAVAILABLE
+from ..protocol.energy import MAX_JOULES, METHODS, UNAVAILABLE, join_methods
 from ..protocol.job_record import (
     MAX_SPOOL_BYTES,
     SHARES,
@@ -53,13 +53,6 @@ from ..protocol.job_record import (
 # ---- energy: every figure with its method ------------------------------------------------
 
 JOULES_PER_KWH = 3.6e6
-
-
-def join_methods(methods: Iterable[str]) -> str:
-    """The methods named in ``methods`` (each may itself be ``+``-joined, as a node's is), once each and in
-    protocol/energy.py's METHODS order, joined by ``+``: how protocol/energy.py node_method names a node's."""
-    present = {part for text in methods for part in text.split("+")}
-    return "+".join(method for method in METHODS if method in present)
 
 
 def plausible_joules(value: object) -> bool:

@@ -31,7 +31,11 @@ hwmon power file, the model's ``idle_w:active_w``, or why there is none).
 
 from __future__ import annotations
 
-from . import FormatError, Record
+from . import FormatError, Record, decimal_text as _number
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 DIR = "energy"  # under the state directory
 FORMAT_VERSION = 1
@@ -100,11 +104,6 @@ def _field(value: str, source: str) -> str:
     return value
 
 
-def _number(value: float) -> str:
-    text = f"{value:.6f}".rstrip("0").rstrip(".")
-    return text or "0"
-
-
 def encode(start: StartFile) -> bytes:
     """The start file's bytes."""
     lines = [f"version={FORMAT_VERSION}", f"job={start.job_id}"]
@@ -159,10 +158,16 @@ def decode(raw: bytes, source: str) -> StartFile:
     return start_file
 
 
-def node_method(figures: list[DeviceEnergy]) -> str:
-    """The methods of a node's figures, in :data:`METHODS` order, joined by ``+`` (``measured+estimated``)."""
-    present = {figure.method for figure in figures}
+def join_methods(methods: Iterable[str]) -> str:
+    """The methods named in ``methods`` (each may itself be ``+``-joined, as a node's is), once each and
+    in :data:`METHODS` order, joined by ``+`` (``measured+estimated``)."""
+    present = {part for text in methods for part in text.split("+")}
     return "+".join(method for method in METHODS if method in present)
+
+
+def node_method(figures: list[DeviceEnergy]) -> str:
+    """The methods of a node's figures (:func:`join_methods`): the ``energy_method`` of its job record."""
+    return join_methods(figure.method for figure in figures)
 
 
 # The node agent's power sampler keeps, beside each start file with a polled source, the running

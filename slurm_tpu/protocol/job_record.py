@@ -29,7 +29,7 @@ other text there (an admin's note) is kept; items without the shard figures are 
 
 from __future__ import annotations
 
-from . import Record
+from . import Record, decimal_text as _number
 from .broker_wire import FIGURES as BROKER_FIGURES
 
 TYPE_CHECKING = False
@@ -113,11 +113,6 @@ def totals(job_id: int, node: str, devices: int, records: Iterable, energy: list
     entry = SpoolEntry(job_id, node, devices, inferences, seconds, sum(joules) if joules else None)
     entry.energy_method = node_method(energy) if energy else ""
     return entry
-
-
-def _number(value: float) -> str:
-    text = f"{value:.6f}".rstrip("0").rstrip(".")
-    return text or "0"
 
 
 def encode_spool(entry: SpoolEntry) -> bytes:

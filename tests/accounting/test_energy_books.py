@@ -19,13 +19,12 @@ from helpers import detect_json, run_cli
 from slurm_tpu.ops.accounting import (
     JOULES_PER_KWH,
     energy_figures,
-    join_methods,
     parse_sacct,
     summarize_audit,
     summarize_sacct,
 )
 from slurm_tpu.protocol import audit
-from slurm_tpu.protocol.energy import DeviceEnergy, node_method
+from slurm_tpu.protocol.energy import DeviceEnergy, join_methods, node_method
 from slurm_tpu.protocol.job_record import admin_energy
 
 GPU0, GPU1, TPU, SHARED = "pci-0000:41:00.0", "pci-0000:42:00.0", "usb-2-1", "usb-2-2"
