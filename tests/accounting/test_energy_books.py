@@ -13,9 +13,8 @@ import json
 import re
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import detect_json, run_cli
+from helpers import detect_json, exposition, run_cli
 from slurm_tpu.ops.accounting import (
     JOULES_PER_KWH,
     energy_figures,
@@ -205,20 +204,6 @@ def test_report_command_prints_energy_with_its_method_and_per_device_why_a_figur
 # ---- metrics ---------------------------------------------------------------------------------
 
 
-def parse(families) -> dict:
-    from prometheus_client.core import CollectorRegistry
-    from prometheus_client.exposition import generate_latest
-
-    class Fixed:
-        def collect(self):
-            return families
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Fixed())
-    text = generate_latest(registry).decode()
-    return text, {f.name: f for f in text_string_to_metric_families(text)}
-
-
 def snapshot(now: float, energy, running=()):
     from slurm_tpu.hardware import Inventory
     from slurm_tpu.ops.metrics import NodeSnapshot
@@ -234,7 +219,7 @@ def test_metrics_label_a_running_jobs_energy_with_job_user_and_method_and_count_
         DeviceFigure(GPU0, 40, 1001, 1300.0, 2500.0, "measured", 25.0),
         DeviceFigure(TPU, 40, 1001, 1300.0, 13.0, "self-reported", 25.0),
     ]
-    text, found = parse(energy_families("n1", snapshot(1300.0, figures(), running)))
+    text, found = exposition(energy_families("n1", snapshot(1300.0, figures(), running)))
     per_job = found["slurm_tpu_job_energy_joules"]
     assert per_job.type == "counter" and "so far" in per_job.documentation
     for method in ("measured", "integrated", "estimated", "self-reported"):
@@ -262,11 +247,11 @@ def test_metrics_label_a_running_jobs_energy_with_job_user_and_method_and_count_
     }
     assert not [s for s in found["slurm_tpu_device_energy_joules"].samples if "hpc_job" in s.labels]
     # Once job 40 has ended (no running figure), its series is gone and nothing else carries a job.
-    _, later = parse(energy_families("n1", snapshot(1400.0, figures())))
+    _, later = exposition(energy_families("n1", snapshot(1400.0, figures())))
     assert "slurm_tpu_job_energy_joules" not in later
     assert sum(s.value for s in later["slurm_tpu_device_energy_joules"].samples) == 18147.5
     # A node whose jobs have no figures has no energy series at all.
-    assert parse(energy_families("n1", snapshot(1300.0, [])))[1] == {}
+    assert exposition(energy_families("n1", snapshot(1300.0, [])))[1] == {}
 
 
 # ---- doctor ----------------------------------------------------------------------------------
