@@ -16,7 +16,7 @@ Energy (issue 33), the same way: while a job holds a device, its energy on it so
 computed as its Epilog will, with now as the end: :func:`~slurm_tpu.ops.node_state.running_energy`)
 is the counter ``slurm_tpu_job_energy_joules_total`` with ``hpc_job``/``hpc_user`` and ``method``
 (never a figure without how it was obtained; one that cannot be computed has no sample); the series
-ends with the job. Ended jobs' figures (the Epilog's ``energy`` audit events) are only in the lifetime
+ends with the job (on a leased device, with its lease: from its release on, as the state series). Ended jobs' figures (the Epilog's ``energy`` audit events) are only in the lifetime
 ``slurm_tpu_device_energy_joules_total`` (node, identity, method), and in ``slurm-tpu report``.
 
 Label values are identities, kinds and models from detection, numbers, and user
@@ -172,9 +172,11 @@ def energy_families(node: str, snap: NodeSnapshot) -> list[Metric]:
         "with the job's own busy time, bounded by its allocation); a figure that cannot be had has no sample",
     )
     for figure in snap.running_energy:
-        if figure.joules is not None:
-            labels = {"node": node, "identity": figure.identity, **Holder(figure.job_id, figure.uid).labels()}
-            add(per_job, {**labels, METHOD_LABEL: figure.method}, figure.joules)
+        holder = Holder(figure.job_id, figure.uid)
+        if figure.joules is None or (figure.identity in snap.leased and snap.holders.get(figure.identity) != holder):
+            continue  # a leased device the job no longer holds (its Epilog is releasing it): no job label on it
+        labels = {"node": node, "identity": figure.identity, **holder.labels()}
+        add(per_job, {**labels, METHOD_LABEL: figure.method}, figure.joules)
     lifetime = counter("slurm_tpu_device_energy_joules", "energy of every job that ended on the accelerator, by method")
     totals: dict[tuple[str, str], float] = {}
     for figure in snap.energy:

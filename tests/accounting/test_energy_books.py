@@ -204,16 +204,17 @@ def test_report_command_prints_energy_with_its_method_and_per_device_why_a_figur
 # ---- metrics ---------------------------------------------------------------------------------
 
 
-def snapshot(now: float, energy, running=()):
+def snapshot(now: float, energy, running=(), leased=None, held=None):
     from slurm_tpu.hardware import Inventory
     from slurm_tpu.ops.metrics import NodeSnapshot
 
-    return NodeSnapshot("n1", Inventory([]), Inventory([]), {}, {}, [], now, None, [], None, energy, running)
+    leased, held = leased or {}, held or {}
+    return NodeSnapshot("n1", Inventory([]), Inventory([]), leased, held, [], now, None, [], None, energy, running)
 
 
 def test_metrics_label_a_running_jobs_energy_with_job_user_and_method_and_count_ended_ones_per_device():
     from slurm_tpu.ops.accounting import DeviceFigure
-    from slurm_tpu.ops.metrics import energy_families
+    from slurm_tpu.ops.metrics import Holder, energy_families
 
     running = [  # job 40's figures so far (node_state.running_energy's: only those with joules)
         DeviceFigure(GPU0, 40, 1001, 1300.0, 2500.0, "measured", 25.0),
@@ -235,6 +236,13 @@ def test_metrics_label_a_running_jobs_energy_with_job_user_and_method_and_count_
         "method": "measured",
     }
     assert series[TPU].labels["method"] == "self-reported"
+    # Its TPU leased and held by it: the series stays; its lease being released (no longer held, its
+    # Epilog not yet done): no series carries the job on that device, as no state series does.
+    lease = {TPU: Holder(40, 1001)}
+    _, held = exposition(energy_families("n1", snapshot(1300.0, [], running, leased=lease, held=lease)))
+    assert {s.labels["identity"] for s in held["slurm_tpu_job_energy_joules"].samples} == {GPU0, TPU}
+    _, releasing = exposition(energy_families("n1", snapshot(1300.0, [], running, leased=lease)))
+    assert {s.labels["identity"] for s in releasing["slurm_tpu_job_energy_joules"].samples} == {GPU0}
     # The ended jobs' figures are each device's lifetime counter, per method (unavailable: no sample).
     lifetime = {
         (s.labels["identity"], s.labels["method"]): s.value for s in found["slurm_tpu_device_energy_joules"].samples
