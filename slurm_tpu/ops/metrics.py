@@ -16,7 +16,8 @@ Energy (issue 33), the same way: while a job holds a device, its energy on it so
 computed as its Epilog will, with now as the end: :func:`~slurm_tpu.ops.node_state.running_energy`)
 is the counter ``slurm_tpu_job_energy_joules_total`` with ``hpc_job``/``hpc_user`` and ``method``
 (never a figure without how it was obtained; one that cannot be computed has no sample); the series
-ends with the job (on a leased device, with its lease: from its release on, as the state series). Ended jobs' figures (the Epilog's ``energy`` audit events) are only in the lifetime
+ends with the job (on a leased device, with its lease: from its release on, as the state series).
+Ended jobs' figures (the Epilog's ``energy`` audit events) are only in the lifetime
 ``slurm_tpu_device_energy_joules_total`` (node, identity, method), and in ``slurm-tpu report``.
 
 Label values are identities, kinds and models from detection, numbers, and user
