@@ -112,6 +112,8 @@ def running_energy(config: Config, usage: list, broker=None) -> list[DeviceFigur
         return []
     try:
         found = figures.figures_so_far(fd, config.energy.nvml_library, busy_of, config.sysfs_root)
+    except OSError:  # the energy directory itself unreadable (its files' problems are passed over): no figures
+        return []
     finally:
         os.close(fd)
     now = time.time()
