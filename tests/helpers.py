@@ -209,3 +209,20 @@ def walk_files(root) -> dict[str, tuple[os.stat_result, str | None]]:
                     digest = hashlib.sha256(handle.read()).hexdigest()
             listing[path] = (info, digest)
     return listing
+
+
+def exposition(families) -> tuple[str, dict]:
+    """Metric families (prometheus_client's) as a scrape gets them: the exposition text, and its
+    families by name as prometheus_client's own parser reads that text back."""
+    from prometheus_client.core import CollectorRegistry
+    from prometheus_client.exposition import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+
+    class Fixed:
+        def collect(self):
+            return families
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(Fixed())
+    text = generate_latest(registry).decode()
+    return text, {f.name: f for f in text_string_to_metric_families(text)}

@@ -189,7 +189,7 @@ def energy_lines(rows: Sequence[JobRow], width: int = 100) -> list[str]:
         energy = totals.energy
         if energy.joules is not None:
             total += energy.joules
-            groups.setdefault(energy.method, []).append(f"{job} {energy.joules:.1f} J")
+            groups.setdefault(energy.method, []).append(f"{job} {_joules(energy.joules)}")
         else:  # unavailable (with the method saying so), or no figure at all (a job before energy)
             groups.setdefault(energy.method or "no figure", []).append(job)
     lines = [
@@ -201,6 +201,12 @@ def energy_lines(rows: Sequence[JobRow], width: int = 100) -> list[str]:
             ", ".join(shown), width, initial_indent=f"    {method}: ", subsequent_indent=" " * 6, break_on_hyphens=False
         )
     return lines
+
+
+def _joules(value: float) -> str:
+    """A job's figure: to 0.1 J, and below 1 J to two significant digits (a shard job's second on a
+    quarter of an idle Edge TPU is a few hundredths of a joule, not nothing)."""
+    return f"{value:.1f} J" if value >= 1 else f"{value:.2g} J"
 
 
 def _wrapped(text: str, indent: str, width: int = 100) -> list[str]:

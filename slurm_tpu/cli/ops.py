@@ -136,7 +136,7 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
     from ..ops.edgetpu_runtime import installed_version
     from ..ops.health_check import configured_inventory
     from ..ops.metrics import NodeCollector, NodeSnapshot, broker_view
-    from ..ops.node_state import audit_history, default_audit_log, lease_holders, running_usage
+    from ..ops.node_state import audit_history, default_audit_log, lease_holders, running_energy, running_usage
 
     config = obj.config
     shares_here = bool(config.family("edgetpu").shared)  # the node's broker serves shards
@@ -144,6 +144,7 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
     def snapshot() -> NodeSnapshot:
         leased, held = lease_holders(config)
         records, energy = audit_history([default_audit_log(config)])
+        usage, broker = running_usage(config, held), broker_view(config.state_dir, shares_here)
         return NodeSnapshot(
             node,
             configured_inventory(config),
@@ -153,9 +154,10 @@ def _metrics_collector(obj: Obj, node: str, libedgetpu: str | None):
             records,
             time.time(),
             installed_version(libedgetpu),
-            running_usage(config, held),
-            broker_view(config.state_dir, shares_here),
+            usage,
+            broker,
             energy,
+            running_energy(config, usage, broker),
         )
 
     return NodeCollector(snapshot)
@@ -187,9 +189,10 @@ def metrics(obj: Obj, node: str | None, textfile: str | None, listen: str | None
     A device's state series carry the job holding it (labels hpc_job and hpc_user, as
     dcgm-exporter's HPC job mapping does), and each running job has its own inference
     counters. Lifetime inference counts and times come from the runner, through the
-    epilog's usage records in the audit log. Each ended job's energy on each device
-    (labels hpc_job, hpc_user and method: measured, integrated, estimated, self-reported)
-    comes from the epilog's energy events there, for a day after the job's end.
+    epilog's usage records in the audit log. A running job's energy so far on each device
+    it holds (labels hpc_job, hpc_user and method: measured, integrated, estimated,
+    self-reported) is computed as its epilog will; ended jobs' energy is in each device's
+    lifetime counter (by method) and in slurm-tpu report.
     """
     from .. import promtext
 

@@ -41,7 +41,7 @@ from ..protocol.energy import (
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 # No accelerator draws more: a counter delta beyond this many watts over the job is a corrupt or
@@ -51,7 +51,8 @@ NO_AGENT = "no node agent polls power here"
 
 
 def boot_id() -> str:
-    """This boot's id ('' when the kernel does not say): a reboot between start and end ends the figure."""
+    """This boot's id ('' when the kernel does not say): a reboot between start and end ends the figure,
+    and the sampler does not sample a start file of another boot (its CLOCK_BOOTTIME times mean nothing now)."""
     try:
         with open(BOOT_ID, encoding="ascii") as handle:
             return handle.read(64).strip()
@@ -98,10 +99,13 @@ class _NvmlOnDemand:
                 pass
 
 
-def start_readings(job_id: int, devices: list[StartDevice], library: str, nvml=None) -> tuple[StartFile, list[str]]:
+def start_readings(
+    job_id: int, devices: list[StartDevice], library: str, nvml=None, uid: int = -1
+) -> tuple[StartFile, list[str]]:
     """The job's start file from ``devices`` (identity, kind, source, shares; ``start`` unset), each
     counter read now, and the problems met (one line each, for the audit log). ``nvml``: an open NVML
     to use (the node agent's); else one is opened from ``library`` when a device needs it, and closed.
+    ``uid``: the job's user (the metrics label a running job's figures with it; -1: unknown).
 
     A GPU whose counter NVML does not support (pre-Volta) becomes ``nvml-power`` (the agent's sampler
     polls its power); a reading that fails becomes ``none:<why>``, so the Epilog says why."""
@@ -118,7 +122,7 @@ def start_readings(job_id: int, devices: list[StartDevice], library: str, nvml=N
             found.append(StartDevice(device.identity, device.kind, source, start, device.shares))
     finally:
         handle.close(mine=nvml is None)
-    return StartFile(job_id, boot_id(), clock_ns(), found), problems
+    return StartFile(job_id, boot_id(), clock_ns(), found, uid), problems
 
 
 def _counter_start(handle: _NvmlOnDemand, device: StartDevice) -> tuple[str, float | None, str]:
@@ -176,17 +180,49 @@ def device_figures(
     ``poll``: the sampler's integrals (None: no poll file); ``busy``: :func:`busy_times`; ``nvml``:
     an open NVML to use, else one is opened when a device needs it; ``end_ns``/``boot``: now's (tests);
     ``sysfs_root``: where a hwmon power file must resolve (config ``sysfs_root``)."""
+    handle = _NvmlOnDemand(library, nvml)
+    try:
+        return _device_figures(start, handle, poll, busy, end_ns, boot, sysfs_root)
+    finally:
+        handle.close(mine=nvml is None)
+
+
+def _device_figures(
+    start: StartFile,
+    handle: _NvmlOnDemand,
+    poll: Mapping[str, PollState] | None,
+    busy: Mapping[str, tuple[float, str, str]] | None,
+    end_ns: int | None,
+    boot: str | None,
+    sysfs_root: str,
+) -> list[DeviceEnergy]:
     end_ns = clock_ns() if end_ns is None else end_ns
     boot = boot_id() if boot is None else boot
     if boot != start.boot or end_ns < start.start_ns:
         note = "the node rebooted during the job: its start readings are from another boot"
         return [DeviceEnergy(d.identity, d.kind, None, UNAVAILABLE, 0.0, note) for d in start.devices]
     seconds = (end_ns - start.start_ns) / 1e9
-    handle = _NvmlOnDemand(library, nvml)
+    return [_figure(d, seconds, end_ns, handle, poll, busy or {}, sysfs_root) for d in start.devices]
+
+
+def figures_so_far(
+    state_fd: int,
+    library: str,
+    busy_of: Callable[[StartFile], Mapping[str, tuple[float, str, str]]],
+    sysfs_root: str = SYSFS_ROOT,
+) -> list[tuple[StartFile, list[DeviceEnergy]]]:
+    """Each running job's figures so far on this node: every start file in the state directory
+    ``state_fd``, computed as the Epilog would with now as the job's end (``busy_of``: the
+    :func:`busy_times` of a start file), without removing or changing any file. One NVML is opened,
+    at the first GPU that needs it, for all the jobs; a file that cannot be read is passed over."""
+    handle = _NvmlOnDemand(library)
+    found: list[tuple[StartFile, list[DeviceEnergy]]] = []
     try:
-        return [_figure(d, seconds, end_ns, handle, poll, busy or {}, sysfs_root) for d in start.devices]
+        for start, poll in _running_starts(state_fd):
+            found.append((start, _device_figures(start, handle, poll, busy_of(start), None, None, sysfs_root)))
     finally:
-        handle.close(mine=nvml is None)
+        handle.close(mine=True)
+    return found
 
 
 def _figure(
@@ -302,37 +338,66 @@ def write_start(state_fd: int, start: StartFile) -> None:
         os.close(fd)
 
 
-def has_start(state_dir: str, job_id: int) -> bool:
-    """Whether a start file of the job may be there (one lstat: the Epilog of a job with no lease)."""
-    return os.path.lexists(os.path.join(state_dir, DIR, str(job_id)))
+def _open_energy_dir(state_fd: int) -> tuple[int | None, str]:
+    """The energy directory's fd, or None and why not ('' : no job ever had a start file here)."""
+    from ..access import statedir
+
+    try:
+        os.lstat(DIR, dir_fd=state_fd)
+        return _energy_dir(state_fd, create=False), ""
+    except FileNotFoundError:
+        return None, ""
+    except (OSError, statedir.StateDirError) as exc:
+        return None, str(exc)
+
+
+def _read_job(fd: int, name: str) -> tuple[StartFile | None, dict[str, PollState] | None, str]:
+    """Job ``name``'s start and poll files in the energy directory ``fd`` (None: not there, or not read),
+    and why a file could not be read ('' : both fine)."""
+    from ..access import statedir
+    from ..protocol import FormatError
+
+    start = poll = None
+    try:
+        raw = statedir.read_file(fd, name, MAX_BYTES, owner=0)
+        start = None if raw is None else decode(raw, f"{DIR}/{name}")
+        raw = statedir.read_file(fd, name + POLL_SUFFIX, MAX_BYTES, owner=0)
+        poll = None if raw is None else decode_poll(raw, f"{DIR}/{name}{POLL_SUFFIX}")
+    except (statedir.StateDirError, FormatError) as exc:
+        return start, None, str(exc)
+    return start, poll, ""
 
 
 def take_start(state_fd: int, job_id: int) -> tuple[StartFile | None, dict[str, PollState] | None, str]:
     """The job's start file and poll file (None: none there), and why a file could not be read ('' : both
     fine); both files are removed, whatever they held (root's own files, read once)."""
     from ..access import statedir
-    from ..protocol import FormatError
 
-    try:
-        os.lstat(DIR, dir_fd=state_fd)
-        fd = _energy_dir(state_fd, create=False)
-    except FileNotFoundError:
-        return None, None, ""  # no job ever had a start file here
-    except (OSError, statedir.StateDirError) as exc:
-        return None, None, str(exc)
-    start = poll = None
-    why = ""
+    fd, why = _open_energy_dir(state_fd)
+    if fd is None:
+        return None, None, why
     try:
         name = str(job_id)
-        try:
-            raw = statedir.read_file(fd, name, MAX_BYTES, owner=0)
-            start = None if raw is None else decode(raw, f"{DIR}/{name}")
-            raw = statedir.read_file(fd, name + POLL_SUFFIX, MAX_BYTES, owner=0)
-            poll = None if raw is None else decode_poll(raw, f"{DIR}/{name}{POLL_SUFFIX}")
-        except (statedir.StateDirError, FormatError) as exc:
-            why = str(exc)
+        start, poll, why = _read_job(fd, name)
         for leftover in (name, name + POLL_SUFFIX):
             statedir.remove(fd, leftover)
     finally:
         os.close(fd)
     return start, poll, why
+
+
+def _running_starts(state_fd: int) -> list[tuple[StartFile, dict[str, PollState] | None]]:
+    """(start file, poll file or None) of every job with a start file here now, in job order; nothing is
+    changed, and a file that cannot be read is passed over (the Epilog says why at the job's end)."""
+    fd, _ = _open_energy_dir(state_fd)
+    if fd is None:
+        return []
+    found = []
+    try:
+        for name in sorted((n for n in os.listdir(fd) if n.isdigit()), key=int):
+            start, poll, _ = _read_job(fd, name)
+            if start is not None:  # a poll file not read is None: its devices' figures are unavailable
+                found.append((start, poll))
+    finally:
+        os.close(fd)
+    return found

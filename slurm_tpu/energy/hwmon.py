@@ -13,9 +13,7 @@ import os
 import stat
 
 from ..defaults import SYSFS_ROOT
-
-# No GPU draws more (100 kW): a larger reading is a broken sensor, not a figure.
-MAX_WATTS = 1.0e5
+from ..protocol.energy import MAX_WATTS
 
 
 def _is_power_file(name: str) -> bool:

@@ -11,6 +11,7 @@ by the constructor, so a hook that never reads a GPU never pays for it.
 
 from __future__ import annotations
 
+from ..defaults import NVML_LIBRARY
 from ..errors import SlurmTpuError
 
 TYPE_CHECKING = False
@@ -25,7 +26,6 @@ NVML_ERROR_NOT_SUPPORTED = 3
 NVML_ERROR_NOT_FOUND = 6
 NVML_ERROR_DRIVER_NOT_LOADED = 9
 NVML_ERROR_GPU_IS_LOST = 15
-DEFAULT_LIBRARY = "libnvidia-ml.so.1"
 # The most a reading is shown with in a message: a bus id comes from the node's configuration.
 _SHOWN = 80
 
@@ -49,7 +49,7 @@ class Nvml:
     """One loaded and initialised NVML. Not shared between threads: each user opens its own (NVML's
     own initialisation is reference-counted). :meth:`close` (or ``with``) shuts it down."""
 
-    def __init__(self, library: str = DEFAULT_LIBRARY):
+    def __init__(self, library: str = NVML_LIBRARY):
         """Load ``library`` (a path or a soname, found as the dynamic loader finds it) and call
         ``nvmlInit_v2``; :class:`NvmlError` naming the library when either fails."""
         import ctypes

@@ -30,12 +30,13 @@ import os
 import sys
 import time
 
-from ..defaults import SYSFS_ROOT
+from ..defaults import NVML_LIBRARY, SYSFS_ROOT
 from ..protocol.energy import (
     DIR,
     HWMON_POWER,
     MAX_BYTES,
     MAX_JOULES,
+    MAX_WATTS,
     NVML_POWER,
     POLL_SUFFIX,
     PollState,
@@ -43,7 +44,7 @@ from ..protocol.energy import (
     decode_poll,
     encode_poll,
 )
-from .nvml import DEFAULT_LIBRARY
+from .figures import boot_id, clock_ns
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -52,25 +53,7 @@ if TYPE_CHECKING:
     from ..protocol.energy import StartDevice
     from .nvml import Nvml
 
-BOOT_ID = "/proc/sys/kernel/random/boot_id"
 POLLED = (NVML_POWER, HWMON_POWER)
-# A reading past this (W) is a broken sensor, not a sample (protocol/energy.py decode_poll's bound).
-MAX_WATTS = 1.0e5
-
-
-def boot_id() -> str:
-    """This boot's id ('' when the kernel does not say): a start file of another boot is not sampled
-    (its CLOCK_BOOTTIME times mean nothing now)."""
-    try:
-        with open(BOOT_ID, encoding="ascii") as handle:
-            return handle.read(64).strip()
-    except OSError:
-        return ""
-
-
-def boottime_ns() -> int:
-    """Now on CLOCK_BOOTTIME (the start file's clock: it keeps counting through a suspend)."""
-    return time.clock_gettime_ns(time.CLOCK_BOOTTIME)
 
 
 def _stderr(message: str) -> None:
@@ -89,10 +72,10 @@ class Sampler:
         self,
         state_dir: str,
         poll_seconds: float,
-        nvml_library: str = DEFAULT_LIBRARY,
+        nvml_library: str = NVML_LIBRARY,
         sysfs_root: str = SYSFS_ROOT,
         log: Callable[[str], None] = _stderr,
-        clock: Callable[[], int] = boottime_ns,
+        clock: Callable[[], int] = clock_ns,
         boot: str | None = None,
     ):
         if not poll_seconds > 0:  # NaN too: a period that never waits would spin

@@ -127,7 +127,8 @@ def _energy_start(hook: HookRun, ledger, devices: list, shares: int) -> None:
     try:
         from ..energy import figures
 
-        start, problems = figures.start_readings(job.job_id, held, settings.nvml_library)
+        uid = -1 if job.uid is None else job.uid
+        start, problems = figures.start_readings(job.job_id, held, settings.nvml_library, uid=uid)
         figures.write_start(ledger.dir_fd, start)
     except Exception as exc:  # noqa: BLE001 - energy never fails a job (a full state filesystem, a bad library)
         problems.append(f"cannot write the start file: {exc}")

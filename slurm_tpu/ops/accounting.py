@@ -37,13 +37,12 @@ from ..errors import SlurmCommandError
 from ..hooks.jobusage import open_spool
 from ..protocol import audit
 from ..protocol.audit import LeaseSpan
-from ..protocol.energy import MAX_JOULES, METHODS, UNAVAILABLE
+from ..protocol.energy import MAX_JOULES, METHODS, UNAVAILABLE, join_methods
 from ..protocol.job_record import (
     MAX_SPOOL_BYTES,
-    PREFIX,
-    SEPARATOR,
     SHARES,
     SpoolEntry,
+    admin_energy,
     decode_spool,
     encode_spool,
     has_item,
@@ -54,19 +53,6 @@ from ..protocol.job_record import (
 # ---- energy: every figure with its method ------------------------------------------------
 
 JOULES_PER_KWH = 3.6e6
-ENERGY_METHOD = "energy_method"  # the AdminComment item's key beside energy_j (the node's methods)
-
-
-def join_methods(methods: Iterable[str]) -> str:
-    """The methods named in ``methods`` (each may itself be ``+``-joined, as a node's is), once each and in
-    protocol/energy.py's METHODS order, joined by ``+``: how protocol/energy.py node_method names a node's."""
-    present = {part for text in methods for part in text.split("+")}
-    return "+".join(method for method in METHODS if method in present)
-
-
-def known_methods(text: str) -> bool:
-    """Whether ``text`` is one or more known methods joined by ``+``."""
-    return bool(text) and all(part in METHODS for part in text.split("+"))
 
 
 def plausible_joules(value: object) -> bool:
@@ -158,31 +144,6 @@ def energy_figures(events: Iterable[dict]) -> list[DeviceFigure]:
         )
         found[(identity, job_id)] = figure
     return sorted(found.values(), key=lambda f: (f.end, f.identity))
-
-
-def admin_energy(admin_comment: str) -> dict[str, tuple[float | None, str]]:
-    """node -> (joules or None, methods) of each of our ``AdminComment`` items that says its energy's
-    method (``energy_j=..,energy_method=..``); an item without a known method (an older job-written
-    ``energy_j``) or with implausible joules shows no energy."""
-    found: dict[str, tuple[float | None, str]] = {}
-    for item in admin_comment.split(SEPARATOR):
-        if not item.startswith(PREFIX):
-            continue
-        node, sep, rest = item[len(PREFIX) :].partition(":")
-        pairs = dict(pair.partition("=")[::2] for pair in rest.split(","))
-        method = pairs.get(ENERGY_METHOD, "")
-        if not sep or not node or not known_methods(method):
-            continue
-        joules: float | None = None
-        if pairs.get("energy_j"):
-            try:
-                joules = float(pairs["energy_j"])
-            except ValueError:
-                continue
-            if not plausible_joules(joules) or method == UNAVAILABLE:
-                continue
-        found[node] = (joules, method)
-    return found
 
 
 # ---- the audit log ------------------------------------------------------------------------
@@ -288,7 +249,7 @@ class JobRow:
     end: float | None
     tres: dict[str, int]
     usage: dict[str, dict[str, float]]  # node -> figures, from the AdminComment
-    energy: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # node -> admin_energy's
+    energy: dict[str, tuple[float | None, str]] = field(default_factory=dict)  # node -> job_record.admin_energy's
 
 
 def _time(value: str) -> float | None:

@@ -250,7 +250,12 @@ def check_energy(node: Node) -> list[Finding]:
             "stays empty; acct_gather_energy/rapl or ipmi would add the node's"
         )
     kinds = sorted({a.kind for a in node.inventory})
-    if kinds:
+    if not node.config.energy.enabled:
+        ours = (
+            "energy is off here (config energy.enabled: false): slurm-tpu reads no device and adds no "
+            "per-device energy figures (set energy.enabled: true, or leave it out, to have them)"
+        )
+    elif kinds:
         ours = (
             f"slurm-tpu adds each job's energy on each accelerator it held ({len(node.inventory)} here: "
             f"{', '.join(kinds)}), its own even on a shared node, with its method (measured, integrated, "

@@ -12,12 +12,13 @@ On a node that shares Edge TPUs (issue 32: TPU shards), the node's broker answer
 seconds, and ``slurm_tpu_broker_up``. A broker that does not answer leaves those series out and
 says why in that family's HELP line: a scrape never fails for it.
 
-Energy (issue 33): each job's figure on each device it held, from the Epilog's ``energy`` audit
-events, as the counter ``slurm_tpu_job_device_energy_joules_total`` with ``hpc_job``/``hpc_user``
-and ``method`` (never a figure without how it was obtained); an unavailable figure has no sample.
-A job's series appears at its end with its whole figure and stays for :data:`ENDED_JOB_SERIES_S`
-(``sum`` over series, not ``increase``, gives a period's energy); the lifetime
-``slurm_tpu_device_energy_joules_total`` (node, identity, method) is the one to ``increase``.
+Energy (issue 33), the same way: while a job holds a device, its energy on it so far (its start file
+computed as its Epilog will, with now as the end: :func:`~slurm_tpu.ops.node_state.running_energy`)
+is the counter ``slurm_tpu_job_energy_joules_total`` with ``hpc_job``/``hpc_user`` and ``method``
+(never a figure without how it was obtained; one that cannot be computed has no sample); the series
+ends with the job (on a leased device, with its lease: from its release on, as the state series).
+Ended jobs' figures (the Epilog's ``energy`` audit events) are only in the lifetime
+``slurm_tpu_device_energy_joules_total`` (node, identity, method), and in ``slurm-tpu report``.
 
 Label values are identities, kinds and models from detection, numbers, and user
 names from the password database: nothing a job chooses (its name, comment or
@@ -41,9 +42,6 @@ from .health_policy import find_problems
 
 JOB_LABEL, USER_LABEL = "hpc_job", "hpc_user"  # dcgm-exporter's hpc_job, and its like for the user
 METHOD_LABEL = "method"  # protocol/energy.py METHODS
-# An ended job's energy series stays in the scrapes this long: long enough for every scraper to see
-# its final value, short enough that a node's history does not grow every scrape (report keeps it).
-ENDED_JOB_SERIES_S = 86400.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +100,7 @@ class NodeSnapshot:
     usage: Iterable[JobUsage]
     broker: BrokerView | None = None  # None: the node shares no TPU (no broker series at all)
     energy: Iterable[DeviceFigure] = ()  # the ended jobs' per-device figures (the audit log's energy events)
+    running_energy: Iterable[DeviceFigure] = ()  # the running jobs' figures so far (node_state.running_energy)
 
 
 def families(snap: NodeSnapshot) -> list[Metric]:
@@ -164,25 +163,27 @@ def families(snap: NodeSnapshot) -> list[Metric]:
 
 
 def energy_families(node: str, snap: NodeSnapshot) -> list[Metric]:
-    """Each ended job's energy per device (labelled with the job, its user and the method), for
-    :data:`ENDED_JOB_SERIES_S` after its end, and each device's lifetime energy per method."""
+    """Each running job's energy so far per device it holds (labelled with the job, its user and the
+    method), and each device's lifetime energy per method from the jobs that ended."""
     per_job = counter(
-        "slurm_tpu_job_device_energy_joules",
-        "energy a job used on one accelerator, per job per device, from its end on (its Epilog's figure); "
+        "slurm_tpu_job_energy_joules",
+        "energy the job holding the accelerator has used on it so far (computed as its Epilog will); "
         "method: measured (the device's energy counter), integrated (its polled power), estimated "
         "(datasheet or calibrated idle/active watts x allocated and busy time), self-reported (the same "
-        "with the job's own busy time, bounded by its allocation); unavailable figures have no sample",
+        "with the job's own busy time, bounded by its allocation); a figure that cannot be had has no sample",
     )
+    for figure in snap.running_energy:
+        holder = Holder(figure.job_id, figure.uid)
+        if figure.joules is None or (figure.identity in snap.leased and snap.holders.get(figure.identity) != holder):
+            continue  # a leased device the job no longer holds (its Epilog is releasing it): no job label on it
+        labels = {"node": node, "identity": figure.identity, **holder.labels()}
+        add(per_job, {**labels, METHOD_LABEL: figure.method}, figure.joules)
     lifetime = counter("slurm_tpu_device_energy_joules", "energy of every job that ended on the accelerator, by method")
     totals: dict[tuple[str, str], float] = {}
     for figure in snap.energy:
-        if figure.joules is None:
-            continue
-        key = (figure.identity, figure.method)
-        totals[key] = totals.get(key, 0.0) + figure.joules
-        if snap.now - figure.end <= ENDED_JOB_SERIES_S:
-            job = Holder(figure.job_id, figure.uid).labels()
-            add(per_job, {"node": node, "identity": figure.identity, **job, METHOD_LABEL: figure.method}, figure.joules)
+        if figure.joules is not None:
+            key = (figure.identity, figure.method)
+            totals[key] = totals.get(key, 0.0) + figure.joules
     for (identity, method), joules in sorted(totals.items()):
         add(lifetime, {"node": node, "identity": identity, METHOD_LABEL: method}, joules)
     return [family for family in (per_job, lifetime) if family.samples]

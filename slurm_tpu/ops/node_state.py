@@ -81,3 +81,46 @@ def running_usage(config: Config, holders: dict) -> list:
         for identity, record in peek(config.state_dir, holder.job_id, holder.uid, identities).items():
             found.append(JobUsage(identity, holder, record.inferences, record.seconds))
     return found
+
+
+def running_energy(config: Config, usage: list, broker=None) -> list[DeviceFigure]:
+    """Each running job's energy so far on each device it holds here: its start file computed as its
+    Epilog would, with now as the end (energy/figures.py figures_so_far: no file is removed or changed),
+    with the busy time its Epilog would use (``usage``: the running jobs' JobUsage, their own; ``broker``:
+    the BrokerView, root's, for shard jobs). Only figures that have joules, of jobs whose user the start
+    file names: a figure that cannot be computed is left out, never shown wrong. [] with energy off or
+    where this process cannot read the state directory (not root); NVML is opened only for a GPU that
+    needs it, and a library this process cannot open leaves that GPU's figure out."""
+    import time
+
+    if not config.energy.enabled:
+        return []
+    from ..energy import figures
+    from ..protocol.broker_wire import BUSY_MS
+
+    reported: dict[int, dict[str, float]] = {}
+    for record in usage:
+        reported.setdefault(record.holder.job_id, {})[record.identity] = record.seconds
+    broker_busy = {job.holder.job_id: job.figures.get(BUSY_MS) for job in (broker.jobs if broker else ())}
+
+    def busy_of(start):
+        return figures.busy_times(start, reported.get(start.job_id, {}), broker_busy.get(start.job_id))
+
+    try:
+        fd = statedir.open_dir(config.state_dir)
+    except (OSError, statedir.StateDirError):
+        return []
+    try:
+        found = figures.figures_so_far(fd, config.energy.nvml_library, busy_of, config.sysfs_root)
+    except OSError:  # the energy directory itself unreadable (its files' problems are passed over): no figures
+        return []
+    finally:
+        os.close(fd)
+    now = time.time()
+    return [
+        DeviceFigure(figure.identity, start.job_id, start.uid, now, figure.joules, figure.method, figure.seconds)
+        for start, computed in found
+        if start.uid >= 0
+        for figure in computed
+        if figure.joules is not None
+    ]

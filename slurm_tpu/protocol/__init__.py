@@ -63,6 +63,12 @@ def json_object(raw: str | bytes, source: str) -> dict:
     return data
 
 
+def decimal_text(value: float) -> str:
+    """A figure as a key=value format writes it: at most 6 decimals, no trailing zeros (``0.25``, ``3``)."""
+    text = f"{value:.6f}".rstrip("0").rstrip(".")
+    return text or "0"
+
+
 class Record:
     """A value class of a format, compared and shown by its ``__slots__`` (no dataclasses: the root
     hooks import these modules). Not hashable: most are changed in place (a lease's phase), and a

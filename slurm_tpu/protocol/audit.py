@@ -183,16 +183,13 @@ class LeaseSpan(Record):
     device was free again (None while it is not).
     """
 
-    __slots__ = ("identity", "job_id", "uid", "start", "end", "freed", "inferences", "inference_seconds", "energy_j")
+    __slots__ = ("identity", "job_id", "uid", "start", "end", "freed", "inferences", "inference_seconds")
 
     def __init__(self, identity: str, job_id: int, uid: int, start: float):
         self.identity, self.job_id, self.uid, self.start = identity, job_id, uid, start
         self.end: float | None = None
         self.freed: float | None = None
         self.inferences, self.inference_seconds = 0, 0.0
-        # Always None now: a job's own energy claims are no longer counted (root's ``energy`` events are the
-        # figures); kept while ``report`` (ops/accounting.py Totals) still reads it.
-        self.energy_j: float | None = None
 
     def seconds_within(self, since: float | None, until: float | None, now: float) -> float:
         """Lease time (start to end) overlapping [since, until); a lease still held counts up to ``now``."""

@@ -19,6 +19,7 @@ Prolog, read and removed by the Epilog; key=value lines, no JSON: the hooks' imp
 
     version=1
     job=<job id>
+    uid=<the job's user>      # absent in files from before it was written: the metrics then leave the job out
     boot=<boot id>            # /proc/sys/kernel/random/boot_id: a reboot between the two ends the figure
     start_ns=<CLOCK_BOOTTIME ns>
     dev=<identity>\t<kind>\t<source>\t<start value, or empty>\t<shares held>/<device's shares, or empty>
@@ -30,7 +31,11 @@ hwmon power file, the model's ``idle_w:active_w``, or why there is none).
 
 from __future__ import annotations
 
-from . import FormatError, Record
+from . import FormatError, Record, decimal_text as _number
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Iterable
 
 DIR = "energy"  # under the state directory
 FORMAT_VERSION = 1
@@ -50,6 +55,8 @@ SOURCES = (NVML_ENERGY, NVML_POWER, HWMON_POWER, MODEL, NO_SOURCE)
 METHOD_OF_SOURCE = {NVML_ENERGY: MEASURED, NVML_POWER: INTEGRATED, HWMON_POWER: INTEGRATED, MODEL: ESTIMATED}
 # No device draws more; a figure beyond it (a forged or corrupt reading) is refused whole.
 MAX_JOULES = 10.0**12
+# No device draws more power (100 kW): a larger reading is a broken sensor, not a sample.
+MAX_WATTS = 1.0e5
 
 
 class DeviceEnergy(Record):
@@ -83,12 +90,12 @@ class StartDevice(Record):
 
 
 class StartFile(Record):
-    """A job's start readings on this node."""
+    """A job's start readings on this node (``uid``: the job's user, -1 when unknown)."""
 
-    __slots__ = ("job_id", "boot", "start_ns", "devices")
+    __slots__ = ("job_id", "boot", "start_ns", "devices", "uid")
 
-    def __init__(self, job_id: int, boot: str, start_ns: int, devices: list[StartDevice]):
-        self.job_id, self.boot, self.start_ns, self.devices = job_id, boot, start_ns, devices
+    def __init__(self, job_id: int, boot: str, start_ns: int, devices: list[StartDevice], uid: int = -1):
+        self.job_id, self.boot, self.start_ns, self.devices, self.uid = job_id, boot, start_ns, devices, uid
 
 
 def _field(value: str, source: str) -> str:
@@ -97,14 +104,12 @@ def _field(value: str, source: str) -> str:
     return value
 
 
-def _number(value: float) -> str:
-    text = f"{value:.6f}".rstrip("0").rstrip(".")
-    return text or "0"
-
-
 def encode(start: StartFile) -> bytes:
     """The start file's bytes."""
-    lines = [f"version={FORMAT_VERSION}", f"job={start.job_id}", f"boot={_field(start.boot, 'boot')}"]
+    lines = [f"version={FORMAT_VERSION}", f"job={start.job_id}"]
+    if start.uid >= 0:
+        lines.append(f"uid={start.uid}")
+    lines.append(f"boot={_field(start.boot, 'boot')}")
     lines.append(f"start_ns={start.start_ns}")
     for device in start.devices:
         value = "" if device.start is None else _number(device.start)
@@ -143,18 +148,26 @@ def decode(raw: bytes, source: str) -> StartFile:
             devices.append(StartDevice(identity, kind, where, reading, held))
         if fields.get("version") != str(FORMAT_VERSION):
             raise ValueError(f"not format version {FORMAT_VERSION}")
-        start_file = StartFile(int(fields["job"]), fields["boot"], int(fields["start_ns"]), devices)
+        start_file = StartFile(
+            int(fields["job"]), fields["boot"], int(fields["start_ns"]), devices, int(fields.get("uid", "-1"))
+        )
     except (KeyError, ValueError, UnicodeDecodeError) as exc:
         raise FormatError(f"{source} is not a slurm-tpu energy start file ({exc})", source) from None
-    if start_file.job_id <= 0 or start_file.start_ns < 0:
+    if start_file.job_id <= 0 or start_file.start_ns < 0 or start_file.uid < -1:
         raise FormatError(f"{source} names job {start_file.job_id} at {start_file.start_ns}", source)
     return start_file
 
 
-def node_method(figures: list[DeviceEnergy]) -> str:
-    """The methods of a node's figures, in :data:`METHODS` order, joined by ``+`` (``measured+estimated``)."""
-    present = {figure.method for figure in figures}
+def join_methods(methods: Iterable[str]) -> str:
+    """The methods named in ``methods`` (each may itself be ``+``-joined, as a node's is), once each and
+    in :data:`METHODS` order, joined by ``+`` (``measured+estimated``)."""
+    present = {part for text in methods for part in text.split("+")}
     return "+".join(method for method in METHODS if method in present)
+
+
+def node_method(figures: list[DeviceEnergy]) -> str:
+    """The methods of a node's figures (:func:`join_methods`): the ``energy_method`` of its job record."""
+    return join_methods(figure.method for figure in figures)
 
 
 # The node agent's power sampler keeps, beside each start file with a polled source, the running
@@ -197,7 +210,7 @@ def decode_poll(raw: bytes, source: str) -> dict[str, PollState]:
         for line in raw.decode("utf-8").splitlines():
             identity, joules, samples, last_ns, watts = line.split("\t")
             state = PollState(identity, float(joules), int(samples), int(last_ns), float(watts))
-            if not (0 <= state.joules <= MAX_JOULES and 0 <= state.last_watts <= 10.0**5) or state.samples < 0:
+            if not (0 <= state.joules <= MAX_JOULES and 0 <= state.last_watts <= MAX_WATTS) or state.samples < 0:
                 raise ValueError(f"{identity}: figures out of range")
             found[identity] = state
     except (ValueError, UnicodeDecodeError) as exc:

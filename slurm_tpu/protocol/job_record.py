@@ -29,7 +29,7 @@ other text there (an admin's note) is kept; items without the shard figures are 
 
 from __future__ import annotations
 
-from . import Record
+from . import Record, decimal_text as _number
 from .broker_wire import FIGURES as BROKER_FIGURES
 
 TYPE_CHECKING = False
@@ -47,7 +47,8 @@ SHARES = "shards"
 ENERGY_METHOD = "energy_method"  # how the node's energy figures were obtained (protocol/energy.py node_method)
 # The broker's figures of a job, as keys of the spool entry and the AdminComment item.
 SHARD_KEYS = tuple(f"shard_{name}" for name in BROKER_FIGURES)
-FIGURES = ("devices", "inferences", "inference_seconds", "energy_j", SHARES, *SHARD_KEYS)
+# The usage figures of an item (the energy, a figure with its method, is :func:`admin_energy`'s).
+FIGURES = ("devices", "inferences", "inference_seconds", SHARES, *SHARD_KEYS)
 _MILLISECONDS = ("shard_busy_ms", "shard_queue_wait_ms")  # fractional; the other shard figures are counts
 
 
@@ -112,11 +113,6 @@ def totals(job_id: int, node: str, devices: int, records: Iterable, energy: list
     entry = SpoolEntry(job_id, node, devices, inferences, seconds, sum(joules) if joules else None)
     entry.energy_method = node_method(energy) if energy else ""
     return entry
-
-
-def _number(value: float) -> str:
-    text = f"{value:.6f}".rstrip("0").rstrip(".")
-    return text or "0"
 
 
 def encode_spool(entry: SpoolEntry) -> bytes:
@@ -238,25 +234,31 @@ def _items(admin_comment: str) -> Iterable[tuple[str, str]]:
                 yield node, rest
 
 
-def energy_methods(admin_comment: str) -> dict[str, str]:
-    """node -> how its ``energy_j`` was obtained (``measured+estimated``), for our items that say it
-    (an item from before per-device energy says nothing: its energy_j, if any, has no method)."""
-    found: dict[str, str] = {}
+def admin_energy(admin_comment: str) -> dict[str, tuple[float | None, str]]:
+    """node -> (joules or None, methods) of each of our items that says how its energy was obtained
+    (``energy_j=..,energy_method=..``: root's figures, protocol/energy.py node_method). An item without a
+    known method (before per-device energy, ``energy_j`` was the job's own claim), with joules beside
+    ``unavailable`` alone, or with joules no device could give (protocol/energy.py MAX_JOULES) shows none."""
+    from .energy import MAX_JOULES, UNAVAILABLE
+
+    found: dict[str, tuple[float | None, str]] = {}
     for node, rest in _items(admin_comment):
-        for pair in rest.split(","):
-            key, _, value = pair.partition("=")
-            if key == ENERGY_METHOD:
-                try:
-                    found[node] = _method(value)
-                except ValueError:
-                    pass
+        pairs = dict(pair.partition("=")[::2] for pair in rest.split(","))
+        try:
+            method = _method(pairs.get(ENERGY_METHOD, ""))
+            joules = float(pairs["energy_j"]) if pairs.get("energy_j") else None
+        except ValueError:
+            continue
+        if joules is not None and (method == UNAVAILABLE or not 0 <= joules <= MAX_JOULES):  # NaN fails too
+            continue
+        found[node] = (joules, method)
     return found
 
 
 def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:
-    """Our items of an ``AdminComment``: node -> figures (devices, inferences, inference_seconds[, energy_j]
-    [, shards and the shard_* figures]); anything else (an admin's text, a malformed item) is skipped.
-    The energy method, text not a figure: :func:`energy_methods`."""
+    """Our items of an ``AdminComment``: node -> figures (devices, inferences, inference_seconds[, shards
+    and the shard_* figures]); anything else (an admin's text, a malformed item) is skipped. The node's
+    energy, a figure only with its method: :func:`admin_energy`."""
     found: dict[str, dict[str, float]] = {}
     for node, rest in _items(admin_comment):
         figures: dict[str, float] = {}
@@ -264,7 +266,7 @@ def parse_admin_comment(admin_comment: str) -> dict[str, dict[str, float]]:
             for pair in rest.split(","):
                 key, _, value = pair.partition("=")
                 if key in FIGURES:
-                    counted = key not in ("inference_seconds", "energy_j", *_MILLISECONDS)
+                    counted = key not in ("inference_seconds", *_MILLISECONDS)
                     figures[key] = int(value) if counted else float(value)
         except ValueError:
             continue

@@ -110,9 +110,9 @@ def test_doctor_fails_in_one_line_when_a_gres_is_not_tracked(tmp_path):
 def test_spool_entry_round_trip_and_admin_comment_merge():
     from slurm_tpu.protocol.energy import DeviceEnergy
     from slurm_tpu.protocol.job_record import (
+        admin_energy,
         decode_spool,
         encode_spool,
-        energy_methods,
         merge,
         parse_admin_comment,
         render_item,
@@ -143,12 +143,13 @@ def test_spool_entry_round_trip_and_admin_comment_merge():
     again = totals(42, "n1", 1, [])
     assert merge(text, again).endswith(";slurm-tpu/n1:devices=1,inferences=0,inference_seconds=0")
     assert parse_admin_comment(text) == {
-        "n1": {"devices": 2, "inferences": 12, "inference_seconds": 0.75, "energy_j": 3.0},
+        "n1": {"devices": 2, "inferences": 12, "inference_seconds": 0.75},
         "n2": {"devices": 1, "inferences": 5, "inference_seconds": 1.0},
     }
     assert parse_admin_comment("slurm-tpu/n1:inferences=x;slurm-tpu/:a=1;junk") == {}
-    assert energy_methods(text) == {"n1": "estimated+self-reported+unavailable"}
-    assert energy_methods("slurm-tpu/n1:energy_j=3,energy_method=guessed") == {}
+    # The energy, only with its method (admin_energy): another method than ours' is no figure.
+    assert admin_energy(text) == {"n1": (3.0, "estimated+self-reported+unavailable")}
+    assert admin_energy("slurm-tpu/n1:energy_j=3,energy_method=guessed") == {}
 
 
 @pytest.mark.parametrize(

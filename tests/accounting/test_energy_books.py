@@ -13,20 +13,18 @@ import json
 import re
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
-from helpers import detect_json, run_cli
+from helpers import detect_json, exposition, run_cli
 from slurm_tpu.ops.accounting import (
     JOULES_PER_KWH,
-    admin_energy,
     energy_figures,
-    join_methods,
     parse_sacct,
     summarize_audit,
     summarize_sacct,
 )
 from slurm_tpu.protocol import audit
-from slurm_tpu.protocol.energy import DeviceEnergy, node_method
+from slurm_tpu.protocol.energy import DeviceEnergy, join_methods, node_method
+from slurm_tpu.protocol.job_record import admin_energy
 
 GPU0, GPU1, TPU, SHARED = "pci-0000:41:00.0", "pci-0000:42:00.0", "usb-2-1", "usb-2-2"
 
@@ -206,48 +204,46 @@ def test_report_command_prints_energy_with_its_method_and_per_device_why_a_figur
 # ---- metrics ---------------------------------------------------------------------------------
 
 
-def parse(families) -> dict:
-    from prometheus_client.core import CollectorRegistry
-    from prometheus_client.exposition import generate_latest
-
-    class Fixed:
-        def collect(self):
-            return families
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Fixed())
-    text = generate_latest(registry).decode()
-    return text, {f.name: f for f in text_string_to_metric_families(text)}
-
-
-def snapshot(now: float, energy):
+def snapshot(now: float, energy, running=(), leased=None, held=None):
     from slurm_tpu.hardware import Inventory
     from slurm_tpu.ops.metrics import NodeSnapshot
 
-    return NodeSnapshot("n1", Inventory([]), Inventory([]), {}, {}, [], now, None, [], None, energy)
+    leased, held = leased or {}, held or {}
+    return NodeSnapshot("n1", Inventory([]), Inventory([]), leased, held, [], now, None, [], None, energy, running)
 
 
-def test_metrics_count_each_ended_jobs_energy_per_device_with_job_user_and_method():
-    from slurm_tpu.ops.metrics import ENDED_JOB_SERIES_S, energy_families
+def test_metrics_label_a_running_jobs_energy_with_job_user_and_method_and_count_ended_ones_per_device():
+    from slurm_tpu.ops.accounting import DeviceFigure
+    from slurm_tpu.ops.metrics import Holder, energy_families
 
-    text, found = parse(energy_families("n1", snapshot(1300.0, figures())))
-    per_job = found["slurm_tpu_job_device_energy_joules"]
-    assert per_job.type == "counter" and "per job per device" in per_job.documentation
+    running = [  # job 40's figures so far (node_state.running_energy's: only those with joules)
+        DeviceFigure(GPU0, 40, 1001, 1300.0, 2500.0, "measured", 25.0),
+        DeviceFigure(TPU, 40, 1001, 1300.0, 13.0, "self-reported", 25.0),
+    ]
+    text, found = exposition(energy_families("n1", snapshot(1300.0, figures(), running)))
+    per_job = found["slurm_tpu_job_energy_joules"]
+    assert per_job.type == "counter" and "so far" in per_job.documentation
     for method in ("measured", "integrated", "estimated", "self-reported"):
         assert method in per_job.documentation
-    series = {(s.labels["identity"], s.labels["hpc_job"]): s for s in per_job.samples}
-    assert series[(GPU0, "10")].name == "slurm_tpu_job_device_energy_joules_total"
-    assert series[(GPU0, "10")].value == 18000.0
-    assert series[(GPU0, "10")].labels == {
+    series = {s.labels["identity"]: s for s in per_job.samples}
+    assert series.keys() == {GPU0, TPU}  # the running job's only: ended jobs 10-13 have no job series
+    assert series[GPU0].name == "slurm_tpu_job_energy_joules_total" and series[GPU0].value == 2500.0
+    assert series[GPU0].labels == {
         "node": "n1",
         "identity": GPU0,
-        "hpc_job": "10",
-        "hpc_user": series[(GPU0, "10")].labels["hpc_user"],  # uid 1001's name, or the uid itself
+        "hpc_job": "40",
+        "hpc_user": series[GPU0].labels["hpc_user"],  # uid 1001's name, or the uid itself
         "method": "measured",
     }
-    assert series[(SHARED, "12")].labels["method"] == "estimated"
-    assert series[(TPU, "13")].labels["method"] == "self-reported"
-    assert (GPU1, "10") not in series  # unavailable: no sample rather than a number without a method
+    assert series[TPU].labels["method"] == "self-reported"
+    # Its TPU leased and held by it: the series stays; its lease being released (no longer held, its
+    # Epilog not yet done): no series carries the job on that device, as no state series does.
+    lease = {TPU: Holder(40, 1001)}
+    _, held = exposition(energy_families("n1", snapshot(1300.0, [], running, leased=lease, held=lease)))
+    assert {s.labels["identity"] for s in held["slurm_tpu_job_energy_joules"].samples} == {GPU0, TPU}
+    _, releasing = exposition(energy_families("n1", snapshot(1300.0, [], running, leased=lease)))
+    assert {s.labels["identity"] for s in releasing["slurm_tpu_job_energy_joules"].samples} == {GPU0}
+    # The ended jobs' figures are each device's lifetime counter, per method (unavailable: no sample).
     lifetime = {
         (s.labels["identity"], s.labels["method"]): s.value for s in found["slurm_tpu_device_energy_joules"].samples
     }
@@ -257,12 +253,13 @@ def test_metrics_count_each_ended_jobs_energy_per_device_with_job_user_and_metho
         (TPU, "self-reported"): 90.0,
         (SHARED, "estimated"): 12.5,
     }
-    # A day after the jobs ended their own series are gone; the devices' lifetime counters stay.
-    _, later = parse(energy_families("n1", snapshot(1260.0 + ENDED_JOB_SERIES_S + 1, figures())))
-    assert "slurm_tpu_job_device_energy_joules" not in later
+    assert not [s for s in found["slurm_tpu_device_energy_joules"].samples if "hpc_job" in s.labels]
+    # Once job 40 has ended (no running figure), its series is gone and nothing else carries a job.
+    _, later = exposition(energy_families("n1", snapshot(1400.0, figures())))
+    assert "slurm_tpu_job_energy_joules" not in later
     assert sum(s.value for s in later["slurm_tpu_device_energy_joules"].samples) == 18147.5
     # A node whose jobs have no figures has no energy series at all.
-    assert parse(energy_families("n1", snapshot(1300.0, [])))[1] == {}
+    assert exposition(energy_families("n1", snapshot(1300.0, [])))[1] == {}
 
 
 # ---- doctor ----------------------------------------------------------------------------------
@@ -300,7 +297,9 @@ def test_node_energy_plugins_from_show_config_shapes(value, plugins):
 
 
 def test_doctor_says_whether_slurm_collects_node_energy_and_what_device_figures_add(tmp_path):
-    from slurm_tpu.config import Config
+    import dataclasses
+
+    from slurm_tpu.config import Config, parse_config
     from slurm_tpu.families import inventory_from_json
     from slurm_tpu.ops.doctor import Node, check_energy
     from slurm_tpu.ops.install import Layout
@@ -318,6 +317,11 @@ def test_doctor_says_whether_slurm_collects_node_energy_and_what_device_figures_
     assert ipmi.ok and "Slurm collects node energy here (AcctGatherEnergyType ipmi, gpu" in ipmi.message
     assert "AMD GPUs only" in ipmi.message and "had the node to itself" in ipmi.message
     assert "\n" not in ipmi.line()
+    # With energy off (config energy.enabled: false) the node adds no figures, and doctor says so.
+    off = dataclasses.replace(node, config=parse_config({"version": 1, "energy": {"enabled": False}}))
+    [_, devices] = check_energy(off)
+    assert devices.ok and devices.line().startswith("ok    device energy: energy is off here (config energy.enabled")
+    assert "adds each job's energy" not in devices.message
 
 
 # ---- the demo's closing report ---------------------------------------------------------------
@@ -352,3 +356,9 @@ def test_demo_energy_lines_show_each_jobs_figure_with_its_method_and_say_when_th
     assert len(wrapped) > 4 and max(map(len, wrapped)) <= 80
     assert " ".join(wrapped[2:]).count(" 31.2 J") == 40
     assert energy_lines([]) == ["  energy per job: no jobs"]
+    # A shard job's few hundredths of a joule are shown as such, not as 0.0.
+    small = parse_sacct(
+        "16|bob|2026-11-25T12:00:00|2026-11-25T12:00:01|gres/tpu_shard=1|"
+        "slurm-tpu/n1:devices=0,inferences=0,inference_seconds=0,energy_j=0.0431,energy_method=estimated"
+    )
+    assert energy_lines(small)[2:] == ["    estimated: 16 0.043 J"]

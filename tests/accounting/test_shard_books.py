@@ -7,8 +7,8 @@ still read, and summed as before.
 from __future__ import annotations
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from helpers import exposition
 from slurm_tpu.ops.accounting import parse_sacct, summarize_sacct
 from slurm_tpu.ops.metrics import BrokerView, Holder, ShardJob, broker_families
 from slurm_tpu.protocol.job_record import (
@@ -101,26 +101,12 @@ def test_report_sums_device_time_inferences_swaps_and_queue_wait_per_user_and_jo
     assert by_job["9"].shards is not None and by_job["9"].shards.model_swaps == 1
 
 
-def parse(families) -> dict:
-    from prometheus_client.core import CollectorRegistry
-    from prometheus_client.exposition import generate_latest
-
-    class Fixed:
-        def collect(self):
-            return families
-
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(Fixed())
-    text = generate_latest(registry).decode()
-    return text, {f.name: f for f in text_string_to_metric_families(text)}
-
-
 def test_metrics_label_shard_jobs_and_gauge_each_shared_devices_utilization():
     view = BrokerView(
         (ShardJob(Holder(7, 0), 2, FIGURES),),
         {"usb-2-1.3": {"busy_s": 12.5, "utilization": 0.25, "model_swaps": 3, "inferences": 40}},
     )
-    _, found = parse(broker_families("n1", view))
+    _, found = exposition(broker_families("n1", view))
     [up] = found["slurm_tpu_broker_up"].samples
     assert up.value == 1.0
     [busy] = found["slurm_tpu_job_shard_busy_seconds"].samples
@@ -134,7 +120,9 @@ def test_metrics_label_shard_jobs_and_gauge_each_shared_devices_utilization():
 
 
 def test_metrics_without_a_broker_say_so_once_and_leave_its_series_out():
-    text, found = parse(broker_families("n1", BrokerView(why="nothing listens on /run/slurm-tpu/broker/control.sock")))
+    text, found = exposition(
+        broker_families("n1", BrokerView(why="nothing listens on /run/slurm-tpu/broker/control.sock"))
+    )
     assert set(found) == {"slurm_tpu_broker_up"} and found["slurm_tpu_broker_up"].samples[0].value == 0
     assert text.count("nothing listens") == 1
 

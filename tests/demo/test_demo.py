@@ -187,8 +187,42 @@ def test_slurms_books_show_tpu_hours_a_qos_cap_and_each_jobs_inferences(demo):
             r",energy_j=[0-9.]+,energy_method=self-reported",
             line,
         ), line
-    # Each of those jobs' energy in the closing lines, under how it was obtained (or that it has none).
-    assert "  energy per job on its accelerators: " in done.stdout
+    # Each accelerator job's energy in the closing lines, under how it was obtained: an Edge TPU job's
+    # estimate with its own busy time (self-reported), a shard job's with the broker's (estimated); each
+    # above nothing and within the device's active power (2 W) over the job (Slurm's whole seconds,
+    # and one more for the Prolog and Epilog around them).
+    shown = closing_energy(done.stdout)
+    for line in slurm(
+        "sacct", "-a", "-n", "-P", "-X", "-S", "now-1days", "-o", "JobID,JobName,ElapsedRaw,AllocTRES"
+    ).splitlines():
+        job, name, elapsed, tres = line.split("|")
+        if name not in ("classify-tpu", "shard"):
+            continue
+        method, joules = shown[job]
+        assert method == ("self-reported" if name == "classify-tpu" else "estimated"), (job, name, method)
+        share = 1.0 if name == "classify-tpu" else 0.25  # one of the shared TPU's 4 shares
+        assert joules is not None and 0 < joules <= 2.0 * (int(elapsed) + 1) * share, (job, name, joules, elapsed)
+
+
+def closing_energy(stdout: str) -> dict[str, tuple[str, float | None]]:
+    """job -> (method, joules or None) from the demo's closing energy lines (grouped by method, wrapped)."""
+    lines = stdout.splitlines()
+    first = lines.index("  by how each figure was obtained (the jobs' AdminComments):") + 1
+    groups: list[str] = []
+    for line in lines[first:]:
+        if line.startswith("      "):
+            groups[-1] += " " + line.strip()  # a wrapped group goes on (wrapped at a space)
+        elif line.startswith("    "):
+            groups.append(line.strip())
+        else:
+            break
+    found: dict[str, tuple[str, float | None]] = {}
+    for group in groups:
+        method, _, items = group.partition(": ")
+        for item in items.split(", "):
+            job, _, joules = item.partition(" ")
+            found[job] = (method, float(joules.removesuffix(" J")) if joules else None)
+    return found
 
 
 def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):

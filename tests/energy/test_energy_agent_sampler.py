@@ -18,7 +18,7 @@ import pytest
 import nvml_double
 from helpers import wait_until
 from slurm_tpu.access import statedir
-from slurm_tpu.energy.sampler import boot_id, boottime_ns
+from slurm_tpu.energy.figures import boot_id, clock_ns
 from slurm_tpu.protocol.energy import DIR, StartDevice, StartFile, decode_poll, encode
 
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ class AgentNode:
         fd = statedir.open_dir(str(energy))
         try:
             device = StartDevice("gpu-41", "gpu", f"nvml-power:{GPU}", None, None)
-            start = StartFile(JOB, boot_id(), boottime_ns(), [device])
+            start = StartFile(JOB, boot_id(), clock_ns(), [device])
             statedir.write_atomic(fd, str(JOB), encode(start), 0o600)
         finally:
             os.close(fd)

@@ -11,23 +11,6 @@ from slurm_tpu.energy.nvml import Nvml, NvmlError
 GPU_A, GPU_B = "00000000:41:00.0", "00000000:81:00.0"
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    try:
-        return str(nvml_double.build(tmp_path_factory.mktemp("nvml")))
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture
-def gpus(tmp_path, monkeypatch):
-    """An empty state directory the double reads (each test's own GPUs)."""
-    state = tmp_path / "gpus"
-    state.mkdir()
-    monkeypatch.setenv(nvml_double.STATE_VARIABLE, str(state))
-    return state
-
-
 def test_reads_a_gpus_energy_counter_and_power_by_bus_id(library, gpus):
     nvml_double.set_gpu(gpus, GPU_A, energy_mj=123_456_789_012, power_mw=250_500)
     nvml_double.set_gpu(gpus, GPU_B, energy_mj=7, power_mw=60_000)

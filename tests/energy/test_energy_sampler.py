@@ -22,14 +22,6 @@ SECOND = 10**9
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the state directory is root's")
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    try:
-        return str(nvml_double.build(tmp_path_factory.mktemp("nvml")))
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
-
 class Node:
     """A node's state directory, its GPUs (the double's state) and an AMD GPU's hwmon file."""
 

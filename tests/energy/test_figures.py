@@ -11,6 +11,7 @@ import pytest
 
 from slurm_tpu.access import statedir
 from slurm_tpu.energy import figures
+from slurm_tpu.hooks.epilog import _has_energy_start
 from slurm_tpu.protocol import energy
 from slurm_tpu.protocol.energy import DeviceEnergy, PollState, StartDevice, StartFile
 
@@ -136,6 +137,9 @@ def test_start_readings_of_modelled_devices_load_no_nvml():
     assert problems == [] and [d.source for d in start.devices] == [d.source for d in devices]
     assert start.boot == figures.boot_id() and start.boot
     assert energy.decode(energy.encode(start), "start") == start
+    assert start.uid == -1 and b"uid=" not in energy.encode(start)  # a start file from before uid: unknown
+    mine, _ = figures.start_readings(41, devices, "/nonexistent/libnvidia-ml.so.1", uid=1001)
+    assert energy.decode(energy.encode(mine), "start").uid == 1001
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="the state directory must be root-owned")
@@ -150,7 +154,7 @@ def test_the_start_file_is_roots_in_a_root_only_directory_and_is_read_once(tmp_p
         assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o600)
         assert (dir_info.st_uid, stat.S_IMODE(dir_info.st_mode)) == (0, 0o700)
         (directory / "41.poll").write_bytes(energy.encode_poll([PollState("usb-2-1.3", 1.0, 1, 5, 2.0)]))
-        assert figures.has_start(str(tmp_path / "state"), 41)
+        assert _has_energy_start(str(tmp_path / "state"), 41)
         got, poll, why = figures.take_start(fd, 41)
         assert (got, why) == (start, "") and poll is not None and poll["usb-2-1.3"].samples == 1
         assert os.listdir(directory) == []
@@ -159,6 +163,42 @@ def test_the_start_file_is_roots_in_a_root_only_directory_and_is_read_once(tmp_p
         os.symlink("/etc/shadow", directory / "42")
         got, _, why = figures.take_start(fd, 42)
         assert got is None and "symlink" in why and not (directory / "42").exists()
+    finally:
+        os.close(fd)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the state directory must be root-owned")
+def test_running_jobs_figures_so_far_are_the_epilogs_computation_now_and_change_no_file(tmp_path):
+    """What the metrics show of a running job: its start file read as the Epilog reads it, with now as
+    the end; the start and poll files stay as they were, and a file that does not decode is passed over."""
+    os.chmod(tmp_path, 0o755)
+    fd = statedir.open_dir(str(tmp_path / "state"), create=True)
+    try:
+        gpu = StartDevice("pci-0000:41:00.0", "gpu", "nvml-power:00000000:41:00.0", None, None)
+        started = figures.clock_ns() - 60 * S
+        ours = StartFile(41, figures.boot_id(), started, [tpu(), gpu], 1001)
+        figures.write_start(fd, ours)
+        directory = tmp_path / "state" / energy.DIR
+        (directory / "41.poll").write_bytes(energy.encode_poll([PollState(gpu.identity, 900.0, 3, started, 50.0)]))
+        (directory / "42").write_bytes(b"not a start file")
+        before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
+        busy = figures.busy_times(ours, {"usb-2-1.3": 10.0}, None)
+        [(start, found)] = figures.figures_so_far(fd, "/nonexistent/libnvidia-ml.so.1", lambda _: busy)
+        assert (start.job_id, start.uid) == (41, 1001)
+        by_identity = {figure.identity: figure for figure in found}
+        model = by_identity["usb-2-1.3"]
+        assert model.method == "self-reported" and model.seconds >= 60
+        assert model.joules == pytest.approx(0.5 * model.seconds + 1.5 * 10.0)
+        # Polled power: the integral so far and the last sample over the stretch since (NVML cannot open).
+        polled = by_identity[gpu.identity]
+        assert polled.method == "integrated" and polled.joules >= 900.0 + 50.0 * 59
+        assert {name: (directory / name).read_bytes() for name in os.listdir(directory)} == before
+        # No energy directory at all (no job ever metered here): nothing.
+        empty = statedir.open_dir(str(tmp_path / "empty"), create=True)
+        try:
+            assert figures.figures_so_far(empty, "libnvidia-ml.so.1", lambda _: {}) == []
+        finally:
+            os.close(empty)
     finally:
         os.close(fd)
 

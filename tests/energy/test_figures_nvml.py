@@ -13,22 +13,6 @@ GPU_A, GPU_B = "00000000:41:00.0", "00000000:81:00.0"
 S = 10**9
 
 
-@pytest.fixture(scope="module")
-def library(tmp_path_factory):
-    try:
-        return str(nvml_double.build(tmp_path_factory.mktemp("nvml")))
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
-
-
-@pytest.fixture
-def gpus(tmp_path, monkeypatch):
-    state = tmp_path / "gpus"
-    state.mkdir()
-    monkeypatch.setenv(nvml_double.STATE_VARIABLE, str(state))
-    return state
-
-
 def gpu(bus_id: str = GPU_A) -> StartDevice:
     return StartDevice(f"pci-{bus_id[4:]}", "gpu", f"nvml-energy:{bus_id}", None, None)
 

@@ -8,9 +8,9 @@ import pytest
 from slurm_tpu.protocol.broker_wire import FIGURES
 from slurm_tpu.protocol.energy import DeviceEnergy
 from slurm_tpu.protocol.job_record import (
+    admin_energy,
     decode_spool,
     encode_spool,
-    energy_methods,
     parse_admin_comment,
     render_item,
     shard_figures,
@@ -35,7 +35,7 @@ def test_version_3_round_trips_with_and_without_shards():
     assert decode_spool(encode_spool(entry), "spool/10") == entry
     item = render_item(entry)
     assert "energy_j=150,energy_method=estimated,shards=2" in item
-    assert parse_admin_comment(item)["n1"]["energy_j"] == 150.0 and energy_methods(item) == {"n1": "estimated"}
+    assert admin_energy(item) == {"n1": (150.0, "estimated")} and "energy_j" not in parse_admin_comment(item)["n1"]
 
 
 def test_every_figure_unavailable_is_a_method_with_no_joules():

@@ -384,3 +384,25 @@ os.close(fd)
 if sys.argv[3:] == ["take"]:
     sender.recv(1)
 ' {node} {sock} {mode}"""
+
+
+def run_hook_in_process(module, env) -> int:
+    """Run a hook module's ``run`` (hooks/prolog.py, epilog.py) in this process as its entry point does,
+    with ``env`` as Slurm's environment; a drain it asks for is recorded and fails the test (the hooks'
+    broker and energy paths must never drain a node). Returns the hook's exit status."""
+    from slurm_tpu.hooks.context import HookRun
+
+    class Run(HookRun):
+        """A hook run that records a drain instead of asking Slurm."""
+
+        __slots__ = ("drained",)
+
+        def drain(self, node: str, reason: str) -> bool:
+            self.drained.append(reason)
+            return True
+
+    hook = Run(module.__name__.rsplit(".", 1)[1], env)
+    hook.drained = drained = []
+    status = hook.main(module.run)
+    assert not drained, drained
+    return status

@@ -13,11 +13,11 @@ import os
 import stat
 
 import pytest
+from support import run_hook_in_process as run  # energy never drains a node
 
 import nvml_double
 from slurm_tpu.config import Config
 from slurm_tpu.hooks import allocation, epilog, prolog, settings as hook_settings
-from slurm_tpu.hooks.context import HookRun
 from slurm_tpu.protocol import energy
 from slurm_tpu.protocol.hooks_snapshot import ShardPolicy
 from slurm_tpu.protocol.inventory import KnownDevice
@@ -29,30 +29,9 @@ GPU_A, GPU_B = "00000000:41:00.0", "00000000:81:00.0"
 TPU = "usb-2-1.3"
 
 
-class Run(HookRun):
-    """A hook run that records a drain instead of asking Slurm."""
-
-    __slots__ = ("drained",)
-
-    def drain(self, node: str, reason: str) -> bool:
-        self.drained.append(reason)
-        return True
-
-
-def run(module, env) -> int:
-    hook = Run(module.__name__.rsplit(".", 1)[1], env)
-    hook.drained = drained = []
-    status = hook.main(module.run)
-    assert not drained, drained  # energy never drains a node
-    return status
-
-
 @pytest.fixture(scope="module")
 def library(tmp_path_factory):
-    try:
-        return str(nvml_double.build(tmp_path_factory.mktemp("nvml")))
-    except RuntimeError as exc:
-        pytest.skip(str(exc))
+    return nvml_double.build_or_skip(tmp_path_factory)
 
 
 @pytest.fixture

@@ -14,9 +14,9 @@ import socket
 import threading
 
 import pytest
+from support import run_hook_in_process as run  # never a drain for the broker
 
 from slurm_tpu.hooks import allocation, epilog, prolog, settings as hook_settings
-from slurm_tpu.hooks.context import HookRun
 from slurm_tpu.protocol import broker_wire, envfile
 from slurm_tpu.protocol.hooks_snapshot import ShardPolicy
 from slurm_tpu.protocol.job_record import decode_spool
@@ -56,24 +56,6 @@ class Said:
 
     def __bool__(self) -> bool:
         return bool(list(self))
-
-
-class Run(HookRun):
-    """A hook run that records a drain instead of asking Slurm."""
-
-    __slots__ = ("drained",)
-
-    def drain(self, node: str, reason: str) -> bool:
-        self.drained.append(reason)
-        return True
-
-
-def run(module, env) -> int:
-    hook = Run(module.__name__.rsplit(".", 1)[1], env)
-    hook.drained = drained = []
-    status = hook.main(module.run)
-    assert not drained, drained  # never a drain for the broker
-    return status
 
 
 def test_prolog_with_the_broker_down_grants_announces_and_starts_the_job(node):

@@ -42,6 +42,17 @@ def build(out_dir: Path | str) -> Path:
     return out
 
 
+def build_or_skip(tmp_path_factory) -> str:
+    """The double built for a test module (pytest's ``tmp_path_factory``), or the test skipped where no C
+    compiler can build it: the body of each module's ``library`` fixture."""
+    import pytest
+
+    try:
+        return str(build(tmp_path_factory.mktemp("nvml")))
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+
+
 def set_gpu(
     state_dir: Path | str,
     bus_id: str,

@@ -91,9 +91,9 @@ def test_absurd_numbers_already_in_an_audit_log_are_skipped_not_fatal():
         '{"event": "acquire", "identity": "usb-9-9", "job_id": 9, "uid": 1001, "t": NaN}',
     ]
     found = lease_records(read_events([json.dumps(e) for e in LINES[:4]] + forged))
-    assert [(r.identity, r.job_id, r.inferences, r.inference_seconds, r.energy_j) for r in found] == [
-        ("usb-1-1", 1, 40, 0.6, None),
-        ("usb-1-2", 2, 0, 0.0, None),
+    assert [(r.identity, r.job_id, r.inferences, r.inference_seconds) for r in found] == [
+        ("usb-1-1", 1, 40, 0.6),
+        ("usb-1-2", 2, 0, 0.0),
     ]
     totals = summarize_audit(found, "user", None, None, now=130.0, user_name=str)
     assert totals["1001"].to_json()["inferences"] == 40

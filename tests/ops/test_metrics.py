@@ -239,13 +239,14 @@ def test_textfile_mode_writes_atomically_and_refuses_unsafe_targets(node_state, 
     assert wrong.returncode == 1 and "only *.prom files" in wrong.stderr
 
 
-def test_each_ended_jobs_energy_reaches_metrics_and_report_with_its_method(node_state):
+def test_an_ended_jobs_energy_reaches_the_devices_lifetime_counter_and_report_not_a_job_series(node_state):
     """The Epilog's energy events (protocol/audit.py ENERGY, by the audit log's own writer) through the
-    real commands: a counter per job and device labelled with job, user and method; report's figures."""
+    real commands: each device's lifetime counter per method, and report's figures; no series carries
+    the ended job (job labels only while the job holds the device, as dcgm-exporter's)."""
     from slurm_tpu.protocol import audit
 
     state = node_state.read_text().split("state_dir: ")[1].split("\n")[0]
-    ended = time.time() - 60  # within the day an ended job's series is kept
+    ended = time.time() - 60
 
     def energy(identity: str, job: int, joules, method: str, note: str = "") -> bytes:
         fields = {"identity": identity, "job_id": job, "uid": 1001, "joules": joules}
@@ -256,16 +257,73 @@ def test_each_ended_jobs_energy_reaches_metrics_and_report_with_its_method(node_
         handle.write(energy("pci-0000:04:00.0", 72, None, "unavailable", "no start reading"))
     result = run_cli(["--config", str(node_state), "metrics"], "big_node")
     assert result.returncode == 0, result.stderr
-    [family] = [
-        f for f in text_string_to_metric_families(result.stdout) if f.name == "slurm_tpu_job_device_energy_joules"
+    lifetime = [
+        (s.labels, s.value)
+        for f in text_string_to_metric_families(result.stdout)
+        if f.name == "slurm_tpu_device_energy_joules"
+        for s in f.samples
     ]
-    [sample] = family.samples
-    assert sample.labels["identity"] == "usb-2-1" and sample.labels["hpc_job"] == "72"
-    assert sample.labels["method"] == "estimated" and sample.value == 37.5
-    assert samples(result.stdout)[("slurm_tpu_device_energy_joules_total", "usb-2-1")] == 37.5
+    assert lifetime == [({"node": "big", "identity": "usb-2-1", "method": "estimated"}, 37.5)]
+    assert "slurm_tpu_job_energy_joules" not in result.stdout
+    assert not [
+        s for f in text_string_to_metric_families(result.stdout) for s in f.samples if "72" in s.labels.values()
+    ]
     report = run_cli(["--config", str(node_state), "report", "--by", "device", "--json"])
     assert report.returncode == 0, report.stderr
     data = json.loads(report.stdout)
     assert (data["usb-2-1"]["energy_j"], data["usb-2-1"]["energy_method"]) == (37.5, "estimated")
     assert data["pci-0000:04:00.0"]["energy_method"] == "unavailable"
     assert data["pci-0000:04:00.0"]["energy_notes"] == ["no start reading"]
+
+
+def test_a_running_jobs_energy_so_far_is_its_series_while_it_holds_the_device(node_state):
+    """Job 77 holds pci-0000:04:00.0 (the fixture's lease) and its Prolog's start file is there: its
+    energy so far, computed as its Epilog will, labelled with the job, its user and the method; the
+    start file is left as it was; a GPU whose NVML cannot be opened has no sample (never a wrong one);
+    once the Epilog has taken the start file, the series is gone."""
+    from slurm_tpu.access import statedir
+    from slurm_tpu.energy import figures
+    from slurm_tpu.protocol.energy import DIR, StartDevice, StartFile
+
+    node_state.write_text(node_state.read_text() + "energy: {nvml_library: /nonexistent/libnvidia-ml.so.1}\n")
+    state = node_state.read_text().split("state_dir: ")[1].split("\n")[0]
+    devices = [
+        StartDevice("pci-0000:04:00.0", "edgetpu", figures.model_source(0.3, 2.0), None, None),
+        StartDevice("pci-0000:05:00.0", "edgetpu", "nvml-energy:00000000:05:00.0", 1000.0, None),
+    ]
+    began = figures.clock_ns() - 60 * 10**9
+    fd = statedir.open_dir(state)
+    try:
+        figures.write_start(fd, StartFile(77, figures.boot_id(), began, devices, 1001))
+    finally:
+        os.close(fd)
+    path = os.path.join(state, DIR, "77")
+    written = open(path, "rb").read()
+    result = run_cli(["--config", str(node_state), "metrics"], "big_node")
+    assert result.returncode == 0, result.stderr
+    [family] = [f for f in text_string_to_metric_families(result.stdout) if f.name == "slurm_tpu_job_energy_joules"]
+    assert family.type == "counter" and "so far" in family.documentation
+    [sample] = family.samples
+    user = sample.labels["hpc_user"]  # uid 1001's name, or the uid itself where it has none
+    assert sample.name == "slurm_tpu_job_energy_joules_total" and user in ("1001", pwd_name(1001))
+    assert sample.labels == {
+        "node": "big",
+        "identity": "pci-0000:04:00.0",
+        "hpc_job": "77",
+        "hpc_user": user,
+        "method": "estimated",
+    }
+    assert 0.3 * 60 <= sample.value <= 0.3 * 600  # idle watts over the minute so far (no busy time)
+    assert open(path, "rb").read() == written  # read, not taken: the Epilog reads it at the job's end
+    os.unlink(path)  # what the Epilog's take_start does
+    after = run_cli(["--config", str(node_state), "metrics"], "big_node")
+    assert after.returncode == 0 and "slurm_tpu_job_energy_joules" not in after.stdout
+
+
+def pwd_name(uid: int) -> str:
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)

@@ -88,7 +88,7 @@ def test_an_old_log_pairs_into_spans_with_usage_and_no_conflicts():
         ("pci-0000:03:00.0", 44, 1001, 111.5, None, None),
     ]  # the planted lease's reclaim pairs with nothing
     first = pairing.spans[0]
-    assert (first.inferences, first.inference_seconds, first.energy_j) == (12, 0.25, None)
+    assert (first.inferences, first.inference_seconds) == (12, 0.25)
     assert first.seconds_within(None, None, now=200.0) == 4.0
     assert pairing.spans[2].seconds_within(112.0, None, now=120.0) == 8.0
 
@@ -128,8 +128,9 @@ def test_forged_usage_figures_are_not_counted():
         {"event": "usage", "identity": "usb-1-1", "job_id": 2, "uid": 5, "inferences": 3, "seconds": 0.5, "t": 2.6},
     ]  # a job that never held it
     (span,) = audit.pair_leases(events).spans
-    # A job's own energy_j (older runners') is no figure: root's energy events are.
-    assert (span.inferences, span.inference_seconds, span.energy_j, span.end) == (3, 0.5, None, None)
+    # A job's own energy_j (older runners') is no figure: root's energy events are; the span has none.
+    assert (span.inferences, span.inference_seconds, span.end) == (3, 0.5, None)
+    assert not hasattr(span, "energy_j")
 
 
 def test_every_event_the_package_writes_is_a_named_event():
