@@ -115,6 +115,8 @@ def start_readings(
     elif counters:
         from . import guard
 
+        _prepare_child()
+
         value, why = guard.call(
             lambda: _counter_starts(counters, library), "NVML at job start", deadline_s or guard.READ_DEADLINE_S
         )
@@ -128,6 +130,15 @@ def start_readings(
             problems.append(f"{device.identity}: {problem}")
         found.append(StartDevice(device.identity, device.kind, source, start, device.shares))
     return StartFile(job_id, boot_id(), clock_ns(), found), problems
+
+
+def _prepare_child() -> None:
+    """Import here what every guarded read imports (ctypes, the NVML binding, the hwmon reader): once per
+    process, shared by each child through the fork, rather than again in every child. The vendor library
+    itself is loaded only in the child (its constructors may hang or crash too)."""
+    import ctypes  # noqa: F401
+
+    from . import hwmon, nvml  # noqa: F401
 
 
 def _counter_starts(devices: list[StartDevice], library: str, nvml=None) -> dict[str, tuple[str, float | None, str]]:
@@ -201,6 +212,8 @@ def end_readings(
     if nvml is not None:
         return _end_values(wanted, library, sysfs_root, nvml)
     from . import guard
+
+    _prepare_child()
 
     value, why = guard.call(
         lambda: _end_values(wanted, library, sysfs_root),
