@@ -270,20 +270,22 @@ def device_figures(
     readings: Mapping[str, tuple[float | None, str]] | None = None,
     poll_s: float | None = None,
     poll_problem: str = "",
+    deadline_s: float | None = None,
 ) -> list[DeviceEnergy]:
     """One :class:`DeviceEnergy` per device of the start file at the job's end.
     ``poll``: the sampler's integrals (None: no poll file; ``poll_problem``: why it could not be read);
     ``busy``: :func:`busy_times`; ``readings``: the devices' :func:`end_readings` (the Epilog takes them
     before it answers Slurm), else they are read now (``nvml``: an open NVML to use, else a guarded child);
     ``end_ns``/``boot``: the end's (default now's); ``sysfs_root``: where a hwmon power file must resolve
-    (config ``sysfs_root``); ``poll_s``: the sampler's period (None: no gap check)."""
+    (config ``sysfs_root``); ``poll_s``: the sampler's period (None: no gap check); ``deadline_s``: the
+    reads' deadline (energy/guard.py)."""
     end_ns = clock_ns() if end_ns is None else end_ns
     boot = boot_id() if boot is None else boot
     if boot != start.boot or end_ns < start.start_ns:
         note = "the node rebooted during the job: its start readings are from another boot"
         return [DeviceEnergy(d.identity, d.kind, None, UNAVAILABLE, 0.0, note) for d in start.devices]
     if readings is None:
-        readings = end_readings(start, library, sysfs_root, nvml)
+        readings = end_readings(start, library, sysfs_root, nvml, deadline_s)
     context = _End(start, (end_ns - start.start_ns) / 1e9, end_ns, readings, poll, poll_problem, poll_s)
     return [_figure(d, context, busy or {}) for d in start.devices]
 

@@ -16,7 +16,8 @@ sampler, and is logged once (again only when it changes). One NVML is kept open 
 life (its initialisation can take a second on a GPU without persistence mode) and reopened after
 an error. Files are root's 0600, written atomically through access/statedir.py, never through a
 link. A poll file whose start file is gone (the Epilog removed it between our read and our
-write) is removed.
+write) is removed; one of an earlier run of the job id (a requeued job: our write raced its
+Epilog and its next Prolog) names that run's start, and is restarted from this run's.
 
 The node agent runs it in a child process of its own (hooks/agent.py: a thread in the agent
 would make every later fork of a hook worker a fork of a threaded process, and an NVML that hangs
