@@ -21,6 +21,7 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
     """The epilog's work. ``answer``: the node agent's early answer (see below); None in a hook process."""
     from ..access.ledger import Ledger
     from ..protocol.broker_wire import grant_path
+    from ..protocol.leases import HELD
     from . import jobusage, leasing, settings as hook_settings
 
     hook.probe.mark("imports")
@@ -84,7 +85,9 @@ def run(hook: HookRun, answer: Callable[[], None] | None = None) -> int:
             energy = _energy_end(hook, ledger, uid, records, figures, taken)
             hook.probe.mark("energy_end")
         elif settings.energy_enabled:
-            energy = _energy_missing(hook, ledger, uid, [lease.identity for lease in leases], grant is not None)
+            # Only leases still held: one a first run of this Epilog already ended had its events then.
+            held = [lease.identity for lease in leases if lease.phase == HELD]
+            energy = _energy_missing(hook, ledger, uid, held, grant is not None)
         # For Slurm's own job record (AdminComment), applied later by the accounting collector. After the
         # lock (it needs none): the spool's disk flush never holds up the node's next Prolog.
         jobusage.spool(

@@ -330,6 +330,7 @@ def test_a_shard_job_whose_start_file_is_gone_still_gets_its_devices_events(node
     assert (event["identity"], event["method"], event["joules"]) == (TPU, "unavailable", None)
     assert "start file is missing" in event["note"]
     assert decode_spool((spool / "54").read_bytes(), "spool").energy_method == "unavailable"
+    assert run(epilog, env) == 0 and len(events(state)) == 1  # a second run says it once
 
 
 def test_energy_turned_off_since_the_prolog_leaves_no_start_file_behind(node, monkeypatch):
