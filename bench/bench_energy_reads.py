@@ -5,7 +5,9 @@ The Prolog's part is :func:`start_readings` and the start file's write; the Epil
 file's read and removal and :func:`device_figures`. GPUs are read through the NVML double
 (tests/nvml_double): its load and init are a stand-in for the real library's (a real ``nvmlInit``
 enumerates the driver's GPUs and takes far longer), so the GPU figures are the suite's own cost
-around NVML, not NVML's. Prints one JSON document of median milliseconds.
+around NVML, not NVML's. A GPU's reads run in a forked child with a deadline (energy/guard.py):
+``guard_fork_only`` is that fork's own cost, reading nothing. Prints one JSON document of median
+milliseconds.
 
     sudo .venv/bin/python bench/bench_energy_reads.py [--runs 200]
 """
@@ -72,6 +74,15 @@ def main() -> int:
                 "prolog_ms": round(statistics.median(prolog), 3),
                 "epilog_ms": round(statistics.median(epilog), 3),
             }
+        # The guard's own part of a GPU job's reads (energy/guard.py): a fork, a pipe, a reap, reading nothing.
+        from slurm_tpu.energy import guard
+
+        forks = []
+        for _ in range(args.runs):
+            t0 = time.perf_counter()
+            guard.call(lambda: 0, "nothing")
+            forks.append((time.perf_counter() - t0) * 1000)
+        report["guard_fork_only"] = {"call_ms": round(statistics.median(forks), 3)}
     finally:
         os.close(state)
         shutil.rmtree(base, ignore_errors=True)

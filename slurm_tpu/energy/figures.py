@@ -100,29 +100,61 @@ class _NvmlOnDemand:
 
 
 def start_readings(
-    job_id: int, devices: list[StartDevice], library: str, nvml=None, uid: int = -1
+    job_id: int,
+    devices: list[StartDevice],
+    library: str,
+    nvml=None,
+    deadline_s: float | None = None,
+    uid: int = -1,
 ) -> tuple[StartFile, list[str]]:
     """The job's start file from ``devices`` (identity, kind, source, shares; ``start`` unset), each
     counter read now, and the problems met (one line each, for the audit log). ``nvml``: an open NVML
-    to use (the node agent's); else one is opened from ``library`` when a device needs it, and closed.
+    to use in this process (the caller's); else the counters are read in a child process with a
+    deadline (energy/guard.py: ``deadline_s``, default its READ_DEADLINE_S), only when a device has one.
     ``uid``: the job's user (the metrics label a running job's figures with it; -1: unknown).
 
     A GPU whose counter NVML does not support (pre-Volta) becomes ``nvml-power`` (the agent's sampler
-    polls its power); a reading that fails becomes ``none:<why>``, so the Epilog says why."""
+    polls its power); a reading that fails, hangs or crashes becomes ``none:<why>``, so the Epilog says why."""
+    counters = [device for device in devices if device.source_kind == NVML_ENERGY]
+    taken: dict[str, tuple[str, float | None, str]] = {}
+    if counters and nvml is not None:
+        taken = _counter_starts(counters, library, nvml)
+    elif counters:
+        from . import guard
+
+        _prepare_child()
+
+        value, why = guard.call(
+            lambda: _counter_starts(counters, library), "NVML at job start", deadline_s or guard.READ_DEADLINE_S
+        )
+        failed: dict[str, tuple[str, float | None, str]] = {d.identity: (_none(why), None, why) for d in counters}
+        taken = value if isinstance(value, dict) else failed
     problems: list[str] = []
-    handle = _NvmlOnDemand(library, nvml)
     found: list[StartDevice] = []
+    for device in devices:
+        source, start, problem = taken.get(device.identity, (device.source, None, ""))
+        if problem:
+            problems.append(f"{device.identity}: {problem}")
+        found.append(StartDevice(device.identity, device.kind, source, start, device.shares))
+    return StartFile(job_id, boot_id(), clock_ns(), found, uid), problems
+
+
+def _prepare_child() -> None:
+    """Import here what every guarded read imports (ctypes, the NVML binding, the hwmon reader): once per
+    process, shared by each child through the fork, rather than again in every child. The vendor library
+    itself is loaded only in the child (its constructors may hang or crash too)."""
+    import ctypes  # noqa: F401
+
+    from . import hwmon, nvml  # noqa: F401
+
+
+def _counter_starts(devices: list[StartDevice], library: str, nvml=None) -> dict[str, tuple[str, float | None, str]]:
+    """identity -> (source, start mJ, problem) of ``nvml-energy`` devices (plain values: a guarded child's answer)."""
+    handle = _NvmlOnDemand(library, nvml)
     try:
-        for device in devices:
-            source, start = device.source, None
-            if device.source_kind == NVML_ENERGY:
-                source, start, problem = _counter_start(handle, device)
-                if problem:
-                    problems.append(f"{device.identity}: {problem}")
-            found.append(StartDevice(device.identity, device.kind, source, start, device.shares))
+        return {device.identity: _counter_start(handle, device) for device in devices}
     finally:
         handle.close(mine=nvml is None)
-    return StartFile(job_id, boot_id(), clock_ns(), found, uid), problems
 
 
 def _counter_start(handle: _NvmlOnDemand, device: StartDevice) -> tuple[str, float | None, str]:
@@ -166,6 +198,73 @@ def busy_times(
     return found
 
 
+# The sources whose figure needs a reading of the device at the job's end (NVML or hwmon).
+READ_AT_END = (NVML_ENERGY, NVML_POWER, HWMON_POWER)
+# A polled figure is not stretched over more than this many sampler periods without a sample (an agent
+# that was down, a sampler stuck on a slow NVML): the figure is then unavailable.
+GAP_PERIODS = 3
+
+
+def end_readings(
+    start: StartFile, library: str, sysfs_root: str = SYSFS_ROOT, nvml=None, deadline_s: float | None = None
+) -> dict[str, tuple[float | None, str]]:
+    """identity -> (reading, note) of the start file's devices read at the job's end, taken now: an
+    ``nvml-energy`` device's counter (mJ), an ``nvml-power``/``hwmon-power`` device's power (W); None and
+    why when there is none. ``nvml``: an open NVML to use in this process (the caller's); else the reads
+    run in a child process with a deadline (energy/guard.py), and only when a device needs one: a read
+    that hangs or crashes costs those devices' readings, never the caller."""
+    wanted = [device for device in start.devices if device.source_kind in READ_AT_END]
+    if not wanted:
+        return {}
+    if nvml is not None:
+        return _end_values(wanted, library, sysfs_root, nvml)
+    from . import guard
+
+    _prepare_child()
+
+    value, why = guard.call(
+        lambda: _end_values(wanted, library, sysfs_root),
+        "the device reads at job end",
+        deadline_s or guard.READ_DEADLINE_S,
+    )
+    if isinstance(value, dict):
+        return value
+    return {device.identity: (None, why) for device in wanted}
+
+
+def _end_values(
+    devices: list[StartDevice], library: str, sysfs_root: str, nvml=None
+) -> dict[str, tuple[float | None, str]]:
+    """:func:`end_readings`' values, read in this process (plain values: a guarded child's answer)."""
+    handle = _NvmlOnDemand(library, nvml)
+    try:
+        return {device.identity: _end_value(device, handle, sysfs_root) for device in devices}
+    finally:
+        handle.close(mine=nvml is None)
+
+
+def _end_value(device: StartDevice, handle: _NvmlOnDemand, sysfs_root: str) -> tuple[float | None, str]:
+    if device.source_kind == HWMON_POWER:
+        from .hwmon import power_w
+
+        watts = power_w(device.source_argument, sysfs_root)
+        return watts, "" if watts is not None else f"no power in {device.source_argument}"
+    from .nvml import NvmlError
+
+    nvml = handle.get()
+    if nvml is None:
+        return None, f"NVML at job end: {handle.why}"
+    try:
+        if device.source_kind == NVML_POWER:
+            return nvml.power_w(device.source_argument), ""
+        end = nvml.energy_mj(device.source_argument)
+    except NvmlError as exc:
+        return None, f"NVML at job end: {exc}"
+    if end is None:
+        return None, "the energy counter is no longer supported at job end"
+    return float(end), ""
+
+
 def device_figures(
     start: StartFile,
     library: str,
@@ -175,34 +274,27 @@ def device_figures(
     end_ns: int | None = None,
     boot: str | None = None,
     sysfs_root: str = SYSFS_ROOT,
+    readings: Mapping[str, tuple[float | None, str]] | None = None,
+    poll_s: float | None = None,
+    poll_problem: str = "",
+    deadline_s: float | None = None,
 ) -> list[DeviceEnergy]:
-    """One :class:`DeviceEnergy` per device of the start file, read now (the job's end).
-    ``poll``: the sampler's integrals (None: no poll file); ``busy``: :func:`busy_times`; ``nvml``:
-    an open NVML to use, else one is opened when a device needs it; ``end_ns``/``boot``: now's (tests);
-    ``sysfs_root``: where a hwmon power file must resolve (config ``sysfs_root``)."""
-    handle = _NvmlOnDemand(library, nvml)
-    try:
-        return _device_figures(start, handle, poll, busy, end_ns, boot, sysfs_root)
-    finally:
-        handle.close(mine=nvml is None)
-
-
-def _device_figures(
-    start: StartFile,
-    handle: _NvmlOnDemand,
-    poll: Mapping[str, PollState] | None,
-    busy: Mapping[str, tuple[float, str, str]] | None,
-    end_ns: int | None,
-    boot: str | None,
-    sysfs_root: str,
-) -> list[DeviceEnergy]:
+    """One :class:`DeviceEnergy` per device of the start file at the job's end.
+    ``poll``: the sampler's integrals (None: no poll file; ``poll_problem``: why it could not be read);
+    ``busy``: :func:`busy_times`; ``readings``: the devices' :func:`end_readings` (the Epilog takes them
+    before it answers Slurm), else they are read now (``nvml``: an open NVML to use, else a guarded child);
+    ``end_ns``/``boot``: the end's (default now's); ``sysfs_root``: where a hwmon power file must resolve
+    (config ``sysfs_root``); ``poll_s``: the sampler's period (None: no gap check); ``deadline_s``: the
+    reads' deadline (energy/guard.py)."""
     end_ns = clock_ns() if end_ns is None else end_ns
     boot = boot_id() if boot is None else boot
     if boot != start.boot or end_ns < start.start_ns:
         note = "the node rebooted during the job: its start readings are from another boot"
         return [DeviceEnergy(d.identity, d.kind, None, UNAVAILABLE, 0.0, note) for d in start.devices]
-    seconds = (end_ns - start.start_ns) / 1e9
-    return [_figure(d, seconds, end_ns, handle, poll, busy or {}, sysfs_root) for d in start.devices]
+    if readings is None:
+        readings = end_readings(start, library, sysfs_root, nvml, deadline_s)
+    context = _End(start, (end_ns - start.start_ns) / 1e9, end_ns, readings, poll, poll_problem, poll_s)
+    return [_figure(d, context, busy or {}) for d in start.devices]
 
 
 def figures_so_far(
@@ -210,31 +302,31 @@ def figures_so_far(
     library: str,
     busy_of: Callable[[StartFile], Mapping[str, tuple[float, str, str]]],
     sysfs_root: str = SYSFS_ROOT,
+    poll_s: float | None = None,
 ) -> list[tuple[StartFile, list[DeviceEnergy]]]:
     """Each running job's figures so far on this node: every start file in the state directory
     ``state_fd``, computed as the Epilog would with now as the job's end (``busy_of``: the
-    :func:`busy_times` of a start file), without removing or changing any file. One NVML is opened,
-    at the first GPU that needs it, for all the jobs; a file that cannot be read is passed over."""
-    handle = _NvmlOnDemand(library)
-    found: list[tuple[StartFile, list[DeviceEnergy]]] = []
-    try:
-        for start, poll in _running_starts(state_fd):
-            found.append((start, _device_figures(start, handle, poll, busy_of(start), None, None, sysfs_root)))
-    finally:
-        handle.close(mine=True)
-    return found
+    :func:`busy_times` of a start file), without removing or changing any file. Each job's device reads
+    are guarded as the Epilog's are (:func:`end_readings`); a file that cannot be read is passed over.
+    ``poll_s``: the sampler's period (the gap rule)."""
+    return [
+        (start, device_figures(start, library, poll, busy_of(start), sysfs_root=sysfs_root, poll_s=poll_s))
+        for start, poll in _running_starts(state_fd)
+    ]
 
 
-def _figure(
-    device: StartDevice,
-    seconds: float,
-    end_ns: int,
-    handle: _NvmlOnDemand,
-    poll: Mapping[str, PollState] | None,
-    busy: Mapping[str, tuple[float, str, str]],
-    sysfs_root: str,
-) -> DeviceEnergy:
-    kind = device.source_kind
+class _End:
+    """What every device's figure of one job's end is computed from."""
+
+    __slots__ = ("start", "seconds", "end_ns", "readings", "poll", "poll_problem", "poll_s")
+
+    def __init__(self, start, seconds, end_ns, readings, poll, poll_problem, poll_s):
+        self.start, self.seconds, self.end_ns, self.readings = start, seconds, end_ns, readings
+        self.poll, self.poll_problem, self.poll_s = poll, poll_problem, poll_s
+
+
+def _figure(device: StartDevice, end: _End, busy: Mapping[str, tuple[float, str, str]]) -> DeviceEnergy:
+    kind, seconds = device.source_kind, end.seconds
 
     def unavailable(note: str) -> DeviceEnergy:
         return DeviceEnergy(device.identity, device.kind, None, UNAVAILABLE, seconds, note)
@@ -245,32 +337,30 @@ def _figure(
             return unavailable(f"implausible reading ({joules:.6g} J over {seconds:.3f} s): not counted")
         return DeviceEnergy(device.identity, device.kind, joules, method, seconds, note)
 
+    reading, why = end.readings.get(device.identity, (None, "no reading at job end"))
     if kind == NVML_ENERGY:
         if device.start is None:
             return unavailable("no start reading of the energy counter")
-        from .nvml import NvmlError
-
-        nvml = handle.get()
-        if nvml is None:
-            return unavailable(f"NVML at job end: {handle.why}")
-        try:
-            end = nvml.energy_mj(device.source_argument)
-        except NvmlError as exc:
-            return unavailable(f"NVML at job end: {exc}")
-        if end is None:
-            return unavailable("the energy counter is no longer supported at job end")
-        if end < device.start:
+        if reading is None:
+            return unavailable(why)
+        if reading < device.start:
             return unavailable(
-                f"the energy counter went back ({device.start:.0f} -> {end} mJ: a driver reload or GPU reset)"
+                f"the energy counter went back ({device.start:.0f} -> {reading:.0f} mJ: a driver reload or GPU reset)"
             )
-        return checked((end - device.start) / 1000.0, MEASURED)
+        return checked((reading - device.start) / 1000.0, MEASURED)
     if kind in (NVML_POWER, HWMON_POWER):
-        state = (poll or {}).get(device.identity)
+        state = (end.poll or {}).get(device.identity)
         if state is None or state.samples == 0:
-            return unavailable(NO_AGENT if poll is None else "no power sample was taken during the job")
-        watts = _power_now(device, handle, sysfs_root)
-        stretch_s = max(0.0, (end_ns - state.last_ns) / 1e9)
-        last = state.last_watts if watts is None else (state.last_watts + watts) / 2
+            if end.poll is None:
+                return unavailable(
+                    f"the power samples could not be read: {end.poll_problem}" if end.poll_problem else NO_AGENT
+                )
+            return unavailable("no power sample was taken during the job")
+        gap = _gap(state, end)
+        if gap:
+            return unavailable(gap)
+        stretch_s = max(0.0, (end.end_ns - state.last_ns) / 1e9)
+        last = state.last_watts if reading is None else (state.last_watts + reading) / 2
         return checked(state.joules + last * stretch_s, INTEGRATED)
     if kind == MODEL:
         model = _model(device.source_argument)
@@ -279,28 +369,34 @@ def _figure(
         idle_w, active_w = model
         share = 1.0 if device.shares is None else min(1.0, device.shares[0] / device.shares[1])
         busy_s, method, note = busy.get(device.identity, (0.0, ESTIMATED, "no busy time known: idle power only"))
-        busy_s = min(busy_s, seconds * share)  # never past the allocation (a share: its part of it)
+        # Never past the allocation. Root's measurement (the broker's) is bounded by the job's seconds: the
+        # broker ran its inferences one at a time on the device, whatever its share of the idle time; a
+        # figure the job reported itself, by its part of them (a share: seconds x share).
+        busy_s = min(busy_s, seconds if method == ESTIMATED else seconds * share)
         return checked(idle_w * seconds * share + (active_w - idle_w) * busy_s, method, note)
     if kind == NO_SOURCE:
         return unavailable(device.source_argument or "no power reading for this device")
     return unavailable(f"unknown energy source {device.source[:40]!r}")
 
 
-def _power_now(device: StartDevice, handle: _NvmlOnDemand, sysfs_root: str) -> float | None:
-    """The device's power now (W), or None: the last stretch then uses the last sample."""
-    if device.source_kind == HWMON_POWER:
-        from .hwmon import power_w
-
-        return power_w(device.source_argument, sysfs_root)
-    from .nvml import NvmlError
-
-    nvml = handle.get()
-    if nvml is None:
-        return None
-    try:
-        return nvml.power_w(device.source_argument)
-    except NvmlError:
-        return None
+def _gap(state: PollState, end: _End) -> str:
+    """Why a polled figure is not counted: a stretch without a sample longer than :data:`GAP_PERIODS`
+    sampler periods (before the first, between two, after the last); '' when there is none."""
+    if end.poll_s is None or not end.poll_s > 0:
+        return ""
+    limit_ns = GAP_PERIODS * end.poll_s * 1e9
+    stretches = (
+        ("before the first sample", -1 if state.first_ns is None else state.first_ns - end.start.start_ns),
+        ("between two samples", state.gap_ns),
+        ("after the last sample", end.end_ns - state.last_ns),
+    )
+    for where, gap_ns in stretches:
+        if gap_ns > limit_ns:
+            return (
+                f"no power sample for {gap_ns / 1e9:.0f} s {where} (the sampler polls every {end.poll_s:g} s):"
+                " not counted"
+            )
+    return ""
 
 
 def _model(argument: str) -> tuple[float, float] | None:
@@ -333,6 +429,9 @@ def write_start(state_fd: int, start: StartFile) -> None:
 
     fd = _energy_dir(state_fd, create=True)
     try:
+        # An earlier run's samples go first (a poll file the sampler still writes after this is of that
+        # run's start: the sampler and the Epilog pass it over, see PollState.of_run).
+        statedir.remove(fd, f"{start.job_id}{POLL_SUFFIX}")
         statedir.write_atomic(fd, str(start.job_id), encode(start), 0o600)
     finally:
         os.close(fd)
@@ -368,6 +467,11 @@ def _read_job(fd: int, name: str) -> tuple[StartFile | None, dict[str, PollState
     return start, poll, ""
 
 
+def _of_run(start: StartFile | None, poll: Mapping[str, PollState] | None) -> bool:
+    """Whether a poll file is the start file's run's (or there is not both to compare)."""
+    return start is None or poll is None or all(state.of_run(start) for state in poll.values())
+
+
 def take_start(state_fd: int, job_id: int) -> tuple[StartFile | None, dict[str, PollState] | None, str]:
     """The job's start file and poll file (None: none there), and why a file could not be read ('' : both
     fine); both files are removed, whatever they held (root's own files, read once)."""
@@ -379,6 +483,8 @@ def take_start(state_fd: int, job_id: int) -> tuple[StartFile | None, dict[str, 
     try:
         name = str(job_id)
         start, poll, why = _read_job(fd, name)
+        if not _of_run(start, poll):
+            poll, why = None, f"{DIR}/{name}{POLL_SUFFIX} is of an earlier run of job {name} (requeued): not counted"
         for leftover in (name, name + POLL_SUFFIX):
             statedir.remove(fd, leftover)
     finally:
@@ -396,8 +502,23 @@ def _running_starts(state_fd: int) -> list[tuple[StartFile, dict[str, PollState]
     try:
         for name in sorted((n for n in os.listdir(fd) if n.isdigit()), key=int):
             start, poll, _ = _read_job(fd, name)
-            if start is not None:  # a poll file not read is None: its devices' figures are unavailable
-                found.append((start, poll))
+            if start is not None:  # a poll file not read, or of an earlier run, is None: those figures are unavailable
+                found.append((start, poll if _of_run(start, poll) else None))
     finally:
         os.close(fd)
     return found
+
+
+def discard_start(state_fd: int, job_id: int) -> None:
+    """Remove the job's start and poll files unread (the Epilog with energy turned off since its Prolog)."""
+    from ..access import statedir
+
+    try:
+        fd = _energy_dir(state_fd, create=False)
+    except (OSError, statedir.StateDirError):
+        return
+    try:
+        for leftover in (str(job_id), f"{job_id}{POLL_SUFFIX}"):
+            statedir.remove(fd, leftover)
+    finally:
+        os.close(fd)

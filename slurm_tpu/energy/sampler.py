@@ -16,7 +16,8 @@ sampler, and is logged once (again only when it changes). One NVML is kept open 
 life (its initialisation can take a second on a GPU without persistence mode) and reopened after
 an error. Files are root's 0600, written atomically through access/statedir.py, never through a
 link. A poll file whose start file is gone (the Epilog removed it between our read and our
-write) is removed.
+write) is removed; one of an earlier run of the job id (a requeued job: our write raced its
+Epilog and its next Prolog) names that run's start, and is restarted from this run's.
 
 The node agent runs it in a child process of its own (hooks/agent.py: a thread in the agent
 would make every later fork of a hook worker a fork of a threaded process, and an NVML that hangs
@@ -50,7 +51,7 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ..protocol.energy import StartDevice
+    from ..protocol.energy import StartDevice, StartFile
     from .nvml import Nvml
 
 POLLED = (NVML_POWER, HWMON_POWER)
@@ -154,13 +155,15 @@ class Sampler:
             # Not restarted from zero (an integral short of the job's start): the Epilog says unavailable.
             self._say(name, f"energy sampler: {exc}: left as it is, job {name} is not sampled")
             return 0
+        if not all(state.of_run(start) for state in before.values()):
+            before = {}  # an earlier run's samples (a requeued job id): this run starts from its own start
         states: list[PollState] = []
         for device in polled:
             watts = self._power(name, device)
             now = self._clock()
             last = before.get(device.identity)
             if watts is not None:
-                last = _advance(last, device.identity, start.start_ns, now, watts)
+                last = _advance(last, device.identity, start, now, watts)
             if last is not None:
                 states.append(last)
         if not states or all(before.get(s.identity) is s for s in states):
@@ -234,15 +237,27 @@ class Sampler:
         self._close_nvml()
 
 
-def _advance(last: PollState | None, identity: str, start_ns: int, now: int, watts: float) -> PollState:
+def _advance(last: PollState | None, identity: str, start: StartFile, now: int, watts: float) -> PollState:
     """``last`` with the sample ``watts`` at ``now`` added: a trapezoid since the last sample, or, for
-    the first, the first reading over the stretch since the job's start."""
+    the first, the first reading over the stretch since the job's start (the Epilog refuses a stretch
+    of more than a few periods: ``first_ns``/``gap_ns`` say how long they were)."""
     if last is None:
-        joules = watts * max(0, now - start_ns) / 1e9
-        return PollState(identity, min(joules, MAX_JOULES), 1, now, watts)
-    stretch_s = max(0, now - last.last_ns) / 1e9
-    joules = last.joules + (last.last_watts + watts) / 2 * stretch_s
-    return PollState(identity, min(joules, MAX_JOULES), last.samples + 1, max(now, last.last_ns), watts)
+        joules = watts * max(0, now - start.start_ns) / 1e9
+        return PollState(identity, min(joules, MAX_JOULES), 1, now, watts, now, 0, start.start_ns, start.boot)
+    stretch_ns = max(0, now - last.last_ns)
+    joules = last.joules + (last.last_watts + watts) / 2 * stretch_ns / 1e9
+    first = last.last_ns if last.first_ns is None else last.first_ns
+    return PollState(
+        identity,
+        min(joules, MAX_JOULES),
+        last.samples + 1,
+        max(now, last.last_ns),
+        watts,
+        first,
+        max(last.gap_ns, stretch_ns),
+        start.start_ns,
+        start.boot,
+    )
 
 
 # ---- the agent's sampler process

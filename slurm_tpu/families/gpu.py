@@ -274,7 +274,7 @@ class GpuFamily(Family):
 
     def energy_source(self, config: FamilyConfig, accelerator: Accelerator, sysfs_root: str) -> str:
         """NVIDIA: NVML's energy counter by bus id (read-time fallbacks in energy/figures.py); AMD: its
-        hwmon ``power1_average`` where the driver has one; Jetson and Intel: none."""
+        hwmon ``power1_average`` where the driver has one, else its ``power1_input``; Jetson and Intel: none."""
         from ..protocol.energy import HWMON_POWER, NO_SOURCE, NVML_ENERGY
 
         if isinstance(accelerator.details, TegraDetails):
@@ -287,11 +287,13 @@ class GpuFamily(Family):
                 names = sorted(n for n in os.listdir(hwmon) if n.startswith("hwmon"))
             except OSError:
                 names = []
-            for name in names:
-                path = os.path.join(hwmon, name, "power1_average")
-                if os.path.isfile(path):
-                    return f"{HWMON_POWER}:{path}"
-            return f"{NO_SOURCE}:the amdgpu driver publishes no power1_average for this GPU"
+            # power1_average where the driver has it; newer amdgpu (RDNA3 and later) publishes only power1_input.
+            for power in ("power1_average", "power1_input"):
+                for name in names:
+                    path = os.path.join(hwmon, name, power)
+                    if os.path.isfile(path):
+                        return f"{HWMON_POWER}:{path}"
+            return f"{NO_SOURCE}:the amdgpu driver publishes no power1_average or power1_input for this GPU"
         return f"{NO_SOURCE}:no power reading for {accelerator.vendor} GPUs"
 
     def udev_rules(self, config: FamilyConfig, own: str, run: str) -> list[str]:

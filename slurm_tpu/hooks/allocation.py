@@ -95,12 +95,25 @@ def query_job_gres(hook: HookRun, metered: Sequence[str] = ()) -> list[GresAlloc
         return from_env
     from ..errors import SlurmCommandError
 
+    # Asked only for the GPUs read for energy (what is leased or shared came from the plugin's variables,
+    # or there is none): a failure then costs the job's energy figure, never the job (MeteredQueryError).
     try:
         return hook.slurm().job_gres(job_id, node)
     except SlurmCommandError as exc:
-        raise HookError(f"job {job_id}: cannot ask Slurm for its devices: {exc}") from exc
+        why = f"job {job_id}: cannot ask Slurm for its devices: {exc}"
     except ValueError as exc:
-        raise HookError(f"job {job_id}: cannot parse Slurm's answer ({exc})") from exc
+        why = f"job {job_id}: cannot parse Slurm's answer ({exc})"
+    raise HookError(why) if from_env is None else MeteredQueryError(why, from_env)
+
+
+class MeteredQueryError(HookError):
+    """Slurm could not be asked for a job's GPUs read for energy, when nothing else needed the query:
+    ``allocs`` is what the job holds otherwise (our gres plugin's variables). The Prolog goes on without
+    the GPUs' energy; a caller that does not catch it fails closed, as for any HookError."""
+
+    def __init__(self, message: str, allocs: list[GresAlloc] | None = None):
+        super().__init__(message)
+        self.allocs = allocs or []
 
 
 def resolve(job_id: int, allocs: Sequence[GresAlloc], settings: HookSettings) -> list[KnownDevice]:

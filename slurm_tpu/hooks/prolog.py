@@ -34,7 +34,11 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
     metered = settings.energy_gres()  # GRES whose devices are read for energy, not leased (GPUs); [] when off
     if not settings.leasable_names() and shared is None and not metered:
         return 0  # nothing to lease, share or meter on this node: no Slurm query at all
-    allocs = allocation.query_job_gres(hook, metered) or []
+    energy_problem = ""
+    try:
+        allocs = allocation.query_job_gres(hook, metered) or []
+    except allocation.MeteredQueryError as exc:  # asked only for the GPUs read for energy: the job runs
+        allocs, energy_problem = exc.allocs, f"its GPUs' energy is not read: {exc}"
     hook.probe.mark("slurm_query")
     devices = allocation.resolve(job.job_id, allocs, settings)
     shares = 0
@@ -44,9 +48,8 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
         shares = shards.shares_of(allocs, shared.gres_name)
     others = allocation.metered_devices(allocs, settings, metered) if metered else []
     if not devices and not shares:
-        if others:  # a GPU job where GPUs are not leased: its start readings only
-            with Ledger(settings.state_dir) as ledger:
-                _energy_start(hook, ledger, others, 0)
+        if others or energy_problem:  # a GPU job where GPUs are not leased: its start readings only
+            _energy_only(hook, others, energy_problem)
         return 0
     for device in devices:
         entries = settings.values.get(device.identity, {})
@@ -99,14 +102,29 @@ def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
                 "then resume the node"
             ) from exc
         if settings.energy_enabled:
-            _energy_start(hook, ledger, [*devices, *others], shares)
+            _energy_start(hook, ledger, [*devices, *others], shares, energy_problem)
     return 0
 
 
-def _energy_start(hook: HookRun, ledger, devices: list, shares: int) -> None:
+def _energy_only(hook: HookRun, devices: list, problem: str) -> None:
+    """The energy start of a job that holds nothing leased or shared here (its GPUs, read for energy), or
+    the one line saying why its GPUs are not read (``problem``). Never raises: a state directory that
+    cannot be opened costs the figure (one line on stderr), never the job."""
+    from ..access.ledger import Ledger
+
+    try:
+        with Ledger(hook.settings.state_dir) as ledger:
+            _energy_start(hook, ledger, devices, 0, problem)
+    except Exception as exc:  # noqa: BLE001 - energy never fails a job
+        reason = "; ".join(p for p in (problem, f"cannot open the state directory: {exc}") if p)
+        say(f"prolog: job {hook.job.job_id}: energy-unavailable: {reason}"[:1000], error=False)
+
+
+def _energy_start(hook: HookRun, ledger, devices: list, shares: int, problem: str = "") -> None:
     """Write the job's energy start file: the start reading of each device it holds here (``devices``,
     leased or only allocated, and the node's shared TPUs when it holds ``shares``). Never raises: a
-    problem is one ``energy-unavailable`` audit line, and the device's figure says why at the end."""
+    problem (``problem``: one met before) is one ``energy-unavailable`` audit line (stderr when even that
+    cannot be written), and the device's figure says why at the end."""
     from ..protocol.audit import ENERGY_UNAVAILABLE
     from ..protocol.energy import StartDevice
 
@@ -121,20 +139,24 @@ def _energy_start(hook: HookRun, ledger, devices: list, shares: int) -> None:
             device = settings.devices.get(identity)
             if device is not None and identity in sources:
                 held.append(StartDevice(identity, device.kind, sources[identity], None, (min(shares, total), total)))
-    if not held:
-        return
-    problems: list[str] = []
-    try:
-        from ..energy import figures
+    problems: list[str] = [problem] if problem else []
+    if held:
+        try:
+            from ..energy import figures
 
-        uid = -1 if job.uid is None else job.uid
-        start, problems = figures.start_readings(job.job_id, held, settings.nvml_library, uid=uid)
-        figures.write_start(ledger.dir_fd, start)
-    except Exception as exc:  # noqa: BLE001 - energy never fails a job (a full state filesystem, a bad library)
-        problems.append(f"cannot write the start file: {exc}")
-    hook.probe.mark("energy_start")
+            uid = -1 if job.uid is None else job.uid
+            start, found = figures.start_readings(job.job_id, held, settings.nvml_library, uid=uid)
+            problems += found
+            figures.write_start(ledger.dir_fd, start)
+        except Exception as exc:  # noqa: BLE001 - energy never fails a job (a full state filesystem, a bad library)
+            problems.append(f"cannot write the start file: {exc}")
+        hook.probe.mark("energy_start")
     if problems:
-        ledger.audit(ENERGY_UNAVAILABLE, job_id=job.job_id, uid=job.uid, reason="; ".join(problems)[:1000])
+        reason = "; ".join(problems)[:1000]
+        try:
+            ledger.audit(ENERGY_UNAVAILABLE, job_id=job.job_id, uid=job.uid, reason=reason)
+        except Exception as exc:  # noqa: BLE001 - energy never fails a job
+            say(f"prolog: job {job.job_id}: energy-unavailable: {reason} (not audited: {exc})"[:1000], error=False)
 
 
 def _job_gid(environ, uid: int) -> int:

@@ -111,7 +111,9 @@ def running_energy(config: Config, usage: list, broker=None) -> list[DeviceFigur
     except (OSError, statedir.StateDirError):
         return []
     try:
-        found = figures.figures_so_far(fd, config.energy.nvml_library, busy_of, config.sysfs_root)
+        found = figures.figures_so_far(
+            fd, config.energy.nvml_library, busy_of, config.sysfs_root, poll_s=config.energy.poll_seconds
+        )
     except OSError:  # the energy directory itself unreadable (its files' problems are passed over): no figures
         return []
     finally:

@@ -172,18 +172,41 @@ def node_method(figures: list[DeviceEnergy]) -> str:
 
 # The node agent's power sampler keeps, beside each start file with a polled source, the running
 # integral of each such device: ``<state_dir>/energy/<job>.poll`` (root's 0600, replaced atomically
-# at each poll), one line per device: ``<identity>\t<joules>\t<samples>\t<last_ns>\t<last_watts>``
-# (CLOCK_BOOTTIME ns of the last sample, trapezoids between samples). The Epilog adds the stretch
-# from the last sample to the job's end at the last power read.
+# at each poll)::
+#
+#     version=2
+#     boot=<boot id>        # the run of the job id whose samples these are: its start file's boot and start_ns
+#     start_ns=<CLOCK_BOOTTIME ns>
+#     dev=<identity>\t<joules>\t<samples>\t<first_ns>\t<last_ns>\t<last_watts>\t<gap_ns>
+#
+# (CLOCK_BOOTTIME ns of the first and last sample, the longest stretch between two samples; trapezoids
+# between samples). The Epilog adds the stretch from the last sample to the job's end at the last power
+# read. A poll file whose boot or start_ns is not its start file's belongs to an earlier run of a requeued
+# job id (the sampler wrote it as that run ended): it is not counted. Version 1 files (no header, no
+# first sample or gap) are refused whole.
 POLL_SUFFIX = ".poll"
+POLL_VERSION = 2
 
 
 class PollState(Record):
-    """One device's running integral of polled power."""
+    """One device's running integral of polled power in one run of a job (``start_ns``/``boot``: that
+    run's start file's; ``first_ns``: the first sample's time, None when unknown; ``gap_ns``: the longest
+    stretch between two samples)."""
 
-    __slots__ = ("identity", "joules", "samples", "last_ns", "last_watts")
+    __slots__ = ("identity", "joules", "samples", "last_ns", "last_watts", "first_ns", "gap_ns", "start_ns", "boot")
 
-    def __init__(self, identity: str, joules: float, samples: int, last_ns: int, last_watts: float):
+    def __init__(
+        self,
+        identity: str,
+        joules: float,
+        samples: int,
+        last_ns: int,
+        last_watts: float,
+        first_ns: int | None = None,
+        gap_ns: int = 0,
+        start_ns: int = 0,
+        boot: str = "",
+    ):
         self.identity, self.joules, self.samples, self.last_ns, self.last_watts = (
             identity,
             joules,
@@ -191,28 +214,66 @@ class PollState(Record):
             last_ns,
             last_watts,
         )
+        self.first_ns, self.gap_ns, self.start_ns, self.boot = first_ns, gap_ns, start_ns, boot
+
+    def of_run(self, start: StartFile) -> bool:
+        """Whether these samples are of the run that ``start`` began (not of an earlier run of its job id)."""
+        return self.start_ns == start.start_ns and self.boot == start.boot
 
 
 def encode_poll(states: list[PollState]) -> bytes:
-    """A poll file's bytes."""
-    return "".join(
-        f"{_field(s.identity, 'identity')}\t{_number(s.joules)}\t{s.samples}\t{s.last_ns}\t{_number(s.last_watts)}\n"
-        for s in states
-    ).encode()
+    """A poll file's bytes (every state of one run: ValueError otherwise, or for none)."""
+    if not states or any((s.start_ns, s.boot) != (states[0].start_ns, states[0].boot) for s in states):
+        raise ValueError("a poll file holds the samples of one run of one job")
+    lines = [f"version={POLL_VERSION}", f"boot={_field(states[0].boot, 'boot')}", f"start_ns={states[0].start_ns}"]
+    for s in states:
+        first = s.last_ns if s.first_ns is None else s.first_ns
+        fields = (_number(s.joules), str(s.samples), str(first), str(s.last_ns), _number(s.last_watts), str(s.gap_ns))
+        lines.append(f"dev={_field(s.identity, 'identity')}\t" + "\t".join(fields))
+    return ("\n".join(lines) + "\n").encode()
 
 
 def decode_poll(raw: bytes, source: str) -> dict[str, PollState]:
-    """identity -> PollState from a poll file; :class:`FormatError` naming ``source`` for anything else."""
+    """identity -> PollState from a poll file; :class:`FormatError` naming ``source`` for anything else
+    (a version 1 file too: it cannot say which run it is of)."""
     if len(raw) > MAX_BYTES:
         raise FormatError(f"{source} is over {MAX_BYTES} bytes", source)
+    fields: dict[str, str] = {}
+    lines: list[str] = []
     found: dict[str, PollState] = {}
     try:
-        for line in raw.decode("utf-8").splitlines():
-            identity, joules, samples, last_ns, watts = line.split("\t")
-            state = PollState(identity, float(joules), int(samples), int(last_ns), float(watts))
+        text = raw.decode("utf-8")
+        if text.partition("\n")[0] != f"version={POLL_VERSION}":  # a version 1 file has no header
+            raise ValueError(f"not format version {POLL_VERSION}")
+        for line in text.splitlines():
+            key, sep, value = line.partition("=")
+            if not sep:
+                raise ValueError(f"line {line[:40]!r} is not key=value")
+            if key == "dev":
+                lines.append(value)
+            else:
+                fields[key] = value
+        if fields.get("version") != str(POLL_VERSION):
+            raise ValueError(f"not format version {POLL_VERSION}")
+        boot, start_ns = fields["boot"], int(fields["start_ns"])
+        for value in lines:
+            identity, joules, samples, first_ns, last_ns, watts, gap_ns = value.split("\t")
+            state = PollState(
+                identity,
+                float(joules),
+                int(samples),
+                int(last_ns),
+                float(watts),
+                int(first_ns),
+                int(gap_ns),
+                start_ns,
+                boot,
+            )
             if not (0 <= state.joules <= MAX_JOULES and 0 <= state.last_watts <= MAX_WATTS) or state.samples < 0:
                 raise ValueError(f"{identity}: figures out of range")
+            if not int(first_ns) <= state.last_ns or state.gap_ns < 0:
+                raise ValueError(f"{identity}: sample times out of order")
             found[identity] = state
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (KeyError, ValueError, UnicodeDecodeError) as exc:
         raise FormatError(f"{source} is not a slurm-tpu power poll file ({exc})", source) from None
     return found

@@ -177,8 +177,8 @@ def test_a_bad_or_foreign_file_costs_its_job_only(node, library, tmp_path):
         assert (node.energy / "14.poll").read_bytes() == b"garbage\n"
         assert not (node.energy / "15.poll").exists()
         assert sorted(node.lines) == [
-            "energy sampler: energy/14.poll is not a slurm-tpu power poll file (not enough values to unpack "
-            "(expected 5, got 1)): left as it is, job 14 is not sampled",
+            "energy sampler: energy/14.poll is not a slurm-tpu power poll file (not format version 2): "
+            "left as it is, job 14 is not sampled",
             "energy sampler: job 11's start file is from another boot: not sampled",
             "energy sampler: job 12: FormatError: energy/12 is not a slurm-tpu energy start file "
             "(line 'not a start file' is not key=value)",
@@ -207,3 +207,45 @@ def test_a_period_that_would_never_wait_is_refused(node, library):
     for period in (0, -1, float("nan")):
         with pytest.raises(ValueError, match="period must be over 0 s"):
             Sampler(str(node.state), period, library)
+
+
+def test_a_requeued_job_id_starts_its_integral_anew_whatever_the_last_run_left(node, library):
+    """The reviewer's race (/tmp/review-energy/stale.py): the sampler writes run 1's integral after
+    run 1's Epilog took its files and run 2's Prolog wrote its start file. Run 2 never inherits it."""
+    from slurm_tpu.energy import figures
+
+    node.amd_watts(100)
+    node.start(7, amd(node))
+    sampler = node.sampler(library)
+    try:
+        for _ in range(3):
+            node.now += 500 * SECOND
+            assert sampler.poll_once() == 1
+        run1 = (node.energy / "7.poll").read_bytes()
+        assert node.poll(7)["amd-0"].joules == pytest.approx(150_000)
+        # Run 1 ends, run 2 starts 1 s later (its Prolog removes run 1's poll file) ...
+        node.now += SECOND
+        fd = statedir.open_dir(str(node.state))
+        try:
+            assert figures.take_start(fd, 7)[0] is not None
+            figures.write_start(fd, StartFile(7, BOOT, node.now, [amd(node)]))
+            assert not (node.energy / "7.poll").exists()
+            # ... and the sampler, which read run 1's files before, writes run 1's integral now.
+            (node.energy / "7.poll").write_bytes(run1)
+            os.chmod(node.energy / "7.poll", 0o600)
+            start2 = node.now
+            # Run 2's Epilog without a sample of its own: the stale file is not counted.
+            _, poll, why = figures.take_start(fd, 7)
+            assert poll is None and "earlier run of job 7" in why
+            figures.write_start(fd, StartFile(7, BOOT, start2, [amd(node)]))
+            (node.energy / "7.poll").write_bytes(run1)
+            os.chmod(node.energy / "7.poll", 0o600)
+        finally:
+            os.close(fd)
+        # The sampler's next pass restarts from run 2's start: 100 s at 100 W, not run 1's 150 kJ on top.
+        node.now += 100 * SECOND
+        assert sampler.poll_once() == 1
+        state = node.poll(7)["amd-0"]
+        assert (state.joules, state.samples, state.start_ns) == (pytest.approx(10_000), 1, start2)
+    finally:
+        sampler.close()

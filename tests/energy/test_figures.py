@@ -68,10 +68,15 @@ def test_a_shard_jobs_estimate_uses_the_brokers_busy_time():
     [figure] = compute(start, 600, busy=busy)
     assert figure.method == "estimated" and "broker" in figure.note
     assert figure.joules == pytest.approx(0.5 * 600 * 0.5 + 1.5 * 30)
-    # The broker's busy time is bounded like any other: at most the job's part of the device.
+    # Root's busy time counts whole past the job's share of the seconds (the broker ran its inferences on
+    # the device, whatever the share of its idle time): 400 s busy of 600 s, holding 2 of 4 shares.
+    busy = figures.busy_times(start, {}, broker_busy_ms=400_000.0)
+    [figure] = compute(start, 600, busy=busy)
+    assert figure.joules == pytest.approx(0.5 * 600 * 0.5 + 1.5 * 400)
+    # It is bounded by the job's seconds: never more active time than the job ran.
     busy = figures.busy_times(start, {}, broker_busy_ms=10.0**9)
     [figure] = compute(start, 600, busy=busy)
-    assert figure.joules == pytest.approx(2.0 * 600 * 0.5)
+    assert figure.joules == pytest.approx(0.5 * 600 * 0.5 + 1.5 * 600)
 
 
 def test_the_brokers_busy_time_wins_over_a_record_the_job_wrote():
@@ -153,7 +158,8 @@ def test_the_start_file_is_roots_in_a_root_only_directory_and_is_read_once(tmp_p
         info, dir_info = (directory / "41").stat(), directory.stat()
         assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (0, 0o600)
         assert (dir_info.st_uid, stat.S_IMODE(dir_info.st_mode)) == (0, 0o700)
-        (directory / "41.poll").write_bytes(energy.encode_poll([PollState("usb-2-1.3", 1.0, 1, 5, 2.0)]))
+        state = PollState("usb-2-1.3", 1.0, 1, start.start_ns + 5, 2.0, start_ns=start.start_ns, boot=BOOT)
+        (directory / "41.poll").write_bytes(energy.encode_poll([state]))
         assert _has_energy_start(str(tmp_path / "state"), 41)
         got, poll, why = figures.take_start(fd, 41)
         assert (got, why) == (start, "") and poll is not None and poll["usb-2-1.3"].samples == 1
@@ -179,7 +185,9 @@ def test_running_jobs_figures_so_far_are_the_epilogs_computation_now_and_change_
         ours = StartFile(41, figures.boot_id(), started, [tpu(), gpu], 1001)
         figures.write_start(fd, ours)
         directory = tmp_path / "state" / energy.DIR
-        (directory / "41.poll").write_bytes(energy.encode_poll([PollState(gpu.identity, 900.0, 3, started, 50.0)]))
+        (directory / "41.poll").write_bytes(
+            energy.encode_poll([PollState(gpu.identity, 900.0, 3, started, 50.0, start_ns=started, boot=ours.boot)])
+        )
         (directory / "42").write_bytes(b"not a start file")
         before = {name: (directory / name).read_bytes() for name in os.listdir(directory)}
         busy = figures.busy_times(ours, {"usb-2-1.3": 10.0}, None)
@@ -216,3 +224,28 @@ def test_an_amd_gpus_polled_power_ends_with_its_hwmon_reading_now(tmp_path):
     # A power file outside the sysfs root is never read: the last sample's watts carry the stretch.
     [figure] = compute(start, 60, poll={device.identity: state}, sysfs_root=str(tmp_path / "elsewhere"))
     assert figure.joules == pytest.approx(5000.0 + 100.0 * 10)
+
+
+def test_a_polled_figure_is_never_stretched_over_a_long_gap_without_samples(tmp_path):
+    """More than 3 sampler periods without a sample before the first, between two or after the last
+    (an agent that was down) makes the figure unavailable, naming the gap; within them it counts."""
+    device = StartDevice("pci-0000:03:00.0", "gpu", f"hwmon-power:{tmp_path}/power1_average", None, None)
+    start = start_file(device)
+    t0 = start.start_ns
+
+    def figure(first_s: float, last_s: float, gap_s: float = 5.0, seconds: float = 600) -> DeviceEnergy:
+        state = PollState(
+            device.identity, 1000.0, 10, t0 + int(last_s * S), 10.0, t0 + int(first_s * S), int(gap_s * S), t0, BOOT
+        )
+        [found] = compute(start, seconds, poll={device.identity: state}, poll_s=5.0)
+        return found
+
+    assert figure(first_s=5, last_s=595).method == "integrated"
+    assert figure(first_s=15, last_s=585, gap_s=15).method == "integrated"  # exactly 3 periods: counted
+    late = figure(first_s=400, last_s=595)
+    assert (late.method, late.joules) == ("unavailable", None)
+    assert late.note == "no power sample for 400 s before the first sample (the sampler polls every 5 s): not counted"
+    stopped = figure(first_s=5, last_s=100)  # the agent died 100 s in: not 500 s at its last reading
+    assert stopped.method == "unavailable" and "500 s after the last sample" in stopped.note
+    gap = figure(first_s=5, last_s=595, gap_s=300)
+    assert gap.method == "unavailable" and "300 s between two samples" in gap.note

@@ -3,6 +3,8 @@ the counter's delta, a counter that goes back, a GPU without the counter, NVML f
 
 from __future__ import annotations
 
+import os
+
 import pytest
 
 import nvml_double
@@ -85,3 +87,38 @@ def test_nvml_failing_at_either_end_costs_only_the_figure(library, gpus, tmp_pat
     nvml_double.set_gpu(gpus, GPU_A, energy_mj=6, lost=True)
     [figure] = end(start, library)
     assert figure.method == "unavailable" and figure.note.startswith("NVML at job end")
+
+
+def test_a_slow_nvml_init_within_the_deadline_still_gives_the_figure(library, gpus):
+    nvml_double.set_driver(gpus, init_delay_ms=300)  # a GPU without persistence mode: a slow init
+    nvml_double.set_gpu(gpus, GPU_A, energy_mj=1_000_000)
+    start, problems = figures.start_readings(41, [gpu()], library)
+    assert problems == [] and start.devices[0].start == 1_000_000
+    nvml_double.set_gpu(gpus, GPU_A, energy_mj=1_500_000)
+    [figure] = end(start, library)
+    assert (figure.method, figure.joules) == ("measured", pytest.approx(500.0))
+
+
+def test_a_hung_nvml_costs_only_the_figures_that_need_it(library, gpus):
+    nvml_double.set_gpu(gpus, GPU_A, energy_mj=1_000_000)
+    start, _ = figures.start_readings(41, [gpu()], library)
+    nvml_double.set_driver(gpus, hang=True)
+    model = StartDevice("usb-2-1.3", "edgetpu", "model:0.5:2", None, None)
+    start.devices.append(model)
+    found = {f.identity: f for f in end(start, library, seconds=100, deadline_s=0.5)}
+    assert found["pci-0000:41:00.0"].method == "unavailable"
+    assert found["pci-0000:41:00.0"].note == "the device reads at job end did not answer within 0.5 s: killed"
+    assert (found["usb-2-1.3"].method, found["usb-2-1.3"].joules) == ("estimated", pytest.approx(50.0))
+
+
+def test_the_guard_returns_a_childs_value_or_says_why_there_is_none():
+    from slurm_tpu.energy import guard
+
+    assert guard.call(lambda: {"a": (1.5, "", None)}, "reads") == ({"a": (1.5, "", None)}, "")
+
+    def fails():
+        raise OSError("no such sensor")
+
+    assert guard.call(fails, "reads") == (None, "reads failed: OSError: no such sensor")
+    value, why = guard.call(lambda: os._exit(3), "reads")
+    assert value is None and why == "reads ended without an answer (exit status 3)"

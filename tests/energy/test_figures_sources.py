@@ -142,3 +142,13 @@ def test_nvml_bus_ids():
     assert nvml_bus_id("0000:41:00.0") == "00000000:41:00.0"
     assert nvml_bus_id("0001:0A:00.1") == "00000001:0a:00.1"
     assert family("gpu").default_watts == {}  # GPUs are read, never modelled
+
+
+def test_an_amd_gpu_that_publishes_only_power1_input_is_read_from_it(tmp_path):
+    hwmon = tmp_path / "bus" / "pci" / "devices" / "0000:03:00.0" / "hwmon" / "hwmon4"
+    hwmon.mkdir(parents=True)
+    (hwmon / "power1_input").write_text("42000000\n")  # RDNA3 and later: no power1_average
+    assert sources(Config(), str(tmp_path))["pci-0000:03:00.0"] == f"hwmon-power:{hwmon}/power1_input"
+    # Where both are published, the driver's own average is read.
+    (hwmon / "power1_average").write_text("40000000\n")
+    assert sources(Config(), str(tmp_path))["pci-0000:03:00.0"] == f"hwmon-power:{hwmon}/power1_average"

@@ -386,10 +386,11 @@ if sys.argv[3:] == ["take"]:
 ' {node} {sock} {mode}"""
 
 
-def run_hook_in_process(module, env) -> int:
+def run_hook_in_process(module, env, *args) -> int:
     """Run a hook module's ``run`` (hooks/prolog.py, epilog.py) in this process as its entry point does,
-    with ``env`` as Slurm's environment; a drain it asks for is recorded and fails the test (the hooks'
-    broker and energy paths must never drain a node). Returns the hook's exit status."""
+    with ``env`` as Slurm's environment (``args``: the run's own, e.g. the Epilog's early ``answer``); a
+    drain it asks for is recorded and fails the test (the hooks' broker and energy paths must never drain
+    a node). Returns the hook's exit status."""
     from slurm_tpu.hooks.context import HookRun
 
     class Run(HookRun):
@@ -403,6 +404,6 @@ def run_hook_in_process(module, env) -> int:
 
     hook = Run(module.__name__.rsplit(".", 1)[1], env)
     hook.drained = drained = []
-    status = hook.main(module.run)
+    status = hook.main(module.run, *args)
     assert not drained, drained
     return status

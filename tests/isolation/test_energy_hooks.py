@@ -167,3 +167,190 @@ def test_with_energy_disabled_nothing_is_read_or_written(node, monkeypatch):
     assert run(prolog, env) == 0
     assert run(epilog, env) == 0
     assert not (state / energy.DIR).exists() and not (spool / "45").exists()
+
+
+# ---- hardening (the reviewer's findings): every energy problem costs the figure, never the job
+
+
+def test_an_nvml_that_hangs_costs_the_figure_within_the_deadline_and_the_hooks_go_on(node, monkeypatch):
+    settings, state, spool, gpus = node
+    nvml_double.set_driver(gpus, hang=True)  # nvmlInit_v2 never returns
+    env = job(monkeypatch, 46, [GresAlloc("gpu", "a100", 1, (0,))])
+    assert run(prolog, env) == 0
+    [line] = events(state, "energy-unavailable")
+    assert "did not answer within 2 s" in line["reason"]
+    start = energy.decode((state / energy.DIR / "46").read_bytes(), "start")
+    assert start.devices[0].source.startswith("none:NVML at job start did not answer")
+    assert run(epilog, env) == 0
+    [event] = events(state)
+    assert (event["method"], event["joules"]) == ("unavailable", None) and "did not answer" in event["note"]
+    # The end's reads hang too (a sound init, a GPU whose query never returns): the same.
+    nvml_double.set_driver(gpus)
+    env = job(monkeypatch, 47, [GresAlloc("gpu", "a100", 1, (1,))])
+    assert run(prolog, env) == 0
+    nvml_double.set_gpu(gpus, GPU_B, energy_mj=7_000_000_000, hang=True)
+    assert run(epilog, env) == 0
+    event = events(state)[-1]
+    assert (event["job_id"], event["method"]) == (47, "unavailable")
+    assert "the device reads at job end did not answer within 2 s: killed" in event["note"]
+    assert decode_spool((spool / "47").read_bytes(), "spool").energy_method == "unavailable"
+
+
+def test_an_nvml_that_crashes_costs_the_figure_not_the_hook(node, monkeypatch):
+    settings, state, spool, gpus = node
+    nvml_double.set_driver(gpus, crash=True)  # nvmlInit_v2 aborts its process
+    env = job(monkeypatch, 48, [GresAlloc("gpu", "a100", 1, (0,))])
+    assert run(prolog, env) == 0
+    [line] = events(state, "energy-unavailable")
+    assert "NVML at job start crashed (signal 6)" in line["reason"]
+    assert run(epilog, env) == 0
+    [event] = events(state)
+    assert event["method"] == "unavailable" and "crashed (signal 6)" in event["note"]
+
+
+def test_an_edge_tpu_job_forks_nothing_for_its_figure(node, monkeypatch):
+    settings, state, spool, _ = node
+    env = job(monkeypatch, 49, [GresAlloc("tpu_shard", None, 2, ())])
+
+    def no_fork():
+        raise AssertionError("an Edge TPU job forked for its energy")
+
+    monkeypatch.setattr(os, "fork", no_fork)
+    assert run(prolog, env) == 0
+    assert run(epilog, env) == 0
+    [event] = events(state)
+    assert (event["identity"], event["method"]) == (TPU, "estimated")
+
+
+class FailingSlurm:
+    def job_gres(self, job_id, node):
+        from slurm_tpu.errors import SlurmCommandError
+
+        raise SlurmCommandError("scontrol: slurm_load_jobs error: Socket timed out on send/recv operation", "scontrol")
+
+
+def test_a_slurm_query_made_only_for_energy_that_fails_costs_the_figure_not_the_job(node, monkeypatch):
+    settings, state, spool, _ = node
+    settings.shards = None  # the node leases and shares nothing: the query is for its GPUs' energy only
+    from slurm_tpu.hooks.context import HookRun
+
+    monkeypatch.setattr(HookRun, "slurm", lambda self: FailingSlurm())
+    env = {"SLURM_JOB_ID": "50", "SLURM_JOB_UID": "1234", "SLURMD_NODENAME": "n1", "SLURM_JOB_GPUS": "0"}
+    assert run(prolog, env) == 0
+    [line] = events(state, "energy-unavailable")
+    assert line["job_id"] == 50 and "Socket timed out" in line["reason"] and "energy" in line["reason"]
+    assert not (state / energy.DIR / "50").exists()
+
+
+def test_a_state_directory_that_cannot_be_opened_costs_the_figure_not_the_job(node, monkeypatch, tmp_path, capsys):
+    settings, state, spool, _ = node
+    settings.shards = None
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    os.symlink(tmp_path / "elsewhere", state)  # the Ledger refuses a state directory that is a link
+    env = job(monkeypatch, 51, [GresAlloc("gpu", "a100", 1, (0,))])
+    assert run(prolog, env) == 0
+    assert "energy-unavailable" in capsys.readouterr().err
+    assert os.listdir(tmp_path / "elsewhere") == []
+
+
+def test_a_requeued_job_never_inherits_its_earlier_runs_power_samples(node, monkeypatch, tmp_path):
+    """The sampler wrote run 1's integral as run 1 ended: run 2's Epilog does not count it."""
+    from slurm_tpu.protocol.energy import PollState, encode_poll
+
+    settings, state, spool, _ = node
+    power = tmp_path / "power1_average"
+    power.write_text("100000000\n")
+    settings.sysfs_root = str(tmp_path)
+    settings.energy_sources["pci-0000:41:00.0"] = f"hwmon-power:{power}"
+    env = job(monkeypatch, 52, [GresAlloc("gpu", "a100", 1, (0,))])
+    assert run(prolog, env) == 0
+    start_file = state / energy.DIR / "52"
+    start = energy.decode(start_file.read_bytes(), "start")
+    earlier = PollState(
+        "pci-0000:41:00.0",
+        10**5,
+        200,
+        start.start_ns,
+        100.0,
+        start.start_ns - 10**12,
+        5 * 10**9,
+        start.start_ns - 10**12,
+        start.boot,
+    )
+    (state / energy.DIR / "52.poll").write_bytes(encode_poll([earlier]))
+    os.chmod(state / energy.DIR / "52.poll", 0o600)
+    assert run(epilog, env) == 0
+    [event] = events(state)
+    assert (event["method"], event["joules"]) == ("unavailable", None)
+    assert "earlier run of job 52" in event["note"]
+    # And the Prolog of a run removes a poll file a run before it left.
+    (state / energy.DIR / "52.poll").write_bytes(encode_poll([earlier]))
+    assert run(prolog, env) == 0
+    assert not (state / energy.DIR / "52.poll").exists()
+
+
+def test_a_bad_poll_file_is_the_figures_note(node, monkeypatch, tmp_path):
+    settings, state, spool, _ = node
+    settings.energy_sources["pci-0000:41:00.0"] = f"hwmon-power:{tmp_path}/power1_average"
+    env = job(monkeypatch, 53, [GresAlloc("gpu", "a100", 1, (0,))])
+    assert run(prolog, env) == 0
+    (state / energy.DIR / "53.poll").write_bytes(b"pci-0000:41:00.0\t5\t1\t5\t2\n")  # version 1: refused
+    assert run(epilog, env) == 0
+    [event] = events(state)
+    assert event["method"] == "unavailable" and "not format version 2" in event["note"]
+    assert event["note"] != "no node agent polls power here"
+
+
+def test_a_shard_job_whose_start_file_is_gone_still_gets_its_devices_events(node, monkeypatch):
+    settings, state, spool, _ = node
+    env = job(monkeypatch, 54, [GresAlloc("tpu_shard", None, 2, ())])
+    assert run(prolog, env) == 0
+    (state / energy.DIR / "54").unlink()  # the node rebooted (a tmpfs state directory) or the write failed
+    assert run(epilog, env) == 0
+    [event] = events(state)
+    assert (event["identity"], event["method"], event["joules"]) == (TPU, "unavailable", None)
+    assert "start file is missing" in event["note"]
+    assert decode_spool((spool / "54").read_bytes(), "spool").energy_method == "unavailable"
+    assert run(epilog, env) == 0 and len(events(state)) == 1  # a second run says it once
+
+
+def test_energy_turned_off_since_the_prolog_leaves_no_start_file_behind(node, monkeypatch):
+    settings, state, spool, _ = node
+    env = job(monkeypatch, 55, [GresAlloc("gpu", "a100", 1, (0,))])
+    assert run(prolog, env) == 0
+    (state / energy.DIR / "55.poll").write_bytes(b"anything\n")
+    settings.energy_enabled, settings.energy_sources = False, {}
+    assert run(epilog, env) == 0
+    assert os.listdir(state / energy.DIR) == [] and not (state / "audit.log").exists()
+
+
+def test_the_epilog_reads_the_end_before_it_answers_slurm(node, monkeypatch, tmp_path):
+    """The node agent answers Slurm early, and the node's next job may start at once: the end readings
+    (and the end's time) are taken before the answer, the figures computed after."""
+    from slurm_tpu.access.ledger import Ledger
+    from slurm_tpu.hooks import leasing
+    from slurm_tpu.hooks.context import JobContext
+
+    settings, state, spool, gpus = node
+    # A job holding a leased device (the answer comes only with a lease) and a GPU read for energy.
+    node_file = tmp_path / "dev" / "accel0"
+    node_file.parent.mkdir()
+    os.mknod(node_file, stat.S_IFCHR | 0o600, os.makedev(240, 219))  # no driver: nobody holds it
+    leased = KnownDevice("pci-0000:02:00.0", "gpu", "pci", (str(node_file),))
+    settings.devices[leased.identity] = leased
+    settings.energy_sources[leased.identity] = "none:no reading for this test's leased device"
+    env = job(monkeypatch, 56, [GresAlloc("gpu", "a100", 1, (0,))])
+    assert run(prolog, env) == 0
+    with Ledger(settings.state_dir) as ledger:
+        leasing.acquire(ledger, JobContext(56, 1234, "alice", "n1"), [leased], settings)
+    nvml_double.set_gpu(gpus, GPU_A, energy_mj=5_000_000_000 + 2_000_000)  # the job drew 2 kJ
+    answered = []
+
+    def answer():  # Slurm has its answer: the next job on the GPU draws at once
+        answered.append(True)
+        nvml_double.set_gpu(gpus, GPU_A, energy_mj=5_000_000_000 + 10**9)
+
+    assert run(epilog, env, answer) == 0 and answered
+    figures = {event["identity"]: event for event in events(state)}
+    assert figures["pci-0000:41:00.0"]["joules"] == pytest.approx(2000.0)
+    assert figures["pci-0000:41:00.0"]["method"] == "measured"

@@ -3,7 +3,9 @@
 A GPU of the double is a file in its state directory named by the GPU's NVML PCI bus id
 (``00000000:41:00.0``) holding ``key=value`` lines, read again at every NVML call: ``energy_mj``
 (the total energy counter; absent: NOT_SUPPORTED, as on a pre-Volta GPU), ``power_mw`` (absent:
-NOT_SUPPORTED, as on a Jetson), ``uuid``, ``name``, ``lost=1`` (every query: GPU_IS_LOST). The GPUs
+NOT_SUPPORTED, as on a Jetson), ``uuid``, ``name``, ``lost=1`` (every query: GPU_IS_LOST), ``hang=1``
+(every query never returns). A ``driver`` file there (:func:`set_driver`) makes ``nvmlInit_v2`` slow,
+hang or crash. The GPUs
 themselves are found at the first ``nvmlInit_v2``, as the real library finds them; no state
 directory at all reads as no driver (DRIVER_NOT_LOADED). The directory is
 ``$SLURM_TPU_NVML_DOUBLE_DIR``, else ``state`` beside the library.
@@ -61,6 +63,7 @@ def set_gpu(
     uuid: str | None = None,
     name: str | None = None,
     lost: bool = False,
+    hang: bool = False,
 ) -> Path:
     """Write GPU ``bus_id``'s file in ``state_dir`` atomically (a reader sees the old or the new
     readings, never half); a reading left None is absent (NVML says NOT_SUPPORTED). Returns its path."""
@@ -70,6 +73,8 @@ def set_gpu(
             lines.append(f"{key}={value}")
     if lost:
         lines.append("lost=1")
+    if hang:
+        lines.append("hang=1")
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
     fd, temporary = tempfile.mkstemp(prefix=".gpu-", dir=state)  # a dot file: never taken for a GPU
@@ -83,3 +88,23 @@ def set_gpu(
 def remove_gpu(state_dir: Path | str, bus_id: str) -> None:
     """GPU ``bus_id`` falls off the bus: its file goes (NVML then says GPU_IS_LOST for it)."""
     (Path(state_dir) / bus_id).unlink()
+
+
+def set_driver(state_dir: Path | str, init_delay_ms: int = 0, hang: bool = False, crash: bool = False) -> Path:
+    """How the double's ``nvmlInit_v2`` misbehaves from now on (all off: as a sound driver): it waits
+    ``init_delay_ms``, never returns (``hang``), or aborts its process (``crash``). Returns the file's path."""
+    lines = []
+    if init_delay_ms:
+        lines.append(f"init_delay_ms={int(init_delay_ms)}")
+    if hang:
+        lines.append("hang=1")
+    if crash:
+        lines.append("crash=1")
+    state = Path(state_dir)
+    state.mkdir(parents=True, exist_ok=True)
+    fd, temporary = tempfile.mkstemp(prefix=".driver-", dir=state)
+    with os.fdopen(fd, "w") as out:
+        out.write("".join(line + "\n" for line in lines))
+    target = state / "driver"
+    os.replace(temporary, target)
+    return target

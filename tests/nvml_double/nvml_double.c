@@ -16,6 +16,16 @@
  * counters by rewriting the file (atomically: tests/nvml_double/__init__.py set_gpu); a GPU whose
  * file is gone has fallen off the bus (NVML_ERROR_GPU_IS_LOST). No state directory at all: no
  * driver (nvmlInit_v2 gives NVML_ERROR_DRIVER_NOT_LOADED).
+ *
+ * A library that misbehaves, as a real one can (a GPU that fell off the bus, a driver mid-reload):
+ * a file named "driver" in the state directory (not a bus id: never taken for a GPU), read at every
+ * nvmlInit_v2, with key=value lines
+ *
+ *     init_delay_ms=<ms>    nvmlInit_v2 takes that long before it answers
+ *     hang=1                nvmlInit_v2 never returns
+ *     crash=1               nvmlInit_v2 kills its process (abort: SIGABRT)
+ *
+ * and, in a GPU's file, hang=1: every query of that GPU never returns.
  */
 #define _GNU_SOURCE
 #include <dirent.h>
@@ -178,8 +188,35 @@ static nvmlReturn_t discover(void) {
     return NVML_SUCCESS;
 }
 
+/* Read the "driver" file's misbehaviour, if any, and act on it (before any lock is taken). */
+static void misbehave_at_init(void) {
+    char path[PATH_MAX + 8], text[MAX_FILE + 1];
+    pthread_mutex_lock(&lock);
+    find_state_dir();
+    snprintf(path, sizeof path, "%s/driver", state_dir);
+    pthread_mutex_unlock(&lock);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return;
+    ssize_t length = read(fd, text, MAX_FILE);
+    close(fd);
+    if (length <= 0) return;
+    text[length] = '\0';
+    char *save = NULL;
+    for (char *line = strtok_r(text, "\n", &save); line != NULL; line = strtok_r(NULL, "\n", &save)) {
+        if (strncmp(line, "init_delay_ms=", 14) == 0) {
+            long ms = strtol(line + 14, NULL, 10);
+            if (ms > 0) usleep((useconds_t)ms * 1000);
+        } else if (strcmp(line, "hang=1") == 0) {
+            for (;;) pause();
+        } else if (strcmp(line, "crash=1") == 0) {
+            abort();
+        }
+    }
+}
+
 nvmlReturn_t nvmlInit_v2(void) {
     nvmlReturn_t result = NVML_SUCCESS;
+    misbehave_at_init();
     pthread_mutex_lock(&lock);
     if (init_count == 0) result = discover();
     if (result == NVML_SUCCESS) init_count++;
@@ -247,6 +284,8 @@ static nvmlReturn_t read_gpu(nvmlDevice_t device, struct reading *out) {
             snprintf(out->name, sizeof out->name, "%s", value);
         } else if (strcmp(line, "lost") == 0) {
             out->lost = strcmp(value, "1") == 0;
+        } else if (strcmp(line, "hang") == 0 && strcmp(value, "1") == 0) {
+            for (;;) pause(); /* a GPU whose query never returns */
         }
     }
     return out->lost ? NVML_ERROR_GPU_IS_LOST : NVML_SUCCESS;
