@@ -115,10 +115,11 @@ class DeviceFigure:
 
 def energy_figures(events: Iterable[dict]) -> list[DeviceFigure]:
     """The ``energy`` events among ``events`` (:func:`slurm_tpu.protocol.audit.read_events`), one figure per
-    device and job (a later event replaces an earlier one: an Epilog run twice). An event that is not
+    device and run of a job: a requeued job id's runs each count (the Epilog takes a run's start file, so
+    it writes one event per device and run; the same line read twice counts once). An event that is not
     a figure with its method is skipped: an unknown method, joules with ``unavailable`` or none without
     it, joules or seconds out of range."""
-    found: dict[tuple[str, int], DeviceFigure] = {}
+    found: dict[tuple[str, int, float], DeviceFigure] = {}
     for event in events:
         if event.get(audit.EVENT) != audit.ENERGY:
             continue
@@ -142,7 +143,7 @@ def energy_figures(events: Iterable[dict]) -> list[DeviceFigure]:
             float(seconds),  # type: ignore[arg-type]
             note if isinstance(note, str) else "",
         )
-        found[(identity, job_id)] = figure
+        found[(identity, job_id, figure.end)] = figure
     return sorted(found.values(), key=lambda f: (f.end, f.identity))
 
 
