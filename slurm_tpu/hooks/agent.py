@@ -355,15 +355,13 @@ class _SamplerProcess:
 
     def __init__(self, settings) -> None:
         self.settings, self.pid, self.started = settings, 0, 0.0
-        # Until the snapshot carries config energy.poll_seconds (1..60, checked there): its default.
-        period = float(getattr(settings, "energy_poll_s", 5.0))
-        self.period = period if period > 0 else 5.0
+        self.period = settings.energy_poll_s  # config energy.poll_seconds: 1..60, checked there
 
     def wanted(self) -> bool:
         """Whether energy figures are on (config ``energy.enabled``). Not narrowed to nodes whose
         devices have a polled source: the agent reads its settings once, and a GPU added since must
         still be sampled; an idle sampler costs one directory listing per period."""
-        return bool(getattr(self.settings, "energy_enabled", True))
+        return self.settings.energy_enabled
 
     def start(self) -> None:
         """Fork the sampler (a failed fork is tried again next period)."""
@@ -422,8 +420,7 @@ def _sampler_child(agent: int, settings, period: float) -> None:
     os.closerange(3, os.sysconf("SC_OPEN_MAX"))
     from ..energy.sampler import Sampler, serve
 
-    library = getattr(settings, "nvml_library", "libnvidia-ml.so.1")
-    sampler = Sampler(settings.state_dir, period, library, settings.sysfs_root, say)
+    sampler = Sampler(settings.state_dir, period, settings.nvml_library, settings.sysfs_root, say)
     serve(agent, sampler)
 
 

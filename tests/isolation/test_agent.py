@@ -258,7 +258,8 @@ def test_workers_serve_job_after_job_and_a_lease_names_the_prolog_process(cluste
     cluster.stop_agent("n1")
     cluster.start_agent("n1")  # a fresh pool: its kept workers, and the resident scontrol's helper
     agent = agent_pid(cluster)
-    wait_until(lambda: len(_children(agent)) == IDLE_WORKERS + 1, 60, "the agent's workers to be forked")
+    # Its workers, the resident scontrol's helper and the energy sampler (energy is on by default).
+    wait_until(lambda: len(_children(agent)) == IDLE_WORKERS + 2, 60, "the agent's workers to be forked")
     before = _children(agent)
     with kept_in_service(cluster):
         # The PCIe card only: a USB stick's power-cycle brings udev events, more hooks at once.
