@@ -77,4 +77,13 @@ if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then
     scripts/build-gres-plugin.sh --slurm25 || true
 fi
 
+# enroot and Pyxis (`srun --container-image=...`) from ../shared/containers, Pyxis for each Slurm
+# here (scripts/build-containers.sh, cached): the container tests use them. Optional like the
+# plugin: a failed build says so in one line and the Pyxis tests skip.
+if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then
+    scripts/build-containers.sh --debian --slurm25 || true
+else
+    scripts/build-containers.sh --debian || true
+fi
+
 echo "setup: ready ($(.venv/bin/slurm-tpu --version))"
