@@ -152,6 +152,13 @@ class LocalCluster:
     # simulated /sys and /dev (``%n``: the broker's SLURMD_NODENAME), as the jobs' double is given.
     brokers: bool = True
     broker_env: Mapping[str, str] = field(default_factory=dict)
+    # Pyxis + enroot (containers.py): plugstack.conf with the Pyxis of this cluster's Slurm release and
+    # a per-node enroot config under the base; ``container_libedgetpu``: the node's libedgetpu the
+    # enroot hook binds into containers (tests: the libedgetpu double); ``container_mounts``: more
+    # enroot fstab lines for every node (``%N``: the node's directory, ``%n``: its name).
+    containers: bool = False
+    container_libedgetpu: str = ""
+    container_mounts: Sequence[str] = ()
 
     @property
     def slurm(self) -> installation.Installation:
@@ -269,12 +276,36 @@ class LocalCluster:
                 handle,
             )
         self._write_hook_wrappers()
+        self._configure_containers()
         self._configure_accounting()
         self._write_slurm_conf()
         if self.agents:
             from slurm_tpu.ops.hook_client import build_native
 
             build_native()  # the hooks' thin client and native entries, beside them ({}: no cc)
+
+    def _configure_containers(self) -> None:
+        """With ``containers``: plugstack.conf and each node's enroot (containers.py)."""
+        if not self.containers:
+            return
+        from . import containers
+
+        version = installation.version_of(self.slurm.program("slurmd"))
+        why = containers.missing(version)
+        if why:
+            raise RuntimeError(why)
+        self.plugstack = containers.write_plugstack(self.base, version or "")
+        for spec in self.nodes:
+            containers.configure_node(
+                self.base,
+                spec.name,
+                self.node_dir(spec.name),
+                self.node_config(spec.name),
+                self.container_libedgetpu,
+                self.python,
+                self.slurm_prefix,
+                self.container_mounts,
+            )
 
     def _configure_munge(self) -> None:
         key = self.path("munge", "munge.key")
@@ -428,6 +459,8 @@ class LocalCluster:
                 f"HealthCheckInterval={self.hooks.health_interval or 60}",
                 "HealthCheckNodeState=ANY",
             ]
+        if self.containers:
+            lines.append(f"PlugStackConfig={self.path('etc', 'plugstack.conf')}")
         ours = self.gres_plugin_dir
         if ours:
             from slurm_tpu.slurm import gres_plugin
@@ -460,7 +493,7 @@ class LocalCluster:
     def _pidfile(self, name: str) -> str:
         return self.path("run", f"{name}.launcher.pid")
 
-    def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
+    def _spawn(self, name: str, argv: list[str], user: str | None = None, path_first: str | None = None) -> None:
         log = open(self.path("log", f"{name}.out"), "ab")
         # As ``user`` by a plain setgid/setuid in the child, not through runuser: on
         # SIGTERM runuser (util-linux su-common) passes the signal on, then sleeps 2 s
@@ -476,7 +509,7 @@ class LocalCluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=self.env(),
+            env=self.env({"PATH": f"{path_first}:{self.env()['PATH']}"} if path_first else None),
             start_new_session=True,
             close_fds=True,
             **ids,
@@ -539,7 +572,7 @@ class LocalCluster:
                 self._wait_agent(spec.name)
             if self.brokers and self.shares_devices(spec.name):
                 self._wait_broker(spec.name)
-            self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
+            self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name], path_first=self._node_path(spec.name))
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
 
@@ -811,7 +844,15 @@ class LocalCluster:
 
     def start_slurmd(self, node: str) -> None:
         """Start one node's slurmd (no wait: the controller may be restarting)."""
-        self._spawn(f"slurmd-{node}", [self.slurm.program("slurmd"), "-D", "-N", node])
+        self._spawn(
+            f"slurmd-{node}", [self.slurm.program("slurmd"), "-D", "-N", node], path_first=self._node_path(node)
+        )
+
+    def _node_path(self, node: str) -> str | None:
+        """What goes first on the node's slurmd PATH: its enroot wrapper's directory (containers), else nothing."""
+        if not self.containers:
+            return None
+        return os.path.join(self.node_dir(node), "enroot", "bin")
 
     def restart_slurmctld(self, timeout: float = 60) -> None:
         """Restart the controller (it re-reads slurm.conf, new GRES counts included)."""
