@@ -155,10 +155,12 @@ class LocalCluster:
     # Pyxis + enroot (containers.py): plugstack.conf with the Pyxis of this cluster's Slurm release and
     # a per-node enroot config under the base; ``container_libedgetpu``: the node's libedgetpu the
     # enroot hook binds into containers (tests: the libedgetpu double); ``container_mounts``: more
-    # enroot fstab lines for every node (``%N``: the node's directory, ``%n``: its name).
+    # enroot fstab lines for every node (``%N``: the node's directory, ``%n``: its name);
+    # ``container_hook``: sh lines every node's enroot runs as a hook before ours (the same %N, %n).
     containers: bool = False
     container_libedgetpu: str = ""
     container_mounts: Sequence[str] = ()
+    container_hook: str = ""
 
     @property
     def slurm(self) -> installation.Installation:
@@ -305,6 +307,7 @@ class LocalCluster:
                 self.python,
                 self.slurm_prefix,
                 self.container_mounts,
+                self.container_hook,
             )
 
     def _configure_munge(self) -> None:

@@ -17,13 +17,15 @@ under its base directory (no global state: two clusters on one machine never sha
   after Pyxis has entered the container: NVIDIA/pyxis#83, #163): the cluster's base, the
   package's root (its hooks and their client) and, for a source-built Slurm, its prefix
   (25.11's slurmstepd runs the TaskProlog through itself, and loads libslurmfull from there),
-  read-only at the same paths; plus ``extra_mounts`` lines with ``%N`` for the node's directory.
+  read-only at the same paths; plus ``extra_mounts`` lines with ``%N`` for the node's directory,
+  and ``extra_hook``, a sh hook (hooks.d/95-localcluster.sh) a test prepares the container's root with.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import re
 import shutil
 from collections.abc import Sequence
 
@@ -67,6 +69,20 @@ def _world_dir(path: str) -> None:
     os.chmod(path, 0o1777)
 
 
+def _tolerate_missing_dev(path: str) -> None:
+    """enroot's restricted /dev (its hooks.d/10-devices.sh) binds /dev/mqueue and /dev/log from the
+    host and fails when one is absent; machines without them (this suite's VMs: no mqueue mount, no
+    syslog socket) get the line marked ``nofail,silent`` in the node's copy, as enroot's own
+    /dev/hugepages line is."""
+    with open(path, encoding="utf-8") as handle:
+        text = handle.read()
+    for node in ("/dev/mqueue", "/dev/log"):
+        if not os.path.exists(node):
+            text = re.sub(rf"^({re.escape(node)}\s+{re.escape(node)}\s+none\s+\S+)$", r"\1,nofail,silent", text, flags=re.M)
+    with open(path, "w", encoding="utf-8") as handle:
+        handle.write(text)
+
+
 def write_plugstack(base: str, version: str) -> str:
     """``<base>/etc/plugstack.conf`` loading Pyxis; returns its path."""
     plugin = pyxis_for(version)
@@ -89,6 +105,7 @@ def configure_node(
     python: str,
     slurm_prefix: str | None,
     extra_mounts: Sequence[str] = (),
+    extra_hook: str = "",
 ) -> str:
     """The node's enroot (wrapper and system config, see the module docstring); returns the
     directory to put first on its slurmd's PATH."""
@@ -108,12 +125,18 @@ def configure_node(
     if os.path.isdir(etc):
         shutil.rmtree(etc)
     shutil.copytree(os.path.join(prefix, "etc", "enroot"), etc, symlinks=True)
+    _tolerate_missing_dev(os.path.join(etc, "hooks.d", "10-devices.sh"))
     hook = os.path.join(etc, "hooks.d", HOOK_NAME)
     with open(hook, "w", encoding="utf-8") as handle:
         handle.write(
             enroot_hook_text(python, node_files.package_root(), node_config, libedgetpu, os.path.join(node_dir, "dev"))
         )
     os.chmod(hook, 0o755)
+    if extra_hook:  # the test's own preparation of the container's root (%N: the node's directory)
+        path = os.path.join(etc, "hooks.d", "95-localcluster.sh")
+        with open(path, "w", encoding="utf-8") as handle:
+            handle.write("#!/bin/sh\nset -eu\n" + extra_hook.replace("%N", node_dir).replace("%n", node) + "\n")
+        os.chmod(path, 0o755)
     readonly = "x-create=dir,rbind,ro,nosuid,nodev,private"
     lines = [
         f"{base} {base} none {readonly}",
@@ -139,8 +162,9 @@ def configure_node(
             f'ENROOT_CONFIG_PATH="{top}/config/$uid"\n'
             f'ENROOT_TEMP_PATH="{top}/tmp"\n'
             "ENROOT_RESTRICT_DEV=y\n"
+            f'PATH="{prefix}/bin:$PATH"  # its utilities (enroot-mount, enroot-nsenter...)\n'
             "export ENROOT_SYSCONF_PATH ENROOT_DATA_PATH ENROOT_RUNTIME_PATH ENROOT_CACHE_PATH ENROOT_CONFIG_PATH\n"
-            "export ENROOT_TEMP_PATH ENROOT_RESTRICT_DEV\n"
+            "export ENROOT_TEMP_PATH ENROOT_RESTRICT_DEV PATH\n"
             f'exec "{prefix}/bin/enroot" "$@"\n'
         )
     os.chmod(wrapper, 0o755)

@@ -17,8 +17,10 @@ Isolation stays ownership: a rootless container opens a node with its user's own
 the job's nodes are the job user's (the Prolog chowns them); this hook gives nothing the user
 could not bind himself. It runs as the job's user with the job's environment, which the user
 controls: every variable is hostile. It reads the job's devices only from the environment file
-the root Prolog wrote (``<state_dir>/jobs/<job>.env``, protocol/envfile.py: a regular file owned
-by root, opened without following links), keeps only paths of the forms the suite itself
+the root Prolog wrote (``<state_dir>/jobs/<job>.env``, protocol/envfile.py, under the state
+directory of the config install named: a regular file not writable by group or others, owned by
+root, which shows as the overflow uid inside enroot's user namespace, and never by the caller;
+opened without following links), keeps only paths of the forms the suite itself
 writes (``jobenv.libedgetpu_path``; a PCIe node ``<dev>/apex_N`` that is a character device), and
 takes its config, the node's libedgetpu and device root from what ``slurm-tpu install`` (or the
 test cluster) wrote into the hook file, never from the environment. Bad input: one line on
@@ -60,6 +62,18 @@ def container_libedgetpu(multiarch: str | None = None) -> str:
     return os.path.join("/usr/lib", multiarch, "libedgetpu.so.1") if multiarch else "/usr/lib/libedgetpu.so.1"
 
 
+def _root_uids() -> tuple[int, ...]:
+    """The uids root's files show here: 0, and inside enroot's user namespace (where hooks run and
+    root is not mapped) the kernel's overflow uid. The caller's own files never pass: those are
+    the ones a user could have written."""
+    try:
+        with open("/proc/sys/kernel/overflowuid", encoding="ascii") as handle:
+            overflow = int(handle.read())
+    except (OSError, ValueError):
+        overflow = 65534
+    return tuple(uid for uid in (0, overflow) if uid != os.getuid())
+
+
 def read_job_env(state_dir: str, job: str) -> tuple[dict[str, str], list[str]]:
     """The job's exported variables and unset names from its root-written environment file
     (``no-devices.env`` for a job with no device here, or a job id that is not one)."""
@@ -73,7 +87,7 @@ def read_job_env(state_dir: str, job: str) -> tuple[dict[str, str], list[str]]:
             continue
         try:
             info = os.fstat(fd)
-            if not stat.S_ISREG(info.st_mode) or info.st_uid != 0 or info.st_mode & 0o022:
+            if not stat.S_ISREG(info.st_mode) or info.st_uid not in _root_uids() or info.st_mode & 0o022:
                 raise HookError(f"{path} is not a regular file written by root: refusing its devices")
             text = os.read(fd, 1 << 16).decode("utf-8", "replace")
         finally:

@@ -1,0 +1,149 @@
+"""Helpers for the Pyxis/enroot tests (imported as ``from pyxis_support import ...``)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, first_job_id, require_root_and
+
+HARDWARE = REPO / "tests" / "isolation" / "hardware"
+PROBE = REPO / "tests" / "containers" / "pyxis_probe.py"
+# Where the libedgetpu double finds each node's simulated /sys and /dev inside a container
+# (EDGETPU_DOUBLE_ROOT): the node's sys bind-mounted, and a link to the container's own /dev,
+# which holds only what enroot and the hooks put there (ENROOT_RESTRICT_DEV).
+DOUBLE_ROOT = "/opt/stpu-double"
+DOUBLE_HOOK = f'mkdir -p "$ENROOT_ROOTFS{DOUBLE_ROOT}/sys"\nln -sfn /dev "$ENROOT_ROOTFS{DOUBLE_ROOT}/dev"'
+DOUBLE_MOUNT = f"%N/sys {DOUBLE_ROOT}/sys none x-create=dir,rbind,ro,nosuid,nodev,noexec"
+
+
+def require_pyxis(slurm_prefix: str | None) -> None:
+    """Skip (one line) unless Pyxis and enroot are built for this Slurm and an image can be had."""
+    require_root_and(("slurmctld", "slurmd", "munged", "umockdev-run", "useradd", "runuser"), "Slurm daemons")
+    from harness.localcluster import containers
+    from slurm_tpu.slurm import installation
+
+    install = installation.from_prefix(slurm_prefix) if slurm_prefix else installation.find(use_daemons=False)
+    why = containers.missing(installation.version_of(install.program("slurmd")))
+    if why:
+        pytest.skip(why)
+
+
+ENROOT_CACHE = Path(os.environ.get("SLURM_TPU_ENROOT_IMAGE_CACHE", "/var/cache/slurm-tpu/enroot-images"))
+
+
+def image() -> str:
+    """The suite's offline image (harness/containers/image.py) as enroot unpacks it: its root
+    filesystem without device nodes (an unprivileged unsquashfs, which is what enroot create
+    runs, refuses to make them: "could not create character device ... you're not superuser",
+    and enroot's restricted /dev replaces them anyway), squashed once per image key and cached."""
+    from harness.containers import image as builder
+
+    try:
+        built = builder.build()
+    except Exception as exc:  # no mmdebstrap, no mirror: the tests cannot have an image
+        pytest.skip(f"no container image: {exc}")
+    entry = ENROOT_CACHE / built.key
+    squashfs = entry / "image.sqsh"
+    if squashfs.is_file():
+        return str(squashfs)
+    ENROOT_CACHE.mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=f"{built.key}.", dir=ENROOT_CACHE))
+    try:
+        (work / "rootfs").mkdir()
+        subprocess.run(
+            ["tar", "-xf", built.rootfs, "-C", str(work / "rootfs"), "--exclude=./dev/*"], check=True, capture_output=True
+        )
+        subprocess.run(
+            ["mksquashfs", str(work / "rootfs"), str(work / "image.sqsh"), "-noappend", "-quiet", "-no-progress", "-all-root"],
+            check=True,
+            capture_output=True,
+        )
+        shutil.rmtree(work / "rootfs")
+        os.chmod(work, 0o755)
+        os.chmod(work / "image.sqsh", 0o644)
+        os.rename(work, entry)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        if not squashfs.is_file():
+            raise
+    return str(squashfs)
+
+
+def double_library(out: str) -> str:
+    """The libedgetpu double (tests/edgetpu_double), built into ``out``: the nodes' libedgetpu here."""
+    from edgetpu_double.build import build_double
+
+    return str(build_double(Path(out)))
+
+
+def start_cluster(nodes, slurm_prefix: str | None = None, **kwargs):
+    """A LocalCluster with Pyxis, the project's hooks and the double as each node's libedgetpu."""
+    from harness.localcluster.cluster import LocalCluster, project_hooks
+
+    base = tempfile.mkdtemp(prefix="slurm-tpu-pyxis-", dir="/tmp")
+    os.chmod(base, 0o755)
+    for sub in ("out", "lib"):
+        os.makedirs(os.path.join(base, sub))
+    os.chmod(os.path.join(base, "out"), 0o1777)
+    library = double_library(os.path.join(base, "lib"))
+    cluster = LocalCluster(
+        base=base,
+        nodes=nodes,
+        hooks=project_hooks(),
+        first_job_id=first_job_id(),
+        slurm_prefix=slurm_prefix,
+        containers=True,
+        container_libedgetpu=library,
+        container_mounts=(DOUBLE_MOUNT,),
+        container_hook=DOUBLE_HOOK,
+        **kwargs,
+    )
+    try:
+        cluster.configure()
+        cluster.start()
+    except BaseException:
+        cluster.stop()
+        raise
+    return cluster
+
+
+def finish(cluster) -> None:
+    cluster.stop()
+    if not os.environ.get("SLURM_TPU_KEEP_CLUSTER"):
+        shutil.rmtree(cluster.base, ignore_errors=True)
+
+
+def srun_probe(
+    cluster, user: str, tag: str, args: list[str], image_path: str, devices: str, timeout: float = 180
+) -> tuple:
+    """``srun ARGS --container-image=IMAGE python3 pyxis_probe.py`` as ``user``, with the double's
+    node listing ``devices`` (EDGETPU_DOUBLE_DEVICES): (completed, [each task's JSON])."""
+    out = cluster.path("out")
+    env = [
+        f"EDGETPU_DOUBLE_ROOT={DOUBLE_ROOT}",
+        f"EDGETPU_DOUBLE_DEVICES={devices}",
+        f"EDGETPU_DOUBLE_LOG={out}/{tag}.double.log",
+    ]
+    argv = [
+        "srun",
+        *args,
+        f"--container-image={image_path}",
+        f"--container-mounts={out}:{out}",
+        "--export=ALL," + ",".join(env),
+        "python3",
+        str(PROBE),
+    ]
+    done = cluster.command(argv, user=user, check=False, timeout=timeout)
+    results = []
+    for line in done.stdout.splitlines():
+        if line.startswith("{"):
+            results.append(json.loads(line))
+    return done, results
+
