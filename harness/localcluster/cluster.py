@@ -305,10 +305,15 @@ class LocalCluster:
                 self.node_config(spec.name),
                 self.container_libedgetpu,
                 self.python,
-                self.slurm_prefix,
+                self._source_built_slurm(),
                 self.container_mounts,
                 self.container_hook,
             )
+
+    def _source_built_slurm(self) -> str | None:
+        """The prefix of this cluster's Slurm when it is not the system's (/opt/slurm-25.11), else None."""
+        prefix = os.path.dirname(self.slurm.sbin_dir.rstrip("/"))
+        return None if prefix in ("/usr", "/", "/usr/local") else prefix
 
     def _configure_munge(self) -> None:
         key = self.path("munge", "munge.key")

@@ -78,7 +78,9 @@ def _tolerate_missing_dev(path: str) -> None:
         text = handle.read()
     for node in ("/dev/mqueue", "/dev/log"):
         if not os.path.exists(node):
-            text = re.sub(rf"^({re.escape(node)}\s+{re.escape(node)}\s+none\s+\S+)$", r"\1,nofail,silent", text, flags=re.M)
+            text = re.sub(
+                rf"^({re.escape(node)}\s+{re.escape(node)}\s+none\s+\S+)$", r"\1,nofail,silent", text, flags=re.M
+            )
     with open(path, "w", encoding="utf-8") as handle:
         handle.write(text)
 

@@ -141,7 +141,7 @@ def plan(exported: Mapping[str, str], dev: str, library: str, multiarch: str | N
         bus = os.path.join(dev, "bus", "usb")
         if os.path.isdir(bus) and not os.path.islink(bus):
             mounts.append(f"{bus} /dev/bus/usb none x-create=dir,rbind,nosuid,noexec,private")
-    if handles and library:
+    if library:  # with or without a device: the image's own (Coral's ignores EDGETPU_VISIBLE_DEVICES) never runs
         mounts.append(f"{library} {container_libedgetpu(multiarch)} none x-create=file,bind,ro,nosuid,nodev,private")
     variables = dict(exported)
     for name in (jobenv.EDGETPU_VISIBLE, jobenv.EDGETPU_PATHS):

@@ -3,7 +3,8 @@
 ``python3 pyxis_probe.py`` prints one JSON object: the job's variables as the container sees them,
 ``listed`` (edgetpu_list_devices(), pycoral's list_edge_tpus()), ``default_ok`` (LiteRT's
 ``load_delegate('libedgetpu.so.1')`` with no device, what ``make_interpreter(model)`` does), which
-libedgetpu file the loader mapped, the device nodes under /dev the container sees, and the uid.
+libedgetpu file the loader mapped, the device nodes under /dev the container sees (with their
+major and minor numbers: each node of a local cluster has its own), the node and the uid.
 """
 
 import ctypes
@@ -32,7 +33,10 @@ def nodes() -> list:
 
 def main() -> None:
     result = {name: os.environ.get(name) for name in ("EDGETPU_VISIBLE_DEVICES", "SLURM_TPU_DEVICES")}
-    result.update(uid=os.getuid(), nodes=nodes(), library=None, listed=None, default_ok=None)
+    found = nodes()
+    result.update(uid=os.getuid(), nodes=found, library=None, listed=None, default_ok=None)
+    result["node"] = os.environ.get("SLURMD_NODENAME")
+    result["rdev"] = {path: [os.major(os.stat(path).st_rdev), os.minor(os.stat(path).st_rdev)] for path in found}
     try:
         library = ctypes.CDLL("libedgetpu.so.1")
     except OSError as exc:

@@ -47,7 +47,7 @@ def image() -> str:
 
     try:
         built = builder.build()
-    except Exception as exc:  # no mmdebstrap, no mirror: the tests cannot have an image
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:  # no mmdebstrap, no mirror: no image
         pytest.skip(f"no container image: {exc}")
     entry = ENROOT_CACHE / built.key
     squashfs = entry / "image.sqsh"
@@ -58,10 +58,20 @@ def image() -> str:
     try:
         (work / "rootfs").mkdir()
         subprocess.run(
-            ["tar", "-xf", built.rootfs, "-C", str(work / "rootfs"), "--exclude=./dev/*"], check=True, capture_output=True
+            ["tar", "-xf", built.rootfs, "-C", str(work / "rootfs"), "--exclude=./dev/*"],
+            check=True,
+            capture_output=True,
         )
         subprocess.run(
-            ["mksquashfs", str(work / "rootfs"), str(work / "image.sqsh"), "-noappend", "-quiet", "-no-progress", "-all-root"],
+            [
+                "mksquashfs",
+                str(work / "rootfs"),
+                str(work / "image.sqsh"),
+                "-noappend",
+                "-quiet",
+                "-no-progress",
+                "-all-root",
+            ],
             check=True,
             capture_output=True,
         )
@@ -121,12 +131,23 @@ def finish(cluster) -> None:
 
 
 def srun_probe(
-    cluster, user: str, tag: str, args: list[str], image_path: str, devices: str, timeout: float = 180
+    cluster,
+    user: str,
+    tag: str,
+    args: list[str],
+    image_path: str,
+    devices: str,
+    env: tuple[str, ...] = (),
+    timeout: float = 180,
+    prefix: tuple[str, ...] = (),
 ) -> tuple:
     """``srun ARGS --container-image=IMAGE python3 pyxis_probe.py`` as ``user``, with the double's
-    node listing ``devices`` (EDGETPU_DOUBLE_DEVICES): (completed, [each task's JSON])."""
+    node listing ``devices`` (EDGETPU_DOUBLE_DEVICES) and ``env`` (NAME=value) exported besides:
+    ``prefix``: what the command line puts before python3 (``env NAME=value``: the user's own
+    last word, after every hook and the TaskProlog). Returns (completed, [each task's JSON])."""
     out = cluster.path("out")
     env = [
+        *env,
         f"EDGETPU_DOUBLE_ROOT={DOUBLE_ROOT}",
         f"EDGETPU_DOUBLE_DEVICES={devices}",
         f"EDGETPU_DOUBLE_LOG={out}/{tag}.double.log",
@@ -135,8 +156,9 @@ def srun_probe(
         "srun",
         *args,
         f"--container-image={image_path}",
-        f"--container-mounts={out}:{out}",
+        *([] if any(a.startswith("--container-mounts") for a in args) else [f"--container-mounts={out}:{out}"]),
         "--export=ALL," + ",".join(env),
+        *prefix,
         "python3",
         str(PROBE),
     ]
@@ -146,4 +168,3 @@ def srun_probe(
         if line.startswith("{"):
             results.append(json.loads(line))
     return done, results
-
