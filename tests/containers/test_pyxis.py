@@ -183,7 +183,9 @@ def test_two_node_step_each_container_on_its_own_nodes_tpu(cluster, sqsh, users)
     # Slurm's own record: the job ran on both nodes with one TPU per node...
     shown = cluster.command(["scontrol", "-d", "show", "job", str(job)]).stdout
     fields = dict(part.split("=", 1) for part in shown.split() if "=" in part)
-    assert fields["NodeList"] == "n[1-2]" and fields["TresPerNode"] == "gres:tpu:1", shown
+    assert fields["NodeList"] == "n[1-2]" and fields["TresPerNode"] in ("gres:tpu:1", "gres/tpu:1"), (
+        shown
+    )  # 22.05, 25.11
     # ...and each node's audit log: its own stick leased to this job, the node each container opened.
     for node in ("n1", "n2"):
         with open(os.path.join(cluster.state_dir(node), "audit.log"), encoding="utf-8") as handle:
