@@ -64,14 +64,15 @@ def container_libedgetpu(multiarch: str | None = None) -> str:
 
 def _root_uids() -> tuple[int, ...]:
     """The uids root's files show here: 0, and inside enroot's user namespace (where hooks run and
-    root is not mapped) the kernel's overflow uid. The caller's own files never pass: those are
-    the ones a user could have written."""
+    root is not mapped) the kernel's overflow uid, unless that is the caller's own (a user's own
+    files are the ones she could have written)."""
     try:
         with open("/proc/sys/kernel/overflowuid", encoding="ascii") as handle:
             overflow = int(handle.read())
     except (OSError, ValueError):
         overflow = 65534
-    return tuple(uid for uid in (0, overflow) if uid != os.getuid())
+    caller = os.getuid()
+    return tuple(uid for uid in (0, overflow) if uid == 0 or uid != caller)
 
 
 def read_job_env(state_dir: str, job: str) -> tuple[dict[str, str], list[str]]:
