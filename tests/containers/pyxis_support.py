@@ -146,18 +146,21 @@ def srun_probe(
     ``prefix``: what the command line puts before python3 (``env NAME=value``: the user's own
     last word, after every hook and the TaskProlog). Returns (completed, [each task's JSON])."""
     out = cluster.path("out")
-    env = [
-        *env,
+    # The double's settings go on the container's command line (after the hooks and the TaskProlog;
+    # a list with commas would not survive srun's --export).
+    double = (
+        "env",
         f"EDGETPU_DOUBLE_ROOT={DOUBLE_ROOT}",
         f"EDGETPU_DOUBLE_DEVICES={devices}",
         f"EDGETPU_DOUBLE_LOG={out}/{tag}.double.log",
-    ]
+    )
     argv = [
         "srun",
         *args,
         f"--container-image={image_path}",
         *([] if any(a.startswith("--container-mounts") for a in args) else [f"--container-mounts={out}:{out}"]),
-        "--export=ALL," + ",".join(env),
+        *([f"--export=ALL,{','.join(env)}"] if env else []),
+        *double,
         *prefix,
         "python3",
         str(PROBE),

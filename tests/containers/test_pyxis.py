@@ -195,3 +195,35 @@ def test_two_node_step_each_container_on_its_own_nodes_tpu(cluster, sqsh, users)
         assert acquired["nodes"] == [os.path.join(cluster.node_dir(node), sticks[node][0][1:])]
     created = [line for line in double_log(cluster, "pair") if line.startswith("create ")]
     assert len(created) == 2
+
+
+@pytest.fixture(scope="module")
+def two_tpu_node(users):
+    """One node with a USB stick and a PCIe card (the emulated apex driver's node)."""
+    from harness.localcluster.cluster import NodeSpec
+
+    require_pyxis(os.environ.get("SLURM_TPU_TEST_SLURM"))
+    started = start_cluster([NodeSpec("n1", str(HARDWARE / "n1_two_tpus.umockdev"))])
+    try:
+        yield started
+    finally:
+        finish(started)
+
+
+def test_each_container_sees_its_own_jobs_device_and_no_other(two_tpu_node, sqsh, users):
+    """The stick's job and the card's job on one node: enroot's restricted /dev plus the hook's
+    binds, so each container has its job's node (the card: /dev/apex_0, the host's very node) and
+    not the other job's; both run the node's libedgetpu."""
+    cluster = two_tpu_node
+    devices = f"pci:/dev/apex_0,{STICK}"
+    done, [card] = srun_probe(cluster, "stpu_alice", "card", ["-w", "n1", "--gres=tpu:edgetpu_pci:1"], sqsh, devices)
+    assert done.returncode == 0, done.stderr
+    host = os.stat(os.path.join(cluster.node_dir("n1"), "dev", "apex_0")).st_rdev
+    assert card["SLURM_TPU_DEVICES"] == "pci-0000:03:00.0"
+    assert card["rdev"] == {"/dev/apex_0": [os.major(host), os.minor(host)]}  # no /dev/bus/usb at all
+    assert card["library"] == LIBRARY_IN_IMAGE
+    done, [usb] = srun_probe(cluster, "stpu_bob", "stick", ["-w", "n1", "--gres=tpu:edgetpu_usb:1"], sqsh, devices)
+    assert done.returncode == 0, done.stderr
+    assert usb["SLURM_TPU_DEVICES"] == "usb-2-1.3"
+    assert usb["nodes"] == [stick(cluster, "n1")[0]]  # no /dev/apex_0
+    assert usb["listed"] == [STICK] and usb["default_ok"] is True  # the card is listed to no one but its job
