@@ -2,15 +2,15 @@
 """enroot hook (as the job's user, before its container starts): the job's Edge TPUs in its container.
 
 Installed by `slurm-tpu install` into enroot's hooks.d (<sysconfdir>/enroot/hooks.d), which
-writes the _ROOT and _SETTINGS lines: where slurm_tpu is, the node's config, its libedgetpu
-and its device root. Everything else, the environment above all, is the job's and is not
+writes the _ROOT and _SETTINGS lines: where slurm_tpu is, the node's config, its libedgetpu,
+its device root and sysfs. Everything else, the environment above all, is the job's and is not
 trusted: see slurm_tpu/hooks/enroot.py. Runs isolated (-I) and without site-packages (-S).
 """
 import os
 import sys
 
 _ROOT = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
-_SETTINGS = {"config": "/etc/slurm-tpu/config.yaml", "libedgetpu": "", "dev": "/dev"}
+_SETTINGS = {"config": "/etc/slurm-tpu/config.yaml", "libedgetpu": "", "dev": "/dev", "sys": "/sys"}
 if os.path.isfile(os.path.join(_ROOT, "slurm_tpu", "__init__.py")):
     sys.path.insert(0, _ROOT)
 try:

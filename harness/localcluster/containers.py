@@ -131,7 +131,14 @@ def configure_node(
     hook = os.path.join(etc, "hooks.d", HOOK_NAME)
     with open(hook, "w", encoding="utf-8") as handle:
         handle.write(
-            enroot_hook_text(python, node_files.package_root(), node_config, libedgetpu, os.path.join(node_dir, "dev"))
+            enroot_hook_text(
+                python,
+                node_files.package_root(),
+                node_config,
+                libedgetpu,
+                os.path.join(node_dir, "dev"),
+                os.path.join(node_dir, "sys"),
+            )
         )
     os.chmod(hook, 0o755)
     if extra_hook:  # the test's own preparation of the container's root (%N: the node's directory)

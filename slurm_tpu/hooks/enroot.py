@@ -11,6 +11,9 @@ as 98-nvidia.sh is keyed on NVIDIA_VISIBLE_DEVICES, adds:
 - for a PCIe Edge TPU, its ``/dev/apex_N`` node;
 - the node's libedgetpu (the suite's patched build) over the image's, at
   ``/usr/lib/<multiarch>/libedgetpu.so.1``, where Coral's Debian package puts it;
+- for a Hailo card, its ``/dev/hailoN`` (found from ``SLURM_TPU_HAILO_DEVICES``, its PCI address,
+  through sysfs; the host's libhailort is not bound: the image brings the one matching the
+  node's driver);
 - ``EDGETPU_VISIBLE_DEVICES`` and the job's ``SLURM_TPU_*`` variables.
 
 Isolation stays ownership: a rootless container opens a node with its user's own uid, and only
@@ -43,7 +46,10 @@ if TYPE_CHECKING:
 
 # What ``slurm-tpu install`` writes into the installed hook (its ``_SETTINGS =`` line): the node's
 # config, the node's libedgetpu ("" when none is installed) and where its device nodes are.
-CONFIG, LIBEDGETPU, DEV = "config", "libedgetpu", "dev"
+CONFIG, LIBEDGETPU, DEV, SYS = "config", "libedgetpu", "dev", "sys"
+HAILO_DEVICES = "SLURM_TPU_HAILO_DEVICES"  # = families.hailo.DEVICES_VARIABLE (not imported: the hook stays small)
+_PCI_ADDRESS = re.compile(r"[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\.[0-7]")
+_HAILO = re.compile(r"hailo[0-9]{1,3}")
 HOOK_NAME = "98-slurm-tpu.sh"  # enroot runs hooks.d/*.sh in name order; 98-nvidia.sh's neighbour
 ENVIRON_NAMES = re.compile(r"(SLURM_TPU_[A-Z0-9_]+|EDGETPU_VISIBLE_DEVICES)")
 _APEX = re.compile(r"apex_[0-9]{1,4}")
@@ -111,7 +117,39 @@ def read_job_env(state_dir: str, job: str) -> tuple[dict[str, str], list[str]]:
     return {jobenv.EDGETPU_VISIBLE: ""}, []
 
 
-def plan(exported: Mapping[str, str], dev: str, library: str, multiarch: str | None = None) -> tuple[list[str], dict]:
+def hailo_nodes(addresses: str, dev: str, sys_root: str) -> list[str]:
+    """The ``<dev>/hailoN`` node of each PCI address in ``addresses`` (the job's
+    SLURM_TPU_HAILO_DEVICES): the ``hailo_chardev`` class device whose ``board_location`` names it
+    (the only link on Raspberry Pi OS's driver, families/hailo.py). HookError for an address of
+    another form, or one with no character device."""
+    found = []
+    for address in [a for a in addresses.split(",") if a]:
+        if not _PCI_ADDRESS.fullmatch(address):
+            raise HookError(f"{HAILO_DEVICES} entry {address!r} is not a PCI address")
+        classes = os.path.join(sys_root, "class", "hailo_chardev")
+        names = sorted(os.listdir(classes)) if os.path.isdir(classes) else []
+        for name in names:
+            try:
+                with open(os.path.join(classes, name, "board_location"), encoding="ascii") as handle:
+                    location = handle.read().strip()
+            except (OSError, ValueError):
+                continue
+            if location == address and _HAILO.fullmatch(name):
+                node = os.path.join(dev, name)
+                try:
+                    if stat.S_ISCHR(os.lstat(node).st_mode):
+                        found.append(node)
+                        break
+                except OSError:
+                    pass
+        else:
+            raise HookError(f"Hailo device {address}: no {dev}/hailoN node for it")
+    return found
+
+
+def plan(
+    exported: Mapping[str, str], dev: str, library: str, multiarch: str | None = None, sys_root: str = "/sys"
+) -> tuple[list[str], dict]:
     """(fstab lines for ``$ENROOT_MOUNTS``, variables for ``$ENROOT_ENVIRON``) for the job's
     devices in ``exported``. PCIe paths are the container's (``/dev/apex_N``); HookError for a
     device path that is not one the suite writes."""
@@ -142,6 +180,8 @@ def plan(exported: Mapping[str, str], dev: str, library: str, multiarch: str | N
         bus = os.path.join(dev, "bus", "usb")
         if os.path.isdir(bus) and not os.path.islink(bus):
             mounts.append(f"{bus} /dev/bus/usb none x-create=dir,rbind,nosuid,noexec,private")
+    for node in hailo_nodes(exported.get(HAILO_DEVICES, ""), dev, sys_root):
+        mounts.append(f"{node} /dev/{os.path.basename(node)} none x-create=file,bind,nosuid,noexec,private")
     if library:  # with or without a device: the image's own (Coral's ignores EDGETPU_VISIBLE_DEVICES) never runs
         mounts.append(f"{library} {container_libedgetpu(multiarch)} none x-create=file,bind,ro,nosuid,nodev,private")
     variables = dict(exported)
@@ -210,7 +250,7 @@ def run(settings: Mapping[str, str], environ: Mapping[str, str]) -> None:
         if not os.path.isfile(library):
             library = ""  # none installed on this node: the image's own is what the job gets
     try:
-        mounts, variables = plan(exported, settings.get(DEV) or "/dev", library)
+        mounts, variables = plan(exported, settings.get(DEV) or "/dev", library, sys_root=settings.get(SYS) or "/sys")
     except ValueError as exc:
         raise HookError(str(exc)) from None
     _append(environ["ENROOT_MOUNTS"], mounts)

@@ -227,11 +227,13 @@ def installed_hook_text(text: str, name: str, python: str, package_root: str, co
     return "".join(lines)
 
 
-def enroot_hook_text(python: str, package_root: str, config_file: str, libedgetpu: str, dev: str = "/dev") -> str:
+def enroot_hook_text(
+    python: str, package_root: str, config_file: str, libedgetpu: str, dev: str = "/dev", sys_root: str = "/sys"
+) -> str:
     """The enroot hook (enroot/98-slurm-tpu.sh) as installed: its interpreter and package root, and
-    its ``_SETTINGS`` line (the node's config, libedgetpu and device root; slurm_tpu/hooks/enroot.py).
+    its ``_SETTINGS`` line (the node's config, libedgetpu, device root and sysfs; slurm_tpu/hooks/enroot.py).
     The job's environment can name none of them: the hook runs with it."""
-    from ..hooks.enroot import CONFIG, DEV, HOOK_NAME, LIBEDGETPU
+    from ..hooks.enroot import CONFIG, DEV, HOOK_NAME, LIBEDGETPU, SYS
 
     text = installed_hook_text(
         node_files.read_node_file("enroot", HOOK_NAME), HOOK_NAME, python, package_root, DEFAULT_CONFIG
@@ -242,7 +244,7 @@ def enroot_hook_text(python: str, package_root: str, config_file: str, libedgetp
         raise SlurmTpuError(
             f"shipped hook {HOOK_NAME} has {len(found)} '_SETTINGS = ' lines, not 1: reinstall slurm-tpu"
         )
-    settings = {CONFIG: config_file, LIBEDGETPU: libedgetpu, DEV: dev}
+    settings = {CONFIG: config_file, LIBEDGETPU: libedgetpu, DEV: dev, SYS: sys_root}
     lines[found[0]] = f"_SETTINGS = {settings!r}{_MARK}\n"
     return "".join(lines)
 
@@ -390,7 +392,8 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
     enroot = []
     if layout.enroot_hook:
         library = os.path.join(layout.libdir, LIBEDGETPU_SONAME)
-        enroot = [FileSpec(layout.enroot_hook, enroot_hook_text(python, root, layout.config_file, library), 0o755)]
+        text = enroot_hook_text(python, root, layout.config_file, library, sys_root=config.sysfs_root)
+        enroot = [FileSpec(layout.enroot_hook, text, 0o755)]
     return [
         *(hook(*spec) for spec in HOOK_FILES),
         *enroot,

@@ -195,3 +195,25 @@ def test_install_puts_the_hook_into_enroots_hooks_dir_and_uninstall_takes_it_awa
 
 def test_no_enroot_no_hook(tmp_path):
     assert Layout(str(tmp_path / "usr"), str(tmp_path / "etc")).enroot_hook is None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mknod)")
+def test_hailo_card_gets_its_dev_hailo_node_found_through_sysfs(node):
+    tmp_path, settings, env = node
+    sysfs = tmp_path / "sys" / "class" / "hailo_chardev"
+    for name, address in (("hailo0", "0000:04:00.0"), ("hailo1", "0000:03:00.0")):
+        (sysfs / name).mkdir(parents=True)
+        (sysfs / name / "board_location").write_text(address + "\n")
+        subprocess.run(["mknod", str(tmp_path / "dev" / name), "c", "1", "3"], check=True)
+    settings = {**settings, hook.SYS: str(tmp_path / "sys")}
+    write_env(tmp_path, "export EDGETPU_VISIBLE_DEVICES=\nexport SLURM_TPU_HAILO_DEVICES=0000:03:00.0\n")
+    assert hook.main(settings, env) == 0
+    lines = Path(env["ENROOT_MOUNTS"]).read_text().splitlines()
+    assert f"{tmp_path}/dev/hailo1 /dev/hailo1 none x-create=file,bind,nosuid,noexec,private" in lines
+    assert not any("hailo0" in line for line in lines)  # the other card stays out
+    assert environ_of(env)["SLURM_TPU_HAILO_DEVICES"] == "0000:03:00.0"
+    for bad in ("0000:03:00.0/../x", "0000:09:00.0"):  # not an address; an address with no node
+        Path(env["ENROOT_MOUNTS"]).write_text("")
+        write_env(tmp_path, f"export SLURM_TPU_HAILO_DEVICES={bad}\n")
+        assert hook.main(settings, env) == 1
+        assert Path(env["ENROOT_MOUNTS"]).read_text() == ""
