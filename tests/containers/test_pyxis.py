@@ -16,7 +16,9 @@ from __future__ import annotations
 import glob
 import json
 import os
+import shutil
 import stat
+from pathlib import Path
 
 import pytest
 from pyxis_support import HARDWARE, finish, image, require_pyxis, srun_probe, start_cluster
@@ -227,3 +229,67 @@ def test_each_container_sees_its_own_jobs_device_and_no_other(two_tpu_node, sqsh
     assert usb["SLURM_TPU_DEVICES"] == "usb-2-1.3"
     assert usb["nodes"] == [stick(cluster, "n1")[0]]  # no /dev/apex_0
     assert usb["listed"] == [STICK] and usb["default_ok"] is True  # the card is listed to no one but its job
+
+
+def runner_path(cluster) -> str:
+    """PYTHONPATH for the runner's API in a container: the checkout (mounted at its own path) and the
+    two pure-Python packages it reads a model's schema with (tflite, flatbuffers), which the image
+    lacks, copied from this venv beside the cluster."""
+    import tflite
+
+    pylib = cluster.path("pylib")
+    if not os.path.isdir(pylib):
+        site = os.path.dirname(os.path.dirname(tflite.__file__))
+        for name in ("tflite", "flatbuffers"):
+            shutil.copytree(os.path.join(site, name), os.path.join(pylib, name))
+    return f"{REPO}:{pylib}"
+
+
+def test_runners_sharded_batch_across_two_containers(cluster, sqsh, users):
+    """The multi-worker seed: jobs/containers_across_nodes.sbatch runs tests/containers/pyxis_batch.py
+    (the runner's API, step-sharded by SLURM_PROCID as `slurm-tpu infer` is) in a container per
+    node: each task opens its own node's stick through the node's libedgetpu, the two shares are
+    disjoint and cover the batch, and each node's audit log holds the job's lease."""
+    from harness.modelgen import write_models
+
+    out = cluster.path("out")
+    models = write_models(Path(cluster.path("models")), image_count=8)
+    command = [
+        "env",
+        f"PYTHONPATH={runner_path(cluster)}",
+        "EDGETPU_DOUBLE_ROOT=/opt/stpu-double",
+        f"EDGETPU_DOUBLE_DEVICES={STICK}",
+        f"EDGETPU_DOUBLE_LOG={out}/batch.double.log",
+        "python3",
+        str(REPO / "tests" / "containers" / "pyxis_batch.py"),
+        str(models["classifier"]),
+        str(models["classifier_labels"]),
+        str(models["images"]),
+        out,
+    ]
+    script = str(REPO / "jobs" / "containers_across_nodes.sbatch")
+    submitted = cluster.command(
+        ["sbatch", "--parsable", "--chdir=/tmp", f"--export=ALL,PYXIS_CONTAINER_MOUNTS={out}:{out}"]
+        + ["-o", f"{out}/batch.out", script, sqsh, *command],
+        user="stpu_alice",
+    )
+    job = int(submitted.stdout.strip().split(";")[0])
+    assert cluster.wait_for_jobs([job], timeout=300)[job] == "COMPLETED", open(f"{out}/batch.out").read()
+    tasks = {}
+    for line in open(f"{out}/batch.out", encoding="utf-8"):
+        rank, _, rest = line.partition(": ")
+        if rest.startswith("{"):
+            tasks[int(rank)] = json.loads(rest)
+    assert sorted(seen["node"] for seen in tasks.values()) == ["n1", "n2"]
+    shares = [set(seen["inputs"]) for seen in tasks.values()]
+    assert not shares[0] & shares[1] and len(shares[0] | shares[1]) == 8  # disjoint, the whole batch
+    for rank, seen in tasks.items():
+        assert seen["devices"] == ["edgetpu usb-2-1.3"] and seen["processed"] == len(seen["inputs"])
+        with open(os.path.join(out, f"part-{rank}.jsonl"), encoding="utf-8") as handle:
+            assert len(handle.read().splitlines()) == len(seen["inputs"])
+    created = [line for line in double_log(cluster, "batch") if line.startswith("create ")]
+    assert len(created) == 2 and all("path=/sys/bus/usb/devices/2-1.3" in line for line in created)
+    for node in ("n1", "n2"):
+        with open(os.path.join(cluster.state_dir(node), "audit.log"), encoding="utf-8") as handle:
+            leased = [json.loads(line) for line in handle]
+        assert [e["identity"] for e in leased if e["event"] == "acquire" and e["job_id"] == job] == ["usb-2-1.3"]
