@@ -61,10 +61,8 @@ class HookError(Exception):
 
 def container_libedgetpu(multiarch: str | None = None) -> str:
     """Where the container's loader finds ``libedgetpu.so.1``: Coral's Debian package's path."""
-    if multiarch is None:
-        import sysconfig
-
-        multiarch = sysconfig.get_config_var("MULTIARCH") or ""
+    if multiarch is None:  # the interpreter's own triplet (sysconfig's MULTIARCH, without importing sysconfig)
+        multiarch = getattr(sys.implementation, "_multiarch", "") or ""
     return os.path.join("/usr/lib", multiarch, "libedgetpu.so.1") if multiarch else "/usr/lib/libedgetpu.so.1"
 
 
