@@ -274,7 +274,12 @@ class LocalCluster:
             minor = self._configure_node(spec, port, minor)
         with open(self.path("etc", "cluster.json"), "w", encoding="utf-8") as handle:
             json.dump(
-                {"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes], "slurm_prefix": self.slurm_prefix},
+                {
+                    "ctld_port": self.ctld_port,
+                    "nodes": [n.name for n in self.nodes],
+                    "slurm_prefix": self.slurm_prefix,
+                    "containers": self.containers,  # a slurmd started again keeps its enroot on PATH
+                },
                 handle,
             )
         self._write_hook_wrappers()
@@ -830,7 +835,10 @@ class LocalCluster:
         with open(os.path.join(base, "etc", "cluster.json"), encoding="utf-8") as handle:
             saved = json.load(handle)
         cluster = cls(
-            base=base, nodes=[NodeSpec(name) for name in saved["nodes"]], slurm_prefix=saved.get("slurm_prefix")
+            base=base,
+            nodes=[NodeSpec(name) for name in saved["nodes"]],
+            slurm_prefix=saved.get("slurm_prefix"),
+            containers=bool(saved.get("containers")),
         )
         cluster.ctld_port = saved["ctld_port"]
         return cluster

@@ -293,3 +293,23 @@ def test_runners_sharded_batch_across_two_containers(cluster, sqsh, users):
         with open(os.path.join(cluster.state_dir(node), "audit.log"), encoding="utf-8") as handle:
             leased = [json.loads(line) for line in handle]
         assert [e["identity"] for e in leased if e["event"] == "acquire" and e["job_id"] == job] == ["usb-2-1.3"]
+
+
+def test_a_slurmd_started_again_from_another_process_keeps_its_enroot(cluster, sqsh, users):
+    """`python -m harness.localcluster stop-slurmd/start-slurmd` (LocalCluster.load: the saved
+    cluster.json) starts the node's slurmd with its enroot wrapper on PATH again."""
+    import subprocess
+    import sys
+
+    for command in ("stop-slurmd", "start-slurmd"):
+        subprocess.run(
+            [sys.executable, "-m", "harness.localcluster", command, cluster.base, "n2"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    wait_until(lambda: cluster.node_states().get("n2", "").split("+")[0] == "IDLE", 60, "n2 back")
+    done, [seen] = srun_probe(cluster, "stpu_bob", "again", ["-w", "n2", "--gres=tpu:1"], sqsh, STICK)
+    assert done.returncode == 0, done.stderr
+    assert seen["node"] == "n2" and seen["listed"] == [STICK] and seen["default_ok"] is True
