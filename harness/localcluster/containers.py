@@ -27,9 +27,20 @@ import glob
 import os
 import re
 import shutil
+import subprocess
+import tempfile
 from collections.abc import Sequence
 
 PLUGIN_FILE = "spank_pyxis.so"
+# Where the libedgetpu double finds a node's simulated /sys and /dev inside a container
+# (EDGETPU_DOUBLE_ROOT there): the node's sys bind-mounted (DOUBLE_MOUNT, a ``container_mounts`` line),
+# and a link to the container's own /dev (DOUBLE_HOOK, a ``container_hook``), which holds only what
+# enroot and the hooks put there. (The cluster's base is in the container too, but read-only and
+# nodev: its simulated nodes cannot be opened through it.)
+DOUBLE_ROOT = "/opt/stpu-double"
+DOUBLE_HOOK = f'mkdir -p "$ENROOT_ROOTFS{DOUBLE_ROOT}/sys"\nln -sfn /dev "$ENROOT_ROOTFS{DOUBLE_ROOT}/dev"'
+DOUBLE_MOUNT = f"%N/sys {DOUBLE_ROOT}/sys none x-create=dir,rbind,ro,nosuid,nodev,noexec"
+IMAGE_CACHE = os.environ.get("SLURM_TPU_ENROOT_IMAGE_CACHE", "/var/cache/slurm-tpu/enroot-images")
 ENROOT_PREFIX_ENV = "SLURM_TPU_ENROOT_PREFIX"  # where build-containers.sh installed enroot
 
 
@@ -178,3 +189,51 @@ def configure_node(
         )
     os.chmod(wrapper, 0o755)
     return bin_dir
+
+
+def enroot_image() -> str:
+    """The suite's offline image (harness/containers/image.py) as enroot unpacks it: its root
+    filesystem without device nodes (an unprivileged unsquashfs, which is what ``enroot create``
+    runs, refuses to make them: "could not create character device ... you're not superuser", and
+    enroot's restricted /dev replaces them anyway), squashed once per image key and cached under
+    ``IMAGE_CACHE``. RuntimeError (one line) when the image cannot be built here."""
+    from harness.containers import image as builder
+
+    built = builder.build()
+    entry = os.path.join(IMAGE_CACHE, built.key)
+    squashfs = os.path.join(entry, "image.sqsh")
+    if os.path.isfile(squashfs):
+        return squashfs
+    os.makedirs(IMAGE_CACHE, exist_ok=True)
+    work = tempfile.mkdtemp(prefix=f"{built.key}.", dir=IMAGE_CACHE)
+    try:
+        rootfs = os.path.join(work, "rootfs")
+        os.mkdir(rootfs)
+        subprocess.run(["tar", "-xf", built.rootfs, "-C", rootfs, "--exclude=./dev/*"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "mksquashfs",
+                rootfs,
+                os.path.join(work, "image.sqsh"),
+                "-noappend",
+                "-quiet",
+                "-no-progress",
+                "-all-root",
+            ],
+            check=True,
+            capture_output=True,
+        )
+        shutil.rmtree(rootfs)
+        os.chmod(work, 0o755)
+        os.chmod(os.path.join(work, "image.sqsh"), 0o644)
+        os.rename(work, entry)
+    except subprocess.CalledProcessError as exc:
+        shutil.rmtree(work, ignore_errors=True)
+        raise RuntimeError(
+            f"cannot squash the image for enroot: {(exc.stderr or b'').decode().strip()[-300:]}"
+        ) from None
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        if not os.path.isfile(squashfs):  # another process's rename won the race: use its image
+            raise
+    return squashfs

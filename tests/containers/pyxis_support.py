@@ -11,16 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from harness.localcluster.containers import DOUBLE_HOOK, DOUBLE_MOUNT, DOUBLE_ROOT
 from helpers import REPO, first_job_id, require_root_and
 
 HARDWARE = REPO / "tests" / "isolation" / "hardware"
 PROBE = REPO / "tests" / "containers" / "pyxis_probe.py"
-# Where the libedgetpu double finds each node's simulated /sys and /dev inside a container
-# (EDGETPU_DOUBLE_ROOT): the node's sys bind-mounted, and a link to the container's own /dev,
-# which holds only what enroot and the hooks put there (ENROOT_RESTRICT_DEV).
-DOUBLE_ROOT = "/opt/stpu-double"
-DOUBLE_HOOK = f'mkdir -p "$ENROOT_ROOTFS{DOUBLE_ROOT}/sys"\nln -sfn /dev "$ENROOT_ROOTFS{DOUBLE_ROOT}/dev"'
-DOUBLE_MOUNT = f"%N/sys {DOUBLE_ROOT}/sys none x-create=dir,rbind,ro,nosuid,nodev,noexec"
 
 
 def require_pyxis(slurm_prefix: str | None) -> None:
@@ -35,55 +30,14 @@ def require_pyxis(slurm_prefix: str | None) -> None:
         pytest.skip(why)
 
 
-ENROOT_CACHE = Path(os.environ.get("SLURM_TPU_ENROOT_IMAGE_CACHE", "/var/cache/slurm-tpu/enroot-images"))
-
-
 def image() -> str:
-    """The suite's offline image (harness/containers/image.py) as enroot unpacks it: its root
-    filesystem without device nodes (an unprivileged unsquashfs, which is what enroot create
-    runs, refuses to make them: "could not create character device ... you're not superuser",
-    and enroot's restricted /dev replaces them anyway), squashed once per image key and cached."""
-    from harness.containers import image as builder
+    """The suite's offline image as enroot unpacks it (harness/localcluster/containers.py), or a skip."""
+    from harness.localcluster.containers import enroot_image
 
     try:
-        built = builder.build()
-    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:  # no mmdebstrap, no mirror: no image
+        return enroot_image()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:  # no mmdebstrap, no mirror
         pytest.skip(f"no container image: {exc}")
-    entry = ENROOT_CACHE / built.key
-    squashfs = entry / "image.sqsh"
-    if squashfs.is_file():
-        return str(squashfs)
-    ENROOT_CACHE.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix=f"{built.key}.", dir=ENROOT_CACHE))
-    try:
-        (work / "rootfs").mkdir()
-        subprocess.run(
-            ["tar", "-xf", built.rootfs, "-C", str(work / "rootfs"), "--exclude=./dev/*"],
-            check=True,
-            capture_output=True,
-        )
-        subprocess.run(
-            [
-                "mksquashfs",
-                str(work / "rootfs"),
-                str(work / "image.sqsh"),
-                "-noappend",
-                "-quiet",
-                "-no-progress",
-                "-all-root",
-            ],
-            check=True,
-            capture_output=True,
-        )
-        shutil.rmtree(work / "rootfs")
-        os.chmod(work, 0o755)
-        os.chmod(work / "image.sqsh", 0o644)
-        os.rename(work, entry)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        if not squashfs.is_file():
-            raise
-    return str(squashfs)
 
 
 def double_library(out: str) -> str:
