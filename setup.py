@@ -14,7 +14,8 @@ import os
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-NODE_DIRS = ("prolog", "epilog", "udev", "systemd", "slurm_conf", "hook_client")  # = slurm_tpu.ops.node_files.NODE_DIRS
+# = slurm_tpu.ops.node_files.NODE_DIRS
+NODE_DIRS = ("prolog", "epilog", "udev", "systemd", "slurm_conf", "hook_client", "enroot")
 PACKAGE_DIR = os.path.join("slurm_tpu", "node_files")
 
 

@@ -21,6 +21,10 @@ APT_PACKAGES+=(acl)
 APT_PACKAGES+=(mariadb-server mariadb-client slurmdbd)
 # What the real libedgetpu built below needs at run time (its build packages: build.sh).
 APT_PACKAGES+=(libusb-1.0-0 libabsl20220623 libflatbuffers2)
+# Containers (issue 34): rootless Podman with runc (crun refuses this hybrid cgroup layout),
+# newuidmap/newgidmap (uidmap), the per-user pause process (catatonit); mmdebstrap and
+# squashfs-tools build the tests' image offline (harness/containers/image.py).
+APT_PACKAGES+=(podman runc uidmap catatonit fuse-overlayfs mmdebstrap squashfs-tools)
 missing=()
 for package in "${APT_PACKAGES[@]}"; do
     dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
@@ -76,5 +80,17 @@ scripts/build-gres-plugin.sh --debian || true
 if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then
     scripts/build-gres-plugin.sh --slurm25 || true
 fi
+
+# enroot and Pyxis (`srun --container-image=...`) from ../shared/containers, Pyxis for each Slurm
+# here (scripts/build-containers.sh, cached): the container tests use them. Optional like the
+# plugin: a failed build says so in one line and the Pyxis tests skip.
+if [ "${SLURM_TPU_WITH_SLURM25:-0}" = 1 ]; then
+    scripts/build-containers.sh --debian --slurm25 || true
+else
+    scripts/build-containers.sh --debian || true
+fi
+# The tests' container image (Debian bookworm + LiteRT + Coral's example), built once and cached
+# in /var/cache/slurm-tpu/containers/ by its inputs (about a minute the first time).
+.venv/bin/python -m harness.containers.image >/dev/null || echo "setup: container image not built (tests/containers skip)" >&2
 
 echo "setup: ready ($(.venv/bin/slurm-tpu --version))"

@@ -173,6 +173,9 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     coral, coral_ok = report.coral_lines(layout, *experiment.run_coral_examples(layout, user, env, timeout))
     for line in coral:
         _say("  " + line)
+    contained, contained_ok = report.container_lines(layout, experiment.run_containers(layout, user, env, timeout))
+    for line in contained:
+        _say("  " + line)
     envs = {
         name: provision.job_environment(layout, env["EDGETPU_DOUBLE_DEVICES"], name)
         for name in (user, second_user(user))
@@ -196,7 +199,7 @@ def run(layout: Layout, user: str, images: int, timeout: float) -> int:
     _say()
     for line in report.next_steps(layout, user):
         _say(line)
-    broken = sum(not c.ok for c in checks) + (not coral_ok) + (not shard_ok) + (not coral_shard_ok)
+    broken = sum(not c.ok for c in checks) + (not coral_ok) + (not shard_ok) + (not coral_shard_ok) + (not contained_ok)
     if failed or broken:
         print(
             f"{PREFIX}: {len(failed)} job(s) failed and {broken} check(s) did not hold; "

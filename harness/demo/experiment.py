@@ -269,6 +269,52 @@ def run_coral_examples(
     return holder, outputs
 
 
+CONTAINER_NODES = ("node-usb", "node-pcie")  # one task and one Edge TPU each, each in its own container
+
+
+@dataclass(frozen=True)
+class Containerised:
+    """The containerised step: its job and output, or why it did not run (no Pyxis, no image)."""
+
+    job: int | None
+    output: str
+    skipped: str | None = None
+
+
+def run_containers(layout: Layout, user: str, env: Mapping[str, str], timeout: float = 180) -> Containerised:
+    """The multi-worker seed: one step over two nodes, each task in a Pyxis container of the suite's
+    offline image (jobs/containers_across_nodes.sbatch) running Coral's example unmodified on its
+    node's Edge TPU, which the enroot hook gave it (the device node and the node's libedgetpu)."""
+    from ..localcluster.containers import DOUBLE_ROOT, enroot_image
+    from .lifecycle import containers_missing
+
+    why = containers_missing()
+    if why:
+        return Containerised(None, "", why)
+    try:
+        image = enroot_image()
+    except (RuntimeError, OSError, subprocess.CalledProcessError) as exc:
+        return Containerised(None, "", f"no container image ({exc})")
+    job = sbatch(
+        layout,
+        user,
+        {**env, "EDGETPU_DOUBLE_ROOT": DOUBLE_ROOT},  # the double's view of each node, inside the container
+        [f"--nodelist={','.join(CONTAINER_NODES)}", f"--nodes={len(CONTAINER_NODES)}"],
+        "containers_across_nodes.sbatch",
+        [
+            image,
+            "python3",
+            "/opt/coral/classify.py",
+            layout.classifier,
+            os.path.join(layout.images, "img_00000.png"),
+            layout.labels,
+        ],
+    )
+    wait_for_job(env, job, timeout)
+    with open(os.path.join(layout.out, f"containers-tpu-{job}.out"), encoding="utf-8") as handle:
+        return Containerised(job, handle.read())
+
+
 SERVE_NODE, CLIENT_NODE = "node-usb", "node-plain"  # the server on a TPU node, its client elsewhere
 SERVE_IMAGES = 3
 

@@ -15,14 +15,20 @@ from typing import Callable
 from slurm_tpu.protocol.jobenv import libedgetpu_path
 from slurm_tpu.slurm import installation
 
+from ..localcluster import containers
 from ..localcluster.cluster import LocalCluster, NodeSpec, project_hooks
 from .errors import DemoError
 from .layout import NODES, PARTITION_EXTRA, REPO, SHARD_NODE, SHARED_STICK, SHARES, Layout
 from .preflight import classify, running_slurm_daemons
 
-FORMAT = 6  # bump when the demo's cluster layout changes: a running old one is restarted
+FORMAT = 7  # bump when the demo's cluster layout changes: a running old one is restarted
 _HEALTHY = ("IDLE", "MIXED", "ALLOCATED", "COMPLETING")
 SHARING = {"version": 2, "families": {"edgetpu": {"shared": [SHARED_STICK], "shares_per_device": SHARES}}}
+
+
+def containers_missing() -> str | None:
+    """Why the demo's cluster runs no Pyxis (one line: enroot or Pyxis not built for its Slurm), or None."""
+    return containers.missing(installation.version_of(installation.find(use_daemons=False).program("slurmd")))
 
 
 def make_cluster(layout: Layout) -> LocalCluster:
@@ -48,6 +54,12 @@ def make_cluster(layout: Layout) -> LocalCluster:
             # (slurm_tpu/broker/executor.py, docs/limits.md), with the stick's node still opened.
             "SLURM_TPU_BROKER_TWIN": "1",
         },
+        # Pyxis + enroot where they are built (scripts/build-containers.sh): the containerised step;
+        # the enroot hook gives each container the node's libedgetpu, here the double.
+        containers=containers_missing() is None,
+        container_libedgetpu=layout.libedgetpu,
+        container_mounts=(containers.DOUBLE_MOUNT,),
+        container_hook=containers.DOUBLE_HOOK,
     )
 
 
@@ -58,6 +70,7 @@ def fingerprint() -> str:
         json.dumps(
             [
                 FORMAT,
+                containers_missing() is None,
                 sys.executable,
                 str(REPO),
                 list(PARTITION_EXTRA),

@@ -9,7 +9,17 @@ import re
 import string
 from collections.abc import Sequence
 
-from .experiment import CLIENT_NODE, CORAL_NODE, SERVE_IMAGES, SERVE_NODE, Served, SharedRun, Submitted
+from .experiment import (
+    CLIENT_NODE,
+    CONTAINER_NODES,
+    CORAL_NODE,
+    SERVE_IMAGES,
+    SERVE_NODE,
+    Containerised,
+    Served,
+    SharedRun,
+    Submitted,
+)
 from .layout import JOBS_DIR, NODES, SHARD_NODE, SHARED_STICK, SHARES, Layout
 from .records import JobRecord, Lease, parse_audit
 from .timeline import Check, build_lanes, check_run, nice_step, render
@@ -208,6 +218,37 @@ def coral_lines(layout: Layout, holder: int, outputs: list[tuple[int, str]]) -> 
         f"{'ok  ' if ok else 'FAIL'}  unmodified Coral code, no device argument: {len(outputs)} jobs on "
         f"{CORAL_NODE} saw {shown}",
         f"      each the card it was leased; {held} was another job's (job {holder})",
+    ], ok
+
+
+def container_lines(layout: Layout, run: Containerised) -> tuple[list[str], bool]:
+    """The containerised step in two lines: what each container saw; ok when the two saw exactly the
+    Edge TPUs the job was leased on the two nodes (their audit logs) and each classified its image."""
+    from slurm_tpu.protocol.jobenv import libedgetpu_path
+
+    if run.job is None:
+        return [f"skip  containers (Pyxis + enroot): {run.skipped}"], True
+    leased = []
+    for node in CONTAINER_NODES:
+        with open(os.path.join(layout.node_dir(node), "inventory.json"), encoding="utf-8") as handle:
+            nodes = {a["identity"]: a["device_nodes"] for a in json.load(handle)["accelerators"]}
+        with open(layout.audit_log(node), encoding="utf-8") as handle:
+            for lease in parse_audit(handle.read(), node):
+                if lease.job_id == run.job:
+                    kind, path = libedgetpu_path(lease.identity, (nodes.get(lease.identity) or [None])[0])
+                    leased.append(f"{kind}:{path}")
+    seen = [
+        line.split("Edge TPUs this job sees: ", 1)[1]
+        for line in run.output.splitlines()
+        if "Edge TPUs this job sees: " in line
+    ]
+    answers = [line for line in run.output.splitlines() if re.match(r"^\d+: \S+: [0-9.]+$", line)]
+    ok = len(leased) == len(CONTAINER_NODES) and sorted(seen) == sorted(leased) and len(answers) == len(CONTAINER_NODES)
+    shown = " | ".join(f"{s.split(':', 1)[0]} {os.path.basename(s)}" for s in seen) or "nothing"
+    return [
+        f"{'ok  ' if ok else 'FAIL'}  containers (Pyxis + enroot): job {run.job}, one per node on "
+        + " and ".join(CONTAINER_NODES),
+        f"      each saw its node's leased Edge TPU only ({shown}), through the enroot hook",
     ], ok
 
 

@@ -152,6 +152,15 @@ class LocalCluster:
     # simulated /sys and /dev (``%n``: the broker's SLURMD_NODENAME), as the jobs' double is given.
     brokers: bool = True
     broker_env: Mapping[str, str] = field(default_factory=dict)
+    # Pyxis + enroot (containers.py): plugstack.conf with the Pyxis of this cluster's Slurm release and
+    # a per-node enroot config under the base; ``container_libedgetpu``: the node's libedgetpu the
+    # enroot hook binds into containers (tests: the libedgetpu double); ``container_mounts``: more
+    # enroot fstab lines for every node (``%N``: the node's directory, ``%n``: its name);
+    # ``container_hook``: sh lines every node's enroot runs as a hook before ours (the same %N, %n).
+    containers: bool = False
+    container_libedgetpu: str = ""
+    container_mounts: Sequence[str] = ()
+    container_hook: str = ""
 
     @property
     def slurm(self) -> installation.Installation:
@@ -265,16 +274,51 @@ class LocalCluster:
             minor = self._configure_node(spec, port, minor)
         with open(self.path("etc", "cluster.json"), "w", encoding="utf-8") as handle:
             json.dump(
-                {"ctld_port": self.ctld_port, "nodes": [n.name for n in self.nodes], "slurm_prefix": self.slurm_prefix},
+                {
+                    "ctld_port": self.ctld_port,
+                    "nodes": [n.name for n in self.nodes],
+                    "slurm_prefix": self.slurm_prefix,
+                    "containers": self.containers,  # a slurmd started again keeps its enroot on PATH
+                },
                 handle,
             )
         self._write_hook_wrappers()
+        self._configure_containers()
         self._configure_accounting()
         self._write_slurm_conf()
         if self.agents:
             from slurm_tpu.ops.hook_client import build_native
 
             build_native()  # the hooks' thin client and native entries, beside them ({}: no cc)
+
+    def _configure_containers(self) -> None:
+        """With ``containers``: plugstack.conf and each node's enroot (containers.py)."""
+        if not self.containers:
+            return
+        from . import containers
+
+        version = installation.version_of(self.slurm.program("slurmd"))
+        why = containers.missing(version)
+        if why:
+            raise RuntimeError(why)
+        self.plugstack = containers.write_plugstack(self.base, version or "")
+        for spec in self.nodes:
+            containers.configure_node(
+                self.base,
+                spec.name,
+                self.node_dir(spec.name),
+                self.node_config(spec.name),
+                self.container_libedgetpu,
+                self.python,
+                self._source_built_slurm(),
+                self.container_mounts,
+                self.container_hook,
+            )
+
+    def _source_built_slurm(self) -> str | None:
+        """The prefix of this cluster's Slurm when it is not the system's (/opt/slurm-25.11), else None."""
+        prefix = os.path.dirname(self.slurm.sbin_dir.rstrip("/"))
+        return None if prefix in ("/usr", "/", "/usr/local") else prefix
 
     def _configure_munge(self) -> None:
         key = self.path("munge", "munge.key")
@@ -428,6 +472,8 @@ class LocalCluster:
                 f"HealthCheckInterval={self.hooks.health_interval or 60}",
                 "HealthCheckNodeState=ANY",
             ]
+        if self.containers:
+            lines.append(f"PlugStackConfig={self.path('etc', 'plugstack.conf')}")
         ours = self.gres_plugin_dir
         if ours:
             from slurm_tpu.slurm import gres_plugin
@@ -460,7 +506,7 @@ class LocalCluster:
     def _pidfile(self, name: str) -> str:
         return self.path("run", f"{name}.launcher.pid")
 
-    def _spawn(self, name: str, argv: list[str], user: str | None = None) -> None:
+    def _spawn(self, name: str, argv: list[str], user: str | None = None, path_first: str | None = None) -> None:
         log = open(self.path("log", f"{name}.out"), "ab")
         # As ``user`` by a plain setgid/setuid in the child, not through runuser: on
         # SIGTERM runuser (util-linux su-common) passes the signal on, then sleeps 2 s
@@ -476,7 +522,7 @@ class LocalCluster:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            env=self.env(),
+            env=self.env({"PATH": f"{path_first}:{self.env()['PATH']}"} if path_first else None),
             start_new_session=True,
             close_fds=True,
             **ids,
@@ -539,7 +585,7 @@ class LocalCluster:
                 self._wait_agent(spec.name)
             if self.brokers and self.shares_devices(spec.name):
                 self._wait_broker(spec.name)
-            self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name])
+            self._spawn(f"slurmd-{spec.name}", [slurmd, "-D", "-N", spec.name], path_first=self._node_path(spec.name))
             self._start_usbcore(spec.name)
         self._wait(self._all_nodes_up, timeout, "nodes did not come up")
 
@@ -789,7 +835,10 @@ class LocalCluster:
         with open(os.path.join(base, "etc", "cluster.json"), encoding="utf-8") as handle:
             saved = json.load(handle)
         cluster = cls(
-            base=base, nodes=[NodeSpec(name) for name in saved["nodes"]], slurm_prefix=saved.get("slurm_prefix")
+            base=base,
+            nodes=[NodeSpec(name) for name in saved["nodes"]],
+            slurm_prefix=saved.get("slurm_prefix"),
+            containers=bool(saved.get("containers")),
         )
         cluster.ctld_port = saved["ctld_port"]
         return cluster
@@ -811,7 +860,15 @@ class LocalCluster:
 
     def start_slurmd(self, node: str) -> None:
         """Start one node's slurmd (no wait: the controller may be restarting)."""
-        self._spawn(f"slurmd-{node}", [self.slurm.program("slurmd"), "-D", "-N", node])
+        self._spawn(
+            f"slurmd-{node}", [self.slurm.program("slurmd"), "-D", "-N", node], path_first=self._node_path(node)
+        )
+
+    def _node_path(self, node: str) -> str | None:
+        """What goes first on the node's slurmd PATH: its enroot wrapper's directory (containers), else nothing."""
+        if not self.containers:
+            return None
+        return os.path.join(self.node_dir(node), "enroot", "bin")
 
     def restart_slurmctld(self, timeout: float = 60) -> None:
         """Restart the controller (it re-reads slurm.conf, new GRES counts included)."""

@@ -57,6 +57,12 @@ def _slurm_conf(given: str | None) -> str:
     help="Where --libedgetpu goes (default: /usr/lib/<multiarch>, where "
     "Coral's libedgetpu1-std puts its own, which it replaces).",
 )
+@click.option(
+    "--enroot-config",
+    metavar="DIR",
+    help="enroot's system config directory, whose hooks.d gets the enroot hook (default: SYSCONFDIR/enroot, "
+    "where enroot's packages put it; scripts/build-containers.sh's: /opt/enroot-<version>/etc/enroot).",
+)
 @pass_obj
 def install(
     obj: Obj,
@@ -66,6 +72,7 @@ def install(
     slurm_conf: str | None,
     libedgetpu: str | None,
     libdir: str | None,
+    enroot_config: str | None,
 ) -> None:
     """Put this node's pieces in place (as root): hooks, udev rules, systemd units, config skeleton.
 
@@ -80,13 +87,15 @@ def install(
     SYSCONFDIR/slurm-tpu/config.yaml                  (only if there is none)
     LIBDIR/libedgetpu.so.1.0, libedgetpu.so.1        (with --libedgetpu; Coral's own
                              file is kept aside and put back by uninstall)
+    ENROOT/hooks.d/98-slurm-tpu.sh                    (where enroot's config directory is:
+                             Pyxis containers get the job's devices and the node's libedgetpu)
 
     Then prints the slurm.conf lines still to add (or says they are there).
     Running it again changes only what differs; `slurm-tpu uninstall` undoes it.
     """
     from ..ops.install import Layout, device_cgroup_note, install as run_install, layout_config
 
-    layout = Layout(prefix, sysconfdir, libdir or "")
+    layout = Layout(prefix, sysconfdir, libdir or "", enroot_config or "")
     config = layout_config(layout, obj.config_path)
     conf = _slurm_conf(slurm_conf)
     prefix_word = "would: " if dry_run else ""

@@ -85,11 +85,17 @@ class Layout:
     prefix: str = PREFIX
     sysconfdir: str = SYSCONFDIR
     libdir: str = ""  # "": default_libdir()
+    # enroot's system config directory (with enroot.conf and hooks.d; enroot's ENROOT_SYSCONF_PATH):
+    # "" means <sysconfdir>/enroot, where enroot's packages put it. The enroot hook goes into its
+    # hooks.d when that directory is there (enroot installed).
+    enroot: str = ""
 
     def __post_init__(self) -> None:
         if not self.libdir:
             object.__setattr__(self, "libdir", default_libdir())
-        for name in ("prefix", "sysconfdir", "libdir"):
+        if not self.enroot:
+            object.__setattr__(self, "enroot", os.path.join(self.sysconfdir, "enroot"))
+        for name in ("prefix", "sysconfdir", "libdir", "enroot"):
             value = getattr(self, name)
             if not os.path.isabs(value):
                 raise SlurmTpuError(f"--{name} {value!r} must be an absolute directory")
@@ -129,6 +135,14 @@ class Layout:
     def udev_hook(self) -> str:
         """The installed program the udev rules run (``RUN+=``) on every device event."""
         return os.path.join(self.hooks_dir, UDEV_HOOK)
+
+    @property
+    def enroot_hook(self) -> str | None:
+        """Where the enroot hook goes (``<enroot>/hooks.d/98-slurm-tpu.sh``), None where enroot's
+        config directory is not there (no enroot on this node)."""
+        from ..hooks.enroot import HOOK_NAME
+
+        return os.path.join(self.enroot, "hooks.d", HOOK_NAME) if os.path.isdir(self.enroot) else None
 
     @property
     def manifest(self) -> str:
@@ -210,6 +224,28 @@ def installed_hook_text(text: str, name: str, python: str, package_root: str, co
         lines[roots[0] : roots[0] + 1] = insert
     elif config_file != DEFAULT_CONFIG and lines and lines[0].startswith("#!"):
         lines.insert(1, f"{_sh_config(config_file)}{_MARK}\n")
+    return "".join(lines)
+
+
+def enroot_hook_text(
+    python: str, package_root: str, config_file: str, libedgetpu: str, dev: str = "/dev", sys_root: str = "/sys"
+) -> str:
+    """The enroot hook (enroot/98-slurm-tpu.sh) as installed: its interpreter and package root, and
+    its ``_SETTINGS`` line (the node's config, libedgetpu, device root and sysfs; slurm_tpu/hooks/enroot.py).
+    The job's environment can name none of them: the hook runs with it."""
+    from ..hooks.enroot import CONFIG, DEV, HOOK_NAME, LIBEDGETPU, SYS
+
+    text = installed_hook_text(
+        node_files.read_node_file("enroot", HOOK_NAME), HOOK_NAME, python, package_root, DEFAULT_CONFIG
+    )
+    lines = text.splitlines(keepends=True)
+    found = [i for i, line in enumerate(lines) if line.startswith("_SETTINGS = ")]
+    if len(found) != 1:
+        raise SlurmTpuError(
+            f"shipped hook {HOOK_NAME} has {len(found)} '_SETTINGS = ' lines, not 1: reinstall slurm-tpu"
+        )
+    settings = {CONFIG: config_file, LIBEDGETPU: libedgetpu, DEV: dev, SYS: sys_root}
+    lines[found[0]] = f"_SETTINGS = {settings!r}{_MARK}\n"
     return "".join(lines)
 
 
@@ -353,8 +389,14 @@ def planned_files(layout: Layout, config: Config, slurm_conf_dir: str) -> list[F
         text = installed_hook_text(node_files.read_node_file(directory, name), name, python, root, layout.config_file)
         return FileSpec(os.path.join(layout.hooks_dir, name), text, mode)
 
+    enroot = []
+    if layout.enroot_hook:
+        library = os.path.join(layout.libdir, LIBEDGETPU_SONAME)
+        text = enroot_hook_text(python, root, layout.config_file, library, sys_root=config.sysfs_root)
+        enroot = [FileSpec(layout.enroot_hook, text, 0o755)]
     return [
         *(hook(*spec) for spec in HOOK_FILES),
+        *enroot,
         FileSpec(layout.hook_file("HealthCheckProgram"), health_program_text(python, layout.config_file), 0o755),
         FileSpec(layout.udev_rules, render_udev_rules(config, udev_run_program(layout, config)), 0o644),
         *planned_units(layout, slurm_conf_dir, state_dir=config.state_dir),

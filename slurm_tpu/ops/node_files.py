@@ -14,7 +14,7 @@ import sys
 
 from ..errors import SlurmTpuError
 
-NODE_DIRS = ("prolog", "epilog", "udev", "systemd", "slurm_conf", "hook_client")
+NODE_DIRS = ("prolog", "epilog", "udev", "systemd", "slurm_conf", "hook_client", "enroot")
 _PACKAGE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../slurm_tpu
 
 

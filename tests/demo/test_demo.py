@@ -25,8 +25,10 @@ import pytest
 
 from harness.demo.experiment import sbatch
 from harness.demo.layout import JOBS_DIR, Layout
+from harness.demo.lifecycle import containers_missing
 from harness.demo.provision import job_environment
 from helpers import require_slurm
+from slurm_tpu.protocol.jobenv import libedgetpu_path
 
 pytestmark = pytest.mark.slurm
 REPO = Path(__file__).resolve().parents[2]
@@ -147,10 +149,10 @@ def test_demo_runs_to_completion_quickly_with_short_output(demo):
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stderr == ""
     lines = done.stdout.replace(layout.base, "/tmp/slurm-tpu-demo").splitlines()
-    # 62 before the unmodified-Coral step's line, 15 for the shard steps, 7 more for Slurm's books and
-    # up to 7 for the jobs' energy (grouped by method, wrapped); the timeline's length varies by a line
-    # with where jobs ran.
-    assert len(lines) <= 96 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
+    # 62 before the unmodified-Coral step's line, 2 for the containerised step, 15 for the shard steps,
+    # 7 more for Slurm's books and up to 7 for the jobs' energy (grouped by method, wrapped); the
+    # timeline's length varies by a line with where jobs ran.
+    assert len(lines) <= 98 and max(map(len, lines)) <= 100, [line for line in lines if len(line) > 100]
     assert "test-double libedgetpu" in done.stdout  # it says plainly that there is no real TPU
     assert done.seconds < 120, f"demo took {done.seconds:.0f} s"
 
@@ -242,6 +244,7 @@ def test_seed_experiment_timeline_holds_in_slurms_own_records(demo):
         "coral-holder": 1,
         "qos-cap": 2,
         "shard": 6,
+        **({"containers-tpu": 1} if containers_missing() is None else {}),  # where Pyxis is built
     }
     assert {(r["JobState"], r["ExitCode"]) for r in records if r["Name"] not in ("serve-tpu", "qos-cap")} == {
         ("COMPLETED", "0:0")
@@ -446,6 +449,31 @@ def test_unmodified_coral_code_got_each_job_its_own_tpu_on_the_two_tpu_node(demo
     assert lines[at + 1].endswith(f"each the card it was leased; {busy_card} was another job's (job {holder})")
 
 
+def test_containerised_step_ran_each_container_on_its_own_nodes_tpu(demo):
+    """The demo ran jobs/containers_across_nodes.sbatch (Pyxis + enroot, where scripts/build-containers.sh
+    built them): one container per node on node-usb and node-pcie, Coral's example unmodified in each;
+    each listed exactly the Edge TPU its node leased the job (the audit logs) and classified its image."""
+    done, layout = demo
+    why = containers_missing()
+    if why:
+        assert f"skip  containers (Pyxis + enroot): {why}" in done.stdout
+        pytest.skip(why)
+    [record] = [r for r in jobcomp(layout) if r["Name"] == "containers-tpu"]
+    job = int(record["JobId"])
+    assert record["JobState"] == "COMPLETED" and record["NodeList"] in ("node-[pcie,usb]", "node-pcie,node-usb")
+    expected = set()
+    for node, identity, lease_job, _, _ in held(layout):
+        if lease_job == job:
+            path = inventory(layout, node)[identity][0] if identity.startswith("pci-") else None
+            kind, where = libedgetpu_path(identity, path)
+            expected.add(f"Edge TPUs this job sees: {kind}:{where}")
+    assert len(expected) == 2  # one Edge TPU on each node
+    output = read(os.path.join(layout.out, f"containers-tpu-{job}.out")).splitlines()
+    assert {line.split(": ", 1)[1] for line in output if "Edge TPUs this job sees" in line} == expected
+    assert len([line for line in output if line.endswith(": 0.99609")]) == 2  # both classified the image
+    assert f"  ok    containers (Pyxis + enroot): job {job}, one per node on node-usb and node-pcie" in done.stdout
+
+
 def test_classify_gpu_job_fails_cleanly_without_a_gpu_and_falls_back_when_asked(demo):
     _, layout = demo
     image = os.path.join(layout.images, "img_00002.png")
@@ -609,9 +637,10 @@ def test_rerun_reuses_the_running_cluster_and_passes_again(demo):
     assert daemon_pids(layout) == before  # the same daemons: reused, not restarted
     new = [r for r in jobcomp(layout) if int(r["JobId"]) > last_job]
     # 17 + detection + client + 2 Coral examples and their holder, + 6 shard jobs and 2 Coral examples on shares,
-    # + server, + the 2 jobs the QOS cap is shown on
+    # + server, + the 2 jobs the QOS cap is shown on, + the containerised step where Pyxis is built
     states = sorted((r["Name"] if r["Name"] in ("serve-tpu", "qos-cap") else "", r["JobState"]) for r in new)
-    assert states == [("", "COMPLETED")] * 30 + [("qos-cap", "CANCELLED")] * 2 + [("serve-tpu", "CANCELLED")]
+    completed = 30 + (containers_missing() is None)
+    assert states == [("", "COMPLETED")] * completed + [("qos-cap", "CANCELLED")] * 2 + [("serve-tpu", "CANCELLED")]
 
 
 def _free_port() -> int:

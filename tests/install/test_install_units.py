@@ -12,6 +12,7 @@ import pytest
 
 from helpers import REPO
 from slurm_tpu.config import DEFAULT_PATH
+from slurm_tpu.hooks.enroot import HOOK_NAME as ENROOT_HOOK
 from slurm_tpu.ops.doctor import state_dir_problems
 from slurm_tpu.ops.install import (
     HOOK_FILES,
@@ -120,12 +121,17 @@ def test_each_shipped_file_is_in_the_directory_named_for_what_runs_or_reads_it()
         for node in tree.body
         if isinstance(node, ast.Assign) and any(isinstance(t, ast.Name) and t.id == "NODE_DIRS" for t in node.targets)
     ]
-    assert setup_dirs == node_files.NODE_DIRS == ("prolog", "epilog", "udev", "systemd", "slurm_conf", "hook_client")
+    assert (
+        setup_dirs
+        == node_files.NODE_DIRS
+        == ("prolog", "epilog", "udev", "systemd", "slurm_conf", "hook_client", "enroot")
+    )
     shipped_files = (
         {(directory, name) for directory, name, _ in HOOK_FILES}
         | {("systemd", name) for name, _ in SYSTEMD_FILES}
         | {("slurm_conf", "slurm.conf.snippet")}
         | {("hook_client", "slurm-tpu-hook-client.c")}  # what install builds the client from, never installed
+        | {("enroot", ENROOT_HOOK)}  # into enroot's hooks.d, where enroot is (Layout.enroot_hook)
     )
     for directory, name in shipped_files:
         assert node_files.node_file(directory, name) == os.path.join(REPO, directory, name)
