@@ -5,7 +5,8 @@ when its content changes (files.py :func:`write_if_changed`); a spec of ours for
 device here any more is removed (its backup kept). :func:`refresh_cdi` is what the one place that
 reacts to device changes (ops/configure.py :func:`prepare_node_state`: ``gres-conf --output`` and
 the hotplug watcher) calls: it rewrites the specs only on a node whose CDI directory already holds
-ours (``slurm-tpu cdi --output`` or ``install`` put them there), keeping the libraries they mount.
+ours (``slurm-tpu cdi --output``: /var/run/cdi, or /etc/cdi to outlive a reboot), keeping the
+libraries they mount.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from dataclasses import dataclass
 from ..config import Config
 from ..files import BACKUP_SUFFIX, write_if_changed
 from ..hardware import Inventory
-from ..render.cdi import CDI_DIR, SPEC_PREFIX, render_cdi, spec_file_name
+from ..render import cdi as render
+from ..render.cdi import SPEC_PREFIX, render_cdi, spec_file_name
 
 LIBEDGETPU_SONAME = "libedgetpu.so.1"
 
@@ -94,8 +96,11 @@ def libraries_in(directory: str) -> dict[str, tuple[str, str]]:
     return found
 
 
-def refresh_cdi(config: Config, inventory: Inventory, directory: str = CDI_DIR) -> CdiResult | None:
-    """Rewrite our specs after a device change, where this node has them (None where it does not)."""
-    if not ours(directory):
-        return None
-    return write_cdi(directory, inventory, config, {**default_libraries(), **libraries_in(directory)})
+def refresh_cdi(config: Config, inventory: Inventory, directories: tuple[str, ...] | None = None) -> list[CdiResult]:
+    """Rewrite our specs after a device change in each CDI directory (default: /etc/cdi and
+    /var/run/cdi) that holds some; none written where none are."""
+    return [
+        write_cdi(directory, inventory, config, {**default_libraries(), **libraries_in(directory)})
+        for directory in (render.CDI_DIRS if directories is None else directories)
+        if ours(directory)
+    ]

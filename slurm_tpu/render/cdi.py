@@ -48,7 +48,8 @@ from ..hardware import Accelerator, Bus, Inventory
 from ..protocol.jobenv import cdi_kind
 
 CDI_VERSION = "0.3.0"
-CDI_DIR = "/var/run/cdi"  # the runtimes' directory for generated (not hand-written) specs
+CDI_DIR = "/var/run/cdi"  # the runtimes' directory for generated specs (a tmpfs: gone at reboot)
+CDI_DIRS = ("/etc/cdi", CDI_DIR)  # where runtimes read specs; /etc/cdi survives a reboot
 SPEC_PREFIX = "slurm-tpu-"  # <CDI_DIR>/slurm-tpu-<kind>.json
 USB_DIR = "/dev/bus/usb"
 # The CDI spec's name rules (container-device-interface pkg/parser): a vendor is a DNS-like

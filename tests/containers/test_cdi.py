@@ -142,11 +142,13 @@ def test_written_atomically_with_a_backup_untouched_when_unchanged_and_stale_spe
 
 
 def test_kept_current_only_where_the_node_has_our_specs_and_with_their_library(big_node, tmp_path):
-    assert refresh_cdi(Config(), big_node, str(tmp_path)) is None and not list(tmp_path.iterdir())
+    elsewhere = tmp_path / "etc-cdi"
+    elsewhere.mkdir()
+    assert refresh_cdi(Config(), big_node, (str(tmp_path), str(elsewhere))) == [] and not list(elsewhere.iterdir())
     write_cdi(str(tmp_path), big_node, Config(), LIBEDGETPU)
     fewer = big_node.__class__(accelerators=tuple(a for a in big_node if a.identity != "usb-2-1"))
-    result = refresh_cdi(Config(), fewer, str(tmp_path))
-    assert result is not None and result.written
+    (result,) = refresh_cdi(Config(), fewer, (str(tmp_path), str(elsewhere)))
+    assert result.written and not list(elsewhere.iterdir())
     spec = json.loads((tmp_path / "slurm-tpu-edgetpu.json").read_text())
     assert "usb-2-1" not in devices(spec)
     assert spec["containerEdits"]["mounts"][0]["hostPath"] == LIBEDGETPU["edgetpu"][0]  # the one it had
@@ -175,3 +177,40 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(tmp_path):
     (tmp_path / "file").write_text("")
     unwritable = run_cli(["cdi", "--output", str(tmp_path / "file" / "cdi")], "big_node")
     assert unwritable.returncode != 0 and "cannot write CDI specs" in unwritable.stderr
+
+
+def test_doctor_flags_a_users_writable_rootful_socket_and_a_stale_spec(big_node, tmp_path, monkeypatch):
+    import socket
+
+    from slurm_tpu.ops import doctor
+    from slurm_tpu.ops.install import Layout
+    from slurm_tpu.render import cdi as render
+
+    sockets = []
+    for name, mode in (("private.sock", 0o600), ("open.sock", 0o666)):
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(str(tmp_path / name))
+        os.chmod(tmp_path / name, mode)
+        sockets.append(server)
+    cdi_dir = tmp_path / "cdi"
+    monkeypatch.setattr(render, "CDI_DIRS", (str(tmp_path / "etc-cdi"), str(cdi_dir)))
+    node = doctor.Node(Config(), Layout(prefix=str(tmp_path)), str(tmp_path / "slurm.conf"), "n1", big_node)
+
+    def lines() -> list[str]:
+        return [f.line() for f in doctor.check_containers(node)]
+
+    monkeypatch.setattr(doctor, "ROOTFUL_SOCKETS", (str(tmp_path / "private.sock"),))
+    assert [f.ok for f in doctor.check_containers(node)] == [True, True]  # no socket to fear, no spec yet
+    monkeypatch.setattr(doctor, "ROOTFUL_SOCKETS", (str(tmp_path / "private.sock"), str(tmp_path / "open.sock")))
+    found = doctor.check_containers(node)
+    assert [f.ok for f in found] == [False, True]
+    assert "open.sock (0666) lets every user run rootful containers" in found[0].message
+    assert "private.sock" not in found[0].message
+    write_cdi(str(cdi_dir), big_node, Config(), LIBEDGETPU)
+    assert "match the devices" in lines()[-1]
+    fewer = big_node.__class__(accelerators=tuple(a for a in big_node if a.identity != "usb-2-1"))
+    write_cdi(str(cdi_dir), fewer, Config(), LIBEDGETPU)
+    stale = doctor.check_containers(node)[-1]
+    assert not stale.ok and "differ from its devices" in stale.message and "slurm-tpu cdi --output" in stale.fix
+    for server in sockets:
+        server.close()
