@@ -104,3 +104,18 @@ def refresh_cdi(config: Config, inventory: Inventory, directories: tuple[str, ..
         for directory in (render.CDI_DIRS if directories is None else directories)
         if ours(directory)
     ]
+
+
+def install_cdi_note(config: Config, say) -> None:
+    """Containers: refresh this node's CDI specs where it has them (a library just installed is then
+    the one they mount), else say how to write them where a CDI runtime (Podman) is installed."""
+    import shutil
+
+    from .health_check import configured_inventory
+
+    if any(ours(directory) for directory in render.CDI_DIRS):
+        for result in refresh_cdi(config, configured_inventory(config)):
+            for path in result.written:
+                say(f"updated {path} (the node's CDI spec)")
+    elif shutil.which("podman"):
+        say(f"Podman is installed: `slurm-tpu cdi --output {render.CDI_DIR}` gives containers the job's devices")

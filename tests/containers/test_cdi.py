@@ -214,3 +214,25 @@ def test_doctor_flags_a_users_writable_rootful_socket_and_a_stale_spec(big_node,
     assert not stale.ok and "differ from its devices" in stale.message and "slurm-tpu cdi --output" in stale.fix
     for server in sockets:
         server.close()
+
+
+def test_install_refreshes_the_specs_a_node_has_or_says_how_to_write_them(big_node, tmp_path, monkeypatch):
+    import shutil
+
+    from slurm_tpu.ops import cdi as ops, health_check
+    from slurm_tpu.render import cdi as render
+
+    cdi_dir = tmp_path / "cdi"
+    monkeypatch.setattr(render, "CDI_DIRS", (str(tmp_path / "etc-cdi"), str(cdi_dir)))
+    monkeypatch.setattr(render, "CDI_DIR", str(cdi_dir))
+    monkeypatch.setattr(health_check, "configured_inventory", lambda config: big_node)
+    said: list[str] = []
+    monkeypatch.setattr(shutil, "which", lambda name: "/usr/bin/podman" if name == "podman" else None)
+    ops.install_cdi_note(Config(), said.append)
+    assert said == [f"Podman is installed: `slurm-tpu cdi --output {cdi_dir}` gives containers the job's devices"]
+    fewer = big_node.__class__(accelerators=tuple(a for a in big_node if a.identity != "usb-2-1"))
+    write_cdi(str(cdi_dir), fewer, Config(), LIBEDGETPU)
+    said.clear()
+    ops.install_cdi_note(Config(), said.append)
+    assert said == [f"updated {cdi_dir}/slurm-tpu-edgetpu.json (the node's CDI spec)"]
+    assert "usb-2-1" in (cdi_dir / "slurm-tpu-edgetpu.json").read_text()

@@ -126,8 +126,11 @@ def container(
     """``podman run`` as the user guide writes it (one --device per SLURM_TPU_CDI_DEVICES entry),
     with the double's view of the node; returns the run and the double's log lines."""
     out = scratch(engine.user, node.base.parent)
+    # Not --rm: Podman 4.3's cleanup process may remove the container before `run` reads its exit
+    # file, and `run` then waits out conmon's 20 s timeout (docs/limits.md); rm after it instead.
+    name = f"job-{out.name}"
     args = [
-        "run", "--rm", *device_flags(env.get("SLURM_TPU_CDI_DEVICES", "")), *(extra or []),
+        "run", "--name", name, *device_flags(env.get("SLURM_TPU_CDI_DEVICES", "")), *(extra or []),
         "-v", f"{node.sim}:/sim:ro", "-v", f"{out}:/out",
         *(["-v", f"{work}:/work:ro"] if work else []),
         "-e", f"EDGETPU_DOUBLE_DEVICES={node.double_devices()}", "-e", "EDGETPU_DOUBLE_ROOT=/sim",
@@ -135,6 +138,7 @@ def container(
         "localhost/slurm-tpu-coral:test", *argv,
     ]  # fmt: skip
     done = engine.run(args, env=env)
+    engine.run(["rm", "--force", name])
     log = out / "double.log"
     return done, (log.read_text().splitlines() if log.exists() else [])
 
