@@ -87,7 +87,7 @@ def main() -> int:
     if problem:
         print(f"bench_containers: rootless Podman cannot run here: {problem}", file=sys.stderr)
         return 1
-    base = Path(tempfile.mkdtemp(prefix="slurm-tpu-bench-containers-", dir="/tmp"))
+    base = Path(tempfile.mkdtemp(prefix="stp-", dir="/tmp"))  # short: see podman_support.Podman
     base.chmod(0o755)
     try:
         with real_users([USER]):
@@ -101,7 +101,7 @@ def main() -> int:
             model = work / "mobilenet.tflite"
             model.write_bytes(mobilenet.build_mobilenet(args.width))
             model.chmod(0o644)
-            engine = Podman(USER, base / USER, node.cdi)
+            engine = Podman(USER, base / "p0", node.cdi)
             try:
                 imported = engine.run(["import", builder.build().rootfs, IMAGE])
                 if imported.returncode != 0:

@@ -78,7 +78,12 @@ def ensure_subids(user: str) -> None:
 
 @dataclass
 class Podman:
-    """One user's rootless Podman: ``run(args)`` is ``podman args`` as that user."""
+    """One user's rootless Podman: ``run(args)`` is ``podman args`` as that user.
+
+    Keep ``base`` short (``/tmp/stp-XXXXXXXX/p0``): with a longer runtime directory (about 40
+    characters, e.g. ``/tmp/slurm-tpu-podman-XXXXXXXX/stpu_alice/run``) Podman 4.3's attached
+    ``run`` returns only after conmon's 20 s timeout (docs/limits.md).
+    """
 
     user: str
     base: Path

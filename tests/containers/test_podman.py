@@ -38,7 +38,7 @@ def base():
     problem = rootless_problem()
     if problem:
         pytest.skip(f"rootless Podman cannot run here: {problem}")
-    path = Path(tempfile.mkdtemp(prefix="slurm-tpu-podman-", dir="/tmp"))
+    path = Path(tempfile.mkdtemp(prefix="stp-", dir="/tmp"))  # short: see podman_support.Podman
     path.chmod(0o755)
     yield path
     shutil.rmtree(path, ignore_errors=True)
@@ -67,9 +67,9 @@ def image() -> str:
 def podman(users, base, node, image) -> dict[str, Podman]:
     """Each user's rootless Podman, the image imported."""
     engines = {}
-    for user in USERS:
+    for n, user in enumerate(USERS):
         ensure_subids(user)
-        engines[user] = Podman(user, base / user, node.cdi)
+        engines[user] = Podman(user, base / f"p{n}", node.cdi)
         done = engines[user].run(["import", image, "localhost/slurm-tpu-coral:test"], timeout=600)
         assert done.returncode == 0, done.stderr
     yield engines
@@ -126,11 +126,8 @@ def container(
     """``podman run`` as the user guide writes it (one --device per SLURM_TPU_CDI_DEVICES entry),
     with the double's view of the node; returns the run and the double's log lines."""
     out = scratch(engine.user, node.base.parent)
-    # Not --rm: Podman 4.3's cleanup process may remove the container before `run` reads its exit
-    # file, and `run` then waits out conmon's 20 s timeout (docs/limits.md); rm after it instead.
-    name = f"job-{out.name}"
     args = [
-        "run", "--name", name, *device_flags(env.get("SLURM_TPU_CDI_DEVICES", "")), *(extra or []),
+        "run", "--rm", *device_flags(env.get("SLURM_TPU_CDI_DEVICES", "")), *(extra or []),
         "-v", f"{node.sim}:/sim:ro", "-v", f"{out}:/out",
         *(["-v", f"{work}:/work:ro"] if work else []),
         "-e", f"EDGETPU_DOUBLE_DEVICES={node.double_devices()}", "-e", "EDGETPU_DOUBLE_ROOT=/sim",
@@ -138,7 +135,6 @@ def container(
         "localhost/slurm-tpu-coral:test", *argv,
     ]  # fmt: skip
     done = engine.run(args, env=env)
-    engine.run(["rm", "--force", name])
     log = out / "double.log"
     return done, (log.read_text().splitlines() if log.exists() else [])
 
