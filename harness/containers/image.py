@@ -5,7 +5,8 @@ the image and prints one JSON object: its key, the rootfs tarball, the squashfs,
 Podman image name when imported.
 
 What is in it: Debian bookworm ``minbase`` (``mmdebstrap``, from the Debian mirror apt
-already uses), ``python3``, and in ``/usr/local/lib/python3.11/dist-packages`` (on Debian's
+already uses), ``python3``, the libraries the node's libedgetpu links (:data:`PACKAGES`), and
+in ``/usr/local/lib/python3.11/dist-packages`` (on Debian's
 python3 path, so ``python3`` is all a job types in Podman and in enroot alike) the runtime the
 suite itself runs: ai-edge-litert, numpy, Pillow at the versions installed in this checkout's
 .venv (pip downloads them once; the wheels are cached). The user code is Coral's example as
@@ -40,7 +41,17 @@ from .. import ROOT
 CACHE = Path(os.environ.get("SLURM_TPU_IMAGE_CACHE", "/var/cache/slurm-tpu/containers"))
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-PACKAGES = ("python3", "ca-certificates")
+# The node's libedgetpu (the suite's patched build, scripts/build-libedgetpu.sh) links Debian 12's
+# abseil, flatbuffers, libusb and libudev dynamically: an image that gets it must have them.
+PACKAGES = (
+    "python3",
+    "ca-certificates",
+    "libusb-1.0-0",
+    "libabsl20220623",
+    "libflatbuffers2",
+    "libudev1",
+    "libstdc++6",
+)
 # The runtime the suite uses (pyproject's "infer" extra), pinned to this checkout's versions.
 WHEELS = ("ai-edge-litert", "numpy", "pillow")
 SITE = "usr/local/lib/python3.11/dist-packages"

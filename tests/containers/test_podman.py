@@ -17,6 +17,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -334,3 +335,48 @@ def pause_processes(user: str) -> list[int]:
         if argv[0].endswith(b"catatonit") and b"-P" in argv:
             found.append(int(entry))
     return found
+
+
+# ---- the node's real libedgetpu (the suite's patched build) in the image --------------------------
+
+
+@pytest.fixture
+def real_library_spec(node):
+    """The node's CDI spec mounting the real libedgetpu (build/libedgetpu) for one test, then the double's again."""
+    from helpers import real_libedgetpu
+
+    library = real_libedgetpu()  # skips, saying why, where setup.sh did not build it
+
+    def write(path) -> None:
+        saved = node.base / "inventory.json"
+        done = subprocess.run(
+            [sys.executable, "-m", "slurm_tpu.cli", "cdi", "--output", str(node.cdi), "--inventory", str(saved),
+             "--dev-root", str(node.dev), "--libedgetpu", str(path)],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+
+    write(library)
+    yield library
+    write(node.library)
+
+
+def test_the_nodes_real_libedgetpu_loads_in_the_container_and_reads_the_jobs_variable(
+    podman, node, leases, real_library_spec
+):
+    """The patched library itself (built against Debian 12's abseil and flatbuffers, which the image
+    carries), from the spec's mount: it loads in the container and is the host's build."""
+    import ctypes
+
+    function = ctypes.CDLL(real_library_spec).edgetpu_version
+    function.restype = ctypes.c_char_p
+    leases([STICK], ALICE)
+    env = job_env(node, [STICK])
+    code = (
+        "import ctypes, json\n"
+        "lib = ctypes.CDLL('libedgetpu.so.1'); lib.edgetpu_version.restype = ctypes.c_char_p\n"
+        "print(lib.edgetpu_version().decode())\n"
+    )
+    done, _ = container(podman[ALICE], node, env, ["python3", "-c", code])
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == function().decode()
