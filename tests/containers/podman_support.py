@@ -19,6 +19,7 @@ import json
 import os
 import pwd
 import shutil
+import signal
 import stat
 import subprocess
 import sys
@@ -140,9 +141,26 @@ class Podman:
         return ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, str(self.cdi), self.user]
 
     def stop(self) -> None:
-        """Remove the user's containers and storage; its pause process ends with it."""
+        """Remove the user's containers and storage, then end its pause process (``catatonit -P``,
+        which outlives ``podman system reset``): no process of this Podman is left."""
         self.run(["rm", "--all", "--force"], timeout=120)
+        pause = self.pause_pid()
         self.run(["system", "reset", "--force"], timeout=300)
+        if pause is not None:
+            try:
+                os.kill(pause, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def pause_pid(self) -> int | None:
+        """The pid of this Podman's pause process, where it runs (its pause.pid names a catatonit of the user)."""
+        try:
+            pid = int((self.base / "run" / "libpod" / "tmp" / "pause.pid").read_text())
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            owner = os.stat(f"/proc/{pid}").st_uid
+        except (OSError, ValueError):
+            return None
+        return pid if argv[0].endswith(b"catatonit") and owner == pwd.getpwnam(self.user).pw_uid else None
 
 
 @dataclass

@@ -76,6 +76,7 @@ def podman(users, base, node, image) -> dict[str, Podman]:
     yield engines
     for engine in engines.values():
         engine.stop()
+        assert engine.pause_pid() is None  # no pause process left behind
 
 
 @pytest.fixture(scope="module")
