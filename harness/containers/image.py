@@ -5,9 +5,10 @@ the image and prints one JSON object: its key, the rootfs tarball, the squashfs,
 Podman image name when imported.
 
 What is in it: Debian bookworm ``minbase`` (``mmdebstrap``, from the Debian mirror apt
-already uses), ``python3``, and in ``/usr/local/lib/python3.11/dist-packages`` (on Debian's
+already uses), ``python3``, the libraries the node's libedgetpu links (:data:`PACKAGES`), and
+in ``/usr/local/lib/python3.11/dist-packages`` (on Debian's
 python3 path, so ``python3`` is all a job types in Podman and in enroot alike) the runtime the
-suite itself runs: ai-edge-litert, numpy, Pillow at the versions installed in this checkout's
+suite itself runs: ai-edge-litert, numpy, Pillow, tflite + flatbuffers at the versions installed in this checkout's
 .venv (pip downloads them once; the wheels are cached). The user code is Coral's example as
 ``jobs/coral_example.sbatch`` runs it (its Python, taken from that script, so one copy exists),
 at ``/opt/coral/classify.py``. No libedgetpu: a job gets the node's (CDI / the enroot hook
@@ -40,16 +41,27 @@ from .. import ROOT
 CACHE = Path(os.environ.get("SLURM_TPU_IMAGE_CACHE", "/var/cache/slurm-tpu/containers"))
 SUITE = "bookworm"
 MIRROR = "http://deb.debian.org/debian"
-PACKAGES = ("python3", "ca-certificates")
-# The runtime the suite uses (pyproject's "infer" extra), pinned to this checkout's versions.
-WHEELS = ("ai-edge-litert", "numpy", "pillow")
+# The node's libedgetpu (the suite's patched build, scripts/build-libedgetpu.sh) links Debian 12's
+# abseil, flatbuffers, libusb and libudev dynamically: an image that gets it must have them.
+PACKAGES = (
+    "python3",
+    "ca-certificates",
+    "libusb-1.0-0",
+    "libabsl20220623",
+    "libflatbuffers2",
+    "libudev1",
+    "libstdc++6",
+)
+# The runtime the suite uses (pyproject's "infer" extra: tflite + flatbuffers are the model schema
+# slurm_tpu.runner reads), pinned to this checkout's versions.
+WHEELS = ("ai-edge-litert", "numpy", "pillow", "tflite", "flatbuffers")
 SITE = "usr/local/lib/python3.11/dist-packages"
 CODE = Path(ROOT) / "jobs" / "coral_example.sbatch"
 CODE_IN_IMAGE = "opt/coral/classify.py"
 # Where Coral's Debian package (libedgetpu1-std) puts the library, and so where a job's
 # container gets the node's: the image's loader finds it there with nothing else set.
 LIBEDGETPU_IN_IMAGE = "/usr/lib/x86_64-linux-gnu/libedgetpu.so.1"
-BUILDER_VERSION = 1
+BUILDER_VERSION = 2
 
 
 @dataclass(frozen=True)
@@ -157,9 +169,24 @@ def _build(values: dict, into: Path) -> None:
     code.write_text(user_code())
     code.chmod(0o755)
     (root / "etc" / "slurm-tpu-image.json").write_text(json.dumps(values, sort_keys=True, indent=1) + "\n")
-    _run(["tar", "--numeric-owner", "--xattrs", "-C", str(root), "-cf", str(into / "rootfs.tar"), "."])
+    # Without mmdebstrap's /dev nodes: the runtimes make the container's /dev, and enroot unpacks
+    # the squashfs unprivileged (unsquashfs cannot make device nodes).
+    _run(
+        [
+            "tar",
+            "--numeric-owner",
+            "--xattrs",
+            "--exclude=./dev/*",
+            "-C",
+            str(root),
+            "-cf",
+            str(into / "rootfs.tar"),
+            ".",
+        ]
+    )
     # enroot's own format (enroot import writes the same: squashfs, no compression tuning needed).
-    _run(["mksquashfs", str(root), str(into / "image.sqsh"), "-noappend", "-quiet", "-no-progress", "-all-root"])
+    squashfs = ["mksquashfs", str(root), str(into / "image.sqsh"), "-noappend", "-quiet", "-no-progress"]
+    _run([*squashfs, "-all-root", "-wildcards", "-e", "dev/*"])
     shutil.rmtree(root)
 
 

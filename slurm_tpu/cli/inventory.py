@@ -1,4 +1,4 @@
-"""Admin commands: detect, gres-conf, node-conf, udev-rules."""
+"""Admin commands: detect, gres-conf, node-conf, udev-rules, cdi."""
 
 from __future__ import annotations
 
@@ -267,3 +267,81 @@ def udev_rules(obj: Obj, output: str | None, run_program: str | None, prefix: st
         return
     result = write_if_changed(output, text)
     click.echo(f"wrote {output}" if result.changed else f"{output} is up to date", err=True)
+
+
+@main.command("cdi")
+@click.option(
+    "--output",
+    "-o",
+    metavar="DIR",
+    help="Write the specs into DIR (e.g. /var/run/cdi: slurm-tpu-<kind>.json, atomic, with a "
+    ".slurm-tpu.bak backup, untouched when unchanged; ours for families with no device here are "
+    "removed). Default: print them as one JSON object (file name -> spec).",
+)
+@click.option(
+    "--inventory",
+    "saved",
+    metavar="FILE",
+    help="Use a saved `slurm-tpu detect --json` document instead of detecting.",
+)
+@click.option(
+    "--libedgetpu",
+    metavar="PATH",
+    help="The node's libedgetpu.so.1 the containers get (default: /usr/lib/<multiarch>/libedgetpu.so.1, "
+    "where `install --libedgetpu` puts the patched one, when it exists).",
+)
+@click.option(
+    "--dev-root",
+    default="/dev",
+    show_default=True,
+    metavar="DIR",
+    help="Where the inventory's device nodes live; containers see them under /dev.",
+)
+@pass_obj
+def cdi(obj: Obj, output: str | None, saved: str | None, libedgetpu: str | None, dev_root: str) -> None:
+    """Render this node's CDI specs (kinds slurm-tpu.dev/edgetpu, slurm-tpu.dev/hailo; GPUs only
+    where families.gpu.isolate leases them) for `podman run --device slurm-tpu.dev/edgetpu=<identity>`.
+
+    Jobs find their devices' names in SLURM_TPU_CDI_DEVICES. Once written, `gres-conf --output`
+    and the hotplug watcher keep them current.
+    """
+    import os
+
+    from ..ops.cdi import default_libraries, write_cdi
+    from ..ops.install import default_libdir
+    from ..render.cdi import render_cdi, spec_file_name
+
+    libraries = default_libraries()
+    if libedgetpu is not None:
+        if not os.path.isfile(libedgetpu):
+            raise SlurmTpuError(f"--libedgetpu {libedgetpu}: no such file")
+        libraries["edgetpu"] = (os.path.realpath(libedgetpu), os.path.join(default_libdir(), "libedgetpu.so.1"))
+    inventory = _inventory(saved)
+    if not obj.config.family("gpu").lease and any(a.kind == "gpu" for a in inventory.usable()):
+        click.echo(
+            "slurm-tpu: GPUs are not leased here (families.gpu.isolate is off): our spec lists none; "
+            "NVIDIA's `nvidia-ctk cdi generate` writes theirs",
+            err=True,
+        )
+    if "edgetpu" not in libraries and any(a.kind == "edgetpu" for a in inventory.usable()):
+        click.echo(
+            "slurm-tpu: no node libedgetpu found (install --libedgetpu, or --libedgetpu PATH): "
+            "containers keep their image's, which ignores EDGETPU_VISIBLE_DEVICES",
+            err=True,
+        )
+    if output is None:
+        specs = render_cdi(inventory, obj.config, libraries, dev_root)
+        click.echo(json.dumps({spec_file_name(kind): spec for kind, spec in specs.items()}, indent=1))
+        return
+    try:
+        result = write_cdi(output, inventory, obj.config, libraries, dev_root)
+    except OSError as exc:
+        raise SlurmTpuError(f"cannot write CDI specs in {output}: {exc.strerror or exc}") from exc
+    for path in result.written:
+        click.echo(f"wrote {path}", err=True)
+    for path in result.unchanged:
+        click.echo(f"{path} is up to date", err=True)
+    for path in result.removed:
+        click.echo(f"removed {path} (no such device here now)", err=True)
+    if not (result.written or result.unchanged):
+        click.echo(f"no leased accelerator here: no CDI spec in {output}", err=True)

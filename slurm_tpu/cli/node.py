@@ -112,6 +112,10 @@ def install(
     note = device_cgroup_note(config, conf)
     if note:
         click.echo(note)
+    if layout.is_system and not dry_run:
+        from ..ops.cdi import install_cdi_note
+
+        install_cdi_note(config, click.echo)
     gres_dir = os.path.dirname(conf)
     click.echo(
         f"Then, on this node: slurm-tpu gres-conf --output {gres_dir}/gres.conf; "

@@ -24,9 +24,12 @@ from ..slurm.parse import parse_key_values
 
 def prepare_node_state(config: Config, inventory: Inventory) -> None:
     """Create/re-point slot nodes (families with slots: Edge TPUs...), save the state inventory and
-    its persistent copy (restored by ``slurm-tpu boot`` after a reboot)."""
+    its persistent copy (restored by ``slurm-tpu boot`` after a reboot), and rewrite this node's CDI
+    specs where it has them (``slurm-tpu cdi``: a hotplugged device gets its CDI name, an unplugged
+    one loses it)."""
     from ..access.node_inventory import write_state_inventory
     from ..access.slots import ensure_slot
+    from .cdi import refresh_cdi
 
     for accelerator in (a for a in inventory.usable() if family(a.kind).slot):
         ensure_slot(
@@ -35,6 +38,7 @@ def prepare_node_state(config: Config, inventory: Inventory) -> None:
     write_state_inventory(config.state_dir, inventory.to_json())
     os.makedirs(os.path.dirname(config.inventory_file), mode=0o755, exist_ok=True)
     write_if_changed(config.inventory_file, json.dumps(inventory.to_json(), indent=1) + "\n")
+    refresh_cdi(config, inventory)
 
 
 def _node_block_line(text: str, node: str) -> str | None:

@@ -846,6 +846,81 @@ def check_munge(node: Node) -> list[Finding]:
     return _ok("munge", f"munge -n | unmunge works{' via ' + socket if socket else ''}")
 
 
+# Rootful container runtimes' API sockets: whoever may write one runs containers as root.
+ROOTFUL_SOCKETS = ("/run/podman/podman.sock", "/run/docker.sock", "/var/run/docker.sock")
+
+
+def _users_writable(info: os.stat_result) -> str | None:
+    """Who besides root may write a socket with this owner and mode (None: nobody)."""
+    if info.st_mode & 0o002:
+        return "every user"
+    if info.st_mode & 0o020 and info.st_gid != 0:
+        import grp
+
+        try:
+            return f"group {grp.getgrgid(info.st_gid).gr_name}"
+        except KeyError:
+            return f"group {info.st_gid}"
+    if info.st_uid != 0 and info.st_mode & 0o200:
+        return f"uid {info.st_uid}"
+    return None
+
+
+def check_containers(node: Node) -> list[Finding]:
+    """Containers: no users-writable rootful runtime socket (a rootful container makes its own device
+    nodes, so ownership no longer isolates); this node's CDI specs (``slurm-tpu cdi``) current."""
+    import shutil
+    import tempfile
+
+    from ..render import cdi as render
+    from .cdi import libraries_in, ours, write_cdi
+
+    findings: list[Finding] = []
+    seen = set()
+    for path in ROOTFUL_SOCKETS:
+        try:
+            info = os.stat(path)
+        except OSError:
+            continue
+        if not stat.S_ISSOCK(info.st_mode) or (info.st_dev, info.st_ino) in seen:
+            continue
+        seen.add((info.st_dev, info.st_ino))
+        who = _users_writable(info)
+        if who:
+            findings += _fail(
+                "rootful containers",
+                f"{path} ({_mode(info)}) lets {who} run rootful containers: they make their own device "
+                "nodes, so any device of the node is theirs, whoever's job holds it (docs/security.md)",
+                f"chmod 0600 {path} (users run rootless Podman: docs/user-guide.md)",
+            )
+    if not findings:
+        findings += _ok("rootful containers", "no users-writable rootful container runtime socket")
+    leased = [a for a in node.inventory.usable() if node.config.family(a.kind).lease and a.device_nodes]
+    if not leased:
+        return findings
+    held = [(directory, ours(directory)) for directory in render.CDI_DIRS if ours(directory)]
+    if not held:
+        return findings + _ok(
+            "CDI",
+            f"no slurm-tpu spec in {' or '.join(render.CDI_DIRS)}: containers name no device "
+            f"(slurm-tpu cdi --output {render.CDI_DIR})",
+        )
+    for directory, mine in held:
+        with tempfile.TemporaryDirectory() as scratch:  # what `slurm-tpu cdi` would change, on copies
+            for path in mine:
+                shutil.copyfile(path, os.path.join(scratch, os.path.basename(path)))
+            result = write_cdi(scratch, node.inventory, node.config, libraries_in(directory))
+        if result.written or result.removed:
+            findings += _fail(
+                "CDI",
+                f"this node's CDI specs in {directory} differ from its devices",
+                f"slurm-tpu cdi --output {directory} (gres-conf --output and the watcher keep them current after that)",
+            )
+        else:
+            findings += _ok("CDI", f"{len(mine)} spec(s) in {directory} match the devices")
+    return findings
+
+
 CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_slurm_conf,
     check_hooks,
@@ -865,6 +940,7 @@ CHECKS: tuple[Callable[[Node], list[Finding]], ...] = (
     check_unmanaged_nodes,
     check_gres_plugin,
     check_runtimes,
+    check_containers,
     check_munge,
 )
 

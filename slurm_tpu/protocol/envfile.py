@@ -5,7 +5,8 @@ cost a Python start per task. So the root prolog writes the lines once (from the
 snapshot) and ``prolog/slurm-tpu-task-prolog`` (POSIX sh, built-ins only) prints them.
 
 Grammar: one line per variable, ``export NAME=value`` or ``unset NAME``, in the
-snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`, then for a job
+snapshot's variable order, then :data:`~slurm_tpu.protocol.jobenv.CDI_DEVICES` (every leased device's
+CDI name, for ``podman run --device``), then :data:`~slurm_tpu.protocol.jobenv.USAGE_DIR`, then for a job
 holding TPU shares here its broker endpoint and share count (protocol/broker_wire.py
 ``SLURM_TPU_BROKER``, ``SLURM_TPU_SHARDS``: printed under the ``export SLURM_TPU_`` pattern); such a
 job's :data:`~slurm_tpu.protocol.jobenv.EDGETPU_VISIBLE` ends with ``broker:<endpoint>`` (after its
@@ -20,7 +21,7 @@ files safely is ``Ledger.write_job_env``'s (slurm_tpu/access/ledger.py).
 
 from __future__ import annotations
 
-from .jobenv import EDGETPU_VISIBLE, USAGE_DIR
+from .jobenv import CDI_DEVICES, EDGETPU_VISIBLE, USAGE_DIR, cdi_name
 
 TYPE_CHECKING = False  # annotations only: importing typing costs the hooks milliseconds per job
 if TYPE_CHECKING:
@@ -71,6 +72,9 @@ def render(
             lines.append(f"export {variable.name}={','.join(entries)}")
         else:
             lines.append(f"unset {variable.name}")
+    # Every leased device is in this node's CDI spec (``slurm-tpu cdi``) under this name.
+    names = [cdi_name(lease.kind, lease.identity) for lease in leases]
+    lines.append(f"export {CDI_DEVICES}={','.join(names)}" if names else f"unset {CDI_DEVICES}")
     lines.append(f"export {USAGE_DIR}={usage_dir}" if usage_dir else f"unset {USAGE_DIR}")
     if broker is not None:
         from .broker_wire import ENDPOINT_ENV, SHARDS_ENV
@@ -84,4 +88,4 @@ def render_unset(settings: HookSnapshot) -> str:
     """:data:`NO_DEVICES`: every variable of the contract unset (a job with no device on this node),
     except a library's view of the devices, which reads unset as "all of them": that one is exported empty."""
     lines = [f"export {v.name}=" if v.never_unset else f"unset {v.name}" for v in settings.variables]
-    return "\n".join([*lines, f"unset {USAGE_DIR}"]) + "\n"
+    return "\n".join([*lines, f"unset {CDI_DEVICES}", f"unset {USAGE_DIR}"]) + "\n"

@@ -24,6 +24,20 @@ EDGETPU_PATHS = "SLURM_TPU_EDGETPU_PATHS"
 EDGETPU_VISIBLE = "EDGETPU_VISIBLE_DEVICES"
 GPUS = "SLURM_TPU_GPUS"
 USAGE_DIR = "SLURM_TPU_USAGE_DIR"
+# The job's devices as CDI names (``slurm-tpu.dev/edgetpu=usb-2-1.3,...``), for ``podman run --device``:
+# the spec ``slurm-tpu cdi`` writes names each leased device so (slurm_tpu/render/cdi.py).
+CDI_DEVICES = "SLURM_TPU_CDI_DEVICES"
+CDI_VENDOR = "slurm-tpu.dev"
+
+
+def cdi_kind(kind: str) -> str:
+    """The CDI ``kind`` (``vendor/class``) of a family's devices: ``slurm-tpu.dev/edgetpu``."""
+    return f"{CDI_VENDOR}/{kind}"
+
+
+def cdi_name(kind: str, identity: str) -> str:
+    """A device's fully qualified CDI name: ``slurm-tpu.dev/edgetpu=usb-2-1.3``."""
+    return f"{cdi_kind(kind)}={identity}"
 
 
 class EdgeTpuHandle(Record):

@@ -40,12 +40,15 @@ def test_image_holds_python_the_runtime_and_the_user_code_and_no_libedgetpu(buil
         names = set(tar.getnames())
     assert "./usr/bin/python3" in names
     assert f"./{builder.CODE_IN_IMAGE}" in names
-    for package in ("ai_edge_litert", "numpy", "PIL"):
+    for package in ("ai_edge_litert", "numpy", "PIL", "tflite", "flatbuffers"):
         assert f"./{builder.SITE}/{package}/__init__.py" in names, package
     # The job gets the node's libedgetpu (CDI / the enroot hook): the image brings none.
     assert not [n for n in names if "libedgetpu" in n]
+    # No device node in either form: enroot unpacks the squashfs unprivileged.
+    assert not [n for n in names if n.startswith("./dev/") and n != "./dev/"]
     listing = subprocess.run(["unsquashfs", "-l", built.squashfs], capture_output=True, text=True, check=True).stdout
     assert f"squashfs-root/{builder.CODE_IN_IMAGE}" in listing
+    assert not [line for line in listing.splitlines() if line.startswith("squashfs-root/dev/")]
 
 
 def test_a_second_build_is_the_cached_one(built):

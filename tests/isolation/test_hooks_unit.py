@@ -91,7 +91,7 @@ def test_snapshot_is_used_until_a_source_changes(node):
             f"export {v.name}=\n" if v.name == "EDGETPU_VISIBLE_DEVICES" else f"unset {v.name}\n"
             for v in again.variables
         )
-        + "unset SLURM_TPU_USAGE_DIR\n"
+        + "unset SLURM_TPU_CDI_DEVICES\nunset SLURM_TPU_USAGE_DIR\n"
     )
     assert unset.startswith(
         "unset SLURM_TPU_DEVICES\nunset SLURM_TPU_EDGETPU_PATHS\nexport EDGETPU_VISIBLE_DEVICES=\n"

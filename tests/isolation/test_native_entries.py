@@ -68,6 +68,7 @@ def run(program: str, config, **env: str) -> subprocess.CompletedProcess:
 ENV_FILE = (
     "export SLURM_TPU_VISIBLE_DEVICES=0\n"
     "export EDGETPU_VISIBLE_DEVICES=/dev/apex_1\n"
+    "export SLURM_TPU_CDI_DEVICES=slurm-tpu.dev/edgetpu=pci-0000:03:00.0,slurm-tpu.dev/edgetpu=usb-2-1.3\n"
     "unset SLURM_TPU_USAGE_DIR\n"
     "export LD_PRELOAD=/tmp/evil.so\n"  # not ours to export: neither hook prints it
     "# a comment\n"
@@ -97,6 +98,8 @@ def test_the_task_prolog_prints_what_the_sh_task_prolog_prints(hooks_dir, state,
     assert (native.returncode, native.stdout, native.stderr) == (sh.returncode, sh.stdout, sh.stderr)
     assert native.stdout.startswith("export EDGETPU_VISIBLE_DEVICES=\n")
     assert "LD_PRELOAD" not in native.stdout and "UNTERMINATED" not in native.stdout
+    if files.get("jobs/17.env"):  # the job's CDI names reach it from the native entry as from the sh one
+        assert "export SLURM_TPU_CDI_DEVICES=slurm-tpu.dev/edgetpu=pci-0000:03:00.0," in native.stdout
 
 
 def test_the_task_prolog_follows_no_symlink_and_reads_no_fifo(hooks_dir, state):

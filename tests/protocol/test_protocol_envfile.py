@@ -49,6 +49,9 @@ def test_the_task_prolog_prints_every_line_the_prolog_writes(tmp_path):
     written = envfile.render(leases, settings, usage_dir="/run/x/job-usage/12")
     (state / envfile.DIR).mkdir(parents=True)
     (state / envfile.DIR / envfile.file_name(12)).write_text(written)
+    # Every leased device's CDI name (slurm-tpu cdi's spec), for `podman run --device`.
+    cdi = "export SLURM_TPU_CDI_DEVICES=slurm-tpu.dev/edgetpu=usb-2-1.3,slurm-tpu.dev/hailo=pci-0000:02:00.0\n"
+    assert cdi in written
     assert "export SLURM_TPU_DEVICES=usb-2-1.3\n" in written and written.endswith(
         "export SLURM_TPU_USAGE_DIR=/run/x/job-usage/12\n"
     )
