@@ -270,14 +270,15 @@ def serve_lines(served: Served) -> list[str]:
 
 
 def _max_overlap(records: Sequence[JobRecord]) -> tuple[int, list[int]]:
-    """The most jobs running at one moment by Slurm's records (whole seconds: two jobs overlap when
-    each started before the other ended), and which."""
+    """The most jobs running at one moment by Slurm's records, and which. The records hold whole
+    seconds: two jobs overlap when each started no later than the other ended, so a job that started
+    and ended within one second (a rerun's warm shard job) still counts as running in that second."""
     best: list[int] = []
     for record in records:
         if record.start is None or record.end is None:
             continue
         at = record.start  # every overlap peaks at some job's start
-        running = [r.job_id for r in records if r.start is not None and r.end is not None and r.start <= at < r.end]
+        running = [r.job_id for r in records if r.start is not None and r.end is not None and r.start <= at <= r.end]
         if len(running) > len(best):
             best = running
     return len(best), sorted(best)

@@ -190,3 +190,12 @@ def test_base_directory_must_be_absent_empty_or_the_demos(tmp_path):
         preflight.check_base(str(tmp_path.parent / "link-to-base"))
     with pytest.raises(DemoError, match="absolute"):
         preflight.check_base("relative/dir")
+
+
+def test_shard_jobs_within_one_second_still_count_as_running_together():
+    """Slurm's records hold whole seconds: a warm shard job can start and end in the same one."""
+    from harness.demo.report import _max_overlap
+
+    jobs = [_job(72, "node-shard", 10, 10), _job(73, "node-shard", 10, 11), _job(74, "node-shard", 12, 12)]
+    assert _max_overlap(jobs) == (2, [72, 73])
+    assert _max_overlap([_job(75, "node-shard", 10, 11), _job(76, "node-shard", 12, 13)]) == (1, [75])
