@@ -35,6 +35,16 @@ def say(message: str, error: bool = True) -> None:
         pass
 
 
+def audit_or_say(ledger, hook: str, event: str, **fields) -> None:
+    """An audit line of ``hook`` (prolog, epilog) that must not fail it: one that cannot be written (a
+    full state filesystem) goes to stderr and syslog instead, with its reason where it has one."""
+    try:
+        ledger.audit(event, **fields)
+    except Exception as exc:  # noqa: BLE001 - the line is a record, never the job's or the node's fate
+        reason = f": {fields['reason']}" if fields.get("reason") else ""
+        say(f"{hook}: job {fields.get('job_id')}: {event}{reason} (not audited: {exc})"[:1000], error=False)
+
+
 class JobContext:
     """The job a prolog/epilog/task-prolog runs for, from Slurm's environment."""
 

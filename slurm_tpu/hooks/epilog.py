@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from .context import HookRun, job_from_env, say
+from .context import HookRun, audit_or_say, job_from_env, say
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
@@ -196,7 +196,9 @@ def _energy_end(hook: HookRun, ledger, uid: int, records: list, broker: dict | N
             poll_problem=taken.why,
         )
     except Exception as exc:  # noqa: BLE001 - energy never fails a job or drains a node
-        _audit_quietly(ledger, audit.ENERGY_UNAVAILABLE, job_id=job.job_id, uid=uid, reason=f"epilog: {exc}"[:1000])
+        audit_or_say(
+            ledger, "epilog", audit.ENERGY_UNAVAILABLE, job_id=job.job_id, uid=uid, reason=f"epilog: {exc}"[:1000]
+        )
         return None
     _audit_figures(ledger, job.job_id, uid, found)
     return found
@@ -230,8 +232,9 @@ def _audit_figures(ledger, job_id: int, uid: int, found: list) -> None:
     from ..protocol import audit
 
     for figure in found:
-        _audit_quietly(
+        audit_or_say(
             ledger,
+            "epilog",
             audit.ENERGY,
             identity=figure.identity,
             job_id=job_id,
@@ -241,14 +244,6 @@ def _audit_figures(ledger, job_id: int, uid: int, found: list) -> None:
             seconds=round(figure.seconds, 3),
             note=figure.note,
         )
-
-
-def _audit_quietly(ledger, event: str, **fields) -> None:
-    """An audit line; one that cannot be written (a full state filesystem) goes to stderr instead."""
-    try:
-        ledger.audit(event, **fields)
-    except Exception as exc:  # noqa: BLE001 - energy never fails a job or drains a node
-        say(f"epilog: {event} {fields.get('job_id')}: cannot write the audit line ({exc})", error=False)
 
 
 def main(environ=None, answer: Callable[[], None] | None = None, probe=None) -> int:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 
-from .context import HookError, HookRun, job_from_env, say
+from .context import HookError, HookRun, audit_or_say, job_from_env, say
 
 
 def run(hook: HookRun, prolog_process: tuple[int, int] | None = None) -> int:
@@ -152,11 +152,9 @@ def _energy_start(hook: HookRun, ledger, devices: list, shares: int, problem: st
             problems.append(f"cannot write the start file: {exc}")
         hook.probe.mark("energy_start")
     if problems:
-        reason = "; ".join(problems)[:1000]
-        try:
-            ledger.audit(ENERGY_UNAVAILABLE, job_id=job.job_id, uid=job.uid, reason=reason)
-        except Exception as exc:  # noqa: BLE001 - energy never fails a job
-            say(f"prolog: job {job.job_id}: energy-unavailable: {reason} (not audited: {exc})"[:1000], error=False)
+        audit_or_say(
+            ledger, "prolog", ENERGY_UNAVAILABLE, job_id=job.job_id, uid=job.uid, reason="; ".join(problems)[:1000]
+        )
 
 
 def _job_gid(environ, uid: int) -> int:
