@@ -75,14 +75,7 @@ def set_gpu(
         lines.append("lost=1")
     if hang:
         lines.append("hang=1")
-    state = Path(state_dir)
-    state.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".gpu-", dir=state)  # a dot file: never taken for a GPU
-    with os.fdopen(fd, "w") as out:
-        out.write("".join(line + "\n" for line in lines))
-    target = state / bus_id
-    os.replace(temporary, target)
-    return target
+    return _write_state(state_dir, bus_id, lines)
 
 
 def remove_gpu(state_dir: Path | str, bus_id: str) -> None:
@@ -100,11 +93,17 @@ def set_driver(state_dir: Path | str, init_delay_ms: int = 0, hang: bool = False
         lines.append("hang=1")
     if crash:
         lines.append("crash=1")
+    return _write_state(state_dir, "driver", lines)
+
+
+def _write_state(state_dir: Path | str, name: str, lines: list[str]) -> Path:
+    """The state file ``name`` with ``lines``, replaced atomically (a reader sees the old or the new
+    one, never half); the temporary is a dot file, never taken for a GPU."""
     state = Path(state_dir)
     state.mkdir(parents=True, exist_ok=True)
-    fd, temporary = tempfile.mkstemp(prefix=".driver-", dir=state)
+    fd, temporary = tempfile.mkstemp(prefix=f".{name}-", dir=state)
     with os.fdopen(fd, "w") as out:
         out.write("".join(line + "\n" for line in lines))
-    target = state / "driver"
+    target = state / name
     os.replace(temporary, target)
     return target
