@@ -49,23 +49,55 @@ def run_probe(script: str, description: Path | str, args: list[str], env: dict[s
 
 
 # libedgetpu sleeps 1 s before each attempt to open a USB device (usb_driver.cc
-# kSleepTimeMicroSecondsBeforeRetry), up to 25 attempts (kMaxNumOfRetryAfterReset).
-_ATTEMPT_SLEEP = re.compile(r"nanosleep\((?:CLOCK_\w+, 0, )?\{tv_sec=1, tv_nsec=0\}")
+# kSleepTimeMicroSecondsBeforeRetry), up to 25 attempts (kMaxNumOfRetryAfterReset). Written by
+# strace as "{tv_sec=1, tv_nsec=0}", by qemu-user's -strace as "{tv_sec = 1,tv_nsec = 0}".
+_ATTEMPT_SLEEP = re.compile(r"nanosleep\((?:CLOCK_\w+, ?0, ?)?\{tv_sec ?= ?1, ?tv_nsec ?= ?0\}")
+# Set by the arm64 leg (scripts/ci-arm64.sh): programs run under qemu-user, where ptrace (strace)
+# does not work, and qemu's own syscall log (-strace) takes its place.
+EMULATED = os.environ.get("SLURM_TPU_TEST_EMULATION") == "qemu-user"
+
+
+def require_tracing() -> None:
+    """Skip unless the syscalls of a test's program can be traced (strace, or qemu-user's log)."""
+    import shutil
+
+    import pytest
+
+    if not EMULATED and not shutil.which("strace"):
+        pytest.skip("strace is not installed (scripts/setup.sh installs it)")
+
+
+def traced(argv: list[str], folder: Path, syscalls: str) -> tuple[list[str], dict[str, str]]:
+    """``argv`` with its ``syscalls`` (strace's ``-e trace=`` list) traced into ``folder``: the command
+    line and the environment to add. Natively strace, following forks into ``folder/trace``; under
+    qemu-user emulation qemu's own log of every syscall, one file per process (``%d``: a program
+    that execs starts a new qemu, which would truncate a shared file). Read with :func:`trace_of`."""
+    if EMULATED:
+        return argv, {"QEMU_STRACE": "1", "QEMU_LOG_FILENAME": str(folder / "qemu-%d.log")}
+    # --seccomp-bpf: only the traced calls stop the process, so strace adds about 0.15 s to the
+    # library's time instead of about 2 s (every syscall of LiteRT's threads stopped).
+    return ["strace", "-f", "--seccomp-bpf", "-qq", "-e", f"trace={syscalls}", "-o", str(folder / "trace"), *argv], {}
+
+
+def trace_of(folder: Path) -> str:
+    """Every line :func:`traced` wrote into ``folder``."""
+    return "".join(path.read_text(errors="replace") for path in sorted(folder.iterdir()))
 
 
 def run_probe_counting_attempts(
     script: str, description: Path | str, args: list[str], env: dict[str, str], trace: Path
 ) -> tuple[dict, int]:
-    """:func:`run_probe` under strace: its JSON answer and how many times libedgetpu went to open
-    a USB device (its 1 s sleeps before each attempt), an observable count instead of a time."""
-    argv = ["strace", "-f", "-qq", "-e", "trace=clock_nanosleep,nanosleep", "-o", str(trace)]
-    done = in_testbed(description, [*argv, sys.executable, str(HERE / script), *args], env)
+    """:func:`run_probe` traced: its JSON answer and how many times libedgetpu went to open a USB
+    device (its 1 s sleeps before each attempt), an observable count instead of a time."""
+    trace.mkdir()
+    argv, trace_env = traced([sys.executable, str(HERE / script), *args], trace, "clock_nanosleep,nanosleep")
+    done = in_testbed(description, argv, {**env, **trace_env})
     assert done.returncode == 0, done.stderr
-    return json.loads(done.stdout), attempts_in(trace.read_text())
+    return json.loads(done.stdout), attempts_in(trace_of(trace))
 
 
 def attempts_in(trace: str) -> int:
-    """How many times libedgetpu went to open a USB device, from an strace of its nanosleeps."""
+    """How many times libedgetpu went to open a USB device, from a trace of its nanosleeps."""
     return sum(1 for line in trace.splitlines() if _ATTEMPT_SLEEP.search(line))
 
 

@@ -4,8 +4,8 @@ Unmodified Coral code (pycoral's ``make_interpreter(model)``, tflite's ``load_de
 ``list_edge_tpus()``, ``device=":1"``) runs as a job's user on a node with 4 PCIe cards and 2
 sticks (one awaiting its firmware behind a hub, one flashed): big_node.umockdev. The user owns
 only the job's device nodes: every other one is mode 0000 in the testbed, as another job's
-device is on a real node. What the library opened is read from strace (every open(2) of a
-device node, refused ones included), not from the library's log.
+device is on a real node. What the library opened is read from a syscall trace (strace; qemu-user's
+own log in the arm64 leg): every open(2) of a device node, refused ones included, not the library's log.
 
 No delegate ever comes back here (a testbed device maps no BAR and answers no USB request):
 the question is only WHICH node the library goes for, and that it goes for none it must not.
@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from libedgetpu_support import HERE, attempts_in, in_testbed
+from libedgetpu_support import HERE, attempts_in, in_testbed, require_tracing, trace_of, traced
 
 from helpers import HARDWARE, USERS, merge_umockdev
 
@@ -36,7 +36,8 @@ NODES = {f"/dev/apex_{n}": f"/dev/apex_{n}" for n in range(4)}
 NODES["/sys/bus/usb/devices/2-1"] = "/dev/bus/usb/002/003"  # flashed (18d1:9302), on a root port
 NODES["/sys/bus/usb/devices/1-1.4"] = "/dev/bus/usb/001/007"  # awaiting firmware (1a6e:089a), behind hub 1-1
 STICK, STICK_IN_DFU = "/sys/bus/usb/devices/2-1", "/sys/bus/usb/devices/1-1.4"
-OPEN = re.compile(r'open(?:at)?\((?:AT_FDCWD, )?"[^"]*?(/dev/(?:apex_\d+|bus/usb/\d{3}/\d{3}))"')
+# strace writes 'openat(AT_FDCWD, "/dev/...', qemu-user's log 'openat(AT_FDCWD,"/dev/...'.
+OPEN = re.compile(r'open(?:at)?\((?:AT_FDCWD, ?)?"[^"]*?(/dev/(?:apex_\d+|bus/usb/\d{3}/\d{3}))"')
 
 
 @dataclass
@@ -55,23 +56,18 @@ class Seen:
 
 @pytest.fixture(scope="module")
 def job_user(users) -> str:
-    require_strace()
+    require_tracing()
     return USERS[0]
 
 
 @pytest.fixture
 def traces(job_user):
-    """A folder the job's user can write strace's output to (pytest's own is root's, 0700)."""
+    """A folder the job's user can write the traces to (pytest's own is root's, 0700)."""
     path = Path(tempfile.mkdtemp(prefix="slurm-tpu-visible-"))
     account = pwd.getpwnam(job_user)
     os.chown(path, account.pw_uid, account.pw_gid)
     yield path
     shutil.rmtree(path)
-
-
-def require_strace() -> None:
-    if not shutil.which("strace"):
-        pytest.skip("strace is not installed (scripts/setup.sh installs it)")
 
 
 def typed(path: str) -> str:
@@ -87,25 +83,24 @@ def run(
     description: Path = NODE,
     nodes: dict[str, str] = NODES,
 ) -> Seen:
-    """``visible_probe.py ACTION`` as ``user`` owning only ``job``'s device nodes, under strace.
+    """``visible_probe.py ACTION`` as ``user`` owning only ``job``'s device nodes, traced.
 
     ``job`` is what EDGETPU_VISIBLE_DEVICES lists (None: the variable is unset, as on a node
     whose task prolog does not export it); ``nodes`` are the testbed's Edge TPUs.
     """
     trace = traces / f"trace-{uuid.uuid4().hex}"
+    trace.mkdir()
+    os.chown(trace, traces.stat().st_uid, traces.stat().st_gid)  # the user's process writes it
     foreign = " ".join(f".{node}" for path, node in nodes.items() if path not in (job or []))
-    script = (
-        f'cd "$UMOCKDEV_DIR" && {"chmod 000 " + foreign + " && " if foreign else ""}'
-        # --seccomp-bpf: only the traced opens stop the process, so strace adds about 0.15 s to
-        # the library's time instead of about 2 s (every syscall of LiteRT's threads stopped).
-        f"exec strace -f --seccomp-bpf -qq -e trace=open,openat,clock_nanosleep,nanosleep -o {trace} {sys.executable} "
-        f"{HERE / 'visible_probe.py'} {library} {action}"
-    )
-    env = {VARIABLE: ",".join(job)} if job is not None else {}
-    done = in_testbed(description, ["sh", "-c", script], env=env, user=user)
+    probe = [sys.executable, str(HERE / "visible_probe.py"), library, action]
+    argv, env = traced(probe, trace, "open,openat,clock_nanosleep,nanosleep")
+    script = f'cd "$UMOCKDEV_DIR" && {"chmod 000 " + foreign + " && " if foreign else ""}exec "$@"'
+    if job is not None:
+        env[VARIABLE] = ",".join(job)
+    done = in_testbed(description, ["sh", "-c", script, "sh", *argv], env=env, user=user)
     assert done.returncode == 0, done.stderr
     answer = json.loads(done.stdout)
-    text = trace.read_text()
+    text = trace_of(trace)
     opened = {m.group(1) for m in OPEN.finditer(text)}
     return Seen(answer["ok"], answer["listed"], attempts_in(text), opened, done.stderr)
 

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# The arm64 leg of CI: slurm-tpu on Debian bookworm arm64 (Raspberry Pi OS bookworm's base), run
+# under qemu-user emulation on this x86_64 machine. As root:
+#
+#   scripts/ci-arm64.sh prepare   host packages, the aarch64 binfmt handler, the arm64 root
+#                                 (mmdebstrap, cached), the wheels, libedgetpu for aarch64 (cached)
+#   scripts/ci-arm64.sh test      in the root: install the wheel with [infer], build the hook client
+#                                 and the gres/tpu plugin, run the arm64 tests, compare the runner's
+#                                 results with this host's
+#   scripts/ci-arm64.sh           both
+#
+# The root (/var/cache/slurm-tpu/arm64/root-<key>) is Debian's arm64 packages: Slurm 22.05, munge,
+# umockdev, Python 3.11. It is built once per package list (several minutes: every maintainer
+# script runs emulated) and reused. The wheels are downloaded here, natively, for aarch64
+# (`pip download --platform`), and installed in the root offline. Native code: libedgetpu is
+# cross-compiled here against the root (scripts/build-libedgetpu.sh --target aarch64), the
+# gres/tpu plugin too (against the Slurm source tree build-gres-plugin.sh prepared, the same
+# release as the root's slurmd), the hook client is compiled in the root by its own gcc.
+# What cannot run under qemu-user is listed in docs/limits.md (Tested platforms).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+REPO=$(pwd)
+CACHE=${SLURM_TPU_ARM64_CACHE:-/var/cache/slurm-tpu/arm64}
+MIRROR=${SLURM_TPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+SUITE=bookworm
+# Inside the root: the checkout's copy, its venv, the native pieces.
+SRV=/srv/slurm-tpu
+VENV=/opt/slurm-tpu-venv
+say() { echo "ci-arm64: $*"; }
+fail() { echo "ci-arm64: $*" >&2; exit 1; }
+
+# What the root holds: what scripts/setup.sh installs on a node, for the tests this leg runs, plus
+# the -dev packages libedgetpu's cross build links against (the root is its sysroot).
+ROOT_PACKAGES=(python3 python3-venv python3-yaml python3-gi gir1.2-umockdev-1.0 umockdev libudev1
+               slurm-wlm slurmd slurmctld munge gcc libc6-dev make util-linux passwd acl procps file
+               libusb-1.0-0 libabsl20220623 libflatbuffers2 libabsl-dev libflatbuffers-dev libusb-1.0-0-dev)
+HOST_PACKAGES=(qemu-user-static binfmt-support arch-test mmdebstrap crossbuild-essential-arm64)
+# The tests this leg runs in the root (see docs/limits.md for what is left out and why).
+ARM64_TESTS=(
+    tests/detect/test_raspberry_pi.py
+    tests/libedgetpu/test_raspberry_pi.py
+    tests/libedgetpu/test_ground_truth.py
+    tests/isolation/test_raspberry_pi_cluster.py
+)
+
+root_key() {
+    printf '%s\n' "$SUITE" "${ROOT_PACKAGES[@]}" | sha256sum | cut -c1-16
+}
+ROOT=$CACHE/root-$(root_key)
+
+host_packages() {
+    local missing=() package
+    for package in "${HOST_PACKAGES[@]}"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+    done
+    if [ ${#missing[@]} -gt 0 ]; then
+        say "installing ${missing[*]}"
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
+            || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } \
+            || fail "could not install ${missing[*]} (apt-get install them)"
+    fi
+}
+
+binfmt() {
+    # qemu-user-static registers its handlers with the F flag (the interpreter is opened once, at
+    # registration), so arm64 programs run inside a root that has no qemu of its own.
+    local handler=/proc/sys/fs/binfmt_misc/qemu-aarch64
+    if [ ! -e /proc/sys/fs/binfmt_misc/status ]; then
+        mount -t binfmt_misc binfmt_misc /proc/sys/fs/binfmt_misc 2>/dev/null \
+            || fail "binfmt_misc is not mounted and cannot be (this kernel or container has no binfmt_misc): arm64 programs cannot run here"
+    fi
+    [ -e "$handler" ] || update-binfmts --enable qemu-aarch64 >/dev/null 2>&1 || true
+    grep -qx enabled "$handler" 2>/dev/null \
+        || fail "no enabled qemu-aarch64 binfmt handler ($handler): run update-binfmts --enable qemu-aarch64"
+}
+
+build_root() {
+    if [ -x "$ROOT/usr/bin/python3" ]; then
+        return
+    fi
+    local started tmp log
+    started=$(date +%s)
+    tmp=$ROOT.tmp
+    log=$CACHE/mmdebstrap.log
+    rm -rf "$tmp"
+    say "building the arm64 Debian $SUITE root (several minutes: its package scripts run emulated)"
+    if ! mmdebstrap --variant=apt --architectures=arm64 --include="$(IFS=,; echo "${ROOT_PACKAGES[*]}")" \
+            "$SUITE" "$tmp" "$MIRROR" >"$log" 2>&1; then
+        tail -n 20 "$log" >&2
+        rm -rf "$tmp"
+        fail "mmdebstrap failed (last lines above, full log $log)"
+    fi
+    mv "$tmp" "$ROOT"
+    # Roots of older package lists: only the current one is used.
+    find "$CACHE" -maxdepth 1 -name 'root-*' ! -path "$ROOT" -exec rm -rf {} +
+    say "built $ROOT in $(( $(date +%s) - started )) s"
+}
+
+WHEELS=$CACHE/wheels
+download_wheels() {
+    # The project's wheel (pure Python) and aarch64 wheels of everything [infer,test] needs, for
+    # the root's CPython 3.11 and glibc 2.36. pip resolves here, natively; the root installs offline.
+    # The host venv's versions are the constraints: the runner's results are compared with this
+    # host's, and should differ only by the machine (LiteRT's kernels), not by a numpy or Pillow release.
+    local dist=$CACHE/dist
+    .venv/bin/python -m pip freeze --exclude-editable >"$CACHE/constraints.txt"
+    rm -rf "$dist" && mkdir -p "$dist" "$WHEELS"
+    .venv/bin/python -m pip wheel -q --no-deps -w "$dist" . >/dev/null || fail "could not build the project's wheel"
+    local wheel
+    wheel=$(ls "$dist"/slurm_tpu-*.whl)
+    .venv/bin/python -m pip download -q -d "$WHEELS" --only-binary=:all: --implementation cp --python-version 3.11 \
+        --abi cp311 --platform manylinux_2_36_aarch64 --platform manylinux_2_28_aarch64 \
+        --platform manylinux_2_27_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
+        -c "$CACHE/constraints.txt" "$wheel[infer,test]" >"$CACHE/pip-download.log" 2>&1 \
+        || { tail -n 5 "$CACHE/pip-download.log" >&2; fail "could not download aarch64 wheels (log $CACHE/pip-download.log)"; }
+    cp "$wheel" "$WHEELS/"
+    say "wheels for aarch64: $(ls "$WHEELS" | grep -c whl) in $WHEELS"
+}
+
+libedgetpu_aarch64() {
+    scripts/build-libedgetpu.sh --target aarch64 --sysroot "$ROOT" --output "$CACHE/libedgetpu.so.1"
+}
+
+gres_plugin_aarch64() {
+    # Debian's Slurm source tree, configured by build-gres-plugin.sh --debian (setup runs it): the
+    # root's slurmd is the same Debian release for arm64.
+    local version tree
+    version=$(chroot "$ROOT" dpkg-query -W -f='${source:Version}' slurmd)
+    tree=/var/cache/slurm-tpu/slurm-src/slurm-wlm_$version
+    [ -f "$tree/config.h" ] || scripts/build-gres-plugin.sh --debian >/dev/null || true
+    [ -f "$tree/config.h" ] || { say "no configured Slurm $version source tree: the cluster test runs without the gres/tpu plugin"; return 0; }
+    # Slurm's headers come from the tree, the C library's from the cross toolchain.
+    CC=aarch64-linux-gnu-gcc slurm_plugin/build.sh "$tree" "$ROOT/opt/slurm-tpu-plugins/{version}" >/dev/null \
+        || fail "the gres/tpu plugin did not build for arm64"
+    file -b "$ROOT"/opt/slurm-tpu-plugins/*/gres_tpu.so | grep -q aarch64 || fail "gres_tpu.so is not an arm64 object"
+}
+
+# Run a command in the root: a private mount namespace with the root's own /proc, /dev, a fresh
+# /tmp and /run, the host's /sys (umockdev replaces what the tests read of it). The arguments are
+# this script's own words, never a job's.
+in_root() {
+    unshare --mount --propagation private -- /bin/sh -euc '
+        root=$1; shift
+        mount -t proc proc "$root/proc"
+        mount --rbind /sys "$root/sys"
+        mount --rbind /dev "$root/dev"
+        mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
+        mount -t tmpfs -o mode=0755 tmpfs "$root/run"
+        exec chroot "$root" /usr/bin/env -i -C '"$SRV"' PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
+            HOME=/root LANG=C.UTF-8 TERM=dumb "$@"' sh "$ROOT" "$@"
+}
+
+# Every process left running in the root when a run ends (a daemon a failed test did not stop).
+stop_leftovers() {
+    local proc pid
+    for proc in /proc/[0-9]*; do
+        [ "$(readlink "$proc/root" 2>/dev/null)" = "$ROOT" ] || continue
+        pid=${proc#/proc/}
+        kill -9 "$pid" 2>/dev/null || true
+    done
+}
+
+prepare() {
+    local started
+    started=$(date +%s)
+    mkdir -p "$CACHE"
+    host_packages
+    binfmt
+    build_root
+    download_wheels
+    libedgetpu_aarch64
+    say "prepared in $(( $(date +%s) - started )) s"
+}
+
+copy_checkout() {
+    # The checkout's files (tracked and untracked-but-not-ignored), fresh each run.
+    rm -rf "$ROOT$SRV"
+    mkdir -p "$ROOT$SRV"
+    git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ROOT$SRV"
+    mkdir -p "$ROOT$SRV/build/libedgetpu"
+    cp "$CACHE/libedgetpu.so.1" "$ROOT$SRV/build/libedgetpu/libedgetpu.so.1"
+    rm -rf "$ROOT/opt/slurm-tpu-wheels"
+    cp -r "$WHEELS" "$ROOT/opt/slurm-tpu-wheels"
+}
+
+test_leg() {
+    local started
+    started=$(date +%s)
+    [ -x "$ROOT/usr/bin/python3" ] || fail "no arm64 root at $ROOT: run scripts/ci-arm64.sh prepare"
+    binfmt
+    trap stop_leftovers EXIT
+    copy_checkout
+    gres_plugin_aarch64
+    rm -rf "$ROOT$VENV"
+    in_root /usr/bin/python3 -m venv "$VENV"
+    local wheel
+    wheel=$(basename "$(ls "$WHEELS"/slurm_tpu-*.whl)")
+    # The wheel as a Raspberry Pi admin installs it, with the [infer] extra (LiteRT's aarch64 wheel).
+    in_root "$VENV/bin/pip" install -q --no-index --find-links /opt/slurm-tpu-wheels \
+        "/opt/slurm-tpu-wheels/$wheel[infer,test]" || fail "the wheel did not install in the arm64 root"
+    say "installed $(in_root "$VENV/bin/python" -c 'import ai_edge_litert, platform, slurm_tpu; print("slurm-tpu", slurm_tpu.__version__, "with LiteRT on", platform.machine())')"
+    in_root "$VENV/bin/slurm-tpu" --version
+    say "in-root setup took $(( $(date +%s) - started )) s"
+}
+
+case ${1:-all} in
+    prepare) prepare ;;
+    test) test_leg ;;
+    all) prepare && test_leg ;;
+    *) echo "usage: scripts/ci-arm64.sh [prepare|test|all]" >&2; exit 2 ;;
+esac
