@@ -8,6 +8,8 @@
 #                                 and the gres/tpu plugin, run the arm64 tests, compare the runner's
 #                                 results with this host's
 #   scripts/ci-arm64.sh           both
+#   scripts/ci-arm64.sh run CMD   CMD in the root (after a test run: the checkout's copy in /srv/slurm-tpu,
+#                                 its venv /opt/slurm-tpu-venv), e.g. run /opt/slurm-tpu-venv/bin/python -m pytest -x tests/detect
 #
 # The root (/var/cache/slurm-tpu/arm64/root-<key>) is Debian's arm64 packages: Slurm 22.05, munge,
 # umockdev, Python 3.11. It is built once per package list (several minutes: every maintainer
@@ -37,10 +39,10 @@ ROOT_PACKAGES=(python3 python3-venv python3-yaml python3-gi gir1.2-umockdev-1.0 
 HOST_PACKAGES=(qemu-user-static binfmt-support arch-test mmdebstrap crossbuild-essential-arm64)
 # The tests this leg runs in the root (see docs/limits.md for what is left out and why).
 ARM64_TESTS=(
-    tests/detect/test_raspberry_pi.py
-    tests/libedgetpu/test_raspberry_pi.py
+    tests/detect/test_detect.py
+    tests/libedgetpu/test_visible_devices.py tests/libedgetpu/test_runner_faults.py
     tests/libedgetpu/test_ground_truth.py
-    tests/isolation/test_raspberry_pi_cluster.py
+    tests/isolation/test_cluster_isolation.py
 )
 
 root_key() {
@@ -105,7 +107,8 @@ download_wheels() {
     local dist=$CACHE/dist
     .venv/bin/python -m pip freeze --exclude-editable >"$CACHE/constraints.txt"
     rm -rf "$dist" && mkdir -p "$dist" "$WHEELS"
-    .venv/bin/python -m pip wheel -q --no-deps -w "$dist" . >/dev/null || fail "could not build the project's wheel"
+    .venv/bin/python -m pip wheel -q --no-deps -w "$dist" . >"$CACHE/wheel.log" 2>&1 \
+        || fail "could not build the project's wheel (log $CACHE/wheel.log)"
     local wheel
     wheel=$(ls "$dist"/slurm_tpu-*.whl)
     .venv/bin/python -m pip download -q -d "$WHEELS" --only-binary=:all: --implementation cp --python-version 3.11 \
@@ -135,19 +138,35 @@ gres_plugin_aarch64() {
     file -b "$ROOT"/opt/slurm-tpu-plugins/*/gres_tpu.so | grep -q aarch64 || fail "gres_tpu.so is not an arm64 object"
 }
 
-# Run a command in the root: a private mount namespace with the root's own /proc, /dev, a fresh
-# /tmp and /run, the host's /sys (umockdev replaces what the tests read of it). The arguments are
-# this script's own words, never a job's.
+# The machine the root emulates: a Raspberry Pi 4's CPU, the Cortex-A72 (QEMU_CPU, read by
+# qemu-user at every exec), and a /proc/cpuinfo that says so. qemu-user passes the host's x86
+# /proc/cpuinfo through, and LiteRT (XNNPACK's cpuinfo) crashes reading it: a segmentation fault
+# in the Interpreter's constructor, before any model runs. One entry per host CPU, as sysfs says.
+QEMU_CPU_MODEL=cortex-a72
+cpuinfo() {
+    local n
+    for n in $(seq 0 $(( $(nproc --all) - 1 ))); do
+        printf 'processor\t: %s\nBogoMIPS\t: 108.00\nFeatures\t: fp asimd evtstrm crc32 cpuid\n' "$n"
+        printf 'CPU implementer\t: 0x41\nCPU architecture: 8\nCPU variant\t: 0x0\nCPU part\t: 0xd08\nCPU revision\t: 3\n\n'
+    done
+    printf 'Hardware\t: BCM2835\nRevision\t: c03114\nModel\t\t: Raspberry Pi 4 Model B Rev 1.4\n'
+}
+
+# Run a command in the root: a private mount namespace with the root's own /proc (its cpuinfo the
+# Pi's), /dev, a fresh /tmp and /run, the host's /sys (umockdev replaces what the tests read of it).
+# The arguments are this script's own words, never a job's.
 in_root() {
+    cpuinfo >"$CACHE/cpuinfo"
     unshare --mount --propagation private -- /bin/sh -euc '
-        root=$1; shift
+        root=$1; cache=$2; shift 2
         mount -t proc proc "$root/proc"
+        mount --bind "$cache/cpuinfo" "$root/proc/cpuinfo"
         mount --rbind /sys "$root/sys"
         mount --rbind /dev "$root/dev"
         mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
         mount -t tmpfs -o mode=0755 tmpfs "$root/run"
         exec chroot "$root" /usr/bin/env -i -C '"$SRV"' PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin \
-            HOME=/root LANG=C.UTF-8 TERM=dumb "$@"' sh "$ROOT" "$@"
+            HOME=/root LANG=C.UTF-8 TERM=dumb QEMU_CPU='"$QEMU_CPU_MODEL"' "$@"' sh "$ROOT" "$CACHE" "$@"
 }
 
 # Every process left running in the root when a run ends (a daemon a failed test did not stop).
@@ -168,7 +187,7 @@ prepare() {
     binfmt
     build_root
     download_wheels
-    libedgetpu_aarch64
+    [ -n "${SKIP_LIBEDGETPU:-}" ] || libedgetpu_aarch64
     say "prepared in $(( $(date +%s) - started )) s"
 }
 
@@ -178,9 +197,41 @@ copy_checkout() {
     mkdir -p "$ROOT$SRV"
     git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ROOT$SRV"
     mkdir -p "$ROOT$SRV/build/libedgetpu"
-    cp "$CACHE/libedgetpu.so.1" "$ROOT$SRV/build/libedgetpu/libedgetpu.so.1"
+    [ -f "$CACHE/libedgetpu.so.1" ] && cp "$CACHE/libedgetpu.so.1" "$ROOT$SRV/build/libedgetpu/libedgetpu.so.1"
     rm -rf "$ROOT/opt/slurm-tpu-wheels"
     cp -r "$WHEELS" "$ROOT/opt/slurm-tpu-wheels"
+}
+
+venv() {
+    # The venv is kept between runs while the wheels of its dependencies are the same (pip under
+    # emulation takes over a minute); the project's own wheel is installed afresh each run.
+    local key
+    key=$(ls "$WHEELS" | grep -v '^slurm_tpu-' | sha256sum | cut -c1-16)
+    if [ "$(cat "$ROOT$VENV/.wheels-key" 2>/dev/null)" != "$key" ]; then
+        rm -rf "$ROOT$VENV"
+        in_root /usr/bin/python3 -m venv "$VENV"
+    fi
+    local wheel
+    wheel=$(basename "$(ls "$WHEELS"/slurm_tpu-*.whl)")
+    # The wheel as a Raspberry Pi admin installs it, with the [infer] extra (LiteRT's aarch64 wheel).
+    in_root "$VENV/bin/pip" install -q --no-index --find-links /opt/slurm-tpu-wheels --force-reinstall --no-deps \
+        "/opt/slurm-tpu-wheels/$wheel" || fail "the wheel did not install in the arm64 root"
+    in_root "$VENV/bin/pip" install -q --no-index --find-links /opt/slurm-tpu-wheels \
+        "/opt/slurm-tpu-wheels/$wheel[infer,test]" || fail "the wheel's [infer,test] extras did not install in the arm64 root"
+    echo "$key" >"$ROOT$VENV/.wheels-key"
+    say "installed $(in_root "$VENV/bin/python" -c 'import ai_edge_litert, numpy, platform, slurm_tpu
+print("slurm-tpu", slurm_tpu.__version__, "with ai-edge-litert, numpy", numpy.__version__, "on", platform.machine())')"
+}
+
+parity() {
+    # The same model and image files on both machines (written here), the runner's results compared.
+    local models=$CACHE/parity-models
+    rm -rf "$models"
+    .venv/bin/python -m harness.modelgen --out "$models" >/dev/null
+    .venv/bin/python -m harness.arm64.parity results --models "$models" --out "$CACHE/parity-$(uname -m).json"
+    cp -r "$models" "$ROOT$SRV/build/parity-models"
+    in_root "$VENV/bin/python" -m harness.arm64.parity results --models build/parity-models --out build/parity-aarch64.json
+    .venv/bin/python -m harness.arm64.parity compare "$CACHE/parity-$(uname -m).json" "$ROOT$SRV/build/parity-aarch64.json"
 }
 
 test_leg() {
@@ -191,21 +242,21 @@ test_leg() {
     trap stop_leftovers EXIT
     copy_checkout
     gres_plugin_aarch64
-    rm -rf "$ROOT$VENV"
-    in_root /usr/bin/python3 -m venv "$VENV"
-    local wheel
-    wheel=$(basename "$(ls "$WHEELS"/slurm_tpu-*.whl)")
-    # The wheel as a Raspberry Pi admin installs it, with the [infer] extra (LiteRT's aarch64 wheel).
-    in_root "$VENV/bin/pip" install -q --no-index --find-links /opt/slurm-tpu-wheels \
-        "/opt/slurm-tpu-wheels/$wheel[infer,test]" || fail "the wheel did not install in the arm64 root"
-    say "installed $(in_root "$VENV/bin/python" -c 'import ai_edge_litert, platform, slurm_tpu; print("slurm-tpu", slurm_tpu.__version__, "with LiteRT on", platform.machine())')"
-    in_root "$VENV/bin/slurm-tpu" --version
-    say "in-root setup took $(( $(date +%s) - started )) s"
+    venv
+    in_root "$VENV/bin/python" -m slurm_tpu.ops.hook_client >/dev/null || fail "the hook client did not build in the arm64 root"
+    file -b "$ROOT$SRV/hook_client/slurm-tpu-hook-client" | grep -q aarch64 || fail "the hook client is not an arm64 program"
+    say "hook client, gres/tpu plugin and libedgetpu built for arm64; setup took $(( $(date +%s) - started )) s"
+    parity
+    # SLURM_TPU_TEST_EMULATION: the libedgetpu tests trace syscalls with qemu's log, not strace.
+    in_root /usr/bin/env SLURM_TPU_TEST_EMULATION=qemu-user "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
+        "${ARM64_TESTS[@]}"
+    say "arm64 leg: $(( $(date +%s) - started )) s"
 }
 
 case ${1:-all} in
     prepare) prepare ;;
     test) test_leg ;;
     all) prepare && test_leg ;;
-    *) echo "usage: scripts/ci-arm64.sh [prepare|test|all]" >&2; exit 2 ;;
+    run) shift; trap stop_leftovers EXIT; in_root "$@" ;;
+    *) echo "usage: scripts/ci-arm64.sh [prepare|test|all|run COMMAND...]" >&2; exit 2 ;;
 esac

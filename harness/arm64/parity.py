@@ -2,11 +2,16 @@
 
 The arm64 leg (scripts/ci-arm64.sh) runs ``results`` on the x86_64 host and in the emulated arm64
 root over the same model and image files, then ``compare``: the runner must give the same answers
-on a Raspberry Pi as on a server. Each record is, per model and input, the SHA-256 of the input
-tensor the runner prepared (decoding and resizing), of every raw output tensor (LiteRT's kernels
-differ per architecture: XNNPACK/ruy on arm64, x86 SIMD on the host), and the task's result as
-text (classes, objects, a class map's digest). The models and images are hashed too, so a
-difference can only come from the runtime, not from the files.
+on a Raspberry Pi as on a server. Each record holds, per model and input, the SHA-256 of the input
+tensor the runner prepared (decoding and resizing: must be equal), every raw output tensor, and
+the task's result as text (classes with scores, objects with boxes, a class map's digest: must be
+equal). The models and images are hashed too, so a difference can only come from the runtime.
+
+Raw quantized outputs are NOT bit-identical across architectures, and this is LiteRT's doing, not
+ours: its kernels requantize with per-architecture rounding (seen here on MobileNet-v1 uint8:
+XNNPACK, the default, differs by 1 in a few of the 1001 outputs for half the images; TFLite's own
+builtin kernels by up to 2 in more). So an integer output may differ by at most one quantization
+step (:data:`RAW_STEPS`), each difference is reported, and anything more fails.
 
 Usage::
 
@@ -35,6 +40,7 @@ CASES = [
     ("segmenter_argmax.tflite", "segmenter_labels.txt", "scenes"),
 ]
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp")
+RAW_STEPS = 1  # the most an integer output may differ across architectures (see above)
 
 
 def _digest(data: bytes) -> str:
@@ -70,17 +76,32 @@ def results(models: Path) -> dict[str, Any]:
                 entries[path.name] = {
                     "image": _digest(path.read_bytes()),
                     "input": _digest(prepared.tensor.tobytes()),
-                    "outputs": [f"{o.dtype}{list(o.shape)} {_digest(o.tobytes())}" for o in outputs],
+                    "outputs": [{"dtype": str(o.dtype), "shape": list(o.shape), "hex": o.tobytes().hex()} for o in outputs],
                     "result": _result_text(runner.run(str(path))),
                 }
         record["models"][name] = {"model": _digest(model.read_bytes()), "inputs": entries}
     return record
 
 
-def compare(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
-    """Every difference between two records, one line each (empty: identical results)."""
+def _output_difference(a: dict[str, Any], b: dict[str, Any]) -> tuple[int, float]:
+    """(elements that differ, the largest difference) between two recorded output tensors."""
+    import numpy as np
+
+    x = np.frombuffer(bytes.fromhex(a["hex"]), dtype=a["dtype"]).astype(np.float64)
+    y = np.frombuffer(bytes.fromhex(b["hex"]), dtype=b["dtype"]).astype(np.float64)
+    if a["dtype"] != b["dtype"] or a["shape"] != b["shape"] or x.shape != y.shape:
+        return -1, float("inf")
+    delta = np.abs(x - y)
+    return int(np.count_nonzero(delta)), float(delta.max(initial=0.0))
+
+
+def compare(first: dict[str, Any], second: dict[str, Any]) -> tuple[list[str], list[str]]:
+    """(failures, notes) between two records, one line each: failures are differences in the files,
+    the input tensors, the task results, a float output or an integer output by more than
+    :data:`RAW_STEPS`; notes are integer outputs within it."""
     where = f"{first.get('machine')} vs {second.get('machine')}"
-    lines = []
+    lines: list[str] = []
+    notes: list[str] = []
     for name in sorted(set(first["models"]) | set(second["models"])):
         a, b = first["models"].get(name), second["models"].get(name)
         if a is None or b is None:
@@ -94,10 +115,20 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> list[str]:
             if x is None or y is None:
                 lines.append(f"{name} {image}: only in one record")
                 continue
-            for key in ("image", "input", "outputs", "result"):
+            for key in ("image", "input", "result"):
                 if x[key] != y[key]:
                     lines.append(f"{name} {image}: {key} differs ({where}): {x[key]} != {y[key]}")
-    return lines
+            if len(x["outputs"]) != len(y["outputs"]):
+                lines.append(f"{name} {image}: {len(x['outputs'])} outputs != {len(y['outputs'])}")
+                continue
+            for index, (a_out, b_out) in enumerate(zip(x["outputs"], y["outputs"])):
+                count, largest = _output_difference(a_out, b_out)
+                if not count:
+                    continue
+                text = f"{name} {image}: output {index} ({a_out['dtype']}): {count} elements differ, by at most {largest:g}"
+                within = a_out["dtype"].startswith(("uint", "int")) and largest <= RAW_STEPS
+                (notes if within else lines).append(text)
+    return lines, notes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -117,14 +148,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"parity: {count} results of {len(record['models'])} models on {record['machine']} -> {args.out}")
         return 0
     first, second = (json.loads(p.read_text()) for p in (args.first, args.second))
-    differences = compare(first, second)
-    for line in differences:
+    failures, notes = compare(first, second)
+    for line in notes:
+        print(f"parity: within {RAW_STEPS} step: {line}")
+    for line in failures:
         print(f"parity: {line}", file=sys.stderr)
     total = sum(len(m["inputs"]) for m in first["models"].values())
-    if differences:
-        print(f"parity: {len(differences)} differences in {total} results", file=sys.stderr)
+    if failures:
+        print(f"parity: {len(failures)} differences in {total} results", file=sys.stderr)
         return 1
-    print(f"parity: {total} results identical on {first['machine']} and {second['machine']}")
+    print(
+        f"parity: {total} results identical on {first['machine']} and {second['machine']} (inputs, classes, "
+        f"scores, boxes, class maps); raw outputs: {len(notes)} within {RAW_STEPS} quantization step, none beyond"
+    )
     return 0
 
 
