@@ -5,16 +5,19 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import click
 
 from ..defaults import PREFIX
 from ..errors import SlurmTpuError
 from ..families import inventory_from_json
-from ..config import Config
 from ..hardware import Inventory
 from .group import EXIT_DIFFERS, Obj, main, pass_obj, table
 from .options import libedgetpu_option, node_option, options
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 def _inventory(saved: str | None = None) -> Inventory:
@@ -42,6 +45,7 @@ def format_table(
     devices the config shares (their status says so); ``config``: the site's, for what a family
     says of a device under it (Family.status_notes)."""
     from ..families import family
+
     if not len(inventory):
         from ..families import FAMILIES
 

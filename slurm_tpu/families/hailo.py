@@ -138,7 +138,7 @@ class HailoFamily(Family):
                 # address is lost, so say what happened instead of naming a number the admin never wrote.
                 raise ConfigError(
                     f"{where}: 'families.hailo.types.by_address' has an unquoted PCI address, which YAML "
-                    f"read as the number {address!r}: quote it, e.g. \"0001:01:00.0\": {name}",
+                    f'read as the number {address!r}: quote it, e.g. "0001:01:00.0": {name}',
                     key="families.hailo.types.by_address",
                 )
             if not (isinstance(address, str) and isinstance(name, str) and name and address.count(":") == 2):

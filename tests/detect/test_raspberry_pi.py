@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from helpers import HARDWARE, run_cli
+from helpers import run_cli
 from slurm_tpu.config import Config, parse_config
 from slurm_tpu.errors import ConfigError
 from slurm_tpu.families import family
@@ -222,4 +222,3 @@ def test_unquoted_address_in_by_address_says_to_quote_it():
         parse_config(document, "pi5.yaml")
     assert "unquoted PCI address" in str(caught.value) and "3660.0" in str(caught.value)
     assert 'quote it, e.g. "0001:01:00.0": hailo8l' in str(caught.value)
-
