@@ -8,7 +8,9 @@ its true path only when every hub's descriptors are right; and with ``EDGETPU_VI
 
 The arm64 CI leg runs this file under qemu-user, where ptrace (strace) does not work and LiteRT
 is slow to import: so these tests only list (``edgetpu_list_devices()`` through ctypes, which opens
-no device), a few processes in all. Without the built library they skip, saying why.
+no device), a few processes in all. Without the built library they skip, saying why. (Not named
+test_raspberry_pi.py: pytest's default import mode cannot collect two test modules of one basename,
+and tests/detect has that one.)
 """
 
 from __future__ import annotations
