@@ -89,9 +89,10 @@ def _hub(speed: int, vendor: int, product: int, bcd_device: int, root: bool) -> 
     return device + configuration(body, 1, 0xE0, power)
 
 
-def root_hub(speed: int) -> bytes:
-    """The kernel's root hub: 1d6b:0003 on a SuperSpeed bus, 1d6b:0002 on a USB 2 bus."""
-    return _hub(speed, 0x1D6B, 3 if speed >= SUPERSPEED else 2, ROOT_HUB_BCD_DEVICE, root=True)
+def root_hub(speed: int, bcd_device: int = ROOT_HUB_BCD_DEVICE) -> bytes:
+    """The kernel's root hub: 1d6b:0003 on a SuperSpeed bus, 1d6b:0002 on a USB 2 bus; ``bcd_device``
+    is the kernel's version (Raspberry Pi OS bookworm's 6.12 kernel: 0x0612)."""
+    return _hub(speed, 0x1D6B, 3 if speed >= SUPERSPEED else 2, bcd_device, root=True)
 
 
 def hub(speed: int) -> bytes:
@@ -105,6 +106,16 @@ def smsc_hub() -> bytes:
     """The Raspberry Pi 3's on-board hub (SMSC LAN9514, 0424:9514), high speed."""
     return device_descriptor(0x0200, 9, 0, 2, 64, 0x0424, 0x9514, 0x0200) + configuration(
         interface(0, 1, 9, 0, 1) + endpoint(0x81, INTERRUPT, 1, 12), 1, 0xE0, 1
+    )
+
+
+def vl805_hub() -> bytes:
+    """The Raspberry Pi 4's USB 2 hub inside its VL805 xHCI controller (VIA Labs 2109:3431, at ``1-1``:
+    the USB 2 lines of all four ports), as ``lsusb -v`` shows it on a Pi 4: bcdUSB 2.10, single TT,
+    bcdDevice 4.21 (4.20 with older VL805 firmware), only iProduct ("USB2.0 Hub"), self-powered with
+    MaxPower 100 mA, 25-byte configuration with one interrupt IN endpoint."""
+    return device_descriptor(0x0210, 9, 0, 1, 64, 0x2109, 0x3431, 0x0421, (0, 1, 0)) + configuration(
+        interface(0, 1, 9, 0, 0) + endpoint(0x81, INTERRUPT, 1, 12), 1, 0xE0, 50
     )
 
 
@@ -159,6 +170,8 @@ KINDS = {
     "coral-runtime": coral_runtime,
     "coral-bootloader": coral_bootloader,
     "smsc-hub": lambda speed: smsc_hub(),
+    "vl805-hub": lambda speed: vl805_hub(),
+    "pi-root-hub": lambda speed: root_hub(speed, 0x0612),
     "keyboard": lambda speed: hid_keyboard(),
 }
 

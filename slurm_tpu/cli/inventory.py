@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import click
 
@@ -14,6 +15,9 @@ from ..families import inventory_from_json
 from ..hardware import Inventory
 from .group import EXIT_DIFFERS, Obj, main, pass_obj, table
 from .options import libedgetpu_option, node_option, options
+
+if TYPE_CHECKING:
+    from ..config import Config
 
 
 def _inventory(saved: str | None = None) -> Inventory:
@@ -34,9 +38,14 @@ def _inventory(saved: str | None = None) -> Inventory:
         ) from exc
 
 
-def format_table(inventory: Inventory, shares: Mapping[str, tuple[str, int]] | None = None) -> str:
+def format_table(
+    inventory: Inventory, shares: Mapping[str, tuple[str, int]] | None = None, config: Config | None = None
+) -> str:
     """The human-readable ``detect`` table; ``shares``: identity -> (shard GRES, shares) of the
-    devices the config shares (their status says so)."""
+    devices the config shares (their status says so); ``config``: the site's, for what a family
+    says of a device under it (Family.status_notes)."""
+    from ..families import family
+
     if not len(inventory):
         from ..families import FAMILIES
 
@@ -47,6 +56,8 @@ def format_table(inventory: Inventory, shares: Mapping[str, tuple[str, int]] | N
         numa = "-" if a.numa_node is None else str(a.numa_node)
         shared = (shares or {}).get(a.identity)
         notes = [f"shared: {shared[1]} shares of {shared[0]}"] if shared else []
+        if config is not None and a.usable:
+            notes += family(a.kind).status_notes(config.family(a.kind), a)
         status = ", ".join(["ok", *notes, *a.details.notes()]) if a.usable else f"UNUSABLE: {a.reason}"
         rows.append((a.identity, a.kind, a.model, a.primary_node or "-", numa, status))
     usable = len(inventory.usable())
@@ -85,7 +96,7 @@ def detect(obj: Obj, as_json: bool, check_runtime: bool, libedgetpu: str | None)
                 item["shared"] = {"gres": gres, "shares": count}
         click.echo(json.dumps(document, indent=2))
     else:
-        click.echo(format_table(inventory, shares), nl=False)
+        click.echo(format_table(inventory, shares, obj.config), nl=False)
 
 
 def _emit_block(kind: str, node: str, body: str, output: str | None, diff: bool, check: bool) -> None:

@@ -138,6 +138,11 @@ class Family:
         """The typed details of one ``detect --json`` item of this family."""
         return Details()
 
+    def status_notes(self, config: FamilyConfig, accelerator: Accelerator) -> list[str]:
+        """What ``detect``'s table says of a usable device under the site's config, beside its
+        details' own notes (which know no config): e.g. a GRES type the hardware cannot tell."""
+        return []
+
     # ---- runner -----------------------------------------------------------------------
     def runner_refusal(self, environ: Mapping[str, str]) -> str | None:
         """Why the TFLite runner cannot use this job's devices of a family without a runner backend,

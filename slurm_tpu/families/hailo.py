@@ -133,6 +133,14 @@ class HailoFamily(Family):
         types = {"default": section.get("types.default", self.default_config.types["default"])}
         by_address = section.get("types.by_address", {})
         for address, name in by_address.items():
+            if isinstance(address, (int, float)) and not isinstance(address, bool):
+                # YAML 1.1 (PyYAML) reads an unquoted 0001:01:00.0 as a base-60 number (3660.0): the
+                # address is lost, so say what happened instead of naming a number the admin never wrote.
+                raise ConfigError(
+                    f"{where}: 'families.hailo.types.by_address' has an unquoted PCI address, which YAML "
+                    f'read as the number {address!r}: quote it, e.g. "0001:01:00.0": {name}',
+                    key="families.hailo.types.by_address",
+                )
             if not (isinstance(address, str) and isinstance(name, str) and name and address.count(":") == 2):
                 raise ConfigError(
                     f"{where}: 'families.hailo.types.by_address' must map PCI addresses such as "
@@ -145,6 +153,20 @@ class HailoFamily(Family):
     def gres_type(self, config: FamilyConfig, accelerator: Accelerator) -> str:
         """The type the site maps the card's address to, else the default (``hailo8``)."""
         return config.types.get(accelerator.bus_address.lower(), config.types["default"])
+
+    def status_notes(self, config: FamilyConfig, accelerator: Accelerator) -> list[str]:
+        """The GRES type the card gets, and where it comes from: sysfs cannot tell a Hailo-8 from a
+        Hailo-8L, so an unmapped card silently becomes the default type (``hailo8``), wrong for the
+        Raspberry Pi AI Kit's 8L; say so with the exact key to set."""
+        address = accelerator.bus_address.lower()
+        if address in config.types:
+            return [f"type {config.types[address]} (families.hailo.types.by_address)"]
+        if config.types["default"] != self.default_config.types["default"]:  # the site chose its default
+            return [f"type {config.types['default']} (families.hailo.types.default)"]
+        return [
+            f"type {config.types['default']} (sysfs cannot tell Hailo-8 from 8L: for an 8L set "
+            f'families.hailo.types.by_address {{"{address}": hailo8l}})'
+        ]
 
     def watts_key(self, config: FamilyConfig, accelerator: Accelerator) -> str:
         """The model, as its GRES type says (8 and 8L share a PCI id: the type decides)."""
