@@ -39,10 +39,17 @@ ROOT_PACKAGES=(python3 python3-venv python3-yaml python3-gi gir1.2-umockdev-1.0 
 HOST_PACKAGES=(qemu-user-static binfmt-support arch-test mmdebstrap crossbuild-essential-arm64)
 # The tests this leg runs in the root (see docs/limits.md for what is left out and why).
 ARM64_TESTS=(
-    tests/detect/test_detect.py
+    tests/detect/test_raspberry_pi.py tests/detect/test_detect.py
     tests/libedgetpu/test_visible_devices.py tests/libedgetpu/test_runner_faults.py
-    tests/libedgetpu/test_ground_truth.py
-    tests/isolation/test_cluster_isolation.py
+    tests/libedgetpu/test_ground_truth.py tests/libedgetpu/test_raspberry_pi_runtime.py
+    tests/isolation/test_raspberry_pi_cluster.py tests/isolation/test_cluster_isolation.py
+)
+# Left out, each for what qemu-user cannot show (docs/limits.md): another process's /proc/<pid>/cmdline
+# is qemu's own argv ("/usr/libexec/qemu-binfmt/aarch64-binfmt-P /usr/sbin/slurmstepd ..."), so the
+# title slurmstepd sets ("slurmstepd: [<job>.<step>]"), by which the hooks tell a running job's lease
+# from a stale one, is not seen: `slurm-tpu leases` calls a running job's lease stale.
+ARM64_DESELECT=(
+    tests/isolation/test_cluster_isolation.py::test_leases_command_shows_who_holds_what
 )
 
 root_key() {
@@ -249,7 +256,7 @@ test_leg() {
     parity
     # SLURM_TPU_TEST_EMULATION: the libedgetpu tests trace syscalls with qemu's log, not strace.
     in_root /usr/bin/env SLURM_TPU_TEST_EMULATION=qemu-user "$VENV/bin/python" -m pytest -ra -p no:cacheprovider \
-        "${ARM64_TESTS[@]}"
+        "${ARM64_TESTS[@]}" "${ARM64_DESELECT[@]/#/--deselect=}"
     say "arm64 leg: $(( $(date +%s) - started )) s"
 }
 
