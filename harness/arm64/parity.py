@@ -55,6 +55,11 @@ def _result_text(result: Any) -> str:
     return repr(result)
 
 
+def _output(tensor: Any) -> dict[str, Any]:
+    """One output tensor, whole: compare() measures how far two are apart, not only whether."""
+    return {"dtype": str(tensor.dtype), "shape": list(tensor.shape), "hex": tensor.tobytes().hex()}
+
+
 def results(models: Path) -> dict[str, Any]:
     """Run every case's model on its inputs on the CPU; the record :func:`compare` reads."""
     import os
@@ -76,7 +81,7 @@ def results(models: Path) -> dict[str, Any]:
                 entries[path.name] = {
                     "image": _digest(path.read_bytes()),
                     "input": _digest(prepared.tensor.tobytes()),
-                    "outputs": [{"dtype": str(o.dtype), "shape": list(o.shape), "hex": o.tobytes().hex()} for o in outputs],
+                    "outputs": [_output(o) for o in outputs],
                     "result": _result_text(runner.run(str(path))),
                 }
         record["models"][name] = {"model": _digest(model.read_bytes()), "inputs": entries}
@@ -125,7 +130,8 @@ def compare(first: dict[str, Any], second: dict[str, Any]) -> tuple[list[str], l
                 count, largest = _output_difference(a_out, b_out)
                 if not count:
                     continue
-                text = f"{name} {image}: output {index} ({a_out['dtype']}): {count} elements differ, by at most {largest:g}"
+                text = f"{name} {image}: output {index} ({a_out['dtype']}): {count} elements differ, by at most "
+                text += f"{largest:g}"
                 within = a_out["dtype"].startswith(("uint", "int")) and largest <= RAW_STEPS
                 (notes if within else lines).append(text)
     return lines, notes
