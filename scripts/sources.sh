@@ -109,8 +109,10 @@ _sources_fill() {
                 || { echo "sources: $name: $from is not a gzip tar archive" >&2; return 1; }
             # GitHub's archives hold one folder, <repo>-<ref>/; that folder is the tree.
             local top=("$tmp/unpacked"/*)
-            [ ${#top[@]} = 1 ] && [ -d "${top[0]}" ] \
-                || { echo "sources: $name: $from does not hold exactly one top folder" >&2; return 1; }
+            if [ ${#top[@]} != 1 ] || [ ! -d "${top[0]}" ]; then
+                echo "sources: $name: $from does not hold exactly one top folder" >&2
+                return 1
+            fi
             mv "${top[0]}" "$tmp/content"
         else
             mv "$tmp/download" "$tmp/content"
@@ -160,4 +162,86 @@ sources_assemble() {
             mkdir -p "$(dirname "$dest/$place")" && cp "$cache/$digest" "$dest/$place" || return 1
         fi
     done <<<"$lines"
+}
+
+# sources_offline FOLDER SUBDIR PATTERN: the offline archive matching PATTERN (a glob; the last in
+# name order) in FOLDER when it is given, else in ../shared/SUBDIR or ./shared/SUBDIR (where CI and
+# machines without network keep them). Prints nothing when there is none.
+sources_offline() {
+    local folder=$1 subdir=$2 pattern=$3 candidate found=
+    for candidate in ${folder:+"$folder"} ${folder:-"../shared/$subdir" "shared/$subdir"}; do
+        # shellcheck disable=SC2206  # the pattern is a glob, on purpose
+        local matches=("$candidate"/$pattern)
+        [ -f "${matches[-1]}" ] && found=${matches[-1]} && break
+    done
+    [ -z "$found" ] || echo "$found"
+}
+
+# sources_unpack ARCHIVE DIR: unpack an offline archive (../shared/...: a .tar.xz of one top folder)
+# into DIR and print that folder, the LOCAL_ROOT to give sources_assemble.
+sources_unpack() {
+    local archive=$1 dir=$2
+    if ! { mkdir -p "$dir" && tar -xf "$archive" -C "$dir" --no-same-owner; }; then
+        echo "sources: cannot unpack $archive" >&2
+        return 1
+    fi
+    local top=("$dir"/*)
+    if [ ${#top[@]} != 1 ] || [ ! -d "${top[0]}" ]; then
+        echo "sources: $archive does not hold exactly one top folder" >&2
+        return 1
+    fi
+    echo "${top[0]}"
+}
+
+# sources_tree NAME DEST [ARCHIVE]: DEST holds the source NAME (with the sources below it), taken
+# from the offline ARCHIVE when that file exists, else downloaded, checked against the pins either
+# way; nothing to do when DEST is there. Assembled beside DEST and renamed: DEST is whole or absent.
+# Status as sources_assemble's (3: nothing could be downloaded).
+sources_tree() {
+    local name=$1 dest=$2 archive=${3:-} part root='' rc=0
+    [ -d "$dest" ] && return 0
+    mkdir -p "$(dirname "$dest")" && part=$(mktemp -d "$dest.part.XXXXXX") || return 1
+    if [ -n "$archive" ] && [ -f "$archive" ]; then
+        root=$(sources_unpack "$archive" "$part/offline") || rc=1
+    fi
+    if [ "$rc" = 0 ]; then
+        sources_assemble "$name" "$part/tree" "$root" || rc=$?
+    fi
+    if [ "$rc" = 0 ]; then
+        mv -T "$part/tree" "$dest" 2>/dev/null || [ -d "$dest" ] || rc=1
+    fi
+    rm -rf "$part"
+    return "$rc"
+}
+
+# sources_apt PROGRAM PACKAGE...: apt-get install the PACKAGEs that are not installed (as root), or
+# one line naming them and a non-zero exit. PROGRAM prefixes the messages.
+sources_apt() {
+    local program=$1 package missing=()
+    shift
+    for package in "$@"; do
+        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+    done
+    [ ${#missing[@]} = 0 ] && return 0
+    [ "$(id -u)" = 0 ] || { echo "$program: missing build packages: ${missing[*]} (apt-get install them, or run as root)" >&2; return 1; }
+    echo "$program: installing ${missing[*]}"
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        "${missing[@]}"; } >/dev/null || { echo "$program: could not install ${missing[*]}" >&2; return 1; }
+}
+
+# sources_releases PROGRAM ARG...: the Slurm releases a build-*.sh script is asked for, in
+# $debian and $slurm25 (0 or 1; no argument: --debian), or one line and status 2.
+# shellcheck disable=SC2034  # the caller reads them
+sources_releases() {
+    local program=$1 arg
+    shift
+    debian=0 slurm25=0
+    for arg in "$@"; do
+        case $arg in
+            --debian) debian=1 ;;
+            --slurm25) slurm25=1 ;;
+            *) echo "$program: unknown argument $arg (--debian, --slurm25)" >&2; return 2 ;;
+        esac
+    done
+    [ $# -gt 0 ] || debian=1
 }
