@@ -96,8 +96,10 @@ fi
 key=$( { sources_key libedgetpu-src; echo "$target"; echo "$key_extra"; cat "$SELF" "${PATCHES[@]}"; } \
     | sha256sum | cut -c1-16)
 cached=$CACHE_ROOT/$key/libedgetpu.so.1
-mkdir -p "$CACHE_ROOT"
-chmod 0755 "$CACHE_ROOT" "$(dirname "$CACHE_ROOT")"
+# Readable by every user (the tests load the library as other users): folders this creates are
+# 0755 whatever root's umask; existing parents are left as they are (never chmod /tmp).
+(umask 022 && mkdir -p "$CACHE_ROOT")
+chmod 0755 "$CACHE_ROOT"
 # One build at a time per machine (several checkouts may run setup at once); the
 # second waits, then finds the cached result.
 exec 9>"$CACHE_ROOT/.lock"

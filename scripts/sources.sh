@@ -71,7 +71,7 @@ _sources_get() {
     local digest=$4 cache
     cache=$(_sources_cache)
     [ -e "$cache/$digest" ] && return 0
-    mkdir -p "$cache" || { echo "sources: cannot create the cache $cache" >&2; return 1; }
+    (umask 022 && mkdir -p "$cache") || { echo "sources: cannot create the cache $cache" >&2; return 1; }
     local tmp rc=0
     tmp=$(mktemp -d "$cache/.part.XXXXXX") || return 1
     _sources_fill "$tmp" "$@" || rc=$?
@@ -130,7 +130,8 @@ _sources_fill() {
              "refusing it (a changed or corrupted copy; fetch it again, or check the pin)" >&2
         return 1
     fi
-    chmod 0755 "$tmp/content" 2>/dev/null
+    # mktemp's folder is 0700: the cached copy is for every user of the machine.
+    if [ "$kind" = tree ]; then chmod 0755 "$tmp/content"; else chmod 0644 "$tmp/content"; fi
     # -T: if another build put the same entry there meanwhile, keep that one.
     mv -T "$tmp/content" "$entry" 2>/dev/null || [ -e "$entry" ]
 }
