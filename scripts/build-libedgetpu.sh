@@ -85,9 +85,11 @@ else
     # The cross compiler's own C/C++ libraries (Debian's *-arm64-cross packages, bookworm's glibc
     # and libstdc++) come first; the sysroot adds the three libraries' headers and .so files. Not
     # --sysroot: a root made for running (no libc6-dev, no libstdc++-dev) would lack the C library's.
+    # Nor -L on the sysroot's library folder: where it has libc6-dev, its libc.so script names
+    # /lib/aarch64-linux-gnu/libc.so.6, a path of this machine. The link sees only the three
+    # packages' .so files, through links in the build folder (below).
     compilers=(CC=aarch64-linux-gnu-gcc CXX=aarch64-linux-gnu-g++)
     include_flags="-idirafter $sysroot/usr/include"
-    ldflags="-L$libdir -Wl,-rpath-link,$libdir:$sysroot/lib/aarch64-linux-gnu"
     key_extra=$versions
     link=${output:-build/libedgetpu-$target/libedgetpu.so.1}
 fi
@@ -148,6 +150,21 @@ if [ ! -f "$cached" ]; then
     # the bundle or the downloads, in any folder.
     export SOURCE_DATE_EPOCH=1710431936
     flags="-ffile-prefix-map=$tree/= $include_flags"
+    if [ -n "$tools" ]; then
+        mkdir "$work/libs"
+        for so in "$libdir"/libabsl_*.so "$libdir"/libflatbuffers.so "$libdir"/libusb-1.0.so; do
+            [ -e "$so" ] || fail "the sysroot has no $so"
+            # The -dev packages' links are relative; an absolute one means a path in the sysroot.
+            to=$(readlink "$so" || true)
+            case $to in
+                "") to=$so ;;
+                /*) to=$sysroot$to ;;
+                *) to=$(dirname "$so")/$to ;;
+            esac
+            ln -s "$to" "$work/libs/$(basename "$so")"
+        done
+        ldflags="-L$work/libs -Wl,-rpath-link,$libdir:$sysroot/lib/aarch64-linux-gnu"
+    fi
     schema=$tree/tensorflow/tensorflow/lite/schema
     if ! {
         flatc --cpp --gen-object-api --no-union-value-namespacing -o "$schema/" "$schema/schema.fbs" \
