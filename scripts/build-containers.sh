@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# NVIDIA enroot and its Slurm SPANK plugin Pyxis, built offline from ../shared/containers (or
-# $SLURM_TPU_CONTAINERS_SRC: enroot-<v>-src.tar.xz, pyxis-<v>-src.tar.xz, SHA256SUMS), as root:
+# NVIDIA enroot and its Slurm SPANK plugin Pyxis, built from their pinned public sources
+# (scripts/sources.lock: enroot v4.1.2 with its three submodules, Pyxis v0.24.0), taken from the
+# offline archives in ../shared/containers ($SLURM_TPU_CONTAINERS_SRC: enroot-<v>-src.tar.xz,
+# pyxis-<v>-src.tar.xz) when they are there, else downloaded ($SLURM_TPU_SOURCES_MIRROR), checked
+# against the pins either way (scripts/sources.sh), as root:
 #   scripts/build-containers.sh [--debian] [--slurm25]        (no argument: --debian)
 # enroot (static utilities against its bundled musl, about 40 s on 2 cores) goes to
 # /opt/enroot-<v> ($SLURM_TPU_ENROOT_PREFIX): bin/enroot, its library, and its system config under
@@ -8,64 +11,59 @@
 # release's own slurm/spank.h, as the gres/tpu plugin is (scripts/build-gres-plugin.sh, whose cached
 # source trees it reads: Debian's 22.05 and the 25.11 of scripts/build-slurm.sh), into
 # /opt/slurm-tpu-plugins/<release>/spank_pyxis.so, where harness/localcluster finds it.
-# Cached: each build writes a stamp of its sources' checksum beside what it built, and a re-run
-# with the same sources does nothing. Also installs what enroot needs at run time (its
+# Cached: each build writes a stamp of its sources' pins beside what it built, and a re-run
+# with the same pins does nothing (nor downloads anything). Also installs what enroot needs at run time (its
 # doc/requirements.md): squashfs-tools, parallel, jq, zstd, curl, fuse-overlayfs. One line and a
-# non-zero exit when something is missing or a build fails.
+# non-zero exit when something is missing or a build fails; exit 0 with one line when the sources
+# can be neither found offline nor downloaded (the Pyxis tests skip).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/sources.sh
+. scripts/sources.sh
 CACHE=${SLURM_TPU_SLURM_SRC_CACHE:-/var/cache/slurm-tpu/slurm-src}
 PLUGINS=${SLURM_TPU_GRES_PLUGINS:-/opt/slurm-tpu-plugins}
 fail() { echo "build-containers: $*" >&2; exit 1; }
-debian=0 slurm25=0
-for arg in "$@"; do
-    case $arg in
-        --debian) debian=1 ;;
-        --slurm25) slurm25=1 ;;
-        *) echo "build-containers: unknown argument $arg (--debian, --slurm25)" >&2; exit 2 ;;
-    esac
-done
-[ $# -gt 0 ] || debian=1
-
-source_dir=${SLURM_TPU_CONTAINERS_SRC:-}
-for candidate in ../shared/containers shared/containers; do
-    [ -z "$source_dir" ] && [ -f "$candidate/SHA256SUMS" ] && source_dir=$candidate
-done
-if [ -z "$source_dir" ]; then
-    echo "build-containers: no enroot/Pyxis sources in ../shared/containers: skipping (the Pyxis tests skip)"
-    exit 0
-fi
-enroot_archive=$(ls "$source_dir"/enroot-*-src.tar.xz 2>/dev/null | tail -1) || true
-pyxis_archive=$(ls "$source_dir"/pyxis-*-src.tar.xz 2>/dev/null | tail -1) || true
-[ -n "$enroot_archive" ] && [ -n "$pyxis_archive" ] || fail "no enroot-*-src.tar.xz and pyxis-*-src.tar.xz in $source_dir"
-(cd "$source_dir" && sha256sum --quiet -c SHA256SUMS) || fail "$source_dir: checksums do not match SHA256SUMS"
+sources_releases build-containers "$@" || exit 2
+enroot_archive=$(sources_offline "${SLURM_TPU_CONTAINERS_SRC:-}" containers "enroot-*-src.tar.xz")
+pyxis_archive=$(sources_offline "${SLURM_TPU_CONTAINERS_SRC:-}" containers "pyxis-*-src.tar.xz")
 
 # What enroot runs (doc/requirements.md), what builds it (make, a C compiler; musl is bundled),
 # and libcap2-bin for `make setcap` on sites that import Docker images (not needed for .sqsh files).
-APT_PACKAGES=(squashfs-tools parallel jq zstd curl fuse-overlayfs pigz bash make gcc libcap2-bin)
-missing=()
-for package in "${APT_PACKAGES[@]}"; do
-    dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-    echo "build-containers: installing ${missing[*]}"
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        "${missing[@]}"; } >/dev/null || fail "could not install ${missing[*]}"
-fi
+sources_apt build-containers squashfs-tools parallel jq zstd curl fuse-overlayfs pigz bash make gcc libcap2-bin \
+    || exit 1
+
+# source_tree NAME DEST ARCHIVE: sources_tree into DEST in a scratch folder (removed when this
+# fails), but exit 0 with one line when NAME can be neither found offline nor downloaded (a
+# machine without network or ../shared/containers).
+source_tree() {
+    local rc=0
+    sources_tree "$1" "$2" "$3" || rc=$?
+    [ "$rc" = 0 ] || rm -rf "$(dirname "$2")"
+    if [ "$rc" = 3 ]; then
+        echo "build-containers: no $1 source in ../shared/containers and no download: skipping (the Pyxis tests skip)"
+        exit 0
+    fi
+    [ "$rc" = 0 ] || exit 1
+}
 
 # stamp FILE KEY: whether FILE says KEY (the build it sits beside is current).
 stamp_is() { [ -f "$1" ] && [ "$(cat "$1")" = "$2" ]; }
 
 # ---- enroot -----------------------------------------------------------------------------------
-enroot_name=$(basename "$enroot_archive" -src.tar.xz)          # enroot-4.1.2
+# The releases scripts/sources.lock pins (enroot's tree is checked to say so before it builds).
+enroot_name=enroot-4.1.2
+pyxis_name=pyxis-0.24.0
 prefix=${SLURM_TPU_ENROOT_PREFIX:-/opt/$enroot_name}
-key=$(sha256sum "$enroot_archive" | cut -c1-64)
+key=$(sources_key enroot | sha256sum | cut -c1-64)
 if ! stamp_is "$prefix/.built-from" "$key" || [ ! -x "$prefix/bin/enroot" ]; then
-    echo "build-containers: building $enroot_name into $prefix (about a minute)"
     work=$(mktemp -d /tmp/build-enroot.XXXX)
+    source_tree enroot "$work/src" "$enroot_archive"
+    grep -qx "VERSION *:= *${enroot_name#enroot-}" "$work/src/Makefile" \
+        || fail "the pinned enroot is not $enroot_name (scripts/sources.lock and this script disagree)"
+    echo "build-containers: building $enroot_name into $prefix (about a minute)"
     log=$work/build.log
     if ! {
-        tar -xJf "$enroot_archive" -C "$work" && cd "$work/$enroot_name" \
+        cd "$work/src" \
         && make -j"${JOBS:-2}" prefix="$prefix" sysconfdir="$prefix/etc" \
         && make install prefix="$prefix" sysconfdir="$prefix/etc" DESTDIR="$work/root"
     } >"$log" 2>&1; then
@@ -82,8 +80,7 @@ fi
 "$prefix/bin/enroot" version >/dev/null || fail "$prefix/bin/enroot does not run"
 
 # ---- Pyxis, once per Slurm release ---------------------------------------------------------------
-pyxis_name=$(basename "$pyxis_archive" -src.tar.xz)            # pyxis-0.24.0
-pyxis_key=$(sha256sum "$pyxis_archive" | cut -c1-64)
+pyxis_key=$(sources_key pyxis | sha256sum | cut -c1-64)
 
 # build_pyxis INCLUDE_DIR VERSION: spank_pyxis.so against INCLUDE_DIR/slurm/spank.h into $PLUGINS/VERSION.
 build_pyxis() {
@@ -96,13 +93,13 @@ build_pyxis() {
     # CPPFLAGS from the environment: the Makefile appends it to its own (-D_GNU_SOURCE...), which a
     # make command-line variable would replace.
     work=$(mktemp -d /tmp/build-pyxis.XXXX)
-    if ! { tar -xJf "$pyxis_archive" -C "$work" \
-           && CPPFLAGS="-I$include" make -C "$work/$pyxis_name" >"$work/build.log" 2>&1; }; then
+    source_tree pyxis "$work/src" "$pyxis_archive"
+    if ! CPPFLAGS="-I$include" make -C "$work/src" >"$work/build.log" 2>&1; then
         tail -20 "$work/build.log" >&2
         fail "the Pyxis build for Slurm $version failed (output above)"
     fi
     mkdir -p "$out"
-    install -m 0644 "$work/$pyxis_name/spank_pyxis.so" "$out/spank_pyxis.so.new"
+    install -m 0644 "$work/src/spank_pyxis.so" "$out/spank_pyxis.so.new"
     mv "$out/spank_pyxis.so.new" "$out/spank_pyxis.so"
     echo "$pyxis_key" >"$out/spank_pyxis.so.built-from"
     rm -rf "$work"

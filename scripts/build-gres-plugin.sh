@@ -4,26 +4,21 @@
 #   --debian   Debian's Slurm (slurmd's package): its source package, fetched once with
 #              `apt-get source --download-only` through a private deb-src list (the system's
 #              sources are left alone), patched (dpkg-source -x) and configured as Debian builds it.
-#   --slurm25  the Slurm 25.11 of scripts/build-slurm.sh: the archive in ../shared/slurm
-#              (or $SLURM_SOURCE), configured as build-slurm.sh configures it.
+#   --slurm25  the Slurm 25.11 of scripts/build-slurm.sh: its pinned public source (scripts/sources.lock,
+#              SchedMD's tag slurm-25-11-7-1), taken from the archive in ../shared/slurm (or $SLURM_SOURCE)
+#              when it is there, else downloaded; configured as build-slurm.sh configures it.
 # Source trees are cached in /var/cache/slurm-tpu/slurm-src (reruns: a few seconds); each plugin
 # goes to /opt/slurm-tpu-plugins/<release>/gres_tpu.so ($SLURM_TPU_GRES_PLUGINS), where
 # harness/localcluster finds it. One line and a non-zero exit when a build fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
+# shellcheck source=scripts/sources.sh
+. scripts/sources.sh
 CACHE=${SLURM_TPU_SLURM_SRC_CACHE:-/var/cache/slurm-tpu/slurm-src}
 OUT=${SLURM_TPU_GRES_PLUGINS:-/opt/slurm-tpu-plugins}
 fail() { echo "build-gres-plugin: $*; without the plugin the hooks ask Slurm for each job's devices" >&2; exit 1; }
-debian=0 slurm25=0
-for arg in "$@"; do
-    case $arg in
-        --debian) debian=1 ;;
-        --slurm25) slurm25=1 ;;
-        *) echo "build-gres-plugin: unknown argument $arg (--debian, --slurm25)" >&2; exit 2 ;;
-    esac
-done
-[ $# -gt 0 ] || debian=1
+sources_releases build-gres-plugin "$@" || exit 2
 mkdir -p "$CACHE"
 
 # Build the plugin from tree $1 (configured with the other arguments if it is not yet) into $OUT/<release>.
@@ -71,21 +66,10 @@ if [ "$debian" = 1 ]; then
 fi
 
 if [ "$slurm25" = 1 ]; then
-    source_dir=${SLURM_SOURCE:-}
-    for candidate in ../shared/slurm shared/slurm; do
-        [ -z "$source_dir" ] && [ -f "$candidate/SHA256SUMS" ] && source_dir=$candidate
-    done
-    [ -n "$source_dir" ] || fail "no Slurm 25.11 source archive in ../shared/slurm or ./shared/slurm; set SLURM_SOURCE"
-    archive=$(ls "$source_dir"/slurm-25.11.*.tar.xz 2>/dev/null | tail -1) || true
-    [ -n "$archive" ] || fail "no slurm-25.11.*.tar.xz in $source_dir"
-    name=$(basename "$archive" .tar.xz)
-    tree="$CACHE/$name"
-    if [ ! -d "$tree/src" ]; then
-        (cd "$source_dir" && sha256sum --quiet -c SHA256SUMS) || fail "$source_dir: checksums do not match"
-        rm -rf "$tree.part" && mkdir -p "$tree.part"
-        tar -xJf "$archive" -C "$tree.part" || fail "cannot extract $archive"
-        mv "$tree.part/$name" "$tree" && rmdir "$tree.part"
-    fi
+    # One tree per pin (its digest in the name), configured in place by slurm_plugin/build.sh.
+    tree="$CACHE/slurm-25.11-$(sources_key slurm-25.11 | awk '{print substr($2, 1, 16)}')"
+    sources_tree slurm-25.11 "$tree" "$(sources_offline "${SLURM_SOURCE:-}" slurm "slurm-25.11.*.tar.xz")" \
+        || fail "no Slurm 25.11 source (the line above says why)"
     prefix=${SLURM_TPU_SLURM_PREFIX:-/opt/slurm-25.11}
     build_into_out "$tree" --prefix="$prefix" --sysconfdir="$prefix/etc" --enable-multiple-slurmd
 fi

@@ -5,11 +5,16 @@
 # pyslurm 25.11.2 (PyPI, about 3 min to build) into .venv against it.
 #   scripts/build-slurm.sh [--pyslurm]
 #   env: SLURM_TPU_SLURM_PREFIX=/opt/slurm-25.11
-#        SLURM_SOURCE=<folder with build.sh and the archive> (default: ../shared/slurm, then ./shared/slurm)
+#        SLURM_SOURCE=<folder with slurm-25.11.*.tar.xz> (default: ../shared/slurm, then ./shared/slurm)
+# The source is the pinned public one (scripts/sources.lock: SchedMD's tag slurm-25-11-7-1), from that
+# offline archive when it is there, else downloaded ($SLURM_TPU_SOURCES_MIRROR), checked against the
+# pin either way (scripts/sources.sh).
 # The build configures --enable-multiple-slurmd: the local test and demo clusters run
 # several `slurmd -N` on one host, which a build without it refuses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/sources.sh
+. scripts/sources.sh
 PREFIX=${SLURM_TPU_SLURM_PREFIX:-/opt/slurm-25.11}
 PYSLURM_VERSION=25.11.2
 with_pyslurm=0
@@ -27,39 +32,21 @@ built() {
         && [ -f "$PREFIX/lib/slurm/accounting_storage_mysql.so" ]
 }
 if ! built; then
-    source_dir=${SLURM_SOURCE:-}
-    for candidate in ../shared/slurm shared/slurm; do
-        [ -z "$source_dir" ] && [ -f "$candidate/build.sh" ] && source_dir=$candidate
-    done
-    if [ -z "$source_dir" ] || [ ! -f "$source_dir/build.sh" ]; then
-        echo "build-slurm: no Slurm 25.11 source (build.sh + archive) found in ../shared/slurm or ./shared/slurm;" \
-             "set SLURM_SOURCE" >&2
-        exit 2
-    fi
-    # The build packages of $source_dir/build.sh, and libmariadb-dev: Slurm's configure builds
-    # accounting_storage_mysql only when it finds mysql_config or mariadb_config
-    # (auxdir/x_ac_databases.m4), which libmariadb-dev brings.
-    missing=()
-    for package in build-essential pkg-config libmunge-dev munge libjson-c-dev libyaml-dev libssl-dev xz-utils \
-                   libmariadb-dev; do
-        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        apt-get update -qq
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
-    fi
+    # What configure needs for the features the suite uses (munge, JSON, YAML, TLS), curl for the
+    # download, and libmariadb-dev:
+    # Slurm's configure builds accounting_storage_mysql only when it finds mysql_config or
+    # mariadb_config (auxdir/x_ac_databases.m4), which libmariadb-dev brings.
+    sources_apt build-slurm build-essential pkg-config libmunge-dev munge libjson-c-dev libyaml-dev libssl-dev \
+        xz-utils curl libmariadb-dev || exit 1
     # The build installs into a staging root (the same --prefix, so its compiled-in plugin and
     # library paths are right) and replaces $PREFIX by a rename at the end: clusters running
-    # from an older build in $PREFIX keep working while this one builds. (build.sh installs
-    # straight into its PREFIX and stops early when that release is there, so it cannot
-    # rebuild one in use; its configure options are these.)
+    # from an older build in $PREFIX keep working while this one builds.
     echo "build-slurm: building Slurm 25.11 for $PREFIX (about 5 min)"
     stage=$(mktemp -d /tmp/build-slurm-stage.XXXX)
     log=$stage/build.log
-    archive=$(ls "$source_dir"/slurm-25.11.*.tar.xz | tail -1)
-    (cd "$source_dir" && sha256sum --quiet -c SHA256SUMS)
+    sources_tree slurm-25.11 "$stage/src" "$(sources_offline "${SLURM_SOURCE:-}" slurm "slurm-25.11.*.tar.xz")" || exit 1
     if ! {
-        tar -xJf "$archive" -C "$stage" && cd "$stage"/slurm-25.11.* \
+        cd "$stage/src" \
         && ./configure --prefix="$PREFIX" --sysconfdir="$PREFIX/etc" --enable-multiple-slurmd \
         && make -j"${JOBS:-2}" && make install DESTDIR="$stage/root"
     } >"$log" 2>&1; then
