@@ -194,7 +194,7 @@ prepare() {
     binfmt
     build_root
     download_wheels
-    [ -n "${SKIP_LIBEDGETPU:-}" ] || libedgetpu_aarch64
+    libedgetpu_aarch64
     say "prepared in $(( $(date +%s) - started )) s"
 }
 
@@ -204,7 +204,7 @@ copy_checkout() {
     mkdir -p "$ROOT$SRV"
     git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ROOT$SRV"
     mkdir -p "$ROOT$SRV/build/libedgetpu"
-    [ -f "$CACHE/libedgetpu.so.1" ] && cp "$CACHE/libedgetpu.so.1" "$ROOT$SRV/build/libedgetpu/libedgetpu.so.1"
+    cp "$CACHE/libedgetpu.so.1" "$ROOT$SRV/build/libedgetpu/libedgetpu.so.1"
     rm -rf "$ROOT/opt/slurm-tpu-wheels"
     cp -r "$WHEELS" "$ROOT/opt/slurm-tpu-wheels"
 }

@@ -300,7 +300,8 @@ def arm64_root() -> Path | None:
     candidates = [Path(os.environ["SLURM_TPU_ARM64_SYSROOT"])] if os.environ.get("SLURM_TPU_ARM64_SYSROOT") else []
     arm64_cache = Path("/var/cache/slurm-tpu/arm64")
     if arm64_cache.is_dir():
-        candidates += [arm64_cache, *sorted(p for p in arm64_cache.iterdir() if p.is_dir())]
+        # Not a root still being built (root-<key>.tmp: the arm64 leg's preparation may run beside the suite).
+        candidates += [arm64_cache, *sorted(p for p in arm64_cache.iterdir() if p.is_dir() and p.suffix != ".tmp")]
     candidates.append(Path("/tmp/arm64-sysroot"))
     for root in candidates:
         if all((root / "usr/lib/aarch64-linux-gnu" / lib).exists() for lib in ("libabsl_strings.so", "libusb-1.0.so")):

@@ -73,7 +73,9 @@ def traced(argv: list[str], folder: Path, syscalls: str) -> tuple[list[str], dic
     qemu-user emulation qemu's own log of every syscall, one file per process (``%d``: a program
     that execs starts a new qemu, which would truncate a shared file). Read with :func:`trace_of`."""
     if EMULATED:
-        return argv, {"QEMU_STRACE": "1", "QEMU_LOG_FILENAME": str(folder / "qemu-%d.log")}
+        # Set by env(1) for the program alone: umockdev-run run as root under a traced qemu fails to
+        # start its child ("Unknown error executing child process").
+        return ["env", "QEMU_STRACE=1", f"QEMU_LOG_FILENAME={folder / 'qemu-%d.log'}", *argv], {}
     # --seccomp-bpf: only the traced calls stop the process, so strace adds about 0.15 s to the
     # library's time instead of about 2 s (every syscall of LiteRT's threads stopped).
     return ["strace", "-f", "--seccomp-bpf", "-qq", "-e", f"trace={syscalls}", "-o", str(folder / "trace"), *argv], {}
