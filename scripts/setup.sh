@@ -19,7 +19,7 @@ APT_PACKAGES+=(acl)
 # mariadb-server + slurmdbd: Slurm's own accounting in the demo and the accounting tests (each
 # cluster runs a private MariaDB and slurmdbd; Debian's services are left stopped).
 APT_PACKAGES+=(mariadb-server mariadb-client slurmdbd)
-# What the real libedgetpu built below needs at run time (its build packages: build.sh).
+# What the real libedgetpu built below needs at run time (its build packages: scripts/build-libedgetpu.sh).
 APT_PACKAGES+=(libusb-1.0-0 libabsl20220623 libflatbuffers2)
 # Containers (issue 34): rootless Podman with runc (crun refuses this hybrid cgroup layout),
 # newuidmap/newgidmap (uidmap), the per-user pause process (catatonit); mmdebstrap and
