@@ -65,6 +65,32 @@ _sources_url() {
     fi
 }
 
+# _sources_check_tree NAME DIR: refuse (one line, status 1) a tree that holds anything but folders,
+# regular files and symbolic links (a device node, a FIFO: never in a source archive), or whose
+# folders are symlinks; then make it root's and read-only for others, without setuid bits. The digest
+# covers only content, so this is what keeps a pinned tree from bringing special files or modes.
+_sources_check_tree() {
+    local name=$1 dir=$2 odd
+    if [ ! -d "$dir" ] || [ -L "$dir" ]; then
+        echo "sources: $name: its top folder is not a folder" >&2
+        return 1
+    fi
+    odd=$(find "$dir" ! -type f ! -type d ! -type l -print -quit)
+    [ -z "$odd" ] || { echo "sources: $name: refusing it: it holds a special file (${odd#"$dir"/})" >&2; return 1; }
+    chmod -R u+rwX,go+rX,go-w,ug-s "$dir"
+}
+
+# _sources_no_symlink_on NAME DIR SUB: refuse when a component of DIR/SUB (a nested source's place,
+# removed before the digest) is a symlink: the removal would follow it out of DIR.
+_sources_no_symlink_on() {
+    local name=$1 path=$2 part
+    local IFS=/
+    for part in $3; do
+        path=$path/$part
+        [ ! -L "$path" ] || { echo "sources: $name: refusing it: ${path#"$2"/} is a symlink" >&2; return 1; }
+    done
+}
+
 # _sources_get NAME URL KIND DIGEST LOCAL NESTED...: make <cache>/DIGEST (a tree or a file)
 # from LOCAL (a path, or "" to download), without the NESTED sub-paths (sources of their own).
 _sources_get() {
@@ -98,18 +124,20 @@ _sources_fill() {
     else
         from=$(_sources_url "$url")
         local err
-        if ! err=$(curl -fsSL --connect-timeout 20 --retry 2 -o "$tmp/download" "$from" 2>&1 </dev/null); then
+        # --speed-limit/--speed-time: a mirror that stalls (under 1 kB/s for a minute) fails the fetch.
+        if ! err=$(curl -fsSL --connect-timeout 20 --speed-limit 1024 --speed-time 60 --retry 2 \
+                -o "$tmp/download" "$from" 2>&1 </dev/null); then
             echo "sources: $name: cannot download $from (${err##*curl: }): give the offline archive, or set" \
                  "SLURM_TPU_SOURCES_MIRROR to a copy of the sources" >&2
             return 3
         fi
         if [ "$kind" = tree ]; then
             mkdir "$tmp/unpacked"
-            tar -xzf "$tmp/download" -C "$tmp/unpacked" --no-same-owner 2>/dev/null \
+            (umask 022 && tar -xzf "$tmp/download" -C "$tmp/unpacked" --no-same-owner --no-same-permissions) 2>/dev/null \
                 || { echo "sources: $name: $from is not a gzip tar archive" >&2; return 1; }
             # GitHub's archives hold one folder, <repo>-<ref>/; that folder is the tree.
             local top=("$tmp/unpacked"/*)
-            if [ ${#top[@]} != 1 ] || [ ! -d "${top[0]}" ]; then
+            if [ ${#top[@]} != 1 ] || [ ! -d "${top[0]}" ] || [ -L "${top[0]}" ]; then
                 echo "sources: $name: $from does not hold exactly one top folder" >&2
                 return 1
             fi
@@ -119,8 +147,12 @@ _sources_fill() {
         fi
     fi
     local sub
-    for sub in "$@"; do rm -rf "${tmp:?}/content/$sub"; done
     if [ "$kind" = tree ]; then
+        _sources_check_tree "$name" "$tmp/content" || return 1
+        for sub in "$@"; do
+            _sources_no_symlink_on "$name" "$tmp/content" "$sub" || return 1
+            rm -rf "${tmp:?}/content/$sub"
+        done
         actual=$(sources_digest "$tmp/content")
     else
         actual=$(sha256sum <"$tmp/content" | cut -c1-64)
@@ -130,8 +162,8 @@ _sources_fill() {
              "refusing it (a changed or corrupted copy; fetch it again, or check the pin)" >&2
         return 1
     fi
-    # mktemp's folder is 0700: the cached copy is for every user of the machine.
-    if [ "$kind" = tree ]; then chmod 0755 "$tmp/content"; else chmod 0644 "$tmp/content"; fi
+    # mktemp's folder is 0700: the cached copy is for every user of the machine, and root's alone to change.
+    [ "$kind" = tree ] || chmod 0644 "$tmp/content"
     # -T: if another build put the same entry there meanwhile, keep that one.
     mv -T "$tmp/content" "$entry" 2>/dev/null || [ -e "$entry" ]
 }
@@ -182,7 +214,7 @@ sources_offline() {
 # into DIR and print that folder, the LOCAL_ROOT to give sources_assemble.
 sources_unpack() {
     local archive=$1 dir=$2
-    if ! { mkdir -p "$dir" && tar -xf "$archive" -C "$dir" --no-same-owner; }; then
+    if ! { mkdir -p "$dir" && (umask 022 && tar -xf "$archive" -C "$dir" --no-same-owner --no-same-permissions); }; then
         echo "sources: cannot unpack $archive" >&2
         return 1
     fi

@@ -222,6 +222,91 @@ def test_a_tampered_source_is_refused_and_not_cached(tampered, offline, serve, t
     assert not list(cache.glob(".part.*"))
 
 
+def _serve_tree(serve, root: Path, name: str, source: Path, members) -> str:
+    """Serve the pinned tree NAME as GitHub would, from SOURCE, with MEMBERS(tar, top) added last (a
+    later member wins on extraction) and the members under a name MEMBERS returns left out."""
+    (url,) = [url for pin, url, _, _ in pins() if pin == name]
+    target = root / mirror_path(url)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    top = f"{url.split('/archive/')[0].rsplit('/', 1)[1]}-{target.name[: -len('.tar.gz')]}"
+    with tarfile.open(target, "w:gz", compresslevel=1) as tar:
+        left_out = members(None, top)
+        tar.add(source, arcname=top, filter=lambda info: None if _below(info.name, top, left_out) else info)
+        members(tar, top)
+    return serve(root)
+
+
+def _assemble(prefix: str, url: str, tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    env = {"SLURM_TPU_SOURCES_CACHE": str(tmp_path / "cache"), "SLURM_TPU_SOURCES_MIRROR": url}
+    return bash('sources_assemble "$1" "$2"', env, prefix, str(tmp_path / "tree"))
+
+
+def test_a_special_file_in_a_pinned_tree_is_refused(offline, serve, tmp_path):
+    """A FIFO (or a device node: tar makes them as root) changes no content digest; it is refused."""
+
+    def members(tar, top):
+        if tar is not None:
+            info = tarfile.TarInfo(f"{top}/api/not-a-source")
+            info.type = tarfile.FIFOTYPE
+            tar.addfile(info)
+        return []
+
+    url = _serve_tree(
+        serve, tmp_path / "mirror", "libedgetpu-src/libedgetpu", offline["libedgetpu-src"] / "libedgetpu", members
+    )
+    result = _assemble("libedgetpu-src/libedgetpu", url, tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        "sources: libedgetpu-src/libedgetpu: refusing it: it holds a special file (api/not-a-source)"
+    ]
+    assert not [p for p in (tmp_path / "cache").iterdir()]
+
+
+def test_the_archives_modes_are_not_kept(offline, serve, tmp_path):
+    """Same content, hostile modes (setuid, writable by all): the cached tree is root's, read-only to others."""
+    victim = offline["libedgetpu-src"] / "libedgetpu" / "Makefile"
+
+    def members(tar, top):
+        if tar is not None:
+            info = tar.gettarinfo(victim, arcname=f"{top}/Makefile")
+            info.mode = 0o6777
+            tar.addfile(info, io.BytesIO(victim.read_bytes()))
+        return []
+
+    url = _serve_tree(
+        serve, tmp_path / "mirror", "libedgetpu-src/libedgetpu", offline["libedgetpu-src"] / "libedgetpu", members
+    )
+    result = _assemble("libedgetpu-src/libedgetpu", url, tmp_path)
+    assert result.returncode == 0, result.stderr
+    (entry,) = [p for p in (tmp_path / "cache").iterdir()]
+    modes = {path: path.lstat().st_mode for path in [entry, *entry.rglob("*")] if not path.is_symlink()}
+    assert modes[entry / "Makefile"] & 0o7777 == 0o755
+    assert not [path for path, mode in modes.items() if mode & 0o7022]
+
+
+def test_a_nested_source_behind_a_symlink_is_refused_and_nothing_outside_is_removed(offline, serve, tmp_path):
+    """enroot's deps/ as a symlink out of the tree: removing deps/musl (a source of its own) before
+    the digest would follow it; the tree is refused first and the folder it points at is untouched."""
+    outside = tmp_path / "outside"
+    (outside / "musl").mkdir(parents=True)
+    (outside / "musl" / "keep").write_text("kept\n")
+
+    def members(tar, top):
+        if tar is None:
+            return ["deps"]
+        info = tarfile.TarInfo(f"{top}/deps")
+        info.type = tarfile.SYMTYPE
+        info.linkname = str(outside)
+        tar.addfile(info)
+        return []
+
+    url = _serve_tree(serve, tmp_path / "mirror", "enroot", offline["enroot"], members)
+    result = _assemble("enroot", url, tmp_path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == ["sources: enroot: refusing it: deps is a symlink"]
+    assert (outside / "musl" / "keep").read_text() == "kept\n"
+
+
 def test_no_bundle_and_no_network_skips_the_build(tmp_path):
     env = {
         **os.environ,
