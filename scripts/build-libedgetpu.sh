@@ -108,6 +108,7 @@ exec 9>"$CACHE_ROOT/.lock"
 flock 9
 if [ ! -f "$cached" ]; then
     work=$(mktemp -d "$CACHE_ROOT/.build.XXXXXX")
+    trap 'rm -rf "$work"' EXIT  # whatever fails below: no scratch tree left in the cache
     log=$work/build.log
     tree=$work/tree
     # The sources: the bundle's copy when there is one (CI, offline), else the public downloads.

@@ -43,6 +43,7 @@ if ! built; then
     # from an older build in $PREFIX keep working while this one builds.
     echo "build-slurm: building Slurm 25.11 for $PREFIX (about 5 min)"
     stage=$(mktemp -d /tmp/build-slurm-stage.XXXX)
+    trap 'rm -rf "$stage"' EXIT  # a failed build leaves no staging tree behind
     log=$stage/build.log
     sources_tree slurm-25.11 "$stage/src" "$(sources_offline "${SLURM_SOURCE:-}" slurm "slurm-25.11.*.tar.xz")" || exit 1
     if ! {

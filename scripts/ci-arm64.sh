@@ -2,8 +2,11 @@
 # The arm64 leg of CI: slurm-tpu on Debian bookworm arm64 (Raspberry Pi OS bookworm's base), run
 # under qemu-user emulation on this x86_64 machine. As root:
 #
-#   scripts/ci-arm64.sh prepare   host packages, the aarch64 binfmt handler, the arm64 root
-#                                 (mmdebstrap, cached), the wheels, libedgetpu for aarch64 (cached)
+#   scripts/ci-arm64.sh prepare   prepare-host, then prepare-root:
+#     prepare-host                host packages, the aarch64 binfmt handler, the aarch64 wheels
+#                                 (quick; apt and the host venv's pip: not beside another setup)
+#     prepare-root                the arm64 root (mmdebstrap, cached) and libedgetpu for aarch64
+#                                 (cached): minutes on a fresh machine, what CI runs in the background
 #   scripts/ci-arm64.sh test      in the root: install the wheel with [infer], build the hook client
 #                                 and the gres/tpu plugin, run the arm64 tests, compare the runner's
 #                                 results with this host's
@@ -21,8 +24,8 @@
 # What cannot run under qemu-user is listed in docs/limits.md (Tested platforms).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-REPO=$(pwd)
-CACHE=${SLURM_TPU_ARM64_CACHE:-/var/cache/slurm-tpu/arm64}
+# Canonical: processes are told to be the root's by comparing /proc/<pid>/root with it.
+CACHE=$(realpath -m "${SLURM_TPU_ARM64_CACHE:-/var/cache/slurm-tpu/arm64}")
 MIRROR=${SLURM_TPU_DEBIAN_MIRROR:-http://deb.debian.org/debian}
 SUITE=bookworm
 # Inside the root: the checkout's copy, its venv, the native pieces.
@@ -57,17 +60,10 @@ root_key() {
 }
 ROOT=$CACHE/root-$(root_key)
 
+# shellcheck source=scripts/sources.sh
+. scripts/sources.sh
 host_packages() {
-    local missing=() package
-    for package in "${HOST_PACKAGES[@]}"; do
-        dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
-    done
-    if [ ${#missing[@]} -gt 0 ]; then
-        say "installing ${missing[*]}"
-        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null \
-            || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null; } \
-            || fail "could not install ${missing[*]} (apt-get install them)"
-    fi
+    sources_apt ci-arm64 "${HOST_PACKAGES[@]}" || exit 1
 }
 
 binfmt() {
@@ -91,18 +87,35 @@ build_root() {
     started=$(date +%s)
     tmp=$ROOT.tmp
     log=$CACHE/mmdebstrap.log
-    rm -rf "$tmp"
+    discard_partial_root "$tmp"
     say "building the arm64 Debian $SUITE root (several minutes: its package scripts run emulated)"
     if ! mmdebstrap --variant=apt --architectures=arm64 --include="$(IFS=,; echo "${ROOT_PACKAGES[*]}")" \
             "$SUITE" "$tmp" "$MIRROR" >"$log" 2>&1; then
         tail -n 20 "$log" >&2
-        rm -rf "$tmp"
+        discard_partial_root "$tmp"
         fail "mmdebstrap failed (last lines above, full log $log)"
     fi
     mv "$tmp" "$ROOT"
-    # Roots of older package lists: only the current one is used.
-    find "$CACHE" -maxdepth 1 -name 'root-*' ! -path "$ROOT" -exec rm -rf {} +
     say "built $ROOT in $(( $(date +%s) - started )) s"
+}
+
+# A root mmdebstrap did not finish (CI stopped it): mmdebstrap's root mode mounts /proc, /sys and
+# /dev files inside it, which a killed run leaves; unmount them (deepest first), never delete
+# across a file system.
+discard_partial_root() {
+    local tmp=$1
+    [ -e "$tmp" ] || return 0
+    findmnt -rn -o TARGET | grep -F "$tmp/" | sort -r | xargs -r -d '\n' umount -l
+    rm -rf --one-file-system "$tmp"
+}
+
+# Roots of older package lists: only the current one is used. Called by the test leg, after the
+# suite, never while a test may be reading an old root (tests/install/test_public_sources.py).
+remove_old_roots() {
+    local old
+    for old in "$CACHE"/root-*; do
+        [ "$old" = "$ROOT" ] || [ ! -d "$old" ] || discard_partial_root "$old"
+    done
 }
 
 WHEELS=$CACHE/wheels
@@ -112,8 +125,9 @@ download_wheels() {
     # The host venv's versions are the constraints: the runner's results are compared with this
     # host's, and should differ only by the machine (LiteRT's kernels), not by a numpy or Pillow release.
     local dist=$CACHE/dist
-    .venv/bin/python -m pip freeze --exclude-editable >"$CACHE/constraints.txt"
-    rm -rf "$dist" && mkdir -p "$dist" "$WHEELS"
+    # Afresh each run (pip's own cache keeps it cheap): a stale wheel must not reach the root.
+    rm -rf "$dist" "$WHEELS" && mkdir -p "$dist" "$WHEELS"
+    .venv/bin/python -m pip freeze --exclude-editable >"$WHEELS/constraints.txt"
     .venv/bin/python -m pip wheel -q --no-deps -w "$dist" . >"$CACHE/wheel.log" 2>&1 \
         || fail "could not build the project's wheel (log $CACHE/wheel.log)"
     local wheel
@@ -121,10 +135,11 @@ download_wheels() {
     .venv/bin/python -m pip download -q -d "$WHEELS" --only-binary=:all: --implementation cp --python-version 3.11 \
         --abi cp311 --platform manylinux_2_36_aarch64 --platform manylinux_2_28_aarch64 \
         --platform manylinux_2_27_aarch64 --platform manylinux_2_17_aarch64 --platform manylinux2014_aarch64 \
-        -c "$CACHE/constraints.txt" "$wheel[infer,test]" >"$CACHE/pip-download.log" 2>&1 \
+        -c "$WHEELS/constraints.txt" "${wheel}[infer,test]" >"$CACHE/pip-download.log" 2>&1 \
         || { tail -n 5 "$CACHE/pip-download.log" >&2; fail "could not download aarch64 wheels (log $CACHE/pip-download.log)"; }
     cp "$wheel" "$WHEELS/"
-    say "wheels for aarch64: $(ls "$WHEELS" | grep -c whl) in $WHEELS"
+    local wheels=("$WHEELS"/*.whl)
+    say "wheels for aarch64: ${#wheels[@]} in $WHEELS"
 }
 
 libedgetpu_aarch64() {
@@ -135,10 +150,12 @@ gres_plugin_aarch64() {
     # Debian's Slurm source tree, configured by build-gres-plugin.sh --debian (setup runs it): the
     # root's slurmd is the same Debian release for arm64.
     local version tree
+    # shellcheck disable=SC2016  # dpkg-query's format, not the shell's
     version=$(chroot "$ROOT" dpkg-query -W -f='${source:Version}' slurmd)
     tree=/var/cache/slurm-tpu/slurm-src/slurm-wlm_$version
     [ -f "$tree/config.h" ] || scripts/build-gres-plugin.sh --debian >/dev/null || true
-    [ -f "$tree/config.h" ] || { say "no configured Slurm $version source tree: the cluster test runs without the gres/tpu plugin"; return 0; }
+    [ -f "$tree/config.h" ] || fail "no configured source tree of the root's Slurm $version ($tree): this host's" \
+        "Debian Slurm is another release; rebuild the root (rm -rf $ROOT) after updating the host"
     # Slurm's headers come from the tree, the C library's from the cross toolchain.
     CC=aarch64-linux-gnu-gcc slurm_plugin/build.sh "$tree" "$ROOT/opt/slurm-tpu-plugins/{version}" >/dev/null \
         || fail "the gres/tpu plugin did not build for arm64"
@@ -164,6 +181,7 @@ cpuinfo() {
 # The arguments are this script's own words, never a job's.
 in_root() {
     cpuinfo >"$CACHE/cpuinfo"
+    # shellcheck disable=SC2016  # the script is for the inner shell, its arguments come after it
     unshare --mount --propagation private -- /bin/sh -euc '
         root=$1; cache=$2; shift 2
         mount -t proc proc "$root/proc"
@@ -186,16 +204,21 @@ stop_leftovers() {
     done
 }
 
-prepare() {
-    local started
-    started=$(date +%s)
+prepare_host() {
     mkdir -p "$CACHE"
     host_packages
     binfmt
-    build_root
     download_wheels
+}
+
+prepare_root() {
+    local started
+    started=$(date +%s)
+    mkdir -p "$CACHE"
+    binfmt
+    build_root
     libedgetpu_aarch64
-    say "prepared in $(( $(date +%s) - started )) s"
+    say "root and libedgetpu for aarch64 ready in $(( $(date +%s) - started )) s"
 }
 
 copy_checkout() {
@@ -213,8 +236,9 @@ venv() {
     # The venv is kept between runs while the wheels of its dependencies are the same (pip under
     # emulation takes over a minute); the project's own wheel is installed afresh each run.
     local key
-    key=$(ls "$WHEELS" | grep -v '^slurm_tpu-' | sha256sum | cut -c1-16)
+    key=$(cd "$WHEELS" && find . -name '*.whl' ! -name 'slurm_tpu-*' | LC_ALL=C sort | sha256sum | cut -c1-16)
     if [ "$(cat "$ROOT$VENV/.wheels-key" 2>/dev/null)" != "$key" ]; then
+        rm -f "$ROOT$VENV/.wheels-key"
         rm -rf "$ROOT$VENV"
         in_root /usr/bin/python3 -m venv "$VENV"
     fi
@@ -224,10 +248,14 @@ venv() {
     in_root "$VENV/bin/pip" install -q --no-index --find-links /opt/slurm-tpu-wheels --force-reinstall --no-deps \
         "/opt/slurm-tpu-wheels/$wheel" || fail "the wheel did not install in the arm64 root"
     in_root "$VENV/bin/pip" install -q --no-index --find-links /opt/slurm-tpu-wheels \
-        "/opt/slurm-tpu-wheels/$wheel[infer,test]" || fail "the wheel's [infer,test] extras did not install in the arm64 root"
+        -c /opt/slurm-tpu-wheels/constraints.txt "/opt/slurm-tpu-wheels/${wheel}[infer,test]" \
+        || fail "the wheel's [infer,test] extras did not install in the arm64 root"
     echo "$key" >"$ROOT$VENV/.wheels-key"
-    say "installed $(in_root "$VENV/bin/python" -c 'import ai_edge_litert, numpy, platform, slurm_tpu
-print("slurm-tpu", slurm_tpu.__version__, "with ai-edge-litert, numpy", numpy.__version__, "on", platform.machine())')"
+    local installed
+    installed=$(in_root "$VENV/bin/python" -c 'import ai_edge_litert, numpy, platform, slurm_tpu
+print("slurm-tpu", slurm_tpu.__version__, "with ai-edge-litert, numpy", numpy.__version__, "on", platform.machine())') \
+        || fail "the installed wheel does not import in the arm64 root"
+    say "installed $installed"
 }
 
 parity() {
@@ -247,6 +275,7 @@ test_leg() {
     [ -x "$ROOT/usr/bin/python3" ] || fail "no arm64 root at $ROOT: run scripts/ci-arm64.sh prepare"
     binfmt
     trap stop_leftovers EXIT
+    remove_old_roots
     copy_checkout
     gres_plugin_aarch64
     venv
@@ -261,9 +290,11 @@ test_leg() {
 }
 
 case ${1:-all} in
-    prepare) prepare ;;
+    prepare) prepare_host && prepare_root ;;
+    prepare-host) prepare_host ;;
+    prepare-root) prepare_root ;;
     test) test_leg ;;
-    all) prepare && test_leg ;;
+    all) prepare_host && prepare_root && test_leg ;;
     run) shift; trap stop_leftovers EXIT; in_root "$@" ;;
-    *) echo "usage: scripts/ci-arm64.sh [prepare|test|all|run COMMAND...]" >&2; exit 2 ;;
+    *) echo "usage: scripts/ci-arm64.sh [prepare|prepare-host|prepare-root|test|all|run COMMAND...]" >&2; exit 2 ;;
 esac
