@@ -259,7 +259,7 @@ def test_a_special_file_in_a_pinned_tree_is_refused(offline, serve, tmp_path):
     assert result.stderr.splitlines() == [
         "sources: libedgetpu-src/libedgetpu: refusing it: it holds a special file (api/not-a-source)"
     ]
-    assert not [p for p in (tmp_path / "cache").iterdir()]
+    assert not list((tmp_path / "cache").iterdir())
 
 
 def test_the_archives_modes_are_not_kept(offline, serve, tmp_path):
@@ -278,7 +278,7 @@ def test_the_archives_modes_are_not_kept(offline, serve, tmp_path):
     )
     result = _assemble("libedgetpu-src/libedgetpu", url, tmp_path)
     assert result.returncode == 0, result.stderr
-    (entry,) = [p for p in (tmp_path / "cache").iterdir()]
+    (entry,) = list((tmp_path / "cache").iterdir())
     modes = {path: path.lstat().st_mode for path in [entry, *entry.rglob("*")] if not path.is_symlink()}
     assert modes[entry / "Makefile"] & 0o7777 == 0o755
     assert not [path for path, mode in modes.items() if mode & 0o7022]
