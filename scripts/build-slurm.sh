@@ -3,7 +3,8 @@
 # builds Slurm 25.11.7 from its source archive into /opt/slurm-25.11 (about 5 min on
 # 2 cores; nothing to do when it is already there with its MariaDB accounting plugin), and with --pyslurm installs
 # pyslurm 25.11.2 (PyPI, about 3 min to build) into .venv against it.
-#   scripts/build-slurm.sh [--pyslurm]
+#   scripts/build-slurm.sh [--pyslurm | --packages]
+#   --packages: only apt-install what the build needs (CI does, before building in the background)
 #   env: SLURM_TPU_SLURM_PREFIX=/opt/slurm-25.11
 #        SLURM_SOURCE=<folder with slurm-25.11.*.tar.xz> (default: ../shared/slurm, then ./shared/slurm)
 # The source is the pinned public one (scripts/sources.lock: SchedMD's tag slurm-25-11-7-1), from that
@@ -17,13 +18,23 @@ cd "$(dirname "$0")/.."
 . scripts/sources.sh
 PREFIX=${SLURM_TPU_SLURM_PREFIX:-/opt/slurm-25.11}
 PYSLURM_VERSION=25.11.2
-with_pyslurm=0
+with_pyslurm=0 packages_only=0
 for arg in "$@"; do
     case $arg in
         --pyslurm) with_pyslurm=1 ;;
-        *) echo "build-slurm: unknown argument $arg (only --pyslurm)" >&2; exit 2 ;;
+        --packages) packages_only=1 ;;
+        *) echo "build-slurm: unknown argument $arg (--pyslurm or --packages)" >&2; exit 2 ;;
     esac
 done
+# What configure needs for the features the suite uses (munge, JSON, YAML, TLS), curl for the
+# download, and libmariadb-dev: Slurm's configure builds accounting_storage_mysql only when it finds
+# mysql_config or mariadb_config (auxdir/x_ac_databases.m4), which libmariadb-dev brings.
+BUILD_PACKAGES=(build-essential pkg-config libmunge-dev munge libjson-c-dev libyaml-dev libssl-dev xz-utils curl
+                libmariadb-dev)
+if [ "$packages_only" = 1 ]; then
+    sources_apt build-slurm "${BUILD_PACKAGES[@]}"
+    exit
+fi
 
 # Built means: this release, and its MySQL/MariaDB accounting plugin (slurmdbd's storage; a
 # build configured before libmariadb-dev was installed lacks it and is rebuilt).
@@ -32,12 +43,7 @@ built() {
         && [ -f "$PREFIX/lib/slurm/accounting_storage_mysql.so" ]
 }
 if ! built; then
-    # What configure needs for the features the suite uses (munge, JSON, YAML, TLS), curl for the
-    # download, and libmariadb-dev:
-    # Slurm's configure builds accounting_storage_mysql only when it finds mysql_config or
-    # mariadb_config (auxdir/x_ac_databases.m4), which libmariadb-dev brings.
-    sources_apt build-slurm build-essential pkg-config libmunge-dev munge libjson-c-dev libyaml-dev libssl-dev \
-        xz-utils curl libmariadb-dev || exit 1
+    sources_apt build-slurm "${BUILD_PACKAGES[@]}" || exit 1
     # The build installs into a staging root (the same --prefix, so its compiled-in plugin and
     # library paths are right) and replaces $PREFIX by a rename at the end: clusters running
     # from an older build in $PREFIX keep working while this one builds.

@@ -5,8 +5,9 @@
 #   scripts/ci-arm64.sh prepare   prepare-host, then prepare-root:
 #     prepare-host                host packages, the aarch64 binfmt handler, the aarch64 wheels
 #                                 (quick; apt and the host venv's pip: not beside another setup)
-#     prepare-root                the arm64 root (mmdebstrap, cached) and libedgetpu for aarch64
-#                                 (cached): minutes on a fresh machine, what CI runs in the background
+#     prepare-root                the arm64 root (mmdebstrap, cached), libedgetpu for aarch64
+#                                 (cached), the wheel installed in the root: minutes on a fresh
+#                                 machine, what CI runs in the background
 #   scripts/ci-arm64.sh test      in the root: install the wheel with [infer], build the hook client
 #                                 and the gres/tpu plugin, run the arm64 tests, compare the runner's
 #                                 results with this host's
@@ -215,7 +216,8 @@ prepare_root() {
     binfmt
     build_root
     libedgetpu_aarch64
-    say "root and libedgetpu for aarch64 ready in $(( $(date +%s) - started )) s"
+    venv
+    say "root, libedgetpu for aarch64 and the venv ready in $(( $(date +%s) - started )) s"
 }
 
 copy_checkout() {
@@ -225,13 +227,14 @@ copy_checkout() {
     git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$ROOT$SRV"
     mkdir -p "$ROOT$SRV/build/libedgetpu"
     cp "$CACHE/libedgetpu.so.1" "$ROOT$SRV/build/libedgetpu/libedgetpu.so.1"
-    rm -rf "$ROOT/opt/slurm-tpu-wheels"
-    cp -r "$WHEELS" "$ROOT/opt/slurm-tpu-wheels"
 }
 
 venv() {
     # The venv is kept between runs while the wheels of its dependencies are the same (pip under
     # emulation takes over a minute); the project's own wheel is installed afresh each run.
+    [ -d "$WHEELS" ] || fail "no wheels in $WHEELS: run scripts/ci-arm64.sh prepare-host"
+    rm -rf "$ROOT/opt/slurm-tpu-wheels"
+    cp -r "$WHEELS" "$ROOT/opt/slurm-tpu-wheels"
     local key
     key=$(cd "$WHEELS" && find . -name '*.whl' ! -name 'slurm_tpu-*' | LC_ALL=C sort | sha256sum | cut -c1-16)
     if [ "$(cat "$ROOT$VENV/.wheels-key" 2>/dev/null)" != "$key" ]; then
@@ -275,7 +278,10 @@ test_leg() {
     remove_old_roots
     copy_checkout
     gres_plugin_aarch64
-    venv
+    # prepare-root installed the wheel; a leg run on its own (after prepare-host) installs it here.
+    if [ ! -x "$ROOT$VENV/bin/slurm-tpu" ] || [ ! "$ROOT$VENV/.wheels-key" -nt "$WHEELS/constraints.txt" ]; then
+        venv
+    fi
     in_root "$VENV/bin/python" -m slurm_tpu.ops.hook_client >/dev/null || fail "the hook client did not build in the arm64 root"
     file -b "$ROOT$SRV/hook_client/slurm-tpu-hook-client" | grep -q aarch64 || fail "the hook client is not an arm64 program"
     say "hook client, gres/tpu plugin and libedgetpu built for arm64; setup took $(( $(date +%s) - started )) s"
